@@ -1,0 +1,35 @@
+# The two commands of the README: `make demo` (set up, then train the tiny model on the embedded
+# corpus on CPU) and `make test` (set up with the reference implementations, then the test suite).
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup setup-test demo test test-slow clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamps keep a second `make` from reinstalling; they are redone when pyproject.toml changes.
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[parity,dev]'
+	touch $@ $(VENV)/.core
+
+setup: $(VENV)/.core
+
+setup-test: $(VENV)/.test
+
+demo: setup
+	$(BIN)/olmax config --recipe tiny
+
+test: setup-test
+	$(BIN)/python -m pytest -q -n 2 tests
+
+test-slow: setup-test
+	$(BIN)/python -m pytest -q -n 2 -m slow tests
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,211 @@
+"""Typed, frozen configuration for every part of olmax, composed into one `ExperimentConfig`.
+
+Configs are plain frozen dataclasses. OmegaConf does the YAML round trip and the dotted
+`key=value` overrides with type checking (an unknown key or a value of the wrong type is an error
+that names it); values with a fixed set of choices are checked in `__post_init__`.
+Named presets live in `olmax.recipes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("xla", "cudnn", "splash")
+REMAT_POLICIES = ("none", "full", "save_dots")
+ROPE_TYPES = ("default", "yarn")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be built: unknown key, wrong type, or inconsistent values."""
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The OLMo 3 architecture (REFERENCE.md, Model). Defaults are the 7B."""
+
+    vocab_size: int = 100278  # the tokenizer's vocabulary; the embedding is padded (below)
+    vocab_multiple: int = 128  # embedding rows padded to a multiple of this, as OLMo-core does
+    d_model: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 32
+    head_dim: int = 128
+    mlp_hidden: int = 11008
+    # Layers i with (i + 1) % global_every == 0, and the last layer, attend globally; the others
+    # use a window of `sliding_window` tokens (the token itself and the W-1 before it).
+    # sliding_window = 0 makes every layer global.
+    sliding_window: int = 4096
+    global_every: int = 4
+    norm_eps: float = 1e-6
+    rope_theta: float = 500000.0
+    rope_type: str = "default"
+    yarn_factor: float = 8.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_original_max_position: int = 8192
+    max_position: int = 8192  # written to HF's max_position_embeddings
+    init_std: float = 0.02  # truncated normal, cut at 3 std (OLMo-core)
+    param_dtype: str = "float32"
+    compute_dtype: str = "bfloat16"
+    attention: str = "xla"
+    remat: str = "none"
+
+    def __post_init__(self):
+        _check_choice("model.param_dtype", self.param_dtype, DTYPES)
+        _check_choice("model.compute_dtype", self.compute_dtype, DTYPES)
+        _check_choice("model.attention", self.attention, ATTENTION_BACKENDS)
+        _check_choice("model.remat", self.remat, REMAT_POLICIES)
+        _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"model.head_dim={self.head_dim} must be even for rotary embeddings")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "mlp_hidden", "global_every"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.vocab_multiple
+        return -(-self.vocab_size // m) * m
+
+    def layer_window(self, layer: int) -> Optional[int]:
+        """The attention window of a layer (None = global)."""
+        is_global = (layer + 1) % self.global_every == 0 or layer == self.n_layers - 1
+        return None if (is_global or self.sliding_window <= 0) else self.sliding_window
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    paths: tuple[str, ...] = ()  # token shards, globs, a manifest directory or a mix file
+    seq_len: int = 8192
+    seed: int = 34521
+    tokenizer: str = "dolma2"
+    eos_token_id: int = 100257
+    pad_token_id: int = 100277
+    bos_token_id: Optional[int] = None
+    mask_pad_token: bool = False  # OLMo-core does not; the MaxText stage-2 run did
+    instance_filter: bool = False  # n-gram repetition filter; off in AI2's official run
+    num_workers: int = 0
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 3e-4
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    no_decay: tuple[str, ...] = ("embed",)  # parameter paths excluded from weight decay
+    max_grad_norm: float = 1.0
+    z_loss: float = 1e-5
+    skip_step: bool = True
+    skip_window: int = 128
+    skip_sigma: float = 6.0
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    name: str = "cosine"
+    warmup_steps: int = 2000
+    alpha_f: float = 0.1
+    t_max_tokens: Optional[int] = None  # horizon in tokens (OLMo-core style); None = trainer.max_steps
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    global_batch: int = 512  # instances per optimizer step; fixed by the recipe
+    max_steps: int = 1000
+    log_every: int = 1
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    # Sizes of the mesh axes; -1 means "all remaining devices". The product must be the device count.
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 1000
+    keep: int = 3
+    init_from: Optional[str] = None  # parameters to start from (fresh optimizer)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0
+    batches: int = 8
+    data: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "olmo3_7b"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+C = TypeVar("C")
+
+
+def _merge(base: C, *others) -> C:
+    structured = OmegaConf.structured(base)
+    OmegaConf.set_readonly(structured, False)
+    try:
+        merged = OmegaConf.merge(structured, *others)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        # OmegaConf's message names the key and the expected type; drop its multi-line footer.
+        raise ConfigError(str(e).split("\n")[0]) from None
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+
+
+def apply_overrides(cfg: C, overrides: Sequence[str]) -> C:
+    """Apply dotted `key=value` overrides (values parsed as YAML: `model.n_layers=4`, `data.paths=[a,b]`)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+    return _merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg
+
+
+def to_yaml(cfg) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_yaml(cfg, path: str | Path) -> None:
+    Path(path).write_text(to_yaml(cfg))
+
+
+def load_yaml(path: str | Path, schema: type[C] = ExperimentConfig) -> C:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    return _merge(schema(), OmegaConf.load(path))
+
+
+def from_dict(d: dict, schema: type[C] = ExperimentConfig) -> C:
+    return _merge(schema(), OmegaConf.create(d))

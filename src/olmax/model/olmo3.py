@@ -1,0 +1,190 @@
+"""The OLMo 3 transformer, top to bottom (REFERENCE.md, Model).
+
+Parameters are a plain nested dict of arrays. Each one is declared once, in `param_specs`, with its
+shape, logical axis names and initializer; `olmax.sharding` maps the logical axes to a device mesh.
+This file knows nothing about devices: the same code runs on one CPU or sharded over a pod.
+
+Layer weights are stacked along a leading "layers" axis. The forward pass scans over groups of
+`global_every` (= 4) layers, so the window pattern is static inside the scanned body and the 7B
+compiles one group instead of 32 layers; a final partial group (when n_layers is not a multiple of
+4) runs unrolled after the scan.
+
+Block ("reordered norm"):   h = x + attn_norm(attn(x));   out = h + mlp_norm(mlp(h))
+Attention:   q, k, v = x Wq, x Wk, x Wv;  q, k = q_norm(q), k_norm(k) over the FULL projected width;
+             split heads;  RoPE;  softmax(q k^T / sqrt(head_dim)) v;  Wo
+MLP (SwiGLU):   down(silu(gate(x)) * up(x))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from olmax.config import ModelConfig
+from olmax.model.attention import attention
+from olmax.model.rope import apply_rope, rope_tables
+
+
+# ----------------------------------------------------------------------------------------------
+# Parameters: declared once
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]  # logical axis names, one per dim (see olmax.sharding.LOGICAL_AXIS_RULES)
+    init: str  # "normal" (truncated normal, std=init_std, cut at 3 std) or "ones"
+
+
+def param_specs(cfg: ModelConfig) -> dict:
+    L, D, F, V = cfg.n_layers, cfg.d_model, cfg.mlp_hidden, cfg.padded_vocab_size
+    Q, KV = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return {
+        "embed": ParamSpec((V, D), ("vocab", "embed"), "normal"),
+        "layers": {
+            "q_proj": ParamSpec((L, D, Q), ("layers", "embed", "q_heads"), "normal"),
+            "k_proj": ParamSpec((L, D, KV), ("layers", "embed", "kv_heads"), "normal"),
+            "v_proj": ParamSpec((L, D, KV), ("layers", "embed", "kv_heads"), "normal"),
+            "o_proj": ParamSpec((L, Q, D), ("layers", "q_heads", "embed"), "normal"),
+            "q_norm": ParamSpec((L, Q), ("layers", "q_heads"), "ones"),
+            "k_norm": ParamSpec((L, KV), ("layers", "kv_heads"), "ones"),
+            "attn_norm": ParamSpec((L, D), ("layers", "norm"), "ones"),
+            "gate_proj": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
+            "up_proj": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
+            "down_proj": ParamSpec((L, F, D), ("layers", "mlp", "embed"), "normal"),
+            "mlp_norm": ParamSpec((L, D), ("layers", "norm"), "ones"),
+        },
+        "final_norm": ParamSpec((D,), ("norm",), "ones"),
+        "lm_head": ParamSpec((D, V), ("embed", "vocab"), "normal"),
+    }
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def abstract_params(cfg: ModelConfig) -> dict:
+    """ShapeDtypeStructs of the parameters (no memory allocated)."""
+    dtype = jnp.dtype(cfg.param_dtype)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), param_specs(cfg), is_leaf=_is_spec)
+
+
+def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+    """OLMo-core's init: every matrix truncated-normal(0, init_std) cut at 3 std, norm weights 1.
+
+    Jit this with `out_shardings` from olmax.sharding to create the parameters already sharded.
+    """
+    dtype = jnp.dtype(cfg.param_dtype)
+    specs, treedef = jax.tree.flatten(param_specs(cfg), is_leaf=_is_spec)
+    keys = jax.random.split(key, len(specs))
+
+    def make(spec: ParamSpec, k):
+        if spec.init == "ones":
+            return jnp.ones(spec.shape, dtype)
+        return (jax.random.truncated_normal(k, -3.0, 3.0, spec.shape, jnp.float32) * cfg.init_std).astype(dtype)
+
+    return jax.tree.unflatten(treedef, [make(s, k) for s, k in zip(specs, keys)])
+
+
+def count_params(cfg: ModelConfig) -> int:
+    leaves = jax.tree.leaves(param_specs(cfg), is_leaf=_is_spec)
+    return sum(math.prod(s.shape) for s in leaves)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+
+
+def rms_norm(x, weight, eps: float):
+    """In float32, weight applied in float32, cast back to x's dtype (OLMo-core full precision)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (xf * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def _block(cfg: ModelConfig, p: dict, x, cos, sin, window: Optional[int]):
+    """One reordered-norm block. p holds this layer's (unstacked) weights, cast to compute dtype."""
+    b, t, _ = x.shape
+    q = rms_norm(x @ p["q_proj"], p["q_norm"], cfg.norm_eps)
+    k = rms_norm(x @ p["k_proj"], p["k_norm"], cfg.norm_eps)
+    v = x @ p["v_proj"]
+    q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), cos, sin)
+    k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin)
+    v = v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    attn = attention(q, k, v, window=window, backend=cfg.attention).reshape(b, t, -1)
+    h = x + rms_norm(attn @ p["o_proj"], p["attn_norm"], cfg.norm_eps)
+    mlp = (jax.nn.silu(h @ p["gate_proj"]) * (h @ p["up_proj"])) @ p["down_proj"]
+    return h + rms_norm(mlp, p["mlp_norm"], cfg.norm_eps)
+
+
+REMAT_POLICIES: dict[str, Callable] = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    # Keep every weight matmul's output; recompute only the cheap elementwise work and attention.
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _group_fn(cfg: ModelConfig, windows: tuple[Optional[int], ...], collect: bool):
+    """Runs consecutive layers with static windows: (x, stacked layer params) -> (x, outputs or None)."""
+    block = _block
+    if cfg.remat != "none":  # per block, so a backward pass holds one block's activations at a time
+        block = jax.checkpoint(_block, policy=REMAT_POLICIES[cfg.remat], static_argnums=(0, 5))
+
+    def run(x, group_params, cos, sin):
+        cdt = jnp.dtype(cfg.compute_dtype)
+        outputs = []
+        for i, window in enumerate(windows):
+            p = jax.tree.map(lambda w: w[i].astype(cdt), group_params)
+            x = block(cfg, p, x, cos, sin, window)
+            outputs.append(x)
+        return x, (jnp.stack(outputs) if collect else None)
+
+    return run
+
+
+def forward_hidden(params: dict, tokens: jnp.ndarray, cfg: ModelConfig, *, return_layers: bool = False):
+    """Token ids (batch, seq) -> final-normed hidden states (batch, seq, d_model) in compute dtype.
+
+    With return_layers, also returns every layer's output stacked as (n_layers, batch, seq, d_model)
+    (before the final norm), which is what per-layer parity checks compare.
+    """
+    cdt = jnp.dtype(cfg.compute_dtype)
+    x = params["embed"].astype(cdt)[tokens]
+    cos, sin = rope_tables(cfg, tokens.shape[1])
+    period, n_layers = cfg.global_every, cfg.n_layers
+    n_groups, tail = divmod(n_layers, period)
+    layers = params["layers"]
+    per_layer = []
+
+    if n_groups:
+        grouped = jax.tree.map(lambda w: w[: n_groups * period].reshape(n_groups, period, *w.shape[1:]), layers)
+        run = _group_fn(cfg, tuple(cfg.layer_window(i) for i in range(period)), return_layers)
+        x, outs = jax.lax.scan(lambda h, g: run(h, g, cos, sin), x, grouped)
+        if return_layers:
+            per_layer.append(outs.reshape(n_groups * period, *outs.shape[2:]))
+    if tail:
+        start = n_groups * period
+        run = _group_fn(cfg, tuple(cfg.layer_window(start + i) for i in range(tail)), return_layers)
+        x, outs = run(x, jax.tree.map(lambda w: w[start:], layers), cos, sin)
+        per_layer.append(outs)
+
+    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    if return_layers:
+        return x, jnp.concatenate(per_layer)
+    return x
+
+
+def lm_head(params: dict, hidden: jnp.ndarray, cfg: ModelConfig) -> jnp.ndarray:
+    """Hidden states -> float32 logits over the PADDED vocabulary (OLMo-core computes the loss over
+    all padded_vocab_size logits; slice [..., :vocab_size] to compare with an unpadded model)."""
+    w = params["lm_head"].astype(jnp.dtype(cfg.compute_dtype))
+    return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
+
+
+def forward(params: dict, tokens: jnp.ndarray, cfg: ModelConfig) -> jnp.ndarray:
+    """Token ids (batch, seq) -> float32 logits (batch, seq, padded_vocab_size)."""
+    return lm_head(params, forward_hidden(params, tokens, cfg), cfg)

@@ -1,0 +1,80 @@
+"""The device mesh and the ONE table that maps logical axis names to mesh axes.
+
+Model code names every parameter dimension with a logical axis (olmax.model.olmo3.param_specs);
+this table alone decides how those dimensions are laid out over the mesh. FSDP shards the `embed`
+dimension of every matrix over the `fsdp` axis; tensor parallelism shards heads, MLP and vocab over
+`tensor`; the batch is split over `data` x `fsdp`. Change a layout here, nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from olmax.config import ConfigError, MeshConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str | tuple[str, ...]]], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("layers", None),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("q_heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("norm", None),
+    ("seq", None),
+)
+
+
+def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
+    """Resolve -1 ("the rest of the devices") and check that the axes multiply to n_devices."""
+    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+    if sizes.count(-1) > 1:
+        raise ConfigError(f"at most one mesh axis may be -1, got data={cfg.data} fsdp={cfg.fsdp} tensor={cfg.tensor}")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if n_devices % known:
+            raise ConfigError(f"{n_devices} devices are not divisible by the fixed mesh axes (product {known})")
+        sizes[sizes.index(-1)] = n_devices // known
+    if math.prod(sizes) != n_devices:
+        raise ConfigError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs "
+                          f"{math.prod(sizes)} devices, but {n_devices} are available")
+    return tuple(sizes)
+
+
+def make_mesh(cfg: MeshConfig, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+    devices = list(devices if devices is not None else jax.devices())
+    shape = mesh_shape(cfg, len(devices))
+    # Auto axis types: sharding is propagated by XLA from the parameter and batch layouts.
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def logical_to_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec for an array with these logical axes. A dimension that the mesh axes do not
+    divide stays replicated, and a mesh axis is used at most once per array."""
+    rules = dict(LOGICAL_AXIS_RULES)
+    used: set[str] = set()
+    spec = []
+    for name, size in zip(axes, shape):
+        if name not in rules:
+            raise KeyError(f"logical axis {name!r} has no rule in LOGICAL_AXIS_RULES")
+        target = rules[name]
+        targets = (target,) if isinstance(target, str) else tuple(target or ())
+        targets = tuple(a for a in targets if a not in used and mesh.shape[a] > 1)
+        if targets and size % math.prod(mesh.shape[a] for a in targets) == 0:
+            used.update(targets)
+            spec.append(targets[0] if len(targets) == 1 else targets)
+        else:
+            spec.append(None)
+    return PartitionSpec(*spec)
+
+
+def tree_shardings(specs, mesh: Mesh, is_leaf) -> object:
+    """NamedShardings for a pytree of objects with `.axes` and `.shape` (e.g. ParamSpec)."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, logical_to_spec(s.axes, s.shape, mesh)), specs, is_leaf=is_leaf)
