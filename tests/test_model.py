@@ -1,0 +1,91 @@
+"""Model invariants that need no external reference (parity with transformers and OLMo-core is in
+test_parity.py): parameter counts, OLMo-core's init, causality, remat and sharding transparency."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from olmax.config import MeshConfig
+from olmax.model.olmo3 import ParamSpec, count_params, forward, init_params, param_specs
+from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
+from olmax.sharding import make_mesh, tree_shardings
+
+CFG = dataclasses.replace(TINY, vocab_size=1000, n_layers=6, sliding_window=8)  # a tail group of 2
+
+
+def _tokens(b=2, t=32, seed=0):
+    return jax.random.randint(jax.random.key(seed), (b, t), 0, CFG.vocab_size)
+
+
+def test_parameter_counts_match_olmo_core():
+    # olmo_core TransformerConfig.olmo3_7B(vocab_size=100352).num_params, and REFERENCE.md
+    assert count_params(OLMO3_7B) == 7_298_617_344
+    assert count_params(OLMO3_7B) - 100352 * 4096 == 6_887_575_552  # without the input embedding
+    assert count_params(OLMO3_32B) == 32_234_279_936
+    assert count_params(OLMO3_7B_HD256) == count_params(OLMO3_7B)
+
+
+def test_init_is_truncated_normal_and_ones():
+    params = init_params(CFG, jax.random.key(0))
+    w = np.asarray(params["layers"]["gate_proj"])
+    assert np.abs(w).max() <= 3 * 0.02 + 1e-7
+    # std of N(0, 0.02) truncated at 3 std is 0.02 * 0.98658
+    assert w.std() == pytest.approx(0.02 * 0.98658, rel=0.01)
+    assert abs(w.mean()) < 5 * w.std() / np.sqrt(w.size)  # zero mean, 5 standard errors
+    assert np.all(np.asarray(params["layers"]["q_norm"]) == 1) and np.all(np.asarray(params["final_norm"]) == 1)
+    shapes = jax.tree.map(lambda s: s.shape, param_specs(CFG), is_leaf=lambda x: isinstance(x, ParamSpec))
+    assert jax.tree.map(lambda a: a.shape, params) == shapes
+    assert params["embed"].shape == (1024, 128)  # vocab padded to a multiple of 128
+
+
+def test_logits_are_causal():
+    params = init_params(CFG, jax.random.key(1))
+    tokens = _tokens()
+    changed = tokens.at[:, 20].set((tokens[:, 20] + 1) % CFG.vocab_size)
+    run = jax.jit(forward, static_argnums=2)
+    a, b = run(params, tokens, CFG), run(params, changed, CFG)
+    np.testing.assert_array_equal(a[:, :20], b[:, :20])
+    assert not np.allclose(a[:, 20:], b[:, 20:])
+
+
+@pytest.mark.parametrize("policy", ["full", "save_dots"])
+def test_remat_changes_nothing(policy):
+    params = init_params(CFG, jax.random.key(2))
+    tokens = _tokens()
+
+    def loss(p, cfg):
+        return jnp.mean(jax.nn.logsumexp(forward(p, tokens, cfg), axis=-1))
+
+    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    base_loss, base_grad = value_and_grad(params, CFG)
+    remat_loss, remat_grad = value_and_grad(params, dataclasses.replace(CFG, remat=policy))
+    assert remat_loss == pytest.approx(float(base_loss), rel=1e-6)
+    for g0, g1 in zip(jax.tree.leaves(base_grad), jax.tree.leaves(remat_grad)):
+        np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mesh", [MeshConfig(data=1, fsdp=8, tensor=1), MeshConfig(data=2, fsdp=2, tensor=2)])
+def test_sharded_forward_equals_single_device(mesh):
+    mesh = make_mesh(mesh)
+    shardings = tree_shardings(param_specs(CFG), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
+    sharded = jax.jit(init_params, static_argnums=0, out_shardings=shardings)(CFG, jax.random.key(3))
+    assert sharded["layers"]["up_proj"].sharding.spec == jax.tree.leaves(
+        shardings["layers"]["up_proj"])[0].spec
+    local = init_params(CFG, jax.random.key(3))
+    tokens = _tokens(b=8)
+    np.testing.assert_allclose(jax.jit(forward, static_argnums=2)(sharded, tokens, CFG),
+                               forward(local, tokens, CFG), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_compute_keeps_fp32_params_and_logits():
+    cfg = dataclasses.replace(CFG, compute_dtype="bfloat16")
+    params = init_params(cfg, jax.random.key(4))
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    tokens = _tokens()
+    lo, hi = forward(params, tokens, cfg), forward(params, tokens, CFG)
+    assert lo.dtype == jnp.float32
+    assert float(jnp.max(jnp.abs(lo - hi))) < 0.05  # bf16 rounding, not a different function
+    assert float(jnp.max(jnp.abs(lo - hi))) > 0  # and bf16 really was used
