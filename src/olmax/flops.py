@@ -1,0 +1,196 @@
+"""Training FLOPs per device per step, in two conventions, and the MFU a measured step time implies.
+
+Both conventions count only matrix multiplications (2 FLOPs per multiply-add) and take a training
+step as 3x the forward pass: the backward pass runs two matmuls of the forward's size for each
+forward matmul (the gradient with respect to each operand). Elementwise work (norms, softmax, RoPE,
+SiLU, the loss) is left out; for the 7B it is well under 1% of the total.
+
+- `maxtext`: the number MaxText logs for OLMo 3 (its `calculate_tflops_training_per_device`, the
+  plain decoder path): weight FLOPs over the tokenizer's vocabulary (100278, not the padded
+  embedding), and every layer's attention counted as GLOBAL causal attention, T^2/2 query-key pairs,
+  ignoring the sliding window. This is the convention of the MaxText write-up's MFU figures.
+- `exact`: the model FLOPs olmax runs: the LM head over the padded vocabulary (olmax and OLMo-core
+  compute all padded logits), and each layer's attention over exactly the (query, key) pairs its
+  mask allows: T(T+1)/2 on a global layer, about T*W on a layer with a window of W.
+
+`docs/flops.md` writes both formulas out and gives the 7B figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from olmax.config import ConfigError, ModelConfig
+from olmax.model.olmo3 import count_params
+
+# Forward + backward = 3 forward passes of matmul work (see the module docstring).
+TRAIN_PASSES = 3
+
+
+# Peak dense (not 2:4-sparse) bf16 TFLOP/s per JAX device. TPU docs give it per chip; an Ironwood
+# chip shows up as two JAX devices, one per TensorCore, so its per-device peak is half the chip's.
+CHIPS: dict[str, float] = {
+    "h100": 989.0,  # NVIDIA H100 SXM datasheet: 989 dense (1979 with sparsity)
+    "h200": 989.0,  # NVIDIA H200 SXM datasheet: the H100's tensor cores
+    "v5p": 459.0,  # Cloud TPU v5p docs, per chip = per JAX device (megacore)
+    "v6e": 918.0,  # Cloud TPU v6e docs, per chip = per JAX device (one TensorCore)
+    "ironwood": 2307.0 / 2,  # Cloud TPU7x docs: 2307 per chip, two TensorCores = two JAX devices
+}
+
+
+def chip_peak(name: str) -> float:
+    """Peak dense bf16 TFLOP/s per JAX device of a named chip."""
+    key = name.lower()
+    if key == "tpu7x":
+        key = "ironwood"
+    if key not in CHIPS:
+        raise ConfigError(f"unknown chip {name!r}; known: {', '.join(CHIPS)} (or give --peak TFLOPS)")
+    return CHIPS[key]
+
+
+def resolve_peak(peak: Optional[float], chip: Optional[str]) -> Optional[float]:
+    """The per-device peak from --peak or --chip (at most one of them)."""
+    if peak is not None and chip is not None:
+        raise ConfigError("give at most one of --peak and --chip")
+    if peak is not None and peak <= 0:
+        raise ConfigError(f"--peak must be positive, got {peak}")
+    return chip_peak(chip) if chip is not None else peak
+
+
+def attended_pairs(seq_len: int, window: Optional[int]) -> int:
+    """(query, key) pairs a causal attention over `seq_len` tokens computes.
+
+    Query i sees keys max(0, i - W + 1) .. i, i.e. min(i + 1, W) of them (window None = global).
+    """
+    if window is None or window >= seq_len:
+        return seq_len * (seq_len + 1) // 2
+    return window * (window + 1) // 2 + (seq_len - window) * window
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one training step (forward + backward) on one device."""
+
+    weights: int  # matmuls against a weight matrix: q/k/v/o projections, MLP, LM head
+    attention: int  # scores q.k^T and probs.v
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.attention
+
+
+def _weight_flops_per_token(cfg: ModelConfig, vocab: int) -> int:
+    """Forward FLOPs per token of every matmul with a weight (the embedding lookup is a gather)."""
+    d, hd = cfg.d_model, cfg.head_dim
+    attn = d * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd + cfg.n_heads * hd * d  # q, k, v in; o out
+    mlp = 3 * d * cfg.mlp_hidden  # gate, up, down
+    return 2 * (cfg.n_layers * (attn + mlp) + d * vocab)
+
+
+def _attention_flops_per_pair(cfg: ModelConfig) -> int:
+    """Forward FLOPs per (query, key) pair: a head_dim dot for the score and one for the value, per
+    query head (grouped-query attention shares k and v but not this work)."""
+    return 2 * 2 * cfg.n_heads * cfg.head_dim
+
+
+def _check_shape(seq_len: int, batch: int) -> None:
+    if seq_len <= 0:
+        raise ConfigError(f"seq_len must be positive, got {seq_len}")
+    if batch <= 0:
+        raise ConfigError(f"per_device_batch must be positive, got {batch}")
+
+
+def maxtext_step_flops(cfg: ModelConfig, seq_len: int, batch: int) -> StepFlops:
+    """MaxText's convention: unpadded vocab, every layer global causal with T^2/2 pairs."""
+    _check_shape(seq_len, batch)
+    tokens = batch * seq_len
+    weights = TRAIN_PASSES * tokens * _weight_flops_per_token(cfg, cfg.vocab_size)
+    # T^2/2 pairs per layer as MaxText writes it: half the square, without the diagonal's extra T/2
+    # (the per-pair count is even, so the halving is exact in integers).
+    square = batch * seq_len * seq_len * _attention_flops_per_pair(cfg)
+    attention = TRAIN_PASSES * cfg.n_layers * square // 2
+    return StepFlops(weights=weights, attention=attention)
+
+
+def exact_step_flops(cfg: ModelConfig, seq_len: int, batch: int) -> StepFlops:
+    """The matmuls olmax's model performs: padded vocab, each layer's exact causal/window pairs."""
+    _check_shape(seq_len, batch)
+    tokens = batch * seq_len
+    weights = TRAIN_PASSES * tokens * _weight_flops_per_token(cfg, cfg.padded_vocab_size)
+    pairs = sum(attended_pairs(seq_len, cfg.layer_window(i)) for i in range(cfg.n_layers))
+    attention = TRAIN_PASSES * batch * pairs * _attention_flops_per_pair(cfg)
+    return StepFlops(weights=weights, attention=attention)
+
+
+def flops_report(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    per_device_batch: int,
+    devices: int = 1,
+    peak_tflops: Optional[float] = None,
+    step_time: Optional[float] = None,
+) -> dict:
+    """Parameters, tokens and TFLOP per device per step in both conventions; with a step time the
+    achieved TFLOP/s, and with a peak as well the MFU (model FLOPs / (step time * peak))."""
+    if devices <= 0:
+        raise ConfigError(f"devices must be positive, got {devices}")
+    if step_time is not None and step_time <= 0:
+        raise ConfigError(f"step time must be positive, got {step_time}")
+    maxtext = maxtext_step_flops(cfg, seq_len, per_device_batch)
+    exact = exact_step_flops(cfg, seq_len, per_device_batch)
+    tokens_per_device = per_device_batch * seq_len
+    report = {
+        "params": count_params(cfg),
+        "seq_len": seq_len,
+        "per_device_batch": per_device_batch,
+        "devices": devices,
+        "tokens_per_device_step": tokens_per_device,
+        "tokens_per_step": tokens_per_device * devices,
+        "tflops_per_device_step_maxtext": maxtext.total / 1e12,
+        "tflops_per_device_step_exact": exact.total / 1e12,
+        "tflops_breakdown": {
+            "maxtext": {"weights": maxtext.weights / 1e12, "attention": maxtext.attention / 1e12},
+            "exact": {"weights": exact.weights / 1e12, "attention": exact.attention / 1e12},
+        },
+        "exact_below_maxtext": 1.0 - exact.total / maxtext.total,
+        "peak_tflops_per_device": peak_tflops,
+        "step_time_s": step_time,
+        "tokens_per_s": None,
+        "tflops_per_device_per_s_maxtext": None,
+        "tflops_per_device_per_s_exact": None,
+        "mfu_maxtext": None,
+        "mfu_exact": None,
+    }
+    if step_time is not None:
+        report["tokens_per_s"] = tokens_per_device * devices / step_time
+        for name, flops in (("maxtext", maxtext), ("exact", exact)):
+            achieved = flops.total / 1e12 / step_time
+            report[f"tflops_per_device_per_s_{name}"] = achieved
+            if peak_tflops is not None:
+                report[f"mfu_{name}"] = achieved / peak_tflops
+    return report
+
+
+def format_report(report: dict) -> str:
+    """A short human-readable table of a `flops_report`."""
+    lines = [
+        f"params                        {report['params']:,}",
+        f"tokens per step               {report['tokens_per_step']:,} "
+        f"({report['per_device_batch']} x {report['seq_len']} on each of {report['devices']} devices)",
+        f"TFLOP per device per step     maxtext {report['tflops_per_device_step_maxtext']:.3f}   "
+        f"exact {report['tflops_per_device_step_exact']:.3f}   "
+        f"(exact {100 * report['exact_below_maxtext']:.2f}% lower)",
+    ]
+    if report["step_time_s"] is not None:
+        lines.append(
+            f"TFLOP/s per device            maxtext {report['tflops_per_device_per_s_maxtext']:.1f}   "
+            f"exact {report['tflops_per_device_per_s_exact']:.1f}   ({report['tokens_per_s']:,.0f} tokens/s)"
+        )
+    if report["mfu_maxtext"] is not None:
+        lines.append(
+            f"MFU (peak {report['peak_tflops_per_device']:g} TFLOP/s)   "
+            f"maxtext {100 * report['mfu_maxtext']:.2f}%   exact {100 * report['mfu_exact']:.2f}%"
+        )
+    return "\n".join(lines)

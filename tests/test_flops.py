@@ -1,0 +1,210 @@
+"""FLOP accounting: MaxText's published 7B figure, parameter counts from OLMo-core, the exact count
+against the model's own mask and against the matmuls XLA compiles for a real training step."""
+
+import json
+import math
+import re
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import pytest
+from typer.testing import CliRunner
+
+from olmax import flops
+from olmax.cli import app
+from olmax.config import ConfigError
+from olmax.model import olmo3
+from olmax.model.attention import causal_mask
+from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B
+
+SEQ, BATCH = 8192, 4  # the MaxText write-up's per-device shape
+
+
+def _non_matmul_params(cfg) -> int:
+    """Parameters that take part in no matmul: the embedding (a gather) and the norm weights."""
+    specs = olmo3.param_specs(cfg)
+    norms = sum(math.prod(specs["layers"][k].shape) for k in ("q_norm", "k_norm", "attn_norm", "mlp_norm"))
+    return math.prod(specs["embed"].shape) + norms + math.prod(specs["final_norm"].shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Published figures
+
+
+def test_maxtext_convention_reproduces_the_writeups_1565_tflop():
+    tflop = flops.maxtext_step_flops(OLMO3_7B, SEQ, BATCH).total / 1e12
+    assert abs(tflop - 1565) < 0.5, tflop
+
+
+def test_exact_count_is_about_2_6_percent_lower_for_the_7b():
+    maxtext = flops.maxtext_step_flops(OLMO3_7B, SEQ, BATCH)
+    exact = flops.exact_step_flops(OLMO3_7B, SEQ, BATCH)
+    # REFERENCE.md: ~2.6% (1565/1525.6 = +2.59%; seen from the other side, exact is 2.52% lower).
+    assert 0.02 < 1 - exact.total / maxtext.total < 0.03
+    assert exact.attention < maxtext.attention  # 24 windowed layers
+    assert exact.weights > maxtext.weights  # the LM head over 100352 padded rows, not 100278
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    (OLMO3_7B, 7_298_617_344),  # REFERENCE.md (olmo_core TransformerConfig.olmo3_7B)
+    (OLMO3_32B, 32_234_279_936),  # olmo_core TransformerConfig.olmo3_32B
+    (OLMO3_7B_HD256, 7_298_617_344),  # 16 heads x 256: the same matrices, reshaped
+])
+def test_params(cfg, expected):
+    report = flops.flops_report(cfg, seq_len=SEQ, per_device_batch=BATCH)
+    assert report["params"] == expected
+
+
+def test_hd256_variant_has_the_7bs_flops():
+    for count in (flops.maxtext_step_flops, flops.exact_step_flops):
+        assert count(OLMO3_7B_HD256, SEQ, BATCH) == count(OLMO3_7B, SEQ, BATCH)
+
+
+@pytest.mark.parametrize("cfg", [OLMO3_7B, OLMO3_32B])
+def test_weight_flops_are_6_per_matmul_parameter_per_token(cfg):
+    """Ties the weight term to the model's own parameter declarations: every parameter except the
+    embedding and the norm weights sits in exactly one matmul, 2 FLOPs forward and 4 backward."""
+    tokens = SEQ * BATCH
+    matmul_params = olmo3.count_params(cfg) - _non_matmul_params(cfg)
+    assert flops.exact_step_flops(cfg, SEQ, BATCH).weights == 6 * tokens * matmul_params
+    unpadded_rows = (cfg.padded_vocab_size - cfg.vocab_size) * cfg.d_model
+    assert flops.maxtext_step_flops(cfg, SEQ, BATCH).weights == 6 * tokens * (matmul_params - unpadded_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention: the exact count against the model's own mask
+
+
+@pytest.mark.parametrize("seq_len, window", [(64, None), (64, 16), (64, 1), (64, 64), (64, 100), (37, 5)])
+def test_attended_pairs_equal_the_models_mask(seq_len, window):
+    assert flops.attended_pairs(seq_len, window) == int(causal_mask(seq_len, window).sum())
+
+
+def test_all_global_exact_differs_from_maxtext_only_by_the_diagonal():
+    cfg = replace(OLMO3_7B, sliding_window=0)
+    exact = flops.exact_step_flops(cfg, SEQ, BATCH).attention
+    maxtext = flops.maxtext_step_flops(cfg, SEQ, BATCH).attention
+    assert exact * SEQ == maxtext * (SEQ + 1)  # T(T+1)/2 pairs against T^2/2
+
+
+# ---------------------------------------------------------------------------------------------
+# Against XLA's own count of a real forward + backward
+
+XLA_CFG = replace(
+    OLMO3_7B, vocab_size=500, d_model=256, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=128,
+    mlp_hidden=768, sliding_window=16, max_position=64, compute_dtype="float32",
+)
+XLA_BATCH, XLA_SEQ = 2, 64
+
+
+def _hlo_dot_flops(hlo: str) -> int:
+    """Sum 2 * |output| * |contracted dims| over every dot instruction of an HLO module's text."""
+    shapes = {}
+    for m in re.finditer(r"%(\S+) = \w+\[([\d,]*)\]", hlo):
+        shapes[m.group(1)] = [int(d) for d in m.group(2).split(",") if d]
+    total, n_dots = 0, 0
+    for m in re.finditer(r"= \w+\[([\d,]*)\]\S* dot\(%([^,\s]+), [^)]*\).*?lhs_contracting_dims=\{([\d,]*)\}", hlo):
+        out = [int(d) for d in m.group(1).split(",") if d]
+        lhs = shapes[m.group(2)]
+        total += 2 * math.prod(out) * math.prod(lhs[int(i)] for i in m.group(3).split(","))
+        n_dots += 1
+    assert n_dots == hlo.count(" dot("), "unparsed dot instructions"
+    return total
+
+
+@pytest.fixture(scope="module")
+def compiled_train_step():
+    cfg = XLA_CFG
+    params = olmo3.init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (XLA_BATCH, XLA_SEQ), 0, cfg.vocab_size)
+
+    def loss(p, tok):
+        logp = jax.nn.log_softmax(olmo3.forward(p, tok, cfg)[:, :-1], axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, tok[:, 1:, None], axis=-1))
+
+    return jax.jit(jax.value_and_grad(loss)).lower(params, tokens).compile()
+
+
+def _as_executed(cfg) -> int:
+    """The exact weight FLOPs plus attention as olmax's `xla` backend RUNS it: the full T x T score
+    matrix, masked afterwards, so a window saves XLA no work (fused kernels like splash skip it)."""
+    exact = flops.exact_step_flops(cfg, XLA_SEQ, XLA_BATCH)
+    dense_attention = 3 * cfg.n_layers * XLA_BATCH * XLA_SEQ**2 * 4 * cfg.n_heads * cfg.head_dim
+    return exact.weights + dense_attention
+
+
+def test_exact_weight_count_equals_xlas_compiled_matmuls(compiled_train_step):
+    hlo = compiled_train_step.as_text()
+    assert "custom-call" not in hlo  # every matmul is a plain dot, so the sum below sees them all
+    assert _hlo_dot_flops(hlo) == _as_executed(XLA_CFG)
+
+
+def test_exact_count_against_xlas_cost_analysis(compiled_train_step):
+    # HloCostAnalysis counts a while loop's body once, whatever its trip count; one group of 4
+    # layers makes the layer scan a single iteration, which XLA inlines, so every op is counted.
+    assert " while(" not in compiled_train_step.as_text()
+    xla = compiled_train_step.cost_analysis()["flops"]
+    ours = _as_executed(XLA_CFG)
+    # XLA also counts elementwise work (norms, RoPE, SiLU, softmax, the loss): a few ops per
+    # activation, against ~2*d_model FLOPs per activation in the matmuls; 1.35% here. 2% leaves
+    # room for that and still fails for a missing LM head (3.8% of this model) or MLP matmul.
+    assert 0 <= (xla - ours) / xla < 0.02, (xla, ours)
+
+
+# ---------------------------------------------------------------------------------------------
+# MFU, chips, CLI
+
+
+def test_chip_peaks_per_device():
+    assert flops.chip_peak("h100") == flops.chip_peak("H200") == 989
+    assert flops.chip_peak("v5p") == 459
+    assert flops.chip_peak("v6e") == 918
+    assert flops.chip_peak("ironwood") == flops.chip_peak("tpu7x") == pytest.approx(1150, abs=5)
+    with pytest.raises(ConfigError, match="unknown chip 'a100'"):
+        flops.chip_peak("a100")
+    with pytest.raises(ConfigError, match="at most one"):
+        flops.resolve_peak(900.0, "h100")
+
+
+def test_mfu_matches_the_writeups_ironwood_figure():
+    # 513 TFLOP/s per device on Ironwood is the write-up's 44.5% MFU.
+    step_time = 1565.095209467904 / 513
+    report = flops.flops_report(OLMO3_7B, seq_len=SEQ, per_device_batch=BATCH, devices=512,
+                                peak_tflops=flops.chip_peak("ironwood"), step_time=step_time)
+    assert report["tokens_per_step"] == 512 * BATCH * SEQ
+    assert report["tflops_per_device_per_s_maxtext"] == pytest.approx(513)
+    assert report["mfu_maxtext"] == pytest.approx(0.445, abs=5e-4)
+    assert report["mfu_exact"] == pytest.approx(report["mfu_maxtext"] * (1 - report["exact_below_maxtext"]))
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ConfigError, match="seq_len"):
+        flops.exact_step_flops(OLMO3_7B, 0, 1)
+    with pytest.raises(ConfigError, match="step time"):
+        flops.flops_report(OLMO3_7B, seq_len=8, per_device_batch=1, step_time=0.0)
+
+
+def test_cli_writes_the_figures(tmp_path):
+    out = tmp_path / "flops.json"
+    args = ["flops", "--model", "olmo3_7b", "--seq-len", "8192", "--per-device-batch", "4",
+            "--devices", "256", "--chip", "v5p", "--step-time", "6.0", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "1565.095" in result.output
+    report = json.loads(out.read_text())
+    assert report["params"] == 7_298_617_344
+    assert report["tokens_per_step"] == 256 * 4 * 8192
+    assert report["tflops_per_device_step_maxtext"] == pytest.approx(1565.095, abs=1e-3)
+    assert report["tflops_per_device_step_exact"] < report["tflops_per_device_step_maxtext"]
+    assert report["peak_tflops_per_device"] == 459
+    assert report["mfu_maxtext"] == pytest.approx(1565.095 / 6.0 / 459, rel=1e-6)
+    assert report["mfu_exact"] < report["mfu_maxtext"]
+
+
+def test_cli_without_step_time_leaves_mfu_null(tmp_path):
+    out = tmp_path / "flops.json"
+    args = ["flops", "--model", "tiny", "--seq-len", "256", "--per-device-batch", "2", "--json", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    report = json.loads(out.read_text())
+    assert report["mfu_maxtext"] is None and report["step_time_s"] is None
