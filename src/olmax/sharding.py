@@ -29,6 +29,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str | tuple[str, ...]]], ...] = (
     ("mlp", "tensor"),
     ("norm", None),
     ("seq", None),
+    ("head_dim", None),
 )
 
 
