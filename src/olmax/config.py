@@ -90,16 +90,27 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    paths: tuple[str, ...] = ()  # token shards, globs, a manifest directory or a mix file
+    """Training data (docs/data.md). The tokenizer fields enter OLMo-core's data fingerprint."""
+
+    # token shards, globs, `olmax tokenize` output dirs, OLMo-core mix files (*.txt), or the
+    # shipped demo corpus: "demo" (train split) / "demo:heldout"
+    paths: tuple[str, ...] = ()
     seq_len: int = 8192
+    # OLMo-core's max_target_sequence_length (a multiple of seq_len, or None); AI2's OLMo 3
+    # stage-1 run used 8192. It changes instance counts, the order's chunking and the fingerprint.
+    max_target_seq_len: Optional[int] = None
     seed: int = 34521
     tokenizer: str = "dolma2"
+    vocab_size: int = 100278  # the tokenizer's vocabulary (not the padded embedding); picks the dtype
     eos_token_id: int = 100257
     pad_token_id: int = 100277
     bos_token_id: Optional[int] = None
+    mix_base: Optional[str] = None  # base of mix-file paths: local dir, gs:// or http(s)://
+    mix_tokenizer_dir: str = "allenai/dolma3-tokenizer"  # what {TOKENIZER} becomes in mix files
+    work_dir: str = ""  # order memmaps and the tokenized demo; "" = $OLMAX_CACHE or ~/.cache/olmax
     mask_pad_token: bool = False  # OLMo-core does not; the MaxText stage-2 run did
     instance_filter: bool = False  # n-gram repetition filter; off in AI2's official run
-    num_workers: int = 0
+    num_workers: int = 0  # Grain worker processes; the order does not depend on it
 
 
 @dataclass(frozen=True)
@@ -117,17 +128,45 @@ class OptimizerConfig:
     skip_sigma: float = 6.0
 
 
+SCHEDULES = ("cosine", "stitched_cosine", "wsd", "linear", "constant")
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
+    """LR schedules, OLMo-core semantics and 1-based step numbering (olmax.schedules, docs/training.md)."""
+
     name: str = "cosine"
     warmup_steps: int = 2000
-    alpha_f: float = 0.1
+    alpha_f: float = 0.1  # final LR as a fraction of optimizer.lr (cosine, stitched_cosine, wsd, linear)
     t_max_tokens: Optional[int] = None  # horizon in tokens (OLMo-core style); None = trainer.max_steps
+    # stitched_cosine (AI2's stage 1): from `switch_step` on, the second half of a cosine that ends
+    # at alpha_f * lr after `final_t_max_tokens` tokens.
+    switch_step: int = 0
+    final_t_max_tokens: Optional[int] = None
+    decay_fraction: float = 0.1  # wsd: the last fraction of the horizon decays linearly
+
+    def __post_init__(self):
+        _check_choice("schedule.name", self.name, SCHEDULES)
+        if self.warmup_steps < 0:
+            raise ConfigError(f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.alpha_f <= 1.0:
+            raise ConfigError(f"schedule.alpha_f must be in [0, 1], got {self.alpha_f}")
+        if not 0.0 <= self.decay_fraction <= 1.0:
+            raise ConfigError(f"schedule.decay_fraction must be in [0, 1], got {self.decay_fraction}")
+        if self.name == "stitched_cosine" and (self.switch_step <= 0 or self.final_t_max_tokens is None):
+            raise ConfigError("schedule.name=stitched_cosine needs schedule.switch_step > 0 and "
+                              "schedule.final_t_max_tokens")
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
     global_batch: int = 512  # instances per optimizer step; fixed by the recipe
+    # Instances per batch shard (data x fsdp device) in one forward/backward; None = the whole
+    # per-device batch at once. Gradient accumulation steps = per-device batch / micro_batch_size.
+    micro_batch_size: Optional[int] = None
+    # Sequence positions per chunk of the output layer + cross-entropy, so the full fp32 logits are
+    # never materialised (recomputed in the backward pass); 0 = one chunk. Must divide data.seq_len.
+    loss_chunk: int = 0
     max_steps: int = 1000
     log_every: int = 1
     seed: int = 0

@@ -12,6 +12,7 @@ from typing import Callable
 from olmax.config import (
     ConfigError,
     DataConfig,
+    EvalConfig,
     ExperimentConfig,
     MeshConfig,
     ModelConfig,
@@ -40,7 +41,8 @@ BENCH_SMALL = replace(
 
 
 def _olmo3_7b() -> ExperimentConfig:
-    return ExperimentConfig(name="olmo3_7b", model=OLMO3_7B)
+    # AI2's stage-1 script sets max_target_sequence_length=8192; it enters the data fingerprint.
+    return ExperimentConfig(name="olmo3_7b", model=OLMO3_7B, data=DataConfig(max_target_seq_len=8192))
 
 
 def _olmo3_32b() -> ExperimentConfig:
@@ -55,7 +57,8 @@ def _tiny() -> ExperimentConfig:
     return ExperimentConfig(
         name="tiny",
         model=TINY,
-        data=DataConfig(seq_len=256, seed=34521),
+        data=DataConfig(paths=("demo",), seq_len=256, seed=34521),
+        eval=EvalConfig(data=("demo:heldout",)),
         schedule=ScheduleConfig(warmup_steps=10),
         trainer=TrainerConfig(global_batch=16, max_steps=40),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1),

@@ -1,0 +1,299 @@
+"""Token shard files -> fixed-length instances, exactly as OLMo-core's `NumpyFSLDataset` cuts them.
+
+Sources (`resolve_paths`): explicit shard paths or URLs, globs (sorted, per pattern), a directory
+written by `olmax tokenize` (its manifest lists the shards), or an OLMo-core mix file
+(`label,relative/path/with/{TOKENIZER}/000000.npy` per line) joined to a base that is a local
+directory, `gs://` or `http(s)://`. Remote files are read by byte range through fsspec; nothing
+downloads a whole shard.
+
+Instances (`TokenSource`): each file is cut on its own into `seq_len`-token instances, the remainder
+of a file is dropped, and global instance ids run file by file. With `max_target_seq_len` (OLMo-core's
+`max_target_sequence_length`, a multiple of seq_len) a file yields
+`floor(tokens / max_target) * (max_target / seq_len)` instances, so a later, longer sequence length
+sees the same token boundaries.
+
+The fingerprint is OLMo-core's (`NumpyDatasetBase.fingerprint` for `NumpyFSLDataset`): sha256 over
+`class=NumpyFSLDataset`, the fields `vocab_size, pad_token_id, eos_token_id, dtype,
+max_target_sequence_length, bos_token_id` as `name=value,`, then `path=<basename>,size=<bytes>,`
+per file. Equal fingerprints mean equal instance ids and order for the same seed and batch size.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from olmax.data.demo import demo_shards, is_demo_spec
+from olmax.data.tokenize import MANIFEST, read_manifest
+from olmax.data.tokenizer import token_dtype
+
+NPY_MAGIC = b"\x93NUMPY"
+SAMPLE_TOKENS = 4096  # ids checked against the vocabulary when a file is opened
+DOLMA3_TOKENIZER_DIR = "allenai/dolma3-tokenizer"  # what `{TOKENIZER}` means in OLMo 3's mixes
+
+
+class DataSourceError(ValueError):
+    """A data file or source description that cannot be used; the message names it."""
+
+
+def is_url(path: str) -> bool:
+    return "://" in path
+
+
+# -- resolving source specs -----------------------------------------------------------------------
+
+
+def read_mix_file(path: str, base: Optional[str], tokenizer_dir: str = DOLMA3_TOKENIZER_DIR) -> list[str]:
+    """The shard URLs/paths of an OLMo-core mix file, in file order."""
+    if base is None:
+        raise DataSourceError(f"mix file {path} needs a base (data.mix_base: a directory, gs:// or http(s)://)")
+    base = base if base.endswith("/") else base + "/"
+    paths = []
+    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(",")
+        if len(parts) != 2 or "{TOKENIZER}" not in parts[1]:
+            raise DataSourceError(
+                f"mix file {path} line {line_no}: expected `label,relative/path/{{TOKENIZER}}/...`, got {line!r}"
+            )
+        paths.append(base + parts[1].replace("{TOKENIZER}", tokenizer_dir))
+    if not paths:
+        raise DataSourceError(f"mix file {path} lists no files")
+    return paths
+
+
+def _read_text(path: str) -> str:
+    if is_url(path):
+        import fsspec
+
+        with fsspec.open(path, "rt") as f:
+            return f.read()
+    if not Path(path).is_file():
+        raise DataSourceError(f"mix file {path} does not exist")
+    return Path(path).read_text()
+
+
+def _glob(pattern: str) -> list[str]:
+    if is_url(pattern):
+        from fsspec.core import url_to_fs
+
+        fs, fs_pattern = url_to_fs(pattern)
+        matches = [fs.unstrip_protocol(m) for m in fs.glob(fs_pattern)]
+    else:
+        matches = [m for m in globlib.glob(pattern, recursive=True) if os.path.isfile(m)]
+    if not matches:
+        raise DataSourceError(f"pattern {pattern} matched no files")
+    return sorted(matches)
+
+
+def resolve_paths(specs: Sequence[str], mix_base: Optional[str] = None,
+                  tokenizer_dir: str = DOLMA3_TOKENIZER_DIR, cache_dir: Optional[str | Path] = None) -> list[str]:
+    """Expand shard paths, globs, manifest directories, mix files (`*.txt`) and the demo corpus
+    (`demo`, `demo:heldout`, tokenized into `cache_dir` on first use) into shard paths."""
+    if not specs:
+        raise DataSourceError("no data paths given (data.paths is empty)")
+    paths: list[str] = []
+    for spec in specs:
+        spec = str(spec)
+        if is_demo_spec(spec):
+            if cache_dir is None:
+                raise DataSourceError(f"data path {spec!r} needs a cache directory to tokenize into")
+            paths.extend(demo_shards(spec, cache_dir))
+        elif "*" in spec:
+            paths.extend(_glob(spec))
+        elif spec.endswith(".txt"):
+            paths.extend(read_mix_file(spec, mix_base, tokenizer_dir))
+        elif not is_url(spec) and Path(spec).is_dir():
+            manifest = read_manifest(spec)
+            paths.extend(str(Path(spec) / s["path"]) for s in manifest["shards"])
+        else:
+            paths.append(spec)
+    return paths
+
+
+def check_manifest_tokenizers(specs: Sequence[str], tok: "TokenizerFields") -> None:
+    """Refuse `olmax tokenize` output made with another tokenizer than the configured one."""
+    for spec in specs:
+        if is_url(str(spec)) or not (Path(spec) / MANIFEST).is_file():
+            continue
+        made = read_manifest(spec)["tokenizer"]
+        for field in ("vocab_size", "eos_token_id", "pad_token_id", "bos_token_id"):
+            if made.get(field) != getattr(tok, field):
+                raise DataSourceError(
+                    f"{spec} was tokenized with {made.get('name')} ({field}={made.get(field)}), but the data "
+                    f"config says {field}={getattr(tok, field)}")
+
+
+# -- reading files --------------------------------------------------------------------------------
+
+
+def file_size(path: str) -> int:
+    if is_url(path):
+        from fsspec.core import url_to_fs
+
+        fs, p = url_to_fs(path)
+        try:
+            return int(fs.size(p))
+        except FileNotFoundError:
+            raise DataSourceError(f"data file {path} does not exist") from None
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        raise DataSourceError(f"data file {path} does not exist") from None
+
+
+def read_bytes(path: str, start: int, length: int) -> bytes:
+    """`length` bytes from byte `start` of a local file or a URL (a range request, never the whole file)."""
+    if is_url(path):
+        from fsspec.core import url_to_fs
+
+        fs, p = url_to_fs(path)
+        return fs.cat_file(p, start=start, end=start + length)
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(length)
+
+
+@dataclass(frozen=True)
+class TokenizerFields:
+    """The tokenizer facts that enter the fingerprint (OLMo-core's `TokenizerConfig`)."""
+
+    vocab_size: int
+    eos_token_id: int
+    pad_token_id: int
+    bos_token_id: Optional[int] = None
+
+    @property
+    def dtype(self) -> type[np.unsignedinteger]:
+        return token_dtype(self.vocab_size)
+
+
+def fingerprint(tok: TokenizerFields, max_target_seq_len: Optional[int], paths: Sequence[str],
+                sizes: Sequence[int]) -> str:
+    """OLMo-core's `NumpyFSLDataset.fingerprint` (fingerprint version v2.0)."""
+    h = hashlib.sha256()
+    h.update(b"class=NumpyFSLDataset")
+    fields = (("vocab_size", tok.vocab_size), ("pad_token_id", tok.pad_token_id),
+              ("eos_token_id", tok.eos_token_id), ("dtype", tok.dtype),
+              ("max_target_sequence_length", max_target_seq_len), ("bos_token_id", tok.bos_token_id))
+    for name, value in fields:
+        h.update(f"{name}={value},".encode())
+    for path, size in zip(paths, sizes):
+        h.update(f"path={os.path.basename(path)},size={size},".encode())
+    return h.hexdigest()
+
+
+class TokenSource:
+    """Random access to the fixed-length instances of a list of token files.
+
+    Picklable (open memmaps are dropped and reopened in the receiving process), so Grain workers
+    can hold it. `repr` is stable (it is the fingerprint), as Grain's state check requires.
+    """
+
+    def __init__(self, paths: Sequence[str], seq_len: int, tokenizer: TokenizerFields,
+                 max_target_seq_len: Optional[int] = None, sizes: Optional[Sequence[int]] = None,
+                 check: bool = True):
+        if not paths:
+            raise DataSourceError("no data files")
+        if seq_len <= 0:
+            raise DataSourceError(f"seq_len must be positive, got {seq_len}")
+        if max_target_seq_len is not None and (max_target_seq_len < seq_len or max_target_seq_len % seq_len):
+            raise DataSourceError(
+                f"max_target_seq_len={max_target_seq_len} must be a multiple of seq_len={seq_len}")
+        self.paths = [str(p) for p in paths]
+        self.seq_len = seq_len
+        self.tokenizer = tokenizer
+        self.dtype = tokenizer.dtype
+        self.max_target_seq_len = max_target_seq_len
+        with ThreadPoolExecutor(8) as pool:
+            self.sizes = list(sizes) if sizes is not None else list(pool.map(file_size, self.paths))
+            if check:
+                list(pool.map(self._check_file, range(len(self.paths))))
+        itemsize = np.dtype(self.dtype).itemsize
+        counts = []
+        for path, size in zip(self.paths, self.sizes):
+            n_tokens = size // itemsize
+            if max_target_seq_len is None or max_target_seq_len == seq_len:
+                counts.append(n_tokens // seq_len)
+            else:
+                counts.append((n_tokens // max_target_seq_len) * (max_target_seq_len // seq_len))
+        self.instances_per_file = np.asarray(counts, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.instances_per_file)])  # global id of each file's first instance
+        self.fingerprint = fingerprint(tokenizer, max_target_seq_len, self.paths, self.sizes)
+        self._memmaps: dict[int, np.memmap] = {}
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __repr__(self) -> str:
+        return f"TokenSource(fingerprint={self.fingerprint}, seq_len={self.seq_len})"
+
+    def __getstate__(self):
+        return {**self.__dict__, "_memmaps": {}}
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(file index, token offset within the file) of global instance `index`."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"instance {index} out of range for {len(self)} instances")
+        fi = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return fi, int(index - self.offsets[fi]) * self.seq_len
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        fi, start = self.locate(int(index))
+        return self._read(fi, start, self.seq_len)
+
+    def _read(self, fi: int, start: int, count: int) -> np.ndarray:
+        path = self.paths[fi]
+        if is_url(path):
+            itemsize = np.dtype(self.dtype).itemsize
+            return np.frombuffer(read_bytes(path, start * itemsize, count * itemsize), dtype=self.dtype)
+        mm = self._memmaps.get(fi)
+        if mm is None:
+            mm = self._memmaps[fi] = np.memmap(path, dtype=self.dtype, mode="r")
+        return np.array(mm[start:start + count])
+
+    def _check_file(self, fi: int) -> None:
+        path, size = self.paths[fi], self.sizes[fi]
+        itemsize = np.dtype(self.dtype).itemsize
+        if size == 0:
+            raise DataSourceError(f"data file {path} is empty")
+        head = read_bytes(path, 0, min(size, SAMPLE_TOKENS * itemsize))
+        if head.startswith(NPY_MAGIC):
+            raise DataSourceError(
+                f"data file {path} is a .npy file with a header; olmax and OLMo-core read raw, headerless "
+                "token arrays (write them with ndarray.tofile or `olmax tokenize`)")
+        if size % itemsize:
+            raise DataSourceError(
+                f"data file {path}: {size} bytes is not a multiple of the {np.dtype(self.dtype).name} "
+                f"item size {itemsize} (wrong dtype for vocab size {self.tokenizer.vocab_size}, or a truncated file)")
+        sample = np.frombuffer(head[: len(head) - len(head) % itemsize], dtype=self.dtype)
+        self._check_ids(fi, sample, 0)
+
+    def _check_ids(self, fi: int, ids: np.ndarray, first: int) -> None:
+        bad = np.flatnonzero(ids >= self.tokenizer.vocab_size)
+        if bad.size:
+            pos = first + int(bad[0])
+            raise DataSourceError(
+                f"data file {self.paths[fi]}: token {int(ids[bad[0]])} at position {pos} is >= the vocab "
+                f"size {self.tokenizer.vocab_size} (wrong tokenizer or dtype?)")
+
+    def check_all(self, block_tokens: int = 1 << 24) -> dict:
+        """Read every token of every file and check it against the vocabulary (`olmax data check`)."""
+        total = 0
+        for fi, size in enumerate(self.sizes):
+            n = size // np.dtype(self.dtype).itemsize
+            for start in range(0, n, block_tokens):
+                ids = self._read(fi, start, min(block_tokens, n - start))
+                self._check_ids(fi, ids, start)
+            total += n
+        return {"files": len(self.paths), "tokens": total, "instances": len(self),
+                "fingerprint": self.fingerprint}
