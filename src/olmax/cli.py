@@ -53,6 +53,412 @@ def config_cmd(
 # -- subcommands are registered below this line --
 
 
+@app.command("compare")
+def compare_cmd(
+    run_a: str = typer.Argument(..., help="run A: metrics.jsonl, a run dir (metrics.jsonl or TensorBoard events), or a W&B .csv"),
+    run_b: str = typer.Argument(..., help="run B, in any of the same forms"),
+    out: Path = typer.Option(..., "--out", help="directory for overlay.png, paired_diff.png, compare.md, compare.json"),
+    metric: str = typer.Option("train/CE loss", "--metric", help="metric name as logged (OLMo-core W&B names)"),
+    ref_csv: Optional[str] = typer.Option(None, "--ref-csv", help="W&B CSV export of a reference run, drawn and tabled too"),
+    bin_size: int = typer.Option(2000, "--bin", help="steps per bin"),
+    smooth: int = typer.Option(1, "--smooth", help="trailing moving average over this many bins"),
+    landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps for the gap table, e.g. 1000,5000 (default: 8 spread bins)"),
+    tolerance: float = typer.Option(0.0, "--tolerance", help="paired diff: largest |B - A| still counted as equal"),
+    label_a: Optional[str] = typer.Option(None, "--label-a"),
+    label_b: Optional[str] = typer.Option(None, "--label-b"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Two runs side by side: binned overlay with a gap panel, gap table at landmarks, per-step paired diff."""
+    from olmax.evals.compare import compare_runs
+
+    try:
+        report = compare_runs(run_a, run_b, out, metric=metric, bin_size=bin_size, smooth=smooth,
+                              landmarks=[int(x) for x in landmarks.split(",")] if landmarks else None,
+                              ref_csv=ref_csv, label_a=label_a, label_b=label_b, tolerance=tolerance)
+    except (ValueError, FileNotFoundError) as e:  # RunFormatError is a ValueError
+        typer.echo(f"compare error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo((out / "compare.md").read_text(), nl=False)
+    write_json(json_out, report)
+
+
+@app.command("train")
+def train_cmd(
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    run_dir: Path = typer.Option(..., "--run-dir", help="logs, config and checkpoints; rerun to resume"),
+    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="end after this step (with a checkpoint); "
+                                                                   "the schedule's horizon is unchanged"),
+    chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: logs MFU"),
+    allow_data_change: bool = typer.Option(False, "--allow-data-change",
+                                           help="resume even though the data fingerprint changed"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and exit"),
+):
+    """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
+    from olmax.recipes import resolve
+
+    cfg = resolve(recipe, config, overrides or [])
+    if dry_run:
+        typer.echo(to_yaml(cfg), nl=False)
+        return
+    from olmax.flops import resolve_peak
+    from olmax.train import train
+
+    rows = train(cfg, run_dir, stop_at=stop_at, peak_tflops=resolve_peak(None, chip),
+                 allow_data_change=allow_data_change)
+    if rows:
+        typer.echo(f"steps {rows[0]['step']}..{rows[-1]['step']}: CE loss {rows[0]['train/CE loss']:.4f} -> "
+                   f"{rows[-1]['train/CE loss']:.4f}; logs and checkpoints in {run_dir}")
+    else:
+        typer.echo(f"nothing to do: {run_dir} is already at or past the last step")
+
+
+eval_app = typer.Typer(no_args_is_help=True, help="Held-out evaluation of checkpoints (docs/verification.md).")
+app.add_typer(eval_app, name="eval")
+
+
+def _fail_on_bad_eval_input(fn):
+    """A missing file, a bad checkpoint or data the evals cannot use ends the command with its message."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, FileNotFoundError) as e:  # CheckpointError and the data errors are ValueErrors
+            typer.echo(f"eval error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _eval_data_config(work_dir: Optional[Path]):
+    from olmax.config import DataConfig
+
+    return DataConfig(work_dir=str(work_dir) if work_dir else "")
+
+
+EvalDataOpt = typer.Option(..., "--data", help="token shards, tokenize dirs, globs, demo:heldout, or .jsonl(.gz) text; repeatable")
+EvalWorkDirOpt = typer.Option(None, "--work-dir", help="cache for tokenized eval text (default $OLMAX_CACHE or ~/.cache/olmax)")
+EvalDtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)")
+
+
+@eval_app.command("loss")
+@_fail_on_bad_eval_input
+def eval_loss_cmd(
+    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    data: list[str] = EvalDataOpt,
+    seq_len: int = typer.Option(8192, "--seq-len"),
+    batch: int = typer.Option(8, "--batch", help="instances per eval batch (fixed whatever the device count)"),
+    max_batches: Optional[int] = typer.Option(None, "--max-batches", help="at most this many batches per data spec"),
+    step: Optional[int] = typer.Option(None, "--step", help="checkpoint step (default: the latest)"),
+    dtype: Optional[str] = EvalDtypeOpt,
+    loss_chunk: int = typer.Option(0, "--loss-chunk", help="sequence positions per output-layer chunk (0 = all)"),
+    work_dir: Optional[Path] = EvalWorkDirOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Held-out CE loss on fixed, identical batches (OLMo-core's evaluator loss)."""
+    from olmax.evals.heldout import eval_loss
+
+    report = eval_loss(str(ckpt), data, seq_len=seq_len, batch=batch, max_batches=max_batches,
+                       data_cfg=_eval_data_config(work_dir), step=step, compute_dtype=dtype, loss_chunk=loss_chunk)
+    for name, r in report["results"].items():
+        typer.echo(f"eval/{name}/CE loss {r['CE loss']:.6f}  PPL {r['PPL']:.4f}  tokens {r['tokens']}")
+    write_json(json_out, report)
+
+
+@eval_app.command("domains")
+@_fail_on_bad_eval_input
+def eval_domains_cmd(
+    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    data: Path = typer.Option(..., "--data", help="directory of held-out .jsonl(.gz) files, or one file"),
+    by: str = typer.Option("auto", "--by", help="auto (the `domain` field if present, else the file), field or file"),
+    seq_len: int = typer.Option(2048, "--seq-len", help="window length for long documents"),
+    batch: int = typer.Option(8, "--batch"),
+    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="at most this many documents per domain"),
+    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
+    step: Optional[int] = typer.Option(None, "--step"),
+    dtype: Optional[str] = EvalDtypeOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Per-domain loss, perplexity and bits per byte (Paloma-style), with macro and micro averages."""
+    from olmax.evals.domains import eval_domains, format_domains
+
+    report = eval_domains(str(ckpt), str(data), seq_len=seq_len, batch=batch, by=by, max_docs=max_docs,
+                          tokenizer=tokenizer, step=step, compute_dtype=dtype)
+    typer.echo(format_domains(report))
+    write_json(json_out, report)
+
+
+@eval_app.command("kl")
+@_fail_on_bad_eval_input
+def eval_kl_cmd(
+    ckpt_a: Path = typer.Option(..., "--ckpt-a", help="reference olmax checkpoint (A in KL(A||B))"),
+    ckpt_b: Path = typer.Option(..., "--ckpt-b", help="olmax checkpoint compared with it"),
+    data: list[str] = EvalDataOpt,
+    seq_len: int = typer.Option(2048, "--seq-len"),
+    batch: int = typer.Option(4, "--batch"),
+    max_batches: Optional[int] = typer.Option(4, "--max-batches"),
+    buckets: Optional[str] = typer.Option(None, "--buckets", help="position bucket starts, e.g. 0,128,1024 (default 0,16,64,... x4)"),
+    step_a: Optional[int] = typer.Option(None, "--step-a"),
+    step_b: Optional[int] = typer.Option(None, "--step-b"),
+    dtype: Optional[str] = EvalDtypeOpt,
+    work_dir: Optional[Path] = EvalWorkDirOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Per-token KL(A||B) (mean, median, p90, p99) and top-1 agreement, by position bucket."""
+    from olmax.evals.kl import eval_kl, format_kl
+
+    edges = [int(x) for x in buckets.split(",")] if buckets else None
+    report = eval_kl(str(ckpt_a), str(ckpt_b), data, seq_len=seq_len, batch=batch, max_batches=max_batches,
+                     buckets=edges, data_cfg=_eval_data_config(work_dir), step_a=step_a, step_b=step_b,
+                     compute_dtype=dtype)
+    typer.echo(format_kl(report))
+    write_json(json_out, report)
+
+
+def _fail_on_bad_checkpoint(fn):
+    """A conversion or checkpoint problem ends the command with its message (naming the file or field)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from olmax.checkpoint import CheckpointError
+        from olmax.convert import ConversionError
+
+        try:
+            return fn(*args, **kwargs)
+        except (ConversionError, CheckpointError) as e:
+            typer.echo(f"conversion error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+@app.command("convert")
+@_fail_on_bad_checkpoint
+def convert_cmd(
+    out: Path = typer.Option(..., "--out", help="the new checkpoint (olmax) or HF directory; must be new or empty"),
+    from_hf: Optional[str] = typer.Option(None, "--from-hf", help="HF Olmo3ForCausalLM directory, or a hub id owner/name"),
+    revision: Optional[str] = typer.Option(None, "--revision", help="with a hub id: branch, tag or commit"),
+    from_olmo_core: Optional[Path] = typer.Option(
+        None, "--from-olmo-core", help="OLMo-core model state: .safetensors, .pt or a distributed checkpoint dir"),
+    to_hf: Optional[Path] = typer.Option(None, "--to-hf", help="olmax checkpoint to write as a HF directory"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="--to-hf weight dtype (default: the source's)"),
+    step: Optional[int] = typer.Option(None, "--step", help="--to-hf checkpoint step (default: the latest)"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Convert weights: HF or OLMo-core -> olmax checkpoint (step 0), or olmax -> HF.
+
+    --from-olmo-core needs the architecture, from --recipe/--config and overrides (a state dict has none).
+    """
+    chosen = [name for name, value in (("--from-hf", from_hf), ("--from-olmo-core", from_olmo_core),
+                                       ("--to-hf", to_hf)) if value is not None]
+    if len(chosen) != 1:
+        raise typer.BadParameter("give exactly one of --from-hf, --from-olmo-core, --to-hf")
+    if (recipe or config or overrides) and not from_olmo_core:
+        raise typer.BadParameter("--recipe/--config/overrides only apply to --from-olmo-core")
+    if from_hf is not None:
+        from olmax.convert.hf import convert_from_hf
+
+        summary = convert_from_hf(from_hf, out, revision=revision)
+    elif to_hf is not None:
+        from olmax.convert.hf import convert_to_hf
+
+        summary = convert_to_hf(to_hf, out, dtype=dtype, step=step)
+    else:
+        from olmax.convert.olmo_core import convert_from_olmo_core
+        from olmax.recipes import resolve
+
+        if not (recipe or config):
+            raise typer.BadParameter("--from-olmo-core needs --recipe or --config for the architecture")
+        exp = resolve(recipe, config, overrides or [])
+        tokens = {"eos_token_id": exp.data.eos_token_id, "pad_token_id": exp.data.pad_token_id,
+                  "bos_token_id": exp.data.bos_token_id}
+        summary = convert_from_olmo_core(from_olmo_core, exp.model, out, special_tokens=tokens)
+    typer.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
+    write_json(json_out, summary)
+
+
+@app.command("parity")
+@_fail_on_bad_checkpoint
+def parity_cmd(
+    hf: str = typer.Option(..., "--hf", help="HF Olmo3ForCausalLM directory (the reference)"),
+    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint (its latest step)"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16: weights and compute on both sides"),
+    seq_len: int = typer.Option(512, "--seq-len"),
+    batch: int = typer.Option(1, "--batch"),
+    seed: int = typer.Option(0, "--seed", help="seed of the random tokens"),
+    layer_tol: Optional[float] = typer.Option(
+        None, "--layer-tol", help="per-layer RMS-relative tolerance (default 1e-4 float32, 0.1 bfloat16)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Logits and per-layer hidden states of olmax against transformers on the same random tokens."""
+    from olmax.convert.parity import PARITY_DTYPES, run_hf_parity
+
+    if dtype not in PARITY_DTYPES:
+        raise typer.BadParameter(f"--dtype must be one of {', '.join(PARITY_DTYPES)}")
+    report = run_hf_parity(hf, str(ckpt), dtype=dtype, seq_len=seq_len, batch=batch, seed=seed,
+                           layer_tolerance=layer_tol)
+    for key in ("kl_mean", "kl_max", "top1_agreement", "top10_overlap", "max_abs_logit_diff"):
+        typer.echo(f"{key:>22} {report[key]:.6g}")
+    typer.echo(f"{'first_divergent_layer':>22} {report['first_divergent_layer']} "
+               f"(tolerance {report['layer_tolerance']:g} of the layer RMS)")
+    typer.echo(f"{'layer_rel_diff':>22} " + " ".join(f"{x:.2e}" for x in report["layer_rel_diff"]))
+    write_json(json_out, report)
+
+
+def _fail_on_bad_data(fn):
+    """Bad data input ends the command with its message (which names the file), not a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from olmax.data.order import OrderError
+        from olmax.data.sources import DataSourceError
+        from olmax.data.tokenize import TokenizeError
+        from olmax.data.tokenizer import TokenizerError
+
+        try:
+            return fn(*args, **kwargs)
+        except (DataSourceError, TokenizeError, TokenizerError, OrderError) as e:
+            typer.echo(f"data error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+@app.command("tokenize")
+@_fail_on_bad_data
+def tokenize_cmd(
+    inputs: list[Path] = typer.Argument(..., help=".jsonl / .jsonl.gz / .jsonl.zst (a `text` field) or .txt files"),
+    out: Path = typer.Option(..., "--out", help="output directory for the shards and manifest.json"),
+    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a path to a HF tokenizer.json"),
+    workers: int = typer.Option(0, "--workers", help="encoding processes (0 = in this process)"),
+    shard_tokens: int = typer.Option(1 << 26, "--shard-tokens", help="tokens per shard (closed at a document end)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Tokenize text into raw token shards OLMo-core and olmax read (resumes an interrupted run)."""
+    from olmax.data.tokenize import tokenize_files
+
+    manifest = tokenize_files(inputs, out, tokenizer=tokenizer, workers=workers, shard_tokens=shard_tokens)
+    summary = {"out": str(out), "shards": len(manifest["shards"]), "tokens": manifest["total_tokens"],
+               "documents": sum(s["documents"] for s in manifest["sources"]), "dtype": manifest["dtype"]}
+    typer.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
+    write_json(json_out, manifest)
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Inspect training data: order of instances, file checks.")
+app.add_typer(data_app, name="data")
+
+
+def _data_config(paths, seq_len, seed, max_target, vocab_size, eos, pad, mix_base, work_dir):
+    from olmax.config import DataConfig
+
+    return DataConfig(paths=tuple(paths), seq_len=seq_len, seed=seed, max_target_seq_len=max_target,
+                      vocab_size=vocab_size, eos_token_id=eos, pad_token_id=pad, mix_base=mix_base,
+                      work_dir=work_dir or "")
+
+
+PathsOpt = typer.Option(..., "--paths", help="shards, globs, tokenize output dirs, mix files or demo (repeat the flag)")
+SeqLenOpt = typer.Option(8192, "--seq-len")
+MaxTargetOpt = typer.Option(None, "--max-target-seq-len", help="OLMo-core's max_target_sequence_length")
+VocabOpt = typer.Option(100278, "--vocab-size", help="tokenizer vocabulary (dolma2 by default)")
+EosOpt = typer.Option(100257, "--eos-id")
+PadOpt = typer.Option(100277, "--pad-id")
+MixBaseOpt = typer.Option(None, "--mix-base", help="base dir or URL of a mix file's paths")
+WorkDirOpt = typer.Option(None, "--work-dir", help="cache for the order memmap (default ~/.cache/olmax)")
+
+
+@data_app.command("order")
+@_fail_on_bad_data
+def data_order_cmd(
+    paths: list[str] = PathsOpt,
+    seq_len: int = SeqLenOpt,
+    seed: int = typer.Option(34521, "--seed"),
+    global_batch: int = typer.Option(..., "--global-batch-instances", help="instances per global batch"),
+    epoch: int = typer.Option(1, "--epoch", help="epochs count from 1"),
+    dp_size: int = typer.Option(1, "--dp-size"),
+    dp_rank: Optional[int] = typer.Option(None, "--dp-rank", help="one rank only (default: all)"),
+    steps: str = typer.Option("1:2", "--steps", help="a:b = steps a..b-1; step s (1-based) trains on batch s-1"),
+    max_target: Optional[int] = MaxTargetOpt,
+    vocab_size: int = VocabOpt,
+    eos: int = EosOpt,
+    pad: int = PadOpt,
+    mix_base: Optional[str] = MixBaseOpt,
+    work_dir: Optional[str] = WorkDirOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Which instances (file, token offset) each data-parallel rank saw at each step, as OLMo-core orders them."""
+    from olmax.data.loader import order_report
+
+    try:
+        a, b = (int(x) for x in steps.split(":"))
+    except ValueError:
+        raise typer.BadParameter(f"--steps {steps!r} is not of the form a:b") from None
+    cfg = _data_config(paths, seq_len, seed, max_target, vocab_size, eos, pad, mix_base, work_dir)
+    report = order_report(cfg, global_batch, range(a, b), epoch=epoch, dp_size=dp_size, dp_rank=dp_rank)
+    typer.echo(f"fingerprint {report['fingerprint']}  instances {report['instances']}  "
+               f"batches/epoch {report['batches_per_epoch']}")
+    for step in report["steps"]:
+        for rank in step["ranks"]:
+            shown = ", ".join(f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}"
+                              for i, f, o in list(zip(rank["ids"], rank["file"], rank["offset"]))[:4])
+            more = f", ... ({len(rank['ids'])} instances)" if len(rank["ids"]) > 4 else ""
+            typer.echo(f"step {step['step']} (batch {step['batch']}) rank {rank['rank']}: {shown}{more}")
+    write_json(json_out, report)
+
+
+@data_app.command("check")
+@_fail_on_bad_data
+def data_check_cmd(
+    paths: list[str] = PathsOpt,
+    seq_len: int = SeqLenOpt,
+    max_target: Optional[int] = MaxTargetOpt,
+    vocab_size: int = VocabOpt,
+    eos: int = EosOpt,
+    pad: int = PadOpt,
+    mix_base: Optional[str] = MixBaseOpt,
+    work_dir: Optional[str] = WorkDirOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Read every token of every file and check sizes, headers and ids against the vocabulary."""
+    from olmax.data.loader import build_source
+
+    cfg = _data_config(paths, seq_len, 0, max_target, vocab_size, eos, pad, mix_base, work_dir)
+    report = build_source(cfg).check_all()
+    typer.echo(" ".join(f"{k}={v}" for k, v in report.items()))
+    write_json(json_out, report)
+
+
+@app.command("flops")
+def flops_cmd(
+    model: str = typer.Option(..., "--model", help="recipe name (olmax.recipes) whose model is counted"),
+    seq_len: int = typer.Option(..., "--seq-len", help="tokens per sequence"),
+    per_device_batch: int = typer.Option(..., "--per-device-batch", help="sequences per device per step"),
+    devices: int = typer.Option(1, "--devices", help="JAX devices in the run (for tokens per step)"),
+    peak: Optional[float] = typer.Option(None, "--peak", help="peak dense bf16 TFLOP/s per device"),
+    chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood (per-device peak)"),
+    step_time: Optional[float] = typer.Option(None, "--step-time", help="measured seconds per step (gives MFU)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """TFLOP per device per step (MaxText's convention and the exact count) and the MFU a step time implies."""
+    from olmax.flops import flops_report, format_report, resolve_peak
+    from olmax.recipes import get_recipe
+
+    report = flops_report(
+        get_recipe(model).model, seq_len=seq_len, per_device_batch=per_device_batch, devices=devices,
+        peak_tflops=resolve_peak(peak, chip), step_time=step_time,
+    )
+    report = {"model": model, "chip": chip, **report}
+    typer.echo(format_report(report))
+    write_json(json_out, report)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,243 @@
+"""olmax checkpoints: an Orbax `CheckpointManager` directory with one sub-directory per step.
+
+Each step holds named items, so later items (optimizer state, data-loader state) add to the same
+layout without changing these:
+
+    CKPT_DIR/<step>/params   the parameter pytree (Orbax StandardSave; shapes as olmax.model.olmo3.param_specs)
+    CKPT_DIR/<step>/config   the ModelConfig as a JSON dict (dataclasses.asdict)
+    CKPT_DIR/<step>/meta     JSON: olmax version, where the weights came from, the source dtype
+
+A converted checkpoint is step 0. Orbax only lists a step once it has been written completely, so a
+half-written step is never picked up as "latest".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import orbax.checkpoint as ocp
+
+from olmax.config import ConfigError, ModelConfig, from_dict
+from olmax.model.olmo3 import abstract_params
+
+PARAMS, CONFIG, META = "params", "config", "meta"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be read or written as asked; the message names it."""
+
+
+def olmax_version() -> str:
+    return version("olmax")
+
+
+def _handlers() -> dict[str, ocp.CheckpointHandler]:
+    return {PARAMS: ocp.StandardCheckpointHandler(save_concurrent_gb=1), CONFIG: ocp.JsonCheckpointHandler(),
+            META: ocp.JsonCheckpointHandler()}
+
+
+def _manager(directory: Path, *, create: bool) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(
+        directory.absolute(),
+        item_handlers=_handlers(),
+        options=ocp.CheckpointManagerOptions(create=create),
+    )
+
+
+def save_params(directory: str | Path, params: dict, model_cfg: ModelConfig, meta: dict, *, step: int = 0) -> Path:
+    """Write `params` (arrays: numpy or jax, any sharding), the model config and `meta` as `step`.
+
+    `meta` gets `olmax_version` added. Refuses to overwrite an existing step.
+    """
+    directory = Path(directory)
+    _check_shapes(_flat_shapes(params), model_cfg, f"the parameters to save in {directory}")
+    mngr = _manager(directory, create=True)
+    try:
+        if step in mngr.all_steps():
+            raise CheckpointError(f"{directory} already has a checkpoint at step {step}; choose an empty directory")
+        mngr.save(step, args=ocp.args.Composite(**{
+            PARAMS: ocp.args.StandardSave(params),
+            CONFIG: ocp.args.JsonSave(dataclasses.asdict(model_cfg)),
+            META: ocp.args.JsonSave({**meta, "olmax_version": olmax_version()}),
+        }))
+        mngr.wait_until_finished()
+    finally:
+        mngr.close()
+    return directory
+
+
+def _open_step(directory: str | Path, step: Optional[int]) -> tuple[ocp.CheckpointManager, int]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    mngr = _manager(directory, create=False)
+    steps = mngr.all_steps()
+    if not steps:
+        mngr.close()
+        raise CheckpointError(f"{directory} holds no complete checkpoint (no finished step directory)")
+    if step is None:
+        step = max(steps)
+    elif step not in steps:
+        mngr.close()
+        raise CheckpointError(f"{directory} has no checkpoint at step {step}; it has steps {sorted(steps)}")
+    return mngr, step
+
+
+def _read_config(mngr: ocp.CheckpointManager, step: int, directory: Path) -> tuple[ModelConfig, dict]:
+    try:
+        items = mngr.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore(),
+                                                              META: ocp.args.JsonRestore()}))
+    except (FileNotFoundError, ValueError) as e:
+        raise CheckpointError(f"cannot read the config/meta items of {directory} step {step}: {e}") from None
+    try:
+        model_cfg = from_dict(items[CONFIG], ModelConfig)
+    except ConfigError as e:
+        raise CheckpointError(f"the model config stored in {directory} step {step} is invalid: {e}") from None
+    return model_cfg, dict(items[META])
+
+
+def read_config(directory: str | Path, step: Optional[int] = None) -> tuple[ModelConfig, dict]:
+    """The model config and meta of a checkpoint (default: its latest step), without loading arrays.
+    Use it to build the target shardings for `load_params`."""
+    mngr, step = _open_step(directory, step)
+    try:
+        return _read_config(mngr, step, Path(directory))
+    finally:
+        mngr.close()
+
+
+def _flat_shapes(tree, is_leaf=None) -> dict[str, tuple]:
+    """{"['layers']['q_proj']": shape, ...} for a tree of arrays, ShapeDtypeStructs or array metadata."""
+    return {jax.tree_util.keystr(k): tuple(v.shape)
+            for k, v in jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_leaf)}
+
+
+def _check_shapes(found: dict[str, tuple], model_cfg: ModelConfig, what: str) -> None:
+    """Compare flat shapes with what `model_cfg` declares; the error names every mismatch."""
+    expected = _flat_shapes(abstract_params(model_cfg))
+    problems = [f"{k}: missing" for k in expected if k not in found]
+    problems += [f"{k}: unexpected" for k in found if k not in expected]
+    problems += [f"{k}: shape {found[k]}, config says {v}" for k, v in expected.items()
+                 if k in found and found[k] != v]
+    if problems:
+        raise CheckpointError(f"{what} do not match the model config: " + "; ".join(problems))
+
+
+def load_params(directory: str | Path, step: Optional[int] = None, shardings: Any = None
+                ) -> tuple[dict, ModelConfig, dict]:
+    """Restore (params, model config, meta) from a checkpoint (default: its latest step).
+
+    `shardings`: a pytree of `jax.sharding.Sharding` shaped like the params (e.g. from
+    `olmax.sharding.tree_shardings(param_specs(cfg), mesh, ...)`, with `cfg` from `read_config`);
+    the arrays are restored directly onto it, whatever sharding they were saved with.
+    None puts every array on the first device. Arrays are restored in `model_cfg.param_dtype`.
+    """
+    directory = Path(directory)
+    mngr, step = _open_step(directory, step)
+    try:
+        model_cfg, meta = _read_config(mngr, step, directory)
+        stored = mngr.item_metadata(step)[PARAMS]
+        if stored is None:
+            raise CheckpointError(f"{directory} step {step} has no '{PARAMS}' item")
+        _check_shapes(_flat_shapes(stored, is_leaf=lambda x: hasattr(x, "shape")), model_cfg,
+                      f"the parameters stored in {directory} step {step}")
+        abstract = abstract_params(model_cfg)
+        if shardings is None:
+            shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), abstract)
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+        try:
+            params = mngr.restore(step, args=ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(target)}))[PARAMS]
+        except (FileNotFoundError, ValueError) as e:
+            raise CheckpointError(f"cannot restore the parameters of {directory} step {step}: {e}") from None
+    finally:
+        mngr.close()
+    return params, model_cfg, meta
+
+
+# ----------------------------------------------------------------------------------------------
+# Training runs: the full state, every N steps
+
+
+OPT_STATE, DATA, EXPERIMENT = "opt_state", "data", "experiment"
+
+
+class RunCheckpoints:
+    """The checkpoints of one training run (RUN_DIR/checkpoints). Step N holds the state after N
+    completed steps and the data-loader state after N batches, so a resume continues with the data
+    of step N+1. Saves are asynchronous (Orbax copies the arrays to host before `save` returns, so
+    the next step may donate them); only completely written steps are ever listed or restored.
+
+    Items: params, config and meta (as `save_params`, so `load_params` reads a training checkpoint
+    too), opt_state ({"step", "opt"}: the optimizer state incl. the skip-step window), data (the
+    loader state) and experiment (the whole resolved ExperimentConfig).
+    """
+
+    def __init__(self, directory: str | Path, cfg):
+        self.directory, self.cfg = Path(directory), cfg
+        handlers = {**_handlers(), OPT_STATE: ocp.StandardCheckpointHandler(), DATA: ocp.JsonCheckpointHandler(),
+                    EXPERIMENT: ocp.JsonCheckpointHandler()}
+        options = ocp.CheckpointManagerOptions(create=True, max_to_keep=cfg.checkpoint.keep,
+                                               enable_async_checkpointing=True)
+        self._mngr = ocp.CheckpointManager(self.directory.absolute(), item_handlers=handlers, options=options)
+
+    def latest_step(self) -> Optional[int]:
+        return self._mngr.latest_step()
+
+    def save(self, step: int, state, data_state: dict) -> None:
+        cfg = self.cfg
+        meta = {"olmax_version": olmax_version(), "step": step, "devices": jax.device_count(),
+                "processes": jax.process_count(),
+                "tokens_seen": step * cfg.trainer.global_batch * cfg.data.seq_len}
+        self._mngr.save(step, args=ocp.args.Composite(**{
+            PARAMS: ocp.args.StandardSave(state.params),
+            OPT_STATE: ocp.args.StandardSave({"step": state.step, "opt": state.opt_state}),
+            CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg.model)),
+            META: ocp.args.JsonSave(meta),
+            DATA: ocp.args.JsonSave(data_state),
+            EXPERIMENT: ocp.args.JsonSave(dataclasses.asdict(cfg)),
+        }))
+
+    def restore(self, step: int, mesh):
+        """(TrainState on `mesh`, data-loader state) of `step`; the mesh may differ from the one
+        that saved it (Orbax reshards on restore)."""
+        from olmax.train_step import TrainState, init_train_state, state_shardings
+
+        saved = self._mngr.restore(step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore(),
+                                                                   DATA: ocp.args.JsonRestore()}))
+        _check_resumable(saved[EXPERIMENT], self.cfg, self.directory / str(step))
+        abstract = jax.eval_shape(lambda key: init_train_state(self.cfg, mesh, key), jax.random.key(0))
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                              abstract, state_shardings(self.cfg, mesh))
+        items = self._mngr.restore(step, args=ocp.args.Composite(**{
+            PARAMS: ocp.args.StandardRestore(target.params),
+            OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),
+        }))
+        state = TrainState(items[OPT_STATE]["step"], items[PARAMS], items[OPT_STATE]["opt"])
+        return state, dict(saved[DATA])
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+
+
+def _check_resumable(saved: dict, cfg, where: Path) -> None:
+    """A resume must keep what defines the run: the model, the global batch and the sequence length."""
+    changes = []
+    if saved["trainer"]["global_batch"] != cfg.trainer.global_batch:
+        changes.append(f"trainer.global_batch {saved['trainer']['global_batch']} -> {cfg.trainer.global_batch}")
+    if saved["data"]["seq_len"] != cfg.data.seq_len:
+        changes.append(f"data.seq_len {saved['data']['seq_len']} -> {cfg.data.seq_len}")
+    stored_model = from_dict(saved["model"], ModelConfig)
+    arch = lambda m: {k: v for k, v in dataclasses.asdict(m).items()
+                      if k not in ("param_dtype", "compute_dtype", "attention", "remat")}
+    changed = {k for k, v in arch(stored_model).items() if arch(cfg.model)[k] != v}
+    if changed:
+        changes.append("model " + ", ".join(f"{k} {getattr(stored_model, k)} -> {getattr(cfg.model, k)}"
+                                            for k in sorted(changed)))
+    if changes:
+        raise CheckpointError(f"cannot resume from {where}: the run's config changed ({'; '.join(changes)}); "
+                              "start a new run directory for a different run")

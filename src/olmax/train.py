@@ -1,0 +1,108 @@
+"""The training loop: thin on purpose. Everything it calls is a tested part of its own:
+the jitted step (olmax.train_step), the data loader (olmax.data.loader), checkpoints
+(olmax.checkpoint) and the metrics writers (olmax.metrics).
+
+Step semantics (OLMo-core's): step s is 1-based; checkpoint N holds the state after N completed
+steps and the loader state after N batches, so a resumed run continues with the data of step N+1.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import jax
+from tqdm import tqdm
+
+from olmax.checkpoint import RunCheckpoints, load_params
+from olmax.config import ConfigError, ExperimentConfig, save_yaml
+from olmax.data.loader import make_loader
+from olmax.metrics import MetricsLog
+from olmax.sharding import make_mesh, tree_shardings
+from olmax.model.olmo3 import ParamSpec, param_specs
+from olmax.train_step import batch_sharding, init_train_state, make_train_step
+
+
+def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] = None,
+          peak_tflops: Optional[float] = None, allow_data_change: bool = False, progress: bool = True) -> list[dict]:
+    """Train until trainer.max_steps (or `stop_at`), resuming from the newest checkpoint in run_dir.
+    Returns the metrics rows logged by this invocation."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mesh = make_mesh(cfg.mesh)
+    last = cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
+    ckpts = RunCheckpoints(run_dir / "checkpoints", cfg)
+    rows = []
+    # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
+    with jax.set_mesh(mesh):
+        start = ckpts.latest_step()
+        if start is None:
+            state, data_state = _fresh_state(cfg, mesh), None
+            save_yaml(cfg, run_dir / "config.yaml")
+        else:
+            state, data_state = ckpts.restore(start, mesh)
+        start = int(state.step)
+        if start >= last:
+            ckpts.close()
+            return rows
+        # One process reads the whole global batch; with several, each reads its ranks' rows.
+        n_proc, proc = jax.process_count(), jax.process_index()
+        loader = make_loader(cfg.data, cfg.trainer.global_batch, dp_rank=proc, dp_size=n_proc,
+                             state=data_state, allow_fingerprint_mismatch=allow_data_change)
+        step_fn = make_train_step(cfg, mesh)
+        to_global = batch_sharding(cfg, mesh)
+        log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops)
+        batches = iter(loader)
+        bar = tqdm(total=last, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+        try:
+            pending = None  # the previous step's metrics, read after the next step is dispatched (no host sync)
+            t_last = time.perf_counter()
+            for step in range(start + 1, last + 1):
+                local = next(batches)["input_ids"]
+                batch = {"input_ids": jax.make_array_from_process_local_data(to_global, local)}
+                state, metrics = step_fn(state, batch)
+                if pending is not None:
+                    t_last = _log(pending, log, rows, bar, t_last)
+                pending = (step, metrics, loader.audit()["repeats_in_epoch"])
+                if step % cfg.checkpoint.every == 0 or step == last:
+                    t_last = _log(pending, log, rows, bar, t_last)
+                    pending = None
+                    t_ckpt = time.perf_counter()
+                    ckpts.save(step, state, loader.state())
+                    t_last += time.perf_counter() - t_ckpt  # step time excludes checkpoint time
+        finally:
+            bar.close()
+            log.close()
+            ckpts.close()
+    return rows
+
+
+def _fresh_state(cfg: ExperimentConfig, mesh):
+    """Step 0: random init (OLMo-core's), or the parameters of checkpoint.init_from with a fresh optimizer."""
+    key = jax.random.key(cfg.trainer.seed)
+    if not cfg.checkpoint.init_from:
+        return init_train_state(cfg, mesh, key)
+    shardings = tree_shardings(param_specs(cfg.model), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
+    params, model_cfg, _ = load_params(cfg.checkpoint.init_from, shardings=shardings)
+    if _arch(model_cfg) != _arch(cfg.model):
+        raise ConfigError(f"checkpoint.init_from={cfg.checkpoint.init_from} holds a different architecture "
+                          f"({_arch(model_cfg)}) from model ({_arch(cfg.model)})")
+    return init_train_state(cfg, mesh, key, params)
+
+
+def _arch(m) -> tuple:
+    return (m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim, m.mlp_hidden,
+            m.sliding_window, m.global_every)
+
+
+def _log(pending, log: MetricsLog, rows: list, bar, t_last: float) -> float:
+    step, metrics, repeats = pending
+    metrics = jax.device_get(metrics)  # waits for this step only
+    now = time.perf_counter()
+    row = log.record(step, metrics, total_tokens=int(step * metrics["tokens"]), step_time=now - t_last,
+                     repeats=repeats)
+    rows.append(row)
+    bar.set_postfix(loss=f"{row['train/CE loss']:.3f}", lr=f"{row['optim/LR']:.2e}", refresh=False)
+    bar.update(1)
+    return now
