@@ -1,0 +1,166 @@
+"""Two training runs side by side at step-aligned landmarks (`olmax compare`, docs/verification.md).
+
+Curves are read by olmax.evals.runs (metrics.jsonl, TensorBoard, W&B CSV). Two views:
+
+Binned overlay. Steps are grouped into bins of `bin_size` steps, bin k holding steps
+(k * bin_size, (k + 1) * bin_size] and labelled by its last step; a bin's value is the mean of the
+run's logged values in it, then optionally a trailing moving average over `smooth` bins. Runs logged
+at different intervals are compared bin by bin, never point by point. The gap is B - A per bin
+(and A - ref, B - ref with a reference export). A landmark step is read from the bin that contains
+it; the markdown table lists A, B, gap and relative gap at each landmark.
+
+Paired difference (a resume A/B: the same run continued from a checkpoint vs uninterrupted).
+Unbinned B - A at every step both runs logged. An exact resume gives 0.000 at every step; a resume
+bug (data not at batch N, optimizer state lost, RNG not restored) shows as a nonzero delta from the
+first step after the resume, which binned curves of two noisy runs hide. `tolerance` is the largest
+|delta| still counted as equal (0 for bit-exact runs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from olmax.evals.runs import Series, find_metric, read_run
+
+DEFAULT_METRIC = "train/CE loss"
+
+
+@dataclass(frozen=True)
+class Binned:
+    ends: np.ndarray  # int64: the last step of each bin that holds at least one point
+    values: np.ndarray  # float64: the (smoothed) bin means
+    counts: np.ndarray  # int64: points in each bin
+
+
+def bin_series(series: Series, bin_size: int, smooth: int = 1) -> Binned:
+    if bin_size <= 0 or smooth <= 0:
+        raise ValueError(f"bin size and smoothing must be positive, got {bin_size} and {smooth}")
+    index = (series.steps + bin_size - 1) // bin_size  # step s lies in bin ceil(s / bin_size)
+    keys, inverse, counts = np.unique(index, return_inverse=True, return_counts=True)
+    means = np.bincount(inverse, weights=series.values) / counts
+    if smooth > 1:
+        csum = np.concatenate([[0.0], np.cumsum(means)])
+        lo = np.maximum(np.arange(len(means)) - smooth + 1, 0)
+        means = (csum[1:] - csum[lo]) / (np.arange(len(means)) + 1 - lo)
+    return Binned(keys * bin_size, means, counts)
+
+
+def value_at(binned: Binned, step: int, bin_size: int) -> Optional[float]:
+    """The binned value of the bin containing `step`, or None if that bin has no point."""
+    end = -(-step // bin_size) * bin_size
+    hit = np.flatnonzero(binned.ends == end)
+    return float(binned.values[hit[0]]) if hit.size else None
+
+
+def default_landmarks(a: Binned, b: Binned, n: int = 8) -> list[int]:
+    """Up to n bin ends spread evenly over the bins both runs have."""
+    common = np.intersect1d(a.ends, b.ends)
+    if common.size == 0:
+        return []
+    picks = np.unique(np.linspace(0, common.size - 1, min(n, common.size)).round().astype(int))
+    return [int(common[i]) for i in picks]
+
+
+def gap_table(a: Binned, b: Binned, landmarks: Sequence[int], bin_size: int,
+              ref: Optional[Binned] = None) -> list[dict]:
+    rows = []
+    for step in landmarks:
+        va, vb = value_at(a, step, bin_size), value_at(b, step, bin_size)
+        row = {"step": int(step), "a": va, "b": vb,
+               "gap": None if va is None or vb is None else vb - va,
+               "rel_gap": None if va is None or vb is None or va == 0 else (vb - va) / abs(va)}
+        if ref is not None:
+            vr = value_at(ref, step, bin_size)
+            row.update(ref=vr, a_minus_ref=None if va is None or vr is None else va - vr,
+                       b_minus_ref=None if vb is None or vr is None else vb - vr)
+        rows.append(row)
+    return rows
+
+
+def paired_diff(a: Series, b: Series, tolerance: float = 0.0) -> dict:
+    """Per-step B - A on the steps both logged, and where they first differ by more than `tolerance`."""
+    steps, ia, ib = np.intersect1d(a.steps, b.steps, return_indices=True)
+    delta = b.values[ib] - a.values[ia]
+    off = np.flatnonzero(np.abs(delta) > tolerance)
+    return {
+        "common_steps": int(steps.size),
+        "first_step": int(steps[0]) if steps.size else None,
+        "last_step": int(steps[-1]) if steps.size else None,
+        "max_abs_delta": float(np.abs(delta).max()) if steps.size else None,
+        "mean_abs_delta": float(np.abs(delta).mean()) if steps.size else None,
+        "tolerance": tolerance,
+        "steps_over_tolerance": int(off.size),
+        "first_divergent_step": int(steps[off[0]]) if off.size else None,
+        "steps": steps.tolist(),
+        "delta": delta.tolist(),
+    }
+
+
+def _fmt(x: Optional[float], spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(report: dict) -> str:
+    has_ref = report["ref"] is not None
+    lines = [f"# {report['metric']}: {report['label_a']} (A) vs {report['label_b']} (B)", "",
+             f"Bins of {report['bin_size']} steps (mean of the logged values in each bin), smoothing "
+             f"{report['smooth']} bin(s); a landmark reads the bin that contains it. Gap = B - A.", "",
+             "| step | A | B | gap | rel. gap |" + (" ref | A - ref | B - ref |" if has_ref else ""),
+             "|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if has_ref else "")]
+    for r in report["landmarks"]:
+        line = (f"| {r['step']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {_fmt(r['gap'], '+.4f')} | "
+                f"{_fmt(None if r['rel_gap'] is None else 100 * r['rel_gap'], '+.2f')}% |")
+        if has_ref:
+            line += f" {_fmt(r['ref'])} | {_fmt(r['a_minus_ref'], '+.4f')} | {_fmt(r['b_minus_ref'], '+.4f')} |"
+        lines.append(line)
+    p = report["paired"]
+    lines += ["", "## Paired difference (per step, unbinned)", ""]
+    if p["common_steps"] == 0:
+        lines.append("The runs share no logged step.")
+    else:
+        verdict = ("identical at every shared step" if p["first_divergent_step"] is None
+                   else f"first differ at step {p['first_divergent_step']}")
+        lines.append(f"{p['common_steps']} shared steps ({p['first_step']}-{p['last_step']}): max |B - A| "
+                     f"{p['max_abs_delta']:.3g}, mean {p['mean_abs_delta']:.3g}; {p['steps_over_tolerance']} "
+                     f"step(s) over tolerance {p['tolerance']:g}: {verdict}.")
+    return "\n".join(lines) + "\n"
+
+
+def compare_runs(run_a: str, run_b: str, out: str | Path, *, metric: str = DEFAULT_METRIC, bin_size: int = 2000,
+                 smooth: int = 1, landmarks: Optional[Sequence[int]] = None, ref_csv: Optional[str] = None,
+                 label_a: Optional[str] = None, label_b: Optional[str] = None, tolerance: float = 0.0) -> dict:
+    """`olmax compare`: writes overlay.png, paired_diff.png, compare.md and compare.json into `out`."""
+    from olmax.evals.plots import plot_overlay, plot_paired_diff
+
+    def load(path: str, what: str) -> Series:
+        curves = read_run(path)
+        series = find_metric(curves, metric)
+        if series is None:
+            raise ValueError(f"{what} {path} has no metric {metric!r}; it has: {', '.join(curves) or 'none'}")
+        return series
+
+    a, b = load(run_a, "run A"), load(run_b, "run B")
+    ref = load(ref_csv, "reference") if ref_csv else None
+    ba, bb = bin_series(a, bin_size, smooth), bin_series(b, bin_size, smooth)
+    bref = bin_series(ref, bin_size, smooth) if ref is not None else None
+    marks = list(landmarks) if landmarks else default_landmarks(ba, bb)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "metric": metric, "label_a": label_a or Path(run_a).name, "label_b": label_b or Path(run_b).name,
+        "run_a": str(run_a), "run_b": str(run_b), "ref": str(ref_csv) if ref_csv else None,
+        "bin_size": bin_size, "smooth": smooth,
+        "landmarks": gap_table(ba, bb, marks, bin_size, bref),
+        "paired": paired_diff(a, b, tolerance),
+    }
+    plot_overlay(out / "overlay.png", metric, {report["label_a"]: ba, report["label_b"]: bb}, bref, marks)
+    plot_paired_diff(out / "paired_diff.png", metric, report["paired"])
+    (out / "compare.md").write_text(markdown(report))
+    (out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
+    report["files"] = [str(out / f) for f in ("overlay.png", "paired_diff.png", "compare.md", "compare.json")]
+    return report

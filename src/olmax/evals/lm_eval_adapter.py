@@ -1,0 +1,242 @@
+"""The lm-eval-harness model `olmax` (lm-eval 0.4.13, the `eval` extra), and offline task data.
+
+    lm_eval --model olmax --model_args ckpt=CKPT,tokenizer=dolma2 --tasks arc_easy
+    olmax eval tasks --ckpt CKPT --tasks arc_easy,hellaswag --data-dir ../shared/data/evals
+
+Requests are handled as lm-eval's own HF backend (`HFLM`) handles them, so that a checkpoint and its
+HF conversion score identically (tests/test_evals_lm_eval.py checks per-request log-likelihoods and
+accuracy against HFLM on a converted model):
+
+- loglikelihood: lm-eval's TemplateLM splits context and continuation into tokens; the input is
+  (context + continuation)[-(max_length + 1):][:-1], the continuation's log-probabilities are summed
+  over the REAL vocabulary (a HF model has no padded ids), and `is_greedy` is whether every
+  continuation token is the argmax. Requests are batched longest first, padded on the right to a
+  power of two (a causal model's earlier positions do not see the padding).
+- loglikelihood_rolling: lm-eval's rolling windows (max_length tokens, one token of context) scored
+  as above and summed.
+- generate_until: greedy decoding with a key/value cache (olmax.evals.decode), prompts left-truncated
+  to max_length - max_gen_toks, stopped at the first `until` string (which is cut off) or EOS.
+- The sliding window is respected everywhere: scoring runs the model's own windowed forward pass,
+  and the decoder masks the cache with each layer's window.
+
+Offline tasks: `offline_datasets(data_dir)` makes lm-eval read each task's dataset from local copies
+instead of the hub: `DATA_DIR/<task>/<split>/*.arrow` (HF `datasets` arrow stream files, as
+`save_to_disk` writes them) or `DATA_DIR/<task>/<split>.jsonl`, and for task families whose subtasks
+share one dataset path, `DATA_DIR/<family>/<dataset_name>/...` (MMLU: `mmlu/anatomy/dev/*.arrow`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from olmax.data.tokenizer import load_tokenizer
+from olmax.evals.decode import greedy_generate
+from olmax.evals.scoring import TokenScorer, eval_mesh, load_checkpoint
+from olmax.loss import IGNORE
+
+MIN_WIDTH = 16
+
+
+def _decoder(tok):
+    """ids -> text for an olmax.data.tokenizer encoder. That module only encodes; until it has a
+    public `decode`, this reads the underlying tiktoken / tokenizers object."""
+    if hasattr(tok, "decode"):
+        return tok.decode
+    inner = getattr(tok, "_enc", None) or getattr(tok, "_tok")
+    return inner.decode
+
+
+@register_model("olmax")
+class OlmaxLM(TemplateLM):
+    """An olmax checkpoint as an lm-eval model (see the module doc).
+
+    model_args: ckpt (required), tokenizer (dolma2 or a tokenizer.json), batch_size, max_length
+    (default: the config's max_position), max_gen_toks (256), step, dtype (compute dtype override).
+    """
+
+    def __init__(self, ckpt: str, tokenizer: str = "dolma2", batch_size: int | str = 8,
+                 max_length: Optional[int] = None, max_gen_toks: int = 256, step: Optional[int] = None,
+                 dtype: Optional[str] = None, **_harness_args):
+        # simple_evaluate also passes max_batch_size and device: placement is the mesh's business here.
+        super().__init__()
+        mesh = eval_mesh()
+        self.params, self.cfg, self.meta = load_checkpoint(ckpt, mesh, step=None if step is None else int(step),
+                                                           compute_dtype=dtype)
+        self.scorer = TokenScorer(self.cfg, mesh, real_vocab=True)
+        self.tok = load_tokenizer(tokenizer)
+        self._decode = _decoder(self.tok)
+        self.batch_size = 8 if batch_size in ("auto", None) else int(batch_size)
+        self.max_length = int(max_length or self.cfg.max_position)
+        self.max_gen_toks = int(max_gen_toks)
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tok.info.eos_token_id
+
+    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs) -> list[int]:
+        return self.tok.encode(string)  # OLMo 3 has no BOS: nothing to add
+
+    def tok_decode(self, ids) -> str:
+        return self._decode(list(ids))
+
+    # -- scoring ---------------------------------------------------------------------------------
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        rows = []
+        for key, context, continuation in requests:
+            if not continuation:
+                raise ValueError(f"request {key!r} has an empty continuation")
+            inp = (list(context) + list(continuation))[-(self.max_length + 1):][:-1]
+            rows.append((inp, list(continuation)))
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
+        results: list[Optional[tuple[float, bool]]] = [None] * len(rows)
+        for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm, desc="olmax loglikelihood"):
+            idx = order[start:start + self.batch_size]
+            width = max(MIN_WIDTH, 1 << (len(rows[idx[0]][0]) - 1).bit_length())
+            tokens = np.zeros((len(idx), width), np.int32)
+            labels = np.full((len(idx), width), IGNORE, np.int32)
+            for r, i in enumerate(idx):
+                inp, cont = rows[i]
+                tokens[r, :len(inp)] = inp
+                labels[r, len(inp) - len(cont):len(inp)] = cont  # position p predicts token p + 1
+            nll, greedy = self.scorer(self.params, tokens, labels)
+            scored = labels != IGNORE
+            for r, i in enumerate(idx):
+                answer = (-float(np.sum(nll[r][scored[r]], dtype=np.float64)), bool(greedy[r][scored[r]].all()))
+                results[i] = answer
+                key = requests[i][0]
+                if key is not None:
+                    self.cache_hook.add_partial("loglikelihood", key, answer)
+        return results  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        windows, owner = [], []
+        for n, (string,) in enumerate(req.args for req in requests):
+            for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                windows.append((None, context, continuation))
+                owner.append(n)
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
+        totals = [0.0] * len(requests)
+        for n, (logprob, _) in zip(owner, scores):
+            totals[n] += logprob
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", (req.args[0],), total)
+        return totals
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def _request_settings(self, gen_kwargs: dict) -> tuple[list[str], int]:
+        kwargs = dict(gen_kwargs)
+        if kwargs.pop("do_sample", False) and kwargs.get("temperature", 0.0) > 0:
+            raise ValueError("the olmax lm-eval model decodes greedily; this task asks for sampling (do_sample)")
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        eos_text = self.tok_decode([self.eot_token_id])
+        if eos_text not in until:
+            until.append(eos_text)
+        return until, int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        prepared = []
+        for req in requests:
+            context, gen_kwargs = req.args
+            until, max_new = self._request_settings(gen_kwargs)
+            prompt = self.tok_encode(context)[-max(1, self.max_length - max_new):] or [self.prefix_token_id]
+            prepared.append((prompt, until, max_new))
+        order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))
+        outputs: list[str] = [""] * len(prepared)
+        for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm, desc="olmax generate"):
+            idx = order[start:start + self.batch_size]
+
+            def stop(row: int, ids: list[int]) -> bool:
+                _, until, max_new = prepared[idx[row]]
+                return len(ids) >= max_new or ids[-1] == self.eot_token_id or any(
+                    u and u in self.tok_decode(ids) for u in until)
+
+            generated = greedy_generate(self.params, self.cfg, [prepared[i][0] for i in idx],
+                                        max(prepared[i][2] for i in idx), stop)
+            for i, ids in zip(idx, generated):
+                text = self.tok_decode(ids)
+                for u in prepared[i][1]:
+                    if u:
+                        text = text.split(u)[0]
+                outputs[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        return outputs
+
+
+# -- offline task data --------------------------------------------------------------------------
+
+
+def _read_split(path: Path):
+    """A `datasets.Dataset` from a split directory of arrow stream files or a .jsonl file."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    if path.suffix == ".jsonl":
+        return datasets.Dataset.from_json(str(path))
+    tables = []
+    for f in sorted(path.glob("*.arrow")):
+        with pa.OSFile(str(f), "rb") as source:
+            tables.append(pyarrow.ipc.open_stream(source).read_all())
+    return datasets.Dataset(pa.concat_tables(tables))
+
+
+def local_dataset(data_dir: Path, task: str, dataset_name: Optional[str]):
+    """The DatasetDict of `task` under `data_dir` (layouts in the module doc), or None if absent."""
+    import datasets
+
+    family = task.split("_")[0]
+    candidates = [data_dir / task] + ([data_dir / family / dataset_name] if dataset_name else [])
+    for root in candidates:
+        splits = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and any(p.glob("*.arrow"))} \
+            if root.is_dir() else {}
+        splits.update({p.stem: p for p in sorted(root.glob("*.jsonl"))} if root.is_dir() else {})
+        if splits:
+            return datasets.DatasetDict({name: _read_split(p) for name, p in splits.items()})
+    return None
+
+
+@contextlib.contextmanager
+def offline_datasets(data_dir: str | Path):
+    """While active, lm-eval tasks load their datasets from `data_dir` (a missing one is an error
+    naming the paths tried) instead of the hub."""
+    from lm_eval.api.task import ConfigurableTask
+
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"task data directory {data_dir} does not exist")
+    original = ConfigurableTask.download
+
+    def download(task_self, dataset_kwargs=None, **kwargs):
+        name = task_self.config.task
+        found = local_dataset(data_dir, name, task_self.DATASET_NAME)
+        if found is None:
+            raise FileNotFoundError(
+                f"no local data for task {name} under {data_dir}: expected {data_dir / name}/<split>/*.arrow"
+                + (f" or {data_dir / name.split('_')[0] / task_self.DATASET_NAME}/<split>/*.arrow"
+                   if task_self.DATASET_NAME else ""))
+        task_self.dataset = found
+        # Local copies often hold fewer splits than the hub (the shared set: validation only); a
+        # split the task names but the copy lacks is dropped, so lm-eval falls back as it does for
+        # tasks without that split (e.g. scoring validation when there is no test split).
+        for attr in ("training_split", "validation_split", "test_split", "fewshot_split"):
+            if getattr(task_self.config, attr, None) not in (None, *found):
+                setattr(task_self.config, attr, None)
+
+    ConfigurableTask.download = download
+    try:
+        yield
+    finally:
+        ConfigurableTask.download = original

@@ -1,0 +1,127 @@
+"""Forward-only scoring of token batches on a device mesh: the pass every eval surface shares.
+
+Given input ids and labels (IGNORE where nothing is scored), `TokenScorer` returns, per token, the
+model's negative log-likelihood of the label and whether the label is the model's argmax. The
+per-token values come back to the host, and every figure built from them is summed there in float64
+in a fixed order, so no figure depends on how a batch was split over devices.
+
+The NLL is olmax.loss's cross-entropy (`loss_sums`, applied per token on float32 logits). `vocab`
+chooses the softmax support: the padded vocabulary (what training computes, and OLMo-core's
+in-loop evaluator) or the tokenizer's real vocabulary (what a HF model computes: the lm-eval adapter
+and the KL surface use it, so that a converted checkpoint gives the same numbers in both frameworks).
+
+The output layer runs `chunk` sequence positions at a time, so a (batch, seq, vocab) block of
+float32 logits is never held whole (a 7B eval batch of 8 x 8192 would need 26 GB of logits).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from olmax.checkpoint import load_params, read_config
+from olmax.config import MeshConfig, ModelConfig
+from olmax.loss import IGNORE, loss_sums
+from olmax.model.olmo3 import ParamSpec, forward_hidden, lm_head, param_specs
+from olmax.sharding import logical_to_spec, make_mesh, tree_shardings
+
+
+def eval_mesh(devices=None) -> Mesh:
+    """Every device on the fsdp axis: parameters sharded (a 32B fits), the batch split over all."""
+    return make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), devices)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh):
+    return tree_shardings(param_specs(cfg), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
+
+
+def checkpoint_steps(ckpt: str | Path) -> list[int]:
+    """The steps an olmax checkpoint directory holds (its numeric sub-directories), ascending."""
+    return sorted(int(p.name) for p in Path(ckpt).iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def load_checkpoint(ckpt: str | Path, mesh: Mesh, *, step: Optional[int] = None,
+                    compute_dtype: Optional[str] = None) -> tuple[dict, ModelConfig, dict]:
+    """(params placed on `mesh`, model config, meta) of an olmax checkpoint (default: its latest step;
+    meta gets the step it came from). `compute_dtype` overrides the dtype the stored config computes
+    in (e.g. float32 for a noise-floor measurement)."""
+    cfg, _ = read_config(ckpt, step)
+    params, cfg, meta = load_params(ckpt, step, shardings=param_shardings(cfg, mesh))
+    if compute_dtype is not None:
+        cfg = replace(cfg, compute_dtype=compute_dtype)
+    return params, cfg, {**meta, "step": step if step is not None else checkpoint_steps(ckpt)[-1]}
+
+
+def map_seq_chunks(fn: Callable, chunk: int, *arrays):
+    """`fn(*arrays)` computed on `chunk`-long slices of axis 1 (the sequence) one after another and
+    concatenated back; every output of `fn` must keep (batch, seq) as its leading axes."""
+    t = arrays[0].shape[1]
+    if chunk <= 0 or chunk >= t or t % chunk:
+        return fn(*arrays)
+    n = t // chunk
+    split = [a.reshape(a.shape[0], n, chunk, *a.shape[2:]).swapaxes(0, 1) for a in arrays]
+    out = jax.lax.map(lambda xs: fn(*xs), split)
+    return jax.tree.map(lambda o: o.swapaxes(0, 1).reshape(o.shape[1], t, *o.shape[3:]), out)
+
+
+def per_token_nll(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
+    """(batch, seq) float32 cross-entropy of each label, 0 where ignored: olmax.loss per token."""
+    ce, _ = jax.vmap(jax.vmap(loss_sums))(logits, labels)
+    return ce
+
+
+def _token_stats(params, tokens, labels, *, cfg: ModelConfig, vocab: int, chunk: int):
+    hidden = forward_hidden(params, tokens, cfg)
+
+    def head(h, y):
+        logits = lm_head(params, h, cfg)[..., :vocab]
+        return per_token_nll(logits, y), jnp.argmax(logits, axis=-1) == y
+
+    return map_seq_chunks(head, chunk, hidden, labels)
+
+
+def pad_rows(x: np.ndarray, multiple: int, fill) -> np.ndarray:
+    """Append rows of `fill` so the row count is a multiple of `multiple` (at least one row)."""
+    rows = max(1, -(-x.shape[0] // multiple)) * multiple
+    if rows == x.shape[0]:
+        return x
+    return np.concatenate([x, np.full((rows - x.shape[0], *x.shape[1:]), fill, x.dtype)])
+
+
+class TokenScorer:
+    """Per-token NLL and greedy hits of one architecture on one mesh (see the module doc).
+
+    Any batch size works on any device count: rows are padded with ignored labels up to a multiple
+    of the batch shards and dropped again. Parameters are an argument of each call, so the training
+    loop can score its live, already-sharded parameters.
+    """
+
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, *, real_vocab: bool, chunk: int = 0):
+        self.cfg, self.mesh = cfg, mesh
+        self.vocab = cfg.vocab_size if real_vocab else cfg.padded_vocab_size
+        self.batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+        self._fn = jax.jit(functools.partial(_token_stats, cfg=cfg, vocab=self.vocab, chunk=chunk))
+
+    def batch_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
+        return NamedSharding(self.mesh, logical_to_spec(("batch", "seq"), shape, self.mesh))
+
+    def place(self, params: dict) -> dict:
+        return jax.device_put(params, param_shardings(self.cfg, self.mesh))
+
+    def __call__(self, params: dict, tokens: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """tokens, labels (batch, seq) -> (nll float32, greedy bool), both (batch, seq), on the host."""
+        if tokens.shape != labels.shape:
+            raise ValueError(f"tokens {tokens.shape} and labels {labels.shape} differ in shape")
+        rows = tokens.shape[0]
+        tokens = pad_rows(np.asarray(tokens, np.int32), self.batch_shards, 0)
+        labels = pad_rows(np.asarray(labels, np.int32), self.batch_shards, IGNORE)
+        sharding = self.batch_sharding(tokens.shape)
+        nll, greedy = self._fn(params, jax.device_put(tokens, sharding), jax.device_put(labels, sharding))
+        return np.asarray(nll)[:rows], np.asarray(greedy)[:rows]

@@ -1,0 +1,101 @@
+"""Held-out loss: fixed batches from jsonl text or token shards, the loss as torch's cross-entropy
+computes it, identical on 1 and 8 devices, and the in-loop evaluator's metric names."""
+
+import gzip
+import json
+from dataclasses import replace
+
+import jax
+import numpy as np
+import pytest
+
+from olmax.checkpoint import save_params
+from olmax.config import DataConfig, EvalConfig, ExperimentConfig, ModelConfig, TrainerConfig
+from olmax.data.tokenizer import load_tokenizer
+from olmax.evals.heldout import HeldoutEvaluator, eval_loss, eval_name, load_instances
+from olmax.evals.scoring import eval_mesh
+from olmax.model.olmo3 import forward, init_params
+
+CFG = ModelConfig(vocab_size=100278, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
+                  mlp_hidden=64, sliding_window=8, compute_dtype="float32")
+TEXTS = [f"Document {i}: the quick brown fox jumps over {i * 7} lazy dogs, then rests." for i in range(12)]
+
+
+def write_jsonl(path, texts):
+    with gzip.open(path, "wt") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("heldout")
+    params = init_params(CFG, jax.random.key(0))
+    ckpt = save_params(tmp / "ckpt", params, CFG, {"source": "test"})
+    data = write_jsonl(tmp / "val.jsonl.gz", TEXTS)
+    return {"params": params, "ckpt": str(ckpt), "data": data, "data_cfg": DataConfig(seq_len=16, work_dir=str(tmp / "cache"))}
+
+
+def test_text_is_tokenized_and_cut_like_the_training_data(setup):
+    tok = load_tokenizer("dolma2")
+    stream = np.concatenate([tok.encode(t) + [tok.info.eos_token_id] for t in TEXTS])
+    inst = load_instances([setup["data"]], setup["data_cfg"], batch=3)
+    n = (len(stream) // 16) // 3 * 3
+    assert inst.shape == (n, 16) and n > 0
+    np.testing.assert_array_equal(inst.ravel(), stream[: n * 16])
+    assert load_instances([setup["data"]], setup["data_cfg"], batch=3, max_batches=1).shape == (3, 16)
+
+
+def test_loss_equals_torch_cross_entropy(setup):
+    torch = pytest.importorskip("torch")
+    out = eval_loss(setup["ckpt"], [setup["data"]], seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])
+    r = out["results"]["val"]
+    inst = load_instances([setup["data"]], setup["data_cfg"], batch=4, max_batches=2)
+    logits = torch.from_numpy(np.array(forward(setup["params"], inst, CFG))).double()
+    labels = torch.from_numpy(inst[:, 1:]).long()
+    ref = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    assert r["tokens"] == 8 * 15 and r["instances"] == 8
+    assert r["CE loss"] == pytest.approx(float(ref), rel=1e-6)
+    assert r["PPL"] == pytest.approx(np.exp(float(ref)), rel=1e-6)
+
+
+def test_identical_on_one_and_eight_devices(setup):
+    kw = dict(seq_len=16, batch=6, max_batches=2, data_cfg=setup["data_cfg"])  # 6 rows: padded on 8 devices
+    one = eval_loss(setup["ckpt"], [setup["data"]], mesh=eval_mesh(jax.devices()[:1]), **kw)
+    eight = eval_loss(setup["ckpt"], [setup["data"]], mesh=eval_mesh(), **kw)
+    assert one["devices"] == 1 and eight["devices"] == 8
+    a, b = one["results"]["val"], eight["results"]["val"]
+    assert a["tokens"] == b["tokens"]
+    assert a["CE loss"] == pytest.approx(b["CE loss"], rel=1e-7, abs=0), (a, b)
+
+
+def test_token_shards_and_text_give_the_same_loss(setup, tmp_path):
+    inst = load_instances([setup["data"]], setup["data_cfg"], batch=4, max_batches=2)
+    shard = tmp_path / "000000.npy"
+    inst.astype(np.uint32).tofile(shard)  # raw, headerless, as OLMo-core stores tokens
+    kw = dict(seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])
+    a = eval_loss(setup["ckpt"], [setup["data"]], **kw)["results"]["val"]
+    b = eval_loss(setup["ckpt"], [str(shard)], **kw)["results"]["000000"]
+    assert a["CE loss"] == b["CE loss"] and a["tokens"] == b["tokens"]
+
+
+def test_in_loop_evaluator(setup):
+    exp = ExperimentConfig(model=CFG, data=setup["data_cfg"], trainer=TrainerConfig(global_batch=4),
+                           eval=EvalConfig(every=5, batches=2, data=(setup["data"],)))
+    evaluator = HeldoutEvaluator(exp, eval_mesh())
+    assert evaluator(3, setup["params"]) == {}
+    metrics = evaluator(10, evaluator.scorer.place(setup["params"]))
+    offline = eval_loss(setup["ckpt"], [setup["data"]], seq_len=16, batch=4, max_batches=2,
+                        data_cfg=setup["data_cfg"])["results"]["val"]
+    assert set(metrics) == {"eval/val/CE loss", "eval/val/PPL"}
+    assert metrics["eval/val/CE loss"] == pytest.approx(offline["CE loss"], rel=1e-6)
+
+
+def test_errors_and_names(setup):
+    assert eval_name("demo:heldout") == "demo-heldout"
+    assert eval_name("/x/c4.val.jsonl.gz") == "c4.val"
+    with pytest.raises(ValueError, match="not one batch"):
+        load_instances([setup["data"]], setup["data_cfg"], batch=1000)
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        load_instances(["/nonexistent/missing.jsonl"], setup["data_cfg"], batch=1)

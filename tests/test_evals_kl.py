@@ -1,0 +1,74 @@
+"""Token-level KL: exactly 0 for a checkpoint against itself, and for a perturbed copy the figures a
+float64 numpy computation of KL(A||B) from the two models' logits gives, bucketed by position."""
+
+from dataclasses import replace
+
+import jax
+import numpy as np
+import pytest
+
+from olmax.checkpoint import save_params
+from olmax.config import DataConfig, ModelConfig
+from olmax.evals.kl import default_buckets, eval_kl, token_kl
+from olmax.evals.scoring import eval_mesh
+from olmax.model.olmo3 import forward, init_params
+
+CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
+                  mlp_hidden=64, sliding_window=8, compute_dtype="float32")
+SEQ = 24
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kl")
+    params = init_params(CFG, jax.random.key(0))
+    perturbed = jax.tree.map(lambda p: p, params)
+    noise = jax.random.normal(jax.random.key(1), params["lm_head"].shape) * 0.02
+    perturbed["lm_head"] = params["lm_head"] + noise
+    a = save_params(tmp / "a", params, CFG, {})
+    b = save_params(tmp / "b", perturbed, CFG, {})
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, 6 * SEQ).astype(np.uint16)
+    shard = tmp / "000000.npy"
+    tokens.tofile(shard)
+    return {"a": str(a), "b": str(b), "params": params, "perturbed": perturbed, "data": str(shard),
+            "data_cfg": DataConfig(vocab_size=CFG.vocab_size, work_dir=str(tmp / "cache")),
+            "instances": tokens.reshape(6, SEQ).astype(np.int32)}
+
+
+def run(setup, a, b):
+    return eval_kl(setup[a], setup[b], [setup["data"]], seq_len=SEQ, batch=4, max_batches=None,
+                   buckets=[0, 4, 16], data_cfg=setup["data_cfg"])
+
+
+def test_self_kl_is_exactly_zero(setup):
+    r = run(setup, "a", "a")
+    assert r["instances"] == 4  # one whole batch of 4 from 6 instances
+    assert r["kl_mean"] == 0.0 and r["kl_max"] == 0.0 and r["top1_agreement"] == 1.0
+    assert r["loss_a"] == r["loss_b"]
+    assert [b["positions"] for b in r["by_position"]] == ["0-3", "4-15", "16-23"]
+
+
+def test_perturbed_kl_matches_numpy(setup):
+    r = run(setup, "a", "b")
+    inst = setup["instances"][:4]
+    la = np.asarray(forward(setup["params"], inst, CFG))[..., :CFG.vocab_size].astype(np.float64)
+    lb = np.asarray(forward(setup["perturbed"], inst, CFG))[..., :CFG.vocab_size].astype(np.float64)
+    log_a = la - np.log(np.exp(la - la.max(-1, keepdims=True)).sum(-1, keepdims=True)) - la.max(-1, keepdims=True)
+    log_b = lb - np.log(np.exp(lb - lb.max(-1, keepdims=True)).sum(-1, keepdims=True)) - lb.max(-1, keepdims=True)
+    kl = (np.exp(log_a) * (log_a - log_b)).sum(-1)
+    assert r["kl_mean"] > 1e-5
+    assert r["kl_mean"] == pytest.approx(kl.mean(), rel=1e-3)
+    assert r["kl_p99"] == pytest.approx(np.percentile(kl, 99), rel=1e-3)
+    assert r["top1_agreement"] == pytest.approx(float((la.argmax(-1) == lb.argmax(-1)).mean()))
+    late = r["by_position"][2]
+    assert late["tokens"] == 4 * 8 and late["kl_mean"] == pytest.approx(kl[:, 16:].mean(), rel=1e-3)
+    assert sum(b["tokens"] for b in r["by_position"]) == r["tokens"] == 4 * SEQ
+    nll_a = -np.take_along_axis(log_a[:, :-1], inst[:, 1:, None], -1).mean()
+    assert r["loss_a"] == pytest.approx(nll_a, rel=1e-5)
+
+
+def test_architecture_mismatch_and_buckets(setup):
+    other = replace(CFG, d_model=64)
+    with pytest.raises(ValueError, match="d_model: A 32, B 64"):
+        token_kl(setup["params"], CFG, {}, other, setup["instances"], batch=2, mesh=eval_mesh())
+    assert default_buckets(8192) == [0, 16, 64, 256, 1024, 4096]
