@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -90,6 +90,8 @@ class Encoder(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, ids: Sequence[int]) -> str: ...
+
 
 class Dolma2Tokenizer:
     """dolma2 via tiktoken's bundled cl100k_base merges plus the added tokens above."""
@@ -123,6 +125,9 @@ class Dolma2Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._enc.encode(text, allowed_special="all")
 
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._enc.decode(list(ids))
+
 
 class HFJsonTokenizer:
     """Any HF `tokenizer.json`, through the `tokenizers` package (no special tokens added)."""
@@ -151,6 +156,9 @@ class HFJsonTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
 
 
 def load_tokenizer(spec: str) -> Encoder:

@@ -45,15 +45,6 @@ from olmax.loss import IGNORE
 MIN_WIDTH = 16
 
 
-def _decoder(tok):
-    """ids -> text for an olmax.data.tokenizer encoder. That module only encodes; until it has a
-    public `decode`, this reads the underlying tiktoken / tokenizers object."""
-    if hasattr(tok, "decode"):
-        return tok.decode
-    inner = getattr(tok, "_enc", None) or getattr(tok, "_tok")
-    return inner.decode
-
-
 @register_model("olmax")
 class OlmaxLM(TemplateLM):
     """An olmax checkpoint as an lm-eval model (see the module doc).
@@ -72,7 +63,7 @@ class OlmaxLM(TemplateLM):
                                                            compute_dtype=dtype)
         self.scorer = TokenScorer(self.cfg, mesh, real_vocab=True)
         self.tok = load_tokenizer(tokenizer)
-        self._decode = _decoder(self.tok)
+        self._decode = self.tok.decode
         self.batch_size = 8 if batch_size in ("auto", None) else int(batch_size)
         self.max_length = int(max_length or self.cfg.max_position)
         self.max_gen_toks = int(max_gen_toks)
