@@ -53,6 +53,20 @@ def config_cmd(
 # -- subcommands are registered below this line --
 
 
+@app.command("demo")
+def demo_cmd(
+    run_dir: Path = typer.Option(Path("runs/demo"), "--run-dir", help="where the demo run goes"),
+    overrides: Optional[list[str]] = OverridesArg,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Train the tiny OLMo 3 on the embedded corpus (CPU), evaluate held-out loss, plot the curve."""
+    from olmax.demo import format_summary, run_demo
+
+    summary = run_demo(run_dir, overrides or [])
+    typer.echo(format_summary(summary))
+    write_json(json_out, summary)
+
+
 @app.command("compare")
 def compare_cmd(
     run_a: str = typer.Argument(..., help="run A: metrics.jsonl, a run dir (metrics.jsonl or TensorBoard events), or a W&B .csv"),
@@ -188,6 +202,37 @@ def eval_domains_cmd(
     report = eval_domains(str(ckpt), str(data), seq_len=seq_len, batch=batch, by=by, max_docs=max_docs,
                           tokenizer=tokenizer, step=step, compute_dtype=dtype)
     typer.echo(format_domains(report))
+    write_json(json_out, report)
+
+
+@eval_app.command("tasks")
+@_fail_on_bad_eval_input
+def eval_tasks_cmd(
+    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    tasks: str = typer.Option("mmlu,hellaswag,arc_easy,arc_challenge,openbookqa,piqa,boolq,winogrande", "--tasks",
+                              help="comma-separated lm-eval task names"),
+    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help="shots for every task (default: mmlu 5, others lm-eval's)"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="offline: DIR/<task>/<split>/*.arrow (MMLU: DIR/mmlu/<subject>/...)"),
+    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
+    batch: int = typer.Option(8, "--batch"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task (a smoke run)"),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="context length (default: the config's max_position)"),
+    step: Optional[int] = typer.Option(None, "--step"),
+    dtype: Optional[str] = EvalDtypeOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Downstream accuracy through lm-eval-harness (the `olmax` model; needs the `eval` extra)."""
+    try:
+        import lm_eval  # noqa: F401  (the eval extra)
+    except ImportError as e:
+        typer.echo(f"eval error: `olmax eval tasks` needs the eval extra (pip install -e '.[eval]'): {e}", err=True)
+        raise typer.Exit(2) from None
+    from olmax.evals.tasks import format_tasks, run_tasks
+
+    report = run_tasks(str(ckpt), [t for t in tasks.split(",") if t], num_fewshot=num_fewshot,
+                       data_dir=str(data_dir) if data_dir else None, tokenizer=tokenizer, batch_size=batch,
+                       limit=limit, max_length=max_length, step=step, dtype=dtype)
+    typer.echo(format_tasks(report))
     write_json(json_out, report)
 
 

@@ -39,7 +39,8 @@ class MetricsLog:
         self._peak = peak_tflops
         self._global_batch = cfg.trainer.global_batch
 
-    def record(self, step: int, step_metrics: dict, *, total_tokens: int, step_time: float, repeats: int) -> dict:
+    def record(self, step: int, step_metrics: dict, *, total_tokens: int, step_time: float, repeats: int,
+               extra: dict) -> dict:
         """One step's row. `repeats`: instances this process saw twice within an epoch (must be 0)."""
         row = {"step": step}
         row.update({STEP_METRIC_NAMES[k]: float(v) for k, v in step_metrics.items() if k in STEP_METRIC_NAMES})
@@ -51,6 +52,7 @@ class MetricsLog:
         row["data/instances"] = step * self._global_batch
         row["data/repeats"] = repeats
         row["time/step"] = step_time
+        row.update(extra)
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
         for name, value in row.items():

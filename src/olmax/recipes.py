@@ -58,7 +58,7 @@ def _tiny() -> ExperimentConfig:
         name="tiny",
         model=TINY,
         data=DataConfig(paths=("demo",), seq_len=256, seed=34521),
-        eval=EvalConfig(data=("demo:heldout",)),
+        eval=EvalConfig(every=10, batches=4, data=("demo:heldout",)),
         schedule=ScheduleConfig(warmup_steps=10),
         trainer=TrainerConfig(global_batch=16, max_steps=40, loss_chunk=64),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1),

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from olmax.checkpoint import RunCheckpoints, load_params
 from olmax.config import ConfigError, ExperimentConfig, save_yaml
 from olmax.data.loader import make_loader
+from olmax.evals.heldout import HeldoutEvaluator
 from olmax.metrics import MetricsLog
 from olmax.sharding import make_mesh, tree_shardings
 from olmax.model.olmo3 import ParamSpec, param_specs
@@ -53,6 +54,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
         step_fn = make_train_step(cfg, mesh)
         to_global = batch_sharding(cfg, mesh)
         log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops)
+        evaluator = HeldoutEvaluator(cfg, mesh)
         batches = iter(loader)
         bar = tqdm(total=last, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
         try:
@@ -63,14 +65,17 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                 batch = {"input_ids": jax.make_array_from_process_local_data(to_global, local)}
                 state, metrics = step_fn(state, batch)
                 if pending is not None:
-                    t_last = _log(pending, log, rows, bar, t_last)
+                    _log(pending, log, rows, bar, t_last)
+                    t_last = time.perf_counter()
                 pending = (step, metrics, loader.audit()["repeats_in_epoch"])
-                if step % cfg.checkpoint.every == 0 or step == last:
-                    t_last = _log(pending, log, rows, bar, t_last)
+                eval_due, ckpt_due = evaluator.due(step), step % cfg.checkpoint.every == 0 or step == last
+                if eval_due or ckpt_due:
+                    # step time is measured before evaluation and checkpointing, which it excludes
+                    _log(pending, log, rows, bar, t_last, extra=lambda: evaluator(step, state.params))
                     pending = None
-                    t_ckpt = time.perf_counter()
-                    ckpts.save(step, state, loader.state())
-                    t_last += time.perf_counter() - t_ckpt  # step time excludes checkpoint time
+                    if ckpt_due:
+                        ckpts.save(step, state, loader.state())
+                    t_last = time.perf_counter()
         finally:
             bar.close()
             log.close()
@@ -96,13 +101,13 @@ def _arch(m) -> tuple:
             m.sliding_window, m.global_every)
 
 
-def _log(pending, log: MetricsLog, rows: list, bar, t_last: float) -> float:
+def _log(pending, log: MetricsLog, rows: list, bar, t_last: float, extra=dict) -> None:
+    """Record one step: waits for that step's metrics only, then adds `extra()` (e.g. evaluations)."""
     step, metrics, repeats = pending
-    metrics = jax.device_get(metrics)  # waits for this step only
-    now = time.perf_counter()
-    row = log.record(step, metrics, total_tokens=int(step * metrics["tokens"]), step_time=now - t_last,
-                     repeats=repeats)
+    metrics = jax.device_get(metrics)
+    step_time = time.perf_counter() - t_last
+    row = log.record(step, metrics, total_tokens=int(step * metrics["tokens"]), step_time=step_time,
+                     repeats=repeats, extra=extra())
     rows.append(row)
     bar.set_postfix(loss=f"{row['train/CE loss']:.3f}", lr=f"{row['optim/LR']:.2e}", refresh=False)
     bar.update(1)
-    return now
