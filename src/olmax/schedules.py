@@ -1,0 +1,125 @@
+"""Learning-rate schedules with OLMo-core's semantics (REFERENCE.md, Stage 1 recipe).
+
+A schedule maps the 1-based optimizer step to a learning rate: the first optimizer step is step 1,
+as in OLMo-core's trainer (so with 2000 warmup steps, step 1 uses lr/2000 and step 2000 the peak).
+The functions are written in jax.numpy so the train step evaluates them on device from its traced
+step counter; they also accept plain Python ints.
+
+Precision: everything is float32 (JAX's default). Step differences are taken in int32 and the
+fraction (step - start) / length is one correctly rounded division of two integers below 2^24, so
+the 1.6M-step stage-1 horizon reproduces OLMo-core's float64 values to ~1e-7 relative.
+
+Horizons are given in tokens (OLMo-core style) and converted to steps with ceil(tokens / tokens per
+step), e.g. ceil(5e12 / 4194304) = 1,192,093; without a token horizon the trainer's max_steps is used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax.numpy as jnp
+
+from olmax.config import ConfigError, ScheduleConfig
+
+Schedule = Callable[[jnp.ndarray], jnp.ndarray]
+
+
+def _fraction(step, start: int, length: int):
+    """(step - start) / length in float32, clipped to [0, 1]."""
+    num = (jnp.asarray(step, jnp.int32) - start).astype(jnp.float32)
+    return jnp.clip(num / jnp.float32(max(length, 1)), 0.0, 1.0)
+
+
+def _warmup(step, lr: float, warmup: int):
+    """Linear from 0: lr * step / warmup (OLMo-core `_linear_warmup` with warmup_min_lr 0)."""
+    return lr * _fraction(step, 0, warmup)
+
+
+def _cosine(step, lr: float, final: float, start: int, t_max: int):
+    """From lr at `start` to `final` at t_max along half a cosine period; `final` after t_max."""
+    x = _fraction(step, start, t_max - start)
+    # (1 + cos(pi x)) / 2 written as cos^2(pi x / 2): the smaller float32 argument keeps ~1e-7.
+    return final + (lr - final) * jnp.cos(0.5 * jnp.pi * x) ** 2
+
+
+def cosine_with_warmup(step, *, lr: float, warmup: int, t_max: int, alpha_f: float):
+    """OLMo-core `CosWithWarmup`: warmup while step < warmup, then cosine to alpha_f * lr at t_max."""
+    step = jnp.asarray(step, jnp.int32)
+    cos = _cosine(step, lr, alpha_f * lr, warmup, t_max)
+    return jnp.where(step < warmup, _warmup(step, lr, warmup), cos) if warmup > 0 else cos
+
+
+def stitched_cosine(step, *, lr: float, warmup: int, t_max: int, switch_step: int, final_t_max: int,
+                    alpha_f: float):
+    """AI2's stage-1 schedule: `cosine_with_warmup` up to switch_step - 1, then from switch_step the
+    second half of a cosine between lr and alpha_f * lr that starts at step switch_step - 1 (at the
+    midpoint, (lr + alpha_f * lr) / 2) and ends at final_t_max. This is OLMo-core's
+    `HalfCosWithWarmup(warmup=switch_step - 1, t_max=final_t_max)` past its warmup, and matches the
+    REFERENCE.md check values (597,047 -> 1.6499980e-4, 1,000,000 -> 8.9834077e-5).
+    """
+    step = jnp.asarray(step, jnp.int32)
+    final = alpha_f * lr
+    start = switch_step - 1
+    # Half a cosine from the midpoint, x = (step - start) / (T - start):
+    # (1 + cos(pi (1 + x) / 2)) / 2 = (1 - sin(pi x / 2)) / 2, the form with the accurate float32 argument.
+    x = _fraction(step, start, final_t_max - start)
+    half = final + (lr - final) * 0.5 * (1.0 - jnp.sin(0.5 * jnp.pi * x))
+    part1 = cosine_with_warmup(step, lr=lr, warmup=warmup, t_max=t_max, alpha_f=alpha_f)
+    return jnp.where(step < switch_step, part1, half)
+
+
+def wsd(step, *, lr: float, warmup: int, t_max: int, decay: int, alpha_f: float):
+    """OLMo-core `WSD`: warmup while step <= warmup, constant, then linear to alpha_f * lr over the
+    last `decay` steps before t_max (decay_min_lr = alpha_f * lr)."""
+    step = jnp.asarray(step, jnp.int32)
+    final = alpha_f * lr
+    remaining = _fraction(t_max - step, 0, decay)  # 1 at the start of the decay, 0 at t_max
+    decayed = final + (lr - final) * remaining
+    out = jnp.where(step >= t_max - decay, decayed, lr)
+    return jnp.where(step <= warmup, _warmup(step, lr, warmup), out) if warmup > 0 else out
+
+
+def linear_with_warmup(step, *, lr: float, warmup: int, t_max: int, alpha_f: float):
+    """OLMo-core `LinearWithWarmup`: warmup while step < warmup, then linear to alpha_f * lr at t_max
+    (stage 2: alpha_f = 0, no warmup, so step 1 already uses lr * (1 - 1/t_max))."""
+    step = jnp.asarray(step, jnp.int32)
+    final = alpha_f * lr
+    lin = lr - (lr - final) * _fraction(step, warmup, t_max - warmup)
+    return jnp.where(step < warmup, _warmup(step, lr, warmup), lin) if warmup > 0 else lin
+
+
+def constant_with_warmup(step, *, lr: float, warmup: int):
+    """OLMo-core `ConstantWithWarmup` (warmup while step <= warmup); warmup 0 is `ConstantScheduler`."""
+    step = jnp.asarray(step, jnp.int32)
+    flat = jnp.full(step.shape, lr, jnp.float32)
+    return jnp.where(step <= warmup, _warmup(step, lr, warmup), flat) if warmup > 0 else flat
+
+
+def steps_for_tokens(tokens: int, tokens_per_step: int) -> int:
+    return math.ceil(tokens / tokens_per_step)
+
+
+def make_schedule(cfg: ScheduleConfig, *, lr: float, max_steps: int, tokens_per_step: int) -> Schedule:
+    """The schedule a config describes: step (1-based, int) -> learning rate (float32)."""
+    # A horizon inside the warmup is allowed (a short benchmark of a full-size recipe never leaves
+    # the warmup); past the horizon every schedule holds its final value.
+    t_max = steps_for_tokens(cfg.t_max_tokens, tokens_per_step) if cfg.t_max_tokens else max_steps
+    w, a = cfg.warmup_steps, cfg.alpha_f
+    if cfg.name == "cosine":
+        return lambda s: cosine_with_warmup(s, lr=lr, warmup=w, t_max=t_max, alpha_f=a)
+    if cfg.name == "stitched_cosine":
+        final_t_max = steps_for_tokens(cfg.final_t_max_tokens, tokens_per_step)
+        if not w < cfg.switch_step < t_max < final_t_max:
+            raise ConfigError(f"stitched_cosine needs warmup_steps < switch_step < t_max < final t_max, got "
+                              f"{w}, {cfg.switch_step}, {t_max}, {final_t_max}")
+        return lambda s: stitched_cosine(s, lr=lr, warmup=w, t_max=t_max, switch_step=cfg.switch_step,
+                                         final_t_max=final_t_max, alpha_f=a)
+    if cfg.name == "wsd":
+        decay = round(t_max * cfg.decay_fraction)
+        return lambda s: wsd(s, lr=lr, warmup=w, t_max=t_max, decay=decay, alpha_f=a)
+    if cfg.name == "linear":
+        return lambda s: linear_with_warmup(s, lr=lr, warmup=w, t_max=t_max, alpha_f=a)
+    if cfg.name == "constant":
+        return lambda s: constant_with_warmup(s, lr=lr, warmup=w)
+    raise ConfigError(f"unknown schedule {cfg.name!r}")

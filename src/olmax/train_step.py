@@ -1,0 +1,171 @@
+"""The jitted, sharded training step: `train_step(state, batch) -> (state, metrics)`.
+
+- The mesh and the ONE rules table in olmax.sharding decide every layout: parameters and both
+  optimizer moments follow `param_specs` (FSDP shards their `embed` dimension, tensor parallelism
+  their heads/MLP/vocab), the batch is split over data x fsdp, the step and the skip window are
+  replicated.
+- The global batch (trainer.global_batch instances) is fixed by the recipe. Each batch shard (one
+  data x fsdp coordinate) holds global_batch / (data * fsdp) instances and runs them as
+  per-device / trainer.micro_batch_size micro-batches under jax.lax.scan, summing gradients.
+- The loss of every micro-batch is divided by the non-ignored label count of the WHOLE global batch
+  (olmax.loss), so the summed gradient is the global per-token mean however the batch is split.
+- Step numbering is OLMo-core's: state.step counts completed steps, the step being taken is
+  state.step + 1 and the learning rate is schedule(state.step + 1). The step advances when the
+  optimizer skips.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from olmax.config import ConfigError, ExperimentConfig
+from olmax.loss import chunked_loss_sums, loss_denominator, make_labels
+from olmax.model.olmo3 import ParamSpec, forward_hidden, init_params, param_specs
+from olmax.optim import AdamWState, Optimizer, OptState, SkipWindow
+from olmax.schedules import make_schedule
+from olmax.sharding import logical_to_spec, tree_shardings
+
+
+class TrainState(NamedTuple):
+    step: jax.Array  # int32 scalar: optimizer steps completed (checkpoint N holds the state after step N)
+    params: dict
+    opt_state: OptState
+
+
+class BatchLayout(NamedTuple):
+    batch_shards: int  # data x fsdp devices the global batch is split over
+    per_device: int  # instances per batch shard per step
+    micro_batch: int  # instances per batch shard per forward/backward
+    accum_steps: int  # micro-batches per step
+
+
+def batch_layout(cfg: ExperimentConfig, mesh: Mesh) -> BatchLayout:
+    """Per-device batch and accumulation steps from the global batch and the mesh (errors name the knob)."""
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    gb = cfg.trainer.global_batch
+    if gb % shards:
+        raise ConfigError(f"trainer.global_batch={gb} is not divisible by the data x fsdp devices "
+                          f"({mesh.shape['data']} x {mesh.shape['fsdp']} = {shards})")
+    per_device = gb // shards
+    micro = cfg.trainer.micro_batch_size or per_device
+    if per_device % micro:
+        raise ConfigError(f"trainer.micro_batch_size={micro} does not divide the per-device batch of "
+                          f"{per_device} (trainer.global_batch={gb} over {shards} batch shards)")
+    return BatchLayout(shards, per_device, micro, per_device // micro)
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def state_shardings(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
+    """NamedShardings of the TrainState (e.g. for restoring a checkpoint onto this mesh)."""
+    params = tree_shardings(param_specs(cfg.model), mesh, is_leaf=_is_spec)
+    rep = NamedSharding(mesh, PartitionSpec())
+    opt = OptState(AdamWState(rep, params, params), SkipWindow(rep, rep, rep))
+    return TrainState(rep, params, opt)
+
+
+def batch_sharding(cfg: ExperimentConfig, mesh: Mesh) -> NamedSharding:
+    """input_ids (global_batch, seq_len), batch axis over data x fsdp."""
+    shape = (cfg.trainer.global_batch, cfg.data.seq_len)
+    return NamedSharding(mesh, logical_to_spec(("batch", "seq"), shape, mesh))
+
+
+def _optimizer(cfg: ExperimentConfig) -> Optimizer:
+    return Optimizer(cfg.optimizer, param_specs(cfg.model))
+
+
+def init_train_state(cfg: ExperimentConfig, mesh: Mesh, key: jax.Array, params: Optional[dict] = None) -> TrainState:
+    """A fresh TrainState at step 0, created sharded. Given `params` (e.g. converted weights), they
+    are placed on the mesh and get a fresh optimizer; otherwise init_params(cfg.model, key)."""
+    shardings = state_shardings(cfg, mesh)
+    opt = _optimizer(cfg)
+
+    def make(key, params):
+        if params is None:
+            params = init_params(cfg.model, key)
+        params = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.model.param_dtype)), params)
+        return TrainState(jnp.zeros((), jnp.int32), params, opt.init(params))
+
+    if params is not None:
+        params = jax.device_put(params, shardings.params)
+    return jax.jit(make, out_shardings=shardings)(key, params)
+
+
+def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+    """The jitted step. batch: {"input_ids": (global_batch, seq_len) int32} and optionally
+    {"instance_mask": (global_batch,) bool} (False = instance filtered out: no loss, still counted).
+    The state argument is donated. Metrics (float32 scalars): loss, ce_loss, z_loss, grad_norm
+    (before clipping), lr, skipped (1.0 when the optimizer skipped), tokens (input tokens this step).
+    """
+    layout = batch_layout(cfg, mesh)
+    model, trainer, data = cfg.model, cfg.trainer, cfg.data
+    z_mult = cfg.optimizer.z_loss
+    opt = _optimizer(cfg)
+    schedule = make_schedule(cfg.schedule, lr=cfg.optimizer.lr, max_steps=trainer.max_steps,
+                             tokens_per_step=trainer.global_batch * data.seq_len)
+    shardings = state_shardings(cfg, mesh)
+    b_sharding = batch_sharding(cfg, mesh)
+    batch_axes = b_sharding.spec[0]
+    pad_id = data.pad_token_id if data.mask_pad_token else None
+    if trainer.loss_chunk and data.seq_len % trainer.loss_chunk:
+        raise ConfigError(f"trainer.loss_chunk={trainer.loss_chunk} does not divide data.seq_len={data.seq_len}")
+
+    def micro_loss(params, input_ids, instance_mask, denominator):
+        labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask)
+        hidden = forward_hidden(params, input_ids, model)
+        ce, z_sq = chunked_loss_sums(params, hidden, labels, model, trainer.loss_chunk)
+        ce, z = ce / denominator, z_mult * z_sq / denominator
+        return ce + z, (ce, z)
+
+    grad_fn = jax.grad(micro_loss, has_aux=True)
+
+    def split(x):
+        """(global_batch, ...) -> (accum_steps, batch_shards * micro_batch, ...): micro-batch k takes
+        rows [k*micro, (k+1)*micro) of every shard's local rows, so no data crosses devices."""
+        s, a, m = layout.batch_shards, layout.accum_steps, layout.micro_batch
+        x = x.reshape(s, a, m, *x.shape[1:]).swapaxes(0, 1).reshape(a, s * m, *x.shape[1:])
+        spec = PartitionSpec(None, batch_axes, *([None] * (x.ndim - 2)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    def step_fn(state: TrainState, batch: dict):
+        input_ids, instance_mask = batch["input_ids"], batch.get("instance_mask")
+        if input_ids.shape != (trainer.global_batch, data.seq_len):
+            raise ValueError(f"batch['input_ids'] has shape {input_ids.shape}, expected "
+                             f"(trainer.global_batch, data.seq_len) = {(trainer.global_batch, data.seq_len)}")
+        input_ids = jax.lax.with_sharding_constraint(input_ids, b_sharding)
+        if instance_mask is not None:
+            instance_mask = jax.lax.with_sharding_constraint(instance_mask, NamedSharding(mesh, PartitionSpec(batch_axes)))
+        denominator = loss_denominator(make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask),
+                                       instance_mask)
+        if instance_mask is None:
+            instance_mask = jnp.ones((trainer.global_batch,), bool)
+
+        def accumulate(carry, micro):
+            grads, ce_sum, z_sum = carry
+            g, (ce, z) = grad_fn(state.params, *micro, denominator)
+            grads = jax.tree.map(jnp.add, grads, g)
+            return (jax.lax.with_sharding_constraint(grads, shardings.params), ce_sum + ce, z_sum + z), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        zero = jnp.zeros((), jnp.float32)
+        (grads, ce, z), _ = jax.lax.scan(accumulate, (zeros, zero, zero), (split(input_ids), split(instance_mask)))
+
+        lr = schedule(state.step + 1)
+        params, opt_state, stats = opt.step(grads, state.opt_state, state.params, lr=lr, loss=ce)
+        metrics = {
+            "loss": ce + z, "ce_loss": ce, "z_loss": z, "grad_norm": stats.grad_norm, "lr": lr,
+            "skipped": stats.skipped, "tokens": jnp.float32(trainer.global_batch * data.seq_len),
+        }
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    # The batch's in_sharding is left to the constraints above (the batch dict may or may not carry
+    # an instance_mask); place batches with `batch_sharding` to avoid a copy.
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.jit(step_fn, in_shardings=(shardings, None), out_shardings=(shardings, replicated),
+                   donate_argnums=0)

@@ -1,0 +1,117 @@
+"""Loss: labels and masking as OLMo-core builds them, CE and z-loss sums against olmo_core's
+cross_entropy_loss, global-batch normalisation under micro-batching, and the chunked output layer."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from olmax.config import ModelConfig
+from olmax.loss import IGNORE, chunked_loss_sums, loss_denominator, loss_sums, make_labels
+from olmax.model.olmo3 import forward_hidden, init_params, lm_head
+
+PAD = 7
+
+
+def _tokens(b=4, t=12, vocab=50, seed=0):
+    ids = np.random.default_rng(seed).integers(0, vocab, (b, t), dtype=np.int32)
+    ids[1, 5:] = PAD  # a padded tail
+    ids[2, 3] = PAD
+    return ids
+
+
+def test_labels_shift_left_and_ignore_last():
+    ids = _tokens()
+    labels = np.asarray(make_labels(jnp.asarray(ids)))
+    np.testing.assert_array_equal(labels[:, :-1], ids[:, 1:])
+    assert (labels[:, -1] == IGNORE).all()
+    assert float(loss_denominator(jnp.asarray(labels))) == ids.size - ids.shape[0]
+
+
+def test_pad_masking_is_a_switch():
+    ids = _tokens()
+    assert (np.asarray(make_labels(jnp.asarray(ids)))[:, :-1] == PAD).sum() == 8  # off by default
+    labels = np.asarray(make_labels(jnp.asarray(ids), pad_token_id=PAD))
+    assert not (labels == PAD).any()
+    assert (labels[1, 4:] == IGNORE).all() and labels[1, 3] == ids[1, 4]
+
+
+@pytest.mark.parity
+def test_labels_and_denominator_match_olmo_core():
+    """olmo_core.data.utils.get_labels with an instance mask, and the train module's count: masked
+    instances are ignored but still counted with their full length."""
+    import torch
+    from olmo_core.data.utils import get_labels
+
+    ids = _tokens()
+    keep = np.array([True, False, True, True])
+    ref = get_labels({"input_ids": torch.from_numpy(ids).long(), "instance_mask": torch.from_numpy(keep)})
+    ours = make_labels(jnp.asarray(ids), instance_mask=jnp.asarray(keep))
+    np.testing.assert_array_equal(np.asarray(ours), ref.numpy())
+    ref_count = int((ref != -100).sum()) + int((~torch.from_numpy(keep)).sum()) * ids.shape[1]
+    assert float(loss_denominator(ours, jnp.asarray(keep))) == ref_count
+
+
+@pytest.mark.parity
+def test_sums_match_olmo_core_cross_entropy():
+    import torch
+    from olmo_core.nn.functional import cross_entropy_loss
+
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal((3, 10, 64)) * 4).astype(np.float32)
+    labels = np.array(make_labels(jnp.asarray(rng.integers(0, 64, (3, 10), dtype=np.int32)), pad_token_id=5))
+    ce, z_sq = loss_sums(jnp.asarray(logits), jnp.asarray(labels))
+    ref_ce, ref_z = cross_entropy_loss(torch.from_numpy(logits).view(-1, 64), torch.from_numpy(labels).long().view(-1),
+                                       reduction="sum", compute_z_loss=True, z_loss_multiplier=1.0)
+    # float32 sums of 30 terms of size ~10: agreement to a few ulp of the total.
+    assert float(ce) == pytest.approx(float(ref_ce), rel=1e-6)
+    assert float(z_sq) == pytest.approx(float(ref_z), rel=1e-6)
+
+
+def test_micro_batches_sum_to_the_global_mean():
+    """With pad masking the micro-batches have different label counts: normalising each by the
+    GLOBAL count and summing gives the global per-token mean; a per-micro-batch mean would not."""
+    rng = np.random.default_rng(2)
+    logits = jnp.asarray(rng.standard_normal((4, 12, 32)).astype(np.float32))
+    labels = make_labels(jnp.asarray(_tokens(vocab=32)), pad_token_id=PAD)
+    n = loss_denominator(labels)
+    whole = loss_sums(logits, labels)[0] / n
+    micro = sum(loss_sums(logits[i:i + 1], labels[i:i + 1])[0] for i in range(4)) / n
+    per_micro_means = np.mean([loss_sums(logits[i:i + 1], labels[i:i + 1])[0] / loss_denominator(labels[i:i + 1])
+                               for i in range(4)])
+    assert float(micro) == pytest.approx(float(whole), rel=1e-6)
+    assert abs(float(per_micro_means) - float(whole)) > 1e-3  # the test distinguishes the two
+
+
+TINY = ModelConfig(vocab_size=250, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
+                   sliding_window=8, compute_dtype="float32")
+
+
+def test_chunked_output_layer_equals_full_logits():
+    params = jax.jit(init_params, static_argnums=0)(TINY, jax.random.key(0))
+    ids = jnp.asarray(np.random.default_rng(3).integers(0, 250, (2, 16), dtype=np.int32))
+    labels = make_labels(ids, pad_token_id=PAD)
+
+    def full(params):
+        return loss_sums(lm_head(params, forward_hidden(params, ids, TINY), TINY), labels)
+
+    def chunked(params):
+        return chunked_loss_sums(params, forward_hidden(params, ids, TINY), labels, TINY, chunk=4)
+
+    def value_and_grad(fn):
+        return jax.jit(jax.value_and_grad(lambda p: (sum(fn(p)), fn(p)), has_aux=True))(params)
+
+    (_, sums_full), g_full = value_and_grad(full)
+    (_, sums_chunk), g_chunk = value_and_grad(chunked)
+    for a, b in zip(sums_full, sums_chunk):
+        assert float(b) == pytest.approx(float(a), rel=1e-6)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_full), jax.tree.leaves(g_chunk)):
+        scale = float(jnp.max(jnp.abs(a)))
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-5 * scale, err_msg=str(path))
+
+
+def test_chunk_must_divide_sequence():
+    params = {"lm_head": jnp.zeros((32, 256))}
+    hidden = jnp.zeros((1, 16, 32))
+    with pytest.raises(ValueError, match="loss_chunk=5"):
+        chunked_loss_sums(params, hidden, jnp.zeros((1, 16), jnp.int32), TINY, chunk=5)

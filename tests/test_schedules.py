@@ -1,0 +1,116 @@
+"""LR schedules: REFERENCE.md's stage-1 check values, and OLMo-core's scheduler classes step by step."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from olmax.config import ConfigError, ScheduleConfig
+from olmax.schedules import make_schedule, steps_for_tokens
+
+STAGE1_TOKENS_PER_STEP = 512 * 8192  # 4,194,304
+STAGE1 = ScheduleConfig(name="stitched_cosine", warmup_steps=2000, alpha_f=0.1, t_max_tokens=5 * 10**12,
+                        switch_step=597_047, final_t_max_tokens=7 * 10**12)
+
+
+def stage1_schedule():
+    return make_schedule(STAGE1, lr=3e-4, max_steps=1_413_814, tokens_per_step=STAGE1_TOKENS_PER_STEP)
+
+
+def test_stage1_horizons_from_tokens():
+    assert steps_for_tokens(5 * 10**12, STAGE1_TOKENS_PER_STEP) == 1_192_093
+    assert steps_for_tokens(7 * 10**12, STAGE1_TOKENS_PER_STEP) == 1_668_931
+
+
+# REFERENCE.md, "LR check values". 2e-7 relative: float32 reproduces them to ~1e-7, and the two
+# values either side of the switch (597046 / 597047) differ by 2.3e-6 relative, so a one-step
+# error in the switch or in the 1-based numbering fails.
+CHECK_VALUES = [
+    (1, 1.5e-7), (1000, 1.5e-4), (1999, 2.9985e-4), (2000, 3e-4), (597_046, 1.6500018e-4),
+    (597_047, 1.6499980e-4), (600_000, 1.6441559e-4), (1_000_000, 8.9834077e-5), (1_668_931, 3e-5),
+]
+
+
+@pytest.mark.parametrize("step,expected", CHECK_VALUES)
+def test_stage1_check_values(step, expected):
+    assert float(stage1_schedule()(step)) == pytest.approx(expected, rel=2e-7)
+
+
+def test_schedule_is_traceable_on_device():
+    import jax
+    import jax.numpy as jnp
+
+    sched = stage1_schedule()
+    steps = jnp.array([s for s, _ in CHECK_VALUES], jnp.int32)
+    got = jax.jit(jax.vmap(sched))(steps)
+    np.testing.assert_allclose(np.asarray(got), [v for _, v in CHECK_VALUES], rtol=2e-7)
+
+
+def test_bad_configs_are_errors():
+    with pytest.raises(ConfigError, match="schedule.name"):
+        ScheduleConfig(name="cosin")
+    with pytest.raises(ConfigError, match="switch_step"):
+        ScheduleConfig(name="stitched_cosine")
+    with pytest.raises(ConfigError, match="switch_step < t_max"):
+        make_schedule(replace(STAGE1, switch_step=1_300_000), lr=3e-4, max_steps=1, tokens_per_step=STAGE1_TOKENS_PER_STEP)
+
+
+def test_horizon_inside_the_warmup_stays_in_warmup():
+    """bench-small runs the 7B's 2000-step warmup for 13 steps: the LR is the warmup's, never NaN."""
+    sched = make_schedule(ScheduleConfig(warmup_steps=2000), lr=3e-4, max_steps=13, tokens_per_step=1)
+    assert [float(sched(s)) for s in (1, 13)] == pytest.approx([1.5e-7, 13 * 1.5e-7], rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# Against OLMo-core's classes
+
+
+def _olmo_core_lr(scheduler, lr, steps, t_max):
+    return np.array([float(scheduler.get_lr(lr, s, t_max)) for s in steps])
+
+
+def _ours(cfg, lr, steps, max_steps):
+    import jax.numpy as jnp
+
+    return np.asarray(make_schedule(cfg, lr=lr, max_steps=max_steps, tokens_per_step=1)(jnp.asarray(steps)))
+
+
+@pytest.mark.parity
+def test_against_olmo_core_schedulers():
+    from olmo_core.optim import WSD, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup
+
+    lr, t_max = 2e-3, 500
+    steps = np.arange(1, t_max + 1)
+    cases = [
+        (ScheduleConfig(name="cosine", warmup_steps=37, alpha_f=0.1), CosWithWarmup(warmup=37, alpha_f=0.1)),
+        (ScheduleConfig(name="cosine", warmup_steps=0, alpha_f=0.0), CosWithWarmup(warmup=0, alpha_f=0.0)),
+        (ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0), LinearWithWarmup(warmup=0, alpha_f=0.0)),
+        (ScheduleConfig(name="linear", warmup_steps=20, alpha_f=0.0), LinearWithWarmup(warmup=20, alpha_f=0.0)),
+        (ScheduleConfig(name="wsd", warmup_steps=25, alpha_f=0.0, decay_fraction=0.2),
+         WSD(warmup=25, decay_fraction=0.2)),
+        (ScheduleConfig(name="wsd", warmup_steps=25, alpha_f=0.1, decay_fraction=0.1),
+         WSD(warmup=25, decay_fraction=0.1, decay_min_lr=0.1 * lr)),
+        (ScheduleConfig(name="constant", warmup_steps=10), ConstantWithWarmup(warmup=10)),
+    ]
+    # float32 resolves the schedule's fraction of the peak to ~1e-7: 2e-7 * lr absolute (relative
+    # error grows where a schedule approaches 0), far below what a one-step shift changes (~1e-3 * lr).
+    for cfg, ref in cases:
+        np.testing.assert_allclose(_ours(cfg, lr, steps, t_max), _olmo_core_lr(ref, lr, steps, t_max),
+                                   rtol=1e-6, atol=2e-7 * lr, err_msg=str(cfg))
+
+
+@pytest.mark.parity
+def test_stage1_against_olmo_core_cosine_and_half_cosine():
+    """Part 1 is CosWithWarmup(2000, t_max 1,192,093); part 2 equals HalfCosWithWarmup with its
+    'warmup' at the last part-1 step, ending at 1,668,931. Sampled over the whole stage-1 range."""
+    from olmo_core.optim import CosWithWarmup, HalfCosWithWarmup
+
+    part1 = CosWithWarmup(warmup=2000, alpha_f=0.1, t_max=1_192_093)
+    part2 = HalfCosWithWarmup(warmup=597_046, alpha_f=0.1, t_max=1_668_931)
+    steps = np.unique(np.concatenate([np.linspace(1, 1_668_931, 2001).astype(int),
+                                      np.arange(596_990, 597_100), np.arange(1, 2100, 7)]))
+    ref = np.array([float((part1 if s < 597_047 else part2).get_lr(3e-4, int(s), 1_668_931)) for s in steps])
+    import jax.numpy as jnp
+
+    got = np.asarray(stage1_schedule()(jnp.asarray(steps)))
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
