@@ -49,15 +49,16 @@ def _initial_params():
 def _run(cfg, n_devices, batches=None):
     """Train on the batches; checks on the way that every step donates the state and keeps its layout."""
     mesh = make_mesh(cfg.mesh, jax.devices()[:n_devices])
-    state = init_train_state(cfg, mesh, jax.random.key(0), params=_initial_params())
-    step = make_train_step(cfg, mesh)
     history = []
-    for batch in batches or _batches():
-        batch = dict(batch, input_ids=jax.device_put(batch["input_ids"], batch_sharding(cfg, mesh)))
-        old_embed = state.params["embed"]
-        state, metrics = step(state, batch)
-        assert old_embed.is_deleted()
-        history.append({k: float(v) for k, v in metrics.items()})
+    with jax.set_mesh(mesh):  # as olmax.train runs it: activation constraints and per-shard kernels apply
+        state = init_train_state(cfg, mesh, jax.random.key(0), params=_initial_params())
+        step = make_train_step(cfg, mesh)
+        for batch in batches or _batches():
+            batch = dict(batch, input_ids=jax.device_put(batch["input_ids"], batch_sharding(cfg, mesh)))
+            old_embed = state.params["embed"]
+            state, metrics = step(state, batch)
+            assert old_embed.is_deleted()
+            history.append({k: float(v) for k, v in metrics.items()})
     for array, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(state_shardings(cfg, mesh))):
         assert array.sharding.is_equivalent_to(sharding, array.ndim)
     return state, history
@@ -79,6 +80,7 @@ LAYOUTS = {
     "dp8": (_layout(MeshConfig(data=8, fsdp=1)), 8),
     "fsdp8": (_layout(MeshConfig(data=1, fsdp=8)), 8),
     "dp2xfsdp4": (_layout(MeshConfig(data=2, fsdp=4)), 8),
+    "dp2xfsdp2xtp2": (_layout(MeshConfig(data=2, fsdp=2, tensor=2)), 8),
     "dp2xfsdp2-accum2-chunked": (_layout(MeshConfig(data=2, fsdp=2), micro=1, loss_chunk=4), 4),
 }
 

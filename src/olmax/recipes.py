@@ -40,17 +40,29 @@ BENCH_SMALL = replace(
 )
 
 
+# AI2's stage-1 run (OLMo-3-1025-7B-pretrain-1/-2.py): cosine from 5e12 tokens, stitched at step
+# 597,047 onto a half-cosine to 7e12 tokens; stopped after step 1,413,814 (the stage-2 start).
+STAGE1_SCHEDULE = ScheduleConfig(name="stitched_cosine", warmup_steps=2000, alpha_f=0.1, t_max_tokens=5 * 10**12,
+                                 switch_step=597_047, final_t_max_tokens=7 * 10**12)
+STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # enters the data fingerprint
+STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814)
+
+
+def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
+    return ExperimentConfig(name=name, model=model, data=STAGE1_DATA, schedule=STAGE1_SCHEDULE,
+                            trainer=STAGE1_TRAINER)
+
+
 def _olmo3_7b() -> ExperimentConfig:
-    # AI2's stage-1 script sets max_target_sequence_length=8192; it enters the data fingerprint.
-    return ExperimentConfig(name="olmo3_7b", model=OLMO3_7B, data=DataConfig(max_target_seq_len=8192))
+    return _stage1("olmo3_7b", OLMO3_7B)
 
 
 def _olmo3_32b() -> ExperimentConfig:
-    return ExperimentConfig(name="olmo3_32b", model=OLMO3_32B)
+    return _stage1("olmo3_32b", OLMO3_32B)
 
 
 def _olmo3_7b_hd256() -> ExperimentConfig:
-    return ExperimentConfig(name="olmo3_7b_hd256", model=OLMO3_7B_HD256)
+    return _stage1("olmo3_7b_hd256", OLMO3_7B_HD256)
 
 
 def _tiny() -> ExperimentConfig:
@@ -70,6 +82,7 @@ def _bench_small() -> ExperimentConfig:
         name="bench-small",
         model=BENCH_SMALL,
         data=DataConfig(seq_len=1024),
+        schedule=ScheduleConfig(name="constant", warmup_steps=0),
         trainer=TrainerConfig(global_batch=4, max_steps=13),
     )
 

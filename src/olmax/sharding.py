@@ -79,3 +79,13 @@ def logical_to_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> Pa
 def tree_shardings(specs, mesh: Mesh, is_leaf) -> object:
     """NamedShardings for a pytree of objects with `.axes` and `.shape` (e.g. ParamSpec)."""
     return jax.tree.map(lambda s: NamedSharding(mesh, logical_to_spec(s.axes, s.shape, mesh)), specs, is_leaf=is_leaf)
+
+
+def constrain(x, axes: Sequence[str]):
+    """Pin an activation to the layout the rules table gives its logical axes, when traced under a
+    mesh (`jax.set_mesh`); a no-op otherwise, so model code stays single-device. Without it XLA may
+    let activations inherit a parameter's FSDP layout and rematerialise them."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, x.shape, mesh))

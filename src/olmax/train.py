@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from olmax.checkpoint import RunCheckpoints, load_params
@@ -53,6 +54,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                              state=data_state, allow_fingerprint_mismatch=allow_data_change)
         step_fn = make_train_step(cfg, mesh)
         to_global = batch_sharding(cfg, mesh)
+        mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
         log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops)
         evaluator = HeldoutEvaluator(cfg, mesh)
         batches = iter(loader)
@@ -61,8 +63,10 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
             pending = None  # the previous step's metrics, read after the next step is dispatched (no host sync)
             t_last = time.perf_counter()
             for step in range(start + 1, last + 1):
-                local = next(batches)["input_ids"]
-                batch = {"input_ids": jax.make_array_from_process_local_data(to_global, local)}
+                local = next(batches)
+                batch = {"input_ids": jax.make_array_from_process_local_data(to_global, local["input_ids"])}
+                if "instance_mask" in local:  # the repetition filter is on
+                    batch["instance_mask"] = jax.make_array_from_process_local_data(mask_sharding, local["instance_mask"])
                 state, metrics = step_fn(state, batch)
                 if pending is not None:
                     _log(pending, log, rows, bar, t_last)

@@ -2,7 +2,8 @@
 
 Parameters are a plain nested dict of arrays. Each one is declared once, in `param_specs`, with its
 shape, logical axis names and initializer; `olmax.sharding` maps the logical axes to a device mesh.
-This file knows nothing about devices: the same code runs on one CPU or sharded over a pod.
+This file knows nothing about devices: the same code runs on one CPU or sharded over a pod. (It
+names the residual stream's logical axes once, for `constrain`, a no-op outside a mesh.)
 
 Layer weights are stacked along a leading "layers" axis. The forward pass scans over groups of
 `global_every` (= 4) layers, so the window pattern is static inside the scanned body and the 7B
@@ -27,6 +28,9 @@ import jax.numpy as jnp
 from olmax.config import ModelConfig
 from olmax.model.attention import attention
 from olmax.model.rope import apply_rope, rope_tables
+from olmax.sharding import constrain
+
+ACTIVATION_AXES = ("batch", "seq", "embed")  # the residual stream
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,7 +143,7 @@ def _group_fn(cfg: ModelConfig, windows: tuple[Optional[int], ...], collect: boo
         outputs = []
         for i, window in enumerate(windows):
             p = jax.tree.map(lambda w: w[i].astype(cdt), group_params)
-            x = block(cfg, p, x, cos, sin, window)
+            x = constrain(block(cfg, p, x, cos, sin, window), ACTIVATION_AXES)
             outputs.append(x)
         return x, (jnp.stack(outputs) if collect else None)
 
@@ -153,7 +157,7 @@ def forward_hidden(params: dict, tokens: jnp.ndarray, cfg: ModelConfig, *, retur
     (before the final norm), which is what per-layer parity checks compare.
     """
     cdt = jnp.dtype(cfg.compute_dtype)
-    x = params["embed"].astype(cdt)[tokens]
+    x = constrain(params["embed"].astype(cdt)[tokens], ACTIVATION_AXES)
     cos, sin = rope_tables(cfg, tokens.shape[1])
     period, n_layers = cfg.global_every, cfg.n_layers
     n_groups, tail = divmod(n_layers, period)
