@@ -23,7 +23,7 @@ setup: $(VENV)/.core
 setup-test: $(VENV)/.test
 
 demo: setup
-	$(BIN)/olmax config --recipe tiny
+	$(BIN)/olmax demo --run-dir runs/demo
 
 test: setup-test
 	$(BIN)/python -m pytest -q -n 2 tests
