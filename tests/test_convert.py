@@ -24,7 +24,7 @@ from olmax.checkpoint import CheckpointError, load_params, read_config, save_par
 from olmax.cli import app
 from olmax.config import MeshConfig, ModelConfig
 from olmax.convert import ConversionError
-from olmax.convert.hf import convert_from_hf, convert_to_hf, model_config_from_hf, resolve_hf_dir
+from olmax.convert.hf import convert_from_hf, convert_to_hf, hf_config, model_config_from_hf, resolve_hf_dir
 from olmax.convert.olmo_core import convert_from_olmo_core
 from olmax.model.olmo3 import _is_spec, param_specs
 from olmax.sharding import make_mesh, tree_shardings
@@ -57,12 +57,14 @@ def make_hf_config(*, vocab=300, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2
     """A tiny Olmo3Config, set the way transformers 5 needs (STACK_NOTES.md): nested rope_parameters
     for both layer types, head_dim as an extra field, OLMo 3's eps, explicit eos/pad."""
     rope = rope or {"rope_type": "default", "rope_theta": 10000.0}
+    if set(rope) != {SLIDING, FULL}:  # one RoPE for both layer types
+        rope = {SLIDING: dict(rope), FULL: dict(rope)}
     extra = {"head_dim": head_dim} if head_dim else {}
     return Olmo3Config(
         vocab_size=vocab, hidden_size=d_model, intermediate_size=mlp, num_hidden_layers=n_layers,
         num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, rms_norm_eps=1e-6, sliding_window=window,
         layer_types=layer_types or olmax_layer_types(n_layers),
-        rope_parameters={SLIDING: dict(rope), FULL: dict(rope)}, max_position_embeddings=max_position,
+        rope_parameters=rope, max_position_embeddings=max_position,
         eos_token_id=vocab - 2, pad_token_id=vocab - 1, **extra)
 
 
@@ -128,6 +130,21 @@ def test_model_config_from_hf_reads_every_field():
     assert [cfg.layer_window(i) for i in range(10)] == [16, 16, 16, None, 16, 16, 16, None, 16, None]
     assert (cfg.rope_type, cfg.rope_theta, cfg.yarn_factor) == ("yarn", 20000.0, 4.0)
     assert (cfg.yarn_beta_fast, cfg.yarn_beta_slow, cfg.yarn_original_max_position) == (16.0, 2.0, 64)
+    assert cfg.yarn_layers == "all"
+
+
+def test_legacy_yarn_config_scales_the_full_attention_layers_only():
+    # A transformers-4 config.json (flat rope_theta + rope_scaling), as AI2's long-context checkpoints
+    # have: Olmo3Config gives the scaling to the full-attention layers only, and so does olmax.
+    hf = make_hf_config(n_layers=8).to_dict()
+    hf.update(architectures=["Olmo3ForCausalLM"], rope_parameters=None, rope_theta=5e5,
+              rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64})
+    cfg = model_config_from_hf(hf)
+    assert (cfg.rope_type, cfg.yarn_factor, cfg.yarn_layers, cfg.rope_theta) == ("yarn", 8.0, "global", 5e5)
+    assert [cfg.layer_rope_scaled(i) for i in range(8)] == [False, False, False, True] * 2
+    written = hf_config(cfg, dtype="float32", special_tokens={})["rope_parameters"]
+    assert written[SLIDING] == {"rope_type": "default", "rope_theta": 5e5}
+    assert written[FULL]["rope_type"] == "yarn" and written[FULL]["factor"] == 8.0
 
 
 def test_model_config_from_hf_legacy_and_uniform_patterns():
@@ -151,9 +168,8 @@ def test_model_config_from_hf_legacy_and_uniform_patterns():
     ({"layer_types": [SLIDING] * 4}, "each of the 5 layers"),
     ({"rope_parameters": {SLIDING: {"rope_type": "default", "rope_theta": 1e4},
                           FULL: {"rope_type": "default", "rope_theta": 5e5}}}, "different RoPE"),
-    # transformers 4 style YaRN: Olmo3Config applies rope_scaling to full-attention layers only.
-    ({"rope_parameters": None, "rope_theta": 5e5, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
-     "different RoPE"),
+    ({"rope_parameters": {SLIDING: {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0},
+                          FULL: {"rope_type": "default", "rope_theta": 1e4}}}, "different RoPE"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "keyed by layer type"),
     ({"rope_parameters": {t: {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0} for t in (SLIDING, FULL)}},
      "rope_type='llama3'"),

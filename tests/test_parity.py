@@ -44,6 +44,8 @@ CASES = {
     "mqa_two_groups": (dict(vocab=256, d_model=48, n_layers=8, n_heads=6, n_kv_heads=1, head_dim=8, mlp=64), (1, 64)),
     "all_global_layers": (dict(vocab=200, n_layers=3, layer_types=[FULL] * 3), (2, 32)),
     "yarn": (dict(vocab=300, rope=YARN, max_position=256), (2, 64)),
+    "yarn_full_layers_only": (dict(vocab=300, max_position=256, rope={
+        SLIDING: {"rope_type": "default", "rope_theta": 10000.0}, FULL: YARN}), (2, 64)),
 }
 
 

@@ -19,6 +19,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("xla", "cudnn", "splash")
 REMAT_POLICIES = ("none", "full", "save_dots")
 ROPE_TYPES = ("default", "yarn")
+YARN_LAYERS = ("global", "all")
 
 
 class ConfigError(ValueError):
@@ -54,6 +55,10 @@ class ModelConfig:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     yarn_original_max_position: int = 8192
+    # Which layers YaRN rescales: "global" (the full-attention layers only, as transformers'
+    # Olmo3Config and AI2's released long-context configs do; windowed layers keep plain RoPE)
+    # or "all".
+    yarn_layers: str = "global"
     max_position: int = 8192  # written to HF's max_position_embeddings
     init_std: float = 0.02  # truncated normal, cut at 3 std (OLMo-core)
     param_dtype: str = "float32"
@@ -67,6 +72,7 @@ class ModelConfig:
         _check_choice("model.attention", self.attention, ATTENTION_BACKENDS)
         _check_choice("model.remat", self.remat, REMAT_POLICIES)
         _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
+        _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}"
@@ -81,6 +87,10 @@ class ModelConfig:
     def padded_vocab_size(self) -> int:
         m = self.vocab_multiple
         return -(-self.vocab_size // m) * m
+
+    def layer_rope_scaled(self, layer: int) -> bool:
+        """Whether YaRN applies to this layer's rotary embedding."""
+        return self.rope_type == "yarn" and (self.yarn_layers == "all" or self.layer_window(layer) is None)
 
     def layer_window(self, layer: int) -> Optional[int]:
         """The attention window of a layer (None = global)."""

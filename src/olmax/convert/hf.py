@@ -186,9 +186,18 @@ def model_config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
     rope = _rope_by_layer_type(hf, where)
     used = [t for t in (SLIDING, FULL) if t in layer_types]
     rope_fields = {t: _rope_fields(rope[t], t, hf, where) for t in used}
+    fields = rope_fields[FULL] if FULL in used else rope_fields[SLIDING]
     if len(used) == 2 and rope_fields[SLIDING] != rope_fields[FULL]:
-        raise ConversionError(f"{where}: sliding and full-attention layers use different RoPE "
-                              f"({rope[SLIDING]} vs {rope[FULL]}); olmax applies one RoPE to every layer")
+        # The one mix olmax represents: YaRN on the full-attention layers only, plain RoPE with the
+        # same theta on the windowed ones (how AI2's long-context configs read in transformers).
+        plain_sliding = {"rope_type": "default", "rope_theta": rope_fields[FULL]["rope_theta"]}
+        if rope_fields[FULL]["rope_type"] != "yarn" or rope_fields[SLIDING] != plain_sliding:
+            raise ConversionError(f"{where}: sliding and full-attention layers use different RoPE "
+                                  f"({rope[SLIDING]} vs {rope[FULL]}); olmax supports the same RoPE on both, "
+                                  "or YaRN on the full-attention layers only")
+        fields = {**fields, "yarn_layers": "global"}
+    elif fields["rope_type"] == "yarn":
+        fields = {**fields, "yarn_layers": "all" if SLIDING in used else "global"}
     try:
         return ModelConfig(
             vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
@@ -198,7 +207,7 @@ def model_config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
             norm_eps=float(hf.get("rms_norm_eps", HF_DEFAULTS["rms_norm_eps"])),
             max_position=hf.get("max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]),
             init_std=hf.get("initializer_range", HF_DEFAULTS["initializer_range"]),
-            **rope_fields[used[0]],
+            **fields,
         )
     except ConfigError as e:
         raise ConversionError(f"{where}: {e}") from None
@@ -208,9 +217,10 @@ def model_config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
 # ModelConfig -> config.json
 
 
-def _rope_parameters(cfg: ModelConfig) -> dict:
-    params = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
-    if cfg.rope_type == "yarn":
+def _rope_parameters(cfg: ModelConfig, layer_type: str) -> dict:
+    scaled = cfg.rope_type == "yarn" and (cfg.yarn_layers == "all" or layer_type == FULL)
+    params = {"rope_type": "yarn" if scaled else "default", "rope_theta": cfg.rope_theta}
+    if scaled:
         params.update(factor=cfg.yarn_factor, beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow,
                       original_max_position_embeddings=cfg.yarn_original_max_position,
                       attention_factor=_yarn_attention_factor(cfg.yarn_factor))
@@ -218,7 +228,8 @@ def _rope_parameters(cfg: ModelConfig) -> dict:
 
 
 def hf_config(cfg: ModelConfig, *, dtype: str, special_tokens: dict) -> dict:
-    """config.json for transformers 5's Olmo3ForCausalLM. olmax's one RoPE goes to both layer types."""
+    """config.json for transformers 5's Olmo3ForCausalLM, with RoPE per layer type (YaRN where
+    ModelConfig.yarn_layers puts it)."""
     return {
         "architectures": [HF_ARCHITECTURE],
         "model_type": HF_MODEL_TYPE,
@@ -239,7 +250,7 @@ def hf_config(cfg: ModelConfig, *, dtype: str, special_tokens: dict) -> dict:
         "use_cache": True,
         "sliding_window": cfg.sliding_window if cfg.sliding_window > 0 else None,
         "layer_types": [FULL if cfg.layer_window(i) is None else SLIDING for i in range(cfg.n_layers)],
-        "rope_parameters": {t: _rope_parameters(cfg) for t in (SLIDING, FULL)},
+        "rope_parameters": {t: _rope_parameters(cfg, t) for t in (SLIDING, FULL)},
         **{k: special_tokens.get(k) for k in OLMO3_SPECIAL_TOKENS},
         "dtype": dtype,
     }

@@ -70,13 +70,15 @@ def cached_forward(params: dict, cache: dict, tokens: jnp.ndarray, start: jnp.nd
     b, t = tokens.shape
     length = cache["k"].shape[2]
     positions = start[:, None] + jnp.arange(t)[None, :]
-    cos_all, sin_all = rope_tables(cfg, length)
-    cos, sin = cos_all[positions], sin_all[positions]
+    # (plain, YaRN-scaled) tables at these positions; each layer picks one (ModelConfig.layer_rope_scaled)
+    ropes = [tuple(table[positions] for table in rope_tables(cfg, length, scaled)) for scaled in (False, True)]
+    scaled_layers = jnp.asarray([cfg.layer_rope_scaled(i) for i in range(cfg.n_layers)])
     x = params["embed"].astype(cdt)[tokens]
 
     def layer(x, xs):
-        p, k_cache, v_cache, window = xs
+        p, k_cache, v_cache, window, scaled = xs
         p = jax.tree.map(lambda w: w.astype(cdt), p)
+        cos, sin = (jnp.where(scaled, a, b) for a, b in zip(ropes[True], ropes[False]))
         q = rms_norm(x @ p["q_proj"], p["q_norm"], cfg.norm_eps)
         k = rms_norm(x @ p["k_proj"], p["k_norm"], cfg.norm_eps)
         v = x @ p["v_proj"]
@@ -90,7 +92,7 @@ def cached_forward(params: dict, cache: dict, tokens: jnp.ndarray, start: jnp.nd
         return h + rms_norm(mlp, p["mlp_norm"], cfg.norm_eps), (k_cache, v_cache)
 
     x, (k_new, v_new) = jax.lax.scan(layer, x, (params["layers"], cache["k"], cache["v"],
-                                                _layer_windows(cfg, length)))
+                                                _layer_windows(cfg, length), scaled_layers))
     hidden = rms_norm(x, params["final_norm"], cfg.norm_eps)
     return lm_head(params, hidden, cfg), {"k": k_new, "v": v_new}
 

@@ -132,18 +132,20 @@ REMAT_POLICIES: dict[str, Callable] = {
 }
 
 
-def _group_fn(cfg: ModelConfig, windows: tuple[Optional[int], ...], collect: bool):
-    """Runs consecutive layers with static windows: (x, stacked layer params) -> (x, outputs or None)."""
+def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
+    """Runs layers first..first+n-1, each with its static window and RoPE kind:
+    (x, stacked layer params, rope tables) -> (x, outputs or None)."""
+    layers = [(cfg.layer_window(i), cfg.layer_rope_scaled(i)) for i in range(first, first + n)]
     block = _block
     if cfg.remat != "none":  # per block, so a backward pass holds one block's activations at a time
         block = jax.checkpoint(_block, policy=REMAT_POLICIES[cfg.remat], static_argnums=(0, 5))
 
-    def run(x, group_params, cos, sin):
+    def run(x, group_params, ropes):
         cdt = jnp.dtype(cfg.compute_dtype)
         outputs = []
-        for i, window in enumerate(windows):
+        for i, (window, scaled) in enumerate(layers):
             p = jax.tree.map(lambda w: w[i].astype(cdt), group_params)
-            x = constrain(block(cfg, p, x, cos, sin, window), ACTIVATION_AXES)
+            x = constrain(block(cfg, p, x, *ropes[scaled], window), ACTIVATION_AXES)
             outputs.append(x)
         return x, (jnp.stack(outputs) if collect else None)
 
@@ -158,7 +160,7 @@ def forward_hidden(params: dict, tokens: jnp.ndarray, cfg: ModelConfig, *, retur
     """
     cdt = jnp.dtype(cfg.compute_dtype)
     x = constrain(params["embed"].astype(cdt)[tokens], ACTIVATION_AXES)
-    cos, sin = rope_tables(cfg, tokens.shape[1])
+    ropes = {scaled: rope_tables(cfg, tokens.shape[1], scaled) for scaled in (False, True)}
     period, n_layers = cfg.global_every, cfg.n_layers
     n_groups, tail = divmod(n_layers, period)
     layers = params["layers"]
@@ -166,14 +168,14 @@ def forward_hidden(params: dict, tokens: jnp.ndarray, cfg: ModelConfig, *, retur
 
     if n_groups:
         grouped = jax.tree.map(lambda w: w[: n_groups * period].reshape(n_groups, period, *w.shape[1:]), layers)
-        run = _group_fn(cfg, tuple(cfg.layer_window(i) for i in range(period)), return_layers)
-        x, outs = jax.lax.scan(lambda h, g: run(h, g, cos, sin), x, grouped)
+        run = _group_fn(cfg, 0, period, return_layers)  # every full group has the first group's pattern
+        x, outs = jax.lax.scan(lambda h, g: run(h, g, ropes), x, grouped)
         if return_layers:
             per_layer.append(outs.reshape(n_groups * period, *outs.shape[2:]))
     if tail:
         start = n_groups * period
-        run = _group_fn(cfg, tuple(cfg.layer_window(start + i) for i in range(tail)), return_layers)
-        x, outs = run(x, jax.tree.map(lambda w: w[start:], layers), cos, sin)
+        run = _group_fn(cfg, start, tail, return_layers)
+        x, outs = run(x, jax.tree.map(lambda w: w[start:], layers), ropes)
         per_layer.append(outs)
 
     x = rms_norm(x, params["final_norm"], cfg.norm_eps)

@@ -15,13 +15,14 @@ import numpy as np
 from olmax.config import ModelConfig
 
 
-def inv_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
-    """Per-pair inverse frequencies (head_dim // 2,) and the factor multiplied into cos/sin."""
+def inv_frequencies(cfg: ModelConfig, scaled: bool) -> tuple[np.ndarray, float]:
+    """Per-pair inverse frequencies (head_dim // 2,) and the factor multiplied into cos/sin;
+    `scaled` applies the config's YaRN (see ModelConfig.layer_rope_scaled)."""
     dim = cfg.head_dim
     base = np.float32(cfg.rope_theta)
     pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
     inv_freq = (1.0 / pos_freqs).astype(np.float32)
-    if cfg.rope_type == "default":
+    if not scaled or cfg.rope_type == "default":
         return inv_freq, 1.0
 
     factor = cfg.yarn_factor
@@ -42,9 +43,9 @@ def inv_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     return inv_freq.astype(np.float32), attention_factor
 
 
-def rope_tables(cfg: ModelConfig, seq_len: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+def rope_tables(cfg: ModelConfig, seq_len: int, scaled: bool) -> tuple[jnp.ndarray, jnp.ndarray]:
     """cos and sin of shape (seq_len, head_dim), float32, for positions 0..seq_len-1."""
-    inv_freq, scale = inv_frequencies(cfg)
+    inv_freq, scale = inv_frequencies(cfg, scaled)
     freqs = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb) * scale, jnp.sin(emb) * scale
