@@ -75,8 +75,11 @@ def _read_text(path: str) -> str:
     if is_url(path):
         import fsspec
 
-        with fsspec.open(path, "rt") as f:
-            return f.read()
+        try:
+            with fsspec.open(path, "rt") as f:
+                return f.read()
+        except Exception as exc:  # noqa: BLE001 -- see _remote_error
+            raise _remote_error(f"mix file {path}", exc) from exc
     if not Path(path).is_file():
         raise DataSourceError(f"mix file {path} does not exist")
     return Path(path).read_text()
@@ -142,9 +145,12 @@ def file_size(path: str) -> int:
 
         fs, p = url_to_fs(path)
         try:
-            return int(fs.size(p))
-        except FileNotFoundError:
-            raise DataSourceError(f"data file {path} does not exist") from None
+            size = fs.size(p)
+        except Exception as exc:  # noqa: BLE001 -- see _remote_error
+            raise _remote_error(f"data file {path}", exc) from exc
+        if size is None:
+            raise DataSourceError(f"data file {path}: the server gives no size (no Content-Length)")
+        return int(size)
     try:
         return os.path.getsize(path)
     except FileNotFoundError:
@@ -157,10 +163,34 @@ def read_bytes(path: str, start: int, length: int) -> bytes:
         from fsspec.core import url_to_fs
 
         fs, p = url_to_fs(path)
-        return fs.cat_file(p, start=start, end=start + length)
+        try:
+            data = fs.cat_file(p, start=start, end=start + length)
+        except Exception as exc:  # noqa: BLE001 -- see _remote_error
+            raise _remote_error(f"data file {path} (bytes {start}..{start + length})", exc) from exc
+        # fsspec's HTTP backend returns whatever body comes back: a server that ignores `Range`
+        # answers 200 with the whole file, which must not be taken for the requested instance.
+        if len(data) != length:
+            raise DataSourceError(
+                f"data file {path}: asked for {length} bytes at {start}, got {len(data)} (a server that "
+                "ignores HTTP Range requests, or a file that changed size)")
+        return data
     with open(path, "rb") as f:
         f.seek(start)
         return f.read(length)
+
+
+def _remote_error(what: str, exc: Exception) -> DataSourceError:
+    """A remote read failure as a DataSourceError naming the URL and the cause.
+
+    fsspec backends raise their own types (aiohttp's ClientResponseError, gcsfs's HttpError, ...), and
+    its HTTP backend turns every failed HEAD/GET of a size lookup, 404 or 500 alike, into
+    FileNotFoundError(url) with the HTTP error as its cause; the message keeps that cause.
+    """
+    cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ else exc
+    status = getattr(cause, "status", None) or getattr(cause, "code", None)
+    if status == 404 or (isinstance(cause, FileNotFoundError) and status is None):
+        return DataSourceError(f"{what} does not exist")
+    return DataSourceError(f"{what} cannot be read: {type(cause).__name__}: {cause}")
 
 
 @dataclass(frozen=True)
