@@ -10,12 +10,14 @@ from dataclasses import replace
 from typing import Callable
 
 from olmax.config import (
+    CheckpointConfig,
     ConfigError,
     DataConfig,
     EvalConfig,
     ExperimentConfig,
     MeshConfig,
     ModelConfig,
+    OptimizerConfig,
     ScheduleConfig,
     TrainerConfig,
 )
@@ -65,14 +67,62 @@ def _olmo3_7b_hd256() -> ExperimentConfig:
     return _stage1("olmo3_7b_hd256", OLMO3_7B_HD256)
 
 
+# The three stages by name. Stage 1 is the `olmo3_7b` recipe under its own name; the overrides
+# `schedule.name=cosine schedule.t_max_tokens=7000000000000` turn its stitched schedule into the
+# MaxText reproduction's single cosine (warmup 2000, to 0.1 x lr at ceil(7e12 / 4194304) = 1,668,931).
+def _olmo3_7b_stage1() -> ExperimentConfig:
+    return _stage1("olmo3_7b_stage1", OLMO3_7B)
+
+
+def _olmo3_32b_stage1() -> ExperimentConfig:
+    return _stage1("olmo3_32b_stage1", OLMO3_32B)
+
+
+# Stage 2, midtraining on Dolmino (OLMo-3-1025-7B-midtrain.py): 256 x 8192 = 2^21 tokens per step,
+# 100B tokens = 47,684 steps, linear to 0 with no warmup, seed 1337. AI2 started it from the stage-1
+# weights: set checkpoint.init_from to a stage-1 checkpoint (olmax starts a fresh optimizer; AI2 also
+# carried the stage-1 moments over) and data.paths to the Dolmino mix.
+STAGE2_LR = 2.0712352850360292e-4
+
+
+def _olmo3_7b_stage2() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="olmo3_7b_stage2", model=OLMO3_7B,
+        data=DataConfig(seq_len=8192, seed=1337),
+        optimizer=OptimizerConfig(lr=STAGE2_LR),
+        schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
+        trainer=TrainerConfig(global_batch=256, max_steps=47_684),
+    )
+
+
+# Stage 3, long context: 64 x 65536 tokens per step, YaRN factor 8 from the 8192 context,
+# linear to 0 after 200 warmup steps, seed 34521. As stage 2, start from the stage-2 checkpoint
+# (checkpoint.init_from) and set data.paths and trainer.max_steps for the long-context mix.
+def _olmo3_7b_stage3() -> ExperimentConfig:
+    model = replace(OLMO3_7B, rope_type="yarn", yarn_factor=8.0, yarn_original_max_position=8192,
+                    max_position=65536)
+    return ExperimentConfig(
+        name="olmo3_7b_stage3", model=model,
+        data=DataConfig(seq_len=65536, seed=34521),
+        optimizer=OptimizerConfig(lr=2.0712e-4),
+        schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
+        trainer=TrainerConfig(global_batch=64),
+    )
+
+
 def _tiny() -> ExperimentConfig:
+    # A high learning rate and a short warmup so the loss falls by several nats in 30 steps on CPU;
+    # global batch 8 divides by 8 devices, so resume and resize show on the demo itself. The output
+    # layer over 100k tokens dominates the step on CPU: loss_chunk=16 keeps its logits in cache-size blocks.
     return ExperimentConfig(
         name="tiny",
         model=TINY,
         data=DataConfig(paths=("demo",), seq_len=256, seed=34521),
+        optimizer=OptimizerConfig(lr=3e-3),
+        schedule=ScheduleConfig(warmup_steps=5),
+        trainer=TrainerConfig(global_batch=8, max_steps=40, loss_chunk=16),
+        checkpoint=CheckpointConfig(every=10, keep=2),
         eval=EvalConfig(every=10, batches=4, data=("demo:heldout",)),
-        schedule=ScheduleConfig(warmup_steps=10),
-        trainer=TrainerConfig(global_batch=16, max_steps=40, loss_chunk=64),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
     )
 
@@ -91,6 +141,10 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "olmo3_7b": _olmo3_7b,
     "olmo3_32b": _olmo3_32b,
     "olmo3_7b_hd256": _olmo3_7b_hd256,
+    "olmo3_7b_stage1": _olmo3_7b_stage1,
+    "olmo3_7b_stage2": _olmo3_7b_stage2,
+    "olmo3_7b_stage3": _olmo3_7b_stage3,
+    "olmo3_32b_stage1": _olmo3_32b_stage1,
     "tiny": _tiny,
     "bench-small": _bench_small,
 }
