@@ -5,10 +5,11 @@ Every subcommand that reports figures takes `--json FILE` and writes them there 
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -26,6 +27,25 @@ JsonOpt = typer.Option(None, "--json", help="also write the figures to this JSON
 @app.callback()
 def _root() -> None:
     """OLMo 3 pre-training in JAX, with parity against OLMo-core built in."""
+
+
+def _exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
+    """Decorator: the user errors `errors()` lists end the command with `label: message` (the message
+    names the file or field) and exit status 2, not a traceback. `errors` imports them only when one
+    is raised, so commands stay quick to start."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except errors() as e:
+                typer.echo(f"{label}: {e}", err=True)
+                raise typer.Exit(2) from None
+
+        return wrapper
+
+    return decorate
 
 
 def write_json(path: Optional[Path], payload: Any) -> None:
@@ -132,19 +152,12 @@ eval_app = typer.Typer(no_args_is_help=True, help="Held-out evaluation of checkp
 app.add_typer(eval_app, name="eval")
 
 
-def _fail_on_bad_eval_input(fn):
-    """A missing file, a bad checkpoint or data the evals cannot use ends the command with its message."""
-    import functools
+def _eval_errors():
+    # CheckpointError and the data errors are ValueErrors
+    return (ValueError, FileNotFoundError)
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, FileNotFoundError) as e:  # CheckpointError and the data errors are ValueErrors
-            typer.echo(f"eval error: {e}", err=True)
-            raise typer.Exit(2) from None
 
-    return wrapper
+_fail_on_bad_eval_input = _exits_on("eval error", _eval_errors)
 
 
 def _eval_data_config(work_dir: Optional[Path]):
@@ -263,22 +276,14 @@ def eval_kl_cmd(
     write_json(json_out, report)
 
 
-def _fail_on_bad_checkpoint(fn):
-    """A conversion or checkpoint problem ends the command with its message (naming the file or field)."""
-    import functools
+def _checkpoint_errors():
+    from olmax.checkpoint import CheckpointError
+    from olmax.convert import ConversionError
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from olmax.checkpoint import CheckpointError
-        from olmax.convert import ConversionError
+    return (ConversionError, CheckpointError)
 
-        try:
-            return fn(*args, **kwargs)
-        except (ConversionError, CheckpointError) as e:
-            typer.echo(f"conversion error: {e}", err=True)
-            raise typer.Exit(2) from None
 
-    return wrapper
+_fail_on_bad_checkpoint = _exits_on("conversion error", _checkpoint_errors)
 
 
 @app.command("convert")
@@ -357,24 +362,16 @@ def parity_cmd(
     write_json(json_out, report)
 
 
-def _fail_on_bad_data(fn):
-    """Bad data input ends the command with its message (which names the file), not a traceback."""
-    import functools
+def _data_errors():
+    from olmax.data.order import OrderError
+    from olmax.data.sources import DataSourceError
+    from olmax.data.tokenize import TokenizeError
+    from olmax.data.tokenizer import TokenizerError
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from olmax.data.order import OrderError
-        from olmax.data.sources import DataSourceError
-        from olmax.data.tokenize import TokenizeError
-        from olmax.data.tokenizer import TokenizerError
+    return (DataSourceError, TokenizeError, TokenizerError, OrderError)
 
-        try:
-            return fn(*args, **kwargs)
-        except (DataSourceError, TokenizeError, TokenizerError, OrderError) as e:
-            typer.echo(f"data error: {e}", err=True)
-            raise typer.Exit(2) from None
 
-    return wrapper
+_fail_on_bad_data = _exits_on("data error", _data_errors)
 
 
 @app.command("tokenize")
