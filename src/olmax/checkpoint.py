@@ -1,19 +1,20 @@
 """olmax checkpoints: an Orbax `CheckpointManager` directory with one sub-directory per step.
 
-Each step holds named items, so later items (optimizer state, data-loader state) add to the same
-layout without changing these:
+Each step holds named items, so later items add to the same layout without changing these:
 
     CKPT_DIR/<step>/params   the parameter pytree (Orbax StandardSave; shapes as olmax.model.olmo3.param_specs)
     CKPT_DIR/<step>/config   the ModelConfig as a JSON dict (dataclasses.asdict)
     CKPT_DIR/<step>/meta     JSON: olmax version, where the weights came from, the source dtype
 
-A converted checkpoint is step 0. Orbax only lists a step once it has been written completely, so a
-half-written step is never picked up as "latest".
+A converted checkpoint is step 0. A training run's checkpoints (`RunCheckpoints`) add opt_state,
+data and experiment items (docs/checkpoints.md). Orbax only lists a step once it has been written
+completely, so a half-written step is never picked up as "latest".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Optional
@@ -173,6 +174,7 @@ def load_params(directory: str | Path, step: Optional[int] = None, shardings: An
 
 
 OPT_STATE, DATA, EXPERIMENT = "opt_state", "data", "experiment"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax writes a step here, then renames it when complete
 
 
 class RunCheckpoints:
@@ -183,24 +185,30 @@ class RunCheckpoints:
 
     Items: params, config and meta (as `save_params`, so `load_params` reads a training checkpoint
     too), opt_state ({"step", "opt"}: the optimizer state incl. the skip-step window), data (the
-    loader state) and experiment (the whole resolved ExperimentConfig).
+    loader state) and experiment (the whole resolved ExperimentConfig). There is no RNG item: the
+    only randomness is the initialisation (from trainer.seed, at step 0) and the data order (in the
+    loader state); the step itself is deterministic.
+
+    Keep policy: Orbax's max_to_keep=checkpoint.keep deletes the OLDEST steps once a newer one is
+    committed, so the newest complete checkpoint is never deleted.
     """
 
-    def __init__(self, directory: str | Path, cfg):
+    def __init__(self, directory: str | Path, cfg, *, allow_config_change: bool = False):
         self.directory, self.cfg = Path(directory), cfg
-        handlers = {**_handlers(), OPT_STATE: ocp.StandardCheckpointHandler(), DATA: ocp.JsonCheckpointHandler(),
-                    EXPERIMENT: ocp.JsonCheckpointHandler()}
+        self.allow_config_change = allow_config_change
+        if cfg.checkpoint.keep < 1:
+            raise ConfigError(f"checkpoint.keep must be >= 1, got {cfg.checkpoint.keep}")
         options = ocp.CheckpointManagerOptions(create=True, max_to_keep=cfg.checkpoint.keep,
                                                enable_async_checkpointing=True)
-        self._mngr = ocp.CheckpointManager(self.directory.absolute(), item_handlers=handlers, options=options)
+        self._mngr = ocp.CheckpointManager(self.directory.absolute(), item_handlers=run_handlers(), options=options)
 
     def latest_step(self) -> Optional[int]:
         return self._mngr.latest_step()
 
-    def save(self, step: int, state, data_state: dict) -> None:
+    def save(self, step: int, state, data_state: dict, mesh) -> None:
         cfg = self.cfg
         meta = {"olmax_version": olmax_version(), "step": step, "devices": jax.device_count(),
-                "processes": jax.process_count(),
+                "processes": jax.process_count(), "mesh": dict(mesh.shape),
                 "tokens_seen": step * cfg.trainer.global_batch * cfg.data.seq_len}
         self._mngr.save(step, args=ocp.args.Composite(**{
             PARAMS: ocp.args.StandardSave(state.params),
@@ -211,6 +219,29 @@ class RunCheckpoints:
             EXPERIMENT: ocp.args.JsonSave(dataclasses.asdict(cfg)),
         }))
 
+    def restore_latest(self, mesh):
+        """(TrainState, data state) of the newest checkpoint that reads back completely, or
+        None when there is none. A newer step that fails to read (a truncated or corrupt save) is
+        skipped with a warning naming it, and moved aside to `<step>.corrupt` so that the run can
+        write that step again; a changed config is an error, not a fallback."""
+        for name in sorted(p.name for p in self.directory.glob(f"*{TMP_SUFFIX}*")):
+            warnings.warn(f"ignoring the interrupted save {self.directory / name} (never committed)")
+        for step in sorted(self._mngr.all_steps(), reverse=True):
+            try:
+                state, data_state = self.restore(step, mesh)
+            except CheckpointError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any read failure means "not a usable checkpoint"
+                where = self.directory / str(step)
+                warnings.warn(f"checkpoint {where} cannot be restored ({type(e).__name__}: {e}); "
+                              f"falling back to the previous complete checkpoint")
+                if jax.process_index() == 0:
+                    where.rename(where.with_name(f"{step}.corrupt"))
+                self._mngr.reload()
+                continue
+            return state, data_state
+        return None
+
     def restore(self, step: int, mesh):
         """(TrainState on `mesh`, data-loader state) of `step`; the mesh may differ from the one
         that saved it (Orbax reshards on restore)."""
@@ -218,7 +249,16 @@ class RunCheckpoints:
 
         saved = self._mngr.restore(step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore(),
                                                                    DATA: ocp.args.JsonRestore()}))
-        _check_resumable(saved[EXPERIMENT], self.cfg, self.directory / str(step))
+        changes = config_changes(saved[EXPERIMENT], self.cfg)
+        if any(c.startswith("model ") for c in changes):  # the arrays themselves would not fit
+            raise CheckpointError(f"cannot resume from {self.directory / str(step)}: the model changed "
+                                  f"({'; '.join(changes)}); start a new run (checkpoint.init_from, olmax ckpt warm-start)")
+        if changes and not self.allow_config_change:
+            raise CheckpointError(f"cannot resume from {self.directory / str(step)}: the run's config changed "
+                                  f"({'; '.join(changes)}); start a new run directory for a different run, or "
+                                  "pass --allow-config-change (allow_config_change=True) to continue anyway")
+        if changes:
+            warnings.warn(f"resuming {self.directory / str(step)} with a changed config: {'; '.join(changes)}")
         abstract = jax.eval_shape(lambda key: init_train_state(self.cfg, mesh, key), jax.random.key(0))
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                               abstract, state_shardings(self.cfg, mesh))
@@ -227,27 +267,37 @@ class RunCheckpoints:
             OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),
         }))
         state = TrainState(items[OPT_STATE]["step"], items[PARAMS], items[OPT_STATE]["opt"])
-        return state, dict(saved[DATA])
+        return state, (None if saved[DATA] is None else dict(saved[DATA]))
 
     def close(self) -> None:
         self._mngr.wait_until_finished()
         self._mngr.close()
 
 
-def _check_resumable(saved: dict, cfg, where: Path) -> None:
-    """A resume must keep what defines the run: the model, the global batch and the sequence length."""
+def run_handlers() -> dict[str, ocp.CheckpointHandler]:
+    """The item handlers of a run checkpoint (also used by olmax.surgery)."""
+    return {**_handlers(), OPT_STATE: ocp.StandardCheckpointHandler(), DATA: ocp.JsonCheckpointHandler(),
+            EXPERIMENT: ocp.JsonCheckpointHandler()}
+
+
+def config_changes(saved: dict, cfg) -> list[str]:
+    """What a resume may not change silently: the model architecture, the global batch and the
+    sequence length (the data itself is checked by the loader's fingerprint)."""
     changes = []
     if saved["trainer"]["global_batch"] != cfg.trainer.global_batch:
         changes.append(f"trainer.global_batch {saved['trainer']['global_batch']} -> {cfg.trainer.global_batch}")
     if saved["data"]["seq_len"] != cfg.data.seq_len:
         changes.append(f"data.seq_len {saved['data']['seq_len']} -> {cfg.data.seq_len}")
-    stored_model = from_dict(saved["model"], ModelConfig)
+    changed = model_changes(from_dict(saved["model"], ModelConfig), cfg.model)
+    if changed:
+        changes.append("model " + changed)
+    return changes
+
+
+def model_changes(stored: ModelConfig, model: ModelConfig) -> str:
+    """'mlp_hidden 128 -> 256, ...' for the architecture fields that differ ('' when none); dtypes,
+    the attention kernel and remat may change between runs of the same model."""
     arch = lambda m: {k: v for k, v in dataclasses.asdict(m).items()
                       if k not in ("param_dtype", "compute_dtype", "attention", "remat")}
-    changed = {k for k, v in arch(stored_model).items() if arch(cfg.model)[k] != v}
-    if changed:
-        changes.append("model " + ", ".join(f"{k} {getattr(stored_model, k)} -> {getattr(cfg.model, k)}"
-                                            for k in sorted(changed)))
-    if changes:
-        raise CheckpointError(f"cannot resume from {where}: the run's config changed ({'; '.join(changes)}); "
-                              "start a new run directory for a different run")
+    changed = sorted(k for k, v in arch(stored).items() if arch(model)[k] != v)
+    return ", ".join(f"{k} {getattr(stored, k)} -> {getattr(model, k)}" for k in changed)

@@ -72,6 +72,70 @@ def config_cmd(
 
 # -- subcommands are registered below this line --
 
+ckpt_app = typer.Typer(no_args_is_help=True, help="Inspect training checkpoints and warm-start new stages from them.")
+app.add_typer(ckpt_app, name="ckpt")
+
+
+def _checkpoint_errors():
+    from olmax.checkpoint import CheckpointError
+
+    return (CheckpointError, ConfigError)
+
+
+@ckpt_app.command("warm-start")
+@_exits_on("ckpt warm-start", _checkpoint_errors)
+def ckpt_warm_start_cmd(
+    src: Path = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints)"),
+    dst: Path = typer.Argument(..., help="new directory for the warm-start checkpoint"),
+    keep: str = typer.Option("params,moments", "--keep", help="params, or params,moments (Adam moments and "
+                                                             "their bias-correction counter)"),
+    reset_step: bool = typer.Option(False, "--reset-step", help="step 0: restart the schedule, empty the "
+                                                                "skip-step window, drop the data state"),
+    step: Optional[int] = typer.Option(None, "--step", help="source step (default: the latest)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Write a checkpoint for `checkpoint.init_from=DST` that keeps parameters (and Adam moments)."""
+    from olmax.surgery import warm_start
+
+    summary = warm_start(src, dst, keep=tuple(k.strip() for k in keep.split(",") if k.strip()),
+                         reset_step=reset_step, step=step)
+    typer.echo(f"wrote {dst} (step {summary['step']}, kept {','.join(summary['keep'])}, Adam counter "
+               f"{summary['adam_count']}) from {src} step {summary['source_step']}; start the next stage "
+               f"with checkpoint.init_from={dst}")
+    write_json(json_out, summary)
+
+
+@ckpt_app.command("inspect")
+@_exits_on("ckpt inspect", _checkpoint_errors)
+def ckpt_inspect_cmd(
+    ckpt: Path = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints)"),
+    step: Optional[int] = typer.Option(None, "--step", help="default: the latest"),
+    against: Optional[Path] = typer.Option(None, "--against", help="another checkpoint directory: show the "
+                                                                    "config keys that differ"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Step, tokens, mesh, array shapes and dtypes, data state and config of a checkpoint."""
+    from olmax.surgery import inspect
+
+    r = inspect(ckpt, step=step, against=against)
+    meta = r["meta"]
+    typer.echo(f"{r['directory']} step {r['step']} (steps {r['steps']}); tokens seen {r['tokens_seen']}; "
+               f"mesh {meta.get('mesh')}; olmax {meta.get('olmax_version')}")
+    if "warm_start" in meta:
+        typer.echo(f"warm start: {meta['warm_start']}")
+    for group in ("params", "opt_state"):
+        typer.echo(f"{group}:")
+        for name, a in r[group].items():
+            typer.echo(f"  {name:60s} {str(tuple(a['shape'])):20s} {a['dtype']}")
+    typer.echo(f"data: {json.dumps(r['data'])}")
+    if against is not None:
+        typer.echo(f"config diff against {r['against']} (this -> other):" if r["config_diff"] else
+                   f"config identical to {r['against']}")
+        for key, (mine, theirs) in r["config_diff"].items():
+            typer.echo(f"  {key}: {mine!r} -> {theirs!r}")
+    write_json(json_out, r)
+
+
 
 @app.command("demo")
 def demo_cmd(
@@ -127,6 +191,8 @@ def train_cmd(
     chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: logs MFU"),
     allow_data_change: bool = typer.Option(False, "--allow-data-change",
                                            help="resume even though the data fingerprint changed"),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change",
+                                             help="resume even though the global batch or sequence length changed"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and exit"),
 ):
     """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
@@ -140,7 +206,7 @@ def train_cmd(
     from olmax.train import train
 
     rows = train(cfg, run_dir, stop_at=stop_at, peak_tflops=resolve_peak(None, chip),
-                 allow_data_change=allow_data_change)
+                 allow_data_change=allow_data_change, allow_config_change=allow_config_change)
     if rows:
         typer.echo(f"steps {rows[0]['step']}..{rows[-1]['step']}: CE loss {rows[0]['train/CE loss']:.4f} -> "
                    f"{rows[-1]['train/CE loss']:.4f}; logs and checkpoints in {run_dir}")

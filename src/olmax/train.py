@@ -8,9 +8,11 @@ steps and the loader state after N batches, so a resumed run continues with the 
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -22,28 +24,36 @@ from olmax.data.loader import make_loader
 from olmax.evals.heldout import HeldoutEvaluator
 from olmax.metrics import MetricsLog
 from olmax.sharding import make_mesh, tree_shardings
+from olmax.surgery import is_warm_start, load_warm_start
 from olmax.model.olmo3 import ParamSpec, param_specs
 from olmax.train_step import batch_sharding, init_train_state, make_train_step
 
 
 def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] = None,
-          peak_tflops: Optional[float] = None, allow_data_change: bool = False, progress: bool = True) -> list[dict]:
-    """Train until trainer.max_steps (or `stop_at`), resuming from the newest checkpoint in run_dir.
-    Returns the metrics rows logged by this invocation."""
+          peak_tflops: Optional[float] = None, allow_data_change: bool = False, allow_config_change: bool = False,
+          devices: Optional[Sequence[jax.Device]] = None, progress: bool = True) -> list[dict]:
+    """Train until trainer.max_steps (or `stop_at`), resuming from the newest complete checkpoint in
+    run_dir. Returns the metrics rows logged by this invocation.
+
+    `devices`: the devices of the mesh (default all); a resume may use a different number or mesh
+    shape, the global batch stays and accumulation follows from trainer.micro_batch_size.
+    `allow_config_change`: resume although the global batch or sequence length changed.
+    SIGTERM (a preemption notice) ends the run at the next step boundary, with a checkpoint.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    mesh = make_mesh(cfg.mesh)
+    mesh = make_mesh(cfg.mesh, devices)
     last = cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
-    ckpts = RunCheckpoints(run_dir / "checkpoints", cfg)
+    ckpts = RunCheckpoints(run_dir / "checkpoints", cfg, allow_config_change=allow_config_change)
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
-    with jax.set_mesh(mesh):
-        start = ckpts.latest_step()
-        if start is None:
-            state, data_state = _fresh_state(cfg, mesh), None
+    with jax.set_mesh(mesh), _PreemptionNotice() as preempted:
+        restored = ckpts.restore_latest(mesh)
+        if restored is None:
+            state, data_state = _fresh_state(cfg, mesh)
             save_yaml(cfg, run_dir / "config.yaml")
         else:
-            state, data_state = ckpts.restore(start, mesh)
+            state, data_state = restored
         start = int(state.step)
         if start >= last:
             ckpts.close()
@@ -72,14 +82,18 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                     _log(pending, log, rows, bar, t_last)
                     t_last = time.perf_counter()
                 pending = (step, metrics, loader.audit()["repeats_in_epoch"])
-                eval_due, ckpt_due = evaluator.due(step), step % cfg.checkpoint.every == 0 or step == last
+                stop = preempted.is_set()
+                eval_due, ckpt_due = evaluator.due(step), step % cfg.checkpoint.every == 0 or step == last or stop
                 if eval_due or ckpt_due:
                     # step time is measured before evaluation and checkpointing, which it excludes
                     _log(pending, log, rows, bar, t_last, extra=lambda: evaluator(step, state.params))
                     pending = None
                     if ckpt_due:
-                        ckpts.save(step, state, loader.state())
+                        ckpts.save(step, state, loader.state(), mesh)
                     t_last = time.perf_counter()
+                if stop:
+                    bar.write(f"SIGTERM: saved step {step} in {ckpts.directory}; exiting")
+                    break
         finally:
             bar.close()
             log.close()
@@ -87,17 +101,38 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
     return rows
 
 
+class _PreemptionNotice:
+    """While active, SIGTERM sets an event instead of killing the process, so the loop can save at
+    the next step boundary and return (a preemption notice leaves seconds to minutes). Only the main
+    thread can install signal handlers; elsewhere this does nothing."""
+
+    def __enter__(self) -> threading.Event:
+        self.event = threading.Event()
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, lambda *_: self.event.set())
+        return self.event
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
 def _fresh_state(cfg: ExperimentConfig, mesh):
-    """Step 0: random init (OLMo-core's), or the parameters of checkpoint.init_from with a fresh optimizer."""
+    """(state, data-loader state) of a new run directory. Step 0: random init (OLMo-core's), or the
+    parameters of checkpoint.init_from with a fresh optimizer; or, for a checkpoint written by
+    `olmax ckpt warm-start`, the state (and data position, unless --reset-step) it kept."""
     key = jax.random.key(cfg.trainer.seed)
     if not cfg.checkpoint.init_from:
-        return init_train_state(cfg, mesh, key)
+        return init_train_state(cfg, mesh, key), None
+    if is_warm_start(cfg.checkpoint.init_from):
+        return load_warm_start(cfg.checkpoint.init_from, cfg, mesh)
     shardings = tree_shardings(param_specs(cfg.model), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
     params, model_cfg, _ = load_params(cfg.checkpoint.init_from, shardings=shardings)
     if _arch(model_cfg) != _arch(cfg.model):
         raise ConfigError(f"checkpoint.init_from={cfg.checkpoint.init_from} holds a different architecture "
                           f"({_arch(model_cfg)}) from model ({_arch(cfg.model)})")
-    return init_train_state(cfg, mesh, key, params)
+    return init_train_state(cfg, mesh, key, params), None
 
 
 def _arch(m) -> tuple:

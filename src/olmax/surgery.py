@@ -1,0 +1,185 @@
+"""Checkpoint surgery: warm-starting a new stage from a run's checkpoint, and inspecting checkpoints.
+
+Warm start (stage 2 from stage 1): `warm_start(SRC, DST, keep={"params", "moments"}, reset_step=True)`
+writes DST as a one-step run checkpoint; a run with `checkpoint.init_from=DST` starts from it.
+
+- params are always kept; "moments" keeps AdamW's first and second moments AND its bias-correction
+  counter. That is what OLMo-core does when a stage-2 trainer loads stage-1 optimizer state with
+  `load_trainer_state=False`: its AdamW keeps a per-parameter `state["step"]` inside the optimizer
+  state dict (olmo_core/optim/adamw.py), so the counter comes back with the moments and bias
+  correction continues from stage 1, while the trainer's global step (and with it the LR schedule)
+  starts again at 0. Without "moments" the optimizer is fresh (zero moments, counter 0).
+- reset_step: the step becomes 0 (so the schedule restarts), the skip-step window is emptied (OLMo-core
+  keeps that window in memory, so a loaded stage 2 starts with an empty one) and the data-loader state
+  is dropped (stage 2 reads its own data from the start). Without it all three are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from olmax.checkpoint import (CONFIG, DATA, EXPERIMENT, META, OPT_STATE, PARAMS, CheckpointError, RunCheckpoints,
+                              model_changes, olmax_version, read_config, run_handlers)
+from olmax.config import ConfigError, ExperimentConfig, MeshConfig, from_dict
+from olmax.optim import AdamWState, OptState, skip_window_init
+from olmax.sharding import make_mesh
+
+KEEP_CHOICES = ("params", "moments")
+WARM_START = "warm_start"  # the meta key that marks a warm-start checkpoint (and says what it kept)
+
+
+def _open(directory: Path, step: Optional[int]) -> tuple[ocp.CheckpointManager, int]:
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    mngr = ocp.CheckpointManager(directory.absolute(), item_handlers=run_handlers(),
+                                 options=ocp.CheckpointManagerOptions(create=False, read_only=True))
+    steps = mngr.all_steps()
+    if not steps:
+        raise CheckpointError(f"{directory} holds no complete checkpoint")
+    if step is None:
+        step = max(steps)
+    if step not in steps:
+        raise CheckpointError(f"{directory} has no checkpoint at step {step}; it has steps {sorted(steps)}")
+    return mngr, step
+
+
+def _json_items(mngr: ocp.CheckpointManager, step: int, directory: Path) -> dict:
+    names = [n for n in (EXPERIMENT, META, DATA) if (directory / str(step) / n).is_dir()]
+    if EXPERIMENT not in names:
+        raise CheckpointError(f"{directory} step {step} is not a training-run checkpoint (no '{EXPERIMENT}' item)")
+    items = mngr.restore(step, args=ocp.args.Composite(**{n: ocp.args.JsonRestore() for n in names}))
+    return {n: items[n] for n in names}
+
+
+def restore_state(src: Path, step: int, cfg: ExperimentConfig):
+    """The TrainState of run checkpoint `src` step `step` on one device (host-sized models only)."""
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+    ckpts = RunCheckpoints(src, cfg)
+    try:
+        with jax.set_mesh(mesh):
+            return ckpts.restore(step, mesh)[0]
+    finally:
+        ckpts.close()
+
+
+def warm_start(src: str | Path, dst: str | Path, *, keep: tuple[str, ...] = KEEP_CHOICES, reset_step: bool = True,
+               step: Optional[int] = None) -> dict:
+    """Write the warm-start checkpoint DST from run checkpoint SRC (default its latest step); see the
+    module doc. Returns a summary (source step, written step, what was kept)."""
+    src, dst = Path(src), Path(dst)
+    unknown = set(keep) - set(KEEP_CHOICES)
+    if unknown or "params" not in keep:
+        raise ConfigError(f"keep must list params and optionally moments (from {KEEP_CHOICES}), got {sorted(keep)}")
+    if dst.exists() and any(dst.iterdir()):
+        raise CheckpointError(f"{dst} is not empty; choose a new directory for the warm-start checkpoint")
+    mngr, step = _open(src, step)
+    try:
+        saved = _json_items(mngr, step, src)
+    finally:
+        mngr.close()
+    cfg = from_dict(saved[EXPERIMENT], ExperimentConfig)
+    state = restore_state(src, step, cfg)
+    adam = state.opt_state.adam if "moments" in keep else jax.tree.map(np.zeros_like, state.opt_state.adam)
+    window = skip_window_init(cfg.optimizer.skip_window) if reset_step else state.opt_state.window
+    new_step = 0 if reset_step else int(state.step)
+    data_state = None if reset_step else saved.get(DATA)
+    meta = {**saved.get(META, {}), "olmax_version": olmax_version(), "step": new_step,
+            "tokens_seen": 0 if reset_step else saved.get(META, {}).get("tokens_seen"),
+            WARM_START: {"from": str(src.absolute()), "from_step": step, "keep": sorted(keep), "reset_step": reset_step}}
+    out = ocp.CheckpointManager(dst.absolute(), item_handlers=run_handlers(),
+                                options=ocp.CheckpointManagerOptions(create=True))
+    try:
+        out.save(new_step, args=ocp.args.Composite(**{
+            PARAMS: ocp.args.StandardSave(state.params),
+            OPT_STATE: ocp.args.StandardSave({"step": np.int32(new_step), "opt": OptState(AdamWState(*adam), window)}),
+            CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg.model)),
+            META: ocp.args.JsonSave(meta),
+            DATA: ocp.args.JsonSave(data_state),
+            EXPERIMENT: ocp.args.JsonSave(saved[EXPERIMENT]),
+        }))
+        out.wait_until_finished()
+    finally:
+        out.close()
+    return {"source": str(src), "source_step": step, "destination": str(dst), "step": new_step,
+            "keep": sorted(keep), "reset_step": reset_step, "adam_count": int(adam.count)}
+
+
+def load_warm_start(directory: str | Path, cfg: ExperimentConfig, mesh):
+    """(TrainState on `mesh`, data-loader state or None) of a warm-start checkpoint, for the run `cfg`
+    (checkpoint.init_from). The model must be the same; batch, data, schedule and the rest may change."""
+    from olmax.train_step import TrainState, init_train_state, state_shardings
+
+    directory = Path(directory)
+    mngr, step = _open(directory, None)
+    try:
+        saved = _json_items(mngr, step, directory)
+        stored = from_dict(saved[EXPERIMENT], ExperimentConfig)
+        if model_changes(stored.model, cfg.model):
+            raise ConfigError(f"checkpoint.init_from={directory} holds a different model from the run's "
+                              f"({model_changes(stored.model, cfg.model)})")
+        if stored.optimizer.skip_window != cfg.optimizer.skip_window:
+            raise ConfigError(f"checkpoint.init_from={directory} has a skip window of {stored.optimizer.skip_window}, "
+                              f"the run optimizer.skip_window={cfg.optimizer.skip_window}")
+        abstract = jax.eval_shape(lambda key: init_train_state(cfg, mesh, key), jax.random.key(0))
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                              abstract, state_shardings(cfg, mesh))
+        items = mngr.restore(step, args=ocp.args.Composite(**{
+            PARAMS: ocp.args.StandardRestore(target.params),
+            OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),
+        }))
+    finally:
+        mngr.close()
+    return TrainState(items[OPT_STATE]["step"], items[PARAMS], items[OPT_STATE]["opt"]), saved.get(DATA)
+
+
+def is_warm_start(directory: str | Path) -> bool:
+    """Whether `directory` was written by `warm_start` (then checkpoint.init_from restores what it kept)."""
+    return WARM_START in read_config(directory)[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Inspect
+
+
+def _arrays(metadata) -> dict[str, dict]:
+    return {jax.tree_util.keystr(k): {"shape": list(v.shape), "dtype": str(v.dtype)}
+            for k, v in jax.tree_util.tree_leaves_with_path(metadata, is_leaf=lambda x: hasattr(x, "shape"))}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def inspect(directory: str | Path, *, step: Optional[int] = None, against: Optional[str | Path] = None) -> dict:
+    """Step, tokens, mesh, array shapes and dtypes, data state and config of a run checkpoint; with
+    `against`, the config keys that differ from that checkpoint's ({key: [this, other]})."""
+    directory = Path(directory)
+    mngr, step = _open(directory, step)
+    try:
+        items = _json_items(mngr, step, directory)
+        arrays = mngr.item_metadata(step)
+        report = {"directory": str(directory), "step": step, "steps": sorted(mngr.all_steps()),
+                  "meta": items.get(META, {}), "tokens_seen": items.get(META, {}).get("tokens_seen"),
+                  "params": _arrays(arrays[PARAMS]), "opt_state": _arrays(arrays[OPT_STATE]),
+                  "data": items.get(DATA), "experiment": items[EXPERIMENT]}
+    finally:
+        mngr.close()
+    if against is not None:
+        other = inspect(against)
+        mine, theirs = _flatten(report["experiment"]), _flatten(other["experiment"])
+        report["against"] = other["directory"]
+        report["config_diff"] = {k: [mine.get(k), theirs.get(k)] for k in sorted(set(mine) | set(theirs))
+                                 if mine.get(k) != theirs.get(k)}
+    return report
