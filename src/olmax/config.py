@@ -194,7 +194,9 @@ class MeshConfig:
 class CheckpointConfig:
     every: int = 1000
     keep: int = 3
-    init_from: Optional[str] = None  # parameters to start from (fresh optimizer)
+    # parameters to start from with a fresh optimizer, or a checkpoint written by `olmax ckpt
+    # warm-start` (then its moments and bias-correction counter come along too)
+    init_from: Optional[str] = None
 
 
 @dataclass(frozen=True)

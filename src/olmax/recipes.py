@@ -80,8 +80,8 @@ def _olmo3_32b_stage1() -> ExperimentConfig:
 
 # Stage 2, midtraining on Dolmino (OLMo-3-1025-7B-midtrain.py): 256 x 8192 = 2^21 tokens per step,
 # 100B tokens = 47,684 steps, linear to 0 with no warmup, seed 1337. AI2 started it from the stage-1
-# weights: set checkpoint.init_from to a stage-1 checkpoint (olmax starts a fresh optimizer; AI2 also
-# carried the stage-1 moments over) and data.paths to the Dolmino mix.
+# weights and Adam moments: `olmax ckpt warm-start STAGE1 DST --keep params,moments --reset-step`, then
+# set checkpoint.init_from=DST and data.paths to the Dolmino mix.
 STAGE2_LR = 2.0712352850360292e-4
 
 
