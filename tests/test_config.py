@@ -1,6 +1,7 @@
 """Config: presets, dotted overrides with type checking, YAML round trip, the CLI's dry-run view."""
 
 import dataclasses
+import math
 import subprocess
 import sys
 
@@ -70,3 +71,48 @@ def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
     assert load_yaml(tmp_path / "c.yaml").model.n_layers == 6
     bad = subprocess.run(olmax + ["config", "--recipe", "tiny", "model.n_layerz=6"], capture_output=True, text=True)
     assert bad.returncode == 2 and "n_layerz" in bad.stderr
+
+
+# REFERENCE.md's stage-1 LR check values, through the recipes' own schedules (float32: 2e-6 relative).
+STAGE1_LR = [(1, 1.5e-7), (1000, 1.5e-4), (1999, 2.9985e-4), (2000, 3e-4), (597_046, 1.6500018e-4),
+             (597_047, 1.6499980e-4), (600_000, 1.6441559e-4), (1_000_000, 8.9834077e-5), (1_668_931, 3e-5)]
+
+
+def _recipe_schedule(name, overrides=()):
+    from olmax.schedules import make_schedule
+
+    cfg = resolve(name, None, list(overrides))
+    return cfg, make_schedule(cfg.schedule, lr=cfg.optimizer.lr, max_steps=cfg.trainer.max_steps,
+                              tokens_per_step=cfg.trainer.global_batch * cfg.data.seq_len)
+
+
+@pytest.mark.parametrize("name", ["olmo3_7b", "olmo3_7b_stage1", "olmo3_32b_stage1"])
+def test_stage1_recipes_give_the_reference_learning_rates(name):
+    _, lr = _recipe_schedule(name)
+    for step, expected in STAGE1_LR:
+        assert float(lr(step)) == pytest.approx(expected, rel=2e-6), step
+
+
+def test_stage1_single_cosine_override_is_maxtexts_schedule():
+    _, lr = _recipe_schedule("olmo3_7b_stage1", ["schedule.name=cosine", "schedule.t_max_tokens=7000000000000"])
+    t_max, peak = 1_668_931, 3e-4  # ceil(7e12 / 4194304)
+    for step in (2000, 597_047, 1_000_000, t_max):
+        expected = 3e-5 + (peak - 3e-5) * (1 + math.cos(math.pi * (step - 2000) / (t_max - 2000))) / 2
+        assert float(lr(step)) == pytest.approx(expected, rel=2e-6), step
+    assert float(lr(1000)) == pytest.approx(1.5e-4, rel=2e-6)
+
+
+def test_stage2_and_stage3_recipes():
+    cfg, lr = _recipe_schedule("olmo3_7b_stage2")
+    assert (cfg.trainer.global_batch, cfg.data.seq_len, cfg.trainer.max_steps, cfg.data.seed) == (256, 8192, 47_684, 1337)
+    assert cfg.trainer.max_steps == math.ceil(100e9 / 2**21)
+    peak = 2.0712352850360292e-4
+    assert float(lr(1)) == pytest.approx(peak * (1 - 1 / 47_684), rel=2e-6)  # no warmup: step 1 already decays
+    assert float(lr(23_842)) == pytest.approx(peak / 2, rel=2e-6)
+    assert float(lr(47_684)) == 0.0
+    cfg, lr = _recipe_schedule("olmo3_7b_stage3", ["trainer.max_steps=1000"])
+    assert (cfg.trainer.global_batch, cfg.data.seq_len, cfg.data.seed) == (64, 65536, 34521)
+    assert (cfg.model.rope_type, cfg.model.yarn_factor, cfg.model.max_position) == ("yarn", 8.0, 65536)
+    assert float(lr(100)) == pytest.approx(2.0712e-4 / 2, rel=2e-6)
+    assert float(lr(200)) == pytest.approx(2.0712e-4, rel=2e-6)
+    assert float(lr(1000)) == 0.0
