@@ -72,6 +72,27 @@ def config_cmd(
 
 # -- subcommands are registered below this line --
 
+
+@app.command("compile-check")
+def compile_check_cmd(
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    devices: int = typer.Option(8, "--devices", help="fake CPU devices to compile for (ignored on accelerators)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Compile the recipe's real train step with abstract arrays; print per-device memory (XLA)."""
+    import os
+
+    # Must precede the first jax import: the CPU backend reads it once.
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    from olmax.compile_check import compile_report, format_report
+    from olmax.recipes import resolve
+
+    report = compile_report(resolve(recipe, config, overrides or []))
+    typer.echo(format_report(report))
+    write_json(json_out, report)
+
 ckpt_app = typer.Typer(no_args_is_help=True, help="Inspect training checkpoints and warm-start new stages from them.")
 app.add_typer(ckpt_app, name="ckpt")
 
