@@ -72,6 +72,44 @@ def config_cmd(
 
 # -- subcommands are registered below this line --
 
+@app.command("verify")
+@_exits_on("verify error", lambda: (ValueError, FileNotFoundError))  # CheckpointError is a ValueError
+def verify_cmd(
+    a: Path = typer.Option(..., "--a", help="run A: a run directory (its checkpoints/) or a checkpoint directory"),
+    b: Path = typer.Option(..., "--b", help="run B, in either form"),
+    out: Path = typer.Option(..., "--out", help="directory for verify.md, verify.json and the PNGs"),
+    landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps, e.g. 1000,5000 (default: every step both hold)"),
+    data: list[str] = typer.Option(["demo:heldout"], "--data", help="held-out data for loss and KL (as `eval loss`); repeatable"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="default: the model's max_position"),
+    batch: int = typer.Option(8, "--batch"),
+    max_batches: Optional[int] = typer.Option(4, "--max-batches"),
+    domains: Optional[str] = typer.Option(None, "--domains", help="held-out jsonl directory for per-domain loss (as `eval domains`)"),
+    by: str = typer.Option("auto", "--by", help="domain grouping: auto, field or file"),
+    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="at most this many documents per domain"),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="comma-separated lm-eval tasks (skipped without lm-eval)"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="offline task data (as `eval tasks`)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task"),
+    sigmas: float = typer.Option(2.0, "--sigmas", help="verdict rule: |delta| <= this many sigma is within noise"),
+    kl_floor: float = typer.Option(1.5e-3, "--kl-floor", help="mean KL (nats) at or below which KL is within noise"),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="cache for tokenized eval text"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Compare A and B at step-aligned landmarks on held-out loss, domains, tasks and KL: one report."""
+    from olmax.evals.verify import SURFACE_NAMES, rules, verify
+
+    report = verify(a, b, out, landmarks=[int(s) for s in landmarks.split(",") if s] if landmarks else None,
+                    data=data, seq_len=seq_len, batch=batch, max_batches=max_batches, domains=domains, by=by,
+                    max_docs=max_docs, tasks=[t for t in tasks.split(",") if t] if tasks else None,
+                    data_dir=str(data_dir) if data_dir else None, limit=limit, sigmas=sigmas, kl_floor=kl_floor,
+                    data_cfg=_eval_data_config(work_dir))
+    for surface, v in report["verdicts"].items():
+        typer.echo(f"{SURFACE_NAMES[surface]:24s} {v:14s} ({rules(report)[surface]})")
+    if report["tasks_skipped"]:
+        typer.echo(f"tasks skipped: {report['tasks_skipped']}")
+    typer.echo(f"report: {out / 'verify.md'}")
+    write_json(json_out, report)
+
+
 
 @app.command("compile-check")
 def compile_check_cmd(
