@@ -1,0 +1,27 @@
+"""The `olmax` command line: parses arguments and dispatches to the library, nothing else.
+
+Every subcommand that reports figures takes `--json FILE` and writes them there too. The commands
+live by area in this package's modules; importing them registers them on `app`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+# Importing the command modules registers their commands on `app`, in this order in --help.
+from olmax.cli import training  # noqa: F401,I001
+from olmax.cli import checkpoints, data, evaluation  # noqa: F401
+from olmax.cli.common import app
+from olmax.config import ConfigError
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as e:
+        typer.echo(f"config error: {e}", err=True)
+        sys.exit(2)

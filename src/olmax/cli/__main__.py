@@ -1,0 +1,3 @@
+from olmax.cli import main
+
+main()

@@ -1,0 +1,149 @@
+"""`olmax convert | parity | ckpt warm-start | ckpt inspect`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, checkpoint_errors, exits_on, write_json
+
+_fail_on_bad_checkpoint = exits_on("conversion error", checkpoint_errors)
+
+
+@app.command("convert")
+@_fail_on_bad_checkpoint
+def convert_cmd(
+    out: Path = typer.Option(..., "--out", help="the new checkpoint (olmax) or HF directory; must be new or empty"),
+    from_hf: Optional[str] = typer.Option(None, "--from-hf", help="HF Olmo3ForCausalLM directory, or a hub id owner/name"),
+    revision: Optional[str] = typer.Option(None, "--revision", help="with a hub id: branch, tag or commit"),
+    from_olmo_core: Optional[Path] = typer.Option(
+        None, "--from-olmo-core", help="OLMo-core model state: .safetensors, .pt or a distributed checkpoint dir"),
+    to_hf: Optional[Path] = typer.Option(None, "--to-hf", help="olmax checkpoint to write as a HF directory"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="--to-hf weight dtype (default: the source's)"),
+    step: Optional[int] = typer.Option(None, "--step", help="--to-hf checkpoint step (default: the latest)"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Convert weights: HF or OLMo-core -> olmax checkpoint (step 0), or olmax -> HF.
+
+    --from-olmo-core needs the architecture, from --recipe/--config and overrides (a state dict has none).
+    """
+    chosen = [name for name, value in (("--from-hf", from_hf), ("--from-olmo-core", from_olmo_core),
+                                       ("--to-hf", to_hf)) if value is not None]
+    if len(chosen) != 1:
+        raise typer.BadParameter("give exactly one of --from-hf, --from-olmo-core, --to-hf")
+    if (recipe or config or overrides) and not from_olmo_core:
+        raise typer.BadParameter("--recipe/--config/overrides only apply to --from-olmo-core")
+    if from_hf is not None:
+        from olmax.convert.hf import convert_from_hf
+
+        summary = convert_from_hf(from_hf, out, revision=revision)
+    elif to_hf is not None:
+        from olmax.convert.hf import convert_to_hf
+
+        summary = convert_to_hf(to_hf, out, dtype=dtype, step=step)
+    else:
+        from olmax.convert.olmo_core import convert_from_olmo_core
+        from olmax.recipes import resolve
+
+        if not (recipe or config):
+            raise typer.BadParameter("--from-olmo-core needs --recipe or --config for the architecture")
+        exp = resolve(recipe, config, overrides or [])
+        tokens = {"eos_token_id": exp.data.eos_token_id, "pad_token_id": exp.data.pad_token_id,
+                  "bos_token_id": exp.data.bos_token_id}
+        summary = convert_from_olmo_core(from_olmo_core, exp.model, out, special_tokens=tokens)
+    typer.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
+    write_json(json_out, summary)
+
+
+@app.command("parity")
+@_fail_on_bad_checkpoint
+def parity_cmd(
+    hf: str = typer.Option(..., "--hf", help="HF Olmo3ForCausalLM directory (the reference)"),
+    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint (its latest step)"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16: weights and compute on both sides"),
+    seq_len: int = typer.Option(512, "--seq-len"),
+    batch: int = typer.Option(1, "--batch"),
+    seed: int = typer.Option(0, "--seed", help="seed of the random tokens"),
+    layer_tol: Optional[float] = typer.Option(
+        None, "--layer-tol", help="per-layer RMS-relative tolerance (default 1e-3 float32, 0.1 bfloat16)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Logits and per-layer hidden states of olmax against transformers on the same random tokens."""
+    from olmax.convert.parity import PARITY_DTYPES, run_hf_parity
+
+    if dtype not in PARITY_DTYPES:
+        raise typer.BadParameter(f"--dtype must be one of {', '.join(PARITY_DTYPES)}")
+    report = run_hf_parity(hf, str(ckpt), dtype=dtype, seq_len=seq_len, batch=batch, seed=seed,
+                           layer_tolerance=layer_tol)
+    for key in ("kl_mean", "kl_max", "top1_agreement", "top10_overlap", "max_abs_logit_diff"):
+        typer.echo(f"{key:>22} {report[key]:.6g}")
+    typer.echo(f"{'first_divergent_layer':>22} {report['first_divergent_layer']} "
+               f"(tolerance {report['layer_tolerance']:g} of the layer RMS)")
+    typer.echo(f"{'layer_rel_diff':>22} " + " ".join(f"{x:.2e}" for x in report["layer_rel_diff"]))
+    write_json(json_out, report)
+
+
+ckpt_app = typer.Typer(no_args_is_help=True, help="Inspect training checkpoints and warm-start new stages from them.")
+
+
+app.add_typer(ckpt_app, name="ckpt")
+
+
+@ckpt_app.command("warm-start")
+@exits_on("ckpt warm-start", checkpoint_errors)
+def ckpt_warm_start_cmd(
+    src: Path = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints)"),
+    dst: Path = typer.Argument(..., help="new directory for the warm-start checkpoint"),
+    keep: str = typer.Option("params,moments", "--keep", help="params, or params,moments (Adam moments and "
+                                                             "their bias-correction counter)"),
+    reset_step: bool = typer.Option(False, "--reset-step", help="step 0: restart the schedule, empty the "
+                                                                "skip-step window, drop the data state"),
+    step: Optional[int] = typer.Option(None, "--step", help="source step (default: the latest)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Write a checkpoint for `checkpoint.init_from=DST` that keeps parameters (and Adam moments)."""
+    from olmax.surgery import warm_start
+
+    summary = warm_start(src, dst, keep=tuple(k.strip() for k in keep.split(",") if k.strip()),
+                         reset_step=reset_step, step=step)
+    typer.echo(f"wrote {dst} (step {summary['step']}, kept {','.join(summary['keep'])}, Adam counter "
+               f"{summary['adam_count']}) from {src} step {summary['source_step']}; start the next stage "
+               f"with checkpoint.init_from={dst}")
+    write_json(json_out, summary)
+
+
+@ckpt_app.command("inspect")
+@exits_on("ckpt inspect", checkpoint_errors)
+def ckpt_inspect_cmd(
+    ckpt: Path = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints)"),
+    step: Optional[int] = typer.Option(None, "--step", help="default: the latest"),
+    against: Optional[Path] = typer.Option(None, "--against", help="another checkpoint directory: show the "
+                                                                    "config keys that differ"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Step, tokens, mesh, array shapes and dtypes, data state and config of a checkpoint."""
+    from olmax.surgery import inspect
+
+    r = inspect(ckpt, step=step, against=against)
+    meta = r["meta"]
+    typer.echo(f"{r['directory']} step {r['step']} (steps {r['steps']}); tokens seen {r['tokens_seen']}; "
+               f"mesh {meta.get('mesh')}; olmax {meta.get('olmax_version')}")
+    if "warm_start" in meta:
+        typer.echo(f"warm start: {meta['warm_start']}")
+    for group in ("params", "opt_state"):
+        typer.echo(f"{group}:")
+        for name, a in r[group].items():
+            typer.echo(f"  {name:60s} {str(tuple(a['shape'])):20s} {a['dtype']}")
+    typer.echo(f"data: {json.dumps(r['data'])}")
+    if against is not None:
+        typer.echo(f"config diff against {r['against']} (this -> other):" if r["config_diff"] else
+                   f"config identical to {r['against']}")
+        for key, (mine, theirs) in r["config_diff"].items():
+            typer.echo(f"  {key}: {mine!r} -> {theirs!r}")
+    write_json(json_out, r)

@@ -1,0 +1,79 @@
+"""Shared pieces of the `olmax` command line: the root app, the common options, JSON output, and
+the decorator that ends a command on a user error with a one-line message and exit status 2."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from olmax.config import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="OLMo 3 pre-training in JAX, with parity against OLMo-core built in.")
+
+
+RecipeOpt = typer.Option(None, "--recipe", help="named preset (olmax.recipes)")
+
+
+ConfigOpt = typer.Option(None, "--config", help="experiment YAML instead of a recipe")
+
+
+OverridesArg = typer.Argument(None, help="dotted overrides, e.g. model.n_layers=4")
+
+
+JsonOpt = typer.Option(None, "--json", help="also write the figures to this JSON file")
+
+
+@app.callback()
+def _root() -> None:
+    """OLMo 3 pre-training in JAX, with parity against OLMo-core built in."""
+
+
+def exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
+    """Decorator: the user errors `errors()` lists end the command with `label: message` (the message
+    names the file or field) and exit status 2, not a traceback. `errors` imports them only when one
+    is raised, so commands stay quick to start."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except errors() as e:
+                typer.echo(f"{label}: {e}", err=True)
+                raise typer.Exit(2) from None
+
+        return wrapper
+
+    return decorate
+
+
+def write_json(path: Optional[Path], payload: Any) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def checkpoint_errors():
+    from olmax.checkpoint import CheckpointError
+    from olmax.convert import ConversionError
+
+    return (ConversionError, CheckpointError, ConfigError)
+
+
+def data_errors():
+    from olmax.data.order import OrderError
+    from olmax.data.sources import DataSourceError
+    from olmax.data.tokenize import TokenizeError
+    from olmax.data.tokenizer import TokenizerError
+
+    return (DataSourceError, TokenizeError, TokenizerError, OrderError)
+
+
+def eval_errors():
+    # CheckpointError and the data errors are ValueErrors
+    return (ValueError, FileNotFoundError)

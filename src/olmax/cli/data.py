@@ -1,0 +1,131 @@
+"""`olmax tokenize | data order | data check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from olmax.cli.common import JsonOpt, app, data_errors, exits_on, write_json
+
+_fail_on_bad_data = exits_on("data error", data_errors)
+
+
+@app.command("tokenize")
+@_fail_on_bad_data
+def tokenize_cmd(
+    inputs: list[Path] = typer.Argument(..., help=".jsonl / .jsonl.gz / .jsonl.zst (a `text` field) or .txt files"),
+    out: Path = typer.Option(..., "--out", help="output directory for the shards and manifest.json"),
+    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a path to a HF tokenizer.json"),
+    workers: int = typer.Option(0, "--workers", help="encoding processes (0 = in this process)"),
+    shard_tokens: int = typer.Option(1 << 26, "--shard-tokens", help="tokens per shard (closed at a document end)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Tokenize text into raw token shards OLMo-core and olmax read (resumes an interrupted run)."""
+    from olmax.data.tokenize import tokenize_files
+
+    manifest = tokenize_files(inputs, out, tokenizer=tokenizer, workers=workers, shard_tokens=shard_tokens)
+    summary = {"out": str(out), "shards": len(manifest["shards"]), "tokens": manifest["total_tokens"],
+               "documents": sum(s["documents"] for s in manifest["sources"]), "dtype": manifest["dtype"]}
+    typer.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
+    write_json(json_out, manifest)
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Inspect training data: order of instances, file checks.")
+
+
+app.add_typer(data_app, name="data")
+
+
+def _data_config(paths, seq_len, seed, max_target, vocab_size, eos, pad, mix_base, work_dir):
+    from olmax.config import DataConfig
+
+    return DataConfig(paths=tuple(paths), seq_len=seq_len, seed=seed, max_target_seq_len=max_target,
+                      vocab_size=vocab_size, eos_token_id=eos, pad_token_id=pad, mix_base=mix_base,
+                      work_dir=work_dir or "")
+
+
+PathsOpt = typer.Option(..., "--paths", help="shards, globs, tokenize output dirs, mix files or demo (repeat the flag)")
+
+
+SeqLenOpt = typer.Option(8192, "--seq-len")
+
+
+MaxTargetOpt = typer.Option(None, "--max-target-seq-len", help="OLMo-core's max_target_sequence_length")
+
+
+VocabOpt = typer.Option(100278, "--vocab-size", help="tokenizer vocabulary (dolma2 by default)")
+
+
+EosOpt = typer.Option(100257, "--eos-id")
+
+
+PadOpt = typer.Option(100277, "--pad-id")
+
+
+MixBaseOpt = typer.Option(None, "--mix-base", help="base dir or URL of a mix file's paths")
+
+
+WorkDirOpt = typer.Option(None, "--work-dir", help="cache for the order memmap (default ~/.cache/olmax)")
+
+
+@data_app.command("order")
+@_fail_on_bad_data
+def data_order_cmd(
+    paths: list[str] = PathsOpt,
+    seq_len: int = SeqLenOpt,
+    seed: int = typer.Option(34521, "--seed"),
+    global_batch: int = typer.Option(..., "--global-batch-instances", help="instances per global batch"),
+    epoch: int = typer.Option(1, "--epoch", help="epochs count from 1"),
+    dp_size: int = typer.Option(1, "--dp-size"),
+    dp_rank: Optional[int] = typer.Option(None, "--dp-rank", help="one rank only (default: all)"),
+    steps: str = typer.Option("1:2", "--steps", help="a:b = steps a..b-1; step s (1-based) trains on batch s-1"),
+    max_target: Optional[int] = MaxTargetOpt,
+    vocab_size: int = VocabOpt,
+    eos: int = EosOpt,
+    pad: int = PadOpt,
+    mix_base: Optional[str] = MixBaseOpt,
+    work_dir: Optional[str] = WorkDirOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Which instances (file, token offset) each data-parallel rank saw at each step, as OLMo-core orders them."""
+    from olmax.data.loader import order_report
+
+    try:
+        a, b = (int(x) for x in steps.split(":"))
+    except ValueError:
+        raise typer.BadParameter(f"--steps {steps!r} is not of the form a:b") from None
+    cfg = _data_config(paths, seq_len, seed, max_target, vocab_size, eos, pad, mix_base, work_dir)
+    report = order_report(cfg, global_batch, range(a, b), epoch=epoch, dp_size=dp_size, dp_rank=dp_rank)
+    typer.echo(f"fingerprint {report['fingerprint']}  instances {report['instances']}  "
+               f"batches/epoch {report['batches_per_epoch']}")
+    for step in report["steps"]:
+        for rank in step["ranks"]:
+            shown = ", ".join(f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}"
+                              for i, f, o in list(zip(rank["ids"], rank["file"], rank["offset"]))[:4])
+            more = f", ... ({len(rank['ids'])} instances)" if len(rank["ids"]) > 4 else ""
+            typer.echo(f"step {step['step']} (batch {step['batch']}) rank {rank['rank']}: {shown}{more}")
+    write_json(json_out, report)
+
+
+@data_app.command("check")
+@_fail_on_bad_data
+def data_check_cmd(
+    paths: list[str] = PathsOpt,
+    seq_len: int = SeqLenOpt,
+    max_target: Optional[int] = MaxTargetOpt,
+    vocab_size: int = VocabOpt,
+    eos: int = EosOpt,
+    pad: int = PadOpt,
+    mix_base: Optional[str] = MixBaseOpt,
+    work_dir: Optional[str] = WorkDirOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Read every token of every file and check sizes, headers and ids against the vocabulary."""
+    from olmax.data.loader import build_source
+
+    cfg = _data_config(paths, seq_len, 0, max_target, vocab_size, eos, pad, mix_base, work_dir)
+    report = build_source(cfg).check_all()
+    typer.echo(" ".join(f"{k}={v}" for k, v in report.items()))
+    write_json(json_out, report)

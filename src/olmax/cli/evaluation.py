@@ -1,0 +1,205 @@
+"""`olmax eval loss | domains | tasks | kl`, `olmax compare`, `olmax verify`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from olmax.cli.common import JsonOpt, app, eval_errors, exits_on, write_json
+
+eval_app = typer.Typer(no_args_is_help=True, help="Held-out evaluation of checkpoints (docs/verification.md).")
+
+
+app.add_typer(eval_app, name="eval")
+
+
+_fail_on_bad_eval_input = exits_on("eval error", eval_errors)
+
+
+def _eval_data_config(work_dir: Optional[Path]):
+    from olmax.config import DataConfig
+
+    return DataConfig(work_dir=str(work_dir) if work_dir else "")
+
+
+EvalDataOpt = typer.Option(..., "--data", help="token shards, tokenize dirs, globs, demo:heldout, or .jsonl(.gz) text; repeatable")
+
+
+EvalWorkDirOpt = typer.Option(None, "--work-dir", help="cache for tokenized eval text (default $OLMAX_CACHE or ~/.cache/olmax)")
+
+
+EvalDtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)")
+
+
+@eval_app.command("loss")
+@_fail_on_bad_eval_input
+def eval_loss_cmd(
+    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    data: list[str] = EvalDataOpt,
+    seq_len: int = typer.Option(8192, "--seq-len"),
+    batch: int = typer.Option(8, "--batch", help="instances per eval batch (fixed whatever the device count)"),
+    max_batches: Optional[int] = typer.Option(None, "--max-batches", help="at most this many batches per data spec"),
+    step: Optional[int] = typer.Option(None, "--step", help="checkpoint step (default: the latest)"),
+    dtype: Optional[str] = EvalDtypeOpt,
+    loss_chunk: int = typer.Option(0, "--loss-chunk", help="sequence positions per output-layer chunk (0 = all)"),
+    work_dir: Optional[Path] = EvalWorkDirOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Held-out CE loss on fixed, identical batches (OLMo-core's evaluator loss)."""
+    from olmax.evals.heldout import eval_loss
+
+    report = eval_loss(str(ckpt), data, seq_len=seq_len, batch=batch, max_batches=max_batches,
+                       data_cfg=_eval_data_config(work_dir), step=step, compute_dtype=dtype, loss_chunk=loss_chunk)
+    for name, r in report["results"].items():
+        typer.echo(f"eval/{name}/CE loss {r['CE loss']:.6f}  PPL {r['PPL']:.4f}  tokens {r['tokens']}")
+    write_json(json_out, report)
+
+
+@eval_app.command("domains")
+@_fail_on_bad_eval_input
+def eval_domains_cmd(
+    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    data: Path = typer.Option(..., "--data", help="directory of held-out .jsonl(.gz) files, or one file"),
+    by: str = typer.Option("auto", "--by", help="auto (the `domain` field if present, else the file), field or file"),
+    seq_len: int = typer.Option(2048, "--seq-len", help="window length for long documents"),
+    batch: int = typer.Option(8, "--batch"),
+    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="at most this many documents per domain"),
+    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
+    step: Optional[int] = typer.Option(None, "--step"),
+    dtype: Optional[str] = EvalDtypeOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Per-domain loss, perplexity and bits per byte (Paloma-style), with macro and micro averages."""
+    from olmax.evals.domains import eval_domains, format_domains
+
+    report = eval_domains(str(ckpt), str(data), seq_len=seq_len, batch=batch, by=by, max_docs=max_docs,
+                          tokenizer=tokenizer, step=step, compute_dtype=dtype)
+    typer.echo(format_domains(report))
+    write_json(json_out, report)
+
+
+@eval_app.command("tasks")
+@_fail_on_bad_eval_input
+def eval_tasks_cmd(
+    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    tasks: str = typer.Option("mmlu,hellaswag,arc_easy,arc_challenge,openbookqa,piqa,boolq,winogrande", "--tasks",
+                              help="comma-separated lm-eval task names"),
+    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help="shots for every task (default: mmlu 5, others lm-eval's)"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="offline: DIR/<task>/<split>/*.arrow (MMLU: DIR/mmlu/<subject>/...)"),
+    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
+    batch: int = typer.Option(8, "--batch"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task (a smoke run)"),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="context length (default: the config's max_position)"),
+    step: Optional[int] = typer.Option(None, "--step"),
+    dtype: Optional[str] = EvalDtypeOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Downstream accuracy through lm-eval-harness (the `olmax` model; needs the `eval` extra)."""
+    try:
+        import lm_eval  # noqa: F401  (the eval extra)
+    except ImportError as e:
+        typer.echo(f"eval error: `olmax eval tasks` needs the eval extra (pip install -e '.[eval]'): {e}", err=True)
+        raise typer.Exit(2) from None
+    from olmax.evals.tasks import format_tasks, run_tasks
+
+    report = run_tasks(str(ckpt), [t for t in tasks.split(",") if t], num_fewshot=num_fewshot,
+                       data_dir=str(data_dir) if data_dir else None, tokenizer=tokenizer, batch_size=batch,
+                       limit=limit, max_length=max_length, step=step, dtype=dtype)
+    typer.echo(format_tasks(report))
+    write_json(json_out, report)
+
+
+@eval_app.command("kl")
+@_fail_on_bad_eval_input
+def eval_kl_cmd(
+    ckpt_a: Path = typer.Option(..., "--ckpt-a", help="reference olmax checkpoint (A in KL(A||B))"),
+    ckpt_b: Path = typer.Option(..., "--ckpt-b", help="olmax checkpoint compared with it"),
+    data: list[str] = EvalDataOpt,
+    seq_len: int = typer.Option(2048, "--seq-len"),
+    batch: int = typer.Option(4, "--batch"),
+    max_batches: Optional[int] = typer.Option(4, "--max-batches"),
+    buckets: Optional[str] = typer.Option(None, "--buckets", help="position bucket starts, e.g. 0,128,1024 (default 0,16,64,... x4)"),
+    step_a: Optional[int] = typer.Option(None, "--step-a"),
+    step_b: Optional[int] = typer.Option(None, "--step-b"),
+    dtype: Optional[str] = EvalDtypeOpt,
+    work_dir: Optional[Path] = EvalWorkDirOpt,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Per-token KL(A||B) (mean, median, p90, p99) and top-1 agreement, by position bucket."""
+    from olmax.evals.kl import eval_kl, format_kl
+
+    edges = [int(x) for x in buckets.split(",")] if buckets else None
+    report = eval_kl(str(ckpt_a), str(ckpt_b), data, seq_len=seq_len, batch=batch, max_batches=max_batches,
+                     buckets=edges, data_cfg=_eval_data_config(work_dir), step_a=step_a, step_b=step_b,
+                     compute_dtype=dtype)
+    typer.echo(format_kl(report))
+    write_json(json_out, report)
+
+
+@app.command("compare")
+def compare_cmd(
+    run_a: str = typer.Argument(..., help="run A: metrics.jsonl, a run dir (metrics.jsonl or TensorBoard events), or a W&B .csv"),
+    run_b: str = typer.Argument(..., help="run B, in any of the same forms"),
+    out: Path = typer.Option(..., "--out", help="directory for overlay.png, paired_diff.png, compare.md, compare.json"),
+    metric: str = typer.Option("train/CE loss", "--metric", help="metric name as logged (OLMo-core W&B names)"),
+    ref_csv: Optional[str] = typer.Option(None, "--ref-csv", help="W&B CSV export of a reference run, drawn and tabled too"),
+    bin_size: int = typer.Option(2000, "--bin", help="steps per bin"),
+    smooth: int = typer.Option(1, "--smooth", help="trailing moving average over this many bins"),
+    landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps for the gap table, e.g. 1000,5000 (default: 8 spread bins)"),
+    tolerance: float = typer.Option(0.0, "--tolerance", help="paired diff: largest |B - A| still counted as equal"),
+    label_a: Optional[str] = typer.Option(None, "--label-a"),
+    label_b: Optional[str] = typer.Option(None, "--label-b"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Two runs side by side: binned overlay with a gap panel, gap table at landmarks, per-step paired diff."""
+    from olmax.evals.compare import compare_runs
+
+    try:
+        report = compare_runs(run_a, run_b, out, metric=metric, bin_size=bin_size, smooth=smooth,
+                              landmarks=[int(x) for x in landmarks.split(",")] if landmarks else None,
+                              ref_csv=ref_csv, label_a=label_a, label_b=label_b, tolerance=tolerance)
+    except (ValueError, FileNotFoundError) as e:  # RunFormatError is a ValueError
+        typer.echo(f"compare error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo((out / "compare.md").read_text(), nl=False)
+    write_json(json_out, report)
+
+
+@app.command("verify")
+@exits_on("verify error", lambda: (ValueError, FileNotFoundError))  # CheckpointError is a ValueError
+def verify_cmd(
+    a: Path = typer.Option(..., "--a", help="run A: a run directory (its checkpoints/) or a checkpoint directory"),
+    b: Path = typer.Option(..., "--b", help="run B, in either form"),
+    out: Path = typer.Option(..., "--out", help="directory for verify.md, verify.json and the PNGs"),
+    landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps, e.g. 1000,5000 (default: every step both hold)"),
+    data: list[str] = typer.Option(["demo:heldout"], "--data", help="held-out data for loss and KL (as `eval loss`); repeatable"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="default: the model's max_position"),
+    batch: int = typer.Option(8, "--batch"),
+    max_batches: Optional[int] = typer.Option(4, "--max-batches"),
+    domains: Optional[str] = typer.Option(None, "--domains", help="held-out jsonl directory for per-domain loss (as `eval domains`)"),
+    by: str = typer.Option("auto", "--by", help="domain grouping: auto, field or file"),
+    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="at most this many documents per domain"),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="comma-separated lm-eval tasks (skipped without lm-eval)"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="offline task data (as `eval tasks`)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task"),
+    sigmas: float = typer.Option(2.0, "--sigmas", help="verdict rule: |delta| <= this many sigma is within noise"),
+    kl_floor: float = typer.Option(1.5e-3, "--kl-floor", help="mean KL (nats) at or below which KL is within noise"),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="cache for tokenized eval text"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Compare A and B at step-aligned landmarks on held-out loss, domains, tasks and KL: one report."""
+    from olmax.evals.verify import SURFACE_NAMES, rules, verify
+
+    report = verify(a, b, out, landmarks=[int(s) for s in landmarks.split(",") if s] if landmarks else None,
+                    data=data, seq_len=seq_len, batch=batch, max_batches=max_batches, domains=domains, by=by,
+                    max_docs=max_docs, tasks=[t for t in tasks.split(",") if t] if tasks else None,
+                    data_dir=str(data_dir) if data_dir else None, limit=limit, sigmas=sigmas, kl_floor=kl_floor,
+                    data_cfg=_eval_data_config(work_dir))
+    for surface, v in report["verdicts"].items():
+        typer.echo(f"{SURFACE_NAMES[surface]:24s} {v:14s} ({rules(report)[surface]})")
+    if report["tasks_skipped"]:
+        typer.echo(f"tasks skipped: {report['tasks_skipped']}")
+    typer.echo(f"report: {out / 'verify.md'}")
+    write_json(json_out, report)

@@ -1,0 +1,120 @@
+"""`olmax config | train | demo | flops | compile-check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, write_json
+from olmax.config import save_yaml, to_yaml
+
+
+@app.command("config")
+def config_cmd(
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    save: Optional[Path] = typer.Option(None, "--save", help="write the resolved config as YAML"),
+):
+    """Print the resolved experiment config (a recipe or YAML file plus overrides)."""
+    from olmax.recipes import resolve
+
+    cfg = resolve(recipe, config, overrides or [])
+    typer.echo(to_yaml(cfg), nl=False)
+    if save is not None:
+        save_yaml(cfg, save)
+
+
+@app.command("train")
+def train_cmd(
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    run_dir: Path = typer.Option(..., "--run-dir", help="logs, config and checkpoints; rerun to resume"),
+    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="end after this step (with a checkpoint); "
+                                                                   "the schedule's horizon is unchanged"),
+    chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: logs MFU"),
+    allow_data_change: bool = typer.Option(False, "--allow-data-change",
+                                           help="resume even though the data fingerprint changed"),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change",
+                                             help="resume even though the global batch or sequence length changed"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and exit"),
+):
+    """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
+    from olmax.recipes import resolve
+
+    cfg = resolve(recipe, config, overrides or [])
+    if dry_run:
+        typer.echo(to_yaml(cfg), nl=False)
+        return
+    from olmax.flops import resolve_peak
+    from olmax.train import train
+
+    rows = train(cfg, run_dir, stop_at=stop_at, peak_tflops=resolve_peak(None, chip),
+                 allow_data_change=allow_data_change, allow_config_change=allow_config_change)
+    if rows:
+        typer.echo(f"steps {rows[0]['step']}..{rows[-1]['step']}: CE loss {rows[0]['train/CE loss']:.4f} -> "
+                   f"{rows[-1]['train/CE loss']:.4f}; logs and checkpoints in {run_dir}")
+    else:
+        typer.echo(f"nothing to do: {run_dir} is already at or past the last step")
+
+
+@app.command("demo")
+def demo_cmd(
+    run_dir: Path = typer.Option(Path("runs/demo"), "--run-dir", help="where the demo run goes"),
+    overrides: Optional[list[str]] = OverridesArg,
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Train the tiny OLMo 3 on the embedded corpus (CPU), evaluate held-out loss, plot the curve."""
+    from olmax.demo import format_summary, run_demo
+
+    summary = run_demo(run_dir, overrides or [])
+    typer.echo(format_summary(summary))
+    write_json(json_out, summary)
+
+
+@app.command("flops")
+def flops_cmd(
+    model: str = typer.Option(..., "--model", help="recipe name (olmax.recipes) whose model is counted"),
+    seq_len: int = typer.Option(..., "--seq-len", help="tokens per sequence"),
+    per_device_batch: int = typer.Option(..., "--per-device-batch", help="sequences per device per step"),
+    devices: int = typer.Option(1, "--devices", help="JAX devices in the run (for tokens per step)"),
+    peak: Optional[float] = typer.Option(None, "--peak", help="peak dense bf16 TFLOP/s per device"),
+    chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood (per-device peak)"),
+    step_time: Optional[float] = typer.Option(None, "--step-time", help="measured seconds per step (gives MFU)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """TFLOP per device per step (MaxText's convention and the exact count) and the MFU a step time implies."""
+    from olmax.flops import flops_report, format_report, resolve_peak
+    from olmax.recipes import get_recipe
+
+    report = flops_report(
+        get_recipe(model).model, seq_len=seq_len, per_device_batch=per_device_batch, devices=devices,
+        peak_tflops=resolve_peak(peak, chip), step_time=step_time,
+    )
+    report = {"model": model, "chip": chip, **report}
+    typer.echo(format_report(report))
+    write_json(json_out, report)
+
+
+@app.command("compile-check")
+def compile_check_cmd(
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    devices: int = typer.Option(8, "--devices", help="fake CPU devices to compile for (ignored on accelerators)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Compile the recipe's real train step with abstract arrays; print per-device memory (XLA)."""
+    import os
+
+    # Must precede the first jax import: the CPU backend reads it once.
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    from olmax.compile_check import compile_report, format_report
+    from olmax.recipes import resolve
+
+    report = compile_report(resolve(recipe, config, overrides or []))
+    typer.echo(format_report(report))
+    write_json(json_out, report)
