@@ -23,8 +23,6 @@ short documents do not pay for a full `seq_len` row.
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from olmax.data.tokenizer import load_tokenizer
+from olmax.evals.jsonl import read_jsonl
 from olmax.evals.scoring import TokenScorer, eval_mesh, load_checkpoint
 from olmax.loss import IGNORE
 
@@ -59,18 +58,10 @@ def _file_domain(path: Path) -> str:
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict]]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} line {line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ValueError(f"{path} line {line_no}: no string `text` field")
-            yield line_no, record
+    for line_no, record in read_jsonl(path):
+        if not isinstance(record.get("text"), str):
+            raise ValueError(f"{path} line {line_no}: no string `text` field")
+        yield line_no, record
 
 
 def read_domains(data: str | Path, by: str = "auto", max_docs: Optional[int] = None) -> dict[str, list[str]]:

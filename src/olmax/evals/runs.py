@@ -18,7 +18,6 @@ logs the steps after it again) keeps its LAST value: that is the one the run con
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 import struct
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from olmax.evals.jsonl import read_jsonl
 
 
 class RunFormatError(ValueError):
@@ -49,19 +50,12 @@ def _finish(points: dict[str, dict[int, float]]) -> dict[str, Series]:
 
 def read_metrics_jsonl(path: Path) -> dict[str, Series]:
     points: dict[str, dict[int, float]] = {}
-    with open(path) as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RunFormatError(f"{path} line {line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise RunFormatError(f"{path} line {line_no}: no integer `step` field")
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    points.setdefault(key, {})[record["step"]] = float(value)
+    for line_no, record in read_jsonl(path, RunFormatError):
+        if not isinstance(record.get("step"), int):
+            raise RunFormatError(f"{path} line {line_no}: no integer `step` field")
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                points.setdefault(key, {})[record["step"]] = float(value)
     return _finish(points)
 
 

@@ -253,10 +253,10 @@ def _pm(r: dict, fmt: str = ".4f") -> str:
 
 def format_report(report: dict) -> str:
     rows, rule = report["rows"], rules(report)
-    lines = [f"# olmax verify", "", f"- A: `{report['a']}`", f"- B: `{report['b']}`",
+    lines = ["# olmax verify", "", f"- A: `{report['a']}`", f"- B: `{report['b']}`",
              f"- landmarks (steps): {', '.join(map(str, report['landmarks']))}",
              f"- held-out data: {', '.join(report['data'])} ({report['instances']} instances x {report['seq_len']} tokens)",
-             f"- deltas are B - A, shown as delta ± sigma", "", "## Verdicts", "",
+             "- deltas are B - A, shown as delta ± sigma", "", "## Verdicts", "",
              "| surface | verdict | rule |", "|---|---|---|"]
     cell = lambda text: text.replace("|", "\\|")  # a bare | would split the markdown cell
     lines += [f"| {cell(SURFACE_NAMES[s])} | **{v}** | {cell(rule[s])} |" for s, v in report["verdicts"].items()]
