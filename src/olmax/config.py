@@ -20,6 +20,7 @@ ATTENTION_BACKENDS = ("xla", "cudnn", "splash")
 REMAT_POLICIES = ("none", "full", "save_dots")
 ROPE_TYPES = ("default", "yarn")
 YARN_LAYERS = ("global", "all")
+WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 
 
 class ConfigError(ValueError):
@@ -178,7 +179,7 @@ class TrainerConfig:
     # never materialised (recomputed in the backward pass); 0 = one chunk. Must divide data.seq_len.
     loss_chunk: int = 0
     max_steps: int = 1000
-    log_every: int = 1
+    log_every: int = 1  # a plain progress line every N steps when not on a terminal (metrics.jsonl has every step)
     seed: int = 0
 
 
@@ -207,6 +208,19 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    # disabled: no W&B run; online: log to the W&B server; offline: write RUN_DIR/wandb/ only (no network;
+    # upload later with `wandb sync`). Needs the `wandb` extra.
+    mode: str = "disabled"
+    project: str = "olmax"
+    entity: Optional[str] = None
+    name: Optional[str] = None  # default: the run directory's name
+
+    def __post_init__(self):
+        _check_choice("wandb.mode", self.mode, WANDB_MODES)
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "olmo3_7b"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -217,6 +231,7 @@ class ExperimentConfig:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 C = TypeVar("C")
@@ -245,6 +260,10 @@ def apply_overrides(cfg: C, overrides: Sequence[str]) -> C:
 
 def to_yaml(cfg) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
 
 
 def save_yaml(cfg, path: str | Path) -> None:

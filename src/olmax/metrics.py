@@ -1,17 +1,28 @@
-"""Where training metrics go: `RUN_DIR/metrics.jsonl` (one JSON object per step) and TensorBoard
-scalars in `RUN_DIR/tensorboard/`, both under OLMo-core's W&B metric names so curves of the two
-frameworks overlay one to one (olmax compare reads either).
+"""Where training metrics go: `RUN_DIR/metrics.jsonl` (one JSON object per step), TensorBoard scalars
+in `RUN_DIR/tensorboard/`, optionally a W&B run (`wandb.mode=online|offline`), all under OLMo-core's
+W&B metric names so curves of the two frameworks overlay one to one (olmax compare reads any of them);
+and the live view: a progress bar with tokens/s and ETA on a terminal, plain log lines otherwise.
+
+A resumed run continues metrics.jsonl from the restored step: rows of steps after it (logged by an
+attempt that died before its next checkpoint) are dropped first, so the file reads like one
+uninterrupted run. TensorBoard and W&B keep such re-logged steps; their readers take the last value.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 from tensorboardX import SummaryWriter
+from tqdm import tqdm
 
-from olmax.config import ExperimentConfig
+from olmax.config import ConfigError, ExperimentConfig, WandbConfig, to_dict
+from olmax.evals.jsonl import read_jsonl
 from olmax.flops import exact_step_flops
 
 # olmax train_step metric -> OLMo-core name
@@ -28,11 +39,16 @@ TB_ALIASES = {"optim/step skipped": "optim/step_skipped", "throughput/total toke
 
 class MetricsLog:
     """Appends one record per step to metrics.jsonl (flushed, so a killed run keeps what it logged)
-    and mirrors each number to TensorBoard."""
+    and mirrors each number to TensorBoard and, when enabled, W&B. `start_step`: the step the run
+    (re)starts from; logged rows after it are dropped."""
 
-    def __init__(self, run_dir: Path, cfg: ExperimentConfig, n_devices: int, peak_tflops: Optional[float] = None):
-        self._jsonl = open(run_dir / "metrics.jsonl", "a")
+    def __init__(self, run_dir: Path, cfg: ExperimentConfig, n_devices: int, peak_tflops: Optional[float] = None,
+                 *, start_step: int = 0):
+        path = run_dir / "metrics.jsonl"
+        _drop_rows_after(path, start_step)
+        self._jsonl = open(path, "a")
         self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self._wandb = _WandbRun(cfg, run_dir) if cfg.wandb.mode != "disabled" else None
         step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, cfg.trainer.global_batch)
         self._tflop_per_device_step = step_flops.total / n_devices / 1e12
         self._tokens_per_device_step = cfg.trainer.global_batch * cfg.data.seq_len / n_devices
@@ -60,13 +76,99 @@ class MetricsLog:
                 self._tb.add_scalar(name, value, step)
                 if name in TB_ALIASES:
                     self._tb.add_scalar(TB_ALIASES[name], value, step)
+        if self._wandb is not None:
+            self._wandb.log(row)
         return row
 
     def close(self) -> None:
         self._jsonl.close()
         self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of RUN_DIR/metrics.jsonl, in order."""
+    return [row for _, row in read_jsonl(Path(run_dir) / "metrics.jsonl", ValueError)]
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Keep the rows of steps <= `step`, rewriting the file atomically (a kill mid-way leaves the old file)."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+    if len(kept) < len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+
+
+def _step_of(line: str) -> Optional[int]:
+    """The step of one metrics.jsonl line; None for a line cut short by a kill."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+class _WandbRun:
+    """One W&B run per run directory: its id is kept in RUN_DIR/wandb_id, so a resumed run appends to
+    the same W&B run. `offline` writes RUN_DIR/wandb/offline-run-* and needs no network (upload
+    later with `wandb sync`). The `wandb` package comes with the `wandb` extra."""
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path):
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError(f"wandb.mode={cfg.wandb.mode} needs the wandb package: "
+                              "pip install 'olmax[wandb]'") from None
+        w: WandbConfig = cfg.wandb
+        id_file = run_dir / "wandb_id"
+        if not id_file.exists():
+            id_file.write_text(secrets.token_hex(4) + "\n")
+        self._run = wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.name,
+                               id=id_file.read_text().strip(), resume="allow", mode=w.mode,
+                               dir=str(run_dir), config=to_dict(cfg))
+
+    def log(self, row: dict) -> None:
+        self._run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class Progress:
+    """Steps, loss, tokens/s and ETA: a tqdm bar when stderr is a terminal, otherwise one plain line
+    every `every` steps (log files and CI output stay readable). Tokens/s and ETA use wall time since
+    the first logged step, so compilation does not count."""
+
+    def __init__(self, start: int, last: int, tokens_per_step: int, *, enabled: bool = True, every: int = 1,
+                 terminal: Optional[bool] = None):
+        self._start, self._last, self._tokens, self._every = start, last, tokens_per_step, max(every, 1)
+        self._terminal = sys.stderr.isatty() if terminal is None else terminal
+        self._enabled = enabled
+        self._bar = tqdm(total=last, initial=start, desc="train", unit="step", dynamic_ncols=True,
+                         disable=not (enabled and self._terminal))
+        self._t0 = self._first = None
+
+    def update(self, row: dict) -> None:
+        step, now = row["step"], time.perf_counter()
+        if self._t0 is None:
+            self._t0, self._first = now, step
+        done = step - self._first
+        rate = done / (now - self._t0) if done else 0.0  # steps/s after the first logged step
+        tok_s = rate * self._tokens
+        self._bar.set_postfix(loss=f"{row['train/CE loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        self._bar.update(1)
+        if self._enabled and not self._terminal and (step % self._every == 0 or step == self._last):
+            eta = f"{(self._last - step) / rate:.0f}s" if rate else "?"
+            print(f"step {step}/{self._last} | CE loss {row['train/CE loss']:.4f} | lr {row['optim/LR']:.3e} | "
+                  f"{tok_s:,.0f} tok/s | eta {eta}", flush=True)
+
+    def write(self, message: str) -> None:
+        if self._enabled:
+            self._bar.write(message)
+
+    def close(self) -> None:
+        self._bar.close()

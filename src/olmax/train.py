@@ -16,13 +16,12 @@ from typing import Optional, Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
-from tqdm import tqdm
 
 from olmax.checkpoint import RunCheckpoints, load_params
 from olmax.config import ConfigError, ExperimentConfig, save_yaml
 from olmax.data.loader import make_loader
 from olmax.evals.heldout import HeldoutEvaluator
-from olmax.metrics import MetricsLog
+from olmax.metrics import MetricsLog, Progress
 from olmax.sharding import make_mesh, tree_shardings
 from olmax.surgery import is_warm_start, load_warm_start
 from olmax.model.olmo3 import ParamSpec, param_specs
@@ -65,10 +64,11 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
         step_fn = make_train_step(cfg, mesh)
         to_global = batch_sharding(cfg, mesh)
         mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
-        log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops)
+        log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops, start_step=start)
         evaluator = HeldoutEvaluator(cfg, mesh)
         batches = iter(loader)
-        bar = tqdm(total=last, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+        bar = Progress(start, last, cfg.trainer.global_batch * cfg.data.seq_len, enabled=progress,
+                       every=cfg.trainer.log_every)
         try:
             pending = None  # the previous step's metrics, read after the next step is dispatched (no host sync)
             t_last = time.perf_counter()
@@ -140,7 +140,7 @@ def _arch(m) -> tuple:
             m.sliding_window, m.global_every)
 
 
-def _log(pending, log: MetricsLog, rows: list, bar, t_last: float, extra=dict) -> None:
+def _log(pending, log: MetricsLog, rows: list, bar: Progress, t_last: float, extra=dict) -> None:
     """Record one step: waits for that step's metrics only, then adds `extra()` (e.g. evaluations)."""
     step, metrics, repeats = pending
     metrics = jax.device_get(metrics)
@@ -148,5 +148,4 @@ def _log(pending, log: MetricsLog, rows: list, bar, t_last: float, extra=dict) -
     row = log.record(step, metrics, total_tokens=int(step * metrics["tokens"]), step_time=step_time,
                      repeats=repeats, extra=extra())
     rows.append(row)
-    bar.set_postfix(loss=f"{row['train/CE loss']:.3f}", lr=f"{row['optim/LR']:.2e}", refresh=False)
-    bar.update(1)
+    bar.update(row)
