@@ -122,3 +122,65 @@ def test_cli_writes_the_report(runs):
     bad = CliRunner().invoke(app, ["verify", "--a", str(runs["dir"] / "a"), "--b", str(runs["dir"] / "b"),
                                    "--landmarks", "15", "--out", str(out), "--data", runs["shard"]])
     assert bad.exit_code == 2 and "landmark steps [15] are not in A" in bad.output
+
+
+def test_one_run_at_two_steps(runs):
+    """Single checkpoints (step directories) are compared as given: here A at step 10 against C at 20."""
+    out = runs["dir"] / "pair"
+    r = verify(runs["dir"] / "a" / "checkpoints" / "10", runs["dir"] / "c" / "checkpoints" / "20", out,
+               data=[runs["shard"]], seq_len=SEQ, batch=4, max_batches=1, data_cfg=runs["data_cfg"])
+    assert (r["landmarks"], r["landmarks_b"]) == ([10], [20])
+    alone = eval_loss(str(runs["dir"] / "c" / "checkpoints"), [runs["shard"]], seq_len=SEQ, batch=4,
+                      max_batches=1, data_cfg=runs["data_cfg"], step=20)["results"]["000000"]
+    assert r["rows"][0]["heldout"]["b"] == pytest.approx(alone["CE loss"], rel=1e-9)
+    assert r["verdicts"]["heldout"] == DIFFERS
+    assert "| 10 vs 20 |" in (out / "verify.md").read_text()
+    # one side a single checkpoint: the run on the other side is taken at the same step
+    same = verify(runs["dir"] / "a", runs["dir"] / "b" / "checkpoints" / "20", runs["dir"] / "pair2",
+                  data=[runs["shard"]], seq_len=SEQ, batch=4, max_batches=1, data_cfg=runs["data_cfg"])
+    assert (same["landmarks"], same["landmarks_b"]) == ([20], [20]) and same["verdicts"]["heldout"] == WITHIN
+    with pytest.raises(ValueError, match="--landmarks applies to runs"):
+        verify(runs["dir"] / "a" / "checkpoints" / "10", runs["dir"] / "b", out, landmarks=[10])
+
+
+@pytest.mark.slow  # ~1 min: lm-eval's start-up and four task runs
+def test_tasks_surface_end_to_end(runs):
+    """--tasks inside verify: lm-eval runs offline on local copies (arc_easy's and google/boolq's
+    columns); identical checkpoints agree exactly, and A's accuracies are what `eval tasks` reports."""
+    pytest.importorskip("lm_eval")
+    import pyarrow as pa
+
+    from olmax.evals.tasks import run_tasks
+
+    data_dir = runs["dir"] / "task_data"
+    arc = [{"id": str(i), "question": q, "choices": {"text": c, "label": ["A", "B", "C"]}, "answerKey": k}
+           for i, (q, c, k) in enumerate([("Where does the sun rise?", ["north", "east", "down"], "B"),
+                                          ("What do plants need?", ["light", "sand", "noise"], "A"),
+                                          ("What is ice?", ["fire", "frozen water", "air"], "B")])]
+    boolq = [{"question": "is water wet", "answer": True, "passage": "Water is a liquid."},
+             {"question": "is fire cold", "answer": False, "passage": "Fire is hot."},
+             {"question": "do fish swim", "answer": True, "passage": "Fish live in water."}]
+    for task, rows in (("arc_easy", arc), ("boolq", boolq)):
+        split = data_dir / task / "validation"
+        split.mkdir(parents=True)
+        table = pa.Table.from_pylist(rows)
+        with pa.OSFile(str(split / "data-00000-of-00001.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+            w.write_table(table)
+    kw = dict(landmarks=[20], data=[runs["shard"]], seq_len=SEQ, batch=4, max_batches=1, data_cfg=runs["data_cfg"],
+              tasks=["arc_easy", "boolq"], data_dir=str(data_dir))
+    same = verify(runs["dir"] / "a", runs["dir"] / "b", runs["dir"] / "tasks_same", **kw)
+    assert same["verdicts"]["tasks"] == WITHIN
+    for t in list(same["rows"][0]["tasks"]["tasks"].values()) + [same["rows"][0]["tasks"]["macro"]]:
+        assert t["delta"] == 0.0
+    alone = run_tasks(str(runs["dir"] / "a" / "checkpoints"), ["arc_easy", "boolq"], data_dir=str(data_dir), step=20)
+    for task in ("arc_easy", "boolq"):
+        assert same["rows"][0]["tasks"]["tasks"][task]["a"] == alone["tasks"][task]["acc"]
+    # lm-eval's boolq reads super_glue's `label`: the local google/boolq `answer` becomes it (yes = 1)
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from olmax.evals.lm_eval_adapter import offline_datasets
+
+    with offline_datasets(data_dir):
+        boolq_task = get_task_dict(["boolq"], TaskManager())["boolq"]
+    assert [boolq_task.doc_to_target(d) for d in boolq_task.validation_docs()] == [1, 0, 1]
+    assert "## Task accuracy (lm-eval)" in (runs["dir"] / "tasks_same" / "verify.md").read_text()

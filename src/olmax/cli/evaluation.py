@@ -170,8 +170,10 @@ def compare_cmd(
 @app.command("verify")
 @exits_on("verify error", lambda: (ValueError, FileNotFoundError))  # CheckpointError is a ValueError
 def verify_cmd(
-    a: Path = typer.Option(..., "--a", help="run A: a run directory (its checkpoints/) or a checkpoint directory"),
-    b: Path = typer.Option(..., "--b", help="run B, in either form"),
+    a: Path = typer.Option(..., "--a", help="run A: a run directory (its checkpoints/), a checkpoint directory, "
+                                            "or one checkpoint (a step directory, e.g. run/checkpoints/40)"),
+    b: Path = typer.Option(..., "--b", help="run B, in any of those forms; two single checkpoints are compared "
+                                            "as given, whatever their steps"),
     out: Path = typer.Option(..., "--out", help="directory for verify.md, verify.json and the PNGs"),
     landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps, e.g. 1000,5000 (default: every step both hold)"),
     data: list[str] = typer.Option(["demo:heldout"], "--data", help="held-out data for loss and KL (as `eval loss`); repeatable"),

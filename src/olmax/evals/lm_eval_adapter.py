@@ -23,6 +23,8 @@ Offline tasks: `offline_datasets(data_dir)` makes lm-eval read each task's datas
 instead of the hub: `DATA_DIR/<task>/<split>/*.arrow` (HF `datasets` arrow stream files, as
 `save_to_disk` writes them) or `DATA_DIR/<task>/<split>.jsonl`, and for task families whose subtasks
 share one dataset path, `DATA_DIR/<family>/<dataset_name>/...` (MMLU: `mmlu/anatomy/dev/*.arrow`).
+A copy of another hub version of a dataset is mapped to the columns the task reads (boolq: google/boolq's
+`answer` -> super_glue's `label`).
 """
 
 from __future__ import annotations
@@ -195,8 +197,18 @@ def local_dataset(data_dir: Path, task: str, dataset_name: Optional[str]):
             if root.is_dir() else {}
         splits.update({p.stem: p for p in sorted(root.glob("*.jsonl"))} if root.is_dir() else {})
         if splits:
-            return datasets.DatasetDict({name: _read_split(p) for name, p in splits.items()})
+            found = datasets.DatasetDict({name: _read_split(p) for name, p in splits.items()})
+            return _to_task_schema(task, found)
     return None
+
+
+def _to_task_schema(task: str, found):
+    """Local copies of another hub version of a task's dataset, renamed to the columns lm-eval's task
+    reads. boolq: google/boolq (`answer`: bool, as in ../shared/data/evals) -> super_glue/boolq
+    (`label`: 0 = no, 1 = yes), the copy lm-eval's boolq task is written for."""
+    if task == "boolq" and all("answer" in d.column_names and "label" not in d.column_names for d in found.values()):
+        return found.map(lambda doc: {"label": int(doc["answer"])})
+    return found
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 landmarks, with one verdict per surface (docs/verification.md, "One report: olmax verify").
 
 At each landmark step the checkpoints of A and B at that step are loaded once and scored on
-identical inputs:
+identical inputs (A and B may also be single checkpoints, e.g. one run at two steps: then that one
+pair is compared):
 
 - held-out loss (olmax.evals.heldout's instances and loss, padded vocabulary),
 - per-domain loss and bits per byte (olmax.evals.domains; only with `domains`),
@@ -51,31 +52,43 @@ KL_FLOOR = 1.5e-3
 WITHIN, DIFFERS, UNDETERMINED = "within noise", "differs", "undetermined"
 
 
-def checkpoint_dir(path: str | Path) -> Path:
-    """A run directory's `checkpoints/`, or `path` itself when it is a checkpoint directory."""
+def checkpoint_source(path: str | Path) -> tuple[Path, Optional[int]]:
+    """(checkpoint directory, None) for a run directory or its `checkpoints/`; (checkpoint directory,
+    step) for one checkpoint, i.e. a step sub-directory such as `run/checkpoints/40`."""
     path = Path(path)
+    if path.name.isdigit() and path.is_dir() and int(path.name) in checkpoint_steps(path.parent):
+        return path.parent, int(path.name)
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
     if not path.is_dir() or not checkpoint_steps(path):
-        raise FileNotFoundError(f"{path} is neither a run directory with checkpoints/ nor a checkpoint "
-                                f"directory (no step sub-directories)")
-    return path
+        raise FileNotFoundError(f"{path} is neither a run directory with checkpoints/, a checkpoint directory "
+                                f"(step sub-directories) nor one step of one")
+    return path, None
 
 
-def resolve_landmarks(ckpt_a: Path, ckpt_b: Path, landmarks: Optional[Sequence[int]]) -> list[int]:
-    """The requested steps, each present in both directories (default: every step both hold)."""
+def resolve_landmarks(ckpt_a: Path, ckpt_b: Path, landmarks: Optional[Sequence[int]],
+                      step_a: Optional[int] = None, step_b: Optional[int] = None) -> list[tuple[int, int]]:
+    """The (A step, B step) pairs to compare. Runs: the requested steps, each present in both (default:
+    every step both hold). A single checkpoint on one side fixes the step on both; single checkpoints
+    on both sides are compared as given, whatever their steps (e.g. one run at two steps)."""
+    if step_a is not None or step_b is not None:
+        if landmarks is not None:
+            raise ValueError("--landmarks applies to runs; A or B is a single checkpoint (a step directory)")
+        if step_a is not None and step_b is not None:
+            return [(step_a, step_b)]
+        landmarks = [step_a if step_a is not None else step_b]
     steps_a, steps_b = checkpoint_steps(ckpt_a), checkpoint_steps(ckpt_b)
     if landmarks is None:
         common = sorted(set(steps_a) & set(steps_b))
         if not common:
             raise ValueError(f"{ckpt_a} (steps {steps_a}) and {ckpt_b} (steps {steps_b}) share no step")
-        return common
+        return [(s, s) for s in common]
     for name, ckpt, steps in (("A", ckpt_a, steps_a), ("B", ckpt_b, steps_b)):
         missing = [s for s in landmarks if s not in steps]
         if missing:
             raise ValueError(f"landmark steps {missing} are not in {name} = {ckpt} (it has steps {steps}); "
                              f"train with checkpoint.keep large enough to keep them")
-    return sorted(set(landmarks))
+    return [(s, s) for s in sorted(set(landmarks))]
 
 
 def paired_delta(nll_a: np.ndarray, nll_b: np.ndarray, tokens: np.ndarray) -> dict:
@@ -164,8 +177,8 @@ def verify(a: str | Path, b: str | Path, out: str | Path, *, landmarks: Optional
     into `out`, and return the report (see the module doc)."""
     if sigmas <= 0 or kl_floor < 0:
         raise ValueError(f"--sigmas must be positive and --kl-floor non-negative, got {sigmas} and {kl_floor}")
-    ckpt_a, ckpt_b = checkpoint_dir(a), checkpoint_dir(b)
-    steps = resolve_landmarks(ckpt_a, ckpt_b, landmarks)
+    (ckpt_a, step_a), (ckpt_b, step_b) = checkpoint_source(a), checkpoint_source(b)
+    pairs = resolve_landmarks(ckpt_a, ckpt_b, landmarks, step_a, step_b)
     mesh = mesh or eval_mesh()
     text_domains = read_domains(domains, by, max_docs) if domains else None
     run_tasks_now = bool(tasks) and lm_eval_available()
@@ -178,9 +191,9 @@ def verify(a: str | Path, b: str | Path, out: str | Path, *, landmarks: Optional
         return scorers[key]
 
     rows, instances = [], None
-    for step in steps:
+    for step, step_b in pairs:
         params_a, cfg_a, _ = load_checkpoint(ckpt_a, mesh, step=step)
-        params_b, cfg_b, _ = load_checkpoint(ckpt_b, mesh, step=step)
+        params_b, cfg_b, _ = load_checkpoint(ckpt_b, mesh, step=step_b)
         if instances is None:
             length = seq_len or cfg_a.max_position
             instances = load_instances(list(data), replace(data_cfg or DataConfig(), seq_len=length),
@@ -193,7 +206,7 @@ def verify(a: str | Path, b: str | Path, out: str | Path, *, landmarks: Optional
         kl = {key: kl[key] for key in ("tokens", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max",
                                        "top1_agreement")}
         kl["verdict"] = WITHIN if kl["kl_mean"] <= kl_floor else DIFFERS
-        row = {"step": step, "heldout": heldout, "kl": kl}
+        row = {"step": step, "step_b": step_b, "heldout": heldout, "kl": kl}
         if text_domains is not None:
             score = lambda p, c: document_scores(scorer(c, True), p, text_domains, seq_len=instances.shape[1],
                                                  batch=batch, tokenizer=tokenizer)
@@ -202,13 +215,14 @@ def verify(a: str | Path, b: str | Path, out: str | Path, *, landmarks: Optional
         if run_tasks_now:
             from olmax.evals.tasks import run_tasks
 
-            run = lambda ckpt: run_tasks(str(ckpt), list(tasks), data_dir=data_dir, tokenizer=tokenizer,
-                                         batch_size=batch, limit=limit, step=step)
-            row["tasks"] = compare_tasks(run(ckpt_a), run(ckpt_b), sigmas)
+            run = lambda ckpt, at: run_tasks(str(ckpt), list(tasks), data_dir=data_dir, tokenizer=tokenizer,
+                                             batch_size=batch, limit=limit, step=at)
+            row["tasks"] = compare_tasks(run(ckpt_a, step), run(ckpt_b, step_b), sigmas)
         rows.append(row)
 
     report = {
-        "a": str(ckpt_a), "b": str(ckpt_b), "landmarks": steps, "data": list(data), "seq_len": int(instances.shape[1]),
+        "a": str(ckpt_a), "b": str(ckpt_b), "landmarks": [r["step"] for r in rows],
+        "landmarks_b": [r["step_b"] for r in rows], "data": list(data), "seq_len": int(instances.shape[1]),
         "instances": int(instances.shape[0]), "domains_data": domains, "tasks": list(tasks or []),
         "tasks_skipped": (None if not tasks or run_tasks_now else "lm-eval is not installed (the eval extra)"),
         "limit": limit, "sigmas": sigmas, "kl_floor": kl_floor, "rows": rows,
@@ -246,6 +260,10 @@ def rules(report: dict) -> dict[str, str]:
     }
 
 
+def _step_label(row: dict) -> str:
+    return str(row["step"]) if row["step_b"] == row["step"] else f"{row['step']} vs {row['step_b']}"
+
+
 def _pm(r: dict, fmt: str = ".4f") -> str:
     sigma = "n/a" if r["sigma"] is None else format(r["sigma"], fmt)
     return f"{r['delta']:+{fmt}} ± {sigma}"
@@ -254,7 +272,7 @@ def _pm(r: dict, fmt: str = ".4f") -> str:
 def format_report(report: dict) -> str:
     rows, rule = report["rows"], rules(report)
     lines = ["# olmax verify", "", f"- A: `{report['a']}`", f"- B: `{report['b']}`",
-             f"- landmarks (steps): {', '.join(map(str, report['landmarks']))}",
+             f"- landmarks (steps; 'A vs B' where they differ): {', '.join(_step_label(r) for r in rows)}",
              f"- held-out data: {', '.join(report['data'])} ({report['instances']} instances x {report['seq_len']} tokens)",
              "- deltas are B - A, shown as delta ± sigma", "", "## Verdicts", "",
              "| surface | verdict | rule |", "|---|---|---|"]
@@ -267,7 +285,7 @@ def format_report(report: dict) -> str:
               "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in rows:
         h, kl = r["heldout"], r["kl"]
-        lines.append(f"| {r['step']} | {h['a']:.4f} | {h['b']:.4f} | {_pm(h)} | {h['verdict']} | {kl['kl_mean']:.3e} | "
+        lines.append(f"| {_step_label(r)} | {h['a']:.4f} | {h['b']:.4f} | {_pm(h)} | {h['verdict']} | {kl['kl_mean']:.3e} | "
                      f"{kl['kl_p99']:.3e} | {kl['top1_agreement']:.4f} | {kl['verdict']} |")
     if "domains" in rows[0]:
         lines += ["", f"## Per-domain loss (nats/token; `{report['domains_data']}`)", "",
@@ -276,7 +294,7 @@ def format_report(report: dict) -> str:
             entries = list(r["domains"]["domains"].items()) + [("**micro**", r["domains"]["micro"])]
             for name, d in entries:
                 flag = " *" if d["verdict"] == DIFFERS else ""
-                lines.append(f"| {r['step']} | {name}{flag} | {d['a']:.4f} | {d['b']:.4f} | {_pm(d)} | "
+                lines.append(f"| {_step_label(r)} | {name}{flag} | {d['a']:.4f} | {d['b']:.4f} | {_pm(d)} | "
                              f"{d['bpb_a']:.4f} | {d['bpb_b']:.4f} |")
     if "tasks" in rows[0]:
         limit = f", --limit {report['limit']}" if report["limit"] else ""
@@ -284,7 +302,7 @@ def format_report(report: dict) -> str:
                   "|---:|---|---:|---:|---:|---|"]
         for r in rows:
             for name, t in list(r["tasks"]["tasks"].items()) + [("**macro**", r["tasks"]["macro"])]:
-                lines.append(f"| {r['step']} | {name} | {t['a']:.4f} | {t['b']:.4f} | {_pm(t)} | {t['verdict']} |")
+                lines.append(f"| {_step_label(r)} | {name} | {t['a']:.4f} | {t['b']:.4f} | {_pm(t)} | {t['verdict']} |")
     lines += ["", "Figures: `deltas.png` (delta ± k sigma per surface and step; KL against its floor)"
               + (", `domains.png` (per-domain deltas)." if "domains" in rows[0] else ".")]
     return "\n".join(lines) + "\n"
@@ -314,7 +332,7 @@ def plot_deltas(path: Path, report: dict) -> None:
             ax.axhline(0.0, color="gray", lw=0.8)
             ax.set_ylabel(f"B - A (± {k:g} sigma)")
         ax.set_title(f"{SURFACE_NAMES[surface]}: {report['verdicts'][surface]}", fontsize=10)
-        ax.set_xlabel("step")
+        ax.set_xlabel("step (of A)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -334,7 +352,7 @@ def plot_domains(path: Path, report: dict) -> None:
     for i, r in enumerate(rows):
         d = [r["domains"]["domains"][n] for n in names]
         offset = (i - (len(rows) - 1) / 2) * 0.8 / max(len(rows), 1)
-        ax.errorbar(x + offset, [e["delta"] for e in d], fmt="o", capsize=3, label=f"step {r['step']}",
+        ax.errorbar(x + offset, [e["delta"] for e in d], fmt="o", capsize=3, label=f"step {_step_label(r)}",
                     yerr=[k * e["sigma"] if e["sigma"] is not None else 0.0 for e in d])
     ax.axhline(0.0, color="gray", lw=0.8)
     ax.set_xticks(x, names, rotation=45, ha="right")
