@@ -94,13 +94,17 @@ class OlmaxLM(TemplateLM):
         for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm, desc="olmax loglikelihood"):
             idx = order[start:start + self.batch_size]
             width = max(MIN_WIDTH, 1 << (len(rows[idx[0]][0]) - 1).bit_length())
+            span = 1 << (max(len(rows[i][1]) for i in idx) - 1).bit_length()
             tokens = np.zeros((len(idx), width), np.int32)
-            labels = np.full((len(idx), width), IGNORE, np.int32)
+            positions = np.zeros((len(idx), span), np.int32)
+            labels = np.full((len(idx), span), IGNORE, np.int32)
             for r, i in enumerate(idx):
                 inp, cont = rows[i]
                 tokens[r, :len(inp)] = inp
-                labels[r, len(inp) - len(cont):len(inp)] = cont  # position p predicts token p + 1
-            nll, greedy = self.scorer(self.params, tokens, labels)
+                # position p predicts token p + 1: the continuation's tokens are predicted at its last len(cont)
+                positions[r, :len(cont)] = np.arange(len(inp) - len(cont), len(inp))
+                labels[r, :len(cont)] = cont
+            nll, greedy = self.scorer.at_positions(self.params, tokens, positions, labels)
             scored = labels != IGNORE
             for r, i in enumerate(idx):
                 answer = (-float(np.sum(nll[r][scored[r]], dtype=np.float64)), bool(greedy[r][scored[r]].all()))

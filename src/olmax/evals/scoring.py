@@ -87,6 +87,15 @@ def _token_stats(params, tokens, labels, *, cfg: ModelConfig, vocab: int, chunk:
     return map_seq_chunks(head, chunk, hidden, labels)
 
 
+def _position_stats(params, tokens, positions, labels, *, cfg: ModelConfig, vocab: int):
+    """As _token_stats, with the output layer applied only at `positions` (batch, k): scoring a short
+    continuation then costs k rows of the 100k-wide output layer instead of the whole sequence."""
+    hidden = forward_hidden(params, tokens, cfg)
+    picked = jnp.take_along_axis(hidden, positions[..., None], axis=1)
+    logits = lm_head(params, picked, cfg)[..., :vocab]
+    return per_token_nll(logits, labels), jnp.argmax(logits, axis=-1) == labels
+
+
 def pad_rows(x: np.ndarray, multiple: int, fill) -> np.ndarray:
     """Append rows of `fill` so the row count is a multiple of `multiple` (at least one row)."""
     rows = max(1, -(-x.shape[0] // multiple)) * multiple
@@ -108,6 +117,7 @@ class TokenScorer:
         self.vocab = cfg.vocab_size if real_vocab else cfg.padded_vocab_size
         self.batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
         self._fn = jax.jit(functools.partial(_token_stats, cfg=cfg, vocab=self.vocab, chunk=chunk))
+        self._at = jax.jit(functools.partial(_position_stats, cfg=cfg, vocab=self.vocab))
 
     def batch_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
         return NamedSharding(self.mesh, logical_to_spec(("batch", "seq"), shape, self.mesh))
@@ -124,4 +134,18 @@ class TokenScorer:
         labels = pad_rows(np.asarray(labels, np.int32), self.batch_shards, IGNORE)
         sharding = self.batch_sharding(tokens.shape)
         nll, greedy = self._fn(params, jax.device_put(tokens, sharding), jax.device_put(labels, sharding))
+        return np.asarray(nll)[:rows], np.asarray(greedy)[:rows]
+
+    def at_positions(self, params: dict, tokens: np.ndarray, positions: np.ndarray,
+                     labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """tokens (batch, seq); positions, labels (batch, k): the label of position positions[r, j]
+        (IGNORE for unused slots) -> (nll, greedy), both (batch, k), as __call__ gives there."""
+        if positions.shape != labels.shape or positions.shape[0] != tokens.shape[0]:
+            raise ValueError(f"positions {positions.shape} and labels {labels.shape} do not match tokens {tokens.shape}")
+        rows = tokens.shape[0]
+        tokens = pad_rows(np.asarray(tokens, np.int32), self.batch_shards, 0)
+        positions = pad_rows(np.asarray(positions, np.int32), self.batch_shards, 0)
+        labels = pad_rows(np.asarray(labels, np.int32), self.batch_shards, IGNORE)
+        put = lambda x: jax.device_put(x, self.batch_sharding(x.shape))
+        nll, greedy = self._at(params, put(tokens), put(positions), put(labels))
         return np.asarray(nll)[:rows], np.asarray(greedy)[:rows]
