@@ -67,3 +67,4 @@ def test_plain_progress_lines_without_a_terminal(capsys):
     assert [line.split(" |")[0] for line in lines] == ["step 12/14", "step 14/14"]
     assert "CE loss 3.8000" in lines[0] and "tok/s" in lines[0] and "eta " in lines[0]
     assert lines[1].endswith("eta 0s")
+

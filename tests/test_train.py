@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from olmax.checkpoint import RunCheckpoints, CheckpointError, load_params
-from olmax.config import apply_overrides
+from olmax.config import ConfigError, apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
 
@@ -51,3 +51,14 @@ def test_resume_refuses_a_changed_run(tmp_path):
     train(cfg, tmp_path / "r", stop_at=3, progress=False)
     with pytest.raises(CheckpointError, match="trainer.global_batch 8 -> 16"):
         train(_cfg(tmp_path, "trainer.global_batch=16"), tmp_path / "r", progress=False)
+
+
+def test_one_trainer_per_run_directory(tmp_path):
+    import fcntl
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "train.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running trainer holds it
+        with pytest.raises(ConfigError, match=f"another olmax train is running in {run}"):
+            train(_cfg(tmp_path), run, progress=False)

@@ -13,6 +13,7 @@ completely, so a half-written step is never picked up as "latest".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from importlib.metadata import version
@@ -30,6 +31,11 @@ PARAMS, CONFIG, META = "params", "config", "meta"
 
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be read or written as asked; the message names it."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A save that failed on the storage (disk full, no permission): unlike the other checkpoint
+    errors, rerunning once the storage is fixed succeeds, so launchers retry it."""
 
 
 def olmax_version() -> str:
@@ -201,6 +207,8 @@ class RunCheckpoints:
         options = ocp.CheckpointManagerOptions(create=True, max_to_keep=cfg.checkpoint.keep,
                                                enable_async_checkpointing=True)
         self._mngr = ocp.CheckpointManager(self.directory.absolute(), item_handlers=run_handlers(), options=options)
+        self._writing_step: Optional[int] = None  # the newest step handed to Orbax (async: maybe in flight)
+        self._failed = False
 
     def latest_step(self) -> Optional[int]:
         return self._mngr.latest_step()
@@ -210,14 +218,17 @@ class RunCheckpoints:
         meta = {"olmax_version": olmax_version(), "step": step, "devices": jax.device_count(),
                 "processes": jax.process_count(), "mesh": dict(mesh.shape),
                 "tokens_seen": step * cfg.trainer.global_batch * cfg.data.seq_len}
-        self._mngr.save(step, args=ocp.args.Composite(**{
-            PARAMS: ocp.args.StandardSave(state.params),
-            OPT_STATE: ocp.args.StandardSave({"step": state.step, "opt": state.opt_state}),
-            CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg.model)),
-            META: ocp.args.JsonSave(meta),
-            DATA: ocp.args.JsonSave(data_state),
-            EXPERIMENT: ocp.args.JsonSave(dataclasses.asdict(cfg)),
-        }))
+        self._wait(self._writing_step)  # the previous save's write errors surface here, named by its step
+        with self._writing(step):
+            self._mngr.save(step, args=ocp.args.Composite(**{
+                PARAMS: ocp.args.StandardSave(state.params),
+                OPT_STATE: ocp.args.StandardSave({"step": state.step, "opt": state.opt_state}),
+                CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg.model)),
+                META: ocp.args.JsonSave(meta),
+                DATA: ocp.args.JsonSave(data_state),
+                EXPERIMENT: ocp.args.JsonSave(dataclasses.asdict(cfg)),
+            }))
+        self._writing_step = step
 
     def restore_latest(self, mesh):
         """(TrainState, data state) of the newest checkpoint that reads back completely, or
@@ -270,8 +281,52 @@ class RunCheckpoints:
         return state, (None if saved[DATA] is None else dict(saved[DATA]))
 
     def close(self) -> None:
-        self._mngr.wait_until_finished()
-        self._mngr.close()
+        """Wait for the save in flight (its write errors surface here), then release the manager."""
+        try:
+            if not self._failed:
+                self._wait(self._writing_step)
+        finally:
+            try:
+                self._mngr.close()
+            except Exception:  # noqa: BLE001
+                if not self._failed:  # after a failed save, closing re-raises the failure already reported
+                    raise
+
+    def _wait(self, step: Optional[int]) -> None:
+        if step is not None:
+            with self._writing(step):
+                self._mngr.wait_until_finished()
+
+    @contextlib.contextmanager
+    def _writing(self, step: int):
+        """Turn a failed write (disk full, no permission, a storage error; Orbax raises it from `save`
+        or, for an async save, from the next `save` or `wait_until_finished`) into one CheckpointError
+        naming the directory. The failed step stays an uncommitted `<step>.orbax-checkpoint-tmp*`
+        directory, which restore ignores, so the previous complete checkpoint remains the one to resume."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - every failure of a save means the same to the run
+            self._failed = True
+            previous = self._mngr.all_steps()
+            previous = f"step {max(previous)}" if previous else "none"
+            raise CheckpointWriteError(f"writing checkpoint step {step} to {self.directory} failed "
+                                  f"({type(e).__name__}: {e}). Is the disk full or not writable? The newest "
+                                  f"complete checkpoint ({previous}) is untouched: fix the storage and rerun "
+                                  "to resume from it") from e
+
+
+def complete_steps(directory: str | Path) -> list[int]:
+    """The steps of a run's checkpoint directory (RUN_DIR/checkpoints) that Orbax lists as complete,
+    i.e. the ones `RunCheckpoints` may resume from; [] when there is none (or no directory)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    mngr = ocp.CheckpointManager(directory.absolute(), item_handlers=run_handlers(),
+                                 options=ocp.CheckpointManagerOptions(create=False, read_only=True))
+    try:
+        return sorted(mngr.all_steps())
+    finally:
+        mngr.close()
 
 
 def run_handlers() -> dict[str, ocp.CheckpointHandler]:

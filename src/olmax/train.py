@@ -8,6 +8,8 @@ steps and the loader state after N batches, so a resumed run continues with the 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import signal
 import threading
 import time
@@ -46,7 +48,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
     ckpts = RunCheckpoints(run_dir / "checkpoints", cfg, allow_config_change=allow_config_change)
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
-    with jax.set_mesh(mesh), _PreemptionNotice() as preempted:
+    with _exclusive(run_dir), jax.set_mesh(mesh), _PreemptionNotice() as preempted:
         restored = ckpts.restore_latest(mesh)
         if restored is None:
             state, data_state = _fresh_state(cfg, mesh)
@@ -99,6 +101,22 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
             log.close()
             ckpts.close()
     return rows
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path):
+    """One trainer per run directory: a second one would interleave checkpoints and logs. flock is
+    released by the kernel when the holder dies, even by kill -9, so no stale lock survives a crash.
+    Process 0 holds it on behalf of a multi-process run (shared filesystems may not support flock)."""
+    if jax.process_index() != 0:
+        yield
+        return
+    with open(run_dir / "train.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another olmax train is running in {run_dir} (it holds {run_dir / 'train.lock'})") from None
+        yield
 
 
 class _PreemptionNotice:

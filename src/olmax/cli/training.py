@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, write_json
+from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, checkpoint_errors, data_errors,
+                              exits_on, write_json)
 from olmax.config import save_yaml, to_yaml
 
 
@@ -28,6 +29,7 @@ def config_cmd(
 
 
 @app.command("train")
+@exits_on("train error", lambda: checkpoint_errors() + data_errors())  # exit status 2: fix the input
 def train_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
@@ -49,11 +51,16 @@ def train_cmd(
     if dry_run:
         typer.echo(to_yaml(cfg), nl=False)
         return
+    from olmax.checkpoint import CheckpointWriteError
     from olmax.flops import resolve_peak
     from olmax.train import train
 
-    rows = train(cfg, run_dir, stop_at=stop_at, peak_tflops=resolve_peak(None, chip),
-                 allow_data_change=allow_data_change, allow_config_change=allow_config_change)
+    try:
+        rows = train(cfg, run_dir, stop_at=stop_at, peak_tflops=resolve_peak(None, chip),
+                     allow_data_change=allow_data_change, allow_config_change=allow_config_change)
+    except CheckpointWriteError as e:  # exit status 1: the storage failed; a rerun resumes once it is fixed
+        typer.echo(f"checkpoint error: {e}", err=True)
+        raise typer.Exit(1) from None
     if rows:
         typer.echo(f"steps {rows[0]['step']}..{rows[-1]['step']}: CE loss {rows[0]['train/CE loss']:.4f} -> "
                    f"{rows[-1]['train/CE loss']:.4f}; logs and checkpoints in {run_dir}")

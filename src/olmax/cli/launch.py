@@ -1,0 +1,75 @@
+"""`olmax launch [resume-until-done] --backend local|xpk|slurm ...` (olmax.launch, docs/launcher.md)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from olmax.cli.common import app, exits_on
+
+RESUME_WORD = "resume-until-done"
+
+
+def launch_errors():
+    from olmax.config import ConfigError
+    from olmax.launch import LaunchError
+
+    return (LaunchError, ConfigError)
+
+
+def _print_env(value: bool) -> None:
+    if value:
+        from olmax.launch.env import BACKEND_VARS, RETRY_VARS, describe
+
+        for name, variables in [*BACKEND_VARS.items(), ("resume-until-done", RETRY_VARS)]:
+            typer.echo(f"{name}:\n{describe(variables)}")
+        raise typer.Exit()
+
+
+@app.command("launch")
+@exits_on("launch error", launch_errors)
+def launch_cmd(
+    words: Optional[list[str]] = typer.Argument(
+        None, help=f"optionally `{RESUME_WORD}` first (same as --resume-until-done), then dotted overrides "
+                   "for the trainer, e.g. trainer.max_steps=1000"),
+    backend: str = typer.Option("local", "--backend", help="local (a child process here), xpk (TPU on GKE) or slurm"),
+    recipe: str = typer.Option(..., "--recipe", help="named preset (olmax.recipes)"),
+    total_devices: int = typer.Option(..., "--total-devices",
+                                      help="JAX devices of the whole run; the recipe's global batch is kept"),
+    run_dir: str = typer.Option(..., "--run-dir", help="the trainer's run directory, as the trainer sees it"),
+    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="end after this step (passed to olmax train)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the files and commands that would run, run nothing"),
+    resume: bool = typer.Option(False, "--resume-until-done",
+                                help="resubmit from the newest complete checkpoint until the final step"),
+    max_retries: Optional[int] = typer.Option(None, "--max-retries",
+                                              help="failed attempts in a row before giving up "
+                                                   "(default: $OLMAX_MAX_RETRIES or 10)"),
+    retry_backoff: Optional[float] = typer.Option(None, "--retry-backoff",
+                                                  help="seconds before each resubmission "
+                                                       "(default: $OLMAX_RETRY_BACKOFF_SECONDS or 300)"),
+    help_env: bool = typer.Option(False, "--help-env", is_eager=True, callback=_print_env,
+                                  help="list the environment variables each backend reads, and exit"),
+):
+    """Launch `olmax train` on this machine, a TPU slice (xpk) or a Slurm cluster, with the per-device
+    batch and accumulation for --total-devices; or keep resubmitting it until it is done."""
+    import os
+
+    from olmax.launch.backends import dry_run as dry_run_text
+    from olmax.launch.backends import make_backend
+    from olmax.launch.plan import make_plan
+    from olmax.launch.resume import launch_once, resume_until_done, retry_policy
+
+    words = list(words or [])
+    if words[:1] == [RESUME_WORD]:
+        resume, words = True, words[1:]
+    plan = make_plan(recipe, words, run_dir, total_devices, stop_at)
+    chosen = make_backend(backend, plan, os.environ)
+    if dry_run:
+        typer.echo(dry_run_text(chosen, plan, resume=resume), nl=False)
+        return
+    if resume:
+        status = resume_until_done(chosen, plan, retry_policy(os.environ, max_retries, retry_backoff))
+    else:
+        status = launch_once(chosen, plan, hold_lock=backend == "local")
+    raise typer.Exit(status)

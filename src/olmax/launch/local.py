@@ -1,0 +1,44 @@
+"""The local backend: `olmax train` as a child process of the launcher, on this machine.
+
+On CPU the launcher makes `--total-devices` fake devices (XLA's host-platform device count), so
+resizing and the fault tests run anywhere; on a GPU or TPU host the trainer uses the accelerators and
+the flag has no effect (`--total-devices` must then be the host's device count).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Mapping
+
+from olmax.launch.env import LOCAL_VARS, read_env
+from olmax.launch.plan import Command, LaunchPlan
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, plan: LaunchPlan, environ: Mapping[str, str]):
+        env = read_env(LOCAL_VARS, environ, "--backend local")
+        self.plan, self.environ = plan, dict(environ)
+        self.python = env["OLMAX_PYTHON"] or sys.executable
+
+    def trainer(self) -> Command:
+        # one device-count flag: drop any inherited one (XLA would take the last)
+        flags = re.sub(rf"{DEVICE_COUNT_FLAG}=\S*", "", self.environ.get("XLA_FLAGS", "")).split()
+        xla_flags = " ".join([*flags, f"{DEVICE_COUNT_FLAG}={self.plan.layout.total_devices}"])
+        return Command([self.python, "-m", "olmax.cli", *self.plan.train_args()], {"XLA_FLAGS": xla_flags})
+
+    def launch_steps(self) -> list[Command]:
+        """One run of the trainer, in the foreground."""
+        return [self.trainer()]
+
+    def attempt_steps(self, attempt: int) -> list[Command]:
+        """resume-until-done: the trainer again; it resumes from the newest complete checkpoint."""
+        return [self.trainer()]
+
+    def files(self) -> dict[str, str]:
+        return {}
+

@@ -1,0 +1,288 @@
+"""Running a backend's commands: once (`olmax launch`), or until the run is done (resume-until-done).
+
+resume-until-done, in order:
+1. take RUN_DIR/launch.lock (refused while another launcher holds it: see RunLock);
+2. read the newest complete checkpoint (olmax.checkpoint.complete_steps: Orbax's list of committed
+   steps, the ones the trainer resumes from); stop with success once it is the final step
+   (trainer.max_steps, or --stop-at);
+3. otherwise run one attempt (the backend's commands: the trainer, `sbatch --wait`, or xpk create +
+   wait), which resumes from that checkpoint by itself, then go to 2;
+4. an attempt that ends without a newer complete checkpoint is a failed retry: after
+   `max_retries` of them in a row the launcher gives up; an attempt that saved progress resets the
+   count (a long run is preempted many times). Before every resubmission it waits `backoff_s`.
+   Exit status 2 from an attempt (a config or usage error of the trainer) is never retried.
+
+Every event goes to stdout and RUN_DIR/launch.log; attempt N's output to RUN_DIR/launch/attempt-N.log.
+SIGTERM or Ctrl-C to the launcher is passed on to the running command (the trainer saves and exits)
+and ends the loop without resubmitting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Optional, TextIO
+
+from olmax.launch import LaunchError
+from olmax.launch.env import RETRY_VARS, positive_int, read_env
+from olmax.launch.plan import Command, LaunchPlan
+
+LOCK_FILE, LOG_FILE, ATTEMPT_DIR = "launch.lock", "launch.log", "launch"
+CONFIG_ERROR_STATUS = 2  # what `olmax train` exits with on a config or usage error
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int = 10  # failed attempts in a row (no new checkpoint) before giving up
+    backoff_s: float = 300.0  # wait before each resubmission
+
+
+def retry_policy(environ: Mapping[str, str], max_retries: Optional[int] = None,
+                 backoff_s: Optional[float] = None) -> RetryPolicy:
+    """The options if given, else OLMAX_MAX_RETRIES / OLMAX_RETRY_BACKOFF_SECONDS, else the defaults."""
+    env = read_env(RETRY_VARS, environ, "resume-until-done")
+    if max_retries is None:
+        max_retries = positive_int(env, "OLMAX_MAX_RETRIES", allow_zero=True)
+    if backoff_s is None:
+        backoff_s = positive_int(env, "OLMAX_RETRY_BACKOFF_SECONDS", allow_zero=True)
+    if max_retries < 0 or backoff_s < 0:
+        raise LaunchError(f"--max-retries ({max_retries}) and --retry-backoff ({backoff_s}) must be >= 0")
+    return RetryPolicy(max_retries, float(backoff_s))
+
+
+class LaunchLog:
+    """Timestamped lines to stdout and RUN_DIR/launch.log (appended: one file across launchers)."""
+
+    def __init__(self, run_dir: Path, echo: Callable[[str], None] = print):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO = open(run_dir / LOG_FILE, "a")
+        self._echo = echo
+
+    def __call__(self, message: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
+        self._file.write(line + "\n")
+        self._file.flush()
+        self._echo(line)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class RunLock:
+    """RUN_DIR/launch.lock, JSON {pid, host, child_pid}: one launcher per run directory.
+
+    Created with O_EXCL, so of two launchers starting at once exactly one gets it. A lock left by a
+    launcher that died (kill -9, a crash) is stale when its host is this host and neither its pid
+    nor its current child (the trainer, sbatch or xpk it was running) is alive: it is then taken
+    over, with a log line. A lock from another host cannot be checked and is always refused.
+    """
+
+    def __init__(self, run_dir: Path, log: Callable[[str], None]):
+        self.path, self._log = run_dir / LOCK_FILE, log
+        self._held = False
+
+    def __enter__(self) -> "RunLock":
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._record(None), f)
+            self._held = True
+            return self
+        raise LaunchError(f"{self.path} was taken by another launcher just now")
+
+    def set_child(self, pid: Optional[int]) -> None:
+        tmp = self.path.with_name(LOCK_FILE + ".tmp")
+        tmp.write_text(json.dumps(self._record(pid)))
+        os.replace(tmp, self.path)
+
+    def __exit__(self, *exc) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _record(child: Optional[int]) -> dict:
+        return {"pid": os.getpid(), "host": socket.gethostname(), "child_pid": child}
+
+    def _take_over_if_stale(self) -> None:
+        try:
+            holder = json.loads(self.path.read_text())
+        except FileNotFoundError:  # released meanwhile: try again
+            return
+        except json.JSONDecodeError:
+            raise LaunchError(f"{self.path} is not a launcher lock (not JSON); if no launcher runs for this "
+                              "run directory, delete it") from None
+        running = [p for p in (holder.get("pid"), holder.get("child_pid")) if p and _alive(p)]
+        if holder.get("host") != socket.gethostname() or running:
+            raise LaunchError(
+                f"run directory {self.path.parent} is being launched by pid {holder.get('pid')} on host "
+                f"{holder.get('host')} (lock {self.path}); not starting a second copy. If that launcher "
+                "is gone and its job has ended, delete the lock file")
+        self._log(f"removing the stale lock {self.path} of pid {holder.get('pid')} (neither it nor its child "
+                  f"{holder.get('child_pid')} is running)")
+        self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    # a zombie (exited, not yet reaped by its parent) no longer runs
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+class _Runner:
+    """Runs commands one at a time; remembers the current child so a signal can be passed on."""
+
+    def __init__(self, lock: Optional[RunLock] = None):
+        self.lock, self.child = lock, None
+        self.stopping = threading.Event()
+
+    def run(self, command: Command, output: Optional[TextIO]) -> int:
+        redirect = {} if output is None else {"stdout": output, "stderr": subprocess.STDOUT}
+        self.child = subprocess.Popen(command.argv, env={**os.environ, **command.env}, **redirect)
+        if self.lock is not None:
+            self.lock.set_child(self.child.pid)
+        try:
+            return self.child.wait()
+        finally:
+            self.child = None
+            if self.lock is not None:
+                self.lock.set_child(None)
+
+    @contextlib.contextmanager
+    def forwarding_signals(self):
+        """While active, SIGTERM and SIGINT to the launcher become SIGTERM to the running command (the
+        trainer's preemption notice: it saves at the next step boundary and exits) and stop the loop."""
+        def forward(signum, frame):
+            self.stopping.set()
+            if self.child is not None:
+                self.child.send_signal(signal.SIGTERM)
+
+        if threading.current_thread() is not threading.main_thread():  # only there can handlers be set
+            yield
+            return
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def _write_files(files: dict[str, str], log: Callable[[str], None]) -> None:
+    for path, content in files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(content)
+        log(f"wrote {path}")
+
+
+def launch_once(backend, plan: LaunchPlan, *, hold_lock: bool, echo: Callable[[str], None] = print) -> int:
+    """Run the backend's launch commands in the foreground (output to this terminal); the exit status
+    of the first that fails, else 0. `hold_lock` (local): hold RUN_DIR/launch.lock while they run.
+    Nothing else is written to the run directory, which for xpk need not exist here."""
+    echo(f"{backend.name}: {plan.layout.describe()}")
+    _write_files(backend.files(), echo)
+    lock = None
+    if hold_lock:
+        Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+        lock = RunLock(Path(plan.run_dir), echo)
+    runner = _Runner(lock)
+    with lock if lock is not None else contextlib.nullcontext(), runner.forwarding_signals():
+        for command in backend.launch_steps():
+            echo(f"running: {command.shell()}")
+            status = runner.run(command, None)
+            if status != 0 and not command.may_fail:
+                echo(f"exit status {status}: {command.argv[0]}")
+                return status
+    return 0
+
+
+def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
+                      sleep: Optional[Callable[[float], object]] = None, echo: Callable[[str], None] = print) -> int:
+    """Attempts until the run's newest complete checkpoint is its final step (module docstring).
+    Returns 0 when done, 1 when out of retries, 2 on a config error, 143 when stopped by a signal.
+    `sleep`: waits out the backoff (default: a wait that a signal to the launcher cuts short)."""
+    from olmax.checkpoint import complete_steps  # imports Orbax: only here, not for --dry-run
+
+    if "://" in plan.run_dir:
+        raise LaunchError(f"resume-until-done follows the run through its checkpoints, so --run-dir must be a "
+                          f"path readable here (a shared or mounted filesystem), not {plan.run_dir}")
+    run_dir = Path(plan.run_dir)
+    log = LaunchLog(run_dir, echo)
+    newest = lambda: max(complete_steps(run_dir / "checkpoints"), default=0)
+    try:
+        with RunLock(run_dir, log) as lock:
+            runner = _Runner(lock)
+            with runner.forwarding_signals():
+                return _attempts(backend, plan, policy, runner, log, newest, sleep or runner.stopping.wait)
+    finally:
+        log.close()
+
+
+def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep) -> int:
+    log(f"resume-until-done, {backend.name}: {plan.layout.describe()}; final step {plan.final_step}; "
+        f"max retries {policy.max_retries}, backoff {policy.backoff_s:g} s")
+    attempt, failures = 0, 0
+    step = newest()
+    while True:
+        if step >= plan.final_step:
+            log(f"done: complete checkpoint at step {step} (final step {plan.final_step}) after {attempt} attempt(s)")
+            return 0
+        if failures > policy.max_retries:
+            log(f"giving up: {failures} attempts in a row ended without a new checkpoint (max retries "
+                f"{policy.max_retries}); newest complete checkpoint: step {step}")
+            return 1
+        if attempt > 0:
+            log(f"resubmitting in {policy.backoff_s:g} s")
+            sleep(policy.backoff_s)
+            if runner.stopping.is_set():
+                return _stopped(log, step)
+        attempt += 1
+        status = _run_attempt(backend, attempt, step, runner, log, Path(plan.run_dir))
+        if runner.stopping.is_set():
+            return _stopped(log, newest())
+        before, step = step, newest()
+        log(f"attempt {attempt} ended: exit status {status}; newest complete checkpoint: step {step}")
+        if status == CONFIG_ERROR_STATUS:
+            log("exit status 2 is a config or usage error: not retrying (see the attempt log)")
+            return CONFIG_ERROR_STATUS
+        failures = 0 if step > before else failures + 1
+
+
+def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir: Path) -> int:
+    out_path = run_dir / ATTEMPT_DIR / f"attempt-{attempt}.log"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    log(f"attempt {attempt}: from step {step}; output in {out_path}")
+    _write_files(backend.files(), log)
+    with open(out_path, "a") as out:
+        for command in backend.attempt_steps(attempt):
+            log(f"attempt {attempt}: running {command.shell()}")
+            status = runner.run(command, out)
+            if status != 0 and not command.may_fail:
+                return status
+            if runner.stopping.is_set():
+                return status
+    return 0
+
+
+def _stopped(log, step: int) -> int:
+    log(f"stopped by a signal; not resubmitting. Newest complete checkpoint: step {step}")
+    return 128 + signal.SIGTERM  # as a shell reports a process ended by SIGTERM

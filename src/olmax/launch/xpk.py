@@ -1,0 +1,89 @@
+"""The xpk backend: a TPU slice (or several) on a GKE cluster, as an xpk workload.
+
+`xpk workload create --cluster C --workload W --tpu-type T --num-slices S --docker-image I --command
+'...'` runs the command once per TPU VM in the image; each runs `olmax.launch.worker`, which lets JAX
+find the slice's coordinator and its own rank (OLMAX_DISTRIBUTED=auto, passed with xpk's --env).
+resume-until-done then waits with `xpk workload list --cluster C --wait-for-job-completion W`, which
+exits 0 when the workload completed and non-zero otherwise (xpk: 125 failed, 124 timed out). Every
+attempt is a new workload, W-a<N> (xpk refuses to reuse a name); before attempt N the launcher
+deletes W-a<N-1>, so a workload whose wait was cut short cannot run next to its successor.
+
+The run directory is a path inside the container (e.g. a bucket mounted with gcsfuse); to follow
+progress, resume-until-done must see the same directory where it runs.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Mapping, Optional
+
+from olmax.launch import LaunchError
+from olmax.launch.env import XPK_VARS, positive_int, read_env
+from olmax.launch.plan import Command, LaunchPlan
+
+# TPU type name -> JAX devices (chips) per slice, from the number in the name. v4 and v5p count
+# TensorCores (2 per chip, one JAX device per chip); v5e and v6e count chips.
+CHIPS_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1}
+# xpk's rule for workload names: lower case letters, digits and '-', starting with a letter, at most 40.
+WORKLOAD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+
+
+def slice_devices(tpu_type: str) -> Optional[int]:
+    """JAX devices of one slice of `tpu_type` (v5p-256 -> 128); None for a type not in the table."""
+    family, _, size = tpu_type.rpartition("-")
+    if family not in CHIPS_PER_NAMED_UNIT or not size.isdigit():
+        return None
+    return int(int(size) * CHIPS_PER_NAMED_UNIT[family])
+
+
+class XpkBackend:
+    name = "xpk"
+
+    def __init__(self, plan: LaunchPlan, environ: Mapping[str, str]):
+        self.plan, self.env = plan, read_env(XPK_VARS, environ, "--backend xpk")
+        self.num_slices = positive_int(self.env, "OLMAX_XPK_NUM_SLICES")
+        per_slice = slice_devices(self.env["OLMAX_XPK_TPU_TYPE"])
+        total = plan.layout.total_devices
+        if per_slice is not None and per_slice * self.num_slices != total:
+            raise LaunchError(f"--total-devices {total} does not match OLMAX_XPK_TPU_TYPE="
+                              f"{self.env['OLMAX_XPK_TPU_TYPE']} x OLMAX_XPK_NUM_SLICES={self.num_slices} "
+                              f"({per_slice} x {self.num_slices} = {per_slice * self.num_slices} devices)")
+        self.workload = self.env["OLMAX_XPK_WORKLOAD"] or plan.name[:34]
+        if not WORKLOAD_NAME.match(f"{self.workload}-a999"):
+            raise LaunchError(f"xpk workload name {self.workload!r} (OLMAX_XPK_WORKLOAD or the run directory's "
+                              "name) must be lower-case letters, digits and '-', start with a letter, "
+                              "and leave 5 of xpk's 40 characters for the attempt suffix")
+
+    def _xpk(self, *args: str) -> list[str]:
+        where = []
+        if self.env["OLMAX_XPK_PROJECT"]:
+            where += ["--project", self.env["OLMAX_XPK_PROJECT"]]
+        if self.env["OLMAX_XPK_ZONE"]:
+            where += ["--zone", self.env["OLMAX_XPK_ZONE"]]
+        sub, *rest = args
+        return [self.env["OLMAX_XPK"], "workload", sub, "--cluster", self.env["OLMAX_XPK_CLUSTER"], *where, *rest]
+
+    def worker_command(self) -> str:
+        """The shell command each TPU VM runs (xpk --command takes one string)."""
+        return shlex.join(["python3", "-m", "olmax.launch.worker", *self.plan.train_args()])
+
+    def create(self, workload: str) -> Command:
+        return Command(self._xpk(
+            "create", "--workload", workload, "--tpu-type", self.env["OLMAX_XPK_TPU_TYPE"],
+            "--num-slices", str(self.num_slices), "--docker-image", self.env["OLMAX_DOCKER_IMAGE"],
+            "--env", "OLMAX_DISTRIBUTED=auto", "--command", self.worker_command()))
+
+    def launch_steps(self) -> list[Command]:
+        return [self.create(self.workload)]
+
+    def attempt_steps(self, attempt: int) -> list[Command]:
+        name = f"{self.workload}-a{attempt}"
+        steps = []
+        if attempt > 1:
+            previous = f"{self.workload}-a{attempt - 1}"  # may be gone already (xpk's TTL): may fail
+            steps.append(Command(self._xpk("delete", "--workload", previous, "--force"), may_fail=True))
+        return steps + [self.create(name), Command(self._xpk("list", "--wait-for-job-completion", name))]
+
+    def files(self) -> dict[str, str]:
+        return {}

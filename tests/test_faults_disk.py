@@ -1,0 +1,101 @@
+"""Disk full or no permission while saving (issue 5): the save fails with a CheckpointError naming the
+checkpoint directory and the step, and the previous complete checkpoint stays the one a rerun resumes
+from, bit for bit."""
+
+import errno
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from etils import epath
+
+from olmax.checkpoint import CheckpointError, RunCheckpoints, complete_steps
+from olmax.config import apply_overrides
+from olmax.recipes import get_recipe
+from olmax.sharding import make_mesh
+from olmax.train_step import init_train_state
+
+SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
+         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
+         "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2", "checkpoint.every=3",
+         "eval.every=0"]
+
+
+def _state(cfg, mesh, seed):
+    return init_train_state(cfg, mesh, jax.random.key(seed))
+
+
+def test_disk_full_during_save_names_the_directory_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    cfg = apply_overrides(get_recipe("tiny"), SMALL)
+    mesh = make_mesh(cfg.mesh)
+    directory = tmp_path / "checkpoints"
+    ckpts = RunCheckpoints(directory, cfg)
+    first = _state(cfg, mesh, 1)
+    expected = jax.tree.map(np.asarray, first.params)
+    ckpts.save(3, first, {"batches": 3}, mesh)
+    ckpts.close()  # step 3 is complete
+    ckpts = RunCheckpoints(directory, cfg)
+
+    # Every file Orbax writes through Python (JSON items, metadata) now fails as on a full disk;
+    # tensorstore's array writes go through C++ (the slow test below fails those for real).
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    path_type = type(epath.Path(tmp_path))
+    monkeypatch.setattr(path_type, "write_text", full)
+    monkeypatch.setattr(path_type, "write_bytes", full)
+    with pytest.raises(CheckpointError) as failed:
+        ckpts.save(6, _state(cfg, mesh, 2), {"batches": 6}, mesh)
+        ckpts.close()
+    ckpts.close()  # a second close (train's `finally`) releases the manager without raising again
+    message = str(failed.value)
+    assert f"writing checkpoint step 6 to {directory} failed" in message, message
+    assert "No space left on device" in message and "(step 3) is untouched" in message, message
+    monkeypatch.undo()
+
+    assert complete_steps(directory) == [3]
+    state, data = RunCheckpoints(directory, cfg).restore_latest(mesh)
+    assert int(state.step) == 0 and data == {"batches": 3}  # init state: step counter 0, saved as step 3
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+
+
+# A trainer whose array files may not grow past 200 kB (RLIMIT_FSIZE): the kernel refuses the write
+# (EFBIG) inside tensorstore, as a full disk refuses it with ENOSPC.
+LIMITED_TRAINER = """
+import resource, signal, sys
+from olmax.cli import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # report the failed write instead of dying of the signal
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, resource.RLIM_INFINITY))
+sys.argv = ["olmax", "train", "--recipe", "tiny", "--run-dir", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow  # ~50 s on 2 cores: a run to step 3, then a subprocess whose save of step 6 fails
+def test_failed_array_write_stops_the_run_and_resume_reproduces_it(tmp_path):
+    from olmax.train import train
+
+    overrides = SMALL + [f"data.work_dir={tmp_path / 'cache'}"]
+    cfg = apply_overrides(get_recipe("tiny"), overrides)
+    train(cfg, tmp_path / "r", stop_at=3, progress=False)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    proc = subprocess.run([sys.executable, "-c", LIMITED_TRAINER, str(tmp_path / "r"), *overrides], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # 1, not 2 (a usage error): a launcher retries it
+    # the error line (Orbax's threads print "Event loop is closed" noise after it at exit)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("checkpoint error: ")]
+    ckpts = tmp_path / "r" / "checkpoints"
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith(f"checkpoint error: writing checkpoint step 6 to {ckpts} failed")
+    assert "File too large" in errors[0] and "(step 3) is untouched" in errors[0], errors[0]
+    assert complete_steps(ckpts) == [3]
+    # the rerun resumes from step 3 and logs what an uninterrupted run logs
+    resumed = train(cfg, tmp_path / "r", progress=False)
+    straight = train(cfg, tmp_path / "s", progress=False)
+    keys = ["train/CE loss", "optim/total grad norm", "optim/LR"]
+    assert [r["step"] for r in resumed] == [4, 5, 6]
+    assert [{k: r[k] for k in keys} for r in resumed] == [{k: r[k] for k in keys} for r in straight[3:]]
