@@ -57,9 +57,11 @@ def _handlers(concurrent_gb: Optional[int] = None) -> dict[str, ocp.CheckpointHa
 
 
 def _manager(directory: Path, *, create: bool) -> ocp.CheckpointManager:
+    # A run checkpoint's other items are registered too, so that reading only the parameters of one
+    # does not warn about each item it leaves alone.
     return ocp.CheckpointManager(
         directory.absolute(),
-        item_handlers=_handlers(PARAMS_CONCURRENT_GB),
+        item_handlers={**run_handlers(), **_handlers(PARAMS_CONCURRENT_GB)},
         options=ocp.CheckpointManagerOptions(create=create),
     )
 
