@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from olmax.checkpoint import RunCheckpoints, CheckpointError, load_params
+from olmax.checkpoint import CheckpointError, load_params
 from olmax.config import ConfigError, apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
@@ -30,6 +30,11 @@ def test_resume_continues_exactly(tmp_path):
     assert [r["step"] for r in straight] == [1, 2, 3, 4, 5, 6]
     first = train(cfg, tmp_path / "b", stop_at=3, progress=False)
     assert [r["step"] for r in first] == [1, 2, 3]
+    # as an attempt that logged steps 4 and 5 and was killed (mid-line) before its step-6 checkpoint:
+    # the resume drops those rows, so metrics.jsonl reads like one run
+    with open(tmp_path / "b" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 4, "train/CE loss": 99.0}) + "\n" + json.dumps({"step": 5}) + "\n")
+        f.write('{"step": 6, "train/CE lo')
     second = train(cfg, tmp_path / "b", progress=False)
     assert [r["step"] for r in second] == [4, 5, 6]
     keys = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
@@ -41,7 +46,7 @@ def test_resume_continues_exactly(tmp_path):
     pb, _, _ = load_params(tmp_path / "b" / "checkpoints")
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         np.testing.assert_array_equal(x, y)
-    assert _rows(tmp_path / "b") == first + second  # the log is appended, not rewritten
+    assert _rows(tmp_path / "b") == first + second
     assert straight[-1]["train/CE loss"] < straight[0]["train/CE loss"]
     assert train(cfg, tmp_path / "a", progress=False) == []  # already done
 
