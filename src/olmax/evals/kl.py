@@ -81,7 +81,9 @@ def token_kl(params_a: dict, cfg_a: ModelConfig, params_b: dict, cfg_b: ModelCon
     buckets = sorted(set(buckets if buckets is not None else default_buckets(seq_len)))
     if not buckets or buckets[0] != 0 or buckets[-1] >= seq_len:
         raise ValueError(f"position buckets {buckets} must start at 0 and lie below seq_len={seq_len}")
-    fn = jax.jit(functools.partial(_pair_stats, cfg_a=cfg_a, cfg_b=cfg_b, chunk=chunk))
+    # outputs replicated, so that every process of a multi-host run can read them whole
+    fn = jax.jit(functools.partial(_pair_stats, cfg_a=cfg_a, cfg_b=cfg_b, chunk=chunk),
+                 out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     kls, agrees, nll_a, nll_b = [], [], [], []
     for start in range(0, instances.shape[0], batch):

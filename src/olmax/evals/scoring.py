@@ -24,9 +24,9 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.checkpoint import load_params, read_config
+from olmax.checkpoint import complete_steps, load_params, read_config
 from olmax.config import MeshConfig, ModelConfig
 from olmax.loss import IGNORE, loss_sums
 from olmax.model.olmo3 import ParamSpec, forward_hidden, lm_head, param_specs
@@ -43,8 +43,8 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh):
 
 
 def checkpoint_steps(ckpt: str | Path) -> list[int]:
-    """The steps an olmax checkpoint directory holds (its numeric sub-directories), ascending."""
-    return sorted(int(p.name) for p in Path(ckpt).iterdir() if p.is_dir() and p.name.isdigit())
+    """The complete steps an olmax checkpoint directory (local or gs://) holds, ascending."""
+    return complete_steps(ckpt)
 
 
 def load_checkpoint(ckpt: str | Path, mesh: Mesh, *, step: Optional[int] = None,
@@ -116,8 +116,11 @@ class TokenScorer:
         self.cfg, self.mesh = cfg, mesh
         self.vocab = cfg.vocab_size if real_vocab else cfg.padded_vocab_size
         self.batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-        self._fn = jax.jit(functools.partial(_token_stats, cfg=cfg, vocab=self.vocab, chunk=chunk))
-        self._at = jax.jit(functools.partial(_position_stats, cfg=cfg, vocab=self.vocab))
+        # Outputs replicated: every process reads whole (batch, seq) results, as a multi-host run needs.
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self._fn = jax.jit(functools.partial(_token_stats, cfg=cfg, vocab=self.vocab, chunk=chunk),
+                           out_shardings=replicated)
+        self._at = jax.jit(functools.partial(_position_stats, cfg=cfg, vocab=self.vocab), out_shardings=replicated)
 
     def batch_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
         return NamedSharding(self.mesh, logical_to_spec(("batch", "seq"), shape, self.mesh))

@@ -1,0 +1,73 @@
+"""Held-out evaluation with two JAX processes (jax.distributed on 127.0.0.1, 2 CPU devices each), as
+`olmax eval` and the trainer's in-loop evaluation run on a multi-host slice: every process gets the
+same figures, equal to one process's on 8 devices. Parameters and batch are sharded over all 4
+devices, so no process holds the whole model; the per-token results come back replicated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import portpicker
+import pytest
+
+from olmax.checkpoint import save_params
+from olmax.config import DataConfig, ModelConfig
+from olmax.evals.heldout import eval_loss
+from olmax.model.olmo3 import init_params
+
+CFG = ModelConfig(vocab_size=5000, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, mlp_hidden=64,
+                  sliding_window=8, max_position=16, compute_dtype="float32")
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    import jax
+    from olmax.checkpoint import load_params, read_config
+    from olmax.config import DataConfig
+    from olmax.evals.heldout import eval_loss, load_instances
+    from olmax.evals.kl import token_kl
+    from olmax.evals.scoring import eval_mesh, param_shardings
+
+    port, pid, ckpt, shard, work, out = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    data_cfg = DataConfig(work_dir=work, vocab_size=5000, eos_token_id=4999, pad_token_id=0)
+    loss = eval_loss(ckpt, [shard], seq_len=16, batch=4, max_batches=3, data_cfg=data_cfg)
+    mesh = eval_mesh()
+    params, cfg, _ = load_params(ckpt, shardings=param_shardings(read_config(ckpt)[0], mesh))
+    instances = load_instances([shard], DataConfig(work_dir=work, seq_len=16, vocab_size=5000, eos_token_id=4999,
+                                                   pad_token_id=0), batch=4, max_batches=3)
+    kl = token_kl(params, cfg, params, cfg, instances, batch=4, mesh=mesh)
+    json.dump({"devices": loss["devices"], "results": loss["results"], "kl_mean": kl["kl_mean"]},
+              open(f"{out}.{pid}", "w"))
+    jax.distributed.shutdown()
+""")
+
+
+def test_two_processes_give_one_process_figures(tmp_path):
+    save_params(tmp_path / "ckpt", init_params(CFG, jax.random.key(0)), CFG, {})
+    shard = tmp_path / "000000.npy"
+    np.random.default_rng(0).integers(0, 4999, 12 * 16).astype(np.uint16).tofile(shard)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = portpicker.pick_unused_port()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    out = tmp_path / "out.json"
+    procs = [subprocess.Popen([sys.executable, str(script), str(port), str(pid), str(tmp_path / "ckpt"), str(shard),
+                               str(tmp_path / f"cache{pid}"), str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for pid in range(2)]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    reports = [json.loads((tmp_path / f"out.json.{pid}").read_text()) for pid in range(2)]
+    assert reports[0] == reports[1] and reports[0]["devices"] == 4
+    data_cfg = DataConfig(work_dir=str(tmp_path / "cache"), vocab_size=5000, eos_token_id=4999, pad_token_id=0)
+    alone = eval_loss(str(tmp_path / "ckpt"), [str(shard)], seq_len=16, batch=4, max_batches=3, data_cfg=data_cfg)
+    assert alone["devices"] == 8
+    for name, r in alone["results"].items():
+        assert r["tokens"] == reports[0]["results"][name]["tokens"] == 12 * 15
+        assert reports[0]["results"][name]["CE loss"] == pytest.approx(r["CE loss"], rel=1e-6)
+    assert reports[0]["kl_mean"] == 0.0
