@@ -9,12 +9,16 @@ Each step holds named items, so later items add to the same layout without chang
 A converted checkpoint is step 0. A training run's checkpoints (`RunCheckpoints`) add opt_state,
 data and experiment items (docs/checkpoints.md). Orbax only lists a step once it has been written
 completely, so a half-written step is never picked up as "latest".
+
+CKPT_DIR is a local path or a gs:// URL (`checkpoint_path`); everything here works on both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import re
 import warnings
 from importlib.metadata import version
 from pathlib import Path
@@ -22,6 +26,7 @@ from typing import Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from olmax.config import ConfigError, ModelConfig, from_dict
 from olmax.model.olmo3 import abstract_params
@@ -42,6 +47,25 @@ def olmax_version() -> str:
     return version("olmax")
 
 
+def checkpoint_path(directory: str | os.PathLike) -> Path | epath.Path:
+    """The path object to read and write checkpoint `directory` with: for a URL (gs://bucket/dir) an
+    `etils.epath.Path`, which reaches the store through fsspec (gcsfs), as Orbax does; otherwise the
+    absolute local Path (Orbax wants absolute paths; a URL must never be made absolute)."""
+    text = os.fspath(directory)
+    if "://" in text:
+        return epath.Path(text)
+    if re.match(r"^[a-z][a-z0-9+.-]*:/[^/]", text):  # what pathlib.Path makes of "gs://b/x"
+        raise CheckpointError(f"checkpoint directory {text} looks like a URL that lost a '/' (pathlib.Path "
+                              f"turns 'gs://b/x' into 'gs:/b/x'); pass the URL as a string")
+    return Path(text).absolute()
+
+
+def _is_gcs(path: Path | epath.Path) -> bool:
+    """Whether Orbax writes `path` the GCS way: with no atomic rename there, a step is written in place
+    and marked complete by `<step>/commit_success.txt`, written last (Orbax's CommitFileTemporaryPath)."""
+    return path.as_posix().startswith("gs://")
+
+
 # `save_params` / `load_params` move a whole model through host memory. Orbax buffers the (compressed)
 # chunks of every array in flight; left unbounded that is most of one more copy of the model
 # (measured on a 2.5 GB model: +0.8x when saving, +0.6x when restoring). Bounding the bytes in
@@ -56,25 +80,26 @@ def _handlers(concurrent_gb: Optional[int] = None) -> dict[str, ocp.CheckpointHa
     return {PARAMS: params, CONFIG: ocp.JsonCheckpointHandler(), META: ocp.JsonCheckpointHandler()}
 
 
-def _manager(directory: Path, *, create: bool) -> ocp.CheckpointManager:
+def _manager(path: Path | epath.Path, *, create: bool) -> ocp.CheckpointManager:
     # A run checkpoint's other items are registered too, so that reading only the parameters of one
     # does not warn about each item it leaves alone.
     return ocp.CheckpointManager(
-        directory.absolute(),
+        path,
         item_handlers={**run_handlers(), **_handlers(PARAMS_CONCURRENT_GB)},
         options=ocp.CheckpointManagerOptions(create=create),
     )
 
 
-def save_params(directory: str | Path, params: dict, model_cfg: ModelConfig, meta: dict, *, step: int = 0) -> Path:
+def save_params(directory: str | os.PathLike, params: dict, model_cfg: ModelConfig, meta: dict, *,
+                step: int = 0) -> Path | epath.Path:
     """Write `params` (jax arrays, any sharding; numpy works but Orbax then makes a full extra copy),
-    the model config and `meta` as `step`.
+    the model config and `meta` as `step` of `directory` (a local path or a gs:// URL).
 
-    `meta` gets `olmax_version` added. Refuses to overwrite an existing step.
+    `meta` gets `olmax_version` added. Refuses to overwrite an existing step. Returns `checkpoint_path(directory)`.
     """
-    directory = Path(directory)
+    path = checkpoint_path(directory)
     _check_shapes(_flat_shapes(params), model_cfg, f"the parameters to save in {directory}")
-    mngr = _manager(directory, create=True)
+    mngr = _manager(path, create=True)
     try:
         if step in mngr.all_steps():
             raise CheckpointError(f"{directory} already has a checkpoint at step {step}; choose an empty directory")
@@ -86,14 +111,14 @@ def save_params(directory: str | Path, params: dict, model_cfg: ModelConfig, met
         mngr.wait_until_finished()
     finally:
         mngr.close()
-    return directory
+    return path
 
 
-def _open_step(directory: str | Path, step: Optional[int]) -> tuple[ocp.CheckpointManager, int]:
-    directory = Path(directory)
-    if not directory.is_dir():
+def _open_step(directory: str | os.PathLike, step: Optional[int]) -> tuple[ocp.CheckpointManager, int]:
+    path = checkpoint_path(directory)
+    if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
-    mngr = _manager(directory, create=False)
+    mngr = _manager(path, create=False)
     steps = mngr.all_steps()
     if not steps:
         mngr.close()
@@ -106,7 +131,7 @@ def _open_step(directory: str | Path, step: Optional[int]) -> tuple[ocp.Checkpoi
     return mngr, step
 
 
-def _read_config(mngr: ocp.CheckpointManager, step: int, directory: Path) -> tuple[ModelConfig, dict]:
+def _read_config(mngr: ocp.CheckpointManager, step: int, directory: str | os.PathLike) -> tuple[ModelConfig, dict]:
     try:
         items = mngr.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore(),
                                                               META: ocp.args.JsonRestore()}))
@@ -119,12 +144,12 @@ def _read_config(mngr: ocp.CheckpointManager, step: int, directory: Path) -> tup
     return model_cfg, dict(items[META])
 
 
-def read_config(directory: str | Path, step: Optional[int] = None) -> tuple[ModelConfig, dict]:
+def read_config(directory: str | os.PathLike, step: Optional[int] = None) -> tuple[ModelConfig, dict]:
     """The model config and meta of a checkpoint (default: its latest step), without loading arrays.
     Use it to build the target shardings for `load_params`."""
     mngr, step = _open_step(directory, step)
     try:
-        return _read_config(mngr, step, Path(directory))
+        return _read_config(mngr, step, directory)
     finally:
         mngr.close()
 
@@ -146,7 +171,7 @@ def _check_shapes(found: dict[str, tuple], model_cfg: ModelConfig, what: str) ->
         raise CheckpointError(f"{what} do not match the model config: " + "; ".join(problems))
 
 
-def load_params(directory: str | Path, step: Optional[int] = None, shardings: Any = None
+def load_params(directory: str | os.PathLike, step: Optional[int] = None, shardings: Any = None
                 ) -> tuple[dict, ModelConfig, dict]:
     """Restore (params, model config, meta) from a checkpoint (default: its latest step).
 
@@ -155,7 +180,6 @@ def load_params(directory: str | Path, step: Optional[int] = None, shardings: An
     the arrays are restored directly onto it, whatever sharding they were saved with.
     None puts every array on the first device. Arrays are restored in `model_cfg.param_dtype`.
     """
-    directory = Path(directory)
     mngr, step = _open_step(directory, step)
     try:
         model_cfg, meta = _read_config(mngr, step, directory)
@@ -182,14 +206,16 @@ def load_params(directory: str | Path, step: Optional[int] = None, shardings: An
 
 
 OPT_STATE, DATA, EXPERIMENT = "opt_state", "data", "experiment"
-TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax writes a step here, then renames it when complete
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # locally Orbax writes a step here, then renames it when complete
+COMMIT_FILE = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # on GCS it writes this last instead (see _is_gcs)
 
 
 class RunCheckpoints:
-    """The checkpoints of one training run (RUN_DIR/checkpoints). Step N holds the state after N
-    completed steps and the data-loader state after N batches, so a resume continues with the data
-    of step N+1. Saves are asynchronous (Orbax copies the arrays to host before `save` returns, so
-    the next step may donate them); only completely written steps are ever listed or restored.
+    """The checkpoints of one training run (RUN_DIR/checkpoints, or checkpoint.dir: a local path or a
+    gs:// URL). Step N holds the state after N completed steps and the data-loader state after N
+    batches, so a resume continues with the data of step N+1. Saves are asynchronous (Orbax copies
+    the arrays to host before `save` returns, so the next step may donate them); only completely
+    written steps are ever listed or restored.
 
     Items: params, config and meta (as `save_params`, so `load_params` reads a training checkpoint
     too), opt_state ({"step", "opt"}: the optimizer state incl. the skip-step window), data (the
@@ -201,14 +227,15 @@ class RunCheckpoints:
     committed, so the newest complete checkpoint is never deleted.
     """
 
-    def __init__(self, directory: str | Path, cfg, *, allow_config_change: bool = False):
-        self.directory, self.cfg = Path(directory), cfg
+    def __init__(self, directory: str | os.PathLike, cfg, *, allow_config_change: bool = False):
+        # `directory` as written names it in messages; `path` is what is read and written
+        self.directory, self.path, self.cfg = os.fspath(directory), checkpoint_path(directory), cfg
         self.allow_config_change = allow_config_change
         if cfg.checkpoint.keep < 1:
             raise ConfigError(f"checkpoint.keep must be >= 1, got {cfg.checkpoint.keep}")
         options = ocp.CheckpointManagerOptions(create=True, max_to_keep=cfg.checkpoint.keep,
                                                enable_async_checkpointing=True)
-        self._mngr = ocp.CheckpointManager(self.directory.absolute(), item_handlers=run_handlers(), options=options)
+        self._mngr = ocp.CheckpointManager(self.path, item_handlers=run_handlers(), options=options)
         self._writing_step: Optional[int] = None  # the newest step handed to Orbax (async: maybe in flight)
         self._failed = False
 
@@ -237,23 +264,36 @@ class RunCheckpoints:
         None when there is none. A newer step that fails to read (a truncated or corrupt save) is
         skipped with a warning naming it, and moved aside to `<step>.corrupt` so that the run can
         write that step again; a changed config is an error, not a fallback."""
-        for name in sorted(p.name for p in self.directory.glob(f"*{TMP_SUFFIX}*")):
-            warnings.warn(f"ignoring the interrupted save {self.directory / name} (never committed)")
+        for name in self._uncommitted():
+            warnings.warn(f"ignoring the interrupted save {self._where(name)} (never committed)")
         for step in sorted(self._mngr.all_steps(), reverse=True):
             try:
                 state, data_state = self.restore(step, mesh)
             except CheckpointError:
                 raise
             except Exception as e:  # noqa: BLE001 - any read failure means "not a usable checkpoint"
-                where = self.directory / str(step)
-                warnings.warn(f"checkpoint {where} cannot be restored ({type(e).__name__}: {e}); "
+                warnings.warn(f"checkpoint {self._where(step)} cannot be restored ({type(e).__name__}: {e}); "
                               f"falling back to the previous complete checkpoint")
                 if jax.process_index() == 0:
-                    where.rename(where.with_name(f"{step}.corrupt"))
+                    (self.path / str(step)).rename(self.path / f"{step}.corrupt")
                 self._mngr.reload()
                 continue
             return state, data_state
         return None
+
+    def _uncommitted(self) -> list[str]:
+        """The saves that never completed (a crash, a preemption, a failed write): locally Orbax's
+        `<step>.orbax-checkpoint-tmp*` directories; on GCS step directories without the commit file.
+        Orbax lists neither as a step, and removes such a step directory before writing that step again."""
+        if not self.path.is_dir():
+            return []
+        if _is_gcs(self.path):
+            return sorted((p.name for p in self.path.iterdir()
+                           if p.name.isdigit() and not (p / COMMIT_FILE).exists()), key=int)
+        return sorted(p.name for p in self.path.glob(f"*{TMP_SUFFIX}*"))
+
+    def _where(self, step: int | str) -> str:
+        return f"{self.directory.rstrip('/')}/{step}"
 
     def restore(self, step: int, mesh):
         """(TrainState on `mesh`, data-loader state) of `step`; the mesh may differ from the one
@@ -264,14 +304,14 @@ class RunCheckpoints:
                                                                    DATA: ocp.args.JsonRestore()}))
         changes = config_changes(saved[EXPERIMENT], self.cfg)
         if any(c.startswith("model ") for c in changes):  # the arrays themselves would not fit
-            raise CheckpointError(f"cannot resume from {self.directory / str(step)}: the model changed "
+            raise CheckpointError(f"cannot resume from {self._where(step)}: the model changed "
                                   f"({'; '.join(changes)}); start a new run (checkpoint.init_from, olmax ckpt warm-start)")
         if changes and not self.allow_config_change:
-            raise CheckpointError(f"cannot resume from {self.directory / str(step)}: the run's config changed "
+            raise CheckpointError(f"cannot resume from {self._where(step)}: the run's config changed "
                                   f"({'; '.join(changes)}); start a new run directory for a different run, or "
                                   "pass --allow-config-change (allow_config_change=True) to continue anyway")
         if changes:
-            warnings.warn(f"resuming {self.directory / str(step)} with a changed config: {'; '.join(changes)}")
+            warnings.warn(f"resuming {self._where(step)} with a changed config: {'; '.join(changes)}")
         abstract = jax.eval_shape(lambda key: init_train_state(self.cfg, mesh, key), jax.random.key(0))
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                               abstract, state_shardings(self.cfg, mesh))
@@ -303,8 +343,8 @@ class RunCheckpoints:
     def _writing(self, step: int):
         """Turn a failed write (disk full, no permission, a storage error; Orbax raises it from `save`
         or, for an async save, from the next `save` or `wait_until_finished`) into one CheckpointError
-        naming the directory. The failed step stays an uncommitted `<step>.orbax-checkpoint-tmp*`
-        directory, which restore ignores, so the previous complete checkpoint remains the one to resume."""
+        naming the directory. The failed step stays uncommitted (`_uncommitted`), which restore ignores,
+        so the previous complete checkpoint remains the one to resume."""
         try:
             yield
         except Exception as e:  # noqa: BLE001 - every failure of a save means the same to the run
@@ -317,13 +357,13 @@ class RunCheckpoints:
                                   "to resume from it") from e
 
 
-def complete_steps(directory: str | Path) -> list[int]:
-    """The steps of a run's checkpoint directory (RUN_DIR/checkpoints) that Orbax lists as complete,
-    i.e. the ones `RunCheckpoints` may resume from; [] when there is none (or no directory)."""
-    directory = Path(directory)
-    if not directory.is_dir():
+def complete_steps(directory: str | os.PathLike) -> list[int]:
+    """The steps of a checkpoint directory (local or gs://) that Orbax lists as complete, i.e. the ones
+    `RunCheckpoints` may resume from and `load_params` reads; [] when there is none (or no directory)."""
+    path = checkpoint_path(directory)
+    if not path.is_dir():
         return []
-    mngr = ocp.CheckpointManager(directory.absolute(), item_handlers=run_handlers(),
+    mngr = ocp.CheckpointManager(path, item_handlers=run_handlers(),
                                  options=ocp.CheckpointManagerOptions(create=False, read_only=True))
     try:
         return sorted(mngr.all_steps())

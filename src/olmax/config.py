@@ -198,6 +198,9 @@ class CheckpointConfig:
     # parameters to start from with a fresh optimizer, or a checkpoint written by `olmax ckpt
     # warm-start` (then its moments and bias-correction counter come along too)
     init_from: Optional[str] = None
+    # where the run's checkpoints go: a local path or a gs:// URL (logs and metrics stay in the run
+    # directory); None: RUN_DIR/checkpoints
+    dir: Optional[str] = None
 
 
 @dataclass(frozen=True)

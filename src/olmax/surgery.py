@@ -17,7 +17,7 @@ writes DST as a one-step run checkpoint; a run with `checkpoint.init_from=DST` s
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+import os
 from typing import Optional
 
 import jax
@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from olmax.checkpoint import (CONFIG, DATA, EXPERIMENT, META, OPT_STATE, PARAMS, CheckpointError, RunCheckpoints,
-                              model_changes, olmax_version, read_config, run_handlers)
+                              checkpoint_path, model_changes, olmax_version, read_config, run_handlers)
 from olmax.config import ConfigError, ExperimentConfig, MeshConfig, from_dict
 from olmax.optim import AdamWState, OptState, skip_window_init
 from olmax.sharding import make_mesh
@@ -34,10 +34,11 @@ KEEP_CHOICES = ("params", "moments")
 WARM_START = "warm_start"  # the meta key that marks a warm-start checkpoint (and says what it kept)
 
 
-def _open(directory: Path, step: Optional[int]) -> tuple[ocp.CheckpointManager, int]:
-    if not directory.is_dir():
+def _open(directory: str | os.PathLike, step: Optional[int]) -> tuple[ocp.CheckpointManager, int]:
+    path = checkpoint_path(directory)
+    if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
-    mngr = ocp.CheckpointManager(directory.absolute(), item_handlers=run_handlers(),
+    mngr = ocp.CheckpointManager(path, item_handlers=run_handlers(),
                                  options=ocp.CheckpointManagerOptions(create=False, read_only=True))
     steps = mngr.all_steps()
     if not steps:
@@ -49,15 +50,15 @@ def _open(directory: Path, step: Optional[int]) -> tuple[ocp.CheckpointManager, 
     return mngr, step
 
 
-def _json_items(mngr: ocp.CheckpointManager, step: int, directory: Path) -> dict:
-    names = [n for n in (EXPERIMENT, META, DATA) if (directory / str(step) / n).is_dir()]
+def _json_items(mngr: ocp.CheckpointManager, step: int, directory: str | os.PathLike) -> dict:
+    names = [n for n in (EXPERIMENT, META, DATA) if (checkpoint_path(directory) / str(step) / n).is_dir()]
     if EXPERIMENT not in names:
         raise CheckpointError(f"{directory} step {step} is not a training-run checkpoint (no '{EXPERIMENT}' item)")
     items = mngr.restore(step, args=ocp.args.Composite(**{n: ocp.args.JsonRestore() for n in names}))
     return {n: items[n] for n in names}
 
 
-def restore_state(src: Path, step: int, cfg: ExperimentConfig):
+def restore_state(src: str | os.PathLike, step: int, cfg: ExperimentConfig):
     """The TrainState of run checkpoint `src` step `step` on one device (host-sized models only)."""
     mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=1), jax.devices()[:1])
     ckpts = RunCheckpoints(src, cfg)
@@ -68,15 +69,16 @@ def restore_state(src: Path, step: int, cfg: ExperimentConfig):
         ckpts.close()
 
 
-def warm_start(src: str | Path, dst: str | Path, *, keep: tuple[str, ...] = KEEP_CHOICES, reset_step: bool = True,
-               step: Optional[int] = None) -> dict:
+def warm_start(src: str | os.PathLike, dst: str | os.PathLike, *, keep: tuple[str, ...] = KEEP_CHOICES,
+               reset_step: bool = True, step: Optional[int] = None) -> dict:
     """Write the warm-start checkpoint DST from run checkpoint SRC (default its latest step); see the
-    module doc. Returns a summary (source step, written step, what was kept)."""
-    src, dst = Path(src), Path(dst)
+    module doc. Either may be a local path or a gs:// URL. Returns a summary (source step, written
+    step, what was kept)."""
+    out_path = checkpoint_path(dst)
     unknown = set(keep) - set(KEEP_CHOICES)
     if unknown or "params" not in keep:
         raise ConfigError(f"keep must list params and optionally moments (from {KEEP_CHOICES}), got {sorted(keep)}")
-    if dst.exists() and any(dst.iterdir()):
+    if out_path.exists() and any(out_path.iterdir()):
         raise CheckpointError(f"{dst} is not empty; choose a new directory for the warm-start checkpoint")
     mngr, step = _open(src, step)
     try:
@@ -91,8 +93,9 @@ def warm_start(src: str | Path, dst: str | Path, *, keep: tuple[str, ...] = KEEP
     data_state = None if reset_step else saved.get(DATA)
     meta = {**saved.get(META, {}), "olmax_version": olmax_version(), "step": new_step,
             "tokens_seen": 0 if reset_step else saved.get(META, {}).get("tokens_seen"),
-            WARM_START: {"from": str(src.absolute()), "from_step": step, "keep": sorted(keep), "reset_step": reset_step}}
-    out = ocp.CheckpointManager(dst.absolute(), item_handlers=run_handlers(),
+            WARM_START: {"from": str(checkpoint_path(src)), "from_step": step, "keep": sorted(keep),
+                         "reset_step": reset_step}}
+    out = ocp.CheckpointManager(out_path, item_handlers=run_handlers(),
                                 options=ocp.CheckpointManagerOptions(create=True))
     try:
         out.save(new_step, args=ocp.args.Composite(**{
@@ -106,16 +109,15 @@ def warm_start(src: str | Path, dst: str | Path, *, keep: tuple[str, ...] = KEEP
         out.wait_until_finished()
     finally:
         out.close()
-    return {"source": str(src), "source_step": step, "destination": str(dst), "step": new_step,
+    return {"source": os.fspath(src), "source_step": step, "destination": os.fspath(dst), "step": new_step,
             "keep": sorted(keep), "reset_step": reset_step, "adam_count": int(adam.count)}
 
 
-def load_warm_start(directory: str | Path, cfg: ExperimentConfig, mesh):
+def load_warm_start(directory: str | os.PathLike, cfg: ExperimentConfig, mesh):
     """(TrainState on `mesh`, data-loader state or None) of a warm-start checkpoint, for the run `cfg`
     (checkpoint.init_from). The model must be the same; batch, data, schedule and the rest may change."""
     from olmax.train_step import TrainState, init_train_state, state_shardings
 
-    directory = Path(directory)
     mngr, step = _open(directory, None)
     try:
         saved = _json_items(mngr, step, directory)
@@ -138,7 +140,7 @@ def load_warm_start(directory: str | Path, cfg: ExperimentConfig, mesh):
     return TrainState(items[OPT_STATE]["step"], items[PARAMS], items[OPT_STATE]["opt"]), saved.get(DATA)
 
 
-def is_warm_start(directory: str | Path) -> bool:
+def is_warm_start(directory: str | os.PathLike) -> bool:
     """Whether `directory` was written by `warm_start` (then checkpoint.init_from restores what it kept)."""
     return WARM_START in read_config(directory)[1]
 
@@ -162,15 +164,15 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def inspect(directory: str | Path, *, step: Optional[int] = None, against: Optional[str | Path] = None) -> dict:
+def inspect(directory: str | os.PathLike, *, step: Optional[int] = None,
+            against: Optional[str | os.PathLike] = None) -> dict:
     """Step, tokens, mesh, array shapes and dtypes, data state and config of a run checkpoint; with
     `against`, the config keys that differ from that checkpoint's ({key: [this, other]})."""
-    directory = Path(directory)
     mngr, step = _open(directory, step)
     try:
         items = _json_items(mngr, step, directory)
         arrays = mngr.item_metadata(step)
-        report = {"directory": str(directory), "step": step, "steps": sorted(mngr.all_steps()),
+        report = {"directory": os.fspath(directory), "step": step, "steps": sorted(mngr.all_steps()),
                   "meta": items.get(META, {}), "tokens_seen": items.get(META, {}).get("tokens_seen"),
                   "params": _arrays(arrays[PARAMS]), "opt_state": _arrays(arrays[OPT_STATE]),
                   "data": items.get(DATA), "experiment": items[EXPERIMENT]}

@@ -45,7 +45,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
     run_dir.mkdir(parents=True, exist_ok=True)
     mesh = make_mesh(cfg.mesh, devices)
     last = cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
-    ckpts = RunCheckpoints(run_dir / "checkpoints", cfg, allow_config_change=allow_config_change)
+    ckpts = RunCheckpoints(cfg.checkpoint.dir or run_dir / "checkpoints", cfg, allow_config_change=allow_config_change)
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with _exclusive(run_dir), jax.set_mesh(mesh), _PreemptionNotice() as preempted:

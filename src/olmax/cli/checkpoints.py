@@ -65,7 +65,7 @@ def convert_cmd(
 @_fail_on_bad_checkpoint
 def parity_cmd(
     hf: str = typer.Option(..., "--hf", help="HF Olmo3ForCausalLM directory (the reference)"),
-    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint (its latest step)"),
+    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint (its latest step); local or gs://"),
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16: weights and compute on both sides"),
     seq_len: int = typer.Option(512, "--seq-len"),
     batch: int = typer.Option(1, "--batch"),
@@ -98,8 +98,8 @@ app.add_typer(ckpt_app, name="ckpt")
 @ckpt_app.command("warm-start")
 @exits_on("ckpt warm-start", checkpoint_errors)
 def ckpt_warm_start_cmd(
-    src: Path = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints)"),
-    dst: Path = typer.Argument(..., help="new directory for the warm-start checkpoint"),
+    src: str = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints); local or gs://"),
+    dst: str = typer.Argument(..., help="new directory for the warm-start checkpoint; local or gs://"),
     keep: str = typer.Option("params,moments", "--keep", help="params, or params,moments (Adam moments and "
                                                              "their bias-correction counter)"),
     reset_step: bool = typer.Option(False, "--reset-step", help="step 0: restart the schedule, empty the "
@@ -121,9 +121,9 @@ def ckpt_warm_start_cmd(
 @ckpt_app.command("inspect")
 @exits_on("ckpt inspect", checkpoint_errors)
 def ckpt_inspect_cmd(
-    ckpt: Path = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints)"),
+    ckpt: str = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints); local or gs://"),
     step: Optional[int] = typer.Option(None, "--step", help="default: the latest"),
-    against: Optional[Path] = typer.Option(None, "--against", help="another checkpoint directory: show the "
+    against: Optional[str] = typer.Option(None, "--against", help="another checkpoint directory: show the "
                                                                     "config keys that differ"),
     json_out: Optional[Path] = JsonOpt,
 ):

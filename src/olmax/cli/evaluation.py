@@ -36,7 +36,7 @@ EvalDtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the c
 @eval_app.command("loss")
 @_fail_on_bad_eval_input
 def eval_loss_cmd(
-    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
     data: list[str] = EvalDataOpt,
     seq_len: int = typer.Option(8192, "--seq-len"),
     batch: int = typer.Option(8, "--batch", help="instances per eval batch (fixed whatever the device count)"),
@@ -60,7 +60,7 @@ def eval_loss_cmd(
 @eval_app.command("domains")
 @_fail_on_bad_eval_input
 def eval_domains_cmd(
-    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
     data: Path = typer.Option(..., "--data", help="directory of held-out .jsonl(.gz) files, or one file"),
     by: str = typer.Option("auto", "--by", help="auto (the `domain` field if present, else the file), field or file"),
     seq_len: int = typer.Option(2048, "--seq-len", help="window length for long documents"),
@@ -83,7 +83,7 @@ def eval_domains_cmd(
 @eval_app.command("tasks")
 @_fail_on_bad_eval_input
 def eval_tasks_cmd(
-    ckpt: Path = typer.Option(..., "--ckpt", help="olmax checkpoint directory"),
+    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
     tasks: str = typer.Option("mmlu,hellaswag,arc_easy,arc_challenge,openbookqa,piqa,boolq,winogrande", "--tasks",
                               help="comma-separated lm-eval task names"),
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help="shots for every task (default: mmlu 5, others lm-eval's)"),
@@ -114,8 +114,8 @@ def eval_tasks_cmd(
 @eval_app.command("kl")
 @_fail_on_bad_eval_input
 def eval_kl_cmd(
-    ckpt_a: Path = typer.Option(..., "--ckpt-a", help="reference olmax checkpoint (A in KL(A||B))"),
-    ckpt_b: Path = typer.Option(..., "--ckpt-b", help="olmax checkpoint compared with it"),
+    ckpt_a: str = typer.Option(..., "--ckpt-a", help="reference olmax checkpoint (A in KL(A||B))"),
+    ckpt_b: str = typer.Option(..., "--ckpt-b", help="olmax checkpoint compared with it"),
     data: list[str] = EvalDataOpt,
     seq_len: int = typer.Option(2048, "--seq-len"),
     batch: int = typer.Option(4, "--batch"),
@@ -170,9 +170,9 @@ def compare_cmd(
 @app.command("verify")
 @exits_on("verify error", lambda: (ValueError, FileNotFoundError))  # CheckpointError is a ValueError
 def verify_cmd(
-    a: Path = typer.Option(..., "--a", help="run A: a run directory (its checkpoints/), a checkpoint directory, "
+    a: str = typer.Option(..., "--a", help="run A: a run directory (its checkpoints/), a checkpoint directory, "
                                             "or one checkpoint (a step directory, e.g. run/checkpoints/40)"),
-    b: Path = typer.Option(..., "--b", help="run B, in any of those forms; two single checkpoints are compared "
+    b: str = typer.Option(..., "--b", help="run B, in any of those forms; two single checkpoints are compared "
                                             "as given, whatever their steps"),
     out: Path = typer.Option(..., "--out", help="directory for verify.md, verify.json and the PNGs"),
     landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps, e.g. 1000,5000 (default: every step both hold)"),

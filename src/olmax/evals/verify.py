@@ -42,6 +42,7 @@ from typing import Optional, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
+from olmax.checkpoint import checkpoint_path
 from olmax.config import DataConfig
 from olmax.evals.domains import read_domains, score_domains
 from olmax.evals.heldout import labels_for, load_instances
@@ -52,21 +53,21 @@ KL_FLOOR = 1.5e-3
 WITHIN, DIFFERS, UNDETERMINED = "within noise", "differs", "undetermined"
 
 
-def checkpoint_source(path: str | Path) -> tuple[Path, Optional[int]]:
+def checkpoint_source(path: str | Path) -> tuple[str, Optional[int]]:
     """(checkpoint directory, None) for a run directory or its `checkpoints/`; (checkpoint directory,
-    step) for one checkpoint, i.e. a step sub-directory such as `run/checkpoints/40`."""
-    path = Path(path)
-    if path.name.isdigit() and path.is_dir() and int(path.name) in checkpoint_steps(path.parent):
-        return path.parent, int(path.name)
+    step) for one checkpoint, i.e. a step sub-directory such as `run/checkpoints/40`. Local or gs://."""
+    path = checkpoint_path(path)
+    if path.name.isdigit() and int(path.name) in checkpoint_steps(path.parent):
+        return str(path.parent), int(path.name)
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
-    if not path.is_dir() or not checkpoint_steps(path):
+    if not checkpoint_steps(path):
         raise FileNotFoundError(f"{path} is neither a run directory with checkpoints/, a checkpoint directory "
                                 f"(step sub-directories) nor one step of one")
-    return path, None
+    return str(path), None
 
 
-def resolve_landmarks(ckpt_a: Path, ckpt_b: Path, landmarks: Optional[Sequence[int]],
+def resolve_landmarks(ckpt_a: str, ckpt_b: str, landmarks: Optional[Sequence[int]],
                       step_a: Optional[int] = None, step_b: Optional[int] = None) -> list[tuple[int, int]]:
     """The (A step, B step) pairs to compare. Runs: the requested steps, each present in both (default:
     every step both hold). A single checkpoint on one side fixes the step on both; single checkpoints

