@@ -43,12 +43,16 @@ class MetricsLog:
     (re)starts from; logged rows after it are dropped."""
 
     def __init__(self, run_dir: Path, cfg: ExperimentConfig, n_devices: int, peak_tflops: Optional[float] = None,
-                 *, start_step: int = 0):
-        path = run_dir / "metrics.jsonl"
-        _drop_rows_after(path, start_step)
-        self._jsonl = open(path, "a")
-        self._tb = SummaryWriter(str(run_dir / "tensorboard"))
-        self._wandb = _WandbRun(cfg, run_dir) if cfg.wandb.mode != "disabled" else None
+                 *, start_step: int = 0, write: bool = True):
+        """`write`: False on all but one process of a multi-host run (the metrics are global, so
+        every process computes the same rows; one writes them)."""
+        self._write = write
+        if write:
+            path = run_dir / "metrics.jsonl"
+            _drop_rows_after(path, start_step)
+            self._jsonl = open(path, "a")
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self._wandb = _WandbRun(cfg, run_dir) if cfg.wandb.mode != "disabled" else None
         step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, cfg.trainer.global_batch)
         self._tflop_per_device_step = step_flops.total / n_devices / 1e12
         self._tokens_per_device_step = cfg.trainer.global_batch * cfg.data.seq_len / n_devices
@@ -69,6 +73,8 @@ class MetricsLog:
         row["data/repeats"] = repeats
         row["time/step"] = step_time
         row.update(extra)
+        if not self._write:
+            return row
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
         for name, value in row.items():
@@ -81,6 +87,8 @@ class MetricsLog:
         return row
 
     def close(self) -> None:
+        if not self._write:
+            return
         self._jsonl.close()
         self._tb.close()
         if self._wandb is not None:

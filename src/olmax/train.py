@@ -66,10 +66,11 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
         step_fn = make_train_step(cfg, mesh)
         to_global = batch_sharding(cfg, mesh)
         mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
-        log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops, start_step=start)
+        primary = jax.process_index() == 0  # metrics are global: process 0 writes and shows them
+        log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops, start_step=start, write=primary)
         evaluator = HeldoutEvaluator(cfg, mesh)
         batches = iter(loader)
-        bar = Progress(start, last, cfg.trainer.global_batch * cfg.data.seq_len, enabled=progress,
+        bar = Progress(start, last, cfg.trainer.global_batch * cfg.data.seq_len, enabled=progress and primary,
                        every=cfg.trainer.log_every)
         try:
             pending = None  # the previous step's metrics, read after the next step is dispatched (no host sync)
