@@ -5,9 +5,11 @@ to step 6. Every step's losses equal one single-process run's (fp32, 1e-6 relati
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,20 +24,25 @@ SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "eval/demo-heldout/CE loss"]
 
 
-@pytest.mark.slow  # ~1-2 min on 2 cores: two JAX processes, then two single-process runs
-def test_two_processes_train_like_one(tmp_path):
-    overrides = SMALL + [f"data.work_dir={tmp_path / 'cache'}"]
+def _two_workers(run, *args):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run = tmp_path / "two_hosts"
     procs = []
     for rank in range(2):
         env = {**os.environ, "OLMAX_DISTRIBUTED": "slurm", "OLMAX_COORDINATOR": f"127.0.0.1:{port}",
                "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
         procs.append(subprocess.Popen([sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny",
-                                       "--run-dir", str(run), "--stop-at", "4", *overrides],
+                                       "--run-dir", str(run), *args],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+@pytest.mark.slow  # ~1-2 min on 2 cores: two JAX processes, then two single-process runs
+def test_two_processes_train_like_one(tmp_path):
+    overrides = SMALL + [f"data.work_dir={tmp_path / 'cache'}"]
+    run = tmp_path / "two_hosts"
+    procs = _two_workers(run, "--stop-at", "4", *overrides)
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
 
@@ -50,3 +57,25 @@ def test_two_processes_train_like_one(tmp_path):
         for key in KEYS:
             if key in b:
                 assert a[key] == pytest.approx(b[key], rel=1e-6), (a["step"], key)
+
+
+@pytest.mark.slow  # ~1 min: two JAX processes
+def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
+    """A preemption notice reaching only one host: JAX's preemption sync manager makes both save the
+    same step and exit cleanly (stopping apart would hang the other host in its next collective)."""
+    from olmax.checkpoint import complete_steps
+
+    run = tmp_path / "two_hosts"
+    overrides = SMALL + [f"data.work_dir={tmp_path / 'cache'}", "trainer.max_steps=400", "checkpoint.every=1000",
+                         "eval.every=0"]
+    procs = _two_workers(run, *overrides)
+    metrics, deadline = run / "metrics.jsonl", time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no progress"
+        time.sleep(0.5)
+    procs[1].send_signal(signal.SIGTERM)  # the host that does not write the metrics
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    steps = complete_steps(run / "checkpoints")
+    last = json.loads(metrics.read_text().splitlines()[-1])["step"]
+    assert steps == [last] and 3 <= last < 400  # one checkpoint, of the step both stopped after

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax.checkpoint import RunCheckpoints, load_params
@@ -85,7 +86,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                     _log(pending, log, rows, bar, t_last)
                     t_last = time.perf_counter()
                 pending = (step, metrics, loader.audit()["repeats_in_epoch"])
-                stop = preempted.is_set()
+                stop = preempted.reached(step)
                 eval_due, ckpt_due = evaluator.due(step), step % cfg.checkpoint.every == 0 or step == last or stop
                 if eval_due or ckpt_due:
                     # step time is measured before evaluation and checkpointing, which it excludes
@@ -121,16 +122,25 @@ def _exclusive(run_dir: Path):
 
 
 class _PreemptionNotice:
-    """While active, SIGTERM sets an event instead of killing the process, so the loop can save at
-    the next step boundary and return (a preemption notice leaves seconds to minutes). Only the main
-    thread can install signal handlers; elsewhere this does nothing."""
+    """SIGTERM (a preemption notice leaves seconds to minutes) ends the run at a step boundary, with a
+    checkpoint. One process: while active, SIGTERM sets an event instead of killing the process (only
+    the main thread can install the handler; elsewhere this does nothing). Several processes: JAX's
+    preemption sync manager, which jax.distributed.initialize sets up with its own SIGTERM handler,
+    spreads a notice received by any host and picks the one step at which all hosts stop together
+    (multihost_utils.reached_preemption_sync_point, asked at every step); hosts stopping at different
+    steps would deadlock in the next collective."""
 
-    def __enter__(self) -> threading.Event:
+    def __enter__(self) -> "_PreemptionNotice":
         self.event = threading.Event()
         self._previous = None
-        if threading.current_thread() is threading.main_thread():
+        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, lambda *_: self.event.set())
-        return self.event
+        return self
+
+    def reached(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            return multihost_utils.reached_preemption_sync_point(step)
+        return self.event.is_set()
 
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
