@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from olmax.config import ModelConfig
-from olmax.loss import IGNORE, chunked_loss_sums, loss_denominator, loss_sums, make_labels
+from olmax.loss import IGNORE, loss_denominator, loss_sums, make_labels, output_loss
 from olmax.model.olmo3 import forward_hidden, init_params, lm_head
 
 PAD = 7
@@ -87,26 +87,31 @@ TINY = ModelConfig(vocab_size=250, d_model=32, n_layers=1, n_heads=4, n_kv_heads
                    sliding_window=8, compute_dtype="float32")
 
 
-def test_chunked_output_layer_equals_full_logits():
+@pytest.mark.parametrize("chunk, z_loss", [(4, 1e-5), (0, 0.1), (8, 0.1)])
+def test_fused_output_loss_equals_autodiff_of_full_logits(chunk, z_loss):
+    """The fused output layer + loss (gradients formed in its forward pass) against plain autodiff
+    through the full float32 logits, with pad and last-position labels ignored; z_loss 0.1 makes the
+    z-loss gradient big enough to be checked, 1e-5 is AI2's."""
     params = jax.jit(init_params, static_argnums=0)(TINY, jax.random.key(0))
     ids = jnp.asarray(np.random.default_rng(3).integers(0, 250, (2, 16), dtype=np.int32))
     labels = make_labels(ids, pad_token_id=PAD)
 
     def full(params):
-        return loss_sums(lm_head(params, forward_hidden(params, ids, TINY), TINY), labels)
+        ce, z_sq = loss_sums(lm_head(params, forward_hidden(params, ids, TINY), TINY), labels)
+        return ce + z_loss * z_sq, (ce, z_sq)
 
-    def chunked(params):
-        return chunked_loss_sums(params, forward_hidden(params, ids, TINY), labels, TINY, chunk=4)
+    def fused(params):
+        return output_loss(params, forward_hidden(params, ids, TINY), labels, TINY, chunk=chunk, z_loss=z_loss)
 
-    def value_and_grad(fn):
-        return jax.jit(jax.value_and_grad(lambda p: (sum(fn(p)), fn(p)), has_aux=True))(params)
-
-    (_, sums_full), g_full = value_and_grad(full)
-    (_, sums_chunk), g_chunk = value_and_grad(chunked)
-    for a, b in zip(sums_full, sums_chunk):
+    (total_ref, sums_ref), g_ref = jax.jit(jax.value_and_grad(full, has_aux=True))(params)
+    (total, sums), g = jax.jit(jax.value_and_grad(fused, has_aux=True))(params)
+    assert float(total) == pytest.approx(float(total_ref), rel=1e-6)
+    for a, b in zip(sums_ref, sums):
         assert float(b) == pytest.approx(float(a), rel=1e-6)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_full), jax.tree.leaves(g_chunk)):
+    assert float(jax.jit(lambda p: fused(p)[0])(params)) == pytest.approx(float(total_ref), rel=1e-6)  # no-grad path
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_ref), jax.tree.leaves(g)):
         scale = float(jnp.max(jnp.abs(a)))
+        assert scale > 0, path
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-5 * scale, err_msg=str(path))
 
 
@@ -114,4 +119,4 @@ def test_chunk_must_divide_sequence():
     params = {"lm_head": jnp.zeros((32, 256))}
     hidden = jnp.zeros((1, 16, 32))
     with pytest.raises(ValueError, match="loss_chunk=5"):
-        chunked_loss_sums(params, hidden, jnp.zeros((1, 16), jnp.int32), TINY, chunk=5)
+        output_loss(params, hidden, jnp.zeros((1, 16), jnp.int32), TINY, chunk=5, z_loss=1e-5)

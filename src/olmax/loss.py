@@ -9,20 +9,21 @@
 - The caller divides both sums by `loss_denominator` of the WHOLE global batch, so summing
   micro-batch losses gives the global per-token mean whatever the micro-batching.
 
-`chunked_loss_sums` computes the same sums from the final hidden states chunk by chunk along the
-sequence, recomputing each chunk's logits in the backward pass, so the full (batch, seq, vocab)
-float32 logits and their gradient are never held in memory at once.
+`output_loss` computes the same sums from the final hidden states chunk by chunk along the
+sequence, with the gradient of each chunk's logits formed in the same pass (a custom VJP), so the
+full (batch, seq, vocab) float32 logits and their gradient are never held in memory at once and
+nothing over the vocabulary is recomputed (docs/performance.md has the measurements).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from olmax.config import ModelConfig
-from olmax.model.olmo3 import lm_head
 
 IGNORE = -100  # OLMo-core's label_ignore_index
 
@@ -60,29 +61,95 @@ def loss_sums(logits: jnp.ndarray, labels: jnp.ndarray) -> tuple[jnp.ndarray, jn
     return ce, z_sq
 
 
-def chunked_loss_sums(params: dict, hidden: jnp.ndarray, labels: jnp.ndarray, cfg: ModelConfig,
-                      chunk: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """`loss_sums(lm_head(params, hidden, cfg), labels)` computed `chunk` sequence positions at a time.
+def output_loss(params: dict, hidden: jnp.ndarray, labels: jnp.ndarray, cfg: ModelConfig, *, chunk: int,
+                z_loss: float) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
+    """The output layer and the loss in one pass: `(ce_sum + z_loss * z_sq, (ce_sum, z_sq))`, equal to
+    `loss_sums(lm_head(params, hidden, cfg), labels)` combined, computed `chunk` positions at a time.
 
-    hidden (batch, seq, d_model) are the final-normed hidden states. The batch axis stays whole in
-    every chunk, so a batch-sharded input needs no communication. Each chunk is rematerialised in the
-    backward pass: peak memory holds one (batch, chunk, vocab) block of logits instead of all of them.
+    hidden (batch, seq, d_model) are the final-normed hidden states; the gradient of the first value
+    flows to them and to params["lm_head"]; the two sums are returned for logging, without gradient.
+
+    Each chunk's logits exist once, in the forward pass, which also computes their gradient
+    (softmax - onehot + 2 z_loss lse softmax) and multiplies it into the gradients of the hidden
+    states and the LM head right away; the backward pass only scales those by the incoming
+    cotangent. Autodiff with a rematerialised chunk would run the (tokens x d_model x vocab) matmul
+    and the exponentials over the vocabulary twice; this runs 3 such matmuls instead of 4 and one
+    exponential pass, and holds one (batch, chunk, vocab) block of logits at a time. The batch axis
+    stays whole in every chunk, so a batch-sharded input needs no communication.
     """
-    b, t, d = hidden.shape
-    if chunk <= 0 or chunk >= t:
-        return loss_sums(lm_head(params, hidden, cfg), labels)
+    b, t, _ = hidden.shape
+    chunk = t if chunk <= 0 or chunk >= t else chunk
     if t % chunk:
         raise ValueError(f"trainer.loss_chunk={chunk} does not divide the sequence length {t}")
-    n = t // chunk
-    h = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)  # (n, batch, chunk, d)
-    y = labels.reshape(b, n, chunk).swapaxes(0, 1)
+    total, ce, z_sq = _fused_output_loss(hidden, params["lm_head"], labels, cfg.compute_dtype, chunk, float(z_loss))
+    return total, (jax.lax.stop_gradient(ce), jax.lax.stop_gradient(z_sq))
 
-    @jax.checkpoint
+
+def _chunk(h, w, y, z_loss: float, with_grads: bool):
+    """One chunk: h (batch, chunk, d) and w (d, vocab) in compute dtype, labels y (batch, chunk).
+    -> (CE sum, sum of lse^2), and with_grads also d(CE + z_loss lse^2)/dh in h's dtype and /dw in
+    float32."""
+    logits = jnp.einsum("btd,dv->btv", h, w, preferred_element_type=jnp.float32)
+    valid = (y != IGNORE)[..., None]
+    # logsumexp by hand, so the exponentials are computed once and reused for the softmax below
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    e = jnp.exp(logits - top)
+    s = jnp.sum(e, axis=-1, keepdims=True)
+    lse = top + jnp.log(s)
+    target = jnp.take_along_axis(logits, jnp.where(valid[..., 0], y, 0)[..., None], axis=-1)
+    sums = (jnp.sum(jnp.where(valid, lse - target, 0.0)), jnp.sum(jnp.where(valid, lse * lse, 0.0)))
+    if not with_grads:
+        return sums
+    # d/dlogits of (lse - logits[y]) + z_loss lse^2 = softmax (1 + 2 z_loss lse) - onehot(y)
+    scale = jnp.where(valid, (1.0 + 2.0 * z_loss * lse) / s, 0.0)
+    onehot = jnp.logical_and(jnp.arange(logits.shape[-1], dtype=jnp.int32) == y[..., None], valid)
+    d_logits = (e * scale - onehot.astype(jnp.float32)).astype(h.dtype)
+    d_h = jnp.einsum("btv,dv->btd", d_logits, w, preferred_element_type=jnp.float32).astype(h.dtype)
+    d_w = jnp.einsum("btd,btv->dv", h, d_logits, preferred_element_type=jnp.float32)
+    return sums, d_h, d_w
+
+
+def _chunks(hidden, labels, compute_dtype: str, chunk: int):
+    """(n_chunks, batch, chunk, d) hidden states in compute dtype and (n_chunks, batch, chunk) labels."""
+    b, t, d = hidden.shape
+    h = hidden.astype(jnp.dtype(compute_dtype)).reshape(b, t // chunk, chunk, d).swapaxes(0, 1)
+    return h, labels.reshape(b, t // chunk, chunk).swapaxes(0, 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fused_output_loss(hidden, w, labels, compute_dtype: str, chunk: int, z_loss: float):
+    """(CE sum + z_loss * z_sq, CE sum, z_sq); without differentiation, no gradient work is done."""
+    w_c = w.astype(jnp.dtype(compute_dtype))
+
     def one_chunk(carry, xs):
-        h_c, y_c = xs
-        ce, z_sq = loss_sums(lm_head(params, h_c, cfg), y_c)
+        ce, z_sq = _chunk(xs[0], w_c, xs[1], z_loss, with_grads=False)
         return (carry[0] + ce, carry[1] + z_sq), None
 
     zero = jnp.zeros((), jnp.float32)
-    (ce, z_sq), _ = jax.lax.scan(one_chunk, (zero, zero), (h, y))
-    return ce, z_sq
+    (ce, z_sq), _ = jax.lax.scan(one_chunk, (zero, zero), _chunks(hidden, labels, compute_dtype, chunk))
+    return ce + z_loss * z_sq, ce, z_sq
+
+
+def _fused_forward(hidden, w, labels, compute_dtype, chunk, z_loss):
+    b, t, d = hidden.shape
+    w_c = w.astype(jnp.dtype(compute_dtype))
+
+    def one_chunk(carry, xs):
+        ce, z_sq, d_w = carry
+        (ce_c, z_c), d_h, d_w_c = _chunk(xs[0], w_c, xs[1], z_loss, with_grads=True)
+        return (ce + ce_c, z_sq + z_c, d_w + d_w_c), d_h
+
+    zero = jnp.zeros((), jnp.float32)
+    init = (zero, zero, jnp.zeros(w.shape, jnp.float32))
+    (ce, z_sq, d_w), d_h = jax.lax.scan(one_chunk, init, _chunks(hidden, labels, compute_dtype, chunk))
+    d_h = d_h.swapaxes(0, 1).reshape(b, t, d).astype(hidden.dtype)
+    return (ce + z_loss * z_sq, ce, z_sq), (d_h, d_w.astype(w.dtype))
+
+
+def _fused_bwd(compute_dtype, chunk, z_loss, residuals, cotangents):
+    d_h, d_w = residuals
+    g = cotangents[0]  # the two sums carry no gradient: output_loss stops it
+    return (g * d_h).astype(d_h.dtype), (g * d_w).astype(d_w.dtype), None
+
+
+_fused_output_loss.defvjp(_fused_forward, _fused_bwd)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, ExperimentConfig
-from olmax.loss import chunked_loss_sums, loss_denominator, make_labels
+from olmax.loss import loss_denominator, make_labels, output_loss
 from olmax.model.olmo3 import ParamSpec, forward_hidden, init_params, param_specs
 from olmax.optim import AdamWState, Optimizer, OptState, SkipWindow
 from olmax.schedules import make_schedule
@@ -119,9 +119,8 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
     def micro_loss(params, input_ids, instance_mask, denominator):
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask)
         hidden = forward_hidden(params, input_ids, model)
-        ce, z_sq = chunked_loss_sums(params, hidden, labels, model, trainer.loss_chunk)
-        ce, z = ce / denominator, z_mult * z_sq / denominator
-        return ce + z, (ce, z)
+        total, (ce, z_sq) = output_loss(params, hidden, labels, model, chunk=trainer.loss_chunk, z_loss=z_mult)
+        return total / denominator, (ce / denominator, z_mult * z_sq / denominator)
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
 

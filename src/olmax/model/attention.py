@@ -46,15 +46,22 @@ def causal_mask(seq_len: int, window: Optional[int]) -> jnp.ndarray:
 
 
 def _xla_attention(q, k, v, window):
-    """The reference: explicit scores, mask and float32 softmax. Runs on any device."""
+    """The reference: explicit scores, mask and float32 softmax. Runs on any device.
+
+    The batched matmuls are 4-D, (batch, kv head) x (group * t, d) rows: the query heads that share
+    a kv head are stacked along the rows, and the mask is tiled to match. XLA:CPU runs this layout
+    about 1.6x faster, forward and backward, than positions-first or 5-D (group as its own axis)
+    einsums (docs/performance.md)."""
     b, t, h, d = q.shape
     kv = k.shape[2]
-    q = q.reshape(b, t, kv, h // kv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (d**-0.5)
-    scores = jnp.where(causal_mask(t, window), scores, jnp.finfo(jnp.float32).min)
+    g = h // kv
+    q = q.reshape(b, t, kv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # (batch, kv, s, d)
+    scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32) * (d**-0.5)
+    scores = jnp.where(jnp.tile(causal_mask(t, window), (g, 1)), scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, d)
+    out = jnp.einsum("bkms,bksd->bkmd", probs, v)
+    return out.reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 def dot_product_attention(q, k, v, window: Optional[int], implementation: str):

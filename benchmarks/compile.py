@@ -1,0 +1,82 @@
+"""Time to lower and compile the 7B train step (scan over layer groups) on fake CPU devices, and
+what its per-device temporaries are made of.
+
+    .venv/bin/python benchmarks/compile.py [--recipe olmo3_7b_stage1 --devices 8 --set KEY=VALUE ...
+                                            --buffers 12 --json out.json]
+
+Runs olmax.compile_check.compile_report (the real step, abstract arrays: nothing of the model's size
+is allocated) with the overrides the 7B needs to fit a device: one instance per micro-batch, the
+output layer in chunks of 1024 positions, each block rematerialised. With --buffers N it also dumps
+XLA's buffer assignment and lists the N largest temporary allocations with the HLO value that
+owns each, which is how docs/performance.md attributes the temporaries. Goal: compile under 3 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+DEFAULT_SET = ["trainer.micro_batch_size=1", "trainer.loss_chunk=1024", "model.remat=full"]
+GOAL_S = 180.0
+
+
+def largest_temporaries(dump_dir: Path, n: int) -> list[dict]:
+    """The n largest HLO values placed in the step's temporary allocations (XLA packs temporaries
+    into one preallocated block whose slices are reused by values with disjoint lifetimes, so the
+    values can add up to more than the block)."""
+    files = sorted(dump_dir.glob("*buffer-assignment.txt"))
+    if not files:
+        return []
+    text = max(files, key=lambda p: p.stat().st_size).read_text()
+    values = []
+    for block in re.split(r"\n(?=allocation \d+:)", text):
+        head = re.match(r"allocation \d+: size \d+(.*)", block)
+        if head and "preallocated-temp" in head.group(1):
+            values += re.findall(r"value: <\d+ ([^ >]+)[^>]*> \(size=(\d+)[^)]*\): (\S+)", block)
+    values.sort(key=lambda v: -int(v[1]))
+    return [{"bytes": int(size), "value": name, "shape": shape} for name, size, shape in values[:n]]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default="olmo3_7b_stage1")
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help=f"overrides (default: {' '.join(DEFAULT_SET)})")
+    p.add_argument("--buffers", type=int, default=0, help="list this many largest temporaries (dumps HLO)")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    overrides = DEFAULT_SET if args.set is None else args.set
+    dump = Path(tempfile.mkdtemp(prefix="olmax-compile-")) if args.buffers else None
+    flags = [f"--xla_force_host_platform_device_count={args.devices}"]
+    if dump:
+        flags += [f"--xla_dump_to={dump}", "--xla_dump_hlo_module_re=.*train.*|.*step_fn.*"]
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + flags)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+    from olmax.compile_check import compile_report, format_report
+    from olmax.recipes import resolve
+
+    report = compile_report(resolve(args.recipe, None, overrides))
+    report["overrides"] = overrides
+    report["total_s"] = report["lower_s"] + report["compile_s"]
+    report["under_goal"] = report["total_s"] < GOAL_S
+    if dump:
+        report["largest_temporaries"] = largest_temporaries(dump, args.buffers)
+    print(format_report(report))
+    print(f"overrides: {' '.join(overrides)}")
+    print(f"lower + compile {report['total_s']:.1f} s: {'under' if report['under_goal'] else 'OVER'} "
+          f"the {GOAL_S:.0f} s goal")
+    for a in report.get("largest_temporaries", []):
+        print(f"  {a['bytes'] / 2**30:8.2f} GiB  {a['value']:40s} {a['shape']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
