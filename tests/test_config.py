@@ -60,7 +60,7 @@ def test_padded_vocab_and_window_pattern():
     assert [i for i in range(32) if m.layer_window(i) is None] == list(range(3, 32, 4))
     six = dataclasses.replace(get_recipe("tiny").model, n_layers=6)
     assert [six.layer_window(i) for i in range(6)] == [64, 64, 64, None, 64, None]  # last layer forced global
-    assert ExperimentConfig().model == m
+    assert dataclasses.replace(ExperimentConfig().model, remat="full") == m  # the recipe adds remat (memory)
 
 
 def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):

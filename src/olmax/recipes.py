@@ -49,11 +49,22 @@ BENCH_SMALL = replace(
 STAGE1_SCHEDULE = ScheduleConfig(name="stitched_cosine", warmup_steps=2000, alpha_f=0.1, t_max_tokens=5 * 10**12,
                                  switch_step=597_047, final_t_max_tokens=7 * 10**12)
 STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # enters the data fingerprint
-STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814)
+# How the 7B/32B steps fit in device memory (not part of AI2's recipe; results do not depend on it):
+# one instance per forward/backward (accumulation over the rest of the per-device batch), the output
+# layer 1024 positions at a time, and every block rematerialised. The 7B stage-1 step then needs at
+# most ~40 GiB per device on 8 devices and ~20 GiB on 128 (docs/performance.md, "Compile time and
+# memory (7B)"); OLMo-core's own micro-batch of 2 x 8192 without activation checkpointing would need
+# ~290 GiB per device in olmax.
+FIT = dict(micro_batch_size=1, loss_chunk=1024)
+STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
+
+
+def _fit(model: ModelConfig) -> ModelConfig:
+    return replace(model, remat="full")
 
 
 def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
-    return ExperimentConfig(name=name, model=model, data=STAGE1_DATA, schedule=STAGE1_SCHEDULE,
+    return ExperimentConfig(name=name, model=_fit(model), data=STAGE1_DATA, schedule=STAGE1_SCHEDULE,
                             trainer=STAGE1_TRAINER)
 
 
@@ -89,11 +100,11 @@ STAGE2_LR = 2.0712352850360292e-4
 
 def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
-        name="olmo3_7b_stage2", model=OLMO3_7B,
+        name="olmo3_7b_stage2", model=_fit(OLMO3_7B),
         data=DataConfig(seq_len=8192, seed=1337),
         optimizer=OptimizerConfig(lr=STAGE2_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
-        trainer=TrainerConfig(global_batch=256, max_steps=47_684),
+        trainer=TrainerConfig(global_batch=256, max_steps=47_684, **FIT),
     )
 
 
@@ -101,14 +112,14 @@ def _olmo3_7b_stage2() -> ExperimentConfig:
 # linear to 0 after 200 warmup steps, seed 34521. As stage 2, start from the stage-2 checkpoint
 # (checkpoint.init_from) and set data.paths and trainer.max_steps for the long-context mix.
 def _olmo3_7b_stage3() -> ExperimentConfig:
-    model = replace(OLMO3_7B, rope_type="yarn", yarn_factor=8.0, yarn_original_max_position=8192,
+    model = replace(_fit(OLMO3_7B), rope_type="yarn", yarn_factor=8.0, yarn_original_max_position=8192,
                     max_position=65536)
     return ExperimentConfig(
         name="olmo3_7b_stage3", model=model,
         data=DataConfig(seq_len=65536, seed=34521),
         optimizer=OptimizerConfig(lr=2.0712e-4),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
-        trainer=TrainerConfig(global_batch=64),
+        trainer=TrainerConfig(global_batch=64, **FIT),
     )
 
 
