@@ -437,3 +437,21 @@ def test_cli_convert_usage_errors(tmp_path):
     assert result.exit_code == 2 and "needs --recipe or --config" in result.output
     result = runner.invoke(app, ["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "conversion error" in result.output and "no config.json" in result.output
+
+
+@pytest.mark.slow  # ~30 s: 2.3 GB of parameters through Orbax
+def test_an_array_over_the_in_flight_bound_round_trips(tmp_path):
+    """save_params/load_params bound Orbax's bytes in flight to 1 GB, which Orbax enforces per array:
+    a larger array (here a 1.13 GB embedding; the 7B's stacked MLP weights are 5.8 GB) must still go."""
+    import jax.numpy as jnp
+
+    from olmax.model.olmo3 import abstract_params
+
+    cfg = ModelConfig(vocab_size=100278, d_model=2816, n_layers=1, n_heads=22, n_kv_heads=22, head_dim=128,
+                      mlp_hidden=256, sliding_window=64, max_position=128)
+    params = jax.tree.map(lambda a: jnp.full(a.shape, 0.5, a.dtype), abstract_params(cfg))
+    assert params["embed"].nbytes > 1e9
+    save_params(tmp_path / "big", params, cfg, {})
+    loaded, _, _ = load_params(tmp_path / "big")
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
+        assert a.shape == b.shape and float(jnp.sum(b)) == float(jnp.sum(a))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import re
 import warnings
@@ -69,9 +70,18 @@ def _is_gcs(path: Path | epath.Path) -> bool:
 # `save_params` / `load_params` move a whole model through host memory. Orbax buffers the (compressed)
 # chunks of every array in flight; left unbounded that is most of one more copy of the model
 # (measured on a 2.5 GB model: +0.8x when saving, +0.6x when restoring). Bounding the bytes in
-# flight keeps the peak at the parameters + ~1 GB + the largest array (which then goes alone), so
-# converting the 7B stays near 1.2x its size (docs/conversion.md).
+# flight keeps the peak at the parameters + ~1 GB + the largest array, so converting the 7B stays near
+# 1.2x its size (docs/conversion.md). Orbax refuses an array larger than the bound ("Requested more bytes
+# than we reserved space for"), so the bound grows to the largest array (the 7B's stacked MLP weights
+# are 5.8 GB each).
 PARAMS_CONCURRENT_GB = 1
+
+
+def _concurrent_gb(tree) -> int:
+    """The in-flight bound for `tree` (arrays or ShapeDtypeStructs): 1 GB, or the largest array in
+    float32 (what a checkpoint may hold whatever dtype is asked for), in Orbax's units of 1e9 bytes."""
+    largest = max((math.prod(x.shape) * 4 for x in jax.tree.leaves(tree)), default=0)
+    return max(PARAMS_CONCURRENT_GB, math.ceil(largest / 1e9))
 
 
 def _handlers(concurrent_gb: Optional[int] = None) -> dict[str, ocp.CheckpointHandler]:
@@ -80,12 +90,13 @@ def _handlers(concurrent_gb: Optional[int] = None) -> dict[str, ocp.CheckpointHa
     return {PARAMS: params, CONFIG: ocp.JsonCheckpointHandler(), META: ocp.JsonCheckpointHandler()}
 
 
-def _manager(path: Path | epath.Path, *, create: bool) -> ocp.CheckpointManager:
+def _manager(path: Path | epath.Path, *, create: bool, concurrent_gb: int = PARAMS_CONCURRENT_GB
+             ) -> ocp.CheckpointManager:
     # A run checkpoint's other items are registered too, so that reading only the parameters of one
     # does not warn about each item it leaves alone.
     return ocp.CheckpointManager(
         path,
-        item_handlers={**run_handlers(), **_handlers(PARAMS_CONCURRENT_GB)},
+        item_handlers={**run_handlers(), **_handlers(concurrent_gb)},
         options=ocp.CheckpointManagerOptions(create=create),
     )
 
@@ -99,7 +110,7 @@ def save_params(directory: str | os.PathLike, params: dict, model_cfg: ModelConf
     """
     path = checkpoint_path(directory)
     _check_shapes(_flat_shapes(params), model_cfg, f"the parameters to save in {directory}")
-    mngr = _manager(path, create=True)
+    mngr = _manager(path, create=True, concurrent_gb=_concurrent_gb(params))
     try:
         if step in mngr.all_steps():
             raise CheckpointError(f"{directory} already has a checkpoint at step {step}; choose an empty directory")
@@ -114,11 +125,12 @@ def save_params(directory: str | os.PathLike, params: dict, model_cfg: ModelConf
     return path
 
 
-def _open_step(directory: str | os.PathLike, step: Optional[int]) -> tuple[ocp.CheckpointManager, int]:
+def _open_step(directory: str | os.PathLike, step: Optional[int], concurrent_gb: int = PARAMS_CONCURRENT_GB
+               ) -> tuple[ocp.CheckpointManager, int]:
     path = checkpoint_path(directory)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
-    mngr = _manager(path, create=False)
+    mngr = _manager(path, create=False, concurrent_gb=concurrent_gb)
     steps = mngr.all_steps()
     if not steps:
         mngr.close()
@@ -180,7 +192,8 @@ def load_params(directory: str | os.PathLike, step: Optional[int] = None, shardi
     the arrays are restored directly onto it, whatever sharding they were saved with.
     None puts every array on the first device. Arrays are restored in `model_cfg.param_dtype`.
     """
-    mngr, step = _open_step(directory, step)
+    model_cfg, _ = read_config(directory, step)
+    mngr, step = _open_step(directory, step, _concurrent_gb(abstract_params(model_cfg)))
     try:
         model_cfg, meta = _read_config(mngr, step, directory)
         stored = mngr.item_metadata(step)[PARAMS]
