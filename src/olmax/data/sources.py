@@ -225,8 +225,11 @@ def fingerprint(tok: TokenizerFields, max_target_seq_len: Optional[int], paths: 
 class TokenSource:
     """Random access to the fixed-length instances of a list of token files.
 
-    Picklable (open memmaps are dropped and reopened in the receiving process), so Grain workers
-    can hold it. `repr` is stable (it is the fingerprint), as Grain's state check requires.
+    Local files are read with pread into a fresh buffer, opened per read: no memory map, whose
+    touched pages would count in the process's RSS as the dataset grows (docs/performance.md, "Data
+    loader"), and no open descriptors to run out of with thousands of shards. Picklable (it holds
+    no open files), so Grain workers can hold it. `repr` is stable (it is the fingerprint), as
+    Grain's state check requires.
     """
 
     def __init__(self, paths: Sequence[str], seq_len: int, tokenizer: TokenizerFields,
@@ -259,16 +262,12 @@ class TokenSource:
         self.instances_per_file = np.asarray(counts, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.instances_per_file)])  # global id of each file's first instance
         self.fingerprint = fingerprint(tokenizer, max_target_seq_len, self.paths, self.sizes)
-        self._memmaps: dict[int, np.memmap] = {}
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
     def __repr__(self) -> str:
         return f"TokenSource(fingerprint={self.fingerprint}, seq_len={self.seq_len})"
-
-    def __getstate__(self):
-        return {**self.__dict__, "_memmaps": {}}
 
     def locate(self, index: int) -> tuple[int, int]:
         """(file index, token offset within the file) of global instance `index`."""
@@ -286,10 +285,16 @@ class TokenSource:
         if is_url(path):
             itemsize = np.dtype(self.dtype).itemsize
             return np.frombuffer(read_bytes(path, start * itemsize, count * itemsize), dtype=self.dtype)
-        mm = self._memmaps.get(fi)
-        if mm is None:
-            mm = self._memmaps[fi] = np.memmap(path, dtype=self.dtype, mode="r")
-        return np.array(mm[start:start + count])
+        out = np.empty(count, dtype=self.dtype)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [out], start * out.itemsize)
+        finally:
+            os.close(fd)
+        if got != out.nbytes:
+            raise DataSourceError(f"data file {path} ended {out.nbytes - got} bytes early reading tokens "
+                                  f"{start}..{start + count} (truncated after it was indexed?)")
+        return out
 
     def _check_file(self, fi: int) -> None:
         path, size = self.paths[fi], self.sizes[fi]
