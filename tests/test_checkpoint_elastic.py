@@ -9,14 +9,9 @@ import numpy as np
 import pytest
 
 from olmax.checkpoint import CheckpointError, load_params
-from olmax.config import apply_overrides
-from olmax.recipes import get_recipe
 from olmax.train import train
+from small_run import small_config
 
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
-         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
-         "trainer.micro_batch_size=1", "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2",
-         "checkpoint.every=3"]
 KEYS = ["train/CE loss", "optim/total grad norm"]
 RTOL = 1e-6  # the bound; different device counts sum the gradients in a different order
 
@@ -24,7 +19,7 @@ pytestmark = pytest.mark.slow  # ~4 min on 2 CPU cores: eight short training run
 
 
 def _cfg(tmp_path, *extra):
-    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={tmp_path / 'cache'}", *extra])
+    return small_config(tmp_path, "trainer.micro_batch_size=1", *extra)
 
 
 @pytest.fixture(scope="module")

@@ -11,23 +11,15 @@ import time
 import pytest
 
 from olmax.checkpoint import read_config
-from olmax.config import apply_overrides
-from olmax.recipes import get_recipe
 from olmax.train import train
+from small_run import SMALL, small_config
 
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
-         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
-         "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2", "checkpoint.every=3"]
 KEYS = ["train/CE loss", "optim/total grad norm", "optim/LR", "data/instances"]
-
-
-def _cfg(tmp_path, *extra):
-    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={tmp_path / 'cache'}", *extra])
 
 
 @pytest.mark.slow  # ~35 s on 2 cores: two short runs
 def test_corrupt_newest_checkpoint_falls_back(tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = small_config(tmp_path)
     straight = train(cfg, tmp_path / "r", progress=False)
     ckpts = tmp_path / "r" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["3", "6"]
@@ -49,15 +41,13 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path):
 
 
 def test_keep_policy_keeps_the_newest(tmp_path):
-    train(_cfg(tmp_path, "checkpoint.every=1", "checkpoint.keep=2", "trainer.max_steps=4"), tmp_path / "k",
+    train(small_config(tmp_path, "checkpoint.every=1", "checkpoint.keep=2", "trainer.max_steps=4"), tmp_path / "k",
           progress=False)
     assert sorted(p.name for p in (tmp_path / "k" / "checkpoints").iterdir()) == ["3", "4"]
 
 
 SIGTERM_SCRIPT = """
 import sys
-from olmax.config import apply_overrides
-from olmax.recipes import get_recipe
 from olmax.train import train
 cfg = apply_overrides(get_recipe("tiny"), sys.argv[2:])
 rows = train(cfg, sys.argv[1], progress=False)

@@ -25,20 +25,14 @@ import pytest
 
 from olmax.checkpoint import (COMMIT_FILE, CheckpointError, checkpoint_path, complete_steps, load_params,
                               read_config, save_params)
-from olmax.config import apply_overrides
 from olmax.evals.scoring import checkpoint_steps
 from olmax.model.olmo3 import init_params
-from olmax.recipes import get_recipe
+from small_run import SMALL, small_config
 
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
-         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
-         "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2", "checkpoint.every=3"]
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
         "throughput/total tokens", "data/instances"]
 
 
-def _cfg(tmp_path, *extra):
-    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={tmp_path / 'cache'}", *extra])
 
 
 class FakeGCS:
@@ -164,7 +158,7 @@ def test_a_url_mangled_by_pathlib_is_refused():
 
 
 def test_params_round_trip_on_gcs(gcs, bucket, tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = small_config(tmp_path)
     root = f"gs://{bucket}/converted/ckpt"
     params = _params(cfg, 0)
     assert save_params(root, params, cfg.model, {"source": "test"}) == checkpoint_path(root)
@@ -192,7 +186,7 @@ def test_params_round_trip_on_gcs(gcs, bucket, tmp_path):
 def test_a_step_without_its_commit_file_is_ignored(gcs, bucket, tmp_path):
     """On GCS a step is complete only once <step>/commit_success.txt exists (Orbax writes it last):
     a save that died before that is never listed, read or resumed from."""
-    cfg = _cfg(tmp_path)
+    cfg = small_config(tmp_path)
     root = f"gs://{bucket}/ckpts"
     first = _params(cfg, 1)
     save_params(root, first, cfg.model, {"which": "first"}, step=1)
@@ -214,9 +208,9 @@ def test_training_run_with_checkpoints_on_gcs_resumes_exactly(gcs, bucket, tmp_p
     from olmax.surgery import inspect, is_warm_start, warm_start
     from olmax.train import train
 
-    straight = train(_cfg(tmp_path), tmp_path / "local", progress=False)
+    straight = train(small_config(tmp_path), tmp_path / "local", progress=False)
     ckpt_dir = f"gs://{bucket}/run1/checkpoints"
-    cfg = _cfg(tmp_path, f"checkpoint.dir={ckpt_dir}")
+    cfg = small_config(tmp_path, f"checkpoint.dir={ckpt_dir}")
     first = train(cfg, tmp_path / "run1", stop_at=3, progress=False)
     assert complete_steps(ckpt_dir) == [3]
     assert not (tmp_path / "run1" / "checkpoints").exists()  # logs stay local, checkpoints do not
@@ -257,7 +251,7 @@ def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path):
         def attempt_steps(self, attempt):
             raise AssertionError("the run is done: nothing may be submitted")
 
-    cfg = _cfg(tmp_path)
+    cfg = small_config(tmp_path)
     ckpt_dir = f"gs://{bucket}/run/checkpoints"
     save_params(ckpt_dir, _params(cfg, 0), cfg.model, {}, step=6)
     plan = make_plan("tiny", [*SMALL, f"checkpoint.dir={ckpt_dir}"], str(tmp_path / "run"), 8)

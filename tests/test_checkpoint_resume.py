@@ -11,10 +11,9 @@ from olmax.checkpoint import load_params
 from olmax.config import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
+from small_run import SMALL as BASE
 
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
-         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
-         "trainer.loss_chunk=0", "trainer.max_steps=20", "schedule.warmup_steps=2", "checkpoint.every=4"]
+SMALL = BASE + ["trainer.max_steps=20", "checkpoint.every=4"]
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
         "throughput/total tokens", "data/instances"]
 

@@ -10,19 +10,14 @@ from typer.testing import CliRunner
 
 from olmax.checkpoint import CheckpointError, load_params
 from olmax.cli import app
-from olmax.config import ConfigError, apply_overrides
-from olmax.recipes import get_recipe
+from olmax.config import ConfigError
 from olmax.surgery import inspect, restore_state, warm_start
 from olmax.train import train
+from small_run import small_config
 
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
-         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
-         "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2", "checkpoint.every=3"]
 KEYS = ["train/CE loss", "optim/total grad norm", "optim/LR", "data/instances"]
 
 
-def _cfg(tmp_path, *extra):
-    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={tmp_path / 'cache'}", *extra])
 
 
 def test_olmo_core_keeps_the_bias_correction_counter_with_the_moments():
@@ -45,10 +40,10 @@ def test_olmo_core_keeps_the_bias_correction_counter_with_the_moments():
 @pytest.fixture(scope="module")
 def stage1(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("surgery")
-    cfg = _cfg(tmp)
+    cfg = small_config(tmp)
     straight = train(cfg, tmp / "straight", progress=False)
     train(cfg, tmp / "s1", stop_at=3, progress=False)
-    train(_cfg(tmp, "trainer.max_steps=2"), tmp / "fresh2", progress=False)  # a stage 2 from scratch
+    train(small_config(tmp, "trainer.max_steps=2"), tmp / "fresh2", progress=False)  # a stage 2 from scratch
     return tmp, straight
 
 
@@ -56,7 +51,7 @@ def stage1(tmp_path_factory):
 def test_warm_start_without_reset_continues_the_run_exactly(stage1):
     tmp, straight = stage1
     warm_start(tmp / "s1" / "checkpoints", tmp / "ws_keep", keep=("params", "moments"), reset_step=False)
-    rows = train(_cfg(tmp, f"checkpoint.init_from={tmp / 'ws_keep'}"), tmp / "cont", progress=False)
+    rows = train(small_config(tmp, f"checkpoint.init_from={tmp / 'ws_keep'}"), tmp / "cont", progress=False)
     assert [r["step"] for r in rows] == [4, 5, 6]
     for a, b in zip(straight[3:], rows):
         assert {k: a[k] for k in KEYS} == {k: b[k] for k in KEYS}
@@ -77,13 +72,13 @@ def test_warm_start_stage2_resets_step_schedule_window_keeps_moments(stage1):
     assert r["params"] == src_report["params"] and r["opt_state"] == src_report["opt_state"]  # shapes, dtypes
 
     fresh = [json.loads(line) for line in (tmp / "fresh2" / "metrics.jsonl").read_text().splitlines()]
-    stage2 = train(_cfg(tmp, "trainer.max_steps=2", f"checkpoint.init_from={tmp / 'ws'}"), tmp / "s2",
+    stage2 = train(small_config(tmp, "trainer.max_steps=2", f"checkpoint.init_from={tmp / 'ws'}"), tmp / "s2",
                    progress=False)
     assert [r["step"] for r in stage2] == [1, 2]
     assert [r["optim/LR"] for r in stage2] == [r["optim/LR"] for r in fresh]  # the schedule restarted
     assert stage2[0]["data/instances"] == fresh[0]["data/instances"]  # the data from its start
     p1, _, _ = load_params(src)
-    s2 = restore_state(tmp / "s2" / "checkpoints", 2, _cfg(tmp, "trainer.max_steps=2",
+    s2 = restore_state(tmp / "s2" / "checkpoints", 2, small_config(tmp, "trainer.max_steps=2",
                                                             f"checkpoint.init_from={tmp / 'ws'}"))
     assert int(s2.step) == 2 and int(s2.opt_state.adam.count) == 5  # bias correction continued from 3
     assert int(s2.opt_state.window.seen) == 2  # the window was emptied at the warm start

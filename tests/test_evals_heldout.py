@@ -3,7 +3,6 @@ computes it, identical on 1 and 8 devices, and the in-loop evaluator's metric na
 
 import gzip
 import json
-from dataclasses import replace
 
 import jax
 import numpy as np

@@ -146,11 +146,9 @@ def test_worker_distributed_arguments():
 
 def test_two_workers_form_one_jax_distributed_job(tmp_path):
     """The slurm path for real on CPU: two processes with Slurm's variables find each other."""
-    import socket
+    import portpicker
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = portpicker.pick_unused_port()
     procs = []
     for rank in range(2):
         env = {**os.environ, "OLMAX_DISTRIBUTED": "slurm", "OLMAX_COORDINATOR": f"127.0.0.1:{port}",

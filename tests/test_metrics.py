@@ -8,21 +8,17 @@ from olmax.config import ConfigError, apply_overrides
 from olmax.metrics import Progress
 from olmax.recipes import get_recipe
 from olmax.train import train
-
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
-         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
-         "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2", "checkpoint.every=3"]
+from small_run import small_config
 
 
-def _cfg(tmp_path, *extra):
-    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={tmp_path / 'cache'}", *extra])
+
 
 
 def test_wandb_offline_needs_no_network_and_resumes_the_same_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: any upload would fail
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = _cfg(tmp_path, "wandb.mode=offline", "wandb.project=olmax-test", "trainer.max_steps=2", "checkpoint.every=1")
+    cfg = small_config(tmp_path, "wandb.mode=offline", "wandb.project=olmax-test", "trainer.max_steps=2", "checkpoint.every=1")
     run = tmp_path / "run"
     train(cfg, run, stop_at=1, progress=False)
     train(cfg, run, progress=False)

@@ -7,17 +7,12 @@ import numpy as np
 import pytest
 
 from olmax.checkpoint import CheckpointError, load_params
-from olmax.config import ConfigError, apply_overrides
-from olmax.recipes import get_recipe
+from olmax.config import ConfigError
 from olmax.train import train
-
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
-         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
-         "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2", "checkpoint.every=3"]
+from small_run import small_config
 
 
-def _cfg(tmp_path, *extra):
-    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={tmp_path / 'cache'}", *extra])
+
 
 
 def _rows(run_dir):
@@ -25,7 +20,7 @@ def _rows(run_dir):
 
 
 def test_resume_continues_exactly(tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = small_config(tmp_path)
     straight = train(cfg, tmp_path / "a", progress=False)
     assert [r["step"] for r in straight] == [1, 2, 3, 4, 5, 6]
     first = train(cfg, tmp_path / "b", stop_at=3, progress=False)
@@ -52,10 +47,10 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_resume_refuses_a_changed_run(tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = small_config(tmp_path)
     train(cfg, tmp_path / "r", stop_at=3, progress=False)
     with pytest.raises(CheckpointError, match="trainer.global_batch 8 -> 16"):
-        train(_cfg(tmp_path, "trainer.global_batch=16"), tmp_path / "r", progress=False)
+        train(small_config(tmp_path, "trainer.global_batch=16"), tmp_path / "r", progress=False)
 
 
 def test_one_trainer_per_run_directory(tmp_path):
@@ -66,4 +61,4 @@ def test_one_trainer_per_run_directory(tmp_path):
     with open(run / "train.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running trainer holds it
         with pytest.raises(ConfigError, match=f"another olmax train is running in {run}"):
-            train(_cfg(tmp_path), run, progress=False)
+            train(small_config(tmp_path), run, progress=False)

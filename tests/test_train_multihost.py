@@ -6,28 +6,24 @@ to step 6. Every step's losses equal one single-process run's (fp32, 1e-6 relati
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+import portpicker
 import pytest
 
 from olmax.config import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
+from small_run import SMALL as BASE
 
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=32",
-         "model.mlp_hidden=128", "model.sliding_window=16", "data.seq_len=64", "trainer.global_batch=8",
-         "trainer.loss_chunk=0", "trainer.max_steps=6", "schedule.warmup_steps=2", "checkpoint.every=2",
-         "eval.every=2", "eval.batches=1"]
+SMALL = BASE + ["checkpoint.every=2", "eval.every=2", "eval.batches=1"]
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "eval/demo-heldout/CE loss"]
 
 
 def _two_workers(run, *args):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = portpicker.pick_unused_port()
     procs = []
     for rank in range(2):
         env = {**os.environ, "OLMAX_DISTRIBUTED": "slurm", "OLMAX_COORDINATOR": f"127.0.0.1:{port}",

@@ -159,9 +159,15 @@ def _read_config(mngr: ocp.CheckpointManager, step: int, directory: str | os.Pat
 def read_config(directory: str | os.PathLike, step: Optional[int] = None) -> tuple[ModelConfig, dict]:
     """The model config and meta of a checkpoint (default: its latest step), without loading arrays.
     Use it to build the target shardings for `load_params`."""
+    model_cfg, meta, _ = _config_at(directory, step)
+    return model_cfg, meta
+
+
+def _config_at(directory: str | os.PathLike, step: Optional[int]) -> tuple[ModelConfig, dict, int]:
+    """read_config, plus the step it resolved (the latest when `step` is None)."""
     mngr, step = _open_step(directory, step)
     try:
-        return _read_config(mngr, step, directory)
+        return (*_read_config(mngr, step, directory), step)
     finally:
         mngr.close()
 
@@ -192,10 +198,10 @@ def load_params(directory: str | os.PathLike, step: Optional[int] = None, shardi
     the arrays are restored directly onto it, whatever sharding they were saved with.
     None puts every array on the first device. Arrays are restored in `model_cfg.param_dtype`.
     """
-    model_cfg, _ = read_config(directory, step)
+    # the config first: the in-flight bound depends on the largest array it declares
+    model_cfg, meta, step = _config_at(directory, step)
     mngr, step = _open_step(directory, step, _concurrent_gb(abstract_params(model_cfg)))
     try:
-        model_cfg, meta = _read_config(mngr, step, directory)
         stored = mngr.item_metadata(step)[PARAMS]
         if stored is None:
             raise CheckpointError(f"{directory} step {step} has no '{PARAMS}' item")

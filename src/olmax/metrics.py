@@ -105,7 +105,7 @@ def _drop_rows_after(path: Path, step: int) -> None:
     if not path.exists():
         return
     lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+    kept = [line for line, at in zip(lines, map(_step_of, lines)) if at is not None and at <= step]
     if len(kept) < len(lines):
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept))
