@@ -26,7 +26,7 @@ SMALL = BASE + ["trainer.max_steps=12", "eval.every=0"]
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
         "throughput/total tokens", "data/instances", "data/repeats"]
 # What each kill waits for: "save", a checkpoint write in progress (a new <step>.orbax-checkpoint-tmp);
-# "step", a random step between the newest checkpoint and the end, then a random part of a step;
+# "step", a random step at least 5 past the newest checkpoint (so one more commits), then a random part of a step;
 # "startup", a random moment in the first 3 s (imports, restore, compilation).
 KILLS = ["save", "step", "startup", "save", "step"]
 
@@ -75,7 +75,9 @@ def _wait_for(kind, pid, run_dir, started, rng, deadline):
             time.sleep(0.001)
     elif kind == "step":
         newest = max([int(n) for n in os.listdir(ckpts) if n.isdigit()], default=0) if ckpts.is_dir() else 0
-        target = rng.randint(newest + 1, 11)
+        # past the next checkpoint (every 3 steps) and its write: an attempt killed here leaves progress,
+        # whatever the other kills did (three "save" kills all in the first write once left none)
+        target = rng.randint(min(newest + 5, 11), 11)
         while _alive(pid) and _logged(run_dir, started) < target and time.time() < deadline:
             time.sleep(0.005)
         time.sleep(rng.uniform(0.0, 0.3))
