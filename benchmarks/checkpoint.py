@@ -1,7 +1,7 @@
 """Checkpoint save and restore: time and bytes on disk, with olmax's own checkpoint code.
 
     .venv/bin/python benchmarks/checkpoint.py                          # bench-small full state, 1B params only
-    .venv/bin/python benchmarks/checkpoint.py --rows bench-small --step-time 45.2 --json out.json
+    .venv/bin/python benchmarks/checkpoint.py --rows bench-small --step-time 16.9 --json out.json
 
 Rows, each in its own process (peak RSS = that process's ru_maxrss), each in a temp dir removed after:
 - `bench-small`: the full run state of the `bench-small` recipe (parameters, both fp32 Adam moments,
@@ -48,8 +48,8 @@ ONE_B = ["model.d_model=2048", "model.n_layers=16", "model.n_heads=16", "model.n
 ROWS = {"bench-small": ("full", []), "1b-params": ("params", ONE_B),
         "1b-params-bf16": ("params", ONE_B + ["model.param_dtype=bfloat16"]), "1b-full": ("full", ONE_B)}
 DEFAULT_ROWS = ["bench-small", "1b-params-bf16", "1b-params"]
-# olmax's bench-small step on this CPU, docs/performance.md "Latest table" (2026-11-29, load 6-8).
-STEP_TIME_S, STEP_TIME_SOURCE = 45.22, "olmax bench-small s/step, docs/performance.md table of 2026-11-29"
+# olmax's bench-small step on this CPU, docs/performance.md "Latest table" (2026-11-29 22:09-22:38, load ~2).
+STEP_TIME_S, STEP_TIME_SOURCE = 16.86, "olmax bench-small s/step, docs/performance.md table of 2026-11-29 22:09"
 
 
 def peak_rss_gib() -> float:

@@ -2,12 +2,13 @@
 the `bench-small` recipe, side by side in one run.
 
     .venv/bin/python benchmarks/train_throughput.py [--steps 10 --warmup 3 --only olmax --only matmul
-                                                     --set trainer.loss_chunk=128 --json out.json]
+                                                     --set trainer.loss_chunk=256 --json out.json]
 
 bench-small (docs/performance.md): vocab 100352 (padded dolma2), d_model 512, 8 layers, 8 heads of 64,
 MLP 1536, sequence 1024, window 512 on layers 0-2 and 4-6, full attention on 3 and 7, batch 4, fp32
 parameters and compute, AdamW (lr 3e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 except the
-embedding), clipping at 1.0, z-loss 1e-5.
+embedding), clipping at 1.0, z-loss 1e-5. olmax's own choices (the recipe's): two micro-batches of 2,
+loss_chunk 128, remat full.
 
 Every row runs in its own fresh subprocess, so its peak RSS (ru_maxrss of that process) is its own:
 - `olmax`: the production step (olmax.train_step.make_train_step) on one CPU device; XLA's CPU
@@ -18,10 +19,12 @@ Every row runs in its own fresh subprocess, so its peak RSS (ru_maxrss of that p
   (`olmo_core.optim.AdamWConfig`, the embedding in a no-decay group), the loss as its train module
   asks its LM head for it (summed CE + z-loss divided by the label count), `clip_grad_norm_(1.0)`;
   torch.set_num_threads(2).
-- `maxtext`: needs Python >= 3.12 and the `maxtext` package; found through $MAXTEXT_PYTHON or a
-  python3.12+ on PATH, otherwise skipped with the reason (this machine has only Python 3.11).
+- `maxtext`: MaxText 0.2.5's own trainer, which needs Python >= 3.12 and the `maxtext` package:
+  `bash benchmarks/maxtext_venv.sh` makes ../maxtext-venv; found there, through $MAXTEXT_PYTHON or
+  as a python3.12+ on PATH that imports maxtext, otherwise skipped with the reason.
 - `matmul`: the plain XLA:CPU fp32 matmul rate (the reference for "% of matmul rate"), and torch's.
-- `profile`: where olmax's step time goes (forward, backward, output layer + loss, optimizer).
+- `profile`: where olmax's step time goes (forward, backward, output layer + loss, optimizer), each
+  piece over the whole batch.
 Each timed row is the median of --steps steps after --warmup untimed ones (the first compiles).
 Prints a table; asserts nothing.
 """
@@ -36,11 +39,15 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 RECIPE = "bench-small"
 ROWS = ("matmul", "olmax", "olmo-core-compiled", "olmo-core-eager", "maxtext", "profile")
 TORCH_THREADS = 2
+# Where benchmarks/maxtext_venv.sh puts its venv by default (beside the checkout).
+DEFAULT_MAXTEXT_VENV = Path(__file__).resolve().parents[2] / "maxtext-venv"
 # Measured once on this machine by the session that filed the performance issue (MaxText 0.2.5 from
 # PyPI in a Python 3.12 venv); quoted, never mixed with this run's figures.
 MAXTEXT_ORIENTATION = {"s_per_step": 18.0, "tokens_per_s": 227.0, "peak_rss_gib": 9.4}
@@ -246,6 +253,7 @@ def row_profile(args) -> dict:
 def maxtext_python() -> tuple[str | None, str]:
     """(interpreter, reason): a Python >= 3.12 that imports maxtext, or None and why not."""
     candidates = [os.environ["MAXTEXT_PYTHON"]] if os.environ.get("MAXTEXT_PYTHON") else []
+    candidates += [p for p in [str(DEFAULT_MAXTEXT_VENV / "bin" / "python")] if os.path.exists(p)]
     candidates += [p for p in (shutil.which(f"python3.{minor}") for minor in range(12, 16)) if p]
     if not candidates:
         return None, "no Python >= 3.12 (MaxText 0.2.5 needs it): set MAXTEXT_PYTHON to one with maxtext installed"
@@ -258,8 +266,9 @@ def maxtext_python() -> tuple[str | None, str]:
 
 
 def row_maxtext(args) -> dict:
-    """MaxText's own trainer on CPU (STACK_NOTES.md), bench-small's shape; its per-step times are
-    read from its log lines `completed step: N, seconds: S, ...`."""
+    """MaxText's own trainer on CPU (STACK_NOTES.md), bench-small's shape. Per-step times are the
+    gaps between the timestamps of its `completed step: N` log lines: the `seconds:` it prints is
+    the time to dispatch a step (JAX is asynchronous), which reads 0.08 s for a 35 s step early on."""
     import re
 
     exe, reason = maxtext_python()
@@ -269,7 +278,7 @@ def row_maxtext(args) -> dict:
     m = cfg.model
     pkg = subprocess.run([exe, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
                          capture_output=True, text=True, check=True).stdout.strip()
-    steps = args.warmup + args.steps
+    steps = args.warmup + args.steps + 1  # n logged steps give n - 1 gaps
     cmd = [exe, "-m", "maxtext.trainers.pre_train.train", f"{pkg}/configs/base.yml", "hardware=cpu",
            "skip_jax_distributed_system=True", "attention=dot_product", "model_name=olmo3-7b-pt",
            "override_model_config=True", "run_name=bench-small", "dataset_type=synthetic", "enable_checkpointing=False",
@@ -277,15 +286,19 @@ def row_maxtext(args) -> dict:
            f"base_emb_dim={m.d_model}", f"base_num_decoder_layers={m.n_layers}", f"base_num_query_heads={m.n_heads}",
            f"base_num_kv_heads={m.n_kv_heads}", f"head_dim={m.head_dim}", f"base_mlp_dim={m.mlp_hidden}",
            f"vocab_size={m.padded_vocab_size}", f"sliding_window_size={m.sliding_window}", "dtype=float32",
-           "weight_dtype=float32", f"learning_rate={cfg.optimizer.lr}", "remat_policy=full"]
+           "weight_dtype=float32", f"learning_rate={cfg.optimizer.lr}", f"z_loss_multiplier={cfg.optimizer.z_loss}",
+           f"adam_weight_decay={cfg.optimizer.weight_decay}", "remat_policy=full",
+           f"base_output_directory={tempfile.mkdtemp(prefix='maxtext-bench-')}"]
     env = dict(os.environ, DECOUPLE_GCLOUD="TRUE", JAX_PLATFORMS="cpu")
     wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
                "print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
     proc = subprocess.run([exe, "-c", wrapper, *cmd], capture_output=True, text=True, env=env)
     log = proc.stdout + proc.stderr
-    times = [float(s) for s in re.findall(r"completed step: \d+, seconds: ([0-9.]+)", log)]
-    if proc.returncode or len(times) < steps:
-        return {"skipped": f"MaxText exited {proc.returncode} after {len(times)} steps: {log[-400:]}"}
+    stamps = re.findall(r"^I\d{4} (\d\d):(\d\d):([0-9.]+) .*completed step: \d+", log, flags=re.M)
+    if proc.returncode or len(stamps) < steps:
+        return {"skipped": f"MaxText exited {proc.returncode} after {len(stamps)} steps: {log[-400:]}"}
+    seconds = [int(h) * 3600 + int(m) * 60 + float(s) for h, m, s in stamps]
+    times = [(b - a) % 86400 for a, b in zip(seconds, seconds[1:])]  # % 86400: a run across midnight
     peak = re.search(r"PEAK_RSS_KIB (\d+)", log)
     return {"times": times[args.warmup:], "peak_rss_gib": int(peak.group(1)) / 2**20}
 

@@ -65,7 +65,8 @@ def test_two_processes_deliver_each_instance_once(tmp_path):
 
     result = json.loads(out.read_text())
     from olmax.data.order import permutation
-    from olmax.data.sources import TokenizerFields, TokenSource
+    from olmax.data.sources import TokenSource
+    from olmax.data.tokenizer import TokenizerFields
 
     source = TokenSource(paths, 32, TokenizerFields(5000, 4999, 0))
     order = permutation(result["n"], 5, 1)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from olmax.data.order import batch_ids, cached_permutation, num_batches, permutation, rank_ids
-from olmax.data.sources import DataSourceError, TokenizerFields, TokenSource, resolve_paths
+from olmax.data.sources import DataSourceError, TokenSource, resolve_paths
+from olmax.data.tokenizer import TokenizerFields
 
 DOLMA2 = TokenizerFields(vocab_size=100278, eos_token_id=100257, pad_token_id=100277)
 SMALL = TokenizerFields(vocab_size=5000, eos_token_id=4999, pad_token_id=0)  # uint16 files

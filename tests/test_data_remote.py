@@ -21,7 +21,8 @@ pytest.importorskip("aiohttp")  # fsspec's HTTP backend (the `remote` and `dev` 
 
 from olmax.config import DataConfig  # noqa: E402
 from olmax.data.loader import build_source, make_loader  # noqa: E402
-from olmax.data.sources import SAMPLE_TOKENS, DataSourceError, TokenizerFields, TokenSource  # noqa: E402
+from olmax.data.sources import SAMPLE_TOKENS, DataSourceError, TokenSource  # noqa: E402
+from olmax.data.tokenizer import TokenizerFields  # noqa: E402
 
 VOCAB = 5000  # uint16 files
 TOK = TokenizerFields(vocab_size=VOCAB, eos_token_id=VOCAB - 1, pad_token_id=0)

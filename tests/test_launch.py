@@ -17,6 +17,7 @@ from olmax.launch import LaunchError
 from olmax.launch.backends import dry_run, make_backend
 from olmax.launch.plan import make_plan
 from olmax.launch.worker import distributed_args
+from slurm_env import slurm_env
 
 # an override whose value holds spaces, both quote characters and a $ that a shell would expand
 TRICKY = """data.paths=["my corpus/a b.npy", "it's \\"$HOME\\""]"""
@@ -151,10 +152,8 @@ def test_two_workers_form_one_jax_distributed_job(tmp_path):
     port = portpicker.pick_unused_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "OLMAX_DISTRIBUTED": "slurm", "OLMAX_COORDINATOR": f"127.0.0.1:{port}",
-               "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
         procs.append(subprocess.Popen([sys.executable, "-m", "olmax.launch.worker", "config", "--recipe", "tiny"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                      env=slurm_env(rank, port, local_devices=2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120) for p in procs]
     for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err[-2000:]

@@ -4,7 +4,6 @@ its ranks' rows; one writes the metrics. A single process on 8 devices then resu
 to step 6. Every step's losses equal one single-process run's (fp32, 1e-6 relative)."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 from olmax.config import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
+from slurm_env import slurm_env
 from small_run import SMALL as BASE
 
 SMALL = BASE + ["checkpoint.every=2", "eval.every=2", "eval.batches=1"]
@@ -26,11 +26,9 @@ def _two_workers(run, *args):
     port = portpicker.pick_unused_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "OLMAX_DISTRIBUTED": "slurm", "OLMAX_COORDINATOR": f"127.0.0.1:{port}",
-               "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
         procs.append(subprocess.Popen([sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny",
                                        "--run-dir", str(run), *args],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                                      env=slurm_env(rank, port, local_devices=4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
 
 

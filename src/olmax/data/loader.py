@@ -39,7 +39,8 @@ import numpy as np
 
 from olmax.data.filters import instance_mask
 from olmax.data.order import cached_permutation, check_rank, num_batches, rank_ids
-from olmax.data.sources import TokenizerFields, TokenSource, check_manifest_tokenizers, resolve_paths
+from olmax.data.sources import TokenSource, check_manifest_tokenizers, resolve_paths
+from olmax.data.tokenizer import TokenizerFields
 
 log = logging.getLogger(__name__)
 

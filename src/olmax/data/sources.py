@@ -24,7 +24,6 @@ import glob as globlib
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,7 +31,7 @@ import numpy as np
 
 from olmax.data.demo import demo_shards, is_demo_spec
 from olmax.data.tokenize import MANIFEST, read_manifest
-from olmax.data.tokenizer import token_dtype
+from olmax.data.tokenizer import TokenizerFields
 
 NPY_MAGIC = b"\x93NUMPY"
 SAMPLE_TOKENS = 4096  # ids checked against the vocabulary when a file is opened
@@ -123,7 +122,7 @@ def resolve_paths(specs: Sequence[str], mix_base: Optional[str] = None,
     return paths
 
 
-def check_manifest_tokenizers(specs: Sequence[str], tok: "TokenizerFields") -> None:
+def check_manifest_tokenizers(specs: Sequence[str], tok: TokenizerFields) -> None:
     """Refuse `olmax tokenize` output made with another tokenizer than the configured one."""
     for spec in specs:
         if is_url(str(spec)) or not (Path(spec) / MANIFEST).is_file():
@@ -191,20 +190,6 @@ def _remote_error(what: str, exc: Exception) -> DataSourceError:
     if status == 404 or (isinstance(cause, FileNotFoundError) and status is None):
         return DataSourceError(f"{what} does not exist")
     return DataSourceError(f"{what} cannot be read: {type(cause).__name__}: {cause}")
-
-
-@dataclass(frozen=True)
-class TokenizerFields:
-    """The tokenizer facts that enter the fingerprint (OLMo-core's `TokenizerConfig`)."""
-
-    vocab_size: int
-    eos_token_id: int
-    pad_token_id: int
-    bos_token_id: Optional[int] = None
-
-    @property
-    def dtype(self) -> type[np.unsignedinteger]:
-        return token_dtype(self.vocab_size)
 
 
 def fingerprint(tok: TokenizerFields, max_target_seq_len: Optional[int], paths: Sequence[str],

@@ -67,11 +67,10 @@ def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
 
 
 @dataclass(frozen=True)
-class TokenizerInfo:
-    """What the data pipeline must know about a tokenizer; written to every manifest."""
+class TokenizerFields:
+    """The tokenizer facts that the data configuration holds and that enter the data fingerprint
+    (OLMo-core's `TokenizerConfig`)."""
 
-    name: str  # "dolma2" or the tokenizer.json path it was loaded from
-    identity: str  # sha256 of what defines the ids (merges + added tokens, or the json file)
     vocab_size: int
     eos_token_id: int
     pad_token_id: int
@@ -80,6 +79,14 @@ class TokenizerInfo:
     @property
     def dtype(self) -> type[np.unsignedinteger]:
         return token_dtype(self.vocab_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerInfo(TokenizerFields):
+    """A loaded tokenizer's fields plus what identifies it; written to every manifest."""
+
+    name: str  # "dolma2" or the tokenizer.json path it was loaded from
+    identity: str  # sha256 of what defines the ids (merges + added tokens, or the json file)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "dtype": np.dtype(self.dtype).name}
