@@ -266,7 +266,7 @@ def maxtext_python() -> tuple[str | None, str]:
 
 
 def row_maxtext(args) -> dict:
-    """MaxText's own trainer on CPU (STACK_NOTES.md), bench-small's shape. Per-step times are the
+    """MaxText's own trainer on CPU (docs/performance.md), bench-small's shape. Per-step times are the
     gaps between the timestamps of its `completed step: N` log lines: the `seconds:` it prints is
     the time to dispatch a step (JAX is asynchronous), which reads 0.08 s for a 35 s step early on."""
     import re
