@@ -104,17 +104,12 @@ def spike_batch(setup: Setup) -> np.ndarray:
 def build_olmo_core_model(setup: Setup):
     """A tiny OLMo 3 (STACK_NOTES.md recipe) with OLMo-core's own initialisation (fp32, CPU)."""
     import torch
-    from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
-    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
-    w = setup.window
-    cfg = TransformerConfig.llama_like(
-        d_model=setup.d_model, vocab_size=PADDED_VOCAB, n_layers=setup.n_layers, n_heads=setup.n_heads,
-        n_kv_heads=setup.n_kv_heads, block_name=TransformerBlockType.reordered_norm, qk_norm=True,
-        rope_theta=10000, layer_norm_eps=1e-6,
-        sliding_window=SlidingWindowAttentionConfig(pattern=[w, w, w, -1], force_full_attention_on_first_layer=False,
-                                                    force_full_attention_on_last_layer=True),
-        attn_backend=AttentionBackendName.torch)
+    from olmax.convert.olmo_core import olmo3_transformer_config
+
+    cfg = olmo3_transformer_config(d_model=setup.d_model, vocab_size=PADDED_VOCAB, n_layers=setup.n_layers,
+                                   n_heads=setup.n_heads, n_kv_heads=setup.n_kv_heads, window=setup.window,
+                                   rope_theta=10000)
     model = cfg.build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
     return model

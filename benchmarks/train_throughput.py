@@ -111,21 +111,14 @@ def row_olmax(args) -> dict:
 def build_olmo_core(cfg, compiled: bool):
     """bench-small built with OLMo-core's config classes and initialisation, fp32 on CPU."""
     import torch
-    from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
-    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
+    from olmax.convert.olmo_core import olmo3_transformer_config
     from olmax.model.olmo3 import count_params
 
     m = cfg.model
-    w = m.sliding_window
-    tcfg = TransformerConfig.llama_like(
-        d_model=m.d_model, vocab_size=m.padded_vocab_size, n_layers=m.n_layers, n_heads=m.n_heads,
-        n_kv_heads=m.n_kv_heads, block_name=TransformerBlockType.reordered_norm, qk_norm=True,
-        rope_theta=int(m.rope_theta), layer_norm_eps=m.norm_eps,
-        sliding_window=SlidingWindowAttentionConfig(pattern=[w] * (m.global_every - 1) + [-1],
-                                                    force_full_attention_on_first_layer=False,
-                                                    force_full_attention_on_last_layer=True),
-        attn_backend=AttentionBackendName.torch)
+    tcfg = olmo3_transformer_config(d_model=m.d_model, vocab_size=m.padded_vocab_size, n_layers=m.n_layers,
+                                    n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, window=m.sliding_window,
+                                    rope_theta=m.rope_theta, norm_eps=m.norm_eps, global_every=m.global_every)
     model = tcfg.build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
     hidden = model.blocks["0"].feed_forward.hidden_size

@@ -25,7 +25,7 @@ from olmax.cli import app
 from olmax.config import MeshConfig, ModelConfig
 from olmax.convert import ConversionError
 from olmax.convert.hf import convert_from_hf, convert_to_hf, hf_config, model_config_from_hf, resolve_hf_dir
-from olmax.convert.olmo_core import convert_from_olmo_core
+from olmax.convert.olmo_core import convert_from_olmo_core, olmo3_transformer_config
 from olmax.model.olmo3 import _is_spec, param_specs
 from olmax.sharding import make_mesh, tree_shardings
 
@@ -79,16 +79,8 @@ def make_hf_checkpoint(path: Path, *, dtype=torch.float32, seed=0, max_shard_siz
 def make_olmo_core_model(*, vocab=384, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, window=8,
                          theta=10000, seed=0):
     """A tiny OLMo 3 built by ai2-olmo-core (STACK_NOTES.md), with randomized weights."""
-    from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
-    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
-
-    cfg = TransformerConfig.llama_like(
-        d_model=d_model, vocab_size=vocab, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
-        block_name=TransformerBlockType.reordered_norm, qk_norm=True, rope_theta=theta, layer_norm_eps=1e-6,
-        sliding_window=SlidingWindowAttentionConfig(pattern=[window, window, window, -1],
-                                                    force_full_attention_on_first_layer=False,
-                                                    force_full_attention_on_last_layer=True),
-        attn_backend=AttentionBackendName.torch)
+    cfg = olmo3_transformer_config(d_model=d_model, vocab_size=vocab, n_layers=n_layers, n_heads=n_heads,
+                                   n_kv_heads=n_kv_heads, window=window, rope_theta=theta)
     model = cfg.build(init_device="cpu")
     randomize_(model, seed)
     return model.eval()

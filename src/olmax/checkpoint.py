@@ -229,6 +229,12 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"  # locally Orbax writes a step here, then r
 COMMIT_FILE = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # on GCS it writes this last instead (see _is_gcs)
 
 
+def run_checkpoint_dir(cfg, run_dir: str | os.PathLike) -> str | os.PathLike:
+    """Where the run in `run_dir` keeps its checkpoints: checkpoint.dir (a local path or a gs:// URL)
+    when set, else RUN_DIR/checkpoints. The trainer and resume-until-done both ask here."""
+    return cfg.checkpoint.dir or Path(run_dir) / "checkpoints"
+
+
 class RunCheckpoints:
     """The checkpoints of one training run (RUN_DIR/checkpoints, or checkpoint.dir: a local path or a
     gs:// URL). Step N holds the state after N completed steps and the data-loader state after N

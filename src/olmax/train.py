@@ -20,7 +20,7 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from olmax.checkpoint import RunCheckpoints, load_params
+from olmax.checkpoint import RunCheckpoints, load_params, run_checkpoint_dir
 from olmax.config import ConfigError, ExperimentConfig, save_yaml
 from olmax.data.loader import make_loader
 from olmax.evals.heldout import HeldoutEvaluator
@@ -46,7 +46,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
     run_dir.mkdir(parents=True, exist_ok=True)
     mesh = make_mesh(cfg.mesh, devices)
     last = cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
-    ckpts = RunCheckpoints(cfg.checkpoint.dir or run_dir / "checkpoints", cfg, allow_config_change=allow_config_change)
+    ckpts = RunCheckpoints(run_checkpoint_dir(cfg, run_dir), cfg, allow_config_change=allow_config_change)
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with _exclusive(run_dir), jax.set_mesh(mesh), _PreemptionNotice() as preempted:

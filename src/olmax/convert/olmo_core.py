@@ -138,6 +138,26 @@ class DistributedCheckpointSource:
         return _to_numpy(tensor)
 
 
+def olmo3_transformer_config(*, d_model: int, vocab_size: int, n_layers: int, n_heads: int, n_kv_heads: int,
+                             window: int, rope_theta: float, norm_eps: float = 1e-6, global_every: int = 4):
+    """OLMo-core's own `TransformerConfig` of an OLMo 3 model of these sizes: the reordered-norm block
+    with QK-norm, `window` on the first global_every - 1 layers of every group and full attention on
+    the last of each group and on the final layer, plain torch attention (CPU). OLMo-core picks the MLP
+    width itself (`llama_like`). What the parity tests and the side-by-side benchmarks build to compare
+    olmax against; needs the `parity` extra."""
+    from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
+    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
+
+    return TransformerConfig.llama_like(
+        d_model=d_model, vocab_size=vocab_size, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        block_name=TransformerBlockType.reordered_norm, qk_norm=True, rope_theta=int(rope_theta),
+        layer_norm_eps=norm_eps,
+        sliding_window=SlidingWindowAttentionConfig(pattern=[window] * (global_every - 1) + [-1],
+                                                    force_full_attention_on_first_layer=False,
+                                                    force_full_attention_on_last_layer=True),
+        attn_backend=AttentionBackendName.torch)
+
+
 def open_state_dict(path: str | Path) -> TensorSource:
     path = Path(path)
     if path.is_dir():

@@ -42,11 +42,6 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh):
     return tree_shardings(param_specs(cfg), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
 
 
-def checkpoint_steps(ckpt: str | Path) -> list[int]:
-    """The complete steps an olmax checkpoint directory (local or gs://) holds, ascending."""
-    return complete_steps(ckpt)
-
-
 def load_checkpoint(ckpt: str | Path, mesh: Mesh, *, step: Optional[int] = None,
                     compute_dtype: Optional[str] = None) -> tuple[dict, ModelConfig, dict]:
     """(params placed on `mesh`, model config, meta) of an olmax checkpoint (default: its latest step;
@@ -56,7 +51,7 @@ def load_checkpoint(ckpt: str | Path, mesh: Mesh, *, step: Optional[int] = None,
     params, cfg, meta = load_params(ckpt, step, shardings=param_shardings(cfg, mesh))
     if compute_dtype is not None:
         cfg = replace(cfg, compute_dtype=compute_dtype)
-    return params, cfg, {**meta, "step": step if step is not None else checkpoint_steps(ckpt)[-1]}
+    return params, cfg, {**meta, "step": step if step is not None else complete_steps(ckpt)[-1]}
 
 
 def map_seq_chunks(fn: Callable, chunk: int, *arrays):

@@ -42,12 +42,12 @@ from typing import Optional, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from olmax.checkpoint import checkpoint_path
+from olmax.checkpoint import checkpoint_path, complete_steps
 from olmax.config import DataConfig
 from olmax.evals.domains import read_domains, score_domains
 from olmax.evals.heldout import labels_for, load_instances
 from olmax.evals.kl import token_kl
-from olmax.evals.scoring import TokenScorer, checkpoint_steps, eval_mesh, load_checkpoint
+from olmax.evals.scoring import TokenScorer, eval_mesh, load_checkpoint
 
 KL_FLOOR = 1.5e-3
 WITHIN, DIFFERS, UNDETERMINED = "within noise", "differs", "undetermined"
@@ -57,11 +57,11 @@ def checkpoint_source(path: str | Path) -> tuple[str, Optional[int]]:
     """(checkpoint directory, None) for a run directory or its `checkpoints/`; (checkpoint directory,
     step) for one checkpoint, i.e. a step sub-directory such as `run/checkpoints/40`. Local or gs://."""
     path = checkpoint_path(path)
-    if path.name.isdigit() and int(path.name) in checkpoint_steps(path.parent):
+    if path.name.isdigit() and int(path.name) in complete_steps(path.parent):
         return str(path.parent), int(path.name)
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
-    if not checkpoint_steps(path):
+    if not complete_steps(path):
         raise FileNotFoundError(f"{path} is neither a run directory with checkpoints/, a checkpoint directory "
                                 f"(step sub-directories) nor one step of one")
     return str(path), None
@@ -78,7 +78,7 @@ def resolve_landmarks(ckpt_a: str, ckpt_b: str, landmarks: Optional[Sequence[int
         if step_a is not None and step_b is not None:
             return [(step_a, step_b)]
         landmarks = [step_a if step_a is not None else step_b]
-    steps_a, steps_b = checkpoint_steps(ckpt_a), checkpoint_steps(ckpt_b)
+    steps_a, steps_b = complete_steps(ckpt_a), complete_steps(ckpt_b)
     if landmarks is None:
         common = sorted(set(steps_a) & set(steps_b))
         if not common:

@@ -221,7 +221,7 @@ def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
     """Attempts until the run's newest complete checkpoint is its final step (module docstring).
     Returns 0 when done, 1 when out of retries, 2 on a config error, 143 when stopped by a signal.
     `sleep`: waits out the backoff (default: a wait that a signal to the launcher cuts short)."""
-    from olmax.checkpoint import complete_steps  # imports Orbax: only here, not for --dry-run
+    from olmax.checkpoint import complete_steps, run_checkpoint_dir  # imports Orbax: only here, not for --dry-run
     from olmax.recipes import resolve
 
     if "://" in plan.run_dir:
@@ -229,8 +229,7 @@ def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
                           f"a path writable here (a shared or mounted filesystem), not {plan.run_dir}; to keep "
                           "the checkpoints on GCS, set checkpoint.dir=gs://...")
     run_dir = Path(plan.run_dir)
-    # the trainer's choice (olmax.train), from the same recipe and overrides
-    ckpt_dir = resolve(plan.recipe, None, plan.overrides).checkpoint.dir or run_dir / "checkpoints"
+    ckpt_dir = run_checkpoint_dir(resolve(plan.recipe, None, plan.overrides), run_dir)
     log = LaunchLog(run_dir, echo)
     newest = lambda: max(complete_steps(ckpt_dir), default=0)
     try:
