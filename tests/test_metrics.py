@@ -1,7 +1,6 @@
 """Where metrics go beyond metrics.jsonl (whose resume behaviour tests/test_train.py checks): the W&B
 writer (offline, no network) and the plain progress lines of a run without a terminal."""
 
-
 import pytest
 
 from olmax.config import ConfigError, apply_overrides
@@ -9,9 +8,6 @@ from olmax.metrics import Progress
 from olmax.recipes import get_recipe
 from olmax.train import train
 from small_run import small_config
-
-
-
 
 
 def test_wandb_offline_needs_no_network_and_resumes_the_same_run(tmp_path, monkeypatch):
