@@ -1,5 +1,6 @@
 """The KV-cache decoder: prefill and every single-token step give the logits of the full forward
-pass (with a window shorter than the sequence), and greedy generation equals argmax-and-append."""
+pass (with a window shorter than the sequence), and greedy generation equals argmax-and-append.
+Norm weights are random, so a norm wired differently in the decoder than in training would show."""
 
 import jax
 import jax.numpy as jnp
@@ -7,14 +8,15 @@ import numpy as np
 
 from olmax.config import ModelConfig
 from olmax.evals.decode import cached_forward, greedy_generate, init_cache
-from olmax.model.olmo3 import forward, init_params
+from models import random_params
+from olmax.model.olmo3 import forward
 
 CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
                   sliding_window=4, compute_dtype="float32")
 
 
 def test_cached_steps_match_the_full_forward():
-    params = init_params(CFG, jax.random.key(0))
+    params = random_params(CFG, jax.random.key(0))
     seq = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 20)).astype(np.int32)
     full = np.asarray(jax.jit(forward, static_argnums=2)(params, seq, CFG))
     cache = init_cache(CFG, 2, 32)
@@ -27,7 +29,7 @@ def test_cached_steps_match_the_full_forward():
 
 
 def test_greedy_generate_equals_argmax_and_append():
-    params = init_params(CFG, jax.random.key(1))
+    params = random_params(CFG, jax.random.key(1))
     rng = np.random.default_rng(1)
     prompts = [list(rng.integers(0, CFG.vocab_size, n)) for n in (3, 9, 17)]  # ragged: right padding
     generated = greedy_generate(params, CFG, prompts, 12, stop=lambda row, ids: row == 2 and len(ids) == 5)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import random_params
 from olmax.config import MeshConfig
 from olmax.model.olmo3 import ParamSpec, count_params, forward, init_params, param_specs
 from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
@@ -42,7 +43,7 @@ def test_init_is_truncated_normal_and_ones():
 
 
 def test_logits_are_causal():
-    params = init_params(CFG, jax.random.key(1))
+    params = random_params(CFG, jax.random.key(1))
     tokens = _tokens()
     changed = tokens.at[:, 20].set((tokens[:, 20] + 1) % CFG.vocab_size)
     run = jax.jit(forward, static_argnums=2)
@@ -53,7 +54,7 @@ def test_logits_are_causal():
 
 @pytest.mark.parametrize("policy", ["full", "save_dots"])
 def test_remat_changes_nothing(policy):
-    params = init_params(CFG, jax.random.key(2))
+    params = random_params(CFG, jax.random.key(2))
     tokens = _tokens()
 
     def loss(p, cfg):
@@ -82,7 +83,7 @@ def test_sharded_forward_equals_single_device(mesh):
 
 def test_bf16_compute_keeps_fp32_params_and_logits():
     cfg = dataclasses.replace(CFG, compute_dtype="bfloat16")
-    params = init_params(cfg, jax.random.key(4))
+    params = random_params(cfg, jax.random.key(4))
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
     tokens = _tokens()
     lo, hi = forward(params, tokens, cfg), forward(params, tokens, CFG)

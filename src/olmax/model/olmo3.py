@@ -110,19 +110,31 @@ def rms_norm(x, weight, eps: float):
     return (xf * weight.astype(jnp.float32)).astype(x.dtype)
 
 
-def _block(cfg: ModelConfig, p: dict, x, cos, sin, window: Optional[int]):
-    """One reordered-norm block. p holds this layer's (unstacked) weights, cast to compute dtype."""
+def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
+    """One reordered-norm block: the only one, for training, scoring and KV-cache decoding.
+
+    p holds this layer's (unstacked) weights in compute dtype; cos/sin are RoPE tables of shape
+    (seq, head_dim), or (batch, seq, head_dim) when rows sit at different positions (decoding).
+    `attend(q, k, v)` with q (batch, seq, heads, head_dim) and k, v (batch, seq, kv_heads, head_dim)
+    returns (attention output shaped like q, extra): `self_attention` attends within the sequence
+    (extra None); olmax.evals.decode's attends over a KV cache and returns the updated cache as extra.
+    Returns (block output, extra).
+    """
     b, t, _ = x.shape
     q = rms_norm(x @ p["q_proj"], p["q_norm"], cfg.norm_eps)
     k = rms_norm(x @ p["k_proj"], p["k_norm"], cfg.norm_eps)
     v = x @ p["v_proj"]
     q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), cos, sin)
     k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin)
-    v = v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
-    attn = attention(q, k, v, window=window, backend=cfg.attention).reshape(b, t, -1)
-    h = x + rms_norm(attn @ p["o_proj"], p["attn_norm"], cfg.norm_eps)
+    attn, extra = attend(q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim))
+    h = x + rms_norm(attn.reshape(b, t, -1) @ p["o_proj"], p["attn_norm"], cfg.norm_eps)
     mlp = (jax.nn.silu(h @ p["gate_proj"]) * (h @ p["up_proj"])) @ p["down_proj"]
-    return h + rms_norm(mlp, p["mlp_norm"], cfg.norm_eps)
+    return h + rms_norm(mlp, p["mlp_norm"], cfg.norm_eps), extra
+
+
+def self_attention(cfg: ModelConfig, window: Optional[int]) -> Callable:
+    """The `attend` of a whole sequence (training and scoring): causal, with this layer's window."""
+    return lambda q, k, v: (attention(q, k, v, window=window, backend=cfg.attention), None)
 
 
 REMAT_POLICIES: dict[str, Callable] = {
@@ -135,17 +147,22 @@ REMAT_POLICIES: dict[str, Callable] = {
 def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
     """Runs layers first..first+n-1, each with its static window and RoPE kind:
     (x, stacked layer params, rope tables) -> (x, outputs or None)."""
-    layers = [(cfg.layer_window(i), cfg.layer_rope_scaled(i)) for i in range(first, first + n)]
-    block = _block
-    if cfg.remat != "none":  # per block, so a backward pass holds one block's activations at a time
-        block = jax.checkpoint(_block, policy=REMAT_POLICIES[cfg.remat], static_argnums=(0, 5))
+    def layer(window: Optional[int]):
+        attend = self_attention(cfg, window)
+        run = lambda p, x, cos, sin: block(cfg, p, x, cos, sin, attend)[0]
+        if cfg.remat == "none":
+            return run
+        # per block, so a backward pass holds one block's activations at a time
+        return jax.checkpoint(run, policy=REMAT_POLICIES[cfg.remat])
+
+    layers = [(layer(cfg.layer_window(i)), cfg.layer_rope_scaled(i)) for i in range(first, first + n)]
 
     def run(x, group_params, ropes):
         cdt = jnp.dtype(cfg.compute_dtype)
         outputs = []
-        for i, (window, scaled) in enumerate(layers):
+        for i, (run_layer, scaled) in enumerate(layers):
             p = jax.tree.map(lambda w: w[i].astype(cdt), group_params)
-            x = constrain(block(cfg, p, x, *ropes[scaled], window), ACTIVATION_AXES)
+            x = constrain(run_layer(p, x, *ropes[scaled]), ACTIVATION_AXES)
             outputs.append(x)
         return x, (jnp.stack(outputs) if collect else None)
 

@@ -52,9 +52,10 @@ def rope_tables(cfg: ModelConfig, seq_len: int, scaled: bool) -> tuple[jnp.ndarr
 
 
 def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
-    """x: (batch, seq, heads, head_dim); rotated in float32 and cast back to x's dtype."""
+    """x: (batch, seq, heads, head_dim); cos/sin: (seq, head_dim), or (batch, seq, head_dim) when
+    each row has its own positions. Rotated in float32 and cast back to x's dtype."""
     xf = x.astype(jnp.float32)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over the heads
     return (xf * cos + rotated * sin).astype(x.dtype)
