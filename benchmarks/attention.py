@@ -72,7 +72,8 @@ def model_rows(runs: int) -> list[dict]:
     from olmax.model.olmo3 import forward_hidden, init_params
     from olmax.recipes import resolve
     from olmax.sharding import make_mesh
-    from olmax.train_step import batch_sharding, init_train_state, make_train_step
+    from olmax.state import init_train_state
+    from olmax.train_step import batch_sharding, make_train_step
 
     cfg = resolve("bench-small", None, [])
     m = cfg.model

@@ -94,7 +94,7 @@ def full_state(cfg, tmp: Path) -> dict:
 
     from olmax.checkpoint import RunCheckpoints
     from olmax.sharding import make_mesh
-    from olmax.train_step import init_train_state
+    from olmax.state import abstract_state, init_train_state
 
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
     with jax.set_mesh(mesh):
@@ -122,7 +122,7 @@ def full_state(cfg, tmp: Path) -> dict:
 
         reader = RunCheckpoints(tmp / "run", cfg)
         t0 = time.perf_counter()
-        restored, _ = jax.block_until_ready(reader.restore(1, mesh))
+        restored, _ = jax.block_until_ready(reader.restore(1, abstract_state(cfg, mesh)))
         restore = time.perf_counter() - t0
         reader.close()
         peaks["restore"] = peak_rss_gib()

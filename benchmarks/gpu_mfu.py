@@ -4,7 +4,7 @@
     python benchmarks/gpu_mfu.py [--rows 7b-4l --rows 190m --steps 10 --warmup 3 --json out.json]
     python benchmarks/gpu_mfu.py --dry-run         # the same code path on CPU at a tiny size
 
-Each row builds the real step (olmax.train_step.make_train_step and init_train_state on a 1-device
+Each row builds the real step (olmax.train_step.make_train_step and olmax.state.init_train_state on a 1-device
 mesh: fp32 parameters and Adam moments, bf16 compute, skip-step AdamW, clipping, z-loss, the fused
 output layer + loss), runs --warmup untimed steps (the first compiles) and then --steps timed ones,
 each ended by block_until_ready on its metrics. Rows (docs/performance.md):
@@ -80,7 +80,8 @@ def run_row(name: str, args) -> dict:
 
     from olmax.flops import flops_report
     from olmax.sharding import make_mesh
-    from olmax.train_step import batch_sharding, init_train_state, make_train_step
+    from olmax.state import init_train_state
+    from olmax.train_step import batch_sharding, make_train_step
 
     cfg, overrides = row_config(name, args.dry_run, args.set)
     device = jax.devices()[0]

@@ -233,7 +233,8 @@ def run_olmax(cfg, params: dict, setup: Setup) -> Run:
 
     from olmax.data.loader import make_loader
     from olmax.sharding import make_mesh
-    from olmax.train_step import batch_sharding, init_train_state, make_train_step
+    from olmax.state import init_train_state
+    from olmax.train_step import batch_sharding, make_train_step
 
     mesh = make_mesh(cfg.mesh)
     run = Run()

@@ -90,7 +90,8 @@ def row_olmax(args) -> dict:
     import jax
 
     from olmax.sharding import make_mesh
-    from olmax.train_step import batch_sharding, init_train_state, make_train_step
+    from olmax.state import init_train_state
+    from olmax.train_step import batch_sharding, make_train_step
 
     cfg = experiment(args.set)
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])

@@ -8,7 +8,8 @@ import numpy as np
 from olmax.config import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
-from olmax.train_step import batch_sharding, init_train_state, make_train_step
+from olmax.state import init_train_state
+from olmax.train_step import batch_sharding, make_train_step
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded once per XLA compilation
 

@@ -27,7 +27,8 @@ from olmax.convert import ConversionError
 from olmax.convert.hf import convert_from_hf, convert_to_hf, hf_config, model_config_from_hf, resolve_hf_dir
 from olmax.convert.olmo_core import convert_from_olmo_core, olmo3_transformer_config
 from olmax.model.olmo3 import _is_spec, param_specs
-from olmax.sharding import make_mesh, tree_shardings
+from olmax.sharding import make_mesh
+from olmax.state import param_shardings
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -350,7 +351,7 @@ def test_load_params_onto_a_mesh(tmp_path):
     convert_from_hf(str(src), tmp_path / "ckpt")
     cfg, meta = read_config(tmp_path / "ckpt")
     mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
-    shardings = tree_shardings(param_specs(cfg), mesh, is_leaf=_is_spec)
+    shardings = param_shardings(cfg, mesh)
     params, cfg2, meta2 = load_params(tmp_path / "ckpt", shardings=shardings)
     assert cfg2 == cfg and meta2 == meta and meta["olmax_version"]
     q = params["layers"]["q_proj"]

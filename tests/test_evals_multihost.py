@@ -31,7 +31,8 @@ WORKER = textwrap.dedent("""
     from olmax.config import DataConfig
     from olmax.evals.heldout import eval_loss, load_instances
     from olmax.evals.kl import token_kl
-    from olmax.evals.scoring import eval_mesh, param_shardings
+    from olmax.evals.scoring import eval_mesh
+    from olmax.state import param_shardings
 
     port, pid, ckpt, shard, work, out = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)

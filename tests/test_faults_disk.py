@@ -16,7 +16,7 @@ from olmax.checkpoint import CheckpointError, RunCheckpoints, complete_steps
 from olmax.config import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
-from olmax.train_step import init_train_state
+from olmax.state import abstract_state, init_train_state
 from small_run import SMALL as BASE
 
 SMALL = BASE + ["eval.every=0"]
@@ -55,7 +55,7 @@ def test_disk_full_during_save_names_the_directory_and_keeps_the_previous_checkp
     monkeypatch.undo()
 
     assert complete_steps(directory) == [3]
-    state, data = RunCheckpoints(directory, cfg).restore_latest(mesh)
+    state, data = RunCheckpoints(directory, cfg).restore_latest(abstract_state(cfg, mesh))
     assert int(state.step) == 0 and data == {"batches": 3}  # init state: step counter 0, saved as step 3
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(state.params)):
         np.testing.assert_array_equal(a, np.asarray(b))

@@ -12,7 +12,8 @@ from models import random_params
 from olmax.config import MeshConfig
 from olmax.model.olmo3 import ParamSpec, count_params, forward, init_params, param_specs
 from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
-from olmax.sharding import make_mesh, tree_shardings
+from olmax.sharding import make_mesh
+from olmax.state import param_shardings
 
 CFG = dataclasses.replace(TINY, vocab_size=1000, n_layers=6, sliding_window=8)  # a tail group of 2
 
@@ -71,7 +72,7 @@ def test_remat_changes_nothing(policy):
 @pytest.mark.parametrize("mesh", [MeshConfig(data=1, fsdp=8, tensor=1), MeshConfig(data=2, fsdp=2, tensor=2)])
 def test_sharded_forward_equals_single_device(mesh):
     mesh = make_mesh(mesh)
-    shardings = tree_shardings(param_specs(CFG), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
+    shardings = param_shardings(CFG, mesh)
     sharded = jax.jit(init_params, static_argnums=0, out_shardings=shardings)(CFG, jax.random.key(3))
     assert sharded["layers"]["up_proj"].sharding.spec == jax.tree.leaves(
         shardings["layers"]["up_proj"])[0].spec

@@ -18,7 +18,8 @@ from olmax.config import (ConfigError, DataConfig, ExperimentConfig, MeshConfig,
 from olmax.model.olmo3 import init_params
 from olmax.schedules import make_schedule
 from olmax.sharding import make_mesh
-from olmax.train_step import batch_layout, batch_sharding, init_train_state, make_train_step, state_shardings
+from olmax.state import init_train_state, state_shardings
+from olmax.train_step import batch_layout, batch_sharding, make_train_step
 
 N_STEPS = 3
 PAD = 3

@@ -29,7 +29,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from olmax.config import ConfigError, ModelConfig, from_dict
+from olmax.config import CONTEXT_FIELDS, ConfigError, ModelConfig, from_dict
 from olmax.model.olmo3 import abstract_params
 
 PARAMS, CONFIG, META = "params", "config", "meta"
@@ -193,8 +193,8 @@ def load_params(directory: str | os.PathLike, step: Optional[int] = None, shardi
                 ) -> tuple[dict, ModelConfig, dict]:
     """Restore (params, model config, meta) from a checkpoint (default: its latest step).
 
-    `shardings`: a pytree of `jax.sharding.Sharding` shaped like the params (e.g. from
-    `olmax.sharding.tree_shardings(param_specs(cfg), mesh, ...)`, with `cfg` from `read_config`);
+    `shardings`: a pytree of `jax.sharding.Sharding` shaped like the params (e.g.
+    `olmax.state.param_shardings(cfg, mesh)`, with `cfg` from `read_config`);
     the arrays are restored directly onto it, whatever sharding they were saved with.
     None puts every array on the first device. Arrays are restored in `model_cfg.param_dtype`.
     """
@@ -284,16 +284,16 @@ class RunCheckpoints:
             }))
         self._writing_step = step
 
-    def restore_latest(self, mesh):
-        """(TrainState, data state) of the newest checkpoint that reads back completely, or
-        None when there is none. A newer step that fails to read (a truncated or corrupt save) is
-        skipped with a warning naming it, and moved aside to `<step>.corrupt` so that the run can
-        write that step again; a changed config is an error, not a fallback."""
+    def restore_latest(self, target):
+        """(state, data state) of the newest checkpoint that reads back completely, or None when
+        there is none; `target` as for `restore`. A newer step that fails to read (a truncated or
+        corrupt save) is skipped with a warning naming it, and moved aside to `<step>.corrupt` so that
+        the run can write that step again; a changed config is an error, not a fallback."""
         for name in self._uncommitted():
             warnings.warn(f"ignoring the interrupted save {self._where(name)} (never committed)")
         for step in sorted(self._mngr.all_steps(), reverse=True):
             try:
-                state, data_state = self.restore(step, mesh)
+                state, data_state = self.restore(step, target)
             except CheckpointError:
                 raise
             except Exception as e:  # noqa: BLE001 - any read failure means "not a usable checkpoint"
@@ -320,15 +320,14 @@ class RunCheckpoints:
     def _where(self, step: int | str) -> str:
         return f"{self.directory.rstrip('/')}/{step}"
 
-    def restore(self, step: int, mesh):
-        """(TrainState on `mesh`, data-loader state) of `step`; the mesh may differ from the one
-        that saved it (Orbax reshards on restore)."""
-        from olmax.train_step import TrainState, init_train_state, state_shardings
-
+    def restore(self, step: int, target):
+        """(state, data-loader state) of `step`. `target` is the caller's abstract train state
+        (olmax.state.abstract_state: a TrainState of ShapeDtypeStructs with shardings); the state comes
+        back in that layout, whatever mesh saved it (Orbax reshards on restore)."""
         saved = self._mngr.restore(step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore(),
                                                                    DATA: ocp.args.JsonRestore()}))
         changes = config_changes(saved[EXPERIMENT], self.cfg)
-        if any(c.startswith("model ") for c in changes):  # the arrays themselves would not fit
+        if any(c.startswith("model architecture ") for c in changes):  # the arrays themselves would not fit
             raise CheckpointError(f"cannot resume from {self._where(step)}: the model changed "
                                   f"({'; '.join(changes)}); start a new run (checkpoint.init_from, olmax ckpt warm-start)")
         if changes and not self.allow_config_change:
@@ -337,14 +336,11 @@ class RunCheckpoints:
                                   "pass --allow-config-change (allow_config_change=True) to continue anyway")
         if changes:
             warnings.warn(f"resuming {self._where(step)} with a changed config: {'; '.join(changes)}")
-        abstract = jax.eval_shape(lambda key: init_train_state(self.cfg, mesh, key), jax.random.key(0))
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                              abstract, state_shardings(self.cfg, mesh))
         items = self._mngr.restore(step, args=ocp.args.Composite(**{
             PARAMS: ocp.args.StandardRestore(target.params),
             OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),
         }))
-        state = TrainState(items[OPT_STATE]["step"], items[PARAMS], items[OPT_STATE]["opt"])
+        state = target._replace(step=items[OPT_STATE]["step"], params=items[PARAMS], opt_state=items[OPT_STATE]["opt"])
         return state, (None if saved[DATA] is None else dict(saved[DATA]))
 
     def close(self) -> None:
@@ -403,23 +399,19 @@ def run_handlers() -> dict[str, ocp.CheckpointHandler]:
 
 
 def config_changes(saved: dict, cfg) -> list[str]:
-    """What a resume may not change silently: the model architecture, the global batch and the
-    sequence length (the data itself is checked by the loader's fingerprint)."""
+    """What a resume may not change silently: the model (its architecture: an error, the arrays would
+    not fit; its context fields: a change like the others), the global batch and the sequence length
+    (the data itself is checked by the loader's fingerprint)."""
     changes = []
+    stored = from_dict(saved["model"], ModelConfig)
+    arch = cfg.model.architecture_changes(stored)
+    if arch:
+        changes.append("model architecture " + arch)
     if saved["trainer"]["global_batch"] != cfg.trainer.global_batch:
         changes.append(f"trainer.global_batch {saved['trainer']['global_batch']} -> {cfg.trainer.global_batch}")
     if saved["data"]["seq_len"] != cfg.data.seq_len:
         changes.append(f"data.seq_len {saved['data']['seq_len']} -> {cfg.data.seq_len}")
-    changed = model_changes(from_dict(saved["model"], ModelConfig), cfg.model)
-    if changed:
-        changes.append("model " + changed)
+    context = cfg.model.changes_from(stored, CONTEXT_FIELDS)
+    if context:
+        changes.append("model context " + context)
     return changes
-
-
-def model_changes(stored: ModelConfig, model: ModelConfig) -> str:
-    """'mlp_hidden 128 -> 256, ...' for the architecture fields that differ ('' when none); dtypes,
-    the attention kernel and remat may change between runs of the same model."""
-    arch = lambda m: {k: v for k, v in dataclasses.asdict(m).items()
-                      if k not in ("param_dtype", "compute_dtype", "attention", "remat")}
-    changed = sorted(k for k, v in arch(stored).items() if arch(model)[k] != v)
-    return ", ".join(f"{k} {getattr(stored, k)} -> {getattr(model, k)}" for k in changed)

@@ -13,7 +13,8 @@ import jax
 
 from olmax.config import ExperimentConfig
 from olmax.sharding import make_mesh
-from olmax.train_step import batch_layout, batch_sharding, init_train_state, make_train_step, state_shardings
+from olmax.state import abstract_state, state_shardings
+from olmax.train_step import batch_layout, batch_sharding, make_train_step
 
 GIB = 2**30
 
@@ -29,8 +30,7 @@ def compile_report(cfg: ExperimentConfig, devices=None) -> dict:
     layout = batch_layout(cfg, mesh)
     shardings = state_shardings(cfg, mesh)
     with jax.set_mesh(mesh):
-        abstract = jax.eval_shape(lambda key: init_train_state(cfg, mesh, key), jax.random.key(0))
-        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+        state = abstract_state(cfg, mesh)
         batch = {"input_ids": jax.ShapeDtypeStruct((cfg.trainer.global_batch, cfg.data.seq_len), "int32",
                                                    sharding=batch_sharding(cfg, mesh))}
         t0 = time.perf_counter()

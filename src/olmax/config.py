@@ -22,6 +22,18 @@ ROPE_TYPES = ("default", "yarn")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 
+# "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
+# from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
+# - how the same weights are computed: precision, attention kernel, rematerialisation;
+RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "attention", "remat")
+# - the context it is trained for, as AI2's long-context stage extends the stage-2 model with YaRN
+#   and a longer max_position (a resume of the same run lists these as config changes);
+CONTEXT_FIELDS = ("rope_type", "yarn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_original_max_position",
+                  "yarn_layers", "max_position")
+# - the random init, which a continued run does not use.
+# Every other ModelConfig field is the architecture.
+NOT_ARCHITECTURE = frozenset(RUNTIME_FIELDS + CONTEXT_FIELDS + ("init_std",))
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be built: unknown key, wrong type, or inconsistent values."""
@@ -97,6 +109,17 @@ class ModelConfig:
         """The attention window of a layer (None = global)."""
         is_global = (layer + 1) % self.global_every == 0 or layer == self.n_layers - 1
         return None if (is_global or self.sliding_window <= 0) else self.sliding_window
+
+    def changes_from(self, stored: "ModelConfig", fields=None) -> str:
+        """'mlp_hidden 128 -> 256, ...' for the fields (default: all) where `stored` differs ('' when none)."""
+        names = [f for f in sorted(self.__dataclass_fields__) if fields is None or f in fields]
+        return ", ".join(f"{f} {getattr(stored, f)} -> {getattr(self, f)}"
+                         for f in names if getattr(stored, f) != getattr(self, f))
+
+    def architecture_changes(self, stored: "ModelConfig") -> str:
+        """The architecture fields (all but NOT_ARCHITECTURE) where `stored`, the model a checkpoint
+        holds, differs from this one; '' when this model may continue from its weights."""
+        return self.changes_from(stored, set(self.__dataclass_fields__) - NOT_ARCHITECTURE)
 
 
 @dataclass(frozen=True)

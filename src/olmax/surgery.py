@@ -21,14 +21,16 @@ import os
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
 from olmax.checkpoint import (CONFIG, DATA, EXPERIMENT, META, OPT_STATE, PARAMS, CheckpointError, RunCheckpoints,
-                              checkpoint_path, model_changes, olmax_version, read_config, run_handlers)
+                              checkpoint_path, olmax_version, read_config, run_handlers)
 from olmax.config import ConfigError, ExperimentConfig, MeshConfig, from_dict
 from olmax.optim import AdamWState, OptState, skip_window_init
 from olmax.sharding import make_mesh
+from olmax.state import TrainState, abstract_state
 
 KEEP_CHOICES = ("params", "moments")
 WARM_START = "warm_start"  # the meta key that marks a warm-start checkpoint (and says what it kept)
@@ -58,22 +60,24 @@ def _json_items(mngr: ocp.CheckpointManager, step: int, directory: str | os.Path
     return {n: items[n] for n in names}
 
 
-def restore_state(src: str | os.PathLike, step: int, cfg: ExperimentConfig):
-    """The TrainState of run checkpoint `src` step `step` on one device (host-sized models only)."""
-    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+def restore_state(src: str | os.PathLike, step: int, cfg: ExperimentConfig, mesh=None):
+    """The TrainState of run checkpoint `src` step `step`, sharded over `mesh` (default: FSDP over
+    every device), so no device holds more than its shard of the parameters and both moments."""
+    mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
     ckpts = RunCheckpoints(src, cfg)
     try:
         with jax.set_mesh(mesh):
-            return ckpts.restore(step, mesh)[0]
+            return ckpts.restore(step, abstract_state(cfg, mesh))[0]
     finally:
         ckpts.close()
 
 
 def warm_start(src: str | os.PathLike, dst: str | os.PathLike, *, keep: tuple[str, ...] = KEEP_CHOICES,
-               reset_step: bool = True, step: Optional[int] = None) -> dict:
+               reset_step: bool = True, step: Optional[int] = None, mesh=None) -> dict:
     """Write the warm-start checkpoint DST from run checkpoint SRC (default its latest step); see the
-    module doc. Either may be a local path or a gs:// URL. Returns a summary (source step, written
-    step, what was kept)."""
+    module doc. Either may be a local path or a gs:// URL. The state passes through sharded over
+    `mesh` (default: FSDP over every device; restore_state), never whole on one device. Returns a
+    summary (source step, written step, what was kept)."""
     out_path = checkpoint_path(dst)
     unknown = set(keep) - set(KEEP_CHOICES)
     if unknown or "params" not in keep:
@@ -86,8 +90,10 @@ def warm_start(src: str | os.PathLike, dst: str | os.PathLike, *, keep: tuple[st
     finally:
         mngr.close()
     cfg = from_dict(saved[EXPERIMENT], ExperimentConfig)
-    state = restore_state(src, step, cfg)
-    adam = state.opt_state.adam if "moments" in keep else jax.tree.map(np.zeros_like, state.opt_state.adam)
+    state = restore_state(src, step, cfg, mesh)
+    adam = state.opt_state.adam
+    if "moments" not in keep:  # zeros in the moments' own layout
+        adam = jax.jit(lambda a: jax.tree.map(jnp.zeros_like, a), out_shardings=jax.tree.map(lambda x: x.sharding, adam))(adam)
     window = skip_window_init(cfg.optimizer.skip_window) if reset_step else state.opt_state.window
     new_step = 0 if reset_step else int(state.step)
     data_state = None if reset_step else saved.get(DATA)
@@ -116,21 +122,17 @@ def warm_start(src: str | os.PathLike, dst: str | os.PathLike, *, keep: tuple[st
 def load_warm_start(directory: str | os.PathLike, cfg: ExperimentConfig, mesh):
     """(TrainState on `mesh`, data-loader state or None) of a warm-start checkpoint, for the run `cfg`
     (checkpoint.init_from). The model must be the same; batch, data, schedule and the rest may change."""
-    from olmax.train_step import TrainState, init_train_state, state_shardings
-
     mngr, step = _open(directory, None)
     try:
         saved = _json_items(mngr, step, directory)
         stored = from_dict(saved[EXPERIMENT], ExperimentConfig)
-        if model_changes(stored.model, cfg.model):
-            raise ConfigError(f"checkpoint.init_from={directory} holds a different model from the run's "
-                              f"({model_changes(stored.model, cfg.model)})")
+        changed = cfg.model.architecture_changes(stored.model)
+        if changed:
+            raise ConfigError(f"checkpoint.init_from={directory} holds a different model from the run's ({changed})")
         if stored.optimizer.skip_window != cfg.optimizer.skip_window:
             raise ConfigError(f"checkpoint.init_from={directory} has a skip window of {stored.optimizer.skip_window}, "
                               f"the run optimizer.skip_window={cfg.optimizer.skip_window}")
-        abstract = jax.eval_shape(lambda key: init_train_state(cfg, mesh, key), jax.random.key(0))
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                              abstract, state_shardings(cfg, mesh))
+        target = abstract_state(cfg, mesh)
         items = mngr.restore(step, args=ocp.args.Composite(**{
             PARAMS: ocp.args.StandardRestore(target.params),
             OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),

@@ -25,10 +25,10 @@ from olmax.config import ConfigError, ExperimentConfig, save_yaml
 from olmax.data.loader import make_loader
 from olmax.evals.heldout import HeldoutEvaluator
 from olmax.metrics import MetricsLog, Progress
-from olmax.sharding import make_mesh, tree_shardings
+from olmax.sharding import make_mesh
+from olmax.state import abstract_state, init_train_state, param_shardings
 from olmax.surgery import is_warm_start, load_warm_start
-from olmax.model.olmo3 import ParamSpec, param_specs
-from olmax.train_step import batch_sharding, init_train_state, make_train_step
+from olmax.train_step import batch_sharding, make_train_step
 
 
 def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] = None,
@@ -50,7 +50,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with _exclusive(run_dir), jax.set_mesh(mesh), _PreemptionNotice() as preempted:
-        restored = ckpts.restore_latest(mesh)
+        restored = ckpts.restore_latest(abstract_state(cfg, mesh))
         if restored is None:
             state, data_state = _fresh_state(cfg, mesh)
             save_yaml(cfg, run_dir / "config.yaml")
@@ -156,17 +156,12 @@ def _fresh_state(cfg: ExperimentConfig, mesh):
         return init_train_state(cfg, mesh, key), None
     if is_warm_start(cfg.checkpoint.init_from):
         return load_warm_start(cfg.checkpoint.init_from, cfg, mesh)
-    shardings = tree_shardings(param_specs(cfg.model), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
-    params, model_cfg, _ = load_params(cfg.checkpoint.init_from, shardings=shardings)
-    if _arch(model_cfg) != _arch(cfg.model):
-        raise ConfigError(f"checkpoint.init_from={cfg.checkpoint.init_from} holds a different architecture "
-                          f"({_arch(model_cfg)}) from model ({_arch(cfg.model)})")
+    params, stored, _ = load_params(cfg.checkpoint.init_from, shardings=param_shardings(cfg.model, mesh))
+    changed = cfg.model.architecture_changes(stored)
+    if changed:
+        raise ConfigError(f"checkpoint.init_from={cfg.checkpoint.init_from} holds a different model from the run's "
+                          f"({changed})")
     return init_train_state(cfg, mesh, key, params), None
-
-
-def _arch(m) -> tuple:
-    return (m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim, m.mlp_hidden,
-            m.sliding_window, m.global_every)
 
 
 def _log(pending, log: MetricsLog, rows: list, bar: Progress, t_last: float, extra=dict) -> None:

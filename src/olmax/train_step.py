@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,16 +24,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.loss import loss_denominator, make_labels, output_loss
-from olmax.model.olmo3 import ParamSpec, forward_hidden, init_params, param_specs
-from olmax.optim import AdamWState, Optimizer, OptState, SkipWindow
+from olmax.model.olmo3 import forward_hidden
 from olmax.schedules import make_schedule
-from olmax.sharding import logical_to_spec, tree_shardings
-
-
-class TrainState(NamedTuple):
-    step: jax.Array  # int32 scalar: optimizer steps completed (checkpoint N holds the state after step N)
-    params: dict
-    opt_state: OptState
+from olmax.sharding import logical_to_spec
+from olmax.state import TrainState, optimizer, state_shardings
 
 
 class BatchLayout(NamedTuple):
@@ -58,43 +52,10 @@ def batch_layout(cfg: ExperimentConfig, mesh: Mesh) -> BatchLayout:
     return BatchLayout(shards, per_device, micro, per_device // micro)
 
 
-def _is_spec(x) -> bool:
-    return isinstance(x, ParamSpec)
-
-
-def state_shardings(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
-    """NamedShardings of the TrainState (e.g. for restoring a checkpoint onto this mesh)."""
-    params = tree_shardings(param_specs(cfg.model), mesh, is_leaf=_is_spec)
-    rep = NamedSharding(mesh, PartitionSpec())
-    opt = OptState(AdamWState(rep, params, params), SkipWindow(rep, rep, rep))
-    return TrainState(rep, params, opt)
-
-
 def batch_sharding(cfg: ExperimentConfig, mesh: Mesh) -> NamedSharding:
     """input_ids (global_batch, seq_len), batch axis over data x fsdp."""
     shape = (cfg.trainer.global_batch, cfg.data.seq_len)
     return NamedSharding(mesh, logical_to_spec(("batch", "seq"), shape, mesh))
-
-
-def _optimizer(cfg: ExperimentConfig) -> Optimizer:
-    return Optimizer(cfg.optimizer, param_specs(cfg.model))
-
-
-def init_train_state(cfg: ExperimentConfig, mesh: Mesh, key: jax.Array, params: Optional[dict] = None) -> TrainState:
-    """A fresh TrainState at step 0, created sharded. Given `params` (e.g. converted weights), they
-    are placed on the mesh and get a fresh optimizer; otherwise init_params(cfg.model, key)."""
-    shardings = state_shardings(cfg, mesh)
-    opt = _optimizer(cfg)
-
-    def make(key, params):
-        if params is None:
-            params = init_params(cfg.model, key)
-        params = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.model.param_dtype)), params)
-        return TrainState(jnp.zeros((), jnp.int32), params, opt.init(params))
-
-    if params is not None:
-        params = jax.device_put(params, shardings.params)
-    return jax.jit(make, out_shardings=shardings)(key, params)
 
 
 def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
@@ -106,7 +67,7 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
     layout = batch_layout(cfg, mesh)
     model, trainer, data = cfg.model, cfg.trainer, cfg.data
     z_mult = cfg.optimizer.z_loss
-    opt = _optimizer(cfg)
+    opt = optimizer(cfg)
     schedule = make_schedule(cfg.schedule, lr=cfg.optimizer.lr, max_steps=trainer.max_steps,
                              tokens_per_step=trainer.global_batch * data.seq_len)
     shardings = state_shardings(cfg, mesh)

@@ -29,17 +29,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from olmax.checkpoint import complete_steps, load_params, read_config
 from olmax.config import MeshConfig, ModelConfig
 from olmax.loss import IGNORE, loss_sums
-from olmax.model.olmo3 import ParamSpec, forward_hidden, lm_head, param_specs
-from olmax.sharding import logical_to_spec, make_mesh, tree_shardings
+from olmax.model.olmo3 import forward_hidden, lm_head
+from olmax.sharding import logical_to_spec, make_mesh
+from olmax.state import param_shardings
 
 
 def eval_mesh(devices=None) -> Mesh:
     """Every device on the fsdp axis: parameters sharded (a 32B fits), the batch split over all."""
     return make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), devices)
-
-
-def param_shardings(cfg: ModelConfig, mesh: Mesh):
-    return tree_shardings(param_specs(cfg), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
 
 
 def load_checkpoint(ckpt: str | Path, mesh: Mesh, *, step: Optional[int] = None,

@@ -1,0 +1,71 @@
+"""The training state and where it lives: `TrainState`, its shardings, its abstract shape.
+
+Everything that creates, restores, checks or compiles a train state asks here: the step
+(olmax.train_step), the checkpointer (olmax.checkpoint takes the abstract state below as its restore
+target), checkpoint surgery, compile-check and scoring. Layouts come from the model's `param_specs`
+through the ONE rules table in olmax.sharding: both optimizer moments follow their parameter; the
+step and the skip-step window are replicated.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from olmax.config import ExperimentConfig, ModelConfig
+from olmax.model.olmo3 import ParamSpec, init_params, param_specs
+from olmax.optim import AdamWState, Optimizer, OptState, SkipWindow
+from olmax.sharding import tree_shardings
+
+
+class TrainState(NamedTuple):
+    step: jax.Array  # int32 scalar: optimizer steps completed (checkpoint N holds the state after step N)
+    params: dict
+    opt_state: OptState
+
+
+def param_shardings(model: ModelConfig, mesh: Mesh) -> dict:
+    """NamedShardings of the parameters on `mesh`, by the rules table."""
+    return tree_shardings(param_specs(model), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
+
+
+def state_shardings(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
+    """NamedShardings of the TrainState on `mesh`."""
+    params = param_shardings(cfg.model, mesh)
+    rep = NamedSharding(mesh, PartitionSpec())
+    opt = OptState(AdamWState(rep, params, params), SkipWindow(rep, rep, rep))
+    return TrainState(rep, params, opt)
+
+
+def optimizer(cfg: ExperimentConfig) -> Optimizer:
+    return Optimizer(cfg.optimizer, param_specs(cfg.model))
+
+
+def init_train_state(cfg: ExperimentConfig, mesh: Mesh, key: jax.Array, params: Optional[dict] = None) -> TrainState:
+    """A fresh TrainState at step 0, created sharded. Given `params` (e.g. converted weights), they
+    are placed on the mesh and get a fresh optimizer; otherwise init_params(cfg.model, key)."""
+    shardings = state_shardings(cfg, mesh)
+    opt = optimizer(cfg)
+
+    def make(key, params):
+        if params is None:
+            params = init_params(cfg.model, key)
+        params = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.model.param_dtype)), params)
+        return TrainState(jnp.zeros((), jnp.int32), params, opt.init(params))
+
+    if params is not None:
+        params = jax.device_put(params, shardings.params)
+    return jax.jit(make, out_shardings=shardings)(key, params)
+
+
+def abstract_state(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
+    """The TrainState as ShapeDtypeStructs carrying their shardings on `mesh`: nothing is allocated.
+    It is the restore target of a checkpoint (Orbax reads each device's shard into that layout) and
+    the argument that compile-check lowers the step with."""
+    # the key is made inside eval_shape: on an AOT topology no concrete array may be placed anywhere
+    shapes = jax.eval_shape(lambda: init_train_state(cfg, mesh, jax.random.key(0)))
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        shapes, state_shardings(cfg, mesh))

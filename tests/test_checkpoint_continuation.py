@@ -1,0 +1,104 @@
+"""Continuing from another run's weights: one answer to "is this the same model?" for a parameters
+checkpoint, a warm-start checkpoint and a resume; and a warm start that never holds the whole state on
+one device."""
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from olmax.checkpoint import RunCheckpoints, config_changes, save_params
+from olmax.config import NOT_ARCHITECTURE, ConfigError, ModelConfig, apply_overrides, to_dict
+from olmax.model.olmo3 import param_specs
+from olmax.sharding import make_mesh
+from olmax.state import abstract_state, init_train_state
+from olmax.surgery import restore_state, warm_start
+from olmax.train import _fresh_state
+from small_run import small_config
+
+# A stage-3-style start: YaRN on the global layers and a longer context, from stage-2 weights.
+CONTEXT_EXTENSION = ["model.rope_type=yarn", "model.yarn_original_max_position=64", "model.max_position=512",
+                     "model.compute_dtype=float32", "model.remat=full"]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """A run checkpoint (step 2, trained moments faked by a non-zero state) and a parameters checkpoint."""
+    tmp = tmp_path_factory.mktemp("continuation")
+    cfg = small_config(tmp)
+    mesh = make_mesh(cfg.mesh)
+    with jax.set_mesh(mesh):
+        state = init_train_state(cfg, mesh, jax.random.key(0))
+        state = state._replace(step=state.step + 2, opt_state=state.opt_state._replace(
+            adam=jax.tree.map(lambda x: x + 1, state.opt_state.adam)))
+        ckpts = RunCheckpoints(tmp / "run", cfg)
+        ckpts.save(2, state, {"batches": 2}, mesh)
+        ckpts.close()
+    save_params(tmp / "params", state.params, cfg.model, {})
+    warm_start(tmp / "run", tmp / "warm", keep=("params", "moments"), reset_step=True)
+    return tmp, cfg, state
+
+
+def _start(tmp, init_from, *overrides):
+    cfg = small_config(tmp, f"checkpoint.init_from={init_from}", *overrides)
+    mesh = make_mesh(cfg.mesh)
+    with jax.set_mesh(mesh):
+        return _fresh_state(cfg, mesh)[0]
+
+
+@pytest.mark.parametrize("source", ["params", "warm"])
+def test_a_context_extension_is_accepted_from_either_checkpoint(sources, source):
+    tmp, _, state = sources
+    started = _start(tmp, tmp / source, *CONTEXT_EXTENSION)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(started.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("source", ["params", "warm"])
+@pytest.mark.parametrize("change", ["model.mlp_hidden=256", "model.norm_eps=1e-5", "model.sliding_window=8",
+                                    "model.rope_theta=10000.0"])
+def test_an_architecture_change_is_refused_from_either_checkpoint(sources, source, change):
+    tmp, _, _ = sources
+    field = change.split("=")[0].split(".")[1]
+    with pytest.raises(ConfigError, match=f"different model.*{field}"):
+        _start(tmp, tmp / source, change)
+
+
+def test_a_resume_lists_context_changes_and_refuses_architecture_changes(sources):
+    tmp, cfg, _ = sources
+    saved = to_dict(cfg)
+    assert config_changes(saved, cfg) == []
+    extended = config_changes(saved, apply_overrides(cfg, CONTEXT_EXTENSION))
+    assert len(extended) == 1 and extended[0].startswith("model context ")  # allowed with --allow-config-change
+    assert "rope_type default -> yarn" in extended[0] and "max_position 256 -> 512" in extended[0]
+    wider = config_changes(saved, apply_overrides(cfg, ["model.mlp_hidden=256"]))
+    assert wider == ["model architecture mlp_hidden 128 -> 256"]
+
+
+def test_every_model_field_is_classified():
+    """A new ModelConfig field is architecture unless NOT_ARCHITECTURE says otherwise; this lists the
+    ones that are not, so adding one there is a visible decision."""
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert NOT_ARCHITECTURE <= names
+    assert NOT_ARCHITECTURE == {"param_dtype", "compute_dtype", "attention", "remat", "rope_type", "yarn_factor",
+                                "yarn_beta_fast", "yarn_beta_slow", "yarn_original_max_position", "yarn_layers",
+                                "max_position", "init_std"}
+
+
+def test_warm_start_state_is_sharded_over_the_devices(sources):
+    """restore_state (which warm_start passes the state through) shards parameters and both moments
+    over every device: each device holds 1/8 of every matrix, never the whole state."""
+    tmp, cfg, _ = sources
+    state = restore_state(tmp / "run", 2, cfg)
+    n = jax.device_count()
+    assert n == 8
+    embed = [("embed" in s.axes) for s in jax.tree.leaves(param_specs(cfg.model), is_leaf=lambda x: hasattr(x, "axes"))]
+    assert sum(embed) == 9  # every matrix; the norm weights are small and replicated
+    for tree in (state.params, state.opt_state.adam.mu, state.opt_state.adam.nu):
+        for leaf, sharded in zip(jax.tree.leaves(tree), embed):
+            shard = leaf.sharding.shard_shape(leaf.shape)
+            assert math.prod(shard) * (n if sharded else 1) == math.prod(leaf.shape), (leaf.shape, shard)
+    target = abstract_state(cfg, make_mesh(cfg.mesh))
+    assert jax.tree.map(lambda a: a.shape, state) == jax.tree.map(lambda a: a.shape, target)
