@@ -394,7 +394,8 @@ def format_explain(fields: Sequence[FieldInfo], width: int = 100) -> str:
     for fi in fields:
         value = list(fi.value) if isinstance(fi.value, tuple) else fi.value
         lines.append(f"{fi.name}: {fi.type} = {json.dumps(value)}")
-        lines.extend(textwrap.wrap(fi.help, width, initial_indent="    ", subsequent_indent="    "))
+        lines.extend(textwrap.wrap(fi.help, width, initial_indent="    ", subsequent_indent="    ",
+                                   break_on_hyphens=False))
     return "\n".join(lines) + "\n"
 
 
