@@ -125,7 +125,8 @@ def test_cli_explains_fields():
         config.explain_fields(ExperimentConfig(), ["modl"])
 
 
-# The stage-1 LR check values (docs/reference.md, "Recipe and schedules"), through the recipes' own schedules (float32: 2e-6 relative).
+# The stage-1 LR check values (docs/reference.md, "Recipe and schedules"), through the recipes' own schedules
+# (float32: 2e-6 relative).
 STAGE1_LR = [(1, 1.5e-7), (1000, 1.5e-4), (1999, 2.9985e-4), (2000, 3e-4), (597_046, 1.6500018e-4),
              (597_047, 1.6499980e-4), (600_000, 1.6441559e-4), (1_000_000, 8.9834077e-5), (1_668_931, 3e-5)]
 

@@ -26,7 +26,7 @@ def dolma2():
     return Dolma2Tokenizer()
 
 
-@pytest.mark.skipif(not DOLMA2_JSON.is_file() or not CORPUS.is_dir(), reason="no sibling shared/data folder with real text")
+@pytest.mark.skipif(not DOLMA2_JSON.is_file() or not CORPUS.is_dir(), reason="no real text in shared/data")
 def test_dolma2_ids_equal_hf_tokenizer_on_real_text(dolma2):
     from tokenizers import Tokenizer
 
