@@ -9,7 +9,7 @@ import typer
 
 from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, checkpoint_errors, data_errors,
                               exits_on, write_json)
-from olmax.config import apply_overrides, save_yaml, to_yaml
+from olmax.config import ExperimentConfig, apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
 
 
 @app.command("config")
@@ -23,7 +23,6 @@ def config_cmd(
                                  "--recipe/--config the values are the dataclass defaults"),
 ):
     """Print the resolved experiment config (a recipe or YAML file plus overrides)."""
-    from olmax.config import ExperimentConfig, explain_fields, format_explain
     from olmax.recipes import resolve
 
     prefixes = [a for a in overrides or [] if explain and "=" not in a]
