@@ -25,7 +25,7 @@ noise, the 1B's parameters are drawn one array at a time.
 
 "restored ok" compares a float32 sum of every array before the save and after the restore.
 "block / step" is the steady-state blocking time as a fraction of one training step: `--step-time`
-seconds, by default olmax's bench-small step measured on this machine (docs/performance.md). Prints a
+seconds, by default olmax's bench-small step time from docs/performance.md's throughput table. Prints a
 table; asserts nothing.
 """
 

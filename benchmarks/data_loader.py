@@ -40,7 +40,7 @@ import numpy as np
 
 VOCAB, EOS, PAD = 100278, 100257, 100277
 SEED = 34521
-# OLMo 3 7B stage 1 (REFERENCE.md): 512 instances of 8192 tokens per step, ~3 s per step on 128
+# OLMo 3 7B stage 1 (docs/reference.md, "Recipe and schedules"): 512 instances of 8192 tokens per step, ~3 s per step on 128
 # devices; 32 hosts of 4 devices each take 1/32 of every batch.
 SEQ_7B, GLOBAL_BATCH_7B, STEP_S_7B, HOSTS_7B = 8192, 512, 3.0, 32
 HOST_RATE_7B = GLOBAL_BATCH_7B / HOSTS_7B / STEP_S_7B  # instances/s one host's loader must deliver

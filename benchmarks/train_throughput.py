@@ -48,8 +48,8 @@ ROWS = ("matmul", "olmax", "olmo-core-compiled", "olmo-core-eager", "maxtext", "
 TORCH_THREADS = 2
 # Where benchmarks/maxtext_venv.sh puts its venv by default (beside the checkout).
 DEFAULT_MAXTEXT_VENV = Path(__file__).resolve().parents[2] / "maxtext-venv"
-# Measured once on this machine by the session that filed the performance issue (MaxText 0.2.5 from
-# PyPI in a Python 3.12 venv); quoted, never mixed with this run's figures.
+# MaxText 0.2.5's bench-small step on the 2-core CPU machine of docs/performance.md, printed for
+# orientation when the maxtext row cannot run here; never mixed with this run's figures.
 MAXTEXT_ORIENTATION = {"s_per_step": 18.0, "tokens_per_s": 227.0, "peak_rss_gib": 9.4}
 
 
@@ -343,7 +343,7 @@ def print_table(results: dict, cfg, args) -> None:
     if "maxtext" in results and "s_per_step" not in results["maxtext"]:
         o = MAXTEXT_ORIENTATION
         print(f"{'maxtext (NOT this run)':20s} {o['s_per_step']:8.2f} {o['tokens_per_s']:9.0f} {o['peak_rss_gib']:13.2f}"
-              "   <- the issue's one-off orientation figure, not measured here")
+              "   <- an earlier figure (docs/performance.md), not measured here")
     ours = results.get("olmax", {})
     for ref in ("olmo-core-compiled", "olmo-core-eager", "maxtext"):
         r = results.get(ref, {})

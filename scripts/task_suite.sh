@@ -7,7 +7,7 @@
 #   scripts/task_suite.sh CKPT OUT [DATA_DIR]
 #
 # CKPT: an olmax checkpoint directory (run/checkpoints; STEP picks a step, default the latest).
-# DATA_DIR: local copies of the datasets (HF arrow or jsonl, e.g. ../shared/data/evals); without it
+# DATA_DIR: local copies of the datasets (HF arrow or jsonl, e.g. evals/); without it
 # lm-eval downloads them. Environment: STEP, LIMIT (documents per task, and per MMLU subject: a
 # smoke run; unset = all), BATCH (default 8), DTYPE (compute dtype override), OLMAX (default `olmax`).
 set -euo pipefail

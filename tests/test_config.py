@@ -2,11 +2,13 @@
 
 import dataclasses
 import math
+import re
 import subprocess
 import sys
 
 import pytest
 
+from olmax import config
 from olmax.config import ConfigError, ExperimentConfig, apply_overrides, load_yaml, save_yaml
 from olmax.recipes import RECIPES, get_recipe, resolve
 
@@ -73,7 +75,58 @@ def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
     assert bad.returncode == 2 and "n_layerz" in bad.stderr
 
 
-# REFERENCE.md's stage-1 LR check values, through the recipes' own schedules (float32: 2e-6 relative).
+def _config_dataclasses():
+    return [obj for obj in vars(config).values()
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config.__name__]
+
+
+def test_every_config_field_has_help():
+    classes = _config_dataclasses()
+    assert config.ExperimentConfig in classes and config.ModelConfig in classes
+    missing = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls)
+               if not config.field_help(cls).get(f.name)]
+    assert not missing, f"config fields without an attribute docstring: {missing}"
+    # --explain lists every leaf field, each with its help
+    assert all(fi.help for fi in config.explain_fields(ExperimentConfig()))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Documented:
+    a: int = 1
+    """Help of a,
+    over two lines."""
+    b: int = 2
+    c: str = "x"  # a comment is not help
+    d: float = 0.5
+    """Help of d."""
+
+
+def test_field_help_reads_attribute_docstrings_only():
+    assert config.field_help(_Documented) == {"a": "Help of a, over two lines.", "d": "Help of d."}
+
+
+def test_cli_explains_fields():
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+
+    run = CliRunner().invoke(app, ["config", "--recipe", "olmo3_7b_stage3", "--explain", "model.rope_type",
+                                   "trainer.max_steps=7", "trainer.max_"])
+    assert run.exit_code == 0, run.output
+    blocks = [block.split("\n", 1) for block in re.split(r"\n(?=\S)", run.output.strip())]
+    assert [(head, " ".join(body.split())) for head, body in blocks] == [
+        ('model.rope_type: str = "yarn"', config.field_help(config.ModelConfig)["rope_type"]),
+        ("trainer.max_steps: int = 7", config.field_help(config.TrainerConfig)["max_steps"]),
+    ]
+    everything = CliRunner().invoke(app, ["config", "--explain"])  # no recipe: the dataclass defaults
+    names = [line.split(":")[0] for line in everything.output.splitlines() if not line.startswith(" ")]
+    assert names == [fi.name for fi in config.explain_fields(ExperimentConfig())] and "wandb.mode" in names
+    with pytest.raises(ConfigError, match="no config field starts with 'modl'"):
+        config.explain_fields(ExperimentConfig(), ["modl"])
+
+
+# The stage-1 LR check values (docs/reference.md, "Recipe and schedules"), through the recipes' own schedules
+# (float32: 2e-6 relative).
 STAGE1_LR = [(1, 1.5e-7), (1000, 1.5e-4), (1999, 2.9985e-4), (2000, 3e-4), (597_046, 1.6500018e-4),
              (597_047, 1.6499980e-4), (600_000, 1.6441559e-4), (1_000_000, 8.9834077e-5), (1_668_931, 3e-5)]
 

@@ -14,6 +14,8 @@ from olmax.data import tokenize as tokmod
 from olmax.data.tokenize import TokenizeError, tokenize_files
 from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Dolma2Tokenizer, token_dtype
 
+# Real text and the HF dolma2 tokenizer.json, read from the repository's sibling shared/data folder when
+# present; the tests that need them are skipped otherwise.
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DOLMA2_JSON = SHARED / "tokenizers" / "dolma2.json"
 CORPUS = SHARED / "corpus"
@@ -24,7 +26,7 @@ def dolma2():
     return Dolma2Tokenizer()
 
 
-@pytest.mark.skipif(not DOLMA2_JSON.is_file() or not CORPUS.is_dir(), reason="needs ../shared/data")
+@pytest.mark.skipif(not DOLMA2_JSON.is_file() or not CORPUS.is_dir(), reason="no real text in shared/data")
 def test_dolma2_ids_equal_hf_tokenizer_on_real_text(dolma2):
     from tokenizers import Tokenizer
 
@@ -143,7 +145,7 @@ def test_bad_input_is_named(tmp_path):
         tokenize_files([tmp_path / "x.csv"], tmp_path / "out3", show_progress=False)
 
 
-@pytest.mark.skipif(not DOLMA2_JSON.is_file(), reason="needs ../shared/data/tokenizers/dolma2.json")
+@pytest.mark.skipif(not DOLMA2_JSON.is_file(), reason="no dolma2.json in the sibling shared/data folder")
 def test_hf_tokenizer_json_gives_the_same_shards(tmp_path):
     inputs, _ = write_inputs(tmp_path)
     a = tokenize_files(inputs, tmp_path / "tiktoken", shard_tokens=600, show_progress=False)

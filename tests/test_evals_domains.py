@@ -97,7 +97,7 @@ def test_batching_and_windows_do_not_change_figures(corpus, model):
         assert c["domains"][name]["tokens"] == a["domains"][name]["tokens"]
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared corpus is not on this machine")
+@pytest.mark.skipif(not SHARED.is_dir(), reason="no corpus in the sibling shared/data folder")
 def test_shared_corpus_domains(model):
     params, scorer = model
     report = score_domains(scorer, params, read_domains(SHARED, by="field", max_docs=1), seq_len=32, batch=8)

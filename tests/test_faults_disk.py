@@ -1,4 +1,4 @@
-"""Disk full or no permission while saving (issue 5): the save fails with a CheckpointError naming the
+"""Disk full or no permission while saving: the save fails with a CheckpointError naming the
 checkpoint directory and the step, and the previous complete checkpoint stays the one a rerun resumes
 from, bit for bit."""
 

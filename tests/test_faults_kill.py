@@ -1,4 +1,4 @@
-"""kill -9 under resume-until-done (issue 5): the local backend's trainer is killed at random moments,
+"""kill -9 under resume-until-done: the local backend's trainer is killed at random moments,
 at least once in the middle of a checkpoint write, and the launcher resubmits it each time. The run
 finishes, and its metrics.jsonl rows (one per step: a resumed trainer drops rows after its checkpoint,
 olmax.metrics) and final parameters equal those of an uninterrupted run bit for bit."""

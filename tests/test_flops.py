@@ -40,14 +40,14 @@ def test_maxtext_convention_reproduces_the_writeups_1565_tflop():
 def test_exact_count_is_about_2_6_percent_lower_for_the_7b():
     maxtext = flops.maxtext_step_flops(OLMO3_7B, SEQ, BATCH)
     exact = flops.exact_step_flops(OLMO3_7B, SEQ, BATCH)
-    # REFERENCE.md: ~2.6% (1565/1525.6 = +2.59%; seen from the other side, exact is 2.52% lower).
+    # MaxText's figure is 2.59% above the exact one (1565/1525.6); from its side, exact is 2.52% lower.
     assert 0.02 < 1 - exact.total / maxtext.total < 0.03
     assert exact.attention < maxtext.attention  # 24 windowed layers
     assert exact.weights > maxtext.weights  # the LM head over 100352 padded rows, not 100278
 
 
 @pytest.mark.parametrize("cfg, expected", [
-    (OLMO3_7B, 7_298_617_344),  # REFERENCE.md (olmo_core TransformerConfig.olmo3_7B)
+    (OLMO3_7B, 7_298_617_344),  # olmo_core TransformerConfig.olmo3_7B
     (OLMO3_32B, 32_234_279_936),  # olmo_core TransformerConfig.olmo3_32B
     (OLMO3_7B_HD256, 7_298_617_344),  # 16 heads x 256: the same matrices, reshaped
 ])

@@ -23,7 +23,7 @@ def _tokens(b=2, t=32, seed=0):
 
 
 def test_parameter_counts_match_olmo_core():
-    # olmo_core TransformerConfig.olmo3_7B(vocab_size=100352).num_params, and REFERENCE.md
+    # olmo_core TransformerConfig.olmo3_7B(vocab_size=100352).num_params (docs/reference.md, "Model")
     assert count_params(OLMO3_7B) == 7_298_617_344
     assert count_params(OLMO3_7B) - 100352 * 4096 == 6_887_575_552  # without the input embedding
     assert count_params(OLMO3_32B) == 32_234_279_936

@@ -1,4 +1,4 @@
-"""LR schedules: REFERENCE.md's stage-1 check values, and OLMo-core's scheduler classes step by step."""
+"""LR schedules: the stage-1 check values of docs/reference.md, and OLMo-core's scheduler classes step by step."""
 
 from dataclasses import replace
 
@@ -22,7 +22,7 @@ def test_stage1_horizons_from_tokens():
     assert steps_for_tokens(7 * 10**12, STAGE1_TOKENS_PER_STEP) == 1_668_931
 
 
-# REFERENCE.md, "LR check values". 2e-7 relative: float32 reproduces them to ~1e-7, and the two
+# docs/reference.md, "Recipe and schedules". 2e-7 relative: float32 reproduces them to ~1e-7, and the two
 # values either side of the switch (597046 / 597047) differ by 2.3e-6 relative, so a one-step
 # error in the switch or in the 1-based numbering fails.
 CHECK_VALUES = [

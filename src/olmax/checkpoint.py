@@ -69,8 +69,7 @@ def _is_gcs(path: Path | epath.Path) -> bool:
 
 # `save_params` / `load_params` move a whole model through host memory. Orbax buffers the (compressed)
 # chunks of every array in flight; left unbounded that is most of one more copy of the model
-# (measured on a 2.5 GB model: +0.8x when saving, +0.6x when restoring). Bounding the bytes in
-# flight keeps the peak at the parameters + ~1 GB + the largest array, so converting the 7B stays near
+# (docs/conversion.md, "Streaming and memory"). Bounding the bytes in flight keeps the peak at the parameters + ~1 GB + the largest array, so converting the 7B stays near
 # 1.2x its size (docs/conversion.md). Orbax refuses an array larger than the bound ("Requested more bytes
 # than we reserved space for"), so the bound grows to the largest array (the 7B's stacked MLP weights
 # are 5.8 GB each).

@@ -4,13 +4,23 @@ Configs are plain frozen dataclasses. OmegaConf does the YAML round trip and the
 `key=value` overrides with type checking (an unknown key or a value of the wrong type is an error
 that names it); values with a fixed set of choices are checked in `__post_init__`.
 Named presets live in `olmax.recipes`.
+
+Every field carries its help text as an attribute docstring: the string literal on the line(s) right
+under it. `field_help` reads them and `olmax config --explain` prints them; a new field needs one
+(tests/test_config.py fails for a field without it).
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, TypeVar
+from typing import NamedTuple, Optional, Sequence, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -46,38 +56,63 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The OLMo 3 architecture (REFERENCE.md, Model). Defaults are the 7B."""
+    """The OLMo 3 architecture (docs/reference.md, "Model"). Defaults are the 7B."""
 
-    vocab_size: int = 100278  # the tokenizer's vocabulary; the embedding is padded (below)
-    vocab_multiple: int = 128  # embedding rows padded to a multiple of this, as OLMo-core does
+    vocab_size: int = 100278
+    """Tokens in the tokenizer's vocabulary (dolma2: 100278); the embedding and LM head have
+    `padded_vocab_size` rows."""
+    vocab_multiple: int = 128
+    """Embedding and LM-head rows are padded up to a multiple of this, as OLMo-core does (100278 -> 100352)."""
     d_model: int = 4096
+    """Width of the residual stream."""
     n_layers: int = 32
+    """Number of transformer blocks."""
     n_heads: int = 32
+    """Query heads per layer."""
     n_kv_heads: int = 32
+    """Key/value heads per layer; n_heads must be a multiple of it (fewer than n_heads: grouped-query attention)."""
     head_dim: int = 128
+    """Width of one attention head (even, for rotary embeddings)."""
     mlp_hidden: int = 11008
-    # Layers i with (i + 1) % global_every == 0, and the last layer, attend globally; the others
-    # use a window of `sliding_window` tokens (the token itself and the W-1 before it).
-    # sliding_window = 0 makes every layer global.
+    """Hidden width of the SwiGLU MLP (the gate and up projections)."""
     sliding_window: int = 4096
+    """Attention window of the windowed layers, in tokens: a token sees itself and the W-1 before it.
+    0 makes every layer global."""
     global_every: int = 4
+    """Layers i with (i + 1) % global_every == 0, and the last layer, attend globally; the others use
+    `sliding_window`."""
     norm_eps: float = 1e-6
+    """Epsilon of every RMSNorm (computed in float32)."""
     rope_theta: float = 500000.0
+    """Base of the rotary embedding frequencies."""
     rope_type: str = "default"
+    """Rotary embedding: "default" (plain RoPE) or "yarn" (YaRN context extension, the yarn_* fields)."""
     yarn_factor: float = 8.0
+    """YaRN: how many times longer than `yarn_original_max_position` the extended context is."""
     yarn_beta_fast: float = 32.0
+    """YaRN: frequencies that turn more often than this over the original context keep their RoPE value."""
     yarn_beta_slow: float = 1.0
+    """YaRN: frequencies that turn less often than this are divided by `yarn_factor`; those between
+    the two betas are blended."""
     yarn_original_max_position: int = 8192
-    # Which layers YaRN rescales: "global" (the full-attention layers only, as transformers'
-    # Olmo3Config and AI2's released long-context configs do; windowed layers keep plain RoPE)
-    # or "all".
+    """YaRN: the context length the model was trained at before the extension."""
     yarn_layers: str = "global"
-    max_position: int = 8192  # written to HF's max_position_embeddings
-    init_std: float = 0.02  # truncated normal, cut at 3 std (OLMo-core)
+    """Which layers YaRN rescales: "global" (the full-attention layers only, as transformers'
+    Olmo3Config and AI2's released long-context configs do; windowed layers keep plain RoPE) or "all"."""
+    max_position: int = 8192
+    """The context length the model is meant for, written to HF's max_position_embeddings on export;
+    the forward pass does not enforce it."""
+    init_std: float = 0.02
+    """Std of the truncated-normal initialisation (cut at 3 std) of every linear and embedding weight, as OLMo-core."""
     param_dtype: str = "float32"
+    """dtype the parameters are stored and updated in (the master weights); optimizer moments are float32 always."""
     compute_dtype: str = "bfloat16"
+    """dtype of the matmuls and activations; norms, RoPE, softmax statistics and the loss stay float32."""
     attention: str = "xla"
+    """Attention backend: xla (any device), cudnn (NVIDIA GPUs) or splash (TPUs); docs/attention.md."""
     remat: str = "none"
+    """Per-block recomputation in the backward pass: none, full (recompute the whole block) or
+    save_dots (keep the weight matmuls' outputs, recompute the rest)."""
 
     def __post_init__(self):
         _check_choice("model.param_dtype", self.param_dtype, DTYPES)
@@ -126,40 +161,68 @@ class ModelConfig:
 class DataConfig:
     """Training data (docs/data.md). The tokenizer fields enter OLMo-core's data fingerprint."""
 
-    # token shards, globs, `olmax tokenize` output dirs, OLMo-core mix files (*.txt), or the
-    # shipped demo corpus: "demo" (train split) / "demo:heldout"
     paths: tuple[str, ...] = ()
+    """Training data: token shards (local, gs://, http(s)://), globs, `olmax tokenize` output dirs,
+    OLMo-core mix files (*.txt), or the shipped demo corpus "demo" (train split) / "demo:heldout"."""
     seq_len: int = 8192
-    # OLMo-core's max_target_sequence_length (a multiple of seq_len, or None); AI2's OLMo 3
-    # stage-1 run used 8192. It changes instance counts, the order's chunking and the fingerprint.
+    """Tokens per training instance."""
     max_target_seq_len: Optional[int] = None
+    """OLMo-core's max_target_sequence_length (a multiple of seq_len, or None); AI2's OLMo 3 stage-1 run
+    used 8192. It changes instance counts, the order's chunking and the fingerprint."""
     seed: int = 34521
+    """Seed of the data order: epoch e is shuffled with PCG64(seed + e), as OLMo-core."""
     tokenizer: str = "dolma2"
-    vocab_size: int = 100278  # the tokenizer's vocabulary (not the padded embedding); picks the dtype
+    """Tokenizer that jsonl eval sets (eval.data) are tokenized with: "dolma2" or a tokenizer.json path."""
+    vocab_size: int = 100278
+    """The tokenizer's vocabulary (not the padded embedding): picks the shards' dtype, bounds the token
+    check, enters the fingerprint."""
     eos_token_id: int = 100257
+    """End-of-document token (dolma2's); enters the fingerprint."""
     pad_token_id: int = 100277
+    """Padding token (dolma2's); enters the fingerprint, and is masked from the loss with mask_pad_token."""
     bos_token_id: Optional[int] = None
-    mix_base: Optional[str] = None  # base of mix-file paths: local dir, gs:// or http(s)://
-    mix_tokenizer_dir: str = "allenai/dolma3-tokenizer"  # what {TOKENIZER} becomes in mix files
-    work_dir: str = ""  # order memmaps and the tokenized demo; "" = $OLMAX_CACHE or ~/.cache/olmax
-    mask_pad_token: bool = False  # OLMo-core does not; the MaxText stage-2 run did
-    instance_filter: bool = False  # n-gram repetition filter; off in AI2's official run
-    num_workers: int = 0  # Grain worker processes; the order does not depend on it
+    """Beginning-of-document token, None for dolma2; enters the fingerprint."""
+    mix_base: Optional[str] = None
+    """Base that mix-file paths are joined to: a local dir, gs:// or http(s)://."""
+    mix_tokenizer_dir: str = "allenai/dolma3-tokenizer"
+    """What {TOKENIZER} becomes in mix-file paths."""
+    work_dir: str = ""
+    """Cache of order memmaps and tokenized demo/eval text; "" = $OLMAX_CACHE or ~/.cache/olmax."""
+    mask_pad_token: bool = False
+    """Leave pad-token labels out of the loss. OLMo-core does not; the MaxText stage-2 run did."""
+    instance_filter: bool = False
+    """Mask instances with a long n-gram repetition out of the loss (docs/data.md); off in AI2's official run."""
+    num_workers: int = 0
+    """Grain worker processes for the loader (0: in the training process); the order does not depend on it."""
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
+    """AdamW with OLMo-core's skip-step rule, clipping and z-loss (olmax.optim, docs/training.md)."""
+
     lr: float = 3e-4
+    """Peak learning rate; the schedule scales it."""
     b1: float = 0.9
+    """AdamW beta1 (first-moment decay)."""
     b2: float = 0.95
+    """AdamW beta2 (second-moment decay)."""
     eps: float = 1e-8
+    """AdamW epsilon, added to the bias-corrected sqrt of the second moment."""
     weight_decay: float = 0.1
-    no_decay: tuple[str, ...] = ("embed",)  # parameter paths excluded from weight decay
+    """Decoupled weight decay, multiplied by the learning rate."""
+    no_decay: tuple[str, ...] = ("embed",)
+    """Parameter paths excluded from weight decay (a path or any prefix of one, e.g. "embed"); an entry
+    that matches no parameter is an error."""
     max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this."""
     z_loss: float = 1e-5
+    """Multiplier of the z-loss, logsumexp(logits)^2 per token; 0 turns it off."""
     skip_step: bool = True
+    """Skip the update of a step whose loss or gradient norm spikes (OLMo-core's SkipStepAdamW)."""
     skip_window: int = 128
+    """Skip-step: how many past steps' loss and gradient norm the spike test compares against."""
     skip_sigma: float = 6.0
+    """Skip-step: a step is skipped when its loss or gradient norm exceeds the window's mean by this many stds."""
 
 
 SCHEDULES = ("cosine", "stitched_cosine", "wsd", "linear", "constant")
@@ -170,14 +233,20 @@ class ScheduleConfig:
     """LR schedules, OLMo-core semantics and 1-based step numbering (olmax.schedules, docs/training.md)."""
 
     name: str = "cosine"
+    """Schedule: cosine, stitched_cosine (AI2's stage 1), wsd (warmup-stable-decay), linear or constant."""
     warmup_steps: int = 2000
-    alpha_f: float = 0.1  # final LR as a fraction of optimizer.lr (cosine, stitched_cosine, wsd, linear)
-    t_max_tokens: Optional[int] = None  # horizon in tokens (OLMo-core style); None = trainer.max_steps
-    # stitched_cosine (AI2's stage 1): from `switch_step` on, the second half of a cosine that ends
-    # at alpha_f * lr after `final_t_max_tokens` tokens.
+    """Steps of linear warmup from 0 (step 1 uses lr / warmup_steps)."""
+    alpha_f: float = 0.1
+    """Final LR as a fraction of optimizer.lr (cosine, stitched_cosine, wsd, linear)."""
+    t_max_tokens: Optional[int] = None
+    """Horizon in tokens (OLMo-core style; steps = ceil(tokens / tokens per step)); None = trainer.max_steps."""
     switch_step: int = 0
+    """stitched_cosine: from this step on, the second half of a cosine that ends at alpha_f * lr after
+    `final_t_max_tokens` tokens."""
     final_t_max_tokens: Optional[int] = None
-    decay_fraction: float = 0.1  # wsd: the last fraction of the horizon decays linearly
+    """stitched_cosine: the horizon, in tokens, of the cosine after `switch_step`."""
+    decay_fraction: float = 0.1
+    """wsd: the last fraction of the horizon decays linearly."""
 
     def __post_init__(self):
         _check_choice("schedule.name", self.name, SCHEDULES)
@@ -194,53 +263,80 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    global_batch: int = 512  # instances per optimizer step; fixed by the recipe
-    # Instances per batch shard (data x fsdp device) in one forward/backward; None = the whole
-    # per-device batch at once. Gradient accumulation steps = per-device batch / micro_batch_size.
+    """The training loop (olmax.train, olmax.train_step)."""
+
+    global_batch: int = 512
+    """Instances per optimizer step, over all devices; part of the recipe (it enters the data order)."""
     micro_batch_size: Optional[int] = None
-    # Sequence positions per chunk of the output layer + cross-entropy, so the full fp32 logits are
-    # never materialised (recomputed in the backward pass); 0 = one chunk. Must divide data.seq_len.
+    """Instances per batch shard (data x fsdp device) in one forward/backward; None = the whole per-device
+    batch at once. Gradient accumulation steps = per-device batch / micro_batch_size."""
     loss_chunk: int = 0
+    """Sequence positions per chunk of the output layer + cross-entropy, so the full fp32 logits are never
+    materialised (recomputed in the backward pass); 0 = one chunk. Must divide data.seq_len."""
     max_steps: int = 1000
-    log_every: int = 1  # a plain progress line every N steps when not on a terminal (metrics.jsonl has every step)
+    """The last step of the run (and the schedule's horizon when it has no token horizon)."""
+    log_every: int = 1
+    """A plain progress line every N steps when not on a terminal (metrics.jsonl has every step)."""
     seed: int = 0
+    """Seed of the parameter initialisation (the data order has its own, data.seed)."""
 
 
 @dataclass(frozen=True)
 class MeshConfig:
-    # Sizes of the mesh axes; -1 means "all remaining devices". The product must be the device count.
+    """Sizes of the device mesh axes (olmax.sharding); -1 means "all remaining devices" (one axis at most).
+    The product must be the device count."""
+
     data: int = 1
+    """Data parallelism with replicated parameters: the batch is split over it."""
     fsdp: int = -1
+    """Fully sharded data parallelism: the batch is split over it and parameters and optimizer moments
+    are sharded along their embed dimension."""
     tensor: int = 1
+    """Tensor parallelism: heads, MLP hidden units and the vocabulary are split over it."""
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
+    """Run checkpoints (olmax.checkpoint, docs/checkpoints.md)."""
+
     every: int = 1000
+    """Save a checkpoint every N steps (and at the end of the run)."""
     keep: int = 3
-    # parameters to start from with a fresh optimizer, or a checkpoint written by `olmax ckpt
-    # warm-start` (then its moments and bias-correction counter come along too)
+    """How many of the newest checkpoints to keep; older ones are deleted once a newer one is complete."""
     init_from: Optional[str] = None
-    # where the run's checkpoints go: a local path or a gs:// URL (logs and metrics stay in the run
-    # directory); None: RUN_DIR/checkpoints
+    """Parameters to start from with a fresh optimizer, or a checkpoint written by `olmax ckpt warm-start`
+    (then its moments and bias-correction counter come along too)."""
     dir: Optional[str] = None
+    """Where the run's checkpoints go: a local path or a gs:// URL (logs and metrics stay in the run
+    directory); None: RUN_DIR/checkpoints."""
 
 
 @dataclass(frozen=True)
 class EvalConfig:
+    """Held-out loss in the training loop (olmax.evals.heldout)."""
+
     every: int = 0
+    """Evaluate every N steps; 0 = never."""
     batches: int = 8
+    """At most this many batches (of trainer.global_batch instances) per eval set."""
     data: tuple[str, ...] = ()
+    """Eval sets: token shards, jsonl text files (tokenized with data.tokenizer on first use) or
+    "demo:heldout"; each logs eval/<name>/CE loss and PPL."""
 
 
 @dataclass(frozen=True)
 class WandbConfig:
-    # disabled: no W&B run; online: log to the W&B server; offline: write RUN_DIR/wandb/ only (no network;
-    # upload later with `wandb sync`). Needs the `wandb` extra.
+    """The optional Weights & Biases writer (olmax.metrics); needs the `wandb` extra unless disabled."""
+
     mode: str = "disabled"
+    """disabled: no W&B run; online: log to the W&B server; offline: write RUN_DIR/wandb/ only (no network;
+    upload later with `wandb sync`)."""
     project: str = "olmax"
+    """W&B project."""
     entity: Optional[str] = None
-    name: Optional[str] = None  # default: the run directory's name
+    """W&B entity (user or team); None = W&B's default for the logged-in user."""
+    name: Optional[str] = None
+    """W&B run name; None = the run directory's name."""
 
     def __post_init__(self):
         _check_choice("wandb.mode", self.mode, WANDB_MODES)
@@ -248,16 +344,82 @@ class WandbConfig:
 
 @dataclass(frozen=True)
 class ExperimentConfig:
+    """Everything a run needs; what `olmax train` resolves from a recipe or YAML file plus overrides."""
+
     name: str = "olmo3_7b"
+    """Name of the experiment (a recipe sets its own name); saved with the config in every checkpoint."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The architecture and its numerics."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Training data, tokenizer ids and the data order."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW, skip-step, clipping, z-loss."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The learning-rate schedule."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Batch size, micro-batching, steps, logging, init seed."""
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    """How devices are arranged for data, FSDP and tensor parallelism."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Where and how often checkpoints are saved, and what the run starts from."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """In-loop held-out evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """The optional W&B writer."""
+
+
+@functools.cache
+def field_help(cls: type) -> dict[str, str]:
+    """{field name: help text} of a config dataclass: the attribute docstring under each field, read
+    from the class's source. A field without one is absent from the result."""
+    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    helps = {}
+    for stmt, after in zip(node.body, node.body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            helps[stmt.target.id] = " ".join(after.value.value.split())
+    return helps
+
+
+class FieldInfo(NamedTuple):
+    """One leaf field of a config, as `olmax config --explain` shows it."""
+
+    name: str  # dotted, as in overrides: model.rope_type
+    type: str  # the annotation as written: Optional[int]
+    value: object
+    help: str
+
+
+def explain_fields(cfg, prefixes: Sequence[str] = ()) -> list[FieldInfo]:
+    """Every leaf field of `cfg` in declaration order, or only those whose dotted name starts with one
+    of `prefixes` (a prefix that matches nothing is an error naming it)."""
+    fields: list[FieldInfo] = []
+
+    def walk(obj, path: str) -> None:
+        helps = field_help(type(obj))
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{path}{f.name}.")
+            else:
+                fields.append(FieldInfo(f"{path}{f.name}", str(f.type), value, helps.get(f.name, "")))
+
+    walk(cfg, "")
+    for prefix in prefixes:
+        if not any(fi.name.startswith(prefix) for fi in fields):
+            raise ConfigError(f"no config field starts with {prefix!r}")
+    return [fi for fi in fields if not prefixes or any(fi.name.startswith(p) for p in prefixes)]
+
+
+def format_explain(fields: Sequence[FieldInfo], width: int = 100) -> str:
+    """`name: type = value` (the value as YAML would take it in an override), then the help, indented."""
+    lines = []
+    for fi in fields:
+        value = list(fi.value) if isinstance(fi.value, tuple) else fi.value
+        lines.append(f"{fi.name}: {fi.type} = {json.dumps(value)}")
+        lines.extend(textwrap.wrap(fi.help, width, initial_indent="    ", subsequent_indent="    ",
+                                   break_on_hyphens=False))
+    return "\n".join(lines) + "\n"
 
 
 C = TypeVar("C")

@@ -1,4 +1,4 @@
-"""Cross-entropy and z-loss with OLMo-core's masking and global-batch normalisation (REFERENCE.md, Loss).
+"""Cross-entropy and z-loss with OLMo-core's masking and global-batch normalisation (docs/reference.md, "Loss").
 
 - labels = input_ids shifted left by one; the last position has no label and is ignored (IGNORE).
   Optionally labels equal to the pad token are ignored too (off by default, as in OLMo-core; the

@@ -1,5 +1,5 @@
 """AdamW with skip-step, weight-decay mask and global-norm clipping: OLMo-core's `SkipStepAdamW`
-as AI2 trained OLMo 3 with it (REFERENCE.md, Skip-step AdamW).
+as AI2 trained OLMo 3 with it (docs/reference.md, "Skip-step AdamW").
 
 One optimizer step, `Optimizer.step(grads, state, params, lr=, loss=)`:
 1. total gradient norm (before clipping), then clipping as torch's `clip_grads_with_norm_`:

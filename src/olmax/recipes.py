@@ -1,7 +1,7 @@
 """Named experiment presets. `get_recipe(name)` returns a frozen `ExperimentConfig`.
 
-Numbers are from REFERENCE.md (OLMo-core 3.0.0 `TransformerConfig.olmo3_7B/32B` and the official
-OLMo 3 stage-1 script).
+Numbers are from OLMo-core 3.0.0 (`TransformerConfig.olmo3_7B/32B`) and AI2's official OLMo 3 scripts
+(OLMo-3-1025-7B-pretrain-1/-2.py, -midtrain.py, -long-context.py); docs/reference.md lists them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ TINY = replace(
     sliding_window=64, max_position=256, compute_dtype="float32",
 )
 
-# The benchmark config of the performance issue: fp32 everywhere, windows on 0-2 and 4-6.
+# The benchmark config of docs/performance.md: fp32 everywhere, windows on 0-2 and 4-6.
 BENCH_SMALL = replace(
     OLMO3_7B, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64, mlp_hidden=1536,
     sliding_window=512, max_position=1024, compute_dtype="float32",
@@ -142,10 +142,9 @@ def _tiny() -> ExperimentConfig:
 
 
 def _bench_small() -> ExperimentConfig:
-    # The performance issue's spec: plain AdamW (no skip-step; the defaults' decay mask, clipping
-    # and z-loss), global batch 4 x 1024. Two micro-batches of 2 and loss_chunk 128: faster and
-    # smaller on CPU than one batch of 4 (docs/performance.md: 16.7 s and 3.8 GiB with remat full,
-    # against 17.1-17.7 s and 5.0 GiB). The loss sums are divided by the whole batch's token count,
+    # The benchmark spec (docs/performance.md): plain AdamW (no skip-step; the defaults' decay mask,
+    # clipping and z-loss), global batch 4 x 1024. Two micro-batches of 2 and loss_chunk 128: faster
+    # and smaller on CPU than one batch of 4 (docs/performance.md). The loss sums are divided by the whole batch's token count,
     # so the gradient is that of one batch of 4.
     return ExperimentConfig(
         name="bench-small",

@@ -1,4 +1,4 @@
-"""Learning-rate schedules with OLMo-core's semantics (REFERENCE.md, Stage 1 recipe).
+"""Learning-rate schedules with OLMo-core's semantics (docs/reference.md, "Recipe and schedules").
 
 A schedule maps the 1-based optimizer step to a learning rate: the first optimizer step is step 1,
 as in OLMo-core's trainer (so with 2000 warmup steps, step 1 uses lr/2000 and step 2000 the peak).
@@ -56,7 +56,7 @@ def stitched_cosine(step, *, lr: float, warmup: int, t_max: int, switch_step: in
     second half of a cosine between lr and alpha_f * lr that starts at step switch_step - 1 (at the
     midpoint, (lr + alpha_f * lr) / 2) and ends at final_t_max. This is OLMo-core's
     `HalfCosWithWarmup(warmup=switch_step - 1, t_max=final_t_max)` past its warmup, and matches the
-    REFERENCE.md check values (597,047 -> 1.6499980e-4, 1,000,000 -> 8.9834077e-5).
+    stage-1 check values of docs/reference.md (597,047 -> 1.6499980e-4, 1,000,000 -> 8.9834077e-5).
     """
     step = jnp.asarray(step, jnp.int32)
     final = alpha_f * lr

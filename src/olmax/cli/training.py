@@ -9,7 +9,7 @@ import typer
 
 from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, checkpoint_errors, data_errors,
                               exits_on, write_json)
-from olmax.config import save_yaml, to_yaml
+from olmax.config import ExperimentConfig, apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
 
 
 @app.command("config")
@@ -18,12 +18,20 @@ def config_cmd(
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
     save: Optional[Path] = typer.Option(None, "--save", help="write the resolved config as YAML"),
+    explain: bool = typer.Option(False, "--explain", help="list every field with its type, value and help; "
+                                 "arguments without '=' keep the fields they prefix (model.rope); without "
+                                 "--recipe/--config the values are the dataclass defaults"),
 ):
     """Print the resolved experiment config (a recipe or YAML file plus overrides)."""
     from olmax.recipes import resolve
 
-    cfg = resolve(recipe, config, overrides or [])
-    typer.echo(to_yaml(cfg), nl=False)
+    prefixes = [a for a in overrides or [] if explain and "=" not in a]
+    settings = [a for a in overrides or [] if a not in prefixes]
+    if explain and recipe is None and config is None:
+        cfg = apply_overrides(ExperimentConfig(), settings)
+    else:
+        cfg = resolve(recipe, config, settings)
+    typer.echo(format_explain(explain_fields(cfg, prefixes)) if explain else to_yaml(cfg), nl=False)
     if save is not None:
         save_yaml(cfg, save)
 

@@ -212,8 +212,8 @@ def read_params(cfg: ModelConfig, source: TensorSource, names: dict[str, str], *
                                       f"the model config needs {expected}")
             _to_olmax(kind, source.get(name), slot)
         # Handed over as a jax array on the host CPU: Orbax saves jax arrays without the extra
-        # full-size copy it makes of numpy leaves (measured: +1.0x the parameters for numpy, +0.15x
-        # for jax), and the numpy buffer is freed here, so the peak is the parameters plus one leaf.
+        # full-size copy it makes of numpy leaves (docs/conversion.md, "Streaming and memory"), and
+        # the numpy buffer is freed here, so the peak is the parameters plus one leaf.
         flat[key] = jax.device_put(out, cpu)
         del out
     return nest(flat)

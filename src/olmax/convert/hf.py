@@ -61,7 +61,7 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 HF_DEFAULTS = {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "sliding_window": 4096,
                "rope_theta": 500000.0, "initializer_range": 0.02, "hidden_act": "silu",
                "attention_bias": False, "tie_word_embeddings": False}
-# The dolma2 tokenizer's special tokens (REFERENCE.md), used when a checkpoint does not name its own.
+# The dolma2 tokenizer's special tokens (docs/reference.md, "Model"), used when a checkpoint does not name its own.
 OLMO3_SPECIAL_TOKENS = {"eos_token_id": 100257, "pad_token_id": 100277, "bos_token_id": None}
 ROPE_KEYS = {"default": {"rope_type", "rope_theta"},
              "yarn": {"rope_type", "rope_theta", "factor", "beta_fast", "beta_slow",

@@ -32,7 +32,7 @@ import numpy as np
 
 # Corpus: a Markov chain over the first CORPUS_TOKENS ids (so the loss falls quickly), documents
 # ended by EOS; ids CORPUS_TOKENS..PAD-1 never occur and make the spike batch. The model's
-# embedding has PADDED_VOCAB rows, as AI2 builds OLMo 3 with the padded vocabulary (docs/model.md).
+# embedding has PADDED_VOCAB rows, as AI2 builds OLMo 3 with the padded vocabulary (docs/reference.md, "Model").
 VOCAB, EOS, PAD = 300, 299, 298
 PADDED_VOCAB = 384
 CORPUS_TOKENS = 200
@@ -174,7 +174,7 @@ def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
     model.train()
     start = time.perf_counter()
     # One thread: a model this small gains nothing from more, and on busy shared cores torch's
-    # threads spin (30 steps took 24 s with 2 threads, 1.5 s with 1, on this machine).
+    # threads spin and slow it down many times over (docs/training.md).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

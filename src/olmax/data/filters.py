@@ -2,7 +2,7 @@
 
 An instance is rejected when some n-gram of length p (1 <= p <= 13, and p <= len/3) repeats back to
 back at least 32 times. A rejected instance still trains on nothing: all of its labels are ignored,
-but it counts in the loss denominator (REFERENCE.md, Loss). AI2's official OLMo 3 7B run did not use
+but it counts in the loss denominator (docs/reference.md, "Loss"). AI2's official OLMo 3 7B run did not use
 the filter; the MaxText reproduction did.
 
 Method: for period p, positions i with x[i] == x[i + p] form runs; a run of L such positions is a

@@ -14,7 +14,7 @@ so a KL can be read against the loss gap it produces.
 The KL is computed in float32 on the devices, per sequence chunk, and comes to the host per token;
 the statistics are computed there in float64. A checkpoint against itself gives exactly 0: both
 sides run the identical computation on identical inputs. Numbers to calibrate against
-(REFERENCE.md): the MaxText write-up measured 1.5e-3 for a converted checkpoint in bf16 at 8192
+(docs/reference.md, "The MaxText reproduction"): the MaxText write-up measured 1.5e-3 for a converted checkpoint in bf16 at 8192
 tokens (the framework noise floor) and 0.389 nats between two independently trained runs.
 """
 

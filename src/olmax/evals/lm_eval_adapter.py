@@ -1,7 +1,7 @@
 """The lm-eval-harness model `olmax` (lm-eval 0.4.13, the `eval` extra), and offline task data.
 
     lm_eval --model olmax --model_args ckpt=CKPT,tokenizer=dolma2 --tasks arc_easy
-    olmax eval tasks --ckpt CKPT --tasks arc_easy,hellaswag --data-dir ../shared/data/evals
+    olmax eval tasks --ckpt CKPT --tasks arc_easy,hellaswag --data-dir evals/
 
 Requests are handled as lm-eval's own HF backend (`HFLM`) handles them, so that a checkpoint and its
 HF conversion score identically (tests/test_evals_lm_eval.py checks per-request log-likelihoods and
@@ -208,7 +208,7 @@ def local_dataset(data_dir: Path, task: str, dataset_name: Optional[str]):
 
 def _to_task_schema(task: str, found):
     """Local copies of another hub version of a task's dataset, renamed to the columns lm-eval's task
-    reads. boolq: google/boolq (`answer`: bool, as in ../shared/data/evals) -> super_glue/boolq
+    reads. boolq: google/boolq (`answer`: bool, as local copies often have it) -> super_glue/boolq
     (`label`: 0 = no, 1 = yes), the copy lm-eval's boolq task is written for."""
     if task == "boolq" and all("answer" in d.column_names and "label" not in d.column_names for d in found.values()):
         return found.map(lambda doc: {"label": int(doc["answer"])})

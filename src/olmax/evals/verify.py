@@ -23,7 +23,7 @@ Deltas are B - A. Their sigma:
   (this ignores that both models answer the same questions, so it is conservative).
 - KL has no null of zero noise to test against: KL(A || B) >= 0, exactly 0 for identical functions.
   Its verdict compares the mean KL with a floor (default 1.5e-3 nats: the framework noise floor of a
-  converted checkpoint in bf16 at 8192 tokens, REFERENCE.md).
+  converted checkpoint in bf16 at 8192 tokens, docs/reference.md).
 
 A landmark is "within noise" on a surface when |delta| <= k sigma (k = `sigmas`, default 2), or
 mean KL <= floor; a surface's verdict is "differs" when any landmark differs. The domain surface

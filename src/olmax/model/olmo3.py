@@ -1,4 +1,4 @@
-"""The OLMo 3 transformer, top to bottom (REFERENCE.md, Model).
+"""The OLMo 3 transformer, top to bottom (docs/reference.md, "Model").
 
 Parameters are a plain nested dict of arrays. Each one is declared once, in `param_specs`, with its
 shape, logical axis names and initializer; `olmax.sharding` maps the logical axes to a device mesh.
