@@ -18,6 +18,12 @@ Rows, each in its own process (peak RSS = that process's ru_maxrss), each in a t
   (fp32 currently fails: `save_params` bounds Orbax's bytes in flight to 1 GB, and the stacked MLP
   weights are one 1.07 GB array; docs/performance.md.)
 - `1b-full` (opt-in, needs ~40 GB of RAM): that model's full state, as `bench-small`.
+- `warm-start`: `olmax ckpt warm-start` (olmax.surgery.warm_start, keeping params and moments) of
+  the bench-small full state on 8 CPU devices. The source checkpoint is written first in the same
+  process; then the peak-RSS mark is reset (/proc/self/clear_refs) so that "peak RSS" is the warm
+  start's own. Also reported: the most any one device holds of the restored state (the state passes
+  through sharded over the devices). On CPU the devices share the host's memory, so host RSS stays
+  about one state; on accelerators the shards live in device memory.
 
 Random values stand in for trained ones (Orbax skips chunks equal to the fill value and compresses
 the rest, so zeros would understate the bytes): the Adam moments of `bench-small` are filled with
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -46,7 +53,9 @@ RECIPE = "bench-small"
 ONE_B = ["model.d_model=2048", "model.n_layers=16", "model.n_heads=16", "model.n_kv_heads=16",
          "model.head_dim=128", "model.mlp_hidden=8192", "model.vocab_size=100278"]
 ROWS = {"bench-small": ("full", []), "1b-params": ("params", ONE_B),
-        "1b-params-bf16": ("params", ONE_B + ["model.param_dtype=bfloat16"]), "1b-full": ("full", ONE_B)}
+        "1b-params-bf16": ("params", ONE_B + ["model.param_dtype=bfloat16"]), "1b-full": ("full", ONE_B),
+        "warm-start": ("warm", [])}
+WARM_DEVICES = 8
 DEFAULT_ROWS = ["bench-small", "1b-params-bf16", "1b-params"]
 # olmax's bench-small step on this CPU, docs/performance.md "Latest table" (2026-11-29 22:09-22:38, load ~2).
 STEP_TIME_S, STEP_TIME_SOURCE = 16.86, "olmax bench-small s/step, docs/performance.md table of 2026-11-29 22:09"
@@ -162,13 +171,56 @@ def params_only(cfg, tmp: Path) -> dict:
             "peak_rss_gib_after": peaks}
 
 
+def _proc_status_gib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 2**20  # kB
+    raise KeyError(field)
+
+
+def warm(cfg, tmp: Path) -> dict:
+    """warm_start of a saved full state on WARM_DEVICES devices (module doc)."""
+    import gc
+
+    import jax
+
+    from olmax.checkpoint import RunCheckpoints
+    from olmax.sharding import make_mesh
+    from olmax.state import init_train_state
+    from olmax.surgery import restore_state, warm_start
+
+    mesh = make_mesh(cfg.mesh, jax.devices()[:1])
+    with jax.set_mesh(mesh):
+        state = trained_moments(init_train_state(cfg, mesh, jax.random.key(0)))
+        nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
+        ckpt = RunCheckpoints(tmp / "run", cfg)
+        ckpt.save(1, state, {"batches_processed": 1}, mesh)
+        ckpt.close()
+    del state
+    gc.collect()
+    jax.clear_caches()
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (the peak RSS) to the current RSS
+    before = _proc_status_gib("VmRSS")
+    t0 = time.perf_counter()
+    warm_start(tmp / "run", tmp / "warm", keep=("params", "moments"), reset_step=True)
+    seconds = time.perf_counter() - t0
+    peak = _proc_status_gib("VmHWM")
+    restored = restore_state(tmp / "run", 1, cfg)
+    per_device = {}
+    for leaf in jax.tree.leaves(restored):
+        for shard in leaf.addressable_shards:
+            per_device[shard.device.id] = per_device.get(shard.device.id, 0) + shard.data.nbytes
+    return {"what": "warm start", "state_bytes": nbytes, "devices": jax.device_count(), "seconds": seconds,
+            "rss_before_gib": before, "peak_rss_gib_during": peak, "max_device_bytes": max(per_device.values())}
+
+
 def run_row(row: str, tmp: Path) -> dict:
     from olmax.model.olmo3 import count_params
     from olmax.recipes import resolve
 
     kind, overrides = ROWS[row]
     cfg = resolve(RECIPE, None, overrides)
-    out = (full_state if kind == "full" else params_only)(cfg, tmp)
+    out = {"full": full_state, "params": params_only, "warm": warm}[kind](cfg, tmp)
     return {**out, "params": count_params(cfg.model), "param_dtype": cfg.model.param_dtype,
             "peak_rss_gib": peak_rss_gib()}
 
@@ -179,9 +231,12 @@ def run_row(row: str, tmp: Path) -> dict:
 
 def run_child(row: str, tmp_root: str | None) -> dict:
     tmp = tempfile.mkdtemp(prefix=f"olmax-ckpt-bench-{row}-", dir=tmp_root)
+    env = dict(os.environ)
+    if ROWS[row][0] == "warm":
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={WARM_DEVICES}"
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", row, "--tmp", tmp],
-                          capture_output=True, text=True)
+                              capture_output=True, text=True, env=env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode:
@@ -199,6 +254,8 @@ def print_table(results: dict, step_time: float, step_source: str) -> None:
         if "error" in r:
             print(f"{row:14s} failed: {r['error']}")
             continue
+        if r["what"] == "warm start":
+            continue
         disk = r["disk_bytes"] / gb
         cold = f"{r['block_cold_s']:10.2f}" if "block_cold_s" in r else f"{'-':>10s}"
         peaks = "/".join(f"{v:.2f}" for v in r["peak_rss_gib_after"].values())
@@ -207,6 +264,12 @@ def print_table(results: dict, step_time: float, step_source: str) -> None:
               f"{r['block_s']:8.2f} {r['save_s']:7.2f} {disk / r['save_s']:9.2f} {r['restore_s']:9.2f} "
               f"{disk / r['restore_s']:9.2f} {frac} {peaks:>30s} {str(r['restored_ok']):>11s}")
     print(f"block/step: against {step_time:.2f} s/step ({step_source})")
+    for row, r in results.items():
+        if r.get("what") == "warm start":
+            print(f"{row}: state {r['state_bytes'] / gb:.2f} GB over {r['devices']} devices, "
+                  f"{r['seconds']:.1f} s; most on one device {r['max_device_bytes'] / gb:.3f} GB "
+                  f"({r['max_device_bytes'] / r['state_bytes']:.1%} of the state); host RSS "
+                  f"{r['rss_before_gib']:.2f} GiB before, peak {r['peak_rss_gib_during']:.2f} GiB during")
 
 
 def main() -> None:
