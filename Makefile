@@ -5,7 +5,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-test demo test test-slow clean
+.PHONY: setup setup-test demo test test-slow lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ demo: setup
 
 test: setup-test
 	$(BIN)/python -m pytest -q -n 2 tests
+
+# ruff (configured in pyproject.toml): lint and formatting, checked, not rewritten
+lint: setup-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test-slow: setup-test
 	$(BIN)/python -m pytest -q -n 2 -m slow tests
