@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -50,37 +50,38 @@ def _bucket(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << (n - 1).bit_length())
 
 
-def _choose(logits: jnp.ndarray, key: jnp.ndarray, sampling: Sampling) -> jnp.ndarray:
-    """The next token of each row from float32 logits (B, V) over the real vocabulary."""
-    if sampling.temperature == 0:
+def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray]) -> jnp.ndarray:
+    """The next token of each row from float32 logits (B, V) over the real vocabulary. `rule` is None
+    (greedy) or (temperature, top_k, top_p) as an array, so new settings need no recompilation."""
+    if rule is None:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logits = logits / sampling.temperature
-    if sampling.top_k > 0:
-        kth = jax.lax.top_k(logits, min(sampling.top_k, logits.shape[-1]))[0][:, -1:]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if sampling.top_p < 1:
-        ordered = jnp.sort(logits, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(ordered, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
-        kept = jnp.where(before < sampling.top_p, ordered, jnp.inf)  # the first is always kept
-        logits = jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), -jnp.inf, logits)
+    temperature, top_k, top_p = rule[0], rule[1].astype(jnp.int32), rule[2]
+    logits = logits / temperature
+    ordered = jnp.sort(logits, axis=-1)[:, ::-1]
+    kth = jnp.where(top_k > 0, ordered[:, jnp.maximum(top_k, 1) - 1], -jnp.inf)[:, None]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+    ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
+    kept = jnp.where((before < top_p) | (top_p >= 1), ordered, jnp.inf)  # the first is always kept
+    logits = jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), -jnp.inf, logits)
     keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(logits.shape[0]))
     return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(cfg: ModelConfig, rule: Sampling):
-    """Prefill and step functions, jitted once per config and rule (the seed enters as a key); the
-    cache is donated (updated in place)."""
+def _compiled(cfg: ModelConfig, sample: bool):
+    """Prefill and step functions, jitted once per config for greedy and once for sampling (the
+    settings and the seed are arguments); the cache is donated (updated in place)."""
 
-    def prefill(params, cache, tokens, lengths, key):
+    def prefill(params, cache, tokens, lengths, key, rule):
         logits, cache = cached_forward(params, cache, tokens, jnp.zeros_like(lengths), cfg)
         last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0, : cfg.vocab_size]
-        return _choose(last, jax.random.fold_in(key, 0), rule), cache
+        return _choose(last, jax.random.fold_in(key, 0), rule if sample else None), cache
 
-    def step(params, cache, tokens, positions, key, t):
+    def step(params, cache, tokens, positions, key, rule, t):
         logits, cache = cached_forward(params, cache, tokens[:, None], positions, cfg)
-        return _choose(logits[:, 0, : cfg.vocab_size], jax.random.fold_in(key, t), rule), cache
+        return _choose(logits[:, 0, : cfg.vocab_size], jax.random.fold_in(key, t), rule if sample else None), cache
 
     return jax.jit(prefill, donate_argnums=1), jax.jit(step, donate_argnums=1)
 
@@ -99,9 +100,10 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], m
     for r, p in enumerate(prompts):
         tokens[r, :len(p)] = p
     cache = init_cache(cfg, len(prompts), _bucket(width + max_new_tokens))
-    prefill, step = _compiled(cfg, replace(sampling, seed=0))
+    prefill, step = _compiled(cfg, sampling.temperature > 0)
     key = jax.random.key(sampling.seed)
-    nxt, cache = prefill(params, cache, jnp.asarray(tokens), jnp.asarray(lengths), key)
+    rule = jnp.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], jnp.float32)
+    nxt, cache = prefill(params, cache, jnp.asarray(tokens), jnp.asarray(lengths), key, rule)
     out: list[list[int]] = [[] for _ in prompts]
     done = np.zeros(len(prompts), bool)
     for t in range(max_new_tokens):
@@ -112,7 +114,7 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], m
                        or (stop is not None and stop(int(r), out[r])))
         if done.all():
             break
-        nxt, cache = step(params, cache, jnp.asarray(ids), jnp.asarray(lengths + t), key, jnp.int32(t + 1))
+        nxt, cache = step(params, cache, jnp.asarray(ids), jnp.asarray(lengths + t), key, rule, jnp.int32(t + 1))
     return out
 
 
