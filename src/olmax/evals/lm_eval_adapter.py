@@ -1,7 +1,9 @@
 """The lm-eval-harness model `olmax` (lm-eval 0.4.13, the `eval` extra), and offline task data.
 
-    lm_eval --model olmax --model_args ckpt=CKPT,tokenizer=dolma2 --tasks arc_easy
-    olmax eval tasks --ckpt CKPT --tasks arc_easy,hellaswag --data-dir ../shared/data/evals
+Importing this module registers the model; lm-eval's own `lm_eval` script does not import it, so:
+
+    olmax lm-eval --model olmax --model_args ckpt=CKPT,tokenizer=dolma2 --tasks arc_easy
+    olmax eval tasks --ckpt CKPT --tasks arc_easy,hellaswag --data-dir evals/
 
 Requests are handled as lm-eval's own HF backend (`HFLM`) handles them, so that a checkpoint and its
 HF conversion score identically (tests/test_evals_lm_eval.py checks per-request log-likelihoods and
@@ -208,7 +210,7 @@ def local_dataset(data_dir: Path, task: str, dataset_name: Optional[str]):
 
 def _to_task_schema(task: str, found):
     """Local copies of another hub version of a task's dataset, renamed to the columns lm-eval's task
-    reads. boolq: google/boolq (`answer`: bool, as in ../shared/data/evals) -> super_glue/boolq
+    reads. boolq: google/boolq (`answer`: bool) -> super_glue/boolq
     (`label`: 0 = no, 1 = yes), the copy lm-eval's boolq task is written for."""
     if task == "boolq" and all("answer" in d.column_names and "label" not in d.column_names for d in found.values()):
         return found.map(lambda doc: {"label": int(doc["answer"])})
@@ -235,7 +237,7 @@ def offline_datasets(data_dir: str | Path):
                 + (f" or {data_dir / name.split('_')[0] / task_self.DATASET_NAME}/<split>/*.arrow"
                    if task_self.DATASET_NAME else ""))
         task_self.dataset = found
-        # Local copies often hold fewer splits than the hub (the shared set: validation only); a
+        # Local copies often hold fewer splits than the hub (often validation only); a
         # split the task names but the copy lacks is dropped, so lm-eval falls back as it does for
         # tasks without that split (e.g. scoring validation when there is no test split).
         for attr in ("training_split", "validation_split", "test_split", "fewshot_split"):
