@@ -22,17 +22,17 @@ def setup():
     params["lm_head"] = params["lm_head"] * 20  # distributions with a clear top token, and some spread
     rng = np.random.default_rng(1)
     prompts = [list(rng.integers(0, CFG.vocab_size, n)) for n in (3, 9, 17)]  # ragged: right padding
-    return params, prompts
+    full = jax.jit(lambda p, x: forward(p, x, CFG))  # the reference: the full forward pass, one (1, 32) shape
+    return params, prompts, full
 
 
 def test_greedy_equals_argmax_and_append(setup):
-    params, prompts = setup
+    params, prompts, run = setup
     generated = generate(params, CFG, prompts, 12, stop=lambda row, ids: row == 2 and len(ids) == 5)
-    run = jax.jit(lambda p, x: forward(p, x, CFG))
     for row, (prompt, out) in enumerate(zip(prompts, generated)):
         seq = list(prompt)
         for _ in range(5 if row == 2 else 12):
-            padded = np.zeros((1, 32), np.int32)  # one shape, one compile; causal: the padding is unseen
+            padded = np.zeros((1, 32), np.int32)  # causal: the padding is unseen
             padded[0, :len(seq)] = seq
             logits = np.asarray(run(params, padded))
             seq.append(int(logits[0, len(seq) - 1, :CFG.vocab_size].argmax()))
@@ -40,7 +40,7 @@ def test_greedy_equals_argmax_and_append(setup):
 
 
 def test_rows_stop_at_eos(setup):
-    params, prompts = setup
+    params, prompts, _ = setup
     greedy = generate(params, CFG, prompts, 12)
     eos = greedy[1][3]  # the 4th token of row 1 becomes "EOS": row 1 ends there, with it
     out = generate(params, CFG, prompts, 12, eos_id=eos)
@@ -50,7 +50,7 @@ def test_rows_stop_at_eos(setup):
 
 
 def test_sampling_is_reproducible_and_narrows_to_greedy(setup):
-    params, prompts = setup
+    params, prompts, run = setup
     greedy = generate(params, CFG, prompts, 10)
     hot = Sampling(temperature=1.5, seed=7)
     a, b = generate(params, CFG, prompts, 10, sampling=hot), generate(params, CFG, prompts, 10, sampling=hot)
@@ -61,7 +61,6 @@ def test_sampling_is_reproducible_and_narrows_to_greedy(setup):
     assert generate(params, CFG, prompts, 10, sampling=Sampling(temperature=1.0, top_p=1e-6, seed=3)) == greedy
     # top-k 5: every sampled token is among the 5 most likely at its position
     top5 = generate(params, CFG, prompts, 10, sampling=Sampling(temperature=2.0, top_k=5, seed=4))
-    run = jax.jit(lambda p, x: forward(p, x, CFG))
     for prompt, out in zip(prompts, top5):
         seq = np.zeros((1, 32), np.int32)
         seq[0, :len(prompt) + len(out)] = list(prompt) + out
@@ -82,3 +81,15 @@ def test_bad_settings_and_prompts(tmp_path):
     assert read_prompts(tmp_path / "p.txt") == ["first prompt", "second prompt"]
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         read_prompts(tmp_path / "missing.txt")
+
+
+def test_cli_generate_needs_one_source_of_prompts(tmp_path):
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+
+    for args in ([], ["--prompt", "a", "--prompts", str(tmp_path / "p.txt")]):
+        result = CliRunner().invoke(app, ["generate", "--ckpt", str(tmp_path), *args])
+        assert result.exit_code == 2 and "give --prompt" in result.output
+    result = CliRunner().invoke(app, ["generate", "--ckpt", str(tmp_path / "none"), "--prompt", "a"])
+    assert result.exit_code == 2 and "generate error" in result.output and "none" in result.output
