@@ -2,7 +2,6 @@
 forward pass; sampling is reproducible from its seed, and top-k=1 or a tiny top-p is greedy. The
 reference test (parity) checks `olmax generate` against transformers' `generate` on the HF export."""
 
-import json
 
 import jax
 import numpy as np

@@ -102,7 +102,7 @@ def test_olmax_generate_equals_transformers_generate(export, tmp_path):
 
     tmp, _ = export
     prompts = ["The", "And Abram went up out of Egypt, he, and his wife", "In the beginning God created"]
-    result = CliRunner().invoke(app, ["generate", "--ckpt", str(tmp / "ckpt"), *sum((["--prompt", p] for p in prompts), []),
+    result = CliRunner().invoke(app, ["generate", "--ckpt", str(tmp / "ckpt"), *[a for p in prompts for a in ("--prompt", p)],
                                       "--max-new-tokens", "20", "--json", str(tmp_path / "gen.json")])
     assert result.exit_code == 0, result.output
     ours = json.loads((tmp_path / "gen.json").read_text())["results"]

