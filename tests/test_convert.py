@@ -69,6 +69,16 @@ def make_hf_config(*, vocab=300, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2
         eos_token_id=vocab - 2, pad_token_id=vocab - 1, **extra)
 
 
+def word_tokenizer(directory: Path, vocab: int = 300) -> str:
+    """A tokenizer.json of `vocab` word-level tokens with EOS and PAD where make_hf_config puts them."""
+    from tokenizers import Tokenizer, models
+
+    words = {f"t{i}": i for i in range(vocab - 2)} | {"<|endoftext|>": vocab - 2, "<|pad|>": vocab - 1}
+    path = directory / "tokenizer.json"
+    Tokenizer(models.WordLevel(words, unk_token="t0")).save(str(path))
+    return str(path)
+
+
 def make_hf_checkpoint(path: Path, *, dtype=torch.float32, seed=0, max_shard_size=None, **shape) -> Path:
     """Save a random tiny Olmo3ForCausalLM to `path` (save_pretrained, as the hub checkpoints are)."""
     model = Olmo3ForCausalLM(make_hf_config(**shape))
@@ -185,7 +195,7 @@ def test_model_config_from_hf_rejects_what_olmax_cannot_represent(change, messag
 def test_round_trip_reproduces_every_tensor_bit_for_bit(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf", vocab=300, head_dim=24)
     convert_from_hf(str(src), tmp_path / "ckpt")
-    convert_to_hf(tmp_path / "ckpt", tmp_path / "back")
+    convert_to_hf(tmp_path / "ckpt", tmp_path / "back", tokenizer=word_tokenizer(tmp_path))
 
     original, back = tensors_of(src), tensors_of(tmp_path / "back")
     assert set(back) == set(original)
@@ -208,7 +218,7 @@ def test_bfloat16_source_round_trips_in_bfloat16(tmp_path):
     convert_from_hf(str(src), tmp_path / "ckpt")
     params, cfg, meta = load_params(tmp_path / "ckpt")
     assert meta["source_dtype"] == "bfloat16" and params["embed"].dtype == np.float32  # fp32 master copy
-    convert_to_hf(tmp_path / "ckpt", tmp_path / "back")
+    convert_to_hf(tmp_path / "ckpt", tmp_path / "back", tokenizer=word_tokenizer(tmp_path))
     assert json.loads((tmp_path / "back" / "config.json").read_text())["dtype"] == "bfloat16"
     assert sha256(tmp_path / "back" / "model.safetensors") == sha256(src / "model.safetensors")
 
@@ -217,7 +227,8 @@ def test_sharded_checkpoints_in_and_out(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf", max_shard_size="200KB")
     assert (src / "model.safetensors.index.json").is_file()
     convert_from_hf(str(src), tmp_path / "ckpt")
-    summary = convert_to_hf(tmp_path / "ckpt", tmp_path / "back", max_shard_bytes=300_000)
+    summary = convert_to_hf(tmp_path / "ckpt", tmp_path / "back", tokenizer=word_tokenizer(tmp_path),
+                            max_shard_bytes=300_000)
     assert len(summary["files"]) > 1
     index = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
     original = tensors_of(src)
@@ -287,7 +298,7 @@ def test_output_must_be_new_or_empty(tmp_path):
         convert_from_hf(str(src), tmp_path / "used")
     convert_from_hf(str(src), tmp_path / "ckpt")
     with pytest.raises(ConversionError, match="not an empty directory"):
-        convert_to_hf(tmp_path / "ckpt", src)
+        convert_to_hf(tmp_path / "ckpt", src, tokenizer=word_tokenizer(tmp_path))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -401,7 +412,7 @@ def test_cli_convert_both_ways(tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "in.json").read_text())["source_dtype"] == "float32"
     result = runner.invoke(app, ["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "back"),
-                                 "--dtype", "bfloat16"])
+                                 "--dtype", "bfloat16", "--tokenizer", word_tokenizer(tmp_path)])
     assert result.exit_code == 0, result.output
     assert all(t.dtype.name == "bfloat16" for t in tensors_of(tmp_path / "back").values())
 

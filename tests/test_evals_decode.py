@@ -1,14 +1,14 @@
-"""The KV-cache decoder: prefill and every single-token step give the logits of the full forward
-pass (with a window shorter than the sequence), and greedy generation equals argmax-and-append.
-Norm weights are random, so a norm wired differently in the decoder than in training would show."""
+"""The KV-cache model pass: prefill and every single-token step give the logits of the full forward
+pass (with a window shorter than the sequence). Norm weights are random, so a norm wired differently
+in the decoder than in training would show. The generation loop is tested in test_generate.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from olmax.config import ModelConfig
-from olmax.evals.decode import cached_forward, greedy_generate, init_cache
 from models import random_params
+from olmax.evals.decode import cached_forward, init_cache
 from olmax.model.olmo3 import forward
 
 CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
@@ -27,18 +27,3 @@ def test_cached_steps_match_the_full_forward():
         logits, cache = run(params, cache, jnp.asarray(seq[:, t:t + 1]), jnp.full(2, t, jnp.int32), CFG)
         np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=2e-5)
 
-
-def test_greedy_generate_equals_argmax_and_append():
-    params = random_params(CFG, jax.random.key(1))
-    rng = np.random.default_rng(1)
-    prompts = [list(rng.integers(0, CFG.vocab_size, n)) for n in (3, 9, 17)]  # ragged: right padding
-    generated = greedy_generate(params, CFG, prompts, 12, stop=lambda row, ids: row == 2 and len(ids) == 5)
-    run = jax.jit(lambda p, x: forward(p, x, CFG))
-    for row, (prompt, out) in enumerate(zip(prompts, generated)):
-        seq = list(prompt)
-        for _ in range(5 if row == 2 else 12):
-            padded = np.zeros((1, 32), np.int32)  # one shape, one compile; causal: the padding is unseen
-            padded[0, :len(seq)] = seq
-            logits = np.asarray(run(params, padded))
-            seq.append(int(logits[0, len(seq) - 1, :CFG.vocab_size].argmax()))
-        assert out == seq[len(prompt):]

@@ -1,6 +1,15 @@
-"""The lm-eval adapter against lm-eval's own HF backend (HFLM) on a tiny random model converted to
-HF: the same per-request log-likelihoods (fp32 tolerance), greedy flags, rolling log-likelihoods,
-greedy generations, and the same accuracy on a small local arc_easy-format task read offline."""
+"""The lm-eval adapter against lm-eval's own HF backend (HFLM) on a tiny random model exported to HF
+(`convert_to_hf` with its tokenizer; HFLM loads the directory as it is, offline): the same
+per-request log-likelihoods (fp32 tolerance), greedy flags, rolling log-likelihoods, greedy
+generations, the same accuracy on a small local arc_easy-format task read offline, and the same
+figures and generations on user task YAMLs (`olmax eval tasks --include-path`); `olmax lm-eval`
+runs lm-eval's own command line with the olmax model on them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -48,11 +57,8 @@ def models(tmp_path_factory):
     params["lm_head"] = params["lm_head"] * 50  # sharper distributions: argmax and accuracy are not ties
     special = {"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None}  # the tokenizer's, not dolma2's
     save_params(tmp / "ckpt", params, cfg, {"source": "test", "special_tokens": special})
-    convert_to_hf(tmp / "ckpt", tmp / "hf", dtype="float32")
-    hf_model = transformers.Olmo3ForCausalLM.from_pretrained(tmp / "hf", dtype=torch.float32)
-    hf_model.config._attn_implementation = "eager"
-    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_file), eos_token="<|endoftext|>")
-    hf = HFLM(pretrained=hf_model, tokenizer=hf_tok, batch_size=3, max_length=64)
+    convert_to_hf(tmp / "ckpt", tmp / "hf", dtype="float32", tokenizer=str(tok_file))
+    hf = HFLM(pretrained=str(tmp / "hf"), device="cpu", dtype="float32", batch_size=3, max_length=64)
     ours = OlmaxLM(str(tmp / "ckpt"), tokenizer=str(tok_file), batch_size=3, max_length=64)
     return ours, hf, tmp
 
@@ -97,3 +103,101 @@ def test_same_accuracy_on_a_local_task(models):
     assert a["tasks"]["arc_easy"]["acc"] == b["tasks"]["arc_easy"]["acc"]
     assert a["tasks"]["arc_easy"]["acc_norm"] == b["tasks"]["arc_easy"]["acc_norm"]
     assert a["macro"]["acc"] == a["tasks"]["arc_easy"]["acc"]
+
+
+# -- user task YAMLs ------------------------------------------------------------------------------
+
+TASK_YAMLS = {
+    "toy_mc": """task: toy_mc
+dataset_path: json
+dataset_kwargs: {{data_files: {{validation: {data}/mc.jsonl}}}}
+validation_split: validation
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: choices
+doc_to_target: label
+metric_list: [{{metric: acc}}, {{metric: acc_norm}}]
+""",
+    "toy_ppl": """task: toy_ppl
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}/ppl.jsonl}}}}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list: [{{metric: word_perplexity}}, {{metric: byte_perplexity}}, {{metric: bits_per_byte}}]
+""",
+    "toy_gen": """task: toy_gen
+dataset_path: json
+dataset_kwargs: {{data_files: {{validation: {data}/gen.jsonl}}}}
+validation_split: validation
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs: {{until: ["\\n", "."], max_gen_toks: 8, do_sample: false}}
+metric_list: [{{metric: exact_match}}]
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def user_tasks(models):
+    _, _, tmp = models
+    tasks, data = tmp / "my_tasks", tmp / "my_data"
+    tasks.mkdir()
+    data.mkdir()
+    rows = {"mc": [{"question": q, "choices": c, "label": "ABC".index(k)} for q, c, k in QUESTIONS],
+            "ppl": [{"text": t} for t in TEXTS],
+            "gen": [{"question": q, "answer": c["ABC".index(k)]} for q, c, k in QUESTIONS]}
+    for name, docs in rows.items():
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    for name, text in TASK_YAMLS.items():
+        (tasks / f"{name}.yaml").write_text(text.format(data=data))
+    return tasks
+
+
+def test_eval_tasks_on_user_tasks_reports_what_lm_eval_reports(models, user_tasks, tmp_path):
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+
+    _, hf, tmp = models
+    names = ["toy_mc", "toy_ppl", "toy_gen"]
+    result = CliRunner().invoke(app, ["eval", "tasks", "--ckpt", str(tmp / "ckpt"), "--tasks", ",".join(names),
+                                      "--include-path", str(user_tasks), "--tokenizer", str(tmp / "tokenizer.json"),
+                                      "--batch", "3", "--max-length", "64", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    ours = json.loads((tmp_path / "r.json").read_text())
+    theirs = evaluate_tasks(hf, names, include_path=[str(user_tasks)])
+    expected = {"toy_mc": {"acc", "acc_norm"}, "toy_ppl": {"word_perplexity", "byte_perplexity", "bits_per_byte"},
+                "toy_gen": {"exact_match"}}
+    for task, metrics in expected.items():
+        figures = ours["tasks"][task]
+        assert set(figures) == set(theirs["tasks"][task]) == {"num_fewshot", *metrics, *(m + "_stderr" for m in metrics)}
+        for metric in metrics:
+            np.testing.assert_allclose(figures[metric], theirs["tasks"][task][metric], rtol=1e-5)
+            if figures[metric + "_stderr"] is not None or theirs["tasks"][task][metric + "_stderr"] is not None:
+                np.testing.assert_allclose(figures[metric + "_stderr"], theirs["tasks"][task][metric + "_stderr"],
+                                           rtol=0.05)  # bootstrap: resampled, not identical
+    assert set(ours["generations"]) == {"toy_gen"}
+    assert ours["generations"]["toy_gen"] == theirs["generations"]["toy_gen"]
+    assert len(ours["generations"]["toy_gen"]) == len(QUESTIONS)
+
+
+def test_olmax_lm_eval_runs_lm_evals_cli(models, user_tasks, tmp_path):
+    _, _, tmp = models
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "olmax.cli", "lm-eval", "--model", "olmax",
+           "--model_args", f"ckpt={tmp / 'ckpt'},tokenizer={tmp / 'tokenizer.json'},max_length=64", "--batch_size", "3",
+           "--tasks", "toy_mc,toy_gen", "--include_path", str(user_tasks), "--limit", "3",
+           "--output_path", str(tmp_path / "out"), "--log_samples"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [results] = list((tmp_path / "out").rglob("results_*.json"))
+    report = json.loads(results.read_text())
+    assert set(report["results"]) == {"toy_mc", "toy_gen"} and report["config"]["model"] == "olmax"
+    assert report["n-samples"]["toy_mc"]["effective"] == 3
+    samples = {p.name.split("_2")[0]: p for p in (tmp_path / "out").rglob("samples_*.jsonl")}
+    assert set(samples) == {"samples_toy_mc", "samples_toy_gen"}
+    assert len(samples["samples_toy_gen"].read_text().splitlines()) == 3

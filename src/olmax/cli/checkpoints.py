@@ -24,6 +24,7 @@ def convert_cmd(
     to_hf: Optional[Path] = typer.Option(None, "--to-hf", help="olmax checkpoint to write as a HF directory"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="--to-hf weight dtype (default: the source's)"),
     step: Optional[int] = typer.Option(None, "--step", help="--to-hf checkpoint step (default: the latest)"),
+    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="--to-hf tokenizer to write: dolma2 or a HF tokenizer.json"),
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
@@ -46,7 +47,7 @@ def convert_cmd(
     elif to_hf is not None:
         from olmax.convert.hf import convert_to_hf
 
-        summary = convert_to_hf(to_hf, out, dtype=dtype, step=step)
+        summary = convert_to_hf(to_hf, out, dtype=dtype, step=step, tokenizer=tokenizer)
     else:
         from olmax.convert.olmo_core import convert_from_olmo_core
         from olmax.recipes import resolve

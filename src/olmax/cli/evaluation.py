@@ -88,6 +88,7 @@ def eval_tasks_cmd(
                               help="comma-separated lm-eval task names"),
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help="shots for every task (default: mmlu 5, others lm-eval's)"),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="offline: DIR/<task>/<split>/*.arrow (MMLU: DIR/mmlu/<subject>/...)"),
+    include_path: Optional[list[Path]] = typer.Option(None, "--include-path", help="directory of your own lm-eval task YAMLs; repeatable"),
     tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
     batch: int = typer.Option(8, "--batch"),
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task (a smoke run)"),
@@ -96,7 +97,8 @@ def eval_tasks_cmd(
     dtype: Optional[str] = EvalDtypeOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Downstream accuracy through lm-eval-harness (the `olmax` model; needs the `eval` extra)."""
+    """Downstream tasks through lm-eval-harness (the `olmax` model; needs the `eval` extra): every metric
+    per task with its stderr, and the generations of generate_until tasks in the --json report."""
     try:
         import lm_eval  # noqa: F401  (the eval extra)
     except ImportError as e:
@@ -105,7 +107,8 @@ def eval_tasks_cmd(
     from olmax.evals.tasks import format_tasks, run_tasks
 
     report = run_tasks(str(ckpt), [t for t in tasks.split(",") if t], num_fewshot=num_fewshot,
-                       data_dir=str(data_dir) if data_dir else None, tokenizer=tokenizer, batch_size=batch,
+                       data_dir=str(data_dir) if data_dir else None, include_path=[str(p) for p in include_path or []],
+                       tokenizer=tokenizer, batch_size=batch,
                        limit=limit, max_length=max_length, step=step, dtype=dtype)
     typer.echo(format_tasks(report))
     write_json(json_out, report)

@@ -6,7 +6,8 @@ olmax arrays (olmax.convert.read_params) and saved as step 0 of an olmax checkpo
 
 Writing: config.json in the transformers 5 form (`layer_types`, `sliding_window`, `rope_parameters`
 nested by layer type, an explicit `head_dim`) and safetensors shards of at most 5 GB, written one
-shard at a time, in the dtype the weights came in (recorded in the checkpoint's meta).
+shard at a time, in the dtype the weights came in (recorded in the checkpoint's meta); plus the
+tokenizer and generation files (olmax.convert.hf_tokenizer), so the directory is complete.
 
 This module needs neither torch nor transformers.
 """
@@ -34,6 +35,7 @@ from olmax.convert import (
     source_dtype,
     torch_tensors,
 )
+from olmax.convert.hf_tokenizer import write_generation_config, write_tokenizer_files
 from olmax.model.olmo3 import abstract_params, count_params
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
@@ -351,9 +353,20 @@ def convert_from_hf(src: str, out: str | Path, *, revision: Optional[str] = None
             "seconds": round(time.perf_counter() - start, 2)}
 
 
+def _special_tokens(meta: dict, tokenizer: str, from_tokenizer: dict) -> dict:
+    """The tokenizer's special ids; an error when the checkpoint recorded different ones."""
+    recorded = meta.get("special_tokens") or {}
+    for key in ("eos_token_id", "pad_token_id"):
+        if recorded.get(key) is not None and recorded[key] != from_tokenizer[key]:
+            raise ConversionError(f"the checkpoint records {key}={recorded[key]} but tokenizer {tokenizer} has "
+                                  f"{from_tokenizer[key]}: give the tokenizer the model was trained with (--tokenizer)")
+    return from_tokenizer
+
+
 def convert_to_hf(ckpt: str | Path, out: str | Path, *, dtype: Optional[str] = None, step: Optional[int] = None,
-                  max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:
-    """olmax checkpoint -> a directory transformers loads as Olmo3ForCausalLM.
+                  tokenizer: str = "dolma2", max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:
+    """olmax checkpoint -> a directory transformers loads as Olmo3ForCausalLM, with its tokenizer
+    (`tokenizer`: "dolma2" or a HF tokenizer.json) and generation config.
 
     `dtype` defaults to the dtype the weights were converted from (float32 for trained weights).
     The parameters are restored onto the host CPU device, so no accelerator memory is used.
@@ -368,9 +381,11 @@ def convert_to_hf(ckpt: str | Path, out: str | Path, *, dtype: Optional[str] = N
     cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     params, cfg, meta = load_params(ckpt, step, shardings=jax.tree.map(lambda _: cpu, abstract_params(cfg)))
     out.mkdir(parents=True, exist_ok=True)
-    special = {**OLMO3_SPECIAL_TOKENS, **meta.get("special_tokens", {})}
+    special = write_tokenizer_files(out, tokenizer, vocab_size=cfg.vocab_size, max_length=cfg.max_position)
+    special = _special_tokens(meta, tokenizer, special)
+    write_generation_config(out, special)
     (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype=dtype, special_tokens=special), indent=2) + "\n")
     files = write_safetensors(torch_tensors(params, cfg, HF_NAMES, dtype), out, max_shard_bytes)
-    return {"out": str(out), "params": count_params(cfg), "dtype": dtype, "files": files,
+    return {"out": str(out), "params": count_params(cfg), "dtype": dtype, "tokenizer": tokenizer, "files": files,
             "seconds": round(time.perf_counter() - start, 2)}
 

@@ -1,4 +1,4 @@
-"""Greedy decoding with a key/value cache, on olmax.model.olmo3's own block (for generate_until).
+"""The model pass with a key/value cache, on olmax.model.olmo3's own block (for olmax.evals.generate).
 
 `cached_forward(params, cache, tokens, start, cfg)` runs `tokens` (batch, T) whose row b sits at
 positions start[b] .. start[b] + T - 1, writes their keys and values into the cache at those
@@ -18,12 +18,8 @@ against `olmax.model.olmo3.forward` on the full sequence, with a window shorter 
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, Optional, Sequence
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from olmax.config import ModelConfig
 from olmax.model.olmo3 import block, lm_head, rms_norm
@@ -91,53 +87,3 @@ def cached_forward(params: dict, cache: dict, tokens: jnp.ndarray, start: jnp.nd
     hidden = rms_norm(x, params["final_norm"], cfg.norm_eps)
     return lm_head(params, hidden, cfg), {"k": k_new, "v": v_new}
 
-
-def _bucket(n: int, minimum: int = 16) -> int:
-    return max(minimum, 1 << (n - 1).bit_length())
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(cfg: ModelConfig):
-    """Prefill and step functions, jitted once per config; the cache is donated (updated in place)."""
-
-    def prefill(params, cache, tokens, lengths):
-        logits, cache = cached_forward(params, cache, tokens, jnp.zeros_like(lengths), cfg)
-        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0, : cfg.vocab_size]
-        return jnp.argmax(last, axis=-1).astype(jnp.int32), cache
-
-    def step(params, cache, tokens, positions):
-        logits, cache = cached_forward(params, cache, tokens[:, None], positions, cfg)
-        return jnp.argmax(logits[:, 0, : cfg.vocab_size], axis=-1).astype(jnp.int32), cache
-
-    return jax.jit(prefill, donate_argnums=1), jax.jit(step, donate_argnums=1)
-
-
-def greedy_generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                    stop: Optional[Callable[[int, list[int]], bool]] = None) -> list[list[int]]:
-    """Greedy continuations of `prompts` (one batch), argmax over the real vocabulary.
-
-    A row stops after `max_new_tokens` tokens or once `stop(row, its generated ids)` is true; the batch ends
-    when every row has stopped. Prompt and cache lengths are rounded up to powers of two, so a few
-    shapes are compiled for a whole task.
-    """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    lengths = np.asarray([len(p) for p in prompts], np.int32)
-    width = _bucket(int(lengths.max()))
-    tokens = np.zeros((len(prompts), width), np.int32)
-    for r, p in enumerate(prompts):
-        tokens[r, :len(p)] = p
-    cache = init_cache(cfg, len(prompts), _bucket(width + max_new_tokens))
-    prefill, step = _compiled(cfg)
-    nxt, cache = prefill(params, cache, jnp.asarray(tokens), jnp.asarray(lengths))
-    out: list[list[int]] = [[] for _ in prompts]
-    done = np.zeros(len(prompts), bool)
-    for t in range(max_new_tokens):
-        ids = np.asarray(nxt)
-        for r in np.flatnonzero(~done):
-            out[r].append(int(ids[r]))
-            done[r] = len(out[r]) >= max_new_tokens or (stop is not None and stop(int(r), out[r]))
-        if done.all():
-            break
-        nxt, cache = step(params, cache, jnp.asarray(ids), jnp.asarray(lengths + t))
-    return out

@@ -1,6 +1,8 @@
 """The lm-eval-harness model `olmax` (lm-eval 0.4.13, the `eval` extra), and offline task data.
 
-    lm_eval --model olmax --model_args ckpt=CKPT,tokenizer=dolma2 --tasks arc_easy
+Importing this module registers the model; lm-eval's own `lm_eval` script does not import it, so:
+
+    olmax lm-eval --model olmax --model_args ckpt=CKPT,tokenizer=dolma2 --tasks arc_easy
     olmax eval tasks --ckpt CKPT --tasks arc_easy,hellaswag --data-dir evals/
 
 Requests are handled as lm-eval's own HF backend (`HFLM`) handles them, so that a checkpoint and its
@@ -14,7 +16,7 @@ accuracy against HFLM on a converted model):
   power of two (a causal model's earlier positions do not see the padding).
 - loglikelihood_rolling: lm-eval's rolling windows (max_length tokens, one token of context) scored
   as above and summed.
-- generate_until: greedy decoding with a key/value cache (olmax.evals.decode), prompts left-truncated
+- generate_until: greedy decoding with a key/value cache (olmax.evals.generate), prompts left-truncated
   to max_length - max_gen_toks, stopped at the first `until` string (which is cut off) or EOS.
 - The sliding window is respected everywhere: scoring runs the model's own windowed forward pass,
   and the decoder masks the cache with each layer's window.
@@ -40,7 +42,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from olmax.data.tokenizer import load_tokenizer
-from olmax.evals.decode import greedy_generate
+from olmax.evals.generate import generate
 from olmax.evals.scoring import TokenScorer, eval_mesh, load_checkpoint
 from olmax.loss import IGNORE
 
@@ -160,8 +162,8 @@ class OlmaxLM(TemplateLM):
                 return len(ids) >= max_new or ids[-1] == self.eot_token_id or any(
                     u and u in self.tok_decode(ids) for u in until)
 
-            generated = greedy_generate(self.params, self.cfg, [prepared[i][0] for i in idx],
-                                        max(prepared[i][2] for i in idx), stop)
+            generated = generate(self.params, self.cfg, [prepared[i][0] for i in idx],
+                                 max(prepared[i][2] for i in idx), stop=stop)
             for i, ids in zip(idx, generated):
                 text = self.tok_decode(ids)
                 for u in prepared[i][1]:
@@ -235,7 +237,7 @@ def offline_datasets(data_dir: str | Path):
                 + (f" or {data_dir / name.split('_')[0] / task_self.DATASET_NAME}/<split>/*.arrow"
                    if task_self.DATASET_NAME else ""))
         task_self.dataset = found
-        # Local copies often hold fewer splits than the hub (the shared set: validation only); a
+        # Local copies often hold fewer splits than the hub (often validation only); a
         # split the task names but the copy lacks is dropped, so lm-eval falls back as it does for
         # tasks without that split (e.g. scoring validation when there is no test split).
         for attr in ("training_split", "validation_split", "test_split", "fewshot_split"):

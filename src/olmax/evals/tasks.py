@@ -1,11 +1,17 @@
-"""`olmax eval tasks`: downstream accuracy through lm-eval-harness with the `olmax` model.
+"""`olmax eval tasks`: downstream tasks through lm-eval-harness with the `olmax` model.
 
 The 8-task suite of the MaxText write-up: mmlu (5-shot), hellaswag, arc_easy, arc_challenge,
-openbookqa, piqa, boolq, winogrande (lm-eval's default shots, 0). Per task: accuracy (`acc`, and
-`acc_norm` where the task defines it) with lm-eval's bootstrap/closed-form stderr; the macro average is
-the unweighted mean of the tasks' `acc`, its stderr the per-task stderrs combined in quadrature / n.
-With `data_dir` every dataset comes from local copies (olmax.evals.lm_eval_adapter.offline_datasets),
-so no network is needed.
+openbookqa, piqa, boolq, winogrande (lm-eval's default shots, 0). Any other task lm-eval knows runs
+too, and so do a team's own task YAMLs from `include_path` directories (lm-eval's TaskManager).
+
+The report has, per task, every metric lm-eval reports for it under `tasks.<name>.<metric>` (acc,
+acc_norm, word_perplexity, byte_perplexity, bits_per_byte, exact_match, ...; a metric computed after
+a filter other than lm-eval's "none" keeps the filter in its name, `exact_match,strict-match`) with
+`<metric>_stderr` where lm-eval gives one (null where it reports "N/A"), and for generate_until tasks
+the generated texts in document order under `generations.<task>`. The macro average is the
+unweighted mean of the tasks' `acc`, its stderr the per-task stderrs combined in quadrature / n.
+With `data_dir` every dataset comes from local copies
+(olmax.evals.lm_eval_adapter.offline_datasets), so no network is needed.
 """
 
 from __future__ import annotations
@@ -18,58 +24,86 @@ SUITE = ("mmlu", "hellaswag", "arc_easy", "arc_challenge", "openbookqa", "piqa",
 MMLU_SHOTS = 5  # mmlu and its subtasks (mmlu_anatomy, ...); everything else: lm-eval's default (0)
 
 
-def _task_figures(results: dict, task: str) -> dict:
-    r = results[task]
+def task_figures(result: dict) -> dict:
+    """lm-eval's results entry of one task ({"acc,none": .., "acc_stderr,none": .., "alias": ..}) ->
+    {"acc": .., "acc_stderr": ..}: every numeric metric, named as the module doc says."""
     figures = {}
-    for metric in ("acc", "acc_norm"):
-        key = f"{metric},none"
-        if key in r:
-            figures[metric] = float(r[key])
-            stderr = r.get(f"{metric}_stderr,none")
-            figures[f"{metric}_stderr"] = float(stderr) if isinstance(stderr, (int, float)) else None
+    for key, value in result.items():
+        if "," not in key:
+            continue  # alias, sample counts
+        metric, filter_name = key.split(",", 1)
+        stderr = metric.endswith("_stderr")
+        base = metric[: -len("_stderr")] if stderr else metric
+        name = base if filter_name == "none" else f"{base},{filter_name}"
+        name = f"{name}_stderr" if stderr else name
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            figures[name] = float(value)
+        elif stderr:
+            figures[name] = None  # lm-eval's "N/A": no stderr for this metric
     return figures
 
 
+def task_generations(out: dict) -> dict[str, list[str]]:
+    """The texts each generate_until task generated, in document order (needs log_samples)."""
+    generations = {}
+    for task, samples in out.get("samples", {}).items():
+        if out["configs"].get(task, {}).get("output_type") == "generate_until":
+            generations[task] = [s["resps"][0][0] for s in sorted(samples, key=lambda s: s["doc_id"])]
+    return generations
+
+
 def evaluate_tasks(lm, tasks: Sequence[str], *, num_fewshot: Optional[int] = None, data_dir: Optional[str] = None,
-                   limit: Optional[int] = None, bootstrap_iters: int = 100000) -> dict:
+                   include_path: Sequence[str] = (), limit: Optional[int] = None,
+                   bootstrap_iters: int = 100000) -> dict:
     """Run lm-eval on an lm-eval model object (`OlmaxLM`, or any other, e.g. HFLM in the tests)."""
     import lm_eval
+    from lm_eval.tasks import TaskManager
 
     from olmax.evals.lm_eval_adapter import offline_datasets
 
-    per_task = {}
+    task_manager = TaskManager(include_path=list(include_path) or None)
+    unknown = [t for t in tasks if t not in task_manager.all_tasks]
+    if unknown:
+        raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}"
+                         + (f" (also looked in {', '.join(map(str, include_path))})" if include_path else ""))
+    per_task, generations = {}, {}
     offline = offline_datasets(data_dir) if data_dir else contextlib.nullcontext()
     with offline:
         for task in tasks:
             shots = num_fewshot if num_fewshot is not None else (
                 MMLU_SHOTS if task == "mmlu" or task.startswith("mmlu_") else None)
             out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=shots, limit=limit,
-                                          bootstrap_iters=bootstrap_iters, log_samples=False)
-            per_task[task] = {"num_fewshot": shots or 0, **_task_figures(out["results"], task)}
+                                          bootstrap_iters=bootstrap_iters, log_samples=True,
+                                          task_manager=task_manager)
+            per_task[task] = {"num_fewshot": shots or 0, **task_figures(out["results"][task])}
+            generations.update(task_generations(out))
     accs = [r["acc"] for r in per_task.values() if "acc" in r]
     errs = [r.get("acc_stderr") for r in per_task.values() if "acc" in r]
     macro = {"acc": sum(accs) / len(accs) if accs else None,
              "acc_stderr": (math.sqrt(sum(e * e for e in errs)) / len(errs)) if accs and None not in errs else None}
-    return {"tasks": per_task, "macro": macro, "limit": limit}
+    return {"tasks": per_task, "macro": macro, "generations": generations, "limit": limit}
 
 
 def run_tasks(ckpt: str, tasks: Sequence[str], *, num_fewshot: Optional[int] = None, data_dir: Optional[str] = None,
-              tokenizer: str = "dolma2", batch_size: int = 8, limit: Optional[int] = None,
+              include_path: Sequence[str] = (), tokenizer: str = "dolma2", batch_size: int = 8, limit: Optional[int] = None,
               max_length: Optional[int] = None, step: Optional[int] = None, dtype: Optional[str] = None) -> dict:
     """Load an olmax checkpoint as the `olmax` lm-eval model and evaluate `tasks`."""
     from olmax.evals.lm_eval_adapter import OlmaxLM
 
     lm = OlmaxLM(ckpt, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length, step=step, dtype=dtype)
-    report = evaluate_tasks(lm, tasks, num_fewshot=num_fewshot, data_dir=data_dir, limit=limit)
+    report = evaluate_tasks(lm, tasks, num_fewshot=num_fewshot, data_dir=data_dir, include_path=include_path,
+                            limit=limit)
     return {"ckpt": str(ckpt), "step": lm.meta["step"], "data_dir": data_dir, **report}
 
 
 def format_tasks(report: dict) -> str:
-    lines = ["| task | shots | acc | ± | acc_norm | ± |", "|---|---:|---:|---:|---:|---:|"]
+    """One row per task and metric, with its stderr; the macro average of `acc` last."""
+    lines = ["| task | shots | metric | value | ± |", "|---|---:|---|---:|---:|"]
     f = lambda x: "-" if x is None else f"{x:.4f}"
     for name, r in report["tasks"].items():
-        lines.append(f"| {name} | {r['num_fewshot']} | {f(r.get('acc'))} | {f(r.get('acc_stderr'))} | "
-                     f"{f(r.get('acc_norm'))} | {f(r.get('acc_norm_stderr'))} |")
+        for metric, value in r.items():
+            if metric != "num_fewshot" and not metric.endswith("_stderr"):
+                lines.append(f"| {name} | {r['num_fewshot']} | {metric} | {f(value)} | {f(r.get(metric + '_stderr'))} |")
     m = report["macro"]
-    lines.append(f"| **macro** | | {f(m['acc'])} | {f(m['acc_stderr'])} | | |")
+    lines.append(f"| **macro** | | acc | {f(m['acc'])} | {f(m['acc_stderr'])} |")
     return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""`olmax generate` (text from a checkpoint) and `olmax lm-eval` (lm-eval's own command line with the
+`olmax` model registered)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from olmax.cli.common import JsonOpt, app, eval_errors, exits_on, write_json
+
+
+@app.command("generate")
+@exits_on("generate error", eval_errors)
+def generate_cmd(
+    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
+    prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="prompt text; repeatable"),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="file: one prompt per line, or .jsonl with a \"prompt\" field"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1 = off)"),
+    top_k: int = typer.Option(0, "--top-k", help="sample among the k most likely tokens (0 = off)"),
+    seed: int = typer.Option(0, "--seed"),
+    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
+    batch: int = typer.Option(8, "--batch", help="prompts decoded together"),
+    step: Optional[int] = typer.Option(None, "--step", help="checkpoint step (default: the latest)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)"),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Continue prompts with the KV cache: greedy (temperature 0) or sampled with top-k / top-p."""
+    from olmax.evals.generate import Sampling, generate_text, read_prompts
+
+    if (prompt is None) == (prompts is None):
+        raise typer.BadParameter("give --prompt (repeatable) or --prompts FILE")
+    texts = list(prompt) if prompt else read_prompts(prompts)
+    report = generate_text(ckpt, texts, max_new_tokens=max_new_tokens, tokenizer=tokenizer, batch_size=batch,
+                           sampling=Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
+                           step=step, dtype=dtype)
+    for r in report["results"]:
+        typer.echo(f"{r['prompt']}{r['text']}")
+        typer.echo("-" * 40)
+    write_json(json_out, report)
+
+
+@app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                          "help_option_names": []}, add_help_option=False)
+def lm_eval_cmd(ctx: typer.Context):
+    """lm-eval's own command line (every flag of `lm_eval`) with the `olmax` model registered:
+    olmax lm-eval --model olmax --model_args ckpt=C,tokenizer=dolma2 --tasks T [--include_path DIR ...]"""
+    try:
+        from lm_eval.__main__ import cli_evaluate
+
+        import olmax.evals.lm_eval_adapter  # noqa: F401  (registers the `olmax` model)
+    except ImportError as e:
+        typer.echo(f"lm-eval error: `olmax lm-eval` needs the eval extra (pip install -e '.[eval]'): {e}", err=True)
+        raise typer.Exit(2) from None
+    argv = sys.argv
+    sys.argv = ["lm-eval", *ctx.args]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = argv
