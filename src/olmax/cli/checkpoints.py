@@ -51,11 +51,10 @@ def convert_cmd(
         summary = convert_to_hf(to_hf, out, dtype=dtype, step=step)
     else:
         from olmax.convert.olmo_core import convert_from_olmo_core
-        from olmax.recipes import resolve
 
         if not (recipe or config):
             raise typer.BadParameter("--from-olmo-core needs --recipe or --config for the architecture")
-        exp = resolve(recipe, config, overrides or [])
+        exp = resolve_experiment(recipe, config, overrides)
         tokens = {"eos_token_id": exp.data.eos_token_id, "pad_token_id": exp.data.pad_token_id,
                   "bos_token_id": exp.data.bos_token_id}
         summary = convert_from_olmo_core(from_olmo_core, exp.model, out, special_tokens=tokens)
