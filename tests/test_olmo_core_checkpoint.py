@@ -69,6 +69,7 @@ def olmo_core_run(tmp_path_factory):
     from olmo_core.optim import OptimGroupOverride, SkipStepAdamWConfig
     from olmo_core.train.checkpoint import Checkpointer
     from olmo_core.train.train_module import TransformerTrainModule
+    from olmo_core.train.utils import EnvRngStates
 
     from olmax.config import save_yaml
 
@@ -87,9 +88,10 @@ def olmo_core_run(tmp_path_factory):
         for step in range(1, TRAINED_STEPS + 1):
             olmo_core_step(train_module, batch(step), step)
         step_dir = work / f"step{TRAINED_STEPS}"
+        # the fields of OLMo-core's Trainer.state_dict() that a loop without a Trainer can fill
         Checkpointer(work_dir=work / "tmp").save(step_dir, train_module, {
-            "global_step": TRAINED_STEPS,
-            "global_train_tokens_seen": TRAINED_STEPS * SETUP.global_batch * SETUP.seq_len})
+            "global_step": TRAINED_STEPS, "global_train_tokens_seen": TRAINED_STEPS * SETUP.global_batch * SETUP.seq_len,
+            "max_steps": SETUP.steps, "epoch": 1, "world_size": 1, "rng": EnvRngStates.current_state().as_dict()})
         cfg = olmax_experiment(olmax_model_config(model, SETUP), [], SETUP, work / "olmax")
         save_yaml(cfg, work / "experiment.yaml")
         yield train_module, step_dir, cfg

@@ -256,16 +256,18 @@ def adam_count(dcp: Path, names: list[str]) -> int:
 
 def read_trainer_state(path: Path) -> Optional[dict]:
     """The trainer state OLMo-core keeps beside the distributed checkpoint (`stepN/train/rank0.pt`),
-    or None when `path` has none. It holds numpy RNG states, so torch.load may unpickle numpy arrays
-    and nothing else."""
+    or None when `path` has none. It holds numpy RNG states, so torch.load may unpickle numeric numpy
+    arrays and nothing else."""
     file = path / TRAIN_STATE
     if not file.is_file():
         return None
     torch = _torch()
     from numpy._core.multiarray import _reconstruct
 
+    numeric = [type(np.dtype(t)) for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                           "uint64", "float16", "float32", "float64")]
     try:
-        with torch.serialization.safe_globals([np.ndarray, np.dtype, _reconstruct]):
+        with torch.serialization.safe_globals([np.ndarray, np.dtype, _reconstruct, *numeric]):
             state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a bad file; all mean the same here
         raise ConversionError(f"cannot read OLMo-core trainer state {file}: {e}") from None
