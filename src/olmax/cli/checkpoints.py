@@ -99,10 +99,10 @@ app.add_typer(ckpt_app, name="ckpt")
 @ckpt_app.command("warm-start")
 @exits_on("ckpt warm-start", checkpoint_errors)
 def ckpt_warm_start_cmd(
-    paths: list[str] = typer.Argument(..., metavar="SRC DST | DST [OVERRIDES]...",
-                                      help="SRC: a run's checkpoint directory (RUN_DIR/checkpoints); DST: new directory "
-                                           "for the warm-start checkpoint (local or gs://). With --from-olmo-core: "
-                                           "DST, then dotted overrides of --recipe/--config"),
+    paths: list[str] = typer.Argument(
+        ..., metavar="SRC DST | DST [OVERRIDES]...",
+        help="SRC: a run's checkpoint directory (RUN_DIR/checkpoints); DST: new directory for the warm-start "
+             "checkpoint (local or gs://). With --from-olmo-core: DST, then dotted overrides of --recipe/--config"),
     from_olmo_core: Optional[Path] = typer.Option(
         None, "--from-olmo-core", help="instead of SRC: an OLMo-core checkpoint (its stepN directory, or the "
                                        "model_and_optim distributed checkpoint in it)"),

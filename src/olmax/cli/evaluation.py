@@ -29,8 +29,8 @@ def _eval_experiment(recipe, config, overrides, shorthands: dict, *, need_data: 
 
 
 # Shorthand flags: each sets one config field (None = keep the recipe's or config's value).
-EvalDataOpt = typer.Option(None, "--data", help="eval.data: token shards, tokenize dirs, globs, mix files, demo:heldout, "
-                                                "or .jsonl(.gz) text; repeatable")
+EvalDataOpt = typer.Option(None, "--data", help="eval.data: token shards, tokenize dirs, globs, mix files, "
+                                                "demo:heldout, or .jsonl(.gz) text; repeatable")
 
 
 EvalSeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
