@@ -212,6 +212,16 @@ def test_bad_olmo_core_checkpoints_are_named(olmo_core_run, tmp_path):
                  "--config", config, "--reset-step")
     assert result.exit_code == 0, result.output
     assert "step 0, kept moments,params, Adam counter 3" in result.output
+    # a model saved without its optimizer: the moments cannot be kept, the parameters can
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+
+    save_model_and_optim_state(tmp_path / "model_only", train_module.model)
+    result = cli("ckpt", "warm-start", "--from-olmo-core", tmp_path / "model_only", tmp_path / "ws2",
+                 "--config", config, "--reset-step")
+    assert result.exit_code == 2 and "holds no AdamW state to keep" in result.output
+    result = cli("ckpt", "warm-start", "--from-olmo-core", tmp_path / "model_only", tmp_path / "ws2",
+                 "--config", config, "--reset-step", "--keep", "params")
+    assert result.exit_code == 0 and "kept params, Adam counter 0" in result.output, result.output
     # never over an existing checkpoint
     result = cli("ckpt", "warm-start", "--from-olmo-core", step_dir, tmp_path / "ws", "--config", config)
     assert result.exit_code == 2 and "is not empty" in result.output

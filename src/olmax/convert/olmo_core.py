@@ -303,9 +303,13 @@ def warm_start_from_olmo_core(path: str | Path, dst: str | os.PathLike, cfg: Exp
     model_source = DistributedCheckpointSource(dcp)
     params = read_params(cfg.model, model_source, OLMO_CORE_NAMES, what=what, vocab_rows=vocab_rows)
     if "moments" in keep:
+        try:
+            sources = [DistributedCheckpointSource(dcp, DCP_OPTIM_PREFIX, key) for key in MOMENT_KEYS]
+        except ConversionError as e:
+            raise ConversionError(f"{e}: it holds no AdamW state to keep; keep the parameters only") from None
         moment_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
-        mu, nu = (read_params(moment_cfg, DistributedCheckpointSource(dcp, DCP_OPTIM_PREFIX, key), OLMO_CORE_NAMES,
-                              what=f"{what} ({key[1:]})", vocab_rows=vocab_rows) for key in MOMENT_KEYS)
+        mu, nu = (read_params(moment_cfg, source, OLMO_CORE_NAMES, what=f"{what} ({key[1:]})", vocab_rows=vocab_rows)
+                  for source, key in zip(sources, MOMENT_KEYS))
         count = adam_count(dcp, model_source.names())
     else:
         mu = nu = jax.tree.map(lambda p: np.zeros(p.shape, np.float32), params)
