@@ -72,18 +72,45 @@ def restore_state(src: str | os.PathLike, step: int, cfg: ExperimentConfig, mesh
         ckpts.close()
 
 
+def check_keep(keep: tuple[str, ...]) -> None:
+    if set(keep) - set(KEEP_CHOICES) or "params" not in keep:
+        raise ConfigError(f"keep must list params and optionally moments (from {KEEP_CHOICES}), got {sorted(keep)}")
+
+
+def require_new_output(dst: str | os.PathLike) -> None:
+    """A warm-start checkpoint goes to a new or empty directory: nothing is ever overwritten."""
+    out_path = checkpoint_path(dst)
+    if out_path.exists() and any(out_path.iterdir()):
+        raise CheckpointError(f"{dst} is not empty; choose a new directory for the warm-start checkpoint")
+
+
+def write_warm_start(dst: str | os.PathLike, step: int, params, opt: OptState, model_cfg, meta: dict,
+                     data_state: Optional[dict], experiment: dict) -> None:
+    """Write the one-step run checkpoint DST that `load_warm_start` reads (`meta` holds WARM_START)."""
+    out = ocp.CheckpointManager(checkpoint_path(dst), item_handlers=run_handlers(),
+                                options=ocp.CheckpointManagerOptions(create=True))
+    try:
+        out.save(step, args=ocp.args.Composite(**{
+            PARAMS: ocp.args.StandardSave(params),
+            OPT_STATE: ocp.args.StandardSave({"step": np.int32(step), "opt": opt}),
+            CONFIG: ocp.args.JsonSave(dataclasses.asdict(model_cfg)),
+            META: ocp.args.JsonSave(meta),
+            DATA: ocp.args.JsonSave(data_state),
+            EXPERIMENT: ocp.args.JsonSave(experiment),
+        }))
+        out.wait_until_finished()
+    finally:
+        out.close()
+
+
 def warm_start(src: str | os.PathLike, dst: str | os.PathLike, *, keep: tuple[str, ...] = KEEP_CHOICES,
                reset_step: bool = True, step: Optional[int] = None, mesh=None) -> dict:
     """Write the warm-start checkpoint DST from run checkpoint SRC (default its latest step); see the
     module doc. Either may be a local path or a gs:// URL. The state passes through sharded over
     `mesh` (default: FSDP over every device; restore_state), never whole on one device. Returns a
     summary (source step, written step, what was kept)."""
-    out_path = checkpoint_path(dst)
-    unknown = set(keep) - set(KEEP_CHOICES)
-    if unknown or "params" not in keep:
-        raise ConfigError(f"keep must list params and optionally moments (from {KEEP_CHOICES}), got {sorted(keep)}")
-    if out_path.exists() and any(out_path.iterdir()):
-        raise CheckpointError(f"{dst} is not empty; choose a new directory for the warm-start checkpoint")
+    check_keep(keep)
+    require_new_output(dst)
     mngr, step = _open(src, step)
     try:
         saved = _json_items(mngr, step, src)
@@ -101,20 +128,8 @@ def warm_start(src: str | os.PathLike, dst: str | os.PathLike, *, keep: tuple[st
             "tokens_seen": 0 if reset_step else saved.get(META, {}).get("tokens_seen"),
             WARM_START: {"from": str(checkpoint_path(src)), "from_step": step, "keep": sorted(keep),
                          "reset_step": reset_step}}
-    out = ocp.CheckpointManager(out_path, item_handlers=run_handlers(),
-                                options=ocp.CheckpointManagerOptions(create=True))
-    try:
-        out.save(new_step, args=ocp.args.Composite(**{
-            PARAMS: ocp.args.StandardSave(state.params),
-            OPT_STATE: ocp.args.StandardSave({"step": np.int32(new_step), "opt": OptState(AdamWState(*adam), window)}),
-            CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg.model)),
-            META: ocp.args.JsonSave(meta),
-            DATA: ocp.args.JsonSave(data_state),
-            EXPERIMENT: ocp.args.JsonSave(saved[EXPERIMENT]),
-        }))
-        out.wait_until_finished()
-    finally:
-        out.close()
+    write_warm_start(dst, new_step, state.params, OptState(AdamWState(*adam), window), cfg.model, meta, data_state,
+                     saved[EXPERIMENT])
     return {"source": os.fspath(src), "source_step": step, "destination": os.fspath(dst), "step": new_step,
             "keep": sorted(keep), "reset_step": reset_step, "adam_count": int(adam.count)}
 

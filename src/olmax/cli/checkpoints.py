@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, checkpoint_errors, exits_on, write_json
+from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, checkpoint_errors, exits_on,
+                              resolve_experiment, write_json)
 
 _fail_on_bad_checkpoint = exits_on("conversion error", checkpoint_errors)
 
@@ -20,7 +21,8 @@ def convert_cmd(
     from_hf: Optional[str] = typer.Option(None, "--from-hf", help="HF Olmo3ForCausalLM directory, or a hub id owner/name"),
     revision: Optional[str] = typer.Option(None, "--revision", help="with a hub id: branch, tag or commit"),
     from_olmo_core: Optional[Path] = typer.Option(
-        None, "--from-olmo-core", help="OLMo-core model state: .safetensors, .pt or a distributed checkpoint dir"),
+        None, "--from-olmo-core", help="OLMo-core model state: .safetensors, .pt, or a distributed checkpoint "
+                                       "(the stepN directory its trainer writes, or the model_and_optim in it)"),
     to_hf: Optional[Path] = typer.Option(None, "--to-hf", help="olmax checkpoint to write as a HF directory"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="--to-hf weight dtype (default: the source's)"),
     step: Optional[int] = typer.Option(None, "--step", help="--to-hf checkpoint step (default: the latest)"),
@@ -50,11 +52,10 @@ def convert_cmd(
         summary = convert_to_hf(to_hf, out, dtype=dtype, step=step, tokenizer=tokenizer)
     else:
         from olmax.convert.olmo_core import convert_from_olmo_core
-        from olmax.recipes import resolve
 
         if not (recipe or config):
             raise typer.BadParameter("--from-olmo-core needs --recipe or --config for the architecture")
-        exp = resolve(recipe, config, overrides or [])
+        exp = resolve_experiment(recipe, config, overrides)
         tokens = {"eos_token_id": exp.data.eos_token_id, "pad_token_id": exp.data.pad_token_id,
                   "bos_token_id": exp.data.bos_token_id}
         summary = convert_from_olmo_core(from_olmo_core, exp.model, out, special_tokens=tokens)
@@ -99,8 +100,15 @@ app.add_typer(ckpt_app, name="ckpt")
 @ckpt_app.command("warm-start")
 @exits_on("ckpt warm-start", checkpoint_errors)
 def ckpt_warm_start_cmd(
-    src: str = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints); local or gs://"),
-    dst: str = typer.Argument(..., help="new directory for the warm-start checkpoint; local or gs://"),
+    paths: list[str] = typer.Argument(
+        ..., metavar="SRC DST | DST [OVERRIDES]...",
+        help="SRC: a run's checkpoint directory (RUN_DIR/checkpoints); DST: new directory for the warm-start "
+             "checkpoint (local or gs://). With --from-olmo-core: DST, then dotted overrides of --recipe/--config"),
+    from_olmo_core: Optional[Path] = typer.Option(
+        None, "--from-olmo-core", help="instead of SRC: an OLMo-core checkpoint (its stepN directory, or the "
+                                       "model_and_optim distributed checkpoint in it)"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
     keep: str = typer.Option("params,moments", "--keep", help="params, or params,moments (Adam moments and "
                                                              "their bias-correction counter)"),
     reset_step: bool = typer.Option(False, "--reset-step", help="step 0: restart the schedule, empty the "
@@ -108,11 +116,29 @@ def ckpt_warm_start_cmd(
     step: Optional[int] = typer.Option(None, "--step", help="source step (default: the latest)"),
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Write a checkpoint for `checkpoint.init_from=DST` that keeps parameters (and Adam moments)."""
-    from olmax.surgery import warm_start
+    """Write a checkpoint for `checkpoint.init_from=DST` that keeps parameters (and Adam moments).
 
-    summary = warm_start(src, dst, keep=tuple(k.strip() for k in keep.split(",") if k.strip()),
-                         reset_step=reset_step, step=step)
+    --from-olmo-core takes them (and the trainer's step) from an OLMo-core checkpoint; the experiment the
+    next stage runs comes from --recipe/--config and overrides, whose model must be the checkpoint's.
+    """
+    kept = tuple(k.strip() for k in keep.split(",") if k.strip())
+    if from_olmo_core is not None:
+        from olmax.convert.olmo_core import warm_start_from_olmo_core
+
+        if step is not None:
+            raise typer.BadParameter("--step does not apply to --from-olmo-core (give the stepN directory)")
+        dst, overrides = paths[0], paths[1:]
+        summary = warm_start_from_olmo_core(from_olmo_core, dst, resolve_experiment(recipe, config, overrides),
+                                            keep=kept, reset_step=reset_step)
+        src = f"OLMo-core checkpoint {from_olmo_core}"
+    else:
+        from olmax.surgery import warm_start
+
+        if len(paths) != 2 or recipe or config:
+            raise typer.BadParameter("give SRC DST (a run's checkpoints and the new directory), or --from-olmo-core "
+                                     "DIR with DST, --recipe/--config and overrides")
+        src, dst = paths
+        summary = warm_start(src, dst, keep=kept, reset_step=reset_step, step=step)
     typer.echo(f"wrote {dst} (step {summary['step']}, kept {','.join(summary['keep'])}, Adam counter "
                f"{summary['adam_count']}) from {src} step {summary['source_step']}; start the next stage "
                f"with checkpoint.init_from={dst}")

@@ -28,6 +28,31 @@ OverridesArg = typer.Argument(None, help="dotted overrides, e.g. model.n_layers=
 JsonOpt = typer.Option(None, "--json", help="also write the figures to this JSON file")
 
 
+def resolve_experiment(recipe: Optional[str], config: Optional[str], overrides: Optional[list[str]],
+                       shorthands: Optional[dict[str, Any]] = None, *, need_base: bool = True):
+    """The experiment config of a command: the one resolution path of every command that reads data or
+    builds a model (olmax.recipes.resolve: --recipe or --config, then dotted overrides).
+
+    `shorthands` maps dotted keys to the values of a command's shorthand flags (None = flag not given);
+    each given one becomes the override `key=value` before the explicit overrides, so `--seq-len 2048`
+    and `data.seq_len=2048` resolve alike, and giving one key both ways is an error. Commands whose
+    base may be left out (need_base=False) start from the config defaults (olmax.config) without
+    --recipe/--config. An unknown key or a value of the wrong type raises ConfigError naming it."""
+    from olmax.config import ConfigError, ExperimentConfig, apply_overrides
+    from olmax.recipes import resolve
+
+    overrides = list(overrides or [])
+    given = {k: str(v) if isinstance(v, Path) else v for k, v in (shorthands or {}).items() if v is not None}
+    both = sorted(set(given) & {o.split("=", 1)[0].strip() for o in overrides})
+    if both:
+        raise ConfigError(f"{both[0]} is given both by its flag and as an override; give it once")
+    # JSON values are YAML too, and quoting keeps paths such as gs://b/x or demo:heldout strings.
+    flags = [f"{k}={json.dumps(list(v) if isinstance(v, (list, tuple)) else v)}" for k, v in given.items()]
+    if recipe is None and config is None and not need_base:
+        return apply_overrides(ExperimentConfig(), flags + overrides)
+    return resolve(recipe, config, flags + overrides)
+
+
 @app.callback()
 def _root() -> None:
     """OLMo 3 pre-training in JAX, with parity against OLMo-core built in."""

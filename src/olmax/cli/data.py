@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import JsonOpt, app, data_errors, exits_on, write_json
+from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, data_errors, exits_on,
+                              resolve_experiment, write_json)
 
 _fail_on_bad_data = exits_on("data error", data_errors)
 
@@ -38,66 +39,78 @@ data_app = typer.Typer(no_args_is_help=True, help="Inspect training data: order 
 app.add_typer(data_app, name="data")
 
 
-def _data_config(paths, seq_len, seed, max_target, vocab_size, eos, pad, mix_base, work_dir):
-    from olmax.config import DataConfig
-
-    return DataConfig(paths=tuple(paths), seq_len=seq_len, seed=seed, max_target_seq_len=max_target,
-                      vocab_size=vocab_size, eos_token_id=eos, pad_token_id=pad, mix_base=mix_base,
-                      work_dir=work_dir or "")
+# Shorthand flags of the data commands: each sets one config field (docs/config.md, "Resolution"), so
+# `--seq-len 2048` is `data.seq_len=2048`; left out, the field keeps the recipe's or config's value.
+PathsOpt = typer.Option(None, "--paths", help="data.paths: shards, globs, tokenize output dirs, mix files or demo "
+                                              "(repeat the flag)")
 
 
-PathsOpt = typer.Option(..., "--paths", help="shards, globs, tokenize output dirs, mix files or demo (repeat the flag)")
+SeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
 
 
-SeqLenOpt = typer.Option(8192, "--seq-len")
+MaxTargetOpt = typer.Option(None, "--max-target-seq-len", help="data.max_target_seq_len (OLMo-core's "
+                                                              "max_target_sequence_length)")
 
 
-MaxTargetOpt = typer.Option(None, "--max-target-seq-len", help="OLMo-core's max_target_sequence_length")
+VocabOpt = typer.Option(None, "--vocab-size", help="data.vocab_size (the tokenizer's vocabulary)")
 
 
-VocabOpt = typer.Option(100278, "--vocab-size", help="tokenizer vocabulary (dolma2 by default)")
+EosOpt = typer.Option(None, "--eos-id", help="data.eos_token_id")
 
 
-EosOpt = typer.Option(100257, "--eos-id")
+PadOpt = typer.Option(None, "--pad-id", help="data.pad_token_id")
 
 
-PadOpt = typer.Option(100277, "--pad-id")
+MixBaseOpt = typer.Option(None, "--mix-base", help="data.mix_base: base dir or URL of a mix file's paths")
 
 
-MixBaseOpt = typer.Option(None, "--mix-base", help="base dir or URL of a mix file's paths")
+WorkDirOpt = typer.Option(None, "--work-dir", help="data.work_dir: cache for the order memmap (default ~/.cache/olmax)")
 
 
-WorkDirOpt = typer.Option(None, "--work-dir", help="cache for the order memmap (default ~/.cache/olmax)")
+def _data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir) -> dict:
+    return {"data.paths": paths or None, "data.seq_len": seq_len, "data.max_target_seq_len": max_target,
+            "data.vocab_size": vocab_size, "data.eos_token_id": eos, "data.pad_token_id": pad,
+            "data.mix_base": mix_base, "data.work_dir": work_dir}
 
 
 @data_app.command("order")
 @_fail_on_bad_data
 def data_order_cmd(
-    paths: list[str] = PathsOpt,
-    seq_len: int = SeqLenOpt,
-    seed: int = typer.Option(34521, "--seed"),
-    global_batch: int = typer.Option(..., "--global-batch-instances", help="instances per global batch"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    paths: Optional[list[str]] = PathsOpt,
+    seq_len: Optional[int] = SeqLenOpt,
+    seed: Optional[int] = typer.Option(None, "--seed", help="data.seed"),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch-instances",
+                                               help="trainer.global_batch: instances per global batch"),
     epoch: int = typer.Option(1, "--epoch", help="epochs count from 1"),
     dp_size: int = typer.Option(1, "--dp-size"),
     dp_rank: Optional[int] = typer.Option(None, "--dp-rank", help="one rank only (default: all)"),
     steps: str = typer.Option("1:2", "--steps", help="a:b = steps a..b-1; step s (1-based) trains on batch s-1"),
     max_target: Optional[int] = MaxTargetOpt,
-    vocab_size: int = VocabOpt,
-    eos: int = EosOpt,
-    pad: int = PadOpt,
+    vocab_size: Optional[int] = VocabOpt,
+    eos: Optional[int] = EosOpt,
+    pad: Optional[int] = PadOpt,
     mix_base: Optional[str] = MixBaseOpt,
     work_dir: Optional[str] = WorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Which instances (file, token offset) each data-parallel rank saw at each step, as OLMo-core orders them."""
+    """Which instances (file, token offset) each data-parallel rank saw at each step, as OLMo-core orders them.
+
+    The data and global batch are the experiment's (--recipe/--config and overrides; without either, the
+    config defaults); the flags are shorthands for single fields."""
     from olmax.data.loader import order_report
 
     try:
         a, b = (int(x) for x in steps.split(":"))
     except ValueError:
         raise typer.BadParameter(f"--steps {steps!r} is not of the form a:b") from None
-    cfg = _data_config(paths, seq_len, seed, max_target, vocab_size, eos, pad, mix_base, work_dir)
-    report = order_report(cfg, global_batch, range(a, b), epoch=epoch, dp_size=dp_size, dp_rank=dp_rank)
+    exp = resolve_experiment(recipe, config, overrides, {
+        **_data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir),
+        "data.seed": seed, "trainer.global_batch": global_batch}, need_base=False)
+    report = order_report(exp.data, exp.trainer.global_batch, range(a, b), epoch=epoch, dp_size=dp_size,
+                          dp_rank=dp_rank)
     typer.echo(f"fingerprint {report['fingerprint']}  instances {report['instances']}  "
                f"batches/epoch {report['batches_per_epoch']}")
     for step in report["steps"]:
@@ -112,20 +125,28 @@ def data_order_cmd(
 @data_app.command("check")
 @_fail_on_bad_data
 def data_check_cmd(
-    paths: list[str] = PathsOpt,
-    seq_len: int = SeqLenOpt,
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    paths: Optional[list[str]] = PathsOpt,
+    seq_len: Optional[int] = SeqLenOpt,
     max_target: Optional[int] = MaxTargetOpt,
-    vocab_size: int = VocabOpt,
-    eos: int = EosOpt,
-    pad: int = PadOpt,
+    vocab_size: Optional[int] = VocabOpt,
+    eos: Optional[int] = EosOpt,
+    pad: Optional[int] = PadOpt,
     mix_base: Optional[str] = MixBaseOpt,
     work_dir: Optional[str] = WorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Read every token of every file and check sizes, headers and ids against the vocabulary."""
+    """Read every token of every file and check sizes, headers and ids against the vocabulary.
+
+    The data is the experiment's (--recipe/--config and overrides, or the config defaults); the flags are
+    shorthands for single data.* fields."""
     from olmax.data.loader import build_source
 
-    cfg = _data_config(paths, seq_len, 0, max_target, vocab_size, eos, pad, mix_base, work_dir)
-    report = build_source(cfg).check_all()
+    exp = resolve_experiment(recipe, config, overrides,
+                             _data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir),
+                             need_base=False)
+    report = build_source(exp.data).check_all()
     typer.echo(" ".join(f"{k}={v}" for k, v in report.items()))
     write_json(json_out, report)

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import JsonOpt, app, eval_errors, exits_on, write_json
+from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, eval_errors, exits_on,
+                              resolve_experiment, write_json)
 
 eval_app = typer.Typer(no_args_is_help=True, help="Held-out evaluation of checkpoints (docs/verification.md).")
 
@@ -18,16 +19,25 @@ app.add_typer(eval_app, name="eval")
 _fail_on_bad_eval_input = exits_on("eval error", eval_errors)
 
 
-def _eval_data_config(work_dir: Optional[Path]):
-    from olmax.config import DataConfig
+def _eval_experiment(recipe, config, overrides, shorthands: dict, *, need_data: bool = True):
+    """The experiment whose data section (tokenizer, special tokens, mix base, cache) and eval.data the
+    eval reads, resolved as every command resolves it (docs/config.md); the model is the checkpoint's."""
+    exp = resolve_experiment(recipe, config, overrides, shorthands, need_base=False)
+    if need_data and not exp.eval.data:
+        raise typer.BadParameter("no eval data: give --data or the override eval.data=[...]")
+    return exp
 
-    return DataConfig(work_dir=str(work_dir) if work_dir else "")
+
+# Shorthand flags: each sets one config field (None = keep the recipe's or config's value).
+EvalDataOpt = typer.Option(None, "--data", help="eval.data: token shards, tokenize dirs, globs, mix files, "
+                                                "demo:heldout, or .jsonl(.gz) text; repeatable")
 
 
-EvalDataOpt = typer.Option(..., "--data", help="token shards, tokenize dirs, globs, demo:heldout, or .jsonl(.gz) text; repeatable")
+EvalSeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
 
 
-EvalWorkDirOpt = typer.Option(None, "--work-dir", help="cache for tokenized eval text (default $OLMAX_CACHE or ~/.cache/olmax)")
+EvalWorkDirOpt = typer.Option(None, "--work-dir", help="data.work_dir: cache for tokenized eval text (default "
+                                                       "$OLMAX_CACHE or ~/.cache/olmax)")
 
 
 EvalDtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)")
@@ -37,21 +47,29 @@ EvalDtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the c
 @_fail_on_bad_eval_input
 def eval_loss_cmd(
     ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
-    data: list[str] = EvalDataOpt,
-    seq_len: int = typer.Option(8192, "--seq-len"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    data: Optional[list[str]] = EvalDataOpt,
+    seq_len: Optional[int] = EvalSeqLenOpt,
     batch: int = typer.Option(8, "--batch", help="instances per eval batch (fixed whatever the device count)"),
     max_batches: Optional[int] = typer.Option(None, "--max-batches", help="at most this many batches per data spec"),
     step: Optional[int] = typer.Option(None, "--step", help="checkpoint step (default: the latest)"),
     dtype: Optional[str] = EvalDtypeOpt,
     loss_chunk: int = typer.Option(0, "--loss-chunk", help="sequence positions per output-layer chunk (0 = all)"),
-    work_dir: Optional[Path] = EvalWorkDirOpt,
+    work_dir: Optional[str] = EvalWorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Held-out CE loss on fixed, identical batches (OLMo-core's evaluator loss)."""
+    """Held-out CE loss on fixed, identical batches (OLMo-core's evaluator loss).
+
+    The data settings come from --recipe/--config and overrides (default: the config defaults); the
+    flags are shorthands for single fields."""
     from olmax.evals.heldout import eval_loss
 
-    report = eval_loss(str(ckpt), data, seq_len=seq_len, batch=batch, max_batches=max_batches,
-                       data_cfg=_eval_data_config(work_dir), step=step, compute_dtype=dtype, loss_chunk=loss_chunk)
+    exp = _eval_experiment(recipe, config, overrides,
+                           {"eval.data": data or None, "data.seq_len": seq_len, "data.work_dir": work_dir})
+    report = eval_loss(str(ckpt), exp.eval.data, seq_len=exp.data.seq_len, batch=batch, max_batches=max_batches,
+                       data_cfg=exp.data, step=step, compute_dtype=dtype, loss_chunk=loss_chunk)
     for name, r in report["results"].items():
         typer.echo(f"eval/{name}/CE loss {r['CE loss']:.6f}  PPL {r['PPL']:.4f}  tokens {r['tokens']}")
     write_json(json_out, report)
@@ -61,21 +79,27 @@ def eval_loss_cmd(
 @_fail_on_bad_eval_input
 def eval_domains_cmd(
     ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
     data: Path = typer.Option(..., "--data", help="directory of held-out .jsonl(.gz) files, or one file"),
     by: str = typer.Option("auto", "--by", help="auto (the `domain` field if present, else the file), field or file"),
     seq_len: int = typer.Option(2048, "--seq-len", help="window length for long documents"),
     batch: int = typer.Option(8, "--batch"),
     max_docs: Optional[int] = typer.Option(None, "--max-docs", help="at most this many documents per domain"),
-    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="data.tokenizer: dolma2 or a HF tokenizer.json"),
     step: Optional[int] = typer.Option(None, "--step"),
     dtype: Optional[str] = EvalDtypeOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Per-domain loss, perplexity and bits per byte (Paloma-style), with macro and micro averages."""
+    """Per-domain loss, perplexity and bits per byte (Paloma-style), with macro and micro averages.
+
+    The tokenizer is the experiment's (--recipe/--config and overrides, or the config defaults)."""
     from olmax.evals.domains import eval_domains, format_domains
 
+    exp = _eval_experiment(recipe, config, overrides, {"data.tokenizer": tokenizer}, need_data=False)
     report = eval_domains(str(ckpt), str(data), seq_len=seq_len, batch=batch, by=by, max_docs=max_docs,
-                          tokenizer=tokenizer, step=step, compute_dtype=dtype)
+                          tokenizer=exp.data.tokenizer, step=step, compute_dtype=dtype)
     typer.echo(format_domains(report))
     write_json(json_out, report)
 
@@ -119,23 +143,31 @@ def eval_tasks_cmd(
 def eval_kl_cmd(
     ckpt_a: str = typer.Option(..., "--ckpt-a", help="reference olmax checkpoint (A in KL(A||B))"),
     ckpt_b: str = typer.Option(..., "--ckpt-b", help="olmax checkpoint compared with it"),
-    data: list[str] = EvalDataOpt,
-    seq_len: int = typer.Option(2048, "--seq-len"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    data: Optional[list[str]] = EvalDataOpt,
+    seq_len: Optional[int] = EvalSeqLenOpt,
     batch: int = typer.Option(4, "--batch"),
     max_batches: Optional[int] = typer.Option(4, "--max-batches"),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="position bucket starts, e.g. 0,128,1024 (default 0,16,64,... x4)"),
     step_a: Optional[int] = typer.Option(None, "--step-a"),
     step_b: Optional[int] = typer.Option(None, "--step-b"),
     dtype: Optional[str] = EvalDtypeOpt,
-    work_dir: Optional[Path] = EvalWorkDirOpt,
+    work_dir: Optional[str] = EvalWorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Per-token KL(A||B) (mean, median, p90, p99) and top-1 agreement, by position bucket."""
+    """Per-token KL(A||B) (mean, median, p90, p99) and top-1 agreement, by position bucket.
+
+    The data settings come from --recipe/--config and overrides (default: the config defaults); the
+    flags are shorthands for single fields."""
     from olmax.evals.kl import eval_kl, format_kl
 
+    exp = _eval_experiment(recipe, config, overrides,
+                           {"eval.data": data or None, "data.seq_len": seq_len, "data.work_dir": work_dir})
     edges = [int(x) for x in buckets.split(",")] if buckets else None
-    report = eval_kl(str(ckpt_a), str(ckpt_b), data, seq_len=seq_len, batch=batch, max_batches=max_batches,
-                     buckets=edges, data_cfg=_eval_data_config(work_dir), step_a=step_a, step_b=step_b,
+    report = eval_kl(str(ckpt_a), str(ckpt_b), exp.eval.data, seq_len=exp.data.seq_len, batch=batch,
+                     max_batches=max_batches, buckets=edges, data_cfg=exp.data, step_a=step_a, step_b=step_b,
                      compute_dtype=dtype)
     typer.echo(format_kl(report))
     write_json(json_out, report)
@@ -179,7 +211,11 @@ def verify_cmd(
                                             "as given, whatever their steps"),
     out: Path = typer.Option(..., "--out", help="directory for verify.md, verify.json and the PNGs"),
     landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps, e.g. 1000,5000 (default: every step both hold)"),
-    data: list[str] = typer.Option(["demo:heldout"], "--data", help="held-out data for loss and KL (as `eval loss`); repeatable"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    data: Optional[list[str]] = typer.Option(None, "--data", help="eval.data: held-out data for loss and KL (as `eval "
+                                                                  "loss`; default demo:heldout); repeatable"),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="default: the model's max_position"),
     batch: int = typer.Option(8, "--batch"),
     max_batches: Optional[int] = typer.Option(4, "--max-batches"),
@@ -191,17 +227,22 @@ def verify_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task"),
     sigmas: float = typer.Option(2.0, "--sigmas", help="verdict rule: |delta| <= this many sigma is within noise"),
     kl_floor: float = typer.Option(1.5e-3, "--kl-floor", help="mean KL (nats) at or below which KL is within noise"),
-    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="cache for tokenized eval text"),
+    work_dir: Optional[str] = EvalWorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Compare A and B at step-aligned landmarks on held-out loss, domains, tasks and KL: one report."""
+    """Compare A and B at step-aligned landmarks on held-out loss, domains, tasks and KL: one report.
+
+    The data settings come from --recipe/--config and overrides (default: the config defaults)."""
     from olmax.evals.verify import SURFACE_NAMES, rules, verify
 
+    exp = _eval_experiment(recipe, config, overrides, {"eval.data": data or None, "data.work_dir": work_dir},
+                           need_data=False)
     report = verify(a, b, out, landmarks=[int(s) for s in landmarks.split(",") if s] if landmarks else None,
-                    data=data, seq_len=seq_len, batch=batch, max_batches=max_batches, domains=domains, by=by,
+                    data=list(exp.eval.data) or ["demo:heldout"], seq_len=seq_len, batch=batch,
+                    max_batches=max_batches, domains=domains, by=by,
                     max_docs=max_docs, tasks=[t for t in tasks.split(",") if t] if tasks else None,
                     data_dir=str(data_dir) if data_dir else None, limit=limit, sigmas=sigmas, kl_floor=kl_floor,
-                    data_cfg=_eval_data_config(work_dir))
+                    data_cfg=exp.data)
     for surface, v in report["verdicts"].items():
         typer.echo(f"{SURFACE_NAMES[surface]:24s} {v:14s} ({rules(report)[surface]})")
     if report["tasks_skipped"]:

@@ -5,8 +5,13 @@ plus overrides on the command line). Three containers are read, one tensor at a 
 
   *.safetensors         a saved `model.state_dict()` (no torch needed)
   *.pt / *.pth / *.bin  `torch.save(model.state_dict())`, memory-mapped by torch.load(mmap=True)
-  a directory           an OLMo-core distributed (torch.distributed.checkpoint) checkpoint, e.g.
-                        `stepN/model_and_optim`: its `model.*` entries; the optimizer state is ignored
+  a directory           an OLMo-core distributed (torch.distributed.checkpoint) checkpoint: the
+                        `stepN` directory its trainer writes, or the `stepN/model_and_optim` in it;
+                        its `model.*` entries (the optimizer state is read by `warm_start_from_olmo_core`)
+
+`warm_start_from_olmo_core` turns such a checkpoint into an olmax warm-start checkpoint (the layout
+`olmax.surgery.warm_start` writes) with the parameters, AdamW's moments and step counter, and the
+trainer's step, so a stage-2 run can start from an OLMo-core stage-1 checkpoint.
 
 OLMo-core keeps the embedding padded (e.g. 100352 rows for the 100278-entry dolma2 vocabulary); the
 padded rows and LM-head columns are kept as they are. A state dict with exactly `vocab_size` rows is
@@ -15,15 +20,18 @@ padded with zeros, as for HF.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Optional
 
+import jax
 import ml_dtypes
 import numpy as np
 
 from olmax.checkpoint import save_params
-from olmax.config import ModelConfig
+from olmax.config import ExperimentConfig, ModelConfig
 from olmax.convert import (
     ConversionError,
     SafetensorsSource,
@@ -53,7 +61,17 @@ OLMO_CORE_NAMES = {
 }
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
-DCP_MODEL_PREFIX = "model."  # OLMo-core saves {"model": model_state, "optim": optim_state}
+# OLMo-core's checkpointer (olmo_core/train/checkpoint.py, 3.0.0) writes a `stepN` directory holding
+# the distributed checkpoint of {"model": model_state, "optim": optim_state} in `model_and_optim/`
+# and the trainer's state (global_step, global_train_tokens_seen, ...) as torch.save in
+# `train/rank<R>.pt`. The optimizer state is torch's, keyed by parameter name: one `step`,
+# `exp_avg` and `exp_avg_sq` per parameter under `optim.state.<name>.` (flattened or not).
+DCP_SUBDIR = "model_and_optim"
+TRAIN_STATE = Path("train") / "rank0.pt"
+DCP_MODEL_PREFIX = "model."
+DCP_OPTIM_PREFIX = "optim.state."
+MOMENT_KEYS = (".exp_avg", ".exp_avg_sq")  # AdamW's first and second moments: olmax's mu and nu
+STEP_KEY = ".step"  # AdamW's per-parameter count of applied updates (float), olmax's AdamWState.count
 
 
 def _torch():
@@ -103,26 +121,42 @@ class TorchFileSource:
         return _to_numpy(self._state[name])
 
 
-class DistributedCheckpointSource:
-    """The model entries of an OLMo-core distributed checkpoint, read one key per call with OLMo-core's
-    own reader (its files carry storage metadata that torch's plain FileSystemReader does not read)."""
+def _olmo_core_checkpoint():
+    _torch()
+    try:
+        from olmo_core.distributed import checkpoint as olmo_ckpt
+    except ImportError:
+        raise ConversionError("reading an OLMo-core distributed checkpoint needs ai2-olmo-core: "
+                              "install the `parity` extra") from None
+    return olmo_ckpt
 
-    def __init__(self, path: Path):
-        _torch()
-        try:
-            from olmo_core.distributed import checkpoint as olmo_ckpt
-        except ImportError:
-            raise ConversionError("reading an OLMo-core distributed checkpoint needs ai2-olmo-core: "
-                                  "install the `parity` extra") from None
-        self._olmo_ckpt, self._path = olmo_ckpt, path
+
+def dcp_directory(path: str | Path) -> Path:
+    """The distributed checkpoint of an OLMo-core checkpoint: `path/model_and_optim` when `path` is
+    the `stepN` directory OLMo-core's trainer writes, else `path` itself."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConversionError(f"OLMo-core checkpoint directory {path} does not exist")
+    return path / DCP_SUBDIR if (path / DCP_SUBDIR).is_dir() else path
+
+
+class DistributedCheckpointSource:
+    """The tensors of an OLMo-core distributed checkpoint whose keys are `prefix + NAME + suffix`, by
+    NAME: the model (`model.NAME`) or one optimizer moment (`optim.state.NAME.exp_avg`). Each `get`
+    reads one key with OLMo-core's own reader (its files carry storage metadata that torch's plain
+    FileSystemReader does not read)."""
+
+    def __init__(self, path: Path, prefix: str = DCP_MODEL_PREFIX, suffix: str = ""):
+        olmo_ckpt = _olmo_core_checkpoint()
+        self._olmo_ckpt, self._path, self._prefix, self._suffix = olmo_ckpt, path, prefix, suffix
         try:
             metadata = olmo_ckpt.get_checkpoint_metadata(str(path))
         except Exception as e:  # a missing/corrupt .metadata file surfaces as several error types
             raise ConversionError(f"{path} is not a readable OLMo-core distributed checkpoint: {e}") from None
-        self._entries = {k[len(DCP_MODEL_PREFIX):]: v for k, v in metadata.state_dict_metadata.items()
-                         if k.startswith(DCP_MODEL_PREFIX) and hasattr(v, "size")}
+        self._entries = {k[len(prefix):len(k) - len(suffix)]: v for k, v in metadata.state_dict_metadata.items()
+                         if k.startswith(prefix) and k.endswith(suffix) and hasattr(v, "size")}
         if not self._entries:
-            raise ConversionError(f"{path} holds no '{DCP_MODEL_PREFIX}*' tensors")
+            raise ConversionError(f"{path} holds no '{prefix}*{suffix}' tensors")
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -133,9 +167,22 @@ class DistributedCheckpointSource:
     def dtype(self, name: str) -> str:
         return _dtype_name(self._entries[name].properties.dtype)
 
+    def load(self, names: list[str]) -> list:
+        """The torch tensors of `names`, read in one pass."""
+        keys = [self._prefix + n + self._suffix for n in names]
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+        try:
+            return list(self._olmo_ckpt.load_keys(str(self._path), keys))
+        except (Exception, CheckpointException) as e:  # a missing or truncated file: several error types
+            if isinstance(e, CheckpointException):  # its message is a traceback; name the cause instead
+                e = next(iter(e.failures.values()))[0]
+            shown = keys[0] if len(keys) == 1 else f"{keys[0]} (and {len(keys) - 1} more)"
+            raise ConversionError(f"cannot read {shown} from OLMo-core checkpoint {self._path}: "
+                                  f"{type(e).__name__}: {e}") from None
+
     def get(self, name: str) -> np.ndarray:
-        (tensor,) = self._olmo_ckpt.load_keys(str(self._path), [DCP_MODEL_PREFIX + name])
-        return _to_numpy(tensor)
+        return _to_numpy(self.load([name])[0])
 
 
 def olmo3_transformer_config(*, d_model: int, vocab_size: int, n_layers: int, n_heads: int, n_kv_heads: int,
@@ -161,7 +208,7 @@ def olmo3_transformer_config(*, d_model: int, vocab_size: int, n_layers: int, n_
 def open_state_dict(path: str | Path) -> TensorSource:
     path = Path(path)
     if path.is_dir():
-        return DistributedCheckpointSource(path)
+        return DistributedCheckpointSource(dcp_directory(path))
     if not path.is_file():
         raise ConversionError(f"OLMo-core checkpoint {path} does not exist")
     if path.suffix == ".safetensors":
@@ -187,3 +234,94 @@ def convert_from_olmo_core(path: str | Path, model_cfg: ModelConfig, out: str | 
     save_params(out, params, model_cfg, meta)
     return {"out": str(out), "params": count_params(model_cfg), "source": description,
             "source_dtype": meta["source_dtype"], "seconds": round(time.perf_counter() - start, 2)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Warm start from an OLMo-core checkpoint
+
+
+def adam_count(dcp: Path, names: list[str]) -> int:
+    """AdamW's step counter: one per parameter in torch, one for all in olmax, so they must agree."""
+    source = DistributedCheckpointSource(dcp, DCP_OPTIM_PREFIX, STEP_KEY)
+    missing = sorted(set(names) - set(source.names()))
+    if missing:
+        raise ConversionError(f"OLMo-core checkpoint {dcp} has no optimizer step for {len(missing)} parameters "
+                              f"(e.g. {missing[0]})")
+    steps = {n: float(t) for n, t in zip(names, source.load(names))}
+    if len(set(steps.values())) != 1 or not float(next(iter(steps.values()))).is_integer():
+        raise ConversionError(f"OLMo-core checkpoint {dcp}: the parameters' AdamW step counters differ or are "
+                              f"not whole ({sorted(set(steps.values()))[:4]}); olmax keeps one for all")
+    return int(next(iter(steps.values())))
+
+
+def read_trainer_state(path: Path) -> Optional[dict]:
+    """The trainer state OLMo-core keeps beside the distributed checkpoint (`stepN/train/rank0.pt`),
+    or None when `path` has none. It holds numpy RNG states, so torch.load may unpickle numeric numpy
+    arrays and nothing else."""
+    file = path / TRAIN_STATE
+    if not file.is_file():
+        return None
+    torch = _torch()
+    from numpy._core.multiarray import _reconstruct
+
+    numeric = [type(np.dtype(t)) for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                           "uint64", "float16", "float32", "float64")]
+    try:
+        with torch.serialization.safe_globals([np.ndarray, np.dtype, _reconstruct, *numeric]):
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file; all mean the same here
+        raise ConversionError(f"cannot read OLMo-core trainer state {file}: {e}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        raise ConversionError(f"OLMo-core trainer state {file} has no integer global_step")
+    return state
+
+
+def warm_start_from_olmo_core(path: str | Path, dst: str | os.PathLike, cfg: ExperimentConfig, *,
+                              keep: tuple[str, ...] = ("params", "moments"), reset_step: bool = True) -> dict:
+    """Write the warm-start checkpoint DST (for `checkpoint.init_from`, as `olmax.surgery.warm_start`
+    writes it) from the OLMo-core checkpoint `path` (a `stepN` directory, or its `model_and_optim`)
+    for the experiment `cfg` (its model must be the checkpoint's).
+
+    "moments" takes AdamW's exp_avg / exp_avg_sq (float32, olmax's mu / nu) and its step counter
+    (olmax's bias-correction count); the skip-step window starts empty either way, because OLMo-core
+    keeps it in memory only. Without reset_step the step and tokens seen are the trainer's
+    (`train/rank0.pt`); the data position is not taken over (stage 2 reads its own data)."""
+    from olmax.checkpoint import olmax_version
+    from olmax.optim import AdamWState, OptState, skip_window_init
+    from olmax.surgery import WARM_START, check_keep, require_new_output, write_warm_start
+
+    check_keep(keep)
+    require_new_output(dst)
+    start = time.perf_counter()
+    dcp = dcp_directory(path)
+    trainer = read_trainer_state(Path(path))
+    if not reset_step and trainer is None:
+        raise ConversionError(f"{path} holds no OLMo-core trainer state ({TRAIN_STATE}) to take the step from: "
+                              f"give the stepN directory OLMo-core wrote, or reset the step")
+    what = f"OLMo-core checkpoint {path}"
+    vocab_rows = [cfg.model.vocab_size, cfg.model.padded_vocab_size]
+    model_source = DistributedCheckpointSource(dcp)
+    params = read_params(cfg.model, model_source, OLMO_CORE_NAMES, what=what, vocab_rows=vocab_rows)
+    if "moments" in keep:
+        try:
+            sources = [DistributedCheckpointSource(dcp, DCP_OPTIM_PREFIX, key) for key in MOMENT_KEYS]
+        except ConversionError as e:
+            raise ConversionError(f"{e}: it holds no AdamW state to keep; keep the parameters only") from None
+        moment_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
+        mu, nu = (read_params(moment_cfg, source, OLMO_CORE_NAMES, what=f"{what} ({key[1:]})", vocab_rows=vocab_rows)
+                  for source, key in zip(sources, MOMENT_KEYS))
+        count = adam_count(dcp, model_source.names())
+    else:
+        mu = nu = jax.tree.map(lambda p: np.zeros(p.shape, np.float32), params)
+        count = 0
+    step = 0 if reset_step else trainer["global_step"]
+    meta = {"olmax_version": olmax_version(), "step": step,
+            "tokens_seen": 0 if reset_step else trainer.get("global_train_tokens_seen"),
+            WARM_START: {"from": str(Path(path).resolve()), "format": "olmo_core",
+                         "from_step": trainer["global_step"] if trainer else None, "keep": sorted(keep),
+                         "reset_step": reset_step}}
+    opt = OptState(AdamWState(np.int32(count), mu, nu), skip_window_init(cfg.optimizer.skip_window))
+    write_warm_start(dst, step, params, opt, cfg.model, meta, None, dataclasses.asdict(cfg))
+    return {"source": str(path), "source_step": meta[WARM_START]["from_step"], "destination": os.fspath(dst),
+            "step": step, "keep": sorted(keep), "reset_step": reset_step, "adam_count": count,
+            "seconds": round(time.perf_counter() - start, 2)}
