@@ -1,8 +1,14 @@
-"""Tiny models that several test files share."""
+"""Tiny models that several test files share: olmax parameters with random norm weights, and HF /
+OLMo-core models built by the references (torch, transformers and ai2-olmo-core are imported inside
+the functions, so only the `parity` tests that call them need the `parity` extra)."""
+
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from olmax.config import ModelConfig
+from olmax.convert.olmo_core import olmo3_transformer_config
 from olmax.model.olmo3 import init_params
 
 
@@ -19,3 +25,85 @@ def random_params(cfg, key) -> dict:
             leaf = jax.random.uniform(k, leaf.shape, jnp.float32, 0.5, 1.5).astype(leaf.dtype)
         out.append(leaf)
     return jax.tree.unflatten(treedef, out)
+
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def olmax_layer_types(n_layers: int, period: int = 4) -> list[str]:
+    return [FULL if (i + 1) % period == 0 or i == n_layers - 1 else SLIDING for i in range(n_layers)]
+
+
+def randomize_(model, seed: int) -> None:
+    """Weights with the spread of a trained model (O(1) activations, logits spread over several
+    nats, norm weights far from 1), so that a wrong mapping changes the outputs a lot and argmaxes
+    are not near-ties. Linear weights are (out, in) in both HF and OLMo-core."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+            elif "embed" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+            else:
+                scale = (2.0 if "lm_head" in name else 1.0) / p.shape[1] ** 0.5
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def make_hf_config(*, vocab=300, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=None, mlp=96,
+                   window=8, rope=None, layer_types=None, max_position=256):
+    """A tiny Olmo3Config, set the way transformers 5 needs: nested rope_parameters
+    for both layer types, head_dim as an extra field, OLMo 3's eps, explicit eos/pad."""
+    from transformers import Olmo3Config
+
+    rope = rope or {"rope_type": "default", "rope_theta": 10000.0}
+    if set(rope) != {SLIDING, FULL}:  # one RoPE for both layer types
+        rope = {SLIDING: dict(rope), FULL: dict(rope)}
+    extra = {"head_dim": head_dim} if head_dim else {}
+    return Olmo3Config(
+        vocab_size=vocab, hidden_size=d_model, intermediate_size=mlp, num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, rms_norm_eps=1e-6, sliding_window=window,
+        layer_types=layer_types or olmax_layer_types(n_layers),
+        rope_parameters=rope, max_position_embeddings=max_position,
+        eos_token_id=vocab - 2, pad_token_id=vocab - 1, **extra)
+
+
+def word_tokenizer(directory: Path, vocab: int = 300) -> str:
+    """A tokenizer.json of `vocab` word-level tokens with EOS and PAD where make_hf_config puts them."""
+    from tokenizers import Tokenizer, models
+
+    words = {f"t{i}": i for i in range(vocab - 2)} | {"<|endoftext|>": vocab - 2, "<|pad|>": vocab - 1}
+    path = directory / "tokenizer.json"
+    Tokenizer(models.WordLevel(words, unk_token="t0")).save(str(path))
+    return str(path)
+
+
+def make_hf_checkpoint(path: Path, *, dtype="float32", seed=0, max_shard_size=None, **shape) -> Path:
+    """Save a random tiny Olmo3ForCausalLM to `path` (save_pretrained, as the hub checkpoints are)."""
+    import torch
+    from transformers import Olmo3ForCausalLM
+
+    model = Olmo3ForCausalLM(make_hf_config(**shape))
+    randomize_(model, seed)
+    model.to(getattr(torch, dtype)).save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    return path
+
+
+def make_olmo_core_model(*, vocab=384, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, window=8,
+                         theta=10000, seed=0):
+    """A tiny OLMo 3 built by ai2-olmo-core, with randomized weights."""
+    cfg = olmo3_transformer_config(d_model=d_model, vocab_size=vocab, n_layers=n_layers, n_heads=n_heads,
+                                   n_kv_heads=n_kv_heads, window=window, rope_theta=theta)
+    model = cfg.build(init_device="cpu")
+    randomize_(model, seed)
+    return model.eval()
+
+
+def olmax_config_of(model, vocab_size: int, **fields) -> ModelConfig:
+    """The ModelConfig of an OLMo-core model built by make_olmo_core_model (what a recipe would say)."""
+    attn = model.blocks["0"].attention
+    return ModelConfig(vocab_size=vocab_size, d_model=model.d_model, n_layers=model.n_layers,
+                       n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim,
+                       mlp_hidden=model.blocks["0"].feed_forward.hidden_size, norm_eps=1e-6, **fields)

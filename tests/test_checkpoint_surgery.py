@@ -5,7 +5,6 @@ import json
 import jax
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from olmax.checkpoint import CheckpointError, load_params
@@ -20,9 +19,11 @@ KEYS = ["train/CE loss", "optim/total grad norm", "optim/LR", "data/instances"]
 
 
 
+@pytest.mark.parity
 def test_olmo_core_keeps_the_bias_correction_counter_with_the_moments():
     """The fact warm-start follows: OLMo-core's AdamW stores its step counter per parameter inside the
     optimizer state, so loading stage-1 optimizer state into a fresh stage-2 optimizer restores it."""
+    import torch
     from olmo_core.optim.adamw import SkipStepAdamW
 
     p = torch.nn.Parameter(torch.ones(4))

@@ -2,7 +2,8 @@
 
 The references are transformers' Olmo3ForCausalLM / Olmo3Config and ai2-olmo-core's own HF
 converter (olmo_core.nn.hf); tiny random models, built here, stand in for the real checkpoints.
-`make_hf_checkpoint` and `make_olmo_core_model` are also used by test_parity.py.
+The model builders are in tests/models.py (test_parity.py uses them too). Tests that need torch,
+transformers or ai2-olmo-core are marked `parity`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-import torch
+from models import (
+    FULL,
+    SLIDING,
+    make_hf_checkpoint,
+    make_hf_config,
+    make_olmo_core_model,
+    olmax_config_of,
+    olmax_layer_types,
+    word_tokenizer,
+)
 from safetensors.numpy import load_file
-from transformers import Olmo3Config, Olmo3ForCausalLM
 from typer.testing import CliRunner
 
 from olmax.checkpoint import CheckpointError, load_params, read_config, save_params
@@ -25,84 +34,10 @@ from olmax.cli import app
 from olmax.config import MeshConfig, ModelConfig
 from olmax.convert import ConversionError
 from olmax.convert.hf import convert_from_hf, convert_to_hf, hf_config, model_config_from_hf, resolve_hf_dir
-from olmax.convert.olmo_core import convert_from_olmo_core, olmo3_transformer_config
+from olmax.convert.olmo_core import convert_from_olmo_core
 from olmax.model.olmo3 import _is_spec, param_specs
 from olmax.sharding import make_mesh
 from olmax.state import param_shardings
-
-SLIDING, FULL = "sliding_attention", "full_attention"
-
-
-def olmax_layer_types(n_layers: int, period: int = 4) -> list[str]:
-    return [FULL if (i + 1) % period == 0 or i == n_layers - 1 else SLIDING for i in range(n_layers)]
-
-
-def randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Weights with the spread of a trained model (O(1) activations, logits spread over several
-    nats, norm weights far from 1), so that a wrong mapping changes the outputs a lot and argmaxes
-    are not near-ties. Linear weights are (out, in) in both HF and OLMo-core."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
-            elif "embed" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                scale = (2.0 if "lm_head" in name else 1.0) / p.shape[1] ** 0.5
-                p.copy_(torch.randn(p.shape, generator=gen) * scale)
-
-
-def make_hf_config(*, vocab=300, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=None, mlp=96,
-                   window=8, rope=None, layer_types=None, max_position=256) -> Olmo3Config:
-    """A tiny Olmo3Config, set the way transformers 5 needs (STACK_NOTES.md): nested rope_parameters
-    for both layer types, head_dim as an extra field, OLMo 3's eps, explicit eos/pad."""
-    rope = rope or {"rope_type": "default", "rope_theta": 10000.0}
-    if set(rope) != {SLIDING, FULL}:  # one RoPE for both layer types
-        rope = {SLIDING: dict(rope), FULL: dict(rope)}
-    extra = {"head_dim": head_dim} if head_dim else {}
-    return Olmo3Config(
-        vocab_size=vocab, hidden_size=d_model, intermediate_size=mlp, num_hidden_layers=n_layers,
-        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, rms_norm_eps=1e-6, sliding_window=window,
-        layer_types=layer_types or olmax_layer_types(n_layers),
-        rope_parameters=rope, max_position_embeddings=max_position,
-        eos_token_id=vocab - 2, pad_token_id=vocab - 1, **extra)
-
-
-def word_tokenizer(directory: Path, vocab: int = 300) -> str:
-    """A tokenizer.json of `vocab` word-level tokens with EOS and PAD where make_hf_config puts them."""
-    from tokenizers import Tokenizer, models
-
-    words = {f"t{i}": i for i in range(vocab - 2)} | {"<|endoftext|>": vocab - 2, "<|pad|>": vocab - 1}
-    path = directory / "tokenizer.json"
-    Tokenizer(models.WordLevel(words, unk_token="t0")).save(str(path))
-    return str(path)
-
-
-def make_hf_checkpoint(path: Path, *, dtype=torch.float32, seed=0, max_shard_size=None, **shape) -> Path:
-    """Save a random tiny Olmo3ForCausalLM to `path` (save_pretrained, as the hub checkpoints are)."""
-    model = Olmo3ForCausalLM(make_hf_config(**shape))
-    randomize_(model, seed)
-    model.to(dtype).save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
-    return path
-
-
-def make_olmo_core_model(*, vocab=384, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, window=8,
-                         theta=10000, seed=0):
-    """A tiny OLMo 3 built by ai2-olmo-core (STACK_NOTES.md), with randomized weights."""
-    cfg = olmo3_transformer_config(d_model=d_model, vocab_size=vocab, n_layers=n_layers, n_heads=n_heads,
-                                   n_kv_heads=n_kv_heads, window=window, rope_theta=theta)
-    model = cfg.build(init_device="cpu")
-    randomize_(model, seed)
-    return model.eval()
-
-
-def olmax_config_of(model, vocab_size: int, **fields) -> ModelConfig:
-    """The ModelConfig of an OLMo-core model built by make_olmo_core_model (what a recipe would say)."""
-    attn = model.blocks["0"].attention
-    return ModelConfig(vocab_size=vocab_size, d_model=model.d_model, n_layers=model.n_layers,
-                       n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim,
-                       mlp_hidden=model.blocks["0"].feed_forward.hidden_size, norm_eps=1e-6, **fields)
 
 
 def tensors_of(hf_dir: Path) -> dict[str, np.ndarray]:
@@ -120,6 +55,7 @@ def sha256(path: Path) -> str:
 # config.json -> ModelConfig
 
 
+@pytest.mark.parity
 def test_model_config_from_hf_reads_every_field():
     rope = {"rope_type": "yarn", "rope_theta": 20000.0, "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
             "original_max_position_embeddings": 64}
@@ -136,6 +72,7 @@ def test_model_config_from_hf_reads_every_field():
     assert cfg.yarn_layers == "all"
 
 
+@pytest.mark.parity
 def test_legacy_yarn_config_scales_the_full_attention_layers_only():
     # A transformers-4 config.json (flat rope_theta + rope_scaling), as AI2's long-context checkpoints
     # have: Olmo3Config gives the scaling to the full-attention layers only, and so does olmax.
@@ -164,6 +101,7 @@ def test_model_config_from_hf_legacy_and_uniform_patterns():
     assert [last_only.layer_window(i) for i in range(3)] == [4096, 4096, None]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("change, message", [
     ({"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2"}, "not an OLMo 3 checkpoint"),
     ({"layer_types": [SLIDING, FULL, SLIDING, SLIDING, FULL]}, "not representable"),
@@ -192,7 +130,9 @@ def test_model_config_from_hf_rejects_what_olmax_cannot_represent(change, messag
 # HF -> olmax -> HF
 
 
+@pytest.mark.parity
 def test_round_trip_reproduces_every_tensor_bit_for_bit(tmp_path):
+    from transformers import Olmo3Config, Olmo3ForCausalLM
     src = make_hf_checkpoint(tmp_path / "hf", vocab=300, head_dim=24)
     convert_from_hf(str(src), tmp_path / "ckpt")
     convert_to_hf(tmp_path / "ckpt", tmp_path / "back", tokenizer=word_tokenizer(tmp_path))
@@ -213,8 +153,9 @@ def test_round_trip_reproduces_every_tensor_bit_for_bit(tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
 
 
+@pytest.mark.parity
 def test_bfloat16_source_round_trips_in_bfloat16(tmp_path):
-    src = make_hf_checkpoint(tmp_path / "hf", dtype=torch.bfloat16)
+    src = make_hf_checkpoint(tmp_path / "hf", dtype="bfloat16")
     convert_from_hf(str(src), tmp_path / "ckpt")
     params, cfg, meta = load_params(tmp_path / "ckpt")
     assert meta["source_dtype"] == "bfloat16" and params["embed"].dtype == np.float32  # fp32 master copy
@@ -223,7 +164,9 @@ def test_bfloat16_source_round_trips_in_bfloat16(tmp_path):
     assert sha256(tmp_path / "back" / "model.safetensors") == sha256(src / "model.safetensors")
 
 
+@pytest.mark.parity
 def test_sharded_checkpoints_in_and_out(tmp_path):
+    from transformers import Olmo3ForCausalLM
     src = make_hf_checkpoint(tmp_path / "hf", max_shard_size="200KB")
     assert (src / "model.safetensors.index.json").is_file()
     convert_from_hf(str(src), tmp_path / "ckpt")
@@ -240,6 +183,7 @@ def test_sharded_checkpoints_in_and_out(tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"]
 
 
+@pytest.mark.parity
 def test_conversion_pads_the_vocabulary_with_zeros(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf", vocab=300)
     convert_from_hf(str(src), tmp_path / "ckpt")
@@ -256,6 +200,7 @@ def test_conversion_pads_the_vocabulary_with_zeros(tmp_path):
     assert meta["source"]["format"] == "hf" and meta["special_tokens"]["eos_token_id"] == 298
 
 
+@pytest.mark.parity
 def test_hf_input_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConversionError, match="no config.json"):
@@ -270,6 +215,7 @@ def test_hf_input_errors(tmp_path):
         resolve_hf_dir(str(tmp_path / "a" / "b" / "c"))
 
 
+@pytest.mark.parity
 def test_hf_tensor_mismatches_are_named(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf", n_layers=5)
     config = json.loads((src / "config.json").read_text())
@@ -290,6 +236,7 @@ def test_hub_id_offline_is_a_clear_error(tmp_path, monkeypatch):
         resolve_hf_dir("allenai/no-such-model", revision="stage1-step0")
 
 
+@pytest.mark.parity
 def test_output_must_be_new_or_empty(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf")
     (tmp_path / "used").mkdir()
@@ -305,12 +252,15 @@ def test_output_must_be_new_or_empty(tmp_path):
 # OLMo-core -> olmax
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("container", ["model.pt", "model.safetensors", "distributed"])
 def test_olmo_core_reader_matches_olmo_cores_own_hf_converter(tmp_path, container):
     """Our reader of OLMo-core names against OLMo-core's own converter to HF names, read by our HF
     reader: both must give the same olmax parameters (padded vocabulary kept: 384 rows)."""
+    import torch
     from olmo_core.nn.hf import convert_state_to_hf, get_hf_config
     from safetensors.torch import save_file
+    from transformers import Olmo3ForCausalLM
 
     model = make_olmo_core_model(vocab=384, theta=500000)  # 500000: see docs/conversion.md on rope_theta
     state = model.state_dict()
@@ -341,7 +291,9 @@ def test_olmo_core_reader_matches_olmo_cores_own_hf_converter(tmp_path, containe
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path_))
 
 
+@pytest.mark.parity
 def test_olmo_core_vocabulary_rows_are_checked(tmp_path):
+    import torch
     model = make_olmo_core_model(vocab=384)
     torch.save(model.state_dict(), tmp_path / "model.pt")
     ok = olmax_config_of(model, vocab_size=300, sliding_window=8, rope_theta=1e4)  # 384 = padded(300): kept
@@ -357,6 +309,7 @@ def test_olmo_core_vocabulary_rows_are_checked(tmp_path):
 # The checkpoint format
 
 
+@pytest.mark.parity
 def test_load_params_onto_a_mesh(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf", vocab=300, n_kv_heads=4, mlp=128)
     convert_from_hf(str(src), tmp_path / "ckpt")
@@ -404,6 +357,7 @@ def test_checkpoint_errors(tmp_path):
 # CLI
 
 
+@pytest.mark.parity
 def test_cli_convert_both_ways(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf")
     runner = CliRunner()
@@ -417,7 +371,9 @@ def test_cli_convert_both_ways(tmp_path):
     assert all(t.dtype.name == "bfloat16" for t in tensors_of(tmp_path / "back").values())
 
 
+@pytest.mark.parity
 def test_cli_convert_from_olmo_core_with_a_recipe(tmp_path):
+    import torch
     model = make_olmo_core_model(vocab=384, n_layers=4)
     torch.save(model.state_dict(), tmp_path / "model.pt")
     overrides = ["model.vocab_size=300", "model.d_model=64", "model.n_layers=4", "model.n_heads=4",

@@ -61,6 +61,7 @@ def test_windows_score_every_token_once():
         assert all(a[-1] == b[0] for a, b in zip(windows, windows[1:]))
 
 
+@pytest.mark.parity
 def test_figures_match_torch_per_document(corpus, model):
     torch = pytest.importorskip("torch")
     params, scorer = model

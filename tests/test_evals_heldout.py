@@ -46,6 +46,7 @@ def test_text_is_tokenized_and_cut_like_the_training_data(setup):
     assert load_instances([setup["data"]], setup["data_cfg"], batch=3, max_batches=1).shape == (3, 16)
 
 
+@pytest.mark.parity
 def test_loss_equals_torch_cross_entropy(setup):
     torch = pytest.importorskip("torch")
     out = eval_loss(setup["ckpt"], [setup["data"]], seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])

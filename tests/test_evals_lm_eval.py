@@ -29,7 +29,7 @@ from olmax.evals.lm_eval_adapter import OlmaxLM  # noqa: E402
 from olmax.evals.tasks import evaluate_tasks  # noqa: E402
 from olmax.model.olmo3 import init_params  # noqa: E402
 
-pytestmark = pytest.mark.slow  # ~80 s on 2 CPU cores: two frameworks, a dozen compiled shapes
+pytestmark = [pytest.mark.slow, pytest.mark.parity]  # ~80 s on 2 CPU cores: two frameworks, a dozen compiled shapes
 
 TEXTS = ["The sun rises in the east and sets in the west.", "Water boils at one hundred degrees.",
          "Plants need light to grow.", "A magnet attracts iron.", "Question: What is ice? Answer: frozen water"]

@@ -144,6 +144,7 @@ def test_one_run_at_two_steps(runs):
 
 
 @pytest.mark.slow  # ~1 min: lm-eval's start-up and four task runs
+@pytest.mark.parity  # lm-eval runs on torch
 def test_tasks_surface_end_to_end(runs):
     """--tasks inside verify: lm-eval runs offline on local copies (arc_easy's and google/boolq's
     columns); identical checkpoints agree exactly, and A's accuracies are what `eval tasks` reports."""

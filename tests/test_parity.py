@@ -12,7 +12,6 @@ import json
 import jax
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from olmax.checkpoint import load_params, save_params
@@ -28,7 +27,7 @@ from olmax.convert.parity import (
     random_tokens,
     run_hf_parity,
 )
-from test_convert import FULL, SLIDING, make_hf_checkpoint, make_olmo_core_model, olmax_config_of
+from models import FULL, SLIDING, make_hf_checkpoint, make_olmo_core_model, olmax_config_of
 
 pytestmark = pytest.mark.parity
 
@@ -76,6 +75,8 @@ def test_hf_parity_bf16(tmp_path):
 def test_olmo_core_parity_fp32(tmp_path):
     """ai2-olmo-core's own model, its state dict read by our OLMo-core reader; GQA, 8 windows long,
     theta 1e4, vocabulary 300 padded to 384 as OLMo-core pads it. Compared over the padded logits too."""
+    import torch
+
     model = make_olmo_core_model(vocab=384, n_layers=5, n_heads=4, n_kv_heads=2, window=8, theta=10000)
     torch.save(model.state_dict(), tmp_path / "model.pt")
     cfg = olmax_config_of(model, vocab_size=300, sliding_window=8, rope_theta=1e4, compute_dtype="float32")

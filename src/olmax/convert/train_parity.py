@@ -101,7 +101,7 @@ def spike_batch(setup: Setup) -> np.ndarray:
 
 
 def build_olmo_core_model(setup: Setup):
-    """A tiny OLMo 3 (STACK_NOTES.md recipe) with OLMo-core's own initialisation (fp32, CPU)."""
+    """A tiny OLMo 3 (olmo3_transformer_config) with OLMo-core's own initialisation (fp32, CPU)."""
     import torch
 
     from olmax.convert.olmo_core import olmo3_transformer_config
