@@ -232,7 +232,9 @@ COMMIT_FILE = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # on GCS it writes this la
 def run_checkpoint_dir(cfg, run_dir: str | os.PathLike) -> str | os.PathLike:
     """Where the run in `run_dir` keeps its checkpoints: checkpoint.dir (a local path or a gs:// URL)
     when set, else RUN_DIR/checkpoints. The trainer and resume-until-done both ask here."""
-    return cfg.checkpoint.dir or Path(run_dir) / "checkpoints"
+    from olmax.runpath import join
+
+    return cfg.checkpoint.dir or join(run_dir, "checkpoints")
 
 
 class RunCheckpoints:

@@ -47,6 +47,7 @@ class MetricsLog:
         """`write`: False on all but one process of a multi-host run (the metrics are global, so
         every process computes the same rows; one writes them)."""
         self._write = write
+        run_dir = Path(run_dir)
         if write:
             path = run_dir / "metrics.jsonl"
             _drop_rows_after(path, start_step)

@@ -15,13 +15,15 @@ from olmax.cli import training  # noqa: F401,I001
 from olmax.cli import checkpoints, data, evaluation, launch  # noqa: F401
 from olmax.cli.common import app
 from olmax.config import ConfigError
+from olmax.exits import ExitStatus
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
+    """The `olmax` program. Exit statuses follow olmax.exits (0 done, 2 a user error, ...)."""
     try:
         app()
     except ConfigError as e:
         typer.echo(f"config error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(ExitStatus.USER_ERROR)
