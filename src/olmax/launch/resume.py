@@ -226,14 +226,13 @@ def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
     TRANSIENT 75) when out of retries, PREEMPTED (143) when stopped by a signal (olmax.exits).
     `sleep`: waits out the backoff (default: a wait that a signal to the launcher cuts short)."""
     from olmax.checkpoint import complete_steps, run_checkpoint_dir  # imports Orbax: only here, not for --dry-run
-    from olmax.recipes import resolve
 
     if "://" in plan.run_dir:
         raise LaunchError(f"resume-until-done keeps its lock and log in the run directory, so --run-dir must be "
                           f"a path writable here (a shared or mounted filesystem), not {plan.run_dir}; to keep "
                           "the checkpoints on GCS, set checkpoint.dir=gs://...")
     run_dir = Path(plan.run_dir)
-    ckpt_dir = run_checkpoint_dir(resolve(plan.recipe, None, plan.overrides), run_dir)
+    ckpt_dir = run_checkpoint_dir(plan.resolve(), run_dir)
     log = LaunchLog(run_dir, echo)
     newest = lambda: max(complete_steps(ckpt_dir), default=0)
     try:
