@@ -194,13 +194,27 @@ class MeshConfig:
 @dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 1000
-    keep: int = 3
+    keep: int = 3  # the newest N complete checkpoints are kept, and the landmarks below
+    # landmarks, kept for good on top of the newest `keep` (and saved even off the `every` grid):
+    # every step that is a multiple of keep_every (0: none), and the steps listed in keep_steps
+    keep_every: int = 0
+    keep_steps: tuple[int, ...] = ()
     # parameters to start from with a fresh optimizer, or a checkpoint written by `olmax ckpt
     # warm-start` (then its moments and bias-correction counter come along too)
     init_from: Optional[str] = None
     # where the run's checkpoints go: a local path or a gs:// URL (logs and metrics stay in the run
     # directory); None: RUN_DIR/checkpoints
     dir: Optional[str] = None
+
+    def __post_init__(self):
+        if self.keep_every < 0:
+            raise ConfigError(f"checkpoint.keep_every must be >= 0 (0: no periodic landmarks), got {self.keep_every}")
+        if any(s < 1 for s in self.keep_steps):
+            raise ConfigError(f"checkpoint.keep_steps must be positive steps, got {list(self.keep_steps)}")
+
+    def is_landmark(self, step: int) -> bool:
+        """Whether `step` is kept for good (keep_every, keep_steps)."""
+        return (self.keep_every > 0 and step % self.keep_every == 0) or step in self.keep_steps
 
 
 @dataclass(frozen=True)
