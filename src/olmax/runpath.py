@@ -65,6 +65,31 @@ def read_text(run_dir: str | os.PathLike, name: str) -> Optional[str]:
         return None
 
 
+def size(path: str) -> Optional[int]:
+    """Bytes in the file at `path` (a joined path), or None when it does not exist."""
+    if not is_url(path):
+        try:
+            return os.path.getsize(path)
+        except FileNotFoundError:
+            return None
+    fs, p = _fs(path)
+    fs.invalidate_cache(p)
+    try:
+        return int(fs.size(p))
+    except FileNotFoundError:
+        return None
+
+
+def read_range(path: str, start: int, end: int) -> bytes:
+    """Bytes start..end of the file at `path` (a joined path)."""
+    if not is_url(path):
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+    fs, p = _fs(path)
+    return fs.cat_file(p, start=start, end=end)
+
+
 def write_text(run_dir: str | os.PathLike, name: str, text: str) -> None:
     """Replace the file with `text`, atomically (readers see the old or the new file, never a part)."""
     path = join(run_dir, name)

@@ -12,7 +12,7 @@ import typer
 
 # Importing the command modules registers their commands on `app`, in this order in --help.
 from olmax.cli import training  # noqa: F401,I001
-from olmax.cli import checkpoints, data, evaluation, launch  # noqa: F401
+from olmax.cli import checkpoints, data, evaluation, launch, status  # noqa: F401
 from olmax.cli.common import app
 from olmax.config import ConfigError
 from olmax.exits import ExitStatus
