@@ -103,6 +103,12 @@ def write_text(run_dir: str | os.PathLike, name: str, text: str) -> None:
     fs.pipe_file(p, text.encode())
 
 
+def upload(local: str | os.PathLike, run_dir: str, name: str) -> None:
+    """Copy the local file over RUN_DIR/name (one object upload: readers see the old or the new file)."""
+    fs, p = _fs(join(run_dir, name))
+    fs.put_file(os.fspath(local), p)
+
+
 def remove(run_dir: str | os.PathLike, name: str) -> None:
     """Delete the file if it exists."""
     path = join(run_dir, name)

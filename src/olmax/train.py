@@ -99,6 +99,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                     pending = None
                     if ckpt_due:
                         ckpts.save(step, state, loader.state(), mesh)
+                        log.sync()  # a gs:// run directory gets the metrics up to this checkpoint
                     t_last = time.perf_counter()
                 if stop:
                     bar.write(f"SIGTERM: saved step {step} in {ckpts.directory}; exiting")

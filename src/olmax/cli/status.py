@@ -6,10 +6,17 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import app
+from olmax.cli.common import app, exits_on
+
+
+def status_errors():
+    from olmax.config import ConfigError
+
+    return (ConfigError, FileNotFoundError)
 
 
 @app.command("status")
+@exits_on("status error", status_errors)
 def status_cmd(
     run_dir: str = typer.Argument(..., help="the run directory (a path or gs://...)"),
     chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: MFU when the "

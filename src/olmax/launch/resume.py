@@ -15,7 +15,8 @@ resume-until-done, in order:
    progress resets the count (a long run is preempted many times). Before every resubmission it waits
    `backoff_s`. RUN_DIR/launch_state.json keeps the attempts, retries and the last failure.
 
-Every event goes to stdout and RUN_DIR/launch.log; attempt N's output to RUN_DIR/launch/attempt-N.log.
+Every event goes to stdout and RUN_DIR/launch.log; attempt N's output to RUN_DIR/launch/attempt-N.log
+(for a gs:// run directory, these and the lock are in a local directory instead: launch_dir).
 SIGTERM or Ctrl-C to the launcher is passed on to the running command (the trainer saves and exits)
 and ends the loop without resubmitting.
 """
@@ -38,7 +39,7 @@ from olmax.exits import RECORD_FILE, ExitStatus, from_returncode, read_record
 from olmax.launch import LaunchError
 from olmax.launch.env import RETRY_VARS, positive_int, read_env
 from olmax.launch.plan import Command, LaunchPlan
-from olmax.runpath import read_text, remove, write_text
+from olmax.runpath import clean, is_url, read_text, remove, write_text
 
 LOCK_FILE, LOG_FILE, ATTEMPT_DIR = "launch.lock", "launch.log", "launch"
 
@@ -206,8 +207,9 @@ def launch_once(backend, plan: LaunchPlan, *, hold_lock: bool, echo: Callable[[s
     _write_files(backend.files(), echo)
     lock = None
     if hold_lock:
-        Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
-        lock = RunLock(Path(plan.run_dir), echo)
+        where = launch_dir(plan.run_dir)
+        where.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(where, echo)
     runner = _Runner(lock)
     with lock if lock is not None else contextlib.nullcontext(), runner.forwarding_signals():
         for command in backend.launch_steps():
@@ -227,24 +229,21 @@ def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
     `sleep`: waits out the backoff (default: a wait that a signal to the launcher cuts short)."""
     from olmax.checkpoint import complete_steps, run_checkpoint_dir  # imports Orbax: only here, not for --dry-run
 
-    if "://" in plan.run_dir:
-        raise LaunchError(f"resume-until-done keeps its lock and log in the run directory, so --run-dir must be "
-                          f"a path writable here (a shared or mounted filesystem), not {plan.run_dir}; to keep "
-                          "the checkpoints on GCS, set checkpoint.dir=gs://...")
-    run_dir = Path(plan.run_dir)
-    ckpt_dir = run_checkpoint_dir(plan.resolve(), run_dir)
+    run_dir = launch_dir(plan.run_dir)
+    ckpt_dir = run_checkpoint_dir(plan.resolve(), plan.run_dir)
     log = LaunchLog(run_dir, echo)
     newest = lambda: max(complete_steps(ckpt_dir), default=0)
     try:
         with RunLock(run_dir, log) as lock:
             runner = _Runner(lock)
             with runner.forwarding_signals():
-                return _attempts(backend, plan, policy, runner, log, newest, sleep or runner.stopping.wait)
+                return _attempts(backend, plan, policy, runner, log, newest, sleep or runner.stopping.wait, run_dir)
     finally:
         log.close()
 
 
-def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep) -> int:
+def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local: Path) -> int:
+    """The loop; `local`: where the lock, the launch log and the attempt logs are (launch_dir)."""
     log(f"resume-until-done, {backend.name}: {plan.layout.describe()}; final step {plan.final_step}; "
         f"max retries {policy.max_retries}, backoff {policy.backoff_s:g} s")
     state = LaunchState.load(plan.run_dir)
@@ -266,11 +265,10 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep) -> int
                 return _stopped(log, step)
         attempt += 1
         remove(plan.run_dir, RECORD_FILE)  # what the trainer of this attempt writes, if it gets to
-        code = _run_attempt(backend, attempt, step, runner, log, Path(plan.run_dir))
+        code = _run_attempt(backend, attempt, step, runner, log, local)
         if runner.stopping.is_set():
             return _stopped(log, newest())
-        outcome, why = attempt_outcome(backend, code, Path(plan.run_dir) / ATTEMPT_DIR / f"attempt-{attempt}.log",
-                                       plan.run_dir)
+        outcome, why = attempt_outcome(backend, code, local / ATTEMPT_DIR / f"attempt-{attempt}.log", plan.run_dir)
         before, step = step, newest()
         log(f"attempt {attempt} ended: exit status {code}, {outcome.name} ({why}); "
             f"newest complete checkpoint: step {step}")
@@ -283,6 +281,17 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep) -> int
         elif outcome.counted or outcome is ExitStatus.DONE:  # DONE without the final checkpoint: a mismatch
             failures += 1
             last_failure = outcome if outcome.counted else ExitStatus.CRASHED
+
+
+def launch_dir(run_dir: str) -> Path:
+    """Where the launcher keeps its lock, its log and the attempts' output: the run directory, or for a
+    gs:// run directory (objects cannot be locked or appended to) a local directory,
+    $OLMAX_LAUNCH_DIR/<bucket>/<path> (default ~/.cache/olmax/launch/...). Its state
+    (launch_state.json) and the trainer's exit record are in the run directory either way."""
+    if not is_url(run_dir):
+        return Path(run_dir)
+    base = Path(os.environ.get("OLMAX_LAUNCH_DIR") or Path.home() / ".cache" / "olmax" / "launch")
+    return base / clean(run_dir).split("://", 1)[1]
 
 
 def attempt_outcome(backend, code: int, attempt_log: Path, run_dir: str) -> tuple[ExitStatus, str]:

@@ -35,6 +35,9 @@ class SlurmBackend:
 
     def __init__(self, plan: LaunchPlan, environ: Mapping[str, str]):
         self.plan, self.env = plan, read_env(SLURM_VARS, environ, "--backend slurm")
+        if "://" in plan.run_dir:
+            raise LaunchError(f"--backend slurm writes its script and job output into the run directory: it must "
+                              f"be a path on the cluster's shared filesystem, not {plan.run_dir}")
         gpus = positive_int(self.env, "OLMAX_SLURM_GPUS_PER_NODE")
         total = plan.layout.total_devices
         if total % gpus:
