@@ -295,7 +295,8 @@ def test_run_files_on_gcs_metrics_tensorboard_and_launcher_state(gcs, bucket, tm
     fs.invalidate_cache()
     rows = [json.loads(line) for line in runpath.read_text(run, "metrics.jsonl").splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert fs.ls(f"{bucket}/metrics-run/tensorboard") and all(fs.size(p) > 0 for p in fs.ls(f"{bucket}/metrics-run/tensorboard"))
+    events = fs.ls(f"{bucket}/metrics-run/tensorboard")
+    assert events and all(fs.size(p) > 0 for p in events)
     # resumed from checkpoint 3: step 4 is logged again, once
     log = MetricsLog(run, cfg, 8, start_step=3)
     log.record(4, {**metrics, "ce_loss": 1.5}, total_tokens=4 * 512, step_time=0.5, repeats=0, extra={})
@@ -327,7 +328,8 @@ def test_training_run_directory_on_gcs_resumes(gcs, bucket, tmp_path):
 
     straight = train(small_config(tmp_path, "eval.every=0"), tmp_path / "local", progress=False)
     run = f"gs://{bucket}/whole-run"
-    args = ["train", "--recipe", "tiny", "--run-dir", run, *SMALL, f"data.work_dir={tmp_path / 'cache'}", "eval.every=0"]
+    args = ["train", "--recipe", "tiny", "--run-dir", run, *SMALL, f"data.work_dir={tmp_path / 'cache'}",
+            "eval.every=0"]
     first = CliRunner().invoke(app, [*args[:5], "--stop-at", "3", *args[5:]])
     assert first.exit_code == 0, first.output
     assert complete_steps(f"{run}/checkpoints") == [3] and runpath.read_text(run, "config.yaml")

@@ -85,10 +85,11 @@ def test_failed_array_write_stops_the_run_and_resume_reproduces_it(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 75, proc.stderr[-3000:]  # TRANSIENT, not 2 (fix the input): a launcher retries it
     # the error line (Orbax's threads print "Event loop is closed" noise after it at exit)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("train error (transient storage or remote error): ")]
+    label = "train error (transient storage or remote error): "
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(label)]
     ckpts = tmp_path / "r" / "checkpoints"
     assert len(errors) == 1, proc.stderr[-3000:]
-    assert errors[0].startswith(f"train error (transient storage or remote error): writing checkpoint step 6 to {ckpts} failed")
+    assert errors[0].startswith(f"{label}writing checkpoint step 6 to {ckpts} failed")
     assert "File too large" in errors[0] and "(step 3) is untouched" in errors[0], errors[0]
     assert complete_steps(ckpts) == [3]
     # the rerun resumes from step 3 and logs what an uninterrupted run logs

@@ -96,11 +96,13 @@ def test_a_changed_shard_is_a_user_error(base, tmp_path):
     metrics = (run / "metrics.jsonl").read_text()
     out = _train(run, tmp_path / "data", "trainer.max_steps=1000")
     assert out.exit_code == ExitStatus.USER_ERROR == 2, out.output
-    assert "train error (user, config or data error: fix the input): the data differs from the checkpoint's" in out.output
+    assert ("train error (user, config or data error: fix the input): the data differs from the checkpoint's"
+            in out.output)
     assert "part-1.npy: 5120 -> 5248 bytes" in out.output and "--allow-data-change" in out.output
     assert "Traceback" not in out.output
     assert _record(run)["name"] == "USER_ERROR"
-    assert complete_steps(run / "checkpoints") == complete_steps(base[0] / "run" / "checkpoints") and (run / "metrics.jsonl").read_text() == metrics
+    assert complete_steps(run / "checkpoints") == complete_steps(base[0] / "run" / "checkpoints")
+    assert (run / "metrics.jsonl").read_text() == metrics  # nothing in the run directory changed
 
 
 @pytest.fixture
@@ -119,7 +121,8 @@ def test_a_failing_remote_server_is_transient(base, tmp_path, server):
     server.fail.add("part-1.npy")  # 500 on every request for it
     out = _train(run, server.base, "trainer.max_steps=1000")
     assert out.exit_code == ExitStatus.TRANSIENT == 75, out.output
-    assert f"train error (transient storage or remote error): data file {server.base}/part-1.npy cannot be read" in out.output
+    assert (f"train error (transient storage or remote error): data file {server.base}/part-1.npy cannot be read"
+            in out.output)
     assert "500" in out.output and _record(run)["name"] == "TRANSIENT"
     # a missing file is the user's to fix, not a retry
     server.fail.clear()

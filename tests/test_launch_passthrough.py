@@ -44,7 +44,8 @@ def test_local_passes_options_and_environment_through_a_shell(tmp_path):
     assert command.argv[3:] == _train_args(plan)
     assert command.env == {"LIBTPU_INIT_ARGS": "--xla_tpu_flag=true --other='a b'", "NOTE": 'it\'s "$HOME"',
                            "XLA_FLAGS": "--xla_a=1 --xla_force_host_platform_device_count=2"}  # --env wins
-    echo = "import json, os, sys; print(json.dumps([{k: os.environ[k] for k in sys.argv[1:2] + ['NOTE', 'LIBTPU_INIT_ARGS']}, sys.argv[2:]]))"
+    echo = ("import json, os, sys; "
+            "print(json.dumps([{k: os.environ[k] for k in sys.argv[1:2] + ['NOTE', 'LIBTPU_INIT_ARGS']}, sys.argv[2:]]))")
     printed = dry_run(backend, plan, resume=True).splitlines()[-1]
     shell = printed.replace(shlex.join(command.argv[:3]), shlex.join([sys.executable, "-c", echo, "XLA_FLAGS"]))
     env, argv = json.loads(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True).stdout)

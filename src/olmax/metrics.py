@@ -1,5 +1,6 @@
 """Where training metrics go: `RUN_DIR/metrics.jsonl` (one JSON object per step), TensorBoard scalars
-in `RUN_DIR/tensorboard/` (RUN_DIR local or gs://: see MetricsLog), optionally a W&B run (`wandb.mode=online|offline`), all under OLMo-core's
+in `RUN_DIR/tensorboard/` (RUN_DIR local or gs://: see MetricsLog), optionally a W&B run
+(`wandb.mode=online|offline`), all under OLMo-core's
 W&B metric names so curves of the two frameworks overlay one to one (olmax compare reads any of them);
 and the live view: a progress bar with tokens/s and ETA on a terminal, plain log lines otherwise.
 

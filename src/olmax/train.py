@@ -92,7 +92,8 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                 pending = (step, metrics, loader.audit()["repeats_in_epoch"])
                 stop = preempted.reached(step)
                 eval_due = evaluator.due(step)
-                ckpt_due = step % cfg.checkpoint.every == 0 or step == last or stop or cfg.checkpoint.is_landmark(step)
+                ckpt_due = (step % cfg.checkpoint.every == 0 or step == last or stop
+                            or cfg.checkpoint.is_landmark(step))
                 if eval_due or ckpt_due:
                     # step time is measured before evaluation and checkpointing, which it excludes
                     _log(pending, log, rows, bar, t_last, extra=lambda: evaluator(step, state.params))
