@@ -290,7 +290,8 @@ def launch_dir(run_dir: str) -> Path:
     (launch_state.json) and the trainer's exit record are in the run directory either way."""
     if not is_url(run_dir):
         return Path(run_dir)
-    base = Path(os.environ.get("OLMAX_LAUNCH_DIR") or Path.home() / ".cache" / "olmax" / "launch")
+    chosen = read_env(RETRY_VARS, os.environ, "resume-until-done")["OLMAX_LAUNCH_DIR"]
+    base = Path(chosen or Path.home() / ".cache" / "olmax" / "launch")
     return base / clean(run_dir).split("://", 1)[1]
 
 
