@@ -61,10 +61,11 @@ def train_cmd(
                      allow_data_change=allow_data_change, allow_config_change=allow_config_change)
     except Exception as e:  # noqa: BLE001 - every ending gets its row of the exit-status table
         status = status_of(e)
+        if status is not ExitStatus.CRASHED:  # the message first: storage threads may still print noise
+            typer.echo(f"train error ({status.meaning}): {e}", err=True)
         record_exit(run_dir, status, f"{type(e).__name__}: {e}")
         if status is ExitStatus.CRASHED:
             raise  # with its traceback; Python exits 1
-        typer.echo(f"train error ({status.meaning}): {e}", err=True)
         raise typer.Exit(status) from None
     last = last_step(cfg, stop_at)
     status = ExitStatus.PREEMPTED if rows and rows[-1]["step"] < last else ExitStatus.DONE
