@@ -40,16 +40,9 @@ def _write_shards(root):
 
 
 def _train(run_dir, data_root, *extra):
-    args = ["train", "--recipe", "tiny", "--run-dir", str(run_dir), *SMALL, f"data.work_dir={tmp_cache(data_root)}",
+    args = ["train", "--recipe", "tiny", "--run-dir", str(run_dir), *SMALL, f"data.work_dir={run_dir.parent / 'cache'}",
             *_data([f"{data_root}/{n}" for n in SHARDS]), *extra]
     return CliRunner().invoke(app, args)
-
-
-def tmp_cache(data_root):
-    """Order memmaps next to the data (a URL's data: the system's temp directory)."""
-    import tempfile
-
-    return data_root.parent / "cache" if not isinstance(data_root, str) else tempfile.gettempdir() + "/olmax-exit-cache"
 
 
 def _record(run_dir):
@@ -150,7 +143,7 @@ def _launch(run, data_root, *extra, max_retries=3):
     from olmax.launch.plan import make_plan
     from olmax.launch.resume import RetryPolicy, resume_until_done
 
-    overrides = [*SMALL, f"data.work_dir={tmp_cache(data_root)}", *_data([f"{data_root}/{n}" for n in SHARDS]),
+    overrides = [*SMALL, f"data.work_dir={run.parent / 'cache'}", *_data([f"{data_root}/{n}" for n in SHARDS]),
                  *extra]
     plan = make_plan("tiny", overrides, str(run), 8)
     lines = []
