@@ -234,9 +234,9 @@ def test_training_run_with_checkpoints_on_gcs_resumes_exactly(gcs, bucket, tmp_p
         warm_start(ckpt_dir, warm)
 
 
-def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path):
-    """The launcher reads the run's progress where the trainer writes it (checkpoint.dir), so a run
-    whose final step is committed on GCS is done without another attempt; a gs:// run dir is refused."""
+def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path, monkeypatch):
+    """The launcher reads the run's progress where the trainer writes it (checkpoint.dir, or a gs://
+    run directory), so a run whose final step is committed on GCS is done without another attempt."""
     from olmax.launch import LaunchError
     from olmax.launch.plan import make_plan
     from olmax.launch.resume import RetryPolicy, resume_until_done
@@ -257,5 +257,89 @@ def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path):
     lines = []
     assert resume_until_done(NoAttempts(), plan, RetryPolicy(0, 0.0), echo=lines.append) == 0
     assert lines[-1].endswith("done: complete checkpoint at step 6 (final step 6) after 0 attempt(s)")
-    with pytest.raises(LaunchError, match="set checkpoint.dir=gs://"):
-        resume_until_done(NoAttempts(), make_plan("tiny", SMALL, f"gs://{bucket}/run", 8), RetryPolicy(0, 0.0))
+    # a gs:// run directory: progress and state there, the lock and log in a local launch directory
+    run = f"gs://{bucket}/gsrun"
+    save_params(f"{run}/checkpoints", _params(cfg, 0), cfg.model, {}, step=6)
+    monkeypatch.setenv("OLMAX_LAUNCH_DIR", str(tmp_path / "launch"))
+    assert resume_until_done(NoAttempts(), make_plan("tiny", SMALL, run, 8), RetryPolicy(0, 0.0), echo=print) == 0
+    assert "done: complete checkpoint at step 6" in (tmp_path / "launch" / bucket / "gsrun" / "launch.log").read_text()
+    with pytest.raises(LaunchError, match="must be a path on the cluster's shared filesystem"):
+        from olmax.launch.backends import make_backend
+
+        make_backend("slurm", make_plan("tiny", SMALL, run, 8), {"OLMAX_SLURM_PARTITION": "p",
+                                                                 "OLMAX_SLURM_GPUS_PER_NODE": "8"})
+
+
+def test_run_files_on_gcs_metrics_tensorboard_and_launcher_state(gcs, bucket, tmp_path):
+    """metrics.jsonl and TensorBoard of a gs:// run directory: written in a local staging directory,
+    uploaded by sync; a resumed writer continues the uploaded metrics.jsonl without the rows after its
+    checkpoint; the launcher's state and the trainer's exit record; `olmax status` reads them."""
+    import fsspec
+
+    from olmax import runpath
+    from olmax.exits import ExitStatus, read_record, write_record
+    from olmax.launch.resume import LaunchState
+    from olmax.metrics import MetricsLog
+    from olmax.status import MetricsReader
+
+    cfg = small_config(tmp_path)
+    run = f"gs://{bucket}/metrics-run/"
+    metrics = {"ce_loss": 2.0, "z_loss": 0.1, "lr": 1e-3, "grad_norm": 1.0, "skipped": 0.0}
+    log = MetricsLog(run, cfg, 8)
+    for step in (1, 2, 3):
+        log.record(step, metrics, total_tokens=step * 512, step_time=0.5, repeats=0, extra={})
+    log.sync()  # as after a checkpoint of step 3
+    log.record(4, metrics, total_tokens=4 * 512, step_time=0.5, repeats=0, extra={})
+    log.close()
+    fs = fsspec.filesystem("gs")
+    fs.invalidate_cache()
+    rows = [json.loads(line) for line in runpath.read_text(run, "metrics.jsonl").splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    events = fs.ls(f"{bucket}/metrics-run/tensorboard")
+    assert events and all(fs.size(p) > 0 for p in events)
+    # resumed from checkpoint 3: step 4 is logged again, once
+    log = MetricsLog(run, cfg, 8, start_step=3)
+    log.record(4, {**metrics, "ce_loss": 1.5}, total_tokens=4 * 512, step_time=0.5, repeats=0, extra={})
+    log.close()
+    rows = [json.loads(line) for line in runpath.read_text(run, "metrics.jsonl").splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["train/CE loss"] == 1.5
+    reader = MetricsReader(runpath.clean(run), window=2)
+    reader.refresh()
+    assert [r["step"] for r in reader.rows] == [3, 4]
+    # the launcher's state and the exit record
+    write_record(run, ExitStatus.TRANSIENT, "a storage error")
+    assert read_record(run)["name"] == "TRANSIENT"
+    state = LaunchState.load(runpath.clean(run))
+    state.ended(ExitStatus.TRANSIENT, 75, "the trainer: a storage error", 3)
+    assert LaunchState.load(runpath.clean(run)).data["last_failure"]["name"] == "TRANSIENT"
+    runpath.remove(run, "exit_status.json")
+    assert read_record(run) is None
+
+
+@pytest.mark.slow
+def test_training_run_directory_on_gcs_resumes(gcs, bucket, tmp_path):
+    """--run-dir gs://...: config, metrics.jsonl, TensorBoard, checkpoints and the exit record all on
+    GCS; stopped at 3 and resumed to 6, the metrics equal a local run's bit for bit; olmax status reads it."""
+    from typer.testing import CliRunner
+
+    from olmax import runpath
+    from olmax.cli import app
+    from olmax.train import train
+
+    straight = train(small_config(tmp_path, "eval.every=0"), tmp_path / "local", progress=False)
+    run = f"gs://{bucket}/whole-run"
+    args = ["train", "--recipe", "tiny", "--run-dir", run, *SMALL, f"data.work_dir={tmp_path / 'cache'}",
+            "eval.every=0"]
+    first = CliRunner().invoke(app, [*args[:5], "--stop-at", "3", *args[5:]])
+    assert first.exit_code == 0, first.output
+    assert complete_steps(f"{run}/checkpoints") == [3] and runpath.read_text(run, "config.yaml")
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0, second.output
+    rows = [json.loads(line) for line in runpath.read_text(run, "metrics.jsonl").splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(straight, rows, strict=True):
+        assert {k: a[k] for k in KEYS} == {k: b[k] for k in KEYS}
+    assert json.loads(runpath.read_text(run, "exit_status.json"))["name"] == "DONE"
+    shown = CliRunner().invoke(app, ["status", run, "--json", "-"])
+    status = json.loads(shown.output.splitlines()[-1])
+    assert (status["step"], status["checkpoint"], status["total_steps"]) == (6, 6, 6)

@@ -18,7 +18,8 @@ from olmax.launch.backends import make_backend
 from olmax.launch.resume import LOCK_FILE, RetryPolicy, RunLock, launch_once, resume_until_done, retry_policy
 
 # argv: run_dir, attempt, then per attempt "STEP:EXIT" (STEP 0: no checkpoint; EXIT kill: SIGKILL itself;
-# EXIT term: ask the launcher to stop and wait for its SIGTERM)
+# EXIT term: ask the launcher to stop and wait for its SIGTERM; EXIT recN: write the trainer's exit record
+# with status N, then exit 1 as a scheduler that only says "failed")
 FAKE_TRAINER = """
 import json, os, signal, sys, time
 run_dir, attempt, actions = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -30,6 +31,10 @@ if int(step):
 print("attempt", attempt, "step", step, flush=True)
 if how == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
+if how.startswith("rec"):
+    with open(os.path.join(run_dir, "exit_status.json"), "w") as f:
+        json.dump({"status": int(how[3:]), "name": "?", "message": "the trainer's own words"}, f)
+    sys.exit(1)
 if how == "term":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     os.kill(os.getppid(), signal.SIGTERM)
@@ -62,7 +67,8 @@ def _run(tmp_path, actions, max_retries=3, final=12):
 def test_resubmits_after_kill_and_failure_until_the_final_checkpoint(tmp_path):
     status, sleeps, lines = _run(tmp_path, ["4:kill", "8:1", "12:0"])
     assert status == 0 and sleeps == [7.0, 7.0]
-    assert any("attempt 1 ended: exit status -9; newest complete checkpoint: step 4" in line for line in lines)
+    assert any("attempt 1 ended: exit status -9, CRASHED (exit code); newest complete checkpoint: step 4" in line
+               for line in lines)
     assert any("attempt 2: from step 4" in line for line in lines)
     assert lines[-1].endswith("done: complete checkpoint at step 12 (final step 12) after 3 attempt(s)")
     assert (tmp_path / "launch.log").read_text().splitlines()[-1] == lines[-1]
@@ -78,7 +84,7 @@ def test_gives_up_after_max_retries_without_progress_and_progress_resets_the_cou
 
 def test_config_error_is_not_retried_and_a_done_run_is_not_resubmitted(tmp_path):
     status, sleeps, lines = _run(tmp_path / "a", ["0:2"])
-    assert status == 2 and sleeps == [] and "not retrying" in lines[-1]
+    assert status == 2 and sleeps == [] and "USER_ERROR is never retried" in lines[-1]
     (tmp_path / "b" / "checkpoints" / "12").mkdir(parents=True)
     status, sleeps, lines = _run(tmp_path / "b", ["0:1"])
     assert status == 0 and not (tmp_path / "b" / "launch" / "attempt-1.log").exists()
@@ -135,3 +141,27 @@ def test_single_local_launch_holds_the_lock_and_returns_the_trainer_status(tmp_p
     assert launch_once(make_backend("local", plan, {"OLMAX_PYTHON": str(stub)}), plan, hold_lock=True,
                        echo=lines.append) == 3
     assert lines[-1] == f"exit status 3: {stub}" and not (tmp_path / "r" / LOCK_FILE).exists()
+
+
+def test_each_exit_status_row_decides_the_retry(tmp_path):
+    """PREEMPTED (143) is resubmitted without counting, TRANSIENT (75) and CRASHED count; the state
+    file keeps the tally for `olmax status`."""
+    status, sleeps, lines = _run(tmp_path / "a", ["0:143", "0:143", "0:143", "0:75", "0:-9", "12:0"], max_retries=2)
+    assert status == 0 and len(sleeps) == 5
+    assert any("attempt 1 ended: exit status 143, PREEMPTED (exit code)" in line for line in lines)
+    assert any("attempt 4 ended: exit status 75, TRANSIENT (exit code)" in line for line in lines)
+    state = json.loads((tmp_path / "a" / "launch_state.json").read_text())
+    assert (state["attempts"], state["retries"], state["preemptions"]) == (6, 5, 3)
+    assert state["last_failure"]["name"] == "CRASHED" and state["last_attempt"]["name"] == "DONE"
+    # out of retries: the launcher ends with the last failure's status
+    status, sleeps, lines = _run(tmp_path / "b", ["0:75", "0:75", "0:75"], max_retries=1)
+    assert status == 75 and len(sleeps) == 1 and "giving up: 2 attempts in a row" in lines[-1]
+
+
+def test_the_trainers_record_wins_over_the_schedulers_verdict(tmp_path):
+    """A backend that only says "failed" (exit 1): the trainer's RUN_DIR/exit_status.json tells the row."""
+    status, sleeps, lines = _run(tmp_path / "a", ["0:rec2"])
+    assert status == 2 and sleeps == []
+    assert any("exit status 1, USER_ERROR (the trainer: the trainer's own words)" in line for line in lines)
+    status, sleeps, lines = _run(tmp_path / "b", ["0:rec143", "0:rec143", "12:0"], max_retries=0)
+    assert status == 0 and len(sleeps) == 2  # preemptions do not count against max_retries=0

@@ -231,7 +231,9 @@ COMMIT_FILE = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # on GCS it writes this la
 def run_checkpoint_dir(cfg, run_dir: str | os.PathLike) -> str | os.PathLike:
     """Where the run in `run_dir` keeps its checkpoints: checkpoint.dir (a local path or a gs:// URL)
     when set, else RUN_DIR/checkpoints. The trainer and resume-until-done both ask here."""
-    return cfg.checkpoint.dir or Path(run_dir) / "checkpoints"
+    from olmax.runpath import join
+
+    return cfg.checkpoint.dir or join(run_dir, "checkpoints")
 
 
 class RunCheckpoints:
@@ -247,8 +249,11 @@ class RunCheckpoints:
     only randomness is the initialisation (from trainer.seed, at step 0) and the data order (in the
     loader state); the step itself is deterministic.
 
-    Keep policy: Orbax's max_to_keep=checkpoint.keep deletes the OLDEST steps once a newer one is
-    committed, so the newest complete checkpoint is never deleted.
+    Keep policy (Orbax's preservation policies, applied after each committed save to every complete
+    step in the directory, so to those of earlier runs of the run directory too): the newest
+    checkpoint.keep steps (LatestN), every multiple of checkpoint.keep_every (EveryNSteps) and the
+    steps of checkpoint.keep_steps (CustomSteps); a step any of them keeps stays. The newest complete
+    checkpoint is never deleted.
     """
 
     def __init__(self, directory: str | os.PathLike, cfg, *, allow_config_change: bool = False):
@@ -257,8 +262,8 @@ class RunCheckpoints:
         self.allow_config_change = allow_config_change
         if cfg.checkpoint.keep < 1:
             raise ConfigError(f"checkpoint.keep must be >= 1, got {cfg.checkpoint.keep}")
-        options = ocp.CheckpointManagerOptions(create=True, max_to_keep=cfg.checkpoint.keep,
-                                               enable_async_checkpointing=True)
+        options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True,
+                                               preservation_policy=keep_policy(cfg.checkpoint))
         self._mngr = ocp.CheckpointManager(self.path, item_handlers=run_handlers(), options=options)
         self._writing_step: Optional[int] = None  # the newest step handed to Orbax (async: maybe in flight)
         self._failed = False
@@ -375,6 +380,16 @@ class RunCheckpoints:
                                   f"({type(e).__name__}: {e}). Is the disk full or not writable? The newest "
                                   f"complete checkpoint ({previous}) is untouched: fix the storage and rerun "
                                   "to resume from it") from e
+
+
+def keep_policy(ckpt_cfg) -> "ocp.checkpoint_managers.PreservationPolicy":
+    """Which complete steps pruning keeps: the newest `keep`, and the landmarks (see RunCheckpoints)."""
+    policies = [ocp.checkpoint_managers.LatestN(ckpt_cfg.keep)]
+    if ckpt_cfg.keep_every:
+        policies.append(ocp.checkpoint_managers.EveryNSteps(ckpt_cfg.keep_every))
+    if ckpt_cfg.keep_steps:
+        policies.append(ocp.checkpoint_managers.CustomSteps(list(ckpt_cfg.keep_steps)))
+    return ocp.checkpoint_managers.AnyPreservationPolicy(policies)
 
 
 def complete_steps(directory: str | os.PathLike) -> list[int]:

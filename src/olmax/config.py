@@ -302,13 +302,29 @@ class CheckpointConfig:
     every: int = 1000
     """Save a checkpoint every N steps (and at the end of the run)."""
     keep: int = 3
-    """How many of the newest checkpoints to keep; older ones are deleted once a newer one is complete."""
+    """How many of the newest checkpoints to keep; older ones are deleted once a newer one is complete.
+    Landmarks (keep_every, keep_steps) are kept on top of these."""
+    keep_every: int = 0
+    """Landmarks: keep every checkpoint whose step is a multiple of this for good (0: none); such a step
+    is saved even when it is off the `every` grid."""
+    keep_steps: tuple[int, ...] = ()
+    """Landmarks: these steps are saved and kept for good, on top of the newest `keep`."""
     init_from: Optional[str] = None
     """Parameters to start from with a fresh optimizer, or a checkpoint written by `olmax ckpt warm-start`
     (then its moments and bias-correction counter come along too)."""
     dir: Optional[str] = None
     """Where the run's checkpoints go: a local path or a gs:// URL (logs and metrics stay in the run
     directory); None: RUN_DIR/checkpoints."""
+
+    def __post_init__(self):
+        if self.keep_every < 0:
+            raise ConfigError(f"checkpoint.keep_every must be >= 0 (0: no periodic landmarks), got {self.keep_every}")
+        if any(s < 1 for s in self.keep_steps):
+            raise ConfigError(f"checkpoint.keep_steps must be positive steps, got {list(self.keep_steps)}")
+
+    def is_landmark(self, step: int) -> bool:
+        """Whether `step` is kept for good (keep_every, keep_steps)."""
+        return (self.keep_every > 0 and step % self.keep_every == 0) or step in self.keep_steps
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Where training metrics go: `RUN_DIR/metrics.jsonl` (one JSON object per step), TensorBoard scalars
-in `RUN_DIR/tensorboard/`, optionally a W&B run (`wandb.mode=online|offline`), all under OLMo-core's
+in `RUN_DIR/tensorboard/` (RUN_DIR local or gs://: see MetricsLog), optionally a W&B run
+(`wandb.mode=online|offline`), all under OLMo-core's
 W&B metric names so curves of the two frameworks overlay one to one (olmax compare reads any of them);
 and the live view: a progress bar with tokens/s and ETA on a terminal, plain log lines otherwise.
 
@@ -14,6 +15,7 @@ import json
 import os
 import secrets
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,6 +23,7 @@ from typing import Optional
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
+from olmax import runpath
 from olmax.config import ConfigError, ExperimentConfig, WandbConfig, to_dict
 from olmax.evals.jsonl import read_jsonl
 from olmax.flops import exact_step_flops
@@ -33,6 +36,7 @@ STEP_METRIC_NAMES = {
     "grad_norm": "optim/total grad norm",
     "skipped": "optim/step skipped",
 }
+METRICS_FILE, TB_DIR = "metrics.jsonl", "tensorboard"
 # extra TensorBoard aliases some OLMo-core dashboards use
 TB_ALIASES = {"optim/step skipped": "optim/step_skipped", "throughput/total tokens": "perf/total_tokens"}
 
@@ -40,19 +44,38 @@ TB_ALIASES = {"optim/step skipped": "optim/step_skipped", "throughput/total toke
 class MetricsLog:
     """Appends one record per step to metrics.jsonl (flushed, so a killed run keeps what it logged)
     and mirrors each number to TensorBoard and, when enabled, W&B. `start_step`: the step the run
-    (re)starts from; logged rows after it are dropped."""
+    (re)starts from; logged rows after it are dropped.
 
-    def __init__(self, run_dir: Path, cfg: ExperimentConfig, n_devices: int, peak_tflops: Optional[float] = None,
+    A run directory on an object store (gs://...) cannot be appended to: the writers work in a local
+    staging directory (metrics.jsonl continued from the run directory's copy) and `sync` uploads
+    metrics.jsonl and the TensorBoard event files whole, at every checkpoint (the trainer calls it
+    after each save), every SYNC_S seconds and at the end. Rows after the newest checkpoint may be
+    missing from the uploaded copy after a kill; they are the ones a resumed trainer logs again."""
+
+    SYNC_S = 300.0
+
+    def __init__(self, run_dir: str | Path, cfg: ExperimentConfig, n_devices: int, peak_tflops: Optional[float] = None,
                  *, start_step: int = 0, write: bool = True):
         """`write`: False on all but one process of a multi-host run (the metrics are global, so
         every process computes the same rows; one writes them)."""
         self._write = write
+        self._remote = runpath.clean(run_dir) if runpath.is_url(run_dir) else None
         if write:
-            path = run_dir / "metrics.jsonl"
+            if self._remote is not None:
+                self._staging = tempfile.TemporaryDirectory(prefix="olmax-run-")
+                local = Path(self._staging.name)
+                previous = runpath.read_text(self._remote, METRICS_FILE)
+                if previous is not None:
+                    (local / METRICS_FILE).write_text(previous)
+                self._synced = time.monotonic()
+            else:
+                local = Path(run_dir)
+            path = local / METRICS_FILE
             _drop_rows_after(path, start_step)
+            self._local = local
             self._jsonl = open(path, "a")
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
-            self._wandb = _WandbRun(cfg, run_dir) if cfg.wandb.mode != "disabled" else None
+            self._tb = SummaryWriter(str(local / TB_DIR))
+            self._wandb = _WandbRun(cfg, run_dir, local) if cfg.wandb.mode != "disabled" else None
         step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, cfg.trainer.global_batch)
         self._tflop_per_device_step = step_flops.total / n_devices / 1e12
         self._tokens_per_device_step = cfg.trainer.global_batch * cfg.data.seq_len / n_devices
@@ -84,7 +107,20 @@ class MetricsLog:
                     self._tb.add_scalar(TB_ALIASES[name], value, step)
         if self._wandb is not None:
             self._wandb.log(row)
+        if self._remote is not None and time.monotonic() - self._synced > self.SYNC_S:
+            self.sync()
         return row
+
+    def sync(self) -> None:
+        """Upload metrics.jsonl and the TensorBoard event files to a gs:// run directory (a local one
+        is written in place: nothing to do)."""
+        if not self._write or self._remote is None:
+            return
+        self._tb.flush()
+        runpath.upload(self._local / METRICS_FILE, self._remote, METRICS_FILE)
+        for event_file in sorted((self._local / TB_DIR).iterdir()):
+            runpath.upload(event_file, self._remote, f"{TB_DIR}/{event_file.name}")
+        self._synced = time.monotonic()
 
     def close(self) -> None:
         if not self._write:
@@ -93,11 +129,14 @@ class MetricsLog:
         self._tb.close()
         if self._wandb is not None:
             self._wandb.close()
+        if self._remote is not None:
+            self.sync()
+            self._staging.cleanup()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """The rows of RUN_DIR/metrics.jsonl, in order."""
-    return [row for _, row in read_jsonl(Path(run_dir) / "metrics.jsonl", ValueError)]
+    return [row for _, row in read_jsonl(Path(run_dir) / METRICS_FILE, ValueError)]
 
 
 def _drop_rows_after(path: Path, step: int) -> None:
@@ -125,19 +164,22 @@ class _WandbRun:
     the same W&B run. `offline` writes RUN_DIR/wandb/offline-run-* and needs no network (upload
     later with `wandb sync`). The `wandb` package comes with the `wandb` extra."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path):
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path, local: Path):
+        """`local`: where W&B writes its files (the run directory, or the staging one of a gs:// run)."""
         try:
             import wandb
         except ImportError:
             raise ConfigError(f"wandb.mode={cfg.wandb.mode} needs the wandb package: "
                               "pip install 'olmax[wandb]'") from None
         w: WandbConfig = cfg.wandb
-        id_file = run_dir / "wandb_id"
-        if not id_file.exists():
-            id_file.write_text(secrets.token_hex(4) + "\n")
-        self._run = wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.name,
-                               id=id_file.read_text().strip(), resume="allow", mode=w.mode,
-                               dir=str(run_dir), config=to_dict(cfg))
+        run_id = runpath.read_text(run_dir, "wandb_id")
+        if run_id is None:
+            run_id = secrets.token_hex(4) + "\n"
+            runpath.write_text(run_dir, "wandb_id", run_id)
+        name = runpath.clean(run_dir).rstrip("/").rsplit("/", 1)[-1]
+        self._run = wandb.init(project=w.project, entity=w.entity, name=w.name or name,
+                               id=run_id.strip(), resume="allow", mode=w.mode,
+                               dir=str(local), config=to_dict(cfg))
 
     def log(self, row: dict) -> None:
         self._run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])

@@ -20,9 +20,11 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from olmax import runpath
 from olmax.checkpoint import RunCheckpoints, load_params, run_checkpoint_dir
-from olmax.config import ConfigError, ExperimentConfig, save_yaml
+from olmax.config import ConfigError, ExperimentConfig, to_yaml
 from olmax.data.loader import make_loader
+from olmax.exits import ExitStatus, write_record
 from olmax.evals.heldout import HeldoutEvaluator
 from olmax.metrics import MetricsLog, Progress
 from olmax.sharding import make_mesh
@@ -40,12 +42,13 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
     `devices`: the devices of the mesh (default all); a resume may use a different number or mesh
     shape, the global batch stays and accumulation follows from trainer.micro_batch_size.
     `allow_config_change`: resume although the global batch or sequence length changed.
-    SIGTERM (a preemption notice) ends the run at the next step boundary, with a checkpoint.
+    SIGTERM (a preemption notice) ends the run at the next step boundary, with a checkpoint; the
+    last row's step is then below `last_step(cfg, stop_at)`.
     """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = runpath.clean(run_dir)
+    runpath.makedirs(run_dir)
     mesh = make_mesh(cfg.mesh, devices)
-    last = cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
+    last = last_step(cfg, stop_at)
     ckpts = RunCheckpoints(run_checkpoint_dir(cfg, run_dir), cfg, allow_config_change=allow_config_change)
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
@@ -53,7 +56,8 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
         restored = ckpts.restore_latest(abstract_state(cfg, mesh))
         if restored is None:
             state, data_state = _fresh_state(cfg, mesh)
-            save_yaml(cfg, run_dir / "config.yaml")
+            if jax.process_index() == 0:
+                runpath.write_text(run_dir, "config.yaml", to_yaml(cfg))
         else:
             state, data_state = restored
         start = int(state.step)
@@ -87,13 +91,16 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                     t_last = time.perf_counter()
                 pending = (step, metrics, loader.audit()["repeats_in_epoch"])
                 stop = preempted.reached(step)
-                eval_due, ckpt_due = evaluator.due(step), step % cfg.checkpoint.every == 0 or step == last or stop
+                eval_due = evaluator.due(step)
+                ckpt_due = (step % cfg.checkpoint.every == 0 or step == last or stop
+                            or cfg.checkpoint.is_landmark(step))
                 if eval_due or ckpt_due:
                     # step time is measured before evaluation and checkpointing, which it excludes
                     _log(pending, log, rows, bar, t_last, extra=lambda: evaluator(step, state.params))
                     pending = None
                     if ckpt_due:
                         ckpts.save(step, state, loader.state(), mesh)
+                        log.sync()  # a gs:// run directory gets the metrics up to this checkpoint
                     t_last = time.perf_counter()
                 if stop:
                     bar.write(f"SIGTERM: saved step {step} in {ckpts.directory}; exiting")
@@ -105,14 +112,33 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
     return rows
 
 
+def last_step(cfg: ExperimentConfig, stop_at: Optional[int] = None) -> int:
+    """The step a run of `cfg` ends after: trainer.max_steps, or `stop_at` when that is earlier."""
+    return cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
+
+
+def record_exit(run_dir: str | Path, status: ExitStatus, message: str) -> None:
+    """Process 0 writes how this trainer ended to RUN_DIR/exit_status.json (olmax.exits), for the
+    launcher and `olmax status`. Best effort: the storage that failed may be the run directory's."""
+    if jax.process_index() != 0:
+        return
+    try:
+        write_record(runpath.clean(run_dir), status, message)
+    except Exception as e:  # noqa: BLE001 - the exit status still tells the row
+        print(f"could not write {runpath.join(run_dir, 'exit_status.json')}: {type(e).__name__}: {e}")
+
+
 @contextlib.contextmanager
-def _exclusive(run_dir: Path):
+def _exclusive(run_dir: str):
     """One trainer per run directory: a second one would interleave checkpoints and logs. flock is
     released by the kernel when the holder dies, even by kill -9, so no stale lock survives a crash.
-    Process 0 holds it on behalf of a multi-process run (shared filesystems may not support flock)."""
-    if jax.process_index() != 0:
+    Process 0 holds it on behalf of a multi-process run (shared filesystems may not support flock).
+    An object store (gs://) has no lock: there one owner (resume-until-done with its lock, a Slurm
+    singleton job, one xpk workload at a time) keeps a second trainer away (docs/training.md)."""
+    if jax.process_index() != 0 or runpath.is_url(run_dir):
         yield
         return
+    run_dir = Path(run_dir)
     with open(run_dir / "train.lock", "w") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -12,16 +12,18 @@ import typer
 
 # Importing the command modules registers their commands on `app`, in this order in --help.
 from olmax.cli import training  # noqa: F401,I001
-from olmax.cli import checkpoints, data, evaluation, generation, launch  # noqa: F401
+from olmax.cli import checkpoints, data, evaluation, generation, launch, status  # noqa: F401
 from olmax.cli.common import app
 from olmax.config import ConfigError
+from olmax.exits import ExitStatus
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
+    """The `olmax` program. Exit statuses follow olmax.exits (0 done, 2 a user error, ...)."""
     try:
         app()
     except ConfigError as e:
         typer.echo(f"config error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(ExitStatus.USER_ERROR)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from olmax.config import ConfigError
+from olmax.exits import ExitStatus
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="OLMo 3 pre-training in JAX, with parity against OLMo-core built in.")
@@ -60,7 +61,7 @@ def _root() -> None:
 
 def exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
     """Decorator: the user errors `errors()` lists end the command with `label: message` (the message
-    names the file or field) and exit status 2, not a traceback. `errors` imports them only when one
+    names the file or field) and exit status 2 (USER_ERROR, olmax.exits), not a traceback. `errors` imports them only when one
     is raised, so commands stay quick to start."""
 
     def decorate(fn):
@@ -70,7 +71,7 @@ def exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
                 return fn(*args, **kwargs)
             except errors() as e:
                 typer.echo(f"{label}: {e}", err=True)
-                raise typer.Exit(2) from None
+                raise typer.Exit(ExitStatus.USER_ERROR) from None
 
         return wrapper
 

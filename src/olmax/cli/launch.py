@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import app, exits_on
+from olmax.cli.common import RecipeOpt, app, exits_on
 
 RESUME_WORD = "resume-until-done"
 
@@ -34,11 +34,19 @@ def launch_cmd(
         None, help=f"optionally `{RESUME_WORD}` first (same as --resume-until-done), then dotted overrides "
                    "for the trainer, e.g. trainer.max_steps=1000"),
     backend: str = typer.Option("local", "--backend", help="local (a child process here), xpk (TPU on GKE) or slurm"),
-    recipe: str = typer.Option(..., "--recipe", help="named preset (olmax.recipes)"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = typer.Option(None, "--config", help="experiment YAML instead of a recipe (a path "
+                                                                   "the trainer's hosts can read too)"),
     total_devices: int = typer.Option(..., "--total-devices",
                                       help="JAX devices of the whole run; the recipe's global batch is kept"),
     run_dir: str = typer.Option(..., "--run-dir", help="the trainer's run directory, as the trainer sees it"),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="end after this step (passed to olmax train)"),
+    chip: Optional[str] = typer.Option(None, "--chip", help="passed to olmax train: h100, h200, v5p, v6e or "
+                                                            "ironwood (logs MFU)"),
+    allow_data_change: bool = typer.Option(False, "--allow-data-change", help="passed to olmax train"),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change", help="passed to olmax train"),
+    env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE in the trainer's environment "
+                                                                "(repeatable), e.g. --env LIBTPU_INIT_ARGS='...'"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the files and commands that would run, run nothing"),
     resume: bool = typer.Option(False, "--resume-until-done",
                                 help="resubmit from the newest complete checkpoint until the final step"),
@@ -52,18 +60,21 @@ def launch_cmd(
                                   help="list the environment variables each backend reads, and exit"),
 ):
     """Launch `olmax train` on this machine, a TPU slice (xpk) or a Slurm cluster, with the per-device
-    batch and accumulation for --total-devices; or keep resubmitting it until it is done."""
+    batch and accumulation for --total-devices; or keep resubmitting it until it is done. Exit status:
+    olmax train's (olmax.exits); resume-until-done: 0 done, 2 not retried, the last failure's when out
+    of retries, 143 stopped by a signal."""
     import os
 
     from olmax.launch.backends import dry_run as dry_run_text
     from olmax.launch.backends import make_backend
-    from olmax.launch.plan import make_plan
+    from olmax.launch.plan import TrainOptions, make_plan, parse_env
     from olmax.launch.resume import launch_once, resume_until_done, retry_policy
 
     words = list(words or [])
     if words[:1] == [RESUME_WORD]:
         resume, words = True, words[1:]
-    plan = make_plan(recipe, words, run_dir, total_devices, stop_at)
+    options = TrainOptions(config, chip, allow_data_change, allow_config_change, parse_env(env or []))
+    plan = make_plan(recipe, words, run_dir, total_devices, stop_at, options)
     chosen = make_backend(backend, plan, os.environ)
     if dry_run:
         typer.echo(dry_run_text(chosen, plan, resume=resume), nl=False)

@@ -7,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, checkpoint_errors, data_errors,
-                              exits_on, write_json)
+from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, write_json
 from olmax.config import ExperimentConfig, apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
 
 
@@ -37,12 +36,12 @@ def config_cmd(
 
 
 @app.command("train")
-@exits_on("train error", lambda: checkpoint_errors() + data_errors())  # exit status 2: fix the input
 def train_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
-    run_dir: Path = typer.Option(..., "--run-dir", help="logs, config and checkpoints; rerun to resume"),
+    run_dir: str = typer.Option(..., "--run-dir", help="logs, config and checkpoints (a path or gs://...); "
+                                                        "rerun to resume"),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="end after this step (with a checkpoint); "
                                                                    "the schedule's horizon is unchanged"),
     chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: logs MFU"),
@@ -52,28 +51,41 @@ def train_cmd(
                                              help="resume even though the global batch or sequence length changed"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and exit"),
 ):
-    """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
+    """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard.
+    Exit status (olmax.exits, docs/launcher.md): 0 done, 1 crashed, 2 fix the input, 75 transient
+    storage or remote error, 143 preempted (SIGTERM: saved and stopped early)."""
     from olmax.recipes import resolve
 
     cfg = resolve(recipe, config, overrides or [])
     if dry_run:
         typer.echo(to_yaml(cfg), nl=False)
         return
-    from olmax.checkpoint import CheckpointWriteError
+    from olmax.exits import ExitStatus, status_of
     from olmax.flops import resolve_peak
-    from olmax.train import train
+    from olmax.train import last_step, record_exit, train
 
     try:
         rows = train(cfg, run_dir, stop_at=stop_at, peak_tflops=resolve_peak(None, chip),
                      allow_data_change=allow_data_change, allow_config_change=allow_config_change)
-    except CheckpointWriteError as e:  # exit status 1: the storage failed; a rerun resumes once it is fixed
-        typer.echo(f"checkpoint error: {e}", err=True)
-        raise typer.Exit(1) from None
+    except Exception as e:  # noqa: BLE001 - every ending gets its row of the exit-status table
+        status = status_of(e)
+        if status is not ExitStatus.CRASHED:  # the message first: storage threads may still print noise
+            typer.echo(f"train error ({status.meaning}): {e}", err=True)
+        record_exit(run_dir, status, f"{type(e).__name__}: {e}")
+        if status is ExitStatus.CRASHED:
+            raise  # with its traceback; Python exits 1
+        raise typer.Exit(status) from None
+    last = last_step(cfg, stop_at)
+    status = ExitStatus.PREEMPTED if rows and rows[-1]["step"] < last else ExitStatus.DONE
+    record_exit(run_dir, status, f"stopped after step {rows[-1]['step']} of {last}" if rows else "")
     if rows:
         typer.echo(f"steps {rows[0]['step']}..{rows[-1]['step']}: CE loss {rows[0]['train/CE loss']:.4f} -> "
                    f"{rows[-1]['train/CE loss']:.4f}; logs and checkpoints in {run_dir}")
     else:
         typer.echo(f"nothing to do: {run_dir} is already at or past the last step")
+    if status is ExitStatus.PREEMPTED:
+        typer.echo(f"preempted (SIGTERM): saved step {rows[-1]['step']} of {last}; rerun to resume", err=True)
+        raise typer.Exit(status)
 
 
 @app.command("demo")

@@ -42,6 +42,11 @@ class DataSourceError(ValueError):
     """A data file or source description that cannot be used; the message names it."""
 
 
+class RemoteReadError(DataSourceError):
+    """A remote read that failed in a way that a later attempt may not (a server error, a timeout, a
+    dropped connection), unlike a file that does not exist: `olmax train` exits TRANSIENT on it."""
+
+
 def is_url(path: str) -> bool:
     return "://" in path
 
@@ -179,7 +184,8 @@ def read_bytes(path: str, start: int, length: int) -> bytes:
 
 
 def _remote_error(what: str, exc: Exception) -> DataSourceError:
-    """A remote read failure as a DataSourceError naming the URL and the cause.
+    """A remote read failure as a DataSourceError naming the URL and the cause: a missing file is
+    a DataSourceError, anything else (5xx, a timeout, a reset connection) a RemoteReadError.
 
     fsspec backends raise their own types (aiohttp's ClientResponseError, gcsfs's HttpError, ...), and
     its HTTP backend turns every failed HEAD/GET of a size lookup, 404 or 500 alike, into
@@ -189,7 +195,9 @@ def _remote_error(what: str, exc: Exception) -> DataSourceError:
     status = getattr(cause, "status", None) or getattr(cause, "code", None)
     if status == 404 or (isinstance(cause, FileNotFoundError) and status is None):
         return DataSourceError(f"{what} does not exist")
-    return DataSourceError(f"{what} cannot be read: {type(cause).__name__}: {cause}")
+    if status in (401, 403):  # credentials or permissions: no retry fixes them
+        return DataSourceError(f"{what} cannot be read (HTTP {status}: not allowed): {cause}")
+    return RemoteReadError(f"{what} cannot be read: {type(cause).__name__}: {cause}")
 
 
 def fingerprint(tok: TokenizerFields, max_target_seq_len: Optional[int], paths: Sequence[str],

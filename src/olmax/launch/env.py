@@ -24,6 +24,8 @@ class Var:
 RETRY_VARS = (
     Var("OLMAX_MAX_RETRIES", "resubmissions after the first attempt before giving up", "10"),
     Var("OLMAX_RETRY_BACKOFF_SECONDS", "seconds to wait before each resubmission", "300"),
+    Var("OLMAX_LAUNCH_DIR", "local directory for the lock and logs of gs:// run directories "
+                            "(default ~/.cache/olmax/launch)", ""),
 )
 
 LOCAL_VARS = (

@@ -11,6 +11,7 @@ import re
 import sys
 from typing import Mapping
 
+from olmax.exits import ExitStatus, from_returncode
 from olmax.launch.env import LOCAL_VARS, read_env
 from olmax.launch.plan import Command, LaunchPlan
 
@@ -26,10 +27,15 @@ class LocalBackend:
         self.python = env["OLMAX_PYTHON"] or sys.executable
 
     def trainer(self) -> Command:
-        # one device-count flag: drop any inherited one (XLA would take the last)
-        flags = re.sub(rf"{DEVICE_COUNT_FLAG}=\S*", "", self.environ.get("XLA_FLAGS", "")).split()
-        xla_flags = " ".join([*flags, f"{DEVICE_COUNT_FLAG}={self.plan.layout.total_devices}"])
-        return Command([self.python, "-m", "olmax.cli", *self.plan.train_args()], {"XLA_FLAGS": xla_flags})
+        # --env XLA_FLAGS=... else the inherited flags, with one device-count flag (XLA would take the last)
+        env = self.plan.env
+        flags = re.sub(rf"{DEVICE_COUNT_FLAG}=\S*", "", env.get("XLA_FLAGS", self.environ.get("XLA_FLAGS", ""))).split()
+        env["XLA_FLAGS"] = " ".join([*flags, f"{DEVICE_COUNT_FLAG}={self.plan.layout.total_devices}"])
+        return Command([self.python, "-m", "olmax.cli", *self.plan.train_args()], env)
+
+    def outcome(self, code: int, attempt_log) -> tuple[ExitStatus, str]:
+        """The trainer is the child: its exit code is the row (a signal: -N)."""
+        return from_returncode(code), "exit code"
 
     def launch_steps(self) -> list[Command]:
         """One run of the trainer, in the foreground."""

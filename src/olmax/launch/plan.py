@@ -1,5 +1,6 @@
-"""What every backend launches: `olmax train` with the recipe, run directory, --stop-at and overrides,
-and the batch layout those will get on `--total-devices` devices.
+"""What every backend launches: `olmax train` with the recipe or config file, run directory, --stop-at,
+--chip, --allow-*-change and overrides, the extra environment (--env), and the batch layout those will
+get on `--total-devices` devices.
 
 The global batch is the recipe's and never changes with the device count; the per-device batch and
 the number of accumulated micro-batches follow from it and the mesh. They are computed here with the
@@ -10,6 +11,7 @@ message, and the launcher can never disagree with what the trainer will do.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -49,13 +51,61 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class TrainOptions:
+    """What `olmax launch` passes on to `olmax train` besides the recipe, overrides and run directory."""
+
+    config: Optional[str] = None  # experiment YAML (a path the trainer's hosts can read)
+    chip: Optional[str] = None
+    allow_data_change: bool = False
+    allow_config_change: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # extra environment of the trainer processes, in order
+
+    def args(self) -> list[str]:
+        args = [] if self.config is None else ["--config", self.config]
+        if self.chip is not None:
+            args += ["--chip", self.chip]
+        if self.allow_data_change:
+            args.append("--allow-data-change")
+        if self.allow_config_change:
+            args.append("--allow-config-change")
+        return args
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """`KEY=VALUE` strings (--env) as pairs; the value may hold anything, '=' and spaces included."""
+    parsed = []
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not ENV_NAME.match(key):
+            raise LaunchError(f"--env {pair!r} is not KEY=VALUE with KEY a variable name "
+                              "(letters, digits, '_', not starting with a digit)")
+        parsed.append((key, value))
+    return tuple(parsed)
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
-    recipe: str
+    recipe: Optional[str]
     overrides: tuple[str, ...]
     run_dir: str
     stop_at: Optional[int]
     final_step: int  # the run is done when a complete checkpoint of this step exists
     layout: Layout
+    options: TrainOptions = TrainOptions()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The extra environment of the trainer processes (--env)."""
+        return dict(self.options.env)
+
+    def resolve(self):
+        """The experiment config the trainer will run."""
+        from olmax.recipes import resolve
+
+        return resolve(self.recipe, self.options.config, list(self.overrides))
 
     @property
     def name(self) -> str:
@@ -65,26 +115,29 @@ class LaunchPlan:
 
     def train_args(self) -> list[str]:
         """Arguments of `olmax train` (after the program name)."""
-        args = ["train", "--recipe", self.recipe, "--run-dir", self.run_dir]
+        args = ["train"] + ([] if self.recipe is None else ["--recipe", self.recipe])
+        args += [*self.options.args(), "--run-dir", self.run_dir]
         if self.stop_at is not None:
             args += ["--stop-at", str(self.stop_at)]
         return args + list(self.overrides)
 
 
-def make_plan(recipe: str, overrides: Sequence[str], run_dir: str, total_devices: int,
-              stop_at: Optional[int] = None) -> LaunchPlan:
-    """Resolve the recipe with the overrides (errors name the key) and lay out its global batch over
-    `total_devices` devices (errors name the knob that does not divide)."""
-    from olmax.recipes import resolve
-
+def make_plan(recipe: Optional[str], overrides: Sequence[str], run_dir: str, total_devices: int,
+              stop_at: Optional[int] = None, options: TrainOptions = TrainOptions()) -> LaunchPlan:
+    """Resolve the recipe (or options.config) with the overrides (errors name the key) and lay out its
+    global batch over `total_devices` devices (errors name the knob that does not divide)."""
     if total_devices < 1:
         raise LaunchError(f"--total-devices must be positive, got {total_devices}")
     if stop_at is not None and stop_at < 1:
         raise LaunchError(f"--stop-at must be positive, got {stop_at}")
-    cfg = resolve(recipe, None, list(overrides))
-    layout = batch_layout_for(cfg, total_devices)
+    if options.chip is not None:
+        from olmax.flops import resolve_peak
+
+        resolve_peak(None, options.chip)  # an unknown chip is refused here, not on the cluster
+    plan = LaunchPlan(recipe, tuple(overrides), str(run_dir), stop_at, 0, None, options)  # type: ignore[arg-type]
+    cfg = plan.resolve()
     final = cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
-    return LaunchPlan(recipe, tuple(overrides), str(run_dir), stop_at, final, layout)
+    return dataclasses.replace(plan, final_step=final, layout=batch_layout_for(cfg, total_devices))
 
 
 def batch_layout_for(cfg, total_devices: int) -> Layout:

@@ -8,12 +8,15 @@ resume-until-done, in order:
    (trainer.max_steps, or --stop-at);
 3. otherwise run one attempt (the backend's commands: the trainer, `sbatch --wait`, or xpk create +
    wait), which resumes from that checkpoint by itself, then go to 2;
-4. an attempt that ends without a newer complete checkpoint is a failed retry: after
-   `max_retries` of them in a row the launcher gives up; an attempt that saved progress resets the
-   count (a long run is preempted many times). Before every resubmission it waits `backoff_s`.
-   Exit status 2 from an attempt (a config or usage error of the trainer) is never retried.
+4. the attempt's row of the exit-status table (olmax.exits: the trainer's RUN_DIR/exit_status.json,
+   else the backend's reading of the job) decides: USER_ERROR is never retried; CRASHED and TRANSIENT
+   without a newer complete checkpoint count as failed retries, and after `max_retries` of them in a
+   row the launcher gives up; PREEMPTED is resubmitted without counting; an attempt that saved
+   progress resets the count (a long run is preempted many times). Before every resubmission it waits
+   `backoff_s`. RUN_DIR/launch_state.json keeps the attempts, retries and the last failure.
 
-Every event goes to stdout and RUN_DIR/launch.log; attempt N's output to RUN_DIR/launch/attempt-N.log.
+Every event goes to stdout and RUN_DIR/launch.log; attempt N's output to RUN_DIR/launch/attempt-N.log
+(for a gs:// run directory, these and the lock are in a local directory instead: launch_dir).
 SIGTERM or Ctrl-C to the launcher is passed on to the running command (the trainer saves and exits)
 and ends the loop without resubmitting.
 """
@@ -32,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, TextIO
 
+from olmax.exits import RECORD_FILE, ExitStatus, from_returncode, read_record
 from olmax.launch import LaunchError
 from olmax.launch.env import RETRY_VARS, positive_int, read_env
 from olmax.launch.plan import Command, LaunchPlan
+from olmax.runpath import clean, is_url, read_text, remove, write_text
 
 LOCK_FILE, LOG_FILE, ATTEMPT_DIR = "launch.lock", "launch.log", "launch"
-CONFIG_ERROR_STATUS = 2  # what `olmax train` exits with on a config or usage error
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,9 @@ def launch_once(backend, plan: LaunchPlan, *, hold_lock: bool, echo: Callable[[s
     _write_files(backend.files(), echo)
     lock = None
     if hold_lock:
-        Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
-        lock = RunLock(Path(plan.run_dir), echo)
+        where = launch_dir(plan.run_dir)
+        where.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(where, echo)
     runner = _Runner(lock)
     with lock if lock is not None else contextlib.nullcontext(), runner.forwarding_signals():
         for command in backend.launch_steps():
@@ -219,56 +224,124 @@ def launch_once(backend, plan: LaunchPlan, *, hold_lock: bool, echo: Callable[[s
 def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
                       sleep: Optional[Callable[[float], object]] = None, echo: Callable[[str], None] = print) -> int:
     """Attempts until the run's newest complete checkpoint is its final step (module docstring).
-    Returns 0 when done, 1 when out of retries, 2 on a config error, 143 when stopped by a signal.
+    Returns DONE (0), USER_ERROR (2) when an attempt ended so, the last failure's status (CRASHED 1 or
+    TRANSIENT 75) when out of retries, PREEMPTED (143) when stopped by a signal (olmax.exits).
     `sleep`: waits out the backoff (default: a wait that a signal to the launcher cuts short)."""
     from olmax.checkpoint import complete_steps, run_checkpoint_dir  # imports Orbax: only here, not for --dry-run
-    from olmax.recipes import resolve
 
-    if "://" in plan.run_dir:
-        raise LaunchError(f"resume-until-done keeps its lock and log in the run directory, so --run-dir must be "
-                          f"a path writable here (a shared or mounted filesystem), not {plan.run_dir}; to keep "
-                          "the checkpoints on GCS, set checkpoint.dir=gs://...")
-    run_dir = Path(plan.run_dir)
-    ckpt_dir = run_checkpoint_dir(resolve(plan.recipe, None, plan.overrides), run_dir)
+    run_dir = launch_dir(plan.run_dir)
+    ckpt_dir = run_checkpoint_dir(plan.resolve(), plan.run_dir)
     log = LaunchLog(run_dir, echo)
     newest = lambda: max(complete_steps(ckpt_dir), default=0)
     try:
         with RunLock(run_dir, log) as lock:
             runner = _Runner(lock)
             with runner.forwarding_signals():
-                return _attempts(backend, plan, policy, runner, log, newest, sleep or runner.stopping.wait)
+                return _attempts(backend, plan, policy, runner, log, newest, sleep or runner.stopping.wait, run_dir)
     finally:
         log.close()
 
 
-def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep) -> int:
+def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local: Path) -> int:
+    """The loop; `local`: where the lock, the launch log and the attempt logs are (launch_dir)."""
     log(f"resume-until-done, {backend.name}: {plan.layout.describe()}; final step {plan.final_step}; "
         f"max retries {policy.max_retries}, backoff {policy.backoff_s:g} s")
-    attempt, failures = 0, 0
+    state = LaunchState.load(plan.run_dir)
+    attempt, failures, last_failure = 0, 0, ExitStatus.CRASHED
     step = newest()
     while True:
         if step >= plan.final_step:
             log(f"done: complete checkpoint at step {step} (final step {plan.final_step}) after {attempt} attempt(s)")
-            return 0
+            return ExitStatus.DONE
         if failures > policy.max_retries:
             log(f"giving up: {failures} attempts in a row ended without a new checkpoint (max retries "
                 f"{policy.max_retries}); newest complete checkpoint: step {step}")
-            return 1
+            return last_failure
         if attempt > 0:
             log(f"resubmitting in {policy.backoff_s:g} s")
+            state.retrying(preempted=outcome is ExitStatus.PREEMPTED)
             sleep(policy.backoff_s)
             if runner.stopping.is_set():
                 return _stopped(log, step)
         attempt += 1
-        status = _run_attempt(backend, attempt, step, runner, log, Path(plan.run_dir))
+        remove(plan.run_dir, RECORD_FILE)  # what the trainer of this attempt writes, if it gets to
+        code = _run_attempt(backend, attempt, step, runner, log, local)
         if runner.stopping.is_set():
             return _stopped(log, newest())
+        outcome, why = attempt_outcome(backend, code, local / ATTEMPT_DIR / f"attempt-{attempt}.log", plan.run_dir)
         before, step = step, newest()
-        log(f"attempt {attempt} ended: exit status {status}; newest complete checkpoint: step {step}")
-        if status == CONFIG_ERROR_STATUS:
-            log("exit status 2 is a config or usage error: not retrying (see the attempt log)")
-            return CONFIG_ERROR_STATUS
-        failures = 0 if step > before else failures + 1
+        log(f"attempt {attempt} ended: exit status {code}, {outcome.name} ({why}); "
+            f"newest complete checkpoint: step {step}")
+        state.ended(outcome, code, why, step)
+        if not outcome.retried:
+            log(f"{outcome.name} is never retried: {outcome.meaning} (see the attempt log), then rerun")
+            return outcome
+        if step > before:
+            failures = 0  # progress: a long run on preemptible machines is interrupted many times
+        elif outcome.counted or outcome is ExitStatus.DONE:  # DONE without the final checkpoint: a mismatch
+            failures += 1
+            last_failure = outcome if outcome.counted else ExitStatus.CRASHED
+
+
+def launch_dir(run_dir: str) -> Path:
+    """Where the launcher keeps its lock, its log and the attempts' output: the run directory, or for a
+    gs:// run directory (objects cannot be locked or appended to) a local directory,
+    $OLMAX_LAUNCH_DIR/<bucket>/<path> (default ~/.cache/olmax/launch/...). Its state
+    (launch_state.json) and the trainer's exit record are in the run directory either way."""
+    if not is_url(run_dir):
+        return Path(run_dir)
+    chosen = read_env(RETRY_VARS, os.environ, "resume-until-done")["OLMAX_LAUNCH_DIR"]
+    base = Path(chosen or Path.home() / ".cache" / "olmax" / "launch")
+    return base / clean(run_dir).split("://", 1)[1]
+
+
+def attempt_outcome(backend, code: int, attempt_log: Path, run_dir: str) -> tuple[ExitStatus, str]:
+    """The exit-status row of an attempt and where it came from: the trainer's own record
+    (RUN_DIR/exit_status.json) when it wrote one, else the backend's reading of its job (the
+    trainer's exit code locally, Slurm's job state, xpk's verdict), else the exit code itself."""
+    record = read_record(run_dir)
+    if record is not None:
+        return ExitStatus(record["status"]), f"the trainer: {record.get('message') or record['name']}"
+    reading = getattr(backend, "outcome", None)
+    if reading is not None:
+        return reading(code, attempt_log)
+    return from_returncode(code), "exit code"
+
+
+class LaunchState:
+    """RUN_DIR/launch_state.json, what `olmax status` shows of the launcher: attempts and retries so
+    far (over every launcher of the run directory), the preemptions among them, and the last
+    failure's status. Rewritten whole after each attempt."""
+
+    FILE = "launch_state.json"
+
+    def __init__(self, run_dir: str, data: dict):
+        self.run_dir, self.data = run_dir, data
+
+    @classmethod
+    def load(cls, run_dir: str) -> "LaunchState":
+        text = read_text(run_dir, cls.FILE)
+        try:
+            data = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            data = {}
+        return cls(run_dir, {"attempts": 0, "retries": 0, "preemptions": 0, "last_failure": None, **data})
+
+    def ended(self, outcome: ExitStatus, code: int, why: str, step: int) -> None:
+        self.data["attempts"] += 1
+        self.data["last_attempt"] = {"status": int(outcome), "name": outcome.name, "exit_code": code, "why": why,
+                                     "newest_checkpoint": step, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if outcome is not ExitStatus.DONE:
+            self.data["last_failure"] = self.data["last_attempt"]
+        self._write()
+
+    def retrying(self, preempted: bool) -> None:
+        self.data["retries"] += 1
+        self.data["preemptions"] += int(preempted)
+        self._write()
+
+    def _write(self) -> None:
+        write_text(self.run_dir, self.FILE, json.dumps(self.data, indent=1) + "\n")
 
 
 def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir: Path) -> int:
@@ -289,4 +362,4 @@ def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir
 
 def _stopped(log, step: int) -> int:
     log(f"stopped by a signal; not resubmitting. Newest complete checkpoint: step {step}")
-    return 128 + signal.SIGTERM  # as a shell reports a process ended by SIGTERM
+    return ExitStatus.PREEMPTED  # as a shell reports a process ended by SIGTERM

@@ -15,10 +15,13 @@ limit: they save at the next step boundary and exit, and resume-until-done resub
 
 from __future__ import annotations
 
+import re
 import shlex
+import subprocess
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
+from olmax.exits import ExitStatus, from_returncode
 from olmax.launch import LaunchError
 from olmax.launch.env import SLURM_VARS, positive_int, read_env
 from olmax.launch.plan import Command, LaunchPlan
@@ -32,6 +35,9 @@ class SlurmBackend:
 
     def __init__(self, plan: LaunchPlan, environ: Mapping[str, str]):
         self.plan, self.env = plan, read_env(SLURM_VARS, environ, "--backend slurm")
+        if "://" in plan.run_dir:
+            raise LaunchError(f"--backend slurm writes its script and job output into the run directory: it must "
+                              f"be a path on the cluster's shared filesystem, not {plan.run_dir}")
         gpus = positive_int(self.env, "OLMAX_SLURM_GPUS_PER_NODE")
         total = plan.layout.total_devices
         if total % gpus:
@@ -66,6 +72,7 @@ class SlurmBackend:
                  "set -euo pipefail"]
         if env["OLMAX_SLURM_SETUP"]:
             lines.append(env["OLMAX_SLURM_SETUP"])  # a shell line by design (e.g. activating a venv)
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.options.env]  # --env; srun passes them on
         lines += [
             "# jax.distributed: one process per node, the first node hosts the coordinator (sed, not head:\n"
             "# under pipefail, head closing the pipe early would fail the line)",
@@ -92,3 +99,45 @@ class SlurmBackend:
     def files(self) -> dict[str, str]:
         """Files to write before the commands run: {path: content}."""
         return {str(self.script_path): self.script()}
+
+    def outcome(self, code: int, attempt_log: Path) -> tuple[ExitStatus, str]:
+        """The row of a job that left no trainer record: its Slurm state (sacct, by the job id sbatch
+        printed into the attempt log) where that says more than the exit code, else the exit code
+        (sbatch --wait exits with the job's: srun's, the highest of the tasks', 128 + N for signal N)."""
+        job = _job_id(attempt_log)
+        state = _sacct_state(job) if job else None
+        if state in SLURM_STATES:
+            return SLURM_STATES[state], f"Slurm job {job}: {state}"
+        return from_returncode(code), f"Slurm job {job}: {state}, exit code" if job else "exit code"
+
+
+# Slurm job states that decide the row by themselves (the others, COMPLETED and FAILED, by the exit code)
+SLURM_STATES = {
+    "PREEMPTED": ExitStatus.PREEMPTED,
+    "NODE_FAIL": ExitStatus.TRANSIENT,
+    "BOOT_FAIL": ExitStatus.TRANSIENT,
+    "TIMEOUT": ExitStatus.CRASHED,  # the trainer did not stop within TERM_BEFORE_LIMIT_S of the SIGTERM
+    "OUT_OF_MEMORY": ExitStatus.CRASHED,
+    "DEADLINE": ExitStatus.CRASHED,
+    "CANCELLED": ExitStatus.USER_ERROR,  # scancel: someone stopped it on purpose; not resubmitted
+}
+
+
+def _job_id(attempt_log: Path) -> Optional[str]:
+    """The id in sbatch's last `Submitted batch job N` line of the attempt log."""
+    try:
+        ids = re.findall(r"Submitted batch job (\d+)", Path(attempt_log).read_text())
+    except OSError:
+        return None
+    return ids[-1] if ids else None
+
+
+def _sacct_state(job: str) -> Optional[str]:
+    """The job's state word (`CANCELLED by 123` -> CANCELLED), or None when sacct cannot tell."""
+    try:
+        out = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    words = out.stdout.split()
+    return words[0].rstrip("+") if out.returncode == 0 and words else None

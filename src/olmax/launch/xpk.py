@@ -18,6 +18,7 @@ import re
 import shlex
 from typing import Mapping, Optional
 
+from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.env import XPK_VARS, positive_int, read_env
 from olmax.launch.plan import Command, LaunchPlan
@@ -25,6 +26,8 @@ from olmax.launch.plan import Command, LaunchPlan
 # TPU type name -> JAX devices (chips) per slice, from the number in the name. v4 and v5p count
 # TensorCores (2 per chip, one JAX device per chip); v5e and v6e count chips.
 CHIPS_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1}
+# `xpk workload list --wait-for-job-completion` exit codes (xpk's wait_for_job_completion)
+XPK_WAIT = {125: "xpk: workload failed", 124: "xpk: the wait timed out"}
 # xpk's rule for workload names: lower case letters, digits and '-', starting with a letter, at most 40.
 WORKLOAD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 
@@ -72,7 +75,13 @@ class XpkBackend:
         return Command(self._xpk(
             "create", "--workload", workload, "--tpu-type", self.env["OLMAX_XPK_TPU_TYPE"],
             "--num-slices", str(self.num_slices), "--docker-image", self.env["OLMAX_DOCKER_IMAGE"],
-            "--env", "OLMAX_DISTRIBUTED=auto", "--command", self.worker_command()))
+            *self.env_args(), "--command", self.worker_command()))
+
+    def env_args(self) -> list[str]:
+        """xpk's `--env KEY=VALUE` for the worker's setting and every --env of the launch (xpk puts
+        them into the container spec as they are: no shell reads them)."""
+        pairs = [("OLMAX_DISTRIBUTED", "auto"), *self.plan.options.env]
+        return [a for k, v in pairs for a in ("--env", f"{k}={v}")]
 
     def launch_steps(self) -> list[Command]:
         return [self.create(self.workload)]
@@ -87,3 +96,11 @@ class XpkBackend:
 
     def files(self) -> dict[str, str]:
         return {}
+
+    def outcome(self, code: int, attempt_log) -> tuple[ExitStatus, str]:
+        """xpk's wait only tells completed (0), failed (125) or timed out (124); the row of a failure
+        comes from the trainer's RUN_DIR/exit_status.json, read before this. Without one (a lost
+        node, an OOM kill) it is a crash."""
+        if code == 0:
+            return ExitStatus.DONE, "xpk: workload completed"
+        return ExitStatus.CRASHED, XPK_WAIT.get(code, f"xpk exited {code}") + "; the trainer left no exit record"

@@ -1,0 +1,51 @@
+"""`olmax status RUN_DIR [--follow] [--json FILE]` (olmax.status)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from olmax.cli.common import app, exits_on
+
+
+def status_errors():
+    from olmax.config import ConfigError
+
+    return (ConfigError, FileNotFoundError)
+
+
+@app.command("status")
+@exits_on("status error", status_errors)
+def status_cmd(
+    run_dir: str = typer.Argument(..., help="the run directory (a path or gs://...)"),
+    chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: MFU when the "
+                                                            "trainer was not given --chip"),
+    follow: bool = typer.Option(False, "--follow", help="refresh every --every seconds until Ctrl-C"),
+    every: float = typer.Option(30.0, "--every", help="seconds between refreshes with --follow"),
+    window: int = typer.Option(50, "--window", help="recent steps the step time, tokens/s, MFU and loss use"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="also write the status as JSON to this file "
+                                                                "('-': print JSON instead of text)"),
+):
+    """Where a run stands: step, tokens, speed, MFU, ETA, loss, skipped steps, newest checkpoint, data
+    fingerprint, the launcher's retries and the last failure."""
+    import json
+    import time
+    from pathlib import Path
+
+    from olmax.status import MetricsReader, format_status, run_status
+
+    reader = MetricsReader(run_dir, window)
+    while True:
+        status = run_status(run_dir, reader, chip=chip)
+        if json_out == "-":
+            typer.echo(json.dumps(status, sort_keys=True))
+        else:
+            typer.echo(format_status(status))
+            if json_out is not None:
+                Path(json_out).write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
+        if not follow:
+            return
+        time.sleep(every)
+        if json_out != "-":
+            typer.echo("")

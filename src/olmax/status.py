@@ -1,0 +1,158 @@
+"""`olmax status RUN_DIR`: where a run stands, from what its trainer and launcher leave in the run
+directory (a local path or a gs:// URL) and its checkpoints. Reads only; safe next to a running job.
+
+- RUN_DIR/config.yaml         total steps, tokens per step, the model (for MFU), the checkpoint directory
+- RUN_DIR/metrics.jsonl       step, tokens, step time, loss, skipped steps, MFU (olmax.metrics)
+- the checkpoint directory    the newest complete checkpoint and its data fingerprint (olmax.surgery.inspect)
+- RUN_DIR/launch_state.json   attempts, retries, preemptions, the last failure (olmax.launch.resume)
+- RUN_DIR/exit_status.json    how the last trainer ended (olmax.exits)
+
+Recent figures are medians over the last `window` logged steps, so an evaluation or a checkpoint
+write in one step does not swing them; the smoothed loss is their mean.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Optional
+
+import yaml
+
+from olmax import runpath
+from olmax.config import ConfigError, ExperimentConfig, from_dict
+
+LOSS, STEP_TIME, SKIPPED = "train/CE loss", "time/step", "optim/step skipped"
+TFLOPS, MFU, TOKENS = "throughput/device/TFLOPs", "throughput/device/MFU", "throughput/total tokens"
+
+
+class MetricsReader:
+    """Reads RUN_DIR/metrics.jsonl incrementally: each `refresh` reads only what was appended since
+    the last, and starts over when the file shrank (a resumed trainer drops rows after its checkpoint)."""
+
+    def __init__(self, run_dir: str, window: int):
+        self.path, self.window = runpath.join(run_dir, "metrics.jsonl"), window
+        self._start()
+
+    def _start(self) -> None:
+        self._offset, self._partial = 0, b""
+        self.rows: list[dict] = []  # the last `window` rows
+        self.skipped = 0  # steps whose update was skipped, over the whole file
+
+    def refresh(self) -> None:
+        size = runpath.size(self.path)
+        if size is None or size < self._offset:
+            self._start()
+        if size is None:
+            return
+        data = self._partial + runpath.read_range(self.path, self._offset, size)
+        self._offset = size
+        *lines, self._partial = data.split(b"\n")
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if self.rows and row.get("step", 0) <= self.rows[-1].get("step", 0):  # rows re-logged after a resume
+                self.rows = [r for r in self.rows if r["step"] < row["step"]]
+            self.skipped += int(row.get(SKIPPED, 0) > 0)
+            self.rows = (self.rows + [row])[-self.window:]
+
+
+def read_config(run_dir: str) -> ExperimentConfig:
+    text = runpath.read_text(run_dir, "config.yaml")
+    if text is None:
+        raise ConfigError(f"{runpath.join(run_dir, 'config.yaml')} does not exist: is {run_dir} a run directory "
+                          "(olmax train writes it when the run starts)?")
+    return from_dict(yaml.safe_load(text), ExperimentConfig)
+
+
+def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = None) -> dict:
+    """The status of the run in `run_dir` (figures in the module docstring); None where unknown."""
+    from olmax.checkpoint import run_checkpoint_dir
+    from olmax.exits import read_record
+    from olmax.flops import chip_peak
+
+    run_dir = runpath.clean(run_dir)
+    cfg = read_config(run_dir)
+    reader.refresh()
+    rows, total = reader.rows, cfg.trainer.max_steps
+    last = rows[-1] if rows else {}
+    step = last.get("step", 0)
+    step_time = _median(rows, STEP_TIME)
+    tokens_per_step = cfg.trainer.global_batch * cfg.data.seq_len
+    mfu = _median(rows, MFU)
+    if mfu is None and chip is not None and _median(rows, TFLOPS) is not None:
+        mfu = _median(rows, TFLOPS) / chip_peak(chip)
+    losses = [r[LOSS] for r in rows if LOSS in r]
+    launcher = runpath.read_text(run_dir, "launch_state.json")
+    launcher = json.loads(launcher) if launcher else None
+    return {
+        "run_dir": run_dir, "name": cfg.name,
+        "step": step, "total_steps": total, "progress": step / total if total else None,
+        "tokens": last.get(TOKENS), "total_tokens": total * tokens_per_step,
+        "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time if step_time else None,
+        "mfu": mfu, "eta_s": (total - step) * step_time if step_time else None,
+        "loss": losses[-1] if losses else None, "loss_smoothed": statistics.fmean(losses) if losses else None,
+        "window": len(rows), "skipped_steps": reader.skipped,
+        **_checkpoint(run_checkpoint_dir(cfg, run_dir)),
+        "attempts": launcher and launcher.get("attempts"), "retries": launcher and launcher.get("retries"),
+        "preemptions": launcher and launcher.get("preemptions"),
+        "last_failure": launcher and launcher.get("last_failure"),
+        "last_exit": read_record(run_dir),
+    }
+
+
+def _median(rows: list[dict], key: str) -> Optional[float]:
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else None
+
+
+def _checkpoint(directory) -> dict:
+    from olmax.checkpoint import CheckpointError
+    from olmax.surgery import inspect
+
+    try:
+        report = inspect(directory)
+    except CheckpointError:
+        return {"checkpoint": None, "checkpoint_dir": str(directory), "data_fingerprint": None}
+    return {"checkpoint": report["step"], "checkpoint_dir": str(directory),
+            "data_fingerprint": (report["data"] or {}).get("fingerprint")}
+
+
+def format_status(s: dict) -> str:
+    """The status as a few lines of text."""
+    def num(x, fmt="{:,.0f}"):
+        return "?" if x is None else fmt.format(x)
+
+    lines = [
+        f"run {s['run_dir']} ({s['name']})",
+        f"step {s['step']:,} / {s['total_steps']:,} ({num(s['progress'] and 100 * s['progress'], '{:.1f}')}%), "
+        f"tokens {num(s['tokens'])} / {num(s['total_tokens'])}",
+        f"recent (median of {s['window']} steps): {num(s['step_time_s'], '{:.3f}')} s/step, "
+        f"{num(s['tokens_per_s'])} tokens/s, MFU {num(s['mfu'] and 100 * s['mfu'], '{:.1f}')}%, "
+        f"ETA {_duration(s['eta_s'])}",
+        f"CE loss {num(s['loss'], '{:.4f}')} (mean of the recent steps {num(s['loss_smoothed'], '{:.4f}')}); "
+        f"skipped steps so far: {s['skipped_steps']}",
+        f"newest complete checkpoint: {'none' if s['checkpoint'] is None else 'step ' + str(s['checkpoint'])} "
+        f"in {s['checkpoint_dir']}; data fingerprint {s['data_fingerprint'] or '?'}",
+    ]
+    if s["attempts"] is not None:
+        failure = s["last_failure"]
+        lines.append(f"launcher: {s['attempts']} attempt(s), {s['retries']} retries ({s['preemptions']} after "
+                     f"preemptions); last failure: "
+                     + ("none" if not failure else f"{failure['name']} (exit {failure['exit_code']}: "
+                                                   f"{failure['why']}) at {failure['time']}"))
+    if s["last_exit"] is not None:
+        e = s["last_exit"]
+        lines.append(f"last trainer exit: {e['name']} ({e['status']}) at {e.get('time', '?')}"
+                     + (f": {e['message']}" if e.get("message") else ""))
+    return "\n".join(lines)
+
+
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    d, rest = divmod(seconds, 86400)
+    return (f"{d}d " if d else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"

@@ -1,0 +1,67 @@
+"""`olmax status RUN_DIR` on a real small run directory (trained here, with a launcher's state), and
+its incremental metrics reading (appends, and a file rewritten shorter by a resumed trainer)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from olmax.cli import app
+from olmax.exits import ExitStatus, write_record
+from olmax.launch.resume import LaunchState
+from olmax.status import MetricsReader, run_status
+from olmax.train import train
+from small_run import small_config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("status")
+    train(small_config(root, "eval.every=0", "checkpoint.every=2"), root / "run", stop_at=5, progress=False)
+    state = LaunchState.load(str(root / "run"))
+    state.ended(ExitStatus.TRANSIENT, 75, "the trainer: RemoteReadError: ...", 2)
+    state.retrying(preempted=False)
+    state.ended(ExitStatus.PREEMPTED, 143, "the trainer: stopped after step 5 of 6", 5)
+    write_record(str(root / "run"), ExitStatus.PREEMPTED, "stopped after step 5 of 6")  # as olmax train does
+    return root / "run"
+
+
+def test_status_of_a_real_run(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    s = run_status(str(run), MetricsReader(str(run), window=3), chip="v5p")
+    assert (s["step"], s["total_steps"], s["tokens"], s["total_tokens"]) == (5, 6, 5 * 8 * 64, 6 * 8 * 64)
+    times = sorted(r["time/step"] for r in rows[-3:])
+    assert s["step_time_s"] == times[1] and s["tokens_per_s"] == pytest.approx(8 * 64 / times[1])
+    assert s["eta_s"] == pytest.approx(1 * times[1])
+    assert s["mfu"] == pytest.approx(sorted(r["throughput/device/TFLOPs"] for r in rows[-3:])[1] / 459.0)
+    assert s["loss"] == rows[-1]["train/CE loss"]
+    assert s["loss_smoothed"] == pytest.approx(sum(r["train/CE loss"] for r in rows[-3:]) / 3)
+    assert s["skipped_steps"] == sum(r["optim/step skipped"] > 0 for r in rows)
+    ckpt = json.loads((run / "checkpoints" / "5" / "data" / "metadata").read_text())  # --stop-at saves
+    assert (s["checkpoint"], s["data_fingerprint"]) == (5, ckpt["fingerprint"])
+    assert (s["attempts"], s["retries"], s["preemptions"]) == (2, 1, 0)
+    assert s["last_failure"]["name"] == "PREEMPTED" and s["last_exit"]["name"] == "PREEMPTED"
+    out = CliRunner().invoke(app, ["status", str(run)])
+    assert out.exit_code == 0, out.output
+    assert "step 5 / 6 (83.3%), tokens 2,560 / 3,072" in out.output
+    assert "newest complete checkpoint: step 5" in out.output and ckpt["fingerprint"] in out.output
+    assert "launcher: 2 attempt(s), 1 retries (0 after preemptions); last failure: PREEMPTED (exit 143" in out.output
+    printed = CliRunner().invoke(app, ["status", str(run), "--json", "-"])
+    assert json.loads(printed.output.splitlines()[-1])["checkpoint"] == 5
+    missing = CliRunner().invoke(app, ["status", str(run.parent / "nothing")])
+    assert missing.exit_code == 2 and "nothing/config.yaml does not exist" in missing.output
+
+
+def test_metrics_reader_follows_appends_and_rewrites(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    row = lambda step, skipped=0.0: json.dumps({"step": step, "optim/step skipped": skipped}) + "\n"
+    path.write_text(row(1) + row(2, 1.0) + row(3)[:7])  # the last row is being written
+    reader = MetricsReader(str(tmp_path), window=2)
+    reader.refresh()
+    assert [r["step"] for r in reader.rows] == [1, 2] and reader.skipped == 1
+    path.write_text(row(1) + row(2, 1.0) + row(3) + row(4, 1.0))
+    reader.refresh()
+    assert [r["step"] for r in reader.rows] == [3, 4] and reader.skipped == 2
+    path.write_text(row(1) + row(2, 1.0))  # a resumed trainer dropped steps 3 and 4
+    reader.refresh()
+    assert [r["step"] for r in reader.rows] == [1, 2] and reader.skipped == 1
