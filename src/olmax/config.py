@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("xla", "cudnn", "splash")
-REMAT_POLICIES = ("none", "full", "save_dots")
+# `auto` picks by the platform the step compiles for (olmax.model.attention.resolve_backend).
+ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
 ROPE_TYPES = ("default", "yarn")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
@@ -30,6 +30,47 @@ class ConfigError(ValueError):
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class RematPolicy:
+    """What a rematerialised block keeps for its backward pass; the rest is recomputed. Names are
+    the activations olmax.model.olmo3 tags (REMAT_NAMES)."""
+
+    save: tuple[str, ...] = ()  # kept in device memory
+    offload: tuple[str, ...] = ()  # moved to host memory and back (TPU and GPU only)
+    save_dots: bool = False  # also keep every weight matmul's output
+
+
+REMAT_NAMES = ("q_proj", "k_proj", "v_proj", "attn_out", "o_proj", "mlp_in")
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+# The remat table: model.remat -> policy, None = no rematerialisation. Named, as MaxText's
+# `remat_policy` is, by what they save (MaxText src/MaxText/layers/decoders.py, get_remat_policy).
+REMAT_POLICIES: dict[str, Optional[RematPolicy]] = {
+    "none": None,
+    "full": RematPolicy(),
+    # every weight matmul's output; only the elementwise work and attention are recomputed
+    "save_dots": RematPolicy(save_dots=True),
+    "save_qkv_proj": RematPolicy(save=_QKV),
+    "save_qkv_out_proj": RematPolicy(save=_QKV + ("o_proj",)),
+    # the attention half's outputs and the MLP's inputs: the backward pass recomputes attention's
+    # projections and the MLP from them (MaxText's "minimal" keeps the MLP's matmuls too)
+    "save_attn_mlp_inputs": RematPolicy(save=_QKV + ("attn_out", "mlp_in")),
+    "offload_qkv_proj": RematPolicy(offload=_QKV),
+    "offload_qkv_out_proj": RematPolicy(offload=_QKV + ("o_proj",)),
+}
+
+
+@dataclass(frozen=True)
+class SplashBlocks:
+    """Tiles of the splash attention kernel (query rows, key columns per step, key columns per
+    compute step); the backward pass uses the same. 2048/2048/1024 compiles on v5p, v6e and
+    Ironwood at 8192 tokens once the chip profile raises scoped VMEM to 64 MiB (docs/attention.md)."""
+
+    q: int = 2048
+    kv: int = 2048
+    kv_compute: int = 1024
 
 
 @dataclass(frozen=True)
@@ -64,14 +105,15 @@ class ModelConfig:
     init_std: float = 0.02  # truncated normal, cut at 3 std (OLMo-core)
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
-    attention: str = "xla"
-    remat: str = "none"
+    attention: str = "auto"
+    splash_blocks: SplashBlocks = field(default_factory=SplashBlocks)
+    remat: str = "none"  # a REMAT_POLICIES name
 
     def __post_init__(self):
         _check_choice("model.param_dtype", self.param_dtype, DTYPES)
         _check_choice("model.compute_dtype", self.compute_dtype, DTYPES)
         _check_choice("model.attention", self.attention, ATTENTION_BACKENDS)
-        _check_choice("model.remat", self.remat, REMAT_POLICIES)
+        _check_choice("model.remat", self.remat, tuple(REMAT_POLICIES))
         _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
         _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
         if self.n_heads % self.n_kv_heads:
