@@ -16,6 +16,7 @@ step runs there.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Optional
 
@@ -42,6 +43,10 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
     chip_of_topology(topology)  # a clear error for a name outside the chip table
     if num_slices < 1:
         raise ConfigError(f"--num-slices must be at least 1, got {num_slices}")
+    # libtpu takes a host-wide lock file on load, so a second process compiling for a topology
+    # (parallel tests, a second check) would fail; on a host compiling for an absent TPU there is
+    # no chip to share, and libtpu allows concurrent loads with this variable.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     try:

@@ -214,8 +214,8 @@ class ScheduleConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     global_batch: int = 512  # instances per optimizer step; fixed by the recipe
-    # Instances per batch shard (data x fsdp device) in one forward/backward; None = the whole
-    # per-device batch at once. Gradient accumulation steps = per-device batch / micro_batch_size.
+    # Instances per batch shard (data x fsdp device) in one forward/backward, at most the per-device
+    # batch; None = the whole per-device batch at once. Accumulation steps = per-device batch / micro.
     micro_batch_size: Optional[int] = None
     # Sequence positions per chunk of the output layer + cross-entropy, so the full fp32 logits are
     # never materialised (recomputed in the backward pass); 0 = one chunk. Must divide data.seq_len.

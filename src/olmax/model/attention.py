@@ -204,8 +204,8 @@ def _splash_kernel(seq_len: int, window: Optional[int], n_heads: int, blocks: Sp
     for name, b in (("q", q_block), ("kv", kv_block), ("kv_compute", kv_compute)):
         if seq_len % b or b % 128:
             raise ValueError(
-                f"attention backend 'splash': model.splash_blocks.{name}={b} must be a multiple of 128 "
-                f"that divides the sequence length {seq_len}"
+                f"attention backend 'splash': its {name} tile {b} (model.splash_blocks.{name}, at most "
+                f"the sequence) must be a multiple of 128 that divides seq_len={seq_len}"
             )
     if kv_block % kv_compute:
         raise ValueError(f"model.splash_blocks.kv_compute={kv_compute} must divide model.splash_blocks.kv={kv_block}")
