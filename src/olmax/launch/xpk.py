@@ -18,13 +18,15 @@ import re
 import shlex
 from typing import Mapping, Optional
 
+from olmax.chips import CHIPS, libtpu_init_args
 from olmax.launch import LaunchError
 from olmax.launch.env import XPK_VARS, positive_int, read_env
 from olmax.launch.plan import Command, LaunchPlan
 
-# TPU type name -> JAX devices (chips) per slice, from the number in the name. v4 and v5p count
-# TensorCores (2 per chip, one JAX device per chip); v5e and v6e count chips.
-CHIPS_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1}
+# TPU type name -> JAX devices per unit of the number in the name. v4 and v5p count TensorCores
+# (2 per chip, one JAX device per chip); v5e and v6e count chips; tpu7x (Ironwood) counts
+# TensorCores, each its own JAX device (tpu7x-128 = 64 chips = 128 devices).
+CHIPS_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1, "tpu7x": 1}
 # xpk's rule for workload names: lower case letters, digits and '-', starting with a letter, at most 40.
 WORKLOAD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 
@@ -68,11 +70,20 @@ class XpkBackend:
         """The shell command each TPU VM runs (xpk --command takes one string)."""
         return shlex.join(["python3", "-m", "olmax.launch.worker", *self.plan.train_args()])
 
+    def worker_env(self) -> list[str]:
+        """--env KEY=VALUE pairs: distributed start-up, and the chip's libtpu flag profile
+        (olmax.chips; the same flags `olmax compile-check --topology` compiles with)."""
+        env = ["--env", "OLMAX_DISTRIBUTED=auto"]
+        family = self.env["OLMAX_XPK_TPU_TYPE"].rpartition("-")[0]
+        if family in CHIPS and CHIPS[family].libtpu_flags:
+            env += ["--env", f"LIBTPU_INIT_ARGS={libtpu_init_args(CHIPS[family])}"]
+        return env
+
     def create(self, workload: str) -> Command:
         return Command(self._xpk(
             "create", "--workload", workload, "--tpu-type", self.env["OLMAX_XPK_TPU_TYPE"],
             "--num-slices", str(self.num_slices), "--docker-image", self.env["OLMAX_DOCKER_IMAGE"],
-            "--env", "OLMAX_DISTRIBUTED=auto", "--command", self.worker_command()))
+            *self.worker_env(), "--command", self.worker_command()))
 
     def launch_steps(self) -> list[Command]:
         return [self.create(self.workload)]
