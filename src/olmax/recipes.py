@@ -71,23 +71,19 @@ def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
                             trainer=STAGE1_TRAINER)
 
 
-def _olmo3_32b() -> ExperimentConfig:
-    return _stage1("olmo3_32b", OLMO3_32B)
-
-
 def _olmo3_7b_hd256() -> ExperimentConfig:
     return _stage1("olmo3_7b_hd256", OLMO3_7B_HD256)
 
 
-# Stage 1 by name (`olmo3_7b` is the same recipe under its short name). The overrides
+# Stage 1 by name (`olmo3_7b` and `olmo3_32b` are the same recipes under their short names). The overrides
 # `schedule.name=cosine schedule.t_max_tokens=7000000000000` turn its stitched schedule into the
 # MaxText reproduction's single cosine (warmup 2000, to 0.1 x lr at ceil(7e12 / 4194304) = 1,668,931).
 def _olmo3_7b_stage1(name: str = "olmo3_7b_stage1") -> ExperimentConfig:
     return _stage1(name, OLMO3_7B)
 
 
-def _olmo3_32b_stage1() -> ExperimentConfig:
-    return _stage1("olmo3_32b_stage1", OLMO3_32B)
+def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
+    return _stage1(name, OLMO3_32B)
 
 
 # Stage 2, midtraining on Dolmino (OLMo-3-1025-7B-midtrain.py): 256 x 8192 = 2^21 tokens per step,
@@ -162,7 +158,7 @@ def _bench_small() -> ExperimentConfig:
 
 RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "olmo3_7b": functools.partial(_olmo3_7b_stage1, "olmo3_7b"),
-    "olmo3_32b": _olmo3_32b,
+    "olmo3_32b": functools.partial(_olmo3_32b_stage1, "olmo3_32b"),
     "olmo3_7b_hd256": _olmo3_7b_hd256,
     "olmo3_7b_stage1": _olmo3_7b_stage1,
     "olmo3_7b_stage2": _olmo3_7b_stage2,
