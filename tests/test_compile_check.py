@@ -87,17 +87,20 @@ def test_bad_topology_and_mesh_are_clear_errors():
         make_mesh(MeshConfig(data=2, fsdp=3, tensor=1), topology_devices("tpu7x:2x2x1"))
 
 
-def test_does_not_fit_names_the_figures():
-    report = {"recipe": "olmo3_7b_stage1", "topology": "v6e:2x2", "devices": 4, "platform": "tpu",
+NOT_FITTING = {"recipe": "olmo3_7b_stage1", "topology": "v6e:2x2", "devices": 4, "platform": "tpu",
               "per_device": {"total_gib": 41.3}, "hbm_gib": 29.8, "hbm_headroom": 0.9, "chip": "v6e",
               "micro_batch": 4, "remat": "save_qkv_proj", "fits": False}
+
+
+def test_does_not_fit_names_the_figures():
+    report = NOT_FITTING
     with pytest.raises(DoesNotFit, match=r"olmo3_7b_stage1 does not fit on v6e:2x2: per-device total 41.3 GiB "
                                          r"> 90% of the 29.8 GiB HBM"):
         check_fits(report)
     check_fits({**report, "fits": True})
 
 
-def test_cli_exits_2_on_bad_input(tmp_path):
+def test_cli_exits_2_on_bad_input(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from olmax.cli import app
@@ -107,6 +110,13 @@ def test_cli_exits_2_on_bad_input(tmp_path):
     assert r.exit_code == 2 and "unknown TPU topology 'v9z:2x2'" in r.output
     r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "tpu7x:2x2x1", "mesh.tensor=3"])
     assert r.exit_code == 2 and "not divisible by the fixed mesh axes" in r.output
+    import olmax.compile_check
+
+    monkeypatch.setattr(olmax.compile_check, "compile_report", lambda *a, **k: NOT_FITTING)
+    monkeypatch.setattr(olmax.compile_check, "format_report", lambda r: "report")
+    r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "v6e:2x2", "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 2 and "per-device total 41.3 GiB > 90% of the 29.8 GiB HBM" in r.output
+    assert json.loads((tmp_path / "r.json").read_text())["fits"] is False  # the figures are written first
 
 
 @pytest.mark.slow
