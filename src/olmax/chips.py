@@ -14,7 +14,10 @@ options), so what is checked is what runs. Sources:
   SparseCore collective offload (Ironwood): MaxText benchmarks/xla_flags_library.py,
       ENABLE_SPARSECORE_OFFLOADING_FOR_RS_AG_AR plus its ENABLE_SPARSECORE_OFFLOADING_BASE_FLAGS: the
       FSDP all-gathers, reduce-scatters and all-reduces run on the SparseCores instead of the
-      TensorCores (the flag set of the MaxText OLMo 3 run's 41% -> 44.5% MFU on Ironwood).
+      TensorCores (the flag set of the MaxText OLMo 3 run's 41% -> 44.5% MFU on Ironwood). One base
+      flag, --xla_sc_disjoint_spmem, is left out: libtpu 0.0.42.1 refuses it ("No such compile option").
+Every flag here is accepted by libtpu 0.0.42.1's compiler (tests/test_compile_check.py compiles with
+each profile).
 """
 
 from __future__ import annotations
