@@ -17,7 +17,7 @@ options), so what is checked is what runs. Sources:
       TensorCores (the flag set of the MaxText OLMo 3 run's 41% -> 44.5% MFU on Ironwood). One base
       flag, --xla_sc_disjoint_spmem, is left out: libtpu 0.0.42.1 refuses it ("No such compile option").
 Every flag here is accepted by libtpu 0.0.42.1's compiler (tests/test_compile_check.py compiles with
-each profile).
+the tpu7x and v5p profiles; v6e's is v5p's).
 """
 
 from __future__ import annotations
