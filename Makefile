@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` (set up, then train the tiny model on the embedded
-# corpus on CPU) and `make test` (set up with the reference implementations, lm-eval and wandb, then the
-# test suite).
+# corpus on CPU) and `make test` (set up with the reference implementations, lm-eval, wandb and libtpu
+# (the TPU compiler, for compile-check on TPU topologies without a TPU), then the test suite).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +16,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[parity,eval,wandb,dev]'
+	$(BIN)/pip install -q -e '.[parity,eval,wandb,dev,tpu]'
 	touch $@ $(VENV)/.core
 
 setup: $(VENV)/.core

@@ -67,7 +67,7 @@ def time_call(fn, args) -> float:
 
 def model_rows(runs: int) -> list[dict]:
     """bench-small's layers forward+backward and its whole train step, with the `xla` backend as it
-    is (blockwise) and with `plain_attention` swapped in at trace time; the two alternate, and both
+    is (blockwise) and with `plain_attention` as the table's `xla` entry at trace time; the two alternate, and both
     steps advance one shared train state (the step donates it)."""
     from olmax.model.olmo3 import forward_hidden, init_params
     from olmax.recipes import resolve
@@ -78,15 +78,16 @@ def model_rows(runs: int) -> list[dict]:
     cfg = resolve("bench-small", None, [])
     m = cfg.model
     ids = np.random.default_rng(0).integers(0, m.vocab_size, (cfg.trainer.global_batch, cfg.data.seq_len), np.int32)
-    blockwise_fn = attn._xla_attention
+    blockwise_fn = attn.BACKENDS["xla"]
 
     def traced_with(fn, build):
+        """build() with the backend table's `xla` entry set to fn while it traces."""
         jax.clear_caches()  # jax.checkpoint caches the traced block by function: retrace it with fn
-        attn._xla_attention = fn
+        attn.BACKENDS["xla"] = fn
         try:
             return build()
         finally:
-            attn._xla_attention = blockwise_fn
+            attn.BACKENDS["xla"] = blockwise_fn
 
     params = jax.jit(init_params, static_argnums=0)(m, jax.random.key(0))
 

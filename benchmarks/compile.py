@@ -1,5 +1,14 @@
 """Time to lower and compile the 7B train step (scan over layer groups) on fake CPU devices, and
-what its per-device temporaries are made of.
+what its per-device temporaries are made of; or, with --topology / --table, the TPU compiler's
+figures for the recipes on TPU slices (docs/performance.md, "TPU compile-check").
+
+    .venv/bin/python benchmarks/compile.py --table [--rows 0,2] [--json rows.jsonl]
+
+--table compiles the recipes x topologies of ROWS one at a time, each in its own process (a 128- or
+512-device 7B compile holds several GiB and takes many minutes on 2 cores), with the recipes' own
+settings, and prints the markdown table docs/performance.md shows. One row:
+
+    .venv/bin/python benchmarks/compile.py --recipe olmo3_7b_stage1 --topology tpu7x:4x4x4 --set ''
 
     .venv/bin/python benchmarks/compile.py [--recipe olmo3_7b_stage1 --devices 8 --set KEY=VALUE ...
                                             --buffers 12 --fused-attention-memory --json out.json]
@@ -23,12 +32,57 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 DEFAULT_SET = ["trainer.micro_batch_size=1", "trainer.loss_chunk=1024", "model.remat=full"]
 GOAL_S = 180.0
+
+# (recipe, topology, slices): the figures docs/performance.md reports for the TPU slices.
+ROWS = [
+    ("olmo3_7b_stage1", "tpu7x:4x4x4", 1),
+    ("olmo3_7b_stage1", "v5p:4x4x4", 1),
+    ("olmo3_7b_stage1", "v5p:8x8x8", 1),
+    ("olmo3_7b_hd256", "tpu7x:4x4x4", 1),
+    ("olmo3_32b_stage1", "v5p:8x8x8", 1),
+    ("olmo3_7b_stage2", "tpu7x:4x4x4", 1),
+    ("olmo3_7b_stage3", "tpu7x:4x4x4", 1),
+]
+
+
+def table_row(r: dict) -> str:
+    d = r["per_device"]
+    hlo = r["hlo_flops_per_device"]
+    return (f"| {r['recipe']} | {r['topology']} x{r['num_slices']} | {r['devices']} | {r['mesh']['data']}x"
+            f"{r['mesh']['fsdp']}x{r['mesh']['tensor']} | {r['remat']} | {r['per_device_batch']}/{r['micro_batch']} | "
+            f"{r['attention']} ({r['attention_kernel_calls']}) | {d['total_gib']:.1f} (temp {d['temporaries_gib']:.1f}) | "
+            f"{r['hbm_gib']:.1f} | {'yes' if r['fits'] else 'NO'} | {r['compile_s']:.0f} | "
+            f"{'n/a' if hlo is None else f'{hlo / 1e12:.0f}'} / {r['model_flops_per_device'] / 1e12:.0f} |")
+
+
+TABLE_HEAD = ("| recipe | topology | devices | mesh d x f x t | remat | per-device / micro batch | attention (Mosaic calls) "
+              "| per-device GiB | HBM GiB | fits | compile s | TFLOP/device: HLO / model |\n" + "|---" * 12 + "|")
+
+
+def run_table(rows: list[int], json_path) -> None:
+    """Each row in its own process (python -m olmax.cli compile-check), one at a time."""
+    print(TABLE_HEAD)
+    for i in rows:
+        recipe, topology, slices = ROWS[i]
+        out = Path(tempfile.mkdtemp(prefix="olmax-cc-")) / "row.json"
+        proc = subprocess.run([sys.executable, "-m", "olmax.cli", "compile-check", "--recipe", recipe,
+                               "--topology", topology, "--num-slices", str(slices), "--json", str(out)],
+                              capture_output=True, text=True)
+        if not out.exists():
+            print(f"| {recipe} | {topology} x{slices} | failed: {proc.stderr.strip().splitlines()[-1][:200]} |")
+            continue
+        report = json.loads(out.read_text())
+        print(table_row(report), flush=True)
+        if json_path:
+            with open(json_path, "a") as f:
+                f.write(json.dumps(report) + "\n")
 
 
 def largest_temporaries(dump_dir: Path, n: int) -> list[dict]:
@@ -48,7 +102,7 @@ def largest_temporaries(dump_dir: Path, n: int) -> list[dict]:
     return [{"bytes": int(size), "value": name, "shape": shape} for name, size, shape in values[:n]]
 
 
-def fused_attention_stand_in(q, k, v, *, window, backend):
+def fused_attention_stand_in(q, k, v, window):
     """Memory model of a fused (flash) attention kernel, for --fused-attention-memory: q, k, v in,
     an output of q's shape out, and for the backward pass exactly what cuDNN's and splash's kernels
     keep: q, k, v, the output and one float32 log-sum-exp per (row, head). No (seq x seq) array
@@ -56,7 +110,7 @@ def fused_attention_stand_in(q, k, v, *, window, backend):
     import jax
     import jax.numpy as jnp
 
-    del window, backend
+    del window
     group = q.shape[2] // k.shape[2]
 
     def widen(x):  # kv heads -> query heads, as grouped-query attention reads them
@@ -92,9 +146,16 @@ def main(argv=None) -> None:
     p.add_argument("--buffers", type=int, default=0, help="list this many largest temporaries (dumps HLO)")
     p.add_argument("--fused-attention-memory", action="store_true",
                    help="replace attention by a fused kernel's memory stand-in (memory figures only)")
+    p.add_argument("--topology", help="compile for this TPU topology (v5p:4x4x4, tpu7x:4x4x4, ...)")
+    p.add_argument("--num-slices", type=int, default=1)
+    p.add_argument("--table", action="store_true", help="compile the ROWS one at a time, print the table")
+    p.add_argument("--rows", default=None, help="comma-separated indices into ROWS (default: all)")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    overrides = DEFAULT_SET if args.set is None else args.set
+    if args.table:
+        run_table([int(i) for i in args.rows.split(",")] if args.rows else list(range(len(ROWS))), args.json)
+        return
+    overrides = DEFAULT_SET if args.set is None else [o for o in args.set if o]
     dump = Path(tempfile.mkdtemp(prefix="olmax-compile-")) if args.buffers else None
     flags = [f"--xla_force_host_platform_device_count={args.devices}"]
     if dump:
@@ -105,14 +166,16 @@ def main(argv=None) -> None:
     from olmax.compile_check import compile_report, format_report
     from olmax.recipes import resolve
 
-    if args.fused_attention_memory:
-        import olmax.model.olmo3
+    if args.fused_attention_memory:  # the stand-in as the backend table's entry for XLA:CPU
+        from olmax.model import attention
 
-        olmax.model.olmo3.attention = fused_attention_stand_in
+        attention.BACKENDS["xla"] = fused_attention_stand_in
 
-    report = compile_report(resolve(args.recipe, None, overrides))
+    report = compile_report(resolve(args.recipe, None, overrides), topology=args.topology,
+                            num_slices=args.num_slices)
     report["overrides"] = overrides
-    report["attention"] = "fused-kernel memory stand-in" if args.fused_attention_memory else "model.attention"
+    if args.fused_attention_memory:
+        report["attention"] = "fused-kernel memory stand-in"
     report["total_s"] = report["lower_s"] + report["compile_s"]
     report["under_goal"] = report["total_s"] < GOAL_S
     if dump:

@@ -15,13 +15,14 @@ each ended by block_until_ready on its metrics. Rows (docs/performance.md):
   (`rank_microbatch_size=2 * 8192` in OLMo-3-1025-7B-pretrain-1.py).
 - `190m`: OLMo-core's `TransformerConfig.olmo3_190M` shape (d_model 768, 12 layers, 12 heads of 64,
   MLP 3072, the 7B's vocabulary and window pattern), 2 x 8192 tokens (its script's rank micro-batch).
-Attention is cuDNN's fused kernel with the 4096 window (model.attention=cudnn). MFU is given by both
+Attention is `model.attention=auto`, which on a GPU in bf16 is cuDNN's fused kernel with the 4096
+window (olmax.model.attention.resolve_backend). MFU is given by both
 FLOP conventions of olmax.flops (MaxText's and the exact count) against --peak (989 TFLOP/s, the
 H100/H200 SXM dense bf16 datasheet figure). Prints a table; asserts nothing.
 
 --dry-run shrinks every row (d_model 64, 4 heads of 16, MLP 192, 256 tokens, window 128; the rows'
 layer counts and batches and the real vocabulary), runs 1 warm-up + 2 timed steps unless told, and
-uses the xla attention backend, since cuDNN needs a GPU: it proves the script runs end to end, its
+runs `auto` on the CPU, i.e. the xla backend, since cuDNN needs a GPU: it proves the script runs end to end, its
 figures mean nothing.
 """
 
@@ -36,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-PEAK_TFLOPS = 989.0  # H100 / H200 SXM, dense bf16 (olmax.flops.CHIPS)
+PEAK_TFLOPS = 989.0  # H100 / H200 SXM, dense bf16 (olmax.chips.CHIPS)
 
 # name -> (overrides on top of olmo3_7b_stage1, instances per step). seq_len 8192 everywhere.
 SHAPE_7B_4L = ["model.n_layers=4"]
@@ -48,14 +49,14 @@ ROWS = {
     "7b-4l-b2": (SHAPE_7B_4L, 2),
 }
 DEFAULT_ROWS = ("7b-4l", "190m", "7b-4l-b2")
-# What every row runs with: cuDNN attention, no rematerialisation (the 4-layer 7B at 2 x 8192 needs
+# What every row runs with: `auto` attention (cuDNN on the GPU), no rematerialisation (the 4-layer 7B at 2 x 8192 needs
 # 26 GB for parameters, gradients and Adam, and its activations stay under ~35 GiB by the XLA:CPU
 # compile of the 7B (docs/performance.md): within an H100's 80 GB), the output layer in chunks of
 # 2048 positions (0.8 GB of fp32 logits per chunk).
-COMMON = ["model.attention=cudnn", "model.remat=none", "trainer.loss_chunk=2048", "trainer.micro_batch_size=null",
+COMMON = ["model.attention=auto", "model.remat=none", "trainer.loss_chunk=2048", "trainer.micro_batch_size=null",
           "data.seq_len=8192"]
 # The rows' layer counts stay (190m: 3 scanned groups of 4 layers; 7b-4l: one).
-DRY_RUN = ["model.attention=xla", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=4", "model.head_dim=16",
+DRY_RUN = ["model.d_model=64", "model.n_heads=4", "model.n_kv_heads=4", "model.head_dim=16",
            "model.mlp_hidden=192", "model.sliding_window=128", "model.max_position=256", "data.seq_len=256",
            "trainer.loss_chunk=128"]
 

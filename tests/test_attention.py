@@ -24,7 +24,7 @@ import pytest
 
 from jax.sharding import NamedSharding, PartitionSpec
 
-from olmax.config import MeshConfig
+from olmax.config import ATTENTION_BACKENDS, MeshConfig, SplashBlocks
 from olmax.model import attention as attn
 from olmax.model.olmo3 import forward, init_params
 from olmax.recipes import get_recipe
@@ -185,15 +185,62 @@ def test_splash_gradients_match_xla():
         np.testing.assert_allclose(got, want, **TOL, err_msg=f"d{name}")
 
 
-def test_splash_kernel_built_once_and_reusable_across_traces():
-    attn._splash_kernel.cache_clear()
+def test_splash_kernel_reusable_across_traces():
     q, k, v = _qkv(256, 4, 2, 32, batch=1)
     first = jax.jit(lambda q, k, v: attn.attention(q, k, v, window=64, backend="splash"))(q, k, v)
-    # A new trace reuses the kernel built inside the first one: its tables must not be leaked tracers.
+    # A second trace of the same shape: nothing of the first trace (tracers) may leak into it.
     second = jax.jit(lambda q, k, v: 2.0 * attn.attention(q, k, v, window=64, backend="splash"))(q, k, v)
     _close(second, 2.0 * first)
-    info = attn._splash_kernel.cache_info()
-    assert (info.misses, info.hits) == (1, 1)
+
+
+@pytest.mark.parametrize("blocks", [(128, 128, 128), (256, 128, 128), (256, 256, 128)])
+def test_splash_block_sizes_do_not_change_the_result(blocks):
+    q, k, v = _qkv(256, 4, 2, 32, batch=1)
+    out = attn.attention(q, k, v, window=64, backend="splash", splash_blocks=SplashBlocks(*blocks))
+    _close(out, attn.attention(q, k, v, window=64, backend="xla"))
+
+
+def test_splash_rejects_a_tile_that_does_not_divide_the_sequence():
+    q, k, v = _qkv(384, 4, 2, 32, batch=1)
+    with pytest.raises(ValueError, match=r"model.splash_blocks.q.*seq_len=384"):
+        attn.attention(q, k, v, window=64, backend="splash", splash_blocks=SplashBlocks(256, 128, 128))
+
+
+def test_backend_table_is_the_configs_list():
+    assert set(attn.BACKENDS) | {"auto"} == set(ATTENTION_BACKENDS)
+
+
+@pytest.mark.parametrize("platform, dtype, want", [
+    ("tpu", jnp.bfloat16, "splash"), ("tpu", jnp.float32, "splash"),
+    ("gpu", jnp.bfloat16, "cudnn"), ("cuda", jnp.float16, "cudnn"),
+    ("gpu", jnp.float32, "xla"),  # cuDNN has no float32 kernel
+    ("cpu", jnp.bfloat16, "xla"),
+])
+def test_auto_resolves_by_platform(platform, dtype, want):
+    assert attn.resolve_backend("auto", platform, dtype) == want
+    assert attn.resolve_backend("xla", platform, dtype) == "xla"  # a named backend is kept
+
+
+def test_auto_runs_xla_on_cpu():
+    q, k, v = _qkv(128, 2, 1, 32, batch=1)
+    assert attn.target_platform() == "cpu"
+    _close(attn.attention(q, k, v, window=64, backend="auto"), attn.attention(q, k, v, window=64, backend="xla"))
+
+
+def test_target_platform_is_the_meshs_not_the_hosts():
+    """Under a mesh of (abstract) TPU devices, `auto` resolves for the TPU although JAX runs on CPU."""
+    from olmax.compile_check import topology_devices
+
+    devices = topology_devices("v5p:2x2x1")
+    seen = []
+
+    def f(x):
+        seen.append(attn.target_platform())
+        return x
+
+    with jax.set_mesh(make_mesh(MeshConfig(), devices)):
+        jax.jit(f).trace(jax.ShapeDtypeStruct((4,), jnp.float32))
+    assert seen == ["tpu"] and jax.default_backend() == "cpu"
 
 
 def test_splash_rejects_sequence_not_multiple_of_block():

@@ -1,27 +1,148 @@
-"""compile-check: the real train step lowers and compiles from abstract arrays, memory per device."""
+"""compile-check: the real train step lowers and compiles from abstract arrays, for fake CPU devices
+or, through libtpu's topology description, for a TPU slice with the TPU compiler (no TPU needed)."""
+
+import dataclasses
+import json
 
 import pytest
 
-from olmax.compile_check import GIB, compile_report
-from olmax.config import apply_overrides
+from olmax import chips
+from olmax.compile_check import GIB, DoesNotFit, check_fits, compile_report, topology_devices
+from olmax.config import ConfigError, MeshConfig, apply_overrides
 from olmax.model.olmo3 import count_params
 from olmax.recipes import get_recipe
+from olmax.sharding import make_mesh
+
+# A model the TPU compiler handles in seconds: the tiny recipe with a windowed and a global layer, a small
+# vocabulary and 128 tokens (splash's smallest tile).
+SMALL_TPU = ["model.n_layers=2", "model.vocab_size=512", "trainer.loss_chunk=0", "data.seq_len=128",
+             "trainer.global_batch=8", "model.compute_dtype=bfloat16"]
 
 
 def test_tiny_compiles_and_reports_fsdp_sharded_memory():
     cfg = apply_overrides(get_recipe("tiny"), ["mesh.fsdp=8"])
     r = compile_report(cfg)
-    assert r["devices"] == 8 and r["per_device_batch"] == 1
+    assert r["devices"] == 8 and r["per_device_batch"] == 1 and r["platform"] == "cpu"
     # FSDP over 8 devices: each holds 1/8 of the fp32 parameters and of both fp32 Adam moments
     assert r["params_gib"] * GIB == pytest.approx(count_params(cfg.model) * 4 / 8, rel=1e-3)
     assert r["opt_state_gib"] == pytest.approx(2 * r["params_gib"], rel=1e-3)
-    assert r["temporaries_gib"] > 0
+    assert r["per_device"]["temporaries_gib"] > 0
+    assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0  # auto on CPU
+    assert r["hbm_gib"] is None and r["fits"] is None  # no chip to compare with
+
+
+def _check_memory_fields(r):
+    d = r["per_device"]
+    total = d["arguments_gib"] + d["outputs_gib"] + d["temporaries_gib"] + d["code_gib"] - d["aliased_gib"]
+    assert d["total_gib"] == pytest.approx(total)
+    # the state is donated: its outputs are written over its arguments, and the arguments hold at
+    # least the parameters and both moments
+    assert d["aliased_gib"] > 0 and d["arguments_gib"] >= r["params_gib"] + r["opt_state_gib"] - 1e-9
+
+
+def test_small_model_on_ironwood_uses_splash_and_the_chip_profile():
+    cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU)
+    r = compile_report(cfg, topology="tpu7x:2x2x1")
+    assert (r["platform"], r["devices"], r["device_kind"], r["chip"]) == ("tpu", 8, "TPU7x", "tpu7x")
+    assert r["attention"] == "splash"  # auto, resolved for the topology, not for this CPU host
+    # fwd, dq and dkv kernels for the windowed and the global layer
+    assert r["attention_kernel_calls"] >= 6
+    assert r["libtpu_flags"] == sorted(chips.CHIPS["tpu7x"].libtpu_flags)
+    _check_memory_fields(r)
+    assert r["hbm_gib"] == pytest.approx(96e9 / GIB) and r["fits"] is True
+    assert r["model_flops_per_device"] > 0 and r["hlo_flops_per_device"] > 0
+    json.dumps(r)  # the --json payload
+
+
+def test_xla_attention_has_no_mosaic_kernel():
+    cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["model.attention=xla"])
+    r = compile_report(cfg, topology="v5p:2x2x1")
+    assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0
+    assert r["libtpu_flags"] == ["--xla_tpu_scoped_vmem_limit_kib=65536"]
+
+
+def test_the_flag_profile_reaches_the_compiler(monkeypatch):
+    """A flag the compiler does not know fails the compile: the profile is passed, not dropped."""
+    bogus = dataclasses.replace(chips.CHIPS["v5p"], libtpu_flags=("--xla_olmax_no_such_flag=1",))
+    monkeypatch.setitem(chips.CHIPS, "v5p", bogus)
+    cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["model.attention=xla"])
+    with pytest.raises(Exception, match="xla_olmax_no_such_flag"):
+        compile_report(cfg, topology="v5p:2x2x1")
+
+
+def test_multislice_mesh_puts_only_data_across_slices():
+    devices = topology_devices("tpu7x:2x2x1", num_slices=2)
+    mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), devices)
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 8, "tensor": 1}
+    for i, row in enumerate(mesh.devices):  # each data row is one slice: fsdp stays on the ICI
+        assert {d.slice_index for d in row.flat} == {i}
+
+
+def test_bad_topology_and_mesh_are_clear_errors():
+    with pytest.raises(ConfigError, match="unknown TPU topology 'v9z:2x2'"):
+        topology_devices("v9z:2x2")
+    with pytest.raises(ConfigError, match="libtpu does not know the topology 'v5p:3x5x7'"):
+        topology_devices("v5p:3x5x7")
+    with pytest.raises(ConfigError, match="needs 6 devices, but 8 are available"):
+        make_mesh(MeshConfig(data=2, fsdp=3, tensor=1), topology_devices("tpu7x:2x2x1"))
+
+
+NOT_FITTING = {"recipe": "olmo3_7b_stage1", "topology": "v6e:2x2", "devices": 4, "platform": "tpu",
+              "per_device": {"total_gib": 41.3}, "hbm_gib": 29.8, "hbm_headroom": 0.9, "chip": "v6e",
+              "micro_batch": 4, "remat": "save_qkv_proj", "fits": False}
+
+
+def test_does_not_fit_names_the_figures():
+    report = NOT_FITTING
+    with pytest.raises(DoesNotFit, match=r"olmo3_7b_stage1 does not fit on v6e:2x2: per-device total 41.3 GiB "
+                                         r"> 90% of the 29.8 GiB HBM"):
+        check_fits(report)
+    check_fits({**report, "fits": True})
+
+
+def test_cli_exits_2_on_bad_input(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+
+    run = CliRunner().invoke
+    r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "v9z:2x2"])
+    assert r.exit_code == 2 and "unknown TPU topology 'v9z:2x2'" in r.output
+    r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "tpu7x:2x2x1", "mesh.tensor=3"])
+    assert r.exit_code == 2 and "not divisible by the fixed mesh axes" in r.output
+    import olmax.compile_check
+
+    monkeypatch.setattr(olmax.compile_check, "compile_report", lambda *a, **k: NOT_FITTING)
+    monkeypatch.setattr(olmax.compile_check, "format_report", lambda r: "report")
+    r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "v6e:2x2", "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 2 and "per-device total 41.3 GiB > 90% of the 29.8 GiB HBM" in r.output
+    assert json.loads((tmp_path / "r.json").read_text())["fits"] is False  # the figures are written first
 
 
 @pytest.mark.slow
-def test_7b_stage1_train_step_compiles_on_8_devices():
+def test_7b_stage1_train_step_compiles_on_8_cpu_devices():
     cfg = apply_overrides(get_recipe("olmo3_7b_stage1"),
                           ["trainer.micro_batch_size=1", "trainer.loss_chunk=1024", "model.remat=full"])
     r = compile_report(cfg)
     assert r["accum_steps"] == 64  # 512 instances over 8 devices, one at a time
     assert r["params_gib"] * GIB == pytest.approx(7_298_617_344 * 4 / 8, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_splash_default_tiles_need_the_profiles_scoped_vmem(monkeypatch):
+    """At 8192 tokens the default tiles (2048/2048/1024) overflow v5p's default 16 MiB of scoped
+    VMEM; the chip profile's 64 MiB lets them compile."""
+    cfg = apply_overrides(get_recipe("tiny"), ["model.n_layers=1", "model.vocab_size=512", "trainer.loss_chunk=0",
+                                               "data.seq_len=8192", "trainer.global_batch=4", "model.head_dim=128",
+                                               "model.compute_dtype=bfloat16", "model.sliding_window=4096"])
+    assert compile_report(cfg, topology="v5p:2x2x1")["attention_kernel_calls"] > 0
+    monkeypatch.setitem(chips.CHIPS, "v5p", dataclasses.replace(chips.CHIPS["v5p"], libtpu_flags=()))
+    with pytest.raises(Exception, match="Ran out of memory in memory space vmem"):
+        compile_report(cfg, topology="v5p:2x2x1")
+
+
+@pytest.mark.slow
+def test_7b_stage1_fits_on_ironwood_4x4x4():
+    r = compile_report(get_recipe("olmo3_7b_stage1"), topology="tpu7x:4x4x4")
+    assert (r["devices"], r["per_device_batch"], r["micro_batch"], r["accum_steps"]) == (128, 4, 4, 1)
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]

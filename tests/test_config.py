@@ -10,7 +10,7 @@ import pytest
 
 from olmax import config
 from olmax.config import ConfigError, ExperimentConfig, apply_overrides, load_yaml, save_yaml
-from olmax.recipes import RECIPES, get_recipe, resolve
+from olmax.recipes import FIT_REMAT, RECIPES, get_recipe, resolve
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -62,7 +62,7 @@ def test_padded_vocab_and_window_pattern():
     assert [i for i in range(32) if m.layer_window(i) is None] == list(range(3, 32, 4))
     six = dataclasses.replace(get_recipe("tiny").model, n_layers=6)
     assert [six.layer_window(i) for i in range(6)] == [64, 64, 64, None, 64, None]  # last layer forced global
-    assert dataclasses.replace(ExperimentConfig().model, remat="full") == m  # the recipe adds remat (memory)
+    assert dataclasses.replace(ExperimentConfig().model, remat=FIT_REMAT) == m  # the recipe adds remat (memory)
 
 
 def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
@@ -163,9 +163,11 @@ def test_stage2_and_stage3_recipes():
     assert float(lr(1)) == pytest.approx(peak * (1 - 1 / 47_684), rel=2e-6)  # no warmup: step 1 already decays
     assert float(lr(23_842)) == pytest.approx(peak / 2, rel=2e-6)
     assert float(lr(47_684)) == 0.0
-    cfg, lr = _recipe_schedule("olmo3_7b_stage3", ["trainer.max_steps=1000"])
+    cfg, lr = _recipe_schedule("olmo3_7b_stage3")
     assert (cfg.trainer.global_batch, cfg.data.seq_len, cfg.data.seed) == (64, 65536, 34521)
     assert (cfg.model.rope_type, cfg.model.yarn_factor, cfg.model.max_position) == ("yarn", 8.0, 65536)
-    assert float(lr(100)) == pytest.approx(2.0712e-4 / 2, rel=2e-6)
-    assert float(lr(200)) == pytest.approx(2.0712e-4, rel=2e-6)
-    assert float(lr(1000)) == 0.0
+    # AI2's released stage-3 checkpoint is step 11,921: 50B tokens of 2^22 per step
+    assert cfg.trainer.max_steps == 11_921 == math.ceil(50e9 / 2**22)
+    assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # the long-context script's LR is stage 2's
+    assert float(lr(200)) == pytest.approx(peak, rel=2e-6)
+    assert float(lr(11_921)) == 0.0

@@ -111,7 +111,8 @@ def test_xpk_commands_and_the_worker_command_string():
     create, wait = backend.attempt_steps(1)
     assert create.argv[:13] == ["xpk", "workload", "create", "--cluster", "c1", "--zone", "us-east5-a",
                                 "--workload", "olmax-tiny-1-a1", "--tpu-type", "v5p-16", "--num-slices", "1"]
-    assert create.argv[13:19] == ["--docker-image", "gcr.io/p/olmax:1", "--env", "OLMAX_DISTRIBUTED=auto",
+    assert create.argv[13:21] == ["--docker-image", "gcr.io/p/olmax:1", "--env", "OLMAX_DISTRIBUTED=auto",
+                                  "--env", "LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536",
                                   "--command", backend.worker_command()]
     # xpk hands --command to a shell on each VM: it must split back into the worker's argv
     assert shlex.split(backend.worker_command()) == ["python3", "-m", "olmax.launch.worker", *plan.train_args()]
@@ -129,6 +130,8 @@ def test_xpk_checks_devices_against_the_slice():
     with pytest.raises(LaunchError, match=r"v5p-256 x OLMAX_XPK_NUM_SLICES=1 \(128 x 1 = 128 devices\)"):
         make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_TPU_TYPE": "v5p-256"})
     assert make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_TPU_TYPE": "v6e-4", "OLMAX_XPK_NUM_SLICES": "2"})
+    ironwood = make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_TPU_TYPE": "tpu7x-8"})  # 4 chips, 8 devices
+    assert "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true" in " ".join(ironwood.env_args())
     with pytest.raises(LaunchError, match="workload name 'Bad_Name'"):
         make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_WORKLOAD": "Bad_Name"})
 

@@ -53,7 +53,8 @@ def test_logits_are_causal():
     assert not np.allclose(a[:, 20:], b[:, 20:])
 
 
-@pytest.mark.parametrize("policy", ["full", "save_dots"])
+# one policy of each kind: nothing saved, the matmuls, named activations, host offload
+@pytest.mark.parametrize("policy", ["full", "save_dots", "save_attn_mlp_inputs", "offload_qkv_proj"])
 def test_remat_changes_nothing(policy):
     params = random_params(CFG, jax.random.key(2))
     tokens = _tokens()

@@ -15,7 +15,6 @@ Dropping the moments or the step counter, or a wrong learning-rate step, moves p
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest

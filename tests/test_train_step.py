@@ -126,7 +126,10 @@ def test_batch_that_does_not_divide_is_an_error():
     mesh8 = make_mesh(MeshConfig(data=2, fsdp=4))
     with pytest.raises(ConfigError, match="global_batch=12 is not divisible"):
         batch_layout(replace(BASE, trainer=replace(BASE.trainer, global_batch=12)), mesh8)
-    with pytest.raises(ConfigError, match="micro_batch_size=3 does not divide the per-device batch of 2"):
-        batch_layout(replace(BASE, trainer=replace(BASE.trainer, global_batch=16, micro_batch_size=3)), mesh8)
+    with pytest.raises(ConfigError, match="micro_batch_size=3 does not divide the per-device batch of 4"):
+        batch_layout(replace(BASE, trainer=replace(BASE.trainer, global_batch=32, micro_batch_size=3)), mesh8)
+    # a micro-batch larger than the per-device batch is capped at it (recipes set "at most 4")
+    capped = batch_layout(replace(BASE, trainer=replace(BASE.trainer, global_batch=16, micro_batch_size=4)), mesh8)
+    assert (capped.per_device, capped.micro_batch, capped.accum_steps) == (2, 2, 1)
     with pytest.raises(ConfigError, match="loss_chunk=5"):
         make_train_step(_layout(MeshConfig(data=2, fsdp=4), loss_chunk=5), mesh8)

@@ -26,8 +26,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("xla", "cudnn", "splash")
-REMAT_POLICIES = ("none", "full", "save_dots")
+# `auto` picks by the platform the step compiles for (olmax.model.attention.resolve_backend).
+ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
 ROPE_TYPES = ("default", "yarn")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
@@ -35,7 +35,7 @@ WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 # "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
 # from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
 # - how the same weights are computed: precision, attention kernel, rematerialisation;
-RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "attention", "remat")
+RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "attention", "splash_blocks", "remat")
 # - the context it is trained for, as AI2's long-context stage extends the stage-2 model with YaRN
 #   and a longer max_position (a resume of the same run lists these as config changes);
 CONTEXT_FIELDS = ("rope_type", "yarn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_original_max_position",
@@ -52,6 +52,53 @@ class ConfigError(ValueError):
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class RematPolicy:
+    """What a rematerialised block keeps for its backward pass; the rest is recomputed. Names are
+    the activations olmax.model.olmo3 tags (REMAT_NAMES)."""
+
+    save: tuple[str, ...] = ()
+    """Tagged activations kept in device memory."""
+    offload: tuple[str, ...] = ()
+    """Tagged activations moved to host memory and back (TPU and GPU only)."""
+    save_dots: bool = False
+    """Also keep every weight matmul's output."""
+
+
+REMAT_NAMES = ("q_proj", "k_proj", "v_proj", "attn_out", "o_proj", "mlp_in")
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+# The remat table: model.remat -> policy, None = no rematerialisation. Named, as MaxText's
+# `remat_policy` is, by what they save (MaxText src/MaxText/layers/decoders.py, get_remat_policy).
+REMAT_POLICIES: dict[str, Optional[RematPolicy]] = {
+    "none": None,
+    "full": RematPolicy(),
+    # every weight matmul's output; only the elementwise work and attention are recomputed
+    "save_dots": RematPolicy(save_dots=True),
+    "save_qkv_proj": RematPolicy(save=_QKV),
+    "save_qkv_out_proj": RematPolicy(save=_QKV + ("o_proj",)),
+    # the attention half's outputs and the MLP's inputs: the backward pass recomputes attention's
+    # projections and the MLP from them (MaxText's "minimal" keeps the MLP's matmuls too)
+    "save_attn_mlp_inputs": RematPolicy(save=_QKV + ("attn_out", "mlp_in")),
+    "offload_qkv_proj": RematPolicy(offload=_QKV),
+    "offload_qkv_out_proj": RematPolicy(offload=_QKV + ("o_proj",)),
+}
+
+
+@dataclass(frozen=True)
+class SplashBlocks:
+    """Tiles of the splash attention kernel (query rows, key columns per step, key columns per
+    compute step); the backward pass uses the same. 2048/2048/1024 compiles on v5p, v6e and
+    Ironwood at 8192 tokens once the chip profile raises scoped VMEM to 64 MiB (docs/attention.md)."""
+
+    q: int = 2048
+    """Query rows per tile."""
+    kv: int = 2048
+    """Key columns per tile."""
+    kv_compute: int = 1024
+    """Key columns per compute step within a tile (divides kv)."""
 
 
 @dataclass(frozen=True)
@@ -108,17 +155,21 @@ class ModelConfig:
     """dtype the parameters are stored and updated in (the master weights); optimizer moments are float32 always."""
     compute_dtype: str = "bfloat16"
     """dtype of the matmuls and activations; norms, RoPE, softmax statistics and the loss stay float32."""
-    attention: str = "xla"
-    """Attention backend: xla (any device), cudnn (NVIDIA GPUs) or splash (TPUs); docs/attention.md."""
+    attention: str = "auto"
+    """Attention backend: auto (splash on TPU, cudnn on GPU, xla on CPU, from the platform the step
+    compiles for), xla (any device), cudnn (NVIDIA GPUs) or splash (TPUs); docs/attention.md."""
+    splash_blocks: SplashBlocks = field(default_factory=SplashBlocks)
+    """Tile sizes of the splash attention kernel (TPU)."""
     remat: str = "none"
-    """Per-block recomputation in the backward pass: none, full (recompute the whole block) or
-    save_dots (keep the weight matmuls' outputs, recompute the rest)."""
+    """Per-block recomputation in the backward pass, a name of REMAT_POLICIES: none, full (recompute the
+    whole block), save_dots (keep the weight matmuls' outputs), or a policy named by the activations
+    it keeps or offloads to host memory (docs/model.md)."""
 
     def __post_init__(self):
         _check_choice("model.param_dtype", self.param_dtype, DTYPES)
         _check_choice("model.compute_dtype", self.compute_dtype, DTYPES)
         _check_choice("model.attention", self.attention, ATTENTION_BACKENDS)
-        _check_choice("model.remat", self.remat, REMAT_POLICIES)
+        _check_choice("model.remat", self.remat, tuple(REMAT_POLICIES))
         _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
         _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
         if self.n_heads % self.n_kv_heads:
@@ -268,8 +319,8 @@ class TrainerConfig:
     global_batch: int = 512
     """Instances per optimizer step, over all devices; part of the recipe (it enters the data order)."""
     micro_batch_size: Optional[int] = None
-    """Instances per batch shard (data x fsdp device) in one forward/backward; None = the whole per-device
-    batch at once. Gradient accumulation steps = per-device batch / micro_batch_size."""
+    """Instances per batch shard (data x fsdp device) in one forward/backward, at most the per-device batch;
+    None = the whole per-device batch at once. Gradient accumulation steps = per-device batch / micro_batch_size."""
     loss_chunk: int = 0
     """Sequence positions per chunk of the output layer + cross-entropy, so the full fp32 logits are never
     materialised (recomputed in the backward pass); 0 = one chunk. Must divide data.seq_len."""

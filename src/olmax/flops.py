@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from olmax.chips import get_chip
 from olmax.config import ConfigError, ModelConfig
 from olmax.model.olmo3 import count_params
 
@@ -28,25 +29,9 @@ from olmax.model.olmo3 import count_params
 TRAIN_PASSES = 3
 
 
-# Peak dense (not 2:4-sparse) bf16 TFLOP/s per JAX device. TPU docs give it per chip; an Ironwood
-# chip shows up as two JAX devices, one per TensorCore, so its per-device peak is half the chip's.
-CHIPS: dict[str, float] = {
-    "h100": 989.0,  # NVIDIA H100 SXM datasheet: 989 dense (1979 with sparsity)
-    "h200": 989.0,  # NVIDIA H200 SXM datasheet: the H100's tensor cores
-    "v5p": 459.0,  # Cloud TPU v5p docs, per chip = per JAX device (megacore)
-    "v6e": 918.0,  # Cloud TPU v6e docs, per chip = per JAX device (one TensorCore)
-    "ironwood": 2307.0 / 2,  # Cloud TPU7x docs: 2307 per chip, two TensorCores = two JAX devices
-}
-
-
 def chip_peak(name: str) -> float:
-    """Peak dense bf16 TFLOP/s per JAX device of a named chip."""
-    key = name.lower()
-    if key == "tpu7x":
-        key = "ironwood"
-    if key not in CHIPS:
-        raise ConfigError(f"unknown chip {name!r}; known: {', '.join(CHIPS)} (or give --peak TFLOPS)")
-    return CHIPS[key]
+    """Peak dense bf16 TFLOP/s per JAX device of a named chip (olmax.chips)."""
+    return get_chip(name).peak_tflops
 
 
 def resolve_peak(peak: Optional[float], chip: Optional[str]) -> Optional[float]:

@@ -1,11 +1,12 @@
 """Named experiment presets. `get_recipe(name)` returns a frozen `ExperimentConfig`.
 
-Numbers are from OLMo-core 3.0.0 (`TransformerConfig.olmo3_7B/32B`) and AI2's official OLMo 3 scripts
-(OLMo-3-1025-7B-pretrain-1/-2.py, -midtrain.py, -long-context.py); docs/reference.md lists them.
+Numbers are from OLMo-core 3.0.0's `TransformerConfig.olmo3_7B/32B` and the official OLMo 3 scripts
+(src/scripts/official/OLMo3/OLMo-3-1025-7B-{pretrain-1,pretrain-2,midtrain,long-context}.py).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Callable
 
@@ -50,18 +51,19 @@ BENCH_SMALL = replace(
 STAGE1_SCHEDULE = ScheduleConfig(name="stitched_cosine", warmup_steps=2000, alpha_f=0.1, t_max_tokens=5 * 10**12,
                                  switch_step=597_047, final_t_max_tokens=7 * 10**12)
 STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # enters the data fingerprint
-# How the 7B/32B steps fit in device memory (not part of AI2's recipe; results do not depend on it):
-# one instance per forward/backward (accumulation over the rest of the per-device batch), the output
-# layer 1024 positions at a time, and every block rematerialised. The 7B stage-1 step then needs at
-# most ~40 GiB per device on 8 devices and ~20 GiB on 128 (docs/performance.md, "Compile time and
-# memory (7B)"); OLMo-core's own micro-batch of 2 x 8192 without activation checkpointing would need
-# ~290 GiB per device in olmax.
-FIT = dict(micro_batch_size=1, loss_chunk=1024)
+# How the 7B/32B steps fit in device memory (not part of AI2's recipe; results do not depend on it),
+# tuned as the MaxText OLMo 3 run was: up to 4 instances per forward/backward (the seeds' 4 per
+# device at 512 instances on 128 devices, so no accumulation there; more devices, fewer per device),
+# each block rematerialised keeping its q/k/v projections, the output layer 1024 positions at a
+# time, and attention `auto` (splash on TPU, cuDNN on GPU). docs/performance.md has the TPU
+# compiler's per-device memory for each recipe and topology.
+FIT = dict(micro_batch_size=4, loss_chunk=1024)
+FIT_REMAT = "save_qkv_proj"
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
 
 
 def _fit(model: ModelConfig) -> ModelConfig:
-    return replace(model, remat="full")
+    return replace(model, remat=FIT_REMAT, attention="auto")
 
 
 def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
@@ -69,58 +71,55 @@ def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
                             trainer=STAGE1_TRAINER)
 
 
-def _olmo3_7b() -> ExperimentConfig:
-    return _stage1("olmo3_7b", OLMO3_7B)
-
-
-def _olmo3_32b() -> ExperimentConfig:
-    return _stage1("olmo3_32b", OLMO3_32B)
-
-
 def _olmo3_7b_hd256() -> ExperimentConfig:
     return _stage1("olmo3_7b_hd256", OLMO3_7B_HD256)
 
 
-# The three stages by name. Stage 1 is the `olmo3_7b` recipe under its own name; the overrides
+# Stage 1 by name (`olmo3_7b` and `olmo3_32b` are the same recipes under their short names). The overrides
 # `schedule.name=cosine schedule.t_max_tokens=7000000000000` turn its stitched schedule into the
 # MaxText reproduction's single cosine (warmup 2000, to 0.1 x lr at ceil(7e12 / 4194304) = 1,668,931).
-def _olmo3_7b_stage1() -> ExperimentConfig:
-    return _stage1("olmo3_7b_stage1", OLMO3_7B)
+def _olmo3_7b_stage1(name: str = "olmo3_7b_stage1") -> ExperimentConfig:
+    return _stage1(name, OLMO3_7B)
 
 
-def _olmo3_32b_stage1() -> ExperimentConfig:
-    return _stage1("olmo3_32b_stage1", OLMO3_32B)
+def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
+    return _stage1(name, OLMO3_32B)
 
 
 # Stage 2, midtraining on Dolmino (OLMo-3-1025-7B-midtrain.py): 256 x 8192 = 2^21 tokens per step,
 # 100B tokens = 47,684 steps, linear to 0 with no warmup, seed 1337. AI2 started it from the stage-1
 # weights and Adam moments: `olmax ckpt warm-start STAGE1 DST --keep params,moments --reset-step`, then
-# set checkpoint.init_from=DST and data.paths to the Dolmino mix.
-STAGE2_LR = 2.0712352850360292e-4
+# set checkpoint.init_from=DST and data.paths to the Dolmino mix. The long-context script
+# (OLMo-3-1025-7B-long-context.py) sets the same LR.
+MIDTRAIN_LR = 2.0712352850360292e-4
 
 
 def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage2", model=_fit(OLMO3_7B),
         data=DataConfig(seq_len=8192, seed=1337),
-        optimizer=OptimizerConfig(lr=STAGE2_LR),
+        optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
         trainer=TrainerConfig(global_batch=256, max_steps=47_684, **FIT),
     )
 
 
-# Stage 3, long context: 64 x 65536 tokens per step, YaRN factor 8 from the 8192 context,
-# linear to 0 after 200 warmup steps, seed 34521. As stage 2, start from the stage-2 checkpoint
-# (checkpoint.init_from) and set data.paths and trainer.max_steps for the long-context mix.
+# Stage 3, long context (OLMo-3-1025-7B-long-context.py): 64 x 65536 = 2^22 tokens per step, YaRN
+# factor 8 from the 8192 context, linear to 0 after 200 warmup steps, seed 34521, started from the
+# stage-2 checkpoint (checkpoint.init_from; data.paths = the long-context mix). AI2's released
+# stage-3 checkpoint is step 11,921 = ceil(50e9 / 2^22): 50B tokens. 64 instances are fewer than the
+# 128 devices of an Ironwood 4x4x4 slice, so the mesh splits heads and MLP over a tensor axis of 2:
+# one instance per data x fsdp shard.
 def _olmo3_7b_stage3() -> ExperimentConfig:
     model = replace(_fit(OLMO3_7B), rope_type="yarn", yarn_factor=8.0, yarn_original_max_position=8192,
                     max_position=65536)
     return ExperimentConfig(
         name="olmo3_7b_stage3", model=model,
         data=DataConfig(seq_len=65536, seed=34521),
-        optimizer=OptimizerConfig(lr=2.0712e-4),
+        optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
-        trainer=TrainerConfig(global_batch=64, **FIT),
+        trainer=TrainerConfig(global_batch=64, max_steps=11_921, **FIT),
+        mesh=MeshConfig(data=1, fsdp=-1, tensor=2),
     )
 
 
@@ -157,8 +156,8 @@ def _bench_small() -> ExperimentConfig:
 
 
 RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
-    "olmo3_7b": _olmo3_7b,
-    "olmo3_32b": _olmo3_32b,
+    "olmo3_7b": functools.partial(_olmo3_7b_stage1, "olmo3_7b"),
+    "olmo3_32b": functools.partial(_olmo3_32b_stage1, "olmo3_32b"),
     "olmo3_7b_hd256": _olmo3_7b_hd256,
     "olmo3_7b_stage1": _olmo3_7b_stage1,
     "olmo3_7b_stage2": _olmo3_7b_stage2,

@@ -4,6 +4,12 @@ Model code names every parameter dimension with a logical axis (olmax.model.olmo
 this table alone decides how those dimensions are laid out over the mesh. FSDP shards the `embed`
 dimension of every matrix over the `fsdp` axis; tensor parallelism shards heads, MLP and vocab over
 `tensor`; the batch is split over `data` x `fsdp`. Change a layout here, nowhere else.
+
+The mesh follows the hardware (`make_mesh`): within a TPU slice, jax's mesh_utils orders the devices
+so each mesh axis runs along the ICI torus; across slices (multislice), only the `data` axis spans
+the slices, so the one collective that crosses the slower data-centre network (DCN) is the gradient
+all-reduce of data parallelism. MeshConfig describes ONE slice; with S slices the `data` axis is S x
+mesh.data long.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Optional, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, MeshConfig
@@ -49,11 +56,25 @@ def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def num_slices(devices: Sequence[jax.Device]) -> int:
+    """TPU slices the devices span (1 for devices that have no slice index: CPU, GPU, one slice)."""
+    return len({getattr(d, "slice_index", 0) or 0 for d in devices})
+
+
 def make_mesh(cfg: MeshConfig, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
     devices = list(devices if devices is not None else jax.devices())
-    shape = mesh_shape(cfg, len(devices))
+    slices = num_slices(devices)
+    if len(devices) % slices:
+        raise ConfigError(f"{len(devices)} devices do not split evenly over {slices} slices")
+    ici = mesh_shape(cfg, len(devices) // slices)
+    if slices > 1:
+        grid = mesh_utils.create_hybrid_device_mesh(ici, (slices, 1, 1), devices)
+    elif devices[0].platform == "tpu":
+        grid = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
+    else:
+        grid = np.asarray(devices).reshape(ici)
     # Auto axis types: sharding is propagated by XLA from the parameter and batch layouts.
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 def logical_to_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:

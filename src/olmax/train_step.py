@@ -45,7 +45,7 @@ def batch_layout(cfg: ExperimentConfig, mesh: Mesh) -> BatchLayout:
         raise ConfigError(f"trainer.global_batch={gb} is not divisible by the data x fsdp devices "
                           f"({mesh.shape['data']} x {mesh.shape['fsdp']} = {shards})")
     per_device = gb // shards
-    micro = cfg.trainer.micro_batch_size or per_device
+    micro = min(cfg.trainer.micro_batch_size or per_device, per_device)  # at most the per-device batch
     if per_device % micro:
         raise ConfigError(f"trainer.micro_batch_size={micro} does not divide the per-device batch of "
                           f"{per_device} (trainer.global_batch={gb} over {shards} batch shards)")

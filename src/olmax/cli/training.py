@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, write_json
-from olmax.config import ExperimentConfig, apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
+from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, exits_on, write_json)
+from olmax.config import ConfigError, ExperimentConfig, apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
 
 
 @app.command("config")
@@ -127,21 +127,32 @@ def flops_cmd(
 
 
 @app.command("compile-check")
+@exits_on("compile-check", lambda: (ConfigError,))  # exit status 2: unknown topology, bad mesh, does not fit
 def compile_check_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
-    devices: int = typer.Option(8, "--devices", help="fake CPU devices to compile for (ignored on accelerators)"),
+    topology: Optional[str] = typer.Option(None, "--topology", help="TPU topology as libtpu names it "
+                                           "(v5p:4x4x4, v6e:16x16, tpu7x:4x4x4): compile for it with the TPU compiler"),
+    num_slices: int = typer.Option(1, "--num-slices", help="slices of --topology (multislice, data parallel over DCN)"),
+    devices: int = typer.Option(8, "--devices", help="without --topology: fake CPU devices to compile for "
+                                                     "(ignored on accelerators)"),
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Compile the recipe's real train step with abstract arrays; print per-device memory (XLA)."""
+    """Compile the recipe's real train step with abstract arrays; print per-device memory, whether it
+    fits the chip's HBM, the attention kernel calls and FLOPs. Exit 2 when it does not fit."""
     import os
 
-    # Must precede the first jax import: the CPU backend reads it once.
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
-    from olmax.compile_check import compile_report, format_report
+    if topology is None:
+        # Must precede the first jax import: the CPU backend reads it once.
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    else:
+        # the TPU compiler runs on this host from libtpu; JAX itself needs only the CPU backend
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from olmax.compile_check import check_fits, compile_report, format_report
     from olmax.recipes import resolve
 
-    report = compile_report(resolve(recipe, config, overrides or []))
+    report = compile_report(resolve(recipe, config, overrides or []), topology=topology, num_slices=num_slices)
     typer.echo(format_report(report))
     write_json(json_out, report)
+    check_fits(report)

@@ -248,6 +248,7 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local:
         f"max retries {policy.max_retries}, backoff {policy.backoff_s:g} s")
     state = LaunchState.load(plan.run_dir)
     attempt, failures, last_failure = 0, 0, ExitStatus.CRASHED
+    outcome = ExitStatus.CRASHED  # the previous attempt's, once there is one
     step = newest()
     while True:
         if step >= plan.final_step:

@@ -18,14 +18,16 @@ import re
 import shlex
 from typing import Mapping, Optional
 
+from olmax.chips import CHIPS, libtpu_init_args
 from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.env import XPK_VARS, positive_int, read_env
 from olmax.launch.plan import Command, LaunchPlan
 
-# TPU type name -> JAX devices (chips) per slice, from the number in the name. v4 and v5p count
-# TensorCores (2 per chip, one JAX device per chip); v5e and v6e count chips.
-CHIPS_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1}
+# TPU type name -> JAX devices per unit of the number in the name. v4 and v5p count TensorCores
+# (2 per chip, one JAX device per chip); v5e and v6e count chips; tpu7x (Ironwood) counts
+# TensorCores, each its own JAX device (tpu7x-128 = 64 chips = 128 devices).
+CHIPS_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1, "tpu7x": 1}
 # `xpk workload list --wait-for-job-completion` exit codes (xpk's wait_for_job_completion)
 XPK_WAIT = {125: "xpk: workload failed", 124: "xpk: the wait timed out"}
 # xpk's rule for workload names: lower case letters, digits and '-', starting with a letter, at most 40.
@@ -78,9 +80,16 @@ class XpkBackend:
             *self.env_args(), "--command", self.worker_command()))
 
     def env_args(self) -> list[str]:
-        """xpk's `--env KEY=VALUE` for the worker's setting and every --env of the launch (xpk puts
-        them into the container spec as they are: no shell reads them)."""
-        pairs = [("OLMAX_DISTRIBUTED", "auto"), *self.plan.options.env]
+        """xpk's `--env KEY=VALUE`: the worker's distributed start-up, the chip's libtpu flag profile
+        (olmax.chips; the flags `olmax compile-check --topology` compiles with) unless the launch sets
+        LIBTPU_INIT_ARGS itself, and every --env of the launch (xpk puts them into the container spec
+        as they are: no shell reads them)."""
+        pairs = [("OLMAX_DISTRIBUTED", "auto")]
+        family = self.env["OLMAX_XPK_TPU_TYPE"].rpartition("-")[0]
+        given = {k for k, _ in self.plan.options.env}
+        if family in CHIPS and CHIPS[family].libtpu_flags and "LIBTPU_INIT_ARGS" not in given:
+            pairs.append(("LIBTPU_INIT_ARGS", libtpu_init_args(CHIPS[family])))
+        pairs += list(self.plan.options.env)
         return [a for k, v in pairs for a in ("--env", f"{k}={v}")]
 
     def launch_steps(self) -> list[Command]:

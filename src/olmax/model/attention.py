@@ -5,34 +5,57 @@ Inputs are already rotated: q (batch, seq, n_heads, head_dim), k and v (batch, s
 head_dim); query head h uses kv head h // (n_heads // n_kv_heads) (grouped-query attention).
 Scores are scaled by 1/sqrt(head_dim) and the softmax runs in float32.
 
-Backends (docs/attention.md):
+Backends (docs/attention.md), the table BACKENDS:
   xla     plain JAX, blockwise with a flash-style custom VJP; runs anywhere, the reference.
   cudnn   jax.nn.dot_product_attention with implementation="cudnn" (NVIDIA GPU, bf16/fp16 only).
   splash  Pallas splash attention (TPU); on any other platform it runs in Pallas interpret mode,
           which is slow but exact, so tests can check it on CPU.
+  auto    the fast kernel of the platform the step compiles for (`resolve_backend`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
+from olmax.config import SplashBlocks
 from olmax.sharding import logical_to_spec
 
+# `auto`: the platform the step compiles for -> its backend. Any other platform (cpu) gets xla.
+AUTO_BACKENDS = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}
 
-def attention(q, k, v, *, window: Optional[int], backend: str = "xla"):
-    if backend == "xla":
-        return _xla_attention(q, k, v, window)
-    if backend == "cudnn":
-        return _cudnn_attention(q, k, v, window)
-    if backend == "splash":
-        return _splash_attention(q, k, v, window)
-    raise ValueError(f"unknown attention backend {backend!r}")
+
+def resolve_backend(backend: str, platform: str, dtype=jnp.bfloat16) -> str:
+    """The backend that runs: `auto` becomes the platform's fast kernel (xla where that kernel
+    cannot take the inputs: cuDNN has no float32 kernel), any other name stays."""
+    if backend == "auto":
+        name = AUTO_BACKENDS.get(platform, "xla")
+        return "xla" if name == "cudnn" and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) else name
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; known: auto, {', '.join(BACKENDS)}")
+    return backend
+
+
+def target_platform() -> str:
+    """The platform of the mesh the step is being built under (`jax.set_mesh`), which for an
+    ahead-of-time compile is the target topology's, not the host's; without a mesh, the default
+    backend's."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    return device.platform if device is not None else jax.default_backend()
+
+
+def attention(q, k, v, *, window: Optional[int], backend: str = "xla", splash_blocks: Optional[SplashBlocks] = None):
+    """backend: a BACKENDS name or `auto`. splash_blocks: the splash kernel's tiles (default
+    SplashBlocks())."""
+    name = resolve_backend(backend, target_platform(), q.dtype)
+    if name == "splash":
+        return _splash_attention(q, k, v, window, splash_blocks or SplashBlocks())
+    return BACKENDS[name](q, k, v, window)
 
 
 def window_mask(i, j, window: Optional[int]):
@@ -166,48 +189,48 @@ def _cudnn_attention(q, k, v, window):
 
 
 # Splash attention tiles the (query, key) plane into blocks and skips blocks the mask empties, so a
-# window layer does ~seq*W work instead of seq^2/2. 128 is the smallest key tile the kernel accepts
-# (its NUM_LANES); larger blocks (MaxText defaults to 512) are faster on TPU and numerically the same.
-SPLASH_BLOCK = 128
+# window layer does ~seq*W work instead of seq^2/2. The tiles are config (model.splash_blocks); a
+# sequence shorter than a tile uses the sequence as the tile.
 
 
-@functools.lru_cache(maxsize=None)
-def _splash_kernel(seq_len: int, window: Optional[int], n_heads: int, interpret: bool):
-    """The kernel for one (seq_len, window, heads) shape. Building it walks the mask block by block
-    in numpy, so it is built once per shape (every layer and step reuses it), not once per call.
-
-    The kernel holds its block-sparsity tables as arrays; they are made under
-    `ensure_compile_time_eval` so a first call inside `jit` caches concrete arrays, not tracers that
-    would leak into the next trace.
+def _splash_kernel(seq_len: int, window: Optional[int], n_heads: int, blocks: SplashBlocks, interpret: bool):
+    """The kernel for one shape, made inside the trace that calls it: its block-sparsity tables
+    (numpy) enter that trace as constants, so nothing is placed on the host's default device (which
+    an ahead-of-time compile for a TPU topology cannot use) and no tracer outlives its trace. The
+    expensive part, walking the mask block by block, is cached by splash itself (its
+    `_process_mask` keeps the last 12 masks), so every layer and step after the first reuses it.
     """
-    if seq_len % SPLASH_BLOCK:
-        raise ValueError(
-            f"attention backend 'splash' needs a sequence length that is a multiple of "
-            f"{SPLASH_BLOCK} (its block size), got seq_len={seq_len}"
-        )
+    q_block, kv_block, kv_compute = (min(b, seq_len) for b in (blocks.q, blocks.kv, blocks.kv_compute))
+    for name, b in (("q", q_block), ("kv", kv_block), ("kv_compute", kv_compute)):
+        if seq_len % b or b % 128:
+            raise ValueError(
+                f"attention backend 'splash': its {name} tile {b} (model.splash_blocks.{name}, at most "
+                f"the sequence) must be a multiple of 128 that divides seq_len={seq_len}"
+            )
+    if kv_block % kv_compute:
+        raise ValueError(f"model.splash_blocks.kv_compute={kv_compute} must divide model.splash_blocks.kv={kv_block}")
     shape = (seq_len, seq_len)
     if window is None:
         mask = splash.CausalMask(shape)
     else:
         # LocalMask keeps key j for query i when i - left <= j <= i + right.
         mask = splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
-    b = SPLASH_BLOCK
-    blocks = splash.BlockSizes(
-        block_q=b, block_kv=b, block_kv_compute=b,
-        block_q_dkv=b, block_kv_dkv=b, block_kv_dkv_compute=b,  # backward blocks: enables jax.grad
-        block_q_dq=b, block_kv_dq=b,
+    sizes = splash.BlockSizes(
+        block_q=q_block, block_kv=kv_block, block_kv_compute=kv_compute,
+        # backward blocks (they enable jax.grad): the forward's tiles
+        block_q_dkv=q_block, block_kv_dkv=kv_block, block_kv_dkv_compute=kv_compute,
+        block_q_dq=q_block, block_kv_dq=kv_block,
     )
-    with jax.ensure_compile_time_eval():
-        return splash.make_splash_mha(
-            splash.MultiHeadMask([mask] * n_heads),
-            block_sizes=blocks,
-            head_shards=1,
-            q_seq_shards=1,
-            interpret=interpret,
-        )
+    return splash.make_splash_mha(
+        splash.MultiHeadMask([mask] * n_heads),
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=interpret,
+    )
 
 
-def _splash_attention(q, k, v, window):
+def _splash_attention(q, k, v, window, blocks: SplashBlocks):
     """Pallas splash attention, vmapped over batch. The kernel takes (heads, seq, head_dim), groups
     query head h onto kv head h // (n_heads // n_kv_heads) itself, and does not scale q.
 
@@ -219,10 +242,10 @@ def _splash_attention(q, k, v, window):
         raise ValueError(f"attention window must be at least 1, got {window}")
     _, t, h, d = q.shape
     q = q * jnp.asarray(d**-0.5, q.dtype)
-    interpret = jax.default_backend() != "tpu"
+    interpret = target_platform() != "tpu"
 
     def run(q, k, v):
-        kernel = _splash_kernel(t, window, q.shape[2], interpret)
+        kernel = _splash_kernel(t, window, q.shape[2], blocks, interpret)
         heads_first = lambda x: x.transpose(0, 2, 1, 3)
         return heads_first(jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v)))
 
@@ -235,3 +258,10 @@ def _splash_attention(q, k, v, window):
         q_spec = kv_spec = PartitionSpec(q_spec[0], None, None, None)
     return jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
                          check_vma=False)(q, k, v)
+
+
+BACKENDS: dict[str, Callable] = {
+    "xla": _xla_attention,
+    "cudnn": _cudnn_attention,
+    "splash": _splash_attention,
+}

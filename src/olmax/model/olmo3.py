@@ -24,8 +24,9 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from olmax.config import ModelConfig
+from olmax.config import REMAT_POLICIES, ModelConfig, RematPolicy
 from olmax.model.attention import attention
 from olmax.model.rope import apply_rope, rope_tables
 from olmax.sharding import constrain
@@ -121,39 +122,50 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     Returns (block output, extra).
     """
     b, t, _ = x.shape
-    q = rms_norm(x @ p["q_proj"], p["q_norm"], cfg.norm_eps)
-    k = rms_norm(x @ p["k_proj"], p["k_norm"], cfg.norm_eps)
-    v = x @ p["v_proj"]
+    # checkpoint_name tags the activations the remat policies name (config.REMAT_NAMES)
+    q = rms_norm(checkpoint_name(x @ p["q_proj"], "q_proj"), p["q_norm"], cfg.norm_eps)
+    k = rms_norm(checkpoint_name(x @ p["k_proj"], "k_proj"), p["k_norm"], cfg.norm_eps)
+    v = checkpoint_name(x @ p["v_proj"], "v_proj")
     q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), cos, sin)
     k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin)
     attn, extra = attend(q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim))
-    h = x + rms_norm(attn.reshape(b, t, -1) @ p["o_proj"], p["attn_norm"], cfg.norm_eps)
+    attn = checkpoint_name(attn.reshape(b, t, -1), "attn_out")
+    h = x + rms_norm(checkpoint_name(attn @ p["o_proj"], "o_proj"), p["attn_norm"], cfg.norm_eps)
+    h = checkpoint_name(h, "mlp_in")
     mlp = (jax.nn.silu(h @ p["gate_proj"]) * (h @ p["up_proj"])) @ p["down_proj"]
     return h + rms_norm(mlp, p["mlp_norm"], cfg.norm_eps), extra
 
 
 def self_attention(cfg: ModelConfig, window: Optional[int]) -> Callable:
     """The `attend` of a whole sequence (training and scoring): causal, with this layer's window."""
-    return lambda q, k, v: (attention(q, k, v, window=window, backend=cfg.attention), None)
+    return lambda q, k, v: (attention(q, k, v, window=window, backend=cfg.attention,
+                                      splash_blocks=cfg.splash_blocks), None)
 
 
-REMAT_POLICIES: dict[str, Callable] = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    # Keep every weight matmul's output; recompute only the cheap elementwise work and attention.
-    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+def remat_policy(policy: RematPolicy) -> Callable:
+    """The jax.checkpoint policy of an entry of config.REMAT_POLICIES."""
+    cp = jax.checkpoint_policies
+    if policy.offload:
+        keep = cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(policy.save), names_which_can_be_offloaded=list(policy.offload),
+            offload_src="device", offload_dst="pinned_host")
+    else:
+        keep = cp.save_only_these_names(*policy.save)
+    return cp.save_from_both_policies(keep, cp.dots_with_no_batch_dims_saveable) if policy.save_dots else keep
 
 
 def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
     """Runs layers first..first+n-1, each with its static window and RoPE kind:
     (x, stacked layer params, rope tables) -> (x, outputs or None)."""
+    policy = REMAT_POLICIES[cfg.remat]
+
     def layer(window: Optional[int]):
         attend = self_attention(cfg, window)
         run = lambda p, x, cos, sin: block(cfg, p, x, cos, sin, attend)[0]
-        if cfg.remat == "none":
+        if policy is None:
             return run
         # per block, so a backward pass holds one block's activations at a time
-        return jax.checkpoint(run, policy=REMAT_POLICIES[cfg.remat])
+        return jax.checkpoint(run, policy=remat_policy(policy))
 
     layers = [(layer(cfg.layer_window(i)), cfg.layer_rope_scaled(i)) for i in range(first, first + n)]
 
