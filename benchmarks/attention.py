@@ -137,8 +137,11 @@ def main() -> None:
     parser.add_argument("--windows", default="512,none", help="comma-separated; 'none' = global")
     parser.add_argument("--blocks", default=str(attn.XLA_BLOCK), help="block sizes of the blockwise rows")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--model", action="store_true",
-                        help="instead: bench-small's layers fwd+bwd and whole train step, plain vs blockwise")
+    parser.add_argument(
+        "--model",
+        action="store_true",
+        help="instead: bench-small's layers fwd+bwd and whole train step, plain vs blockwise",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     if args.model:
@@ -150,20 +153,24 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     shape = lambda n: (args.batch, args.seq, n, args.head_dim)
-    q, k, v, cot = (jnp.asarray(rng.standard_normal(shape(n), np.float32))
-                    for n in (args.heads, args.kv_heads, args.kv_heads, args.heads))
+    q, k, v, cot = (
+        jnp.asarray(rng.standard_normal(shape(n), np.float32))
+        for n in (args.heads, args.kv_heads, args.kv_heads, args.heads)
+    )
     variants = {"plain": plain_attention}
     variants.update({f"blockwise {b}": blockwise(int(b)) for b in args.blocks.split(",")})
     windows = [None if w == "none" else int(w) for w in args.windows.split(",")]
 
-    print(f"attention q {shape(args.heads)}, kv heads {args.kv_heads}, fp32, {jax.device_count()} "
-          f"{jax.default_backend()} device(s); median of {args.runs} after 1 compiling call")
+    print(
+        f"attention q {shape(args.heads)}, kv heads {args.kv_heads}, fp32, {jax.device_count()} "
+        f"{jax.default_backend()} device(s); median of {args.runs} after 1 compiling call"
+    )
     print(f"{'window':>7} {'variant':<15} {'fwd s':>8} {'fwd+bwd s':>10} {'fwd+bwd vs plain':>17}")
     rows = []
     for window in windows:
         fns = {name: compiled(fn, window, cot) for name, fn in variants.items()}
         times = {name: ([], []) for name in fns}
-        for name, (fwd, both) in fns.items():  # compile
+        for fwd, both in fns.values():  # compile
             time_call(fwd, (q, k, v)), time_call(both, (q, k, v))
         for _ in range(args.runs):
             for name, (fwd, both) in fns.items():
@@ -171,14 +178,17 @@ def main() -> None:
                 times[name][1].append(time_call(both, (q, k, v)))
         plain_both = statistics.median(times["plain"][1])
         for name, (f, fb) in times.items():
-            row = {"window": window, "variant": name, "fwd_s": statistics.median(f),
-                   "fwd_bwd_s": statistics.median(fb)}
+            row = {"window": window, "variant": name, "fwd_s": statistics.median(f), "fwd_bwd_s": statistics.median(fb)}
             rows.append(row)
-            print(f"{str(window):>7} {name:<15} {row['fwd_s']:8.3f} {row['fwd_bwd_s']:10.3f} "
-                  f"{plain_both / row['fwd_bwd_s']:16.2f}x")
+            print(
+                f"{str(window):>7} {name:<15} {row['fwd_s']:8.3f} {row['fwd_bwd_s']:10.3f} "
+                f"{plain_both / row['fwd_bwd_s']:16.2f}x"
+            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"shape": shape(args.heads), "kv_heads": args.kv_heads, "runs": args.runs, "rows": rows}, f, indent=2)
+            json.dump(
+                {"shape": shape(args.heads), "kv_heads": args.kv_heads, "runs": args.runs, "rows": rows}, f, indent=2
+            )
 
 
 if __name__ == "__main__":

@@ -50,11 +50,22 @@ from pathlib import Path
 
 RECIPE = "bench-small"
 # OLMo-2-1B's shape (d_model 2048, 16 layers of 16 heads x 128, MLP 8192) with OLMo 3's vocabulary.
-ONE_B = ["model.d_model=2048", "model.n_layers=16", "model.n_heads=16", "model.n_kv_heads=16",
-         "model.head_dim=128", "model.mlp_hidden=8192", "model.vocab_size=100278"]
-ROWS = {"bench-small": ("full", []), "1b-params": ("params", ONE_B),
-        "1b-params-bf16": ("params", ONE_B + ["model.param_dtype=bfloat16"]), "1b-full": ("full", ONE_B),
-        "warm-start": ("warm", [])}
+ONE_B = [
+    "model.d_model=2048",
+    "model.n_layers=16",
+    "model.n_heads=16",
+    "model.n_kv_heads=16",
+    "model.head_dim=128",
+    "model.mlp_hidden=8192",
+    "model.vocab_size=100278",
+]
+ROWS = {
+    "bench-small": ("full", []),
+    "1b-params": ("params", ONE_B),
+    "1b-params-bf16": ("params", ONE_B + ["model.param_dtype=bfloat16"]),
+    "1b-full": ("full", ONE_B),
+    "warm-start": ("warm", []),
+}
 WARM_DEVICES = 8
 DEFAULT_ROWS = ["bench-small", "1b-params-bf16", "1b-params"]
 # olmax's bench-small step on this CPU, docs/performance.md "Latest table" (2026-11-29 22:09-22:38, load ~2).
@@ -136,9 +147,17 @@ def full_state(cfg, tmp: Path) -> dict:
         reader.close()
         peaks["restore"] = peak_rss_gib()
         ok = leaf_sums(restored) == sums
-    return {"what": "full state", "state_bytes": nbytes, "disk_bytes": disk_bytes(tmp / "run" / "1"),
-            "block_cold_s": block_cold, "block_s": block, "save_s": total, "restore_s": restore,
-            "restored_ok": ok, "peak_rss_gib_after": peaks}
+    return {
+        "what": "full state",
+        "state_bytes": nbytes,
+        "disk_bytes": disk_bytes(tmp / "run" / "1"),
+        "block_cold_s": block_cold,
+        "block_s": block,
+        "save_s": total,
+        "restore_s": restore,
+        "restored_ok": ok,
+        "peak_rss_gib_after": peaks,
+    }
 
 
 def params_only(cfg, tmp: Path) -> dict:
@@ -166,9 +185,16 @@ def params_only(cfg, tmp: Path) -> dict:
     restored, _, _ = jax.block_until_ready(load_params(tmp / "params"))
     restore = time.perf_counter() - t0
     peaks["restore"] = peak_rss_gib()
-    return {"what": "params only", "state_bytes": nbytes, "disk_bytes": disk_bytes(tmp / "params" / "0"),
-            "block_s": save, "save_s": save, "restore_s": restore, "restored_ok": leaf_sums(restored) == sums,
-            "peak_rss_gib_after": peaks}
+    return {
+        "what": "params only",
+        "state_bytes": nbytes,
+        "disk_bytes": disk_bytes(tmp / "params" / "0"),
+        "block_s": save,
+        "save_s": save,
+        "restore_s": restore,
+        "restored_ok": leaf_sums(restored) == sums,
+        "peak_rss_gib_after": peaks,
+    }
 
 
 def _proc_status_gib(field: str) -> float:
@@ -210,8 +236,15 @@ def warm(cfg, tmp: Path) -> dict:
     for leaf in jax.tree.leaves(restored):
         for shard in leaf.addressable_shards:
             per_device[shard.device.id] = per_device.get(shard.device.id, 0) + shard.data.nbytes
-    return {"what": "warm start", "state_bytes": nbytes, "devices": jax.device_count(), "seconds": seconds,
-            "rss_before_gib": before, "peak_rss_gib_during": peak, "max_device_bytes": max(per_device.values())}
+    return {
+        "what": "warm start",
+        "state_bytes": nbytes,
+        "devices": jax.device_count(),
+        "seconds": seconds,
+        "rss_before_gib": before,
+        "peak_rss_gib_during": peak,
+        "max_device_bytes": max(per_device.values()),
+    }
 
 
 def run_row(row: str, tmp: Path) -> dict:
@@ -221,8 +254,12 @@ def run_row(row: str, tmp: Path) -> dict:
     kind, overrides = ROWS[row]
     cfg = resolve(RECIPE, None, overrides)
     out = {"full": full_state, "params": params_only, "warm": warm}[kind](cfg, tmp)
-    return {**out, "params": count_params(cfg.model), "param_dtype": cfg.model.param_dtype,
-            "peak_rss_gib": peak_rss_gib()}
+    return {
+        **out,
+        "params": count_params(cfg.model),
+        "param_dtype": cfg.model.param_dtype,
+        "peak_rss_gib": peak_rss_gib(),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,8 +272,9 @@ def run_child(row: str, tmp_root: str | None) -> dict:
     if ROWS[row][0] == "warm":
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={WARM_DEVICES}"
     try:
-        proc = subprocess.run([sys.executable, __file__, "--child", row, "--tmp", tmp],
-                              capture_output=True, text=True, env=env)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", row, "--tmp", tmp], capture_output=True, text=True, env=env
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode:
@@ -247,9 +285,11 @@ def run_child(row: str, tmp_root: str | None) -> dict:
 
 def print_table(results: dict, step_time: float, step_source: str) -> None:
     gb = 1e9
-    print(f"{'row':14s} {'what':12s} {'params':>7s} {'in RAM GB':>9s} {'disk GB':>8s} {'block cold':>10s} "
-          f"{'block s':>8s} {'save s':>7s} {'save GB/s':>9s} {'restore s':>9s} {'rest GB/s':>9s} "
-          f"{'block/step':>10s} {'peak RSS GiB init/save/restore':>30s} {'restored ok':>11s}")
+    print(
+        f"{'row':14s} {'what':12s} {'params':>7s} {'in RAM GB':>9s} {'disk GB':>8s} {'block cold':>10s} "
+        f"{'block s':>8s} {'save s':>7s} {'save GB/s':>9s} {'restore s':>9s} {'rest GB/s':>9s} "
+        f"{'block/step':>10s} {'peak RSS GiB init/save/restore':>30s} {'restored ok':>11s}"
+    )
     for row, r in results.items():
         if "error" in r:
             print(f"{row:14s} failed: {r['error']}")
@@ -260,23 +300,30 @@ def print_table(results: dict, step_time: float, step_source: str) -> None:
         cold = f"{r['block_cold_s']:10.2f}" if "block_cold_s" in r else f"{'-':>10s}"
         peaks = "/".join(f"{v:.2f}" for v in r["peak_rss_gib_after"].values())
         frac = f"{r['block_s'] / step_time:10.1%}" if r["what"] == "full state" else f"{'(sync)':>10s}"
-        print(f"{row:14s} {r['what']:12s} {r['params'] / 1e9:6.2f}B {r['state_bytes'] / gb:9.2f} {disk:8.2f} {cold} "
-              f"{r['block_s']:8.2f} {r['save_s']:7.2f} {disk / r['save_s']:9.2f} {r['restore_s']:9.2f} "
-              f"{disk / r['restore_s']:9.2f} {frac} {peaks:>30s} {str(r['restored_ok']):>11s}")
+        print(
+            f"{row:14s} {r['what']:12s} {r['params'] / 1e9:6.2f}B {r['state_bytes'] / gb:9.2f} {disk:8.2f} {cold} "
+            f"{r['block_s']:8.2f} {r['save_s']:7.2f} {disk / r['save_s']:9.2f} {r['restore_s']:9.2f} "
+            f"{disk / r['restore_s']:9.2f} {frac} {peaks:>30s} {str(r['restored_ok']):>11s}"
+        )
     print(f"block/step: against {step_time:.2f} s/step ({step_source})")
     for row, r in results.items():
         if r.get("what") == "warm start":
-            print(f"{row}: state {r['state_bytes'] / gb:.2f} GB over {r['devices']} devices, "
-                  f"{r['seconds']:.1f} s; most on one device {r['max_device_bytes'] / gb:.3f} GB "
-                  f"({r['max_device_bytes'] / r['state_bytes']:.1%} of the state); host RSS "
-                  f"{r['rss_before_gib']:.2f} GiB before, peak {r['peak_rss_gib_during']:.2f} GiB during")
+            print(
+                f"{row}: state {r['state_bytes'] / gb:.2f} GB over {r['devices']} devices, "
+                f"{r['seconds']:.1f} s; most on one device {r['max_device_bytes'] / gb:.3f} GB "
+                f"({r['max_device_bytes'] / r['state_bytes']:.1%} of the state); host RSS "
+                f"{r['rss_before_gib']:.2f} GiB before, peak {r['peak_rss_gib_during']:.2f} GiB during"
+            )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", nargs="+", choices=list(ROWS), default=DEFAULT_ROWS)
-    p.add_argument("--step-time", type=float, help=f"seconds per training step for block/step (default "
-                                                   f"{STEP_TIME_S}: {STEP_TIME_SOURCE})")
+    p.add_argument(
+        "--step-time",
+        type=float,
+        help=f"seconds per training step for block/step (default {STEP_TIME_S}: {STEP_TIME_SOURCE})",
+    )
     p.add_argument("--tmp", help="where the checkpoints are written (default: the system temp dir)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--child", choices=list(ROWS), help=argparse.SUPPRESS)
@@ -292,8 +339,9 @@ def main() -> None:
     results = {row: run_child(row, args.tmp) for row in args.rows}
     print_table(results, step_time, source)
     if args.json:
-        Path(args.json).write_text(json.dumps({"step_time_s": step_time, "step_time_source": source,
-                                               "rows": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"step_time_s": step_time, "step_time_source": source, "rows": results}, indent=1)
+        )
 
 
 if __name__ == "__main__":

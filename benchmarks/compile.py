@@ -55,15 +55,19 @@ ROWS = [
 def table_row(r: dict) -> str:
     d = r["per_device"]
     hlo = r["hlo_flops_per_device"]
-    return (f"| {r['recipe']} | {r['topology']} x{r['num_slices']} | {r['devices']} | {r['mesh']['data']}x"
-            f"{r['mesh']['fsdp']}x{r['mesh']['tensor']} | {r['remat']} | {r['per_device_batch']}/{r['micro_batch']} | "
-            f"{r['attention']} ({r['attention_kernel_calls']}) | {d['total_gib']:.1f} (temp {d['temporaries_gib']:.1f}) | "
-            f"{r['hbm_gib']:.1f} | {'yes' if r['fits'] else 'NO'} | {r['compile_s']:.0f} | "
-            f"{'n/a' if hlo is None else f'{hlo / 1e12:.0f}'} / {r['model_flops_per_device'] / 1e12:.0f} |")
+    return (
+        f"| {r['recipe']} | {r['topology']} x{r['num_slices']} | {r['devices']} | {r['mesh']['data']}x"
+        f"{r['mesh']['fsdp']}x{r['mesh']['tensor']} | {r['remat']} | {r['per_device_batch']}/{r['micro_batch']} | "
+        f"{r['attention']} ({r['attention_kernel_calls']}) | {d['total_gib']:.1f} (temp {d['temporaries_gib']:.1f}) | "
+        f"{r['hbm_gib']:.1f} | {'yes' if r['fits'] else 'NO'} | {r['compile_s']:.0f} | "
+        f"{'n/a' if hlo is None else f'{hlo / 1e12:.0f}'} / {r['model_flops_per_device'] / 1e12:.0f} |"
+    )
 
 
-TABLE_HEAD = ("| recipe | topology | devices | mesh d x f x t | remat | per-device / micro batch | attention (Mosaic calls) "
-              "| per-device GiB | HBM GiB | fits | compile s | TFLOP/device: HLO / model |\n" + "|---" * 12 + "|")
+TABLE_HEAD = (
+    "| recipe | topology | devices | mesh d x f x t | remat | per-device / micro batch | attention (Mosaic calls) "
+    "| per-device GiB | HBM GiB | fits | compile s | TFLOP/device: HLO / model |\n" + "|---" * 12 + "|"
+)
 
 
 def run_table(rows: list[int], json_path) -> None:
@@ -72,9 +76,24 @@ def run_table(rows: list[int], json_path) -> None:
     for i in rows:
         recipe, topology, slices = ROWS[i]
         out = Path(tempfile.mkdtemp(prefix="olmax-cc-")) / "row.json"
-        proc = subprocess.run([sys.executable, "-m", "olmax.cli", "compile-check", "--recipe", recipe,
-                               "--topology", topology, "--num-slices", str(slices), "--json", str(out)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "olmax.cli",
+                "compile-check",
+                "--recipe",
+                recipe,
+                "--topology",
+                topology,
+                "--num-slices",
+                str(slices),
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if not out.exists():
             print(f"| {recipe} | {topology} x{slices} | failed: {proc.stderr.strip().splitlines()[-1][:200]} |")
             continue
@@ -141,11 +160,19 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="olmo3_7b_stage1")
     p.add_argument("--devices", type=int, default=8)
-    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
-                   help=f"overrides (default: {' '.join(DEFAULT_SET)})")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help=f"overrides (default: {' '.join(DEFAULT_SET)})",
+    )
     p.add_argument("--buffers", type=int, default=0, help="list this many largest temporaries (dumps HLO)")
-    p.add_argument("--fused-attention-memory", action="store_true",
-                   help="replace attention by a fused kernel's memory stand-in (memory figures only)")
+    p.add_argument(
+        "--fused-attention-memory",
+        action="store_true",
+        help="replace attention by a fused kernel's memory stand-in (memory figures only)",
+    )
     p.add_argument("--topology", help="compile for this TPU topology (v5p:4x4x4, tpu7x:4x4x4, ...)")
     p.add_argument("--num-slices", type=int, default=1)
     p.add_argument("--table", action="store_true", help="compile the ROWS one at a time, print the table")
@@ -171,8 +198,7 @@ def main(argv=None) -> None:
 
         attention.BACKENDS["xla"] = fused_attention_stand_in
 
-    report = compile_report(resolve(args.recipe, None, overrides), topology=args.topology,
-                            num_slices=args.num_slices)
+    report = compile_report(resolve(args.recipe, None, overrides), topology=args.topology, num_slices=args.num_slices)
     report["overrides"] = overrides
     if args.fused_attention_memory:
         report["attention"] = "fused-kernel memory stand-in"
@@ -181,10 +207,14 @@ def main(argv=None) -> None:
     if dump:
         report["largest_temporaries"] = largest_temporaries(dump, args.buffers)
     print(format_report(report))
-    print(f"overrides: {' '.join(overrides)}" +
-          ("  [attention: fused-kernel memory stand-in]" if args.fused_attention_memory else ""))
-    print(f"lower + compile {report['total_s']:.1f} s: {'under' if report['under_goal'] else 'OVER'} "
-          f"the {GOAL_S:.0f} s goal")
+    print(
+        f"overrides: {' '.join(overrides)}"
+        + ("  [attention: fused-kernel memory stand-in]" if args.fused_attention_memory else "")
+    )
+    print(
+        f"lower + compile {report['total_s']:.1f} s: {'under' if report['under_goal'] else 'OVER'} "
+        f"the {GOAL_S:.0f} s goal"
+    )
     for a in report.get("largest_temporaries", []):
         print(f"  {a['bytes'] / 2**30:8.2f} GiB  {a['value']:40s} {a['shape']}")
     if args.json:

@@ -40,8 +40,8 @@ import numpy as np
 
 VOCAB, EOS, PAD = 100278, 100257, 100277
 SEED = 34521
-# OLMo 3 7B stage 1 (docs/reference.md, "Recipe and schedules"): 512 instances of 8192 tokens per step, ~3 s per step on 128
-# devices; 32 hosts of 4 devices each take 1/32 of every batch.
+# OLMo 3 7B stage 1 (docs/reference.md, "Recipe and schedules"): 512 instances of 8192 tokens per
+# step, ~3 s per step on 128 devices; 32 hosts of 4 devices each take 1/32 of every batch.
 SEQ_7B, GLOBAL_BATCH_7B, STEP_S_7B, HOSTS_7B = 8192, 512, 3.0, 32
 HOST_RATE_7B = GLOBAL_BATCH_7B / HOSTS_7B / STEP_S_7B  # instances/s one host's loader must deliver
 
@@ -68,8 +68,7 @@ def run_olmax(paths, args, work):
     from olmax.config import DataConfig
     from olmax.data.loader import make_loader
 
-    cfg = DataConfig(paths=tuple(paths), seq_len=args.seq_len, seed=SEED, work_dir=str(work),
-                     num_workers=args.workers)
+    cfg = DataConfig(paths=tuple(paths), seq_len=args.seq_len, seed=SEED, work_dir=str(work), num_workers=args.workers)
     loader = make_loader(cfg, args.global_batch)
     return iter(loader), lambda b: b["input_ids"]
 
@@ -77,12 +76,18 @@ def run_olmax(paths, args, work):
 def run_olmo_core(paths, args, work):
     from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyFSLDatasetConfig, TokenizerConfig
 
-    ds = NumpyFSLDatasetConfig(tokenizer=TokenizerConfig.dolma2(), paths=list(paths), sequence_length=args.seq_len,
-                               work_dir=str(work)).build()
+    ds = NumpyFSLDatasetConfig(
+        tokenizer=TokenizerConfig.dolma2(), paths=list(paths), sequence_length=args.seq_len, work_dir=str(work)
+    ).build()
     ds.prepare()
-    dl = NumpyDataLoaderBase.wrap_numpy_dataset(ds, global_batch_size=args.global_batch * args.seq_len,
-                                                collator=DataCollator(pad_token_id=PAD), work_dir=str(work),
-                                                seed=SEED, num_workers=args.workers)
+    dl = NumpyDataLoaderBase.wrap_numpy_dataset(
+        ds,
+        global_batch_size=args.global_batch * args.seq_len,
+        collator=DataCollator(pad_token_id=PAD),
+        work_dir=str(work),
+        seed=SEED,
+        num_workers=args.workers,
+    )
     dl.reshuffle(epoch=1)
     return iter(dl), lambda b: b["input_ids"].numpy()
 
@@ -104,17 +109,27 @@ def measure(which: str, args) -> dict:
         checksum += int(ids_of(next(it))[:, :8].sum())
         peak_anon = max(peak_anon, proc_status_mib("RssAnon"))
         if done == args.mem_batches:
-            at_mem = {"peak_rss_mib": peak_rss_mib(), "peak_anon_mib": peak_anon,
-                      "file_rss_mib": proc_status_mib("RssFile")}
+            at_mem = {
+                "peak_rss_mib": peak_rss_mib(),
+                "peak_anon_mib": peak_anon,
+                "file_rss_mib": proc_status_mib("RssFile"),
+            }
     elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
     instances = (args.batches - 1) * args.global_batch
     # worker processes' CPU time is not in RUSAGE_SELF (nor in RUSAGE_CHILDREN while they run)
     per_cpu = instances / cpu if args.workers == 0 else None
-    return {"loader": which, "startup_s": startup, "instances_per_s": instances / elapsed,
-            "instances_per_cpu_s": per_cpu, "cores_busy": cpu / elapsed if per_cpu else None,
-            "start_rss_mib": start_rss, "peak_rss_mib": peak_rss_mib(), "peak_anon_mib": peak_anon,
-            "at_mem_batches": at_mem,
-            "checksum": checksum}
+    return {
+        "loader": which,
+        "startup_s": startup,
+        "instances_per_s": instances / elapsed,
+        "instances_per_cpu_s": per_cpu,
+        "cores_busy": cpu / elapsed if per_cpu else None,
+        "start_rss_mib": start_rss,
+        "peak_rss_mib": peak_rss_mib(),
+        "peak_anon_mib": peak_anon,
+        "at_mem_batches": at_mem,
+        "checksum": checksum,
+    }
 
 
 def write_shards(directory: Path, files: int, tokens: int, rng) -> None:
@@ -124,8 +139,19 @@ def write_shards(directory: Path, files: int, tokens: int, rng) -> None:
 
 
 def run_child(which: str, data: Path, batches: int, mem_batches: int, argv: list[str]) -> dict:
-    cmd = [sys.executable, __file__, *argv, "--which", which, "--data", str(data),
-           "--batches", str(batches), "--mem-batches", str(mem_batches)]
+    cmd = [
+        sys.executable,
+        __file__,
+        *argv,
+        "--which",
+        which,
+        "--data",
+        str(data),
+        "--batches",
+        str(batches),
+        "--mem-batches",
+        str(mem_batches),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         lines = proc.stderr.strip().splitlines()
@@ -140,11 +166,15 @@ def parent_argv(args) -> list[str]:
 
 def print_tables(sizes: dict, rows: dict, args, mem_batches: int) -> None:
     big, small = max(sizes), min(sizes)
-    print(f"seq_len {args.seq_len}, {args.global_batch} instances per batch (one 7B host's share of a step), "
-          f"workers {args.workers}, {args.files} uint32 files per dataset")
+    print(
+        f"seq_len {args.seq_len}, {args.global_batch} instances per batch (one 7B host's share of a step), "
+        f"workers {args.workers}, {args.files} uint32 files per dataset"
+    )
     print(f"\nthroughput, {big:,} tokens ({sizes[big]:,} instances), {rows[big]['batches']} batches after the first:")
-    print(f"{'loader':10s} {'start-up s':>10s} {'inst/s':>8s} {'inst/CPU-s':>10s} {'cores busy':>10s} "
-          f"{'headroom':>9s} {'per core':>9s}  same data")
+    print(
+        f"{'loader':10s} {'start-up s':>10s} {'inst/s':>8s} {'inst/CPU-s':>10s} {'cores busy':>10s} "
+        f"{'headroom':>9s} {'per core':>9s}  same data"
+    )
     ref = None
     for r in rows[big]["results"]:
         if "error" in r:
@@ -152,36 +182,51 @@ def print_tables(sizes: dict, rows: dict, args, mem_batches: int) -> None:
             continue
         ref = r["checksum"] if ref is None else ref
         per_cpu = r["instances_per_cpu_s"]
-        cpu_cols = (f"{per_cpu:10.0f} {r['cores_busy']:10.2f}" if per_cpu else f"{'-':>10s} {'-':>10s}")
+        cpu_cols = f"{per_cpu:10.0f} {r['cores_busy']:10.2f}" if per_cpu else f"{'-':>10s} {'-':>10s}"
         core_headroom = f"{per_cpu / HOST_RATE_7B:8.0f}x" if per_cpu else f"{'-':>9s}"
-        print(f"{r['loader']:10s} {r['startup_s']:10.2f} {r['instances_per_s']:8.0f} {cpu_cols} "
-              f"{r['instances_per_s'] / HOST_RATE_7B:8.0f}x {core_headroom}  {r['checksum'] == ref}")
+        print(
+            f"{r['loader']:10s} {r['startup_s']:10.2f} {r['instances_per_s']:8.0f} {cpu_cols} "
+            f"{r['instances_per_s'] / HOST_RATE_7B:8.0f}x {core_headroom}  {r['checksum'] == ref}"
+        )
     if args.workers:
-        print("with --workers the CPU columns are left out (the workers' CPU time is not counted) and the "
-              "memory figures are the main process's only")
-    print(f"headroom: over one 7B host's {HOST_RATE_7B:.2f} instances/s ({GLOBAL_BATCH_7B} x {SEQ_7B} tokens per "
-          f"{STEP_S_7B:.0f} s over {HOSTS_7B} hosts); goal >= 10x")
-    print(f"\nmemory as the dataset grows {big // small}x, after the same {mem_batches} batches "
-          f"(MiB; order memmap = 4 bytes x instances):")
-    print(f"{'loader':10s} {'tokens':>12s} {'instances':>9s} {'order MiB':>9s} {'peak RSS':>9s} {'peak anon':>9s} "
-          f"{'file RSS':>9s} {'run peak RSS':>12s}")
+        print(
+            "with --workers the CPU columns are left out (the workers' CPU time is not counted) and the "
+            "memory figures are the main process's only"
+        )
+    print(
+        f"headroom: over one 7B host's {HOST_RATE_7B:.2f} instances/s ({GLOBAL_BATCH_7B} x {SEQ_7B} tokens per "
+        f"{STEP_S_7B:.0f} s over {HOSTS_7B} hosts); goal >= 10x"
+    )
+    print(
+        f"\nmemory as the dataset grows {big // small}x, after the same {mem_batches} batches "
+        f"(MiB; order memmap = 4 bytes x instances):"
+    )
+    print(
+        f"{'loader':10s} {'tokens':>12s} {'instances':>9s} {'order MiB':>9s} {'peak RSS':>9s} {'peak anon':>9s} "
+        f"{'file RSS':>9s} {'run peak RSS':>12s}"
+    )
     for size in sorted(sizes):
         for r in rows[size]["results"]:
             if "error" in r:
                 continue
             m = r["at_mem_batches"]
-            print(f"{r['loader']:10s} {size:12,d} {sizes[size]:9,d} {4 * sizes[size] / 2**20:9.2f} "
-                  f"{m['peak_rss_mib']:9.0f} {m['peak_anon_mib']:9.0f} {m['file_rss_mib']:9.0f} "
-                  f"{r['peak_rss_mib']:12.0f}")
+            print(
+                f"{r['loader']:10s} {size:12,d} {sizes[size]:9,d} {4 * sizes[size] / 2**20:9.2f} "
+                f"{m['peak_rss_mib']:9.0f} {m['peak_anon_mib']:9.0f} {m['file_rss_mib']:9.0f} "
+                f"{r['peak_rss_mib']:12.0f}"
+            )
     for name in ("olmax", "olmo-core"):
-        by_size = {s: next((r for r in rows[s]["results"] if r["loader"] == name and "error" not in r), None)
-                   for s in sizes}
+        by_size = {
+            s: next((r for r in rows[s]["results"] if r["loader"] == name and "error" not in r), None) for s in sizes
+        }
         if all(by_size.values()):
             d_peak = by_size[big]["at_mem_batches"]["peak_rss_mib"] - by_size[small]["at_mem_batches"]["peak_rss_mib"]
             d_anon = by_size[big]["at_mem_batches"]["peak_anon_mib"] - by_size[small]["at_mem_batches"]["peak_anon_mib"]
             order = 4 * (sizes[big] - sizes[small]) / 2**20
-            print(f"{name}: {big // small}x the data -> peak RSS {d_peak:+.1f} MiB, peak anon {d_anon:+.1f} MiB "
-                  f"(the order memmap grows {order:.2f} MiB)")
+            print(
+                f"{name}: {big // small}x the data -> peak RSS {d_peak:+.1f} MiB, peak anon {d_anon:+.1f} MiB "
+                f"(the order memmap grows {order:.2f} MiB)"
+            )
 
 
 def main() -> None:
@@ -208,9 +253,11 @@ def main() -> None:
     # instances per dataset: each file's tokens cut into whole sequences
     sizes = {t: args.files * ((t // args.files) // args.seq_len) for t in (small_tokens, args.tokens)}
     if sizes[small_tokens] // args.global_batch < 2:
-        p.error(f"--tokens {args.tokens} / --growth {args.growth} = {small_tokens} tokens make "
-                f"{sizes[small_tokens]} instances of {args.seq_len}, fewer than two batches of {args.global_batch}; "
-                "raise --tokens")
+        p.error(
+            f"--tokens {args.tokens} / --growth {args.growth} = {small_tokens} tokens make "
+            f"{sizes[small_tokens]} instances of {args.seq_len}, fewer than two batches of {args.global_batch}; "
+            "raise --tokens"
+        )
     rows = {}
     with tempfile.TemporaryDirectory(prefix="olmax-loader-bench-") as tmp:
         rng = np.random.default_rng(0)
@@ -220,14 +267,26 @@ def main() -> None:
         mem_batches = min(args.batches, sizes[small_tokens] // args.global_batch)
         for tokens in sizes:
             batches = mem_batches if tokens == small_tokens else min(args.batches, sizes[tokens] // args.global_batch)
-            rows[tokens] = {"batches": batches - 1, "results": [
-                run_child(which, Path(tmp) / f"t{tokens}", batches, mem_batches, parent_argv(args))
-                for which in args.loaders]}
+            rows[tokens] = {
+                "batches": batches - 1,
+                "results": [
+                    run_child(which, Path(tmp) / f"t{tokens}", batches, mem_batches, parent_argv(args))
+                    for which in args.loaders
+                ],
+            }
     print_tables(sizes, rows, args, mem_batches)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "args": vars(args), "host_rate_7b_instances_per_s": HOST_RATE_7B, "mem_batches": mem_batches,
-            "datasets": {str(t): {"instances": n, **rows[t]} for t, n in sizes.items()}}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "host_rate_7b_instances_per_s": HOST_RATE_7B,
+                    "mem_batches": mem_batches,
+                    "datasets": {str(t): {"instances": n, **rows[t]} for t, n in sizes.items()},
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,14 @@ PEAK_TFLOPS = 989.0  # H100 / H200 SXM, dense bf16 (olmax.chips.CHIPS)
 
 # name -> (overrides on top of olmo3_7b_stage1, instances per step). seq_len 8192 everywhere.
 SHAPE_7B_4L = ["model.n_layers=4"]
-SHAPE_190M = ["model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12",
-              "model.head_dim=64", "model.mlp_hidden=3072"]
+SHAPE_190M = [
+    "model.d_model=768",
+    "model.n_layers=12",
+    "model.n_heads=12",
+    "model.n_kv_heads=12",
+    "model.head_dim=64",
+    "model.mlp_hidden=3072",
+]
 ROWS = {
     "7b-4l": (SHAPE_7B_4L, 1),
     "190m": (SHAPE_190M, 2),
@@ -53,12 +59,25 @@ DEFAULT_ROWS = ("7b-4l", "190m", "7b-4l-b2")
 # 26 GB for parameters, gradients and Adam, and its activations stay under ~35 GiB by the XLA:CPU
 # compile of the 7B (docs/performance.md): within an H100's 80 GB), the output layer in chunks of
 # 2048 positions (0.8 GB of fp32 logits per chunk).
-COMMON = ["model.attention=auto", "model.remat=none", "trainer.loss_chunk=2048", "trainer.micro_batch_size=null",
-          "data.seq_len=8192"]
+COMMON = [
+    "model.attention=auto",
+    "model.remat=none",
+    "trainer.loss_chunk=2048",
+    "trainer.micro_batch_size=null",
+    "data.seq_len=8192",
+]
 # The rows' layer counts stay (190m: 3 scanned groups of 4 layers; 7b-4l: one).
-DRY_RUN = ["model.d_model=64", "model.n_heads=4", "model.n_kv_heads=4", "model.head_dim=16",
-           "model.mlp_hidden=192", "model.sliding_window=128", "model.max_position=256", "data.seq_len=256",
-           "trainer.loss_chunk=128"]
+DRY_RUN = [
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.n_kv_heads=4",
+    "model.head_dim=16",
+    "model.mlp_hidden=192",
+    "model.sliding_window=128",
+    "model.max_position=256",
+    "data.seq_len=256",
+    "trainer.loss_chunk=128",
+]
 
 
 def row_config(name: str, dry_run: bool, extra: list[str]):
@@ -88,35 +107,51 @@ def run_row(name: str, args) -> dict:
     device = jax.devices()[0]
     mesh = make_mesh(cfg.mesh, [device])
     step = make_train_step(cfg, mesh)
-    tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (cfg.trainer.global_batch, cfg.data.seq_len),
-                                               dtype=np.int32)
+    tokens = np.random.default_rng(0).integers(
+        0, cfg.model.vocab_size, (cfg.trainer.global_batch, cfg.data.seq_len), dtype=np.int32
+    )
     batch = {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}
     with jax.set_mesh(mesh):
         state = init_train_state(cfg, mesh, jax.random.key(0))
     jax.block_until_ready(state)
 
     times, losses = [], []
-    for i in range(args.warmup + args.steps):
+    for _ in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         state, metrics = step(state, batch)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - t0)
         losses.append(float(metrics["loss"]))
-    timed = times[args.warmup:]
+    timed = times[args.warmup :]
     s_per_step = statistics.median(timed)
-    report = flops_report(cfg.model, seq_len=cfg.data.seq_len, per_device_batch=cfg.trainer.global_batch,
-                          devices=1, peak_tflops=args.peak, step_time=s_per_step)
+    report = flops_report(
+        cfg.model,
+        seq_len=cfg.data.seq_len,
+        per_device_batch=cfg.trainer.global_batch,
+        devices=1,
+        peak_tflops=args.peak,
+        step_time=s_per_step,
+    )
     del state, batch
     return {
-        "row": name, "overrides": overrides, "first_step_s": times[0], "step_times_s": timed,
-        "s_per_step": s_per_step, "min_s_per_step": min(timed), "losses": losses,
-        "loss_finite": all(np.isfinite(losses)), "peak_memory_gib": peak_memory_gib(device), "flops": report,
+        "row": name,
+        "overrides": overrides,
+        "first_step_s": times[0],
+        "step_times_s": timed,
+        "s_per_step": s_per_step,
+        "min_s_per_step": min(timed),
+        "losses": losses,
+        "loss_finite": all(np.isfinite(losses)),
+        "peak_memory_gib": peak_memory_gib(device),
+        "flops": report,
     }
 
 
 def table(rows: list[dict], peak: float) -> str:
-    head = (f"{'row':10s} {'tokens':>7s} {'params':>8s} {'1st step s':>10s} {'s/step':>8s} {'tokens/s':>9s} "
-            f"{'TFLOP/s mt':>10s} {'TFLOP/s ex':>10s} {'MFU mt':>7s} {'MFU ex':>7s} {'peak GiB':>8s}")
+    head = (
+        f"{'row':10s} {'tokens':>7s} {'params':>8s} {'1st step s':>10s} {'s/step':>8s} {'tokens/s':>9s} "
+        f"{'TFLOP/s mt':>10s} {'TFLOP/s ex':>10s} {'MFU mt':>7s} {'MFU ex':>7s} {'peak GiB':>8s}"
+    )
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -127,10 +162,14 @@ def table(rows: list[dict], peak: float) -> str:
         lines.append(
             f"{r['row']:10s} {f['tokens_per_step']:>7d} {f['params'] / 1e9:>7.3f}B {r['first_step_s']:>10.1f} "
             f"{r['s_per_step']:>8.4f} {f['tokens_per_s']:>9.0f} {f['tflops_per_device_per_s_maxtext']:>10.2f} "
-            f"{f['tflops_per_device_per_s_exact']:>10.2f} {100 * f['mfu_maxtext']:>6.2f}% {100 * f['mfu_exact']:>6.2f}% "
-            f"{mem:>8s}" + ("" if r["loss_finite"] else "  (loss not finite!)"))
-    lines.append(f"MFU against {peak:g} TFLOP/s per device; mt = MaxText's FLOP convention (vocab 100278, every "
-                 f"layer global), ex = the exact count (padded vocab, windowed pairs); s/step = median")
+            f"{f['tflops_per_device_per_s_exact']:>10.2f} {100 * f['mfu_maxtext']:>6.2f}% "
+            f"{100 * f['mfu_exact']:>6.2f}% "
+            f"{mem:>8s}" + ("" if r["loss_finite"] else "  (loss not finite!)")
+        )
+    lines.append(
+        f"MFU against {peak:g} TFLOP/s per device; mt = MaxText's FLOP convention (vocab 100278, every "
+        f"layer global), ex = the exact count (padded vocab, windowed pairs); s/step = median"
+    )
     return "\n".join(lines)
 
 
@@ -140,8 +179,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, help="timed steps per row (default 10; dry run 2)")
     p.add_argument("--warmup", type=int, help="untimed steps first, the first compiles (default 3; dry run 1)")
     p.add_argument("--peak", type=float, default=PEAK_TFLOPS, help="peak TFLOP/s per device for MFU")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra config overrides for every row (e.g. model.remat=save_dots)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config overrides for every row (e.g. model.remat=save_dots)",
+    )
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU, xla attention")
     p.add_argument("--json", help="write the rows and the environment here")
     args = p.parse_args(argv)
@@ -156,15 +200,28 @@ def main(argv=None) -> int:
 
     backend = jax.default_backend()
     if not args.dry_run and backend != "gpu":
-        print(f"gpu_mfu: JAX sees no GPU (backend {backend!r}, devices {jax.devices()}); install jax with CUDA "
-              "(benchmarks/gpu_mfu.sh does) or run with --dry-run", file=sys.stderr)
+        print(
+            f"gpu_mfu: JAX sees no GPU (backend {backend!r}, devices {jax.devices()}); install jax with CUDA "
+            "(benchmarks/gpu_mfu.sh does) or run with --dry-run",
+            file=sys.stderr,
+        )
         return 2
     device = jax.devices()[0]
-    env = {"device": device.device_kind, "backend": backend, "jax": jax.__version__,
-           "python": platform.python_version(), "dry_run": args.dry_run,
-           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "steps": args.steps, "warmup": args.warmup}
-    print(f"gpu_mfu: {env['device']} ({backend}), jax {env['jax']}, {args.warmup} warm-up + {args.steps} timed steps"
-          + ("  [DRY RUN: tiny shapes on CPU, figures meaningless]" if args.dry_run else ""), flush=True)
+    env = {
+        "device": device.device_kind,
+        "backend": backend,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "dry_run": args.dry_run,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+    print(
+        f"gpu_mfu: {env['device']} ({backend}), jax {env['jax']}, {args.warmup} warm-up + {args.steps} timed steps"
+        + ("  [DRY RUN: tiny shapes on CPU, figures meaningless]" if args.dry_run else ""),
+        flush=True,
+    )
 
     rows = []
     for name in args.rows or DEFAULT_ROWS:
@@ -175,10 +232,17 @@ def main(argv=None) -> int:
             row = {"row": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
-        print(f"  {name}: " + (row["error"] if "error" in row else
-                                f"{row['s_per_step']:.4f} s/step, first step {row['first_step_s']:.1f} s, "
-                                f"losses {row['losses'][0]:.3f} -> {row['losses'][-1]:.3f}")
-              + f" ({row['wall_s']:.0f} s)", flush=True)
+        print(
+            f"  {name}: "
+            + (
+                row["error"]
+                if "error" in row
+                else f"{row['s_per_step']:.4f} s/step, first step {row['first_step_s']:.1f} s, "
+                f"losses {row['losses'][0]:.3f} -> {row['losses'][-1]:.3f}"
+            )
+            + f" ({row['wall_s']:.0f} s)",
+            flush=True,
+        )
         jax.clear_caches()
 
     print(table(rows, args.peak))

@@ -31,11 +31,16 @@ def plot(ref: Run, ours: Run, figures: dict, out: Path) -> None:
     top.set_ylabel("CE loss")
     top.set_title(f"Same init, data and optimizer; skipped steps (red): {ref.skipped}")
     top.legend()
-    bottom.semilogy(steps, np.maximum(np.abs(np.asarray(ref.ce) - np.asarray(ours.ce)), 1e-12),
-                    label="olmax vs OLMo-core")
+    bottom.semilogy(
+        steps, np.maximum(np.abs(np.asarray(ref.ce) - np.asarray(ours.ce)), 1e-12), label="olmax vs OLMo-core"
+    )
     if "noise_floor_ce" in figures:
-        bottom.semilogy(steps, np.maximum(figures["noise_floor_ce"], 1e-12), alpha=0.6,
-                        label="OLMo-core vs itself from a start 1 ulp away")
+        bottom.semilogy(
+            steps,
+            np.maximum(figures["noise_floor_ce"], 1e-12),
+            alpha=0.6,
+            label="OLMo-core vs itself from a start 1 ulp away",
+        )
         bottom.legend()
     bottom.set_ylabel("|delta CE loss|\n(equal: shown at 1e-12)")
     bottom.set_xlabel("step")
@@ -48,8 +53,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--spike-step", type=int, default=None, help="default: half way, and at least 70")
     ap.add_argument("--out", default="train_parity.png")
-    ap.add_argument("--noise-floor", action="store_true",
-                    help="also run OLMo-core from its init moved by 1 ulp, to show float32 drift alone")
+    ap.add_argument(
+        "--noise-floor",
+        action="store_true",
+        help="also run OLMo-core from its init moved by 1 ulp, to show float32 drift alone",
+    )
     args = ap.parse_args(argv)
     spike = args.spike_step or max(70, args.steps // 2)
     if not 1 <= spike <= args.steps:
@@ -58,20 +66,27 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ref, ours, f = compare_training(setup, Path(tmp), noise_floor=args.noise_floor)
     plot(ref, ours, f, Path(args.out))
-    rows = [("steps", f["steps"]), ("same batches every step", f["same_batches"]),
-            ("max |delta CE loss|", f"{f['max_abs_ce_delta']:.2e} (step {f['max_abs_ce_delta_step']})"),
-            ("max |delta z-loss|", f"{f['max_abs_z_delta']:.2e}"),
-            ("max rel delta grad norm", f"{f['max_rel_grad_norm_delta']:.2e}"),
-            ("max |delta lr|", f"{f['max_abs_lr_delta']:.2e}"),
-            ("skipped steps (OLMo-core / olmax)", f"{f['skips_olmo_core']} / {f['skips_olmax']}"),
-            ("skip steps matched", f["skips_match"]),
-            ("final max rel param diff", f"{f['final_max_rel_param_diff']:.2e} ({f['worst_param']})"),
-            ("final rel L2 param diff (all params)", f"{f['final_rel_l2_param_diff']:.2e}"),
-            ("CE first -> last step", f"{f['first_ce']:.3f} -> {f['last_ce']:.3f}"),
-            ("seconds (OLMo-core / olmax)", f"{f['seconds_olmo_core']} / {f['seconds_olmax']}")]
+    rows = [
+        ("steps", f["steps"]),
+        ("same batches every step", f["same_batches"]),
+        ("max |delta CE loss|", f"{f['max_abs_ce_delta']:.2e} (step {f['max_abs_ce_delta_step']})"),
+        ("max |delta z-loss|", f"{f['max_abs_z_delta']:.2e}"),
+        ("max rel delta grad norm", f"{f['max_rel_grad_norm_delta']:.2e}"),
+        ("max |delta lr|", f"{f['max_abs_lr_delta']:.2e}"),
+        ("skipped steps (OLMo-core / olmax)", f"{f['skips_olmo_core']} / {f['skips_olmax']}"),
+        ("skip steps matched", f["skips_match"]),
+        ("final max rel param diff", f"{f['final_max_rel_param_diff']:.2e} ({f['worst_param']})"),
+        ("final rel L2 param diff (all params)", f"{f['final_rel_l2_param_diff']:.2e}"),
+        ("CE first -> last step", f"{f['first_ce']:.3f} -> {f['last_ce']:.3f}"),
+        ("seconds (OLMo-core / olmax)", f"{f['seconds_olmo_core']} / {f['seconds_olmax']}"),
+    ]
     if "noise_floor_max_abs_ce_delta" in f:
-        rows.append(("noise floor: max |delta CE| OLMo-core vs itself (1 ulp start)",
-                     f"{f['noise_floor_max_abs_ce_delta']:.2e}, skips {f['noise_floor_skips']}"))
+        rows.append(
+            (
+                "noise floor: max |delta CE| OLMo-core vs itself (1 ulp start)",
+                f"{f['noise_floor_max_abs_ce_delta']:.2e}, skips {f['noise_floor_skips']}",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

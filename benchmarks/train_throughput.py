@@ -101,7 +101,9 @@ def row_olmax(args) -> dict:
         holder = {"state": state}
 
         def run(ids):
-            holder["state"], metrics = step(holder["state"], {"input_ids": jax.device_put(ids, batch_sharding(cfg, mesh))})
+            holder["state"], metrics = step(
+                holder["state"], {"input_ids": jax.device_put(ids, batch_sharding(cfg, mesh))}
+            )
             float(metrics["loss"])
 
         data = batches(args.warmup + args.steps, cfg.trainer.global_batch, cfg.data.seq_len, cfg.model.vocab_size)
@@ -117,16 +119,26 @@ def build_olmo_core(cfg, compiled: bool):
     from olmax.model.olmo3 import count_params
 
     m = cfg.model
-    tcfg = olmo3_transformer_config(d_model=m.d_model, vocab_size=m.padded_vocab_size, n_layers=m.n_layers,
-                                    n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, window=m.sliding_window,
-                                    rope_theta=m.rope_theta, norm_eps=m.norm_eps, global_every=m.global_every)
+    tcfg = olmo3_transformer_config(
+        d_model=m.d_model,
+        vocab_size=m.padded_vocab_size,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        n_kv_heads=m.n_kv_heads,
+        window=m.sliding_window,
+        rope_theta=m.rope_theta,
+        norm_eps=m.norm_eps,
+        global_every=m.global_every,
+    )
     model = tcfg.build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
     hidden = model.blocks["0"].feed_forward.hidden_size
     n_params = sum(p.numel() for p in model.parameters())
     if hidden != m.mlp_hidden or n_params != count_params(m):
-        raise RuntimeError(f"OLMo-core model differs from {RECIPE}: MLP {hidden} vs {m.mlp_hidden}, "
-                           f"{n_params:,} vs {count_params(m):,} parameters")
+        raise RuntimeError(
+            f"OLMo-core model differs from {RECIPE}: MLP {hidden} vs {m.mlp_hidden}, "
+            f"{n_params:,} vs {count_params(m):,} parameters"
+        )
     if compiled:
         model.apply_compile()
     return model
@@ -142,16 +154,26 @@ def row_olmo_core(args, compiled: bool) -> dict:
     o = cfg.optimizer
     model = build_olmo_core(cfg, compiled)
     model.train()
-    opt = AdamWConfig(lr=o.lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay,
-                      group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})]
-                      ).build(model)
+    opt = AdamWConfig(
+        lr=o.lr,
+        betas=(o.b1, o.b2),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})],
+    ).build(model)
     params = list(model.parameters())
 
     def run(ids):
         batch = {"input_ids": torch.from_numpy(ids).long()}
         labels = get_labels(batch)
-        out = model(batch["input_ids"], labels=labels, loss_reduction="sum", z_loss_multiplier=o.z_loss,
-                    loss_div_factor=(labels != -100).sum(), return_logits=False)
+        out = model(
+            batch["input_ids"],
+            labels=labels,
+            loss_reduction="sum",
+            z_loss_multiplier=o.z_loss,
+            loss_div_factor=(labels != -100).sum(),
+            return_logits=False,
+        )
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, o.max_grad_norm)
         opt.step()
@@ -196,9 +218,8 @@ def row_profile(args) -> dict:
     import jax.numpy as jnp
 
     from olmax.loss import make_labels, output_loss
-    from olmax.model.olmo3 import forward_hidden, init_params
+    from olmax.model.olmo3 import forward_hidden, init_params, param_specs
     from olmax.optim import Optimizer
-    from olmax.model.olmo3 import param_specs
 
     cfg = experiment(args.set)
     m, t = cfg.model, cfg.trainer
@@ -224,8 +245,10 @@ def row_profile(args) -> dict:
         "layers forward+backward": (body_fwd_bwd, (params,)),
         "output layer + loss, forward only": (head, (params, hidden)),
         "output layer + loss, forward+backward": (jax.grad(head, argnums=(0, 1)), (params, hidden)),
-        "optimizer step (clip + AdamW)": (lambda g, s, p: opt.step(g, s, p, lr=3e-4, loss=1.0),
-                                               (params, opt_state, params)),
+        "optimizer step (clip + AdamW)": (
+            lambda g, s, p: opt.step(g, s, p, lr=3e-4, loss=1.0),
+            (params, opt_state, params),
+        ),
     }
     out = {}
     for name, (fn, fargs) in pieces.items():
@@ -252,8 +275,9 @@ def maxtext_python() -> tuple[str | None, str]:
     if not candidates:
         return None, "no Python >= 3.12 (MaxText 0.2.5 needs it): set MAXTEXT_PYTHON to one with maxtext installed"
     for exe in candidates:
-        probe = subprocess.run([exe, "-c", "import sys, maxtext; print(sys.version_info >= (3, 12))"],
-                               capture_output=True, text=True)
+        probe = subprocess.run(
+            [exe, "-c", "import sys, maxtext; print(sys.version_info >= (3, 12))"], capture_output=True, text=True
+        )
         if probe.returncode == 0 and probe.stdout.strip() == "True":
             return exe, ""
     return None, f"no interpreter among {', '.join(candidates)} is Python >= 3.12 with maxtext importable"
@@ -270,22 +294,50 @@ def row_maxtext(args) -> dict:
         return {"skipped": reason}
     cfg = experiment(args.set)
     m = cfg.model
-    pkg = subprocess.run([exe, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    pkg = subprocess.run(
+        [exe, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     steps = args.warmup + args.steps + 1  # n logged steps give n - 1 gaps
-    cmd = [exe, "-m", "maxtext.trainers.pre_train.train", f"{pkg}/configs/base.yml", "hardware=cpu",
-           "skip_jax_distributed_system=True", "attention=dot_product", "model_name=olmo3-7b-pt",
-           "override_model_config=True", "run_name=bench-small", "dataset_type=synthetic", "enable_checkpointing=False",
-           f"steps={steps}", f"per_device_batch_size={cfg.trainer.global_batch}", f"max_target_length={cfg.data.seq_len}",
-           f"base_emb_dim={m.d_model}", f"base_num_decoder_layers={m.n_layers}", f"base_num_query_heads={m.n_heads}",
-           f"base_num_kv_heads={m.n_kv_heads}", f"head_dim={m.head_dim}", f"base_mlp_dim={m.mlp_hidden}",
-           f"vocab_size={m.padded_vocab_size}", f"sliding_window_size={m.sliding_window}", "dtype=float32",
-           "weight_dtype=float32", f"learning_rate={cfg.optimizer.lr}", f"z_loss_multiplier={cfg.optimizer.z_loss}",
-           f"adam_weight_decay={cfg.optimizer.weight_decay}", "remat_policy=full",
-           f"base_output_directory={tempfile.mkdtemp(prefix='maxtext-bench-')}"]
+    cmd = [
+        exe,
+        "-m",
+        "maxtext.trainers.pre_train.train",
+        f"{pkg}/configs/base.yml",
+        "hardware=cpu",
+        "skip_jax_distributed_system=True",
+        "attention=dot_product",
+        "model_name=olmo3-7b-pt",
+        "override_model_config=True",
+        "run_name=bench-small",
+        "dataset_type=synthetic",
+        "enable_checkpointing=False",
+        f"steps={steps}",
+        f"per_device_batch_size={cfg.trainer.global_batch}",
+        f"max_target_length={cfg.data.seq_len}",
+        f"base_emb_dim={m.d_model}",
+        f"base_num_decoder_layers={m.n_layers}",
+        f"base_num_query_heads={m.n_heads}",
+        f"base_num_kv_heads={m.n_kv_heads}",
+        f"head_dim={m.head_dim}",
+        f"base_mlp_dim={m.mlp_hidden}",
+        f"vocab_size={m.padded_vocab_size}",
+        f"sliding_window_size={m.sliding_window}",
+        "dtype=float32",
+        "weight_dtype=float32",
+        f"learning_rate={cfg.optimizer.lr}",
+        f"z_loss_multiplier={cfg.optimizer.z_loss}",
+        f"adam_weight_decay={cfg.optimizer.weight_decay}",
+        "remat_policy=full",
+        f"base_output_directory={tempfile.mkdtemp(prefix='maxtext-bench-')}",
+    ]
     env = dict(os.environ, DECOUPLE_GCLOUD="TRUE", JAX_PLATFORMS="cpu")
-    wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
-               "print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
+    wrapper = (
+        "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+        "print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)"
+    )
     proc = subprocess.run([exe, "-c", wrapper, *cmd], capture_output=True, text=True, env=env)
     log = proc.stdout + proc.stderr
     stamps = re.findall(r"^I\d{4} (\d\d):(\d\d):([0-9.]+) .*completed step: \d+", log, flags=re.M)
@@ -294,7 +346,7 @@ def row_maxtext(args) -> dict:
     seconds = [int(h) * 3600 + int(m) * 60 + float(s) for h, m, s in stamps]
     times = [(b - a) % 86400 for a, b in zip(seconds, seconds[1:])]  # % 86400: a run across midnight
     peak = re.search(r"PEAK_RSS_KIB (\d+)", log)
-    return {"times": times[args.warmup:], "peak_rss_gib": int(peak.group(1)) / 2**20}
+    return {"times": times[args.warmup :], "peak_rss_gib": int(peak.group(1)) / 2**20}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,9 +373,11 @@ def print_table(results: dict, cfg, args) -> None:
     m, tokens = cfg.model, cfg.trainer.global_batch * cfg.data.seq_len
     exact = exact_step_flops(m, cfg.data.seq_len, cfg.trainer.global_batch).total
     maxtext = maxtext_step_flops(m, cfg.data.seq_len, cfg.trainer.global_batch).total
-    print(f"{RECIPE}: {tokens} tokens/step, {exact / 1e12:.3f} TFLOP/step exact "
-          f"({maxtext / 1e12:.3f} by MaxText's convention); median of {args.steps} steps after {args.warmup}"
-          + (f"; overrides {' '.join(args.set)}" if args.set else ""))
+    print(
+        f"{RECIPE}: {tokens} tokens/step, {exact / 1e12:.3f} TFLOP/step exact "
+        f"({maxtext / 1e12:.3f} by MaxText's convention); median of {args.steps} steps after {args.warmup}"
+        + (f"; overrides {' '.join(args.set)}" if args.set else "")
+    )
     mm = results.get("matmul", {})
     rate = mm.get("rates", {}).get("lm_head", {}).get("xla_gflops")
     if rate:
@@ -339,17 +393,23 @@ def print_table(results: dict, cfg, args) -> None:
             continue
         gflops = exact / r["s_per_step"] / 1e9
         pct = f"{100 * gflops / rate:8.0f}%" if rate else f"{'-':>9s}"
-        print(f"{row:20s} {r['s_per_step']:8.2f} {r['tokens_per_s']:9.0f} {r['peak_rss_gib']:13.2f} {gflops:8.0f} {pct}")
+        print(
+            f"{row:20s} {r['s_per_step']:8.2f} {r['tokens_per_s']:9.0f} {r['peak_rss_gib']:13.2f} {gflops:8.0f} {pct}"
+        )
     if "maxtext" in results and "s_per_step" not in results["maxtext"]:
         o = MAXTEXT_ORIENTATION
-        print(f"{'maxtext (NOT this run)':20s} {o['s_per_step']:8.2f} {o['tokens_per_s']:9.0f} {o['peak_rss_gib']:13.2f}"
-              "   <- an earlier figure (docs/performance.md), not measured here")
+        print(
+            f"{'maxtext (NOT this run)':20s} {o['s_per_step']:8.2f} {o['tokens_per_s']:9.0f} {o['peak_rss_gib']:13.2f}"
+            "   <- an earlier figure (docs/performance.md), not measured here"
+        )
     ours = results.get("olmax", {})
     for ref in ("olmo-core-compiled", "olmo-core-eager", "maxtext"):
         r = results.get(ref, {})
         if "tokens_per_s" in ours and "tokens_per_s" in r:
-            print(f"olmax / {ref}: {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x tokens/s, "
-                  f"{ours['peak_rss_gib'] / r['peak_rss_gib']:.2f}x peak RSS")
+            print(
+                f"olmax / {ref}: {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x tokens/s, "
+                f"{ours['peak_rss_gib'] / r['peak_rss_gib']:.2f}x peak RSS"
+            )
     if "olmax" in results and "compiles" in ours:
         print(f"olmax step compilations over {args.warmup + args.steps} steps: {ours['compiles']}")
     prof = results.get("profile")
@@ -364,16 +424,26 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--only", action="append", choices=ROWS, help="run only these rows (repeatable)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override of the bench-small recipe (olmax, OLMo-core and MaxText rows alike)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override of the bench-small recipe (olmax, OLMo-core and MaxText rows alike)",
+    )
     p.add_argument("--profile-reps", type=int, default=3)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        fn = {"olmax": row_olmax, "olmo-core-compiled": lambda a: row_olmo_core(a, True),
-              "olmo-core-eager": lambda a: row_olmo_core(a, False), "matmul": row_matmul,
-              "maxtext": row_maxtext, "profile": row_profile}[args.child]
+        fn = {
+            "olmax": row_olmax,
+            "olmo-core-compiled": lambda a: row_olmo_core(a, True),
+            "olmo-core-eager": lambda a: row_olmo_core(a, False),
+            "matmul": row_matmul,
+            "maxtext": row_maxtext,
+            "profile": row_profile,
+        }[args.child]
         result = fn(args)
         result.setdefault("peak_rss_gib", peak_rss_gib())
         print(json.dumps(result))
@@ -388,8 +458,18 @@ def main(argv=None) -> None:
         results[row] = summarise(run_child(row, child_argv), tokens)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"recipe": RECIPE, "overrides": args.set, "steps": args.steps, "warmup": args.warmup,
-                       "date": time.strftime("%Y-%m-%d"), "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "recipe": RECIPE,
+                    "overrides": args.set,
+                    "steps": args.steps,
+                    "warmup": args.warmup,
+                    "date": time.strftime("%Y-%m-%d"),
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
     print_table(results, cfg, args)
 
 

@@ -52,8 +52,20 @@ def randomize_(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
 
 
-def make_hf_config(*, vocab=300, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=None, mlp=96,
-                   window=8, rope=None, layer_types=None, max_position=256):
+def make_hf_config(
+    *,
+    vocab=300,
+    d_model=64,
+    n_layers=5,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=None,
+    mlp=96,
+    window=8,
+    rope=None,
+    layer_types=None,
+    max_position=256,
+):
     """A tiny Olmo3Config, set the way transformers 5 needs: nested rope_parameters
     for both layer types, head_dim as an extra field, OLMo 3's eps, explicit eos/pad."""
     from transformers import Olmo3Config
@@ -63,11 +75,21 @@ def make_hf_config(*, vocab=300, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2
         rope = {SLIDING: dict(rope), FULL: dict(rope)}
     extra = {"head_dim": head_dim} if head_dim else {}
     return Olmo3Config(
-        vocab_size=vocab, hidden_size=d_model, intermediate_size=mlp, num_hidden_layers=n_layers,
-        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, rms_norm_eps=1e-6, sliding_window=window,
+        vocab_size=vocab,
+        hidden_size=d_model,
+        intermediate_size=mlp,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        rms_norm_eps=1e-6,
+        sliding_window=window,
         layer_types=layer_types or olmax_layer_types(n_layers),
-        rope_parameters=rope, max_position_embeddings=max_position,
-        eos_token_id=vocab - 2, pad_token_id=vocab - 1, **extra)
+        rope_parameters=rope,
+        max_position_embeddings=max_position,
+        eos_token_id=vocab - 2,
+        pad_token_id=vocab - 1,
+        **extra,
+    )
 
 
 def word_tokenizer(directory: Path, vocab: int = 300) -> str:
@@ -87,15 +109,23 @@ def make_hf_checkpoint(path: Path, *, dtype="float32", seed=0, max_shard_size=No
 
     model = Olmo3ForCausalLM(make_hf_config(**shape))
     randomize_(model, seed)
-    model.to(getattr(torch, dtype)).save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    model.to(getattr(torch, dtype)).save_pretrained(
+        path, **({"max_shard_size": max_shard_size} if max_shard_size else {})
+    )
     return path
 
 
-def make_olmo_core_model(*, vocab=384, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, window=8,
-                         theta=10000, seed=0):
+def make_olmo_core_model(*, vocab=384, d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, window=8, theta=10000, seed=0):
     """A tiny OLMo 3 built by ai2-olmo-core, with randomized weights."""
-    cfg = olmo3_transformer_config(d_model=d_model, vocab_size=vocab, n_layers=n_layers, n_heads=n_heads,
-                                   n_kv_heads=n_kv_heads, window=window, rope_theta=theta)
+    cfg = olmo3_transformer_config(
+        d_model=d_model,
+        vocab_size=vocab,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        window=window,
+        rope_theta=theta,
+    )
     model = cfg.build(init_device="cpu")
     randomize_(model, seed)
     return model.eval()
@@ -104,6 +134,14 @@ def make_olmo_core_model(*, vocab=384, d_model=64, n_layers=5, n_heads=4, n_kv_h
 def olmax_config_of(model, vocab_size: int, **fields) -> ModelConfig:
     """The ModelConfig of an OLMo-core model built by make_olmo_core_model (what a recipe would say)."""
     attn = model.blocks["0"].attention
-    return ModelConfig(vocab_size=vocab_size, d_model=model.d_model, n_layers=model.n_layers,
-                       n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim,
-                       mlp_hidden=model.blocks["0"].feed_forward.hidden_size, norm_eps=1e-6, **fields)
+    return ModelConfig(
+        vocab_size=vocab_size,
+        d_model=model.d_model,
+        n_layers=model.n_layers,
+        n_heads=attn.n_heads,
+        n_kv_heads=attn.n_kv_heads,
+        head_dim=attn.head_dim,
+        mlp_hidden=model.blocks["0"].feed_forward.hidden_size,
+        norm_eps=1e-6,
+        **fields,
+    )

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax.config import ATTENTION_BACKENDS, MeshConfig, SplashBlocks
@@ -127,8 +126,9 @@ def test_xla_bfloat16_keeps_dtype_and_stays_close():
     ref = attn.attention(*(x.astype(jnp.float32) for x in (q, k, v)), window=100, backend="xla")
     assert out.dtype == jnp.bfloat16
     _close(out, ref, atol=2e-2, rtol=0)
-    grads = jax.grad(lambda q, k, v: jnp.sum(attn.attention(q, k, v, window=100).astype(jnp.float32)),
-                     argnums=(0, 1, 2))(q, k, v)
+    grads = jax.grad(
+        lambda q, k, v: jnp.sum(attn.attention(q, k, v, window=100).astype(jnp.float32)), argnums=(0, 1, 2)
+    )(q, k, v)
     assert all(g.dtype == jnp.bfloat16 and bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads)
 
 
@@ -175,7 +175,9 @@ def test_splash_gradients_match_xla():
     """The kernel's own backward (dq and dkv kernels, custom VJP) in interpret mode. Gradients reach
     ~6 here; measured differences <= 2e-6, so the fp32 tolerance holds."""
     q, k, v = _qkv(256, 4, 2, 32, batch=1)
-    w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape, np.float32))  # a loss that weights every output differently
+    w = jnp.asarray(
+        np.random.default_rng(1).standard_normal(q.shape, np.float32)
+    )  # a loss that weights every output differently
 
     def grads(backend):
         loss = lambda q, k, v: jnp.sum(w * attn.attention(q, k, v, window=100, backend=backend))
@@ -210,12 +212,17 @@ def test_backend_table_is_the_configs_list():
     assert set(attn.BACKENDS) | {"auto"} == set(ATTENTION_BACKENDS)
 
 
-@pytest.mark.parametrize("platform, dtype, want", [
-    ("tpu", jnp.bfloat16, "splash"), ("tpu", jnp.float32, "splash"),
-    ("gpu", jnp.bfloat16, "cudnn"), ("cuda", jnp.float16, "cudnn"),
-    ("gpu", jnp.float32, "xla"),  # cuDNN has no float32 kernel
-    ("cpu", jnp.bfloat16, "xla"),
-])
+@pytest.mark.parametrize(
+    "platform, dtype, want",
+    [
+        ("tpu", jnp.bfloat16, "splash"),
+        ("tpu", jnp.float32, "splash"),
+        ("gpu", jnp.bfloat16, "cudnn"),
+        ("cuda", jnp.float16, "cudnn"),
+        ("gpu", jnp.float32, "xla"),  # cuDNN has no float32 kernel
+        ("cpu", jnp.bfloat16, "xla"),
+    ],
+)
 def test_auto_resolves_by_platform(platform, dtype, want):
     assert attn.resolve_backend("auto", platform, dtype) == want
     assert attn.resolve_backend("xla", platform, dtype) == "xla"  # a named backend is kept

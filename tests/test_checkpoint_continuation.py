@@ -8,6 +8,7 @@ import math
 import jax
 import numpy as np
 import pytest
+from small_run import small_config
 
 from olmax.checkpoint import RunCheckpoints, config_changes, save_params
 from olmax.config import NOT_ARCHITECTURE, ConfigError, ModelConfig, apply_overrides, to_dict
@@ -16,11 +17,15 @@ from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state
 from olmax.surgery import restore_state, warm_start
 from olmax.train import _fresh_state
-from small_run import small_config
 
 # A stage-3-style start: YaRN on the global layers and a longer context, from stage-2 weights.
-CONTEXT_EXTENSION = ["model.rope_type=yarn", "model.yarn_original_max_position=64", "model.max_position=512",
-                     "model.compute_dtype=float32", "model.remat=full"]
+CONTEXT_EXTENSION = [
+    "model.rope_type=yarn",
+    "model.yarn_original_max_position=64",
+    "model.max_position=512",
+    "model.compute_dtype=float32",
+    "model.remat=full",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +36,10 @@ def sources(tmp_path_factory):
     mesh = make_mesh(cfg.mesh)
     with jax.set_mesh(mesh):
         state = init_train_state(cfg, mesh, jax.random.key(0))
-        state = state._replace(step=state.step + 2, opt_state=state.opt_state._replace(
-            adam=jax.tree.map(lambda x: x + 1, state.opt_state.adam)))
+        state = state._replace(
+            step=state.step + 2,
+            opt_state=state.opt_state._replace(adam=jax.tree.map(lambda x: x + 1, state.opt_state.adam)),
+        )
         ckpts = RunCheckpoints(tmp / "run", cfg)
         ckpts.save(2, state, {"batches": 2}, mesh)
         ckpts.close()
@@ -57,8 +64,9 @@ def test_a_context_extension_is_accepted_from_either_checkpoint(sources, source)
 
 
 @pytest.mark.parametrize("source", ["params", "warm"])
-@pytest.mark.parametrize("change", ["model.mlp_hidden=256", "model.norm_eps=1e-5", "model.sliding_window=8",
-                                    "model.rope_theta=10000.0"])
+@pytest.mark.parametrize(
+    "change", ["model.mlp_hidden=256", "model.norm_eps=1e-5", "model.sliding_window=8", "model.rope_theta=10000.0"]
+)
 def test_an_architecture_change_is_refused_from_either_checkpoint(sources, source, change):
     tmp, _, _ = sources
     field = change.split("=")[0].split(".")[1]
@@ -82,10 +90,21 @@ def test_every_model_field_is_classified():
     ones that are not, so adding one there is a visible decision."""
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     assert NOT_ARCHITECTURE <= names
-    assert NOT_ARCHITECTURE == {"param_dtype", "compute_dtype", "attention", "splash_blocks", "remat", "rope_type",
-                                "yarn_factor",
-                                "yarn_beta_fast", "yarn_beta_slow", "yarn_original_max_position", "yarn_layers",
-                                "max_position", "init_std"}
+    assert NOT_ARCHITECTURE == {
+        "param_dtype",
+        "compute_dtype",
+        "attention",
+        "splash_blocks",
+        "remat",
+        "rope_type",
+        "yarn_factor",
+        "yarn_beta_fast",
+        "yarn_beta_slow",
+        "yarn_original_max_position",
+        "yarn_layers",
+        "max_position",
+        "init_std",
+    }
 
 
 def test_warm_start_state_is_sharded_over_the_devices(sources):

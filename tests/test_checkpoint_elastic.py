@@ -7,10 +7,10 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from small_run import small_config
 
 from olmax.checkpoint import CheckpointError, load_params
 from olmax.train import train
-from small_run import small_config
 
 KEYS = ["train/CE loss", "optim/total grad norm"]
 RTOL = 1e-6  # float32 rounding only: different device counts sum the gradients in a different order
@@ -41,9 +41,15 @@ def _max_rel(a_rows, b_rows):
     return max(abs(a[k] - b[k]) / abs(a[k]) for a, b in zip(a_rows, b_rows) for k in KEYS)
 
 
-@pytest.mark.parametrize("n_devices, mesh", [(2, ["mesh.fsdp=-1"]), (4, ["mesh.fsdp=-1"]),
-                                             (8, ["mesh.data=-1", "mesh.fsdp=1"]),
-                                             (4, ["mesh.data=2", "mesh.fsdp=2"])])
+@pytest.mark.parametrize(
+    "n_devices, mesh",
+    [
+        (2, ["mesh.fsdp=-1"]),
+        (4, ["mesh.fsdp=-1"]),
+        (8, ["mesh.data=-1", "mesh.fsdp=1"]),
+        (4, ["mesh.data=2", "mesh.fsdp=2"]),
+    ],
+)
 def test_resume_on_another_mesh(runs, n_devices, mesh):
     tmp, straight = runs
     name = f"on{n_devices}_{'_'.join(mesh)}"

@@ -9,10 +9,10 @@ import sys
 import time
 
 import pytest
+from small_run import SMALL, small_config
 
 from olmax.checkpoint import read_config
 from olmax.train import train
-from small_run import SMALL, small_config
 
 KEYS = ["train/CE loss", "optim/total grad norm", "optim/LR", "data/instances"]
 
@@ -41,8 +41,11 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path):
 
 
 def test_keep_policy_keeps_the_newest(tmp_path):
-    train(small_config(tmp_path, "checkpoint.every=1", "checkpoint.keep=2", "trainer.max_steps=4"), tmp_path / "k",
-          progress=False)
+    train(
+        small_config(tmp_path, "checkpoint.every=1", "checkpoint.keep=2", "trainer.max_steps=4"),
+        tmp_path / "k",
+        progress=False,
+    )
     assert sorted(p.name for p in (tmp_path / "k" / "checkpoints").iterdir()) == ["3", "4"]
 
 
@@ -61,8 +64,13 @@ print("LAST", rows[-1]["step"], flush=True)
 def test_sigterm_saves_at_the_next_step_and_exits(tmp_path):
     overrides = SMALL + [f"data.work_dir={tmp_path / 'cache'}", "trainer.max_steps=100000", "checkpoint.every=100000"]
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path / "s"), *overrides], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path / "s"), *overrides],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = tmp_path / "s" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):

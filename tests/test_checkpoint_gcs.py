@@ -22,16 +22,28 @@ import uuid
 import jax
 import numpy as np
 import pytest
-
-from olmax.checkpoint import (COMMIT_FILE, CheckpointError, checkpoint_path, complete_steps, load_params,
-                              read_config, save_params)
-from olmax.model.olmo3 import init_params
 from small_run import SMALL, small_config
 
-KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
-        "throughput/total tokens", "data/instances"]
+from olmax.checkpoint import (
+    COMMIT_FILE,
+    CheckpointError,
+    checkpoint_path,
+    complete_steps,
+    load_params,
+    read_config,
+    save_params,
+)
+from olmax.model.olmo3 import init_params
 
-
+KEYS = [
+    "train/CE loss",
+    "train/Z loss",
+    "optim/total grad norm",
+    "optim/LR",
+    "optim/step skipped",
+    "throughput/total tokens",
+    "data/instances",
+]
 
 
 class FakeGCS:
@@ -47,9 +59,24 @@ class FakeGCS:
         self.url = f"http://127.0.0.1:{port}"
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-             "-external-url", self.url, "-backend", "memory", "-log-level", "warn"],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            [
+                str(_get_binary_path()),
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(port),
+                "-external-url",
+                self.url,
+                "-backend",
+                "memory",
+                "-log-level",
+                "warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 20
         while not self._up():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -65,19 +92,27 @@ class FakeGCS:
             return False
 
     def create_bucket(self, name: str) -> None:
-        request = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", method="POST",
-                                         data=json.dumps({"name": name}).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}/storage/v1/b?project=test",
+            method="POST",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         urllib.request.urlopen(request, timeout=5).close()
 
     def env(self) -> dict[str, str]:
-        return {"STORAGE_EMULATOR_HOST": self.url,  # gcsfs and google-cloud-storage
-                "TENSORSTORE_GCS_HTTP_URL": self.url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
-                # gcsfs's default class asks a gRPC API for the bucket layout (60 s time-outs on an emulator)
-                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-                # anything that still looks for the GCE metadata server finds a closed loopback port
-                "NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9",
-                "GCE_METADATA_ROOT": "127.0.0.1:9"}
+        return {
+            "STORAGE_EMULATOR_HOST": self.url,  # gcsfs and google-cloud-storage
+            "TENSORSTORE_GCS_HTTP_URL": self.url,
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
+            # gcsfs's default class asks a gRPC API for the bucket layout (60 s time-outs on an emulator)
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            # anything that still looks for the GCE metadata server finds a closed loopback port
+            "NO_GCE_CHECK": "true",
+            "GCE_METADATA_HOST": "127.0.0.1:9",
+            "GCE_METADATA_IP": "127.0.0.1:9",
+            "GCE_METADATA_ROOT": "127.0.0.1:9",
+        }
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -266,8 +301,9 @@ def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path, 
     with pytest.raises(LaunchError, match="must be a path on the cluster's shared filesystem"):
         from olmax.launch.backends import make_backend
 
-        make_backend("slurm", make_plan("tiny", SMALL, run, 8), {"OLMAX_SLURM_PARTITION": "p",
-                                                                 "OLMAX_SLURM_GPUS_PER_NODE": "8"})
+        make_backend(
+            "slurm", make_plan("tiny", SMALL, run, 8), {"OLMAX_SLURM_PARTITION": "p", "OLMAX_SLURM_GPUS_PER_NODE": "8"}
+        )
 
 
 def test_run_files_on_gcs_metrics_tensorboard_and_launcher_state(gcs, bucket, tmp_path):
@@ -328,8 +364,16 @@ def test_training_run_directory_on_gcs_resumes(gcs, bucket, tmp_path):
 
     straight = train(small_config(tmp_path, "eval.every=0"), tmp_path / "local", progress=False)
     run = f"gs://{bucket}/whole-run"
-    args = ["train", "--recipe", "tiny", "--run-dir", run, *SMALL, f"data.work_dir={tmp_path / 'cache'}",
-            "eval.every=0"]
+    args = [
+        "train",
+        "--recipe",
+        "tiny",
+        "--run-dir",
+        run,
+        *SMALL,
+        f"data.work_dir={tmp_path / 'cache'}",
+        "eval.every=0",
+    ]
     first = CliRunner().invoke(app, [*args[:5], "--stop-at", "3", *args[5:]])
     assert first.exit_code == 0, first.output
     assert complete_steps(f"{run}/checkpoints") == [3] and runpath.read_text(run, "config.yaml")

@@ -6,12 +6,12 @@ import datetime
 from types import SimpleNamespace
 
 import pytest
+from small_run import small_config
 
 from olmax.checkpoint import complete_steps, keep_policy
 from olmax.config import ConfigError, apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
-from small_run import small_config
 
 
 def _kept(steps, *overrides):
@@ -35,8 +35,14 @@ def test_the_policy_keeps_newest_and_landmarks():
 
 @pytest.mark.slow  # ~30-60 s: a trainer run
 def test_training_keeps_landmarks_and_prunes_the_rest(tmp_path):
-    cfg = small_config(tmp_path, "checkpoint.every=1", "checkpoint.keep=1", "checkpoint.keep_every=4",
-                       "checkpoint.keep_steps=[3]", "eval.every=0")
+    cfg = small_config(
+        tmp_path,
+        "checkpoint.every=1",
+        "checkpoint.keep=1",
+        "checkpoint.keep_every=4",
+        "checkpoint.keep_steps=[3]",
+        "eval.every=0",
+    )
     train(cfg, tmp_path / "run", stop_at=5, progress=False)
     assert complete_steps(tmp_path / "run" / "checkpoints") == [3, 4, 5]
 
@@ -47,8 +53,14 @@ def test_landmarks_off_the_grid_are_saved_and_survive_resumes(tmp_path):
     run's landmarks stay, its newest checkpoint goes once a newer one exists; keep_steps off the
     checkpoint.every grid are saved too."""
     run = tmp_path / "run"
-    overrides = ["checkpoint.every=5", "checkpoint.keep=1", "checkpoint.keep_every=4", "checkpoint.keep_steps=[3,6]",
-                 "trainer.max_steps=7", "eval.every=0"]
+    overrides = [
+        "checkpoint.every=5",
+        "checkpoint.keep=1",
+        "checkpoint.keep_every=4",
+        "checkpoint.keep_steps=[3,6]",
+        "trainer.max_steps=7",
+        "eval.every=0",
+    ]
     train(small_config(tmp_path, *overrides), run, stop_at=5, progress=False)
     assert complete_steps(run / "checkpoints") == [3, 4, 5]
     train(small_config(tmp_path, *overrides), run, progress=False)

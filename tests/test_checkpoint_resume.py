@@ -6,16 +6,23 @@ import json
 import jax
 import numpy as np
 import pytest
+from small_run import SMALL as BASE
 
 from olmax.checkpoint import load_params
 from olmax.config import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
-from small_run import SMALL as BASE
 
 SMALL = BASE + ["trainer.max_steps=20", "checkpoint.every=4"]
-KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
-        "throughput/total tokens", "data/instances"]
+KEYS = [
+    "train/CE loss",
+    "train/Z loss",
+    "optim/total grad norm",
+    "optim/LR",
+    "optim/step skipped",
+    "throughput/total tokens",
+    "data/instances",
+]
 
 
 @pytest.mark.slow  # ~2 min on 2 cores: three short runs, two with worker processes

@@ -5,6 +5,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from small_run import small_config
 from typer.testing import CliRunner
 
 from olmax.checkpoint import CheckpointError, load_params
@@ -12,11 +13,8 @@ from olmax.cli import app
 from olmax.config import ConfigError
 from olmax.surgery import inspect, restore_state, warm_start
 from olmax.train import train
-from small_run import small_config
 
 KEYS = ["train/CE loss", "optim/total grad norm", "optim/LR", "data/instances"]
-
-
 
 
 @pytest.mark.parity
@@ -62,8 +60,20 @@ def test_warm_start_without_reset_continues_the_run_exactly(stage1):
 def test_warm_start_stage2_resets_step_schedule_window_keeps_moments(stage1):
     tmp, _ = stage1
     src = tmp / "s1" / "checkpoints"
-    result = CliRunner().invoke(app, ["ckpt", "warm-start", str(src), str(tmp / "ws"), "--keep", "params,moments",
-                                      "--reset-step", "--json", str(tmp / "ws.json")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ckpt",
+            "warm-start",
+            str(src),
+            str(tmp / "ws"),
+            "--keep",
+            "params,moments",
+            "--reset-step",
+            "--json",
+            str(tmp / "ws.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp / "ws.json").read_text())["adam_count"] == 3
     r = inspect(tmp / "ws")
@@ -73,14 +83,16 @@ def test_warm_start_stage2_resets_step_schedule_window_keeps_moments(stage1):
     assert r["params"] == src_report["params"] and r["opt_state"] == src_report["opt_state"]  # shapes, dtypes
 
     fresh = [json.loads(line) for line in (tmp / "fresh2" / "metrics.jsonl").read_text().splitlines()]
-    stage2 = train(small_config(tmp, "trainer.max_steps=2", f"checkpoint.init_from={tmp / 'ws'}"), tmp / "s2",
-                   progress=False)
+    stage2 = train(
+        small_config(tmp, "trainer.max_steps=2", f"checkpoint.init_from={tmp / 'ws'}"), tmp / "s2", progress=False
+    )
     assert [r["step"] for r in stage2] == [1, 2]
     assert [r["optim/LR"] for r in stage2] == [r["optim/LR"] for r in fresh]  # the schedule restarted
     assert stage2[0]["data/instances"] == fresh[0]["data/instances"]  # the data from its start
     p1, _, _ = load_params(src)
-    s2 = restore_state(tmp / "s2" / "checkpoints", 2, small_config(tmp, "trainer.max_steps=2",
-                                                            f"checkpoint.init_from={tmp / 'ws'}"))
+    s2 = restore_state(
+        tmp / "s2" / "checkpoints", 2, small_config(tmp, "trainer.max_steps=2", f"checkpoint.init_from={tmp / 'ws'}")
+    )
     assert int(s2.step) == 2 and int(s2.opt_state.adam.count) == 5  # bias correction continued from 3
     assert int(s2.opt_state.window.seen) == 2  # the window was emptied at the warm start
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(s2.params)))
@@ -100,8 +112,18 @@ def test_warm_start_params_only_gives_a_fresh_optimizer(stage1):
 @pytest.mark.slow  # the module fixture trains three short runs (~1 min on 2 cores)
 def test_inspect_diffs_configs(stage1, tmp_path):
     tmp, _ = stage1
-    result = CliRunner().invoke(app, ["ckpt", "inspect", str(tmp / "straight" / "checkpoints"), "--against",
-                                      str(tmp / "s1" / "checkpoints"), "--json", str(tmp_path / "i.json")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ckpt",
+            "inspect",
+            str(tmp / "straight" / "checkpoints"),
+            "--against",
+            str(tmp / "s1" / "checkpoints"),
+            "--json",
+            str(tmp_path / "i.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     r = json.loads((tmp_path / "i.json").read_text())
     assert r["step"] == 6 and r["steps"] == [3, 6] and r["tokens_seen"] == 6 * 8 * 64

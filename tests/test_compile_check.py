@@ -15,8 +15,14 @@ from olmax.sharding import make_mesh
 
 # A model the TPU compiler handles in seconds: the tiny recipe with a windowed and a global layer, a small
 # vocabulary and 128 tokens (splash's smallest tile).
-SMALL_TPU = ["model.n_layers=2", "model.vocab_size=512", "trainer.loss_chunk=0", "data.seq_len=128",
-             "trainer.global_batch=8", "model.compute_dtype=bfloat16"]
+SMALL_TPU = [
+    "model.n_layers=2",
+    "model.vocab_size=512",
+    "trainer.loss_chunk=0",
+    "data.seq_len=128",
+    "trainer.global_batch=8",
+    "model.compute_dtype=bfloat16",
+]
 
 
 def test_tiny_compiles_and_reports_fsdp_sharded_memory():
@@ -87,15 +93,28 @@ def test_bad_topology_and_mesh_are_clear_errors():
         make_mesh(MeshConfig(data=2, fsdp=3, tensor=1), topology_devices("tpu7x:2x2x1"))
 
 
-NOT_FITTING = {"recipe": "olmo3_7b_stage1", "topology": "v6e:2x2", "devices": 4, "platform": "tpu",
-              "per_device": {"total_gib": 41.3}, "hbm_gib": 29.8, "hbm_headroom": 0.9, "chip": "v6e",
-              "micro_batch": 4, "remat": "save_qkv_proj", "fits": False}
+NOT_FITTING = {
+    "recipe": "olmo3_7b_stage1",
+    "topology": "v6e:2x2",
+    "devices": 4,
+    "platform": "tpu",
+    "per_device": {"total_gib": 41.3},
+    "hbm_gib": 29.8,
+    "hbm_headroom": 0.9,
+    "chip": "v6e",
+    "micro_batch": 4,
+    "remat": "save_qkv_proj",
+    "fits": False,
+}
 
 
 def test_does_not_fit_names_the_figures():
     report = NOT_FITTING
-    with pytest.raises(DoesNotFit, match=r"olmo3_7b_stage1 does not fit on v6e:2x2: per-device total 41.3 GiB "
-                                         r"> 90% of the 29.8 GiB HBM"):
+    with pytest.raises(
+        DoesNotFit,
+        match=r"olmo3_7b_stage1 does not fit on v6e:2x2: per-device total 41.3 GiB "
+        r"> 90% of the 29.8 GiB HBM",
+    ):
         check_fits(report)
     check_fits({**report, "fits": True})
 
@@ -121,8 +140,9 @@ def test_cli_exits_2_on_bad_input(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_7b_stage1_train_step_compiles_on_8_cpu_devices():
-    cfg = apply_overrides(get_recipe("olmo3_7b_stage1"),
-                          ["trainer.micro_batch_size=1", "trainer.loss_chunk=1024", "model.remat=full"])
+    cfg = apply_overrides(
+        get_recipe("olmo3_7b_stage1"), ["trainer.micro_batch_size=1", "trainer.loss_chunk=1024", "model.remat=full"]
+    )
     r = compile_report(cfg)
     assert r["accum_steps"] == 64  # 512 instances over 8 devices, one at a time
     assert r["params_gib"] * GIB == pytest.approx(7_298_617_344 * 4 / 8, rel=1e-3)
@@ -132,9 +152,19 @@ def test_7b_stage1_train_step_compiles_on_8_cpu_devices():
 def test_splash_default_tiles_need_the_profiles_scoped_vmem(monkeypatch):
     """At 8192 tokens the default tiles (2048/2048/1024) overflow v5p's default 16 MiB of scoped
     VMEM; the chip profile's 64 MiB lets them compile."""
-    cfg = apply_overrides(get_recipe("tiny"), ["model.n_layers=1", "model.vocab_size=512", "trainer.loss_chunk=0",
-                                               "data.seq_len=8192", "trainer.global_batch=4", "model.head_dim=128",
-                                               "model.compute_dtype=bfloat16", "model.sliding_window=4096"])
+    cfg = apply_overrides(
+        get_recipe("tiny"),
+        [
+            "model.n_layers=1",
+            "model.vocab_size=512",
+            "trainer.loss_chunk=0",
+            "data.seq_len=8192",
+            "trainer.global_batch=4",
+            "model.head_dim=128",
+            "model.compute_dtype=bfloat16",
+            "model.sliding_window=4096",
+        ],
+    )
     assert compile_report(cfg, topology="v5p:2x2x1")["attention_kernel_calls"] > 0
     monkeypatch.setitem(chips.CHIPS, "v5p", dataclasses.replace(chips.CHIPS["v5p"], libtpu_flags=()))
     with pytest.raises(Exception, match="Ran out of memory in memory space vmem"):

@@ -15,8 +15,10 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded once pe
 
 
 def test_train_step_compiles_once():
-    cfg = apply_overrides(get_recipe("tiny"), ["model.n_layers=2", "data.seq_len=32", "trainer.loss_chunk=16",
-                                               "model.remat=full", "mesh.fsdp=8"])
+    cfg = apply_overrides(
+        get_recipe("tiny"),
+        ["model.n_layers=2", "data.seq_len=32", "trainer.loss_chunk=16", "model.remat=full", "mesh.fsdp=8"],
+    )
     compiles = []
 
     def listener(event, duration, **_):
@@ -32,7 +34,9 @@ def test_train_step_compiles_once():
             step = make_train_step(cfg, mesh)
             per_step = []
             for _ in range(4):
-                ids = rng.integers(0, cfg.model.vocab_size, (cfg.trainer.global_batch, cfg.data.seq_len), dtype=np.int32)
+                ids = rng.integers(
+                    0, cfg.model.vocab_size, (cfg.trainer.global_batch, cfg.data.seq_len), dtype=np.int32
+                )
                 before = len(compiles)
                 state, metrics = step(state, {"input_ids": jax.device_put(ids, batch_sharding(cfg, mesh))})
                 float(metrics["loss"])

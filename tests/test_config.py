@@ -67,8 +67,12 @@ def test_padded_vocab_and_window_pattern():
 
 def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
     olmax = [sys.executable, "-m", "olmax.cli"]
-    out = subprocess.run(olmax + ["config", "--recipe", "tiny", "model.n_layers=6", "--save", str(tmp_path / "c.yaml")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        olmax + ["config", "--recipe", "tiny", "model.n_layers=6", "--save", str(tmp_path / "c.yaml")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "n_layers: 6" in out and "name: tiny" in out
     assert load_yaml(tmp_path / "c.yaml").model.n_layers == 6
     bad = subprocess.run(olmax + ["config", "--recipe", "tiny", "model.n_layerz=6"], capture_output=True, text=True)
@@ -76,15 +80,22 @@ def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
 
 
 def _config_dataclasses():
-    return [obj for obj in vars(config).values()
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config.__name__]
+    return [
+        obj
+        for obj in vars(config).values()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config.__name__
+    ]
 
 
 def test_every_config_field_has_help():
     classes = _config_dataclasses()
     assert config.ExperimentConfig in classes and config.ModelConfig in classes
-    missing = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls)
-               if not config.field_help(cls).get(f.name)]
+    missing = [
+        f"{cls.__name__}.{f.name}"
+        for cls in classes
+        for f in dataclasses.fields(cls)
+        if not config.field_help(cls).get(f.name)
+    ]
     assert not missing, f"config fields without an attribute docstring: {missing}"
     # --explain lists every leaf field, each with its help
     assert all(fi.help for fi in config.explain_fields(ExperimentConfig()))
@@ -110,8 +121,18 @@ def test_cli_explains_fields():
 
     from olmax.cli import app
 
-    run = CliRunner().invoke(app, ["config", "--recipe", "olmo3_7b_stage3", "--explain", "model.rope_type",
-                                   "trainer.max_steps=7", "trainer.max_"])
+    run = CliRunner().invoke(
+        app,
+        [
+            "config",
+            "--recipe",
+            "olmo3_7b_stage3",
+            "--explain",
+            "model.rope_type",
+            "trainer.max_steps=7",
+            "trainer.max_",
+        ],
+    )
     assert run.exit_code == 0, run.output
     blocks = [block.split("\n", 1) for block in re.split(r"\n(?=\S)", run.output.strip())]
     assert [(head, " ".join(body.split())) for head, body in blocks] == [
@@ -127,16 +148,29 @@ def test_cli_explains_fields():
 
 # The stage-1 LR check values (docs/reference.md, "Recipe and schedules"), through the recipes' own schedules
 # (float32: 2e-6 relative).
-STAGE1_LR = [(1, 1.5e-7), (1000, 1.5e-4), (1999, 2.9985e-4), (2000, 3e-4), (597_046, 1.6500018e-4),
-             (597_047, 1.6499980e-4), (600_000, 1.6441559e-4), (1_000_000, 8.9834077e-5), (1_668_931, 3e-5)]
+STAGE1_LR = [
+    (1, 1.5e-7),
+    (1000, 1.5e-4),
+    (1999, 2.9985e-4),
+    (2000, 3e-4),
+    (597_046, 1.6500018e-4),
+    (597_047, 1.6499980e-4),
+    (600_000, 1.6441559e-4),
+    (1_000_000, 8.9834077e-5),
+    (1_668_931, 3e-5),
+]
 
 
 def _recipe_schedule(name, overrides=()):
     from olmax.schedules import make_schedule
 
     cfg = resolve(name, None, list(overrides))
-    return cfg, make_schedule(cfg.schedule, lr=cfg.optimizer.lr, max_steps=cfg.trainer.max_steps,
-                              tokens_per_step=cfg.trainer.global_batch * cfg.data.seq_len)
+    return cfg, make_schedule(
+        cfg.schedule,
+        lr=cfg.optimizer.lr,
+        max_steps=cfg.trainer.max_steps,
+        tokens_per_step=cfg.trainer.global_batch * cfg.data.seq_len,
+    )
 
 
 @pytest.mark.parametrize("name", ["olmo3_7b", "olmo3_7b_stage1", "olmo3_32b_stage1"])
@@ -157,7 +191,12 @@ def test_stage1_single_cosine_override_is_maxtexts_schedule():
 
 def test_stage2_and_stage3_recipes():
     cfg, lr = _recipe_schedule("olmo3_7b_stage2")
-    assert (cfg.trainer.global_batch, cfg.data.seq_len, cfg.trainer.max_steps, cfg.data.seed) == (256, 8192, 47_684, 1337)
+    assert (cfg.trainer.global_batch, cfg.data.seq_len, cfg.trainer.max_steps, cfg.data.seed) == (
+        256,
+        8192,
+        47_684,
+        1337,
+    )
     assert cfg.trainer.max_steps == math.ceil(100e9 / 2**21)
     peak = 2.0712352850360292e-4
     assert float(lr(1)) == pytest.approx(peak * (1 - 1 / 47_684), rel=2e-6)  # no warmup: step 1 already decays

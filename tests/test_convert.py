@@ -57,10 +57,26 @@ def sha256(path: Path) -> str:
 
 @pytest.mark.parity
 def test_model_config_from_hf_reads_every_field():
-    rope = {"rope_type": "yarn", "rope_theta": 20000.0, "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
-            "original_max_position_embeddings": 64}
-    hf = make_hf_config(vocab=1000, d_model=96, n_layers=10, n_heads=6, n_kv_heads=2, head_dim=20, mlp=160,
-                        window=16, rope=rope, max_position=256).to_dict()
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 20000.0,
+        "factor": 4.0,
+        "beta_fast": 16.0,
+        "beta_slow": 2.0,
+        "original_max_position_embeddings": 64,
+    }
+    hf = make_hf_config(
+        vocab=1000,
+        d_model=96,
+        n_layers=10,
+        n_heads=6,
+        n_kv_heads=2,
+        head_dim=20,
+        mlp=160,
+        window=16,
+        rope=rope,
+        max_position=256,
+    ).to_dict()
     hf["architectures"] = ["Olmo3ForCausalLM"]
     cfg = model_config_from_hf(hf)
     assert (cfg.vocab_size, cfg.padded_vocab_size, cfg.d_model, cfg.n_layers) == (1000, 1024, 96, 10)
@@ -77,8 +93,12 @@ def test_legacy_yarn_config_scales_the_full_attention_layers_only():
     # A transformers-4 config.json (flat rope_theta + rope_scaling), as AI2's long-context checkpoints
     # have: Olmo3Config gives the scaling to the full-attention layers only, and so does olmax.
     hf = make_hf_config(n_layers=8).to_dict()
-    hf.update(architectures=["Olmo3ForCausalLM"], rope_parameters=None, rope_theta=5e5,
-              rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64})
+    hf.update(
+        architectures=["Olmo3ForCausalLM"],
+        rope_parameters=None,
+        rope_theta=5e5,
+        rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    )
     cfg = model_config_from_hf(hf)
     assert (cfg.rope_type, cfg.yarn_factor, cfg.yarn_layers, cfg.rope_theta) == ("yarn", 8.0, "global", 5e5)
     assert [cfg.layer_rope_scaled(i) for i in range(8)] == [False, False, False, True] * 2
@@ -89,9 +109,18 @@ def test_legacy_yarn_config_scales_the_full_attention_layers_only():
 
 def test_model_config_from_hf_legacy_and_uniform_patterns():
     # A transformers-4 config (flat rope_theta, no layer_types), as the OLMo 3 hub checkpoints have.
-    legacy = {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "vocab_size": 100278,
-              "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 8, "num_attention_heads": 4,
-              "rope_theta": 500000, "rms_norm_eps": 1e-6, "sliding_window": 4096}
+    legacy = {
+        "architectures": ["Olmo3ForCausalLM"],
+        "model_type": "olmo3",
+        "vocab_size": 100278,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "rope_theta": 500000,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 4096,
+    }
     cfg = model_config_from_hf(legacy)
     assert (cfg.global_every, cfg.sliding_window, cfg.rope_theta, cfg.n_kv_heads, cfg.head_dim) == (4, 4096, 5e5, 4, 16)
     assert cfg.padded_vocab_size == 100352
@@ -102,24 +131,54 @@ def test_model_config_from_hf_legacy_and_uniform_patterns():
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("change, message", [
-    ({"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2"}, "not an OLMo 3 checkpoint"),
-    ({"layer_types": [SLIDING, FULL, SLIDING, SLIDING, FULL]}, "not representable"),
-    ({"layer_types": [SLIDING] * 5}, "no layer uses full attention"),
-    ({"layer_types": [SLIDING] * 4}, "each of the 5 layers"),
-    ({"rope_parameters": {SLIDING: {"rope_type": "default", "rope_theta": 1e4},
-                          FULL: {"rope_type": "default", "rope_theta": 5e5}}}, "different RoPE"),
-    ({"rope_parameters": {SLIDING: {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0},
-                          FULL: {"rope_type": "default", "rope_theta": 1e4}}}, "different RoPE"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "keyed by layer type"),
-    ({"rope_parameters": {t: {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0} for t in (SLIDING, FULL)}},
-     "rope_type='llama3'"),
-    ({"rope_parameters": {t: {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "attention_factor": 1.0}
-                          for t in (SLIDING, FULL)}}, "attention_factor"),
-    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
-    ({"attention_bias": True}, "attention_bias"),
-    ({"num_attention_heads": 5}, "n_kv_heads"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2"}, "not an OLMo 3 checkpoint"),
+        ({"layer_types": [SLIDING, FULL, SLIDING, SLIDING, FULL]}, "not representable"),
+        ({"layer_types": [SLIDING] * 5}, "no layer uses full attention"),
+        ({"layer_types": [SLIDING] * 4}, "each of the 5 layers"),
+        (
+            {
+                "rope_parameters": {
+                    SLIDING: {"rope_type": "default", "rope_theta": 1e4},
+                    FULL: {"rope_type": "default", "rope_theta": 5e5},
+                }
+            },
+            "different RoPE",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    SLIDING: {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0},
+                    FULL: {"rope_type": "default", "rope_theta": 1e4},
+                }
+            },
+            "different RoPE",
+        ),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "keyed by layer type"),
+        (
+            {
+                "rope_parameters": {
+                    t: {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0} for t in (SLIDING, FULL)
+                }
+            },
+            "rope_type='llama3'",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    t: {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "attention_factor": 1.0}
+                    for t in (SLIDING, FULL)
+                }
+            },
+            "attention_factor",
+        ),
+        ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"num_attention_heads": 5}, "n_kv_heads"),
+    ],
+)
 def test_model_config_from_hf_rejects_what_olmax_cannot_represent(change, message):
     hf = {**make_hf_config().to_dict(), "architectures": ["Olmo3ForCausalLM"], **change}
     with pytest.raises(ConversionError, match=message):
@@ -133,6 +192,7 @@ def test_model_config_from_hf_rejects_what_olmax_cannot_represent(change, messag
 @pytest.mark.parity
 def test_round_trip_reproduces_every_tensor_bit_for_bit(tmp_path):
     from transformers import Olmo3Config, Olmo3ForCausalLM
+
     src = make_hf_checkpoint(tmp_path / "hf", vocab=300, head_dim=24)
     convert_from_hf(str(src), tmp_path / "ckpt")
     convert_to_hf(tmp_path / "ckpt", tmp_path / "back", tokenizer=word_tokenizer(tmp_path))
@@ -167,11 +227,13 @@ def test_bfloat16_source_round_trips_in_bfloat16(tmp_path):
 @pytest.mark.parity
 def test_sharded_checkpoints_in_and_out(tmp_path):
     from transformers import Olmo3ForCausalLM
+
     src = make_hf_checkpoint(tmp_path / "hf", max_shard_size="200KB")
     assert (src / "model.safetensors.index.json").is_file()
     convert_from_hf(str(src), tmp_path / "ckpt")
-    summary = convert_to_hf(tmp_path / "ckpt", tmp_path / "back", tokenizer=word_tokenizer(tmp_path),
-                            max_shard_bytes=300_000)
+    summary = convert_to_hf(
+        tmp_path / "ckpt", tmp_path / "back", tokenizer=word_tokenizer(tmp_path), max_shard_bytes=300_000
+    )
     assert len(summary["files"]) > 1
     index = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
     original = tensors_of(src)
@@ -193,10 +255,12 @@ def test_conversion_pads_the_vocabulary_with_zeros(tmp_path):
     np.testing.assert_array_equal(np.asarray(params["embed"][:300]), hf["model.embed_tokens.weight"])
     np.testing.assert_array_equal(np.asarray(params["lm_head"][:, :300]), hf["lm_head.weight"].T)
     assert not np.asarray(params["embed"][300:]).any() and not np.asarray(params["lm_head"][:, 300:]).any()
-    np.testing.assert_array_equal(np.asarray(params["layers"]["q_proj"][3]),
-                                  hf["model.layers.3.self_attn.q_proj.weight"].T)
-    np.testing.assert_array_equal(np.asarray(params["layers"]["attn_norm"][1]),
-                                  hf["model.layers.1.post_attention_layernorm.weight"])
+    np.testing.assert_array_equal(
+        np.asarray(params["layers"]["q_proj"][3]), hf["model.layers.3.self_attn.q_proj.weight"].T
+    )
+    np.testing.assert_array_equal(
+        np.asarray(params["layers"]["attn_norm"][1]), hf["model.layers.1.post_attention_layernorm.weight"]
+    )
     assert meta["source"]["format"] == "hf" and meta["special_tokens"]["eos_token_id"] == 298
 
 
@@ -225,7 +289,9 @@ def test_hf_tensor_mismatches_are_named(tmp_path):
         convert_from_hf(str(src), tmp_path / "o1")
     config.update(num_hidden_layers=5, layer_types=olmax_layer_types(5), intermediate_size=128)
     (src / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConversionError, match=r"gate_proj.weight has shape \(96, 64\), the model config needs \(128, 64\)"):
+    with pytest.raises(
+        ConversionError, match=r"gate_proj.weight has shape \(96, 64\), the model config needs \(128, 64\)"
+    ):
         convert_from_hf(str(src), tmp_path / "o2")
 
 
@@ -294,6 +360,7 @@ def test_olmo_core_reader_matches_olmo_cores_own_hf_converter(tmp_path, containe
 @pytest.mark.parity
 def test_olmo_core_vocabulary_rows_are_checked(tmp_path):
     import torch
+
     model = make_olmo_core_model(vocab=384)
     torch.save(model.state_dict(), tmp_path / "model.pt")
     ok = olmax_config_of(model, vocab_size=300, sliding_window=8, rope_theta=1e4)  # 384 = padded(300): kept
@@ -346,7 +413,9 @@ def test_checkpoint_errors(tmp_path):
     config_file = next((tmp_path / "ck" / "0" / "config").glob("*"))
     stored = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**stored, "mlp_hidden": 96}))
-    with pytest.raises(CheckpointError, match=r"\['layers'\]\['gate_proj'\]: shape \(2, 32, 64\), config says \(2, 32, 96\)"):
+    with pytest.raises(
+        CheckpointError, match=r"\['layers'\]\['gate_proj'\]: shape \(2, 32, 64\), config says \(2, 32, 96\)"
+    ):
         load_params(tmp_path / "ck")
     config_file.write_text(json.dumps({**stored, "attention": "flash"}))
     with pytest.raises(CheckpointError, match="model config stored in .* is invalid"):
@@ -361,12 +430,25 @@ def test_checkpoint_errors(tmp_path):
 def test_cli_convert_both_ways(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf")
     runner = CliRunner()
-    result = runner.invoke(app, ["convert", "--from-hf", str(src), "--out", str(tmp_path / "ckpt"),
-                                 "--json", str(tmp_path / "in.json")])
+    result = runner.invoke(
+        app, ["convert", "--from-hf", str(src), "--out", str(tmp_path / "ckpt"), "--json", str(tmp_path / "in.json")]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "in.json").read_text())["source_dtype"] == "float32"
-    result = runner.invoke(app, ["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "back"),
-                                 "--dtype", "bfloat16", "--tokenizer", word_tokenizer(tmp_path)])
+    result = runner.invoke(
+        app,
+        [
+            "convert",
+            "--to-hf",
+            str(tmp_path / "ckpt"),
+            "--out",
+            str(tmp_path / "back"),
+            "--dtype",
+            "bfloat16",
+            "--tokenizer",
+            word_tokenizer(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert all(t.dtype.name == "bfloat16" for t in tensors_of(tmp_path / "back").values())
 
@@ -374,13 +456,33 @@ def test_cli_convert_both_ways(tmp_path):
 @pytest.mark.parity
 def test_cli_convert_from_olmo_core_with_a_recipe(tmp_path):
     import torch
+
     model = make_olmo_core_model(vocab=384, n_layers=4)
     torch.save(model.state_dict(), tmp_path / "model.pt")
-    overrides = ["model.vocab_size=300", "model.d_model=64", "model.n_layers=4", "model.n_heads=4",
-                 "model.n_kv_heads=2", "model.head_dim=16", "model.mlp_hidden=256", "model.sliding_window=8",
-                 "model.rope_theta=10000.0"]
-    result = CliRunner().invoke(app, ["convert", "--from-olmo-core", str(tmp_path / "model.pt"), "--recipe", "tiny",
-                                      "--out", str(tmp_path / "ckpt"), *overrides])
+    overrides = [
+        "model.vocab_size=300",
+        "model.d_model=64",
+        "model.n_layers=4",
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "model.head_dim=16",
+        "model.mlp_hidden=256",
+        "model.sliding_window=8",
+        "model.rope_theta=10000.0",
+    ]
+    result = CliRunner().invoke(
+        app,
+        [
+            "convert",
+            "--from-olmo-core",
+            str(tmp_path / "model.pt"),
+            "--recipe",
+            "tiny",
+            "--out",
+            str(tmp_path / "ckpt"),
+            *overrides,
+        ],
+    )
     assert result.exit_code == 0, result.output
     cfg, meta = read_config(tmp_path / "ckpt")
     assert (cfg.vocab_size, cfg.n_layers, cfg.rope_theta) == (300, 4, 1e4)
@@ -407,8 +509,17 @@ def test_an_array_over_the_in_flight_bound_round_trips(tmp_path):
 
     from olmax.model.olmo3 import abstract_params
 
-    cfg = ModelConfig(vocab_size=100278, d_model=2816, n_layers=1, n_heads=22, n_kv_heads=22, head_dim=128,
-                      mlp_hidden=256, sliding_window=64, max_position=128)
+    cfg = ModelConfig(
+        vocab_size=100278,
+        d_model=2816,
+        n_layers=1,
+        n_heads=22,
+        n_kv_heads=22,
+        head_dim=128,
+        mlp_hidden=256,
+        sliding_window=64,
+        max_position=128,
+    )
     params = jax.tree.map(lambda a: jnp.full(a.shape, 0.5, a.dtype), abstract_params(cfg))
     assert params["embed"].nbytes > 1e9
     save_params(tmp_path / "big", params, cfg, {})

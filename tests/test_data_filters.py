@@ -19,7 +19,7 @@ def with_repeat(rng, length, period, times, start, vocab=50):
     x = rng.integers(1000, 100000, size=length)  # distinct-ish background
     gram = rng.integers(0, vocab, size=period)
     piece = np.tile(gram, times)[: length - start]
-    x[start:start + len(piece)] = piece
+    x[start : start + len(piece)] = piece
     return x
 
 
@@ -72,4 +72,3 @@ def test_max_repeats_counts_exactly():
     assert max_repeats(np.zeros(40, dtype=np.int64), 1) == 40
     mask = instance_mask(np.stack([np.zeros(64, dtype=np.int64), np.arange(64)]))
     assert mask.tolist() == [False, True]
-

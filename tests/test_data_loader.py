@@ -22,8 +22,15 @@ def make_cfg(tmp_path, lengths=(1000, 333, 2048, 777), **kw):
         p = tmp_path / f"{i:06d}.npy"
         rng.integers(0, VOCAB, size=n).astype(np.uint16).tofile(p)
         paths.append(str(p))
-    base = dict(paths=tuple(paths), seq_len=SEQ, seed=11, vocab_size=VOCAB, eos_token_id=VOCAB - 1,
-                pad_token_id=0, work_dir=str(tmp_path / "cache"))
+    base = dict(
+        paths=tuple(paths),
+        seq_len=SEQ,
+        seed=11,
+        vocab_size=VOCAB,
+        eos_token_id=VOCAB - 1,
+        pad_token_id=0,
+        work_dir=str(tmp_path / "cache"),
+    )
     return DataConfig(**{**base, **kw})
 
 
@@ -51,7 +58,7 @@ def assert_each_instance_once(cfg, delivered, global_batch):
     # and each batch holds exactly OLMo-core's row of the permutation
     order = permutation(n, cfg.seed, 1)
     for b in {b for b, _ in delivered}:
-        assert sorted(i for bb, i in delivered if bb == b) == sorted(order[b * global_batch:(b + 1) * global_batch])
+        assert sorted(i for bb, i in delivered if bb == b) == sorted(order[b * global_batch : (b + 1) * global_batch])
 
 
 @pytest.mark.parametrize("dp_size,local_ranks", [(1, 1), (2, 1), (4, 1), (4, 2)])
@@ -69,8 +76,9 @@ def test_double_sharding_would_be_caught(tmp_path):
     for rank in range(2):
         loader = make_loader(cfg, 8, dp_rank=rank, dp_size=2)
         batches: RankBatches = loader.epoch_batches(1, 0)
-        sampler = grain.samplers.IndexSampler(num_records=len(batches), shuffle=False, num_epochs=1,
-                                              shard_options=grain.sharding.ShardOptions(rank, 2))
+        sampler = grain.samplers.IndexSampler(
+            num_records=len(batches), shuffle=False, num_epochs=1, shard_options=grain.sharding.ShardOptions(rank, 2)
+        )
         dl = grain.DataLoader(data_source=batches, sampler=sampler, worker_count=0)
         delivered.extend((int(b["batch"]), int(i)) for b in dl for i in b["index"])
     with pytest.raises(AssertionError):
@@ -153,13 +161,20 @@ def test_batches_equal_olmo_core_loader(tmp_path):
 
     cfg = make_cfg(tmp_path)
     tok = TokenizerConfig(vocab_size=VOCAB, eos_token_id=VOCAB - 1, pad_token_id=0)
-    ds = NumpyFSLDatasetConfig(tokenizer=tok, paths=list(cfg.paths), sequence_length=SEQ,
-                               work_dir=str(tmp_path / "olmo")).build()
+    ds = NumpyFSLDatasetConfig(
+        tokenizer=tok, paths=list(cfg.paths), sequence_length=SEQ, work_dir=str(tmp_path / "olmo")
+    ).build()
     ds.prepare()
     for rank in range(2):
-        dl = NumpyDataLoaderBase.wrap_numpy_dataset(ds, global_batch_size=8 * SEQ, collator=DataCollator(pad_token_id=0),
-                                                    work_dir=str(tmp_path / "olmo"), seed=cfg.seed, dp_world_size=2,
-                                                    dp_rank=rank)
+        dl = NumpyDataLoaderBase.wrap_numpy_dataset(
+            ds,
+            global_batch_size=8 * SEQ,
+            collator=DataCollator(pad_token_id=0),
+            work_dir=str(tmp_path / "olmo"),
+            seed=cfg.seed,
+            dp_world_size=2,
+            dp_rank=rank,
+        )
         dl.reshuffle(epoch=1)
         ours = make_loader(cfg, 8, dp_rank=rank, dp_size=2)
         assert ours.source.fingerprint == ds.fingerprint
@@ -191,7 +206,8 @@ def test_manifest_tokenizer_must_match_config(tmp_path):
     tokenize_files([text], tmp_path / "shards", show_progress=False)
     cfg = DataConfig(paths=(str(tmp_path / "shards"),), seq_len=16, work_dir=str(tmp_path / "cache"))
     assert make_loader(cfg, 2).source.dtype == np.uint32
-    wrong = DataConfig(paths=cfg.paths, seq_len=16, vocab_size=50280, eos_token_id=50279, pad_token_id=1,
-                       work_dir=cfg.work_dir)
+    wrong = DataConfig(
+        paths=cfg.paths, seq_len=16, vocab_size=50280, eos_token_id=50279, pad_token_id=1, work_dir=cfg.work_dir
+    )
     with pytest.raises(DataSourceError, match="tokenized with dolma2 \\(vocab_size=100278\\)"):
         make_loader(wrong, 2)

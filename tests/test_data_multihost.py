@@ -57,9 +57,24 @@ def test_two_processes_deliver_each_instance_once(tmp_path):
     port = portpicker.pick_unused_port()
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     out = tmp_path / "out.json"
-    procs = [subprocess.Popen([sys.executable, str(script), str(port), str(pid), ",".join(paths),
-                               str(tmp_path / f"cache{pid}"), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for pid in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(port),
+                str(pid),
+                ",".join(paths),
+                str(tmp_path / f"cache{pid}"),
+                str(out),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pid in range(2)
+    ]
     logs = [p.communicate(timeout=240)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
 
@@ -72,7 +87,7 @@ def test_two_processes_deliver_each_instance_once(tmp_path):
     order = permutation(result["n"], 5, 1)
     seen = []
     for b, (ids, token_sum) in enumerate(result["batches"]):
-        row = order[b * 8:(b + 1) * 8]
+        row = order[b * 8 : (b + 1) * 8]
         # the global array holds rank 0's rows, then rank 1's, ... (columns r::4 of OLMo-core's row)
         assert ids == [int(row[r + 4 * j]) for r in range(4) for j in range(2)]
         assert token_sum == int(sum(source[int(i)].astype(np.int64).sum() for i in ids))

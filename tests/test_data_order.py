@@ -31,14 +31,29 @@ LENGTHS = [1000, 37, 4096 + 5, 2500, 64 * 9 + 63]
 def olmo_core_loader(paths, tok, seq_len, global_batch, seed, dp_size, dp_rank, work_dir, max_target=None, epoch=1):
     from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyFSLDatasetConfig, TokenizerConfig
 
-    tok_cfg = TokenizerConfig(vocab_size=tok.vocab_size, eos_token_id=tok.eos_token_id,
-                              pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-    ds = NumpyFSLDatasetConfig(tokenizer=tok_cfg, paths=list(paths), sequence_length=seq_len,
-                               max_target_sequence_length=max_target, work_dir=str(work_dir)).build()
+    tok_cfg = TokenizerConfig(
+        vocab_size=tok.vocab_size,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
+    ds = NumpyFSLDatasetConfig(
+        tokenizer=tok_cfg,
+        paths=list(paths),
+        sequence_length=seq_len,
+        max_target_sequence_length=max_target,
+        work_dir=str(work_dir),
+    ).build()
     ds.prepare()
     dl = NumpyDataLoaderBase.wrap_numpy_dataset(
-        ds, global_batch_size=global_batch * seq_len, collator=DataCollator(pad_token_id=tok.pad_token_id),
-        work_dir=str(work_dir), seed=seed, dp_world_size=dp_size, dp_rank=dp_rank)
+        ds,
+        global_batch_size=global_batch * seq_len,
+        collator=DataCollator(pad_token_id=tok.pad_token_id),
+        work_dir=str(work_dir),
+        seed=seed,
+        dp_world_size=dp_size,
+        dp_rank=dp_rank,
+    )
     dl.reshuffle(epoch=epoch)
     return ds, dl
 
@@ -69,8 +84,9 @@ def test_rank_batches_match_olmo_core(tmp_path, dp_size, seed, epoch, max_target
     total = num_batches(len(order), global_batch)
     assert total >= 3
     for rank in range(dp_size):
-        _, dl = olmo_core_loader(paths, SMALL, seq_len, global_batch, seed, dp_size, rank,
-                                 tmp_path / f"work{rank}", max_target, epoch)
+        _, dl = olmo_core_loader(
+            paths, SMALL, seq_len, global_batch, seed, dp_size, rank, tmp_path / f"work{rank}", max_target, epoch
+        )
         theirs = [batch["index"].tolist() for batch in dl]
         assert len(theirs) == total == dl.total_batches
         for b, their_ids in enumerate(theirs):
@@ -95,12 +111,14 @@ def test_permutation_is_pcg64_shuffle_and_memmap_equal(tmp_path):
 def test_batches_cover_each_instance_once_per_epoch():
     order = permutation(1000, 3, 1)
     global_batch = 24
-    seen = np.concatenate([rank_ids(order, b, global_batch, r, 4)
-                           for b in range(num_batches(1000, global_batch)) for r in range(4)])
+    seen = np.concatenate(
+        [rank_ids(order, b, global_batch, r, 4) for b in range(num_batches(1000, global_batch)) for r in range(4)]
+    )
     assert len(seen) == len(np.unique(seen)) == (1000 // 24) * 24
     # the ranks together are exactly the global batch, whatever the dp size
-    np.testing.assert_array_equal(np.sort(np.concatenate([rank_ids(order, 5, 24, r, 3) for r in range(3)])),
-                                  np.sort(batch_ids(order, 5, 24)))
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate([rank_ids(order, 5, 24, r, 3) for r in range(3)])), np.sort(batch_ids(order, 5, 24))
+    )
 
 
 def test_bad_files_are_named(tmp_path):

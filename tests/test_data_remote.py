@@ -79,7 +79,7 @@ class RangeHandler(BaseHTTPRequestHandler):
             end = min(int(match[2]) if match[2] else len(data) - 1, len(data) - 1)  # inclusive
             if start >= len(data):
                 return self.send_error(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
-            status, body = HTTPStatus.PARTIAL_CONTENT, data[start:end + 1]
+            status, body = HTTPStatus.PARTIAL_CONTENT, data[start : end + 1]
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Accept-Ranges", "bytes")
@@ -124,8 +124,17 @@ def write_mix(root: Path, lengths, seed=0) -> Path:
 
 
 def data_cfg(tmp_path, paths, mix_base, **kw) -> DataConfig:
-    return DataConfig(paths=tuple(paths), mix_base=mix_base, seq_len=SEQ, seed=7, vocab_size=VOCAB,
-                      eos_token_id=VOCAB - 1, pad_token_id=0, work_dir=str(tmp_path / "cache"), **kw)
+    return DataConfig(
+        paths=tuple(paths),
+        mix_base=mix_base,
+        seq_len=SEQ,
+        seed=7,
+        vocab_size=VOCAB,
+        eos_token_id=VOCAB - 1,
+        pad_token_id=0,
+        work_dir=str(tmp_path / "cache"),
+        **kw,
+    )
 
 
 def test_http_mix_file_matches_local(tmp_path, server):
@@ -163,7 +172,7 @@ def test_http_reads_are_byte_ranges(tmp_path, server):
     assert opened == SAMPLE_TOKENS * 2  # the vocabulary check reads the first 4096 tokens only
     local = np.memmap(server.root / "big.npy", dtype=np.uint16, mode="r")
     for i in (0, 12_345, len(source) - 1):
-        np.testing.assert_array_equal(source[i], local[i * SEQ:(i + 1) * SEQ])
+        np.testing.assert_array_equal(source[i], local[i * SEQ : (i + 1) * SEQ])
     assert server.bytes_sent - opened == 3 * SEQ * 2
     assert server.bytes_sent < n_tokens * 2 / 400
     gets = [r for r in server.requests if r[0] == "GET"]
@@ -193,11 +202,15 @@ def test_http_errors_name_the_url(tmp_path, server):
     server.fail.clear()
     source = TokenSource([f"{server.base}/{shard}"], SEQ, TOK)
     server.fail.add(shard)
-    with pytest.raises(DataSourceError, match=re.escape(f"data file {server.base}/{shard} (bytes 128..256) cannot be read") + ".*500"):
+    with pytest.raises(
+        DataSourceError, match=re.escape(f"data file {server.base}/{shard} (bytes 128..256) cannot be read") + ".*500"
+    ):
         source[1]
 
     # A server that ignores Range would hand back the whole file as if it were the instance.
     server.fail.clear()
     server.ignore_range = True
-    with pytest.raises(DataSourceError, match=re.escape(f"data file {server.base}/{shard}: asked for 128 bytes at 128, got 800")):
+    with pytest.raises(
+        DataSourceError, match=re.escape(f"data file {server.base}/{shard}: asked for 128 bytes at 128, got 800")
+    ):
         source[1]

@@ -163,13 +163,44 @@ def test_cli_tokenize_then_order(tmp_path):
     inputs, _ = write_inputs(tmp_path)
     out = tmp_path / "shards"
     runner = CliRunner()
-    res = runner.invoke(app, ["tokenize", *map(str, inputs), "--out", str(out), "--shard-tokens", "300",
-                              "--json", str(tmp_path / "tok.json")])
+    res = runner.invoke(
+        app,
+        [
+            "tokenize",
+            *map(str, inputs),
+            "--out",
+            str(out),
+            "--shard-tokens",
+            "300",
+            "--json",
+            str(tmp_path / "tok.json"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "tok.json").read_text())["total_tokens"] > 1000
-    res = runner.invoke(app, ["data", "order", "--paths", str(out), "--seq-len", "16", "--seed", "3",
-                              "--global-batch-instances", "8", "--dp-size", "2", "--steps", "2:4",
-                              "--work-dir", str(tmp_path / "cache"), "--json", str(tmp_path / "order.json")])
+    res = runner.invoke(
+        app,
+        [
+            "data",
+            "order",
+            "--paths",
+            str(out),
+            "--seq-len",
+            "16",
+            "--seed",
+            "3",
+            "--global-batch-instances",
+            "8",
+            "--dp-size",
+            "2",
+            "--steps",
+            "2:4",
+            "--work-dir",
+            str(tmp_path / "cache"),
+            "--json",
+            str(tmp_path / "order.json"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "order.json").read_text())
     order = permutation(report["instances"], 3, 1)

@@ -68,8 +68,7 @@ def test_readers_agree(runs):
 
 def test_gap_table_numbers(runs, tmp_path):
     a, b, ref = runs
-    report = compare_runs(str(a), str(b), tmp_path / "out", bin_size=100, landmarks=[100, 450, 1000],
-                          ref_csv=str(ref))
+    report = compare_runs(str(a), str(b), tmp_path / "out", bin_size=100, landmarks=[100, 450, 1000], ref_csv=str(ref))
     by_step = {r["step"]: r for r in report["landmarks"]}
     # Landmark 450 reads bin (400, 500]: A logged every step there, B every 10 steps, ref every 5.
     sa, sb, sr = np.arange(401, 501), np.arange(410, 501, 10), np.arange(405, 501, 5)
@@ -78,8 +77,9 @@ def test_gap_table_numbers(runs, tmp_path):
     assert r["b"] == pytest.approx(curve(sb).mean() + 0.05, rel=1e-6)
     assert r["gap"] == pytest.approx(curve(sb).mean() + 0.05 - curve(sa).mean(), abs=1e-6)
     assert r["a_minus_ref"] == pytest.approx(curve(sa).mean() - curve(sr).mean() + 0.1, abs=1e-9)
-    assert by_step[1000]["gap"] == pytest.approx(curve(np.arange(910, 1001, 10)).mean() + 0.05
-                                                 - curve(np.arange(901, 1001)).mean(), abs=1e-6)
+    assert by_step[1000]["gap"] == pytest.approx(
+        curve(np.arange(910, 1001, 10)).mean() + 0.05 - curve(np.arange(901, 1001)).mean(), abs=1e-6
+    )
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "| 450 |" in md and f"{r['gap']:+.4f}" in md
     for name in ("overlay.png", "paired_diff.png"):
@@ -122,8 +122,24 @@ def test_cli(runs, tmp_path):
     from olmax.cli import app
 
     a, b, ref = runs
-    result = CliRunner().invoke(app, ["compare", str(a), str(b), "--out", str(tmp_path / "o"), "--bin", "100",
-                                      "--landmarks", "450", "--ref-csv", str(ref), "--json", str(tmp_path / "c.json")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            str(a),
+            str(b),
+            "--out",
+            str(tmp_path / "o"),
+            "--bin",
+            "100",
+            "--landmarks",
+            "450",
+            "--ref-csv",
+            str(ref),
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "| 450 |" in result.output
     assert json.loads((tmp_path / "c.json").read_text())["landmarks"][0]["step"] == 450

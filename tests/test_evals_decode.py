@@ -5,14 +5,23 @@ in the decoder than in training would show. The generation loop is tested in tes
 import jax
 import jax.numpy as jnp
 import numpy as np
+from models import random_params
 
 from olmax.config import ModelConfig
-from models import random_params
 from olmax.evals.decode import cached_forward, init_cache
 from olmax.model.olmo3 import forward
 
-CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                  sliding_window=4, compute_dtype="float32")
+CFG = ModelConfig(
+    vocab_size=300,
+    d_model=32,
+    n_layers=5,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    mlp_hidden=64,
+    sliding_window=4,
+    compute_dtype="float32",
+)
 
 
 def test_cached_steps_match_the_full_forward():
@@ -24,6 +33,5 @@ def test_cached_steps_match_the_full_forward():
     logits, cache = run(params, cache, jnp.asarray(seq[:, :8]), jnp.zeros(2, jnp.int32), CFG)
     np.testing.assert_allclose(np.asarray(logits), full[:, :8], atol=2e-5)
     for t in range(8, 20):  # positions 12+ only see the window on layers 0-2: a wrong mask shows here
-        logits, cache = run(params, cache, jnp.asarray(seq[:, t:t + 1]), jnp.full(2, t, jnp.int32), CFG)
+        logits, cache = run(params, cache, jnp.asarray(seq[:, t : t + 1]), jnp.full(2, t, jnp.int32), CFG)
         np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=2e-5)
-

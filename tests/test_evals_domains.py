@@ -16,8 +16,17 @@ from olmax.evals.domains import document_windows, read_domains, score_domains
 from olmax.evals.scoring import TokenScorer, eval_mesh
 from olmax.model.olmo3 import forward, init_params
 
-CFG = ModelConfig(vocab_size=100278, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
-                  mlp_hidden=64, sliding_window=8, compute_dtype="float32")
+CFG = ModelConfig(
+    vocab_size=100278,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    mlp_hidden=64,
+    sliding_window=8,
+    compute_dtype="float32",
+)
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "corpus"
 
 
@@ -31,9 +40,14 @@ def write(path, records):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("domains")
-    write(d / "a.jsonl.gz", [{"text": "In the beginning was the word.", "domain": "lit"},
-                             {"text": "def f(x):\n    return x * 2  # café", "domain": "code"},
-                             {"text": "And the word was with God, and the word was God.", "domain": "lit"}])
+    write(
+        d / "a.jsonl.gz",
+        [
+            {"text": "In the beginning was the word.", "domain": "lit"},
+            {"text": "def f(x):\n    return x * 2  # café", "domain": "code"},
+            {"text": "And the word was with God, and the word was God.", "domain": "lit"},
+        ],
+    )
     write(d / "news.jsonl", [{"text": "Stocks rose on Tuesday after a quiet week."}, {"text": ""}])
     return d
 
@@ -72,8 +86,10 @@ def test_figures_match_torch_per_document(corpus, model):
         nll, count = 0.0, 0
         for text in texts:
             seq = np.asarray([[tok.info.eos_token_id] + tok.encode(text)], np.int32)
-            logits = torch.from_numpy(np.array(forward(params, seq, CFG)))[0, :-1, :CFG.vocab_size].double()
-            nll += float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(seq[0, 1:]).long(), reduction="sum"))
+            logits = torch.from_numpy(np.array(forward(params, seq, CFG)))[0, :-1, : CFG.vocab_size].double()
+            nll += float(
+                torch.nn.functional.cross_entropy(logits, torch.from_numpy(seq[0, 1:]).long(), reduction="sum")
+            )
             count += seq.shape[1] - 1
         r = report["domains"][name]
         n_bytes = sum(len(t.encode("utf-8")) for t in texts)

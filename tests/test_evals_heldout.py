@@ -15,8 +15,17 @@ from olmax.evals.heldout import HeldoutEvaluator, eval_loss, eval_name, load_ins
 from olmax.evals.scoring import eval_mesh
 from olmax.model.olmo3 import forward, init_params
 
-CFG = ModelConfig(vocab_size=100278, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
-                  mlp_hidden=64, sliding_window=8, compute_dtype="float32")
+CFG = ModelConfig(
+    vocab_size=100278,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    mlp_hidden=64,
+    sliding_window=8,
+    compute_dtype="float32",
+)
 TEXTS = [f"Document {i}: the quick brown fox jumps over {i * 7} lazy dogs, then rests." for i in range(12)]
 
 
@@ -33,7 +42,12 @@ def setup(tmp_path_factory):
     params = init_params(CFG, jax.random.key(0))
     ckpt = save_params(tmp / "ckpt", params, CFG, {"source": "test"})
     data = write_jsonl(tmp / "val.jsonl.gz", TEXTS)
-    return {"params": params, "ckpt": str(ckpt), "data": data, "data_cfg": DataConfig(seq_len=16, work_dir=str(tmp / "cache"))}
+    return {
+        "params": params,
+        "ckpt": str(ckpt),
+        "data": data,
+        "data_cfg": DataConfig(seq_len=16, work_dir=str(tmp / "cache")),
+    }
 
 
 def test_text_is_tokenized_and_cut_like_the_training_data(setup):
@@ -81,13 +95,18 @@ def test_token_shards_and_text_give_the_same_loss(setup, tmp_path):
 
 
 def test_in_loop_evaluator(setup):
-    exp = ExperimentConfig(model=CFG, data=setup["data_cfg"], trainer=TrainerConfig(global_batch=4),
-                           eval=EvalConfig(every=5, batches=2, data=(setup["data"],)))
+    exp = ExperimentConfig(
+        model=CFG,
+        data=setup["data_cfg"],
+        trainer=TrainerConfig(global_batch=4),
+        eval=EvalConfig(every=5, batches=2, data=(setup["data"],)),
+    )
     evaluator = HeldoutEvaluator(exp, eval_mesh())
     assert evaluator(3, setup["params"]) == {}
     metrics = evaluator(10, evaluator.scorer.place(setup["params"]))
-    offline = eval_loss(setup["ckpt"], [setup["data"]], seq_len=16, batch=4, max_batches=2,
-                        data_cfg=setup["data_cfg"])["results"]["val"]
+    offline = eval_loss(setup["ckpt"], [setup["data"]], seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])[
+        "results"
+    ]["val"]
     assert set(metrics) == {"eval/val/CE loss", "eval/val/PPL"}
     assert metrics["eval/val/CE loss"] == pytest.approx(offline["CE loss"], rel=1e-6)
 

@@ -13,8 +13,17 @@ from olmax.evals.kl import default_buckets, eval_kl, token_kl
 from olmax.evals.scoring import eval_mesh
 from olmax.model.olmo3 import forward, init_params
 
-CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
-                  mlp_hidden=64, sliding_window=8, compute_dtype="float32")
+CFG = ModelConfig(
+    vocab_size=300,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    mlp_hidden=64,
+    sliding_window=8,
+    compute_dtype="float32",
+)
 SEQ = 24
 
 
@@ -30,14 +39,28 @@ def setup(tmp_path_factory):
     tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, 6 * SEQ).astype(np.uint16)
     shard = tmp / "000000.npy"
     tokens.tofile(shard)
-    return {"a": str(a), "b": str(b), "params": params, "perturbed": perturbed, "data": str(shard),
-            "data_cfg": DataConfig(vocab_size=CFG.vocab_size, work_dir=str(tmp / "cache")),
-            "instances": tokens.reshape(6, SEQ).astype(np.int32)}
+    return {
+        "a": str(a),
+        "b": str(b),
+        "params": params,
+        "perturbed": perturbed,
+        "data": str(shard),
+        "data_cfg": DataConfig(vocab_size=CFG.vocab_size, work_dir=str(tmp / "cache")),
+        "instances": tokens.reshape(6, SEQ).astype(np.int32),
+    }
 
 
 def run(setup, a, b):
-    return eval_kl(setup[a], setup[b], [setup["data"]], seq_len=SEQ, batch=4, max_batches=None,
-                   buckets=[0, 4, 16], data_cfg=setup["data_cfg"])
+    return eval_kl(
+        setup[a],
+        setup[b],
+        [setup["data"]],
+        seq_len=SEQ,
+        batch=4,
+        max_batches=None,
+        buckets=[0, 4, 16],
+        data_cfg=setup["data_cfg"],
+    )
 
 
 def test_self_kl_is_exactly_zero(setup):
@@ -51,8 +74,8 @@ def test_self_kl_is_exactly_zero(setup):
 def test_perturbed_kl_matches_numpy(setup):
     r = run(setup, "a", "b")
     inst = setup["instances"][:4]
-    la = np.asarray(forward(setup["params"], inst, CFG))[..., :CFG.vocab_size].astype(np.float64)
-    lb = np.asarray(forward(setup["perturbed"], inst, CFG))[..., :CFG.vocab_size].astype(np.float64)
+    la = np.asarray(forward(setup["params"], inst, CFG))[..., : CFG.vocab_size].astype(np.float64)
+    lb = np.asarray(forward(setup["perturbed"], inst, CFG))[..., : CFG.vocab_size].astype(np.float64)
     log_a = la - np.log(np.exp(la - la.max(-1, keepdims=True)).sum(-1, keepdims=True)) - la.max(-1, keepdims=True)
     log_b = lb - np.log(np.exp(lb - lb.max(-1, keepdims=True)).sum(-1, keepdims=True)) - lb.max(-1, keepdims=True)
     kl = (np.exp(log_a) * (log_a - log_b)).sum(-1)

@@ -31,28 +31,50 @@ from olmax.model.olmo3 import init_params  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.parity]  # ~80 s on 2 CPU cores: two frameworks, a dozen compiled shapes
 
-TEXTS = ["The sun rises in the east and sets in the west.", "Water boils at one hundred degrees.",
-         "Plants need light to grow.", "A magnet attracts iron.", "Question: What is ice? Answer: frozen water"]
-QUESTIONS = [("What do plants need to grow?", ["light", "sand", "noise"], "A"),
-             ("Where does the sun rise?", ["north", "east", "down"], "B"),
-             ("What does a magnet attract?", ["wood", "glass", "iron"], "C"),
-             ("At what temperature does water boil?", ["one hundred degrees", "ten degrees"], "A")]
+TEXTS = [
+    "The sun rises in the east and sets in the west.",
+    "Water boils at one hundred degrees.",
+    "Plants need light to grow.",
+    "A magnet attracts iron.",
+    "Question: What is ice? Answer: frozen water",
+]
+QUESTIONS = [
+    ("What do plants need to grow?", ["light", "sand", "noise"], "A"),
+    ("Where does the sun rise?", ["north", "east", "down"], "B"),
+    ("What does a magnet attract?", ["wood", "glass", "iron"], "C"),
+    ("At what temperature does water boil?", ["one hundred degrees", "ten degrees"], "A"),
+]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers import models as tok_models
 
     tmp = tmp_path_factory.mktemp("lm_eval")
     tok = Tokenizer(tok_models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS * 4 + [q for q, _, _ in QUESTIONS], trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        TEXTS * 4 + [q for q, _, _ in QUESTIONS],
+        trainers.BpeTrainer(
+            vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok_file = tmp / "tokenizer.json"
     tok.save(str(tok_file))
-    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layers=4, n_heads=4, n_kv_heads=2,
-                      head_dim=8, mlp_hidden=64, sliding_window=8, max_position=64, compute_dtype="float32")
+    cfg = ModelConfig(
+        vocab_size=tok.get_vocab_size(),
+        d_model=32,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        mlp_hidden=64,
+        sliding_window=8,
+        max_position=64,
+        compute_dtype="float32",
+    )
     params = init_params(cfg, jax.random.key(0))
     params["lm_head"] = params["lm_head"] * 50  # sharper distributions: argmax and accuracy are not ties
     special = {"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None}  # the tokenizer's, not dolma2's
@@ -69,21 +91,28 @@ def requests(kind, args):
 
 def test_loglikelihoods_match_hf(models):
     ours, hf, _ = models
-    pairs = [(q, " " + c) for q, choices, _ in QUESTIONS for c in choices] + [("", "Plants need light"),
-                                                                              ("A long " * 30, " tail")]
+    pairs = [(q, " " + c) for q, choices, _ in QUESTIONS for c in choices] + [
+        ("", "Plants need light"),
+        ("A long " * 30, " tail"),
+    ]
     a = ours.loglikelihood(requests("loglikelihood", pairs))
     b = hf.loglikelihood(requests("loglikelihood", pairs))
     np.testing.assert_allclose([x[0] for x in a], [x[0] for x in b], rtol=1e-4, atol=1e-4)
     assert [x[1] for x in a] == [x[1] for x in b]
     texts = [(t,) for t in TEXTS] + [(" ".join(TEXTS * 3),)]  # the last spans several 64-token windows
-    np.testing.assert_allclose(ours.loglikelihood_rolling(requests("loglikelihood_rolling", texts)),
-                               hf.loglikelihood_rolling(requests("loglikelihood_rolling", texts)), rtol=1e-4)
+    np.testing.assert_allclose(
+        ours.loglikelihood_rolling(requests("loglikelihood_rolling", texts)),
+        hf.loglikelihood_rolling(requests("loglikelihood_rolling", texts)),
+        rtol=1e-4,
+    )
 
 
 def test_generate_until_matches_hf(models):
     ours, hf, _ = models
-    args = [("The sun rises", {"until": ["\n"], "max_gen_toks": 12, "do_sample": False}),
-            ("Question: What is ice? Answer:", {"until": ["."], "max_gen_toks": 20, "do_sample": False})]
+    args = [
+        ("The sun rises", {"until": ["\n"], "max_gen_toks": 12, "do_sample": False}),
+        ("Question: What is ice? Answer:", {"until": ["."], "max_gen_toks": 20, "do_sample": False}),
+    ]
     assert ours.generate_until(requests("generate_until", args)) == hf.generate_until(requests("generate_until", args))
 
 
@@ -91,8 +120,10 @@ def test_same_accuracy_on_a_local_task(models):
     import pyarrow as pa
 
     ours, hf, tmp = models
-    rows = [{"id": str(i), "question": q, "choices": {"text": c, "label": list("ABC"[:len(c)])}, "answerKey": k}
-            for i, (q, c, k) in enumerate(QUESTIONS)]
+    rows = [
+        {"id": str(i), "question": q, "choices": {"text": c, "label": list("ABC"[: len(c)])}, "answerKey": k}
+        for i, (q, c, k) in enumerate(QUESTIONS)
+    ]
     table = pa.Table.from_pylist(rows)
     split = tmp / "evals" / "arc_easy" / "validation"
     split.mkdir(parents=True)
@@ -146,9 +177,11 @@ def user_tasks(models):
     tasks, data = tmp / "my_tasks", tmp / "my_data"
     tasks.mkdir()
     data.mkdir()
-    rows = {"mc": [{"question": q, "choices": c, "label": "ABC".index(k)} for q, c, k in QUESTIONS],
-            "ppl": [{"text": t} for t in TEXTS],
-            "gen": [{"question": q, "answer": c["ABC".index(k)]} for q, c, k in QUESTIONS]}
+    rows = {
+        "mc": [{"question": q, "choices": c, "label": "ABC".index(k)} for q, c, k in QUESTIONS],
+        "ppl": [{"text": t} for t in TEXTS],
+        "gen": [{"question": q, "answer": c["ABC".index(k)]} for q, c, k in QUESTIONS],
+    }
     for name, docs in rows.items():
         (data / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     for name, text in TASK_YAMLS.items():
@@ -163,22 +196,46 @@ def test_eval_tasks_on_user_tasks_reports_what_lm_eval_reports(models, user_task
 
     _, hf, tmp = models
     names = ["toy_mc", "toy_ppl", "toy_gen"]
-    result = CliRunner().invoke(app, ["eval", "tasks", "--ckpt", str(tmp / "ckpt"), "--tasks", ",".join(names),
-                                      "--include-path", str(user_tasks), "--tokenizer", str(tmp / "tokenizer.json"),
-                                      "--batch", "3", "--max-length", "64", "--json", str(tmp_path / "r.json")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "tasks",
+            "--ckpt",
+            str(tmp / "ckpt"),
+            "--tasks",
+            ",".join(names),
+            "--include-path",
+            str(user_tasks),
+            "--tokenizer",
+            str(tmp / "tokenizer.json"),
+            "--batch",
+            "3",
+            "--max-length",
+            "64",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     ours = json.loads((tmp_path / "r.json").read_text())
     theirs = evaluate_tasks(hf, names, include_path=[str(user_tasks)])
-    expected = {"toy_mc": {"acc", "acc_norm"}, "toy_ppl": {"word_perplexity", "byte_perplexity", "bits_per_byte"},
-                "toy_gen": {"exact_match"}}
+    expected = {
+        "toy_mc": {"acc", "acc_norm"},
+        "toy_ppl": {"word_perplexity", "byte_perplexity", "bits_per_byte"},
+        "toy_gen": {"exact_match"},
+    }
     for task, metrics in expected.items():
         figures = ours["tasks"][task]
-        assert set(figures) == set(theirs["tasks"][task]) == {"num_fewshot", *metrics, *(m + "_stderr" for m in metrics)}
+        assert (
+            set(figures) == set(theirs["tasks"][task]) == {"num_fewshot", *metrics, *(m + "_stderr" for m in metrics)}
+        )
         for metric in metrics:
             np.testing.assert_allclose(figures[metric], theirs["tasks"][task][metric], rtol=1e-5)
             if figures[metric + "_stderr"] is not None or theirs["tasks"][task][metric + "_stderr"] is not None:
-                np.testing.assert_allclose(figures[metric + "_stderr"], theirs["tasks"][task][metric + "_stderr"],
-                                           rtol=0.05)  # bootstrap: resampled, not identical
+                np.testing.assert_allclose(
+                    figures[metric + "_stderr"], theirs["tasks"][task][metric + "_stderr"], rtol=0.05
+                )  # bootstrap: resampled, not identical
     assert set(ours["generations"]) == {"toy_gen"}
     assert ours["generations"]["toy_gen"] == theirs["generations"]["toy_gen"]
     assert len(ours["generations"]["toy_gen"]) == len(QUESTIONS)
@@ -188,10 +245,27 @@ def test_olmax_lm_eval_runs_lm_evals_cli(models, user_tasks, tmp_path):
     _, _, tmp = models
     src = Path(__file__).resolve().parents[1] / "src"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "olmax.cli", "lm-eval", "--model", "olmax",
-           "--model_args", f"ckpt={tmp / 'ckpt'},tokenizer={tmp / 'tokenizer.json'},max_length=64", "--batch_size", "3",
-           "--tasks", "toy_mc,toy_gen", "--include_path", str(user_tasks), "--limit", "3",
-           "--output_path", str(tmp_path / "out"), "--log_samples"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "olmax.cli",
+        "lm-eval",
+        "--model",
+        "olmax",
+        "--model_args",
+        f"ckpt={tmp / 'ckpt'},tokenizer={tmp / 'tokenizer.json'},max_length=64",
+        "--batch_size",
+        "3",
+        "--tasks",
+        "toy_mc,toy_gen",
+        "--include_path",
+        str(user_tasks),
+        "--limit",
+        "3",
+        "--output_path",
+        str(tmp_path / "out"),
+        "--log_samples",
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     [results] = list((tmp_path / "out").rglob("results_*.json"))

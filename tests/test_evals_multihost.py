@@ -21,8 +21,18 @@ from olmax.config import DataConfig, ModelConfig
 from olmax.evals.heldout import eval_loss
 from olmax.model.olmo3 import init_params
 
-CFG = ModelConfig(vocab_size=5000, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, mlp_hidden=64,
-                  sliding_window=8, max_position=16, compute_dtype="float32")
+CFG = ModelConfig(
+    vocab_size=5000,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    mlp_hidden=64,
+    sliding_window=8,
+    max_position=16,
+    compute_dtype="float32",
+)
 
 WORKER = textwrap.dedent("""
     import json, sys
@@ -58,9 +68,25 @@ def test_two_processes_give_one_process_figures(tmp_path):
     port = portpicker.pick_unused_port()
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     out = tmp_path / "out.json"
-    procs = [subprocess.Popen([sys.executable, str(script), str(port), str(pid), str(tmp_path / "ckpt"), str(shard),
-                               str(tmp_path / f"cache{pid}"), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for pid in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(port),
+                str(pid),
+                str(tmp_path / "ckpt"),
+                str(shard),
+                str(tmp_path / f"cache{pid}"),
+                str(out),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pid in range(2)
+    ]
     logs = [p.communicate(timeout=240)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     reports = [json.loads((tmp_path / f"out.json.{pid}").read_text()) for pid in range(2)]

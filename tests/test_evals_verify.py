@@ -20,8 +20,18 @@ from olmax.evals.heldout import eval_loss
 from olmax.evals.verify import DIFFERS, WITHIN, compare_tasks, paired_delta, verify
 from olmax.model.olmo3 import init_params
 
-CFG = ModelConfig(vocab_size=100278, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
-                  mlp_hidden=64, sliding_window=8, max_position=16, compute_dtype="float32")
+CFG = ModelConfig(
+    vocab_size=100278,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    mlp_hidden=64,
+    sliding_window=8,
+    max_position=16,
+    compute_dtype="float32",
+)
 SEQ, STEPS = 16, (10, 20)
 
 
@@ -39,20 +49,35 @@ def runs(tmp_path_factory):
     tokens.tofile(shard)
     domains = tmp / "domains"
     domains.mkdir()
-    docs = {"lit": ["In the beginning was the word.", "And the word was with God, and the word was God."],
-            "code": ["def f(x):\n    return x * 2", "for i in range(10):\n    print(i, i * i)  # squares"]}
+    docs = {
+        "lit": ["In the beginning was the word.", "And the word was with God, and the word was God."],
+        "code": ["def f(x):\n    return x * 2", "for i in range(10):\n    print(i, i * i)  # squares"],
+    }
     with gzip.open(domains / "mixed.jsonl.gz", "wt") as f:
         for domain, texts in docs.items():
             for text in texts:
                 f.write(json.dumps({"text": text, "domain": domain}) + "\n")
-    return {"dir": tmp, "shard": str(shard), "domains": str(domains),
-            "data_cfg": DataConfig(work_dir=str(tmp / "cache"))}
+    return {
+        "dir": tmp,
+        "shard": str(shard),
+        "domains": str(domains),
+        "data_cfg": DataConfig(work_dir=str(tmp / "cache")),
+    }
 
 
 def run(runs, b, out):
-    return verify(runs["dir"] / "a", runs["dir"] / b, runs["dir"] / out, landmarks=list(STEPS),
-                  data=[runs["shard"]], seq_len=SEQ, batch=4, max_batches=2, domains=runs["domains"],
-                  data_cfg=runs["data_cfg"])
+    return verify(
+        runs["dir"] / "a",
+        runs["dir"] / b,
+        runs["dir"] / out,
+        landmarks=list(STEPS),
+        data=[runs["shard"]],
+        seq_len=SEQ,
+        batch=4,
+        max_batches=2,
+        domains=runs["domains"],
+        data_cfg=runs["data_cfg"],
+    )
 
 
 def test_identical_checkpoints_are_within_noise(runs):
@@ -65,8 +90,15 @@ def test_identical_checkpoints_are_within_noise(runs):
         for d in list(row["domains"]["domains"].values()) + [row["domains"]["micro"]]:
             assert d["delta"] == 0.0 and d["verdict"] == WITHIN
     # A's figures are what the single-checkpoint commands report
-    alone = eval_loss(str(runs["dir"] / "a" / "checkpoints"), [runs["shard"]], seq_len=SEQ, batch=4,
-                      max_batches=2, data_cfg=runs["data_cfg"], step=10)["results"]["000000"]
+    alone = eval_loss(
+        str(runs["dir"] / "a" / "checkpoints"),
+        [runs["shard"]],
+        seq_len=SEQ,
+        batch=4,
+        max_batches=2,
+        data_cfg=runs["data_cfg"],
+        step=10,
+    )["results"]["000000"]
     assert r["rows"][0]["heldout"]["a"] == pytest.approx(alone["CE loss"], rel=1e-9)
     assert r["rows"][0]["heldout"]["tokens"] == alone["tokens"]
     dom = eval_domains(str(runs["dir"] / "a" / "checkpoints"), runs["domains"], seq_len=SEQ, batch=4, step=10)
@@ -80,8 +112,15 @@ def test_perturbed_b_differs(runs):
     r = run(runs, "c", "perturbed")
     assert r["verdicts"]["heldout"] == DIFFERS and r["verdicts"]["kl"] == DIFFERS
     h = r["rows"][0]["heldout"]
-    alone = eval_loss(str(runs["dir"] / "c" / "checkpoints"), [runs["shard"]], seq_len=SEQ, batch=4,
-                      max_batches=2, data_cfg=runs["data_cfg"], step=10)["results"]["000000"]
+    alone = eval_loss(
+        str(runs["dir"] / "c" / "checkpoints"),
+        [runs["shard"]],
+        seq_len=SEQ,
+        batch=4,
+        max_batches=2,
+        data_cfg=runs["data_cfg"],
+        step=10,
+    )["results"]["000000"]
     assert h["b"] == pytest.approx(alone["CE loss"], rel=1e-9)
     assert h["delta"] == pytest.approx(h["b"] - h["a"], abs=1e-12) and abs(h["delta"]) > 2 * h["sigma"] > 0
     assert r["rows"][0]["kl"]["kl_mean"] > 1e-2
@@ -111,33 +150,91 @@ def test_task_sigma_in_quadrature():
 
 def test_cli_writes_the_report(runs):
     out = runs["dir"] / "cli"
-    res = CliRunner().invoke(app, ["verify", "--a", str(runs["dir"] / "a"), "--b", str(runs["dir"] / "b" / "checkpoints"),
-                                   "--landmarks", "20", "--out", str(out), "--data", runs["shard"], "--seq-len", str(SEQ),
-                                   "--batch", "4", "--max-batches", "1", "--work-dir", str(runs["dir"] / "cache")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "verify",
+            "--a",
+            str(runs["dir"] / "a"),
+            "--b",
+            str(runs["dir"] / "b" / "checkpoints"),
+            "--landmarks",
+            "20",
+            "--out",
+            str(out),
+            "--data",
+            runs["shard"],
+            "--seq-len",
+            str(SEQ),
+            "--batch",
+            "4",
+            "--max-batches",
+            "1",
+            "--work-dir",
+            str(runs["dir"] / "cache"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert {p.name for p in out.iterdir()} == {"verify.md", "verify.json", "deltas.png"}
     report = json.loads((out / "verify.json").read_text())
     assert report["landmarks"] == [20] and report["verdicts"]["heldout"] == WITHIN
     assert "held-out loss" in res.output and "within noise" in res.output
-    bad = CliRunner().invoke(app, ["verify", "--a", str(runs["dir"] / "a"), "--b", str(runs["dir"] / "b"),
-                                   "--landmarks", "15", "--out", str(out), "--data", runs["shard"]])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "verify",
+            "--a",
+            str(runs["dir"] / "a"),
+            "--b",
+            str(runs["dir"] / "b"),
+            "--landmarks",
+            "15",
+            "--out",
+            str(out),
+            "--data",
+            runs["shard"],
+        ],
+    )
     assert bad.exit_code == 2 and "landmark steps [15] are not in A" in bad.output
 
 
 def test_one_run_at_two_steps(runs):
     """Single checkpoints (step directories) are compared as given: here A at step 10 against C at 20."""
     out = runs["dir"] / "pair"
-    r = verify(runs["dir"] / "a" / "checkpoints" / "10", runs["dir"] / "c" / "checkpoints" / "20", out,
-               data=[runs["shard"]], seq_len=SEQ, batch=4, max_batches=1, data_cfg=runs["data_cfg"])
+    r = verify(
+        runs["dir"] / "a" / "checkpoints" / "10",
+        runs["dir"] / "c" / "checkpoints" / "20",
+        out,
+        data=[runs["shard"]],
+        seq_len=SEQ,
+        batch=4,
+        max_batches=1,
+        data_cfg=runs["data_cfg"],
+    )
     assert (r["landmarks"], r["landmarks_b"]) == ([10], [20])
-    alone = eval_loss(str(runs["dir"] / "c" / "checkpoints"), [runs["shard"]], seq_len=SEQ, batch=4,
-                      max_batches=1, data_cfg=runs["data_cfg"], step=20)["results"]["000000"]
+    alone = eval_loss(
+        str(runs["dir"] / "c" / "checkpoints"),
+        [runs["shard"]],
+        seq_len=SEQ,
+        batch=4,
+        max_batches=1,
+        data_cfg=runs["data_cfg"],
+        step=20,
+    )["results"]["000000"]
     assert r["rows"][0]["heldout"]["b"] == pytest.approx(alone["CE loss"], rel=1e-9)
     assert r["verdicts"]["heldout"] == DIFFERS
     assert "| 10 vs 20 |" in (out / "verify.md").read_text()
     # one side a single checkpoint: the run on the other side is taken at the same step
-    same = verify(runs["dir"] / "a", runs["dir"] / "b" / "checkpoints" / "20", runs["dir"] / "pair2",
-                  data=[runs["shard"]], seq_len=SEQ, batch=4, max_batches=1, data_cfg=runs["data_cfg"])
+    same = verify(
+        runs["dir"] / "a",
+        runs["dir"] / "b" / "checkpoints" / "20",
+        runs["dir"] / "pair2",
+        data=[runs["shard"]],
+        seq_len=SEQ,
+        batch=4,
+        max_batches=1,
+        data_cfg=runs["data_cfg"],
+    )
     assert (same["landmarks"], same["landmarks_b"]) == ([20], [20]) and same["verdicts"]["heldout"] == WITHIN
     with pytest.raises(ValueError, match="--landmarks applies to runs"):
         verify(runs["dir"] / "a" / "checkpoints" / "10", runs["dir"] / "b", out, landmarks=[10])
@@ -154,21 +251,37 @@ def test_tasks_surface_end_to_end(runs):
     from olmax.evals.tasks import run_tasks
 
     data_dir = runs["dir"] / "task_data"
-    arc = [{"id": str(i), "question": q, "choices": {"text": c, "label": ["A", "B", "C"]}, "answerKey": k}
-           for i, (q, c, k) in enumerate([("Where does the sun rise?", ["north", "east", "down"], "B"),
-                                          ("What do plants need?", ["light", "sand", "noise"], "A"),
-                                          ("What is ice?", ["fire", "frozen water", "air"], "B")])]
-    boolq = [{"question": "is water wet", "answer": True, "passage": "Water is a liquid."},
-             {"question": "is fire cold", "answer": False, "passage": "Fire is hot."},
-             {"question": "do fish swim", "answer": True, "passage": "Fish live in water."}]
+    arc = [
+        {"id": str(i), "question": q, "choices": {"text": c, "label": ["A", "B", "C"]}, "answerKey": k}
+        for i, (q, c, k) in enumerate(
+            [
+                ("Where does the sun rise?", ["north", "east", "down"], "B"),
+                ("What do plants need?", ["light", "sand", "noise"], "A"),
+                ("What is ice?", ["fire", "frozen water", "air"], "B"),
+            ]
+        )
+    ]
+    boolq = [
+        {"question": "is water wet", "answer": True, "passage": "Water is a liquid."},
+        {"question": "is fire cold", "answer": False, "passage": "Fire is hot."},
+        {"question": "do fish swim", "answer": True, "passage": "Fish live in water."},
+    ]
     for task, rows in (("arc_easy", arc), ("boolq", boolq)):
         split = data_dir / task / "validation"
         split.mkdir(parents=True)
         table = pa.Table.from_pylist(rows)
         with pa.OSFile(str(split / "data-00000-of-00001.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
             w.write_table(table)
-    kw = dict(landmarks=[20], data=[runs["shard"]], seq_len=SEQ, batch=4, max_batches=1, data_cfg=runs["data_cfg"],
-              tasks=["arc_easy", "boolq"], data_dir=str(data_dir))
+    kw = dict(
+        landmarks=[20],
+        data=[runs["shard"]],
+        seq_len=SEQ,
+        batch=4,
+        max_batches=1,
+        data_cfg=runs["data_cfg"],
+        tasks=["arc_easy", "boolq"],
+        data_dir=str(data_dir),
+    )
     same = verify(runs["dir"] / "a", runs["dir"] / "b", runs["dir"] / "tasks_same", **kw)
     assert same["verdicts"]["tasks"] == WITHIN
     for t in list(same["rows"][0]["tasks"]["tasks"].values()) + [same["rows"][0]["tasks"]["macro"]]:

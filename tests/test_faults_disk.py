@@ -11,13 +11,13 @@ import jax
 import numpy as np
 import pytest
 from etils import epath
+from small_run import SMALL as BASE
 
 from olmax.checkpoint import CheckpointError, RunCheckpoints, complete_steps
 from olmax.config import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state
-from small_run import SMALL as BASE
 
 SMALL = BASE + ["eval.every=0"]
 
@@ -81,8 +81,13 @@ def test_failed_array_write_stops_the_run_and_resume_reproduces_it(tmp_path):
     cfg = apply_overrides(get_recipe("tiny"), overrides)
     train(cfg, tmp_path / "r", stop_at=3, progress=False)
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    proc = subprocess.run([sys.executable, "-c", LIMITED_TRAINER, str(tmp_path / "r"), *overrides], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", LIMITED_TRAINER, str(tmp_path / "r"), *overrides],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 75, proc.stderr[-3000:]  # TRANSIENT, not 2 (fix the input): a launcher retries it
     # the error line (Orbax's threads print "Event loop is closed" noise after it at exit)
     label = "train error (transient storage or remote error): "

@@ -15,13 +15,13 @@ import time
 
 import numpy as np
 import pytest
+from small_run import SMALL
+from test_data_remote import RangeServer
 from typer.testing import CliRunner
 
 from olmax.checkpoint import complete_steps
 from olmax.cli import app
 from olmax.exits import RECORD_FILE, ExitStatus
-from small_run import SMALL
-from test_data_remote import RangeServer
 
 VOCAB, SEQ = 5000, 64
 SHARDS = ["part-0.npy", "part-1.npy"]
@@ -29,8 +29,14 @@ SHARDS = ["part-0.npy", "part-1.npy"]
 
 def _data(paths):
     listed = ",".join(f'"{p}"' for p in paths)
-    return [f"data.paths=[{listed}]", f"data.vocab_size={VOCAB}", f"data.eos_token_id={VOCAB - 1}",
-            "data.pad_token_id=0", "eval.every=0", "eval.data=[]"]
+    return [
+        f"data.paths=[{listed}]",
+        f"data.vocab_size={VOCAB}",
+        f"data.eos_token_id={VOCAB - 1}",
+        "data.pad_token_id=0",
+        "eval.every=0",
+        "eval.data=[]",
+    ]
 
 
 def _write_shards(root):
@@ -40,8 +46,17 @@ def _write_shards(root):
 
 
 def _train(run_dir, data_root, *extra):
-    args = ["train", "--recipe", "tiny", "--run-dir", str(run_dir), *SMALL, f"data.work_dir={run_dir.parent / 'cache'}",
-            *_data([f"{data_root}/{n}" for n in SHARDS]), *extra]
+    args = [
+        "train",
+        "--recipe",
+        "tiny",
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+        f"data.work_dir={run_dir.parent / 'cache'}",
+        *_data([f"{data_root}/{n}" for n in SHARDS]),
+        *extra,
+    ]
     return CliRunner().invoke(app, args)
 
 
@@ -52,6 +67,7 @@ def _record(run_dir):
 def _preempt_when(metrics, rows):
     """SIGTERM to this process once metrics.jsonl has `rows` rows (the trainer's handler turns it into
     "save and stop at the next step")."""
+
     def preempt():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= rows):
@@ -89,8 +105,9 @@ def test_a_changed_shard_is_a_user_error(base, tmp_path):
     metrics = (run / "metrics.jsonl").read_text()
     out = _train(run, tmp_path / "data", "trainer.max_steps=1000")
     assert out.exit_code == ExitStatus.USER_ERROR == 2, out.output
-    assert ("train error (user, config or data error: fix the input): the data differs from the checkpoint's"
-            in out.output)
+    assert (
+        "train error (user, config or data error: fix the input): the data differs from the checkpoint's" in out.output
+    )
     assert "part-1.npy: 5120 -> 5248 bytes" in out.output and "--allow-data-change" in out.output
     assert "Traceback" not in out.output
     assert _record(run)["name"] == "USER_ERROR"
@@ -114,8 +131,10 @@ def test_a_failing_remote_server_is_transient(base, tmp_path, server):
     server.fail.add("part-1.npy")  # 500 on every request for it
     out = _train(run, server.base, "trainer.max_steps=1000")
     assert out.exit_code == ExitStatus.TRANSIENT == 75, out.output
-    assert (f"train error (transient storage or remote error): data file {server.base}/part-1.npy cannot be read"
-            in out.output)
+    assert (
+        f"train error (transient storage or remote error): data file {server.base}/part-1.npy cannot be read"
+        in out.output
+    )
     assert "500" in out.output and _record(run)["name"] == "TRANSIENT"
     # a missing file is the user's to fix, not a retry
     server.fail.clear()
@@ -131,8 +150,12 @@ def test_sigterm_saves_and_exits_preempted(base):
     last = json.loads(metrics.read_text().splitlines()[-1])["step"]
     assert 2 <= last < 1000 and complete_steps(root / "run" / "checkpoints")[-1] == last  # saved on SIGTERM
     assert f"preempted (SIGTERM): saved step {last} of 1000; rerun to resume" in out.output
-    assert _record(root / "run") | {"time": None} == {"status": 143, "name": "PREEMPTED", "time": None,
-                                                     "message": f"stopped after step {last} of 1000"}
+    assert _record(root / "run") | {"time": None} == {
+        "status": 143,
+        "name": "PREEMPTED",
+        "time": None,
+        "message": f"stopped after step {last} of 1000",
+    }
 
 
 # ---- under resume-until-done: the launcher's decisions on real trainers --------------------------------
@@ -143,12 +166,12 @@ def _launch(run, data_root, *extra, max_retries=3):
     from olmax.launch.plan import make_plan
     from olmax.launch.resume import RetryPolicy, resume_until_done
 
-    overrides = [*SMALL, f"data.work_dir={run.parent / 'cache'}", *_data([f"{data_root}/{n}" for n in SHARDS]),
-                 *extra]
+    overrides = [*SMALL, f"data.work_dir={run.parent / 'cache'}", *_data([f"{data_root}/{n}" for n in SHARDS]), *extra]
     plan = make_plan("tiny", overrides, str(run), 8)
     lines = []
-    status = resume_until_done(make_backend("local", plan, os.environ), plan, RetryPolicy(max_retries, 0.0),
-                               echo=lines.append)
+    status = resume_until_done(
+        make_backend("local", plan, os.environ), plan, RetryPolicy(max_retries, 0.0), echo=lines.append
+    )
     return status, lines, json.loads((run / "launch_state.json").read_text())
 
 
@@ -202,14 +225,15 @@ def test_resume_until_done_stops_on_a_changed_shard_and_resubmits_a_preemption(t
     status, lines, state = _launch(run, tmp_path / "data", "trainer.max_steps=9", max_retries=0)
     thread.join()
     assert status == 0, "\n".join(lines)
-    assert any("attempt 1 ended: exit status 143, PREEMPTED" in l for l in lines), lines
+    assert any("attempt 1 ended: exit status 143, PREEMPTED" in line for line in lines), lines
     assert (state["attempts"], state["preemptions"]) == (2, 1)
     # a changed shard: one attempt, not retried, the launcher exits 2
     with open(tmp_path / "data" / "part-0.npy", "ab") as f:
         f.write(np.zeros(SEQ, np.uint16).tobytes())
     status, lines, state = _launch(run, tmp_path / "data", "trainer.max_steps=12")
     assert status == 2, "\n".join(lines)
-    assert any("USER_ERROR (the trainer: DataStateError: the data differs" in l for l in lines), lines
-    assert lines[-1].endswith("USER_ERROR is never retried: user, config or data error: fix the input (see the "
-                              "attempt log), then rerun")
+    assert any("USER_ERROR (the trainer: DataStateError: the data differs" in line for line in lines), lines
+    assert lines[-1].endswith(
+        "USER_ERROR is never retried: user, config or data error: fix the input (see the attempt log), then rerun"
+    )
     assert state["attempts"] == 3 and not (run / "launch" / "attempt-4.log").exists()

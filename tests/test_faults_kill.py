@@ -14,17 +14,25 @@ import time
 import jax
 import numpy as np
 import pytest
+from small_run import SMALL as BASE
 
 from olmax.checkpoint import TMP_SUFFIX, load_params
 from olmax.config import apply_overrides
 from olmax.launch.resume import LOCK_FILE
 from olmax.recipes import get_recipe
 from olmax.train import train
-from small_run import SMALL as BASE
 
 SMALL = BASE + ["trainer.max_steps=12", "eval.every=0"]
-KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
-        "throughput/total tokens", "data/instances", "data/repeats"]
+KEYS = [
+    "train/CE loss",
+    "train/Z loss",
+    "optim/total grad norm",
+    "optim/LR",
+    "optim/step skipped",
+    "throughput/total tokens",
+    "data/instances",
+    "data/repeats",
+]
 # What each kill waits for: "save", a checkpoint write in progress (a new <step>.orbax-checkpoint-tmp);
 # "step", a random step at least 5 past the newest checkpoint (so one more commits), then a random part of a step;
 # "startup", a random moment in the first 3 s (imports, restore, compilation).
@@ -93,9 +101,30 @@ def test_kill_9_at_random_moments_then_resume_until_done_equals_an_uninterrupted
     run_dir, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
     t0 = time.time()
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "olmax.cli", "launch", "resume-until-done", "--backend", "local", "--recipe", "tiny",
-         "--total-devices", "8", "--run-dir", str(run_dir), "--retry-backoff", "0", "--max-retries", "10",
-         *overrides], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "olmax.cli",
+            "launch",
+            "resume-until-done",
+            "--backend",
+            "local",
+            "--recipe",
+            "tiny",
+            "--total-devices",
+            "8",
+            "--run-dir",
+            str(run_dir),
+            "--retry-backoff",
+            "0",
+            "--max-retries",
+            "10",
+            *overrides,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     killed, during_save = [], []
     deadline = time.time() + 600
     for kind in KILLS:
@@ -114,8 +143,10 @@ def test_kill_9_at_random_moments_then_resume_until_done_equals_an_uninterrupted
     out, _ = launcher.communicate(timeout=600)
     wall = time.time() - t0
     assert launcher.returncode == 0, out[-4000:]
-    print(f"\nseed {seed}: {len(killed)} kills ({len(during_save)} during a checkpoint write: {during_save}); "
-          f"resume-until-done finished in {wall:.0f} s")
+    print(
+        f"\nseed {seed}: {len(killed)} kills ({len(during_save)} during a checkpoint write: {during_save}); "
+        f"resume-until-done finished in {wall:.0f} s"
+    )
     assert len(killed) >= 3, out[-4000:]
     assert during_save, "no kill landed in a checkpoint write"
     assert f"after {len(killed) + 1} attempt(s)" in out.splitlines()[-1], out[-4000:]

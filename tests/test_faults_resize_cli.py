@@ -12,18 +12,44 @@ import pytest
 
 # The tiny recipe shrunk to run in about a minute on 2 shared cores (the full one takes several):
 # a narrower, shallower model on shorter sequences, no held-out evaluation; batch, data, schedule as is.
-SHRINK = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.mlp_hidden=128",
-          "model.sliding_window=16", "data.seq_len=64", "trainer.loss_chunk=0", "eval.every=0"]
+SHRINK = [
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.n_kv_heads=1",
+    "model.mlp_hidden=128",
+    "model.sliding_window=16",
+    "data.seq_len=64",
+    "trainer.loss_chunk=0",
+    "eval.every=0",
+]
 # relative tolerance per logged value after the resize: the losses within 1e-6; the gradient norm, a
 # sum of squares over every parameter, accumulates more rounding (docs/launcher.md has the measured deltas)
-TOLERANCE = {"train/CE loss": 1e-6, "train/Z loss": 1e-6, "optim/total grad norm": 1e-5, "optim/LR": 0.0,
-             "optim/step skipped": 0.0}
+TOLERANCE = {
+    "train/CE loss": 1e-6,
+    "train/Z loss": 1e-6,
+    "optim/total grad norm": 1e-5,
+    "optim/LR": 0.0,
+    "optim/step skipped": 0.0,
+}
 
 
 def _olmax_train(run_dir, stop_at, devices, cache):
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    cmd = [sys.executable, "-m", "olmax.cli", "train", "--recipe", "tiny", "--run-dir", str(run_dir),
-           "--stop-at", str(stop_at), f"data.work_dir={cache}", *SHRINK]
+    cmd = [
+        sys.executable,
+        "-m",
+        "olmax.cli",
+        "train",
+        "--recipe",
+        "tiny",
+        "--run-dir",
+        str(run_dir),
+        "--stop-at",
+        str(stop_at),
+        f"data.work_dir={cache}",
+        *SHRINK,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

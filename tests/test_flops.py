@@ -46,11 +46,14 @@ def test_exact_count_is_about_2_6_percent_lower_for_the_7b():
     assert exact.weights > maxtext.weights  # the LM head over 100352 padded rows, not 100278
 
 
-@pytest.mark.parametrize("cfg, expected", [
-    (OLMO3_7B, 7_298_617_344),  # olmo_core TransformerConfig.olmo3_7B
-    (OLMO3_32B, 32_234_279_936),  # olmo_core TransformerConfig.olmo3_32B
-    (OLMO3_7B_HD256, 7_298_617_344),  # 16 heads x 256: the same matrices, reshaped
-])
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [
+        (OLMO3_7B, 7_298_617_344),  # olmo_core TransformerConfig.olmo3_7B
+        (OLMO3_32B, 32_234_279_936),  # olmo_core TransformerConfig.olmo3_32B
+        (OLMO3_7B_HD256, 7_298_617_344),  # 16 heads x 256: the same matrices, reshaped
+    ],
+)
 def test_params(cfg, expected):
     report = flops.flops_report(cfg, seq_len=SEQ, per_device_batch=BATCH)
     assert report["params"] == expected
@@ -92,8 +95,17 @@ def test_all_global_exact_differs_from_maxtext_only_by_the_diagonal():
 # Against XLA's own count of a real forward + backward
 
 XLA_CFG = replace(
-    OLMO3_7B, vocab_size=500, d_model=256, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=128,
-    mlp_hidden=768, sliding_window=16, max_position=64, compute_dtype="float32",
+    OLMO3_7B,
+    vocab_size=500,
+    d_model=256,
+    n_layers=4,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=128,
+    mlp_hidden=768,
+    sliding_window=16,
+    max_position=64,
+    compute_dtype="float32",
 )
 XLA_BATCH, XLA_SEQ = 2, 64
 
@@ -170,8 +182,14 @@ def test_chip_peaks_per_device():
 def test_mfu_matches_the_writeups_ironwood_figure():
     # 513 TFLOP/s per device on Ironwood is the write-up's 44.5% MFU.
     step_time = 1565.095209467904 / 513
-    report = flops.flops_report(OLMO3_7B, seq_len=SEQ, per_device_batch=BATCH, devices=512,
-                                peak_tflops=flops.chip_peak("ironwood"), step_time=step_time)
+    report = flops.flops_report(
+        OLMO3_7B,
+        seq_len=SEQ,
+        per_device_batch=BATCH,
+        devices=512,
+        peak_tflops=flops.chip_peak("ironwood"),
+        step_time=step_time,
+    )
     assert report["tokens_per_step"] == 512 * BATCH * SEQ
     assert report["tflops_per_device_per_s_maxtext"] == pytest.approx(513)
     assert report["mfu_maxtext"] == pytest.approx(0.445, abs=5e-4)
@@ -187,8 +205,23 @@ def test_bad_shapes_are_named():
 
 def test_cli_writes_the_figures(tmp_path):
     out = tmp_path / "flops.json"
-    args = ["flops", "--model", "olmo3_7b", "--seq-len", "8192", "--per-device-batch", "4",
-            "--devices", "256", "--chip", "v5p", "--step-time", "6.0", "--json", str(out)]
+    args = [
+        "flops",
+        "--model",
+        "olmo3_7b",
+        "--seq-len",
+        "8192",
+        "--per-device-batch",
+        "4",
+        "--devices",
+        "256",
+        "--chip",
+        "v5p",
+        "--step-time",
+        "6.0",
+        "--json",
+        str(out),
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "1565.095" in result.output

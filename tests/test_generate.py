@@ -2,18 +2,26 @@
 forward pass; sampling is reproducible from its seed, and top-k=1 or a tiny top-p is greedy. The
 reference test (parity) checks `olmax generate` against transformers' `generate` on the HF export."""
 
-
 import jax
 import numpy as np
 import pytest
+from models import random_params
 
 from olmax.config import ModelConfig
 from olmax.evals.generate import Sampling, generate, read_prompts
-from models import random_params
 from olmax.model.olmo3 import forward
 
-CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                  sliding_window=4, compute_dtype="float32")
+CFG = ModelConfig(
+    vocab_size=300,
+    d_model=32,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    mlp_hidden=64,
+    sliding_window=4,
+    compute_dtype="float32",
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +41,10 @@ def test_greedy_equals_argmax_and_append(setup):
         seq = list(prompt)
         for _ in range(5 if row == 2 else 12):
             padded = np.zeros((1, 32), np.int32)  # causal: the padding is unseen
-            padded[0, :len(seq)] = seq
+            padded[0, : len(seq)] = seq
             logits = np.asarray(run(params, padded))
-            seq.append(int(logits[0, len(seq) - 1, :CFG.vocab_size].argmax()))
-        assert out == seq[len(prompt):]
+            seq.append(int(logits[0, len(seq) - 1, : CFG.vocab_size].argmax()))
+        assert out == seq[len(prompt) :]
 
 
 def test_rows_stop_at_eos(setup):
@@ -44,9 +52,9 @@ def test_rows_stop_at_eos(setup):
     greedy = generate(params, CFG, prompts, 12)
     eos = greedy[1][3]  # the 4th token of row 1 becomes "EOS": row 1 ends there, with it
     out = generate(params, CFG, prompts, 12, eos_id=eos)
-    assert out[1] == greedy[1][:greedy[1].index(eos) + 1]
+    assert out[1] == greedy[1][: greedy[1].index(eos) + 1]
     for row in (0, 2):
-        assert out[row] == (greedy[row][:greedy[row].index(eos) + 1] if eos in greedy[row] else greedy[row])
+        assert out[row] == (greedy[row][: greedy[row].index(eos) + 1] if eos in greedy[row] else greedy[row])
 
 
 def test_sampling_is_reproducible_and_narrows_to_greedy(setup):
@@ -63,8 +71,8 @@ def test_sampling_is_reproducible_and_narrows_to_greedy(setup):
     top5 = generate(params, CFG, prompts, 10, sampling=Sampling(temperature=2.0, top_k=5, seed=4))
     for prompt, out in zip(prompts, top5):
         seq = np.zeros((1, 32), np.int32)
-        seq[0, :len(prompt) + len(out)] = list(prompt) + out
-        logits = np.asarray(run(params, seq))[0, :, :CFG.vocab_size]
+        seq[0, : len(prompt) + len(out)] = list(prompt) + out
+        logits = np.asarray(run(params, seq))[0, :, : CFG.vocab_size]
         for t, tok in enumerate(out):
             assert tok in np.argsort(logits[len(prompt) + t - 1])[-5:]
 

@@ -23,8 +23,18 @@ from olmax.model.olmo3 import init_params
 # AI2's dolma2 tokenizer file, where this checkout sits next to a copy (not needed otherwise).
 DOLMA2_JSON = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tokenizers" / "dolma2.json"
 DEMO_HELDOUT = Path(__file__).resolve().parents[1] / "src" / "olmax" / "data" / "demo" / "heldout.jsonl.gz"
-CFG = ModelConfig(vocab_size=DOLMA2_VOCAB_SIZE, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
-                  mlp_hidden=64, sliding_window=8, max_position=128, compute_dtype="float32")
+CFG = ModelConfig(
+    vocab_size=DOLMA2_VOCAB_SIZE,
+    d_model=32,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    mlp_hidden=64,
+    sliding_window=8,
+    max_position=128,
+    compute_dtype="float32",
+)
 DOLMA2 = {"eos_token_id": 100257, "pad_token_id": 100277, "bos_token_id": None}
 
 
@@ -54,8 +64,14 @@ def test_rebuilt_dolma2_tokenizer_is_ai2s_file():
 def test_the_export_is_complete(export):
     tmp, summary = export
     names = {p.name for p in (tmp / "hf").iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-            "generation_config.json"} <= names and summary["tokenizer"] == "dolma2"
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+    } <= names and summary["tokenizer"] == "dolma2"
     tok_cfg = json.loads((tmp / "hf" / "tokenizer_config.json").read_text())
     assert tok_cfg["eos_token"] == "<|endoftext|>" and tok_cfg["pad_token"] == "<|pad|>"
     assert tok_cfg["bos_token"] is None and tok_cfg["model_max_length"] == CFG.max_position
@@ -90,7 +106,7 @@ def test_transformers_loads_the_export_offline(export):
     from olmax.checkpoint import load_params
 
     params, cfg, _ = load_params(tmp / "ckpt")
-    mine = np.asarray(forward(params, ids, cfg))[..., :cfg.vocab_size]
+    mine = np.asarray(forward(params, ids, cfg))[..., : cfg.vocab_size]
     np.testing.assert_allclose(mine, theirs, atol=2e-4, rtol=1e-4)
 
 
@@ -102,8 +118,19 @@ def test_olmax_generate_equals_transformers_generate(export, tmp_path):
 
     tmp, _ = export
     prompts = ["The", "And Abram went up out of Egypt, he, and his wife", "In the beginning God created"]
-    result = CliRunner().invoke(app, ["generate", "--ckpt", str(tmp / "ckpt"), *[a for p in prompts for a in ("--prompt", p)],
-                                      "--max-new-tokens", "20", "--json", str(tmp_path / "gen.json")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--ckpt",
+            str(tmp / "ckpt"),
+            *[a for p in prompts for a in ("--prompt", p)],
+            "--max-new-tokens",
+            "20",
+            "--json",
+            str(tmp_path / "gen.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     ours = json.loads((tmp_path / "gen.json").read_text())["results"]
     tok = AutoTokenizer.from_pretrained(tmp / "hf", local_files_only=True)
@@ -113,7 +140,7 @@ def test_olmax_generate_equals_transformers_generate(export, tmp_path):
         assert ids[0].tolist() == row["prompt_ids"]
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=20, do_sample=False)
-        assert out[0, ids.shape[1]:].tolist() == row["ids"], prompt
+        assert out[0, ids.shape[1] :].tolist() == row["ids"], prompt
         assert len(row["ids"]) + len(row["prompt_ids"]) > CFG.sliding_window  # the window is in play
     assert ours[1]["text"] == tok.decode(ours[1]["ids"][:-1] if ours[1]["finish"] == "eos" else ours[1]["ids"])
 
@@ -121,10 +148,15 @@ def test_olmax_generate_equals_transformers_generate(export, tmp_path):
 def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tmp_path):
     from tokenizers import Tokenizer, models
 
-    small = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                        sliding_window=8)
-    save_params(tmp_path / "ckpt", init_params(small, jax.random.key(0)), small,
-                {"source": "test", "special_tokens": {"eos_token_id": 298, "pad_token_id": 299, "bos_token_id": None}})
+    small = ModelConfig(
+        vocab_size=300, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64, sliding_window=8
+    )
+    save_params(
+        tmp_path / "ckpt",
+        init_params(small, jax.random.key(0)),
+        small,
+        {"source": "test", "special_tokens": {"eos_token_id": 298, "pad_token_id": 299, "bos_token_id": None}},
+    )
     with pytest.raises(ConversionError, match="100278 tokens but the model's vocabulary has 300"):
         convert_to_hf(tmp_path / "ckpt", tmp_path / "a")  # dolma2 for a 300-token model
     vocab = {f"t{i}": i for i in range(300)} | {"<|endoftext|>": 297, "<|pad|>": 299}

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from slurm_env import slurm_env
 from typer.testing import CliRunner
 
 from olmax.cli import app
@@ -17,7 +18,6 @@ from olmax.launch import LaunchError
 from olmax.launch.backends import dry_run, make_backend
 from olmax.launch.plan import make_plan
 from olmax.launch.worker import distributed_args
-from slurm_env import slurm_env
 
 # an override whose value holds spaces, both quote characters and a $ that a shell would expand
 TRICKY = """data.paths=["my corpus/a b.npy", "it's \\"$HOME\\""]"""
@@ -45,8 +45,19 @@ def test_local_command_round_trips_through_a_shell(tmp_path):
     plan = make_plan("tiny", [TRICKY], run_dir, 2, stop_at=5)
     backend = make_backend("local", plan, {"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=8"})
     (command,) = backend.launch_steps()
-    assert command.argv == [sys.executable, "-m", "olmax.cli", "train", "--recipe", "tiny", "--run-dir", run_dir,
-                            "--stop-at", "5", TRICKY]
+    assert command.argv == [
+        sys.executable,
+        "-m",
+        "olmax.cli",
+        "train",
+        "--recipe",
+        "tiny",
+        "--run-dir",
+        run_dir,
+        "--stop-at",
+        "5",
+        TRICKY,
+    ]
     assert command.env == {"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=2"}
     printed = dry_run(backend, plan, resume=False).splitlines()[-1]
     # what the shell would run: the environment assignment, then the argv unchanged
@@ -70,22 +81,37 @@ def test_slurm_script_starts_one_worker_per_node_with_the_coordinator(tmp_path):
     assert "#SBATCH --ntasks-per-node=1\n" in script and "#SBATCH --dependency=singleton\n" in script
     assert "#SBATCH --no-requeue\n" in script and "#SBATCH --signal=TERM@300\n" in script
     (sbatch,) = backend.attempt_steps(1)
-    assert sbatch.argv == ["sbatch", f"--output={tmp_path / 'run dir' / 'launch' / 'slurm-%j.out'}", "--wait",
-                           str(backend.script_path)]
+    assert sbatch.argv == [
+        "sbatch",
+        f"--output={tmp_path / 'run dir' / 'launch' / 'slurm-%j.out'}",
+        "--wait",
+        str(backend.script_path),
+    ]
     # run the script as Slurm would, with stubs: scontrol lists the job's nodes, srun records argv + env
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _stub(bin_dir, "scontrol", "print('node-a7\\nnode-a8')\n")
-    _stub(bin_dir, "srun", "import json, os, sys\n"
-                           "print(json.dumps([sys.argv[1:], os.environ['OLMAX_COORDINATOR'], "
-                           "os.environ['OLMAX_DISTRIBUTED']]))\n")
+    _stub(
+        bin_dir,
+        "srun",
+        "import json, os, sys\n"
+        "print(json.dumps([sys.argv[1:], os.environ['OLMAX_COORDINATOR'], "
+        "os.environ['OLMAX_DISTRIBUTED']]))\n",
+    )
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-a[7-8]"}
     out = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, check=True).stdout
     argv, coordinator, mode = json.loads(out)
-    assert argv == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "python3", "-m",
-                    "olmax.launch.worker", *plan.train_args()]
+    assert argv == [
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "python3",
+        "-m",
+        "olmax.launch.worker",
+        *plan.train_args(),
+    ]
     assert plan.train_args()[-1] == TRICKY
     assert (coordinator, mode) == ("node-a7:12355", "slurm")
 
@@ -109,15 +135,44 @@ def test_xpk_commands_and_the_worker_command_string():
     plan = make_plan("tiny", [TRICKY], "/gcs/runs/Tiny_1", 8)
     backend = make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_ZONE": "us-east5-a"})
     create, wait = backend.attempt_steps(1)
-    assert create.argv[:13] == ["xpk", "workload", "create", "--cluster", "c1", "--zone", "us-east5-a",
-                                "--workload", "olmax-tiny-1-a1", "--tpu-type", "v5p-16", "--num-slices", "1"]
-    assert create.argv[13:21] == ["--docker-image", "gcr.io/p/olmax:1", "--env", "OLMAX_DISTRIBUTED=auto",
-                                  "--env", "LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536",
-                                  "--command", backend.worker_command()]
+    assert create.argv[:13] == [
+        "xpk",
+        "workload",
+        "create",
+        "--cluster",
+        "c1",
+        "--zone",
+        "us-east5-a",
+        "--workload",
+        "olmax-tiny-1-a1",
+        "--tpu-type",
+        "v5p-16",
+        "--num-slices",
+        "1",
+    ]
+    assert create.argv[13:21] == [
+        "--docker-image",
+        "gcr.io/p/olmax:1",
+        "--env",
+        "OLMAX_DISTRIBUTED=auto",
+        "--env",
+        "LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536",
+        "--command",
+        backend.worker_command(),
+    ]
     # xpk hands --command to a shell on each VM: it must split back into the worker's argv
     assert shlex.split(backend.worker_command()) == ["python3", "-m", "olmax.launch.worker", *plan.train_args()]
-    assert wait.argv == ["xpk", "workload", "list", "--cluster", "c1", "--zone", "us-east5-a",
-                         "--wait-for-job-completion", "olmax-tiny-1-a1"]
+    assert wait.argv == [
+        "xpk",
+        "workload",
+        "list",
+        "--cluster",
+        "c1",
+        "--zone",
+        "us-east5-a",
+        "--wait-for-job-completion",
+        "olmax-tiny-1-a1",
+    ]
     delete, create2, _ = backend.attempt_steps(2)
     assert delete.may_fail and delete.argv[2:5] == ["delete", "--cluster", "c1"]
     assert "olmax-tiny-1-a1" in delete.argv and "olmax-tiny-1-a2" in create2.argv
@@ -140,8 +195,12 @@ def test_worker_distributed_arguments():
     assert distributed_args({}) is None
     assert distributed_args({"OLMAX_DISTRIBUTED": "auto"}) == {}
     slurm = {"OLMAX_DISTRIBUTED": "slurm", "OLMAX_COORDINATOR": "n1:12355", "SLURM_NTASKS": "4", "SLURM_PROCID": "3"}
-    assert distributed_args(slurm) == {"coordinator_address": "n1:12355", "num_processes": 4, "process_id": 3,
-                                       "cluster_detection_method": "deactivate"}
+    assert distributed_args(slurm) == {
+        "coordinator_address": "n1:12355",
+        "num_processes": 4,
+        "process_id": 3,
+        "cluster_detection_method": "deactivate",
+    }
     with pytest.raises(LaunchError, match="needs OLMAX_COORDINATOR"):
         distributed_args({**slurm, "OLMAX_COORDINATOR": ""})
     with pytest.raises(LaunchError, match="'mpi' is not one of"):
@@ -155,8 +214,15 @@ def test_two_workers_form_one_jax_distributed_job(tmp_path):
     port = portpicker.pick_unused_port()
     procs = []
     for rank in range(2):
-        procs.append(subprocess.Popen([sys.executable, "-m", "olmax.launch.worker", "config", "--recipe", "tiny"],
-                                      env=slurm_env(rank, port, local_devices=2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "olmax.launch.worker", "config", "--recipe", "tiny"],
+                env=slurm_env(rank, port, local_devices=2),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=120) for p in procs]
     for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err[-2000:]
@@ -167,16 +233,34 @@ def test_two_workers_form_one_jax_distributed_job(tmp_path):
 def test_cli_dry_run_and_errors(tmp_path):
     runner = CliRunner()
     run_dir = str(tmp_path / "r")
-    result = runner.invoke(app, ["launch", "resume-until-done", "--backend", "local", "--recipe", "tiny",
-                                 "--total-devices", "4", "--run-dir", run_dir, "--dry-run", TRICKY])
+    result = runner.invoke(
+        app,
+        [
+            "launch",
+            "resume-until-done",
+            "--backend",
+            "local",
+            "--recipe",
+            "tiny",
+            "--total-devices",
+            "4",
+            "--run-dir",
+            run_dir,
+            "--dry-run",
+            TRICKY,
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("# local: 4 devices (mesh data=1 x fsdp=4 x tensor=1): global batch 8")
     assert "resume-until-done until a complete checkpoint of step 40" in lines[1]
     assert shlex.split(lines[-1])[-1] == TRICKY
     assert not (tmp_path / "r").exists()  # a dry run writes nothing
-    result = runner.invoke(app, ["launch", "--backend", "xpk", "--recipe", "tiny", "--total-devices", "8",
-                                 "--run-dir", run_dir, "--dry-run"], env={k: "" for k in XPK_ENV})
+    result = runner.invoke(
+        app,
+        ["launch", "--backend", "xpk", "--recipe", "tiny", "--total-devices", "8", "--run-dir", run_dir, "--dry-run"],
+        env={k: "" for k in XPK_ENV},
+    )
     assert result.exit_code == 2 and "OLMAX_XPK_CLUSTER" in result.output
     result = runner.invoke(app, ["launch", "--help-env"])
     assert result.exit_code == 0 and "OLMAX_SLURM_GPUS_PER_NODE (required)" in result.output

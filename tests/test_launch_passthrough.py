@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from test_launch import SLURM_ENV, TRICKY, XPK_ENV, _stub
 from typer.testing import CliRunner
 
 from olmax.cli import app
@@ -19,7 +20,6 @@ from olmax.launch import LaunchError
 from olmax.launch.backends import dry_run, make_backend
 from olmax.launch.plan import TrainOptions, make_plan, parse_env
 from olmax.recipes import get_recipe
-from test_launch import SLURM_ENV, TRICKY, XPK_ENV, _stub
 
 # values a shell would split or expand: spaces, both quotes, $, and '=' inside the value
 ENV = ["LIBTPU_INIT_ARGS=--xla_tpu_flag=true --other='a b'", 'NOTE=it\'s "$HOME"', "XLA_FLAGS=--xla_a=1"]
@@ -33,8 +33,20 @@ def _plan(tmp_path, run_dir, devices=8):
 
 
 def _train_args(plan):
-    return ["train", "--config", plan.options.config, "--chip", "v5p", "--allow-data-change",
-            "--allow-config-change", "--run-dir", plan.run_dir, "--stop-at", "5", TRICKY]
+    return [
+        "train",
+        "--config",
+        plan.options.config,
+        "--chip",
+        "v5p",
+        "--allow-data-change",
+        "--allow-config-change",
+        "--run-dir",
+        plan.run_dir,
+        "--stop-at",
+        "5",
+        TRICKY,
+    ]
 
 
 def test_local_passes_options_and_environment_through_a_shell(tmp_path):
@@ -42,10 +54,15 @@ def test_local_passes_options_and_environment_through_a_shell(tmp_path):
     backend = make_backend("local", plan, {"XLA_FLAGS": "--inherited=1"})
     (command,) = backend.launch_steps()
     assert command.argv[3:] == _train_args(plan)
-    assert command.env == {"LIBTPU_INIT_ARGS": "--xla_tpu_flag=true --other='a b'", "NOTE": 'it\'s "$HOME"',
-                           "XLA_FLAGS": "--xla_a=1 --xla_force_host_platform_device_count=2"}  # --env wins
-    echo = ("import json, os, sys; "
-            "print(json.dumps([{k: os.environ[k] for k in sys.argv[1:2] + ['NOTE', 'LIBTPU_INIT_ARGS']}, sys.argv[2:]]))")
+    assert command.env == {
+        "LIBTPU_INIT_ARGS": "--xla_tpu_flag=true --other='a b'",
+        "NOTE": 'it\'s "$HOME"',
+        "XLA_FLAGS": "--xla_a=1 --xla_force_host_platform_device_count=2",
+    }  # --env wins
+    echo = (
+        "import json, os, sys; "
+        "print(json.dumps([{k: os.environ[k] for k in sys.argv[1:2] + ['NOTE', 'LIBTPU_INIT_ARGS']}, sys.argv[2:]]))"
+    )
     printed = dry_run(backend, plan, resume=True).splitlines()[-1]
     shell = printed.replace(shlex.join(command.argv[:3]), shlex.join([sys.executable, "-c", echo, "XLA_FLAGS"]))
     env, argv = json.loads(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True).stdout)
@@ -68,14 +85,19 @@ def test_slurm_script_exports_env_and_passes_options(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _stub(bin_dir, "scontrol", "print('node-a7')\n")
-    _stub(bin_dir, "srun", "import json, os, sys\nprint(json.dumps([sys.argv[1:], "
-                           "{k: os.environ[k] for k in ('LIBTPU_INIT_ARGS', 'NOTE', 'XLA_FLAGS')}]))\n")
+    _stub(
+        bin_dir,
+        "srun",
+        "import json, os, sys\nprint(json.dumps([sys.argv[1:], "
+        "{k: os.environ[k] for k in ('LIBTPU_INIT_ARGS', 'NOTE', 'XLA_FLAGS')}]))\n",
+    )
     script = tmp_path / "job.sbatch"
     script.write_text(backend.script())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-a7"}
-    argv, seen = json.loads(subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
-                                           check=True).stdout)
-    assert argv[-len(_train_args(plan)):] == _train_args(plan)
+    argv, seen = json.loads(
+        subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout
+    )
+    assert argv[-len(_train_args(plan)) :] == _train_args(plan)
     assert seen == dict(parse_env(ENV))
     assert "# file " in dry_run(backend, plan, resume=True) and "export NOTE=" in dry_run(backend, plan, resume=True)
 
@@ -83,19 +105,43 @@ def test_slurm_script_exports_env_and_passes_options(tmp_path):
 def test_cli_dry_run_shows_everything_and_bad_input_is_refused(tmp_path):
     config = tmp_path / "exp.yaml"
     save_yaml(get_recipe("tiny"), config)
-    args = ["launch", "--config", str(config), "--total-devices", "8", "--run-dir", str(tmp_path / "r"),
-            "--chip", "h100", "--allow-data-change", "--env", "A=b c", "--env", "XLA_FLAGS=--x=1", "--dry-run",
-            "trainer.max_steps=7"]
+    args = [
+        "launch",
+        "--config",
+        str(config),
+        "--total-devices",
+        "8",
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--chip",
+        "h100",
+        "--allow-data-change",
+        "--env",
+        "A=b c",
+        "--env",
+        "XLA_FLAGS=--x=1",
+        "--dry-run",
+        "trainer.max_steps=7",
+    ]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
     line = out.output.splitlines()[-1]
     assert line.startswith("A='b c' XLA_FLAGS='--x=1 --xla_force_host_platform_device_count=8' ")
-    assert shlex.split(line)[-8:] == ["--config", str(config), "--chip", "h100", "--allow-data-change", "--run-dir",
-                                      str(tmp_path / "r"), "trainer.max_steps=7"]
+    assert shlex.split(line)[-8:] == [
+        "--config",
+        str(config),
+        "--chip",
+        "h100",
+        "--allow-data-change",
+        "--run-dir",
+        str(tmp_path / "r"),
+        "trainer.max_steps=7",
+    ]
     bad = CliRunner().invoke(app, [*args[:-2], "--env", "1A=x", "--dry-run"])
     assert bad.exit_code == 2 and "--env '1A=x' is not KEY=VALUE" in bad.output
-    bad = CliRunner().invoke(app, ["launch", "--recipe", "tiny", "--total-devices", "8", "--run-dir", "r",
-                                   "--chip", "abacus", "--dry-run"])
+    bad = CliRunner().invoke(
+        app, ["launch", "--recipe", "tiny", "--total-devices", "8", "--run-dir", "r", "--chip", "abacus", "--dry-run"]
+    )
     assert bad.exit_code == 2 and "abacus" in bad.output
     with pytest.raises(LaunchError, match="--env 'NOVALUE'"):
         parse_env(["NOVALUE"])
@@ -109,9 +155,14 @@ def test_slurm_and_xpk_read_their_job_states(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    for state, code, row in [("PREEMPTED", 1, ExitStatus.PREEMPTED), ("NODE_FAIL", 1, ExitStatus.TRANSIENT),
-                             ("CANCELLED by 1000", 143, ExitStatus.USER_ERROR), ("FAILED", 75, ExitStatus.TRANSIENT),
-                             ("COMPLETED", 0, ExitStatus.DONE), ("OUT_OF_MEMORY", 1, ExitStatus.CRASHED)]:
+    for state, code, row in [
+        ("PREEMPTED", 1, ExitStatus.PREEMPTED),
+        ("NODE_FAIL", 1, ExitStatus.TRANSIENT),
+        ("CANCELLED by 1000", 143, ExitStatus.USER_ERROR),
+        ("FAILED", 75, ExitStatus.TRANSIENT),
+        ("COMPLETED", 0, ExitStatus.DONE),
+        ("OUT_OF_MEMORY", 1, ExitStatus.CRASHED),
+    ]:
         _stub(bin_dir, "sacct", f"import sys\nassert sys.argv[1:3] == ['-j', '4242']\nprint({state!r})\n")
         assert slurm.outcome(code, log)[0] is row, state
     (bin_dir / "sacct").unlink()  # no accounting: the exit code alone

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from olmax.launch import LaunchError
-from olmax.launch.plan import Command, make_plan
 from olmax.launch.backends import make_backend
+from olmax.launch.plan import Command, make_plan
 from olmax.launch.resume import LOCK_FILE, RetryPolicy, RunLock, launch_once, resume_until_done, retry_policy
 
 # argv: run_dir, attempt, then per attempt "STEP:EXIT" (STEP 0: no checkpoint; EXIT kill: SIGKILL itself;
@@ -59,16 +59,19 @@ class FakeBackend:
 def _run(tmp_path, actions, max_retries=3, final=12):
     plan = make_plan("tiny", [f"trainer.max_steps={final}"], str(tmp_path), 8)
     sleeps, lines = [], []
-    status = resume_until_done(FakeBackend(tmp_path, actions), plan, RetryPolicy(max_retries, 7.0),
-                               sleep=sleeps.append, echo=lines.append)
+    status = resume_until_done(
+        FakeBackend(tmp_path, actions), plan, RetryPolicy(max_retries, 7.0), sleep=sleeps.append, echo=lines.append
+    )
     return status, sleeps, lines
 
 
 def test_resubmits_after_kill_and_failure_until_the_final_checkpoint(tmp_path):
     status, sleeps, lines = _run(tmp_path, ["4:kill", "8:1", "12:0"])
     assert status == 0 and sleeps == [7.0, 7.0]
-    assert any("attempt 1 ended: exit status -9, CRASHED (exit code); newest complete checkpoint: step 4" in line
-               for line in lines)
+    assert any(
+        "attempt 1 ended: exit status -9, CRASHED (exit code); newest complete checkpoint: step 4" in line
+        for line in lines
+    )
     assert any("attempt 2: from step 4" in line for line in lines)
     assert lines[-1].endswith("done: complete checkpoint at step 12 (final step 12) after 3 attempt(s)")
     assert (tmp_path / "launch.log").read_text().splitlines()[-1] == lines[-1]
@@ -130,16 +133,20 @@ def test_retry_policy_from_options_or_environment():
 
 def test_single_local_launch_holds_the_lock_and_returns_the_trainer_status(tmp_path):
     stub = tmp_path / "python"  # stands in for OLMAX_PYTHON: checks the lock names it, exits 3
-    stub.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                    "run_dir = sys.argv[sys.argv.index('--run-dir') + 1]\n"
-                    "assert json.load(open(os.path.join(run_dir, 'launch.lock')))['child_pid'] == os.getpid()\n"
-                    "assert sys.argv[1:5] == ['-m', 'olmax.cli', 'train', '--recipe']\n"
-                    "sys.exit(3)\n")
+    stub.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "run_dir = sys.argv[sys.argv.index('--run-dir') + 1]\n"
+        "assert json.load(open(os.path.join(run_dir, 'launch.lock')))['child_pid'] == os.getpid()\n"
+        "assert sys.argv[1:5] == ['-m', 'olmax.cli', 'train', '--recipe']\n"
+        "sys.exit(3)\n"
+    )
     stub.chmod(0o755)
     plan = make_plan("tiny", [], str(tmp_path / "r"), 8)
     lines = []
-    assert launch_once(make_backend("local", plan, {"OLMAX_PYTHON": str(stub)}), plan, hold_lock=True,
-                       echo=lines.append) == 3
+    assert (
+        launch_once(make_backend("local", plan, {"OLMAX_PYTHON": str(stub)}), plan, hold_lock=True, echo=lines.append)
+        == 3
+    )
     assert lines[-1] == f"exit status 3: {stub}" and not (tmp_path / "r" / LOCK_FILE).exists()
 
 

@@ -22,6 +22,7 @@ def test_no_test_module_imports_a_reference_at_top_level():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            offenders += [f"{path.name}:{node.lineno} {n}" for n in names
-                          if n.split(".")[0] in REFERENCE_MODULES - skipped]
+            offenders += [
+                f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] in REFERENCE_MODULES - skipped
+            ]
     assert not offenders, offenders

@@ -61,8 +61,13 @@ def test_sums_match_olmo_core_cross_entropy():
     logits = (rng.standard_normal((3, 10, 64)) * 4).astype(np.float32)
     labels = np.array(make_labels(jnp.asarray(rng.integers(0, 64, (3, 10), dtype=np.int32)), pad_token_id=5))
     ce, z_sq = loss_sums(jnp.asarray(logits), jnp.asarray(labels))
-    ref_ce, ref_z = cross_entropy_loss(torch.from_numpy(logits).view(-1, 64), torch.from_numpy(labels).long().view(-1),
-                                       reduction="sum", compute_z_loss=True, z_loss_multiplier=1.0)
+    ref_ce, ref_z = cross_entropy_loss(
+        torch.from_numpy(logits).view(-1, 64),
+        torch.from_numpy(labels).long().view(-1),
+        reduction="sum",
+        compute_z_loss=True,
+        z_loss_multiplier=1.0,
+    )
     # float32 sums of 30 terms of size ~10: agreement to a few ulp of the total.
     assert float(ce) == pytest.approx(float(ref_ce), rel=1e-6)
     assert float(z_sq) == pytest.approx(float(ref_z), rel=1e-6)
@@ -76,15 +81,25 @@ def test_micro_batches_sum_to_the_global_mean():
     labels = make_labels(jnp.asarray(_tokens(vocab=32)), pad_token_id=PAD)
     n = loss_denominator(labels)
     whole = loss_sums(logits, labels)[0] / n
-    micro = sum(loss_sums(logits[i:i + 1], labels[i:i + 1])[0] for i in range(4)) / n
-    per_micro_means = np.mean([loss_sums(logits[i:i + 1], labels[i:i + 1])[0] / loss_denominator(labels[i:i + 1])
-                               for i in range(4)])
+    micro = sum(loss_sums(logits[i : i + 1], labels[i : i + 1])[0] for i in range(4)) / n
+    per_micro_means = np.mean(
+        [loss_sums(logits[i : i + 1], labels[i : i + 1])[0] / loss_denominator(labels[i : i + 1]) for i in range(4)]
+    )
     assert float(micro) == pytest.approx(float(whole), rel=1e-6)
     assert abs(float(per_micro_means) - float(whole)) > 1e-3  # the test distinguishes the two
 
 
-TINY = ModelConfig(vocab_size=250, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                   sliding_window=8, compute_dtype="float32")
+TINY = ModelConfig(
+    vocab_size=250,
+    d_model=32,
+    n_layers=1,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    mlp_hidden=64,
+    sliding_window=8,
+    compute_dtype="float32",
+)
 
 
 @pytest.mark.parametrize("chunk, z_loss", [(4, 1e-5), (0, 0.1), (8, 0.1)])

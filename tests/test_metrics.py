@@ -2,19 +2,21 @@
 writer (offline, no network) and the plain progress lines of a run without a terminal."""
 
 import pytest
+from small_run import small_config
 
 from olmax.config import ConfigError, apply_overrides
 from olmax.metrics import Progress
 from olmax.recipes import get_recipe
 from olmax.train import train
-from small_run import small_config
 
 
 def test_wandb_offline_needs_no_network_and_resumes_the_same_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: any upload would fail
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = small_config(tmp_path, "wandb.mode=offline", "wandb.project=olmax-test", "trainer.max_steps=2", "checkpoint.every=1")
+    cfg = small_config(
+        tmp_path, "wandb.mode=offline", "wandb.project=olmax-test", "trainer.max_steps=2", "checkpoint.every=1"
+    )
     run = tmp_path / "run"
     train(cfg, run, stop_at=1, progress=False)
     train(cfg, run, progress=False)
@@ -40,4 +42,3 @@ def test_plain_progress_lines_without_a_terminal(capsys):
     assert [line.split(" |")[0] for line in lines] == ["step 12/14", "step 14/14"]
     assert "CE loss 3.8000" in lines[0] and "tok/s" in lines[0] and "eta " in lines[0]
     assert lines[1].endswith("eta 0s")
-

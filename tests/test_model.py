@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from models import random_params
+
 from olmax.config import MeshConfig
 from olmax.model.olmo3 import ParamSpec, count_params, forward, init_params, param_specs
 from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
@@ -75,12 +75,12 @@ def test_sharded_forward_equals_single_device(mesh):
     mesh = make_mesh(mesh)
     shardings = param_shardings(CFG, mesh)
     sharded = jax.jit(init_params, static_argnums=0, out_shardings=shardings)(CFG, jax.random.key(3))
-    assert sharded["layers"]["up_proj"].sharding.spec == jax.tree.leaves(
-        shardings["layers"]["up_proj"])[0].spec
+    assert sharded["layers"]["up_proj"].sharding.spec == jax.tree.leaves(shardings["layers"]["up_proj"])[0].spec
     local = init_params(CFG, jax.random.key(3))
     tokens = _tokens(b=8)
-    np.testing.assert_allclose(jax.jit(forward, static_argnums=2)(sharded, tokens, CFG),
-                               forward(local, tokens, CFG), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        jax.jit(forward, static_argnums=2)(sharded, tokens, CFG), forward(local, tokens, CFG), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_bf16_compute_keeps_fp32_params_and_logits():

@@ -42,8 +42,14 @@ def olmo_core_step(train_module, input_ids: np.ndarray, step: int) -> float:
     ids = torch.from_numpy(input_ids).long()
     labels = get_labels({"input_ids": ids})
     opt.zero_grad(set_to_none=True)
-    out = model(ids, labels=labels, loss_reduction="sum", z_loss_multiplier=1e-5,
-                loss_div_factor=(labels != -100).sum(), return_logits=False)
+    out = model(
+        ids,
+        labels=labels,
+        loss_reduction="sum",
+        z_loss_multiplier=1e-5,
+        loss_div_factor=(labels != -100).sum(),
+        return_logits=False,
+    )
     out.loss.backward()
     params = list(model.parameters())
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
@@ -73,12 +79,21 @@ def olmo_core_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("olmo_core")
     torch.manual_seed(0)
     model = build_olmo_core_model(SETUP)
-    optim = SkipStepAdamWConfig(lr=SETUP.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                                rolling_interval_length=SETUP.skip_window,
-                                group_overrides=[OptimGroupOverride(params=["embeddings.weight"],
-                                                                    opts={"weight_decay": 0.0})])
-    train_module = TransformerTrainModule(model, optim, rank_microbatch_size=SETUP.global_batch * SETUP.seq_len,
-                                          max_sequence_length=SETUP.seq_len, device=torch.device("cpu"))
+    optim = SkipStepAdamWConfig(
+        lr=SETUP.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay=0.1,
+        rolling_interval_length=SETUP.skip_window,
+        group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})],
+    )
+    train_module = TransformerTrainModule(
+        model,
+        optim,
+        rank_microbatch_size=SETUP.global_batch * SETUP.seq_len,
+        max_sequence_length=SETUP.seq_len,
+        device=torch.device("cpu"),
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -86,10 +101,18 @@ def olmo_core_run(tmp_path_factory):
             olmo_core_step(train_module, batch(step), step)
         step_dir = work / f"step{TRAINED_STEPS}"
         # the fields of OLMo-core's Trainer.state_dict() that a loop without a Trainer can fill
-        Checkpointer(work_dir=work / "tmp").save(step_dir, train_module, {
-            "global_step": TRAINED_STEPS,
-            "global_train_tokens_seen": TRAINED_STEPS * SETUP.global_batch * SETUP.seq_len,
-            "max_steps": SETUP.steps, "epoch": 1, "world_size": 1, "rng": EnvRngStates.current_state().as_dict()})
+        Checkpointer(work_dir=work / "tmp").save(
+            step_dir,
+            train_module,
+            {
+                "global_step": TRAINED_STEPS,
+                "global_train_tokens_seen": TRAINED_STEPS * SETUP.global_batch * SETUP.seq_len,
+                "max_steps": SETUP.steps,
+                "epoch": 1,
+                "world_size": 1,
+                "rng": EnvRngStates.current_state().as_dict(),
+            },
+        )
         cfg = olmax_experiment(olmax_model_config(model, SETUP), [], SETUP, work / "olmax")
         save_yaml(cfg, work / "experiment.yaml")
         yield train_module, step_dir, cfg
@@ -110,8 +133,15 @@ def test_convert_reads_the_model_bit_for_bit(olmo_core_run, tmp_path):
     from olmax.convert.olmo_core import OLMO_CORE_NAMES
 
     train_module, step_dir, cfg = olmo_core_run
-    result = cli("convert", "--from-olmo-core", step_dir, "--out", tmp_path / "ckpt",
-                 "--config", step_dir.parent / "experiment.yaml")
+    result = cli(
+        "convert",
+        "--from-olmo-core",
+        step_dir,
+        "--out",
+        tmp_path / "ckpt",
+        "--config",
+        step_dir.parent / "experiment.yaml",
+    )
     assert result.exit_code == 0, result.output
     params, model_cfg, _ = load_params(tmp_path / "ckpt")
     assert model_cfg == cfg.model
@@ -136,8 +166,17 @@ def test_next_step_after_warm_start_matches_olmo_core(olmo_core_run, tmp_path):
     from olmax.train_step import batch_sharding, make_train_step
 
     train_module, step_dir, cfg = olmo_core_run
-    result = cli("ckpt", "warm-start", "--from-olmo-core", step_dir, tmp_path / "ws",
-                 "--config", step_dir.parent / "experiment.yaml", "--json", tmp_path / "ws.json")
+    result = cli(
+        "ckpt",
+        "warm-start",
+        "--from-olmo-core",
+        step_dir,
+        tmp_path / "ws",
+        "--config",
+        step_dir.parent / "experiment.yaml",
+        "--json",
+        tmp_path / "ws.json",
+    )
     assert result.exit_code == 0, result.output
     assert f"step {TRAINED_STEPS}, kept moments,params, Adam counter {TRAINED_STEPS}" in result.output
 
@@ -154,8 +193,8 @@ def test_next_step_after_warm_start_matches_olmo_core(olmo_core_run, tmp_path):
 
     import torch
 
-    from olmax.convert.olmo_core import OLMO_CORE_NAMES
     from olmax.convert import torch_tensors
+    from olmax.convert.olmo_core import OLMO_CORE_NAMES
 
     torch.set_num_threads(1)
     ref_ce = olmo_core_step(train_module, nxt, TRAINED_STEPS + 1)
@@ -168,7 +207,7 @@ def test_next_step_after_warm_start_matches_olmo_core(olmo_core_run, tmp_path):
         b = ref[name][: a.shape[0]]
         assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max(), name
         diff2 += float(np.sum((a - b) ** 2))
-        total2 += float(np.sum(b ** 2))
+        total2 += float(np.sum(b**2))
     assert (diff2 / total2) ** 0.5 < 1e-5
 
 
@@ -181,11 +220,13 @@ def test_bad_olmo_core_checkpoints_are_named(olmo_core_run, tmp_path):
     assert result.exit_code == 2 and f"{missing} does not exist" in result.output
 
     # a model that is not the checkpoint's
-    result = cli("ckpt", "warm-start", "--from-olmo-core", step_dir, tmp_path / "ws", "--config", config,
-                 "model.n_layers=3")
+    result = cli(
+        "ckpt", "warm-start", "--from-olmo-core", step_dir, tmp_path / "ws", "--config", config, "model.n_layers=3"
+    )
     assert result.exit_code == 2 and "does not match the model config (3 layers)" in result.output
-    result = cli("convert", "--from-olmo-core", step_dir, "--out", tmp_path / "c", "--config", config,
-                 "model.mlp_hidden=128")
+    result = cli(
+        "convert", "--from-olmo-core", step_dir, "--out", tmp_path / "c", "--config", config, "model.mlp_hidden=128"
+    )
     assert result.exit_code == 2 and "blocks.0.feed_forward.w1.weight has shape" in result.output
 
     # corrupt: the DCP metadata, then a truncated data file
@@ -202,22 +243,49 @@ def test_bad_olmo_core_checkpoints_are_named(olmo_core_run, tmp_path):
     assert result.exit_code == 2 and "cannot read model." in result.output and str(broken) in result.output
 
     # no trainer state: the step must be reset (or the stepN directory given)
-    result = cli("ckpt", "warm-start", "--from-olmo-core", step_dir / "model_and_optim", tmp_path / "ws",
-                 "--config", config)
+    result = cli(
+        "ckpt", "warm-start", "--from-olmo-core", step_dir / "model_and_optim", tmp_path / "ws", "--config", config
+    )
     assert result.exit_code == 2 and "holds no OLMo-core trainer state" in result.output
-    result = cli("ckpt", "warm-start", "--from-olmo-core", step_dir / "model_and_optim", tmp_path / "ws",
-                 "--config", config, "--reset-step")
+    result = cli(
+        "ckpt",
+        "warm-start",
+        "--from-olmo-core",
+        step_dir / "model_and_optim",
+        tmp_path / "ws",
+        "--config",
+        config,
+        "--reset-step",
+    )
     assert result.exit_code == 0, result.output
     assert "step 0, kept moments,params, Adam counter 3" in result.output
     # a model saved without its optimizer: the moments cannot be kept, the parameters can
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
 
     save_model_and_optim_state(tmp_path / "model_only", train_module.model)
-    result = cli("ckpt", "warm-start", "--from-olmo-core", tmp_path / "model_only", tmp_path / "ws2",
-                 "--config", config, "--reset-step")
+    result = cli(
+        "ckpt",
+        "warm-start",
+        "--from-olmo-core",
+        tmp_path / "model_only",
+        tmp_path / "ws2",
+        "--config",
+        config,
+        "--reset-step",
+    )
     assert result.exit_code == 2 and "holds no AdamW state to keep" in result.output
-    result = cli("ckpt", "warm-start", "--from-olmo-core", tmp_path / "model_only", tmp_path / "ws2",
-                 "--config", config, "--reset-step", "--keep", "params")
+    result = cli(
+        "ckpt",
+        "warm-start",
+        "--from-olmo-core",
+        tmp_path / "model_only",
+        tmp_path / "ws2",
+        "--config",
+        config,
+        "--reset-step",
+        "--keep",
+        "params",
+    )
     assert result.exit_code == 0 and "kept params, Adam counter 0" in result.output, result.output
     # never over an existing checkpoint
     result = cli("ckpt", "warm-start", "--from-olmo-core", step_dir, tmp_path / "ws", "--config", config)

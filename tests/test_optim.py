@@ -13,8 +13,9 @@ from olmax.optim import Optimizer, clip_by_global_norm, decay_mask
 def _params(dtype=np.float32, seed=0):
     rng = np.random.default_rng(seed)
     shapes = {"embed": (16, 8), "layers": {"w": (3, 8, 8), "norm": (3, 8)}, "final_norm": (8,)}
-    return jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s) * 0.02, dtype), shapes,
-                        is_leaf=lambda x: isinstance(x, tuple))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.standard_normal(s) * 0.02, dtype), shapes, is_leaf=lambda x: isinstance(x, tuple)
+    )
 
 
 def test_moments_are_float32_for_bf16_params():
@@ -56,7 +57,7 @@ def test_clipping_matches_torch():
     import torch
 
     for scale in (0.1, 10.0):  # below and above max_norm
-        grads = jax.tree.map(lambda p: p * scale * 50, _params(seed=1))
+        grads = jax.tree.map(lambda p: p * scale * 50, _params(seed=1))  # noqa: B023 - applied at once
         clipped, norm = clip_by_global_norm(grads, 1.0)
         tg = [torch.tensor(np.asarray(g)) for g in jax.tree.leaves(grads)]
         tnorm = torch.nn.utils.get_total_norm(tg)
@@ -86,7 +87,7 @@ def _stream(params):
     for step in range(1, N_STEPS + 1):
         loss = 3.0 - 0.005 * step + 0.02 * rng.standard_normal() + LOSS_SPIKES.get(step, 0.0)
         scale = (0.7 + 0.8 * rng.random()) * 0.055 * GRAD_SPIKES.get(step, 1.0)
-        grads = jax.tree.map(lambda p: (rng.standard_normal(p.shape) * scale).astype(np.float32), params)
+        grads = jax.tree.map(lambda p: (rng.standard_normal(p.shape) * scale).astype(np.float32), params)  # noqa: B023
         yield step, np.float32(lrs[step - 1]), np.float32(loss), grads
 
 
@@ -96,8 +97,10 @@ def _olmo_core_run(params, foreach):
 
     names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
     tparams = [torch.nn.Parameter(torch.tensor(np.asarray(p))) for p in jax.tree.leaves(params)]
-    groups = [{"params": [p for n, p in zip(names, tparams) if n != "['embed']"]},
-              {"params": [p for n, p in zip(names, tparams) if n == "['embed']"], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for n, p in zip(names, tparams) if n != "['embed']"]},
+        {"params": [p for n, p in zip(names, tparams) if n == "['embed']"], "weight_decay": 0.0},
+    ]
     opt = SkipStepAdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=foreach)
     skips = []
     for step, lr, loss, grads in _stream(params):
@@ -114,8 +117,13 @@ def _olmo_core_run(params, foreach):
             skips.append(step)
     to_np = lambda ts: jax.tree.unflatten(jax.tree.structure(params), [t.detach().numpy() for t in ts])
     state = [opt.state[p] for p in tparams]
-    return (skips, to_np(tparams), to_np([s["exp_avg"] for s in state]), to_np([s["exp_avg_sq"] for s in state]),
-            {float(s["step"]) for s in state})
+    return (
+        skips,
+        to_np(tparams),
+        to_np([s["exp_avg"] for s in state]),
+        to_np([s["exp_avg_sq"] for s in state]),
+        {float(s["step"]) for s in state},
+    )
 
 
 def _olmax_run(params):
@@ -148,5 +156,6 @@ def test_skip_step_adamw_matches_olmo_core(foreach):
     # parameters by ~lr = 1e-3 of their 0.2 scale, 2000x more.
     for ours, ref in ((params, ref_params), (state.adam.mu, ref_m), (state.adam.nu, ref_v)):
         for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(ref)):
-            np.testing.assert_allclose(np.asarray(a), b, rtol=0, atol=2e-6 * np.abs(b).max(),
-                                       err_msg=jax.tree_util.keystr(path))
+            np.testing.assert_allclose(
+                np.asarray(a), b, rtol=0, atol=2e-6 * np.abs(b).max(), err_msg=jax.tree_util.keystr(path)
+            )

@@ -12,6 +12,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from models import FULL, SLIDING, make_hf_checkpoint, make_olmo_core_model, olmax_config_of
 from typer.testing import CliRunner
 
 from olmax.checkpoint import load_params, save_params
@@ -27,24 +28,34 @@ from olmax.convert.parity import (
     random_tokens,
     run_hf_parity,
 )
-from models import FULL, SLIDING, make_hf_checkpoint, make_olmo_core_model, olmax_config_of
 
 pytestmark = pytest.mark.parity
 
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-        "original_max_position_embeddings": 64, "attention_factor": 1.1386294361119891}
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "original_max_position_embeddings": 64,
+    "attention_factor": 1.1386294361119891,
+}
 
 # Each case: the model shape and the (batch, seq_len) it runs on. The window is 8 tokens everywhere,
 # so 64-token sequences are 8 windows long. Vocabularies are not multiples of 128 unless said.
 CASES = {
     "gqa_odd_head_dim": (dict(vocab=300, d_model=64, n_heads=4, n_kv_heads=2, head_dim=24), (2, 64)),
-    "mha_theta_500k": (dict(vocab=1000, d_model=64, n_heads=4, n_kv_heads=4,
-                            rope={"rope_type": "default", "rope_theta": 500000.0}), (2, 48)),
+    "mha_theta_500k": (
+        dict(vocab=1000, d_model=64, n_heads=4, n_kv_heads=4, rope={"rope_type": "default", "rope_theta": 500000.0}),
+        (2, 48),
+    ),
     "mqa_two_groups": (dict(vocab=256, d_model=48, n_layers=8, n_heads=6, n_kv_heads=1, head_dim=8, mlp=64), (1, 64)),
     "all_global_layers": (dict(vocab=200, n_layers=3, layer_types=[FULL] * 3), (2, 32)),
     "yarn": (dict(vocab=300, rope=YARN, max_position=256), (2, 64)),
-    "yarn_full_layers_only": (dict(vocab=300, max_position=256, rope={
-        SLIDING: {"rope_type": "default", "rope_theta": 10000.0}, FULL: YARN}), (2, 64)),
+    "yarn_full_layers_only": (
+        dict(vocab=300, max_position=256, rope={SLIDING: {"rope_type": "default", "rope_theta": 10000.0}, FULL: YARN}),
+        (2, 64),
+    ),
 }
 
 
@@ -92,8 +103,14 @@ def test_olmo_core_parity_fp32(tmp_path):
     params, cfg, _ = load_params(tmp_path / "ckpt")
     logits, our_layers = olmax_outputs(params, cfg, tokens)
 
-    report = compare(ref_logits, logits, torch.stack(layers).numpy(), our_layers, vocab_size=300,
-                     tolerance=LAYER_TOLERANCE["float32"])
+    report = compare(
+        ref_logits,
+        logits,
+        torch.stack(layers).numpy(),
+        our_layers,
+        vocab_size=300,
+        tolerance=LAYER_TOLERANCE["float32"],
+    )
     assert report["kl_mean"] < 1e-6 and report["top1_agreement"] == 1.0, report
     assert report["first_divergent_layer"] is None, report["layer_rel_diff"]
     assert np.abs(ref_logits - logits).max() < 1e-3  # the 84 padded logits as well
@@ -108,7 +125,9 @@ def test_wrong_conversion_is_caught_at_its_layer(tmp_path, broken_layer):
     params, cfg, meta = load_params(tmp_path / "ckpt")
     layers = {k: np.array(v) for k, v in params["layers"].items()}
     layers["attn_norm"][broken_layer], layers["mlp_norm"][broken_layer] = (
-        layers["mlp_norm"][broken_layer].copy(), layers["attn_norm"][broken_layer].copy())
+        layers["mlp_norm"][broken_layer].copy(),
+        layers["attn_norm"][broken_layer].copy(),
+    )
     save_params(tmp_path / "broken", {**jax.tree.map(np.asarray, params), "layers": layers}, cfg, meta)
 
     report = run_hf_parity(str(src), str(tmp_path / "broken"), dtype="float32", seq_len=32, batch=1)
@@ -156,8 +175,24 @@ def test_cli_parity_writes_json(tmp_path):
     src = make_hf_checkpoint(tmp_path / "hf", vocab=300, n_layers=4)
     convert_from_hf(str(src), tmp_path / "ckpt")
     out = tmp_path / "parity.json"
-    result = CliRunner().invoke(app, ["parity", "--hf", str(src), "--ckpt", str(tmp_path / "ckpt"),
-                                      "--seq-len", "32", "--batch", "2", "--seed", "5", "--json", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "parity",
+            "--hf",
+            str(src),
+            "--ckpt",
+            str(tmp_path / "ckpt"),
+            "--seq-len",
+            "32",
+            "--batch",
+            "2",
+            "--seed",
+            "5",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["kl_mean"] < 1e-6 and report["top1_agreement"] == 1.0

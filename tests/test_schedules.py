@@ -9,8 +9,14 @@ from olmax.config import ConfigError, ScheduleConfig
 from olmax.schedules import make_schedule, steps_for_tokens
 
 STAGE1_TOKENS_PER_STEP = 512 * 8192  # 4,194,304
-STAGE1 = ScheduleConfig(name="stitched_cosine", warmup_steps=2000, alpha_f=0.1, t_max_tokens=5 * 10**12,
-                        switch_step=597_047, final_t_max_tokens=7 * 10**12)
+STAGE1 = ScheduleConfig(
+    name="stitched_cosine",
+    warmup_steps=2000,
+    alpha_f=0.1,
+    t_max_tokens=5 * 10**12,
+    switch_step=597_047,
+    final_t_max_tokens=7 * 10**12,
+)
 
 
 def stage1_schedule():
@@ -26,8 +32,15 @@ def test_stage1_horizons_from_tokens():
 # values either side of the switch (597046 / 597047) differ by 2.3e-6 relative, so a one-step
 # error in the switch or in the 1-based numbering fails.
 CHECK_VALUES = [
-    (1, 1.5e-7), (1000, 1.5e-4), (1999, 2.9985e-4), (2000, 3e-4), (597_046, 1.6500018e-4),
-    (597_047, 1.6499980e-4), (600_000, 1.6441559e-4), (1_000_000, 8.9834077e-5), (1_668_931, 3e-5),
+    (1, 1.5e-7),
+    (1000, 1.5e-4),
+    (1999, 2.9985e-4),
+    (2000, 3e-4),
+    (597_046, 1.6500018e-4),
+    (597_047, 1.6499980e-4),
+    (600_000, 1.6441559e-4),
+    (1_000_000, 8.9834077e-5),
+    (1_668_931, 3e-5),
 ]
 
 
@@ -52,7 +65,9 @@ def test_bad_configs_are_errors():
     with pytest.raises(ConfigError, match="switch_step"):
         ScheduleConfig(name="stitched_cosine")
     with pytest.raises(ConfigError, match="switch_step < t_max"):
-        make_schedule(replace(STAGE1, switch_step=1_300_000), lr=3e-4, max_steps=1, tokens_per_step=STAGE1_TOKENS_PER_STEP)
+        make_schedule(
+            replace(STAGE1, switch_step=1_300_000), lr=3e-4, max_steps=1, tokens_per_step=STAGE1_TOKENS_PER_STEP
+        )
 
 
 def test_horizon_inside_the_warmup_stays_in_warmup():
@@ -86,17 +101,26 @@ def test_against_olmo_core_schedulers():
         (ScheduleConfig(name="cosine", warmup_steps=0, alpha_f=0.0), CosWithWarmup(warmup=0, alpha_f=0.0)),
         (ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0), LinearWithWarmup(warmup=0, alpha_f=0.0)),
         (ScheduleConfig(name="linear", warmup_steps=20, alpha_f=0.0), LinearWithWarmup(warmup=20, alpha_f=0.0)),
-        (ScheduleConfig(name="wsd", warmup_steps=25, alpha_f=0.0, decay_fraction=0.2),
-         WSD(warmup=25, decay_fraction=0.2)),
-        (ScheduleConfig(name="wsd", warmup_steps=25, alpha_f=0.1, decay_fraction=0.1),
-         WSD(warmup=25, decay_fraction=0.1, decay_min_lr=0.1 * lr)),
+        (
+            ScheduleConfig(name="wsd", warmup_steps=25, alpha_f=0.0, decay_fraction=0.2),
+            WSD(warmup=25, decay_fraction=0.2),
+        ),
+        (
+            ScheduleConfig(name="wsd", warmup_steps=25, alpha_f=0.1, decay_fraction=0.1),
+            WSD(warmup=25, decay_fraction=0.1, decay_min_lr=0.1 * lr),
+        ),
         (ScheduleConfig(name="constant", warmup_steps=10), ConstantWithWarmup(warmup=10)),
     ]
     # float32 resolves the schedule's fraction of the peak to ~1e-7: 2e-7 * lr absolute (relative
     # error grows where a schedule approaches 0), far below what a one-step shift changes (~1e-3 * lr).
     for cfg, ref in cases:
-        np.testing.assert_allclose(_ours(cfg, lr, steps, t_max), _olmo_core_lr(ref, lr, steps, t_max),
-                                   rtol=1e-6, atol=2e-7 * lr, err_msg=str(cfg))
+        np.testing.assert_allclose(
+            _ours(cfg, lr, steps, t_max),
+            _olmo_core_lr(ref, lr, steps, t_max),
+            rtol=1e-6,
+            atol=2e-7 * lr,
+            err_msg=str(cfg),
+        )
 
 
 @pytest.mark.parity
@@ -107,8 +131,11 @@ def test_stage1_against_olmo_core_cosine_and_half_cosine():
 
     part1 = CosWithWarmup(warmup=2000, alpha_f=0.1, t_max=1_192_093)
     part2 = HalfCosWithWarmup(warmup=597_046, alpha_f=0.1, t_max=1_668_931)
-    steps = np.unique(np.concatenate([np.linspace(1, 1_668_931, 2001).astype(int),
-                                      np.arange(596_990, 597_100), np.arange(1, 2100, 7)]))
+    steps = np.unique(
+        np.concatenate(
+            [np.linspace(1, 1_668_931, 2001).astype(int), np.arange(596_990, 597_100), np.arange(1, 2100, 7)]
+        )
+    )
     ref = np.array([float((part1 if s < 597_047 else part2).get_lr(3e-4, int(s), 1_668_931)) for s in steps])
     import jax.numpy as jnp
 

@@ -4,6 +4,7 @@ its incremental metrics reading (appends, and a file rewritten shorter by a resu
 import json
 
 import pytest
+from small_run import small_config
 from typer.testing import CliRunner
 
 from olmax.cli import app
@@ -11,7 +12,6 @@ from olmax.exits import ExitStatus, write_record
 from olmax.launch.resume import LaunchState
 from olmax.status import MetricsReader, run_status
 from olmax.train import train
-from small_run import small_config
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,11 @@ import json
 import jax
 import numpy as np
 import pytest
+from small_run import small_config
 
 from olmax.checkpoint import CheckpointError, load_params
 from olmax.config import ConfigError
 from olmax.train import train
-from small_run import small_config
-
-
-
 
 
 def _rows(run_dir):
@@ -32,8 +29,15 @@ def test_resume_continues_exactly(tmp_path):
         f.write('{"step": 6, "train/CE lo')
     second = train(cfg, tmp_path / "b", progress=False)
     assert [r["step"] for r in second] == [4, 5, 6]
-    keys = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "optim/step skipped",
-            "throughput/total tokens", "data/instances"]
+    keys = [
+        "train/CE loss",
+        "train/Z loss",
+        "optim/total grad norm",
+        "optim/LR",
+        "optim/step skipped",
+        "throughput/total tokens",
+        "data/instances",
+    ]
     resumed = first + second
     for a, b in zip(straight, resumed):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, (a["step"], a, b)  # bit for bit

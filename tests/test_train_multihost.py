@@ -11,12 +11,12 @@ import time
 
 import portpicker
 import pytest
+from slurm_env import slurm_env
+from small_run import SMALL as BASE
 
 from olmax.config import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
-from slurm_env import slurm_env
-from small_run import SMALL as BASE
 
 SMALL = BASE + ["checkpoint.every=2", "eval.every=2", "eval.batches=1"]
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "eval/demo-heldout/CE loss"]
@@ -26,9 +26,25 @@ def _two_workers(run, *args):
     port = portpicker.pick_unused_port()
     procs = []
     for rank in range(2):
-        procs.append(subprocess.Popen([sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny",
-                                       "--run-dir", str(run), *args],
-                                      env=slurm_env(rank, port, local_devices=4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "olmax.launch.worker",
+                    "train",
+                    "--recipe",
+                    "tiny",
+                    "--run-dir",
+                    str(run),
+                    *args,
+                ],
+                env=slurm_env(rank, port, local_devices=4),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -60,8 +76,12 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
     from olmax.checkpoint import complete_steps
 
     run = tmp_path / "two_hosts"
-    overrides = SMALL + [f"data.work_dir={tmp_path / 'cache'}", "trainer.max_steps=400", "checkpoint.every=1000",
-                         "eval.every=0"]
+    overrides = SMALL + [
+        f"data.work_dir={tmp_path / 'cache'}",
+        "trainer.max_steps=400",
+        "checkpoint.every=1000",
+        "eval.every=0",
+    ]
     procs = _two_workers(run, *overrides)
     metrics, deadline = run / "metrics.jsonl", time.monotonic() + 300
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):

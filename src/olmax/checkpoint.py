@@ -56,8 +56,10 @@ def checkpoint_path(directory: str | os.PathLike) -> Path | epath.Path:
     if "://" in text:
         return epath.Path(text)
     if re.match(r"^[a-z][a-z0-9+.-]*:/[^/]", text):  # what pathlib.Path makes of "gs://b/x"
-        raise CheckpointError(f"checkpoint directory {text} looks like a URL that lost a '/' (pathlib.Path "
-                              f"turns 'gs://b/x' into 'gs:/b/x'); pass the URL as a string")
+        raise CheckpointError(
+            f"checkpoint directory {text} looks like a URL that lost a '/' (pathlib.Path "
+            f"turns 'gs://b/x' into 'gs:/b/x'); pass the URL as a string"
+        )
     return Path(text).absolute()
 
 
@@ -69,10 +71,10 @@ def _is_gcs(path: Path | epath.Path) -> bool:
 
 # `save_params` / `load_params` move a whole model through host memory. Orbax buffers the (compressed)
 # chunks of every array in flight; left unbounded that is most of one more copy of the model
-# (docs/conversion.md, "Streaming and memory"). Bounding the bytes in flight keeps the peak at the parameters + ~1 GB + the largest array, so converting the 7B stays near
-# 1.2x its size (docs/conversion.md). Orbax refuses an array larger than the bound ("Requested more bytes
-# than we reserved space for"), so the bound grows to the largest array (the 7B's stacked MLP weights
-# are 5.8 GB each).
+# (docs/conversion.md, "Streaming and memory"). Bounding the bytes in flight keeps the peak at the
+# parameters + ~1 GB + the largest array, so converting the 7B stays near 1.2x its size. Orbax
+# refuses an array larger than the bound ("Requested more bytes than we reserved space for"), so the
+# bound grows to the largest array (the 7B's stacked MLP weights are 5.8 GB each).
 PARAMS_CONCURRENT_GB = 1
 
 
@@ -84,13 +86,17 @@ def _concurrent_gb(tree) -> int:
 
 
 def _handlers(concurrent_gb: Optional[int] = None) -> dict[str, ocp.CheckpointHandler]:
-    params = (ocp.StandardCheckpointHandler() if concurrent_gb is None else
-              ocp.StandardCheckpointHandler(save_concurrent_gb=concurrent_gb, restore_concurrent_gb=concurrent_gb))
+    params = (
+        ocp.StandardCheckpointHandler()
+        if concurrent_gb is None
+        else ocp.StandardCheckpointHandler(save_concurrent_gb=concurrent_gb, restore_concurrent_gb=concurrent_gb)
+    )
     return {PARAMS: params, CONFIG: ocp.JsonCheckpointHandler(), META: ocp.JsonCheckpointHandler()}
 
 
-def _manager(path: Path | epath.Path, *, create: bool, concurrent_gb: int = PARAMS_CONCURRENT_GB
-             ) -> ocp.CheckpointManager:
+def _manager(
+    path: Path | epath.Path, *, create: bool, concurrent_gb: int = PARAMS_CONCURRENT_GB
+) -> ocp.CheckpointManager:
     # A run checkpoint's other items are registered too, so that reading only the parameters of one
     # does not warn about each item it leaves alone.
     return ocp.CheckpointManager(
@@ -100,8 +106,9 @@ def _manager(path: Path | epath.Path, *, create: bool, concurrent_gb: int = PARA
     )
 
 
-def save_params(directory: str | os.PathLike, params: dict, model_cfg: ModelConfig, meta: dict, *,
-                step: int = 0) -> Path | epath.Path:
+def save_params(
+    directory: str | os.PathLike, params: dict, model_cfg: ModelConfig, meta: dict, *, step: int = 0
+) -> Path | epath.Path:
     """Write `params` (jax arrays, any sharding; numpy works but Orbax then makes a full extra copy),
     the model config and `meta` as `step` of `directory` (a local path or a gs:// URL).
 
@@ -113,19 +120,25 @@ def save_params(directory: str | os.PathLike, params: dict, model_cfg: ModelConf
     try:
         if step in mngr.all_steps():
             raise CheckpointError(f"{directory} already has a checkpoint at step {step}; choose an empty directory")
-        mngr.save(step, args=ocp.args.Composite(**{
-            PARAMS: ocp.args.StandardSave(params),
-            CONFIG: ocp.args.JsonSave(dataclasses.asdict(model_cfg)),
-            META: ocp.args.JsonSave({**meta, "olmax_version": olmax_version()}),
-        }))
+        mngr.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    PARAMS: ocp.args.StandardSave(params),
+                    CONFIG: ocp.args.JsonSave(dataclasses.asdict(model_cfg)),
+                    META: ocp.args.JsonSave({**meta, "olmax_version": olmax_version()}),
+                }
+            ),
+        )
         mngr.wait_until_finished()
     finally:
         mngr.close()
     return path
 
 
-def _open_step(directory: str | os.PathLike, step: Optional[int], concurrent_gb: int = PARAMS_CONCURRENT_GB
-               ) -> tuple[ocp.CheckpointManager, int]:
+def _open_step(
+    directory: str | os.PathLike, step: Optional[int], concurrent_gb: int = PARAMS_CONCURRENT_GB
+) -> tuple[ocp.CheckpointManager, int]:
     path = checkpoint_path(directory)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
@@ -144,8 +157,9 @@ def _open_step(directory: str | os.PathLike, step: Optional[int], concurrent_gb:
 
 def _read_config(mngr: ocp.CheckpointManager, step: int, directory: str | os.PathLike) -> tuple[ModelConfig, dict]:
     try:
-        items = mngr.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore(),
-                                                              META: ocp.args.JsonRestore()}))
+        items = mngr.restore(
+            step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore(), META: ocp.args.JsonRestore()})
+        )
     except (FileNotFoundError, ValueError) as e:
         raise CheckpointError(f"cannot read the config/meta items of {directory} step {step}: {e}") from None
     try:
@@ -173,8 +187,9 @@ def _config_at(directory: str | os.PathLike, step: Optional[int]) -> tuple[Model
 
 def _flat_shapes(tree, is_leaf=None) -> dict[str, tuple]:
     """{"['layers']['q_proj']": shape, ...} for a tree of arrays, ShapeDtypeStructs or array metadata."""
-    return {jax.tree_util.keystr(k): tuple(v.shape)
-            for k, v in jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_leaf)}
+    return {
+        jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_leaf)
+    }
 
 
 def _check_shapes(found: dict[str, tuple], model_cfg: ModelConfig, what: str) -> None:
@@ -182,14 +197,14 @@ def _check_shapes(found: dict[str, tuple], model_cfg: ModelConfig, what: str) ->
     expected = _flat_shapes(abstract_params(model_cfg))
     problems = [f"{k}: missing" for k in expected if k not in found]
     problems += [f"{k}: unexpected" for k in found if k not in expected]
-    problems += [f"{k}: shape {found[k]}, config says {v}" for k, v in expected.items()
-                 if k in found and found[k] != v]
+    problems += [f"{k}: shape {found[k]}, config says {v}" for k, v in expected.items() if k in found and found[k] != v]
     if problems:
         raise CheckpointError(f"{what} do not match the model config: " + "; ".join(problems))
 
 
-def load_params(directory: str | os.PathLike, step: Optional[int] = None, shardings: Any = None
-                ) -> tuple[dict, ModelConfig, dict]:
+def load_params(
+    directory: str | os.PathLike, step: Optional[int] = None, shardings: Any = None
+) -> tuple[dict, ModelConfig, dict]:
     """Restore (params, model config, meta) from a checkpoint (default: its latest step).
 
     `shardings`: a pytree of `jax.sharding.Sharding` shaped like the params (e.g.
@@ -204,8 +219,11 @@ def load_params(directory: str | os.PathLike, step: Optional[int] = None, shardi
         stored = mngr.item_metadata(step)[PARAMS]
         if stored is None:
             raise CheckpointError(f"{directory} step {step} has no '{PARAMS}' item")
-        _check_shapes(_flat_shapes(stored, is_leaf=lambda x: hasattr(x, "shape")), model_cfg,
-                      f"the parameters stored in {directory} step {step}")
+        _check_shapes(
+            _flat_shapes(stored, is_leaf=lambda x: hasattr(x, "shape")),
+            model_cfg,
+            f"the parameters stored in {directory} step {step}",
+        )
         abstract = abstract_params(model_cfg)
         if shardings is None:
             shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), abstract)
@@ -262,8 +280,9 @@ class RunCheckpoints:
         self.allow_config_change = allow_config_change
         if cfg.checkpoint.keep < 1:
             raise ConfigError(f"checkpoint.keep must be >= 1, got {cfg.checkpoint.keep}")
-        options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True,
-                                               preservation_policy=keep_policy(cfg.checkpoint))
+        options = ocp.CheckpointManagerOptions(
+            create=True, enable_async_checkpointing=True, preservation_policy=keep_policy(cfg.checkpoint)
+        )
         self._mngr = ocp.CheckpointManager(self.path, item_handlers=run_handlers(), options=options)
         self._writing_step: Optional[int] = None  # the newest step handed to Orbax (async: maybe in flight)
         self._failed = False
@@ -273,19 +292,29 @@ class RunCheckpoints:
 
     def save(self, step: int, state, data_state: dict, mesh) -> None:
         cfg = self.cfg
-        meta = {"olmax_version": olmax_version(), "step": step, "devices": jax.device_count(),
-                "processes": jax.process_count(), "mesh": dict(mesh.shape),
-                "tokens_seen": step * cfg.trainer.global_batch * cfg.data.seq_len}
+        meta = {
+            "olmax_version": olmax_version(),
+            "step": step,
+            "devices": jax.device_count(),
+            "processes": jax.process_count(),
+            "mesh": dict(mesh.shape),
+            "tokens_seen": step * cfg.trainer.global_batch * cfg.data.seq_len,
+        }
         self._wait(self._writing_step)  # the previous save's write errors surface here, named by its step
         with self._writing(step):
-            self._mngr.save(step, args=ocp.args.Composite(**{
-                PARAMS: ocp.args.StandardSave(state.params),
-                OPT_STATE: ocp.args.StandardSave({"step": state.step, "opt": state.opt_state}),
-                CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg.model)),
-                META: ocp.args.JsonSave(meta),
-                DATA: ocp.args.JsonSave(data_state),
-                EXPERIMENT: ocp.args.JsonSave(dataclasses.asdict(cfg)),
-            }))
+            self._mngr.save(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        PARAMS: ocp.args.StandardSave(state.params),
+                        OPT_STATE: ocp.args.StandardSave({"step": state.step, "opt": state.opt_state}),
+                        CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg.model)),
+                        META: ocp.args.JsonSave(meta),
+                        DATA: ocp.args.JsonSave(data_state),
+                        EXPERIMENT: ocp.args.JsonSave(dataclasses.asdict(cfg)),
+                    }
+                ),
+            )
         self._writing_step = step
 
     def restore_latest(self, target):
@@ -294,15 +323,18 @@ class RunCheckpoints:
         corrupt save) is skipped with a warning naming it, and moved aside to `<step>.corrupt` so that
         the run can write that step again; a changed config is an error, not a fallback."""
         for name in self._uncommitted():
-            warnings.warn(f"ignoring the interrupted save {self._where(name)} (never committed)")
+            warnings.warn(f"ignoring the interrupted save {self._where(name)} (never committed)", stacklevel=2)
         for step in sorted(self._mngr.all_steps(), reverse=True):
             try:
                 state, data_state = self.restore(step, target)
             except CheckpointError:
                 raise
             except Exception as e:  # noqa: BLE001 - any read failure means "not a usable checkpoint"
-                warnings.warn(f"checkpoint {self._where(step)} cannot be restored ({type(e).__name__}: {e}); "
-                              f"falling back to the previous complete checkpoint")
+                warnings.warn(
+                    f"checkpoint {self._where(step)} cannot be restored ({type(e).__name__}: {e}); "
+                    f"falling back to the previous complete checkpoint",
+                    stacklevel=2,
+                )
                 if jax.process_index() == 0:
                     (self.path / str(step)).rename(self.path / f"{step}.corrupt")
                 self._mngr.reload()
@@ -317,8 +349,9 @@ class RunCheckpoints:
         if not self.path.is_dir():
             return []
         if _is_gcs(self.path):
-            return sorted((p.name for p in self.path.iterdir()
-                           if p.name.isdigit() and not (p / COMMIT_FILE).exists()), key=int)
+            return sorted(
+                (p.name for p in self.path.iterdir() if p.name.isdigit() and not (p / COMMIT_FILE).exists()), key=int
+            )
         return sorted(p.name for p in self.path.glob(f"*{TMP_SUFFIX}*"))
 
     def _where(self, step: int | str) -> str:
@@ -328,22 +361,32 @@ class RunCheckpoints:
         """(state, data-loader state) of `step`. `target` is the caller's abstract train state
         (olmax.state.abstract_state: a TrainState of ShapeDtypeStructs with shardings); the state comes
         back in that layout, whatever mesh saved it (Orbax reshards on restore)."""
-        saved = self._mngr.restore(step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore(),
-                                                                   DATA: ocp.args.JsonRestore()}))
+        saved = self._mngr.restore(
+            step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore(), DATA: ocp.args.JsonRestore()})
+        )
         changes = config_changes(saved[EXPERIMENT], self.cfg)
         if any(c.startswith("model architecture ") for c in changes):  # the arrays themselves would not fit
-            raise CheckpointError(f"cannot resume from {self._where(step)}: the model changed "
-                                  f"({'; '.join(changes)}); start a new run (checkpoint.init_from, olmax ckpt warm-start)")
+            raise CheckpointError(
+                f"cannot resume from {self._where(step)}: the model changed "
+                f"({'; '.join(changes)}); start a new run (checkpoint.init_from, olmax ckpt warm-start)"
+            )
         if changes and not self.allow_config_change:
-            raise CheckpointError(f"cannot resume from {self._where(step)}: the run's config changed "
-                                  f"({'; '.join(changes)}); start a new run directory for a different run, or "
-                                  "pass --allow-config-change (allow_config_change=True) to continue anyway")
+            raise CheckpointError(
+                f"cannot resume from {self._where(step)}: the run's config changed "
+                f"({'; '.join(changes)}); start a new run directory for a different run, or "
+                "pass --allow-config-change (allow_config_change=True) to continue anyway"
+            )
         if changes:
-            warnings.warn(f"resuming {self._where(step)} with a changed config: {'; '.join(changes)}")
-        items = self._mngr.restore(step, args=ocp.args.Composite(**{
-            PARAMS: ocp.args.StandardRestore(target.params),
-            OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),
-        }))
+            warnings.warn(f"resuming {self._where(step)} with a changed config: {'; '.join(changes)}", stacklevel=2)
+        items = self._mngr.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    PARAMS: ocp.args.StandardRestore(target.params),
+                    OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),
+                }
+            ),
+        )
         state = target._replace(step=items[OPT_STATE]["step"], params=items[PARAMS], opt_state=items[OPT_STATE]["opt"])
         return state, (None if saved[DATA] is None else dict(saved[DATA]))
 
@@ -376,10 +419,12 @@ class RunCheckpoints:
             self._failed = True
             previous = self._mngr.all_steps()
             previous = f"step {max(previous)}" if previous else "none"
-            raise CheckpointWriteError(f"writing checkpoint step {step} to {self.directory} failed "
-                                  f"({type(e).__name__}: {e}). Is the disk full or not writable? The newest "
-                                  f"complete checkpoint ({previous}) is untouched: fix the storage and rerun "
-                                  "to resume from it") from e
+            raise CheckpointWriteError(
+                f"writing checkpoint step {step} to {self.directory} failed "
+                f"({type(e).__name__}: {e}). Is the disk full or not writable? The newest "
+                f"complete checkpoint ({previous}) is untouched: fix the storage and rerun "
+                "to resume from it"
+            ) from e
 
 
 def keep_policy(ckpt_cfg) -> "ocp.checkpoint_managers.PreservationPolicy":
@@ -398,8 +443,9 @@ def complete_steps(directory: str | os.PathLike) -> list[int]:
     path = checkpoint_path(directory)
     if not path.is_dir():
         return []
-    mngr = ocp.CheckpointManager(path, item_handlers=run_handlers(),
-                                 options=ocp.CheckpointManagerOptions(create=False, read_only=True))
+    mngr = ocp.CheckpointManager(
+        path, item_handlers=run_handlers(), options=ocp.CheckpointManagerOptions(create=False, read_only=True)
+    )
     try:
         return sorted(mngr.all_steps())
     finally:
@@ -408,8 +454,12 @@ def complete_steps(directory: str | os.PathLike) -> list[int]:
 
 def run_handlers() -> dict[str, ocp.CheckpointHandler]:
     """The item handlers of a run checkpoint (also used by olmax.surgery)."""
-    return {**_handlers(), OPT_STATE: ocp.StandardCheckpointHandler(), DATA: ocp.JsonCheckpointHandler(),
-            EXPERIMENT: ocp.JsonCheckpointHandler()}
+    return {
+        **_handlers(),
+        OPT_STATE: ocp.StandardCheckpointHandler(),
+        DATA: ocp.JsonCheckpointHandler(),
+        EXPERIMENT: ocp.JsonCheckpointHandler(),
+    }
 
 
 def config_changes(saved: dict, cfg) -> list[str]:

@@ -54,20 +54,31 @@ class Chip:
     libtpu_flags: tuple[str, ...] = ()
 
 
-CHIPS: dict[str, Chip] = {c.name: c for c in (
-    # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3
-    Chip("h100", "gpu", 989.0, 80e9 / 2**30, 1),
-    # NVIDIA H200 SXM datasheet: the H100's tensor cores, 141 GB HBM3e
-    Chip("h200", "gpu", 989.0, 141e9 / 2**30, 1),
-    # Cloud TPU v5p docs: 459 TFLOP/s and 95 GB HBM2e per chip; one JAX device per chip (megacore)
-    Chip("v5p", "tpu", 459.0, 95e9 / 2**30, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB),
-    # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s and 32 GB HBM per chip, one TensorCore per chip
-    Chip("v6e", "tpu", 918.0, 32e9 / 2**30, 1, "v6e", "TPU v6 lite", SCOPED_VMEM_64MIB),
-    # Cloud TPU7x (Ironwood) docs: 2307 TFLOP/s and 192 GB HBM3e per chip, two TensorCores = two
-    # JAX devices per chip
-    Chip("tpu7x", "tpu", 2307.0 / 2, 192e9 / 2**30 / 2, 2, "tpu7x", "TPU7x",
-         SCOPED_VMEM_64MIB + SPARSECORE_COLLECTIVE_OFFLOAD),
-)}
+CHIPS: dict[str, Chip] = {
+    c.name: c
+    for c in (
+        # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3
+        Chip("h100", "gpu", 989.0, 80e9 / 2**30, 1),
+        # NVIDIA H200 SXM datasheet: the H100's tensor cores, 141 GB HBM3e
+        Chip("h200", "gpu", 989.0, 141e9 / 2**30, 1),
+        # Cloud TPU v5p docs: 459 TFLOP/s and 95 GB HBM2e per chip; one JAX device per chip (megacore)
+        Chip("v5p", "tpu", 459.0, 95e9 / 2**30, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB),
+        # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s and 32 GB HBM per chip, one TensorCore per chip
+        Chip("v6e", "tpu", 918.0, 32e9 / 2**30, 1, "v6e", "TPU v6 lite", SCOPED_VMEM_64MIB),
+        # Cloud TPU7x (Ironwood) docs: 2307 TFLOP/s and 192 GB HBM3e per chip, two TensorCores = two
+        # JAX devices per chip
+        Chip(
+            "tpu7x",
+            "tpu",
+            2307.0 / 2,
+            192e9 / 2**30 / 2,
+            2,
+            "tpu7x",
+            "TPU7x",
+            SCOPED_VMEM_64MIB + SPARSECORE_COLLECTIVE_OFFLOAD,
+        ),
+    )
+}
 ALIASES = {"ironwood": "tpu7x"}
 
 # A step fits when XLA's per-device total is at most this fraction of the chip's HBM: the rest is

@@ -59,8 +59,10 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
 
 def _per_device_bytes(tree, shardings) -> int:
     """Bytes one device holds of a pytree of abstract arrays laid out by `shardings`."""
-    return sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
-               for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+    return sum(
+        math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+        for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings))
+    )
 
 
 def _hlo_flops(compiled) -> Optional[float]:
@@ -89,8 +91,11 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
     where = topology or f"{mesh.size} {platform} devices"
     with jax.set_mesh(mesh):
         state = abstract_state(cfg, mesh)
-        batch = {"input_ids": jax.ShapeDtypeStruct((cfg.trainer.global_batch, cfg.data.seq_len), "int32",
-                                                   sharding=batch_sharding(cfg, mesh))}
+        batch = {
+            "input_ids": jax.ShapeDtypeStruct(
+                (cfg.trainer.global_batch, cfg.data.seq_len), "int32", sharding=batch_sharding(cfg, mesh)
+            )
+        }
         t0 = time.perf_counter()
         lowered = make_train_step(cfg, mesh).lower(state, batch)
         t1 = time.perf_counter()
@@ -98,8 +103,10 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
             compiled = lowered.compile(compiler_options=options or None)
         except Exception as e:
             if _out_of_hbm(e):
-                raise DoesNotFit(f"{cfg.name} does not fit on {where}: the TPU compiler ran out of HBM "
-                                 f"({str(e).splitlines()[0][:300]})") from None
+                raise DoesNotFit(
+                    f"{cfg.name} does not fit on {where}: the TPU compiler ran out of HBM "
+                    f"({str(e).splitlines()[0][:300]})"
+                ) from None
             raise
         t2 = time.perf_counter()
     mem = compiled.memory_analysis()
@@ -110,8 +117,13 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         "aliased_gib": mem.alias_size_in_bytes / GIB,  # outputs written over donated arguments
         "code_gib": mem.generated_code_size_in_bytes / GIB,
     }
-    per_device["total_gib"] = (per_device["arguments_gib"] + per_device["outputs_gib"] + per_device["temporaries_gib"]
-                               + per_device["code_gib"] - per_device["aliased_gib"])
+    per_device["total_gib"] = (
+        per_device["arguments_gib"]
+        + per_device["outputs_gib"]
+        + per_device["temporaries_gib"]
+        + per_device["code_gib"]
+        - per_device["aliased_gib"]
+    )
     hbm = chip.hbm_gib if chip is not None else None
     seq_len = cfg.data.seq_len
     model_flops = exact_step_flops(cfg.model, seq_len, cfg.trainer.global_batch).total / mesh.size
@@ -150,10 +162,12 @@ def check_fits(r: dict) -> None:
     """DoesNotFit, naming the figures, when the report's per-device total exceeds the HBM budget."""
     if r["fits"] is False:
         where = r["topology"] or f"{r['devices']} {r['platform']} devices"
-        raise DoesNotFit(f"{r['recipe']} does not fit on {where}: per-device total "
-                         f"{r['per_device']['total_gib']:.1f} GiB > {r['hbm_headroom']:.0%} of the "
-                         f"{r['hbm_gib']:.1f} GiB HBM per device of {r['chip']} (micro_batch={r['micro_batch']}, "
-                         f"remat={r['remat']}); try trainer.micro_batch_size or model.remat")
+        raise DoesNotFit(
+            f"{r['recipe']} does not fit on {where}: per-device total "
+            f"{r['per_device']['total_gib']:.1f} GiB > {r['hbm_headroom']:.0%} of the "
+            f"{r['hbm_gib']:.1f} GiB HBM per device of {r['chip']} (micro_batch={r['micro_batch']}, "
+            f"remat={r['remat']}); try trainer.micro_batch_size or model.remat"
+        )
 
 
 def format_report(r: dict) -> str:
@@ -169,9 +183,13 @@ def format_report(r: dict) -> str:
         f" - aliased {d['aliased_gib']:.2f} = total {d['total_gib']:.2f} GiB",
     ]
     if r["hbm_gib"] is not None:
-        lines.append(f"HBM {r['hbm_gib']:.1f} GiB per device ({r['chip']}): "
-                     f"{'fits' if r['fits'] else 'DOES NOT FIT'} (budget {r['hbm_headroom']:.0%})")
+        lines.append(
+            f"HBM {r['hbm_gib']:.1f} GiB per device ({r['chip']}): "
+            f"{'fits' if r['fits'] else 'DOES NOT FIT'} (budget {r['hbm_headroom']:.0%})"
+        )
     hlo = r["hlo_flops_per_device"]
-    lines.append(f"TFLOP per device per step: model {r['model_flops_per_device'] / 1e12:.1f}, "
-                 f"XLA cost analysis {'n/a' if hlo is None else f'{hlo / 1e12:.1f}'}")
+    lines.append(
+        f"TFLOP per device per step: model {r['model_flops_per_device'] / 1e12:.1f}, "
+        f"XLA cost analysis {'n/a' if hlo is None else f'{hlo / 1e12:.1f}'}"
+    )
     return "\n".join(lines)

@@ -38,8 +38,15 @@ WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "attention", "splash_blocks", "remat")
 # - the context it is trained for, as AI2's long-context stage extends the stage-2 model with YaRN
 #   and a longer max_position (a resume of the same run lists these as config changes);
-CONTEXT_FIELDS = ("rope_type", "yarn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_original_max_position",
-                  "yarn_layers", "max_position")
+CONTEXT_FIELDS = (
+    "rope_type",
+    "yarn_factor",
+    "yarn_beta_fast",
+    "yarn_beta_slow",
+    "yarn_original_max_position",
+    "yarn_layers",
+    "max_position",
+)
 # - the random init, which a continued run does not use.
 # Every other ModelConfig field is the architecture.
 NOT_ARCHITECTURE = frozenset(RUNTIME_FIELDS + CONTEXT_FIELDS + ("init_std",))
@@ -173,9 +180,7 @@ class ModelConfig:
         _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
         _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
         if self.n_heads % self.n_kv_heads:
-            raise ConfigError(
-                f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}"
-            )
+            raise ConfigError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"model.head_dim={self.head_dim} must be even for rotary embeddings")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "mlp_hidden", "global_every"):
@@ -199,8 +204,9 @@ class ModelConfig:
     def changes_from(self, stored: "ModelConfig", fields=None) -> str:
         """'mlp_hidden 128 -> 256, ...' for the fields (default: all) where `stored` differs ('' when none)."""
         names = [f for f in sorted(self.__dataclass_fields__) if fields is None or f in fields]
-        return ", ".join(f"{f} {getattr(stored, f)} -> {getattr(self, f)}"
-                         for f in names if getattr(stored, f) != getattr(self, f))
+        return ", ".join(
+            f"{f} {getattr(stored, f)} -> {getattr(self, f)}" for f in names if getattr(stored, f) != getattr(self, f)
+        )
 
     def architecture_changes(self, stored: "ModelConfig") -> str:
         """The architecture fields (all but NOT_ARCHITECTURE) where `stored`, the model a checkpoint
@@ -308,8 +314,9 @@ class ScheduleConfig:
         if not 0.0 <= self.decay_fraction <= 1.0:
             raise ConfigError(f"schedule.decay_fraction must be in [0, 1], got {self.decay_fraction}")
         if self.name == "stitched_cosine" and (self.switch_step <= 0 or self.final_t_max_tokens is None):
-            raise ConfigError("schedule.name=stitched_cosine needs schedule.switch_step > 0 and "
-                              "schedule.final_t_max_tokens")
+            raise ConfigError(
+                "schedule.name=stitched_cosine needs schedule.switch_step > 0 and schedule.final_t_max_tokens"
+            )
 
 
 @dataclass(frozen=True)
@@ -442,8 +449,13 @@ def field_help(cls: type) -> dict[str, str]:
     (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
     helps = {}
     for stmt, after in zip(node.body, node.body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             helps[stmt.target.id] = " ".join(after.value.value.split())
     return helps
 
@@ -484,8 +496,9 @@ def format_explain(fields: Sequence[FieldInfo], width: int = 100) -> str:
     for fi in fields:
         value = list(fi.value) if isinstance(fi.value, tuple) else fi.value
         lines.append(f"{fi.name}: {fi.type} = {json.dumps(value)}")
-        lines.extend(textwrap.wrap(fi.help, width, initial_indent="    ", subsequent_indent="    ",
-                                   break_on_hyphens=False))
+        lines.extend(
+            textwrap.wrap(fi.help, width, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
+        )
     return "\n".join(lines) + "\n"
 
 

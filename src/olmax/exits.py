@@ -1,12 +1,15 @@
 """The exit statuses of `olmax train`, and what resume-until-done does with each: one table.
 
-| status | name | meaning | resume-until-done |
-|---|---|---|---|
-| 0 | DONE | reached its last step (or --stop-at), or had nothing to do | stops once the final checkpoint exists |
-| 1 | CRASHED | an unexpected exception, or killed by a signal other than SIGTERM (kill -9, OOM killer) | retries; counts against the retry budget |
-| 2 | USER_ERROR | fix the input: a config typo, a wrong path, a changed data fingerprint, a checkpoint that does not fit | never retries |
-| 75 | TRANSIENT | storage or a remote server failed (a data read, a checkpoint write); rerunning may succeed | retries; counts |
-| 143 | PREEMPTED | SIGTERM: saved a checkpoint at the next step boundary and stopped early | retries; does not count |
+- 0 DONE: reached its last step (or --stop-at), or had nothing to do. Resume-until-done stops once
+  the final checkpoint exists.
+- 1 CRASHED: an unexpected exception, or killed by a signal other than SIGTERM (kill -9, OOM
+  killer). Retried; counts against the retry budget.
+- 2 USER_ERROR: fix the input: a config typo, a wrong path, a changed data fingerprint, a checkpoint
+  that does not fit. Never retried.
+- 75 TRANSIENT: storage or a remote server failed (a data read, a checkpoint write); rerunning may
+  succeed. Retried; counts.
+- 143 PREEMPTED: SIGTERM: saved a checkpoint at the next step boundary and stopped early. Retried;
+  does not count.
 
 75 is EX_TEMPFAIL of sysexits.h ("try again later"); 143 is how a shell reports a process ended by
 SIGTERM (128 + 15), so a trainer that SIGTERM killed before it could save reads the same. Python
@@ -83,8 +86,19 @@ def status_of(exc: BaseException) -> ExitStatus:
 
     if isinstance(exc, (CheckpointWriteError, RemoteReadError, ConnectionError, TimeoutError)):
         return ExitStatus.TRANSIENT
-    if isinstance(exc, (ConfigError, CheckpointError, ConversionError, DataStateError, DataSourceError, OrderError,
-                        TokenizeError, TokenizerError)):
+    if isinstance(
+        exc,
+        (
+            ConfigError,
+            CheckpointError,
+            ConversionError,
+            DataStateError,
+            DataSourceError,
+            OrderError,
+            TokenizeError,
+            TokenizerError,
+        ),
+    ):
         return ExitStatus.USER_ERROR
     return ExitStatus.CRASHED
 
@@ -93,8 +107,14 @@ def write_record(run_dir: str, status: ExitStatus, message: str = "") -> None:
     """RUN_DIR/exit_status.json: {status, name, message, time}. A local path or a URL (fsspec)."""
     from olmax.runpath import write_text
 
-    write_text(run_dir, RECORD_FILE, json.dumps({"status": int(status), "name": status.name, "message": message,
-                                                 "time": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+    write_text(
+        run_dir,
+        RECORD_FILE,
+        json.dumps(
+            {"status": int(status), "name": status.name, "message": message, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        )
+        + "\n",
+    )
 
 
 def read_record(run_dir: str) -> Optional[dict]:

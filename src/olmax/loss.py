@@ -28,8 +28,9 @@ from olmax.config import ModelConfig
 IGNORE = -100  # OLMo-core's label_ignore_index
 
 
-def make_labels(input_ids: jnp.ndarray, *, pad_token_id: Optional[int] = None,
-                instance_mask: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+def make_labels(
+    input_ids: jnp.ndarray, *, pad_token_id: Optional[int] = None, instance_mask: Optional[jnp.ndarray] = None
+) -> jnp.ndarray:
     """(batch, seq) int32 labels: input_ids shifted left, IGNORE at the last position, at pad tokens
     when pad_token_id is given, and everywhere in instances where instance_mask (batch,) is False."""
     labels = input_ids.astype(jnp.int32)
@@ -61,8 +62,9 @@ def loss_sums(logits: jnp.ndarray, labels: jnp.ndarray) -> tuple[jnp.ndarray, jn
     return ce, z_sq
 
 
-def output_loss(params: dict, hidden: jnp.ndarray, labels: jnp.ndarray, cfg: ModelConfig, *, chunk: int,
-                z_loss: float) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
+def output_loss(
+    params: dict, hidden: jnp.ndarray, labels: jnp.ndarray, cfg: ModelConfig, *, chunk: int, z_loss: float
+) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
     """The output layer and the loss in one pass: `(ce_sum + z_loss * z_sq, (ce_sum, z_sq))`, equal to
     `loss_sums(lm_head(params, hidden, cfg), labels)` combined, computed `chunk` positions at a time.
 

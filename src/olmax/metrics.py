@@ -54,8 +54,16 @@ class MetricsLog:
 
     SYNC_S = 300.0
 
-    def __init__(self, run_dir: str | Path, cfg: ExperimentConfig, n_devices: int, peak_tflops: Optional[float] = None,
-                 *, start_step: int = 0, write: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        cfg: ExperimentConfig,
+        n_devices: int,
+        peak_tflops: Optional[float] = None,
+        *,
+        start_step: int = 0,
+        write: bool = True,
+    ):
         """`write`: False on all but one process of a multi-host run (the metrics are global, so
         every process computes the same rows; one writes them)."""
         self._write = write
@@ -82,8 +90,9 @@ class MetricsLog:
         self._peak = peak_tflops
         self._global_batch = cfg.trainer.global_batch
 
-    def record(self, step: int, step_metrics: dict, *, total_tokens: int, step_time: float, repeats: int,
-               extra: dict) -> dict:
+    def record(
+        self, step: int, step_metrics: dict, *, total_tokens: int, step_time: float, repeats: int, extra: dict
+    ) -> dict:
         """One step's row. `repeats`: instances this process saw twice within an epoch (must be 0)."""
         row = {"step": step}
         row.update({STEP_METRIC_NAMES[k]: float(v) for k, v in step_metrics.items() if k in STEP_METRIC_NAMES})
@@ -169,17 +178,25 @@ class _WandbRun:
         try:
             import wandb
         except ImportError:
-            raise ConfigError(f"wandb.mode={cfg.wandb.mode} needs the wandb package: "
-                              "pip install 'olmax[wandb]'") from None
+            raise ConfigError(
+                f"wandb.mode={cfg.wandb.mode} needs the wandb package: pip install 'olmax[wandb]'"
+            ) from None
         w: WandbConfig = cfg.wandb
         run_id = runpath.read_text(run_dir, "wandb_id")
         if run_id is None:
             run_id = secrets.token_hex(4) + "\n"
             runpath.write_text(run_dir, "wandb_id", run_id)
         name = runpath.clean(run_dir).rstrip("/").rsplit("/", 1)[-1]
-        self._run = wandb.init(project=w.project, entity=w.entity, name=w.name or name,
-                               id=run_id.strip(), resume="allow", mode=w.mode,
-                               dir=str(local), config=to_dict(cfg))
+        self._run = wandb.init(
+            project=w.project,
+            entity=w.entity,
+            name=w.name or name,
+            id=run_id.strip(),
+            resume="allow",
+            mode=w.mode,
+            dir=str(local),
+            config=to_dict(cfg),
+        )
 
     def log(self, row: dict) -> None:
         self._run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
@@ -193,13 +210,27 @@ class Progress:
     every `every` steps (log files and CI output stay readable). Tokens/s and ETA use wall time since
     the first logged step, so compilation does not count."""
 
-    def __init__(self, start: int, last: int, tokens_per_step: int, *, enabled: bool = True, every: int = 1,
-                 terminal: Optional[bool] = None):
+    def __init__(
+        self,
+        start: int,
+        last: int,
+        tokens_per_step: int,
+        *,
+        enabled: bool = True,
+        every: int = 1,
+        terminal: Optional[bool] = None,
+    ):
         self._start, self._last, self._tokens, self._every = start, last, tokens_per_step, max(every, 1)
         self._terminal = sys.stderr.isatty() if terminal is None else terminal
         self._enabled = enabled
-        self._bar = tqdm(total=last, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                         disable=not (enabled and self._terminal))
+        self._bar = tqdm(
+            total=last,
+            initial=start,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not (enabled and self._terminal),
+        )
         self._t0 = self._first = None
 
     def update(self, row: dict) -> None:
@@ -213,8 +244,11 @@ class Progress:
         self._bar.update(1)
         if self._enabled and not self._terminal and (step % self._every == 0 or step == self._last):
             eta = f"{(self._last - step) / rate:.0f}s" if rate else "?"
-            print(f"step {step}/{self._last} | CE loss {row['train/CE loss']:.4f} | lr {row['optim/LR']:.3e} | "
-                  f"{tok_s:,.0f} tok/s | eta {eta}", flush=True)
+            print(
+                f"step {step}/{self._last} | CE loss {row['train/CE loss']:.4f} | lr {row['optim/LR']:.3e} | "
+                f"{tok_s:,.0f} tok/s | eta {eta}",
+                flush=True,
+            )
 
     def write(self, message: str) -> None:
         if self._enabled:

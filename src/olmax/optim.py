@@ -122,8 +122,7 @@ class SkipWindow(NamedTuple):
 
 
 def skip_window_init(window: int) -> SkipWindow:
-    return SkipWindow(jnp.zeros((window,), jnp.float32), jnp.zeros((window,), jnp.float32),
-                      jnp.zeros((), jnp.int32))
+    return SkipWindow(jnp.zeros((window,), jnp.float32), jnp.zeros((window,), jnp.float32), jnp.zeros((), jnp.int32))
 
 
 def _mean_std(values, valid, n):
@@ -149,8 +148,11 @@ def step_factor(win: SkipWindow, loss, grad_norm, sigma: float) -> jax.Array:
 
 def skip_window_push(win: SkipWindow, loss, grad_norm) -> SkipWindow:
     i = win.seen % win.losses.shape[0]  # order within the window does not matter to mean and std
-    return SkipWindow(win.losses.at[i].set(jnp.asarray(loss, jnp.float32)),
-                      win.grad_norms.at[i].set(jnp.asarray(grad_norm, jnp.float32)), win.seen + 1)
+    return SkipWindow(
+        win.losses.at[i].set(jnp.asarray(loss, jnp.float32)),
+        win.grad_norms.at[i].set(jnp.asarray(grad_norm, jnp.float32)),
+        win.seen + 1,
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -32,14 +32,30 @@ OLMO3_7B_HD256 = replace(OLMO3_7B, n_heads=16, n_kv_heads=16, head_dim=256)
 
 # The embedded default: the real dolma2 vocabulary, a model small enough to train on 2 CPU cores.
 TINY = replace(
-    OLMO3_7B, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, mlp_hidden=384,
-    sliding_window=64, max_position=256, compute_dtype="float32",
+    OLMO3_7B,
+    d_model=128,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=32,
+    mlp_hidden=384,
+    sliding_window=64,
+    max_position=256,
+    compute_dtype="float32",
 )
 
 # The benchmark config of docs/performance.md: fp32 everywhere, windows on 0-2 and 4-6.
 BENCH_SMALL = replace(
-    OLMO3_7B, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64, mlp_hidden=1536,
-    sliding_window=512, max_position=1024, compute_dtype="float32",
+    OLMO3_7B,
+    d_model=512,
+    n_layers=8,
+    n_heads=8,
+    n_kv_heads=8,
+    head_dim=64,
+    mlp_hidden=1536,
+    sliding_window=512,
+    max_position=1024,
+    compute_dtype="float32",
     # not part of the spec: with two micro-batches (below), recomputing the whole block in the
     # backward pass ran as fast as keeping the matmul outputs and held 0.3 GiB less (docs/performance.md)
     remat="full",
@@ -48,8 +64,14 @@ BENCH_SMALL = replace(
 
 # AI2's stage-1 run (OLMo-3-1025-7B-pretrain-1/-2.py): cosine from 5e12 tokens, stitched at step
 # 597,047 onto a half-cosine to 7e12 tokens; stopped after step 1,413,814 (the stage-2 start).
-STAGE1_SCHEDULE = ScheduleConfig(name="stitched_cosine", warmup_steps=2000, alpha_f=0.1, t_max_tokens=5 * 10**12,
-                                 switch_step=597_047, final_t_max_tokens=7 * 10**12)
+STAGE1_SCHEDULE = ScheduleConfig(
+    name="stitched_cosine",
+    warmup_steps=2000,
+    alpha_f=0.1,
+    t_max_tokens=5 * 10**12,
+    switch_step=597_047,
+    final_t_max_tokens=7 * 10**12,
+)
 STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # enters the data fingerprint
 # How the 7B/32B steps fit in device memory (not part of AI2's recipe; results do not depend on it),
 # tuned as the MaxText OLMo 3 run was: up to 4 instances per forward/backward (the seeds' 4 per
@@ -67,8 +89,9 @@ def _fit(model: ModelConfig) -> ModelConfig:
 
 
 def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
-    return ExperimentConfig(name=name, model=_fit(model), data=STAGE1_DATA, schedule=STAGE1_SCHEDULE,
-                            trainer=STAGE1_TRAINER)
+    return ExperimentConfig(
+        name=name, model=_fit(model), data=STAGE1_DATA, schedule=STAGE1_SCHEDULE, trainer=STAGE1_TRAINER
+    )
 
 
 def _olmo3_7b_hd256() -> ExperimentConfig:
@@ -96,7 +119,8 @@ MIDTRAIN_LR = 2.0712352850360292e-4
 
 def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
-        name="olmo3_7b_stage2", model=_fit(OLMO3_7B),
+        name="olmo3_7b_stage2",
+        model=_fit(OLMO3_7B),
         data=DataConfig(seq_len=8192, seed=1337),
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
@@ -113,10 +137,17 @@ def _olmo3_7b_stage2() -> ExperimentConfig:
 def _olmo3_7b_stage3() -> ExperimentConfig:
     # remat full: with the q/k/v projections kept (FIT_REMAT) the TPU compiler puts the step at 96.1 GiB
     # per Ironwood device, over its budget (docs/performance.md)
-    model = replace(_fit(OLMO3_7B), remat="full", rope_type="yarn", yarn_factor=8.0,
-                    yarn_original_max_position=8192, max_position=65536)
+    model = replace(
+        _fit(OLMO3_7B),
+        remat="full",
+        rope_type="yarn",
+        yarn_factor=8.0,
+        yarn_original_max_position=8192,
+        max_position=65536,
+    )
     return ExperimentConfig(
-        name="olmo3_7b_stage3", model=model,
+        name="olmo3_7b_stage3",
+        model=model,
         data=DataConfig(seq_len=65536, seed=34521),
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
@@ -145,8 +176,8 @@ def _tiny() -> ExperimentConfig:
 def _bench_small() -> ExperimentConfig:
     # The benchmark spec (docs/performance.md): plain AdamW (no skip-step; the defaults' decay mask,
     # clipping and z-loss), global batch 4 x 1024. Two micro-batches of 2 and loss_chunk 128: faster
-    # and smaller on CPU than one batch of 4 (docs/performance.md). The loss sums are divided by the whole batch's token count,
-    # so the gradient is that of one batch of 4.
+    # and smaller on CPU than one batch of 4 (docs/performance.md). The loss sums are divided by the
+    # whole batch's token count, so the gradient is that of one batch of 4.
     return ExperimentConfig(
         name="bench-small",
         model=BENCH_SMALL,
@@ -176,7 +207,9 @@ def get_recipe(name: str) -> ExperimentConfig:
     return RECIPES[name]()
 
 
-def resolve(recipe: str | None, config_file: str | None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+def resolve(
+    recipe: str | None, config_file: str | None, overrides: list[str] | tuple[str, ...] = ()
+) -> ExperimentConfig:
     """The experiment config a command runs: a recipe or a YAML file, then dotted overrides."""
     from olmax.config import apply_overrides, load_yaml
 

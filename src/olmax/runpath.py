@@ -26,8 +26,10 @@ def clean(path: str | os.PathLike) -> str:
     if re.match(r"^[a-z][a-z0-9+.-]*:/[^/]", text):
         from olmax.config import ConfigError
 
-        raise ConfigError(f"run directory {text} looks like a URL that lost a '/' (pathlib.Path turns "
-                          "'gs://b/x' into 'gs:/b/x'); pass the URL as a string")
+        raise ConfigError(
+            f"run directory {text} looks like a URL that lost a '/' (pathlib.Path turns "
+            "'gs://b/x' into 'gs:/b/x'); pass the URL as a string"
+        )
     return str(Path(text))
 
 

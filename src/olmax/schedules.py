@@ -50,8 +50,7 @@ def cosine_with_warmup(step, *, lr: float, warmup: int, t_max: int, alpha_f: flo
     return jnp.where(step < warmup, _warmup(step, lr, warmup), cos) if warmup > 0 else cos
 
 
-def stitched_cosine(step, *, lr: float, warmup: int, t_max: int, switch_step: int, final_t_max: int,
-                    alpha_f: float):
+def stitched_cosine(step, *, lr: float, warmup: int, t_max: int, switch_step: int, final_t_max: int, alpha_f: float):
     """AI2's stage-1 schedule: `cosine_with_warmup` up to switch_step - 1, then from switch_step the
     second half of a cosine between lr and alpha_f * lr that starts at step switch_step - 1 (at the
     midpoint, (lr + alpha_f * lr) / 2) and ends at final_t_max. This is OLMo-core's
@@ -111,10 +110,13 @@ def make_schedule(cfg: ScheduleConfig, *, lr: float, max_steps: int, tokens_per_
     if cfg.name == "stitched_cosine":
         final_t_max = steps_for_tokens(cfg.final_t_max_tokens, tokens_per_step)
         if not w < cfg.switch_step < t_max < final_t_max:
-            raise ConfigError(f"stitched_cosine needs warmup_steps < switch_step < t_max < final t_max, got "
-                              f"{w}, {cfg.switch_step}, {t_max}, {final_t_max}")
-        return lambda s: stitched_cosine(s, lr=lr, warmup=w, t_max=t_max, switch_step=cfg.switch_step,
-                                         final_t_max=final_t_max, alpha_f=a)
+            raise ConfigError(
+                f"stitched_cosine needs warmup_steps < switch_step < t_max < final t_max, got "
+                f"{w}, {cfg.switch_step}, {t_max}, {final_t_max}"
+            )
+        return lambda s: stitched_cosine(
+            s, lr=lr, warmup=w, t_max=t_max, switch_step=cfg.switch_step, final_t_max=final_t_max, alpha_f=a
+        )
     if cfg.name == "wsd":
         decay = round(t_max * cfg.decay_fraction)
         return lambda s: wsd(s, lr=lr, warmup=w, t_max=t_max, decay=decay, alpha_f=a)

@@ -51,8 +51,10 @@ def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
             raise ConfigError(f"{n_devices} devices are not divisible by the fixed mesh axes (product {known})")
         sizes[sizes.index(-1)] = n_devices // known
     if math.prod(sizes) != n_devices:
-        raise ConfigError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs "
-                          f"{math.prod(sizes)} devices, but {n_devices} are available")
+        raise ConfigError(
+            f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs "
+            f"{math.prod(sizes)} devices, but {n_devices} are available"
+        )
     return tuple(sizes)
 
 

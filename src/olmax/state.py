@@ -67,5 +67,6 @@ def abstract_state(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
     the argument that compile-check lowers the step with."""
     # the key is made inside eval_shape: on an AOT topology no concrete array may be placed anywhere
     shapes = jax.eval_shape(lambda: init_train_state(cfg, mesh, jax.random.key(0)))
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        shapes, state_shardings(cfg, mesh))
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, state_shardings(cfg, mesh)
+    )

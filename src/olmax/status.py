@@ -56,14 +56,16 @@ class MetricsReader:
             if self.rows and row.get("step", 0) <= self.rows[-1].get("step", 0):  # rows re-logged after a resume
                 self.rows = [r for r in self.rows if r["step"] < row["step"]]
             self.skipped += int(row.get(SKIPPED, 0) > 0)
-            self.rows = (self.rows + [row])[-self.window:]
+            self.rows = (self.rows + [row])[-self.window :]
 
 
 def read_config(run_dir: str) -> ExperimentConfig:
     text = runpath.read_text(run_dir, "config.yaml")
     if text is None:
-        raise ConfigError(f"{runpath.join(run_dir, 'config.yaml')} does not exist: is {run_dir} a run directory "
-                          "(olmax train writes it when the run starts)?")
+        raise ConfigError(
+            f"{runpath.join(run_dir, 'config.yaml')} does not exist: is {run_dir} a run directory "
+            "(olmax train writes it when the run starts)?"
+        )
     return from_dict(yaml.safe_load(text), ExperimentConfig)
 
 
@@ -88,15 +90,24 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
     launcher = runpath.read_text(run_dir, "launch_state.json")
     launcher = json.loads(launcher) if launcher else None
     return {
-        "run_dir": run_dir, "name": cfg.name,
-        "step": step, "total_steps": total, "progress": step / total if total else None,
-        "tokens": last.get(TOKENS), "total_tokens": total * tokens_per_step,
-        "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time if step_time else None,
-        "mfu": mfu, "eta_s": (total - step) * step_time if step_time else None,
-        "loss": losses[-1] if losses else None, "loss_smoothed": statistics.fmean(losses) if losses else None,
-        "window": len(rows), "skipped_steps": reader.skipped,
+        "run_dir": run_dir,
+        "name": cfg.name,
+        "step": step,
+        "total_steps": total,
+        "progress": step / total if total else None,
+        "tokens": last.get(TOKENS),
+        "total_tokens": total * tokens_per_step,
+        "step_time_s": step_time,
+        "tokens_per_s": tokens_per_step / step_time if step_time else None,
+        "mfu": mfu,
+        "eta_s": (total - step) * step_time if step_time else None,
+        "loss": losses[-1] if losses else None,
+        "loss_smoothed": statistics.fmean(losses) if losses else None,
+        "window": len(rows),
+        "skipped_steps": reader.skipped,
         **_checkpoint(run_checkpoint_dir(cfg, run_dir)),
-        "attempts": launcher and launcher.get("attempts"), "retries": launcher and launcher.get("retries"),
+        "attempts": launcher and launcher.get("attempts"),
+        "retries": launcher and launcher.get("retries"),
         "preemptions": launcher and launcher.get("preemptions"),
         "last_failure": launcher and launcher.get("last_failure"),
         "last_exit": read_record(run_dir),
@@ -116,12 +127,16 @@ def _checkpoint(directory) -> dict:
         report = inspect(directory)
     except CheckpointError:
         return {"checkpoint": None, "checkpoint_dir": str(directory), "data_fingerprint": None}
-    return {"checkpoint": report["step"], "checkpoint_dir": str(directory),
-            "data_fingerprint": (report["data"] or {}).get("fingerprint")}
+    return {
+        "checkpoint": report["step"],
+        "checkpoint_dir": str(directory),
+        "data_fingerprint": (report["data"] or {}).get("fingerprint"),
+    }
 
 
 def format_status(s: dict) -> str:
     """The status as a few lines of text."""
+
     def num(x, fmt="{:,.0f}"):
         return "?" if x is None else fmt.format(x)
 
@@ -139,14 +154,21 @@ def format_status(s: dict) -> str:
     ]
     if s["attempts"] is not None:
         failure = s["last_failure"]
-        lines.append(f"launcher: {s['attempts']} attempt(s), {s['retries']} retries ({s['preemptions']} after "
-                     f"preemptions); last failure: "
-                     + ("none" if not failure else f"{failure['name']} (exit {failure['exit_code']}: "
-                                                   f"{failure['why']}) at {failure['time']}"))
+        lines.append(
+            f"launcher: {s['attempts']} attempt(s), {s['retries']} retries ({s['preemptions']} after "
+            f"preemptions); last failure: "
+            + (
+                "none"
+                if not failure
+                else f"{failure['name']} (exit {failure['exit_code']}: {failure['why']}) at {failure['time']}"
+            )
+        )
     if s["last_exit"] is not None:
         e = s["last_exit"]
-        lines.append(f"last trainer exit: {e['name']} ({e['status']}) at {e.get('time', '?')}"
-                     + (f": {e['message']}" if e.get("message") else ""))
+        lines.append(
+            f"last trainer exit: {e['name']} ({e['status']}) at {e.get('time', '?')}"
+            + (f": {e['message']}" if e.get("message") else "")
+        )
     return "\n".join(lines)
 
 

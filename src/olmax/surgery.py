@@ -25,8 +25,20 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from olmax.checkpoint import (CONFIG, DATA, EXPERIMENT, META, OPT_STATE, PARAMS, CheckpointError, RunCheckpoints,
-                              checkpoint_path, olmax_version, read_config, run_handlers)
+from olmax.checkpoint import (
+    CONFIG,
+    DATA,
+    EXPERIMENT,
+    META,
+    OPT_STATE,
+    PARAMS,
+    CheckpointError,
+    RunCheckpoints,
+    checkpoint_path,
+    olmax_version,
+    read_config,
+    run_handlers,
+)
 from olmax.config import ConfigError, ExperimentConfig, MeshConfig, from_dict
 from olmax.optim import AdamWState, OptState, skip_window_init
 from olmax.sharding import make_mesh
@@ -40,8 +52,9 @@ def _open(directory: str | os.PathLike, step: Optional[int]) -> tuple[ocp.Checkp
     path = checkpoint_path(directory)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
-    mngr = ocp.CheckpointManager(path, item_handlers=run_handlers(),
-                                 options=ocp.CheckpointManagerOptions(create=False, read_only=True))
+    mngr = ocp.CheckpointManager(
+        path, item_handlers=run_handlers(), options=ocp.CheckpointManagerOptions(create=False, read_only=True)
+    )
     steps = mngr.all_steps()
     if not steps:
         raise CheckpointError(f"{directory} holds no complete checkpoint")
@@ -84,27 +97,48 @@ def require_new_output(dst: str | os.PathLike) -> None:
         raise CheckpointError(f"{dst} is not empty; choose a new directory for the warm-start checkpoint")
 
 
-def write_warm_start(dst: str | os.PathLike, step: int, params, opt: OptState, model_cfg, meta: dict,
-                     data_state: Optional[dict], experiment: dict) -> None:
+def write_warm_start(
+    dst: str | os.PathLike,
+    step: int,
+    params,
+    opt: OptState,
+    model_cfg,
+    meta: dict,
+    data_state: Optional[dict],
+    experiment: dict,
+) -> None:
     """Write the one-step run checkpoint DST that `load_warm_start` reads (`meta` holds WARM_START)."""
-    out = ocp.CheckpointManager(checkpoint_path(dst), item_handlers=run_handlers(),
-                                options=ocp.CheckpointManagerOptions(create=True))
+    out = ocp.CheckpointManager(
+        checkpoint_path(dst), item_handlers=run_handlers(), options=ocp.CheckpointManagerOptions(create=True)
+    )
     try:
-        out.save(step, args=ocp.args.Composite(**{
-            PARAMS: ocp.args.StandardSave(params),
-            OPT_STATE: ocp.args.StandardSave({"step": np.int32(step), "opt": opt}),
-            CONFIG: ocp.args.JsonSave(dataclasses.asdict(model_cfg)),
-            META: ocp.args.JsonSave(meta),
-            DATA: ocp.args.JsonSave(data_state),
-            EXPERIMENT: ocp.args.JsonSave(experiment),
-        }))
+        out.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    PARAMS: ocp.args.StandardSave(params),
+                    OPT_STATE: ocp.args.StandardSave({"step": np.int32(step), "opt": opt}),
+                    CONFIG: ocp.args.JsonSave(dataclasses.asdict(model_cfg)),
+                    META: ocp.args.JsonSave(meta),
+                    DATA: ocp.args.JsonSave(data_state),
+                    EXPERIMENT: ocp.args.JsonSave(experiment),
+                }
+            ),
+        )
         out.wait_until_finished()
     finally:
         out.close()
 
 
-def warm_start(src: str | os.PathLike, dst: str | os.PathLike, *, keep: tuple[str, ...] = KEEP_CHOICES,
-               reset_step: bool = True, step: Optional[int] = None, mesh=None) -> dict:
+def warm_start(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    keep: tuple[str, ...] = KEEP_CHOICES,
+    reset_step: bool = True,
+    step: Optional[int] = None,
+    mesh=None,
+) -> dict:
     """Write the warm-start checkpoint DST from run checkpoint SRC (default its latest step); see the
     module doc. Either may be a local path or a gs:// URL. The state passes through sharded over
     `mesh` (default: FSDP over every device; restore_state), never whole on one device. Returns a
@@ -120,18 +154,36 @@ def warm_start(src: str | os.PathLike, dst: str | os.PathLike, *, keep: tuple[st
     state = restore_state(src, step, cfg, mesh)
     adam = state.opt_state.adam
     if "moments" not in keep:  # zeros in the moments' own layout
-        adam = jax.jit(lambda a: jax.tree.map(jnp.zeros_like, a), out_shardings=jax.tree.map(lambda x: x.sharding, adam))(adam)
+        adam = jax.jit(
+            lambda a: jax.tree.map(jnp.zeros_like, a), out_shardings=jax.tree.map(lambda x: x.sharding, adam)
+        )(adam)
     window = skip_window_init(cfg.optimizer.skip_window) if reset_step else state.opt_state.window
     new_step = 0 if reset_step else int(state.step)
     data_state = None if reset_step else saved.get(DATA)
-    meta = {**saved.get(META, {}), "olmax_version": olmax_version(), "step": new_step,
-            "tokens_seen": 0 if reset_step else saved.get(META, {}).get("tokens_seen"),
-            WARM_START: {"from": str(checkpoint_path(src)), "from_step": step, "keep": sorted(keep),
-                         "reset_step": reset_step}}
-    write_warm_start(dst, new_step, state.params, OptState(AdamWState(*adam), window), cfg.model, meta, data_state,
-                     saved[EXPERIMENT])
-    return {"source": os.fspath(src), "source_step": step, "destination": os.fspath(dst), "step": new_step,
-            "keep": sorted(keep), "reset_step": reset_step, "adam_count": int(adam.count)}
+    meta = {
+        **saved.get(META, {}),
+        "olmax_version": olmax_version(),
+        "step": new_step,
+        "tokens_seen": 0 if reset_step else saved.get(META, {}).get("tokens_seen"),
+        WARM_START: {
+            "from": str(checkpoint_path(src)),
+            "from_step": step,
+            "keep": sorted(keep),
+            "reset_step": reset_step,
+        },
+    }
+    write_warm_start(
+        dst, new_step, state.params, OptState(AdamWState(*adam), window), cfg.model, meta, data_state, saved[EXPERIMENT]
+    )
+    return {
+        "source": os.fspath(src),
+        "source_step": step,
+        "destination": os.fspath(dst),
+        "step": new_step,
+        "keep": sorted(keep),
+        "reset_step": reset_step,
+        "adam_count": int(adam.count),
+    }
 
 
 def load_warm_start(directory: str | os.PathLike, cfg: ExperimentConfig, mesh):
@@ -145,13 +197,20 @@ def load_warm_start(directory: str | os.PathLike, cfg: ExperimentConfig, mesh):
         if changed:
             raise ConfigError(f"checkpoint.init_from={directory} holds a different model from the run's ({changed})")
         if stored.optimizer.skip_window != cfg.optimizer.skip_window:
-            raise ConfigError(f"checkpoint.init_from={directory} has a skip window of {stored.optimizer.skip_window}, "
-                              f"the run optimizer.skip_window={cfg.optimizer.skip_window}")
+            raise ConfigError(
+                f"checkpoint.init_from={directory} has a skip window of {stored.optimizer.skip_window}, "
+                f"the run optimizer.skip_window={cfg.optimizer.skip_window}"
+            )
         target = abstract_state(cfg, mesh)
-        items = mngr.restore(step, args=ocp.args.Composite(**{
-            PARAMS: ocp.args.StandardRestore(target.params),
-            OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),
-        }))
+        items = mngr.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    PARAMS: ocp.args.StandardRestore(target.params),
+                    OPT_STATE: ocp.args.StandardRestore({"step": target.step, "opt": target.opt_state}),
+                }
+            ),
+        )
     finally:
         mngr.close()
     return TrainState(items[OPT_STATE]["step"], items[PARAMS], items[OPT_STATE]["opt"]), saved.get(DATA)
@@ -167,8 +226,10 @@ def is_warm_start(directory: str | os.PathLike) -> bool:
 
 
 def _arrays(metadata) -> dict[str, dict]:
-    return {jax.tree_util.keystr(k): {"shape": list(v.shape), "dtype": str(v.dtype)}
-            for k, v in jax.tree_util.tree_leaves_with_path(metadata, is_leaf=lambda x: hasattr(x, "shape"))}
+    return {
+        jax.tree_util.keystr(k): {"shape": list(v.shape), "dtype": str(v.dtype)}
+        for k, v in jax.tree_util.tree_leaves_with_path(metadata, is_leaf=lambda x: hasattr(x, "shape"))
+    }
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -181,24 +242,33 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def inspect(directory: str | os.PathLike, *, step: Optional[int] = None,
-            against: Optional[str | os.PathLike] = None) -> dict:
+def inspect(
+    directory: str | os.PathLike, *, step: Optional[int] = None, against: Optional[str | os.PathLike] = None
+) -> dict:
     """Step, tokens, mesh, array shapes and dtypes, data state and config of a run checkpoint; with
     `against`, the config keys that differ from that checkpoint's ({key: [this, other]})."""
     mngr, step = _open(directory, step)
     try:
         items = _json_items(mngr, step, directory)
         arrays = mngr.item_metadata(step)
-        report = {"directory": os.fspath(directory), "step": step, "steps": sorted(mngr.all_steps()),
-                  "meta": items.get(META, {}), "tokens_seen": items.get(META, {}).get("tokens_seen"),
-                  "params": _arrays(arrays[PARAMS]), "opt_state": _arrays(arrays[OPT_STATE]),
-                  "data": items.get(DATA), "experiment": items[EXPERIMENT]}
+        report = {
+            "directory": os.fspath(directory),
+            "step": step,
+            "steps": sorted(mngr.all_steps()),
+            "meta": items.get(META, {}),
+            "tokens_seen": items.get(META, {}).get("tokens_seen"),
+            "params": _arrays(arrays[PARAMS]),
+            "opt_state": _arrays(arrays[OPT_STATE]),
+            "data": items.get(DATA),
+            "experiment": items[EXPERIMENT],
+        }
     finally:
         mngr.close()
     if against is not None:
         other = inspect(against)
         mine, theirs = _flatten(report["experiment"]), _flatten(other["experiment"])
         report["against"] = other["directory"]
-        report["config_diff"] = {k: [mine.get(k), theirs.get(k)] for k in sorted(set(mine) | set(theirs))
-                                 if mine.get(k) != theirs.get(k)}
+        report["config_diff"] = {
+            k: [mine.get(k), theirs.get(k)] for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)
+        }
     return report

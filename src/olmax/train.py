@@ -24,8 +24,8 @@ from olmax import runpath
 from olmax.checkpoint import RunCheckpoints, load_params, run_checkpoint_dir
 from olmax.config import ConfigError, ExperimentConfig, to_yaml
 from olmax.data.loader import make_loader
-from olmax.exits import ExitStatus, write_record
 from olmax.evals.heldout import HeldoutEvaluator
+from olmax.exits import ExitStatus, write_record
 from olmax.metrics import MetricsLog, Progress
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state, param_shardings
@@ -33,9 +33,17 @@ from olmax.surgery import is_warm_start, load_warm_start
 from olmax.train_step import batch_sharding, make_train_step
 
 
-def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] = None,
-          peak_tflops: Optional[float] = None, allow_data_change: bool = False, allow_config_change: bool = False,
-          devices: Optional[Sequence[jax.Device]] = None, progress: bool = True) -> list[dict]:
+def train(
+    cfg: ExperimentConfig,
+    run_dir: str | Path,
+    *,
+    stop_at: Optional[int] = None,
+    peak_tflops: Optional[float] = None,
+    allow_data_change: bool = False,
+    allow_config_change: bool = False,
+    devices: Optional[Sequence[jax.Device]] = None,
+    progress: bool = True,
+) -> list[dict]:
     """Train until trainer.max_steps (or `stop_at`), resuming from the newest complete checkpoint in
     run_dir. Returns the metrics rows logged by this invocation.
 
@@ -66,8 +74,14 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
             return rows
         # One process reads the whole global batch; with several, each reads its ranks' rows.
         n_proc, proc = jax.process_count(), jax.process_index()
-        loader = make_loader(cfg.data, cfg.trainer.global_batch, dp_rank=proc, dp_size=n_proc,
-                             state=data_state, allow_fingerprint_mismatch=allow_data_change)
+        loader = make_loader(
+            cfg.data,
+            cfg.trainer.global_batch,
+            dp_rank=proc,
+            dp_size=n_proc,
+            state=data_state,
+            allow_fingerprint_mismatch=allow_data_change,
+        )
         step_fn = make_train_step(cfg, mesh)
         to_global = batch_sharding(cfg, mesh)
         mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
@@ -75,8 +89,13 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
         log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops, start_step=start, write=primary)
         evaluator = HeldoutEvaluator(cfg, mesh)
         batches = iter(loader)
-        bar = Progress(start, last, cfg.trainer.global_batch * cfg.data.seq_len, enabled=progress and primary,
-                       every=cfg.trainer.log_every)
+        bar = Progress(
+            start,
+            last,
+            cfg.trainer.global_batch * cfg.data.seq_len,
+            enabled=progress and primary,
+            every=cfg.trainer.log_every,
+        )
         try:
             pending = None  # the previous step's metrics, read after the next step is dispatched (no host sync)
             t_last = time.perf_counter()
@@ -84,7 +103,9 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                 local = next(batches)
                 batch = {"input_ids": jax.make_array_from_process_local_data(to_global, local["input_ids"])}
                 if "instance_mask" in local:  # the repetition filter is on
-                    batch["instance_mask"] = jax.make_array_from_process_local_data(mask_sharding, local["instance_mask"])
+                    batch["instance_mask"] = jax.make_array_from_process_local_data(
+                        mask_sharding, local["instance_mask"]
+                    )
                 state, metrics = step_fn(state, batch)
                 if pending is not None:
                     _log(pending, log, rows, bar, t_last)
@@ -92,11 +113,10 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, *, stop_at: Optional[int] 
                 pending = (step, metrics, loader.audit()["repeats_in_epoch"])
                 stop = preempted.reached(step)
                 eval_due = evaluator.due(step)
-                ckpt_due = (step % cfg.checkpoint.every == 0 or step == last or stop
-                            or cfg.checkpoint.is_landmark(step))
+                ckpt_due = step % cfg.checkpoint.every == 0 or step == last or stop or cfg.checkpoint.is_landmark(step)
                 if eval_due or ckpt_due:
                     # step time is measured before evaluation and checkpointing, which it excludes
-                    _log(pending, log, rows, bar, t_last, extra=lambda: evaluator(step, state.params))
+                    _log(pending, log, rows, bar, t_last, extra=lambda: evaluator(step, state.params))  # noqa: B023
                     pending = None
                     if ckpt_due:
                         ckpts.save(step, state, loader.state(), mesh)
@@ -143,7 +163,9 @@ def _exclusive(run_dir: str):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(f"another olmax train is running in {run_dir} (it holds {run_dir / 'train.lock'})") from None
+            raise ConfigError(
+                f"another olmax train is running in {run_dir} (it holds {run_dir / 'train.lock'})"
+            ) from None
         yield
 
 
@@ -185,8 +207,9 @@ def _fresh_state(cfg: ExperimentConfig, mesh):
     params, stored, _ = load_params(cfg.checkpoint.init_from, shardings=param_shardings(cfg.model, mesh))
     changed = cfg.model.architecture_changes(stored)
     if changed:
-        raise ConfigError(f"checkpoint.init_from={cfg.checkpoint.init_from} holds a different model from the run's "
-                          f"({changed})")
+        raise ConfigError(
+            f"checkpoint.init_from={cfg.checkpoint.init_from} holds a different model from the run's ({changed})"
+        )
     return init_train_state(cfg, mesh, key, params), None
 
 
@@ -195,7 +218,8 @@ def _log(pending, log: MetricsLog, rows: list, bar: Progress, t_last: float, ext
     step, metrics, repeats = pending
     metrics = jax.device_get(metrics)
     step_time = time.perf_counter() - t_last
-    row = log.record(step, metrics, total_tokens=int(step * metrics["tokens"]), step_time=step_time,
-                     repeats=repeats, extra=extra())
+    row = log.record(
+        step, metrics, total_tokens=int(step * metrics["tokens"]), step_time=step_time, repeats=repeats, extra=extra()
+    )
     rows.append(row)
     bar.update(row)

@@ -42,13 +42,17 @@ def batch_layout(cfg: ExperimentConfig, mesh: Mesh) -> BatchLayout:
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     gb = cfg.trainer.global_batch
     if gb % shards:
-        raise ConfigError(f"trainer.global_batch={gb} is not divisible by the data x fsdp devices "
-                          f"({mesh.shape['data']} x {mesh.shape['fsdp']} = {shards})")
+        raise ConfigError(
+            f"trainer.global_batch={gb} is not divisible by the data x fsdp devices "
+            f"({mesh.shape['data']} x {mesh.shape['fsdp']} = {shards})"
+        )
     per_device = gb // shards
     micro = min(cfg.trainer.micro_batch_size or per_device, per_device)  # at most the per-device batch
     if per_device % micro:
-        raise ConfigError(f"trainer.micro_batch_size={micro} does not divide the per-device batch of "
-                          f"{per_device} (trainer.global_batch={gb} over {shards} batch shards)")
+        raise ConfigError(
+            f"trainer.micro_batch_size={micro} does not divide the per-device batch of "
+            f"{per_device} (trainer.global_batch={gb} over {shards} batch shards)"
+        )
     return BatchLayout(shards, per_device, micro, per_device // micro)
 
 
@@ -68,8 +72,12 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
     model, trainer, data = cfg.model, cfg.trainer, cfg.data
     z_mult = cfg.optimizer.z_loss
     opt = optimizer(cfg)
-    schedule = make_schedule(cfg.schedule, lr=cfg.optimizer.lr, max_steps=trainer.max_steps,
-                             tokens_per_step=trainer.global_batch * data.seq_len)
+    schedule = make_schedule(
+        cfg.schedule,
+        lr=cfg.optimizer.lr,
+        max_steps=trainer.max_steps,
+        tokens_per_step=trainer.global_batch * data.seq_len,
+    )
     shardings = state_shardings(cfg, mesh)
     b_sharding = batch_sharding(cfg, mesh)
     batch_axes = b_sharding.spec[0]
@@ -96,13 +104,18 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
     def step_fn(state: TrainState, batch: dict):
         input_ids, instance_mask = batch["input_ids"], batch.get("instance_mask")
         if input_ids.shape != (trainer.global_batch, data.seq_len):
-            raise ValueError(f"batch['input_ids'] has shape {input_ids.shape}, expected "
-                             f"(trainer.global_batch, data.seq_len) = {(trainer.global_batch, data.seq_len)}")
+            raise ValueError(
+                f"batch['input_ids'] has shape {input_ids.shape}, expected "
+                f"(trainer.global_batch, data.seq_len) = {(trainer.global_batch, data.seq_len)}"
+            )
         input_ids = jax.lax.with_sharding_constraint(input_ids, b_sharding)
         if instance_mask is not None:
-            instance_mask = jax.lax.with_sharding_constraint(instance_mask, NamedSharding(mesh, PartitionSpec(batch_axes)))
-        denominator = loss_denominator(make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask),
-                                       instance_mask)
+            instance_mask = jax.lax.with_sharding_constraint(
+                instance_mask, NamedSharding(mesh, PartitionSpec(batch_axes))
+            )
+        denominator = loss_denominator(
+            make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask), instance_mask
+        )
         if instance_mask is None:
             instance_mask = jnp.ones((trainer.global_batch,), bool)
 
@@ -119,13 +132,17 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
         lr = schedule(state.step + 1)
         params, opt_state, stats = opt.step(grads, state.opt_state, state.params, lr=lr, loss=ce)
         metrics = {
-            "loss": ce + z, "ce_loss": ce, "z_loss": z, "grad_norm": stats.grad_norm, "lr": lr,
-            "skipped": stats.skipped, "tokens": jnp.float32(trainer.global_batch * data.seq_len),
+            "loss": ce + z,
+            "ce_loss": ce,
+            "z_loss": z,
+            "grad_norm": stats.grad_norm,
+            "lr": lr,
+            "skipped": stats.skipped,
+            "tokens": jnp.float32(trainer.global_batch * data.seq_len),
         }
         return TrainState(state.step + 1, params, opt_state), metrics
 
     # The batch's in_sharding is left to the constraints above (the batch dict may or may not carry
     # an instance_mask); place batches with `batch_sharding` to avoid a copy.
     replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(step_fn, in_shardings=(shardings, None), out_shardings=(shardings, replicated),
-                   donate_argnums=0)
+    return jax.jit(step_fn, in_shardings=(shardings, None), out_shardings=(shardings, replicated), donate_argnums=0)

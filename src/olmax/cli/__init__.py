@@ -11,8 +11,15 @@ import sys
 import typer
 
 # Importing the command modules registers their commands on `app`, in this order in --help.
-from olmax.cli import training  # noqa: F401,I001
-from olmax.cli import checkpoints, data, evaluation, generation, launch, status  # noqa: F401
+from olmax.cli import (  # noqa: F401
+    checkpoints,
+    data,
+    evaluation,
+    generation,
+    launch,
+    status,
+    training,  # noqa: F401,I001
+)
 from olmax.cli.common import app
 from olmax.config import ConfigError
 from olmax.exits import ExitStatus

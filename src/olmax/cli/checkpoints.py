@@ -8,8 +8,17 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, checkpoint_errors, exits_on,
-                              resolve_experiment, write_json)
+from olmax.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    OverridesArg,
+    RecipeOpt,
+    app,
+    checkpoint_errors,
+    exits_on,
+    resolve_experiment,
+    write_json,
+)
 
 _fail_on_bad_checkpoint = exits_on("conversion error", checkpoint_errors)
 
@@ -18,15 +27,22 @@ _fail_on_bad_checkpoint = exits_on("conversion error", checkpoint_errors)
 @_fail_on_bad_checkpoint
 def convert_cmd(
     out: Path = typer.Option(..., "--out", help="the new checkpoint (olmax) or HF directory; must be new or empty"),
-    from_hf: Optional[str] = typer.Option(None, "--from-hf", help="HF Olmo3ForCausalLM directory, or a hub id owner/name"),
+    from_hf: Optional[str] = typer.Option(
+        None, "--from-hf", help="HF Olmo3ForCausalLM directory, or a hub id owner/name"
+    ),
     revision: Optional[str] = typer.Option(None, "--revision", help="with a hub id: branch, tag or commit"),
     from_olmo_core: Optional[Path] = typer.Option(
-        None, "--from-olmo-core", help="OLMo-core model state: .safetensors, .pt, or a distributed checkpoint "
-                                       "(the stepN directory its trainer writes, or the model_and_optim in it)"),
+        None,
+        "--from-olmo-core",
+        help="OLMo-core model state: .safetensors, .pt, or a distributed checkpoint "
+        "(the stepN directory its trainer writes, or the model_and_optim in it)",
+    ),
     to_hf: Optional[Path] = typer.Option(None, "--to-hf", help="olmax checkpoint to write as a HF directory"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="--to-hf weight dtype (default: the source's)"),
     step: Optional[int] = typer.Option(None, "--step", help="--to-hf checkpoint step (default: the latest)"),
-    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="--to-hf tokenizer to write: dolma2 or a HF tokenizer.json"),
+    tokenizer: str = typer.Option(
+        "dolma2", "--tokenizer", help="--to-hf tokenizer to write: dolma2 or a HF tokenizer.json"
+    ),
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
@@ -36,8 +52,11 @@ def convert_cmd(
 
     --from-olmo-core needs the architecture, from --recipe/--config and overrides (a state dict has none).
     """
-    chosen = [name for name, value in (("--from-hf", from_hf), ("--from-olmo-core", from_olmo_core),
-                                       ("--to-hf", to_hf)) if value is not None]
+    chosen = [
+        name
+        for name, value in (("--from-hf", from_hf), ("--from-olmo-core", from_olmo_core), ("--to-hf", to_hf))
+        if value is not None
+    ]
     if len(chosen) != 1:
         raise typer.BadParameter("give exactly one of --from-hf, --from-olmo-core, --to-hf")
     if (recipe or config or overrides) and not from_olmo_core:
@@ -56,8 +75,11 @@ def convert_cmd(
         if not (recipe or config):
             raise typer.BadParameter("--from-olmo-core needs --recipe or --config for the architecture")
         exp = resolve_experiment(recipe, config, overrides)
-        tokens = {"eos_token_id": exp.data.eos_token_id, "pad_token_id": exp.data.pad_token_id,
-                  "bos_token_id": exp.data.bos_token_id}
+        tokens = {
+            "eos_token_id": exp.data.eos_token_id,
+            "pad_token_id": exp.data.pad_token_id,
+            "bos_token_id": exp.data.bos_token_id,
+        }
         summary = convert_from_olmo_core(from_olmo_core, exp.model, out, special_tokens=tokens)
     typer.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
     write_json(json_out, summary)
@@ -73,7 +95,8 @@ def parity_cmd(
     batch: int = typer.Option(1, "--batch"),
     seed: int = typer.Option(0, "--seed", help="seed of the random tokens"),
     layer_tol: Optional[float] = typer.Option(
-        None, "--layer-tol", help="per-layer RMS-relative tolerance (default 1e-3 float32, 0.1 bfloat16)"),
+        None, "--layer-tol", help="per-layer RMS-relative tolerance (default 1e-3 float32, 0.1 bfloat16)"
+    ),
     json_out: Optional[Path] = JsonOpt,
 ):
     """Logits and per-layer hidden states of olmax against transformers on the same random tokens."""
@@ -81,12 +104,15 @@ def parity_cmd(
 
     if dtype not in PARITY_DTYPES:
         raise typer.BadParameter(f"--dtype must be one of {', '.join(PARITY_DTYPES)}")
-    report = run_hf_parity(hf, str(ckpt), dtype=dtype, seq_len=seq_len, batch=batch, seed=seed,
-                           layer_tolerance=layer_tol)
+    report = run_hf_parity(
+        hf, str(ckpt), dtype=dtype, seq_len=seq_len, batch=batch, seed=seed, layer_tolerance=layer_tol
+    )
     for key in ("kl_mean", "kl_max", "top1_agreement", "top10_overlap", "max_abs_logit_diff"):
         typer.echo(f"{key:>22} {report[key]:.6g}")
-    typer.echo(f"{'first_divergent_layer':>22} {report['first_divergent_layer']} "
-               f"(tolerance {report['layer_tolerance']:g} of the layer RMS)")
+    typer.echo(
+        f"{'first_divergent_layer':>22} {report['first_divergent_layer']} "
+        f"(tolerance {report['layer_tolerance']:g} of the layer RMS)"
+    )
     typer.echo(f"{'layer_rel_diff':>22} " + " ".join(f"{x:.2e}" for x in report["layer_rel_diff"]))
     write_json(json_out, report)
 
@@ -101,18 +127,25 @@ app.add_typer(ckpt_app, name="ckpt")
 @exits_on("ckpt warm-start", checkpoint_errors)
 def ckpt_warm_start_cmd(
     paths: list[str] = typer.Argument(
-        ..., metavar="SRC DST | DST [OVERRIDES]...",
+        ...,
+        metavar="SRC DST | DST [OVERRIDES]...",
         help="SRC: a run's checkpoint directory (RUN_DIR/checkpoints); DST: new directory for the warm-start "
-             "checkpoint (local or gs://). With --from-olmo-core: DST, then dotted overrides of --recipe/--config"),
+        "checkpoint (local or gs://). With --from-olmo-core: DST, then dotted overrides of --recipe/--config",
+    ),
     from_olmo_core: Optional[Path] = typer.Option(
-        None, "--from-olmo-core", help="instead of SRC: an OLMo-core checkpoint (its stepN directory, or the "
-                                       "model_and_optim distributed checkpoint in it)"),
+        None,
+        "--from-olmo-core",
+        help="instead of SRC: an OLMo-core checkpoint (its stepN directory, or the "
+        "model_and_optim distributed checkpoint in it)",
+    ),
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
-    keep: str = typer.Option("params,moments", "--keep", help="params, or params,moments (Adam moments and "
-                                                             "their bias-correction counter)"),
-    reset_step: bool = typer.Option(False, "--reset-step", help="step 0: restart the schedule, empty the "
-                                                                "skip-step window, drop the data state"),
+    keep: str = typer.Option(
+        "params,moments", "--keep", help="params, or params,moments (Adam moments and their bias-correction counter)"
+    ),
+    reset_step: bool = typer.Option(
+        False, "--reset-step", help="step 0: restart the schedule, empty the skip-step window, drop the data state"
+    ),
     step: Optional[int] = typer.Option(None, "--step", help="source step (default: the latest)"),
     json_out: Optional[Path] = JsonOpt,
 ):
@@ -128,20 +161,25 @@ def ckpt_warm_start_cmd(
         if step is not None:
             raise typer.BadParameter("--step does not apply to --from-olmo-core (give the stepN directory)")
         dst, overrides = paths[0], paths[1:]
-        summary = warm_start_from_olmo_core(from_olmo_core, dst, resolve_experiment(recipe, config, overrides),
-                                            keep=kept, reset_step=reset_step)
+        summary = warm_start_from_olmo_core(
+            from_olmo_core, dst, resolve_experiment(recipe, config, overrides), keep=kept, reset_step=reset_step
+        )
         src = f"OLMo-core checkpoint {from_olmo_core}"
     else:
         from olmax.surgery import warm_start
 
         if len(paths) != 2 or recipe or config:
-            raise typer.BadParameter("give SRC DST (a run's checkpoints and the new directory), or --from-olmo-core "
-                                     "DIR with DST, --recipe/--config and overrides")
+            raise typer.BadParameter(
+                "give SRC DST (a run's checkpoints and the new directory), or --from-olmo-core "
+                "DIR with DST, --recipe/--config and overrides"
+            )
         src, dst = paths
         summary = warm_start(src, dst, keep=kept, reset_step=reset_step, step=step)
-    typer.echo(f"wrote {dst} (step {summary['step']}, kept {','.join(summary['keep'])}, Adam counter "
-               f"{summary['adam_count']}) from {src} step {summary['source_step']}; start the next stage "
-               f"with checkpoint.init_from={dst}")
+    typer.echo(
+        f"wrote {dst} (step {summary['step']}, kept {','.join(summary['keep'])}, Adam counter "
+        f"{summary['adam_count']}) from {src} step {summary['source_step']}; start the next stage "
+        f"with checkpoint.init_from={dst}"
+    )
     write_json(json_out, summary)
 
 
@@ -150,8 +188,9 @@ def ckpt_warm_start_cmd(
 def ckpt_inspect_cmd(
     ckpt: str = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints); local or gs://"),
     step: Optional[int] = typer.Option(None, "--step", help="default: the latest"),
-    against: Optional[str] = typer.Option(None, "--against", help="another checkpoint directory: show the "
-                                                                    "config keys that differ"),
+    against: Optional[str] = typer.Option(
+        None, "--against", help="another checkpoint directory: show the config keys that differ"
+    ),
     json_out: Optional[Path] = JsonOpt,
 ):
     """Step, tokens, mesh, array shapes and dtypes, data state and config of a checkpoint."""
@@ -159,8 +198,10 @@ def ckpt_inspect_cmd(
 
     r = inspect(ckpt, step=step, against=against)
     meta = r["meta"]
-    typer.echo(f"{r['directory']} step {r['step']} (steps {r['steps']}); tokens seen {r['tokens_seen']}; "
-               f"mesh {meta.get('mesh')}; olmax {meta.get('olmax_version')}")
+    typer.echo(
+        f"{r['directory']} step {r['step']} (steps {r['steps']}); tokens seen {r['tokens_seen']}; "
+        f"mesh {meta.get('mesh')}; olmax {meta.get('olmax_version')}"
+    )
     if "warm_start" in meta:
         typer.echo(f"warm start: {meta['warm_start']}")
     for group in ("params", "opt_state"):
@@ -169,8 +210,11 @@ def ckpt_inspect_cmd(
             typer.echo(f"  {name:60s} {str(tuple(a['shape'])):20s} {a['dtype']}")
     typer.echo(f"data: {json.dumps(r['data'])}")
     if against is not None:
-        typer.echo(f"config diff against {r['against']} (this -> other):" if r["config_diff"] else
-                   f"config identical to {r['against']}")
+        typer.echo(
+            f"config diff against {r['against']} (this -> other):"
+            if r["config_diff"]
+            else f"config identical to {r['against']}"
+        )
         for key, (mine, theirs) in r["config_diff"].items():
             typer.echo(f"  {key}: {mine!r} -> {theirs!r}")
     write_json(json_out, r)

@@ -13,8 +13,12 @@ import typer
 from olmax.config import ConfigError
 from olmax.exits import ExitStatus
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="OLMo 3 pre-training in JAX, with parity against OLMo-core built in.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="OLMo 3 pre-training in JAX, with parity against OLMo-core built in.",
+)
 
 
 RecipeOpt = typer.Option(None, "--recipe", help="named preset (olmax.recipes)")
@@ -29,8 +33,14 @@ OverridesArg = typer.Argument(None, help="dotted overrides, e.g. model.n_layers=
 JsonOpt = typer.Option(None, "--json", help="also write the figures to this JSON file")
 
 
-def resolve_experiment(recipe: Optional[str], config: Optional[str], overrides: Optional[list[str]],
-                       shorthands: Optional[dict[str, Any]] = None, *, need_base: bool = True):
+def resolve_experiment(
+    recipe: Optional[str],
+    config: Optional[str],
+    overrides: Optional[list[str]],
+    shorthands: Optional[dict[str, Any]] = None,
+    *,
+    need_base: bool = True,
+):
     """The experiment config of a command: the one resolution path of every command that reads data or
     builds a model (olmax.recipes.resolve: --recipe or --config, then dotted overrides).
 
@@ -61,8 +71,8 @@ def _root() -> None:
 
 def exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
     """Decorator: the user errors `errors()` lists end the command with `label: message` (the message
-    names the file or field) and exit status 2 (USER_ERROR, olmax.exits), not a traceback. `errors` imports them only when one
-    is raised, so commands stay quick to start."""
+    names the file or field) and exit status 2 (USER_ERROR, olmax.exits), not a traceback. `errors`
+    imports them only when one is raised, so commands stay quick to start."""
 
     def decorate(fn):
         @functools.wraps(fn)

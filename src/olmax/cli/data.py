@@ -7,8 +7,17 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, data_errors, exits_on,
-                              resolve_experiment, write_json)
+from olmax.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    OverridesArg,
+    RecipeOpt,
+    app,
+    data_errors,
+    exits_on,
+    resolve_experiment,
+    write_json,
+)
 
 _fail_on_bad_data = exits_on("data error", data_errors)
 
@@ -27,8 +36,13 @@ def tokenize_cmd(
     from olmax.data.tokenize import tokenize_files
 
     manifest = tokenize_files(inputs, out, tokenizer=tokenizer, workers=workers, shard_tokens=shard_tokens)
-    summary = {"out": str(out), "shards": len(manifest["shards"]), "tokens": manifest["total_tokens"],
-               "documents": sum(s["documents"] for s in manifest["sources"]), "dtype": manifest["dtype"]}
+    summary = {
+        "out": str(out),
+        "shards": len(manifest["shards"]),
+        "tokens": manifest["total_tokens"],
+        "documents": sum(s["documents"] for s in manifest["sources"]),
+        "dtype": manifest["dtype"],
+    }
     typer.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
     write_json(json_out, manifest)
 
@@ -41,15 +55,17 @@ app.add_typer(data_app, name="data")
 
 # Shorthand flags of the data commands: each sets one config field (docs/config.md, "Resolution"), so
 # `--seq-len 2048` is `data.seq_len=2048`; left out, the field keeps the recipe's or config's value.
-PathsOpt = typer.Option(None, "--paths", help="data.paths: shards, globs, tokenize output dirs, mix files or demo "
-                                              "(repeat the flag)")
+PathsOpt = typer.Option(
+    None, "--paths", help="data.paths: shards, globs, tokenize output dirs, mix files or demo (repeat the flag)"
+)
 
 
 SeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
 
 
-MaxTargetOpt = typer.Option(None, "--max-target-seq-len", help="data.max_target_seq_len (OLMo-core's "
-                                                              "max_target_sequence_length)")
+MaxTargetOpt = typer.Option(
+    None, "--max-target-seq-len", help="data.max_target_seq_len (OLMo-core's max_target_sequence_length)"
+)
 
 
 VocabOpt = typer.Option(None, "--vocab-size", help="data.vocab_size (the tokenizer's vocabulary)")
@@ -68,9 +84,16 @@ WorkDirOpt = typer.Option(None, "--work-dir", help="data.work_dir: cache for the
 
 
 def _data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir) -> dict:
-    return {"data.paths": paths or None, "data.seq_len": seq_len, "data.max_target_seq_len": max_target,
-            "data.vocab_size": vocab_size, "data.eos_token_id": eos, "data.pad_token_id": pad,
-            "data.mix_base": mix_base, "data.work_dir": work_dir}
+    return {
+        "data.paths": paths or None,
+        "data.seq_len": seq_len,
+        "data.max_target_seq_len": max_target,
+        "data.vocab_size": vocab_size,
+        "data.eos_token_id": eos,
+        "data.pad_token_id": pad,
+        "data.mix_base": mix_base,
+        "data.work_dir": work_dir,
+    }
 
 
 @data_app.command("order")
@@ -82,8 +105,9 @@ def data_order_cmd(
     paths: Optional[list[str]] = PathsOpt,
     seq_len: Optional[int] = SeqLenOpt,
     seed: Optional[int] = typer.Option(None, "--seed", help="data.seed"),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch-instances",
-                                               help="trainer.global_batch: instances per global batch"),
+    global_batch: Optional[int] = typer.Option(
+        None, "--global-batch-instances", help="trainer.global_batch: instances per global batch"
+    ),
     epoch: int = typer.Option(1, "--epoch", help="epochs count from 1"),
     dp_size: int = typer.Option(1, "--dp-size"),
     dp_rank: Optional[int] = typer.Option(None, "--dp-rank", help="one rank only (default: all)"),
@@ -106,17 +130,30 @@ def data_order_cmd(
         a, b = (int(x) for x in steps.split(":"))
     except ValueError:
         raise typer.BadParameter(f"--steps {steps!r} is not of the form a:b") from None
-    exp = resolve_experiment(recipe, config, overrides, {
-        **_data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir),
-        "data.seed": seed, "trainer.global_batch": global_batch}, need_base=False)
-    report = order_report(exp.data, exp.trainer.global_batch, range(a, b), epoch=epoch, dp_size=dp_size,
-                          dp_rank=dp_rank)
-    typer.echo(f"fingerprint {report['fingerprint']}  instances {report['instances']}  "
-               f"batches/epoch {report['batches_per_epoch']}")
+    exp = resolve_experiment(
+        recipe,
+        config,
+        overrides,
+        {
+            **_data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir),
+            "data.seed": seed,
+            "trainer.global_batch": global_batch,
+        },
+        need_base=False,
+    )
+    report = order_report(
+        exp.data, exp.trainer.global_batch, range(a, b), epoch=epoch, dp_size=dp_size, dp_rank=dp_rank
+    )
+    typer.echo(
+        f"fingerprint {report['fingerprint']}  instances {report['instances']}  "
+        f"batches/epoch {report['batches_per_epoch']}"
+    )
     for step in report["steps"]:
         for rank in step["ranks"]:
-            shown = ", ".join(f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}"
-                              for i, f, o in list(zip(rank["ids"], rank["file"], rank["offset"]))[:4])
+            shown = ", ".join(
+                f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}"
+                for i, f, o in list(zip(rank["ids"], rank["file"], rank["offset"]))[:4]
+            )
             more = f", ... ({len(rank['ids'])} instances)" if len(rank["ids"]) > 4 else ""
             typer.echo(f"step {step['step']} (batch {step['batch']}) rank {rank['rank']}: {shown}{more}")
     write_json(json_out, report)
@@ -144,9 +181,13 @@ def data_check_cmd(
     shorthands for single data.* fields."""
     from olmax.data.loader import build_source
 
-    exp = resolve_experiment(recipe, config, overrides,
-                             _data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir),
-                             need_base=False)
+    exp = resolve_experiment(
+        recipe,
+        config,
+        overrides,
+        _data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir),
+        need_base=False,
+    )
     report = build_source(exp.data).check_all()
     typer.echo(" ".join(f"{k}={v}" for k, v in report.items()))
     write_json(json_out, report)

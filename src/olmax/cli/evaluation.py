@@ -7,8 +7,17 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, eval_errors, exits_on,
-                              resolve_experiment, write_json)
+from olmax.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    OverridesArg,
+    RecipeOpt,
+    app,
+    eval_errors,
+    exits_on,
+    resolve_experiment,
+    write_json,
+)
 
 eval_app = typer.Typer(no_args_is_help=True, help="Held-out evaluation of checkpoints (docs/verification.md).")
 
@@ -29,15 +38,19 @@ def _eval_experiment(recipe, config, overrides, shorthands: dict, *, need_data: 
 
 
 # Shorthand flags: each sets one config field (None = keep the recipe's or config's value).
-EvalDataOpt = typer.Option(None, "--data", help="eval.data: token shards, tokenize dirs, globs, mix files, "
-                                                "demo:heldout, or .jsonl(.gz) text; repeatable")
+EvalDataOpt = typer.Option(
+    None,
+    "--data",
+    help="eval.data: token shards, tokenize dirs, globs, mix files, demo:heldout, or .jsonl(.gz) text; repeatable",
+)
 
 
 EvalSeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
 
 
-EvalWorkDirOpt = typer.Option(None, "--work-dir", help="data.work_dir: cache for tokenized eval text (default "
-                                                       "$OLMAX_CACHE or ~/.cache/olmax)")
+EvalWorkDirOpt = typer.Option(
+    None, "--work-dir", help="data.work_dir: cache for tokenized eval text (default $OLMAX_CACHE or ~/.cache/olmax)"
+)
 
 
 EvalDtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)")
@@ -66,10 +79,20 @@ def eval_loss_cmd(
     flags are shorthands for single fields."""
     from olmax.evals.heldout import eval_loss
 
-    exp = _eval_experiment(recipe, config, overrides,
-                           {"eval.data": data or None, "data.seq_len": seq_len, "data.work_dir": work_dir})
-    report = eval_loss(str(ckpt), exp.eval.data, seq_len=exp.data.seq_len, batch=batch, max_batches=max_batches,
-                       data_cfg=exp.data, step=step, compute_dtype=dtype, loss_chunk=loss_chunk)
+    exp = _eval_experiment(
+        recipe, config, overrides, {"eval.data": data or None, "data.seq_len": seq_len, "data.work_dir": work_dir}
+    )
+    report = eval_loss(
+        str(ckpt),
+        exp.eval.data,
+        seq_len=exp.data.seq_len,
+        batch=batch,
+        max_batches=max_batches,
+        data_cfg=exp.data,
+        step=step,
+        compute_dtype=dtype,
+        loss_chunk=loss_chunk,
+    )
     for name, r in report["results"].items():
         typer.echo(f"eval/{name}/CE loss {r['CE loss']:.6f}  PPL {r['PPL']:.4f}  tokens {r['tokens']}")
     write_json(json_out, report)
@@ -98,8 +121,17 @@ def eval_domains_cmd(
     from olmax.evals.domains import eval_domains, format_domains
 
     exp = _eval_experiment(recipe, config, overrides, {"data.tokenizer": tokenizer}, need_data=False)
-    report = eval_domains(str(ckpt), str(data), seq_len=seq_len, batch=batch, by=by, max_docs=max_docs,
-                          tokenizer=exp.data.tokenizer, step=step, compute_dtype=dtype)
+    report = eval_domains(
+        str(ckpt),
+        str(data),
+        seq_len=seq_len,
+        batch=batch,
+        by=by,
+        max_docs=max_docs,
+        tokenizer=exp.data.tokenizer,
+        step=step,
+        compute_dtype=dtype,
+    )
     typer.echo(format_domains(report))
     write_json(json_out, report)
 
@@ -108,15 +140,26 @@ def eval_domains_cmd(
 @_fail_on_bad_eval_input
 def eval_tasks_cmd(
     ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
-    tasks: str = typer.Option("mmlu,hellaswag,arc_easy,arc_challenge,openbookqa,piqa,boolq,winogrande", "--tasks",
-                              help="comma-separated lm-eval task names"),
-    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help="shots for every task (default: mmlu 5, others lm-eval's)"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="offline: DIR/<task>/<split>/*.arrow (MMLU: DIR/mmlu/<subject>/...)"),
-    include_path: Optional[list[Path]] = typer.Option(None, "--include-path", help="directory of your own lm-eval task YAMLs; repeatable"),
+    tasks: str = typer.Option(
+        "mmlu,hellaswag,arc_easy,arc_challenge,openbookqa,piqa,boolq,winogrande",
+        "--tasks",
+        help="comma-separated lm-eval task names",
+    ),
+    num_fewshot: Optional[int] = typer.Option(
+        None, "--num-fewshot", help="shots for every task (default: mmlu 5, others lm-eval's)"
+    ),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", help="offline: DIR/<task>/<split>/*.arrow (MMLU: DIR/mmlu/<subject>/...)"
+    ),
+    include_path: Optional[list[Path]] = typer.Option(
+        None, "--include-path", help="directory of your own lm-eval task YAMLs; repeatable"
+    ),
     tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
     batch: int = typer.Option(8, "--batch"),
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task (a smoke run)"),
-    max_length: Optional[int] = typer.Option(None, "--max-length", help="context length (default: the config's max_position)"),
+    max_length: Optional[int] = typer.Option(
+        None, "--max-length", help="context length (default: the config's max_position)"
+    ),
     step: Optional[int] = typer.Option(None, "--step"),
     dtype: Optional[str] = EvalDtypeOpt,
     json_out: Optional[Path] = JsonOpt,
@@ -130,10 +173,19 @@ def eval_tasks_cmd(
         raise typer.Exit(2) from None
     from olmax.evals.tasks import format_tasks, run_tasks
 
-    report = run_tasks(str(ckpt), [t for t in tasks.split(",") if t], num_fewshot=num_fewshot,
-                       data_dir=str(data_dir) if data_dir else None, include_path=[str(p) for p in include_path or []],
-                       tokenizer=tokenizer, batch_size=batch,
-                       limit=limit, max_length=max_length, step=step, dtype=dtype)
+    report = run_tasks(
+        str(ckpt),
+        [t for t in tasks.split(",") if t],
+        num_fewshot=num_fewshot,
+        data_dir=str(data_dir) if data_dir else None,
+        include_path=[str(p) for p in include_path or []],
+        tokenizer=tokenizer,
+        batch_size=batch,
+        limit=limit,
+        max_length=max_length,
+        step=step,
+        dtype=dtype,
+    )
     typer.echo(format_tasks(report))
     write_json(json_out, report)
 
@@ -150,7 +202,9 @@ def eval_kl_cmd(
     seq_len: Optional[int] = EvalSeqLenOpt,
     batch: int = typer.Option(4, "--batch"),
     max_batches: Optional[int] = typer.Option(4, "--max-batches"),
-    buckets: Optional[str] = typer.Option(None, "--buckets", help="position bucket starts, e.g. 0,128,1024 (default 0,16,64,... x4)"),
+    buckets: Optional[str] = typer.Option(
+        None, "--buckets", help="position bucket starts, e.g. 0,128,1024 (default 0,16,64,... x4)"
+    ),
     step_a: Optional[int] = typer.Option(None, "--step-a"),
     step_b: Optional[int] = typer.Option(None, "--step-b"),
     dtype: Optional[str] = EvalDtypeOpt,
@@ -163,26 +217,43 @@ def eval_kl_cmd(
     flags are shorthands for single fields."""
     from olmax.evals.kl import eval_kl, format_kl
 
-    exp = _eval_experiment(recipe, config, overrides,
-                           {"eval.data": data or None, "data.seq_len": seq_len, "data.work_dir": work_dir})
+    exp = _eval_experiment(
+        recipe, config, overrides, {"eval.data": data or None, "data.seq_len": seq_len, "data.work_dir": work_dir}
+    )
     edges = [int(x) for x in buckets.split(",")] if buckets else None
-    report = eval_kl(str(ckpt_a), str(ckpt_b), exp.eval.data, seq_len=exp.data.seq_len, batch=batch,
-                     max_batches=max_batches, buckets=edges, data_cfg=exp.data, step_a=step_a, step_b=step_b,
-                     compute_dtype=dtype)
+    report = eval_kl(
+        str(ckpt_a),
+        str(ckpt_b),
+        exp.eval.data,
+        seq_len=exp.data.seq_len,
+        batch=batch,
+        max_batches=max_batches,
+        buckets=edges,
+        data_cfg=exp.data,
+        step_a=step_a,
+        step_b=step_b,
+        compute_dtype=dtype,
+    )
     typer.echo(format_kl(report))
     write_json(json_out, report)
 
 
 @app.command("compare")
 def compare_cmd(
-    run_a: str = typer.Argument(..., help="run A: metrics.jsonl, a run dir (metrics.jsonl or TensorBoard events), or a W&B .csv"),
+    run_a: str = typer.Argument(
+        ..., help="run A: metrics.jsonl, a run dir (metrics.jsonl or TensorBoard events), or a W&B .csv"
+    ),
     run_b: str = typer.Argument(..., help="run B, in any of the same forms"),
     out: Path = typer.Option(..., "--out", help="directory for overlay.png, paired_diff.png, compare.md, compare.json"),
     metric: str = typer.Option("train/CE loss", "--metric", help="metric name as logged (OLMo-core W&B names)"),
-    ref_csv: Optional[str] = typer.Option(None, "--ref-csv", help="W&B CSV export of a reference run, drawn and tabled too"),
+    ref_csv: Optional[str] = typer.Option(
+        None, "--ref-csv", help="W&B CSV export of a reference run, drawn and tabled too"
+    ),
     bin_size: int = typer.Option(2000, "--bin", help="steps per bin"),
     smooth: int = typer.Option(1, "--smooth", help="trailing moving average over this many bins"),
-    landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps for the gap table, e.g. 1000,5000 (default: 8 spread bins)"),
+    landmarks: Optional[str] = typer.Option(
+        None, "--landmarks", help="steps for the gap table, e.g. 1000,5000 (default: 8 spread bins)"
+    ),
     tolerance: float = typer.Option(0.0, "--tolerance", help="paired diff: largest |B - A| still counted as equal"),
     label_a: Optional[str] = typer.Option(None, "--label-a"),
     label_b: Optional[str] = typer.Option(None, "--label-b"),
@@ -192,9 +263,19 @@ def compare_cmd(
     from olmax.evals.compare import compare_runs
 
     try:
-        report = compare_runs(run_a, run_b, out, metric=metric, bin_size=bin_size, smooth=smooth,
-                              landmarks=[int(x) for x in landmarks.split(",")] if landmarks else None,
-                              ref_csv=ref_csv, label_a=label_a, label_b=label_b, tolerance=tolerance)
+        report = compare_runs(
+            run_a,
+            run_b,
+            out,
+            metric=metric,
+            bin_size=bin_size,
+            smooth=smooth,
+            landmarks=[int(x) for x in landmarks.split(",")] if landmarks else None,
+            ref_csv=ref_csv,
+            label_a=label_a,
+            label_b=label_b,
+            tolerance=tolerance,
+        )
     except (ValueError, FileNotFoundError) as e:  # RunFormatError is a ValueError
         typer.echo(f"compare error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -205,24 +286,40 @@ def compare_cmd(
 @app.command("verify")
 @exits_on("verify error", lambda: (ValueError, FileNotFoundError))  # CheckpointError is a ValueError
 def verify_cmd(
-    a: str = typer.Option(..., "--a", help="run A: a run directory (its checkpoints/), a checkpoint directory, "
-                                            "or one checkpoint (a step directory, e.g. run/checkpoints/40)"),
-    b: str = typer.Option(..., "--b", help="run B, in any of those forms; two single checkpoints are compared "
-                                            "as given, whatever their steps"),
+    a: str = typer.Option(
+        ...,
+        "--a",
+        help="run A: a run directory (its checkpoints/), a checkpoint directory, "
+        "or one checkpoint (a step directory, e.g. run/checkpoints/40)",
+    ),
+    b: str = typer.Option(
+        ...,
+        "--b",
+        help="run B, in any of those forms; two single checkpoints are compared as given, whatever their steps",
+    ),
     out: Path = typer.Option(..., "--out", help="directory for verify.md, verify.json and the PNGs"),
-    landmarks: Optional[str] = typer.Option(None, "--landmarks", help="steps, e.g. 1000,5000 (default: every step both hold)"),
+    landmarks: Optional[str] = typer.Option(
+        None, "--landmarks", help="steps, e.g. 1000,5000 (default: every step both hold)"
+    ),
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
-    data: Optional[list[str]] = typer.Option(None, "--data", help="eval.data: held-out data for loss and KL (as `eval "
-                                                                  "loss`; default demo:heldout); repeatable"),
+    data: Optional[list[str]] = typer.Option(
+        None,
+        "--data",
+        help="eval.data: held-out data for loss and KL (as `eval loss`; default demo:heldout); repeatable",
+    ),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="default: the model's max_position"),
     batch: int = typer.Option(8, "--batch"),
     max_batches: Optional[int] = typer.Option(4, "--max-batches"),
-    domains: Optional[str] = typer.Option(None, "--domains", help="held-out jsonl directory for per-domain loss (as `eval domains`)"),
+    domains: Optional[str] = typer.Option(
+        None, "--domains", help="held-out jsonl directory for per-domain loss (as `eval domains`)"
+    ),
     by: str = typer.Option("auto", "--by", help="domain grouping: auto, field or file"),
     max_docs: Optional[int] = typer.Option(None, "--max-docs", help="at most this many documents per domain"),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="comma-separated lm-eval tasks (skipped without lm-eval)"),
+    tasks: Optional[str] = typer.Option(
+        None, "--tasks", help="comma-separated lm-eval tasks (skipped without lm-eval)"
+    ),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="offline task data (as `eval tasks`)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task"),
     sigmas: float = typer.Option(2.0, "--sigmas", help="verdict rule: |delta| <= this many sigma is within noise"),
@@ -235,14 +332,28 @@ def verify_cmd(
     The data settings come from --recipe/--config and overrides (default: the config defaults)."""
     from olmax.evals.verify import SURFACE_NAMES, rules, verify
 
-    exp = _eval_experiment(recipe, config, overrides, {"eval.data": data or None, "data.work_dir": work_dir},
-                           need_data=False)
-    report = verify(a, b, out, landmarks=[int(s) for s in landmarks.split(",") if s] if landmarks else None,
-                    data=list(exp.eval.data) or ["demo:heldout"], seq_len=seq_len, batch=batch,
-                    max_batches=max_batches, domains=domains, by=by,
-                    max_docs=max_docs, tasks=[t for t in tasks.split(",") if t] if tasks else None,
-                    data_dir=str(data_dir) if data_dir else None, limit=limit, sigmas=sigmas, kl_floor=kl_floor,
-                    data_cfg=exp.data)
+    exp = _eval_experiment(
+        recipe, config, overrides, {"eval.data": data or None, "data.work_dir": work_dir}, need_data=False
+    )
+    report = verify(
+        a,
+        b,
+        out,
+        landmarks=[int(s) for s in landmarks.split(",") if s] if landmarks else None,
+        data=list(exp.eval.data) or ["demo:heldout"],
+        seq_len=seq_len,
+        batch=batch,
+        max_batches=max_batches,
+        domains=domains,
+        by=by,
+        max_docs=max_docs,
+        tasks=[t for t in tasks.split(",") if t] if tasks else None,
+        data_dir=str(data_dir) if data_dir else None,
+        limit=limit,
+        sigmas=sigmas,
+        kl_floor=kl_floor,
+        data_cfg=exp.data,
+    )
     for surface, v in report["verdicts"].items():
         typer.echo(f"{SURFACE_NAMES[surface]:24s} {v:14s} ({rules(report)[surface]})")
     if report["tasks_skipped"]:

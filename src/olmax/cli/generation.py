@@ -17,7 +17,9 @@ from olmax.cli.common import JsonOpt, app, eval_errors, exits_on, write_json
 def generate_cmd(
     ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
     prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="prompt text; repeatable"),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="file: one prompt per line, or .jsonl with a \"prompt\" field"),
+    prompts: Optional[Path] = typer.Option(
+        None, "--prompts", help='file: one prompt per line, or .jsonl with a "prompt" field'
+    ),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1 = off)"),
@@ -35,17 +37,27 @@ def generate_cmd(
     if (prompt is None) == (prompts is None):
         raise typer.BadParameter("give --prompt (repeatable) or --prompts FILE")
     texts = list(prompt) if prompt else read_prompts(prompts)
-    report = generate_text(ckpt, texts, max_new_tokens=max_new_tokens, tokenizer=tokenizer, batch_size=batch,
-                           sampling=Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
-                           step=step, dtype=dtype)
+    report = generate_text(
+        ckpt,
+        texts,
+        max_new_tokens=max_new_tokens,
+        tokenizer=tokenizer,
+        batch_size=batch,
+        sampling=Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
+        step=step,
+        dtype=dtype,
+    )
     for r in report["results"]:
         typer.echo(f"{r['prompt']}{r['text']}")
         typer.echo("-" * 40)
     write_json(json_out, report)
 
 
-@app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                                          "help_option_names": []}, add_help_option=False)
+@app.command(
+    "lm-eval",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
 def lm_eval_cmd(ctx: typer.Context):
     """lm-eval's own command line (every flag of `lm_eval`) with the `olmax` model registered:
     olmax lm-eval --model olmax --model_args ckpt=C,tokenizer=dolma2 --tasks T [--include_path DIR ...]"""

@@ -31,33 +31,45 @@ def _print_env(value: bool) -> None:
 @exits_on("launch error", launch_errors)
 def launch_cmd(
     words: Optional[list[str]] = typer.Argument(
-        None, help=f"optionally `{RESUME_WORD}` first (same as --resume-until-done), then dotted overrides "
-                   "for the trainer, e.g. trainer.max_steps=1000"),
+        None,
+        help=f"optionally `{RESUME_WORD}` first (same as --resume-until-done), then dotted overrides "
+        "for the trainer, e.g. trainer.max_steps=1000",
+    ),
     backend: str = typer.Option("local", "--backend", help="local (a child process here), xpk (TPU on GKE) or slurm"),
     recipe: Optional[str] = RecipeOpt,
-    config: Optional[str] = typer.Option(None, "--config", help="experiment YAML instead of a recipe (a path "
-                                                                   "the trainer's hosts can read too)"),
-    total_devices: int = typer.Option(..., "--total-devices",
-                                      help="JAX devices of the whole run; the recipe's global batch is kept"),
+    config: Optional[str] = typer.Option(
+        None, "--config", help="experiment YAML instead of a recipe (a path the trainer's hosts can read too)"
+    ),
+    total_devices: int = typer.Option(
+        ..., "--total-devices", help="JAX devices of the whole run; the recipe's global batch is kept"
+    ),
     run_dir: str = typer.Option(..., "--run-dir", help="the trainer's run directory, as the trainer sees it"),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="end after this step (passed to olmax train)"),
-    chip: Optional[str] = typer.Option(None, "--chip", help="passed to olmax train: h100, h200, v5p, v6e or "
-                                                            "ironwood (logs MFU)"),
+    chip: Optional[str] = typer.Option(
+        None, "--chip", help="passed to olmax train: h100, h200, v5p, v6e or ironwood (logs MFU)"
+    ),
     allow_data_change: bool = typer.Option(False, "--allow-data-change", help="passed to olmax train"),
     allow_config_change: bool = typer.Option(False, "--allow-config-change", help="passed to olmax train"),
-    env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE in the trainer's environment "
-                                                                "(repeatable), e.g. --env LIBTPU_INIT_ARGS='...'"),
+    env: Optional[list[str]] = typer.Option(
+        None, "--env", help="KEY=VALUE in the trainer's environment (repeatable), e.g. --env LIBTPU_INIT_ARGS='...'"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the files and commands that would run, run nothing"),
-    resume: bool = typer.Option(False, "--resume-until-done",
-                                help="resubmit from the newest complete checkpoint until the final step"),
-    max_retries: Optional[int] = typer.Option(None, "--max-retries",
-                                              help="failed attempts in a row before giving up "
-                                                   "(default: $OLMAX_MAX_RETRIES or 10)"),
-    retry_backoff: Optional[float] = typer.Option(None, "--retry-backoff",
-                                                  help="seconds before each resubmission "
-                                                       "(default: $OLMAX_RETRY_BACKOFF_SECONDS or 300)"),
-    help_env: bool = typer.Option(False, "--help-env", is_eager=True, callback=_print_env,
-                                  help="list the environment variables each backend reads, and exit"),
+    resume: bool = typer.Option(
+        False, "--resume-until-done", help="resubmit from the newest complete checkpoint until the final step"
+    ),
+    max_retries: Optional[int] = typer.Option(
+        None, "--max-retries", help="failed attempts in a row before giving up (default: $OLMAX_MAX_RETRIES or 10)"
+    ),
+    retry_backoff: Optional[float] = typer.Option(
+        None, "--retry-backoff", help="seconds before each resubmission (default: $OLMAX_RETRY_BACKOFF_SECONDS or 300)"
+    ),
+    help_env: bool = typer.Option(
+        False,
+        "--help-env",
+        is_eager=True,
+        callback=_print_env,
+        help="list the environment variables each backend reads, and exit",
+    ),
 ):
     """Launch `olmax train` on this machine, a TPU slice (xpk) or a Slurm cluster, with the per-device
     batch and accumulation for --total-devices; or keep resubmitting it until it is done. Exit status:

@@ -19,13 +19,15 @@ def status_errors():
 @exits_on("status error", status_errors)
 def status_cmd(
     run_dir: str = typer.Argument(..., help="the run directory (a path or gs://...)"),
-    chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: MFU when the "
-                                                            "trainer was not given --chip"),
+    chip: Optional[str] = typer.Option(
+        None, "--chip", help="h100, h200, v5p, v6e or ironwood: MFU when the trainer was not given --chip"
+    ),
     follow: bool = typer.Option(False, "--follow", help="refresh every --every seconds until Ctrl-C"),
     every: float = typer.Option(30.0, "--every", help="seconds between refreshes with --follow"),
     window: int = typer.Option(50, "--window", help="recent steps the step time, tokens/s, MFU and loss use"),
-    json_out: Optional[str] = typer.Option(None, "--json", help="also write the status as JSON to this file "
-                                                                "('-': print JSON instead of text)"),
+    json_out: Optional[str] = typer.Option(
+        None, "--json", help="also write the status as JSON to this file ('-': print JSON instead of text)"
+    ),
 ):
     """Where a run stands: step, tokens, speed, MFU, ETA, loss, skipped steps, newest checkpoint, data
     fingerprint, the launcher's retries and the last failure."""

@@ -7,8 +7,16 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import (ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, exits_on, write_json)
-from olmax.config import ConfigError, ExperimentConfig, apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
+from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, exits_on, write_json
+from olmax.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    explain_fields,
+    format_explain,
+    save_yaml,
+    to_yaml,
+)
 
 
 @app.command("config")
@@ -17,9 +25,13 @@ def config_cmd(
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
     save: Optional[Path] = typer.Option(None, "--save", help="write the resolved config as YAML"),
-    explain: bool = typer.Option(False, "--explain", help="list every field with its type, value and help; "
-                                 "arguments without '=' keep the fields they prefix (model.rope); without "
-                                 "--recipe/--config the values are the dataclass defaults"),
+    explain: bool = typer.Option(
+        False,
+        "--explain",
+        help="list every field with its type, value and help; "
+        "arguments without '=' keep the fields they prefix (model.rope); without "
+        "--recipe/--config the values are the dataclass defaults",
+    ),
 ):
     """Print the resolved experiment config (a recipe or YAML file plus overrides)."""
     from olmax.recipes import resolve
@@ -40,15 +52,19 @@ def train_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
-    run_dir: str = typer.Option(..., "--run-dir", help="logs, config and checkpoints (a path or gs://...); "
-                                                        "rerun to resume"),
-    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="end after this step (with a checkpoint); "
-                                                                   "the schedule's horizon is unchanged"),
+    run_dir: str = typer.Option(
+        ..., "--run-dir", help="logs, config and checkpoints (a path or gs://...); rerun to resume"
+    ),
+    stop_at: Optional[int] = typer.Option(
+        None, "--stop-at", help="end after this step (with a checkpoint); the schedule's horizon is unchanged"
+    ),
     chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: logs MFU"),
-    allow_data_change: bool = typer.Option(False, "--allow-data-change",
-                                           help="resume even though the data fingerprint changed"),
-    allow_config_change: bool = typer.Option(False, "--allow-config-change",
-                                             help="resume even though the global batch or sequence length changed"),
+    allow_data_change: bool = typer.Option(
+        False, "--allow-data-change", help="resume even though the data fingerprint changed"
+    ),
+    allow_config_change: bool = typer.Option(
+        False, "--allow-config-change", help="resume even though the global batch or sequence length changed"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and exit"),
 ):
     """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard.
@@ -65,8 +81,14 @@ def train_cmd(
     from olmax.train import last_step, record_exit, train
 
     try:
-        rows = train(cfg, run_dir, stop_at=stop_at, peak_tflops=resolve_peak(None, chip),
-                     allow_data_change=allow_data_change, allow_config_change=allow_config_change)
+        rows = train(
+            cfg,
+            run_dir,
+            stop_at=stop_at,
+            peak_tflops=resolve_peak(None, chip),
+            allow_data_change=allow_data_change,
+            allow_config_change=allow_config_change,
+        )
     except Exception as e:  # noqa: BLE001 - every ending gets its row of the exit-status table
         status = status_of(e)
         if status is not ExitStatus.CRASHED:  # the message first: storage threads may still print noise
@@ -79,8 +101,10 @@ def train_cmd(
     status = ExitStatus.PREEMPTED if rows and rows[-1]["step"] < last else ExitStatus.DONE
     record_exit(run_dir, status, f"stopped after step {rows[-1]['step']} of {last}" if rows else "")
     if rows:
-        typer.echo(f"steps {rows[0]['step']}..{rows[-1]['step']}: CE loss {rows[0]['train/CE loss']:.4f} -> "
-                   f"{rows[-1]['train/CE loss']:.4f}; logs and checkpoints in {run_dir}")
+        typer.echo(
+            f"steps {rows[0]['step']}..{rows[-1]['step']}: CE loss {rows[0]['train/CE loss']:.4f} -> "
+            f"{rows[-1]['train/CE loss']:.4f}; logs and checkpoints in {run_dir}"
+        )
     else:
         typer.echo(f"nothing to do: {run_dir} is already at or past the last step")
     if status is ExitStatus.PREEMPTED:
@@ -118,8 +142,12 @@ def flops_cmd(
     from olmax.recipes import get_recipe
 
     report = flops_report(
-        get_recipe(model).model, seq_len=seq_len, per_device_batch=per_device_batch, devices=devices,
-        peak_tflops=resolve_peak(peak, chip), step_time=step_time,
+        get_recipe(model).model,
+        seq_len=seq_len,
+        per_device_batch=per_device_batch,
+        devices=devices,
+        peak_tflops=resolve_peak(peak, chip),
+        step_time=step_time,
     )
     report = {"model": model, "chip": chip, **report}
     typer.echo(format_report(report))
@@ -132,11 +160,16 @@ def compile_check_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
-    topology: Optional[str] = typer.Option(None, "--topology", help="TPU topology as libtpu names it "
-                                           "(v5p:4x4x4, v6e:16x16, tpu7x:4x4x4): compile for it with the TPU compiler"),
+    topology: Optional[str] = typer.Option(
+        None,
+        "--topology",
+        help="TPU topology as libtpu names it "
+        "(v5p:4x4x4, v6e:16x16, tpu7x:4x4x4): compile for it with the TPU compiler",
+    ),
     num_slices: int = typer.Option(1, "--num-slices", help="slices of --topology (multislice, data parallel over DCN)"),
-    devices: int = typer.Option(8, "--devices", help="without --topology: fake CPU devices to compile for "
-                                                     "(ignored on accelerators)"),
+    devices: int = typer.Option(
+        8, "--devices", help="without --topology: fake CPU devices to compile for (ignored on accelerators)"
+    ),
     json_out: Optional[Path] = JsonOpt,
 ):
     """Compile the recipe's real train step with abstract arrays; print per-device memory, whether it

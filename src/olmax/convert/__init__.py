@@ -40,9 +40,17 @@ LM_HEAD = "lm_head"  # torch (vocab, d_model) -> olmax (d_model, padded_vocab_si
 
 LAYOUT = {
     "embed": EMBED,
-    "layers.q_proj": LINEAR, "layers.k_proj": LINEAR, "layers.v_proj": LINEAR, "layers.o_proj": LINEAR,
-    "layers.q_norm": VECTOR, "layers.k_norm": VECTOR, "layers.attn_norm": VECTOR,
-    "layers.gate_proj": LINEAR, "layers.up_proj": LINEAR, "layers.down_proj": LINEAR, "layers.mlp_norm": VECTOR,
+    "layers.q_proj": LINEAR,
+    "layers.k_proj": LINEAR,
+    "layers.v_proj": LINEAR,
+    "layers.o_proj": LINEAR,
+    "layers.q_norm": VECTOR,
+    "layers.k_norm": VECTOR,
+    "layers.attn_norm": VECTOR,
+    "layers.gate_proj": LINEAR,
+    "layers.up_proj": LINEAR,
+    "layers.down_proj": LINEAR,
+    "layers.mlp_norm": VECTOR,
     "final_norm": VECTOR,
     "lm_head": LM_HEAD,
 }
@@ -88,8 +96,10 @@ def nest(flat: dict) -> dict:
 
 def source_names(cfg: ModelConfig, names: dict[str, str]) -> dict[str, list[str]]:
     """The source tensor names of each olmax key; `names` maps a key to a template with `{i}` for layers."""
-    return {k: [names[k].format(i=i) for i in range(cfg.n_layers)] if k.startswith("layers.") else [names[k]]
-            for k in flat_specs(cfg)}
+    return {
+        k: [names[k].format(i=i) for i in range(cfg.n_layers)] if k.startswith("layers.") else [names[k]]
+        for k in flat_specs(cfg)
+    }
 
 
 class TensorSource(Protocol):
@@ -152,10 +162,13 @@ def _check_names(cfg: ModelConfig, source: TensorSource, names: dict[str, str], 
     have = set(source.names())
     missing, unexpected = sorted(wanted - have), sorted(have - wanted)
     if missing or unexpected:
+
         def listing(xs):
             return ", ".join(xs[:8]) + (f" (+{len(xs) - 8} more)" if len(xs) > 8 else "")
+
         parts = ([f"missing {len(missing)} tensors: {listing(missing)}"] if missing else []) + (
-            [f"{len(unexpected)} unexpected tensors: {listing(unexpected)}"] if unexpected else [])
+            [f"{len(unexpected)} unexpected tensors: {listing(unexpected)}"] if unexpected else []
+        )
         raise ConversionError(f"{what} does not match the model config ({cfg.n_layers} layers): " + "; ".join(parts))
 
 
@@ -181,8 +194,9 @@ def _to_olmax(kind: str, tensor: np.ndarray, out: np.ndarray) -> None:
         out[...] = tensor
 
 
-def read_params(cfg: ModelConfig, source: TensorSource, names: dict[str, str], *,
-                vocab_rows: Sequence[int], what: str) -> dict:
+def read_params(
+    cfg: ModelConfig, source: TensorSource, names: dict[str, str], *, vocab_rows: Sequence[int], what: str
+) -> dict:
     """Build the olmax parameter tree (jax arrays on the host CPU, `cfg.param_dtype`) from `source`,
     one tensor at a time.
 
@@ -195,8 +209,10 @@ def read_params(cfg: ModelConfig, source: TensorSource, names: dict[str, str], *
     cpu = jax.devices("cpu")[0]
     embed_rows = source.shape(names["embed"])[0]
     if embed_rows not in vocab_rows:
-        raise ConversionError(f"{what}: {names['embed']} has {embed_rows} rows; the model config's vocabulary "
-                              f"needs {' or '.join(map(str, sorted(set(vocab_rows))))}")
+        raise ConversionError(
+            f"{what}: {names['embed']} has {embed_rows} rows; the model config's vocabulary "
+            f"needs {' or '.join(map(str, sorted(set(vocab_rows))))}"
+        )
     flat = {}
     all_names = source_names(cfg, names)
     for key, spec in flat_specs(cfg).items():
@@ -208,8 +224,9 @@ def read_params(cfg: ModelConfig, source: TensorSource, names: dict[str, str], *
             slot = out[i] if layered else out
             expected = _source_shape(kind, slot.shape, embed_rows)
             if source.shape(name) != expected:
-                raise ConversionError(f"{what}: tensor {name} has shape {source.shape(name)}, "
-                                      f"the model config needs {expected}")
+                raise ConversionError(
+                    f"{what}: tensor {name} has shape {source.shape(name)}, the model config needs {expected}"
+                )
             _to_olmax(kind, source.get(name), slot)
         # Handed over as a jax array on the host CPU: Orbax saves jax arrays without the extra
         # full-size copy it makes of numpy leaves (docs/conversion.md, "Streaming and memory"), and
@@ -219,8 +236,9 @@ def read_params(cfg: ModelConfig, source: TensorSource, names: dict[str, str], *
     return nest(flat)
 
 
-def torch_tensors(params: dict, cfg: ModelConfig, names: dict[str, str], dtype: str
-                  ) -> Iterator[tuple[str, np.ndarray]]:
+def torch_tensors(
+    params: dict, cfg: ModelConfig, names: dict[str, str], dtype: str
+) -> Iterator[tuple[str, np.ndarray]]:
     """The inverse of `read_params`: (source name, contiguous array in `dtype`) one tensor at a time,
     embedding first, then layer by layer, with the vocabulary padding dropped.
 

@@ -60,14 +60,31 @@ HF_NAMES = {
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 # Olmo3Config's defaults for fields a config.json may leave out (transformers 5.24).
-HF_DEFAULTS = {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "sliding_window": 4096,
-               "rope_theta": 500000.0, "initializer_range": 0.02, "hidden_act": "silu",
-               "attention_bias": False, "tie_word_embeddings": False}
+HF_DEFAULTS = {
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 2048,
+    "sliding_window": 4096,
+    "rope_theta": 500000.0,
+    "initializer_range": 0.02,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+}
 # The dolma2 tokenizer's special tokens (docs/reference.md, "Model"), used when a checkpoint does not name its own.
 OLMO3_SPECIAL_TOKENS = {"eos_token_id": 100257, "pad_token_id": 100277, "bos_token_id": None}
-ROPE_KEYS = {"default": {"rope_type", "rope_theta"},
-             "yarn": {"rope_type", "rope_theta", "factor", "beta_fast", "beta_slow",
-                      "original_max_position_embeddings", "attention_factor", "truncate"}}
+ROPE_KEYS = {
+    "default": {"rope_type", "rope_theta"},
+    "yarn": {
+        "rope_type",
+        "rope_theta",
+        "factor",
+        "beta_fast",
+        "beta_slow",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "truncate",
+    },
+}
 MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size ("5GB")
 
 
@@ -92,12 +109,16 @@ def _window_pattern(layer_types: list, sliding_window, n_layers: int, where: str
     read off the first global layer and the whole list is then checked against it.
     """
     if len(layer_types) != n_layers or set(layer_types) - {SLIDING, FULL}:
-        raise ConversionError(f"{where}: layer_types must list '{SLIDING}' or '{FULL}' for each of the "
-                              f"{n_layers} layers, got {layer_types}")
+        raise ConversionError(
+            f"{where}: layer_types must list '{SLIDING}' or '{FULL}' for each of the "
+            f"{n_layers} layers, got {layer_types}"
+        )
     window = sliding_window or 0
     if FULL not in layer_types:
-        raise ConversionError(f"{where}: no layer uses full attention; olmax always makes the last layer "
-                              f"global (layer_types={layer_types})")
+        raise ConversionError(
+            f"{where}: no layer uses full attention; olmax always makes the last layer "
+            f"global (layer_types={layer_types})"
+        )
     global_every = layer_types.index(FULL) + 1
     olmax_types = [FULL if (i + 1) % global_every == 0 or i == n_layers - 1 else SLIDING for i in range(n_layers)]
     if olmax_types != layer_types:
@@ -105,7 +126,8 @@ def _window_pattern(layer_types: list, sliding_window, n_layers: int, where: str
         raise ConversionError(
             f"{where}: the attention pattern {''.join(short[t] for t in layer_types)} (S = sliding, F = full) "
             f"is not representable in olmax, which repeats every global_every layers with the last layer "
-            f"global; the closest, global_every={global_every}, gives {''.join(short[t] for t in olmax_types)}")
+            f"global; the closest, global_every={global_every}, gives {''.join(short[t] for t in olmax_types)}"
+        )
     if SLIDING in layer_types and window <= 0:
         raise ConversionError(f"{where}: layers use sliding attention but sliding_window={sliding_window}")
     return window, global_every
@@ -118,10 +140,15 @@ def _rope_by_layer_type(hf: dict, where: str) -> dict[str, dict]:
     `rope_scaling`) gets what Olmo3Config gives it: the scaling and the theta go to the full-attention
     layers only; sliding layers keep the default theta (500000, which every OLMo 3 release uses).
     """
-    rope = copy.deepcopy(hf.get("rope_parameters")) or {SLIDING: {"rope_type": "default"}, FULL: {"rope_type": "default"}}
+    rope = copy.deepcopy(hf.get("rope_parameters")) or {
+        SLIDING: {"rope_type": "default"},
+        FULL: {"rope_type": "default"},
+    }
     if not isinstance(rope, dict) or set(rope) - {SLIDING, FULL}:
-        raise ConversionError(f"{where}: rope_parameters must be keyed by layer type ('{SLIDING}', '{FULL}'), "
-                              f"got {hf.get('rope_parameters')}")
+        raise ConversionError(
+            f"{where}: rope_parameters must be keyed by layer type ('{SLIDING}', '{FULL}'), "
+            f"got {hf.get('rope_parameters')}"
+        )
     full = rope.setdefault(FULL, {"rope_type": "default"})
     full.update(hf.get("rope_scaling") or {})
     full.setdefault("rope_theta", hf.get("rope_theta", HF_DEFAULTS["rope_theta"]))
@@ -129,8 +156,10 @@ def _rope_by_layer_type(hf: dict, where: str) -> dict[str, dict]:
     for params in rope.values():
         params.setdefault("rope_type", params.pop("type", "default"))
         if params["rope_type"] == "yarn":
-            params.setdefault("original_max_position_embeddings",
-                              hf.get("max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]))
+            params.setdefault(
+                "original_max_position_embeddings",
+                hf.get("max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]),
+            )
     return rope
 
 
@@ -142,8 +171,9 @@ def _rope_fields(params: dict, layer_type: str, hf: dict, where: str) -> dict:
     """One layer type's RoPE parameters -> the ModelConfig fields, or an error naming what olmax lacks."""
     kind = params["rope_type"]
     if kind not in ROPE_KEYS:
-        raise ConversionError(f"{where}: {layer_type} layers use rope_type={kind!r}; olmax supports "
-                              f"{sorted(ROPE_KEYS)}")
+        raise ConversionError(
+            f"{where}: {layer_type} layers use rope_type={kind!r}; olmax supports {sorted(ROPE_KEYS)}"
+        )
     extra = set(params) - ROPE_KEYS[kind]
     if extra:
         raise ConversionError(f"{where}: {layer_type} RoPE parameters {sorted(extra)} are not supported by olmax")
@@ -151,23 +181,33 @@ def _rope_fields(params: dict, layer_type: str, hf: dict, where: str) -> dict:
     if kind == "default":
         return fields
     original = int(params["original_max_position_embeddings"])
-    factor = params.get("factor") or hf.get("max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]) / original
+    factor = (
+        params.get("factor") or hf.get("max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]) / original
+    )
     if params.get("truncate", True) is not True:
         raise ConversionError(f"{where}: YaRN with truncate=false is not supported by olmax")
     given = params.get("attention_factor")
     if given is not None and not math.isclose(given, _yarn_attention_factor(factor), rel_tol=1e-9):
-        raise ConversionError(f"{where}: YaRN attention_factor={given} differs from 0.1*ln(factor)+1="
-                              f"{_yarn_attention_factor(factor)}, the only one olmax computes")
-    fields.update(yarn_factor=float(factor), yarn_beta_fast=float(params.get("beta_fast") or 32),
-                  yarn_beta_slow=float(params.get("beta_slow") or 1), yarn_original_max_position=original)
+        raise ConversionError(
+            f"{where}: YaRN attention_factor={given} differs from 0.1*ln(factor)+1="
+            f"{_yarn_attention_factor(factor)}, the only one olmax computes"
+        )
+    fields.update(
+        yarn_factor=float(factor),
+        yarn_beta_fast=float(params.get("beta_fast") or 32),
+        yarn_beta_slow=float(params.get("beta_slow") or 1),
+        yarn_original_max_position=original,
+    )
     return fields
 
 
 def _check_architecture(hf: dict, where: str) -> None:
     archs = hf.get("architectures") or []  # may be absent from a hand-made config; model_type may not
     if hf.get("model_type") != HF_MODEL_TYPE or (archs and HF_ARCHITECTURE not in archs):
-        raise ConversionError(f"{where}: not an OLMo 3 checkpoint (architectures={archs}, model_type="
-                              f"{hf.get('model_type')!r}); olmax converts {HF_ARCHITECTURE} only")
+        raise ConversionError(
+            f"{where}: not an OLMo 3 checkpoint (architectures={archs}, model_type="
+            f"{hf.get('model_type')!r}); olmax converts {HF_ARCHITECTURE} only"
+        )
     for key, wanted in (("hidden_act", "silu"), ("attention_bias", False), ("tie_word_embeddings", False)):
         value = hf.get(key, HF_DEFAULTS[key])
         if value != wanted:
@@ -183,8 +223,9 @@ def model_config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
     except KeyError as e:
         raise ConversionError(f"{where}: required field {e.args[0]!r} is missing") from None
     layer_types = hf.get("layer_types") or [FULL if (i + 1) % 4 == 0 else SLIDING for i in range(n_layers)]
-    window, global_every = _window_pattern(layer_types, hf.get("sliding_window", HF_DEFAULTS["sliding_window"]),
-                                           n_layers, where)
+    window, global_every = _window_pattern(
+        layer_types, hf.get("sliding_window", HF_DEFAULTS["sliding_window"]), n_layers, where
+    )
     rope = _rope_by_layer_type(hf, where)
     used = [t for t in (SLIDING, FULL) if t in layer_types]
     rope_fields = {t: _rope_fields(rope[t], t, hf, where) for t in used}
@@ -194,18 +235,25 @@ def model_config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
         # same theta on the windowed ones (how AI2's long-context configs read in transformers).
         plain_sliding = {"rope_type": "default", "rope_theta": rope_fields[FULL]["rope_theta"]}
         if rope_fields[FULL]["rope_type"] != "yarn" or rope_fields[SLIDING] != plain_sliding:
-            raise ConversionError(f"{where}: sliding and full-attention layers use different RoPE "
-                                  f"({rope[SLIDING]} vs {rope[FULL]}); olmax supports the same RoPE on both, "
-                                  "or YaRN on the full-attention layers only")
+            raise ConversionError(
+                f"{where}: sliding and full-attention layers use different RoPE "
+                f"({rope[SLIDING]} vs {rope[FULL]}); olmax supports the same RoPE on both, "
+                "or YaRN on the full-attention layers only"
+            )
         fields = {**fields, "yarn_layers": "global"}
     elif fields["rope_type"] == "yarn":
         fields = {**fields, "yarn_layers": "all" if SLIDING in used else "global"}
     try:
         return ModelConfig(
-            vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+            vocab_size=vocab_size,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
             n_kv_heads=hf.get("num_key_value_heads") or n_heads,
             head_dim=hf.get("head_dim") or d_model // n_heads,
-            mlp_hidden=mlp_hidden, sliding_window=window, global_every=global_every,
+            mlp_hidden=mlp_hidden,
+            sliding_window=window,
+            global_every=global_every,
             norm_eps=float(hf.get("rms_norm_eps", HF_DEFAULTS["rms_norm_eps"])),
             max_position=hf.get("max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]),
             init_std=hf.get("initializer_range", HF_DEFAULTS["initializer_range"]),
@@ -223,9 +271,13 @@ def _rope_parameters(cfg: ModelConfig, layer_type: str) -> dict:
     scaled = cfg.rope_type == "yarn" and (cfg.yarn_layers == "all" or layer_type == FULL)
     params = {"rope_type": "yarn" if scaled else "default", "rope_theta": cfg.rope_theta}
     if scaled:
-        params.update(factor=cfg.yarn_factor, beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow,
-                      original_max_position_embeddings=cfg.yarn_original_max_position,
-                      attention_factor=_yarn_attention_factor(cfg.yarn_factor))
+        params.update(
+            factor=cfg.yarn_factor,
+            beta_fast=cfg.yarn_beta_fast,
+            beta_slow=cfg.yarn_beta_slow,
+            original_max_position_embeddings=cfg.yarn_original_max_position,
+            attention_factor=_yarn_attention_factor(cfg.yarn_factor),
+        )
     return params
 
 
@@ -272,8 +324,10 @@ def hf_weights(hf_dir: Path) -> SafetensorsSource:
         return SafetensorsSource([hf_dir / f for f in sorted(set(weight_map.values()))])
     if (hf_dir / "model.safetensors").is_file():
         return SafetensorsSource([hf_dir / "model.safetensors"])
-    raise ConversionError(f"{hf_dir} has neither model.safetensors nor model.safetensors.index.json "
-                          "(only safetensors checkpoints are read)")
+    raise ConversionError(
+        f"{hf_dir} has neither model.safetensors nor model.safetensors.index.json "
+        "(only safetensors checkpoints are read)"
+    )
 
 
 def resolve_hf_dir(src: str, revision: Optional[str] = None) -> tuple[Path, dict]:
@@ -291,15 +345,26 @@ def resolve_hf_dir(src: str, revision: Optional[str] = None) -> tuple[Path, dict
     from huggingface_hub import snapshot_download
 
     try:
-        local = Path(snapshot_download(src, revision=revision, allow_patterns=[
-            "config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json"]))
+        local = Path(
+            snapshot_download(
+                src,
+                revision=revision,
+                allow_patterns=[
+                    "config.json",
+                    "model.safetensors",
+                    "model-*.safetensors",
+                    "model.safetensors.index.json",
+                ],
+            )
+        )
     except OSError as e:  # huggingface_hub's errors (not found, offline, HTTP) are all OSErrors
         raise ConversionError(f"cannot download {src} (revision {revision or 'main'}): {e}") from None
     return local, {"format": "hf", "repo_id": src, "revision": revision or "main", "commit": local.name}
 
 
-def write_safetensors(tensors: Iterable[tuple[str, object]], out_dir: Path,
-                      max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+def write_safetensors(
+    tensors: Iterable[tuple[str, object]], out_dir: Path, max_shard_bytes: int = MAX_SHARD_BYTES
+) -> list[str]:
     """Write (name, array) pairs as transformers does: model.safetensors, or numbered shards of at most
     `max_shard_bytes` plus model.safetensors.index.json. Only one shard is held in memory at a time."""
     shards: list[list[str]] = []
@@ -328,7 +393,8 @@ def write_safetensors(tensors: Iterable[tuple[str, object]], out_dir: Path,
         (out_dir / f"shard-{k:05d}.tmp").rename(out_dir / file)
     weight_map = {name: file for file, names in zip(files, shards) for name in names}
     (out_dir / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+    )
     return files
 
 
@@ -346,11 +412,19 @@ def convert_from_hf(src: str, out: str | Path, *, revision: Optional[str] = None
     cfg = model_config_from_hf(hf, where=str(hf_dir / "config.json"))
     weights = hf_weights(hf_dir)
     params = read_params(cfg, weights, HF_NAMES, vocab_rows=[cfg.vocab_size], what=f"HF checkpoint {hf_dir}")
-    meta = {"source": source, "source_dtype": source_dtype(weights),
-            "special_tokens": {k: hf.get(k, v) for k, v in OLMO3_SPECIAL_TOKENS.items()}}
+    meta = {
+        "source": source,
+        "source_dtype": source_dtype(weights),
+        "special_tokens": {k: hf.get(k, v) for k, v in OLMO3_SPECIAL_TOKENS.items()},
+    }
     save_params(out, params, cfg, meta)
-    return {"out": str(out), "params": count_params(cfg), "source": source, "source_dtype": meta["source_dtype"],
-            "seconds": round(time.perf_counter() - start, 2)}
+    return {
+        "out": str(out),
+        "params": count_params(cfg),
+        "source": source,
+        "source_dtype": meta["source_dtype"],
+        "seconds": round(time.perf_counter() - start, 2),
+    }
 
 
 def _special_tokens(meta: dict, tokenizer: str, from_tokenizer: dict) -> dict:
@@ -358,13 +432,22 @@ def _special_tokens(meta: dict, tokenizer: str, from_tokenizer: dict) -> dict:
     recorded = meta.get("special_tokens") or {}
     for key in ("eos_token_id", "pad_token_id"):
         if recorded.get(key) is not None and recorded[key] != from_tokenizer[key]:
-            raise ConversionError(f"the checkpoint records {key}={recorded[key]} but tokenizer {tokenizer} has "
-                                  f"{from_tokenizer[key]}: give the tokenizer the model was trained with (--tokenizer)")
+            raise ConversionError(
+                f"the checkpoint records {key}={recorded[key]} but tokenizer {tokenizer} has "
+                f"{from_tokenizer[key]}: give the tokenizer the model was trained with (--tokenizer)"
+            )
     return from_tokenizer
 
 
-def convert_to_hf(ckpt: str | Path, out: str | Path, *, dtype: Optional[str] = None, step: Optional[int] = None,
-                  tokenizer: str = "dolma2", max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:
+def convert_to_hf(
+    ckpt: str | Path,
+    out: str | Path,
+    *,
+    dtype: Optional[str] = None,
+    step: Optional[int] = None,
+    tokenizer: str = "dolma2",
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> dict:
     """olmax checkpoint -> a directory transformers loads as Olmo3ForCausalLM, with its tokenizer
     (`tokenizer`: "dolma2" or a HF tokenizer.json) and generation config.
 
@@ -386,6 +469,11 @@ def convert_to_hf(ckpt: str | Path, out: str | Path, *, dtype: Optional[str] = N
     write_generation_config(out, special)
     (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype=dtype, special_tokens=special), indent=2) + "\n")
     files = write_safetensors(torch_tensors(params, cfg, HF_NAMES, dtype), out, max_shard_bytes)
-    return {"out": str(out), "params": count_params(cfg), "dtype": dtype, "tokenizer": tokenizer, "files": files,
-            "seconds": round(time.perf_counter() - start, 2)}
-
+    return {
+        "out": str(out),
+        "params": count_params(cfg),
+        "dtype": dtype,
+        "tokenizer": tokenizer,
+        "files": files,
+        "seconds": round(time.perf_counter() - start, 2),
+    }

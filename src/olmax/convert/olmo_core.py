@@ -126,8 +126,9 @@ def _olmo_core_checkpoint():
     try:
         from olmo_core.distributed import checkpoint as olmo_ckpt
     except ImportError:
-        raise ConversionError("reading an OLMo-core distributed checkpoint needs ai2-olmo-core: "
-                              "install the `parity` extra") from None
+        raise ConversionError(
+            "reading an OLMo-core distributed checkpoint needs ai2-olmo-core: install the `parity` extra"
+        ) from None
     return olmo_ckpt
 
 
@@ -153,8 +154,11 @@ class DistributedCheckpointSource:
             metadata = olmo_ckpt.get_checkpoint_metadata(str(path))
         except Exception as e:  # a missing/corrupt .metadata file surfaces as several error types
             raise ConversionError(f"{path} is not a readable OLMo-core distributed checkpoint: {e}") from None
-        self._entries = {k[len(prefix):len(k) - len(suffix)]: v for k, v in metadata.state_dict_metadata.items()
-                         if k.startswith(prefix) and k.endswith(suffix) and hasattr(v, "size")}
+        self._entries = {
+            k[len(prefix) : len(k) - len(suffix)]: v
+            for k, v in metadata.state_dict_metadata.items()
+            if k.startswith(prefix) and k.endswith(suffix) and hasattr(v, "size")
+        }
         if not self._entries:
             raise ConversionError(f"{path} holds no '{prefix}*{suffix}' tensors")
 
@@ -178,15 +182,26 @@ class DistributedCheckpointSource:
             if isinstance(e, CheckpointException):  # its message is a traceback; name the cause instead
                 e = next(iter(e.failures.values()))[0]
             shown = keys[0] if len(keys) == 1 else f"{keys[0]} (and {len(keys) - 1} more)"
-            raise ConversionError(f"cannot read {shown} from OLMo-core checkpoint {self._path}: "
-                                  f"{type(e).__name__}: {e}") from None
+            raise ConversionError(
+                f"cannot read {shown} from OLMo-core checkpoint {self._path}: {type(e).__name__}: {e}"
+            ) from None
 
     def get(self, name: str) -> np.ndarray:
         return _to_numpy(self.load([name])[0])
 
 
-def olmo3_transformer_config(*, d_model: int, vocab_size: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                             window: int, rope_theta: float, norm_eps: float = 1e-6, global_every: int = 4):
+def olmo3_transformer_config(
+    *,
+    d_model: int,
+    vocab_size: int,
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int,
+    window: int,
+    rope_theta: float,
+    norm_eps: float = 1e-6,
+    global_every: int = 4,
+):
     """OLMo-core's own `TransformerConfig` of an OLMo 3 model of these sizes: the reordered-norm block
     with QK-norm, `window` on the first global_every - 1 layers of every group and full attention on
     the last of each group and on the final layer, plain torch attention (CPU). OLMo-core picks the MLP
@@ -196,13 +211,22 @@ def olmo3_transformer_config(*, d_model: int, vocab_size: int, n_layers: int, n_
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
     return TransformerConfig.llama_like(
-        d_model=d_model, vocab_size=vocab_size, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
-        block_name=TransformerBlockType.reordered_norm, qk_norm=True, rope_theta=int(rope_theta),
+        d_model=d_model,
+        vocab_size=vocab_size,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        block_name=TransformerBlockType.reordered_norm,
+        qk_norm=True,
+        rope_theta=int(rope_theta),
         layer_norm_eps=norm_eps,
-        sliding_window=SlidingWindowAttentionConfig(pattern=[window] * (global_every - 1) + [-1],
-                                                    force_full_attention_on_first_layer=False,
-                                                    force_full_attention_on_last_layer=True),
-        attn_backend=AttentionBackendName.torch)
+        sliding_window=SlidingWindowAttentionConfig(
+            pattern=[window] * (global_every - 1) + [-1],
+            force_full_attention_on_first_layer=False,
+            force_full_attention_on_last_layer=True,
+        ),
+        attn_backend=AttentionBackendName.torch,
+    )
 
 
 def open_state_dict(path: str | Path) -> TensorSource:
@@ -215,25 +239,41 @@ def open_state_dict(path: str | Path) -> TensorSource:
         return SafetensorsSource([path])
     if path.suffix in TORCH_SUFFIXES:
         return TorchFileSource(path)
-    raise ConversionError(f"{path}: expected a .safetensors file, a torch file ({', '.join(TORCH_SUFFIXES)}) "
-                          "or a distributed checkpoint directory")
+    raise ConversionError(
+        f"{path}: expected a .safetensors file, a torch file ({', '.join(TORCH_SUFFIXES)}) "
+        "or a distributed checkpoint directory"
+    )
 
 
-def convert_from_olmo_core(path: str | Path, model_cfg: ModelConfig, out: str | Path, *,
-                           special_tokens: Optional[dict] = None) -> dict:
+def convert_from_olmo_core(
+    path: str | Path, model_cfg: ModelConfig, out: str | Path, *, special_tokens: Optional[dict] = None
+) -> dict:
     """An OLMo-core model state dict with architecture `model_cfg` -> olmax checkpoint at `out`, step 0."""
     out = Path(out)
     require_empty_output(out)
     start = time.perf_counter()
     source = open_state_dict(path)
-    params = read_params(model_cfg, source, OLMO_CORE_NAMES, what=f"OLMo-core checkpoint {path}",
-                         vocab_rows=[model_cfg.vocab_size, model_cfg.padded_vocab_size])
+    params = read_params(
+        model_cfg,
+        source,
+        OLMO_CORE_NAMES,
+        what=f"OLMo-core checkpoint {path}",
+        vocab_rows=[model_cfg.vocab_size, model_cfg.padded_vocab_size],
+    )
     description = {"format": "olmo_core", "path": str(Path(path).resolve())}
-    meta = {"source": description, "source_dtype": source_dtype(source),
-            "special_tokens": {**OLMO3_SPECIAL_TOKENS, **(special_tokens or {})}}
+    meta = {
+        "source": description,
+        "source_dtype": source_dtype(source),
+        "special_tokens": {**OLMO3_SPECIAL_TOKENS, **(special_tokens or {})},
+    }
     save_params(out, params, model_cfg, meta)
-    return {"out": str(out), "params": count_params(model_cfg), "source": description,
-            "source_dtype": meta["source_dtype"], "seconds": round(time.perf_counter() - start, 2)}
+    return {
+        "out": str(out),
+        "params": count_params(model_cfg),
+        "source": description,
+        "source_dtype": meta["source_dtype"],
+        "seconds": round(time.perf_counter() - start, 2),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,12 +285,15 @@ def adam_count(dcp: Path, names: list[str]) -> int:
     source = DistributedCheckpointSource(dcp, DCP_OPTIM_PREFIX, STEP_KEY)
     missing = sorted(set(names) - set(source.names()))
     if missing:
-        raise ConversionError(f"OLMo-core checkpoint {dcp} has no optimizer step for {len(missing)} parameters "
-                              f"(e.g. {missing[0]})")
+        raise ConversionError(
+            f"OLMo-core checkpoint {dcp} has no optimizer step for {len(missing)} parameters (e.g. {missing[0]})"
+        )
     steps = {n: float(t) for n, t in zip(names, source.load(names))}
     if len(set(steps.values())) != 1 or not float(next(iter(steps.values()))).is_integer():
-        raise ConversionError(f"OLMo-core checkpoint {dcp}: the parameters' AdamW step counters differ or are "
-                              f"not whole ({sorted(set(steps.values()))[:4]}); olmax keeps one for all")
+        raise ConversionError(
+            f"OLMo-core checkpoint {dcp}: the parameters' AdamW step counters differ or are "
+            f"not whole ({sorted(set(steps.values()))[:4]}); olmax keeps one for all"
+        )
     return int(next(iter(steps.values())))
 
 
@@ -264,8 +307,23 @@ def read_trainer_state(path: Path) -> Optional[dict]:
     torch = _torch()
     from numpy._core.multiarray import _reconstruct
 
-    numeric = [type(np.dtype(t)) for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                                           "uint64", "float16", "float32", "float64")]
+    numeric = [
+        type(np.dtype(t))
+        for t in (
+            "bool",
+            "int8",
+            "int16",
+            "int32",
+            "int64",
+            "uint8",
+            "uint16",
+            "uint32",
+            "uint64",
+            "float16",
+            "float32",
+            "float64",
+        )
+    ]
     try:
         with torch.serialization.safe_globals([np.ndarray, np.dtype, _reconstruct, *numeric]):
             state = torch.load(file, map_location="cpu", weights_only=True)
@@ -276,8 +334,14 @@ def read_trainer_state(path: Path) -> Optional[dict]:
     return state
 
 
-def warm_start_from_olmo_core(path: str | Path, dst: str | os.PathLike, cfg: ExperimentConfig, *,
-                              keep: tuple[str, ...] = ("params", "moments"), reset_step: bool = True) -> dict:
+def warm_start_from_olmo_core(
+    path: str | Path,
+    dst: str | os.PathLike,
+    cfg: ExperimentConfig,
+    *,
+    keep: tuple[str, ...] = ("params", "moments"),
+    reset_step: bool = True,
+) -> dict:
     """Write the warm-start checkpoint DST (for `checkpoint.init_from`, as `olmax.surgery.warm_start`
     writes it) from the OLMo-core checkpoint `path` (a `stepN` directory, or its `model_and_optim`)
     for the experiment `cfg` (its model must be the checkpoint's).
@@ -296,8 +360,10 @@ def warm_start_from_olmo_core(path: str | Path, dst: str | os.PathLike, cfg: Exp
     dcp = dcp_directory(path)
     trainer = read_trainer_state(Path(path))
     if not reset_step and trainer is None:
-        raise ConversionError(f"{path} holds no OLMo-core trainer state ({TRAIN_STATE}) to take the step from: "
-                              f"give the stepN directory OLMo-core wrote, or reset the step")
+        raise ConversionError(
+            f"{path} holds no OLMo-core trainer state ({TRAIN_STATE}) to take the step from: "
+            f"give the stepN directory OLMo-core wrote, or reset the step"
+        )
     what = f"OLMo-core checkpoint {path}"
     vocab_rows = [cfg.model.vocab_size, cfg.model.padded_vocab_size]
     model_source = DistributedCheckpointSource(dcp)
@@ -308,20 +374,36 @@ def warm_start_from_olmo_core(path: str | Path, dst: str | os.PathLike, cfg: Exp
         except ConversionError as e:
             raise ConversionError(f"{e}: it holds no AdamW state to keep; keep the parameters only") from None
         moment_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
-        mu, nu = (read_params(moment_cfg, source, OLMO_CORE_NAMES, what=f"{what} ({key[1:]})", vocab_rows=vocab_rows)
-                  for source, key in zip(sources, MOMENT_KEYS))
+        mu, nu = (
+            read_params(moment_cfg, source, OLMO_CORE_NAMES, what=f"{what} ({key[1:]})", vocab_rows=vocab_rows)
+            for source, key in zip(sources, MOMENT_KEYS)
+        )
         count = adam_count(dcp, model_source.names())
     else:
         mu = nu = jax.tree.map(lambda p: np.zeros(p.shape, np.float32), params)
         count = 0
     step = 0 if reset_step else trainer["global_step"]
-    meta = {"olmax_version": olmax_version(), "step": step,
-            "tokens_seen": 0 if reset_step else trainer.get("global_train_tokens_seen"),
-            WARM_START: {"from": str(Path(path).resolve()), "format": "olmo_core",
-                         "from_step": trainer["global_step"] if trainer else None, "keep": sorted(keep),
-                         "reset_step": reset_step}}
+    meta = {
+        "olmax_version": olmax_version(),
+        "step": step,
+        "tokens_seen": 0 if reset_step else trainer.get("global_train_tokens_seen"),
+        WARM_START: {
+            "from": str(Path(path).resolve()),
+            "format": "olmo_core",
+            "from_step": trainer["global_step"] if trainer else None,
+            "keep": sorted(keep),
+            "reset_step": reset_step,
+        },
+    }
     opt = OptState(AdamWState(np.int32(count), mu, nu), skip_window_init(cfg.optimizer.skip_window))
     write_warm_start(dst, step, params, opt, cfg.model, meta, None, dataclasses.asdict(cfg))
-    return {"source": str(path), "source_step": meta[WARM_START]["from_step"], "destination": os.fspath(dst),
-            "step": step, "keep": sorted(keep), "reset_step": reset_step, "adam_count": count,
-            "seconds": round(time.perf_counter() - start, 2)}
+    return {
+        "source": str(path),
+        "source_step": meta[WARM_START]["from_step"],
+        "destination": os.fspath(dst),
+        "step": step,
+        "keep": sorted(keep),
+        "reset_step": reset_step,
+        "adam_count": count,
+        "seconds": round(time.perf_counter() - start, 2),
+    }

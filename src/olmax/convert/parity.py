@@ -19,8 +19,9 @@ differ from torch's in the last bit), and <= 1.6e-2 in bfloat16. Structural bugs
 the first wrong layer on (swapped attention/MLP norms 0.41, swapped gate/up 0.51, a window one token
 too wide 0.29, one layer's weights replaced by another's 0.78); a 1% wrong RoPE theta gives 5.6e-4
 rising to 1.4e-3 by layer 4. Hence 1e-3 in float32 (~100x above the rounding seen at 4096 tokens,
-~300x below the smallest structural bug) and 0.1 in bfloat16 (6x above rounding, 3x below it). Deep models accumulate more bfloat16 rounding; the float32 run
-is the one that locates a bug (`--layer-tol` overrides).
+~300x below the smallest structural bug) and 0.1 in bfloat16 (6x above rounding, 3x below it).
+Deep models accumulate more bfloat16 rounding; the float32 run is the one that locates a bug
+(`--layer-tol` overrides).
 
 `run_hf_parity` runs transformers' Olmo3ForCausalLM (torch, CPU, eager attention) first, frees it,
 then olmax, so the peak host memory is one model plus the outputs, not two models.
@@ -64,8 +65,8 @@ def logit_metrics(ref: np.ndarray, ours: np.ndarray, vocab_size: int) -> dict:
     k = min(10, vocab_size)
     kl, top1, overlap, max_abs = [], [], [], 0.0
     for s in range(0, ref.shape[0], _TOKENS_PER_CHUNK):
-        r = ref[s:s + _TOKENS_PER_CHUNK].astype(np.float64)
-        o = ours[s:s + _TOKENS_PER_CHUNK].astype(np.float64)
+        r = ref[s : s + _TOKENS_PER_CHUNK].astype(np.float64)
+        o = ours[s : s + _TOKENS_PER_CHUNK].astype(np.float64)
         log_r, log_o = _log_softmax(r), _log_softmax(o)
         kl.append((np.exp(log_r) * (log_r - log_o)).sum(-1))
         top1.append(r.argmax(-1) == o.argmax(-1))
@@ -93,14 +94,20 @@ def layer_metrics(ref_layers: np.ndarray, our_layers: np.ndarray, tolerance: flo
         max_abs.append(float(np.abs(r - o).max()))
         rel.append(float(np.sqrt(np.mean((r - o) ** 2)) / max(np.sqrt(np.mean(r * r)), 1e-30)))
     first = next((i for i, x in enumerate(rel) if not x <= tolerance), None)  # `not <=` also catches NaN
-    return {"first_divergent_layer": first, "layer_tolerance": tolerance,
-            "layer_max_abs_diff": max_abs, "layer_rel_diff": rel}
+    return {
+        "first_divergent_layer": first,
+        "layer_tolerance": tolerance,
+        "layer_max_abs_diff": max_abs,
+        "layer_rel_diff": rel,
+    }
 
 
 def compare(ref_logits, our_logits, ref_layers, our_layers, *, vocab_size: int, tolerance: float) -> dict:
     """Every parity figure for one run; inputs are numpy arrays, logits (..., >= vocab_size)."""
-    return {**logit_metrics(np.asarray(ref_logits), np.asarray(our_logits), vocab_size),
-            **layer_metrics(np.asarray(ref_layers), np.asarray(our_layers), tolerance)}
+    return {
+        **logit_metrics(np.asarray(ref_logits), np.asarray(our_logits), vocab_size),
+        **layer_metrics(np.asarray(ref_layers), np.asarray(our_layers), tolerance),
+    }
 
 
 def olmax_outputs(params: dict, cfg: ModelConfig, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +148,16 @@ def hf_outputs(hf_dir: str, tokens: np.ndarray, dtype: str) -> tuple[np.ndarray,
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden")
 
 
-def run_hf_parity(hf_dir: str, ckpt: str, *, dtype: str = "float32", seq_len: int = 512, batch: int = 1,
-                  seed: int = 0, layer_tolerance: Optional[float] = None) -> dict:
+def run_hf_parity(
+    hf_dir: str,
+    ckpt: str,
+    *,
+    dtype: str = "float32",
+    seq_len: int = 512,
+    batch: int = 1,
+    seed: int = 0,
+    layer_tolerance: Optional[float] = None,
+) -> dict:
     """Parity of an olmax checkpoint against a HF directory on `batch` x `seq_len` random tokens.
 
     In bfloat16 both sides compute in bfloat16: transformers with its weights cast to bfloat16, olmax
@@ -154,8 +169,11 @@ def run_hf_parity(hf_dir: str, ckpt: str, *, dtype: str = "float32", seq_len: in
         raise ValueError(f"dtype={dtype!r} is not one of {', '.join(PARITY_DTYPES)}")
     cfg, _ = read_config(ckpt)
     hf_cfg = model_config_from_hf(read_hf_config(Path(hf_dir)), where=f"{hf_dir}/config.json")
-    differ = [f"{f}: HF {getattr(hf_cfg, f)}, olmax {getattr(cfg, f)}" for f in ARCHITECTURE_FIELDS
-              if getattr(hf_cfg, f) != getattr(cfg, f)]
+    differ = [
+        f"{f}: HF {getattr(hf_cfg, f)}, olmax {getattr(cfg, f)}"
+        for f in ARCHITECTURE_FIELDS
+        if getattr(hf_cfg, f) != getattr(cfg, f)
+    ]
     if differ:
         raise ConversionError(f"{hf_dir} and {ckpt} are different architectures: " + "; ".join(differ))
     tolerance = LAYER_TOLERANCE[dtype] if layer_tolerance is None else layer_tolerance
@@ -169,7 +187,15 @@ def run_hf_parity(hf_dir: str, ckpt: str, *, dtype: str = "float32", seq_len: in
     our_logits, our_layers = olmax_outputs(params, replace(cfg, compute_dtype=dtype), tokens)
     olmax_seconds = time.perf_counter() - start
     report = compare(ref_logits, our_logits, ref_layers, our_layers, vocab_size=cfg.vocab_size, tolerance=tolerance)
-    return {**report, "dtype": dtype, "seq_len": seq_len, "batch": batch, "seed": seed,
-            "vocab_size": cfg.vocab_size, "reference": "transformers Olmo3ForCausalLM (torch CPU, eager)",
-            "hf_dir": str(hf_dir), "ckpt": str(ckpt),
-            "seconds": {"reference": round(hf_seconds, 2), "olmax": round(olmax_seconds, 2)}}
+    return {
+        **report,
+        "dtype": dtype,
+        "seq_len": seq_len,
+        "batch": batch,
+        "seed": seed,
+        "vocab_size": cfg.vocab_size,
+        "reference": "transformers Olmo3ForCausalLM (torch CPU, eager)",
+        "hf_dir": str(hf_dir),
+        "ckpt": str(ckpt),
+        "seconds": {"reference": round(hf_seconds, 2), "olmax": round(olmax_seconds, 2)},
+    }

@@ -106,9 +106,15 @@ def build_olmo_core_model(setup: Setup):
 
     from olmax.convert.olmo_core import olmo3_transformer_config
 
-    cfg = olmo3_transformer_config(d_model=setup.d_model, vocab_size=PADDED_VOCAB, n_layers=setup.n_layers,
-                                   n_heads=setup.n_heads, n_kv_heads=setup.n_kv_heads, window=setup.window,
-                                   rope_theta=10000)
+    cfg = olmo3_transformer_config(
+        d_model=setup.d_model,
+        vocab_size=PADDED_VOCAB,
+        n_layers=setup.n_layers,
+        n_heads=setup.n_heads,
+        n_kv_heads=setup.n_kv_heads,
+        window=setup.window,
+        rope_theta=10000,
+    )
     model = cfg.build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
     return model
@@ -118,15 +124,26 @@ def olmax_model_config(model, setup: Setup):
     from olmax.config import ModelConfig
 
     attn = model.blocks["0"].attention
-    return ModelConfig(vocab_size=VOCAB, d_model=setup.d_model, n_layers=setup.n_layers, n_heads=attn.n_heads,
-                       n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim,
-                       mlp_hidden=model.blocks["0"].feed_forward.hidden_size, sliding_window=setup.window,
-                       rope_theta=10000.0, norm_eps=1e-6, max_position=setup.seq_len, compute_dtype="float32")
+    return ModelConfig(
+        vocab_size=VOCAB,
+        d_model=setup.d_model,
+        n_layers=setup.n_layers,
+        n_heads=attn.n_heads,
+        n_kv_heads=attn.n_kv_heads,
+        head_dim=attn.head_dim,
+        mlp_hidden=model.blocks["0"].feed_forward.hidden_size,
+        sliding_window=setup.window,
+        rope_theta=10000.0,
+        norm_eps=1e-6,
+        max_position=setup.seq_len,
+        compute_dtype="float32",
+    )
 
 
 def olmo_core_to_olmax(model, model_cfg, work: Path) -> dict:
     """The model's state dict through olmax's OLMo-core converter (the path a user takes)."""
     import torch
+
     from olmax.checkpoint import load_params
     from olmax.convert.olmo_core import convert_from_olmo_core
 
@@ -153,21 +170,33 @@ def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
     from olmo_core.optim import CosWithWarmup, SkipStepAdamW
 
     tok = TokenizerConfig(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=PAD)
-    ds = NumpyFSLDatasetConfig(tokenizer=tok, paths=list(paths), sequence_length=setup.seq_len,
-                               work_dir=str(work)).build()
+    ds = NumpyFSLDatasetConfig(
+        tokenizer=tok, paths=list(paths), sequence_length=setup.seq_len, work_dir=str(work)
+    ).build()
     ds.prepare()
     loader = NumpyDataLoaderBase.wrap_numpy_dataset(
-        ds, global_batch_size=setup.global_batch * setup.seq_len, collator=DataCollator(pad_token_id=PAD),
-        work_dir=str(work), seed=setup.seed, dp_world_size=1, dp_rank=0)
+        ds,
+        global_batch_size=setup.global_batch * setup.seq_len,
+        collator=DataCollator(pad_token_id=PAD),
+        work_dir=str(work),
+        seed=setup.seed,
+        dp_world_size=1,
+        dp_rank=0,
+    )
     loader.reshuffle(epoch=1)
     if loader.total_batches < setup.steps:
         raise ValueError(f"the corpus holds {loader.total_batches} batches, fewer than --steps {setup.steps}")
 
     embed = [p for n, p in model.named_parameters() if n == "embeddings.weight"]
     rest = [p for n, p in model.named_parameters() if n != "embeddings.weight"]
-    opt = SkipStepAdamW([{"params": rest}, {"params": embed, "weight_decay": 0.0}], lr=setup.lr,
-                        betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                        rolling_interval_length=setup.skip_window)
+    opt = SkipStepAdamW(
+        [{"params": rest}, {"params": embed, "weight_decay": 0.0}],
+        lr=setup.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay=0.1,
+        rolling_interval_length=setup.skip_window,
+    )
     sched = CosWithWarmup(warmup=setup.warmup, alpha_f=setup.alpha_f)
     params = list(model.parameters())
     run = Run()
@@ -184,8 +213,14 @@ def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
             run.batches.append(batch["input_ids"].numpy().astype(np.int32))
             labels = get_labels(batch)
             opt.zero_grad(set_to_none=True)
-            out = model(batch["input_ids"], labels=labels, loss_reduction="sum", z_loss_multiplier=1e-5,
-                        loss_div_factor=(labels != -100).sum(), return_logits=False)
+            out = model(
+                batch["input_ids"],
+                labels=labels,
+                loss_reduction="sum",
+                z_loss_multiplier=1e-5,
+                loss_div_factor=(labels != -100).sum(),
+                return_logits=False,
+            )
             out.loss.backward()
             norm = torch.nn.utils.get_total_norm([p.grad for p in params])
             torch.nn.utils.clip_grads_with_norm_(params, 1.0, norm)
@@ -213,18 +248,26 @@ def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
 
 
 def olmax_experiment(model_cfg, paths: list[str], setup: Setup, work: Path):
-    from olmax.config import (DataConfig, ExperimentConfig, MeshConfig, OptimizerConfig, ScheduleConfig,
-                              TrainerConfig)
+    from olmax.config import DataConfig, ExperimentConfig, MeshConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
 
     return ExperimentConfig(
-        name="train-parity", model=model_cfg,
-        data=DataConfig(paths=tuple(paths), seq_len=setup.seq_len, seed=setup.seed, vocab_size=VOCAB,
-                        eos_token_id=EOS, pad_token_id=PAD, work_dir=str(work)),
+        name="train-parity",
+        model=model_cfg,
+        data=DataConfig(
+            paths=tuple(paths),
+            seq_len=setup.seq_len,
+            seed=setup.seed,
+            vocab_size=VOCAB,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+            work_dir=str(work),
+        ),
         # the defaults are AI2's: clip 1.0, wd 0.1 except the embedding, z-loss 1e-5, skip 128 / 6 sigma
         optimizer=OptimizerConfig(lr=setup.lr, skip_window=setup.skip_window),
         schedule=ScheduleConfig(name="cosine", warmup_steps=setup.warmup, alpha_f=setup.alpha_f),
         trainer=TrainerConfig(global_batch=setup.global_batch, max_steps=setup.steps),
-        mesh=MeshConfig(data=1, fsdp=-1, tensor=1))
+        mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
+    )
 
 
 def run_olmax(cfg, params: dict, setup: Setup) -> Run:
@@ -289,23 +332,34 @@ def compare_training(setup: Setup, work: Path, noise_floor: bool = False) -> tup
     same_data = all(np.array_equal(a, b) for a, b in zip(ref.batches, ours.batches))
     ce_gap = np.abs(np.asarray(ref.ce) - np.asarray(ours.ce))
     # per tensor: largest entry difference relative to the tensor's largest entry
-    rel = {jax.tree_util.keystr(path): float(np.abs(a - b).max() / np.abs(b).max())
-           for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours.params), jax.tree.leaves(ref.params))}
+    rel = {
+        jax.tree_util.keystr(path): float(np.abs(a - b).max() / np.abs(b).max())
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours.params), jax.tree.leaves(ref.params))
+    }
     worst = max(rel, key=rel.get)
     flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
     ours_flat, ref_flat = flat(ours.params), flat(ref.params)
     figures = {
-        "steps": setup.steps, "spike_step": setup.spike_step, "same_batches": same_data,
-        "max_abs_ce_delta": float(ce_gap.max()), "max_abs_ce_delta_step": int(ce_gap.argmax()) + 1,
+        "steps": setup.steps,
+        "spike_step": setup.spike_step,
+        "same_batches": same_data,
+        "max_abs_ce_delta": float(ce_gap.max()),
+        "max_abs_ce_delta_step": int(ce_gap.argmax()) + 1,
         "max_abs_z_delta": float(np.abs(np.asarray(ref.z) - np.asarray(ours.z)).max()),
-        "max_rel_grad_norm_delta": float(np.max(np.abs(np.asarray(ref.grad_norm) - np.asarray(ours.grad_norm))
-                                                / np.asarray(ref.grad_norm))),
+        "max_rel_grad_norm_delta": float(
+            np.max(np.abs(np.asarray(ref.grad_norm) - np.asarray(ours.grad_norm)) / np.asarray(ref.grad_norm))
+        ),
         "max_abs_lr_delta": float(np.abs(np.asarray(ref.lr) - np.asarray(ours.lr)).max()),
-        "skips_olmo_core": ref.skipped, "skips_olmax": ours.skipped, "skips_match": ref.skipped == ours.skipped,
-        "final_max_rel_param_diff": rel[worst], "worst_param": worst,
+        "skips_olmo_core": ref.skipped,
+        "skips_olmax": ours.skipped,
+        "skips_match": ref.skipped == ours.skipped,
+        "final_max_rel_param_diff": rel[worst],
+        "worst_param": worst,
         "final_rel_l2_param_diff": float(np.linalg.norm(ours_flat - ref_flat) / np.linalg.norm(ref_flat)),
-        "first_ce": ref.ce[0], "last_ce": ref.ce[-1],
-        "seconds_olmo_core": round(ref.seconds, 1), "seconds_olmax": round(ours.seconds, 1),
+        "first_ce": ref.ce[0],
+        "last_ce": ref.ce[-1],
+        "seconds_olmo_core": round(ref.seconds, 1),
+        "seconds_olmax": round(ours.seconds, 1),
     }
     if floor is not None:
         twin_gap = np.abs(np.asarray(ref.ce) - np.asarray(floor.ce))

@@ -33,8 +33,9 @@ def max_repeats(tokens: np.ndarray, period: int) -> int:
     return (longest_run + period) // period
 
 
-def keep_instance(tokens: np.ndarray, max_period: int = MAX_PERIOD, min_period: int = MIN_PERIOD,
-                  max_count: int = MAX_COUNT) -> bool:
+def keep_instance(
+    tokens: np.ndarray, max_period: int = MAX_PERIOD, min_period: int = MIN_PERIOD, max_count: int = MAX_COUNT
+) -> bool:
     """False when some n-gram of length min_period..max_period repeats >= max_count times in a row."""
     longest_period = min(max_period, len(tokens) // 3)
     return all(max_repeats(tokens, p) < max_count for p in range(min_period, longest_period + 1))

@@ -61,18 +61,24 @@ def work_dir_of(data_cfg) -> Path:
 
 
 def tokenizer_fields(data_cfg) -> TokenizerFields:
-    return TokenizerFields(vocab_size=data_cfg.vocab_size, eos_token_id=data_cfg.eos_token_id,
-                           pad_token_id=data_cfg.pad_token_id, bos_token_id=data_cfg.bos_token_id)
+    return TokenizerFields(
+        vocab_size=data_cfg.vocab_size,
+        eos_token_id=data_cfg.eos_token_id,
+        pad_token_id=data_cfg.pad_token_id,
+        bos_token_id=data_cfg.bos_token_id,
+    )
 
 
 def build_source(data_cfg, paths: Optional[Sequence[str]] = None) -> TokenSource:
     """The instances of `data_cfg.paths` (or `paths`), checked against the configured tokenizer."""
     specs = list(paths if paths is not None else data_cfg.paths)
     check_manifest_tokenizers(specs, tokenizer_fields(data_cfg))
-    files = resolve_paths(specs, mix_base=data_cfg.mix_base, tokenizer_dir=data_cfg.mix_tokenizer_dir,
-                          cache_dir=work_dir_of(data_cfg))
-    return TokenSource(files, data_cfg.seq_len, tokenizer_fields(data_cfg),
-                       max_target_seq_len=data_cfg.max_target_seq_len)
+    files = resolve_paths(
+        specs, mix_base=data_cfg.mix_base, tokenizer_dir=data_cfg.mix_tokenizer_dir, cache_dir=work_dir_of(data_cfg)
+    )
+    return TokenSource(
+        files, data_cfg.seq_len, tokenizer_fields(data_cfg), max_target_seq_len=data_cfg.max_target_seq_len
+    )
 
 
 def _chunk(data_cfg) -> int:
@@ -101,15 +107,21 @@ class RankBatches:
         return num_batches(self.order_len, self.global_batch) - self.start_batch
 
     def __repr__(self) -> str:  # Grain compares reprs on set_state; keep it stable
-        return (f"RankBatches({self.source.fingerprint}, order={os.path.basename(self.order_path)}, "
-                f"B={self.global_batch}, ranks={self.dp_rank}+{self.local_ranks}/{self.dp_size}, "
-                f"start={self.start_batch})")
+        return (
+            f"RankBatches({self.source.fingerprint}, order={os.path.basename(self.order_path)}, "
+            f"B={self.global_batch}, ranks={self.dp_rank}+{self.local_ranks}/{self.dp_size}, "
+            f"start={self.start_batch})"
+        )
 
     def ids(self, k: int) -> np.ndarray:
         order = np.memmap(self.order_path, dtype=np.uint32, mode="r", shape=(self.order_len,))
         b = self.start_batch + int(k)
-        return np.concatenate([rank_ids(order, b, self.global_batch, r, self.dp_size)
-                               for r in range(self.dp_rank, self.dp_rank + self.local_ranks)])
+        return np.concatenate(
+            [
+                rank_ids(order, b, self.global_batch, r, self.dp_size)
+                for r in range(self.dp_rank, self.dp_rank + self.local_ranks)
+            ]
+        )
 
     def __getitem__(self, k: int) -> dict:
         ids = self.ids(k)
@@ -129,18 +141,34 @@ def _grain_loader(batches: RankBatches, workers: int):
 
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
-    sampler = grain.samplers.IndexSampler(num_records=len(batches), shard_options=grain.sharding.NoSharding(),
-                                          shuffle=False, num_epochs=1)
-    return grain.DataLoader(data_source=batches, sampler=sampler, worker_count=workers,
-                            shard_options=grain.sharding.NoSharding(),
-                            read_options=grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
+    sampler = grain.samplers.IndexSampler(
+        num_records=len(batches), shard_options=grain.sharding.NoSharding(), shuffle=False, num_epochs=1
+    )
+    return grain.DataLoader(
+        data_source=batches,
+        sampler=sampler,
+        worker_count=workers,
+        shard_options=grain.sharding.NoSharding(),
+        read_options=grain.ReadOptions(num_threads=2, prefetch_buffer_size=4),
+    )
 
 
 class Loader:
     """Iterator of per-process batches across epochs, with exact resume state. See the module doc."""
 
-    def __init__(self, data_cfg, source: TokenSource, global_batch: int, dp_rank: int, dp_size: int,
-                 local_ranks: int, epoch: int, batches_processed: int, seed: int, workers: int):
+    def __init__(
+        self,
+        data_cfg,
+        source: TokenSource,
+        global_batch: int,
+        dp_rank: int,
+        dp_size: int,
+        local_ranks: int,
+        epoch: int,
+        batches_processed: int,
+        seed: int,
+        workers: int,
+    ):
         check_rank(global_batch, dp_rank, dp_size)
         if local_ranks < 1 or dp_rank + local_ranks > dp_size:
             raise ValueError(f"ranks {dp_rank}..{dp_rank + local_ranks - 1} are not within 0..{dp_size - 1}")
@@ -149,22 +177,34 @@ class Loader:
         self.epoch, self.batches_processed, self.seed, self.workers = epoch, batches_processed, seed, workers
         self.batches_per_epoch = num_batches(len(source), global_batch)
         if self.batches_per_epoch == 0:
-            raise ValueError(f"{len(source)} instances of {data_cfg.seq_len} tokens make no global batch of "
-                             f"{global_batch}; add data or lower the batch size")
+            raise ValueError(
+                f"{len(source)} instances of {data_cfg.seq_len} tokens make no global batch of "
+                f"{global_batch}; add data or lower the batch size"
+            )
         self._delivered = 0
         self._repeats = 0
         self._seen_epoch: Optional[int] = None
         self._seen = np.zeros(0, dtype=np.uint8)
 
     def _order_path(self, epoch: int) -> tuple[str, int]:
-        order = cached_permutation(work_dir_of(self.cfg) / "orders", len(self.source), self.seed, epoch,
-                                   _chunk(self.cfg))
+        order = cached_permutation(
+            work_dir_of(self.cfg) / "orders", len(self.source), self.seed, epoch, _chunk(self.cfg)
+        )
         return order.filename, len(order)
 
     def epoch_batches(self, epoch: int, start_batch: int) -> RankBatches:
         path, length = self._order_path(epoch)
-        return RankBatches(self.source, path, length, self.global_batch, self.dp_rank, self.dp_size,
-                           self.local_ranks, start_batch, self.cfg.instance_filter)
+        return RankBatches(
+            self.source,
+            path,
+            length,
+            self.global_batch,
+            self.dp_rank,
+            self.dp_size,
+            self.local_ranks,
+            start_batch,
+            self.cfg.instance_filter,
+        )
 
     def __iter__(self) -> Iterator[dict]:
         while True:
@@ -222,15 +262,24 @@ def describe_change(saved: dict, source: TokenSource, data_cfg) -> str:
     if added:
         changes.append(f"{len(added)} file(s) new, e.g. {added[0]}")
     if resized:
-        changes.append(f"{len(resized)} file(s) changed size, e.g. {resized[0]}: {old[resized[0]]} -> {new[resized[0]]} bytes")
+        changes.append(
+            f"{len(resized)} file(s) changed size, e.g. {resized[0]}: {old[resized[0]]} -> {new[resized[0]]} bytes"
+        )
     if not changes and [n for n, _ in saved.get("files", [])] != list(new):
         changes.append("the same files in a different order")
     return "; ".join(changes) or "unknown (the saved state has no file list)"
 
 
-def make_loader(data_cfg, global_batch: int, dp_rank: int = 0, dp_size: int = 1, local_ranks: int = 1,
-                state: Optional[dict] = None, allow_fingerprint_mismatch: bool = False,
-                source: Optional[TokenSource] = None) -> Loader:
+def make_loader(
+    data_cfg,
+    global_batch: int,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    local_ranks: int = 1,
+    state: Optional[dict] = None,
+    allow_fingerprint_mismatch: bool = False,
+    source: Optional[TokenSource] = None,
+) -> Loader:
     """A loader for `data_cfg` (olmax.config.DataConfig); see the module doc for the contract.
 
     `global_batch` counts instances. Without `state` it starts at epoch 1, batch 0.
@@ -245,7 +294,8 @@ def make_loader(data_cfg, global_batch: int, dp_rank: int = 0, dp_size: int = 1,
             if not allow_fingerprint_mismatch:
                 raise DataStateError(
                     f"the data differs from the checkpoint's ({what}); the order would differ too. "
-                    "Pass allow_fingerprint_mismatch (--allow-data-change) to continue anyway.")
+                    "Pass allow_fingerprint_mismatch (--allow-data-change) to continue anyway."
+                )
             log.warning("data fingerprint mismatch allowed: %s", what)
         if state["seed"] != seed:
             log.warning("data seed %s in the checkpoint overrides the configured %s", state["seed"], seed)
@@ -253,12 +303,19 @@ def make_loader(data_cfg, global_batch: int, dp_rank: int = 0, dp_size: int = 1,
         epoch = state["epoch"]
         # As OLMo-core: position by tokens, so a changed batch size resumes where the data left off.
         batches = state["tokens_processed"] // (global_batch * data_cfg.seq_len)
-    return Loader(data_cfg, source, global_batch, dp_rank, dp_size, local_ranks, epoch, batches, seed,
-                  data_cfg.num_workers)
+    return Loader(
+        data_cfg, source, global_batch, dp_rank, dp_size, local_ranks, epoch, batches, seed, data_cfg.num_workers
+    )
 
 
-def eval_batches(data_cfg, paths: Sequence[str], batch_size: int, max_batches: Optional[int] = None,
-                 dp_rank: int = 0, dp_size: int = 1) -> Iterator[np.ndarray]:
+def eval_batches(
+    data_cfg,
+    paths: Sequence[str],
+    batch_size: int,
+    max_batches: Optional[int] = None,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+) -> Iterator[np.ndarray]:
     """Held-out instances in file order, unshuffled: (batch_size / dp_size, seq_len) int32 per rank."""
     source = build_source(data_cfg, paths)
     check_rank(batch_size, dp_rank, dp_size)
@@ -270,8 +327,9 @@ def eval_batches(data_cfg, paths: Sequence[str], batch_size: int, max_batches: O
         yield np.stack([source[int(i)] for i in ids]).astype(np.int32)
 
 
-def order_report(data_cfg, global_batch: int, steps: range, epoch: int = 1, dp_size: int = 1,
-                 dp_rank: Optional[int] = None) -> dict:
+def order_report(
+    data_cfg, global_batch: int, steps: range, epoch: int = 1, dp_size: int = 1, dp_rank: Optional[int] = None
+) -> dict:
     """Which instances (and which file, token offset) each rank trained on at each step.
 
     Steps count from 1 as in OLMo-core's trainer: step s trains on batch s - 1 of the epoch.
@@ -288,9 +346,19 @@ def order_report(data_cfg, global_batch: int, steps: range, epoch: int = 1, dp_s
         for r in ranks:
             ids = rank_ids(order, step - 1, global_batch, r, dp_size)
             where = [source.locate(int(i)) for i in ids]
-            per_rank.append({"rank": r, "ids": ids.tolist(), "file": [w[0] for w in where],
-                             "offset": [w[1] for w in where]})
+            per_rank.append(
+                {"rank": r, "ids": ids.tolist(), "file": [w[0] for w in where], "offset": [w[1] for w in where]}
+            )
         report_steps.append({"step": step, "batch": step - 1, "ranks": per_rank})
-    return {"fingerprint": source.fingerprint, "instances": len(source), "batches_per_epoch": total,
-            "seed": data_cfg.seed, "epoch": epoch, "global_batch_instances": global_batch,
-            "seq_len": data_cfg.seq_len, "dp_size": dp_size, "files": source.paths, "steps": report_steps}
+    return {
+        "fingerprint": source.fingerprint,
+        "instances": len(source),
+        "batches_per_epoch": total,
+        "seed": data_cfg.seed,
+        "epoch": epoch,
+        "global_batch_instances": global_batch,
+        "seq_len": data_cfg.seq_len,
+        "dp_size": dp_size,
+        "files": source.paths,
+        "steps": report_steps,
+    }

@@ -94,9 +94,8 @@ def batch_ids(order: np.ndarray, batch: int, global_batch: int) -> np.ndarray:
     """All instance ids of global batch `batch` (0-based), in OLMo-core's row order."""
     total = num_batches(len(order), global_batch)
     if not 0 <= batch < total:
-        raise OrderError(f"batch {batch} is not in 0..{total - 1} ({len(order)} instances, "
-                         f"{global_batch} per batch)")
-    return np.asarray(order[batch * global_batch:(batch + 1) * global_batch], dtype=np.int64)
+        raise OrderError(f"batch {batch} is not in 0..{total - 1} ({len(order)} instances, {global_batch} per batch)")
+    return np.asarray(order[batch * global_batch : (batch + 1) * global_batch], dtype=np.int64)
 
 
 def rank_ids(order: np.ndarray, batch: int, global_batch: int, dp_rank: int, dp_size: int) -> np.ndarray:

@@ -102,8 +102,12 @@ def _glob(pattern: str) -> list[str]:
     return sorted(matches)
 
 
-def resolve_paths(specs: Sequence[str], mix_base: Optional[str] = None,
-                  tokenizer_dir: str = DOLMA3_TOKENIZER_DIR, cache_dir: Optional[str | Path] = None) -> list[str]:
+def resolve_paths(
+    specs: Sequence[str],
+    mix_base: Optional[str] = None,
+    tokenizer_dir: str = DOLMA3_TOKENIZER_DIR,
+    cache_dir: Optional[str | Path] = None,
+) -> list[str]:
     """Expand shard paths, globs, manifest directories, mix files (`*.txt`) and the demo corpus
     (`demo`, `demo:heldout`, tokenized into `cache_dir` on first use) into shard paths."""
     if not specs:
@@ -137,7 +141,8 @@ def check_manifest_tokenizers(specs: Sequence[str], tok: TokenizerFields) -> Non
             if made.get(field) != getattr(tok, field):
                 raise DataSourceError(
                     f"{spec} was tokenized with {made.get('name')} ({field}={made.get(field)}), but the data "
-                    f"config says {field}={getattr(tok, field)}")
+                    f"config says {field}={getattr(tok, field)}"
+                )
 
 
 # -- reading files --------------------------------------------------------------------------------
@@ -176,7 +181,8 @@ def read_bytes(path: str, start: int, length: int) -> bytes:
         if len(data) != length:
             raise DataSourceError(
                 f"data file {path}: asked for {length} bytes at {start}, got {len(data)} (a server that "
-                "ignores HTTP Range requests, or a file that changed size)")
+                "ignores HTTP Range requests, or a file that changed size)"
+            )
         return data
     with open(path, "rb") as f:
         f.seek(start)
@@ -200,14 +206,20 @@ def _remote_error(what: str, exc: Exception) -> DataSourceError:
     return RemoteReadError(f"{what} cannot be read: {type(cause).__name__}: {cause}")
 
 
-def fingerprint(tok: TokenizerFields, max_target_seq_len: Optional[int], paths: Sequence[str],
-                sizes: Sequence[int]) -> str:
+def fingerprint(
+    tok: TokenizerFields, max_target_seq_len: Optional[int], paths: Sequence[str], sizes: Sequence[int]
+) -> str:
     """OLMo-core's `NumpyFSLDataset.fingerprint` (fingerprint version v2.0)."""
     h = hashlib.sha256()
     h.update(b"class=NumpyFSLDataset")
-    fields = (("vocab_size", tok.vocab_size), ("pad_token_id", tok.pad_token_id),
-              ("eos_token_id", tok.eos_token_id), ("dtype", tok.dtype),
-              ("max_target_sequence_length", max_target_seq_len), ("bos_token_id", tok.bos_token_id))
+    fields = (
+        ("vocab_size", tok.vocab_size),
+        ("pad_token_id", tok.pad_token_id),
+        ("eos_token_id", tok.eos_token_id),
+        ("dtype", tok.dtype),
+        ("max_target_sequence_length", max_target_seq_len),
+        ("bos_token_id", tok.bos_token_id),
+    )
     for name, value in fields:
         h.update(f"{name}={value},".encode())
     for path, size in zip(paths, sizes):
@@ -225,16 +237,21 @@ class TokenSource:
     Grain's state check requires.
     """
 
-    def __init__(self, paths: Sequence[str], seq_len: int, tokenizer: TokenizerFields,
-                 max_target_seq_len: Optional[int] = None, sizes: Optional[Sequence[int]] = None,
-                 check: bool = True):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        seq_len: int,
+        tokenizer: TokenizerFields,
+        max_target_seq_len: Optional[int] = None,
+        sizes: Optional[Sequence[int]] = None,
+        check: bool = True,
+    ):
         if not paths:
             raise DataSourceError("no data files")
         if seq_len <= 0:
             raise DataSourceError(f"seq_len must be positive, got {seq_len}")
         if max_target_seq_len is not None and (max_target_seq_len < seq_len or max_target_seq_len % seq_len):
-            raise DataSourceError(
-                f"max_target_seq_len={max_target_seq_len} must be a multiple of seq_len={seq_len}")
+            raise DataSourceError(f"max_target_seq_len={max_target_seq_len} must be a multiple of seq_len={seq_len}")
         self.paths = [str(p) for p in paths]
         self.seq_len = seq_len
         self.tokenizer = tokenizer
@@ -246,14 +263,16 @@ class TokenSource:
                 list(pool.map(self._check_file, range(len(self.paths))))
         itemsize = np.dtype(self.dtype).itemsize
         counts = []
-        for path, size in zip(self.paths, self.sizes):
+        for _path, size in zip(self.paths, self.sizes):
             n_tokens = size // itemsize
             if max_target_seq_len is None or max_target_seq_len == seq_len:
                 counts.append(n_tokens // seq_len)
             else:
                 counts.append((n_tokens // max_target_seq_len) * (max_target_seq_len // seq_len))
         self.instances_per_file = np.asarray(counts, dtype=np.int64)
-        self.offsets = np.concatenate([[0], np.cumsum(self.instances_per_file)])  # global id of each file's first instance
+        self.offsets = np.concatenate(
+            [[0], np.cumsum(self.instances_per_file)]
+        )  # global id of each file's first instance
         self.fingerprint = fingerprint(tokenizer, max_target_seq_len, self.paths, self.sizes)
 
     def __len__(self) -> int:
@@ -285,8 +304,10 @@ class TokenSource:
         finally:
             os.close(fd)
         if got != out.nbytes:
-            raise DataSourceError(f"data file {path} ended {out.nbytes - got} bytes early reading tokens "
-                                  f"{start}..{start + count} (truncated after it was indexed?)")
+            raise DataSourceError(
+                f"data file {path} ended {out.nbytes - got} bytes early reading tokens "
+                f"{start}..{start + count} (truncated after it was indexed?)"
+            )
         return out
 
     def _check_file(self, fi: int) -> None:
@@ -298,11 +319,13 @@ class TokenSource:
         if head.startswith(NPY_MAGIC):
             raise DataSourceError(
                 f"data file {path} is a .npy file with a header; olmax and OLMo-core read raw, headerless "
-                "token arrays (write them with ndarray.tofile or `olmax tokenize`)")
+                "token arrays (write them with ndarray.tofile or `olmax tokenize`)"
+            )
         if size % itemsize:
             raise DataSourceError(
                 f"data file {path}: {size} bytes is not a multiple of the {np.dtype(self.dtype).name} "
-                f"item size {itemsize} (wrong dtype for vocab size {self.tokenizer.vocab_size}, or a truncated file)")
+                f"item size {itemsize} (wrong dtype for vocab size {self.tokenizer.vocab_size}, or a truncated file)"
+            )
         sample = np.frombuffer(head[: len(head) - len(head) % itemsize], dtype=self.dtype)
         self._check_ids(fi, sample, 0)
 
@@ -312,7 +335,8 @@ class TokenSource:
             pos = first + int(bad[0])
             raise DataSourceError(
                 f"data file {self.paths[fi]}: token {int(ids[bad[0]])} at position {pos} is >= the vocab "
-                f"size {self.tokenizer.vocab_size} (wrong tokenizer or dtype?)")
+                f"size {self.tokenizer.vocab_size} (wrong tokenizer or dtype?)"
+            )
 
     def check_all(self, block_tokens: int = 1 << 24) -> dict:
         """Read every token of every file and check it against the vocabulary (`olmax data check`)."""
@@ -323,5 +347,4 @@ class TokenSource:
                 ids = self._read(fi, start, min(block_tokens, n - start))
                 self._check_ids(fi, ids, start)
             total += n
-        return {"files": len(self.paths), "tokens": total, "instances": len(self),
-                "fingerprint": self.fingerprint}
+        return {"files": len(self.paths), "tokens": total, "instances": len(self), "fingerprint": self.fingerprint}

@@ -211,8 +211,7 @@ class _ShardWriter:
             os.fsync(f.fileno())
         os.replace(tmp, self.out_dir / name)
         self.progress["shards"].append(
-            {"path": name, "tokens": self.pending_tokens, "documents": self.pending_docs,
-             "sha256": digest.hexdigest()}
+            {"path": name, "tokens": self.pending_tokens, "documents": self.pending_docs, "sha256": digest.hexdigest()}
         )
         self.pending, self.pending_tokens, self.pending_docs = [], 0, 0
         self._commit()
@@ -266,23 +265,32 @@ def tokenize_files(
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("config") != config:
-            raise TokenizeError(f"{out} already holds a finished tokenization with other settings "
-                                f"({_describe_change(manifest.get('config', {}), config)}); use a new --out")
+            raise TokenizeError(
+                f"{out} already holds a finished tokenization with other settings "
+                f"({_describe_change(manifest.get('config', {}), config)}); use a new --out"
+            )
         return manifest
     if progress_path.is_file():
         progress = json.loads(progress_path.read_text())
         if progress.get("config") != config:
-            raise TokenizeError(f"{out} holds an interrupted tokenization with other settings "
-                                f"({_describe_change(progress.get('config', {}), config)}); use a new --out")
+            raise TokenizeError(
+                f"{out} holds an interrupted tokenization with other settings "
+                f"({_describe_change(progress.get('config', {}), config)}); use a new --out"
+            )
     else:
-        progress = {"config": config, "shards": [], "next": [0, 0],
-                    "source_counts": [[0, 0] for _ in paths]}
+        progress = {"config": config, "shards": [], "next": [0, 0], "source_counts": [[0, 0] for _ in paths]}
 
     writer = _ShardWriter(out, shard_tokens, progress)
     start = tuple(progress["next"])
     done_bytes = sum(p.stat().st_size for p in paths[: start[0]])
-    bar = tqdm(total=sum(p.stat().st_size for p in paths), initial=done_bytes, unit="B",
-               unit_scale=True, desc="tokenize", disable=not show_progress)
+    bar = tqdm(
+        total=sum(p.stat().st_size for p in paths),
+        initial=done_bytes,
+        unit="B",
+        unit_scale=True,
+        desc="tokenize",
+        disable=not show_progress,
+    )
 
     def consume(file_index: int, enc: _Encoded, last_of_file: bool) -> None:
         writer.add(file_index, enc)
@@ -296,8 +304,9 @@ def tokenize_files(
         for batch, last in _mark_last_of_file(batches):
             consume(batch.file_index, _encode_batch(batch, str(paths[batch.file_index])), last)
     else:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(tokenizer,)) as pool:
+        with ProcessPoolExecutor(
+            workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(tokenizer,)
+        ) as pool:
             in_flight: collections.deque = collections.deque()
             for batch, last in _mark_last_of_file(batches):
                 name = str(paths[batch.file_index])
@@ -318,8 +327,10 @@ def tokenize_files(
         "dtype": np.dtype(encoder.info.dtype).name,
         "shards": progress["shards"],
         "total_tokens": sum(s["tokens"] for s in progress["shards"]),
-        "sources": [{"path": str(p), "bytes": p.stat().st_size, "documents": d, "tokens": t}
-                    for p, (d, t) in zip(paths, progress["source_counts"])],
+        "sources": [
+            {"path": str(p), "bytes": p.stat().st_size, "documents": d, "tokens": t}
+            for p, (d, t) in zip(paths, progress["source_counts"])
+        ],
     }
     _write_atomic_json(manifest_path, manifest)
     progress_path.unlink()
@@ -341,7 +352,11 @@ def read_manifest(directory: str | Path) -> dict:
     """The manifest of a finished tokenization, with a clear error if there is none."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        hint = " (an interrupted run: rerun `olmax tokenize` to finish it)" if (Path(directory) / PROGRESS).is_file() else ""
+        hint = (
+            " (an interrupted run: rerun `olmax tokenize` to finish it)"
+            if (Path(directory) / PROGRESS).is_file()
+            else ""
+        )
         raise TokenizeError(f"{directory} has no {MANIFEST}{hint}")
     manifest = json.loads(path.read_text())
     if manifest.get("format") != FORMAT:

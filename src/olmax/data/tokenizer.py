@@ -118,9 +118,7 @@ class Dolma2Tokenizer:
             mergeable_ranks=base._mergeable_ranks,
             special_tokens=DOLMA2_ADDED_TOKENS,
         )
-        identity = hashlib.sha256(
-            (CL100K_SHA256 + repr(sorted(DOLMA2_ADDED_TOKENS.items()))).encode()
-        ).hexdigest()
+        identity = hashlib.sha256((CL100K_SHA256 + repr(sorted(DOLMA2_ADDED_TOKENS.items()))).encode()).hexdigest()
         self.info = TokenizerInfo(
             name="dolma2",
             identity=identity,

@@ -66,18 +66,26 @@ def default_landmarks(a: Binned, b: Binned, n: int = 8) -> list[int]:
     return [int(common[i]) for i in picks]
 
 
-def gap_table(a: Binned, b: Binned, landmarks: Sequence[int], bin_size: int,
-              ref: Optional[Binned] = None) -> list[dict]:
+def gap_table(
+    a: Binned, b: Binned, landmarks: Sequence[int], bin_size: int, ref: Optional[Binned] = None
+) -> list[dict]:
     rows = []
     for step in landmarks:
         va, vb = value_at(a, step, bin_size), value_at(b, step, bin_size)
-        row = {"step": int(step), "a": va, "b": vb,
-               "gap": None if va is None or vb is None else vb - va,
-               "rel_gap": None if va is None or vb is None or va == 0 else (vb - va) / abs(va)}
+        row = {
+            "step": int(step),
+            "a": va,
+            "b": vb,
+            "gap": None if va is None or vb is None else vb - va,
+            "rel_gap": None if va is None or vb is None or va == 0 else (vb - va) / abs(va),
+        }
         if ref is not None:
             vr = value_at(ref, step, bin_size)
-            row.update(ref=vr, a_minus_ref=None if va is None or vr is None else va - vr,
-                       b_minus_ref=None if vb is None or vr is None else vb - vr)
+            row.update(
+                ref=vr,
+                a_minus_ref=None if va is None or vr is None else va - vr,
+                b_minus_ref=None if vb is None or vr is None else vb - vr,
+            )
         rows.append(row)
     return rows
 
@@ -107,14 +115,20 @@ def _fmt(x: Optional[float], spec: str = ".4f") -> str:
 
 def markdown(report: dict) -> str:
     has_ref = report["ref"] is not None
-    lines = [f"# {report['metric']}: {report['label_a']} (A) vs {report['label_b']} (B)", "",
-             f"Bins of {report['bin_size']} steps (mean of the logged values in each bin), smoothing "
-             f"{report['smooth']} bin(s); a landmark reads the bin that contains it. Gap = B - A.", "",
-             "| step | A | B | gap | rel. gap |" + (" ref | A - ref | B - ref |" if has_ref else ""),
-             "|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if has_ref else "")]
+    lines = [
+        f"# {report['metric']}: {report['label_a']} (A) vs {report['label_b']} (B)",
+        "",
+        f"Bins of {report['bin_size']} steps (mean of the logged values in each bin), smoothing "
+        f"{report['smooth']} bin(s); a landmark reads the bin that contains it. Gap = B - A.",
+        "",
+        "| step | A | B | gap | rel. gap |" + (" ref | A - ref | B - ref |" if has_ref else ""),
+        "|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if has_ref else ""),
+    ]
     for r in report["landmarks"]:
-        line = (f"| {r['step']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {_fmt(r['gap'], '+.4f')} | "
-                f"{_fmt(None if r['rel_gap'] is None else 100 * r['rel_gap'], '+.2f')}% |")
+        line = (
+            f"| {r['step']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {_fmt(r['gap'], '+.4f')} | "
+            f"{_fmt(None if r['rel_gap'] is None else 100 * r['rel_gap'], '+.2f')}% |"
+        )
         if has_ref:
             line += f" {_fmt(r['ref'])} | {_fmt(r['a_minus_ref'], '+.4f')} | {_fmt(r['b_minus_ref'], '+.4f')} |"
         lines.append(line)
@@ -123,17 +137,33 @@ def markdown(report: dict) -> str:
     if p["common_steps"] == 0:
         lines.append("The runs share no logged step.")
     else:
-        verdict = ("identical at every shared step" if p["first_divergent_step"] is None
-                   else f"first differ at step {p['first_divergent_step']}")
-        lines.append(f"{p['common_steps']} shared steps ({p['first_step']}-{p['last_step']}): max |B - A| "
-                     f"{p['max_abs_delta']:.3g}, mean {p['mean_abs_delta']:.3g}; {p['steps_over_tolerance']} "
-                     f"step(s) over tolerance {p['tolerance']:g}: {verdict}.")
+        verdict = (
+            "identical at every shared step"
+            if p["first_divergent_step"] is None
+            else f"first differ at step {p['first_divergent_step']}"
+        )
+        lines.append(
+            f"{p['common_steps']} shared steps ({p['first_step']}-{p['last_step']}): max |B - A| "
+            f"{p['max_abs_delta']:.3g}, mean {p['mean_abs_delta']:.3g}; {p['steps_over_tolerance']} "
+            f"step(s) over tolerance {p['tolerance']:g}: {verdict}."
+        )
     return "\n".join(lines) + "\n"
 
 
-def compare_runs(run_a: str, run_b: str, out: str | Path, *, metric: str = DEFAULT_METRIC, bin_size: int = 2000,
-                 smooth: int = 1, landmarks: Optional[Sequence[int]] = None, ref_csv: Optional[str] = None,
-                 label_a: Optional[str] = None, label_b: Optional[str] = None, tolerance: float = 0.0) -> dict:
+def compare_runs(
+    run_a: str,
+    run_b: str,
+    out: str | Path,
+    *,
+    metric: str = DEFAULT_METRIC,
+    bin_size: int = 2000,
+    smooth: int = 1,
+    landmarks: Optional[Sequence[int]] = None,
+    ref_csv: Optional[str] = None,
+    label_a: Optional[str] = None,
+    label_b: Optional[str] = None,
+    tolerance: float = 0.0,
+) -> dict:
     """`olmax compare`: writes overlay.png, paired_diff.png, compare.md and compare.json into `out`."""
     from olmax.evals.plots import plot_overlay, plot_paired_diff
 
@@ -152,9 +182,14 @@ def compare_runs(run_a: str, run_b: str, out: str | Path, *, metric: str = DEFAU
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = {
-        "metric": metric, "label_a": label_a or Path(run_a).name, "label_b": label_b or Path(run_b).name,
-        "run_a": str(run_a), "run_b": str(run_b), "ref": str(ref_csv) if ref_csv else None,
-        "bin_size": bin_size, "smooth": smooth,
+        "metric": metric,
+        "label_a": label_a or Path(run_a).name,
+        "label_b": label_b or Path(run_b).name,
+        "run_a": str(run_a),
+        "run_b": str(run_b),
+        "ref": str(ref_csv) if ref_csv else None,
+        "bin_size": bin_size,
+        "smooth": smooth,
         "landmarks": gap_table(ba, bb, marks, bin_size, bref),
         "paired": paired_diff(a, b, tolerance),
     }

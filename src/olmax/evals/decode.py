@@ -48,10 +48,12 @@ def _cache_attention(k_cache, v_cache, start, positions, window):
         b, t, h, d = q.shape
         kv = k_all.shape[2]
         k_pos = jnp.arange(k_all.shape[1])
-        visible = ((k_pos[None, None, :] <= positions[:, :, None])
-                   & (positions[:, :, None] - k_pos[None, None, :] < window))
-        scores = jnp.einsum("btkgd,bskd->bkgts", q.reshape(b, t, kv, h // kv, d), k_all,
-                            preferred_element_type=jnp.float32) * (d**-0.5)
+        visible = (k_pos[None, None, :] <= positions[:, :, None]) & (
+            positions[:, :, None] - k_pos[None, None, :] < window
+        )
+        scores = jnp.einsum(
+            "btkgd,bskd->bkgts", q.reshape(b, t, kv, h // kv, d), k_all, preferred_element_type=jnp.float32
+        ) * (d**-0.5)
         scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(v_all.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v_all).reshape(b, t, h, d)
@@ -82,8 +84,8 @@ def cached_forward(params: dict, cache: dict, tokens: jnp.ndarray, start: jnp.nd
         cos, sin = (jnp.where(scaled, a, b) for a, b in zip(ropes[True], ropes[False]))
         return block(cfg, p, x, cos, sin, _cache_attention(k_cache, v_cache, start, positions, window))
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, (params["layers"], cache["k"], cache["v"],
-                                                _layer_windows(cfg, length), scaled_layers))
+    x, (k_new, v_new) = jax.lax.scan(
+        layer, x, (params["layers"], cache["k"], cache["v"], _layer_windows(cfg, length), scaled_layers)
+    )
     hidden = rms_norm(x, params["final_norm"], cfg.norm_eps)
     return lm_head(params, hidden, cfg), {"k": k_new, "v": v_new}
-

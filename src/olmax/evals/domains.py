@@ -87,7 +87,7 @@ def document_windows(ids: list[int], prefix: int, seq_len: int) -> list[np.ndarr
     a target exactly once (the first input of a window is the last target of the one before)."""
     seq = np.asarray([prefix] + ids, np.int32)
     step = seq_len - 1
-    return [seq[s:s + seq_len] for s in range(0, len(seq) - 1, step)]
+    return [seq[s : s + seq_len] for s in range(0, len(seq) - 1, step)]
 
 
 @dataclass
@@ -107,8 +107,15 @@ def _figures(nll: float, tokens: int, n_bytes: int) -> dict:
     return {"loss": loss, "ppl": math.exp(loss), "bpb": nll / (math.log(2) * n_bytes)}
 
 
-def score_domains(scorer: TokenScorer, params: dict, domains: dict[str, list[str]], *, seq_len: int,
-                  batch: int, tokenizer: str = "dolma2") -> dict:
+def score_domains(
+    scorer: TokenScorer,
+    params: dict,
+    domains: dict[str, list[str]],
+    *,
+    seq_len: int,
+    batch: int,
+    tokenizer: str = "dolma2",
+) -> dict:
     """Per-domain figures plus macro and micro averages (see the module doc)."""
     if seq_len < 2:
         raise ValueError(f"seq_len must be at least 2, got {seq_len}")
@@ -125,50 +132,78 @@ def score_domains(scorer: TokenScorer, params: dict, domains: dict[str, list[str
     # Longest first, stable: batches of similar length, in an order fixed by the data alone.
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][1]))
     for start in range(0, len(order), batch):
-        chunk = [rows[i] for i in order[start:start + batch]]
+        chunk = [rows[i] for i in order[start : start + batch]]
         width = _bucket(max(len(w) for _, w in chunk), seq_len)
         tokens = np.zeros((len(chunk), width), np.int32)
         labels = np.full((len(chunk), width), IGNORE, np.int32)
         for r, (_, w) in enumerate(chunk):
-            tokens[r, :len(w)] = w
-            labels[r, :len(w) - 1] = w[1:]
+            tokens[r, : len(w)] = w
+            labels[r, : len(w) - 1] = w[1:]
         nll, _ = scorer(params, tokens, labels)
         for r, (domain, w) in enumerate(chunk):
             totals[domain].nll += float(np.sum(nll[r], dtype=np.float64))
             totals[domain].tokens += len(w) - 1
-    per_domain = {d: {"docs": t.docs, "tokens": t.tokens, "bytes": t.bytes, **_figures(t.nll, t.tokens, t.bytes)}
-                  for d, t in totals.items() if t.tokens}
+    per_domain = {
+        d: {"docs": t.docs, "tokens": t.tokens, "bytes": t.bytes, **_figures(t.nll, t.tokens, t.bytes)}
+        for d, t in totals.items()
+        if t.tokens
+    }
     if not per_domain:
         raise ValueError("no document has any text to score")
     macro = {k: float(np.mean([r[k] for r in per_domain.values()])) for k in ("loss", "ppl", "bpb")}
     all_nll = sum(t.nll for t in totals.values())
-    micro = {"docs": sum(t.docs for t in totals.values()), "tokens": sum(t.tokens for t in totals.values()),
-             "bytes": sum(t.bytes for t in totals.values())}
+    micro = {
+        "docs": sum(t.docs for t in totals.values()),
+        "tokens": sum(t.tokens for t in totals.values()),
+        "bytes": sum(t.bytes for t in totals.values()),
+    }
     micro.update(_figures(all_nll, micro["tokens"], micro["bytes"]))
     return {"domains": per_domain, "macro": macro, "micro": micro}
 
 
-def eval_domains(ckpt: str, data: str, *, seq_len: int, batch: int, by: str = "auto",
-                 max_docs: Optional[int] = None, tokenizer: str = "dolma2", step: Optional[int] = None,
-                 compute_dtype: Optional[str] = None, mesh: Optional[Mesh] = None) -> dict:
+def eval_domains(
+    ckpt: str,
+    data: str,
+    *,
+    seq_len: int,
+    batch: int,
+    by: str = "auto",
+    max_docs: Optional[int] = None,
+    tokenizer: str = "dolma2",
+    step: Optional[int] = None,
+    compute_dtype: Optional[str] = None,
+    mesh: Optional[Mesh] = None,
+) -> dict:
     """`olmax eval domains`: per-domain loss, perplexity and bits per byte of a checkpoint."""
     mesh = mesh or eval_mesh()
     params, cfg, meta = load_checkpoint(ckpt, mesh, step=step, compute_dtype=compute_dtype)
     scorer = TokenScorer(cfg, mesh, real_vocab=True)
-    report = score_domains(scorer, params, read_domains(data, by, max_docs), seq_len=seq_len, batch=batch,
-                           tokenizer=tokenizer)
-    return {"ckpt": str(ckpt), "step": meta["step"], "data": str(data), "by": by, "seq_len": seq_len,
-            "compute_dtype": cfg.compute_dtype, **report}
+    report = score_domains(
+        scorer, params, read_domains(data, by, max_docs), seq_len=seq_len, batch=batch, tokenizer=tokenizer
+    )
+    return {
+        "ckpt": str(ckpt),
+        "step": meta["step"],
+        "data": str(data),
+        "by": by,
+        "seq_len": seq_len,
+        "compute_dtype": cfg.compute_dtype,
+        **report,
+    }
 
 
 def format_domains(report: dict) -> str:
     """A markdown table of the per-domain figures and the two averages."""
     lines = ["| domain | docs | tokens | bytes | loss | ppl | bits/byte |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in report["domains"].items():
-        lines.append(f"| {name} | {r['docs']} | {r['tokens']} | {r['bytes']} | {r['loss']:.4f} | "
-                     f"{r['ppl']:.2f} | {r['bpb']:.4f} |")
+        lines.append(
+            f"| {name} | {r['docs']} | {r['tokens']} | {r['bytes']} | {r['loss']:.4f} | "
+            f"{r['ppl']:.2f} | {r['bpb']:.4f} |"
+        )
     m, mi = report["macro"], report["micro"]
     lines.append(f"| **macro** | | | | {m['loss']:.4f} | {m['ppl']:.2f} | {m['bpb']:.4f} |")
-    lines.append(f"| **micro** | {mi['docs']} | {mi['tokens']} | {mi['bytes']} | {mi['loss']:.4f} | "
-                 f"{mi['ppl']:.2f} | {mi['bpb']:.4f} |")
+    lines.append(
+        f"| **micro** | {mi['docs']} | {mi['tokens']} | {mi['bytes']} | {mi['loss']:.4f} | "
+        f"{mi['ppl']:.2f} | {mi['bpb']:.4f} |"
+    )
     return "\n".join(lines)

@@ -86,9 +86,16 @@ def _compiled(cfg: ModelConfig, sample: bool):
     return jax.jit(prefill, donate_argnums=1), jax.jit(step, donate_argnums=1)
 
 
-def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-             sampling: Sampling = Sampling(), eos_id: Optional[int] = None,
-             stop: Optional[Callable[[int, list[int]], bool]] = None) -> list[list[int]]:
+def generate(
+    params: dict,
+    cfg: ModelConfig,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    sampling: Sampling = Sampling(),
+    eos_id: Optional[int] = None,
+    stop: Optional[Callable[[int, list[int]], bool]] = None,
+) -> list[list[int]]:
     """The new tokens of each prompt (one batch); see the module doc."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -98,7 +105,7 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], m
     width = _bucket(int(lengths.max()))
     tokens = np.zeros((len(prompts), width), np.int32)
     for r, p in enumerate(prompts):
-        tokens[r, :len(p)] = p
+        tokens[r, : len(p)] = p
     cache = init_cache(cfg, len(prompts), _bucket(width + max_new_tokens))
     prefill, step = _compiled(cfg, sampling.temperature > 0)
     key = jax.random.key(sampling.seed)
@@ -110,8 +117,11 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], m
         ids = np.asarray(nxt)
         for r in np.flatnonzero(~done):
             out[r].append(int(ids[r]))
-            done[r] = (len(out[r]) >= max_new_tokens or (eos_id is not None and out[r][-1] == eos_id)
-                       or (stop is not None and stop(int(r), out[r])))
+            done[r] = (
+                len(out[r]) >= max_new_tokens
+                or (eos_id is not None and out[r][-1] == eos_id)
+                or (stop is not None and stop(int(r), out[r]))
+            )
         if done.all():
             break
         nxt, cache = step(params, cache, jnp.asarray(ids), jnp.asarray(lengths + t), key, rule, jnp.int32(t + 1))
@@ -133,13 +143,21 @@ def read_prompts(path: str | Path) -> list[str]:
         try:
             prompts.append(str(json.loads(line)["prompt"]))
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{path}:{n}: expected a JSON object with a \"prompt\" field") from None
+            raise ValueError(f'{path}:{n}: expected a JSON object with a "prompt" field') from None
     return prompts
 
 
-def generate_text(ckpt: str, prompts: Sequence[str], *, max_new_tokens: int = 64, sampling: Sampling = Sampling(),
-                  tokenizer: str = "dolma2", batch_size: int = 8, step: Optional[int] = None,
-                  dtype: Optional[str] = None) -> dict:
+def generate_text(
+    ckpt: str,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int = 64,
+    sampling: Sampling = Sampling(),
+    tokenizer: str = "dolma2",
+    batch_size: int = 8,
+    step: Optional[int] = None,
+    dtype: Optional[str] = None,
+) -> dict:
     """Load a checkpoint and continue each prompt; the report lists prompt, text, ids and why each stopped."""
     from olmax.data.tokenizer import load_tokenizer
     from olmax.evals.scoring import eval_mesh, load_checkpoint
@@ -154,20 +172,33 @@ def generate_text(ckpt: str, prompts: Sequence[str], *, max_new_tokens: int = 64
         if not ids:
             raise ValueError(f"prompt {p!r} has no tokens")
         if len(ids) + max_new_tokens > cfg.max_position:
-            raise ValueError(f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
-                             f"max_position {cfg.max_position}")
+            raise ValueError(
+                f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
+                f"max_position {cfg.max_position}"
+            )
     start = time.perf_counter()
     results = []
     for first in range(0, len(prompts), batch_size):
-        batch = encoded[first:first + batch_size]
-        for prompt, ids, new in zip(prompts[first:], batch, generate(params, cfg, batch, max_new_tokens,
-                                                                     sampling=sampling, eos_id=eos)):
+        batch = encoded[first : first + batch_size]
+        for prompt, ids, new in zip(
+            prompts[first:], batch, generate(params, cfg, batch, max_new_tokens, sampling=sampling, eos_id=eos)
+        ):
             finished = "eos" if new[-1] == eos else "length"
             text = tok.decode(new[:-1] if finished == "eos" else new)
             results.append({"prompt": prompt, "text": text, "prompt_ids": ids, "ids": new, "finish": finished})
     seconds = time.perf_counter() - start
-    return {"ckpt": str(ckpt), "step": meta["step"], "tokenizer": tokenizer, "max_new_tokens": max_new_tokens,
-            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                         "seed": sampling.seed},
-            "results": results, "seconds": round(seconds, 2),
-            "new_tokens": sum(len(r["ids"]) for r in results)}
+    return {
+        "ckpt": str(ckpt),
+        "step": meta["step"],
+        "tokenizer": tokenizer,
+        "max_new_tokens": max_new_tokens,
+        "sampling": {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "seed": sampling.seed,
+        },
+        "results": results,
+        "seconds": round(seconds, 2),
+        "new_tokens": sum(len(r["ids"]) for r in results),
+    }

@@ -73,8 +73,9 @@ def tokenized_text(path: str, data_cfg: DataConfig) -> str:
     return str(target)
 
 
-def load_instances(specs: Sequence[str], data_cfg: DataConfig, *, batch: int,
-                   max_batches: Optional[int] = None) -> np.ndarray:
+def load_instances(
+    specs: Sequence[str], data_cfg: DataConfig, *, batch: int, max_batches: Optional[int] = None
+) -> np.ndarray:
     """(n_batches * batch, seq_len) int32: the fixed eval instances of `specs` (see the module doc).
     The tail that does not fill a whole batch is dropped, as the training loader drops it."""
     if batch <= 0:
@@ -85,8 +86,10 @@ def load_instances(specs: Sequence[str], data_cfg: DataConfig, *, batch: int,
     if max_batches is not None:
         n_batches = min(n_batches, max_batches)
     if n_batches == 0:
-        raise ValueError(f"eval data {list(specs)} has {len(source)} instances of {data_cfg.seq_len} tokens: "
-                         f"not one batch of {batch}; lower --batch or --seq-len")
+        raise ValueError(
+            f"eval data {list(specs)} has {len(source)} instances of {data_cfg.seq_len} tokens: "
+            f"not one batch of {batch}; lower --batch or --seq-len"
+        )
     return np.stack([source[i] for i in range(n_batches * batch)]).astype(np.int32)
 
 
@@ -99,19 +102,35 @@ def heldout_loss(scorer: TokenScorer, params: dict, instances: np.ndarray, batch
     """CE loss (nats per scored token), PPL and counts over `instances`, scored `batch` rows at a time."""
     total, count = 0.0, 0
     for start in range(0, instances.shape[0], batch):
-        tokens = instances[start:start + batch]
+        tokens = instances[start : start + batch]
         labels = labels_for(tokens)
         nll, _ = scorer(params, tokens, labels)
         total += float(np.sum(nll, dtype=np.float64))
         count += int(np.sum(labels != IGNORE))
     loss = total / count
-    return {"CE loss": loss, "PPL": math.exp(loss), "tokens": count, "instances": int(instances.shape[0]),
-            "batches": -(-instances.shape[0] // batch), "nll_sum": total}
+    return {
+        "CE loss": loss,
+        "PPL": math.exp(loss),
+        "tokens": count,
+        "instances": int(instances.shape[0]),
+        "batches": -(-instances.shape[0] // batch),
+        "nll_sum": total,
+    }
 
 
-def eval_loss(ckpt: str, specs: Sequence[str], *, seq_len: int, batch: int, max_batches: Optional[int],
-              data_cfg: Optional[DataConfig] = None, step: Optional[int] = None,
-              compute_dtype: Optional[str] = None, loss_chunk: int = 0, mesh: Optional[Mesh] = None) -> dict:
+def eval_loss(
+    ckpt: str,
+    specs: Sequence[str],
+    *,
+    seq_len: int,
+    batch: int,
+    max_batches: Optional[int],
+    data_cfg: Optional[DataConfig] = None,
+    step: Optional[int] = None,
+    compute_dtype: Optional[str] = None,
+    loss_chunk: int = 0,
+    mesh: Optional[Mesh] = None,
+) -> dict:
     """`olmax eval loss`: the held-out loss of a checkpoint on each data spec, one figure per spec."""
     mesh = mesh or eval_mesh()
     params, cfg, meta = load_checkpoint(ckpt, mesh, step=step, compute_dtype=compute_dtype)
@@ -121,8 +140,15 @@ def eval_loss(ckpt: str, specs: Sequence[str], *, seq_len: int, batch: int, max_
     for spec in specs:
         instances = load_instances([spec], data_cfg, batch=batch, max_batches=max_batches)
         results[eval_name(spec)] = {"data": spec, **heldout_loss(scorer, params, instances, batch)}
-    return {"ckpt": str(ckpt), "step": meta.get("step", step), "seq_len": seq_len, "batch": batch,
-            "devices": mesh.size, "compute_dtype": cfg.compute_dtype, "results": results}
+    return {
+        "ckpt": str(ckpt),
+        "step": meta.get("step", step),
+        "seq_len": seq_len,
+        "batch": batch,
+        "devices": mesh.size,
+        "compute_dtype": cfg.compute_dtype,
+        "results": results,
+    }
 
 
 @dataclass
@@ -143,11 +169,14 @@ class HeldoutEvaluator:
     def __init__(self, exp_cfg: ExperimentConfig, mesh: Mesh, model_cfg: Optional[ModelConfig] = None):
         self.every = exp_cfg.eval.every
         self.batch = exp_cfg.trainer.global_batch
-        self.scorer = TokenScorer(model_cfg or exp_cfg.model, mesh, real_vocab=False,
-                                  chunk=exp_cfg.trainer.loss_chunk)
-        self.sets = [_EvalSet(eval_name(spec), load_instances([spec], exp_cfg.data, batch=self.batch,
-                                                               max_batches=exp_cfg.eval.batches))
-                     for spec in exp_cfg.eval.data]
+        self.scorer = TokenScorer(model_cfg or exp_cfg.model, mesh, real_vocab=False, chunk=exp_cfg.trainer.loss_chunk)
+        self.sets = [
+            _EvalSet(
+                eval_name(spec),
+                load_instances([spec], exp_cfg.data, batch=self.batch, max_batches=exp_cfg.eval.batches),
+            )
+            for spec in exp_cfg.eval.data
+        ]
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0 and bool(self.sets)

@@ -14,8 +14,9 @@ so a KL can be read against the loss gap it produces.
 The KL is computed in float32 on the devices, per sequence chunk, and comes to the host per token;
 the statistics are computed there in float64. A checkpoint against itself gives exactly 0: both
 sides run the identical computation on identical inputs. Numbers to calibrate against
-(docs/reference.md, "The MaxText reproduction"): the MaxText write-up measured 1.5e-3 for a converted checkpoint in bf16 at 8192
-tokens (the framework noise floor) and 0.389 nats between two independently trained runs.
+(docs/reference.md, "The MaxText reproduction"): the MaxText write-up measured 1.5e-3 for a
+converted checkpoint in bf16 at 8192 tokens (the framework noise floor) and 0.389 nats between two
+independently trained runs.
 """
 
 from __future__ import annotations
@@ -66,15 +67,35 @@ def summarize(kl: np.ndarray, agree: np.ndarray) -> dict:
     """mean / median / p90 / p99 / max of the per-token KL (float64) and the top-1 agreement."""
     kl = np.maximum(kl.astype(np.float64), 0.0)  # KL >= 0; float32 rounding can give -1e-9
     p50, p90, p99 = np.percentile(kl, [50, 90, 99])
-    return {"tokens": int(kl.size), "kl_mean": float(kl.mean()), "kl_median": float(p50), "kl_p90": float(p90),
-            "kl_p99": float(p99), "kl_max": float(kl.max()), "top1_agreement": float(agree.mean())}
+    return {
+        "tokens": int(kl.size),
+        "kl_mean": float(kl.mean()),
+        "kl_median": float(p50),
+        "kl_p90": float(p90),
+        "kl_p99": float(p99),
+        "kl_max": float(kl.max()),
+        "top1_agreement": float(agree.mean()),
+    }
 
 
-def token_kl(params_a: dict, cfg_a: ModelConfig, params_b: dict, cfg_b: ModelConfig, instances: np.ndarray, *,
-             batch: int, mesh: Mesh, buckets: Optional[Sequence[int]] = None, chunk: int = 0) -> dict:
+def token_kl(
+    params_a: dict,
+    cfg_a: ModelConfig,
+    params_b: dict,
+    cfg_b: ModelConfig,
+    instances: np.ndarray,
+    *,
+    batch: int,
+    mesh: Mesh,
+    buckets: Optional[Sequence[int]] = None,
+    chunk: int = 0,
+) -> dict:
     """KL(A || B), top-1 agreement and both losses over `instances` (see the module doc)."""
-    differ = [f"{f}: A {getattr(cfg_a, f)}, B {getattr(cfg_b, f)}" for f in ARCHITECTURE_FIELDS
-              if getattr(cfg_a, f) != getattr(cfg_b, f)]
+    differ = [
+        f"{f}: A {getattr(cfg_a, f)}, B {getattr(cfg_b, f)}"
+        for f in ARCHITECTURE_FIELDS
+        if getattr(cfg_a, f) != getattr(cfg_b, f)
+    ]
     if differ:
         raise ValueError("the two checkpoints are different architectures: " + "; ".join(differ))
     seq_len = instances.shape[1]
@@ -82,17 +103,18 @@ def token_kl(params_a: dict, cfg_a: ModelConfig, params_b: dict, cfg_b: ModelCon
     if not buckets or buckets[0] != 0 or buckets[-1] >= seq_len:
         raise ValueError(f"position buckets {buckets} must start at 0 and lie below seq_len={seq_len}")
     # outputs replicated, so that every process of a multi-host run can read them whole
-    fn = jax.jit(functools.partial(_pair_stats, cfg_a=cfg_a, cfg_b=cfg_b, chunk=chunk),
-                 out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    fn = jax.jit(
+        functools.partial(_pair_stats, cfg_a=cfg_a, cfg_b=cfg_b, chunk=chunk),
+        out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+    )
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     kls, agrees, nll_a, nll_b = [], [], [], []
     for start in range(0, instances.shape[0], batch):
-        tokens = instances[start:start + batch]
+        tokens = instances[start : start + batch]
         rows = tokens.shape[0]
         padded = pad_rows(tokens, shards, 0)
         sharding = jax.sharding.NamedSharding(mesh, logical_to_spec(("batch", "seq"), padded.shape, mesh))
-        out = fn(params_a, params_b, jax.device_put(padded, sharding),
-                 jax.device_put(labels_for(padded), sharding))
+        out = fn(params_a, params_b, jax.device_put(padded, sharding), jax.device_put(labels_for(padded), sharding))
         kl, agree, la, lb = (np.asarray(o)[:rows] for o in out)
         kls.append(kl), agrees.append(agree), nll_a.append(la), nll_b.append(lb)
     kl, agree = np.concatenate(kls), np.concatenate(agrees)
@@ -102,33 +124,59 @@ def token_kl(params_a: dict, cfg_a: ModelConfig, params_b: dict, cfg_b: ModelCon
         **summarize(kl, agree),
         "loss_a": float(np.concatenate(nll_a).sum(dtype=np.float64) / scored),
         "loss_b": float(np.concatenate(nll_b).sum(dtype=np.float64) / scored),
-        "by_position": [{"positions": f"{lo}-{hi - 1}", **summarize(kl[:, lo:hi], agree[:, lo:hi])}
-                        for lo, hi in zip(edges, edges[1:])],
+        "by_position": [
+            {"positions": f"{lo}-{hi - 1}", **summarize(kl[:, lo:hi], agree[:, lo:hi])}
+            for lo, hi in zip(edges, edges[1:])
+        ],
     }
 
 
-def eval_kl(ckpt_a: str, ckpt_b: str, specs: Sequence[str], *, seq_len: int, batch: int,
-            max_batches: Optional[int], buckets: Optional[Sequence[int]] = None,
-            data_cfg: Optional[DataConfig] = None, step_a: Optional[int] = None, step_b: Optional[int] = None,
-            compute_dtype: Optional[str] = None, loss_chunk: int = 0, mesh: Optional[Mesh] = None) -> dict:
+def eval_kl(
+    ckpt_a: str,
+    ckpt_b: str,
+    specs: Sequence[str],
+    *,
+    seq_len: int,
+    batch: int,
+    max_batches: Optional[int],
+    buckets: Optional[Sequence[int]] = None,
+    data_cfg: Optional[DataConfig] = None,
+    step_a: Optional[int] = None,
+    step_b: Optional[int] = None,
+    compute_dtype: Optional[str] = None,
+    loss_chunk: int = 0,
+    mesh: Optional[Mesh] = None,
+) -> dict:
     """`olmax eval kl`: token-level KL(A || B) of two olmax checkpoints on the same held-out tokens."""
     mesh = mesh or eval_mesh()
     params_a, cfg_a, meta_a = load_checkpoint(ckpt_a, mesh, step=step_a, compute_dtype=compute_dtype)
     params_b, cfg_b, meta_b = load_checkpoint(ckpt_b, mesh, step=step_b, compute_dtype=compute_dtype)
     data_cfg = replace(data_cfg or DataConfig(), seq_len=seq_len)
     instances = load_instances(list(specs), data_cfg, batch=batch, max_batches=max_batches)
-    report = token_kl(params_a, cfg_a, params_b, cfg_b, instances, batch=batch, mesh=mesh, buckets=buckets,
-                      chunk=loss_chunk)
-    return {"ckpt_a": str(ckpt_a), "step_a": meta_a["step"], "ckpt_b": str(ckpt_b), "step_b": meta_b["step"],
-            "data": list(specs), "seq_len": seq_len, "instances": int(instances.shape[0]),
-            "compute_dtype": {"a": cfg_a.compute_dtype, "b": cfg_b.compute_dtype}, **report}
+    report = token_kl(
+        params_a, cfg_a, params_b, cfg_b, instances, batch=batch, mesh=mesh, buckets=buckets, chunk=loss_chunk
+    )
+    return {
+        "ckpt_a": str(ckpt_a),
+        "step_a": meta_a["step"],
+        "ckpt_b": str(ckpt_b),
+        "step_b": meta_b["step"],
+        "data": list(specs),
+        "seq_len": seq_len,
+        "instances": int(instances.shape[0]),
+        "compute_dtype": {"a": cfg_a.compute_dtype, "b": cfg_b.compute_dtype},
+        **report,
+    }
 
 
 def format_kl(report: dict) -> str:
-    head = ("| positions | tokens | KL mean | median | p90 | p99 | max | top-1 |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|")
-    row = lambda name, r: (f"| {name} | {r['tokens']} | {r['kl_mean']:.3e} | {r['kl_median']:.3e} | "
-                           f"{r['kl_p90']:.3e} | {r['kl_p99']:.3e} | {r['kl_max']:.3e} | {r['top1_agreement']:.4f} |")
+    head = (
+        "| positions | tokens | KL mean | median | p90 | p99 | max | top-1 |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    row = lambda name, r: (
+        f"| {name} | {r['tokens']} | {r['kl_mean']:.3e} | {r['kl_median']:.3e} | "
+        f"{r['kl_p90']:.3e} | {r['kl_p99']:.3e} | {r['kl_max']:.3e} | {r['top1_agreement']:.4f} |"
+    )
     lines = [head] + [row(b["positions"], b) for b in report["by_position"]] + [row("**all**", report)]
     lines.append(f"\nCE loss on the same tokens: A {report['loss_a']:.4f}, B {report['loss_b']:.4f}")
     return "\n".join(lines)

@@ -57,14 +57,23 @@ class OlmaxLM(TemplateLM):
     (default: the config's max_position), max_gen_toks (256), step, dtype (compute dtype override).
     """
 
-    def __init__(self, ckpt: str, tokenizer: str = "dolma2", batch_size: int | str = 8,
-                 max_length: Optional[int] = None, max_gen_toks: int = 256, step: Optional[int] = None,
-                 dtype: Optional[str] = None, **_harness_args):
+    def __init__(
+        self,
+        ckpt: str,
+        tokenizer: str = "dolma2",
+        batch_size: int | str = 8,
+        max_length: Optional[int] = None,
+        max_gen_toks: int = 256,
+        step: Optional[int] = None,
+        dtype: Optional[str] = None,
+        **_harness_args,
+    ):
         # simple_evaluate also passes max_batch_size and device: placement is the mesh's business here.
         super().__init__()
         mesh = eval_mesh()
-        self.params, self.cfg, self.meta = load_checkpoint(ckpt, mesh, step=None if step is None else int(step),
-                                                           compute_dtype=dtype)
+        self.params, self.cfg, self.meta = load_checkpoint(
+            ckpt, mesh, step=None if step is None else int(step), compute_dtype=dtype
+        )
         self.scorer = TokenScorer(self.cfg, mesh, real_vocab=True)
         self.tok = load_tokenizer(tokenizer)
         self._decode = self.tok.decode
@@ -89,12 +98,12 @@ class OlmaxLM(TemplateLM):
         for key, context, continuation in requests:
             if not continuation:
                 raise ValueError(f"request {key!r} has an empty continuation")
-            inp = (list(context) + list(continuation))[-(self.max_length + 1):][:-1]
+            inp = (list(context) + list(continuation))[-(self.max_length + 1) :][:-1]
             rows.append((inp, list(continuation)))
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
         results: list[Optional[tuple[float, bool]]] = [None] * len(rows)
         for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm, desc="olmax loglikelihood"):
-            idx = order[start:start + self.batch_size]
+            idx = order[start : start + self.batch_size]
             width = max(MIN_WIDTH, 1 << (len(rows[idx[0]][0]) - 1).bit_length())
             span = 1 << (max(len(rows[i][1]) for i in idx) - 1).bit_length()
             tokens = np.zeros((len(idx), width), np.int32)
@@ -102,10 +111,10 @@ class OlmaxLM(TemplateLM):
             labels = np.full((len(idx), span), IGNORE, np.int32)
             for r, i in enumerate(idx):
                 inp, cont = rows[i]
-                tokens[r, :len(inp)] = inp
+                tokens[r, : len(inp)] = inp
                 # position p predicts token p + 1: the continuation's tokens are predicted at its last len(cont)
-                positions[r, :len(cont)] = np.arange(len(inp) - len(cont), len(inp))
-                labels[r, :len(cont)] = cont
+                positions[r, : len(cont)] = np.arange(len(inp) - len(cont), len(inp))
+                labels[r, : len(cont)] = cont
             nll, greedy = self.scorer.at_positions(self.params, tokens, positions, labels)
             scored = labels != IGNORE
             for r, i in enumerate(idx):
@@ -119,9 +128,15 @@ class OlmaxLM(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         windows, owner = [], []
         for n, (string,) in enumerate(req.args for req in requests):
-            for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length, context_len=1)):
+            for context, continuation in map(
+                lm_utils.make_disjoint_window,
+                lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                ),
+            ):
                 windows.append((None, context, continuation))
                 owner.append(n)
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
@@ -150,20 +165,24 @@ class OlmaxLM(TemplateLM):
         for req in requests:
             context, gen_kwargs = req.args
             until, max_new = self._request_settings(gen_kwargs)
-            prompt = self.tok_encode(context)[-max(1, self.max_length - max_new):] or [self.prefix_token_id]
+            prompt = self.tok_encode(context)[-max(1, self.max_length - max_new) :] or [self.prefix_token_id]
             prepared.append((prompt, until, max_new))
         order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))
         outputs: list[str] = [""] * len(prepared)
         for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm, desc="olmax generate"):
-            idx = order[start:start + self.batch_size]
+            idx = order[start : start + self.batch_size]
 
             def stop(row: int, ids: list[int]) -> bool:
-                _, until, max_new = prepared[idx[row]]
-                return len(ids) >= max_new or ids[-1] == self.eot_token_id or any(
-                    u and u in self.tok_decode(ids) for u in until)
+                _, until, max_new = prepared[idx[row]]  # noqa: B023 - called within this iteration
+                return (
+                    len(ids) >= max_new
+                    or ids[-1] == self.eot_token_id
+                    or any(u and u in self.tok_decode(ids) for u in until)
+                )
 
-            generated = generate(self.params, self.cfg, [prepared[i][0] for i in idx],
-                                 max(prepared[i][2] for i in idx), stop=stop)
+            generated = generate(
+                self.params, self.cfg, [prepared[i][0] for i in idx], max(prepared[i][2] for i in idx), stop=stop
+            )
             for i, ids in zip(idx, generated):
                 text = self.tok_decode(ids)
                 for u in prepared[i][1]:
@@ -199,8 +218,11 @@ def local_dataset(data_dir: Path, task: str, dataset_name: Optional[str]):
     family = task.split("_")[0]
     candidates = [data_dir / task] + ([data_dir / family / dataset_name] if dataset_name else [])
     for root in candidates:
-        splits = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and any(p.glob("*.arrow"))} \
-            if root.is_dir() else {}
+        splits = (
+            {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and any(p.glob("*.arrow"))}
+            if root.is_dir()
+            else {}
+        )
         splits.update({p.stem: p for p in sorted(root.glob("*.jsonl"))} if root.is_dir() else {})
         if splits:
             found = datasets.DatasetDict({name: _read_split(p) for name, p in splits.items()})
@@ -234,8 +256,12 @@ def offline_datasets(data_dir: str | Path):
         if found is None:
             raise FileNotFoundError(
                 f"no local data for task {name} under {data_dir}: expected {data_dir / name}/<split>/*.arrow"
-                + (f" or {data_dir / name.split('_')[0] / task_self.DATASET_NAME}/<split>/*.arrow"
-                   if task_self.DATASET_NAME else ""))
+                + (
+                    f" or {data_dir / name.split('_')[0] / task_self.DATASET_NAME}/<split>/*.arrow"
+                    if task_self.DATASET_NAME
+                    else ""
+                )
+            )
         task_self.dataset = found
         # Local copies often hold fewer splits than the hub (often validation only); a
         # split the task names but the copy lacks is dropped, so lm-eval falls back as it does for

@@ -47,8 +47,13 @@ def plot_paired_diff(path: Path, metric: str, paired: dict) -> None:
     ax.plot(paired["steps"], paired["delta"], lw=1)
     ax.axhline(0.0, color="gray", lw=0.8)
     if paired["first_divergent_step"] is not None:
-        ax.axvline(paired["first_divergent_step"], color="red", lw=0.8, ls="--",
-                   label=f"first difference: step {paired['first_divergent_step']}")
+        ax.axvline(
+            paired["first_divergent_step"],
+            color="red",
+            lw=0.8,
+            ls="--",
+            label=f"first difference: step {paired['first_divergent_step']}",
+        )
         ax.legend()
     ax.set_xlabel("step")
     ax.set_ylabel(f"B - A ({metric})")

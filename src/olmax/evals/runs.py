@@ -1,4 +1,4 @@
-"""Reading logged training curves: olmax metrics.jsonl, TensorBoard event files and W&B CSV exports.
+r"""Reading logged training curves: olmax metrics.jsonl, TensorBoard event files and W&B CSV exports.
 
 Every reader returns `{metric name: Series}` with the metric names as logged (olmax logs OLMo-core's
 W&B names, e.g. `train/CE loss`). A step logged twice (a run that resumed from an earlier checkpoint

@@ -39,8 +39,9 @@ def eval_mesh(devices=None) -> Mesh:
     return make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), devices)
 
 
-def load_checkpoint(ckpt: str | Path, mesh: Mesh, *, step: Optional[int] = None,
-                    compute_dtype: Optional[str] = None) -> tuple[dict, ModelConfig, dict]:
+def load_checkpoint(
+    ckpt: str | Path, mesh: Mesh, *, step: Optional[int] = None, compute_dtype: Optional[str] = None
+) -> tuple[dict, ModelConfig, dict]:
     """(params placed on `mesh`, model config, meta) of an olmax checkpoint (default: its latest step;
     meta gets the step it came from). `compute_dtype` overrides the dtype the stored config computes
     in (e.g. float32 for a noise-floor measurement)."""
@@ -110,8 +111,9 @@ class TokenScorer:
         self.batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
         # Outputs replicated: every process reads whole (batch, seq) results, as a multi-host run needs.
         replicated = NamedSharding(mesh, PartitionSpec())
-        self._fn = jax.jit(functools.partial(_token_stats, cfg=cfg, vocab=self.vocab, chunk=chunk),
-                           out_shardings=replicated)
+        self._fn = jax.jit(
+            functools.partial(_token_stats, cfg=cfg, vocab=self.vocab, chunk=chunk), out_shardings=replicated
+        )
         self._at = jax.jit(functools.partial(_position_stats, cfg=cfg, vocab=self.vocab), out_shardings=replicated)
 
     def batch_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
@@ -131,12 +133,15 @@ class TokenScorer:
         nll, greedy = self._fn(params, jax.device_put(tokens, sharding), jax.device_put(labels, sharding))
         return np.asarray(nll)[:rows], np.asarray(greedy)[:rows]
 
-    def at_positions(self, params: dict, tokens: np.ndarray, positions: np.ndarray,
-                     labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def at_positions(
+        self, params: dict, tokens: np.ndarray, positions: np.ndarray, labels: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """tokens (batch, seq); positions, labels (batch, k): the label of position positions[r, j]
         (IGNORE for unused slots) -> (nll, greedy), both (batch, k), as __call__ gives there."""
         if positions.shape != labels.shape or positions.shape[0] != tokens.shape[0]:
-            raise ValueError(f"positions {positions.shape} and labels {labels.shape} do not match tokens {tokens.shape}")
+            raise ValueError(
+                f"positions {positions.shape} and labels {labels.shape} do not match tokens {tokens.shape}"
+            )
         rows = tokens.shape[0]
         tokens = pad_rows(np.asarray(tokens, np.int32), self.batch_shards, 0)
         positions = pad_rows(np.asarray(positions, np.int32), self.batch_shards, 0)

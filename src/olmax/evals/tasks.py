@@ -52,9 +52,16 @@ def task_generations(out: dict) -> dict[str, list[str]]:
     return generations
 
 
-def evaluate_tasks(lm, tasks: Sequence[str], *, num_fewshot: Optional[int] = None, data_dir: Optional[str] = None,
-                   include_path: Sequence[str] = (), limit: Optional[int] = None,
-                   bootstrap_iters: int = 100000) -> dict:
+def evaluate_tasks(
+    lm,
+    tasks: Sequence[str],
+    *,
+    num_fewshot: Optional[int] = None,
+    data_dir: Optional[str] = None,
+    include_path: Sequence[str] = (),
+    limit: Optional[int] = None,
+    bootstrap_iters: int = 100000,
+) -> dict:
     """Run lm-eval on an lm-eval model object (`OlmaxLM`, or any other, e.g. HFLM in the tests)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -64,35 +71,60 @@ def evaluate_tasks(lm, tasks: Sequence[str], *, num_fewshot: Optional[int] = Non
     task_manager = TaskManager(include_path=list(include_path) or None)
     unknown = [t for t in tasks if t not in task_manager.all_tasks]
     if unknown:
-        raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}"
-                         + (f" (also looked in {', '.join(map(str, include_path))})" if include_path else ""))
+        raise ValueError(
+            f"unknown lm-eval task(s) {', '.join(unknown)}"
+            + (f" (also looked in {', '.join(map(str, include_path))})" if include_path else "")
+        )
     per_task, generations = {}, {}
     offline = offline_datasets(data_dir) if data_dir else contextlib.nullcontext()
     with offline:
         for task in tasks:
-            shots = num_fewshot if num_fewshot is not None else (
-                MMLU_SHOTS if task == "mmlu" or task.startswith("mmlu_") else None)
-            out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=shots, limit=limit,
-                                          bootstrap_iters=bootstrap_iters, log_samples=True,
-                                          task_manager=task_manager)
+            shots = (
+                num_fewshot
+                if num_fewshot is not None
+                else (MMLU_SHOTS if task == "mmlu" or task.startswith("mmlu_") else None)
+            )
+            out = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=[task],
+                num_fewshot=shots,
+                limit=limit,
+                bootstrap_iters=bootstrap_iters,
+                log_samples=True,
+                task_manager=task_manager,
+            )
             per_task[task] = {"num_fewshot": shots or 0, **task_figures(out["results"][task])}
             generations.update(task_generations(out))
     accs = [r["acc"] for r in per_task.values() if "acc" in r]
     errs = [r.get("acc_stderr") for r in per_task.values() if "acc" in r]
-    macro = {"acc": sum(accs) / len(accs) if accs else None,
-             "acc_stderr": (math.sqrt(sum(e * e for e in errs)) / len(errs)) if accs and None not in errs else None}
+    macro = {
+        "acc": sum(accs) / len(accs) if accs else None,
+        "acc_stderr": (math.sqrt(sum(e * e for e in errs)) / len(errs)) if accs and None not in errs else None,
+    }
     return {"tasks": per_task, "macro": macro, "generations": generations, "limit": limit}
 
 
-def run_tasks(ckpt: str, tasks: Sequence[str], *, num_fewshot: Optional[int] = None, data_dir: Optional[str] = None,
-              include_path: Sequence[str] = (), tokenizer: str = "dolma2", batch_size: int = 8, limit: Optional[int] = None,
-              max_length: Optional[int] = None, step: Optional[int] = None, dtype: Optional[str] = None) -> dict:
+def run_tasks(
+    ckpt: str,
+    tasks: Sequence[str],
+    *,
+    num_fewshot: Optional[int] = None,
+    data_dir: Optional[str] = None,
+    include_path: Sequence[str] = (),
+    tokenizer: str = "dolma2",
+    batch_size: int = 8,
+    limit: Optional[int] = None,
+    max_length: Optional[int] = None,
+    step: Optional[int] = None,
+    dtype: Optional[str] = None,
+) -> dict:
     """Load an olmax checkpoint as the `olmax` lm-eval model and evaluate `tasks`."""
     from olmax.evals.lm_eval_adapter import OlmaxLM
 
     lm = OlmaxLM(ckpt, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length, step=step, dtype=dtype)
-    report = evaluate_tasks(lm, tasks, num_fewshot=num_fewshot, data_dir=data_dir, include_path=include_path,
-                            limit=limit)
+    report = evaluate_tasks(
+        lm, tasks, num_fewshot=num_fewshot, data_dir=data_dir, include_path=include_path, limit=limit
+    )
     return {"ckpt": str(ckpt), "step": lm.meta["step"], "data_dir": data_dir, **report}
 
 
@@ -103,7 +135,9 @@ def format_tasks(report: dict) -> str:
     for name, r in report["tasks"].items():
         for metric, value in r.items():
             if metric != "num_fewshot" and not metric.endswith("_stderr"):
-                lines.append(f"| {name} | {r['num_fewshot']} | {metric} | {f(value)} | {f(r.get(metric + '_stderr'))} |")
+                lines.append(
+                    f"| {name} | {r['num_fewshot']} | {metric} | {f(value)} | {f(r.get(metric + '_stderr'))} |"
+                )
     m = report["macro"]
     lines.append(f"| **macro** | | acc | {f(m['acc'])} | {f(m['acc_stderr'])} |")
     return "\n".join(lines)

@@ -62,13 +62,20 @@ def checkpoint_source(path: str | Path) -> tuple[str, Optional[int]]:
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
     if not complete_steps(path):
-        raise FileNotFoundError(f"{path} is neither a run directory with checkpoints/, a checkpoint directory "
-                                f"(step sub-directories) nor one step of one")
+        raise FileNotFoundError(
+            f"{path} is neither a run directory with checkpoints/, a checkpoint directory "
+            f"(step sub-directories) nor one step of one"
+        )
     return str(path), None
 
 
-def resolve_landmarks(ckpt_a: str, ckpt_b: str, landmarks: Optional[Sequence[int]],
-                      step_a: Optional[int] = None, step_b: Optional[int] = None) -> list[tuple[int, int]]:
+def resolve_landmarks(
+    ckpt_a: str,
+    ckpt_b: str,
+    landmarks: Optional[Sequence[int]],
+    step_a: Optional[int] = None,
+    step_b: Optional[int] = None,
+) -> list[tuple[int, int]]:
     """The (A step, B step) pairs to compare. Runs: the requested steps, each present in both (default:
     every step both hold). A single checkpoint on one side fixes the step on both; single checkpoints
     on both sides are compared as given, whatever their steps (e.g. one run at two steps)."""
@@ -87,8 +94,10 @@ def resolve_landmarks(ckpt_a: str, ckpt_b: str, landmarks: Optional[Sequence[int
     for name, ckpt, steps in (("A", ckpt_a, steps_a), ("B", ckpt_b, steps_b)):
         missing = [s for s in landmarks if s not in steps]
         if missing:
-            raise ValueError(f"landmark steps {missing} are not in {name} = {ckpt} (it has steps {steps}); "
-                             f"train with checkpoint.keep large enough to keep them")
+            raise ValueError(
+                f"landmark steps {missing} are not in {name} = {ckpt} (it has steps {steps}); "
+                f"train with checkpoint.keep large enough to keep them"
+            )
     return [(s, s) for s in sorted(set(landmarks))]
 
 
@@ -101,8 +110,14 @@ def paired_delta(nll_a: np.ndarray, nll_b: np.ndarray, tokens: np.ndarray) -> di
     delta = float(diff.sum() / total)
     m = diff.size
     sigma = float(math.sqrt(m / (m - 1) * np.sum((diff - delta * n) ** 2)) / total) if m >= 2 else None
-    return {"a": float(nll_a.sum() / total), "b": float(nll_b.sum() / total), "delta": delta, "sigma": sigma,
-            "clusters": int(m), "tokens": int(total)}
+    return {
+        "a": float(nll_a.sum() / total),
+        "b": float(nll_b.sum() / total),
+        "delta": delta,
+        "sigma": sigma,
+        "clusters": int(m),
+        "tokens": int(total),
+    }
 
 
 def verdict(delta: float, sigma: Optional[float], k: float) -> str:
@@ -115,24 +130,27 @@ def instance_nll(scorer: TokenScorer, params: dict, instances: np.ndarray, batch
     """(instances,) float64: each held-out instance's summed NLL (heldout_loss, kept per instance)."""
     sums = []
     for start in range(0, instances.shape[0], batch):
-        tokens = instances[start:start + batch]
+        tokens = instances[start : start + batch]
         nll, _ = scorer(params, tokens, labels_for(tokens))
         sums.append(np.sum(nll, axis=1, dtype=np.float64))
     return np.concatenate(sums)
 
 
-def document_scores(scorer: TokenScorer, params: dict, domains: dict[str, list[str]], *, seq_len: int,
-                    batch: int, tokenizer: str) -> dict[tuple[str, int], dict]:
+def document_scores(
+    scorer: TokenScorer, params: dict, domains: dict[str, list[str]], *, seq_len: int, batch: int, tokenizer: str
+) -> dict[tuple[str, int], dict]:
     """{(domain, index): {"nll", "tokens", "bytes"}}: score_domains with every document its own group,
     so batching and windowing are exactly those of `olmax eval domains`."""
     docs = {(d, i): [text] for d, texts in domains.items() for i, text in enumerate(texts)}
     scored = score_domains(scorer, params, docs, seq_len=seq_len, batch=batch, tokenizer=tokenizer)["domains"]
-    return {key: {"nll": r["loss"] * r["tokens"], "tokens": r["tokens"], "bytes": r["bytes"]}
-            for key, r in scored.items()}
+    return {
+        key: {"nll": r["loss"] * r["tokens"], "tokens": r["tokens"], "bytes": r["bytes"]} for key, r in scored.items()
+    }
 
 
 def compare_domains(docs_a: dict, docs_b: dict, k: float) -> dict:
     """Per-domain and pooled (micro) paired loss deltas, plus bits per byte of A and B."""
+
     def figures(keys):
         a = np.array([docs_a[key]["nll"] for key in keys])
         b = np.array([docs_b[key]["nll"] for key in keys])
@@ -150,13 +168,16 @@ def compare_domains(docs_a: dict, docs_b: dict, k: float) -> dict:
 
 def compare_tasks(tasks_a: dict, tasks_b: dict, k: float) -> dict:
     """Accuracy deltas per task and for the macro average, stderrs in quadrature."""
+
     def row(ra: dict, rb: dict) -> dict:
         ea, eb = ra.get("acc_stderr"), rb.get("acc_stderr")
         sigma = math.sqrt(ea * ea + eb * eb) if ea is not None and eb is not None else None
         delta = rb["acc"] - ra["acc"]
         return {"a": ra["acc"], "b": rb["acc"], "delta": delta, "sigma": sigma, "verdict": verdict(delta, sigma, k)}
 
-    per_task = {t: row(tasks_a["tasks"][t], tasks_b["tasks"][t]) for t in tasks_a["tasks"] if "acc" in tasks_a["tasks"][t]}
+    per_task = {
+        t: row(tasks_a["tasks"][t], tasks_b["tasks"][t]) for t in tasks_a["tasks"] if "acc" in tasks_a["tasks"][t]
+    }
     return {"tasks": per_task, "macro": row(tasks_a["macro"], tasks_b["macro"])}
 
 
@@ -168,12 +189,28 @@ def lm_eval_available() -> bool:
     return True
 
 
-def verify(a: str | Path, b: str | Path, out: str | Path, *, landmarks: Optional[Sequence[int]] = None,
-           data: Sequence[str] = ("demo:heldout",), seq_len: Optional[int] = None, batch: int = 8,
-           max_batches: Optional[int] = 4, domains: Optional[str] = None, by: str = "auto",
-           max_docs: Optional[int] = None, tasks: Optional[Sequence[str]] = None, data_dir: Optional[str] = None,
-           limit: Optional[int] = None, tokenizer: str = "dolma2", sigmas: float = 2.0, kl_floor: float = KL_FLOOR,
-           data_cfg: Optional[DataConfig] = None, mesh: Optional[Mesh] = None) -> dict:
+def verify(
+    a: str | Path,
+    b: str | Path,
+    out: str | Path,
+    *,
+    landmarks: Optional[Sequence[int]] = None,
+    data: Sequence[str] = ("demo:heldout",),
+    seq_len: Optional[int] = None,
+    batch: int = 8,
+    max_batches: Optional[int] = 4,
+    domains: Optional[str] = None,
+    by: str = "auto",
+    max_docs: Optional[int] = None,
+    tasks: Optional[Sequence[str]] = None,
+    data_dir: Optional[str] = None,
+    limit: Optional[int] = None,
+    tokenizer: str = "dolma2",
+    sigmas: float = 2.0,
+    kl_floor: float = KL_FLOOR,
+    data_cfg: Optional[DataConfig] = None,
+    mesh: Optional[Mesh] = None,
+) -> dict:
     """Score A and B at each landmark on every surface, write verify.md, verify.json and the PNGs
     into `out`, and return the report (see the module doc)."""
     if sigmas <= 0 or kl_floor < 0:
@@ -197,39 +234,63 @@ def verify(a: str | Path, b: str | Path, out: str | Path, *, landmarks: Optional
         params_b, cfg_b, _ = load_checkpoint(ckpt_b, mesh, step=step_b)
         if instances is None:
             length = seq_len or cfg_a.max_position
-            instances = load_instances(list(data), replace(data_cfg or DataConfig(), seq_len=length),
-                                       batch=batch, max_batches=max_batches)
+            instances = load_instances(
+                list(data), replace(data_cfg or DataConfig(), seq_len=length), batch=batch, max_batches=max_batches
+            )
         n = np.full(instances.shape[0], instances.shape[1] - 1)
-        heldout = paired_delta(instance_nll(scorer(cfg_a, False), params_a, instances, batch),
-                               instance_nll(scorer(cfg_b, False), params_b, instances, batch), n)
+        heldout = paired_delta(
+            instance_nll(scorer(cfg_a, False), params_a, instances, batch),
+            instance_nll(scorer(cfg_b, False), params_b, instances, batch),
+            n,
+        )
         heldout["verdict"] = verdict(heldout["delta"], heldout["sigma"], sigmas)
         kl = token_kl(params_a, cfg_a, params_b, cfg_b, instances, batch=batch, mesh=mesh)
-        kl = {key: kl[key] for key in ("tokens", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max",
-                                       "top1_agreement")}
+        kl = {
+            key: kl[key] for key in ("tokens", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "top1_agreement")
+        }
         kl["verdict"] = WITHIN if kl["kl_mean"] <= kl_floor else DIFFERS
         row = {"step": step, "step_b": step_b, "heldout": heldout, "kl": kl}
         if text_domains is not None:
-            score = lambda p, c: document_scores(scorer(c, True), p, text_domains, seq_len=instances.shape[1],
-                                                 batch=batch, tokenizer=tokenizer)
+            score = lambda p, c: document_scores(
+                scorer(c, True),
+                p,
+                text_domains,
+                seq_len=instances.shape[1],  # noqa: B023 - score runs within this iteration
+                batch=batch,
+                tokenizer=tokenizer,
+            )
             row["domains"] = compare_domains(score(params_a, cfg_a), score(params_b, cfg_b), sigmas)
         del params_a, params_b
         if run_tasks_now:
             from olmax.evals.tasks import run_tasks
 
-            run = lambda ckpt, at: run_tasks(str(ckpt), list(tasks), data_dir=data_dir, tokenizer=tokenizer,
-                                             batch_size=batch, limit=limit, step=at)
+            run = lambda ckpt, at: run_tasks(
+                str(ckpt), list(tasks), data_dir=data_dir, tokenizer=tokenizer, batch_size=batch, limit=limit, step=at
+            )
             row["tasks"] = compare_tasks(run(ckpt_a, step), run(ckpt_b, step_b), sigmas)
         rows.append(row)
 
     report = {
-        "a": str(ckpt_a), "b": str(ckpt_b), "landmarks": [r["step"] for r in rows],
-        "landmarks_b": [r["step_b"] for r in rows], "data": list(data), "seq_len": int(instances.shape[1]),
-        "instances": int(instances.shape[0]), "domains_data": domains, "tasks": list(tasks or []),
+        "a": str(ckpt_a),
+        "b": str(ckpt_b),
+        "landmarks": [r["step"] for r in rows],
+        "landmarks_b": [r["step_b"] for r in rows],
+        "data": list(data),
+        "seq_len": int(instances.shape[1]),
+        "instances": int(instances.shape[0]),
+        "domains_data": domains,
+        "tasks": list(tasks or []),
         "tasks_skipped": (None if not tasks or run_tasks_now else "lm-eval is not installed (the eval extra)"),
-        "limit": limit, "sigmas": sigmas, "kl_floor": kl_floor, "rows": rows,
+        "limit": limit,
+        "sigmas": sigmas,
+        "kl_floor": kl_floor,
+        "rows": rows,
     }
-    report["verdicts"] = {surface: surface_verdict([_headline(r[surface])["verdict"] for r in rows])
-                          for surface in SURFACE_NAMES if surface in rows[0]}
+    report["verdicts"] = {
+        surface: surface_verdict([_headline(r[surface])["verdict"] for r in rows])
+        for surface in SURFACE_NAMES
+        if surface in rows[0]
+    }
     write_report(report, Path(out))
     return report
 
@@ -245,17 +306,21 @@ def surface_verdict(per_landmark: Sequence[str]) -> str:
     return UNDETERMINED if UNDETERMINED in per_landmark else WITHIN
 
 
-SURFACE_NAMES = {"heldout": "held-out loss", "domains": "domain loss (micro)", "tasks": "task accuracy (macro)",
-                 "kl": "token KL(A||B)"}
+SURFACE_NAMES = {
+    "heldout": "held-out loss",
+    "domains": "domain loss (micro)",
+    "tasks": "task accuracy (macro)",
+    "kl": "token KL(A||B)",
+}
 
 
 def rules(report: dict) -> dict[str, str]:
     k = f"{report['sigmas']:g}"
     return {
         "heldout": f"|delta| <= {k} sigma; sigma = cluster-robust SE of the paired per-token loss difference over "
-                   f"the {report['instances']} held-out instances",
+        f"the {report['instances']} held-out instances",
         "domains": f"|delta micro| <= {k} sigma; sigma = cluster-robust SE over documents (per-domain rows are "
-                   f"flagged with * but do not vote)",
+        f"flagged with * but do not vote)",
         "tasks": f"|delta macro acc| <= {k} sigma; sigma = the A and B stderrs (lm-eval) in quadrature",
         "kl": f"mean KL(A||B) <= {report['kl_floor']:g} nats (the bf16 framework noise floor)",
     }
@@ -272,40 +337,70 @@ def _pm(r: dict, fmt: str = ".4f") -> str:
 
 def format_report(report: dict) -> str:
     rows, rule = report["rows"], rules(report)
-    lines = ["# olmax verify", "", f"- A: `{report['a']}`", f"- B: `{report['b']}`",
-             f"- landmarks (steps; 'A vs B' where they differ): {', '.join(_step_label(r) for r in rows)}",
-             f"- held-out data: {', '.join(report['data'])} ({report['instances']} instances x {report['seq_len']} tokens)",
-             "- deltas are B - A, shown as delta ± sigma", "", "## Verdicts", "",
-             "| surface | verdict | rule |", "|---|---|---|"]
+    lines = [
+        "# olmax verify",
+        "",
+        f"- A: `{report['a']}`",
+        f"- B: `{report['b']}`",
+        f"- landmarks (steps; 'A vs B' where they differ): {', '.join(_step_label(r) for r in rows)}",
+        f"- held-out data: {', '.join(report['data'])} ({report['instances']} instances x {report['seq_len']} tokens)",
+        "- deltas are B - A, shown as delta ± sigma",
+        "",
+        "## Verdicts",
+        "",
+        "| surface | verdict | rule |",
+        "|---|---|---|",
+    ]
     cell = lambda text: text.replace("|", "\\|")  # a bare | would split the markdown cell
     lines += [f"| {cell(SURFACE_NAMES[s])} | **{v}** | {cell(rule[s])} |" for s, v in report["verdicts"].items()]
     if report["tasks_skipped"]:
         lines.append(f"\ntasks skipped: {report['tasks_skipped']}")
-    lines += ["", "## Held-out loss (nats/token) and token KL", "",
-              "| step | A | B | delta ± sigma | verdict | KL mean | KL p99 | top-1 agree | KL verdict |",
-              "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "## Held-out loss (nats/token) and token KL",
+        "",
+        "| step | A | B | delta ± sigma | verdict | KL mean | KL p99 | top-1 agree | KL verdict |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---|",
+    ]
     for r in rows:
         h, kl = r["heldout"], r["kl"]
-        lines.append(f"| {_step_label(r)} | {h['a']:.4f} | {h['b']:.4f} | {_pm(h)} | {h['verdict']} | {kl['kl_mean']:.3e} | "
-                     f"{kl['kl_p99']:.3e} | {kl['top1_agreement']:.4f} | {kl['verdict']} |")
+        lines.append(
+            f"| {_step_label(r)} | {h['a']:.4f} | {h['b']:.4f} | {_pm(h)} | {h['verdict']} | {kl['kl_mean']:.3e} | "
+            f"{kl['kl_p99']:.3e} | {kl['top1_agreement']:.4f} | {kl['verdict']} |"
+        )
     if "domains" in rows[0]:
-        lines += ["", f"## Per-domain loss (nats/token; `{report['domains_data']}`)", "",
-                  "| step | domain | A | B | delta ± sigma | bpb A | bpb B |", "|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"## Per-domain loss (nats/token; `{report['domains_data']}`)",
+            "",
+            "| step | domain | A | B | delta ± sigma | bpb A | bpb B |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
         for r in rows:
             entries = list(r["domains"]["domains"].items()) + [("**micro**", r["domains"]["micro"])]
             for name, d in entries:
                 flag = " *" if d["verdict"] == DIFFERS else ""
-                lines.append(f"| {_step_label(r)} | {name}{flag} | {d['a']:.4f} | {d['b']:.4f} | {_pm(d)} | "
-                             f"{d['bpb_a']:.4f} | {d['bpb_b']:.4f} |")
+                lines.append(
+                    f"| {_step_label(r)} | {name}{flag} | {d['a']:.4f} | {d['b']:.4f} | {_pm(d)} | "
+                    f"{d['bpb_a']:.4f} | {d['bpb_b']:.4f} |"
+                )
     if "tasks" in rows[0]:
         limit = f", --limit {report['limit']}" if report["limit"] else ""
-        lines += ["", f"## Task accuracy (lm-eval{limit})", "", "| step | task | A | B | delta ± sigma | verdict |",
-                  "|---:|---|---:|---:|---:|---|"]
+        lines += [
+            "",
+            f"## Task accuracy (lm-eval{limit})",
+            "",
+            "| step | task | A | B | delta ± sigma | verdict |",
+            "|---:|---|---:|---:|---:|---|",
+        ]
         for r in rows:
             for name, t in list(r["tasks"]["tasks"].items()) + [("**macro**", r["tasks"]["macro"])]:
                 lines.append(f"| {_step_label(r)} | {name} | {t['a']:.4f} | {t['b']:.4f} | {_pm(t)} | {t['verdict']} |")
-    lines += ["", "Figures: `deltas.png` (delta ± k sigma per surface and step; KL against its floor)"
-              + (", `domains.png` (per-domain deltas)." if "domains" in rows[0] else ".")]
+    lines += [
+        "",
+        "Figures: `deltas.png` (delta ± k sigma per surface and step; KL against its floor)"
+        + (", `domains.png` (per-domain deltas)." if "domains" in rows[0] else "."),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -353,8 +448,14 @@ def plot_domains(path: Path, report: dict) -> None:
     for i, r in enumerate(rows):
         d = [r["domains"]["domains"][n] for n in names]
         offset = (i - (len(rows) - 1) / 2) * 0.8 / max(len(rows), 1)
-        ax.errorbar(x + offset, [e["delta"] for e in d], fmt="o", capsize=3, label=f"step {_step_label(r)}",
-                    yerr=[k * e["sigma"] if e["sigma"] is not None else 0.0 for e in d])
+        ax.errorbar(
+            x + offset,
+            [e["delta"] for e in d],
+            fmt="o",
+            capsize=3,
+            label=f"step {_step_label(r)}",
+            yerr=[k * e["sigma"] if e["sigma"] is not None else 0.0 for e in d],
+        )
     ax.axhline(0.0, color="gray", lw=0.8)
     ax.set_xticks(x, names, rotation=45, ha="right")
     ax.set_ylabel(f"loss B - A (nats/token, ± {k:g} sigma)")

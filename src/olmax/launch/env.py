@@ -24,13 +24,14 @@ class Var:
 RETRY_VARS = (
     Var("OLMAX_MAX_RETRIES", "resubmissions after the first attempt before giving up", "10"),
     Var("OLMAX_RETRY_BACKOFF_SECONDS", "seconds to wait before each resubmission", "300"),
-    Var("OLMAX_LAUNCH_DIR", "local directory for the lock and logs of gs:// run directories "
-                            "(default ~/.cache/olmax/launch)", ""),
+    Var(
+        "OLMAX_LAUNCH_DIR",
+        "local directory for the lock and logs of gs:// run directories (default ~/.cache/olmax/launch)",
+        "",
+    ),
 )
 
-LOCAL_VARS = (
-    Var("OLMAX_PYTHON", "Python that runs the trainer (default: the launcher's own)", ""),
-)
+LOCAL_VARS = (Var("OLMAX_PYTHON", "Python that runs the trainer (default: the launcher's own)", ""),)
 
 XPK_VARS = (
     Var("OLMAX_XPK_CLUSTER", "GKE cluster created with `xpk cluster create` (xpk --cluster)"),
@@ -48,8 +49,11 @@ SLURM_VARS = (
     Var("OLMAX_SLURM_GPUS_PER_NODE", "GPUs per node = JAX devices per host; nodes = total devices / this"),
     Var("OLMAX_SLURM_ACCOUNT", "account to charge (sbatch --account)", ""),
     Var("OLMAX_SLURM_TIME", "time limit of one attempt, e.g. 48:00:00 (sbatch --time)", ""),
-    Var("OLMAX_SLURM_SETUP", "shell line run on the batch host before srun, e.g. "
-                             "`source ~/olmax/.venv/bin/activate`", ""),
+    Var(
+        "OLMAX_SLURM_SETUP",
+        "shell line run on the batch host before srun, e.g. `source ~/olmax/.venv/bin/activate`",
+        "",
+    ),
     Var("OLMAX_SLURM_PYTHON", "Python on the compute nodes", "python3"),
     Var("OLMAX_COORDINATOR_PORT", "TCP port of the jax.distributed coordinator on the first node", "12355"),
 )
@@ -80,6 +84,8 @@ def positive_int(env: Mapping[str, str], name: str, *, allow_zero: bool = False)
 
 def describe(variables: tuple[Var, ...]) -> str:
     """One line per variable, for --help-env."""
+
     def note(v: Var) -> str:
         return "required" if v.default is None else "optional" if v.default == "" else f"default {v.default}"
+
     return "\n".join(f"  {v.name} ({note(v)}): {v.help}" for v in variables)

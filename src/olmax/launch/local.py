@@ -47,4 +47,3 @@ class LocalBackend:
 
     def files(self) -> dict[str, str]:
         return {}
-

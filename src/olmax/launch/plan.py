@@ -45,9 +45,11 @@ class Layout:
 
     def describe(self) -> str:
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
-        return (f"{self.total_devices} devices (mesh {mesh}): global batch {self.global_batch} = "
-                f"{self.per_device} per device x {self.global_batch // self.per_device} batch shards; "
-                f"micro-batch {self.micro_batch}, {self.accum_steps} accumulation step(s)")
+        return (
+            f"{self.total_devices} devices (mesh {mesh}): global batch {self.global_batch} = "
+            f"{self.per_device} per device x {self.global_batch // self.per_device} batch shards; "
+            f"micro-batch {self.micro_batch}, {self.accum_steps} accumulation step(s)"
+        )
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,10 @@ def parse_env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     for pair in pairs:
         key, eq, value = pair.partition("=")
         if not eq or not ENV_NAME.match(key):
-            raise LaunchError(f"--env {pair!r} is not KEY=VALUE with KEY a variable name "
-                              "(letters, digits, '_', not starting with a digit)")
+            raise LaunchError(
+                f"--env {pair!r} is not KEY=VALUE with KEY a variable name "
+                "(letters, digits, '_', not starting with a digit)"
+            )
         parsed.append((key, value))
     return tuple(parsed)
 
@@ -122,8 +126,14 @@ class LaunchPlan:
         return args + list(self.overrides)
 
 
-def make_plan(recipe: Optional[str], overrides: Sequence[str], run_dir: str, total_devices: int,
-              stop_at: Optional[int] = None, options: TrainOptions = TrainOptions()) -> LaunchPlan:
+def make_plan(
+    recipe: Optional[str],
+    overrides: Sequence[str],
+    run_dir: str,
+    total_devices: int,
+    stop_at: Optional[int] = None,
+    options: TrainOptions = TrainOptions(),
+) -> LaunchPlan:
     """Resolve the recipe (or options.config) with the overrides (errors name the key) and lay out its
     global batch over `total_devices` devices (errors name the knob that does not divide)."""
     if total_devices < 1:
@@ -151,5 +161,11 @@ def batch_layout_for(cfg, total_devices: int) -> Layout:
         layout = batch_layout(cfg, AbstractMesh(shape, MESH_AXES))
     except ConfigError as e:
         raise LaunchError(f"--total-devices {total_devices} does not fit the recipe's batch: {e}") from None
-    return Layout(total_devices, dict(zip(MESH_AXES, shape)), cfg.trainer.global_batch, layout.per_device,
-                  layout.micro_batch, layout.accum_steps)
+    return Layout(
+        total_devices,
+        dict(zip(MESH_AXES, shape)),
+        cfg.trainer.global_batch,
+        layout.per_device,
+        layout.micro_batch,
+        layout.accum_steps,
+    )

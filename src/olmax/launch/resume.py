@@ -50,8 +50,9 @@ class RetryPolicy:
     backoff_s: float = 300.0  # wait before each resubmission
 
 
-def retry_policy(environ: Mapping[str, str], max_retries: Optional[int] = None,
-                 backoff_s: Optional[float] = None) -> RetryPolicy:
+def retry_policy(
+    environ: Mapping[str, str], max_retries: Optional[int] = None, backoff_s: Optional[float] = None
+) -> RetryPolicy:
     """The options if given, else OLMAX_MAX_RETRIES / OLMAX_RETRY_BACKOFF_SECONDS, else the defaults."""
     env = read_env(RETRY_VARS, environ, "resume-until-done")
     if max_retries is None:
@@ -126,16 +127,20 @@ class RunLock:
         except FileNotFoundError:  # released meanwhile: try again
             return
         except json.JSONDecodeError:
-            raise LaunchError(f"{self.path} is not a launcher lock (not JSON); if no launcher runs for this "
-                              "run directory, delete it") from None
+            raise LaunchError(
+                f"{self.path} is not a launcher lock (not JSON); if no launcher runs for this run directory, delete it"
+            ) from None
         running = [p for p in (holder.get("pid"), holder.get("child_pid")) if p and _alive(p)]
         if holder.get("host") != socket.gethostname() or running:
             raise LaunchError(
                 f"run directory {self.path.parent} is being launched by pid {holder.get('pid')} on host "
                 f"{holder.get('host')} (lock {self.path}); not starting a second copy. If that launcher "
-                "is gone and its job has ended, delete the lock file")
-        self._log(f"removing the stale lock {self.path} of pid {holder.get('pid')} (neither it nor its child "
-                  f"{holder.get('child_pid')} is running)")
+                "is gone and its job has ended, delete the lock file"
+            )
+        self._log(
+            f"removing the stale lock {self.path} of pid {holder.get('pid')} (neither it nor its child "
+            f"{holder.get('child_pid')} is running)"
+        )
         self.path.unlink(missing_ok=True)
 
 
@@ -176,6 +181,7 @@ class _Runner:
     def forwarding_signals(self):
         """While active, SIGTERM and SIGINT to the launcher become SIGTERM to the running command (the
         trainer's preemption notice: it saves at the next step boundary and exits) and stop the loop."""
+
         def forward(signum, frame):
             self.stopping.set()
             if self.child is not None:
@@ -221,8 +227,14 @@ def launch_once(backend, plan: LaunchPlan, *, hold_lock: bool, echo: Callable[[s
     return 0
 
 
-def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
-                      sleep: Optional[Callable[[float], object]] = None, echo: Callable[[str], None] = print) -> int:
+def resume_until_done(
+    backend,
+    plan: LaunchPlan,
+    policy: RetryPolicy,
+    *,
+    sleep: Optional[Callable[[float], object]] = None,
+    echo: Callable[[str], None] = print,
+) -> int:
     """Attempts until the run's newest complete checkpoint is its final step (module docstring).
     Returns DONE (0), USER_ERROR (2) when an attempt ended so, the last failure's status (CRASHED 1 or
     TRANSIENT 75) when out of retries, PREEMPTED (143) when stopped by a signal (olmax.exits).
@@ -244,8 +256,10 @@ def resume_until_done(backend, plan: LaunchPlan, policy: RetryPolicy, *,
 
 def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local: Path) -> int:
     """The loop; `local`: where the lock, the launch log and the attempt logs are (launch_dir)."""
-    log(f"resume-until-done, {backend.name}: {plan.layout.describe()}; final step {plan.final_step}; "
-        f"max retries {policy.max_retries}, backoff {policy.backoff_s:g} s")
+    log(
+        f"resume-until-done, {backend.name}: {plan.layout.describe()}; final step {plan.final_step}; "
+        f"max retries {policy.max_retries}, backoff {policy.backoff_s:g} s"
+    )
     state = LaunchState.load(plan.run_dir)
     attempt, failures, last_failure = 0, 0, ExitStatus.CRASHED
     outcome = ExitStatus.CRASHED  # the previous attempt's, once there is one
@@ -255,8 +269,10 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local:
             log(f"done: complete checkpoint at step {step} (final step {plan.final_step}) after {attempt} attempt(s)")
             return ExitStatus.DONE
         if failures > policy.max_retries:
-            log(f"giving up: {failures} attempts in a row ended without a new checkpoint (max retries "
-                f"{policy.max_retries}); newest complete checkpoint: step {step}")
+            log(
+                f"giving up: {failures} attempts in a row ended without a new checkpoint (max retries "
+                f"{policy.max_retries}); newest complete checkpoint: step {step}"
+            )
             return last_failure
         if attempt > 0:
             log(f"resubmitting in {policy.backoff_s:g} s")
@@ -271,8 +287,10 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local:
             return _stopped(log, newest())
         outcome, why = attempt_outcome(backend, code, local / ATTEMPT_DIR / f"attempt-{attempt}.log", plan.run_dir)
         before, step = step, newest()
-        log(f"attempt {attempt} ended: exit status {code}, {outcome.name} ({why}); "
-            f"newest complete checkpoint: step {step}")
+        log(
+            f"attempt {attempt} ended: exit status {code}, {outcome.name} ({why}); "
+            f"newest complete checkpoint: step {step}"
+        )
         state.ended(outcome, code, why, step)
         if not outcome.retried:
             log(f"{outcome.name} is never retried: {outcome.meaning} (see the attempt log), then rerun")
@@ -330,8 +348,14 @@ class LaunchState:
 
     def ended(self, outcome: ExitStatus, code: int, why: str, step: int) -> None:
         self.data["attempts"] += 1
-        self.data["last_attempt"] = {"status": int(outcome), "name": outcome.name, "exit_code": code, "why": why,
-                                     "newest_checkpoint": step, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.data["last_attempt"] = {
+            "status": int(outcome),
+            "name": outcome.name,
+            "exit_code": code,
+            "why": why,
+            "newest_checkpoint": step,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         if outcome is not ExitStatus.DONE:
             self.data["last_failure"] = self.data["last_attempt"]
         self._write()

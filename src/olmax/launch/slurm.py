@@ -36,13 +36,17 @@ class SlurmBackend:
     def __init__(self, plan: LaunchPlan, environ: Mapping[str, str]):
         self.plan, self.env = plan, read_env(SLURM_VARS, environ, "--backend slurm")
         if "://" in plan.run_dir:
-            raise LaunchError(f"--backend slurm writes its script and job output into the run directory: it must "
-                              f"be a path on the cluster's shared filesystem, not {plan.run_dir}")
+            raise LaunchError(
+                f"--backend slurm writes its script and job output into the run directory: it must "
+                f"be a path on the cluster's shared filesystem, not {plan.run_dir}"
+            )
         gpus = positive_int(self.env, "OLMAX_SLURM_GPUS_PER_NODE")
         total = plan.layout.total_devices
         if total % gpus:
-            raise LaunchError(f"--total-devices {total} is not a multiple of OLMAX_SLURM_GPUS_PER_NODE={gpus} "
-                              "(one trainer process per node drives all of its GPUs)")
+            raise LaunchError(
+                f"--total-devices {total} is not a multiple of OLMAX_SLURM_GPUS_PER_NODE={gpus} "
+                "(one trainer process per node drives all of its GPUs)"
+            )
         self.nodes, self.gpus_per_node = total // gpus, gpus
         positive_int(self.env, "OLMAX_COORDINATOR_PORT")
         for name in ("OLMAX_SLURM_PARTITION", "OLMAX_SLURM_ACCOUNT", "OLMAX_SLURM_TIME"):
@@ -67,9 +71,12 @@ class SlurmBackend:
             directives += [f"--time={env['OLMAX_SLURM_TIME']}", f"--signal=TERM@{TERM_BEFORE_LIMIT_S}"]
         worker = [env["OLMAX_SLURM_PYTHON"], "-m", "olmax.launch.worker", *plan.train_args()]
         srun = ["srun", f"--nodes={self.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *worker]
-        lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives),
-                 f"# Written by `olmax launch --backend slurm`: {plan.layout.describe()}.",
-                 "set -euo pipefail"]
+        lines = [
+            "#!/bin/bash",
+            *(f"#SBATCH {d}" for d in directives),
+            f"# Written by `olmax launch --backend slurm`: {plan.layout.describe()}.",
+            "set -euo pipefail",
+        ]
         if env["OLMAX_SLURM_SETUP"]:
             lines.append(env["OLMAX_SLURM_SETUP"])  # a shell line by design (e.g. activating a venv)
         lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.options.env]  # --env; srun passes them on
@@ -135,8 +142,9 @@ def _job_id(attempt_log: Path) -> Optional[str]:
 def _sacct_state(job: str) -> Optional[str]:
     """The job's state word (`CANCELLED by 123` -> CANCELLED), or None when sacct cannot tell."""
     try:
-        out = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            ["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     words = out.stdout.split()

@@ -33,15 +33,22 @@ def distributed_args(environ: Mapping[str, str]) -> Optional[dict]:
         return {}
     missing = [v for v in ("OLMAX_COORDINATOR", "SLURM_NTASKS", "SLURM_PROCID") if not environ.get(v)]
     if missing:
-        raise LaunchError(f"OLMAX_DISTRIBUTED=slurm needs {', '.join(missing)} (set by the sbatch script "
-                          "that `olmax launch --backend slurm` writes, and by srun)")
+        raise LaunchError(
+            f"OLMAX_DISTRIBUTED=slurm needs {', '.join(missing)} (set by the sbatch script "
+            "that `olmax launch --backend slurm` writes, and by srun)"
+        )
     try:
         count, rank = int(environ["SLURM_NTASKS"]), int(environ["SLURM_PROCID"])
     except ValueError:
-        raise LaunchError(f"SLURM_NTASKS={environ['SLURM_NTASKS']!r} and SLURM_PROCID="
-                          f"{environ['SLURM_PROCID']!r} must be integers") from None
-    return {"coordinator_address": environ["OLMAX_COORDINATOR"], "num_processes": count, "process_id": rank,
-            "cluster_detection_method": "deactivate"}
+        raise LaunchError(
+            f"SLURM_NTASKS={environ['SLURM_NTASKS']!r} and SLURM_PROCID={environ['SLURM_PROCID']!r} must be integers"
+        ) from None
+    return {
+        "coordinator_address": environ["OLMAX_COORDINATOR"],
+        "num_processes": count,
+        "process_id": rank,
+        "cluster_detection_method": "deactivate",
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -55,8 +62,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         import jax
 
         jax.distributed.initialize(**kwargs)
-        print(f"olmax worker: jax.distributed process {jax.process_index()} of {jax.process_count()}, "
-              f"{jax.local_device_count()} local of {jax.device_count()} devices", file=sys.stderr, flush=True)
+        print(
+            f"olmax worker: jax.distributed process {jax.process_index()} of {jax.process_count()}, "
+            f"{jax.local_device_count()} local of {jax.device_count()} devices",
+            file=sys.stderr,
+            flush=True,
+        )
     from olmax.cli import main as olmax_main
 
     sys.argv = ["olmax", *args]

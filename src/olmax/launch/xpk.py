@@ -51,14 +51,18 @@ class XpkBackend:
         per_slice = slice_devices(self.env["OLMAX_XPK_TPU_TYPE"])
         total = plan.layout.total_devices
         if per_slice is not None and per_slice * self.num_slices != total:
-            raise LaunchError(f"--total-devices {total} does not match OLMAX_XPK_TPU_TYPE="
-                              f"{self.env['OLMAX_XPK_TPU_TYPE']} x OLMAX_XPK_NUM_SLICES={self.num_slices} "
-                              f"({per_slice} x {self.num_slices} = {per_slice * self.num_slices} devices)")
+            raise LaunchError(
+                f"--total-devices {total} does not match OLMAX_XPK_TPU_TYPE="
+                f"{self.env['OLMAX_XPK_TPU_TYPE']} x OLMAX_XPK_NUM_SLICES={self.num_slices} "
+                f"({per_slice} x {self.num_slices} = {per_slice * self.num_slices} devices)"
+            )
         self.workload = self.env["OLMAX_XPK_WORKLOAD"] or plan.name[:34]
         if not WORKLOAD_NAME.match(f"{self.workload}-a999"):
-            raise LaunchError(f"xpk workload name {self.workload!r} (OLMAX_XPK_WORKLOAD or the run directory's "
-                              "name) must be lower-case letters, digits and '-', start with a letter, "
-                              "and leave 5 of xpk's 40 characters for the attempt suffix")
+            raise LaunchError(
+                f"xpk workload name {self.workload!r} (OLMAX_XPK_WORKLOAD or the run directory's "
+                "name) must be lower-case letters, digits and '-', start with a letter, "
+                "and leave 5 of xpk's 40 characters for the attempt suffix"
+            )
 
     def _xpk(self, *args: str) -> list[str]:
         where = []
@@ -74,10 +78,22 @@ class XpkBackend:
         return shlex.join(["python3", "-m", "olmax.launch.worker", *self.plan.train_args()])
 
     def create(self, workload: str) -> Command:
-        return Command(self._xpk(
-            "create", "--workload", workload, "--tpu-type", self.env["OLMAX_XPK_TPU_TYPE"],
-            "--num-slices", str(self.num_slices), "--docker-image", self.env["OLMAX_DOCKER_IMAGE"],
-            *self.env_args(), "--command", self.worker_command()))
+        return Command(
+            self._xpk(
+                "create",
+                "--workload",
+                workload,
+                "--tpu-type",
+                self.env["OLMAX_XPK_TPU_TYPE"],
+                "--num-slices",
+                str(self.num_slices),
+                "--docker-image",
+                self.env["OLMAX_DOCKER_IMAGE"],
+                *self.env_args(),
+                "--command",
+                self.worker_command(),
+            )
+        )
 
     def env_args(self) -> list[str]:
         """xpk's `--env KEY=VALUE`: the worker's distributed start-up, the chip's libtpu flag profile

@@ -78,8 +78,10 @@ def _blocks(seq_len: int, window: Optional[int], block: int):
     """Static plan: (first query, end query, first key) per query block. The keys a block may see
     form one band, [first query - window + 1, end query), so its scores are computed for that band
     only: the fully masked rest (the future, and beyond the window) is never touched."""
-    return [(start, min(start + block, seq_len), 0 if window is None else max(0, start - window + 1))
-            for start in range(0, seq_len, block)]
+    return [
+        (start, min(start + block, seq_len), 0 if window is None else max(0, start - window + 1))
+        for start in range(0, seq_len, block)
+    ]
 
 
 _f32_einsum = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
@@ -171,7 +173,9 @@ def dot_product_attention(q, k, v, window: Optional[int], implementation: str):
     GQA needs no repeat: the function groups query head h onto kv head h // (n_heads // n_kv_heads).
     """
     return jax.nn.dot_product_attention(
-        q, k, v,
+        q,
+        k,
+        v,
         is_causal=True,
         local_window_size=None if window is None else (window - 1, 0),
         implementation=implementation,
@@ -216,10 +220,15 @@ def _splash_kernel(seq_len: int, window: Optional[int], n_heads: int, blocks: Sp
         # LocalMask keeps key j for query i when i - left <= j <= i + right.
         mask = splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
     sizes = splash.BlockSizes(
-        block_q=q_block, block_kv=kv_block, block_kv_compute=kv_compute,
+        block_q=q_block,
+        block_kv=kv_block,
+        block_kv_compute=kv_compute,
         # backward blocks (they enable jax.grad): the forward's tiles
-        block_q_dkv=q_block, block_kv_dkv=kv_block, block_kv_dkv_compute=kv_compute,
-        block_q_dq=q_block, block_kv_dq=kv_block,
+        block_q_dkv=q_block,
+        block_kv_dkv=kv_block,
+        block_kv_dkv_compute=kv_compute,
+        block_q_dq=q_block,
+        block_kv_dq=kv_block,
     )
     return splash.make_splash_mha(
         splash.MultiHeadMask([mask] * n_heads),
@@ -256,8 +265,9 @@ def _splash_attention(q, k, v, window, blocks: SplashBlocks):
     kv_spec = logical_to_spec(("batch", "seq", "kv_heads", "head_dim"), k.shape, mesh)
     if q_spec[2] != kv_spec[2]:  # GQA groups must stay whole on a shard: keep heads unsplit
         q_spec = kv_spec = PartitionSpec(q_spec[0], None, None, None)
-    return jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
-                         check_vma=False)(q, k, v)
+    return jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False)(
+        q, k, v
+    )
 
 
 BACKENDS: dict[str, Callable] = {

@@ -138,8 +138,10 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
 
 def self_attention(cfg: ModelConfig, window: Optional[int]) -> Callable:
     """The `attend` of a whole sequence (training and scoring): causal, with this layer's window."""
-    return lambda q, k, v: (attention(q, k, v, window=window, backend=cfg.attention,
-                                      splash_blocks=cfg.splash_blocks), None)
+    return lambda q, k, v: (
+        attention(q, k, v, window=window, backend=cfg.attention, splash_blocks=cfg.splash_blocks),
+        None,
+    )
 
 
 def remat_policy(policy: RematPolicy) -> Callable:
@@ -147,8 +149,11 @@ def remat_policy(policy: RematPolicy) -> Callable:
     cp = jax.checkpoint_policies
     if policy.offload:
         keep = cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=list(policy.save), names_which_can_be_offloaded=list(policy.offload),
-            offload_src="device", offload_dst="pinned_host")
+            names_which_can_be_saved=list(policy.save),
+            names_which_can_be_offloaded=list(policy.offload),
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
     else:
         keep = cp.save_only_these_names(*policy.save)
     return cp.save_from_both_policies(keep, cp.dots_with_no_batch_dims_saveable) if policy.save_dots else keep
@@ -173,7 +178,7 @@ def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
         cdt = jnp.dtype(cfg.compute_dtype)
         outputs = []
         for i, (run_layer, scaled) in enumerate(layers):
-            p = jax.tree.map(lambda w: w[i].astype(cdt), group_params)
+            p = jax.tree.map(lambda w: w[i].astype(cdt), group_params)  # noqa: B023 - applied at once
             x = constrain(run_layer(p, x, *ropes[scaled]), ACTIVATION_AXES)
             outputs.append(x)
         return x, (jnp.stack(outputs) if collect else None)
