@@ -167,7 +167,7 @@ def test_splash_default_tiles_need_the_profiles_scoped_vmem(monkeypatch):
     )
     assert compile_report(cfg, topology="v5p:2x2x1")["attention_kernel_calls"] > 0
     monkeypatch.setitem(chips.CHIPS, "v5p", dataclasses.replace(chips.CHIPS["v5p"], libtpu_flags=()))
-    with pytest.raises(Exception, match="Ran out of memory in memory space vmem"):
+    with pytest.raises(DoesNotFit, match="ran out of scoped VMEM"):
         compile_report(cfg, topology="v5p:2x2x1")
 
 

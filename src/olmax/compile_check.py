@@ -72,8 +72,17 @@ def _hlo_flops(compiled) -> Optional[float]:
     return None if not cost or "flops" not in cost else float(cost["flops"])
 
 
-def _out_of_hbm(e: Exception) -> bool:
-    return "RESOURCE_EXHAUSTED" in str(e) or "Ran out of memory in memory space hbm" in str(e)
+def _out_of_memory(e: Exception) -> Optional[str]:
+    """Which device memory the TPU compiler ran out of, in words; None for any other error."""
+    text = str(e)
+    if "ScopedVmemOom" in text or "memory space vmem" in text:
+        return (
+            "scoped VMEM (a kernel's tiles are too large for the chip's limit: smaller "
+            "model.splash_blocks, or the chip profile's --xla_tpu_scoped_vmem_limit_kib)"
+        )
+    if "RESOURCE_EXHAUSTED" in text or "memory space hbm" in text:
+        return "HBM"
+    return None
 
 
 def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] = None, num_slices: int = 1) -> dict:
@@ -102,9 +111,10 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         try:
             compiled = lowered.compile(compiler_options=options or None)
         except Exception as e:
-            if _out_of_hbm(e):
+            memory = _out_of_memory(e)
+            if memory:
                 raise DoesNotFit(
-                    f"{cfg.name} does not fit on {where}: the TPU compiler ran out of HBM "
+                    f"{cfg.name} does not fit on {where}: the TPU compiler ran out of {memory} "
                     f"({str(e).splitlines()[0][:300]})"
                 ) from None
             raise
