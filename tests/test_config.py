@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from reference_values import STAGE1_LR
 
 from olmax import config
 from olmax.config import ConfigError, ExperimentConfig, apply_overrides, load_yaml, save_yaml
@@ -148,17 +149,6 @@ def test_cli_explains_fields():
 
 # The stage-1 LR check values (docs/reference.md, "Recipe and schedules"), through the recipes' own schedules
 # (float32: 2e-6 relative).
-STAGE1_LR = [
-    (1, 1.5e-7),
-    (1000, 1.5e-4),
-    (1999, 2.9985e-4),
-    (2000, 3e-4),
-    (597_046, 1.6500018e-4),
-    (597_047, 1.6499980e-4),
-    (600_000, 1.6441559e-4),
-    (1_000_000, 8.9834077e-5),
-    (1_668_931, 3e-5),
-]
 
 
 def _recipe_schedule(name, overrides=()):

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from reference_values import STAGE1_LR
 
 from olmax.config import ConfigError, ScheduleConfig
 from olmax.schedules import make_schedule, steps_for_tokens
@@ -28,23 +29,12 @@ def test_stage1_horizons_from_tokens():
     assert steps_for_tokens(7 * 10**12, STAGE1_TOKENS_PER_STEP) == 1_668_931
 
 
-# docs/reference.md, "Recipe and schedules". 2e-7 relative: float32 reproduces them to ~1e-7, and the two
+# STAGE1_LR (tests/reference_values.py). 2e-7 relative: float32 reproduces them to ~1e-7, and the two
 # values either side of the switch (597046 / 597047) differ by 2.3e-6 relative, so a one-step
 # error in the switch or in the 1-based numbering fails.
-CHECK_VALUES = [
-    (1, 1.5e-7),
-    (1000, 1.5e-4),
-    (1999, 2.9985e-4),
-    (2000, 3e-4),
-    (597_046, 1.6500018e-4),
-    (597_047, 1.6499980e-4),
-    (600_000, 1.6441559e-4),
-    (1_000_000, 8.9834077e-5),
-    (1_668_931, 3e-5),
-]
 
 
-@pytest.mark.parametrize("step,expected", CHECK_VALUES)
+@pytest.mark.parametrize("step,expected", STAGE1_LR)
 def test_stage1_check_values(step, expected):
     assert float(stage1_schedule()(step)) == pytest.approx(expected, rel=2e-7)
 
@@ -54,9 +44,9 @@ def test_schedule_is_traceable_on_device():
     import jax.numpy as jnp
 
     sched = stage1_schedule()
-    steps = jnp.array([s for s, _ in CHECK_VALUES], jnp.int32)
+    steps = jnp.array([s for s, _ in STAGE1_LR], jnp.int32)
     got = jax.jit(jax.vmap(sched))(steps)
-    np.testing.assert_allclose(np.asarray(got), [v for _, v in CHECK_VALUES], rtol=2e-7)
+    np.testing.assert_allclose(np.asarray(got), [v for _, v in STAGE1_LR], rtol=2e-7)
 
 
 def test_bad_configs_are_errors():
