@@ -69,6 +69,10 @@ def _root() -> None:
     """OLMo 3 pre-training in JAX, with parity against OLMo-core built in."""
 
 
+# The shorthand for data.seq_len, shared by the data and eval commands (docs/config.md, "Resolution").
+SeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
+
+
 def exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
     """Decorator: the user errors `errors()` lists end the command with `label: message` (the message
     names the file or field) and exit status 2 (USER_ERROR, olmax.exits), not a traceback. `errors`

@@ -12,6 +12,7 @@ from olmax.cli.common import (
     JsonOpt,
     OverridesArg,
     RecipeOpt,
+    SeqLenOpt,
     app,
     data_errors,
     exits_on,
@@ -58,9 +59,6 @@ app.add_typer(data_app, name="data")
 PathsOpt = typer.Option(
     None, "--paths", help="data.paths: shards, globs, tokenize output dirs, mix files or demo (repeat the flag)"
 )
-
-
-SeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
 
 
 MaxTargetOpt = typer.Option(

@@ -12,6 +12,7 @@ from olmax.cli.common import (
     JsonOpt,
     OverridesArg,
     RecipeOpt,
+    SeqLenOpt,
     app,
     eval_errors,
     exits_on,
@@ -45,9 +46,6 @@ EvalDataOpt = typer.Option(
 )
 
 
-EvalSeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
-
-
 EvalWorkDirOpt = typer.Option(
     None, "--work-dir", help="data.work_dir: cache for tokenized eval text (default $OLMAX_CACHE or ~/.cache/olmax)"
 )
@@ -64,7 +62,7 @@ def eval_loss_cmd(
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
     data: Optional[list[str]] = EvalDataOpt,
-    seq_len: Optional[int] = EvalSeqLenOpt,
+    seq_len: Optional[int] = SeqLenOpt,
     batch: int = typer.Option(8, "--batch", help="instances per eval batch (fixed whatever the device count)"),
     max_batches: Optional[int] = typer.Option(None, "--max-batches", help="at most this many batches per data spec"),
     step: Optional[int] = typer.Option(None, "--step", help="checkpoint step (default: the latest)"),
@@ -199,7 +197,7 @@ def eval_kl_cmd(
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
     data: Optional[list[str]] = EvalDataOpt,
-    seq_len: Optional[int] = EvalSeqLenOpt,
+    seq_len: Optional[int] = SeqLenOpt,
     batch: int = typer.Option(4, "--batch"),
     max_batches: Optional[int] = typer.Option(4, "--max-batches"),
     buckets: Optional[str] = typer.Option(
