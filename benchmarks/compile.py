@@ -40,15 +40,17 @@ from pathlib import Path
 DEFAULT_SET = ["trainer.micro_batch_size=1", "trainer.loss_chunk=1024", "model.remat=full"]
 GOAL_S = 180.0
 
-# (recipe, topology, slices): the figures docs/performance.md reports for the TPU slices.
+# (recipe, topology, slices, overrides): the figures docs/performance.md reports for the TPU slices.
 ROWS = [
-    ("olmo3_7b_stage1", "tpu7x:4x4x4", 1),
-    ("olmo3_7b_stage1", "v5p:4x4x4", 1),
-    ("olmo3_7b_stage1", "v5p:8x8x8", 1),
-    ("olmo3_7b_hd256", "tpu7x:4x4x4", 1),
-    ("olmo3_32b_stage1", "v5p:8x8x8", 1),
-    ("olmo3_7b_stage2", "tpu7x:4x4x4", 1),
-    ("olmo3_7b_stage3", "tpu7x:4x4x4", 1),
+    ("olmo3_7b_stage1", "tpu7x:4x4x4", 1, ()),
+    ("olmo3_7b_stage1", "v5p:4x4x4", 1, ()),
+    ("olmo3_7b_stage1", "v5p:8x8x8", 1, ()),
+    ("olmo3_7b_hd256", "tpu7x:4x4x4", 1, ()),
+    ("olmo3_32b_stage1", "v5p:8x8x8", 1, ()),
+    ("olmo3_7b_stage2", "tpu7x:4x4x4", 1, ()),
+    ("olmo3_7b_stage3", "tpu7x:4x4x4", 1, ()),
+    ("olmo3_7b_stage1", "v6e:16x16", 1, ()),
+    ("olmo3_7b_stage1", "v6e:16x16", 1, ("trainer.micro_batch_size=1",)),
 ]
 
 
@@ -74,7 +76,7 @@ def run_table(rows: list[int], json_path) -> None:
     """Each row in its own process (python -m olmax.cli compile-check), one at a time."""
     print(TABLE_HEAD)
     for i in rows:
-        recipe, topology, slices = ROWS[i]
+        recipe, topology, slices, overrides = ROWS[i]
         out = Path(tempfile.mkdtemp(prefix="olmax-cc-")) / "row.json"
         proc = subprocess.run(
             [
@@ -90,6 +92,7 @@ def run_table(rows: list[int], json_path) -> None:
                 str(slices),
                 "--json",
                 str(out),
+                *overrides,
             ],
             capture_output=True,
             text=True,

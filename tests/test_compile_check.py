@@ -176,3 +176,13 @@ def test_7b_stage1_fits_on_ironwood_4x4x4():
     r = compile_report(get_recipe("olmo3_7b_stage1"), topology="tpu7x:4x4x4")
     assert (r["devices"], r["per_device_batch"], r["micro_batch"], r["accum_steps"]) == (128, 4, 4, 1)
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
+
+
+@pytest.mark.slow
+def test_7b_stage3_fits_on_ironwood_4x4x4_over_a_tensor_axis():
+    """64 instances of 65,536 tokens on 128 devices: one instance per data x fsdp shard, heads and MLP
+    split over the recipe's tensor axis of 2."""
+    r = compile_report(get_recipe("olmo3_7b_stage3"), topology="tpu7x:4x4x4")
+    assert r["mesh"] == {"data": 1, "fsdp": 64, "tensor": 2}
+    assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
