@@ -147,10 +147,7 @@ def test_cli_explains_fields():
         config.explain_fields(ExperimentConfig(), ["modl"])
 
 
-# The stage-1 LR check values (docs/reference.md, "Recipe and schedules"), through the recipes' own schedules
-# (float32: 2e-6 relative).
-
-
+# The stage-1 LR check values (STAGE1_LR) go through the recipes' own schedules below (float32: 2e-6 relative).
 def _recipe_schedule(name, overrides=()):
     from olmax.schedules import make_schedule
 

@@ -32,8 +32,6 @@ def test_stage1_horizons_from_tokens():
 # STAGE1_LR (tests/reference_values.py). 2e-7 relative: float32 reproduces them to ~1e-7, and the two
 # values either side of the switch (597046 / 597047) differ by 2.3e-6 relative, so a one-step
 # error in the switch or in the 1-based numbering fails.
-
-
 @pytest.mark.parametrize("step,expected", STAGE1_LR)
 def test_stage1_check_values(step, expected):
     assert float(stage1_schedule()(step)) == pytest.approx(expected, rel=2e-7)
