@@ -179,6 +179,8 @@ if args[1] == "list" and "--wait-for-job-completion" in args:
     sys.exit(plan["exit"])
 if args[1] == "list":
     sys.exit(scenario.get("list_exit", 0))
+if args[1] == "create":
+    sys.exit(scenario.get("create_exit", 0))
 """
 )
 
@@ -192,13 +194,15 @@ if not os.path.exists(f"{os.environ['SCENARIO']}.deleted-{args[2]}"):
 """
 
 
-def _xpk_run(tmp_path, monkeypatch, attempts, list_exit=0):
+def _xpk_run(tmp_path, monkeypatch, attempts, list_exit=0, create_exit=0):
     bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
     bin_dir.mkdir(parents=True)
     _stub(bin_dir, "xpk", XPK)
     _stub(bin_dir, "kubectl", KUBECTL)
     scenario = tmp_path / "scenario.json"
-    scenario.write_text(json.dumps({"attempts": attempts, "run_dir": str(run_dir), "list_exit": list_exit}))
+    scenario.write_text(
+        json.dumps({"attempts": attempts, "run_dir": str(run_dir), "list_exit": list_exit, "create_exit": create_exit})
+    )
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("SCENARIO", str(scenario))
     plan = make_plan("tiny", ["trainer.max_steps=12"], str(run_dir), 8)
@@ -240,3 +244,12 @@ def test_a_preempted_xpk_workload_is_resubmitted(tmp_path, monkeypatch):
     status, sleeps, lines, state = _xpk_run(tmp_path / "b", monkeypatch, attempts, list_exit=1)
     assert status == 0 and sleeps == [7.0]
     assert any("xpk: workload failed; whether its JobSet still exists is unknown" in x for x in lines)
+
+
+def test_an_xpk_workload_that_was_never_created_is_not_taken_for_a_deleted_one(tmp_path, monkeypatch):
+    """`xpk workload create` fails: its JobSet does not exist, but nobody deleted it. A crash that
+    counts (max_retries=0: the launcher gives up with 1), not CANCELLED."""
+    status, sleeps, lines, state = _xpk_run(tmp_path, monkeypatch, [], create_exit=1)
+    assert status == ExitStatus.CRASHED and sleeps == []
+    assert state["last_attempt"]["why"] == "xpk workload create exited 1"
+    assert "giving up: 1 attempts in a row" in lines[-1]

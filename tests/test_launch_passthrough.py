@@ -18,7 +18,7 @@ from olmax.config import save_yaml
 from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.backends import dry_run, make_backend
-from olmax.launch.outcome import Outcome
+from olmax.launch.outcome import Ended, Outcome
 from olmax.launch.plan import TrainOptions, make_plan, parse_env
 from olmax.recipes import get_recipe
 
@@ -157,6 +157,7 @@ def test_slurm_and_xpk_read_their_job_states(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (sbatch,) = slurm.attempt_steps(1)
     for state, code, row in [
         ("PREEMPTED", 1, ExitStatus.PREEMPTED),
         ("NODE_FAIL", 1, ExitStatus.TRANSIENT),
@@ -166,15 +167,21 @@ def test_slurm_and_xpk_read_their_job_states(tmp_path, monkeypatch):
         ("TIMEOUT", 143, ExitStatus.CRASHED),
     ]:
         _stub(bin_dir, "sacct", f"import sys\nassert sys.argv[1:3] == ['-j', '4242']\nprint({state!r})\n")
-        got = slurm.outcome(1, code, log)
+        got = slurm.outcome(Ended(1, code, sbatch, log))
         assert (got.status, got.cancelled) == (row, False), state
     _stub(bin_dir, "sacct", "print('CANCELLED by 1000')\n")
-    assert slurm.outcome(1, 143, log).name == "CANCELLED" and not slurm.outcome(1, 143, log).retried
+    assert slurm.outcome(Ended(1, 143, sbatch, log)).name == "CANCELLED"
+    assert not slurm.outcome(Ended(1, 143, sbatch, log)).retried
     (bin_dir / "sacct").unlink()  # no accounting: the exit code alone
-    assert slurm.outcome(1, 143, log) == Outcome(ExitStatus.PREEMPTED, "Slurm job 4242: no sacct; exit code")
+    assert slurm.outcome(Ended(1, 143, sbatch, log)) == Outcome(
+        ExitStatus.PREEMPTED, "Slurm job 4242: no sacct; exit code"
+    )
     xpk = make_backend("xpk", plan, XPK_ENV)
-    assert xpk.outcome(1, 0, log).status is ExitStatus.DONE
+    create, wait = xpk.attempt_steps(1)
+    assert xpk.outcome(Ended(1, 0, wait, log)).status is ExitStatus.DONE
     _stub(bin_dir, "xpk", "import sys\nsys.exit(1)\n")  # the cluster cannot be asked
-    assert xpk.outcome(1, 125, log) == Outcome(
+    assert xpk.outcome(Ended(1, 125, wait, log)) == Outcome(
         ExitStatus.CRASHED, "xpk: workload failed; whether its JobSet still exists is unknown"
     )
+    # a workload that was never created was not deleted by anyone: a crash, retried
+    assert xpk.outcome(Ended(1, 1, create, log)) == Outcome(ExitStatus.CRASHED, "xpk workload create exited 1")

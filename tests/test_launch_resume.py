@@ -56,8 +56,8 @@ class FakeBackend:
     def files(self):
         return {}
 
-    def outcome(self, attempt, code, attempt_log):
-        return from_exit_code(code)
+    def outcome(self, ended):
+        return from_exit_code(ended.code)
 
 
 def _run(tmp_path, actions, max_retries=3, final=12):

@@ -20,8 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from olmax.exits import ExitStatus, from_returncode, read_record
+from olmax.launch.plan import Command
 
 CANCELLED = "CANCELLED"  # the name of an attempt stopped on purpose, in the log and launch_state.json
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How an attempt's commands ended: `code` is the exit status of `command`, the last one run
+    (the first that failed, or the last of all); `log` holds their output."""
+
+    attempt: int
+    code: int
+    command: Command
+    log: Path
 
 
 @dataclass(frozen=True)
@@ -52,10 +64,10 @@ def from_exit_code(code: int) -> Outcome:
     return Outcome(from_returncode(code), "exit code")
 
 
-def attempt_outcome(backend, attempt: int, code: int, attempt_log: Path, run_dir: str) -> Outcome:
-    """The outcome of attempt number `attempt`, which exited with `code` (the module docstring's
-    order). The scheduler's part names itself in `why` where it differs from the trainer's."""
-    job: Outcome = backend.outcome(attempt, code, attempt_log)
+def attempt_outcome(backend, ended: Ended, run_dir: str) -> Outcome:
+    """The outcome of an attempt (the module docstring's order). The scheduler's part names itself
+    in `why` where it differs from the trainer's."""
+    job: Outcome = backend.outcome(ended)
     record = read_record(run_dir)
     said = record and f"the trainer: {record.get('message') or record['name']}"
     if job.cancelled:

@@ -40,7 +40,7 @@ from typing import Callable, Mapping, Optional, TextIO
 from olmax.exits import RECORD_FILE, ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.env import RETRY_VARS, positive_int, read_env
-from olmax.launch.outcome import CANCELLED, attempt_outcome
+from olmax.launch.outcome import CANCELLED, Ended, attempt_outcome
 from olmax.launch.plan import Command, LaunchPlan
 from olmax.runpath import clean, is_url, read_text, remove, write_text
 
@@ -286,16 +286,16 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local:
                 return _stopped(log, step)
         attempt += 1
         remove(plan.run_dir, RECORD_FILE)  # what the trainer of this attempt writes, if it gets to
-        code = _run_attempt(backend, attempt, step, runner, log, local)
+        ended = _run_attempt(backend, attempt, step, runner, log, local)
         if runner.stopping.is_set():
             return _stopped(log, newest())
-        outcome = attempt_outcome(backend, attempt, code, local / ATTEMPT_DIR / f"attempt-{attempt}.log", plan.run_dir)
+        outcome = attempt_outcome(backend, ended, plan.run_dir)
         before, step = step, newest()
         log(
-            f"attempt {attempt} ended: exit status {code}, {outcome.name} ({outcome.why}); "
+            f"attempt {attempt} ended: exit status {ended.code}, {outcome.name} ({outcome.why}); "
             f"newest complete checkpoint: step {step}"
         )
-        state.ended(outcome.status, code, outcome.why, step, cancelled=outcome.cancelled)
+        state.ended(outcome.status, ended.code, outcome.why, step, cancelled=outcome.cancelled)
         if outcome.cancelled:
             log(
                 f"cancelled on purpose through the scheduler: not resubmitting. Newest complete checkpoint: "
@@ -367,7 +367,8 @@ class LaunchState:
         write_text(self.run_dir, self.FILE, json.dumps(self.data, indent=1) + "\n")
 
 
-def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir: Path) -> int:
+def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir: Path) -> Ended:
+    """The backend's commands of this attempt, until one fails (a clean-up step may) or a signal."""
     out_path = run_dir / ATTEMPT_DIR / f"attempt-{attempt}.log"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     log(f"attempt {attempt}: from step {step}; output in {out_path}")
@@ -376,11 +377,9 @@ def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir
         for command in backend.attempt_steps(attempt):
             log(f"attempt {attempt}: running {command.shell()}")
             status = runner.run(command, out)
-            if status != 0 and not command.may_fail:
-                return status
-            if runner.stopping.is_set():
-                return status
-    return 0
+            if (status != 0 and not command.may_fail) or runner.stopping.is_set():
+                break
+    return Ended(attempt, status, command, out_path)
 
 
 def _stopped(log, step: int) -> int:

@@ -27,7 +27,7 @@ from typing import Mapping, Optional
 from olmax.exits import ExitStatus, from_returncode
 from olmax.launch import LaunchError
 from olmax.launch.env import SLURM_VARS, positive_int, read_env
-from olmax.launch.outcome import Outcome, cancelled
+from olmax.launch.outcome import Ended, Outcome, cancelled
 from olmax.launch.plan import Command, LaunchPlan
 
 # Seconds before the time limit at which Slurm sends SIGTERM (the trainer's preemption notice).
@@ -111,13 +111,13 @@ class SlurmBackend:
         """Files to write before the commands run: {path: content}."""
         return {str(self.script_path): self.script()}
 
-    def outcome(self, attempt: int, code: int, attempt_log: Path) -> Outcome:
+    def outcome(self, ended: Ended) -> Outcome:
         """Slurm's verdict on the attempt's job (by the id sbatch printed into the attempt log): its
         final state from sacct, read through SLURM_STATES; COMPLETED, FAILED, or no state from
         sacct: the exit code `sbatch --wait` returned (the job's: srun's, the highest of the tasks',
         128 + N for signal N). The trainer's record outranks all of this except CANCELLED
         (olmax.launch.outcome)."""
-        job = _job_id(attempt_log)
+        code, job = ended.code, _job_id(ended.log)
         if job is None:
             return Outcome(from_returncode(code), "exit code (no job id in the attempt log)")
         state, line = final_state(job)

@@ -34,7 +34,7 @@ from olmax.chips import CHIPS, libtpu_init_args
 from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.env import XPK_VARS, positive_int, read_env
-from olmax.launch.outcome import Outcome, cancelled
+from olmax.launch.outcome import Ended, Outcome, cancelled
 from olmax.launch.plan import Command, LaunchPlan
 
 # TPU type name -> JAX devices per unit of the number in the name. v4 and v5p count TensorCores
@@ -130,20 +130,25 @@ class XpkBackend:
         if attempt > 1:
             previous = f"{self.workload}-a{attempt - 1}"  # may be gone already (xpk's TTL): may fail
             steps.append(Command(self._xpk("delete", "--workload", previous, "--force"), may_fail=True))
-        return steps + [self.create(name), Command(self._xpk("list", "--wait-for-job-completion", name))]
+        return steps + [self.create(name), self.wait(name)]
+
+    def wait(self, workload: str) -> Command:
+        return Command(self._xpk("list", "--wait-for-job-completion", workload))
 
     def files(self) -> dict[str, str]:
         return {}
 
-    def outcome(self, attempt: int, code: int, attempt_log) -> Outcome:
+    def outcome(self, ended: Ended) -> Outcome:
         """xpk's wait only tells completed (0), failed (125) or timed out (124); the row of a failure
         comes from the trainer's RUN_DIR/exit_status.json (olmax.launch.outcome), and without one (a
         lost node, an OOM kill) it is a crash. A failed wait whose JobSet is gone means someone
         deleted the workload (`xpk workload delete`): CANCELLED, never resubmitted."""
-        if code == 0:
+        name = f"{self.workload}-a{ended.attempt}"
+        if ended.command != self.wait(name):  # the workload was not created: nothing to ask about
+            return Outcome(ExitStatus.CRASHED, f"xpk workload {ended.command.argv[2]} exited {ended.code}")
+        if ended.code == 0:
             return Outcome(ExitStatus.DONE, "xpk: workload completed")
-        name = f"{self.workload}-a{attempt}"
-        failed = XPK_WAIT.get(code, f"xpk exited {code}")
+        failed = XPK_WAIT.get(ended.code, f"xpk exited {ended.code}")
         gone = self.jobset_gone(name)
         if gone is None:
             return Outcome(ExitStatus.CRASHED, f"{failed}; whether its JobSet still exists is unknown")
