@@ -18,6 +18,7 @@ from olmax.config import save_yaml
 from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.backends import dry_run, make_backend
+from olmax.launch.outcome import Ended, Outcome
 from olmax.launch.plan import TrainOptions, make_plan, parse_env
 from olmax.recipes import get_recipe
 
@@ -148,6 +149,7 @@ def test_cli_dry_run_shows_everything_and_bad_input_is_refused(tmp_path):
 
 
 def test_slurm_and_xpk_read_their_job_states(tmp_path, monkeypatch):
+    """The backends' own readings (without the trainer's record, which olmax.launch.outcome weighs)."""
     plan = make_plan("tiny", [], str(tmp_path / "r"), 8)
     slurm = make_backend("slurm", plan, SLURM_ENV)
     log = tmp_path / "attempt-1.log"
@@ -155,18 +157,31 @@ def test_slurm_and_xpk_read_their_job_states(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (sbatch,) = slurm.attempt_steps(1)
     for state, code, row in [
         ("PREEMPTED", 1, ExitStatus.PREEMPTED),
         ("NODE_FAIL", 1, ExitStatus.TRANSIENT),
-        ("CANCELLED by 1000", 143, ExitStatus.USER_ERROR),
         ("FAILED", 75, ExitStatus.TRANSIENT),
         ("COMPLETED", 0, ExitStatus.DONE),
         ("OUT_OF_MEMORY", 1, ExitStatus.CRASHED),
+        ("TIMEOUT", 143, ExitStatus.CRASHED),
     ]:
         _stub(bin_dir, "sacct", f"import sys\nassert sys.argv[1:3] == ['-j', '4242']\nprint({state!r})\n")
-        assert slurm.outcome(code, log)[0] is row, state
+        got = slurm.outcome(Ended(1, code, sbatch, log))
+        assert (got.status, got.cancelled) == (row, False), state
+    _stub(bin_dir, "sacct", "print('CANCELLED by 1000')\n")
+    assert slurm.outcome(Ended(1, 143, sbatch, log)).name == "CANCELLED"
+    assert not slurm.outcome(Ended(1, 143, sbatch, log)).retried
     (bin_dir / "sacct").unlink()  # no accounting: the exit code alone
-    assert slurm.outcome(143, log) == (ExitStatus.PREEMPTED, "Slurm job 4242: None, exit code")
+    assert slurm.outcome(Ended(1, 143, sbatch, log)) == Outcome(
+        ExitStatus.PREEMPTED, "Slurm job 4242: no sacct; exit code"
+    )
     xpk = make_backend("xpk", plan, XPK_ENV)
-    assert xpk.outcome(0, log)[0] is ExitStatus.DONE
-    assert xpk.outcome(125, log) == (ExitStatus.CRASHED, "xpk: workload failed; the trainer left no exit record")
+    create, wait = xpk.attempt_steps(1)
+    assert xpk.outcome(Ended(1, 0, wait, log)).status is ExitStatus.DONE
+    _stub(bin_dir, "xpk", "import sys\nsys.exit(1)\n")  # the cluster cannot be asked
+    assert xpk.outcome(Ended(1, 125, wait, log)) == Outcome(
+        ExitStatus.CRASHED, "xpk: workload failed; whether its JobSet still exists is unknown"
+    )
+    # a workload that was never created was not deleted by anyone: a crash, retried
+    assert xpk.outcome(Ended(1, 1, create, log)) == Outcome(ExitStatus.CRASHED, "xpk workload create exited 1")

@@ -14,6 +14,7 @@ import pytest
 
 from olmax.launch import LaunchError
 from olmax.launch.backends import make_backend
+from olmax.launch.outcome import from_exit_code
 from olmax.launch.plan import Command, make_plan
 from olmax.launch.resume import LOCK_FILE, RetryPolicy, RunLock, launch_once, resume_until_done, retry_policy
 
@@ -54,6 +55,9 @@ class FakeBackend:
 
     def files(self):
         return {}
+
+    def outcome(self, ended):
+        return from_exit_code(ended.code)
 
 
 def _run(tmp_path, actions, max_retries=3, final=12):
@@ -169,6 +173,6 @@ def test_the_trainers_record_wins_over_the_schedulers_verdict(tmp_path):
     """A backend that only says "failed" (exit 1): the trainer's RUN_DIR/exit_status.json tells the row."""
     status, sleeps, lines = _run(tmp_path / "a", ["0:rec2"])
     assert status == 2 and sleeps == []
-    assert any("exit status 1, USER_ERROR (the trainer: the trainer's own words)" in line for line in lines)
+    assert any("exit status 1, USER_ERROR (the trainer: the trainer's own words; exit code)" in line for line in lines)
     status, sleeps, lines = _run(tmp_path / "b", ["0:rec143", "0:rec143", "12:0"], max_retries=0)
     assert status == 0 and len(sleeps) == 2  # preemptions do not count against max_retries=0

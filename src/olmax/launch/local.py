@@ -11,8 +11,8 @@ import re
 import sys
 from typing import Mapping
 
-from olmax.exits import ExitStatus, from_returncode
 from olmax.launch.env import LOCAL_VARS, read_env
+from olmax.launch.outcome import Ended, Outcome, from_exit_code
 from olmax.launch.plan import Command, LaunchPlan
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -33,9 +33,9 @@ class LocalBackend:
         env["XLA_FLAGS"] = " ".join([*flags, f"{DEVICE_COUNT_FLAG}={self.plan.layout.total_devices}"])
         return Command([self.python, "-m", "olmax.cli", *self.plan.train_args()], env)
 
-    def outcome(self, code: int, attempt_log) -> tuple[ExitStatus, str]:
+    def outcome(self, ended: Ended) -> Outcome:
         """The trainer is the child: its exit code is the row (a signal: -N)."""
-        return from_returncode(code), "exit code"
+        return from_exit_code(ended.code)
 
     def launch_steps(self) -> list[Command]:
         """One run of the trainer, in the foreground."""

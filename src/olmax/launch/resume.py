@@ -8,8 +8,10 @@ resume-until-done, in order:
    (trainer.max_steps, or --stop-at);
 3. otherwise run one attempt (the backend's commands: the trainer, `sbatch --wait`, or xpk create +
    wait), which resumes from that checkpoint by itself, then go to 2;
-4. the attempt's row of the exit-status table (olmax.exits: the trainer's RUN_DIR/exit_status.json,
-   else the backend's reading of the job) decides: USER_ERROR is never retried; CRASHED and TRANSIENT
+4. the attempt's outcome decides (olmax.launch.outcome: a job the scheduler reports cancelled on
+   purpose, scancel or a deleted xpk workload, is never resubmitted and the launcher exits 143;
+   else the row of the exit-status table, olmax.exits, from the trainer's RUN_DIR/exit_status.json,
+   else from the backend's reading of the job): USER_ERROR is never retried; CRASHED and TRANSIENT
    without a newer complete checkpoint count as failed retries, and after `max_retries` of them in a
    row the launcher gives up; PREEMPTED is resubmitted without counting; an attempt that saved
    progress resets the count (a long run is preempted many times). Before every resubmission it waits
@@ -35,9 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, TextIO
 
-from olmax.exits import RECORD_FILE, ExitStatus, from_returncode, read_record
+from olmax.exits import RECORD_FILE, ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.env import RETRY_VARS, positive_int, read_env
+from olmax.launch.outcome import CANCELLED, Ended, attempt_outcome
 from olmax.launch.plan import Command, LaunchPlan
 from olmax.runpath import clean, is_url, read_text, remove, write_text
 
@@ -237,7 +240,8 @@ def resume_until_done(
 ) -> int:
     """Attempts until the run's newest complete checkpoint is its final step (module docstring).
     Returns DONE (0), USER_ERROR (2) when an attempt ended so, the last failure's status (CRASHED 1 or
-    TRANSIENT 75) when out of retries, PREEMPTED (143) when stopped by a signal (olmax.exits).
+    TRANSIENT 75) when out of retries, PREEMPTED (143) when stopped by a signal or when the scheduler
+    reports the job cancelled on purpose (olmax.exits, olmax.launch.outcome).
     `sleep`: waits out the backoff (default: a wait that a signal to the launcher cuts short)."""
     from olmax.checkpoint import complete_steps, run_checkpoint_dir  # imports Orbax: only here, not for --dry-run
 
@@ -262,7 +266,7 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local:
     )
     state = LaunchState.load(plan.run_dir)
     attempt, failures, last_failure = 0, 0, ExitStatus.CRASHED
-    outcome = ExitStatus.CRASHED  # the previous attempt's, once there is one
+    outcome = None  # the previous attempt's, once there is one
     step = newest()
     while True:
         if step >= plan.final_step:
@@ -274,32 +278,38 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local:
                 f"{policy.max_retries}); newest complete checkpoint: step {step}"
             )
             return last_failure
-        if attempt > 0:
+        if outcome is not None:
             log(f"resubmitting in {policy.backoff_s:g} s")
-            state.retrying(preempted=outcome is ExitStatus.PREEMPTED)
+            state.retrying(preempted=outcome.status is ExitStatus.PREEMPTED)
             sleep(policy.backoff_s)
             if runner.stopping.is_set():
                 return _stopped(log, step)
         attempt += 1
         remove(plan.run_dir, RECORD_FILE)  # what the trainer of this attempt writes, if it gets to
-        code = _run_attempt(backend, attempt, step, runner, log, local)
+        ended = _run_attempt(backend, attempt, step, runner, log, local)
         if runner.stopping.is_set():
             return _stopped(log, newest())
-        outcome, why = attempt_outcome(backend, code, local / ATTEMPT_DIR / f"attempt-{attempt}.log", plan.run_dir)
+        outcome = attempt_outcome(backend, ended, plan.run_dir)
         before, step = step, newest()
         log(
-            f"attempt {attempt} ended: exit status {code}, {outcome.name} ({why}); "
+            f"attempt {attempt} ended: exit status {ended.code}, {outcome.name} ({outcome.why}); "
             f"newest complete checkpoint: step {step}"
         )
-        state.ended(outcome, code, why, step)
+        state.ended(outcome.status, ended.code, outcome.why, step, cancelled=outcome.cancelled)
+        if outcome.cancelled:
+            log(
+                f"cancelled on purpose through the scheduler: not resubmitting. Newest complete checkpoint: "
+                f"step {step}; rerun to continue from it"
+            )
+            return outcome.status  # PREEMPTED (143), as when a signal stops the launcher itself
         if not outcome.retried:
-            log(f"{outcome.name} is never retried: {outcome.meaning} (see the attempt log), then rerun")
-            return outcome
+            log(f"{outcome.name} is never retried: {outcome.status.meaning} (see the attempt log), then rerun")
+            return outcome.status
         if step > before:
             failures = 0  # progress: a long run on preemptible machines is interrupted many times
-        elif outcome.counted or outcome is ExitStatus.DONE:  # DONE without the final checkpoint: a mismatch
+        elif outcome.status.counted or outcome.status is ExitStatus.DONE:  # DONE without the final checkpoint
             failures += 1
-            last_failure = outcome if outcome.counted else ExitStatus.CRASHED
+            last_failure = outcome.status if outcome.status.counted else ExitStatus.CRASHED
 
 
 def launch_dir(run_dir: str) -> Path:
@@ -312,19 +322,6 @@ def launch_dir(run_dir: str) -> Path:
     chosen = read_env(RETRY_VARS, os.environ, "resume-until-done")["OLMAX_LAUNCH_DIR"]
     base = Path(chosen or Path.home() / ".cache" / "olmax" / "launch")
     return base / clean(run_dir).split("://", 1)[1]
-
-
-def attempt_outcome(backend, code: int, attempt_log: Path, run_dir: str) -> tuple[ExitStatus, str]:
-    """The exit-status row of an attempt and where it came from: the trainer's own record
-    (RUN_DIR/exit_status.json) when it wrote one, else the backend's reading of its job (the
-    trainer's exit code locally, Slurm's job state, xpk's verdict), else the exit code itself."""
-    record = read_record(run_dir)
-    if record is not None:
-        return ExitStatus(record["status"]), f"the trainer: {record.get('message') or record['name']}"
-    reading = getattr(backend, "outcome", None)
-    if reading is not None:
-        return reading(code, attempt_log)
-    return from_returncode(code), "exit code"
 
 
 class LaunchState:
@@ -346,17 +343,18 @@ class LaunchState:
             data = {}
         return cls(run_dir, {"attempts": 0, "retries": 0, "preemptions": 0, "last_failure": None, **data})
 
-    def ended(self, outcome: ExitStatus, code: int, why: str, step: int) -> None:
+    def ended(self, status: ExitStatus, code: int, why: str, step: int, *, cancelled: bool = False) -> None:
+        """An attempt ended with row `status`; `cancelled`: stopped on purpose (olmax.launch.outcome)."""
         self.data["attempts"] += 1
         self.data["last_attempt"] = {
-            "status": int(outcome),
-            "name": outcome.name,
+            "status": int(status),
+            "name": CANCELLED if cancelled else status.name,
             "exit_code": code,
             "why": why,
             "newest_checkpoint": step,
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
-        if outcome is not ExitStatus.DONE:
+        if cancelled or status is not ExitStatus.DONE:
             self.data["last_failure"] = self.data["last_attempt"]
         self._write()
 
@@ -369,7 +367,8 @@ class LaunchState:
         write_text(self.run_dir, self.FILE, json.dumps(self.data, indent=1) + "\n")
 
 
-def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir: Path) -> int:
+def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir: Path) -> Ended:
+    """The backend's commands of this attempt, until one fails (a clean-up step may) or a signal."""
     out_path = run_dir / ATTEMPT_DIR / f"attempt-{attempt}.log"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     log(f"attempt {attempt}: from step {step}; output in {out_path}")
@@ -378,11 +377,9 @@ def _run_attempt(backend, attempt: int, step: int, runner: _Runner, log, run_dir
         for command in backend.attempt_steps(attempt):
             log(f"attempt {attempt}: running {command.shell()}")
             status = runner.run(command, out)
-            if status != 0 and not command.may_fail:
-                return status
-            if runner.stopping.is_set():
-                return status
-    return 0
+            if (status != 0 and not command.may_fail) or runner.stopping.is_set():
+                break
+    return Ended(attempt, status, command, out_path)
 
 
 def _stopped(log, step: int) -> int:

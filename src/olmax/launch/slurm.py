@@ -10,7 +10,9 @@ variables the script exports (the first node of the job hosts the coordinator) a
   owner (resume-until-done, which waits with `sbatch --wait`: its exit status is the job's).
 
 With OLMAX_SLURM_TIME set, `--signal=TERM@300` sends SIGTERM to the trainers 5 minutes before the
-limit: they save at the next step boundary and exit, and resume-until-done resubmits.
+limit: they save at the next step boundary and exit, and resume-until-done resubmits. `scancel` sends
+the same SIGTERM, so the trainer's record cannot tell the two apart; Slurm's job state (sacct) can,
+and a CANCELLED job is not resubmitted (the table above SLURM_STATES).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 from typing import Mapping, Optional
 
 from olmax.exits import ExitStatus, from_returncode
 from olmax.launch import LaunchError
 from olmax.launch.env import SLURM_VARS, positive_int, read_env
+from olmax.launch.outcome import Ended, Outcome, cancelled
 from olmax.launch.plan import Command, LaunchPlan
 
 # Seconds before the time limit at which Slurm sends SIGTERM (the trainer's preemption notice).
@@ -107,27 +111,56 @@ class SlurmBackend:
         """Files to write before the commands run: {path: content}."""
         return {str(self.script_path): self.script()}
 
-    def outcome(self, code: int, attempt_log: Path) -> tuple[ExitStatus, str]:
-        """The row of a job that left no trainer record: its Slurm state (sacct, by the job id sbatch
-        printed into the attempt log) where that says more than the exit code, else the exit code
-        (sbatch --wait exits with the job's: srun's, the highest of the tasks', 128 + N for signal N)."""
-        job = _job_id(attempt_log)
-        state = _sacct_state(job) if job else None
+    def outcome(self, ended: Ended) -> Outcome:
+        """Slurm's verdict on the attempt's job (by the id sbatch printed into the attempt log): its
+        final state from sacct, read through SLURM_STATES; COMPLETED, FAILED, or no state from
+        sacct: the exit code `sbatch --wait` returned (the job's: srun's, the highest of the tasks',
+        128 + N for signal N). The trainer's record outranks all of this except CANCELLED
+        (olmax.launch.outcome)."""
+        code, job = ended.code, _job_id(ended.log)
+        if job is None:
+            return Outcome(from_returncode(code), "exit code (no job id in the attempt log)")
+        state, line = final_state(job)
+        if state == "CANCELLED":
+            return cancelled(f"Slurm job {job}: {line} (scancel: stopped on purpose)")
         if state in SLURM_STATES:
-            return SLURM_STATES[state], f"Slurm job {job}: {state}"
-        return from_returncode(code), f"Slurm job {job}: {state}, exit code" if job else "exit code"
+            return Outcome(SLURM_STATES[state], f"Slurm job {job}: {line}")
+        return Outcome(from_returncode(code), f"Slurm job {job}: {line}; exit code")
 
 
-# Slurm job states that decide the row by themselves (the others, COMPLETED and FAILED, by the exit code)
+# What a final Slurm job state means for resume-until-done, read together with the trainer's record
+# (RUN_DIR/exit_status.json) in olmax.launch.outcome's order. The rows that matter:
+#
+#   sacct state        trainer's record    row, what resume-until-done does
+#   CANCELLED [by U]   any, or none        CANCELLED: not resubmitted. scancel (by anyone, root too)
+#                                          sends SIGTERM, so the trainer saves and records PREEMPTED
+#   PREEMPTED          PREEMPTED, or none  PREEMPTED: resubmitted, not counted (Slurm preempted it)
+#   FAILED             PREEMPTED           PREEMPTED: resubmitted, not counted. The time limit's
+#                                          --signal=TERM@300: the trainer saved and exited 143
+#   TIMEOUT            PREEMPTED           PREEMPTED: resubmitted, not counted. The same, but the job
+#                                          outlived its limit after the save (a slow shutdown)
+#   TIMEOUT            none                CRASHED: counted. The trainer did not stop within
+#                                          TERM_BEFORE_LIMIT_S of the SIGTERM
+#   NODE_FAIL/BOOT_FAIL none               TRANSIENT: counted
+#   OUT_OF_MEMORY/DEADLINE none            CRASHED: counted
+#   COMPLETED/FAILED   none                the exit code's row
+#   other, a record    the record          the record's row: the trainer knows why it stopped
+#   not final after SACCT_TRIES, or no sacct: the record, else the exit code
+#
+# `scancel --signal=TERM` only signals the job: it ends FAILED with a PREEMPTED record, resubmitted.
 SLURM_STATES = {
     "PREEMPTED": ExitStatus.PREEMPTED,
     "NODE_FAIL": ExitStatus.TRANSIENT,
     "BOOT_FAIL": ExitStatus.TRANSIENT,
-    "TIMEOUT": ExitStatus.CRASHED,  # the trainer did not stop within TERM_BEFORE_LIMIT_S of the SIGTERM
+    "TIMEOUT": ExitStatus.CRASHED,
     "OUT_OF_MEMORY": ExitStatus.CRASHED,
     "DEADLINE": ExitStatus.CRASHED,
-    "CANCELLED": ExitStatus.USER_ERROR,  # scancel: someone stopped it on purpose; not resubmitted
 }
+# The states a job ends in (Slurm's job_state_codes); before them sacct may still show RUNNING or
+# COMPLETING for a few seconds after `sbatch --wait` returned: the accounting database lags the
+# controller, so sacct is asked again, SACCT_TRIES times SACCT_WAIT_S apart.
+FINAL_STATES = {"CANCELLED", "COMPLETED", "FAILED", *SLURM_STATES}
+SACCT_TRIES, SACCT_WAIT_S = 6, 5.0
 
 
 def _job_id(attempt_log: Path) -> Optional[str]:
@@ -139,13 +172,26 @@ def _job_id(attempt_log: Path) -> Optional[str]:
     return ids[-1] if ids else None
 
 
-def _sacct_state(job: str) -> Optional[str]:
-    """The job's state word (`CANCELLED by 123` -> CANCELLED), or None when sacct cannot tell."""
-    try:
-        out = subprocess.run(
-            ["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    words = out.stdout.split()
-    return words[0].rstrip("+") if out.returncode == 0 and words else None
+def final_state(job: str) -> tuple[Optional[str], str]:
+    """The job's final state word (`CANCELLED by 123` -> CANCELLED) and sacct's whole line, asking
+    again while accounting has not caught up; (None, what was seen) when sacct cannot tell."""
+    seen = "no state from sacct"
+    for attempt in range(SACCT_TRIES):
+        if attempt:
+            time.sleep(SACCT_WAIT_S)
+        try:
+            out = subprocess.run(
+                ["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], capture_output=True, text=True, timeout=60
+            )
+        except OSError:
+            return None, "no sacct"
+        except subprocess.TimeoutExpired:
+            continue
+        lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
+        if lines:
+            seen = lines[0].strip()
+            state = seen.split()[0].rstrip("+")
+            if state in FINAL_STATES:
+                return state, seen
+            seen = f"still {seen} in sacct after {SACCT_TRIES} tries"
+    return None, seen

@@ -8,6 +8,17 @@ exits 0 when the workload completed and non-zero otherwise (xpk: 125 failed, 124
 attempt is a new workload, W-a<N> (xpk refuses to reuse a name); before attempt N the launcher
 deletes W-a<N-1>, so a workload whose wait was cut short cannot run next to its successor.
 
+A workload deleted by someone (`xpk workload delete`) gives its trainers SIGTERM, so they save and
+record PREEMPTED, as on a real preemption. The launcher tells the two apart by asking, after a wait
+that did not end in success, whether the attempt's JobSet still exists (XpkBackend.jobset_gone): gone
+means deleted, and the run is not resubmitted. What xpk's wait does meanwhile depends on the
+cluster (xpk 1.13, src/xpk/core/workload.py wait_for_job_completion, waits with `kubectl wait
+--for=condition=Finished` on Kueue's Workload object): where Kueue finishes an orphaned Workload
+(its FinishOrphanedWorkloads feature) the wait ends at once and xpk exits non-zero, reading the
+deleted JobSet's status; otherwise the Workload just disappears, and kubectl keeps waiting for a
+condition on a deleted object until its timeout (xpk's default: one week). So after deleting the
+workload, stop the launcher too (Ctrl-C or SIGTERM: it does not resubmit).
+
 The run directory is a path inside the container (e.g. a bucket mounted with gcsfuse); to follow
 progress, resume-until-done must see the same directory where it runs.
 """
@@ -16,12 +27,14 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from typing import Mapping, Optional
 
 from olmax.chips import CHIPS, libtpu_init_args
 from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.env import XPK_VARS, positive_int, read_env
+from olmax.launch.outcome import Ended, Outcome, cancelled
 from olmax.launch.plan import Command, LaunchPlan
 
 # TPU type name -> JAX devices per unit of the number in the name. v4 and v5p count TensorCores
@@ -117,15 +130,54 @@ class XpkBackend:
         if attempt > 1:
             previous = f"{self.workload}-a{attempt - 1}"  # may be gone already (xpk's TTL): may fail
             steps.append(Command(self._xpk("delete", "--workload", previous, "--force"), may_fail=True))
-        return steps + [self.create(name), Command(self._xpk("list", "--wait-for-job-completion", name))]
+        return steps + [self.create(name), self.wait(name)]
+
+    def wait(self, workload: str) -> Command:
+        return Command(self._xpk("list", "--wait-for-job-completion", workload))
 
     def files(self) -> dict[str, str]:
         return {}
 
-    def outcome(self, code: int, attempt_log) -> tuple[ExitStatus, str]:
+    def outcome(self, ended: Ended) -> Outcome:
         """xpk's wait only tells completed (0), failed (125) or timed out (124); the row of a failure
-        comes from the trainer's RUN_DIR/exit_status.json, read before this. Without one (a lost
-        node, an OOM kill) it is a crash."""
-        if code == 0:
-            return ExitStatus.DONE, "xpk: workload completed"
-        return ExitStatus.CRASHED, XPK_WAIT.get(code, f"xpk exited {code}") + "; the trainer left no exit record"
+        comes from the trainer's RUN_DIR/exit_status.json (olmax.launch.outcome), and without one (a
+        lost node, an OOM kill) it is a crash. A failed wait whose JobSet is gone means someone
+        deleted the workload (`xpk workload delete`): CANCELLED, never resubmitted."""
+        name = f"{self.workload}-a{ended.attempt}"
+        if ended.command != self.wait(name):  # the workload was not created: nothing to ask about
+            return Outcome(ExitStatus.CRASHED, f"xpk workload {ended.command.argv[2]} exited {ended.code}")
+        if ended.code == 0:
+            return Outcome(ExitStatus.DONE, "xpk: workload completed")
+        failed = XPK_WAIT.get(ended.code, f"xpk exited {ended.code}")
+        gone = self.jobset_gone(name)
+        if gone is None:
+            return Outcome(ExitStatus.CRASHED, f"{failed}; whether its JobSet still exists is unknown")
+        if gone:
+            return cancelled(f"{failed}: the JobSet {name} is gone (deleted: `xpk workload delete`)")
+        return Outcome(ExitStatus.CRASHED, failed)
+
+    def jobset_gone(self, name: str) -> Optional[bool]:
+        """Whether the JobSet `name` no longer exists; None when the cluster cannot be asked.
+
+        `xpk workload delete` is `kubectl delete jobset NAME -n default`, and the launcher deletes an
+        attempt's workload only before the next one, so a JobSet missing when its wait ended was
+        deleted by someone (a finished one stays for xpk's ttlSecondsAfterFinished, 12 hours by
+        default).
+        xpk's own listing shows Kueue's Workload objects, which can outlive their JobSet, so kubectl
+        asks for the JobSet itself, right after `xpk workload list` (which points kubectl's current
+        context at this cluster, as every xpk command does)."""
+        try:
+            listed = subprocess.run(self._xpk("list", "--filter-by-job", name), capture_output=True, timeout=600)
+            if listed.returncode != 0:
+                return None
+            got = subprocess.run(
+                ["kubectl", "get", "jobset", name, "-n", "default", "--ignore-not-found", "-o", "name"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if got.returncode != 0:
+            return None
+        return not got.stdout.strip()
