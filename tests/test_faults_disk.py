@@ -1,6 +1,8 @@
-"""Disk full or no permission while saving: the save fails with a CheckpointError naming the
-checkpoint directory and the step, and the previous complete checkpoint stays the one a rerun resumes
-from, bit for bit."""
+"""Disk full or no permission while saving: the save fails with a CheckpointWriteError (exit status
+TRANSIENT) naming the checkpoint directory and the step, and the previous complete checkpoint stays the
+one a rerun resumes from, bit for bit. A bug in what is saved is no storage failure: it propagates as
+itself (exit status CRASHED). Which errors of the storage libraries count as storage failures is
+checked on errors tensorstore itself raises."""
 
 import errno
 import os
@@ -13,8 +15,9 @@ import pytest
 from etils import epath
 from small_run import SMALL as BASE
 
-from olmax.checkpoint import CheckpointError, RunCheckpoints, complete_steps
+from olmax.checkpoint import CheckpointError, CheckpointWriteError, RunCheckpoints, complete_steps, storage_failure
 from olmax.config import apply_overrides
+from olmax.exits import ExitStatus, status_of
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state
@@ -49,6 +52,7 @@ def test_disk_full_during_save_names_the_directory_and_keeps_the_previous_checkp
         ckpts.save(6, _state(cfg, mesh, 2), {"batches": 6}, mesh)
         ckpts.close()
     ckpts.close()  # a second close (train's `finally`) releases the manager without raising again
+    assert isinstance(failed.value, CheckpointWriteError) and status_of(failed.value) is ExitStatus.TRANSIENT
     message = str(failed.value)
     assert f"writing checkpoint step 6 to {directory} failed" in message, message
     assert "No space left on device" in message and "(step 3) is untouched" in message, message
@@ -59,6 +63,63 @@ def test_disk_full_during_save_names_the_directory_and_keeps_the_previous_checkp
     assert int(state.step) == 0 and data == {"batches": 3}  # init state: step counter 0, saved as step 3
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(state.params)):
         np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_a_bug_in_what_is_saved_is_no_storage_failure(tmp_path):
+    cfg = apply_overrides(get_recipe("tiny"), SMALL)
+    mesh = make_mesh(cfg.mesh)
+    directory = tmp_path / "checkpoints"
+    ckpts = RunCheckpoints(directory, cfg)
+    state = _state(cfg, mesh, 1)
+    ckpts.save(3, state, {"batches": 3}, mesh)
+    # a data-loader state that JSON cannot hold: json's own TypeError, raised from inside Orbax's save
+    with pytest.raises(TypeError, match="not JSON serializable") as failed:
+        ckpts.save(6, state, {"batches": 6, "reader": object()}, mesh)
+        ckpts.close()
+    ckpts.close()  # train's `finally`: releases the manager without raising the bug a second time
+    assert not isinstance(failed.value, CheckpointError), failed.value
+    assert status_of(failed.value) is ExitStatus.CRASHED
+    assert f"(while writing checkpoint step 6 to {directory})" in failed.value.__notes__
+    assert complete_steps(directory) == [3]
+
+
+def test_storage_failures_are_told_from_bugs(tmp_path):
+    import tensorstore as ts
+
+    def zarr(path, **open_args):
+        spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path)}}
+        return ts.open(spec, shape=[4], **open_args).result()
+
+    (tmp_path / "a_file").write_text("")
+    # tensorstore's own errors: a failed system call (ENOTDIR; FAILED_PRECONDITION with its errno) ...
+    with pytest.raises(ValueError) as io:
+        zarr(tmp_path / "a_file" / "array", create=True, dtype=ts.float32)
+    assert str(io.value).startswith("FAILED_PRECONDITION") and "os_error_code='20'" in str(io.value), io.value
+    assert storage_failure(io.value)
+    # ... and wrong requests: a write of the wrong shape (INVALID_ARGUMENT, raised without its code),
+    # a dtype the stored array does not have (FAILED_PRECONDITION, no errno)
+    with pytest.raises(ValueError, match="mismatch") as wrong_shape:
+        zarr(tmp_path / "ok", create=True, dtype=ts.float32).write(np.zeros(5, np.float32)).result()
+    assert not storage_failure(wrong_shape.value)
+    with pytest.raises(ValueError, match="dtype") as wrong_dtype:
+        zarr(tmp_path / "ok", open=True, dtype=ts.int32)
+    assert str(wrong_dtype.value).startswith("FAILED_PRECONDITION") and not storage_failure(wrong_dtype.value)
+    # OSError and its subclasses (a full disk, a timeout, a dropped connection), also as a cause
+    for exc in (OSError(errno.ENOSPC, "full"), TimeoutError(), ConnectionResetError(), PermissionError()):
+        assert storage_failure(exc) and storage_failure(_raised_from(RuntimeError("wrapped"), exc))
+    # the remote stores' own I/O errors, as the installed gcsfs and aiohttp raise them
+    from aiohttp import ServerDisconnectedError
+    from gcsfs.retry import HttpError
+
+    assert storage_failure(HttpError({"code": 503, "message": "Service Unavailable"}))
+    assert storage_failure(ServerDisconnectedError())
+    for bug in (TypeError("unsupported operand"), KeyError("params"), ValueError("shapes (3,) and (4,)")):
+        assert not storage_failure(bug) and not storage_failure(_raised_from(RuntimeError("wrapped"), bug))
+
+
+def _raised_from(exc, cause):
+    exc.__cause__ = cause
+    return exc
 
 
 # A trainer whose array files may not grow past 200 kB (RLIMIT_FSIZE): the kernel refuses the write

@@ -1,5 +1,6 @@
 """Generation (olmax.evals.generate, `olmax generate`): greedy equals argmax-and-append on the full
-forward pass; sampling is reproducible from its seed, and top-k=1 or a tiny top-p is greedy. The
+forward pass; sampling is reproducible from its seed, does not depend on the batch size, gives copies
+of one prompt their own draws, and top-k=1 or a tiny top-p is greedy. The
 reference test (parity) checks `olmax generate` against transformers' `generate` on the HF export."""
 
 import jax
@@ -8,7 +9,7 @@ import pytest
 from models import random_params
 
 from olmax.config import ModelConfig
-from olmax.evals.generate import Sampling, generate, read_prompts
+from olmax.evals.generate import Sampling, generate, generate_in_batches, read_prompts
 from olmax.model.olmo3 import forward
 
 CFG = ModelConfig(
@@ -75,6 +76,23 @@ def test_sampling_is_reproducible_and_narrows_to_greedy(setup):
         logits = np.asarray(run(params, seq))[0, :, : CFG.vocab_size]
         for t, tok in enumerate(out):
             assert tok in np.argsort(logits[len(prompt) + t - 1])[-5:]
+
+
+def test_sampling_does_not_depend_on_the_batch_size(setup):
+    params, prompts, _ = setup
+    hot = Sampling(temperature=1.0, seed=0)
+    # three samples of one prompt and a shorter one (ragged rows); prompts of at most 16 tokens keep
+    # one prompt and cache width, so only the batch sizes 1, 2 and 4 are compiled
+    request = [prompts[1], prompts[1], prompts[0], prompts[1]]
+    by_batch = {b: generate_in_batches(params, CFG, request, 8, b, sampling=hot) for b in (1, 2, 4)}
+    assert by_batch[1] == by_batch[2] == by_batch[4]
+    copies = [by_batch[2][i] for i in (0, 1, 3)]
+    assert len({tuple(out) for out in copies}) == 3  # each copy its own draws, within and across batches
+    assert by_batch[4] == generate(params, CFG, request, 8, sampling=hot)  # one batch: positions 0, 1, ...
+    # a batch's draws are keyed by the positions it is given
+    assert generate(params, CFG, request[2:], 8, sampling=hot, index=[2, 3]) == by_batch[1][2:]
+    with pytest.raises(ValueError, match="one position per prompt"):
+        generate(params, CFG, request, 8, sampling=hot, index=[0, 1])
 
 
 def test_bad_settings_and_prompts(tmp_path):

@@ -1,5 +1,6 @@
 """`olmax status RUN_DIR` on a real small run directory (trained here, with a launcher's state), and
-its incremental metrics reading (appends, and a file rewritten shorter by a resumed trainer)."""
+its incremental metrics reading (appends, and a file rewritten shorter or longer by a resumed
+trainer, locally and through fsspec)."""
 
 import json
 
@@ -65,3 +66,34 @@ def test_metrics_reader_follows_appends_and_rewrites(tmp_path):
     path.write_text(row(1) + row(2, 1.0))  # a resumed trainer dropped steps 3 and 4
     reader.refresh()
     assert [r["step"] for r in reader.rows] == [1, 2] and reader.skipped == 1
+
+
+@pytest.mark.parametrize("where", ["local", "url"])
+def test_metrics_reader_starts_over_when_a_resume_rewrites_the_file_longer(tmp_path, where):
+    import fsspec
+
+    run_dir = str(tmp_path) if where == "local" else f"memory://olmax-status-{tmp_path.name}"
+    path = f"{run_dir}/metrics.jsonl"
+
+    def write(text):  # whole-file writes, as the trainer's rewrite (os.replace) and a gs:// sync do
+        with fsspec.open(path, "w") as f:
+            f.write(text)
+
+    def row(step, skipped=0.0, seconds=1.0):
+        return json.dumps({"step": step, "optim/step skipped": skipped, "time/step": seconds}) + "\n"
+
+    write(row(1) + row(2, 1.0) + row(3) + row(4, 1.0) + row(5)[:9])  # step 5 being written when it died
+    reader = MetricsReader(run_dir, window=3)
+    reader.refresh()
+    assert [r["step"] for r in reader.rows] == [2, 3, 4] and reader.skipped == 2
+    # resumed from the checkpoint of step 2: steps 3, 4, 5 logged again (other times, step 4 not
+    # skipped this time) and a step 6, so the file is longer than what was read
+    write(row(1) + row(2, 1.0) + row(3, 0.0, 1.25) + row(4, 0.0, 1.5) + row(5, 0.0, 1.25) + row(6))
+    reader.refresh()
+    assert [(r["step"], r["time/step"]) for r in reader.rows] == [(4, 1.5), (5, 1.25), (6, 1.0)]
+    assert reader.skipped == 1  # step 2 only: the skipped step 4 of the dead attempt is gone
+    write(row(1) + row(2, 1.0) + row(3, 0.0, 1.25) + row(4, 0.0, 1.5) + row(5, 0.0, 1.25) + row(6) + row(7, 1.0))
+    reader.refresh()  # an append: read on
+    assert [r["step"] for r in reader.rows] == [5, 6, 7] and reader.skipped == 2
+    if where == "url":
+        fsspec.filesystem("memory").rm(path)

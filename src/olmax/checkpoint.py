@@ -20,6 +20,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import warnings
 from importlib.metadata import version
 from pathlib import Path
@@ -410,13 +411,18 @@ class RunCheckpoints:
     @contextlib.contextmanager
     def _writing(self, step: int):
         """Turn a failed write (disk full, no permission, a storage error; Orbax raises it from `save`
-        or, for an async save, from the next `save` or `wait_until_finished`) into one CheckpointError
-        naming the directory. The failed step stays uncommitted (`_uncommitted`), which restore ignores,
-        so the previous complete checkpoint remains the one to resume."""
+        or, for an async save, from the next `save` or `wait_until_finished`) into one
+        CheckpointWriteError naming the directory. The failed step stays uncommitted (`_uncommitted`),
+        which restore ignores, so the previous complete checkpoint remains the one to resume. Any
+        other exception (a TypeError, a shape mismatch: a bug a rerun repeats) propagates as itself,
+        with a note naming the step, so the run ends CRASHED with its own message and traceback."""
         try:
             yield
-        except Exception as e:  # noqa: BLE001 - every failure of a save means the same to the run
-            self._failed = True
+        except Exception as e:  # noqa: BLE001 - sorted below: storage failures, and everything else
+            self._failed = True  # either way, `close` must not wait on (and re-raise) this save again
+            if not storage_failure(e):
+                e.add_note(f"(while writing checkpoint step {step} to {self.directory})")
+                raise
             previous = self._mngr.all_steps()
             previous = f"step {max(previous)}" if previous else "none"
             raise CheckpointWriteError(
@@ -425,6 +431,53 @@ class RunCheckpoints:
                 f"complete checkpoint ({previous}) is untouched: fix the storage and rerun "
                 "to resume from it"
             ) from e
+
+
+# tensorstore (which writes the arrays) raises every failure as a plain ValueError whose text starts
+# with the absl status code (python/tensorstore/status.cc: only INVALID_ARGUMENT loses its prefix and
+# UNIMPLEMENTED becomes NotImplementedError). These codes mean the storage, not the request, failed:
+# GCS answers 408/409/429/5xx with UNAVAILABLE and 401/403 with PERMISSION_DENIED
+# (tensorstore/internal/http/http_response.cc), a full disk RESOURCE_EXHAUSTED and no permission
+# PERMISSION_DENIED (tensorstore/internal/os/error_code.cc). A failed system call carries the errno
+# as `[os_error_code='N']` in the text (tensorstore 0.1.86), whatever its code: a file over
+# RLIMIT_FSIZE (EFBIG) is OUT_OF_RANGE. INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE,
+# INTERNAL, ... without an errno are how tensorstore reports a wrong request (a shape or dtype that
+# does not fit, a bad spec): bugs a rerun repeats.
+_STORAGE_STATUS = re.compile(
+    r"^(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|PERMISSION_DENIED|UNAUTHENTICATED|ABORTED|DATA_LOSS): "
+)
+_OS_ERROR = "[os_error_code="
+
+# The remote stores' own exception types that mean I/O (fsspec backends used through etils.epath), by
+# module: gcsfs 2026.10 raises HttpError (any other HTTP error status) and ChecksumError, aiohttp 3.14
+# ClientError (dropped connections, bad payloads), google-auth 2.63 TransportError (the token
+# endpoint unreachable). Their timeouts, connection errors, 403/404 answers and requests' errors are
+# OSError subclasses already.
+_REMOTE_IO_ERRORS = {
+    "gcsfs.retry": ("HttpError", "ChecksumError"),
+    "aiohttp": ("ClientError",),
+    "google.auth.exceptions": ("TransportError",),
+}
+
+
+def storage_failure(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from (`raise ... from`), is a failure of the storage
+    itself (a rerun may succeed once it is fixed), not of the code that asked it to write: an
+    OSError (disk full, no permission, a timeout or dropped connection), a remote store's I/O error,
+    or a tensorstore I/O status (the notes above)."""
+    remote = tuple(
+        getattr(sys.modules[module], name)
+        for module, names in _REMOTE_IO_ERRORS.items()
+        if module in sys.modules  # a store whose module was never imported raised nothing
+        for name in names
+    )
+    while exc is not None:
+        if isinstance(exc, (OSError, *remote)):
+            return True
+        if type(exc) is ValueError and (_STORAGE_STATUS.match(str(exc)) or _OS_ERROR in str(exc)):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def keep_policy(ckpt_cfg) -> "ocp.checkpoint_managers.PreservationPolicy":

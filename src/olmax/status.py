@@ -28,14 +28,22 @@ TFLOPS, MFU, TOKENS = "throughput/device/TFLOPs", "throughput/device/MFU", "thro
 
 class MetricsReader:
     """Reads RUN_DIR/metrics.jsonl incrementally: each `refresh` reads only what was appended since
-    the last, and starts over when the file shrank (a resumed trainer drops rows after its checkpoint)."""
+    the last, and starts over when the file was rewritten (a resumed trainer drops the rows after its
+    checkpoint and logs those steps again, so the file may end shorter or longer than before).
+
+    A rewrite keeps the rows up to the checkpoint byte for byte and changes what follows (the new rows
+    carry other step times), so it shows in the bytes just before the end of what was read: each
+    refresh reads those last `TAIL` bytes again with the new ones (one range read, local or gs://)
+    and starts over if they changed, or if the file is shorter than what was read."""
+
+    TAIL = 4096  # several rows: rewritten rows differ from the old ones at the same bytes
 
     def __init__(self, run_dir: str, window: int):
         self.path, self.window = runpath.join(run_dir, "metrics.jsonl"), window
         self._start()
 
     def _start(self) -> None:
-        self._offset, self._partial = 0, b""
+        self._offset, self._partial, self._tail = 0, b"", b""  # _tail: the last bytes read, up to _offset
         self.rows: list[dict] = []  # the last `window` rows
         self.skipped = 0  # steps whose update was skipped, over the whole file
 
@@ -45,9 +53,16 @@ class MetricsReader:
             self._start()
         if size is None:
             return
-        data = self._partial + runpath.read_range(self.path, self._offset, size)
-        self._offset = size
-        *lines, self._partial = data.split(b"\n")
+        back = len(self._tail)
+        data = runpath.read_range(self.path, self._offset - back, size)
+        if data[:back] != self._tail:  # rewritten: what was read is no longer there
+            self._start()
+            data = runpath.read_range(self.path, 0, size)
+        else:
+            data = data[back:]
+        # what was read, not `size`: a file replaced between the two calls may have ended sooner
+        self._offset, self._tail = self._offset + len(data), (self._tail + data)[-self.TAIL :]
+        *lines, self._partial = (self._partial + data).split(b"\n")
         for line in lines:
             try:
                 row = json.loads(line)

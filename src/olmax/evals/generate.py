@@ -7,13 +7,16 @@ Each next token is chosen from the logits of the REAL vocabulary (a HF export ha
 - temperature > 0: the logits are divided by the temperature, then top-k keeps the k largest and
   top-p the smallest set of most likely tokens whose probabilities reach p (always at least one),
   in that order, as transformers' logits processors do; the token is drawn from what remains.
-  The draw of row r for its t-th new token (t = 0, 1, ...) uses the key
-  fold_in(fold_in(key(seed), t), r): the same seed, prompts and settings give the same text.
+  The draw for prompt i's t-th new token (t = 0, 1, ...) uses the key fold_in(fold_in(key(seed), t), i),
+  where i is the prompt's position in the WHOLE request, not its row in a batch: the same seed, prompts
+  and settings give the same text whatever the batch size, and copies of one prompt get their own draws.
 
 Prompts are right-padded into one batch: a prefill at positions 0.., then one single-token pass per
 new token. A row stops after `max_new_tokens`, at EOS (`eos_id`, kept in its output), or once
 `stop(row, ids)` says so; the batch ends when every row has stopped. Prompt and cache lengths are
-rounded up to powers of two, so a few shapes are compiled for many prompts.
+rounded up to powers of two, so a few shapes are compiled for many prompts; the prompts' positions in
+the request are an argument, so a batch's offset compiles nothing new. `generate_in_batches` runs a
+request of any length `batch_size` prompts at a time.
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ def _bucket(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << (n - 1).bit_length())
 
 
-def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray]) -> jnp.ndarray:
+def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], index: jnp.ndarray) -> jnp.ndarray:
     """The next token of each row from float32 logits (B, V) over the real vocabulary. `rule` is None
-    (greedy) or (temperature, top_k, top_p) as an array, so new settings need no recompilation."""
+    (greedy) or (temperature, top_k, top_p) as an array, so new settings need no recompilation; row r
+    draws with fold_in(key, index[r]), index[r] being its prompt's position in the whole request."""
     if rule is None:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     temperature, top_k, top_p = rule[0], rule[1].astype(jnp.int32), rule[2]
@@ -65,7 +69,7 @@ def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray]) 
     before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
     kept = jnp.where((before < top_p) | (top_p >= 1), ordered, jnp.inf)  # the first is always kept
     logits = jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), -jnp.inf, logits)
-    keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(logits.shape[0]))
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
     return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
 
 
@@ -74,14 +78,15 @@ def _compiled(cfg: ModelConfig, sample: bool):
     """Prefill and step functions, jitted once per config for greedy and once for sampling (the
     settings and the seed are arguments); the cache is donated (updated in place)."""
 
-    def prefill(params, cache, tokens, lengths, key, rule):
+    def prefill(params, cache, tokens, lengths, key, rule, index):
         logits, cache = cached_forward(params, cache, tokens, jnp.zeros_like(lengths), cfg)
         last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0, : cfg.vocab_size]
-        return _choose(last, jax.random.fold_in(key, 0), rule if sample else None), cache
+        return _choose(last, jax.random.fold_in(key, 0), rule if sample else None, index), cache
 
-    def step(params, cache, tokens, positions, key, rule, t):
+    def step(params, cache, tokens, positions, key, rule, index, t):
         logits, cache = cached_forward(params, cache, tokens[:, None], positions, cfg)
-        return _choose(logits[:, 0, : cfg.vocab_size], jax.random.fold_in(key, t), rule if sample else None), cache
+        new = _choose(logits[:, 0, : cfg.vocab_size], jax.random.fold_in(key, t), rule if sample else None, index)
+        return new, cache
 
     return jax.jit(prefill, donate_argnums=1), jax.jit(step, donate_argnums=1)
 
@@ -95,12 +100,17 @@ def generate(
     sampling: Sampling = Sampling(),
     eos_id: Optional[int] = None,
     stop: Optional[Callable[[int, list[int]], bool]] = None,
+    index: Optional[Sequence[int]] = None,
 ) -> list[list[int]]:
-    """The new tokens of each prompt (one batch); see the module doc."""
+    """The new tokens of each prompt (one batch); see the module doc. `index` holds each prompt's
+    position in the whole request, which keys its random draws (default 0, 1, ...: the batch is the request)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    index = np.arange(len(prompts), dtype=np.int32) if index is None else np.asarray(index, np.int32)
+    if index.shape != (len(prompts),):
+        raise ValueError(f"index needs one position per prompt ({len(prompts)}), got shape {index.shape}")
     lengths = np.asarray([len(p) for p in prompts], np.int32)
     width = _bucket(int(lengths.max()))
     tokens = np.zeros((len(prompts), width), np.int32)
@@ -110,7 +120,8 @@ def generate(
     prefill, step = _compiled(cfg, sampling.temperature > 0)
     key = jax.random.key(sampling.seed)
     rule = jnp.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], jnp.float32)
-    nxt, cache = prefill(params, cache, jnp.asarray(tokens), jnp.asarray(lengths), key, rule)
+    index = jnp.asarray(index)
+    nxt, cache = prefill(params, cache, jnp.asarray(tokens), jnp.asarray(lengths), key, rule, index)
     out: list[list[int]] = [[] for _ in prompts]
     done = np.zeros(len(prompts), bool)
     for t in range(max_new_tokens):
@@ -124,7 +135,29 @@ def generate(
             )
         if done.all():
             break
-        nxt, cache = step(params, cache, jnp.asarray(ids), jnp.asarray(lengths + t), key, rule, jnp.int32(t + 1))
+        nxt, cache = step(params, cache, jnp.asarray(ids), jnp.asarray(lengths + t), key, rule, index, jnp.int32(t + 1))
+    return out
+
+
+def generate_in_batches(
+    params: dict,
+    cfg: ModelConfig,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    batch_size: int,
+    *,
+    sampling: Sampling = Sampling(),
+    eos_id: Optional[int] = None,
+) -> list[list[int]]:
+    """The new tokens of each prompt, decoded `batch_size` prompts at a time; each prompt's draws are
+    keyed by its position in `prompts`, so the result does not depend on `batch_size`."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    out: list[list[int]] = []
+    for first in range(0, len(prompts), batch_size):
+        batch = prompts[first : first + batch_size]
+        index = range(first, first + len(batch))
+        out += generate(params, cfg, batch, max_new_tokens, sampling=sampling, eos_id=eos_id, index=index)
     return out
 
 
@@ -177,15 +210,12 @@ def generate_text(
                 f"max_position {cfg.max_position}"
             )
     start = time.perf_counter()
+    generated = generate_in_batches(params, cfg, encoded, max_new_tokens, batch_size, sampling=sampling, eos_id=eos)
     results = []
-    for first in range(0, len(prompts), batch_size):
-        batch = encoded[first : first + batch_size]
-        for prompt, ids, new in zip(
-            prompts[first:], batch, generate(params, cfg, batch, max_new_tokens, sampling=sampling, eos_id=eos)
-        ):
-            finished = "eos" if new[-1] == eos else "length"
-            text = tok.decode(new[:-1] if finished == "eos" else new)
-            results.append({"prompt": prompt, "text": text, "prompt_ids": ids, "ids": new, "finish": finished})
+    for prompt, ids, new in zip(prompts, encoded, generated):
+        finished = "eos" if new[-1] == eos else "length"
+        text = tok.decode(new[:-1] if finished == "eos" else new)
+        results.append({"prompt": prompt, "text": text, "prompt_ids": ids, "ids": new, "finish": finished})
     seconds = time.perf_counter() - start
     return {
         "ckpt": str(ckpt),
