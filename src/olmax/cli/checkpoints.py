@@ -17,6 +17,7 @@ from olmax.cli.common import (
     checkpoint_errors,
     exits_on,
     resolve_experiment,
+    runs_on,
     write_json,
 )
 
@@ -24,6 +25,7 @@ _fail_on_bad_checkpoint = exits_on("conversion error", checkpoint_errors)
 
 
 @app.command("convert")
+@runs_on("cpu")
 @_fail_on_bad_checkpoint
 def convert_cmd(
     out: Path = typer.Option(..., "--out", help="the new checkpoint (olmax) or HF directory; must be new or empty"),
@@ -86,6 +88,7 @@ def convert_cmd(
 
 
 @app.command("parity")
+@runs_on("accelerator")
 @_fail_on_bad_checkpoint
 def parity_cmd(
     hf: str = typer.Option(..., "--hf", help="HF Olmo3ForCausalLM directory (the reference)"),
@@ -124,6 +127,7 @@ app.add_typer(ckpt_app, name="ckpt")
 
 
 @ckpt_app.command("warm-start")
+@runs_on("cpu")
 @exits_on("ckpt warm-start", checkpoint_errors)
 def ckpt_warm_start_cmd(
     paths: list[str] = typer.Argument(
@@ -184,6 +188,7 @@ def ckpt_warm_start_cmd(
 
 
 @ckpt_app.command("inspect")
+@runs_on("cpu")
 @exits_on("ckpt inspect", checkpoint_errors)
 def ckpt_inspect_cmd(
     ckpt: str = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints); local or gs://"),

@@ -1,12 +1,16 @@
-"""Shared pieces of the `olmax` command line: the root app, the common options, JSON output, and
-the decorator that ends a command on a user error with a one-line message and exit status 2."""
+"""Shared pieces of the `olmax` command line: the root app, the common options, JSON output, the
+decorator that ends a command on a user error with a one-line message and exit status 2, and the one
+that sets up the process of a command that runs JAX (which platform, which library notices)."""
 
 from __future__ import annotations
 
 import functools
+import glob
 import json
+import logging
+import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import typer
 
@@ -117,3 +121,74 @@ def data_errors():
 def eval_errors():
     # CheckpointError and the data errors are ValueErrors
     return (ValueError, FileNotFoundError)
+
+
+# A process reaches an accelerator through its device files: libtpu opens a TPU chip as /dev/accel<N>
+# (TPU v4 and older) or as a VFIO group /dev/vfio/<N> (later TPUs; /dev/vfio/vfio is only the control
+# node), CUDA a GPU as /dev/nvidia<N>, ROCm through /dev/kfd, WSL2 through /dev/dxg.
+ACCELERATOR_FILES = ("accel[0-9]*", "vfio/[0-9]*", "nvidia[0-9]*", "kfd", "dxg")
+
+
+def host_has_accelerator(environ: Mapping[str, str] = os.environ, dev: str = "/dev") -> bool:
+    """Whether this host has a TPU or GPU a process could open. Looks at files only: starting the TPU
+    runtime to find out is what prints libtpu's start-up errors on a host without one."""
+    if "JAX_FORCE_TPU_INIT" in environ:  # JAX's own switch for a TPU it cannot see (jax/_src/cloud_tpu_init.py)
+        return True
+    return any(glob.glob(os.path.join(dev, pattern)) for pattern in ACCELERATOR_FILES)
+
+
+def jax_platforms(needs_accelerator: bool, environ: Mapping[str, str] = os.environ, dev: str = "/dev") -> Optional[str]:
+    """The JAX_PLATFORMS a command sets before JAX starts (None: leave it as it is). The user's own
+    JAX_PLATFORMS stands, even empty; a command that needs only the CPU runs on it (so it never waits
+    for, or takes, the accelerator a training run is using); a command that runs the model leaves JAX
+    to choose the host's TPU or GPU if it has one, and runs on the CPU otherwise. Left to choose on a
+    host without a TPU, JAX tries every backend installed, and libtpu (the `tpu` extra) reports its
+    failure to find one as errors."""
+    if "JAX_PLATFORMS" in environ:
+        return None
+    if needs_accelerator and host_has_accelerator(environ, dev):
+        return None
+    return "cpu"
+
+
+# What orbax logs (through absl, as WARNING) whenever a CheckpointManager is opened read-only, as olmax
+# opens one to read a checkpoint (orbax-checkpoint 0.12.8, checkpoint_manager.py): it restates the
+# options olmax chose and reports nothing wrong. Every other absl and orbax warning still shows.
+ORBAX_READ_ONLY_NOTICES = frozenset(
+    {
+        "Given directory is read only=%s",
+        "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0.",
+        "CheckpointManagerOptions.read_only=True, setting max_to_keep=None.",
+    }
+)
+
+
+def _not_a_read_only_notice(record: logging.LogRecord) -> bool:
+    return record.msg not in ORBAX_READ_ONLY_NOTICES
+
+
+def runs_on(where: str):
+    """Decorator of every command that may start JAX, before its body imports it: `"cpu"` for a
+    command that needs only the CPU, `"accelerator"` for one that runs the model (the host's TPU or
+    GPU if it has one). Sets JAX_PLATFORMS (`jax_platforms`) and drops orbax's read-only notices.
+    `olmax launch` has none: the trainers it starts decide for themselves, on their own hosts."""
+    if where not in ("cpu", "accelerator"):
+        raise ValueError(f"runs_on: where must be 'cpu' or 'accelerator', got {where!r}")
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            platforms = jax_platforms(where == "accelerator")
+            if platforms is not None:
+                os.environ["JAX_PLATFORMS"] = platforms  # read once, when jax is first imported
+            from absl import logging as absl_logging
+
+            absl_logger = absl_logging.get_absl_logger()
+            if _not_a_read_only_notice not in absl_logger.filters:
+                absl_logger.addFilter(_not_a_read_only_notice)
+            return fn(*args, **kwargs)
+
+        wrapper.runs_on = where
+        return wrapper
+
+    return decorate

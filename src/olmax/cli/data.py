@@ -17,6 +17,7 @@ from olmax.cli.common import (
     data_errors,
     exits_on,
     resolve_experiment,
+    runs_on,
     write_json,
 )
 
@@ -24,6 +25,7 @@ _fail_on_bad_data = exits_on("data error", data_errors)
 
 
 @app.command("tokenize")
+@runs_on("cpu")
 @_fail_on_bad_data
 def tokenize_cmd(
     inputs: list[Path] = typer.Argument(..., help=".jsonl / .jsonl.gz / .jsonl.zst (a `text` field) or .txt files"),
@@ -95,6 +97,7 @@ def _data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base,
 
 
 @data_app.command("order")
+@runs_on("cpu")
 @_fail_on_bad_data
 def data_order_cmd(
     recipe: Optional[str] = RecipeOpt,
@@ -158,6 +161,7 @@ def data_order_cmd(
 
 
 @data_app.command("check")
+@runs_on("cpu")
 @_fail_on_bad_data
 def data_check_cmd(
     recipe: Optional[str] = RecipeOpt,

@@ -17,6 +17,7 @@ from olmax.cli.common import (
     eval_errors,
     exits_on,
     resolve_experiment,
+    runs_on,
     write_json,
 )
 
@@ -55,6 +56,7 @@ EvalDtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the c
 
 
 @eval_app.command("loss")
+@runs_on("accelerator")
 @_fail_on_bad_eval_input
 def eval_loss_cmd(
     ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
@@ -97,6 +99,7 @@ def eval_loss_cmd(
 
 
 @eval_app.command("domains")
+@runs_on("accelerator")
 @_fail_on_bad_eval_input
 def eval_domains_cmd(
     ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
@@ -135,6 +138,7 @@ def eval_domains_cmd(
 
 
 @eval_app.command("tasks")
+@runs_on("accelerator")
 @_fail_on_bad_eval_input
 def eval_tasks_cmd(
     ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
@@ -189,6 +193,7 @@ def eval_tasks_cmd(
 
 
 @eval_app.command("kl")
+@runs_on("accelerator")
 @_fail_on_bad_eval_input
 def eval_kl_cmd(
     ckpt_a: str = typer.Option(..., "--ckpt-a", help="reference olmax checkpoint (A in KL(A||B))"),
@@ -237,6 +242,7 @@ def eval_kl_cmd(
 
 
 @app.command("compare")
+@runs_on("cpu")
 def compare_cmd(
     run_a: str = typer.Argument(
         ..., help="run A: metrics.jsonl, a run dir (metrics.jsonl or TensorBoard events), or a W&B .csv"
@@ -282,6 +288,7 @@ def compare_cmd(
 
 
 @app.command("verify")
+@runs_on("accelerator")
 @exits_on("verify error", lambda: (ValueError, FileNotFoundError))  # CheckpointError is a ValueError
 def verify_cmd(
     a: str = typer.Option(

@@ -9,10 +9,11 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import JsonOpt, app, eval_errors, exits_on, write_json
+from olmax.cli.common import JsonOpt, app, eval_errors, exits_on, runs_on, write_json
 
 
 @app.command("generate")
+@runs_on("accelerator")
 @exits_on("generate error", eval_errors)
 def generate_cmd(
     ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
@@ -58,6 +59,7 @@ def generate_cmd(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
 )
+@runs_on("accelerator")
 def lm_eval_cmd(ctx: typer.Context):
     """lm-eval's own command line (every flag of `lm_eval`) with the `olmax` model registered:
     olmax lm-eval --model olmax --model_args ckpt=C,tokenizer=dolma2 --tasks T [--include_path DIR ...]"""

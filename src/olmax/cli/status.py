@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import app, exits_on
+from olmax.cli.common import app, exits_on, runs_on
 
 
 def status_errors():
@@ -16,6 +16,7 @@ def status_errors():
 
 
 @app.command("status")
+@runs_on("cpu")
 @exits_on("status error", status_errors)
 def status_cmd(
     run_dir: str = typer.Argument(..., help="the run directory (a path or gs://...)"),

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, exits_on, write_json
+from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, exits_on, runs_on, write_json
 from olmax.config import (
     ConfigError,
     ExperimentConfig,
@@ -20,6 +20,7 @@ from olmax.config import (
 
 
 @app.command("config")
+@runs_on("cpu")
 def config_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
@@ -48,6 +49,7 @@ def config_cmd(
 
 
 @app.command("train")
+@runs_on("accelerator")
 def train_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
@@ -113,6 +115,7 @@ def train_cmd(
 
 
 @app.command("demo")
+@runs_on("accelerator")
 def demo_cmd(
     run_dir: Path = typer.Option(Path("runs/demo"), "--run-dir", help="where the demo run goes"),
     overrides: Optional[list[str]] = OverridesArg,
@@ -127,6 +130,7 @@ def demo_cmd(
 
 
 @app.command("flops")
+@runs_on("cpu")
 def flops_cmd(
     model: str = typer.Option(..., "--model", help="recipe name (olmax.recipes) whose model is counted"),
     seq_len: int = typer.Option(..., "--seq-len", help="tokens per sequence"),
@@ -155,6 +159,7 @@ def flops_cmd(
 
 
 @app.command("compile-check")
+@runs_on("accelerator")
 @exits_on("compile-check", lambda: (ConfigError,))  # exit status 2: unknown topology, bad mesh, does not fit
 def compile_check_cmd(
     recipe: Optional[str] = RecipeOpt,
