@@ -73,8 +73,86 @@ def _root() -> None:
     """OLMo 3 pre-training in JAX, with parity against OLMo-core built in."""
 
 
-# The shorthand for data.seq_len, shared by the data and eval commands (docs/config.md, "Resolution").
+# Options that several commands take, declared once so a flag means one thing with one help and one
+# type everywhere (tests/test_cli_options.py walks every command and holds them to it). Shorthands
+# for one config field, named in their help, resolve through `resolve_experiment`.
 SeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
+
+
+WorkDirOpt = typer.Option(
+    None,
+    "--work-dir",
+    help="data.work_dir: cache of order memmaps and tokenized text (default $OLMAX_CACHE or ~/.cache/olmax)",
+)
+
+
+EvalDataOpt = typer.Option(
+    None,
+    "--data",
+    help="eval.data: token shards, tokenize dirs, globs, mix files, demo:heldout, or .jsonl(.gz) text; repeatable",
+)
+
+
+CkptOpt = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)")
+
+
+StepOpt = typer.Option(None, "--step", help="checkpoint step (default: the latest)")
+
+
+DtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)")
+
+
+TokenizerOpt = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json")
+
+
+def batch_option(default: int):
+    return typer.Option(default, "--batch", help="sequences per batch (the same whatever the device count)")
+
+
+def max_batches_option(default: Optional[int]):
+    return typer.Option(default, "--max-batches", help="at most this many batches per data spec")
+
+
+ChipOpt = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: the per-device peak, for MFU")
+
+
+TotalDevicesOpt = typer.Option(
+    ..., "--total-devices", help="JAX devices of the whole run; the recipe's global batch is kept"
+)
+
+
+# The options `olmax launch` passes on to `olmax train`.
+RunDirOpt = typer.Option(..., "--run-dir", help="logs, config and checkpoints (a path or gs://...); rerun to resume")
+
+
+StopAtOpt = typer.Option(
+    None, "--stop-at", help="end after this step (with a checkpoint); the schedule's horizon is unchanged"
+)
+
+
+AllowDataChangeOpt = typer.Option(False, "--allow-data-change", help="resume even though the data fingerprint changed")
+
+
+AllowConfigChangeOpt = typer.Option(
+    False, "--allow-config-change", help="resume even though the global batch or sequence length changed"
+)
+
+
+# `eval tasks` / `eval domains` and `verify`, which runs them.
+TaskDataDirOpt = typer.Option(
+    None, "--data-dir", help="offline task data: DIR/<task>/<split>/*.arrow (MMLU: DIR/mmlu/<subject>/...)"
+)
+
+
+LimitOpt = typer.Option(None, "--limit", help="at most this many documents per task (a smoke run)")
+
+
+DomainsByOpt = typer.Option(
+    "auto", "--by", help="domains: auto (the `domain` field if present, else the file), field or file"
+)
+
+
+MaxDocsOpt = typer.Option(None, "--max-docs", help="at most this many documents per domain")
 
 
 def exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
