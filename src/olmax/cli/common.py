@@ -246,10 +246,10 @@ def _not_a_read_only_notice(record: logging.LogRecord) -> bool:
 
 
 def runs_on(where: str):
-    """Decorator of every command that may start JAX, before its body imports it: `"cpu"` for a
-    command that needs only the CPU, `"accelerator"` for one that runs the model (the host's TPU or
-    GPU if it has one). Sets JAX_PLATFORMS (`jax_platforms`) and drops orbax's read-only notices.
-    `olmax launch` has none: the trainers it starts decide for themselves, on their own hosts."""
+    """Decorator of every command but `olmax launch` (whose trainers decide for themselves, on their
+    own hosts), applied before the command's body imports JAX: `"cpu"` for a command that needs only
+    the CPU, `"accelerator"` for one that runs the model (on the host's TPU or GPU if it has one).
+    Sets JAX_PLATFORMS (`jax_platforms`) and drops orbax's read-only notices."""
     if where not in ("cpu", "accelerator"):
         raise ValueError(f"runs_on: where must be 'cpu' or 'accelerator', got {where!r}")
 
