@@ -204,28 +204,15 @@ def test_bad_shapes_are_named():
 
 
 def test_cli_writes_the_figures(tmp_path):
+    """The recipe's model at an explicit batch and sequence length: the write-up's 1565 TFLOP."""
     out = tmp_path / "flops.json"
-    args = [
-        "flops",
-        "--model",
-        "olmo3_7b",
-        "--seq-len",
-        "8192",
-        "--per-device-batch",
-        "4",
-        "--devices",
-        "256",
-        "--chip",
-        "v5p",
-        "--step-time",
-        "6.0",
-        "--json",
-        str(out),
-    ]
+    args = ["flops", "--recipe", "olmo3_7b", "--total-devices", "256", "--per-device-batch", "4"]
+    args += ["--seq-len", "8192", "--chip", "v5p", "--step-time", "6.0", "--json", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "1565.095" in result.output
     report = json.loads(out.read_text())
+    assert report["recipe"] == "olmo3_7b" and report["config"] is None
     assert report["params"] == 7_298_617_344
     assert report["tokens_per_step"] == 256 * 4 * 8192
     assert report["tflops_per_device_step_maxtext"] == pytest.approx(1565.095, abs=1e-3)
@@ -235,9 +222,45 @@ def test_cli_writes_the_figures(tmp_path):
     assert report["mfu_exact"] < report["mfu_maxtext"]
 
 
+def test_cli_takes_the_recipes_batch_and_sequence_length(tmp_path):
+    """Without --per-device-batch and --seq-len: the recipe's global batch over --total-devices and its
+    data.seq_len, here the 7B stage 1 (512 x 8192) on 128 devices = 4 per device; overrides apply."""
+    out = tmp_path / "flops.json"
+    result = CliRunner().invoke(app, ["flops", "--recipe", "olmo3_7b_stage1", "--total-devices", "128", "--json", out])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert (report["per_device_batch"], report["seq_len"], report["tokens_per_step"]) == (4, 8192, 512 * 8192)
+    assert report["tflops_per_device_step_maxtext"] == pytest.approx(1565.095, abs=1e-3)
+    args = ["flops", "--recipe", "tiny", "--total-devices", "2", "--json", out, "trainer.global_batch=6"]
+    assert CliRunner().invoke(app, [str(a) for a in args]).exit_code == 0
+    report = json.loads(out.read_text())
+    assert (report["per_device_batch"], report["seq_len"]) == (3, 256)
+
+
 def test_cli_without_step_time_leaves_mfu_null(tmp_path):
     out = tmp_path / "flops.json"
-    args = ["flops", "--model", "tiny", "--seq-len", "256", "--per-device-batch", "2", "--json", str(out)]
+    args = ["flops", "--recipe", "tiny", "--total-devices", "4", "--json", str(out)]
     assert CliRunner().invoke(app, args).exit_code == 0
     report = json.loads(out.read_text())
     assert report["mfu_maxtext"] is None and report["step_time_s"] is None
+
+
+def test_cli_refuses_an_impossible_step_time():
+    """A step time under exact FLOPs / peak (MFU above 100%) is an input error: exit 2, naming
+    --step-time and the shortest possible time (1525.588 TFLOP at 459 TFLOP/s = 3.324 s)."""
+    args = ["flops", "--recipe", "olmo3_7b_stage1", "--total-devices", "128", "--chip", "v5p"]
+    result = CliRunner().invoke(app, [*args, "--step-time", "3.0"])
+    assert result.exit_code == 2
+    assert "--step-time 3 s is impossible" in result.output and "at least 3.324 s" in result.output
+    assert CliRunner().invoke(app, [*args, "--step-time", "3.33"]).exit_code == 0
+
+
+def test_cli_input_errors_exit_2():
+    uneven = CliRunner().invoke(app, ["flops", "--recipe", "tiny", "--total-devices", "3"])
+    assert uneven.exit_code == 2 and "trainer.global_batch 8" in uneven.output
+    both = CliRunner().invoke(
+        app, ["flops", "--recipe", "tiny", "--total-devices", "1", "--peak", "1", "--chip", "v5p"]
+    )
+    assert both.exit_code == 2 and "at most one of --peak and --chip" in both.output
+    unknown = CliRunner().invoke(app, ["flops", "--recipe", "tiny", "--total-devices", "1", "model.no_such=1"])
+    assert unknown.exit_code == 2 and "no_such" in unknown.output

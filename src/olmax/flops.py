@@ -43,6 +43,18 @@ def resolve_peak(peak: Optional[float], chip: Optional[str]) -> Optional[float]:
     return chip_peak(chip) if chip is not None else peak
 
 
+def per_device_batch_of(global_batch: int, devices: int) -> int:
+    """Sequences per device when `devices` share a global batch of `global_batch` sequences."""
+    if devices <= 0:
+        raise ConfigError(f"--total-devices must be positive, got {devices}")
+    if global_batch % devices:
+        raise ConfigError(
+            f"trainer.global_batch {global_batch} does not split over --total-devices {devices}; "
+            "give --per-device-batch or a global batch the devices divide"
+        )
+    return global_batch // devices
+
+
 def attended_pairs(seq_len: int, window: Optional[int]) -> int:
     """(query, key) pairs a causal attention over `seq_len` tokens computes.
 
@@ -108,6 +120,21 @@ def exact_step_flops(cfg: ModelConfig, seq_len: int, batch: int) -> StepFlops:
     return StepFlops(weights=weights, attention=attention)
 
 
+def _check_step_time(step_time: float, exact: StepFlops, peak_tflops: Optional[float]) -> None:
+    """A step cannot be faster than its exact matmul FLOPs at the peak: such a step time (an MFU above
+    100% on the exact count) is a wrong input, not a figure. MaxText's count, higher for windowed
+    models, may still exceed 100% for a possible step time."""
+    if peak_tflops is None:
+        return
+    fastest = exact.total / 1e12 / peak_tflops
+    if step_time < fastest:
+        raise ConfigError(
+            f"--step-time {step_time:g} s is impossible: this step's {exact.total / 1e12:.4g} TFLOP per device take at "
+            f"least {fastest:.4g} s at the peak {peak_tflops:g} TFLOP/s (MFU {fastest / step_time:.0%}); "
+            "check --step-time, the batch, --total-devices and the chip"
+        )
+
+
 def flops_report(
     cfg: ModelConfig,
     *,
@@ -149,6 +176,7 @@ def flops_report(
         "mfu_exact": None,
     }
     if step_time is not None:
+        _check_step_time(step_time, exact, peak_tflops)
         report["tokens_per_s"] = tokens_per_device * devices / step_time
         for name, flops in (("maxtext", maxtext), ("exact", exact)):
             achieved = flops.total / 1e12 / step_time

@@ -9,14 +9,18 @@ from typing import Optional
 import typer
 
 from olmax.cli.common import (
+    CkptOpt,
     ConfigOpt,
     JsonOpt,
     OverridesArg,
     RecipeOpt,
+    StepOpt,
     app,
+    batch_option,
     checkpoint_errors,
     exits_on,
     resolve_experiment,
+    runs_on,
     write_json,
 )
 
@@ -24,6 +28,7 @@ _fail_on_bad_checkpoint = exits_on("conversion error", checkpoint_errors)
 
 
 @app.command("convert")
+@runs_on("cpu")
 @_fail_on_bad_checkpoint
 def convert_cmd(
     out: Path = typer.Option(..., "--out", help="the new checkpoint (olmax) or HF directory; must be new or empty"),
@@ -91,20 +96,22 @@ def convert_cmd(
 
 
 @app.command("parity")
+@runs_on("accelerator")
 @_fail_on_bad_checkpoint
 def parity_cmd(
     hf: str = typer.Option(..., "--hf", help="HF Olmo3ForCausalLM directory (the reference)"),
-    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint (its latest step); local or gs://"),
+    ckpt: str = CkptOpt,
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16: weights and compute on both sides"),
-    seq_len: int = typer.Option(512, "--seq-len"),
-    batch: int = typer.Option(1, "--batch"),
+    seq_len: int = typer.Option(512, "--seq-len", help="length of the random token sequences"),
+    batch: int = batch_option(1),
     seed: int = typer.Option(0, "--seed", help="seed of the random tokens"),
     layer_tol: Optional[float] = typer.Option(
         None, "--layer-tol", help="per-layer RMS-relative tolerance (default 1e-3 float32, 0.1 bfloat16)"
     ),
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Logits and per-layer hidden states of olmax against transformers on the same random tokens."""
+    """Logits and per-layer hidden states of olmax (the checkpoint's latest step) against transformers on
+    the same random tokens."""
     from olmax.convert.parity import PARITY_DTYPES, run_hf_parity
 
     if dtype not in PARITY_DTYPES:
@@ -129,6 +136,7 @@ app.add_typer(ckpt_app, name="ckpt")
 
 
 @ckpt_app.command("warm-start")
+@runs_on("cpu")
 @exits_on("ckpt warm-start", checkpoint_errors)
 def ckpt_warm_start_cmd(
     paths: list[str] = typer.Argument(
@@ -151,7 +159,7 @@ def ckpt_warm_start_cmd(
     reset_step: bool = typer.Option(
         False, "--reset-step", help="step 0: restart the schedule, empty the skip-step window, drop the data state"
     ),
-    step: Optional[int] = typer.Option(None, "--step", help="source step (default: the latest)"),
+    step: Optional[int] = StepOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Write a checkpoint for `checkpoint.init_from=DST` that keeps parameters (and Adam moments).
@@ -189,10 +197,11 @@ def ckpt_warm_start_cmd(
 
 
 @ckpt_app.command("inspect")
+@runs_on("cpu")
 @exits_on("ckpt inspect", checkpoint_errors)
 def ckpt_inspect_cmd(
     ckpt: str = typer.Argument(..., help="a run's checkpoint directory (RUN_DIR/checkpoints); local or gs://"),
-    step: Optional[int] = typer.Option(None, "--step", help="default: the latest"),
+    step: Optional[int] = StepOpt,
     against: Optional[str] = typer.Option(
         None, "--against", help="another checkpoint directory: show the config keys that differ"
     ),

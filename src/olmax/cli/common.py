@@ -1,12 +1,16 @@
-"""Shared pieces of the `olmax` command line: the root app, the common options, JSON output, and
-the decorator that ends a command on a user error with a one-line message and exit status 2."""
+"""Shared pieces of the `olmax` command line: the root app, the common options, JSON output, the
+decorator that ends a command on a user error with a one-line message and exit status 2, and the one
+that sets up the process of a command that runs JAX (which platform, which library notices)."""
 
 from __future__ import annotations
 
 import functools
+import glob
 import json
+import logging
+import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import typer
 
@@ -69,8 +73,86 @@ def _root() -> None:
     """OLMo 3 pre-training in JAX, with parity against OLMo-core built in."""
 
 
-# The shorthand for data.seq_len, shared by the data and eval commands (docs/config.md, "Resolution").
+# Options that several commands take, declared once so a flag means one thing with one help and one
+# type everywhere (tests/test_cli_options.py walks every command and holds them to it). Shorthands
+# for one config field, named in their help, resolve through `resolve_experiment`.
 SeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
+
+
+WorkDirOpt = typer.Option(
+    None,
+    "--work-dir",
+    help="data.work_dir: cache of order memmaps and tokenized text (default $OLMAX_CACHE or ~/.cache/olmax)",
+)
+
+
+EvalDataOpt = typer.Option(
+    None,
+    "--data",
+    help="eval.data: token shards, tokenize dirs, globs, mix files, demo:heldout, or .jsonl(.gz) text; repeatable",
+)
+
+
+CkptOpt = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)")
+
+
+StepOpt = typer.Option(None, "--step", help="checkpoint step (default: the latest)")
+
+
+DtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)")
+
+
+TokenizerOpt = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json")
+
+
+def batch_option(default: int):
+    return typer.Option(default, "--batch", help="sequences per batch (the same whatever the device count)")
+
+
+def max_batches_option(default: Optional[int]):
+    return typer.Option(default, "--max-batches", help="at most this many batches per data spec")
+
+
+ChipOpt = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: the per-device peak, for MFU")
+
+
+TotalDevicesOpt = typer.Option(
+    ..., "--total-devices", help="JAX devices of the whole run; the recipe's global batch is kept"
+)
+
+
+# The options `olmax launch` passes on to `olmax train`.
+RunDirOpt = typer.Option(..., "--run-dir", help="logs, config and checkpoints (a path or gs://...); rerun to resume")
+
+
+StopAtOpt = typer.Option(
+    None, "--stop-at", help="end after this step (with a checkpoint); the schedule's horizon is unchanged"
+)
+
+
+AllowDataChangeOpt = typer.Option(False, "--allow-data-change", help="resume even though the data fingerprint changed")
+
+
+AllowConfigChangeOpt = typer.Option(
+    False, "--allow-config-change", help="resume even though the global batch or sequence length changed"
+)
+
+
+# `eval tasks` / `eval domains` and `verify`, which runs them.
+TaskDataDirOpt = typer.Option(
+    None, "--data-dir", help="offline task data: DIR/<task>/<split>/*.arrow (MMLU: DIR/mmlu/<subject>/...)"
+)
+
+
+LimitOpt = typer.Option(None, "--limit", help="at most this many documents per task (a smoke run)")
+
+
+DomainsByOpt = typer.Option(
+    "auto", "--by", help="domains: auto (the `domain` field if present, else the file), field or file"
+)
+
+
+MaxDocsOpt = typer.Option(None, "--max-docs", help="at most this many documents per domain")
 
 
 def exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
@@ -117,3 +199,74 @@ def data_errors():
 def eval_errors():
     # CheckpointError and the data errors are ValueErrors
     return (ValueError, FileNotFoundError)
+
+
+# A process reaches an accelerator through its device files: libtpu opens a TPU chip as /dev/accel<N>
+# (TPU v4 and older) or as a VFIO group /dev/vfio/<N> (later TPUs; /dev/vfio/vfio is only the control
+# node), CUDA a GPU as /dev/nvidia<N>, ROCm through /dev/kfd, WSL2 through /dev/dxg.
+ACCELERATOR_FILES = ("accel[0-9]*", "vfio/[0-9]*", "nvidia[0-9]*", "kfd", "dxg")
+
+
+def host_has_accelerator(environ: Mapping[str, str] = os.environ, dev: str = "/dev") -> bool:
+    """Whether this host has a TPU or GPU a process could open. Looks at files only: starting the TPU
+    runtime to find out is what prints libtpu's start-up errors on a host without one."""
+    if "JAX_FORCE_TPU_INIT" in environ:  # JAX's own switch for a TPU it cannot see (jax/_src/cloud_tpu_init.py)
+        return True
+    return any(glob.glob(os.path.join(dev, pattern)) for pattern in ACCELERATOR_FILES)
+
+
+def jax_platforms(needs_accelerator: bool, environ: Mapping[str, str] = os.environ, dev: str = "/dev") -> Optional[str]:
+    """The JAX_PLATFORMS a command sets before JAX starts (None: leave it as it is). The user's own
+    JAX_PLATFORMS stands, even empty; a command that needs only the CPU runs on it (so it never waits
+    for, or takes, the accelerator a training run is using); a command that runs the model leaves JAX
+    to choose the host's TPU or GPU if it has one, and runs on the CPU otherwise. Left to choose on a
+    host without a TPU, JAX tries every backend installed, and libtpu (the `tpu` extra) reports its
+    failure to find one as errors."""
+    if "JAX_PLATFORMS" in environ:
+        return None
+    if needs_accelerator and host_has_accelerator(environ, dev):
+        return None
+    return "cpu"
+
+
+# What orbax logs (through absl, as WARNING) whenever a CheckpointManager is opened read-only, as olmax
+# opens one to read a checkpoint (orbax-checkpoint 0.12.8, checkpoint_manager.py): it restates the
+# options olmax chose and reports nothing wrong. Every other absl and orbax warning still shows.
+ORBAX_READ_ONLY_NOTICES = frozenset(
+    {
+        "Given directory is read only=%s",
+        "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0.",
+        "CheckpointManagerOptions.read_only=True, setting max_to_keep=None.",
+    }
+)
+
+
+def _not_a_read_only_notice(record: logging.LogRecord) -> bool:
+    return record.msg not in ORBAX_READ_ONLY_NOTICES
+
+
+def runs_on(where: str):
+    """Decorator of every command but `olmax launch` (whose trainers decide for themselves, on their
+    own hosts), applied before the command's body imports JAX: `"cpu"` for a command that needs only
+    the CPU, `"accelerator"` for one that runs the model (on the host's TPU or GPU if it has one).
+    Sets JAX_PLATFORMS (`jax_platforms`) and drops orbax's read-only notices."""
+    if where not in ("cpu", "accelerator"):
+        raise ValueError(f"runs_on: where must be 'cpu' or 'accelerator', got {where!r}")
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            platforms = jax_platforms(where == "accelerator")
+            if platforms is not None:
+                os.environ["JAX_PLATFORMS"] = platforms  # read once, when jax is first imported
+            from absl import logging as absl_logging
+
+            absl_logger = absl_logging.get_absl_logger()
+            if _not_a_read_only_notice not in absl_logger.filters:
+                absl_logger.addFilter(_not_a_read_only_notice)
+            return fn(*args, **kwargs)
+
+        wrapper.runs_on = where
+        return wrapper
+
+    return decorate

@@ -13,10 +13,13 @@ from olmax.cli.common import (
     OverridesArg,
     RecipeOpt,
     SeqLenOpt,
+    TokenizerOpt,
+    WorkDirOpt,
     app,
     data_errors,
     exits_on,
     resolve_experiment,
+    runs_on,
     write_json,
 )
 
@@ -24,11 +27,12 @@ _fail_on_bad_data = exits_on("data error", data_errors)
 
 
 @app.command("tokenize")
+@runs_on("cpu")
 @_fail_on_bad_data
 def tokenize_cmd(
     inputs: list[Path] = typer.Argument(..., help=".jsonl / .jsonl.gz / .jsonl.zst (a `text` field) or .txt files"),
     out: Path = typer.Option(..., "--out", help="output directory for the shards and manifest.json"),
-    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a path to a HF tokenizer.json"),
+    tokenizer: str = TokenizerOpt,
     workers: int = typer.Option(0, "--workers", help="encoding processes (0 = in this process)"),
     shard_tokens: int = typer.Option(1 << 26, "--shard-tokens", help="tokens per shard (closed at a document end)"),
     json_out: Optional[Path] = JsonOpt,
@@ -78,9 +82,6 @@ PadOpt = typer.Option(None, "--pad-id", help="data.pad_token_id")
 MixBaseOpt = typer.Option(None, "--mix-base", help="data.mix_base: base dir or URL of a mix file's paths")
 
 
-WorkDirOpt = typer.Option(None, "--work-dir", help="data.work_dir: cache for the order memmap (default ~/.cache/olmax)")
-
-
 def _data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base, work_dir) -> dict:
     return {
         "data.paths": paths or None,
@@ -95,6 +96,7 @@ def _data_shorthands(paths, seq_len, max_target, vocab_size, eos, pad, mix_base,
 
 
 @data_app.command("order")
+@runs_on("cpu")
 @_fail_on_bad_data
 def data_order_cmd(
     recipe: Optional[str] = RecipeOpt,
@@ -107,7 +109,7 @@ def data_order_cmd(
         None, "--global-batch-instances", help="trainer.global_batch: instances per global batch"
     ),
     epoch: int = typer.Option(1, "--epoch", help="epochs count from 1"),
-    dp_size: int = typer.Option(1, "--dp-size"),
+    dp_size: int = typer.Option(1, "--dp-size", help="data-parallel ranks the global batch is split over"),
     dp_rank: Optional[int] = typer.Option(None, "--dp-rank", help="one rank only (default: all)"),
     steps: str = typer.Option("1:2", "--steps", help="a:b = steps a..b-1; step s (1-based) trains on batch s-1"),
     max_target: Optional[int] = MaxTargetOpt,
@@ -158,6 +160,7 @@ def data_order_cmd(
 
 
 @data_app.command("check")
+@runs_on("cpu")
 @_fail_on_bad_data
 def data_check_cmd(
     recipe: Optional[str] = RecipeOpt,

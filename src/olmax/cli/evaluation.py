@@ -8,15 +8,28 @@ from typing import Optional
 import typer
 
 from olmax.cli.common import (
+    CkptOpt,
     ConfigOpt,
+    DomainsByOpt,
+    DtypeOpt,
+    EvalDataOpt,
     JsonOpt,
+    LimitOpt,
+    MaxDocsOpt,
     OverridesArg,
     RecipeOpt,
     SeqLenOpt,
+    StepOpt,
+    TaskDataDirOpt,
+    TokenizerOpt,
+    WorkDirOpt,
     app,
+    batch_option,
     eval_errors,
     exits_on,
+    max_batches_option,
     resolve_experiment,
+    runs_on,
     write_json,
 )
 
@@ -38,37 +51,22 @@ def _eval_experiment(recipe, config, overrides, shorthands: dict, *, need_data: 
     return exp
 
 
-# Shorthand flags: each sets one config field (None = keep the recipe's or config's value).
-EvalDataOpt = typer.Option(
-    None,
-    "--data",
-    help="eval.data: token shards, tokenize dirs, globs, mix files, demo:heldout, or .jsonl(.gz) text; repeatable",
-)
-
-
-EvalWorkDirOpt = typer.Option(
-    None, "--work-dir", help="data.work_dir: cache for tokenized eval text (default $OLMAX_CACHE or ~/.cache/olmax)"
-)
-
-
-EvalDtypeOpt = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)")
-
-
 @eval_app.command("loss")
+@runs_on("accelerator")
 @_fail_on_bad_eval_input
 def eval_loss_cmd(
-    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
+    ckpt: str = CkptOpt,
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
     data: Optional[list[str]] = EvalDataOpt,
     seq_len: Optional[int] = SeqLenOpt,
-    batch: int = typer.Option(8, "--batch", help="instances per eval batch (fixed whatever the device count)"),
-    max_batches: Optional[int] = typer.Option(None, "--max-batches", help="at most this many batches per data spec"),
-    step: Optional[int] = typer.Option(None, "--step", help="checkpoint step (default: the latest)"),
-    dtype: Optional[str] = EvalDtypeOpt,
+    batch: int = batch_option(8),
+    max_batches: Optional[int] = max_batches_option(None),
+    step: Optional[int] = StepOpt,
+    dtype: Optional[str] = DtypeOpt,
     loss_chunk: int = typer.Option(0, "--loss-chunk", help="sequence positions per output-layer chunk (0 = all)"),
-    work_dir: Optional[str] = EvalWorkDirOpt,
+    work_dir: Optional[str] = WorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Held-out CE loss on fixed, identical batches (OLMo-core's evaluator loss).
@@ -97,20 +95,21 @@ def eval_loss_cmd(
 
 
 @eval_app.command("domains")
+@runs_on("accelerator")
 @_fail_on_bad_eval_input
 def eval_domains_cmd(
-    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
+    ckpt: str = CkptOpt,
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
     data: Path = typer.Option(..., "--data", help="directory of held-out .jsonl(.gz) files, or one file"),
-    by: str = typer.Option("auto", "--by", help="auto (the `domain` field if present, else the file), field or file"),
+    by: str = DomainsByOpt,
     seq_len: int = typer.Option(2048, "--seq-len", help="window length for long documents"),
-    batch: int = typer.Option(8, "--batch"),
-    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="at most this many documents per domain"),
+    batch: int = batch_option(8),
+    max_docs: Optional[int] = MaxDocsOpt,
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="data.tokenizer: dolma2 or a HF tokenizer.json"),
-    step: Optional[int] = typer.Option(None, "--step"),
-    dtype: Optional[str] = EvalDtypeOpt,
+    step: Optional[int] = StepOpt,
+    dtype: Optional[str] = DtypeOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Per-domain loss, perplexity and bits per byte (Paloma-style), with macro and micro averages.
@@ -135,9 +134,10 @@ def eval_domains_cmd(
 
 
 @eval_app.command("tasks")
+@runs_on("accelerator")
 @_fail_on_bad_eval_input
 def eval_tasks_cmd(
-    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
+    ckpt: str = CkptOpt,
     tasks: str = typer.Option(
         "mmlu,hellaswag,arc_easy,arc_challenge,openbookqa,piqa,boolq,winogrande",
         "--tasks",
@@ -146,20 +146,18 @@ def eval_tasks_cmd(
     num_fewshot: Optional[int] = typer.Option(
         None, "--num-fewshot", help="shots for every task (default: mmlu 5, others lm-eval's)"
     ),
-    data_dir: Optional[Path] = typer.Option(
-        None, "--data-dir", help="offline: DIR/<task>/<split>/*.arrow (MMLU: DIR/mmlu/<subject>/...)"
-    ),
+    data_dir: Optional[Path] = TaskDataDirOpt,
     include_path: Optional[list[Path]] = typer.Option(
         None, "--include-path", help="directory of your own lm-eval task YAMLs; repeatable"
     ),
-    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
-    batch: int = typer.Option(8, "--batch"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task (a smoke run)"),
+    tokenizer: str = TokenizerOpt,
+    batch: int = batch_option(8),
+    limit: Optional[int] = LimitOpt,
     max_length: Optional[int] = typer.Option(
         None, "--max-length", help="context length (default: the config's max_position)"
     ),
-    step: Optional[int] = typer.Option(None, "--step"),
-    dtype: Optional[str] = EvalDtypeOpt,
+    step: Optional[int] = StepOpt,
+    dtype: Optional[str] = DtypeOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Downstream tasks through lm-eval-harness (the `olmax` model; needs the `eval` extra): every metric
@@ -189,6 +187,7 @@ def eval_tasks_cmd(
 
 
 @eval_app.command("kl")
+@runs_on("accelerator")
 @_fail_on_bad_eval_input
 def eval_kl_cmd(
     ckpt_a: str = typer.Option(..., "--ckpt-a", help="reference olmax checkpoint (A in KL(A||B))"),
@@ -198,15 +197,15 @@ def eval_kl_cmd(
     overrides: Optional[list[str]] = OverridesArg,
     data: Optional[list[str]] = EvalDataOpt,
     seq_len: Optional[int] = SeqLenOpt,
-    batch: int = typer.Option(4, "--batch"),
-    max_batches: Optional[int] = typer.Option(4, "--max-batches"),
+    batch: int = batch_option(4),
+    max_batches: Optional[int] = max_batches_option(4),
     buckets: Optional[str] = typer.Option(
         None, "--buckets", help="position bucket starts, e.g. 0,128,1024 (default 0,16,64,... x4)"
     ),
-    step_a: Optional[int] = typer.Option(None, "--step-a"),
-    step_b: Optional[int] = typer.Option(None, "--step-b"),
-    dtype: Optional[str] = EvalDtypeOpt,
-    work_dir: Optional[str] = EvalWorkDirOpt,
+    step_a: Optional[int] = typer.Option(None, "--step-a", help="A's checkpoint step (default: the latest)"),
+    step_b: Optional[int] = typer.Option(None, "--step-b", help="B's checkpoint step (default: the latest)"),
+    dtype: Optional[str] = DtypeOpt,
+    work_dir: Optional[str] = WorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Per-token KL(A||B) (mean, median, p90, p99) and top-1 agreement, by position bucket.
@@ -237,6 +236,7 @@ def eval_kl_cmd(
 
 
 @app.command("compare")
+@runs_on("cpu")
 def compare_cmd(
     run_a: str = typer.Argument(
         ..., help="run A: metrics.jsonl, a run dir (metrics.jsonl or TensorBoard events), or a W&B .csv"
@@ -253,8 +253,12 @@ def compare_cmd(
         None, "--landmarks", help="steps for the gap table, e.g. 1000,5000 (default: 8 spread bins)"
     ),
     tolerance: float = typer.Option(0.0, "--tolerance", help="paired diff: largest |B - A| still counted as equal"),
-    label_a: Optional[str] = typer.Option(None, "--label-a"),
-    label_b: Optional[str] = typer.Option(None, "--label-b"),
+    label_a: Optional[str] = typer.Option(
+        None, "--label-a", help="name of run A in the report (default: its file name)"
+    ),
+    label_b: Optional[str] = typer.Option(
+        None, "--label-b", help="name of run B in the report (default: its file name)"
+    ),
     json_out: Optional[Path] = JsonOpt,
 ):
     """Two runs side by side: binned overlay with a gap panel, gap table at landmarks, per-step paired diff."""
@@ -282,6 +286,7 @@ def compare_cmd(
 
 
 @app.command("verify")
+@runs_on("accelerator")
 @exits_on("verify error", lambda: (ValueError, FileNotFoundError))  # CheckpointError is a ValueError
 def verify_cmd(
     a: str = typer.Option(
@@ -302,32 +307,29 @@ def verify_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
-    data: Optional[list[str]] = typer.Option(
-        None,
-        "--data",
-        help="eval.data: held-out data for loss and KL (as `eval loss`; default demo:heldout); repeatable",
-    ),
+    data: Optional[list[str]] = EvalDataOpt,
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="default: the model's max_position"),
-    batch: int = typer.Option(8, "--batch"),
-    max_batches: Optional[int] = typer.Option(4, "--max-batches"),
+    batch: int = batch_option(8),
+    max_batches: Optional[int] = max_batches_option(4),
     domains: Optional[str] = typer.Option(
         None, "--domains", help="held-out jsonl directory for per-domain loss (as `eval domains`)"
     ),
-    by: str = typer.Option("auto", "--by", help="domain grouping: auto, field or file"),
-    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="at most this many documents per domain"),
+    by: str = DomainsByOpt,
+    max_docs: Optional[int] = MaxDocsOpt,
     tasks: Optional[str] = typer.Option(
         None, "--tasks", help="comma-separated lm-eval tasks (skipped without lm-eval)"
     ),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="offline task data (as `eval tasks`)"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many documents per task"),
+    data_dir: Optional[Path] = TaskDataDirOpt,
+    limit: Optional[int] = LimitOpt,
     sigmas: float = typer.Option(2.0, "--sigmas", help="verdict rule: |delta| <= this many sigma is within noise"),
     kl_floor: float = typer.Option(1.5e-3, "--kl-floor", help="mean KL (nats) at or below which KL is within noise"),
-    work_dir: Optional[str] = EvalWorkDirOpt,
+    work_dir: Optional[str] = WorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Compare A and B at step-aligned landmarks on held-out loss, domains, tasks and KL: one report.
 
-    The data settings come from --recipe/--config and overrides (default: the config defaults)."""
+    The data settings come from --recipe/--config and overrides (default: the config defaults); the
+    held-out data for loss and KL is --data (as `eval loss`; default demo:heldout)."""
     from olmax.evals.verify import SURFACE_NAMES, rules, verify
 
     exp = _eval_experiment(

@@ -9,26 +9,39 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import JsonOpt, app, eval_errors, exits_on, write_json
+from olmax.cli.common import (
+    CkptOpt,
+    DtypeOpt,
+    JsonOpt,
+    StepOpt,
+    TokenizerOpt,
+    app,
+    batch_option,
+    eval_errors,
+    exits_on,
+    runs_on,
+    write_json,
+)
 
 
 @app.command("generate")
+@runs_on("accelerator")
 @exits_on("generate error", eval_errors)
 def generate_cmd(
-    ckpt: str = typer.Option(..., "--ckpt", help="olmax checkpoint directory (local or gs://)"),
+    ckpt: str = CkptOpt,
     prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="prompt text; repeatable"),
     prompts: Optional[Path] = typer.Option(
         None, "--prompts", help='file: one prompt per line, or .jsonl with a "prompt" field'
     ),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="tokens generated per prompt, at most"),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1 = off)"),
     top_k: int = typer.Option(0, "--top-k", help="sample among the k most likely tokens (0 = off)"),
-    seed: int = typer.Option(0, "--seed"),
-    tokenizer: str = typer.Option("dolma2", "--tokenizer", help="dolma2 or a HF tokenizer.json"),
-    batch: int = typer.Option(8, "--batch", help="prompts decoded together"),
-    step: Optional[int] = typer.Option(None, "--step", help="checkpoint step (default: the latest)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="compute dtype (default: the checkpoint config's)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the sampling (temperature > 0)"),
+    tokenizer: str = TokenizerOpt,
+    batch: int = batch_option(8),
+    step: Optional[int] = StepOpt,
+    dtype: Optional[str] = DtypeOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Continue prompts with the KV cache: greedy (temperature 0) or sampled with top-k / top-p."""
@@ -58,6 +71,7 @@ def generate_cmd(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
 )
+@runs_on("accelerator")
 def lm_eval_cmd(ctx: typer.Context):
     """lm-eval's own command line (every flag of `lm_eval`) with the `olmax` model registered:
     olmax lm-eval --model olmax --model_args ckpt=C,tokenizer=dolma2 --tasks T [--include_path DIR ...]"""

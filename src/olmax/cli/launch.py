@@ -6,7 +6,18 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import RecipeOpt, app, exits_on
+from olmax.cli.common import (
+    AllowConfigChangeOpt,
+    AllowDataChangeOpt,
+    ChipOpt,
+    ConfigOpt,
+    RecipeOpt,
+    RunDirOpt,
+    StopAtOpt,
+    TotalDevicesOpt,
+    app,
+    exits_on,
+)
 
 RESUME_WORD = "resume-until-done"
 
@@ -37,19 +48,13 @@ def launch_cmd(
     ),
     backend: str = typer.Option("local", "--backend", help="local (a child process here), xpk (TPU on GKE) or slurm"),
     recipe: Optional[str] = RecipeOpt,
-    config: Optional[str] = typer.Option(
-        None, "--config", help="experiment YAML instead of a recipe (a path the trainer's hosts can read too)"
-    ),
-    total_devices: int = typer.Option(
-        ..., "--total-devices", help="JAX devices of the whole run; the recipe's global batch is kept"
-    ),
-    run_dir: str = typer.Option(..., "--run-dir", help="the trainer's run directory, as the trainer sees it"),
-    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="end after this step (passed to olmax train)"),
-    chip: Optional[str] = typer.Option(
-        None, "--chip", help="passed to olmax train: h100, h200, v5p, v6e or ironwood (logs MFU)"
-    ),
-    allow_data_change: bool = typer.Option(False, "--allow-data-change", help="passed to olmax train"),
-    allow_config_change: bool = typer.Option(False, "--allow-config-change", help="passed to olmax train"),
+    config: Optional[str] = ConfigOpt,
+    total_devices: int = TotalDevicesOpt,
+    run_dir: str = RunDirOpt,
+    stop_at: Optional[int] = StopAtOpt,
+    chip: Optional[str] = ChipOpt,
+    allow_data_change: bool = AllowDataChangeOpt,
+    allow_config_change: bool = AllowConfigChangeOpt,
     env: Optional[list[str]] = typer.Option(
         None, "--env", help="KEY=VALUE in the trainer's environment (repeatable), e.g. --env LIBTPU_INIT_ARGS='...'"
     ),
@@ -72,9 +77,10 @@ def launch_cmd(
     ),
 ):
     """Launch `olmax train` on this machine, a TPU slice (xpk) or a Slurm cluster, with the per-device
-    batch and accumulation for --total-devices; or keep resubmitting it until it is done. Exit status:
-    olmax train's (olmax.exits); resume-until-done: 0 done, 2 not retried, the last failure's when out
-    of retries, 143 stopped by a signal."""
+    batch and accumulation for --total-devices; or keep resubmitting it until it is done. --config,
+    --run-dir, --stop-at, --chip and --allow-* are passed to olmax train: paths as the trainer's hosts
+    see them. Exit status: olmax train's (olmax.exits); resume-until-done: 0 done, 2 not retried, the
+    last failure's when out of retries, 143 stopped by a signal."""
     import os
 
     from olmax.launch.backends import dry_run as dry_run_text

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import app, exits_on
+from olmax.cli.common import ChipOpt, app, exits_on, runs_on
 
 
 def status_errors():
@@ -16,12 +16,11 @@ def status_errors():
 
 
 @app.command("status")
+@runs_on("cpu")
 @exits_on("status error", status_errors)
 def status_cmd(
     run_dir: str = typer.Argument(..., help="the run directory (a path or gs://...)"),
-    chip: Optional[str] = typer.Option(
-        None, "--chip", help="h100, h200, v5p, v6e or ironwood: MFU when the trainer was not given --chip"
-    ),
+    chip: Optional[str] = ChipOpt,
     follow: bool = typer.Option(False, "--follow", help="refresh every --every seconds until Ctrl-C"),
     every: float = typer.Option(30.0, "--every", help="seconds between refreshes with --follow"),
     window: int = typer.Option(50, "--window", help="recent steps the step time, tokens/s, MFU and loss use"),
@@ -30,7 +29,8 @@ def status_cmd(
     ),
 ):
     """Where a run stands: step, tokens, speed, MFU, ETA, loss, skipped steps, newest checkpoint, data
-    fingerprint, the launcher's retries and the last failure."""
+    fingerprint, the launcher's retries and the last failure. --chip gives the MFU of a run whose
+    trainer was not given --chip."""
     import json
     import time
     from pathlib import Path

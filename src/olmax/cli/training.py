@@ -7,7 +7,24 @@ from typing import Optional
 
 import typer
 
-from olmax.cli.common import ConfigOpt, JsonOpt, OverridesArg, RecipeOpt, app, exits_on, write_json
+from olmax.cli.common import (
+    AllowConfigChangeOpt,
+    AllowDataChangeOpt,
+    ChipOpt,
+    ConfigOpt,
+    JsonOpt,
+    OverridesArg,
+    RecipeOpt,
+    RunDirOpt,
+    SeqLenOpt,
+    StopAtOpt,
+    TotalDevicesOpt,
+    app,
+    exits_on,
+    resolve_experiment,
+    runs_on,
+    write_json,
+)
 from olmax.config import (
     ConfigError,
     ExperimentConfig,
@@ -20,6 +37,7 @@ from olmax.config import (
 
 
 @app.command("config")
+@runs_on("cpu")
 def config_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
@@ -48,23 +66,16 @@ def config_cmd(
 
 
 @app.command("train")
+@runs_on("accelerator")
 def train_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
-    run_dir: str = typer.Option(
-        ..., "--run-dir", help="logs, config and checkpoints (a path or gs://...); rerun to resume"
-    ),
-    stop_at: Optional[int] = typer.Option(
-        None, "--stop-at", help="end after this step (with a checkpoint); the schedule's horizon is unchanged"
-    ),
-    chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: logs MFU"),
-    allow_data_change: bool = typer.Option(
-        False, "--allow-data-change", help="resume even though the data fingerprint changed"
-    ),
-    allow_config_change: bool = typer.Option(
-        False, "--allow-config-change", help="resume even though the global batch or sequence length changed"
-    ),
+    run_dir: str = RunDirOpt,
+    stop_at: Optional[int] = StopAtOpt,
+    chip: Optional[str] = ChipOpt,
+    allow_data_change: bool = AllowDataChangeOpt,
+    allow_config_change: bool = AllowConfigChangeOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and exit"),
 ):
     """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard.
@@ -113,6 +124,7 @@ def train_cmd(
 
 
 @app.command("demo")
+@runs_on("accelerator")
 def demo_cmd(
     run_dir: Path = typer.Option(Path("runs/demo"), "--run-dir", help="where the demo run goes"),
     overrides: Optional[list[str]] = OverridesArg,
@@ -127,34 +139,47 @@ def demo_cmd(
 
 
 @app.command("flops")
+@runs_on("cpu")
+@exits_on("flops", lambda: (ConfigError,))  # exit status 2: bad shape, unknown chip, impossible step time
 def flops_cmd(
-    model: str = typer.Option(..., "--model", help="recipe name (olmax.recipes) whose model is counted"),
-    seq_len: int = typer.Option(..., "--seq-len", help="tokens per sequence"),
-    per_device_batch: int = typer.Option(..., "--per-device-batch", help="sequences per device per step"),
-    devices: int = typer.Option(1, "--devices", help="JAX devices in the run (for tokens per step)"),
+    recipe: Optional[str] = RecipeOpt,
+    config: Optional[str] = ConfigOpt,
+    overrides: Optional[list[str]] = OverridesArg,
+    total_devices: int = TotalDevicesOpt,
+    seq_len: Optional[int] = SeqLenOpt,
+    per_device_batch: Optional[int] = typer.Option(
+        None,
+        "--per-device-batch",
+        help="sequences per device per step (default: trainer.global_batch / --total-devices)",
+    ),
     peak: Optional[float] = typer.Option(None, "--peak", help="peak dense bf16 TFLOP/s per device"),
-    chip: Optional[str] = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood (per-device peak)"),
+    chip: Optional[str] = ChipOpt,
     step_time: Optional[float] = typer.Option(None, "--step-time", help="measured seconds per step (gives MFU)"),
     json_out: Optional[Path] = JsonOpt,
 ):
-    """TFLOP per device per step (MaxText's convention and the exact count) and the MFU a step time implies."""
-    from olmax.flops import flops_report, format_report, resolve_peak
-    from olmax.recipes import get_recipe
+    """TFLOP per device per step of the experiment's model, batch and sequence length (MaxText's
+    convention and the exact count), and the MFU a step time implies. Exit 2 on a step time shorter
+    than the step's FLOPs allow at the peak (an MFU above 100%)."""
+    from olmax.flops import flops_report, format_report, per_device_batch_of, resolve_peak
 
+    exp = resolve_experiment(recipe, config, overrides, {"data.seq_len": seq_len})
+    if per_device_batch is None:
+        per_device_batch = per_device_batch_of(exp.trainer.global_batch, total_devices)
     report = flops_report(
-        get_recipe(model).model,
-        seq_len=seq_len,
+        exp.model,
+        seq_len=exp.data.seq_len,
         per_device_batch=per_device_batch,
-        devices=devices,
+        devices=total_devices,
         peak_tflops=resolve_peak(peak, chip),
         step_time=step_time,
     )
-    report = {"model": model, "chip": chip, **report}
+    report = {"recipe": recipe, "config": config, "chip": chip, **report}
     typer.echo(format_report(report))
     write_json(json_out, report)
 
 
 @app.command("compile-check")
+@runs_on("accelerator")
 @exits_on("compile-check", lambda: (ConfigError,))  # exit status 2: unknown topology, bad mesh, does not fit
 def compile_check_cmd(
     recipe: Optional[str] = RecipeOpt,

@@ -1,0 +1,103 @@
+"""The `olmax` commands as a user runs them on a host without a TPU or GPU: a command that succeeds
+prints nothing on stderr (no libtpu start-up errors, no absl/orbax notices), a failing one prints its
+own one-line error; and the JAX_PLATFORMS choice behind it (cli.common.jax_platforms)."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+from small_run import SMALL
+
+from olmax.cli.common import ORBAX_READ_ONLY_NOTICES, host_has_accelerator, jax_platforms, runs_on
+
+# The environment of a user's shell: none of the settings the test session adds (conftest.py).
+USER_ENV = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+
+no_accelerator = pytest.mark.skipif(host_has_accelerator(), reason="checks a host without a TPU or GPU")
+
+
+def olmax(*args, env=USER_ENV, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "olmax.cli", *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One step of the small `tiny` run, trained through the CLI: (run directory, its stderr)."""
+    tmp = tmp_path_factory.mktemp("quiet")
+    run_dir = tmp / "run"
+    small = [o for o in SMALL if not o.startswith(("trainer.max_steps", "schedule.warmup_steps"))]
+    overrides = [*small, "trainer.max_steps=1", "schedule.warmup_steps=1", f"data.work_dir={tmp / 'cache'}"]
+    done = olmax("train", "--recipe", "tiny", "--run-dir", run_dir, *overrides)
+    assert done.returncode == 0, done.stderr
+    return run_dir, done.stderr
+
+
+@no_accelerator
+def test_train_is_quiet(run):
+    assert run[1] == ""
+
+
+@no_accelerator
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["convert", "--to-hf", "{ckpt}", "--out", "{tmp}/hf"],
+        ["generate", "--ckpt", "{ckpt}", "--prompt", "Hello", "--max-new-tokens", "2"],
+        ["status", "{run}"],
+        ["eval", "loss", "--ckpt", "{ckpt}", "--data", "demo:heldout", "--seq-len", "64", "--max-batches", "1"],
+        ["ckpt", "inspect", "{ckpt}"],
+    ],
+    ids=lambda c: " ".join(w for w in c[:2] if not w.startswith(("-", "{"))),
+)
+def test_commands_print_no_library_chatter(run, tmp_path, command):
+    run_dir = run[0]
+    args = [a.format(run=run_dir, ckpt=run_dir / "checkpoints", tmp=tmp_path) for a in command]
+    done = olmax(*args)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", f"olmax {' '.join(args)} printed on stderr:\n{done.stderr}"
+
+
+def test_errors_still_show(tmp_path):
+    done = olmax("generate", "--ckpt", tmp_path / "missing", "--prompt", "Hello")
+    assert done.returncode == 2
+    assert done.stderr.startswith("generate error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_jax_platforms_choice(tmp_path):
+    bare, tpu_v4, tpu_v6e, vfio_only = (tmp_path / n for n in ("bare", "v4", "v6e", "vfio"))
+    for d in (bare, tpu_v4, tpu_v6e / "vfio", vfio_only / "vfio"):
+        d.mkdir(parents=True)
+    (tpu_v4 / "accel0").touch()
+    (tpu_v6e / "vfio" / "0").touch()
+    (tpu_v6e / "vfio" / "vfio").touch()
+    (vfio_only / "vfio" / "vfio").touch()  # the VFIO control node alone: no device behind it
+    assert not host_has_accelerator({}, str(bare)) and not host_has_accelerator({}, str(vfio_only))
+    assert host_has_accelerator({}, str(tpu_v4)) and host_has_accelerator({}, str(tpu_v6e))
+    assert host_has_accelerator({"JAX_FORCE_TPU_INIT": "1"}, str(bare))
+    # a TPU host keeps its TPU for the model, and leaves it alone for a CPU command
+    assert jax_platforms(True, {}, str(tpu_v6e)) is None
+    assert jax_platforms(False, {}, str(tpu_v6e)) == "cpu"
+    # without one, JAX never tries libtpu
+    assert jax_platforms(True, {}, str(bare)) == "cpu"
+    # the user's JAX_PLATFORMS stands, even empty (JAX's "every backend")
+    for value in ("", "tpu", "cpu"):
+        assert jax_platforms(False, {"JAX_PLATFORMS": value}, str(bare)) is None
+        assert jax_platforms(True, {"JAX_PLATFORMS": value}, str(tpu_v4)) is None
+
+
+def test_only_orbax_read_only_notices_are_dropped(caplog):
+    from absl import logging as absl_logging
+
+    @runs_on("cpu")
+    def command():
+        for notice in sorted(ORBAX_READ_ONLY_NOTICES):
+            absl_logging.warning(notice, *(["/tmp/ckpt"] if "%s" in notice else []))
+        absl_logging.warning("Checkpoint %s is missing its commit marker", 7)
+
+    with caplog.at_level(logging.WARNING):
+        command()
+    assert [r.getMessage() for r in caplog.records] == ["Checkpoint 7 is missing its commit marker"]
