@@ -2,7 +2,14 @@
 at 64 tokens, global batch 8 (divisible by the 8 fake devices), 6 steps, a checkpoint every 3. Tests
 append their own overrides (later ones win)."""
 
+import atexit
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
+
 from olmax.config import apply_overrides
+from olmax.data.demo import demo_shards
 from olmax.recipes import get_recipe
 
 SMALL = [
@@ -22,6 +29,21 @@ SMALL = [
 ]
 
 
+@cache
+def tokenized_demo() -> Path:
+    """The demo corpus's `demo/` cache directory, tokenized once per test process (3-6 s a time on 2
+    shared cores, and some 25 tests start a run on it)."""
+    root = Path(tempfile.mkdtemp(prefix="olmax-demo-"))
+    atexit.register(shutil.rmtree, root, True)
+    demo_shards("demo:train", root)
+    demo_shards("demo:heldout", root)
+    return root / "demo"
+
+
 def small_config(tmp_path, *extra):
-    """The small run's config, its tokenized demo data cached under tmp_path."""
-    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={tmp_path / 'cache'}", *extra])
+    """The small run's config, with the tokenized demo data copied into tmp_path/cache (the test's own
+    copy, as a first use would have written it)."""
+    work_dir = tmp_path / "cache"
+    if not (work_dir / "demo").exists():
+        shutil.copytree(tokenized_demo(), work_dir / "demo")
+    return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={work_dir}", *extra])

@@ -14,11 +14,22 @@ from olmax.data import tokenize as tokmod
 from olmax.data.tokenize import TokenizeError, tokenize_files
 from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Dolma2Tokenizer, token_dtype
 
-# Real text and the HF dolma2 tokenizer.json, read from the repository's sibling shared/data folder when
-# present; the tests that need them are skipped otherwise.
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-DOLMA2_JSON = SHARED / "tokenizers" / "dolma2.json"
-CORPUS = SHARED / "corpus"
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+def real_texts() -> list[tuple[str, str]]:
+    """(where, text) of real text the package and this repository ship: the demo corpus's held-out
+    prose (King James Bible, Devil's Dictionary, Jargon File), the corpus slice in tests/fixtures
+    (those plus Python docs and standard-library code), and this repository's own Python and Markdown."""
+    texts = []
+    with gzip.open(ROOT / "src" / "olmax" / "data" / "demo" / "heldout.jsonl.gz", "rt") as f:
+        texts += [(f"demo heldout line {k}", json.loads(line)["text"]) for k, line in enumerate(f)]
+    for path in sorted((TESTS / "fixtures" / "corpus").glob("*.jsonl")):
+        texts += [(f"{path.name} line {k}", json.loads(line)["text"]) for k, line in enumerate(path.open())]
+    for path in sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md"]):
+        texts.append((str(path.relative_to(ROOT)), path.read_text()))
+    return texts
 
 
 @pytest.fixture(scope="module")
@@ -26,24 +37,20 @@ def dolma2():
     return Dolma2Tokenizer()
 
 
-@pytest.mark.skipif(not DOLMA2_JSON.is_file() or not CORPUS.is_dir(), reason="no real text in shared/data")
-def test_dolma2_ids_equal_hf_tokenizer_on_real_text(dolma2):
+def test_dolma2_ids_equal_hf_tokenizer_on_real_text(dolma2, dolma2_json):
+    """olmax's tiktoken dolma2 against HF `tokenizers` running AI2's tokenizer file (`dolma2_json`, the
+    rebuilt file that tests/test_hf_export.py proves equal to it)."""
     from tokenizers import Tokenizer
 
-    hf = Tokenizer.from_file(str(DOLMA2_JSON))
-    spec = json.loads(DOLMA2_JSON.read_text())
-    assert {t["content"]: t["id"] for t in spec["added_tokens"]} == DOLMA2_ADDED_TOKENS
-    assert hf.get_vocab_size(with_added_tokens=True) == dolma2.info.vocab_size
+    hf = Tokenizer.from_file(str(dolma2_json))
+    ai2 = json.loads((TESTS / "fixtures" / "allenai_dolma2.summary.json").read_text())
+    assert {t["content"]: t["id"] for t in ai2["added_tokens"]} == DOLMA2_ADDED_TOKENS
+    assert hf.get_vocab_size(with_added_tokens=True) == dolma2.info.vocab_size == ai2["model"]["vocab"]["entries"]
     docs, tokens = 0, 0
-    for path in sorted(CORPUS.glob("*.heldout.jsonl.gz")):  # every domain: prose, code, docs, wiki
-        with gzip.open(path, "rt") as f:
-            for k, line in enumerate(f):
-                if k == 25:
-                    break
-                text = json.loads(line)["text"]
-                ids = dolma2.encode(text)
-                assert ids == hf.encode(text, add_special_tokens=False).ids, (path.name, k)
-                docs, tokens = docs + 1, tokens + len(ids)
+    for where, text in real_texts():  # prose, dictionary entries, reST docs, Markdown, Python code
+        ids = dolma2.encode(text)
+        assert ids == hf.encode(text, add_special_tokens=False).ids, where
+        docs, tokens = docs + 1, tokens + len(ids)
     assert docs > 300 and tokens > 50_000
     tricky = ["a<|endoftext|>b|||EMAIL_ADDRESS|||<|pad|>", "trailing  \n\n \t", "\r\n\r\n x", "\u00a0\u2003 12345"]
     for text in tricky:
@@ -145,11 +152,10 @@ def test_bad_input_is_named(tmp_path):
         tokenize_files([tmp_path / "x.csv"], tmp_path / "out3", show_progress=False)
 
 
-@pytest.mark.skipif(not DOLMA2_JSON.is_file(), reason="no dolma2.json in the sibling shared/data folder")
-def test_hf_tokenizer_json_gives_the_same_shards(tmp_path):
+def test_hf_tokenizer_json_gives_the_same_shards(tmp_path, dolma2_json):
     inputs, _ = write_inputs(tmp_path)
     a = tokenize_files(inputs, tmp_path / "tiktoken", shard_tokens=600, show_progress=False)
-    b = tokenize_files(inputs, tmp_path / "hf", tokenizer=str(DOLMA2_JSON), shard_tokens=600, show_progress=False)
+    b = tokenize_files(inputs, tmp_path / "hf", tokenizer=str(dolma2_json), shard_tokens=600, show_progress=False)
     assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
     assert b["tokenizer"]["eos_token_id"] == 100257 and b["tokenizer"]["pad_token_id"] == 100277
 

@@ -27,7 +27,8 @@ CFG = ModelConfig(
     sliding_window=8,
     compute_dtype="float32",
 )
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "corpus"
+# A slice of a real held-out corpus, one file per source, each document with its `domain` (tests/fixtures/README.md).
+REAL = Path(__file__).resolve().parent / "fixtures" / "corpus"
 
 
 def write(path, records):
@@ -82,11 +83,12 @@ def test_figures_match_torch_per_document(corpus, model):
     domains = read_domains(corpus)
     report = score_domains(scorer, params, domains, seq_len=64, batch=3)
     tok = load_tokenizer("dolma2")
+    reference_forward = jax.jit(forward, static_argnums=2)  # each document alone, unpadded; op by op is slower
     for name, texts in domains.items():
         nll, count = 0.0, 0
         for text in texts:
             seq = np.asarray([[tok.info.eos_token_id] + tok.encode(text)], np.int32)
-            logits = torch.from_numpy(np.array(forward(params, seq, CFG)))[0, :-1, : CFG.vocab_size].double()
+            logits = torch.from_numpy(np.array(reference_forward(params, seq, CFG)))[0, :-1, : CFG.vocab_size].double()
             nll += float(
                 torch.nn.functional.cross_entropy(logits, torch.from_numpy(seq[0, 1:]).long(), reduction="sum")
             )
@@ -114,10 +116,13 @@ def test_batching_and_windows_do_not_change_figures(corpus, model):
         assert c["domains"][name]["tokens"] == a["domains"][name]["tokens"]
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="no corpus in the sibling shared/data folder")
-def test_shared_corpus_domains(model):
+def test_real_corpus_domains(model):
     params, scorer = model
-    report = score_domains(scorer, params, read_domains(SHARED, by="field", max_docs=1), seq_len=32, batch=8)
-    assert set(report["domains"]) == {"code", "encyclopedic", "literature", "mixed", "news", "tech-docs"}
+    assert list(read_domains(REAL, by="file")) == ["devil", "jargon", "kjv", "pydocs", "pystdlib"]
+    domains = read_domains(REAL, by="field", max_docs=2)
+    assert list(domains) == ["code", "encyclopedic", "literature", "tech-docs"]
+    assert all(len(texts) == 2 for texts in domains.values())
+    report = score_domains(scorer, params, domains, seq_len=32, batch=8)
+    assert set(report["domains"]) == set(domains)
     # A random model spreads its mass over ~100k ids: loss near ln(vocab), far above a trained model's.
     assert 10.5 < report["micro"]["loss"] < 12.5

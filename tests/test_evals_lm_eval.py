@@ -29,7 +29,7 @@ from olmax.evals.lm_eval_adapter import OlmaxLM  # noqa: E402
 from olmax.evals.tasks import evaluate_tasks  # noqa: E402
 from olmax.model.olmo3 import init_params  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.parity]  # ~80 s on 2 CPU cores: two frameworks, a dozen compiled shapes
+pytestmark = pytest.mark.parity
 
 TEXTS = [
     "The sun rises in the east and sets in the west.",
@@ -44,6 +44,26 @@ QUESTIONS = [
     ("What does a magnet attract?", ["wood", "glass", "iron"], "C"),
     ("At what temperature does water boil?", ["one hundred degrees", "ten degrees"], "A"),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_task_index_per_include_path():
+    """lm-eval's TaskManager parses every one of its ~14k task YAMLs when it is built (~10 s on 2 cores)
+    and evaluate_tasks builds one per call. The index depends only on the include paths, so in this
+    module each is built once and reused (the `olmax lm-eval` subprocess builds its own)."""
+    import lm_eval.tasks
+
+    build, built = lm_eval.tasks.TaskManager, {}
+
+    def task_manager(include_path=None, **kwargs):
+        key = repr((include_path, sorted(kwargs.items())))
+        if key not in built:
+            built[key] = build(include_path=include_path, **kwargs)
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm_eval.tasks, "TaskManager", task_manager)
+        yield
 
 
 @pytest.fixture(scope="module")

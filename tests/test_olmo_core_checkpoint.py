@@ -157,7 +157,6 @@ def test_convert_reads_the_model_bit_for_bit(olmo_core_run, tmp_path):
 
 
 @pytest.mark.parity
-@pytest.mark.slow  # ~30 s: the olmax train step compiles
 def test_next_step_after_warm_start_matches_olmo_core(olmo_core_run, tmp_path):
     import jax
 
