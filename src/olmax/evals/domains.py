@@ -2,8 +2,8 @@
 
 Input: a directory of held-out `.jsonl` / `.jsonl.gz` files (or one such file), one JSON object per
 line with a `text` field. Documents are grouped by their `domain` field when they have one, else by
-the file they are in (`--by field|file` forces one rule; `--by file` on the shared corpus gives its
-16 sources, `--by field` its 6 domains).
+the file they are in (`--by field|file` forces one rule: a directory of one file per source whose
+documents also carry a `domain` field can be scored either way).
 
 Each document is scored on its own, never packed with another (packing would let one document's
 tokens condition another's): dolma2 ids of the text after an EOS token (OLMo has no BOS; in training
