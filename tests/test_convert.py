@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -243,6 +245,26 @@ def test_sharded_checkpoints_in_and_out(tmp_path):
     assert all(np.array_equal(back[n], t) for n, t in original.items())
     _, info = Olmo3ForCausalLM.from_pretrained(tmp_path / "back", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+@pytest.mark.parametrize("umask,shard_bytes", [(0o022, None), (0o027, 20_000)], ids=["022-one-file", "027-shards"])
+def test_hf_export_files_all_get_the_umask_mode(tmp_path, umask, shard_bytes):
+    """Every file of an export, the weights included, has the mode a new file gets under the umask
+    (safetensors alone would leave the weights at 0600)."""
+    cfg = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, head_dim=16, mlp_hidden=64)
+    params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), param_specs(cfg), is_leaf=_is_spec)
+    save_params(tmp_path / "ckpt", params, cfg, {"source": "test"})
+    tokenizer = word_tokenizer(tmp_path)
+    shards = {} if shard_bytes is None else {"max_shard_bytes": shard_bytes}
+    old = os.umask(umask)
+    try:
+        summary = convert_to_hf(tmp_path / "ckpt", tmp_path / "hf", tokenizer=tokenizer, **shards)
+    finally:
+        os.umask(old)
+    assert (len(summary["files"]) > 1) == (shard_bytes is not None)
+    modes = {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in (tmp_path / "hf").iterdir()}
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+    assert set(summary["files"]) <= set(modes)
 
 
 @pytest.mark.parity

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -369,6 +370,15 @@ def resolve_hf_dir(src: str, revision: Optional[str] = None) -> tuple[Path, dict
     return local, {"format": "hf", "repo_id": src, "revision": revision or "main", "commit": local.name}
 
 
+def _new_file_mode() -> int:
+    """The mode open() gives a new file: 0666 less the umask. safetensors 0.8.0's save_file creates its
+    file with mode 0600 whatever the umask, so the weights get this mode, as the export's other files
+    have. The umask can only be read by setting it, so it is set back at once."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_safetensors(
     tensors: Iterable[tuple[str, object]], out_dir: Path, max_shard_bytes: int = MAX_SHARD_BYTES
 ) -> list[str]:
@@ -378,7 +388,9 @@ def write_safetensors(
     total = 0
 
     def flush(shard: dict) -> None:
-        save_file(shard, str(out_dir / f"shard-{len(shards):05d}.tmp"), metadata={"format": "pt"})
+        path = out_dir / f"shard-{len(shards):05d}.tmp"
+        save_file(shard, str(path), metadata={"format": "pt"})
+        path.chmod(_new_file_mode())
         shards.append(list(shard))
 
     shard: dict = {}
