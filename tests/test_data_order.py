@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from olmax.cli import app
 from olmax.data.order import batch_ids, cached_permutation, num_batches, permutation, rank_ids
 from olmax.data.sources import DataSourceError, TokenSource, resolve_paths
 from olmax.data.tokenizer import TokenizerFields
@@ -181,3 +183,34 @@ def test_remote_reads_are_ranges(tmp_path):
     assert remote.fingerprint == local.fingerprint
     for i in range(len(local)):
         np.testing.assert_array_equal(remote[i], local[i])
+
+
+def test_cli_order_steps_outside_the_epoch_are_named(tmp_path):
+    """174 instances against a global batch of 512 have no step at all; with 8 per batch (21 steps),
+    steps before 1, past 21 or an empty range are each refused by name with exit status 2."""
+    write_shards(tmp_path, SMALL, [174 * 16 + 5])
+    tok = ["--vocab-size", "5000", "--eos-id", "4999", "--pad-id", "0", "--work-dir", str(tmp_path / "cache")]
+
+    def order(batch: int, steps: str):
+        args = ["data", "order", "--paths", str(tmp_path / "part-000.npy"), "--seq-len", "16", "--seed", "34521"]
+        return CliRunner().invoke(app, args + tok + ["--global-batch-instances", str(batch), "--steps", steps])
+
+    for steps in ("1:3", "0:2", "5000:5002"):
+        result = order(512, steps)
+        assert result.exit_code == 2, (steps, result.output)
+        assert (
+            "data error: the data has 174 instances of 16 tokens, fewer than one global batch of 512: no step exists"
+            in result.output
+        )
+    result = order(8, "0:2")
+    assert result.exit_code == 2 and "steps 0:2 start before step 1: steps count from 1" in result.output
+    result = order(8, "20:23")
+    assert result.exit_code == 2, result.output
+    assert (
+        "steps 20:23 go past the last step 21 of epoch 1: 174 instances of 16 tokens make 21 global batches of 8"
+        in result.output
+    )
+    result = order(8, "3:3")
+    assert result.exit_code == 2 and "steps 3:3 is empty" in result.output
+    result = order(8, "21:22")  # the last step exists
+    assert result.exit_code == 0 and "step 21 (batch 20) rank 0" in result.output, result.output

@@ -38,7 +38,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from olmax.data.filters import instance_mask
-from olmax.data.order import cached_permutation, check_rank, num_batches, rank_ids
+from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
 from olmax.data.sources import TokenSource, check_manifest_tokenizers, resolve_paths
 from olmax.data.tokenizer import TokenizerFields
 
@@ -338,8 +338,7 @@ def order_report(
     order = cached_permutation(work_dir_of(data_cfg) / "orders", len(source), data_cfg.seed, epoch, _chunk(data_cfg))
     ranks = range(dp_size) if dp_rank is None else [dp_rank]
     total = num_batches(len(order), global_batch)
-    if steps.start < 1 or steps.stop - 1 > total:
-        raise ValueError(f"steps {steps.start}:{steps.stop} are not within 1..{total} (the epoch has {total} batches)")
+    check_steps(steps, len(order), global_batch, epoch, data_cfg.seq_len)
     report_steps = []
     for step in steps:
         per_rank = []

@@ -90,6 +90,27 @@ def check_rank(global_batch: int, dp_rank: int, dp_size: int) -> None:
         raise OrderError(f"global batch {global_batch} is not divisible by the data-parallel size {dp_size}")
 
 
+def check_steps(steps: range, n_instances: int, global_batch: int, epoch: int, seq_len: int) -> None:
+    """OrderError unless `steps` (a:b = steps a..b-1, counted from 1 as OLMo-core's trainer counts: step
+    s trains on batch s - 1) is a non-empty run of the steps of an epoch of `n_instances` instances."""
+    total = num_batches(n_instances, global_batch)
+    asked = f"steps {steps.start}:{steps.stop}"
+    if total == 0:
+        raise OrderError(
+            f"the data has {n_instances} instances of {seq_len} tokens, fewer than one global batch of "
+            f"{global_batch}: no step exists"
+        )
+    if steps.start >= steps.stop:
+        raise OrderError(f"{asked} is empty: a:b means steps a..b-1")
+    if steps.start < 1:
+        raise OrderError(f"{asked} start before step 1: steps count from 1 (step s trains on batch s - 1)")
+    if steps.stop - 1 > total:
+        raise OrderError(
+            f"{asked} go past the last step {total} of epoch {epoch}: {n_instances} instances of {seq_len} "
+            f"tokens make {total} global batches of {global_batch} (the tail that fills no batch is dropped)"
+        )
+
+
 def batch_ids(order: np.ndarray, batch: int, global_batch: int) -> np.ndarray:
     """All instance ids of global batch `batch` (0-based), in OLMo-core's row order."""
     total = num_batches(len(order), global_batch)
