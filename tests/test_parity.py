@@ -20,8 +20,10 @@ from olmax.cli import app
 from olmax.convert.hf import convert_from_hf
 from olmax.convert.olmo_core import convert_from_olmo_core
 from olmax.convert.parity import (
-    LAYER_TOLERANCE,
+    PARITY_BOUNDS,
+    ParityBounds,
     compare,
+    judge,
     layer_metrics,
     logit_metrics,
     olmax_outputs,
@@ -70,6 +72,7 @@ def test_hf_parity_fp32(tmp_path, name):
     assert report["top10_overlap"] >= 0.99, report
     assert report["max_abs_logit_diff"] < 1e-3, report
     assert report["first_divergent_layer"] is None, report["layer_rel_diff"]
+    assert report["verdict"] == "PASS" and report["broken"] == [], report
 
 
 def test_hf_parity_bf16(tmp_path):
@@ -81,6 +84,7 @@ def test_hf_parity_bf16(tmp_path):
     assert report["kl_mean"] < 5e-3, report
     assert report["top1_agreement"] > 0.9, report
     assert report["first_divergent_layer"] is None, report["layer_rel_diff"]
+    assert report["verdict"] == "PASS" and report["bounds"] == vars(PARITY_BOUNDS["bfloat16"]), report
 
 
 def test_olmo_core_parity_fp32(tmp_path):
@@ -109,7 +113,7 @@ def test_olmo_core_parity_fp32(tmp_path):
         torch.stack(layers).numpy(),
         our_layers,
         vocab_size=300,
-        tolerance=LAYER_TOLERANCE["float32"],
+        tolerance=PARITY_BOUNDS["float32"].layer_tol,
     )
     assert report["kl_mean"] < 1e-6 and report["top1_agreement"] == 1.0, report
     assert report["first_divergent_layer"] is None, report["layer_rel_diff"]
@@ -132,8 +136,10 @@ def test_wrong_conversion_is_caught_at_its_layer(tmp_path, broken_layer):
 
     report = run_hf_parity(str(src), str(tmp_path / "broken"), dtype="float32", seq_len=32, batch=1)
     assert report["first_divergent_layer"] == broken_layer, report["layer_rel_diff"]
-    assert all(x < LAYER_TOLERANCE["float32"] for x in report["layer_rel_diff"][:broken_layer])
+    assert all(x < PARITY_BOUNDS["float32"].layer_tol for x in report["layer_rel_diff"][:broken_layer])
     assert report["kl_mean"] > 1e-3
+    assert report["verdict"] == "FAIL"
+    assert report["broken"][0].startswith("kl_mean") and report["broken"][-1].startswith(f"layer {broken_layer} ")
 
 
 def test_logit_metrics_by_hand():
@@ -199,6 +205,11 @@ def test_cli_parity_writes_json(tmp_path):
     assert len(report["layer_max_abs_diff"]) == 4 and report["first_divergent_layer"] is None
     assert (report["seq_len"], report["batch"], report["seed"], report["dtype"]) == (32, 2, 5, "float32")
     assert "kl_mean" in result.output
+    assert report["verdict"] == "PASS" and report["bounds"] == vars(PARITY_BOUNDS["float32"])
+    assert result.stdout.splitlines()[-1] == (
+        "verdict: PASS (float32: kl_mean <= 1e-06, top1_agreement >= 0.999, max_abs_logit_diff <= 0.01, "
+        "layer_rel_diff <= 0.001)"
+    )
 
     result = CliRunner().invoke(app, ["parity", "--hf", str(src), "--ckpt", str(tmp_path / "ckpt"), "--dtype", "fp8"])
     assert result.exit_code == 2 and "--dtype must be one of" in result.output
@@ -210,3 +221,50 @@ def test_parity_refuses_different_architectures(tmp_path):
     convert_from_hf(str(b), tmp_path / "ckpt")
     result = CliRunner().invoke(app, ["parity", "--hf", str(a), "--ckpt", str(tmp_path / "ckpt")])
     assert result.exit_code == 2 and "vocab_size: HF 300, olmax 400" in result.output
+
+
+def test_cli_parity_fails_a_different_model(tmp_path):
+    """The same architecture with other weights: FAIL, the broken bounds named on the last line and in
+    --json, exit status 1; bounds loosened past the figures (the options) turn it into a PASS."""
+    reference = make_hf_checkpoint(tmp_path / "hf", vocab=300, n_layers=2, seed=0)
+    other = make_hf_checkpoint(tmp_path / "other", vocab=300, n_layers=2, seed=1)
+    convert_from_hf(str(other), tmp_path / "ckpt")
+    args = ["parity", "--hf", str(reference), "--ckpt", str(tmp_path / "ckpt"), "--seq-len", "32"]
+
+    result = CliRunner().invoke(app, args + ["--json", str(tmp_path / "fail.json")])
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "fail.json").read_text())
+    assert report["verdict"] == "FAIL" and report["first_divergent_layer"] == 0
+    assert [b.split()[0] for b in report["broken"]] == ["kl_mean", "top1_agreement", "max_abs_logit_diff", "layer"]
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith("verdict: FAIL (float32): kl_mean ") and "; layer 0 layer_rel_diff " in last, last
+
+    loose = ["--max-kl", "1e3", "--min-top1", "0", "--max-logit-diff", "1e9", "--layer-tol", "1e9"]
+    result = CliRunner().invoke(app, args + loose + ["--json", str(tmp_path / "loose.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "loose.json").read_text())
+    assert report["verdict"] == "PASS" and report["bounds"]["max_kl_mean"] == 1e3
+    assert result.stdout.splitlines()[-1].startswith("verdict: PASS (float32: kl_mean <= 1000, ")
+
+    result = CliRunner().invoke(app, args + ["--min-top1", "1.5"])
+    assert result.exit_code == 2 and "--min-top1 must be within 0..1" in result.output
+
+
+def test_judge_names_each_broken_bound():
+    good = {
+        "kl_mean": 1e-12,
+        "top1_agreement": 1.0,
+        "max_abs_logit_diff": 1e-5,
+        "first_divergent_layer": None,
+        "layer_rel_diff": [1e-7, 2e-7],
+    }
+    fp32, bf16 = PARITY_BOUNDS["float32"], PARITY_BOUNDS["bfloat16"]
+    assert judge(good, fp32) == []
+    assert judge({**good, "kl_mean": float("nan")}, fp32) == ["kl_mean nan > 1e-06"]  # NaN never passes
+    assert judge({**good, "top1_agreement": 0.99}, fp32) == ["top1_agreement 0.99 < 0.999"]
+    assert judge({**good, "top1_agreement": 0.99}, bf16) == []
+    # bfloat16 judges the distribution, not single logits: a 0.2 difference is rounding there
+    assert judge({**good, "max_abs_logit_diff": 0.2}, fp32) == ["max_abs_logit_diff 0.2 > 0.01"]
+    assert judge({**good, "max_abs_logit_diff": 0.2}, bf16) == []
+    diverged = {**good, "first_divergent_layer": 1, "layer_rel_diff": [1e-7, 0.41]}
+    assert judge(diverged, ParityBounds(1.0, 0.0, None, 0.1)) == ["layer 1 layer_rel_diff 0.41 > 0.1"]

@@ -105,20 +105,39 @@ def parity_cmd(
     seq_len: int = typer.Option(512, "--seq-len", help="length of the random token sequences"),
     batch: int = batch_option(1),
     seed: int = typer.Option(0, "--seed", help="seed of the random tokens"),
+    max_kl: Optional[float] = typer.Option(
+        None, "--max-kl", help="PASS needs kl_mean at most this, nats (default 1e-6 float32, 5e-3 bfloat16)"
+    ),
+    min_top1: Optional[float] = typer.Option(
+        None, "--min-top1", help="PASS needs top1_agreement at least this (default 0.999 float32, 0.9 bfloat16)"
+    ),
+    max_logit_diff: Optional[float] = typer.Option(
+        None,
+        "--max-logit-diff",
+        help="PASS needs max_abs_logit_diff at most this (default 1e-2 float32; not judged in bfloat16)",
+    ),
     layer_tol: Optional[float] = typer.Option(
         None, "--layer-tol", help="per-layer RMS-relative tolerance (default 1e-3 float32, 0.1 bfloat16)"
     ),
     json_out: Optional[Path] = JsonOpt,
 ):
     """Logits and per-layer hidden states of olmax (the checkpoint's latest step) against transformers on
-    the same random tokens."""
-    from olmax.convert.parity import PARITY_DTYPES, run_hf_parity
+    the same random tokens, and the verdict: PASS (exit 0) when every figure is within the bounds of a
+    correct conversion in that dtype, FAIL (exit 1) otherwise; bad input exits 2 (docs/conversion.md)."""
+    from dataclasses import replace
+
+    from olmax.convert.parity import PARITY_BOUNDS, PARITY_DTYPES, PARITY_FAIL_EXIT, run_hf_parity
 
     if dtype not in PARITY_DTYPES:
         raise typer.BadParameter(f"--dtype must be one of {', '.join(PARITY_DTYPES)}")
-    report = run_hf_parity(
-        hf, str(ckpt), dtype=dtype, seq_len=seq_len, batch=batch, seed=seed, layer_tolerance=layer_tol
-    )
+    given = {"max_kl_mean": max_kl, "min_top1": min_top1, "max_logit_diff": max_logit_diff, "layer_tol": layer_tol}
+    if min_top1 is not None and not 0 <= min_top1 <= 1:
+        raise typer.BadParameter(f"--min-top1 must be within 0..1, got {min_top1:g}")
+    for flag, value in (("--max-kl", max_kl), ("--max-logit-diff", max_logit_diff), ("--layer-tol", layer_tol)):
+        if value is not None and not value >= 0:
+            raise typer.BadParameter(f"{flag} must be >= 0, got {value:g}")
+    bounds = replace(PARITY_BOUNDS[dtype], **{k: v for k, v in given.items() if v is not None})
+    report = run_hf_parity(hf, str(ckpt), dtype=dtype, seq_len=seq_len, batch=batch, seed=seed, bounds=bounds)
     for key in ("kl_mean", "kl_max", "top1_agreement", "top10_overlap", "max_abs_logit_diff"):
         typer.echo(f"{key:>22} {report[key]:.6g}")
     typer.echo(
@@ -127,6 +146,10 @@ def parity_cmd(
     )
     typer.echo(f"{'layer_rel_diff':>22} " + " ".join(f"{x:.2e}" for x in report["layer_rel_diff"]))
     write_json(json_out, report)
+    if report["broken"]:
+        typer.echo(f"verdict: FAIL ({dtype}): " + "; ".join(report["broken"]))
+        raise typer.Exit(PARITY_FAIL_EXIT)
+    typer.echo(f"verdict: PASS ({dtype}: {bounds.describe()})")
 
 
 ckpt_app = typer.Typer(no_args_is_help=True, help="Inspect training checkpoints and warm-start new stages from them.")

@@ -23,6 +23,10 @@ rising to 1.4e-3 by layer 4. Hence 1e-3 in float32 (~100x above the rounding see
 Deep models accumulate more bfloat16 rounding; the float32 run is the one that locates a bug
 (`--layer-tol` overrides).
 
+The verdict (`PARITY_BOUNDS`, `judge`) is PASS when every figure is within the bounds of a correct
+conversion in the run's dtype, FAIL otherwise; docs/conversion.md ("The verdict") gives the figures
+each bound rests on.
+
 `run_hf_parity` runs transformers' Olmo3ForCausalLM (torch, CPU, eager attention) first, frees it,
 then olmax, so the peak host memory is one model plus the outputs, not two models.
 """
@@ -30,7 +34,7 @@ then olmax, so the peak host memory is one model plus the outputs, not two model
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -43,8 +47,35 @@ from olmax.convert import ConversionError
 from olmax.convert.hf import model_config_from_hf, read_hf_config
 from olmax.model.olmo3 import forward_hidden, lm_head
 
-LAYER_TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-1}
-PARITY_DTYPES = tuple(LAYER_TOLERANCE)
+
+@dataclass(frozen=True)
+class ParityBounds:
+    """What a correct conversion meets; a run outside any of them is a FAIL."""
+
+    max_kl_mean: float  # kl_mean at most this (nats)
+    min_top1: float  # top1_agreement at least this
+    max_logit_diff: Optional[float]  # max_abs_logit_diff at most this; None: not judged
+    layer_tol: float  # every layer's layer_rel_diff at most this (the per-layer tolerance)
+
+    def describe(self) -> str:
+        judged = [f"kl_mean <= {self.max_kl_mean:g}", f"top1_agreement >= {self.min_top1:g}"]
+        if self.max_logit_diff is not None:
+            judged.append(f"max_abs_logit_diff <= {self.max_logit_diff:g}")
+        return ", ".join(judged + [f"layer_rel_diff <= {self.layer_tol:g}"])
+
+
+# Per dtype, from the measured figures of docs/conversion.md ("The verdict" says why each value).
+# float32: a correct conversion gives kl_mean <= 2.7e-10, top-1 1.0, max |dlogit| <= 5.4e-4 (d_model 512,
+# 4096 tokens; it grows with depth and length), layer_rel_diff <= 1.5e-5; a 1% wrong RoPE theta gives
+# kl_mean 3.3e-6, structural bugs far more. bfloat16: rounding alone gives kl_mean <= 3.7e-4 and top-1
+# >= 0.95 on random models (their near-tied logits flip), AI2's 7B KL ~1.5e-3 and top-1 98.75%; logit
+# differences of 0.2 are rounding there, so only the distribution is judged.
+PARITY_BOUNDS = {
+    "float32": ParityBounds(max_kl_mean=1e-6, min_top1=0.999, max_logit_diff=1e-2, layer_tol=1e-3),
+    "bfloat16": ParityBounds(max_kl_mean=5e-3, min_top1=0.9, max_logit_diff=None, layer_tol=1e-1),
+}
+PARITY_DTYPES = tuple(PARITY_BOUNDS)
+PARITY_FAIL_EXIT = 1  # `olmax parity`'s exit status on FAIL (as diff and cmp: 0 same, 1 differ, 2 trouble)
 _TOKENS_PER_CHUNK = 256  # metric chunks: bounds the float64 temporaries at 256 x vocab
 
 
@@ -110,6 +141,21 @@ def compare(ref_logits, our_logits, ref_layers, our_layers, *, vocab_size: int, 
     }
 
 
+def judge(report: dict, bounds: ParityBounds) -> list[str]:
+    """The bounds `report` breaks, each as "figure value vs bound"; none: PASS. A NaN breaks its bound."""
+    broken = []
+    if not report["kl_mean"] <= bounds.max_kl_mean:
+        broken.append(f"kl_mean {report['kl_mean']:.3g} > {bounds.max_kl_mean:g}")
+    if not report["top1_agreement"] >= bounds.min_top1:
+        broken.append(f"top1_agreement {report['top1_agreement']:.4g} < {bounds.min_top1:g}")
+    if bounds.max_logit_diff is not None and not report["max_abs_logit_diff"] <= bounds.max_logit_diff:
+        broken.append(f"max_abs_logit_diff {report['max_abs_logit_diff']:.3g} > {bounds.max_logit_diff:g}")
+    first = report["first_divergent_layer"]
+    if first is not None:
+        broken.append(f"layer {first} layer_rel_diff {report['layer_rel_diff'][first]:.3g} > {bounds.layer_tol:g}")
+    return broken
+
+
 def olmax_outputs(params: dict, cfg: ModelConfig, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """olmax's float32 logits over the padded vocabulary and every layer's output (n_layers, B, T, D)."""
 
@@ -156,9 +202,11 @@ def run_hf_parity(
     seq_len: int = 512,
     batch: int = 1,
     seed: int = 0,
-    layer_tolerance: Optional[float] = None,
+    bounds: Optional[ParityBounds] = None,
 ) -> dict:
-    """Parity of an olmax checkpoint against a HF directory on `batch` x `seq_len` random tokens.
+    """Parity of an olmax checkpoint against a HF directory on `batch` x `seq_len` random tokens, with its
+    verdict against `bounds` (default: PARITY_BOUNDS[dtype]): `verdict` PASS or FAIL, `broken` the
+    bounds a FAIL breaks.
 
     In bfloat16 both sides compute in bfloat16: transformers with its weights cast to bfloat16, olmax
     with compute_dtype=bfloat16 and its float32 parameters (cast to bfloat16 per layer in the forward,
@@ -176,7 +224,7 @@ def run_hf_parity(
     ]
     if differ:
         raise ConversionError(f"{hf_dir} and {ckpt} are different architectures: " + "; ".join(differ))
-    tolerance = LAYER_TOLERANCE[dtype] if layer_tolerance is None else layer_tolerance
+    bounds = PARITY_BOUNDS[dtype] if bounds is None else bounds
     tokens = random_tokens(cfg.vocab_size, batch, seq_len, seed)
 
     start = time.perf_counter()
@@ -186,9 +234,15 @@ def run_hf_parity(
     start = time.perf_counter()
     our_logits, our_layers = olmax_outputs(params, replace(cfg, compute_dtype=dtype), tokens)
     olmax_seconds = time.perf_counter() - start
-    report = compare(ref_logits, our_logits, ref_layers, our_layers, vocab_size=cfg.vocab_size, tolerance=tolerance)
+    report = compare(
+        ref_logits, our_logits, ref_layers, our_layers, vocab_size=cfg.vocab_size, tolerance=bounds.layer_tol
+    )
+    broken = judge(report, bounds)
     return {
         **report,
+        "verdict": "FAIL" if broken else "PASS",
+        "broken": broken,
+        "bounds": asdict(bounds),
         "dtype": dtype,
         "seq_len": seq_len,
         "batch": batch,
