@@ -11,7 +11,7 @@ vocabulary (the first `vocab_size` logits; olmax's padded ids have no counterpar
   layer_rel_diff        per layer, RMS(h_ref - h_olmax) / RMS(h_ref)
   first_divergent_layer the first layer whose layer_rel_diff exceeds the tolerance, or None
 
-The tolerance of the per-layer check (`LAYER_TOLERANCE`) is relative to the layer's RMS, so it does
+The tolerance of the per-layer check (`ParityBounds.layer_tol`) is relative to the layer's RMS, so it does
 not depend on the scale of the residual stream. Measured (docs/conversion.md): a correct conversion
 gives layer_rel_diff <= 1e-6 in float32 on the 5-layer test models at 64 tokens and 1.2e-5 on an
 8-layer d_model=512 model at 4096 tokens (it grows with position: the RoPE inverse frequencies
