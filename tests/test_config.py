@@ -52,6 +52,7 @@ def test_bad_overrides_name_the_problem(override, message):
 @pytest.mark.parametrize(
     "override, message",
     [
+        ("model.n_kv_heads=0", "model.n_kv_heads must be positive, got 0"),  # not a ZeroDivisionError
         ("trainer.global_batch=0", "trainer.global_batch must be positive, got 0"),
         ("trainer.micro_batch_size=0", "trainer.micro_batch_size must be positive, got 0"),
         ("trainer.max_steps=-1", "trainer.max_steps must be positive, got -1"),

@@ -194,13 +194,21 @@ class ModelConfig:
         _check_choice("model.remat", self.remat, tuple(REMAT_POLICIES))
         _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
         _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
+        sizes = (
+            "vocab_size",
+            "vocab_multiple",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "mlp_hidden",
+        )
+        _check_positive("model", self, *sizes, "global_every")  # first: the checks below divide by them
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"model.head_dim={self.head_dim} must be even for rotary embeddings")
-        _check_positive(
-            "model", self, "vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "mlp_hidden", "global_every"
-        )
 
     @property
     def padded_vocab_size(self) -> int:
