@@ -35,13 +35,41 @@ def test_overrides_are_typed_and_nested():
     "override, message",
     [
         ("model.n_layerz=6", "n_layerz"),
-        ("model.n_layers=six", "could not be converted to Integer"),
+        ("model.n_layers=six", r"model.n_layers takes int, got 'six' \(.*could not be converted to Integer"),
+        ("optimizer.lr=abc", "optimizer.lr takes float, got 'abc'"),
+        ("trainer.micro_batch_size=[2]", r"trainer.micro_batch_size takes Optional\[int\], got \[2\]"),
+        ("data.paths=3", r"data.paths takes tuple\[str, ...\], got 3"),
         ("model.attention=flash", "model.attention='flash' is not one of"),
         ("model.n_kv_heads=3", "not a multiple of model.n_kv_heads=3"),
         ("model.n_layers", "not of the form key=value"),
     ],
 )
 def test_bad_overrides_name_the_problem(override, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(get_recipe("tiny"), [override])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.n_kv_heads=0", "model.n_kv_heads must be positive, got 0"),  # not a ZeroDivisionError
+        ("trainer.global_batch=0", "trainer.global_batch must be positive, got 0"),
+        ("trainer.micro_batch_size=0", "trainer.micro_batch_size must be positive, got 0"),
+        ("trainer.max_steps=-1", "trainer.max_steps must be positive, got -1"),
+        ("trainer.loss_chunk=24", "trainer.loss_chunk=24 does not divide data.seq_len=256"),
+        ("data.seq_len=0", "data.seq_len must be positive, got 0"),
+        ("data.max_target_seq_len=300", "data.max_target_seq_len=300 must be a multiple of data.seq_len=256"),
+        ("optimizer.lr=-0.001", "optimizer.lr must be positive, got -0.001"),
+        ("optimizer.b2=1.0", r"optimizer.b2 must be in \[0, 1\), got 1.0"),
+        ("optimizer.skip_window=1", "optimizer.skip_window must be >= 2, got 1"),
+        ("checkpoint.every=0", "checkpoint.every must be positive, got 0"),
+        ("checkpoint.keep=0", "checkpoint.keep must be positive, got 0"),
+        ("eval.batches=0", "eval.batches must be positive, got 0"),
+    ],
+)
+def test_values_the_trainer_would_refuse_are_config_errors(override, message):
+    """What needs neither devices nor data is checked when the config is built, so `olmax config` and
+    `olmax train --dry-run` refuse it as the trainer does (test_cli_prints_resolved_config_and_rejects_typos)."""
     with pytest.raises(ConfigError, match=message):
         apply_overrides(get_recipe("tiny"), [override])
 
@@ -68,16 +96,22 @@ def test_padded_vocab_and_window_pattern():
 
 def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
     olmax = [sys.executable, "-m", "olmax.cli"]
-    out = subprocess.run(
-        olmax + ["config", "--recipe", "tiny", "model.n_layers=6", "--save", str(tmp_path / "c.yaml")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "n_layers: 6" in out and "name: tiny" in out
+    run = lambda *args: subprocess.run(olmax + list(args), capture_output=True, text=True)
+    out = run("config", "--recipe", "tiny", "model.n_layers=6")
+    assert out.returncode == 0 and "n_layers: 6" in out.stdout and "name: tiny" in out.stdout
+    saved = run("config", "--recipe", "tiny", "model.n_layers=6", "--save", str(tmp_path / "c.yaml"))
+    assert saved.stdout == f"wrote the resolved config to {tmp_path / 'c.yaml'}\n"  # one line, not the YAML
     assert load_yaml(tmp_path / "c.yaml").model.n_layers == 6
-    bad = subprocess.run(olmax + ["config", "--recipe", "tiny", "model.n_layerz=6"], capture_output=True, text=True)
+    bad = run("config", "--recipe", "tiny", "model.n_layerz=6")
     assert bad.returncode == 2 and "n_layerz" in bad.stderr
+    wrong_type = run("config", "--recipe", "tiny", "model.n_layers=two")
+    assert wrong_type.returncode == 2 and "config error: model.n_layers takes int, got 'two'" in wrong_type.stderr
+    # what the trainer refuses, `olmax config` and `olmax train --dry-run` refuse with the same message
+    refused = "config error: trainer.global_batch must be positive, got 0\n"
+    for args in (["config"], ["train", "--run-dir", str(tmp_path / "run"), "--dry-run"]):
+        zero = run(*args, "--recipe", "tiny", "trainer.global_batch=0")
+        assert (zero.returncode, zero.stderr) == (2, refused), zero.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def _config_dataclasses():

@@ -3,13 +3,16 @@ its incremental metrics reading (appends, and a file rewritten shorter or longer
 trainer, locally and through fsspec)."""
 
 import json
+import shutil
+import time
 
 import pytest
 from small_run import small_config
 from typer.testing import CliRunner
 
+import olmax.train
 from olmax.cli import app
-from olmax.exits import ExitStatus, write_record
+from olmax.exits import ExitStatus, read_record, write_record
 from olmax.launch.resume import LaunchState
 from olmax.status import MetricsReader, run_status
 from olmax.train import train
@@ -51,6 +54,39 @@ def test_status_of_a_real_run(run):
     assert json.loads(printed.output.splitlines()[-1])["checkpoint"] == 5
     missing = CliRunner().invoke(app, ["status", str(run.parent / "nothing")])
     assert missing.exit_code == 2 and "nothing/config.yaml does not exist" in missing.output
+
+
+def test_follow_stops_once_the_run_has_ended(run, tmp_path, monkeypatch):
+    """--follow keeps following after a preemption or a crash (a launcher may resubmit) and stops, with
+    the final state printed, on an exit record after which nothing continues the run."""
+    for final in (ExitStatus.DONE, ExitStatus.USER_ERROR):
+        copy = tmp_path / final.name
+        shutil.copytree(run, copy)  # the fixture's record: PREEMPTED
+        later = [ExitStatus.CRASHED, final]  # what the trainers of the next attempts write
+
+        def sleep(seconds, copy=copy, later=later):
+            assert later, "still following a run that has ended"
+            write_record(str(copy), later.pop(0), "stopped after step 6 of 6")
+
+        monkeypatch.setattr(time, "sleep", sleep)
+        out = CliRunner().invoke(app, ["status", str(copy), "--follow", "--every", "0"])
+        assert out.exit_code == 0, out.output
+        assert not later and out.output.count("step 5 / 6") == 3
+        assert out.output.endswith(f"the run has ended ({final.name}): no longer following\n")
+        assert f"last trainer exit: {final.name} ({int(final)})" in out.output.splitlines()[-2]
+
+
+def test_a_starting_trainer_removes_the_previous_exit_record(tmp_path, monkeypatch):
+    """A run continued with `olmax train` after it was DONE must not read as ended while it trains."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_record(str(run_dir), ExitStatus.DONE, "stopped after step 40 of 40")
+    seen = []
+    monkeypatch.setattr(olmax.train, "train", lambda cfg, run_dir, **_: seen.append(read_record(run_dir)) or [])
+    args = ["train", "--recipe", "tiny", "--run-dir", str(run_dir), "trainer.max_steps=80"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert seen == [None] and read_record(str(run_dir))["name"] == "DONE"  # this trainer's own record
 
 
 def test_metrics_reader_follows_appends_and_rewrites(tmp_path):

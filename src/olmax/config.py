@@ -2,7 +2,10 @@
 
 Configs are plain frozen dataclasses. OmegaConf does the YAML round trip and the dotted
 `key=value` overrides with type checking (an unknown key or a value of the wrong type is an error
-that names it); values with a fixed set of choices are checked in `__post_init__`.
+that names the key, the type it takes and the value given). Every check that needs neither devices
+nor data runs in the dataclasses' `__post_init__`, so a config that `olmax config` and
+`olmax train --dry-run` accept is one the trainer accepts too, up to the device count (the batch split
+over devices) and the data.
 Named presets live in `olmax.recipes`.
 
 Every field carries its help text as an attribute docstring: the string literal on the line(s) right
@@ -22,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Optional, Sequence, TypeVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 DTYPES = ("float32", "bfloat16", "float16")
 # `auto` picks by the platform the step compiles for (olmax.model.attention.resolve_backend).
@@ -59,6 +62,18 @@ class ConfigError(ValueError):
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive(section: str, cfg, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{section}.{name} must be positive, got {getattr(cfg, name)}")
+
+
+def _check_non_negative(section: str, cfg, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{section}.{name} must be >= 0, got {getattr(cfg, name)}")
 
 
 @dataclass(frozen=True)
@@ -179,13 +194,21 @@ class ModelConfig:
         _check_choice("model.remat", self.remat, tuple(REMAT_POLICIES))
         _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
         _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
+        sizes = (
+            "vocab_size",
+            "vocab_multiple",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "mlp_hidden",
+        )
+        _check_positive("model", self, *sizes, "global_every")  # first: the checks below divide by them
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"model.head_dim={self.head_dim} must be even for rotary embeddings")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "mlp_hidden", "global_every"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -252,6 +275,15 @@ class DataConfig:
     num_workers: int = 0
     """Grain worker processes for the loader (0: in the training process); the order does not depend on it."""
 
+    def __post_init__(self):
+        _check_positive("data", self, "seq_len", "vocab_size")
+        _check_non_negative("data", self, "num_workers")
+        target = self.max_target_seq_len
+        if target is not None and (target < self.seq_len or target % self.seq_len):
+            raise ConfigError(
+                f"data.max_target_seq_len={target} must be a multiple of data.seq_len={self.seq_len} (or null)"
+            )
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:
@@ -280,6 +312,15 @@ class OptimizerConfig:
     """Skip-step: how many past steps' loss and gradient norm the spike test compares against."""
     skip_sigma: float = 6.0
     """Skip-step: a step is skipped when its loss or gradient norm exceeds the window's mean by this many stds."""
+
+    def __post_init__(self):
+        _check_positive("optimizer", self, "lr", "max_grad_norm", "skip_sigma")
+        _check_non_negative("optimizer", self, "eps", "weight_decay", "z_loss")
+        for name in ("b1", "b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.skip_window < 2:
+            raise ConfigError(f"optimizer.skip_window must be >= 2, got {self.skip_window}")
 
 
 SCHEDULES = ("cosine", "stitched_cosine", "wsd", "linear", "constant")
@@ -338,6 +379,13 @@ class TrainerConfig:
     seed: int = 0
     """Seed of the parameter initialisation (the data order has its own, data.seed)."""
 
+    def __post_init__(self):
+        # Whether the batch splits over the devices is the trainer's check (olmax.train_step.batch_layout).
+        _check_positive("trainer", self, "global_batch", "max_steps", "log_every")
+        _check_non_negative("trainer", self, "loss_chunk")
+        if self.micro_batch_size is not None:
+            _check_positive("trainer", self, "micro_batch_size")
+
 
 @dataclass(frozen=True)
 class MeshConfig:
@@ -375,6 +423,7 @@ class CheckpointConfig:
     directory); None: RUN_DIR/checkpoints."""
 
     def __post_init__(self):
+        _check_positive("checkpoint", self, "every", "keep")
         if self.keep_every < 0:
             raise ConfigError(f"checkpoint.keep_every must be >= 0 (0: no periodic landmarks), got {self.keep_every}")
         if any(s < 1 for s in self.keep_steps):
@@ -396,6 +445,10 @@ class EvalConfig:
     data: tuple[str, ...] = ()
     """Eval sets: token shards, jsonl text files (tokenized with data.tokenizer on first use) or
     "demo:heldout"; each logs eval/<name>/CE loss and PPL."""
+
+    def __post_init__(self):
+        _check_non_negative("eval", self, "every")
+        _check_positive("eval", self, "batches")
 
 
 @dataclass(frozen=True)
@@ -440,6 +493,11 @@ class ExperimentConfig:
     """In-loop held-out evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """The optional W&B writer."""
+
+    def __post_init__(self):
+        chunk, seq_len = self.trainer.loss_chunk, self.data.seq_len
+        if chunk and seq_len % chunk:
+            raise ConfigError(f"trainer.loss_chunk={chunk} does not divide data.seq_len={seq_len}")
 
 
 @functools.cache
@@ -512,10 +570,29 @@ def _merge(base: C, *others) -> C:
         merged = OmegaConf.merge(structured, *others)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        # OmegaConf's message names the key and the expected type; drop its multi-line footer.
-        raise ConfigError(str(e).split("\n")[0]) from None
+        raise ConfigError(_merge_error(e)) from None
     except TypeError as e:
         raise ConfigError(str(e)) from None
+
+
+def _merge_error(e: OmegaConfBaseException) -> str:
+    """One line naming the key. OmegaConf's own first line names only the value and the type it
+    failed to become ("Value 'two' of type 'str' could not be converted to Integer"); an unknown key's
+    names the key and the close matches; its multi-line footer is dropped."""
+    first = str(e).split("\n")[0]
+    if not isinstance(e, ValidationError) or e.full_key is None or not dataclasses.is_dataclass(e.object_type):
+        return first
+    expected = {f.name: f.type for f in dataclasses.fields(e.object_type)}[e.key]
+    return f"{e.full_key} takes {expected}, got {_as_given(e.value)} ({first})"
+
+
+def _as_given(value) -> str:
+    """A value as the user wrote it: 'two', 3, [1, 2]."""
+    if isinstance(value, Node):  # OmegaConf hands over some values still wrapped
+        value = value._value()
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    return repr(value)
 
 
 def apply_overrides(cfg: C, overrides: Sequence[str]) -> C:

@@ -21,6 +21,7 @@ import yaml
 
 from olmax import runpath
 from olmax.config import ConfigError, ExperimentConfig, from_dict
+from olmax.exits import ExitStatus, read_record
 
 LOSS, STEP_TIME, SKIPPED = "train/CE loss", "time/step", "optim/step skipped"
 TFLOPS, MFU, TOKENS = "throughput/device/TFLOPs", "throughput/device/MFU", "throughput/total tokens"
@@ -87,7 +88,6 @@ def read_config(run_dir: str) -> ExperimentConfig:
 def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = None) -> dict:
     """The status of the run in `run_dir` (figures in the module docstring); None where unknown."""
     from olmax.checkpoint import run_checkpoint_dir
-    from olmax.exits import read_record
     from olmax.flops import chip_peak
 
     run_dir = runpath.clean(run_dir)
@@ -127,6 +127,19 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
         "last_failure": launcher and launcher.get("last_failure"),
         "last_exit": read_record(run_dir),
     }
+
+
+# The trainer exits after which nothing continues the run by itself: it reached its last step, or it
+# needs its input fixed, which resume-until-done never retries. After any other exit (PREEMPTED,
+# CRASHED, TRANSIENT) a launcher may submit it again.
+FINAL_EXITS = (ExitStatus.DONE, ExitStatus.USER_ERROR)
+
+
+def has_ended(status: dict) -> bool:
+    """Whether the run of a `run_status` has stopped for good, by its trainer's exit record. The record
+    is the latest trainer's: `olmax train` and the launcher remove the previous one when a trainer starts."""
+    record = status["last_exit"]
+    return record is not None and ExitStatus(record["status"]) in FINAL_EXITS
 
 
 def _median(rows: list[dict], key: str) -> Optional[float]:

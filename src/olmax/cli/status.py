@@ -21,7 +21,11 @@ def status_errors():
 def status_cmd(
     run_dir: str = typer.Argument(..., help="the run directory (a path or gs://...)"),
     chip: Optional[str] = ChipOpt,
-    follow: bool = typer.Option(False, "--follow", help="refresh every --every seconds until Ctrl-C"),
+    follow: bool = typer.Option(
+        False,
+        "--follow",
+        help="refresh every --every seconds until the run has ended (its trainer exited DONE or USER_ERROR) or Ctrl-C",
+    ),
     every: float = typer.Option(30.0, "--every", help="seconds between refreshes with --follow"),
     window: int = typer.Option(50, "--window", help="recent steps the step time, tokens/s, MFU and loss use"),
     json_out: Optional[str] = typer.Option(
@@ -30,12 +34,13 @@ def status_cmd(
 ):
     """Where a run stands: step, tokens, speed, MFU, ETA, loss, skipped steps, newest checkpoint, data
     fingerprint, the launcher's retries and the last failure. --chip gives the MFU of a run whose
-    trainer was not given --chip."""
+    trainer was not given --chip. --follow stops by itself once the run has ended for good; after a
+    preemption or a crash it keeps following, since a launcher may resubmit."""
     import json
     import time
     from pathlib import Path
 
-    from olmax.status import MetricsReader, format_status, run_status
+    from olmax.status import MetricsReader, format_status, has_ended, run_status
 
     reader = MetricsReader(run_dir, window)
     while True:
@@ -47,6 +52,10 @@ def status_cmd(
             if json_out is not None:
                 Path(json_out).write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
         if not follow:
+            return
+        if has_ended(status):
+            if json_out != "-":
+                typer.echo(f"the run has ended ({status['last_exit']['name']}): no longer following")
             return
         time.sleep(every)
         if json_out != "-":

@@ -42,7 +42,9 @@ def config_cmd(
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
-    save: Optional[Path] = typer.Option(None, "--save", help="write the resolved config as YAML"),
+    save: Optional[Path] = typer.Option(
+        None, "--save", help="write the resolved config as YAML to this file (printed instead when not given)"
+    ),
     explain: bool = typer.Option(
         False,
         "--explain",
@@ -51,7 +53,8 @@ def config_cmd(
         "--recipe/--config the values are the dataclass defaults",
     ),
 ):
-    """Print the resolved experiment config (a recipe or YAML file plus overrides)."""
+    """Print the resolved experiment config (a recipe or YAML file plus overrides), or write it with --save.
+    Exit 2 on a config the trainer would refuse (a typo, a wrong type, an impossible value)."""
     from olmax.recipes import resolve
 
     prefixes = [a for a in overrides or [] if explain and "=" not in a]
@@ -60,9 +63,13 @@ def config_cmd(
         cfg = apply_overrides(ExperimentConfig(), settings)
     else:
         cfg = resolve(recipe, config, settings)
-    typer.echo(format_explain(explain_fields(cfg, prefixes)) if explain else to_yaml(cfg), nl=False)
+    if explain:
+        typer.echo(format_explain(explain_fields(cfg, prefixes)), nl=False)
+    elif save is None:
+        typer.echo(to_yaml(cfg), nl=False)
     if save is not None:
         save_yaml(cfg, save)
+        typer.echo(f"wrote the resolved config to {save}")
 
 
 @app.command("train")
@@ -76,7 +83,9 @@ def train_cmd(
     chip: Optional[str] = ChipOpt,
     allow_data_change: bool = AllowDataChangeOpt,
     allow_config_change: bool = AllowConfigChangeOpt,
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and exit"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the resolved config and exit (exit 2 on one the trainer would refuse)"
+    ),
 ):
     """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard.
     Exit status (olmax.exits, docs/launcher.md): 0 done, 1 crashed, 2 fix the input, 75 transient
@@ -87,11 +96,16 @@ def train_cmd(
     if dry_run:
         typer.echo(to_yaml(cfg), nl=False)
         return
-    from olmax.exits import ExitStatus, status_of
+    import jax
+
+    from olmax import runpath
+    from olmax.exits import RECORD_FILE, ExitStatus, status_of
     from olmax.flops import resolve_peak
     from olmax.train import last_step, record_exit, train
 
     try:
+        if jax.process_index() == 0:  # the previous trainer's record would read as this one's (olmax status)
+            runpath.remove(run_dir, RECORD_FILE)
         rows = train(
             cfg,
             run_dir,
