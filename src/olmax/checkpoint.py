@@ -279,8 +279,6 @@ class RunCheckpoints:
         # `directory` as written names it in messages; `path` is what is read and written
         self.directory, self.path, self.cfg = os.fspath(directory), checkpoint_path(directory), cfg
         self.allow_config_change = allow_config_change
-        if cfg.checkpoint.keep < 1:
-            raise ConfigError(f"checkpoint.keep must be >= 1, got {cfg.checkpoint.keep}")
         options = ocp.CheckpointManagerOptions(
             create=True, enable_async_checkpointing=True, preservation_policy=keep_policy(cfg.checkpoint)
         )

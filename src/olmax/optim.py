@@ -183,8 +183,6 @@ class Optimizer:
     """Clipping + skip-step + AdamW from an OptimizerConfig. Pure: `step` returns new values."""
 
     def __init__(self, cfg: OptimizerConfig, params_like):
-        if cfg.skip_window < 2:
-            raise ConfigError(f"optimizer.skip_window must be >= 2, got {cfg.skip_window}")
         self.cfg = cfg
         self.tx = adamw(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, decay_mask(params_like, cfg.no_decay))
 

@@ -82,8 +82,6 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
     b_sharding = batch_sharding(cfg, mesh)
     batch_axes = b_sharding.spec[0]
     pad_id = data.pad_token_id if data.mask_pad_token else None
-    if trainer.loss_chunk and data.seq_len % trainer.loss_chunk:
-        raise ConfigError(f"trainer.loss_chunk={trainer.loss_chunk} does not divide data.seq_len={data.seq_len}")
 
     def micro_loss(params, input_ids, instance_mask, denominator):
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask)
