@@ -8,11 +8,12 @@ import json
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from small_run import SMALL
 from typer.testing import CliRunner
 
-from olmax.checkpoint import RunCheckpoints, complete_steps, load_params, read_config
+from olmax.checkpoint import RunCheckpoints, complete_steps, load_params, read_config, run_handlers
 from olmax.cli import app
 from olmax.config import apply_overrides
 from olmax.evals.scoring import load_checkpoint
@@ -64,15 +65,16 @@ def save(cfg, directory, seed_steps: list[tuple[int, int]]) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Run A with steps 3 and 6, run B with step 4, run C (another model) with step 2, and a
-    parameters checkpoint P (a params-only soup of A)."""
+    """Run A with steps 3 and 6, run B with step 4, run C (another model) with step 2, run D (the
+    model in bfloat16) with step 5, and a parameters checkpoint P (a params-only soup of A)."""
     tmp = tmp_path_factory.mktemp("soup")
     cfg = config()
     a = save(cfg, tmp / "A", [(1, 3), (2, 6)])
     b = save(cfg, tmp / "B", [(3, 4)])
     save(config("model.mlp_hidden=256"), tmp / "C", [(4, 2)])
+    d = save(config("model.param_dtype=bfloat16"), tmp / "D", [(5, 5)])
     soup([str(tmp / "A")], tmp / "P", params_only=True)
-    return tmp, cfg, {"A3": a[3], "A6": a[6], "B4": b[4]}
+    return tmp, cfg, {"A3": a[3], "A6": a[6], "B4": b[4], "D5": d[5]}
 
 
 def assert_weighted_mean(actual, states, weights, pick):
@@ -117,6 +119,29 @@ def test_two_checkpoints_soup_to_their_mean(runs):
         {"checkpoint": str(tmp / "A"), "step": 3, "weight": 0.5},
         {"checkpoint": str(tmp / "B"), "step": 4, "weight": 0.5},
     ]
+
+
+def stored_dtypes(directory, step) -> set[str]:
+    """The dtypes of the parameters as written (not as a loader casts them)."""
+    options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+    mngr = ocp.CheckpointManager(directory, item_handlers=run_handlers(), options=options)
+    try:
+        return {str(a.dtype) for a in jax.tree.leaves(mngr.item_metadata(step)["params"])}
+    finally:
+        mngr.close()
+
+
+def test_bfloat16_parameters_are_read_and_written_in_float32(runs):
+    tmp, cfg, s = runs
+    assert {x.dtype for x in jax.tree.leaves(s["D5"].params)} == {np.dtype("bfloat16")}
+    soup([str(tmp / "B"), str(tmp / "D")], tmp / "B+D", params_only=True)
+    soup([str(tmp / "D"), str(tmp / "B")], tmp / "D+B", params_only=True)
+    assert stored_dtypes(tmp / "B+D", 4) == stored_dtypes(tmp / "D+B", 5) == {"float32"}
+    params, _, _ = load_params(tmp / "B+D")  # the first's config: float32
+    pair = s["B4"].params, s["D5"].params
+    mean = jax.tree.map(lambda a, b: (np.asarray(a, np.float64) + np.asarray(b, np.float64)) / 2, *pair)
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(mean), strict=True):
+        np.testing.assert_allclose(np.asarray(x), y, rtol=1e-7, atol=0)  # bfloat16 read exactly, summed in float32
 
 
 def test_whole_state_soup_averages_params_and_moments_and_keeps_the_first_counters(runs):

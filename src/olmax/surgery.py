@@ -333,7 +333,7 @@ def soup(
     mesh=None,
 ) -> dict:
     """Write DST, the weighted average of the checkpoints `sources` (each DIR or DIR/STEP: `soup_source`),
-    as OLMo-core's merge script (src/scripts/merge_core_checkpoints.py) averages checkpoints: every
+    as OLMo-core's merge script (its repository's src/scripts/merge_core_checkpoints.py) does: every
     array summed with its weight (`soup_weights`: 1/N by default) in float32 and written in float32.
 
     - params_only: the averaged parameters as a parameters checkpoint (what `load_params`, the eval
@@ -352,7 +352,7 @@ def soup(
     The state passes through sharded over `mesh` (default: `fsdp_mesh`; `average`). Returns a summary."""
     weights = soup_weights(weights, len(sources))
     require_new_output(dst, "the soup")
-    picked = [soup_source(s) for s in sources]
+    picked = [soup_source(os.fspath(s)) for s in sources]
     (first, first_step), configs = picked[0], [read_config(d, s) for d, s in picked]
     model = configs[0][0]
     for (directory, step), (other, _) in zip(picked[1:], configs[1:]):
