@@ -204,7 +204,7 @@ def ckpt_warm_start_cmd(
 def ckpt_soup_cmd(
     ckpts: list[str] = typer.Argument(
         ...,
-        metavar="CKPT...",
+        metavar="CKPT",
         help="checkpoints to average: a checkpoint directory (RUN_DIR/checkpoints: its newest step) or one "
         "step of it (RUN_DIR/checkpoints/N); local or gs://",
     ),
@@ -219,8 +219,7 @@ def ckpt_soup_cmd(
 ):
     """Average checkpoints in float32 (OLMo-core's merge script): parameters and AdamW moments.
 
-    The step, Adam's counter, the skip window and the data position come from the first CKPT; the
-    result is a checkpoint for checkpoint.init_from (or, with --params-only, a parameters checkpoint).
+    Step, Adam counter, skip window and data position come from the first CKPT (docs/checkpoints.md).
     """
     from olmax.surgery import soup
 
