@@ -20,7 +20,7 @@ from olmax.evals.scoring import load_checkpoint
 from olmax.optim import AdamWState, OptState, SkipWindow
 from olmax.recipes import get_recipe
 from olmax.state import TrainState, abstract_state, state_shardings
-from olmax.surgery import average, fsdp_mesh, inspect, is_warm_start, restore_state, soup, soup_source
+from olmax.surgery import average, fsdp_mesh, inspect, is_warm_start, restore_state, soup, soup_source, warm_start
 from olmax.train import _fresh_state
 
 # A small vocabulary keeps each checkpoint ~1 MB; the rest is the shared small run's model.
@@ -169,6 +169,11 @@ def test_whole_state_soup_averages_params_and_moments_and_keeps_the_first_counte
     for x, y in zip(jax.tree.leaves(jax.device_get(init)), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(x, y)
     assert data_state == {"batches": 6, "seed": 2}
+
+    # a new stage from the soup: olmax ckpt warm-start SOUP DST --reset-step
+    new_stage = warm_start(tmp / "full", tmp / "stage", reset_step=True)
+    assert new_stage["source_step"] == 6 and new_stage["adam_count"] == int(first.opt_state.adam.count)
+    assert inspect(tmp / "stage")["step"] == 0
 
     # its parameters alone make a parameters checkpoint, not another warm start
     soup([str(tmp / "full")], tmp / "full_params", params_only=True)
