@@ -1,4 +1,5 @@
-"""Checkpoint surgery: warm-starting a new stage from a run's checkpoint, and inspecting checkpoints.
+"""Checkpoint surgery: warm-starting a new stage from a run's checkpoint, souping checkpoints into
+their weighted average, and inspecting checkpoints.
 
 Warm start (stage 2 from stage 1): `warm_start(SRC, DST, keep={"params", "moments"}, reset_step=True)`
 writes DST as a one-step run checkpoint; a run with `checkpoint.init_from=DST` starts from it.
@@ -12,13 +13,18 @@ writes DST as a one-step run checkpoint; a run with `checkpoint.init_from=DST` s
 - reset_step: the step becomes 0 (so the schedule restarts), the skip-step window is emptied (OLMo-core
   keeps that window in memory, so a loaded stage 2 starts with an empty one) and the data-loader state
   is dropped (stage 2 reads its own data from the start). Without it all three are kept.
+
+Soup: `soup([CKPT, ...], DST, weights=None, params_only=False)` writes the weighted average of the
+checkpoints (see `soup`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,17 +41,21 @@ from olmax.checkpoint import (
     CheckpointError,
     RunCheckpoints,
     checkpoint_path,
+    complete_steps,
     olmax_version,
     read_config,
     run_handlers,
+    save_params,
 )
 from olmax.config import ConfigError, ExperimentConfig, MeshConfig, from_dict
+from olmax.model.olmo3 import abstract_params
 from olmax.optim import AdamWState, OptState, skip_window_init
 from olmax.sharding import make_mesh
-from olmax.state import TrainState, abstract_state
+from olmax.state import TrainState, abstract_state, param_shardings
 
 KEEP_CHOICES = ("params", "moments")
 WARM_START = "warm_start"  # the meta key that marks a warm-start checkpoint (and says what it kept)
+SOUP = "soup"  # the meta key that marks a soup (and lists its checkpoints and weights)
 
 
 def _open(directory: str | os.PathLike, step: Optional[int]) -> tuple[ocp.CheckpointManager, int]:
@@ -73,10 +83,16 @@ def _json_items(mngr: ocp.CheckpointManager, step: int, directory: str | os.Path
     return {n: items[n] for n in names}
 
 
+def fsdp_mesh():
+    """The mesh that surgery passes a state through: FSDP over every device, so each device holds
+    1/devices of every matrix (parameters and both moments)."""
+    return make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
+
+
 def restore_state(src: str | os.PathLike, step: int, cfg: ExperimentConfig, mesh=None):
-    """The TrainState of run checkpoint `src` step `step`, sharded over `mesh` (default: FSDP over
-    every device), so no device holds more than its shard of the parameters and both moments."""
-    mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
+    """The TrainState of run checkpoint `src` step `step`, sharded over `mesh` (default: `fsdp_mesh`),
+    so no device holds more than its shard of the parameters and both moments."""
+    mesh = mesh if mesh is not None else fsdp_mesh()
     ckpts = RunCheckpoints(src, cfg)
     try:
         with jax.set_mesh(mesh):
@@ -90,11 +106,11 @@ def check_keep(keep: tuple[str, ...]) -> None:
         raise ConfigError(f"keep must list params and optionally moments (from {KEEP_CHOICES}), got {sorted(keep)}")
 
 
-def require_new_output(dst: str | os.PathLike) -> None:
-    """A warm-start checkpoint goes to a new or empty directory: nothing is ever overwritten."""
+def require_new_output(dst: str | os.PathLike, what: str = "the warm-start checkpoint") -> None:
+    """A checkpoint that surgery writes goes to a new or empty directory: nothing is ever overwritten."""
     out_path = checkpoint_path(dst)
     if out_path.exists() and any(out_path.iterdir()):
-        raise CheckpointError(f"{dst} is not empty; choose a new directory for the warm-start checkpoint")
+        raise CheckpointError(f"{dst} is not empty; choose a new directory for {what}")
 
 
 def write_warm_start(
@@ -219,6 +235,198 @@ def load_warm_start(directory: str | os.PathLike, cfg: ExperimentConfig, mesh):
 def is_warm_start(directory: str | os.PathLike) -> bool:
     """Whether `directory` was written by `warm_start` (then checkpoint.init_from restores what it kept)."""
     return WARM_START in read_config(directory)[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Soup
+
+
+def soup_source(text: str) -> tuple[str, int]:
+    """(checkpoint directory, step) that a soup's CKPT names: DIR, a checkpoint directory (its newest
+    complete step), or DIR/N, step N's own directory inside one (as `ls DIR` lists it)."""
+    steps = complete_steps(text)
+    if steps:
+        return text, steps[-1]
+    parent, name = os.path.split(text.rstrip("/"))  # on the string, so that gs:// URLs stay whole
+    parent_steps = complete_steps(parent or ".") if name.isdigit() else []
+    if parent_steps:
+        if int(name) not in parent_steps:
+            raise CheckpointError(f"{parent} has no checkpoint at step {int(name)}; it has steps {parent_steps}")
+        return parent or ".", int(name)
+    if not checkpoint_path(text).exists():
+        raise CheckpointError(f"checkpoint {text} does not exist")
+    raise CheckpointError(
+        f"{text} holds no complete checkpoint (give a checkpoint directory, e.g. RUN_DIR/checkpoints, or DIR/STEP)"
+    )
+
+
+def soup_weights(weights: Optional[Sequence[float]], n: int) -> list[float]:
+    """What each of `n` checkpoints is multiplied by: 1/n by default, as OLMo-core's merge script; given
+    weights must be n positive numbers and are divided by their sum, so the soup is always a weighted
+    mean (1,1,2 and 0.25,0.25,0.5 are the same soup)."""
+    if n < 1:
+        raise ConfigError("a soup needs at least one checkpoint")
+    if weights is None:
+        return [1.0 / n] * n
+    if len(weights) != n:
+        raise ConfigError(f"got {len(weights)} weights for {n} checkpoints; give one per checkpoint, in their order")
+    bad = [w for w in weights if not (math.isfinite(w) and w > 0)]
+    if bad:
+        raise ConfigError(f"soup weights must be positive numbers, got {bad[0]}")
+    total = math.fsum(weights)
+    return [w / total for w in weights]
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _scaled(arrays, weight):
+    return jax.tree.map(lambda x: weight * x, arrays)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _add_scaled(total, arrays, weight):
+    return jax.tree.map(lambda t, x: t + weight * x, total, arrays)
+
+
+def average(
+    checkpoints: Sequence[tuple[str, int]], weights: Sequence[float], target: dict, split: Callable[[dict], tuple]
+):
+    """(sum over i of weights[i] * the averaged arrays of checkpoint i, the rest of the first checkpoint).
+
+    `target` maps item names to the abstract trees to restore (ShapeDtypeStructs with shardings; the
+    averaged arrays in float32, so Orbax casts them as it reads them); `split(items)` gives (the arrays
+    to average, the rest). The checkpoints are read one at a time, each onto the target's shardings,
+    and added in float32 where they lie: at most the running sum and one checkpoint are in memory,
+    each spread over the mesh as the target is (no device or host holds a whole state)."""
+    total = first_rest = None
+    for (directory, step), weight in zip(checkpoints, weights, strict=True):
+        mngr, step = _open(directory, step)
+        try:
+            items = mngr.restore(
+                step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore(v) for k, v in target.items()})
+            )
+        finally:
+            mngr.close()
+        arrays, rest = split(items)
+        del items
+        if total is None:
+            total, first_rest = _scaled(arrays, np.float32(weight)), rest
+        else:
+            total = _add_scaled(total, arrays, np.float32(weight))
+        del arrays
+    return total, first_rest
+
+
+def _in_float32(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=a.sharding), tree)
+
+
+def _has_item(directory: str, step: int, name: str) -> bool:
+    return (checkpoint_path(directory) / str(step) / name).is_dir()
+
+
+def soup(
+    sources: Sequence[str],
+    dst: str | os.PathLike,
+    *,
+    weights: Optional[Sequence[float]] = None,
+    params_only: bool = False,
+    mesh=None,
+) -> dict:
+    """Write DST, the weighted average of the checkpoints `sources` (each DIR or DIR/STEP: `soup_source`),
+    as OLMo-core's merge script (its repository's src/scripts/merge_core_checkpoints.py) does: every
+    array summed with its weight (`soup_weights`: 1/N by default) in float32 and written in float32.
+
+    - params_only: the averaged parameters as a parameters checkpoint (what `load_params`, the eval
+      commands and `checkpoint.init_from` with a fresh optimizer read); any checkpoint with
+      parameters may go in.
+    - otherwise the whole train state: parameters and both AdamW moments averaged; what is not an
+      array of the model (the step, AdamW's bias-correction counter, the skip-step window, the
+      data-loader state, the experiment config, tokens seen) comes from the first checkpoint, as the
+      merge script takes non-tensor entries and the trainer state from its first. DST is a warm-start
+      checkpoint that keeps moments without a step reset: `checkpoint.init_from=DST` continues from
+      it, `warm_start(DST, ...)` makes a new stage of it. Every input must be a training-run (or
+      warm-start) checkpoint.
+
+    Every checkpoint must hold the first one's model (`ModelConfig.architecture_changes`: the context
+    fields may differ; DST keeps the first's config). DST is written at the first checkpoint's step.
+    The state passes through sharded over `mesh` (default: `fsdp_mesh`; `average`). Returns a summary."""
+    weights = soup_weights(weights, len(sources))
+    require_new_output(dst, "the soup")
+    picked = [soup_source(os.fspath(s)) for s in sources]
+    (first, first_step), configs = picked[0], [read_config(d, s) for d, s in picked]
+    model = configs[0][0]
+    for (directory, step), (other, _) in zip(picked[1:], configs[1:]):
+        changed = other.architecture_changes(model)
+        if changed:
+            raise CheckpointError(
+                f"cannot soup {directory} step {step} with {first} step {first_step}: a different model "
+                f"({changed}; the first's value -> this one's)"
+            )
+    record = {
+        "checkpoints": [{"checkpoint": os.fspath(d), "step": s, "weight": w} for (d, s), w in zip(picked, weights)],
+        "params_only": params_only,
+    }
+    meta = {k: v for k, v in configs[0][1].items() if k not in (WARM_START, SOUP)}
+    meta[SOUP] = record
+    mesh = mesh if mesh is not None else fsdp_mesh()
+    with jax.set_mesh(mesh):
+        if params_only:
+            target = jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=s),
+                abstract_params(model),
+                param_shardings(model, mesh),
+            )
+            params, _ = average(picked, weights, {PARAMS: target}, lambda items: (items[PARAMS], None))
+            save_params(dst, params, model, meta, step=first_step)
+        else:
+            _soup_state(picked, weights, dst, meta, mesh)
+    return {"destination": os.fspath(dst), "step": first_step, **record}
+
+
+def _soup_state(picked: list[tuple[str, int]], weights: list[float], dst, meta: dict, mesh) -> None:
+    """The whole-state soup of `soup`: parameters and moments averaged, the rest from the first."""
+    saved = []  # the JSON items (experiment, data, meta) of each checkpoint
+    for directory, step in picked:
+        if not _has_item(directory, step, OPT_STATE):
+            raise CheckpointError(
+                f"{directory} step {step} holds no optimizer state; soup the parameters only (--params-only)"
+            )
+        mngr, step = _open(directory, step)
+        try:
+            saved.append(_json_items(mngr, step, directory))
+        finally:
+            mngr.close()
+    (first, first_step), cfg = picked[0], from_dict(saved[0][EXPERIMENT], ExperimentConfig)
+    for (directory, step), items in zip(picked[1:], saved[1:]):
+        window = from_dict(items[EXPERIMENT], ExperimentConfig).optimizer.skip_window
+        if window != cfg.optimizer.skip_window:
+            raise CheckpointError(
+                f"{directory} step {step} has a skip window of {window}, {first} step {first_step} one of "
+                f"{cfg.optimizer.skip_window}; the soup keeps the first's window: soup the parameters only"
+            )
+    abstract = abstract_state(cfg, mesh)
+    adam = abstract.opt_state.adam
+    opt = OptState(adam._replace(mu=_in_float32(adam.mu), nu=_in_float32(adam.nu)), abstract.opt_state.window)
+    target = {PARAMS: _in_float32(abstract.params), OPT_STATE: {"step": abstract.step, "opt": opt}}
+
+    def split(items):
+        o = items[OPT_STATE]["opt"]
+        return (items[PARAMS], o.adam.mu, o.adam.nu), (o.adam.count, o.window)
+
+    (params, mu, nu), (count, window) = average(picked, weights, target, split)
+    meta = {
+        **meta,
+        "olmax_version": olmax_version(),
+        "step": first_step,
+        WARM_START: {
+            "from": str(checkpoint_path(first)),
+            "from_step": first_step,
+            "keep": sorted(KEEP_CHOICES),
+            "reset_step": False,
+        },
+    }
+    opt_state = OptState(AdamWState(count, mu, nu), window)
+    write_warm_start(dst, first_step, params, opt_state, cfg.model, meta, saved[0].get(DATA), saved[0][EXPERIMENT])
 
 
 # ----------------------------------------------------------------------------------------------

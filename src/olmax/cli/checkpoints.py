@@ -1,4 +1,4 @@
-"""`olmax convert | parity | ckpt warm-start | ckpt inspect`."""
+"""`olmax convert | parity | ckpt warm-start | ckpt soup | ckpt inspect`."""
 
 from __future__ import annotations
 
@@ -152,7 +152,9 @@ def parity_cmd(
     typer.echo(f"verdict: PASS ({dtype}: {bounds.describe()})")
 
 
-ckpt_app = typer.Typer(no_args_is_help=True, help="Inspect training checkpoints and warm-start new stages from them.")
+ckpt_app = typer.Typer(
+    no_args_is_help=True, help="Inspect training checkpoints, warm-start new stages from them, average (soup) them."
+)
 
 
 app.add_typer(ckpt_app, name="ckpt")
@@ -219,6 +221,42 @@ def ckpt_warm_start_cmd(
     write_json(json_out, summary)
 
 
+@ckpt_app.command("soup")
+@runs_on("accelerator")
+@exits_on("ckpt soup", checkpoint_errors)
+def ckpt_soup_cmd(
+    ckpts: list[str] = typer.Argument(
+        ...,
+        metavar="CKPT",
+        help="checkpoints to average: a checkpoint directory (RUN_DIR/checkpoints: its newest step) or one "
+        "step of it (RUN_DIR/checkpoints/N); local or gs://",
+    ),
+    out: str = typer.Option(..., "--out", help="the soup checkpoint (local or gs://); must be new or empty"),
+    weights: Optional[str] = typer.Option(
+        None, "--weights", help="w1,w2,...: one positive weight per CKPT, divided by their sum (default: equal)"
+    ),
+    params_only: bool = typer.Option(
+        False, "--params-only", help="average and write the parameters only (no optimizer state)"
+    ),
+    json_out: Optional[Path] = JsonOpt,
+):
+    """Average checkpoints in float32 (OLMo-core's merge script): parameters and AdamW moments.
+
+    Step, Adam counter, skip window and data position come from the first CKPT (docs/checkpoints.md).
+    """
+    from olmax.surgery import soup
+
+    try:
+        parsed = None if weights is None else [float(w) for w in weights.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"--weights must be numbers separated by commas, got {weights!r}") from None
+    summary = soup(ckpts, out, weights=parsed, params_only=params_only)
+    mixed = " + ".join(f"{c['weight']:.6g} x {c['checkpoint']} step {c['step']}" for c in summary["checkpoints"])
+    kind = "parameters" if params_only else "parameters and Adam moments"
+    typer.echo(f"wrote {out} (step {summary['step']}, {kind}, float32) = {mixed}")
+    write_json(json_out, summary)
+
+
 @ckpt_app.command("inspect")
 @runs_on("cpu")
 @exits_on("ckpt inspect", checkpoint_errors)
@@ -241,6 +279,8 @@ def ckpt_inspect_cmd(
     )
     if "warm_start" in meta:
         typer.echo(f"warm start: {meta['warm_start']}")
+    if "soup" in meta:
+        typer.echo(f"soup: {meta['soup']}")
     for group in ("params", "opt_state"):
         typer.echo(f"{group}:")
         for name, a in r[group].items():
