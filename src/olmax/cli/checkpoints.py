@@ -161,7 +161,7 @@ app.add_typer(ckpt_app, name="ckpt")
 
 
 @ckpt_app.command("warm-start")
-@runs_on("cpu")
+@runs_on("accelerator")  # a whole training state, spread over the host's chips where it has them
 @exits_on("ckpt warm-start", checkpoint_errors)
 def ckpt_warm_start_cmd(
     paths: list[str] = typer.Argument(
