@@ -26,8 +26,6 @@ OWN_MEANING = {
     ("--seed", "generate"): "the sampling seed",
     ("--seed", "data order"): "a shorthand for data.seed",
     ("--seq-len", "parity"): "the length of the random token sequences",
-    ("--seq-len", "eval domains"): "the window over long documents, not data.seq_len",
-    ("--seq-len", "verify"): "the eval length, by default the model's max_position",
     ("--data", "eval domains"): "a directory of held-out .jsonl files, one domain each (verify's --domains)",
     ("--from-olmo-core", "convert"): "an OLMo-core model state (weights only)",
     ("--from-olmo-core", "ckpt warm-start"): "an OLMo-core training checkpoint (weights and optimizer)",

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from olmax.evals.compare import bin_series, compare_runs, paired_diff
+from olmax.evals.compare import bin_series, compare_runs, default_bin_size, paired_diff
 from olmax.evals.runs import Series, find_metric, read_run
 
 METRIC = "train/CE loss"
@@ -105,7 +105,8 @@ def test_paired_diff_finds_the_resume_bug(tmp_path):
 def test_binning_and_smoothing():
     s = Series(np.array([1, 2, 3, 4, 7, 9]), np.array([1.0, 2.0, 3.0, 4.0, 5.0, 7.0]))
     b = bin_series(s, 3)
-    np.testing.assert_array_equal(b.ends, [3, 6, 9])
+    np.testing.assert_array_equal(b.bins, [1, 2, 3])
+    np.testing.assert_array_equal(b.ends, [3, 4, 9])  # each bin drawn at its last logged step
     np.testing.assert_allclose(b.values, [2.0, 4.0, 6.0])
     np.testing.assert_allclose(bin_series(s, 3, smooth=2).values, [2.0, 3.0, 5.0])
 
@@ -145,3 +146,37 @@ def test_cli(runs, tmp_path):
     assert json.loads((tmp_path / "c.json").read_text())["landmarks"][0]["step"] == 450
     bad = CliRunner().invoke(app, ["compare", str(a), str(tmp_path / "nope"), "--out", str(tmp_path / "o2")])
     assert bad.exit_code == 2 and "does not exist" in bad.output
+
+
+def test_default_bins_follow_the_runs_length():
+    run = lambda last: Series(np.arange(1, last + 1), np.zeros(last))
+    assert [default_bin_size(run(n)) for n in (10, 40, 100, 3000, 100_000)] == [1, 2, 5, 100, 5000]
+    assert default_bin_size(run(40), run(100_000)) == 2  # the shorter run still gets 20 bins
+
+
+def test_a_short_run_is_binned_within_its_steps(tmp_path):
+    """A 40-step run (the tiny recipe's): 20 bins of 2 steps, every label a step the runs reached."""
+    steps = np.arange(1, 41)
+    a = write_jsonl(tmp_path / "a.jsonl", steps, curve(steps))
+    b = write_jsonl(tmp_path / "b.jsonl", steps, curve(steps) + 0.01)
+    report = compare_runs(str(a), str(b), tmp_path / "out")
+    assert report["bin_size"] == 2
+    marks = [r["step"] for r in report["landmarks"]]
+    assert len(marks) == 8 and marks[0] == 2 and marks[-1] == 40
+    assert all(r["gap"] == pytest.approx(0.01) for r in report["landmarks"])
+    odd = write_jsonl(tmp_path / "odd.jsonl", np.arange(1, 46), curve(np.arange(1, 46)))
+    assert bin_series(read_run(odd)[METRIC], 20).ends.tolist() == [20, 40, 45]  # not 60
+
+
+def test_few_points_are_drawn_with_markers(tmp_path, monkeypatch):
+    """One logged step per run: one point per curve, which a line alone does not show."""
+    import olmax.evals.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    a = write_jsonl(tmp_path / "a.jsonl", [5], [3.0])
+    b = write_jsonl(tmp_path / "b.jsonl", [5], [3.5])
+    compare_runs(str(a), str(b), tmp_path / "out")
+    lines = [line for fig in figures for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata()) == 1]
+    assert len(lines) >= 4  # A, B, B - A, the paired difference
+    assert all(line.get_marker() not in ("None", "", None) for line in lines)

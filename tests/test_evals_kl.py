@@ -96,3 +96,45 @@ def test_architecture_mismatch_and_buckets(setup):
     with pytest.raises(ValueError, match="d_model: A 32, B 64"):
         token_kl(setup["params"], CFG, {}, other, setup["instances"], batch=2, mesh=eval_mesh())
     assert default_buckets(8192) == [0, 16, 64, 256, 1024, 4096]
+
+
+@pytest.mark.parametrize("chunk", [5, 8])  # 5 does not divide the 24 positions: the last chunk is padded
+def test_chunked_figures_are_the_unchunked_ones(setup, chunk):
+    kw = dict(batch=3, mesh=eval_mesh(), buckets=[0, 4, 16])
+    whole = token_kl(setup["params"], CFG, setup["perturbed"], CFG, setup["instances"], chunk=0, **kw)
+    chunked = token_kl(setup["params"], CFG, setup["perturbed"], CFG, setup["instances"], chunk=chunk, **kw)
+    assert whole["kl_mean"] > 1e-5
+    # The same figures up to float32 rounding: XLA's output-layer matmul sums in an order that depends
+    # on its shape (1e-7 of a logit); a chunk scored at the wrong positions moves them by ~100%.
+    buckets = chunked.pop("by_position"), whole.pop("by_position")
+    for a, b in [(chunked, whole), *zip(*buckets)]:
+        assert a["tokens"] == b["tokens"] and a["top1_agreement"] == b["top1_agreement"]
+        assert a.pop("positions", None) == b.pop("positions", None)
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-6)
+
+
+def test_memory_does_not_hold_the_whole_logits():
+    """`olmax eval kl` at 8192 tokens on a 100k vocabulary: compiled with token_kl's default chunk, the
+    pass needs less scratch memory than half of ONE (batch, seq, vocab) float32 logits block; unchunked
+    it holds several (39 GB for 4 x 8192)."""
+    import functools
+    import inspect
+
+    import jax.numpy as jnp
+
+    from olmax.evals.kl import _pair_stats
+    from olmax.model.olmo3 import abstract_params
+
+    big = replace(CFG, vocab_size=100278, n_layers=1)
+    chunk = inspect.signature(token_kl).parameters["chunk"].default
+    params, tokens = abstract_params(big), jax.ShapeDtypeStruct((1, 8192), jnp.int32)
+    fn = jax.jit(functools.partial(_pair_stats, cfg_a=big, cfg_b=big, chunk=chunk))
+    scratch = fn.lower(params, params, tokens, tokens).compile().memory_analysis().temp_size_in_bytes
+    assert scratch < 0.5 * 8192 * big.padded_vocab_size * 4
+
+
+def test_the_cli_loss_chunk_default_is_the_library_default():
+    from olmax.cli.common import LossChunkOpt
+    from olmax.evals.scoring import OUTPUT_CHUNK
+
+    assert f"default {OUTPUT_CHUNK};" in LossChunkOpt.help

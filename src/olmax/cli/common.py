@@ -147,6 +147,17 @@ TaskDataDirOpt = typer.Option(
 LimitOpt = typer.Option(None, "--limit", help="at most this many documents per task (a smoke run)")
 
 
+IncludePathOpt = typer.Option(None, "--include-path", help="directory of your own lm-eval task YAMLs; repeatable")
+
+
+# `eval loss` and `eval kl` (olmax.evals.scoring.OUTPUT_CHUNK is the default).
+LossChunkOpt = typer.Option(
+    None,
+    "--loss-chunk",
+    help="sequence positions per output-layer chunk, bounding the logits' memory (default 256; 0 = all at once)",
+)
+
+
 DomainsByOpt = typer.Option(
     "auto", "--by", help="domains: auto (the `domain` field if present, else the file), field or file"
 )

@@ -13,8 +13,10 @@ from olmax.cli.common import (
     DomainsByOpt,
     DtypeOpt,
     EvalDataOpt,
+    IncludePathOpt,
     JsonOpt,
     LimitOpt,
+    LossChunkOpt,
     MaxDocsOpt,
     OverridesArg,
     RecipeOpt,
@@ -51,6 +53,19 @@ def _eval_experiment(recipe, config, overrides, shorthands: dict, *, need_data: 
     return exp
 
 
+def _seq_len(exp, recipe, config, overrides, seq_len: Optional[int]) -> Optional[int]:
+    """The eval length the user set (--seq-len, --recipe/--config or the override data.seq_len), or
+    None: then the checkpoint's own training data.seq_len (olmax.evals.scoring.eval_seq_len)."""
+    by_override = any(o.split("=", 1)[0].strip() == "data.seq_len" for o in overrides or [])
+    return exp.data.seq_len if seq_len is not None or recipe or config or by_override else None
+
+
+def _output_chunk(loss_chunk: Optional[int]) -> int:
+    from olmax.evals.scoring import OUTPUT_CHUNK
+
+    return OUTPUT_CHUNK if loss_chunk is None else loss_chunk
+
+
 @eval_app.command("loss")
 @runs_on("accelerator")
 @_fail_on_bad_eval_input
@@ -65,14 +80,15 @@ def eval_loss_cmd(
     max_batches: Optional[int] = max_batches_option(None),
     step: Optional[int] = StepOpt,
     dtype: Optional[str] = DtypeOpt,
-    loss_chunk: int = typer.Option(0, "--loss-chunk", help="sequence positions per output-layer chunk (0 = all)"),
+    loss_chunk: Optional[int] = LossChunkOpt,
     work_dir: Optional[str] = WorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Held-out CE loss on fixed, identical batches (OLMo-core's evaluator loss).
 
     The data settings come from --recipe/--config and overrides (default: the config defaults); the
-    flags are shorthands for single fields."""
+    flags are shorthands for single fields. The sequence length, unless --seq-len, --recipe/--config
+    or an override sets it, is the checkpoint's own training data.seq_len (docs/verification.md)."""
     from olmax.evals.heldout import eval_loss
 
     exp = _eval_experiment(
@@ -81,13 +97,13 @@ def eval_loss_cmd(
     report = eval_loss(
         str(ckpt),
         exp.eval.data,
-        seq_len=exp.data.seq_len,
+        seq_len=_seq_len(exp, recipe, config, overrides, seq_len),
         batch=batch,
         max_batches=max_batches,
         data_cfg=exp.data,
         step=step,
         compute_dtype=dtype,
-        loss_chunk=loss_chunk,
+        loss_chunk=_output_chunk(loss_chunk),
     )
     for name, r in report["results"].items():
         typer.echo(f"eval/{name}/CE loss {r['CE loss']:.6f}  PPL {r['PPL']:.4f}  tokens {r['tokens']}")
@@ -104,7 +120,7 @@ def eval_domains_cmd(
     overrides: Optional[list[str]] = OverridesArg,
     data: Path = typer.Option(..., "--data", help="directory of held-out .jsonl(.gz) files, or one file"),
     by: str = DomainsByOpt,
-    seq_len: int = typer.Option(2048, "--seq-len", help="window length for long documents"),
+    seq_len: Optional[int] = SeqLenOpt,
     batch: int = batch_option(8),
     max_docs: Optional[int] = MaxDocsOpt,
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="data.tokenizer: dolma2 or a HF tokenizer.json"),
@@ -114,14 +130,18 @@ def eval_domains_cmd(
 ):
     """Per-domain loss, perplexity and bits per byte (Paloma-style), with macro and micro averages.
 
-    The tokenizer is the experiment's (--recipe/--config and overrides, or the config defaults)."""
+    The tokenizer is the experiment's (--recipe/--config and overrides, or the config defaults). Long
+    documents are scored in windows of the sequence length: unless --seq-len, --recipe/--config or an
+    override sets it, the checkpoint's own training data.seq_len (docs/verification.md)."""
     from olmax.evals.domains import eval_domains, format_domains
 
-    exp = _eval_experiment(recipe, config, overrides, {"data.tokenizer": tokenizer}, need_data=False)
+    exp = _eval_experiment(
+        recipe, config, overrides, {"data.tokenizer": tokenizer, "data.seq_len": seq_len}, need_data=False
+    )
     report = eval_domains(
         str(ckpt),
         str(data),
-        seq_len=seq_len,
+        seq_len=_seq_len(exp, recipe, config, overrides, seq_len),
         batch=batch,
         by=by,
         max_docs=max_docs,
@@ -147,21 +167,24 @@ def eval_tasks_cmd(
         None, "--num-fewshot", help="shots for every task (default: mmlu 5, others lm-eval's)"
     ),
     data_dir: Optional[Path] = TaskDataDirOpt,
-    include_path: Optional[list[Path]] = typer.Option(
-        None, "--include-path", help="directory of your own lm-eval task YAMLs; repeatable"
-    ),
+    include_path: Optional[list[Path]] = IncludePathOpt,
     tokenizer: str = TokenizerOpt,
     batch: int = batch_option(8),
     limit: Optional[int] = LimitOpt,
     max_length: Optional[int] = typer.Option(
-        None, "--max-length", help="context length (default: the config's max_position)"
+        None,
+        "--max-length",
+        help="context length (default: the checkpoint's training data.seq_len, else its max_position)",
     ),
     step: Optional[int] = StepOpt,
     dtype: Optional[str] = DtypeOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Downstream tasks through lm-eval-harness (the `olmax` model; needs the `eval` extra): every metric
-    per task with its stderr, and the generations of generate_until tasks in the --json report."""
+    per task with its stderr, and the generations of generate_until tasks in the --json report.
+
+    Task data comes from the HF hub unless --data-dir holds local copies; a task whose data cannot
+    be reached is an error naming it (exit 2)."""
     try:
         import lm_eval  # noqa: F401  (the eval extra)
     except ImportError as e:
@@ -205,13 +228,15 @@ def eval_kl_cmd(
     step_a: Optional[int] = typer.Option(None, "--step-a", help="A's checkpoint step (default: the latest)"),
     step_b: Optional[int] = typer.Option(None, "--step-b", help="B's checkpoint step (default: the latest)"),
     dtype: Optional[str] = DtypeOpt,
+    loss_chunk: Optional[int] = LossChunkOpt,
     work_dir: Optional[str] = WorkDirOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Per-token KL(A||B) (mean, median, p90, p99) and top-1 agreement, by position bucket.
 
     The data settings come from --recipe/--config and overrides (default: the config defaults); the
-    flags are shorthands for single fields."""
+    flags are shorthands for single fields. The sequence length, unless --seq-len, --recipe/--config
+    or an override sets it, is A's own training data.seq_len (docs/verification.md)."""
     from olmax.evals.kl import eval_kl, format_kl
 
     exp = _eval_experiment(
@@ -222,7 +247,7 @@ def eval_kl_cmd(
         str(ckpt_a),
         str(ckpt_b),
         exp.eval.data,
-        seq_len=exp.data.seq_len,
+        seq_len=_seq_len(exp, recipe, config, overrides, seq_len),
         batch=batch,
         max_batches=max_batches,
         buckets=edges,
@@ -230,6 +255,7 @@ def eval_kl_cmd(
         step_a=step_a,
         step_b=step_b,
         compute_dtype=dtype,
+        loss_chunk=_output_chunk(loss_chunk),
     )
     typer.echo(format_kl(report))
     write_json(json_out, report)
@@ -247,7 +273,9 @@ def compare_cmd(
     ref_csv: Optional[str] = typer.Option(
         None, "--ref-csv", help="W&B CSV export of a reference run, drawn and tabled too"
     ),
-    bin_size: int = typer.Option(2000, "--bin", help="steps per bin"),
+    bin_size: Optional[int] = typer.Option(
+        None, "--bin", help="steps per bin (default: the largest of 1, 2, 5, 10, 20, ... giving each run 20 bins)"
+    ),
     smooth: int = typer.Option(1, "--smooth", help="trailing moving average over this many bins"),
     landmarks: Optional[str] = typer.Option(
         None, "--landmarks", help="steps for the gap table, e.g. 1000,5000 (default: 8 spread bins)"
@@ -308,7 +336,7 @@ def verify_cmd(
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
     data: Optional[list[str]] = EvalDataOpt,
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="default: the model's max_position"),
+    seq_len: Optional[int] = SeqLenOpt,
     batch: int = batch_option(8),
     max_batches: Optional[int] = max_batches_option(4),
     domains: Optional[str] = typer.Option(
@@ -320,6 +348,7 @@ def verify_cmd(
         None, "--tasks", help="comma-separated lm-eval tasks (skipped without lm-eval)"
     ),
     data_dir: Optional[Path] = TaskDataDirOpt,
+    include_path: Optional[list[Path]] = IncludePathOpt,
     limit: Optional[int] = LimitOpt,
     sigmas: float = typer.Option(2.0, "--sigmas", help="verdict rule: |delta| <= this many sigma is within noise"),
     kl_floor: float = typer.Option(1.5e-3, "--kl-floor", help="mean KL (nats) at or below which KL is within noise"),
@@ -329,11 +358,17 @@ def verify_cmd(
     """Compare A and B at step-aligned landmarks on held-out loss, domains, tasks and KL: one report.
 
     The data settings come from --recipe/--config and overrides (default: the config defaults); the
-    held-out data for loss and KL is --data (as `eval loss`; default demo:heldout)."""
+    held-out data for loss and KL is --data (as `eval loss`; default demo:heldout). The sequence
+    length of every surface, unless --seq-len, --recipe/--config or an override sets it, is A's own
+    training data.seq_len (docs/verification.md)."""
     from olmax.evals.verify import SURFACE_NAMES, rules, verify
 
     exp = _eval_experiment(
-        recipe, config, overrides, {"eval.data": data or None, "data.work_dir": work_dir}, need_data=False
+        recipe,
+        config,
+        overrides,
+        {"eval.data": data or None, "data.seq_len": seq_len, "data.work_dir": work_dir},
+        need_data=False,
     )
     report = verify(
         a,
@@ -341,7 +376,7 @@ def verify_cmd(
         out,
         landmarks=[int(s) for s in landmarks.split(",") if s] if landmarks else None,
         data=list(exp.eval.data) or ["demo:heldout"],
-        seq_len=seq_len,
+        seq_len=_seq_len(exp, recipe, config, overrides, seq_len),
         batch=batch,
         max_batches=max_batches,
         domains=domains,
@@ -349,6 +384,7 @@ def verify_cmd(
         max_docs=max_docs,
         tasks=[t for t in tasks.split(",") if t] if tasks else None,
         data_dir=str(data_dir) if data_dir else None,
+        include_path=[str(p) for p in include_path or []],
         limit=limit,
         sigmas=sigmas,
         kl_floor=kl_floor,

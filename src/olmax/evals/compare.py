@@ -3,11 +3,15 @@
 Curves are read by olmax.evals.runs (metrics.jsonl, TensorBoard, W&B CSV). Two views:
 
 Binned overlay. Steps are grouped into bins of `bin_size` steps, bin k holding steps
-(k * bin_size, (k + 1) * bin_size] and labelled by its last step; a bin's value is the mean of the
-run's logged values in it, then optionally a trailing moving average over `smooth` bins. Runs logged
-at different intervals are compared bin by bin, never point by point. The gap is B - A per bin
-(and A - ref, B - ref with a reference export). A landmark step is read from the bin that contains
-it; the markdown table lists A, B, gap and relative gap at each landmark.
+(k * bin_size, (k + 1) * bin_size]; a bin's value is the mean of the run's logged values in it, then
+optionally a trailing moving average over `smooth` bins. A bin is drawn at (labelled by) the last
+step the run logged in it, so a short run's last bin never claims a step the run did not reach. The
+default bin size (`default_bin_size`) follows the runs' length: the largest of 1, 2, 5, 10, 20, 50,
+... steps that still gives the shorter of A and B at least MIN_BINS bins. Runs logged at different
+intervals are compared bin by bin, never point by point: the gap is B - A per bin both runs have
+(and A - ref, B - ref with a reference export), drawn at the smaller of the two labels. A landmark
+step is read from the bin that contains it; the markdown table lists A, B, gap and relative gap at
+each landmark.
 
 Paired difference (a resume A/B: the same run continued from a checkpoint vs uninterrupted).
 Unbinned B - A at every step both runs logged. An exact resume gives 0.000 at every step; a resume
@@ -28,13 +32,27 @@ import numpy as np
 from olmax.evals.runs import Series, find_metric, read_run
 
 DEFAULT_METRIC = "train/CE loss"
+MIN_BINS = 20
 
 
 @dataclass(frozen=True)
 class Binned:
-    ends: np.ndarray  # int64: the last step of each bin that holds at least one point
+    bins: np.ndarray  # int64: the index k of each bin that holds at least one point
+    ends: np.ndarray  # int64: the last step logged in each of those bins (its label)
     values: np.ndarray  # float64: the (smoothed) bin means
     counts: np.ndarray  # int64: points in each bin
+
+
+def default_bin_size(*runs: Series) -> int:
+    """The largest of 1, 2, 5, 10, 20, 50, ... steps that gives every run at least MIN_BINS bins (a
+    run of fewer steps gets bins of 1 step)."""
+    target = max(1, min((int(r.steps.max()) for r in runs if r.steps.size), default=1) // MIN_BINS)
+    size = 1
+    for candidate in (m * 10**e for e in range(19) for m in (1, 2, 5)):
+        if candidate > target:
+            break
+        size = candidate
+    return size
 
 
 def bin_series(series: Series, bin_size: int, smooth: int = 1) -> Binned:
@@ -43,23 +61,31 @@ def bin_series(series: Series, bin_size: int, smooth: int = 1) -> Binned:
     index = (series.steps + bin_size - 1) // bin_size  # step s lies in bin ceil(s / bin_size)
     keys, inverse, counts = np.unique(index, return_inverse=True, return_counts=True)
     means = np.bincount(inverse, weights=series.values) / counts
+    last = np.full(keys.size, np.iinfo(np.int64).min)
+    np.maximum.at(last, inverse, series.steps.astype(np.int64))
     if smooth > 1:
         csum = np.concatenate([[0.0], np.cumsum(means)])
         lo = np.maximum(np.arange(len(means)) - smooth + 1, 0)
         means = (csum[1:] - csum[lo]) / (np.arange(len(means)) + 1 - lo)
-    return Binned(keys * bin_size, means, counts)
+    return Binned(keys, last, means, counts)
 
 
 def value_at(binned: Binned, step: int, bin_size: int) -> Optional[float]:
     """The binned value of the bin containing `step`, or None if that bin has no point."""
-    end = -(-step // bin_size) * bin_size
-    hit = np.flatnonzero(binned.ends == end)
+    hit = np.flatnonzero(binned.bins == -(-step // bin_size))
     return float(binned.values[hit[0]]) if hit.size else None
 
 
+def common_bins(a: Binned, b: Binned) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(labels, indices into a, indices into b) of the bins both hold; a label is the smaller of the
+    two runs' labels, a step both runs logged or passed."""
+    _, ia, ib = np.intersect1d(a.bins, b.bins, return_indices=True)
+    return np.minimum(a.ends[ia], b.ends[ib]), ia, ib
+
+
 def default_landmarks(a: Binned, b: Binned, n: int = 8) -> list[int]:
-    """Up to n bin ends spread evenly over the bins both runs have."""
-    common = np.intersect1d(a.ends, b.ends)
+    """Up to n bin labels spread evenly over the bins both runs have."""
+    common, _, _ = common_bins(a, b)
     if common.size == 0:
         return []
     picks = np.unique(np.linspace(0, common.size - 1, min(n, common.size)).round().astype(int))
@@ -156,7 +182,7 @@ def compare_runs(
     out: str | Path,
     *,
     metric: str = DEFAULT_METRIC,
-    bin_size: int = 2000,
+    bin_size: Optional[int] = None,
     smooth: int = 1,
     landmarks: Optional[Sequence[int]] = None,
     ref_csv: Optional[str] = None,
@@ -164,7 +190,8 @@ def compare_runs(
     label_b: Optional[str] = None,
     tolerance: float = 0.0,
 ) -> dict:
-    """`olmax compare`: writes overlay.png, paired_diff.png, compare.md and compare.json into `out`."""
+    """`olmax compare`: writes overlay.png, paired_diff.png, compare.md and compare.json into `out`.
+    bin_size None: `default_bin_size` of A and B."""
     from olmax.evals.plots import plot_overlay, plot_paired_diff
 
     def load(path: str, what: str) -> Series:
@@ -176,6 +203,7 @@ def compare_runs(
 
     a, b = load(run_a, "run A"), load(run_b, "run B")
     ref = load(ref_csv, "reference") if ref_csv else None
+    bin_size = bin_size if bin_size is not None else default_bin_size(a, b)
     ba, bb = bin_series(a, bin_size, smooth), bin_series(b, bin_size, smooth)
     bref = bin_series(ref, bin_size, smooth) if ref is not None else None
     marks = list(landmarks) if landmarks else default_landmarks(ba, bb)

@@ -34,7 +34,7 @@ from jax.sharding import Mesh
 
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.jsonl import read_jsonl
-from olmax.evals.scoring import TokenScorer, eval_mesh, load_checkpoint
+from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
 from olmax.loss import IGNORE
 
 GROUPINGS = ("auto", "field", "file")
@@ -165,7 +165,7 @@ def eval_domains(
     ckpt: str,
     data: str,
     *,
-    seq_len: int,
+    seq_len: Optional[int],
     batch: int,
     by: str = "auto",
     max_docs: Optional[int] = None,
@@ -174,9 +174,11 @@ def eval_domains(
     compute_dtype: Optional[str] = None,
     mesh: Optional[Mesh] = None,
 ) -> dict:
-    """`olmax eval domains`: per-domain loss, perplexity and bits per byte of a checkpoint."""
+    """`olmax eval domains`: per-domain loss, perplexity and bits per byte of a checkpoint; windows of
+    `seq_len` tokens (None: the checkpoint's training length, olmax.evals.scoring.eval_seq_len)."""
     mesh = mesh or eval_mesh()
     params, cfg, meta = load_checkpoint(ckpt, mesh, step=step, compute_dtype=compute_dtype)
+    seq_len = eval_seq_len(seq_len, ckpt, meta["step"], cfg)
     scorer = TokenScorer(cfg, mesh, real_vocab=True)
     report = score_domains(
         scorer, params, read_domains(data, by, max_docs), seq_len=seq_len, batch=batch, tokenizer=tokenizer

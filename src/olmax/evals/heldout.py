@@ -34,7 +34,7 @@ from jax.sharding import Mesh
 from olmax.config import DataConfig, ExperimentConfig, ModelConfig
 from olmax.data.loader import build_source, work_dir_of
 from olmax.data.tokenize import MANIFEST, tokenize_files
-from olmax.evals.scoring import TokenScorer, eval_mesh, load_checkpoint
+from olmax.evals.scoring import OUTPUT_CHUNK, TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
 from olmax.loss import IGNORE
 
 TEXT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
@@ -122,18 +122,20 @@ def eval_loss(
     ckpt: str,
     specs: Sequence[str],
     *,
-    seq_len: int,
+    seq_len: Optional[int],
     batch: int,
     max_batches: Optional[int],
     data_cfg: Optional[DataConfig] = None,
     step: Optional[int] = None,
     compute_dtype: Optional[str] = None,
-    loss_chunk: int = 0,
+    loss_chunk: int = OUTPUT_CHUNK,
     mesh: Optional[Mesh] = None,
 ) -> dict:
-    """`olmax eval loss`: the held-out loss of a checkpoint on each data spec, one figure per spec."""
+    """`olmax eval loss`: the held-out loss of a checkpoint on each data spec, one figure per spec.
+    seq_len None: the checkpoint's own training length (olmax.evals.scoring.eval_seq_len)."""
     mesh = mesh or eval_mesh()
     params, cfg, meta = load_checkpoint(ckpt, mesh, step=step, compute_dtype=compute_dtype)
+    seq_len = eval_seq_len(seq_len, ckpt, meta["step"], cfg)
     data_cfg = replace(data_cfg or DataConfig(), seq_len=seq_len)
     scorer = TokenScorer(cfg, mesh, real_vocab=False, chunk=loss_chunk)
     results = {}

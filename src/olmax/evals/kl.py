@@ -11,7 +11,10 @@ and reported as mean, median, p90, p99 and max over all positions, overall and p
 beyond the sliding window see only part of it). Each model's CE loss on the same tokens comes along,
 so a KL can be read against the loss gap it produces.
 
-The KL is computed in float32 on the devices, per sequence chunk, and comes to the host per token;
+The KL is computed in float32 on the devices, `chunk` sequence positions at a time (default
+OUTPUT_CHUNK; olmax.evals.scoring.map_seq_chunks), so the two models' (batch, seq, vocab) logits are
+never held whole and the memory does not grow with the sequence length; the figures are those of
+one unchunked pass. The per-token values come to the host;
 the statistics are computed there in float64. A checkpoint against itself gives exactly 0: both
 sides run the identical computation on identical inputs. Numbers to calibrate against
 (docs/reference.md, "The MaxText reproduction"): the MaxText write-up measured 1.5e-3 for a
@@ -32,7 +35,15 @@ from jax.sharding import Mesh
 
 from olmax.config import DataConfig, ModelConfig
 from olmax.evals.heldout import labels_for, load_instances
-from olmax.evals.scoring import eval_mesh, load_checkpoint, map_seq_chunks, pad_rows, per_token_nll
+from olmax.evals.scoring import (
+    OUTPUT_CHUNK,
+    eval_mesh,
+    eval_seq_len,
+    load_checkpoint,
+    map_seq_chunks,
+    pad_rows,
+    per_token_nll,
+)
 from olmax.model.olmo3 import forward_hidden, lm_head
 from olmax.sharding import logical_to_spec
 
@@ -88,7 +99,7 @@ def token_kl(
     batch: int,
     mesh: Mesh,
     buckets: Optional[Sequence[int]] = None,
-    chunk: int = 0,
+    chunk: int = OUTPUT_CHUNK,
 ) -> dict:
     """KL(A || B), top-1 agreement and both losses over `instances` (see the module doc)."""
     differ = [
@@ -136,7 +147,7 @@ def eval_kl(
     ckpt_b: str,
     specs: Sequence[str],
     *,
-    seq_len: int,
+    seq_len: Optional[int],
     batch: int,
     max_batches: Optional[int],
     buckets: Optional[Sequence[int]] = None,
@@ -144,13 +155,16 @@ def eval_kl(
     step_a: Optional[int] = None,
     step_b: Optional[int] = None,
     compute_dtype: Optional[str] = None,
-    loss_chunk: int = 0,
+    loss_chunk: int = OUTPUT_CHUNK,
     mesh: Optional[Mesh] = None,
 ) -> dict:
-    """`olmax eval kl`: token-level KL(A || B) of two olmax checkpoints on the same held-out tokens."""
+    """`olmax eval kl`: token-level KL(A || B) of two olmax checkpoints on the same held-out tokens.
+    seq_len None: A's training length (olmax.evals.scoring.eval_seq_len); it must suit B too."""
     mesh = mesh or eval_mesh()
     params_a, cfg_a, meta_a = load_checkpoint(ckpt_a, mesh, step=step_a, compute_dtype=compute_dtype)
     params_b, cfg_b, meta_b = load_checkpoint(ckpt_b, mesh, step=step_b, compute_dtype=compute_dtype)
+    seq_len = eval_seq_len(seq_len, ckpt_a, meta_a["step"], cfg_a)
+    eval_seq_len(seq_len, ckpt_b, meta_b["step"], cfg_b)
     data_cfg = replace(data_cfg or DataConfig(), seq_len=seq_len)
     instances = load_instances(list(specs), data_cfg, batch=batch, max_batches=max_batches)
     report = token_kl(

@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.generate import generate
-from olmax.evals.scoring import TokenScorer, eval_mesh, load_checkpoint
+from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
 from olmax.loss import IGNORE
 
 MIN_WIDTH = 16
@@ -54,7 +54,9 @@ class OlmaxLM(TemplateLM):
     """An olmax checkpoint as an lm-eval model (see the module doc).
 
     model_args: ckpt (required), tokenizer (dolma2 or a tokenizer.json), batch_size, max_length
-    (default: the config's max_position), max_gen_toks (256), step, dtype (compute dtype override).
+    (default: the checkpoint's training data.seq_len, else the config's max_position; never above
+    max_position: olmax.evals.scoring.eval_seq_len), max_gen_toks (256), step, dtype (compute dtype
+    override).
     """
 
     def __init__(
@@ -78,7 +80,9 @@ class OlmaxLM(TemplateLM):
         self.tok = load_tokenizer(tokenizer)
         self._decode = self.tok.decode
         self.batch_size = 8 if batch_size in ("auto", None) else int(batch_size)
-        self.max_length = int(max_length or self.cfg.max_position)
+        self.max_length = eval_seq_len(
+            None if max_length is None else int(max_length), ckpt, self.meta["step"], self.cfg
+        )
         self.max_gen_toks = int(max_gen_toks)
 
     @property

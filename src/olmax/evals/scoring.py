@@ -10,8 +10,15 @@ chooses the softmax support: the padded vocabulary (what training computes, and 
 in-loop evaluator) or the tokenizer's real vocabulary (what a HF model computes: the lm-eval adapter
 and the KL surface use it, so that a converted checkpoint gives the same numbers in both frameworks).
 
-The output layer runs `chunk` sequence positions at a time, so a (batch, seq, vocab) block of
-float32 logits is never held whole (a 7B eval batch of 8 x 8192 would need 26 GB of logits).
+The output layer runs `chunk` sequence positions at a time (default OUTPUT_CHUNK; the sequence is
+padded up to a multiple of it), so a (batch, seq, vocab) block of float32 logits is never held whole
+(a 7B eval batch of 8 x 8192 would need 26 GB of logits): the output layer's memory does not grow
+with the sequence length. Chunking changes no figure: every position's logits are the same
+computation on the same hidden state.
+
+The sequence length an eval scores at (`eval_seq_len`) is, unless the caller gives one, the
+data.seq_len of the training run that wrote the checkpoint (its `experiment` item), else the model's
+max_position (a converted checkpoint); it is never above max_position.
 """
 
 from __future__ import annotations
@@ -24,14 +31,17 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.checkpoint import complete_steps, load_params, read_config
+from olmax.checkpoint import EXPERIMENT, checkpoint_path, complete_steps, load_params, read_config, run_handlers
 from olmax.config import MeshConfig, ModelConfig
 from olmax.loss import IGNORE, loss_sums
 from olmax.model.olmo3 import forward_hidden, lm_head
 from olmax.sharding import logical_to_spec, make_mesh
 from olmax.state import param_shardings
+
+OUTPUT_CHUNK = 256  # sequence positions per output-layer chunk: 8 x 256 x 100k float32 logits are 0.8 GB
 
 
 def eval_mesh(devices=None) -> Mesh:
@@ -52,16 +62,49 @@ def load_checkpoint(
     return params, cfg, {**meta, "step": step if step is not None else complete_steps(ckpt)[-1]}
 
 
+def trained_seq_len(ckpt: str | Path, step: int) -> Optional[int]:
+    """data.seq_len of the training run that wrote checkpoint `ckpt` at `step` (the experiment item
+    every training checkpoint holds), or None for a checkpoint no training run wrote (a conversion)."""
+    if not (checkpoint_path(ckpt) / str(step) / EXPERIMENT).is_dir():
+        return None
+    options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+    mngr = ocp.CheckpointManager(checkpoint_path(ckpt), item_handlers=run_handlers(), options=options)
+    try:
+        saved = mngr.restore(step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore()}))[EXPERIMENT]
+    finally:
+        mngr.close()
+    return int(saved["data"]["seq_len"])
+
+
+def eval_seq_len(seq_len: Optional[int], ckpt: str | Path, step: int, cfg: ModelConfig) -> int:
+    """The sequence length an eval of checkpoint `ckpt` (at `step`, model `cfg`) scores at: `seq_len`
+    when the user set one, else the checkpoint's training data.seq_len, else the model's max_position.
+    A length above max_position is refused: the model was not built for positions beyond it."""
+    if seq_len is None:
+        seq_len = trained_seq_len(ckpt, step) or cfg.max_position
+    if seq_len < 2:
+        raise ValueError(f"the eval sequence length must be at least 2 tokens, got {seq_len}")
+    if seq_len > cfg.max_position:
+        raise ValueError(
+            f"sequence length {seq_len} exceeds the max_position {cfg.max_position} of {ckpt} (step {step}), "
+            f"the longest sequence the model is built for: ask for {cfg.max_position} tokens or fewer"
+        )
+    return seq_len
+
+
 def map_seq_chunks(fn: Callable, chunk: int, *arrays):
     """`fn(*arrays)` computed on `chunk`-long slices of axis 1 (the sequence) one after another and
-    concatenated back; every output of `fn` must keep (batch, seq) as its leading axes."""
+    concatenated back; every output of `fn` must keep (batch, seq) as its leading axes and treat
+    positions independently. A sequence that is not a multiple of `chunk` is padded with zeros for
+    the computation and cut back; chunk <= 0 computes the whole sequence at once."""
     t = arrays[0].shape[1]
-    if chunk <= 0 or chunk >= t or t % chunk:
+    if chunk <= 0 or chunk >= t:
         return fn(*arrays)
-    n = t // chunk
-    split = [a.reshape(a.shape[0], n, chunk, *a.shape[2:]).swapaxes(0, 1) for a in arrays]
+    n = -(-t // chunk)
+    pad = lambda a: jnp.pad(a, [(0, 0), (0, n * chunk - t)] + [(0, 0)] * (a.ndim - 2))
+    split = [pad(a).reshape(a.shape[0], n, chunk, *a.shape[2:]).swapaxes(0, 1) for a in arrays]
     out = jax.lax.map(lambda xs: fn(*xs), split)
-    return jax.tree.map(lambda o: o.swapaxes(0, 1).reshape(o.shape[1], t, *o.shape[3:]), out)
+    return jax.tree.map(lambda o: o.swapaxes(0, 1).reshape(o.shape[1], n * chunk, *o.shape[3:])[:, :t], out)
 
 
 def per_token_nll(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
@@ -105,7 +148,7 @@ class TokenScorer:
     loop can score its live, already-sharded parameters.
     """
 
-    def __init__(self, cfg: ModelConfig, mesh: Mesh, *, real_vocab: bool, chunk: int = 0):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, *, real_vocab: bool, chunk: int = OUTPUT_CHUNK):
         self.cfg, self.mesh = cfg, mesh
         self.vocab = cfg.vocab_size if real_vocab else cfg.padded_vocab_size
         self.batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]

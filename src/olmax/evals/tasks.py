@@ -11,7 +11,9 @@ a filter other than lm-eval's "none" keeps the filter in its name, `exact_match,
 the generated texts in document order under `generations.<task>`. The macro average is the
 unweighted mean of the tasks' `acc`, its stderr the per-task stderrs combined in quadrature / n.
 With `data_dir` every dataset comes from local copies
-(olmax.evals.lm_eval_adapter.offline_datasets), so no network is needed.
+(olmax.evals.lm_eval_adapter.offline_datasets), so no network is needed; without it lm-eval
+downloads them from the HF hub, and a task whose data cannot be reached (offline) is a
+TaskDataError naming the task and the --data-dir / --include-path remedies.
 """
 
 from __future__ import annotations
@@ -22,6 +24,21 @@ from typing import Optional, Sequence
 
 SUITE = ("mmlu", "hellaswag", "arc_easy", "arc_challenge", "openbookqa", "piqa", "boolq", "winogrande")
 MMLU_SHOTS = 5  # mmlu and its subtasks (mmlu_anatomy, ...); everything else: lm-eval's default (0)
+
+
+class TaskDataError(ValueError):
+    """A task whose dataset could not be fetched from the hub and has no local copy."""
+
+    def __init__(self, task: str, data_dir: Optional[str], cause: Exception):
+        where = (
+            f"{data_dir} has no copy of it (DATA_DIR/{task}/<split>/*.arrow)"
+            if data_dir
+            else f"give --data-dir DIR with a local copy (DIR/{task}/<split>/*.arrow)"
+        )
+        super().__init__(
+            f"task {task}: its data could not be downloaded ({cause}); {where}, or --include-path for "
+            "task YAMLs of your own that read local files"
+        )
 
 
 def task_figures(result: dict) -> dict:
@@ -84,15 +101,18 @@ def evaluate_tasks(
                 if num_fewshot is not None
                 else (MMLU_SHOTS if task == "mmlu" or task.startswith("mmlu_") else None)
             )
-            out = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=[task],
-                num_fewshot=shots,
-                limit=limit,
-                bootstrap_iters=bootstrap_iters,
-                log_samples=True,
-                task_manager=task_manager,
-            )
+            try:
+                out = lm_eval.simple_evaluate(
+                    model=lm,
+                    tasks=[task],
+                    num_fewshot=shots,
+                    limit=limit,
+                    bootstrap_iters=bootstrap_iters,
+                    log_samples=True,
+                    task_manager=task_manager,
+                )
+            except ConnectionError as e:  # `datasets` could not download the task's data (offline)
+                raise TaskDataError(task, data_dir, e) from None
             per_task[task] = {"num_fewshot": shots or 0, **task_figures(out["results"][task])}
             generations.update(task_generations(out))
     accs = [r["acc"] for r in per_task.values() if "acc" in r]

@@ -7,7 +7,8 @@ pair is compared):
 
 - held-out loss (olmax.evals.heldout's instances and loss, padded vocabulary),
 - per-domain loss and bits per byte (olmax.evals.domains; only with `domains`),
-- downstream tasks (olmax.evals.tasks through lm-eval; only with `tasks` and lm-eval installed),
+- downstream tasks (olmax.evals.tasks through lm-eval, lm-eval's tasks and the task YAMLs of
+  `include_path`; only with `tasks` and lm-eval installed),
 - token-level KL(A || B) (olmax.evals.kl).
 
 Deltas are B - A. Their sigma:
@@ -47,7 +48,7 @@ from olmax.config import DataConfig
 from olmax.evals.domains import read_domains, score_domains
 from olmax.evals.heldout import labels_for, load_instances
 from olmax.evals.kl import token_kl
-from olmax.evals.scoring import TokenScorer, eval_mesh, load_checkpoint
+from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
 
 KL_FLOOR = 1.5e-3
 WITHIN, DIFFERS, UNDETERMINED = "within noise", "differs", "undetermined"
@@ -204,6 +205,7 @@ def verify(
     max_docs: Optional[int] = None,
     tasks: Optional[Sequence[str]] = None,
     data_dir: Optional[str] = None,
+    include_path: Sequence[str] = (),
     limit: Optional[int] = None,
     tokenizer: str = "dolma2",
     sigmas: float = 2.0,
@@ -233,7 +235,8 @@ def verify(
         params_a, cfg_a, _ = load_checkpoint(ckpt_a, mesh, step=step)
         params_b, cfg_b, _ = load_checkpoint(ckpt_b, mesh, step=step_b)
         if instances is None:
-            length = seq_len or cfg_a.max_position
+            length = eval_seq_len(seq_len, ckpt_a, step, cfg_a)
+            eval_seq_len(length, ckpt_b, step_b, cfg_b)
             instances = load_instances(
                 list(data), replace(data_cfg or DataConfig(), seq_len=length), batch=batch, max_batches=max_batches
             )
@@ -265,7 +268,15 @@ def verify(
             from olmax.evals.tasks import run_tasks
 
             run = lambda ckpt, at: run_tasks(
-                str(ckpt), list(tasks), data_dir=data_dir, tokenizer=tokenizer, batch_size=batch, limit=limit, step=at
+                str(ckpt),
+                list(tasks),
+                data_dir=data_dir,
+                include_path=include_path,
+                tokenizer=tokenizer,
+                batch_size=batch,
+                limit=limit,
+                max_length=instances.shape[1],  # noqa: B023 - run runs within this iteration
+                step=at,
             )
             row["tasks"] = compare_tasks(run(ckpt_a, step), run(ckpt_b, step_b), sigmas)
         rows.append(row)

@@ -1,0 +1,70 @@
+"""`olmax eval tasks` and `olmax verify --tasks` on the command line without the task data at hand:
+a task whose dataset cannot be downloaded (offline, no --data-dir) ends with a message naming the
+task and the remedies (exit 2), not a traceback; verify reads users' own task YAMLs through
+--include-path, as `eval tasks` does."""
+
+import jax
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from olmax.checkpoint import save_params
+from olmax.cli import app
+from olmax.config import ModelConfig
+from olmax.model.olmo3 import init_params
+
+pytest.importorskip("lm_eval")
+
+CFG = ModelConfig(
+    vocab_size=100278,
+    d_model=32,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    mlp_hidden=64,
+    sliding_window=8,
+    max_position=16,
+    compute_dtype="float32",
+)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(save_params(tmp_path_factory.mktemp("tasks") / "ckpt", init_params(CFG, jax.random.key(0)), CFG, {}))
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No network, and `datasets` told so: it fails at once instead of after its retries."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_unreachable_task_data_is_a_clear_error(ckpt, offline):
+    r = CliRunner().invoke(app, ["eval", "tasks", "--ckpt", ckpt, "--tasks", "arc_easy", "--limit", "2"])
+    assert r.exit_code == 2, r.output
+    assert "eval error: task arc_easy: its data could not be downloaded" in r.output
+    assert "--data-dir" in r.output and "--include-path" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_verify_looks_in_include_path(ckpt, tmp_path):
+    own = tmp_path / "own_tasks"
+    own.mkdir()
+    shard = tmp_path / "000000.npy"
+    np.random.default_rng(0).integers(0, 5000, 8 * 16).astype(np.uint32).tofile(shard)
+    r = CliRunner().invoke(
+        app,
+        [
+            *("verify", "--a", f"{ckpt}/0", "--b", f"{ckpt}/0", "--out", str(tmp_path / "v")),
+            *("--data", str(shard), "--work-dir", str(tmp_path / "cache"), "--batch", "2", "--max-batches", "1"),
+            *("--tasks", "no_such_task", "--include-path", str(own)),
+        ],
+    )
+    assert r.exit_code == 2, r.output
+    assert f"unknown lm-eval task(s) no_such_task (also looked in {own})" in r.output
