@@ -60,15 +60,15 @@ def table_row(r: dict) -> str:
     return (
         f"| {r['recipe']} | {r['topology']} x{r['num_slices']} | {r['devices']} | {r['mesh']['data']}x"
         f"{r['mesh']['fsdp']}x{r['mesh']['tensor']} | {r['remat']} | {r['per_device_batch']}/{r['micro_batch']} | "
-        f"{r['attention']} ({r['attention_kernel_calls']}) | {d['total_gib']:.1f} (temp {d['temporaries_gib']:.1f}) | "
-        f"{r['hbm_gib']:.1f} | {'yes' if r['fits'] else 'NO'} | {r['compile_s']:.0f} | "
+        f"{r['attention']} ({r['attention_kernel_calls']}) | {d['peak_gib']:.1f} | {d['total_gib']:.1f} | "
+        f"{r['hbm_limit_gib']:.2f} | {'yes' if r['fits'] else 'NO'} | {r['compile_s']:.0f} | "
         f"{'n/a' if hlo is None else f'{hlo / 1e12:.0f}'} / {r['model_flops_per_device'] / 1e12:.0f} |"
     )
 
 
 TABLE_HEAD = (
     "| recipe | topology | devices | mesh d x f x t | remat | per-device / micro batch | attention (Mosaic calls) "
-    "| per-device GiB | HBM GiB | fits | compile s | TFLOP/device: HLO / model |\n" + "|---" * 12 + "|"
+    "| peak GiB | XLA total GiB | HBM limit GiB | fits | compile s | TFLOP/device: HLO / model |\n" + "|---" * 13 + "|"
 )
 
 

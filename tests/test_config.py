@@ -231,3 +231,18 @@ def test_stage2_and_stage3_recipes():
     assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # the long-context script's LR is stage 2's
     assert float(lr(200)) == pytest.approx(peak, rel=2e-6)
     assert float(lr(11_921)) == 0.0
+
+
+def test_remat_takes_a_policy_name_or_a_set_of_tags():
+    from olmax.config import REMAT_POLICIES, RematPolicy, remat_policy_of
+
+    assert remat_policy_of("save_qkv_proj") == REMAT_POLICIES["save_qkv_proj"]
+    # tags in any order and spacing, kept in the block's order
+    m = apply_overrides(ExperimentConfig(), ["model.remat=attn_context, q_proj,k_proj,v_proj"]).model
+    assert remat_policy_of(m.remat) == RematPolicy(save=("q_proj", "k_proj", "v_proj", "attn_context"))
+    with pytest.raises(ConfigError, match=r"model.remat='q_proj,qkv': unknown tag 'qkv'; .* layer_input, q_proj"):
+        apply_overrides(ExperimentConfig(), ["model.remat=q_proj,qkv"])
+    with pytest.raises(
+        ConfigError, match=r"model.remat='save_all': unknown tag 'save_all'; give a policy \(none, full"
+    ):
+        apply_overrides(ExperimentConfig(), ["model.remat=save_all"])

@@ -7,10 +7,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 from models import random_params
 
-from olmax.config import MeshConfig
-from olmax.model.olmo3 import ParamSpec, count_params, forward, init_params, param_specs
+from olmax.config import REMAT_TAGS, MeshConfig, remat_policy_of
+from olmax.model.olmo3 import (
+    ParamSpec,
+    block,
+    checkpoint_policy,
+    count_params,
+    forward,
+    init_params,
+    param_specs,
+    self_attention,
+)
+from olmax.model.rope import rope_tables
 from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
 from olmax.sharding import make_mesh
 from olmax.state import param_shardings
@@ -53,8 +64,19 @@ def test_logits_are_causal():
     assert not np.allclose(a[:, 20:], b[:, 20:])
 
 
-# one policy of each kind: nothing saved, the matmuls, named activations, host offload
-@pytest.mark.parametrize("policy", ["full", "save_dots", "save_attn_mlp_inputs", "offload_qkv_proj"])
+# one policy of each kind: nothing saved, the matmuls, named activations, host offload, and sets of
+# tags written in the config (every tag is in one of them)
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "full",
+        "save_dots",
+        "save_attn_mlp_inputs",
+        "offload_qkv_proj",
+        "q_proj,k_proj,v_proj,attn_context",
+        "layer_input,o_proj,mlp_gate,mlp_up,mlp_down",
+    ],
+)
 def test_remat_changes_nothing(policy):
     params = random_params(CFG, jax.random.key(2))
     tokens = _tokens()
@@ -68,6 +90,26 @@ def test_remat_changes_nothing(policy):
     assert remat_loss == pytest.approx(float(base_loss), rel=1e-6)
     for g0, g1 in zip(jax.tree.leaves(base_grad), jax.tree.leaves(remat_grad)):
         np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("tag", REMAT_TAGS)
+def test_each_tag_names_the_activation_its_policy_keeps(tag, capsys):
+    """A policy of one tag keeps that block activation for the backward pass and no other (besides
+    the block's arguments and RoPE tables, which jax.checkpoint always keeps)."""
+    params = jax.tree.map(lambda w: w[0], random_params(CFG, jax.random.key(3))["layers"])
+    x = jax.random.normal(jax.random.key(4), (2, 16, CFG.d_model))
+    cos, sin = rope_tables(CFG, 16, False)
+    attend = self_attention(CFG, None)
+    run = jax.checkpoint(
+        lambda p, x: block(CFG, p, x, cos, sin, attend)[0], policy=checkpoint_policy(remat_policy_of(tag))
+    )
+    q, kv, d, f = CFG.n_heads * CFG.head_dim, CFG.n_kv_heads * CFG.head_dim, CFG.d_model, CFG.mlp_hidden
+    width = dict(
+        layer_input=d, q_proj=q, k_proj=kv, v_proj=kv, attn_context=q, o_proj=d, mlp_gate=f, mlp_up=f, mlp_down=d
+    )
+    print_saved_residuals(run, params, x)
+    kept = [line.split(" from ")[0] for line in capsys.readouterr().out.splitlines() if " named " in line]
+    assert kept == [f"f32[2,16,{width[tag]}] named '{tag}'"]
 
 
 @pytest.mark.parametrize("mesh", [MeshConfig(data=1, fsdp=8, tensor=1), MeshConfig(data=2, fsdp=2, tensor=2)])

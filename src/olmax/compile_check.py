@@ -23,7 +23,7 @@ from typing import Optional
 import jax
 
 from olmax.chips import HBM_HEADROOM, Chip, chip_of_device_kind, chip_of_topology, compiler_options
-from olmax.config import ConfigError, ExperimentConfig
+from olmax.config import REMAT_TAGS, ConfigError, ExperimentConfig, remat_policy_of
 from olmax.flops import exact_step_flops
 from olmax.model.attention import resolve_backend
 from olmax.sharding import make_mesh
@@ -134,7 +134,12 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         + per_device["code_gib"]
         - per_device["aliased_gib"]
     )
-    hbm = chip.hbm_gib if chip is not None else None
+    # The compiler's own figure: the most its buffer assignment holds at once, arguments and outputs
+    # included, which the TPU compiler checks against the chip's limit. XLA packs temporaries into
+    # one block reused across lifetimes, so this is below total_gib.
+    per_device["peak_gib"] = mem.peak_memory_in_bytes / GIB
+    limit = chip.hbm_limit_gib if chip is not None else None
+    policy = remat_policy_of(cfg.model.remat)
     seq_len = cfg.data.seq_len
     model_flops = exact_step_flops(cfg.model, seq_len, cfg.trainer.global_batch).total / mesh.size
     return {
@@ -152,6 +157,9 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         "micro_batch": layout.micro_batch,
         "accum_steps": layout.accum_steps,
         "remat": cfg.model.remat,
+        # the block activations the backward pass reads back (no remat: all of them and more)
+        "saved": list(REMAT_TAGS) if policy is None else list(policy.save),
+        "offloaded": [] if policy is None else list(policy.offload),
         "attention": resolve_backend(cfg.model.attention, platform, cfg.model.compute_dtype),
         "libtpu_flags": sorted(f"--{k}={v}" for k, v in options.items()),
         "lower_s": t1 - t0,
@@ -159,9 +167,10 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         "params_gib": _per_device_bytes(state.params, shardings.params) / GIB,
         "opt_state_gib": _per_device_bytes(state.opt_state, shardings.opt_state) / GIB,
         "per_device": per_device,
-        "hbm_gib": hbm,
+        "hbm_limit_gib": limit,
         "hbm_headroom": HBM_HEADROOM,
-        "fits": None if hbm is None else per_device["total_gib"] <= HBM_HEADROOM * hbm,
+        # the compiler accepted it (or compile_report raised DoesNotFit), with headroom to spare
+        "fits": None if limit is None else per_device["peak_gib"] <= HBM_HEADROOM * limit,
         "attention_kernel_calls": compiled.as_text().count(MOSAIC_CALL) if platform == "tpu" else 0,
         "hlo_flops_per_device": _hlo_flops(compiled),
         "model_flops_per_device": model_flops,
@@ -169,13 +178,13 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
 
 
 def check_fits(r: dict) -> None:
-    """DoesNotFit, naming the figures, when the report's per-device total exceeds the HBM budget."""
+    """DoesNotFit, naming the figures, when the report's per-device peak exceeds the HBM budget."""
     if r["fits"] is False:
         where = r["topology"] or f"{r['devices']} {r['platform']} devices"
         raise DoesNotFit(
-            f"{r['recipe']} does not fit on {where}: per-device total "
-            f"{r['per_device']['total_gib']:.1f} GiB > {r['hbm_headroom']:.0%} of the "
-            f"{r['hbm_gib']:.1f} GiB HBM per device of {r['chip']} (micro_batch={r['micro_batch']}, "
+            f"{r['recipe']} does not fit on {where}: per-device peak "
+            f"{r['per_device']['peak_gib']:.1f} GiB > {r['hbm_headroom']:.0%} of the "
+            f"{r['hbm_limit_gib']:.2f} GiB HBM limit per device of {r['chip']} (micro_batch={r['micro_batch']}, "
             f"remat={r['remat']}); try trainer.micro_batch_size or model.remat"
         )
 
@@ -186,15 +195,17 @@ def format_report(r: dict) -> str:
     lines = [
         f"{r['recipe']} on {r['devices']} {r['device_kind']} devices ({where}), mesh {r['mesh']}",
         f"per-device batch {r['per_device_batch']} = {r['accum_steps']} micro-batches of {r['micro_batch']}; "
-        f"remat {r['remat']}; attention {r['attention']} ({r['attention_kernel_calls']} Mosaic kernel calls)",
+        f"remat {r['remat']} (keeps {', '.join(r['saved']) or 'nothing'}"
+        f"{'; offloads ' + ', '.join(r['offloaded']) if r['offloaded'] else ''}); "
+        f"attention {r['attention']} ({r['attention_kernel_calls']} Mosaic kernel calls)",
         f"lowered in {r['lower_s']:.1f} s, compiled in {r['compile_s']:.1f} s",
         f"per device: parameters {r['params_gib']:.2f} GiB, optimizer state {r['opt_state_gib']:.2f} GiB; XLA: "
         f"arguments {d['arguments_gib']:.2f} + outputs {d['outputs_gib']:.2f} + temporaries {d['temporaries_gib']:.2f}"
-        f" - aliased {d['aliased_gib']:.2f} = total {d['total_gib']:.2f} GiB",
+        f" - aliased {d['aliased_gib']:.2f} = total {d['total_gib']:.2f} GiB; peak {d['peak_gib']:.2f} GiB",
     ]
-    if r["hbm_gib"] is not None:
+    if r["hbm_limit_gib"] is not None:
         lines.append(
-            f"HBM {r['hbm_gib']:.1f} GiB per device ({r['chip']}): "
+            f"HBM limit {r['hbm_limit_gib']:.2f} GiB per device ({r['chip']}): peak "
             f"{'fits' if r['fits'] else 'DOES NOT FIT'} (budget {r['hbm_headroom']:.0%})"
         )
     hlo = r["hlo_flops_per_device"]

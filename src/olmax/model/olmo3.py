@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from olmax.config import REMAT_POLICIES, ModelConfig, RematPolicy
+from olmax.config import ModelConfig, RematPolicy, remat_policy_of
 from olmax.model.attention import attention
 from olmax.model.rope import apply_rope, rope_tables
 from olmax.sharding import constrain
@@ -122,17 +122,20 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     Returns (block output, extra).
     """
     b, t, _ = x.shape
-    # checkpoint_name tags the activations the remat policies name (config.REMAT_NAMES)
+    # checkpoint_name tags the activations a remat policy keeps (config.REMAT_TAGS); outside
+    # jax.checkpoint it is the identity
+    x = checkpoint_name(x, "layer_input")
     q = rms_norm(checkpoint_name(x @ p["q_proj"], "q_proj"), p["q_norm"], cfg.norm_eps)
     k = rms_norm(checkpoint_name(x @ p["k_proj"], "k_proj"), p["k_norm"], cfg.norm_eps)
     v = checkpoint_name(x @ p["v_proj"], "v_proj")
     q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), cos, sin)
     k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin)
     attn, extra = attend(q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim))
-    attn = checkpoint_name(attn.reshape(b, t, -1), "attn_out")
+    attn = checkpoint_name(attn.reshape(b, t, -1), "attn_context")
     h = x + rms_norm(checkpoint_name(attn @ p["o_proj"], "o_proj"), p["attn_norm"], cfg.norm_eps)
-    h = checkpoint_name(h, "mlp_in")
-    mlp = (jax.nn.silu(h @ p["gate_proj"]) * (h @ p["up_proj"])) @ p["down_proj"]
+    gate = checkpoint_name(h @ p["gate_proj"], "mlp_gate")
+    up = checkpoint_name(h @ p["up_proj"], "mlp_up")
+    mlp = checkpoint_name((jax.nn.silu(gate) * up) @ p["down_proj"], "mlp_down")
     return h + rms_norm(mlp, p["mlp_norm"], cfg.norm_eps), extra
 
 
@@ -144,25 +147,23 @@ def self_attention(cfg: ModelConfig, window: Optional[int]) -> Callable:
     )
 
 
-def remat_policy(policy: RematPolicy) -> Callable:
-    """The jax.checkpoint policy of an entry of config.REMAT_POLICIES."""
+def checkpoint_policy(policy: RematPolicy) -> Callable:
+    """The jax.checkpoint policy that keeps (or offloads) the tagged activations `policy` names."""
     cp = jax.checkpoint_policies
-    if policy.offload:
-        keep = cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=list(policy.save),
-            names_which_can_be_offloaded=list(policy.offload),
-            offload_src="device",
-            offload_dst="pinned_host",
-        )
-    else:
-        keep = cp.save_only_these_names(*policy.save)
-    return cp.save_from_both_policies(keep, cp.dots_with_no_batch_dims_saveable) if policy.save_dots else keep
+    if not policy.offload:
+        return cp.save_only_these_names(*policy.save)
+    return cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=list(policy.save),
+        names_which_can_be_offloaded=list(policy.offload),
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
 
 
 def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
     """Runs layers first..first+n-1, each with its static window and RoPE kind:
     (x, stacked layer params, rope tables) -> (x, outputs or None)."""
-    policy = REMAT_POLICIES[cfg.remat]
+    policy = remat_policy_of(cfg.remat)
 
     def layer(window: Optional[int]):
         attend = self_attention(cfg, window)
@@ -170,7 +171,7 @@ def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
         if policy is None:
             return run
         # per block, so a backward pass holds one block's activations at a time
-        return jax.checkpoint(run, policy=remat_policy(policy))
+        return jax.checkpoint(run, policy=checkpoint_policy(policy))
 
     layers = [(layer(cfg.layer_window(i)), cfg.layer_rope_scaled(i)) for i in range(first, first + n)]
 
