@@ -385,3 +385,52 @@ def test_train_step_refuses_doc_masking_it_cannot_apply():
     with pytest.raises(ConfigError, match="data.doc_masking=true needs attention masked within documents"):
         make_train_step(cfg, mesh)
     make_train_step(replace(cfg, data=replace(cfg.data, doc_masking=False, packing="obfd")), mesh)
+
+
+def write_metadata(paths, tok, seed=0):
+    """`<name>.csv.gz` per file (OLMo-core's `start,end` layout) whose boundaries are NOT all at EOS:
+    some documents are cut mid-text, as a producer that truncates documents writes them."""
+    import gzip
+
+    rng = np.random.default_rng(seed)
+    for path in paths:
+        ids = np.fromfile(path, dtype=tok.dtype)
+        ends = list(np.flatnonzero(ids == tok.eos_token_id) + 1)
+        cuts = [int(e) - int(rng.integers(1, 4)) for e in ends[::3] if e > 5]  # extra boundaries mid-document
+        bounds = sorted(set(ends) | set(c for c in cuts if c > 0))
+        starts = [0] + bounds[:-1]
+        with gzip.open(path.replace(".npy", ".csv.gz"), "wt") as f:
+            f.writelines(f"{s},{e},meta\n" for s, e in zip(starts, bounds) if e > s)
+
+
+@pytest.mark.parity
+def test_remote_files_pack_by_their_metadata_as_olmo_core(tmp_path):
+    """A URL source takes document boundaries from its .csv.gz (3.0.0 reads the metadata for every URL);
+    served over HTTP to olmax and to OLMo-core: same fingerprint, instances and doc_lens."""
+    pytest.importorskip("aiohttp")
+    import threading
+
+    from test_data_remote import RangeServer
+
+    root = tmp_path / "served"
+    root.mkdir()
+    paths = write_docs(root, SMALL, n_files=3)
+    write_metadata(paths, SMALL)
+    srv = RangeServer(root)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        urls = [srv.base + "/" + p.rsplit("/", 1)[-1] for p in paths]
+        ds = olmo_core_packed(urls, SMALL, tmp_path / "oc", "truncate", 2)
+        ours = PackedSource(urls, SEQ, SMALL, tmp_path / "ox", group_size=2)
+        assert ours.fingerprint == ds.fingerprint
+        assert len(ours) == len(ds) > 10
+        for i in range(len(ds)):
+            theirs = ds[i]
+            tokens, lens = ours.read(i)
+            np.testing.assert_array_equal(tokens, theirs["input_ids"].numpy())
+            np.testing.assert_array_equal(lens, theirs["doc_lens"].numpy())
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
