@@ -304,14 +304,45 @@ class DataConfig:
     """Mask instances with a long n-gram repetition out of the loss (docs/data.md); off in AI2's official run."""
     num_workers: int = 0
     """Grain worker processes for the loader (0: in the training process); the order does not depend on it."""
+    packing: str = "none"
+    """How instances are cut: "none" (each file concatenated and chunked, OLMo-core's NumpyFSLDataset) or
+    "obfd" (whole documents packed by best-fit decreasing and padded, NumpyPackedFSLDataset; docs/data.md)."""
+    source_group_size: int = 1
+    """obfd: files packed together as one stream, in consecutive groups of this many (AI2's stage 3: 8)."""
+    source_permutation_seed: Optional[int] = None
+    """Shuffle the file order with Python's random.Random(seed) before anything else (AI2's stage 3: 123)."""
+    long_doc_strategy: str = "truncate"
+    """obfd: a document longer than seq_len keeps its first seq_len tokens ("truncate") or is cut into
+    pieces ("fragment")."""
+    doc_masking: bool = False
+    """Send each instance's document lengths with the batch (OLMo-core's generate_doc_lengths) so that
+    attention stays within documents; either packing."""
 
     def __post_init__(self):
         _check_positive("data", self, "seq_len", "vocab_size")
         _check_non_negative("data", self, "num_workers")
+        self._check_packing()
         target = self.max_target_seq_len
         if target is not None and (target < self.seq_len or target % self.seq_len):
             raise ConfigError(
                 f"data.max_target_seq_len={target} must be a multiple of data.seq_len={self.seq_len} (or null)"
+            )
+
+    def _check_packing(self) -> None:
+        if self.packing not in ("none", "obfd"):
+            raise ConfigError(f"data.packing must be none or obfd, got {self.packing!r}")
+        if self.long_doc_strategy not in ("truncate", "fragment"):
+            raise ConfigError(f"data.long_doc_strategy must be truncate or fragment, got {self.long_doc_strategy!r}")
+        if not isinstance(self.source_group_size, int) or self.source_group_size < 1:
+            raise ConfigError(f"data.source_group_size must be a positive integer, got {self.source_group_size!r}")
+        if self.packing == "none":
+            for name, default in (("source_group_size", 1), ("long_doc_strategy", "truncate")):
+                if getattr(self, name) != default:
+                    raise ConfigError(f"data.{name} applies to packed documents only: set data.packing=obfd")
+        elif self.max_target_seq_len is not None:
+            raise ConfigError(
+                "data.max_target_seq_len does not apply with data.packing=obfd (packed instances are whole "
+                "documents, OLMo-core's NumpyPackedFSLDataset has no such field): set it to null"
             )
 
 

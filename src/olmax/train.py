@@ -74,6 +74,7 @@ def train(
             return rows
         # One process reads the whole global batch; with several, each reads its ranks' rows.
         n_proc, proc = jax.process_count(), jax.process_index()
+        step_fn = make_train_step(cfg, mesh)  # refuses what the step cannot do before the data is prepared
         loader = make_loader(
             cfg.data,
             cfg.trainer.global_batch,
@@ -82,7 +83,6 @@ def train(
             state=data_state,
             allow_fingerprint_mismatch=allow_data_change,
         )
-        step_fn = make_train_step(cfg, mesh)
         to_global = batch_sharding(cfg, mesh)
         mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
         primary = jax.process_index() == 0  # metrics are global: process 0 writes and shows them

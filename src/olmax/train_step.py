@@ -81,7 +81,13 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
     shardings = state_shardings(cfg, mesh)
     b_sharding = batch_sharding(cfg, mesh)
     batch_axes = b_sharding.spec[0]
-    pad_id = data.pad_token_id if data.mask_pad_token else None
+    if data.doc_masking:
+        raise ConfigError(
+            "data.doc_masking=true needs attention masked within documents, which olmax's attention backends "
+            "(xla, splash, cudnn) do not take yet: the batch's doc_lens would be ignored. Set data.doc_masking=false"
+        )
+    # Packed instances are padded with the pad id; a target that is padding has no loss (3.0.0's label_mask).
+    pad_id = data.pad_token_id if data.mask_pad_token or data.packing == "obfd" else None
 
     def micro_loss(params, input_ids, instance_mask, denominator):
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask)

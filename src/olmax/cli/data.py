@@ -118,9 +118,13 @@ def data_order_cmd(
     pad: Optional[int] = PadOpt,
     mix_base: Optional[str] = MixBaseOpt,
     work_dir: Optional[str] = WorkDirOpt,
+    with_tokens: bool = typer.Option(
+        False, "--with-tokens", help="add each instance's tokens and doc_lens to the JSON (rank's `instances`)"
+    ),
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Which instances (file, token offset) each data-parallel rank saw at each step, as OLMo-core orders them.
+    """Which instances (file, token offset; or packed group, bin, documents, padding) each data-parallel rank
+    saw at each step, as OLMo-core orders them.
 
     The data and global batch are the experiment's (--recipe/--config and overrides; without either, the
     config defaults); the flags are shorthands for single fields."""
@@ -142,7 +146,13 @@ def data_order_cmd(
         need_base=False,
     )
     report = order_report(
-        exp.data, exp.trainer.global_batch, range(a, b), epoch=epoch, dp_size=dp_size, dp_rank=dp_rank
+        exp.data,
+        exp.trainer.global_batch,
+        range(a, b),
+        epoch=epoch,
+        dp_size=dp_size,
+        dp_rank=dp_rank,
+        with_tokens=with_tokens,
     )
     typer.echo(
         f"fingerprint {report['fingerprint']}  instances {report['instances']}  "
@@ -150,10 +160,18 @@ def data_order_cmd(
     )
     for step in report["steps"]:
         for rank in step["ranks"]:
-            shown = ", ".join(
-                f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}"
-                for i, f, o in list(zip(rank["ids"], rank["file"], rank["offset"]))[:4]
-            )
+            if "documents" in rank:  # packed: group/bin, then documents and padding tokens
+                shown = ", ".join(
+                    f"{i}@group{g}/bin{b} ({d} docs, {p} pad)"
+                    for i, g, b, d, p in list(
+                        zip(rank["ids"], rank["group"], rank["bin"], rank["documents"], rank["padding"])
+                    )[:4]
+                )
+            else:
+                shown = ", ".join(
+                    f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}"
+                    for i, f, o in list(zip(rank["ids"], rank["file"], rank["offset"]))[:4]
+                )
             more = f", ... ({len(rank['ids'])} instances)" if len(rank["ids"]) > 4 else ""
             typer.echo(f"step {step['step']} (batch {step['batch']}) rank {rank['rank']}: {shown}{more}")
     write_json(json_out, report)

@@ -7,6 +7,7 @@ Contract (what the trainer relies on)
         batch["input_ids"]          # np.ndarray (k * global_batch / D, seq_len) int32
         batch["index"]              # np.ndarray (rows,) int64: global instance ids of those rows
         batch["instance_mask"]      # np.ndarray (rows,) bool, only with data.instance_filter
+        batch["doc_lens"]           # np.ndarray (rows, seq_len) int32, only with data.doc_masking
         ...train on it...
         loader.state()              # JSON-able; save it in the checkpoint of this step
     loader.audit()                  # {"instances_delivered", "repeats_in_epoch"} for the logs
@@ -25,10 +26,17 @@ Contract (what the trainer relies on)
   with `state=` continues the same global order on any D, k or worker count. A fingerprint mismatch
   raises `DataStateError` naming what changed, unless `allow_fingerprint_mismatch=True`.
 - At the end of an epoch the next one starts with a new permutation (epoch + 1), as OLMo-core's trainer does.
+- Instances come from a TokenSource (data.packing=none) or a PackedSource (obfd, olmax.data.packing);
+  the order, batches, ranks and state above are the same for both, over their instance count.
+- `doc_lens` row i: the lengths of instance i's segments in order (its documents, then, in a packed
+  instance, one segment for all the padding), as OLMo-core's `generate_doc_lengths` counts them, then
+  zeros up to seq_len (an instance has at most seq_len segments). Cumulative sums of the non-zero
+  entries are the document starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -39,6 +47,7 @@ import numpy as np
 
 from olmax.data.filters import instance_mask
 from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
+from olmax.data.packing import PackedSource, doc_lengths, padded_doc_lens, permute_paths
 from olmax.data.sources import TokenSource, check_manifest_tokenizers, resolve_paths
 from olmax.data.tokenizer import TokenizerFields
 
@@ -69,13 +78,28 @@ def tokenizer_fields(data_cfg) -> TokenizerFields:
     )
 
 
-def build_source(data_cfg, paths: Optional[Sequence[str]] = None) -> TokenSource:
-    """The instances of `data_cfg.paths` (or `paths`), checked against the configured tokenizer."""
+Source = TokenSource | PackedSource
+
+
+def build_source(data_cfg, paths: Optional[Sequence[str]] = None) -> Source:
+    """The instances of `data_cfg.paths` (or `paths`), checked against the configured tokenizer: chunks
+    of each file (data.packing=none) or packed documents (obfd), the files in the permuted order when
+    data.source_permutation_seed is set (OLMo-core permutes the paths of every dataset kind)."""
     specs = list(paths if paths is not None else data_cfg.paths)
     check_manifest_tokenizers(specs, tokenizer_fields(data_cfg))
     files = resolve_paths(
         specs, mix_base=data_cfg.mix_base, tokenizer_dir=data_cfg.mix_tokenizer_dir, cache_dir=work_dir_of(data_cfg)
     )
+    files = permute_paths(files, data_cfg.source_permutation_seed)
+    if data_cfg.packing == "obfd":
+        return PackedSource(
+            files,
+            data_cfg.seq_len,
+            tokenizer_fields(data_cfg),
+            work_dir_of(data_cfg),
+            long_doc_strategy=data_cfg.long_doc_strategy,
+            group_size=data_cfg.source_group_size,
+        )
     return TokenSource(
         files, data_cfg.seq_len, tokenizer_fields(data_cfg), max_target_seq_len=data_cfg.max_target_seq_len
     )
@@ -86,6 +110,14 @@ def _chunk(data_cfg) -> int:
     return mt // data_cfg.seq_len if mt else 1
 
 
+def read_instance(source: Source, index: int, eos: int, bos: Optional[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, doc_lens) of one instance, as OLMo-core's dataset with generate_doc_lengths gives them."""
+    if isinstance(source, PackedSource):
+        return source.read(index)
+    tokens = source[index]
+    return tokens, doc_lengths(tokens, eos, bos)
+
+
 @dataclass(frozen=True)
 class RankBatches:
     """Grain data source: element k is batch `start_batch + k` of one epoch, for ranks r..r+k-1.
@@ -93,7 +125,7 @@ class RankBatches:
     Picklable and cheap to send to workers: the order is reopened from its memmap file there.
     """
 
-    source: TokenSource
+    source: Source
     order_path: str
     order_len: int
     global_batch: int
@@ -102,6 +134,7 @@ class RankBatches:
     local_ranks: int
     start_batch: int
     apply_filter: bool
+    doc_masking: bool = False
 
     def __len__(self) -> int:
         return num_batches(self.order_len, self.global_batch) - self.start_batch
@@ -125,8 +158,16 @@ class RankBatches:
 
     def __getitem__(self, k: int) -> dict:
         ids = self.ids(k)
-        tokens = np.stack([self.source[int(i)] for i in ids]).astype(np.int32)
-        out = {"input_ids": tokens, "index": ids, "batch": np.int64(self.start_batch + int(k))}
+        out: dict = {"index": ids, "batch": np.int64(self.start_batch + int(k))}
+        if self.doc_masking:
+            tok = self.source.tokenizer
+            read = [read_instance(self.source, int(i), tok.eos_token_id, tok.bos_token_id) for i in ids]
+            width = self.source.seq_len
+            out["doc_lens"] = np.stack([padded_doc_lens(lens, width) for _, lens in read])
+            tokens = np.stack([t for t, _ in read]).astype(np.int32)
+        else:
+            tokens = np.stack([self.source[int(i)] for i in ids]).astype(np.int32)
+        out["input_ids"] = tokens
         if self.apply_filter:
             out["instance_mask"] = instance_mask(tokens)
         return out
@@ -159,7 +200,7 @@ class Loader:
     def __init__(
         self,
         data_cfg,
-        source: TokenSource,
+        source: Source,
         global_batch: int,
         dp_rank: int,
         dp_size: int,
@@ -204,6 +245,7 @@ class Loader:
             self.local_ranks,
             start_batch,
             self.cfg.instance_filter,
+            self.cfg.doc_masking,
         )
 
     def __iter__(self) -> Iterator[dict]:
@@ -241,14 +283,27 @@ class Loader:
             "global_batch": self.global_batch,
             "seq_len": self.cfg.seq_len,
             "max_target_seq_len": self.cfg.max_target_seq_len,
+            "packing": _packing_of(self.cfg),
             "tokenizer": vars(tokenizer_fields(self.cfg)),
             "files": [[os.path.basename(p), s] for p, s in zip(self.source.paths, self.source.sizes)],
         }
 
 
-def describe_change(saved: dict, source: TokenSource, data_cfg) -> str:
+def _packing_of(data_cfg) -> dict:
+    if data_cfg.packing == "none":
+        return {"packing": "none"}
+    return {
+        "packing": data_cfg.packing,
+        "long_doc_strategy": data_cfg.long_doc_strategy,
+        "source_group_size": data_cfg.source_group_size,
+    }
+
+
+def describe_change(saved: dict, source: Source, data_cfg) -> str:
     """What differs between a saved state and the current data, for the fingerprint error."""
     changes = []
+    if saved.get("packing", {"packing": "none"}) != _packing_of(data_cfg):
+        changes.append(f"packing {saved.get('packing', {'packing': 'none'})} -> {_packing_of(data_cfg)}")
     if saved.get("tokenizer") != vars(tokenizer_fields(data_cfg)):
         changes.append(f"tokenizer {saved.get('tokenizer')} -> {vars(tokenizer_fields(data_cfg))}")
     if saved.get("max_target_seq_len") != data_cfg.max_target_seq_len:
@@ -278,7 +333,7 @@ def make_loader(
     local_ranks: int = 1,
     state: Optional[dict] = None,
     allow_fingerprint_mismatch: bool = False,
-    source: Optional[TokenSource] = None,
+    source: Optional[Source] = None,
 ) -> Loader:
     """A loader for `data_cfg` (olmax.config.DataConfig); see the module doc for the contract.
 
@@ -316,8 +371,12 @@ def eval_batches(
     dp_rank: int = 0,
     dp_size: int = 1,
 ) -> Iterator[np.ndarray]:
-    """Held-out instances in file order, unshuffled: (batch_size / dp_size, seq_len) int32 per rank."""
-    source = build_source(data_cfg, paths)
+    """Held-out instances in file order, unshuffled: (batch_size / dp_size, seq_len) int32 per rank.
+    Always chunks of the files as given (held-out sets are neither packed nor permuted)."""
+    plain = dataclasses.replace(
+        data_cfg, packing="none", source_group_size=1, long_doc_strategy="truncate", source_permutation_seed=None
+    )
+    source = build_source(plain, paths)
     check_rank(batch_size, dp_rank, dp_size)
     total = num_batches(len(source), batch_size)
     if max_batches is not None:
@@ -328,9 +387,17 @@ def eval_batches(
 
 
 def order_report(
-    data_cfg, global_batch: int, steps: range, epoch: int = 1, dp_size: int = 1, dp_rank: Optional[int] = None
+    data_cfg,
+    global_batch: int,
+    steps: range,
+    epoch: int = 1,
+    dp_size: int = 1,
+    dp_rank: Optional[int] = None,
+    with_tokens: bool = False,
 ) -> dict:
-    """Which instances (and which file, token offset) each rank trained on at each step.
+    """Which instances each rank trained on at each step: for chunks, their file and token offset;
+    for packed instances, their group and bin, documents and padding. With `with_tokens`, each rank
+    also lists `instances: [{"id", "tokens", "doc_lens"}]`.
 
     Steps count from 1 as in OLMo-core's trainer: step s trains on batch s - 1 of the epoch.
     """
@@ -339,15 +406,28 @@ def order_report(
     ranks = range(dp_size) if dp_rank is None else [dp_rank]
     total = num_batches(len(order), global_batch)
     check_steps(steps, len(order), global_batch, epoch, data_cfg.seq_len)
+    tok = tokenizer_fields(data_cfg)
+    packed = isinstance(source, PackedSource)
     report_steps = []
     for step in steps:
         per_rank = []
         for r in ranks:
             ids = rank_ids(order, step - 1, global_batch, r, dp_size)
             where = [source.locate(int(i)) for i in ids]
-            per_rank.append(
-                {"rank": r, "ids": ids.tolist(), "file": [w[0] for w in where], "offset": [w[1] for w in where]}
-            )
+            row: dict = {"rank": r, "ids": ids.tolist()}
+            if packed:
+                row["group"], row["bin"] = [w[0] for w in where], [w[1] for w in where]
+                docs = [source.documents(int(i)) for i in ids]
+                row["documents"] = [len(d) for d in docs]
+                row["padding"] = [data_cfg.seq_len - sum(e - s for _, s, e in d) for d in docs]
+            else:
+                row["file"], row["offset"] = [w[0] for w in where], [w[1] for w in where]
+            if with_tokens:
+                read = [read_instance(source, int(i), tok.eos_token_id, tok.bos_token_id) for i in ids]
+                row["instances"] = [
+                    {"id": int(i), "tokens": t.tolist(), "doc_lens": lens.tolist()} for i, (t, lens) in zip(ids, read)
+                ]
+            per_rank.append(row)
         report_steps.append({"step": step, "batch": step - 1, "ranks": per_rank})
     return {
         "fingerprint": source.fingerprint,
@@ -357,6 +437,7 @@ def order_report(
         "epoch": epoch,
         "global_batch_instances": global_batch,
         "seq_len": data_cfg.seq_len,
+        "packing": data_cfg.packing,
         "dp_size": dp_size,
         "files": source.paths,
         "steps": report_steps,

@@ -82,8 +82,8 @@ def _read_text(path: str) -> str:
         try:
             with fsspec.open(path, "rt") as f:
                 return f.read()
-        except Exception as exc:  # noqa: BLE001 -- see _remote_error
-            raise _remote_error(f"mix file {path}", exc) from exc
+        except Exception as exc:  # noqa: BLE001 -- see remote_error
+            raise remote_error(f"mix file {path}", exc) from exc
     if not Path(path).is_file():
         raise DataSourceError(f"mix file {path} does not exist")
     return Path(path).read_text()
@@ -155,8 +155,8 @@ def file_size(path: str) -> int:
         fs, p = url_to_fs(path)
         try:
             size = fs.size(p)
-        except Exception as exc:  # noqa: BLE001 -- see _remote_error
-            raise _remote_error(f"data file {path}", exc) from exc
+        except Exception as exc:  # noqa: BLE001 -- see remote_error
+            raise remote_error(f"data file {path}", exc) from exc
         if size is None:
             raise DataSourceError(f"data file {path}: the server gives no size (no Content-Length)")
         return int(size)
@@ -174,8 +174,8 @@ def read_bytes(path: str, start: int, length: int) -> bytes:
         fs, p = url_to_fs(path)
         try:
             data = fs.cat_file(p, start=start, end=start + length)
-        except Exception as exc:  # noqa: BLE001 -- see _remote_error
-            raise _remote_error(f"data file {path} (bytes {start}..{start + length})", exc) from exc
+        except Exception as exc:  # noqa: BLE001 -- see remote_error
+            raise remote_error(f"data file {path} (bytes {start}..{start + length})", exc) from exc
         # fsspec's HTTP backend returns whatever body comes back: a server that ignores `Range`
         # answers 200 with the whole file, which must not be taken for the requested instance.
         if len(data) != length:
@@ -189,7 +189,7 @@ def read_bytes(path: str, start: int, length: int) -> bytes:
         return f.read(length)
 
 
-def _remote_error(what: str, exc: Exception) -> DataSourceError:
+def remote_error(what: str, exc: Exception) -> DataSourceError:
     """A remote read failure as a DataSourceError naming the URL and the cause: a missing file is
     a DataSourceError, anything else (5xx, a timeout, a reset connection) a RemoteReadError.
 
@@ -290,9 +290,10 @@ class TokenSource:
 
     def __getitem__(self, index: int) -> np.ndarray:
         fi, start = self.locate(int(index))
-        return self._read(fi, start, self.seq_len)
+        return self.read_tokens(fi, start, self.seq_len)
 
-    def _read(self, fi: int, start: int, count: int) -> np.ndarray:
+    def read_tokens(self, fi: int, start: int, count: int) -> np.ndarray:
+        """`count` tokens of file `fi` from token `start`."""
         path = self.paths[fi]
         if is_url(path):
             itemsize = np.dtype(self.dtype).itemsize
@@ -344,7 +345,7 @@ class TokenSource:
         for fi, size in enumerate(self.sizes):
             n = size // np.dtype(self.dtype).itemsize
             for start in range(0, n, block_tokens):
-                ids = self._read(fi, start, min(block_tokens, n - start))
+                ids = self.read_tokens(fi, start, min(block_tokens, n - start))
                 self._check_ids(fi, ids, start)
             total += n
         return {"files": len(self.paths), "tokens": total, "instances": len(self), "fingerprint": self.fingerprint}

@@ -1,0 +1,416 @@
+"""Whole documents packed into fixed-length instances, as ai2-olmo-core 3.0.0's `NumpyPackedFSLDataset`.
+
+Documents: a local file is cut after every EOS (with a BOS id: after every EOS that a BOS follows, and
+after an EOS that ends the file), so EOS is a document's last token and the tokens after a file's last
+boundary are dropped. A remote file (a URL) takes its boundaries from the `.csv.gz` next to it (lines
+`start,end,...`, the layout OLMo-core's `write_document_indices` writes), because 3.0.0 reads the
+metadata for every URL source (`olmo_core/data/utils.py`, `iter_document_indices`). A document longer
+than the sequence length L keeps its first L tokens (`truncate`) or is cut into pieces of L
+(`fragment`, the last piece shorter).
+
+Groups: files are taken `source_group_size` at a time in the configured order (the last group may be
+short); a group's files are read as one stream and packed on their own, so documents never cross groups.
+
+OBFD (optimized best-fit decreasing, 3.0.0's `InstancePacker`): documents are ordered by
+`np.argsort(-lengths)` (numpy's default sort; equal lengths keep the order that call gives), then each
+goes to the bin whose free space is the smallest that still holds it; among bins with that free space
+the one that reached it first; a new bin only when none holds it. Bins are numbered as they open. Our
+structure is a sorted list of the free-space values that some bin has, each with a FIFO of its bins:
+one bisection per document, O(n log n). Documents longer than L/2 always open a bin (every earlier bin
+holds a document at least as long), so they are placed without the loop.
+
+Instances: global instance id = the group's first id + the bin number; an instance is its documents in
+the order they entered the bin, right-padded with the pad id. `doc_lens` are 3.0.0's: the instance
+scanned for EOS (`get_document_lengths`): one length per document and one trailing segment for all the
+padding (with a BOS id, the padding joins the last document); with metadata boundaries the documents'
+own lengths, then the padding as the same scan sees it.
+
+The fingerprint is 3.0.0's `NumpyPackedFSLDataset.fingerprint`: `class=NumpyPackedFSLDataset`, then
+`vocab_size, pad_token_id, eos_token_id, dtype, long_doc_strategy, bos_token_id, sequence_length`,
+`source_group_size` when it is > 1, `_metadata_fingerprint` (basename and sha256 of each metadata file)
+when a file is remote, as `name=value,`, then `path=<basename>,size=<bytes>,` per file in order.
+
+The packing index is built once per data set under `work_dir/packing/`: one int64 file per group
+(`[bins, documents, bin offsets (bins + 1), document spans (documents x 2) in bin order]`), named by a
+hash of everything that decides it, written to a temp file and renamed into place. The processes of a
+host take a file lock, so one of them builds and the others wait and reuse it; later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import gzip
+import hashlib
+import logging
+import os
+import random
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from olmax.data.sources import DataSourceError, TokenSource, is_url, remote_error
+from olmax.data.tokenizer import TokenizerFields
+
+log = logging.getLogger(__name__)
+
+LONG_DOC_STRATEGIES = ("truncate", "fragment")
+INDEX_VERSION = "olmax-obfd-v1"  # tick when the index layout or the packing changes
+_SCAN_BLOCK = 1 << 24  # tokens read at a time when scanning a file for EOS
+
+
+def permute_paths(paths: Sequence[str], seed: Optional[int]) -> list[str]:
+    """OLMo-core's `source_permutation_seed`: `random.Random(seed).shuffle` of the index list (Python's
+    RNG), applied to the path order of every dataset kind."""
+    if seed is None:
+        return list(paths)
+    order = list(range(len(paths)))
+    random.Random(seed).shuffle(order)
+    return [paths[i] for i in order]
+
+
+# -- documents ------------------------------------------------------------------------------------
+
+
+def eos_spans(read, n_tokens: int, eos: int, bos: Optional[int]) -> np.ndarray:
+    """(documents, 2) [start, end) token spans of one file from its EOS (and BOS) ids.
+    `read(start, count)` returns the file's tokens start..start+count."""
+    ends = []
+    for start in range(0, n_tokens, _SCAN_BLOCK):
+        stop = min(n_tokens, start + _SCAN_BLOCK)
+        if bos is None:
+            ends.append(np.flatnonzero(read(start, stop - start) == eos) + start + 1)
+            continue
+        ids = read(start, min(n_tokens, stop + 1) - start)  # one token of look-ahead for the BOS
+        ends.append(np.flatnonzero((ids[:-1] == eos) & (ids[1:] == bos)) + start + 1)
+        if stop == n_tokens and ids[-1] == eos:
+            ends.append(np.asarray([n_tokens]))
+    end = np.concatenate(ends).astype(np.int64) if ends else np.zeros(0, np.int64)
+    return np.stack([np.concatenate([[0], end[:-1]]).astype(np.int64), end], axis=1)
+
+
+def metadata_path(path: str) -> str:
+    """The `.csv.gz` document index that OLMo-core reads next to a remote token file."""
+    head, base = path.rsplit("/", 1)
+    return f"{head}/{base.replace('.npy', '.csv.gz')}"
+
+
+def metadata_bytes(path: str) -> bytes:
+    import fsspec
+
+    meta = metadata_path(path)
+    try:
+        with fsspec.open(meta, "rb") as f:
+            return f.read()
+    except Exception as exc:  # noqa: BLE001 -- sources.remote_error names the cause
+        err = remote_error(f"document metadata {meta} (needed to pack the remote file {path})", exc)
+        raise err from exc
+
+
+def metadata_spans(raw: bytes, path: str, n_tokens: int) -> np.ndarray:
+    """(documents, 2) spans from a gzipped `start,end,...` metadata file, checked against the file."""
+    spans = []
+    for line_no, line in enumerate(gzip.decompress(raw).decode().splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.split(",")
+        try:
+            start, end = int(fields[0]), int(fields[1])
+        except (ValueError, IndexError):
+            raise DataSourceError(f"{metadata_path(path)} line {line_no}: not `start,end,...`: {line!r}") from None
+        if not 0 <= start < end <= n_tokens:
+            raise DataSourceError(
+                f"{metadata_path(path)} line {line_no}: document {start}..{end} is empty or outside the "
+                f"{n_tokens} tokens of {path}"
+            )
+        spans.append((start, end))
+    return np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+
+
+def cap_long_documents(spans: np.ndarray, seq_len: int, strategy: str) -> np.ndarray:
+    """Documents longer than seq_len: the first seq_len tokens (`truncate`) or pieces of seq_len (`fragment`)."""
+    lengths = spans[:, 1] - spans[:, 0]
+    if strategy == "truncate":
+        return np.stack([spans[:, 0], spans[:, 0] + np.minimum(lengths, seq_len)], axis=1)
+    if strategy != "fragment":
+        raise DataSourceError(f"long_doc_strategy {strategy!r} is not one of {LONG_DOC_STRATEGIES}")
+    pieces = -(-lengths // seq_len)
+    first = np.repeat(np.cumsum(pieces) - pieces, pieces)
+    starts = np.repeat(spans[:, 0], pieces) + (np.arange(len(first)) - first) * seq_len
+    return np.stack([starts, np.minimum(starts + seq_len, np.repeat(spans[:, 1], pieces))], axis=1)
+
+
+# -- OBFD -----------------------------------------------------------------------------------------
+
+
+def obfd(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, bin_of): `order` sorts the documents as 3.0.0 does; `bin_of[k]` is the bin of document
+    `order[k]`. See the module doc for the rule."""
+    order = np.argsort(-1 * lengths.astype(np.int64))
+    ordered = lengths[order]
+    n = len(ordered)
+    bin_of = np.empty(n, dtype=np.int64)
+    big = int(np.count_nonzero(ordered > seq_len // 2))  # a prefix: these each open a bin
+    bin_of[:big] = np.arange(big)
+    bins_with: dict[int, deque] = {}  # free space -> its bins, oldest first
+    for b, length in enumerate(ordered[:big].tolist()):
+        if length < seq_len:
+            bins_with.setdefault(seq_len - length, deque()).append(b)
+    spaces = sorted(bins_with)  # the free-space values that some bin has
+    n_bins = big
+    placed = []
+    for length in ordered[big:].tolist():
+        k = bisect.bisect_left(spaces, length)
+        if k == len(spaces):
+            b, free = n_bins, seq_len
+            n_bins += 1
+        else:
+            free = spaces[k]
+            queue = bins_with[free]
+            b = queue.popleft()
+            if not queue:
+                del spaces[k], bins_with[free]
+        placed.append(b)
+        left = free - length
+        if left:
+            queue = bins_with.get(left)
+            if queue is None:
+                bins_with[left] = deque((b,))
+                bisect.insort(spaces, left)
+            else:
+                queue.append(b)
+    bin_of[big:] = placed
+    return order, bin_of
+
+
+def pack_spans(spans: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bin_offsets (bins + 1), spans in bin order): bin b holds spans[bin_offsets[b]:bin_offsets[b+1]]
+    in the order they entered it."""
+    order, bin_of = obfd(spans[:, 1] - spans[:, 0], seq_len)
+    by_bin = np.argsort(bin_of, kind="stable")  # within a bin, the order of entry
+    counts = np.bincount(bin_of, minlength=int(bin_of.max()) + 1 if len(bin_of) else 0)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return offsets, spans[order[by_bin]]
+
+
+# -- document lengths -----------------------------------------------------------------------------
+
+
+def doc_lengths(tokens: np.ndarray, eos: int, bos: Optional[int] = None) -> np.ndarray:
+    """3.0.0's `get_document_lengths`: segment lengths of an instance, split after each EOS (with a BOS
+    id, after each EOS followed by BOS); a tail that does not end in EOS is one more segment."""
+    n = len(tokens)
+    if bos is None:
+        ends = np.flatnonzero(tokens == eos)
+        if n and tokens[-1] != eos:
+            ends = np.append(ends, n - 1)
+    else:
+        ends = np.append(np.flatnonzero((tokens[:-1] == eos) & (tokens[1:] == bos)), n - 1)
+    return np.diff(np.concatenate([[-1], ends])).astype(np.int32)
+
+
+def padded_doc_lens(lengths: np.ndarray, width: int) -> np.ndarray:
+    """Segment lengths in a fixed (width,) int32 row, zeros after the last (segments <= tokens)."""
+    out = np.zeros(width, dtype=np.int32)
+    out[: len(lengths)] = lengths
+    return out
+
+
+# -- the packed source ----------------------------------------------------------------------------
+
+
+def fingerprint(
+    tok: TokenizerFields,
+    seq_len: int,
+    long_doc_strategy: str,
+    group_size: int,
+    paths: Sequence[str],
+    sizes: Sequence[int],
+    metadata_digests: Sequence[tuple[str, str]],
+) -> str:
+    """3.0.0's `NumpyPackedFSLDataset.fingerprint` (fingerprint version v2.0)."""
+    fields = [
+        ("vocab_size", tok.vocab_size),
+        ("pad_token_id", tok.pad_token_id),
+        ("eos_token_id", tok.eos_token_id),
+        ("dtype", tok.dtype),
+        ("long_doc_strategy", long_doc_strategy),
+        ("bos_token_id", tok.bos_token_id),
+        ("sequence_length", seq_len),
+    ]
+    if group_size > 1:
+        fields.append(("source_group_size", group_size))
+    if metadata_digests:
+        fields.append(("_metadata_fingerprint", tuple(metadata_digests)))
+    h = hashlib.sha256(b"class=NumpyPackedFSLDataset")
+    for name, value in fields:
+        h.update(f"{name}={value},".encode())
+    for path, size in zip(paths, sizes):
+        h.update(f"path={os.path.basename(path)},size={size},".encode())
+    return h.hexdigest()
+
+
+class PackedSource:
+    """Random access to the OBFD-packed instances of a list of token files (see the module doc).
+
+    The same surface as TokenSource for the loader: len, `[i]` (tokens, (seq_len,)), `fingerprint`,
+    `paths`, `sizes`; plus `doc_lens(i, tokens)` and `locate(i)` -> (group, bin). Picklable: the index
+    files are reopened as memory maps in each process.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        seq_len: int,
+        tokenizer: TokenizerFields,
+        work_dir: str | Path,
+        long_doc_strategy: str = "truncate",
+        group_size: int = 1,
+        sizes: Optional[Sequence[int]] = None,
+        check: bool = True,
+    ):
+        if long_doc_strategy not in LONG_DOC_STRATEGIES:
+            raise DataSourceError(f"long_doc_strategy {long_doc_strategy!r} is not one of {LONG_DOC_STRATEGIES}")
+        if group_size < 1:
+            raise DataSourceError(f"source_group_size must be >= 1, got {group_size}")
+        self.files = TokenSource(paths, seq_len, tokenizer, sizes=sizes, check=check)
+        self.paths, self.sizes = self.files.paths, self.files.sizes
+        self.seq_len, self.tokenizer = seq_len, tokenizer
+        self.long_doc_strategy, self.group_size = long_doc_strategy, group_size
+        itemsize = np.dtype(tokenizer.dtype).itemsize
+        self.tokens = [s // itemsize for s in self.sizes]
+        self.groups = [
+            list(range(i, min(i + group_size, len(self.paths)))) for i in range(0, len(self.paths), group_size)
+        ]
+        self.remote = {fi for fi, p in enumerate(self.paths) if is_url(p)}  # boundaries from metadata
+        self._meta = {fi: metadata_bytes(self.paths[fi]) for fi in sorted(self.remote)}
+        digests = [
+            (os.path.basename(self.paths[fi]), hashlib.sha256(raw).hexdigest()) for fi, raw in self._meta.items()
+        ]
+        self.fingerprint = fingerprint(
+            tokenizer, seq_len, long_doc_strategy, group_size, self.paths, self.sizes, digests
+        )
+        self._digests = dict(digests)
+        self.index_files = [self._index_file(Path(work_dir), g) for g in range(len(self.groups))]
+        self._build_missing()
+        self._meta = {}  # only needed to build; keep the source small to pickle
+        bins = [int(np.fromfile(f, dtype=np.int64, count=1)[0]) for f in self.index_files]
+        self.offsets = np.concatenate([[0], np.cumsum(bins)]).astype(np.int64)  # global id of each group's bin 0
+        self._open: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __repr__(self) -> str:
+        return f"PackedSource(fingerprint={self.fingerprint}, seq_len={self.seq_len})"
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_open": {}}
+
+    # building
+
+    def _index_file(self, work_dir: Path, g: int) -> Path:
+        h = hashlib.sha256(INDEX_VERSION.encode())
+        tok = self.tokenizer
+        h.update(f"{self.seq_len},{self.long_doc_strategy},{tok.eos_token_id},{tok.bos_token_id},{tok.dtype}".encode())
+        for fi in self.groups[g]:
+            h.update(
+                f"|{self.paths[fi]},{self.sizes[fi]},{self._digests.get(os.path.basename(self.paths[fi]))}".encode()
+            )
+        return work_dir / "packing" / f"obfd-{self.seq_len}-{h.hexdigest()[:32]}.i64"
+
+    def _build_missing(self) -> None:
+        missing = [g for g, f in enumerate(self.index_files) if not f.is_file()]
+        if not missing:
+            return
+        lock_dir = self.index_files[0].parent
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / "build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the host's other processes wait here, then reuse
+            missing = [g for g in missing if not self.index_files[g].is_file()]
+            tokens = sum(self.tokens[fi] for g in missing for fi in self.groups[g])
+            workers = min(len(missing), os.cpu_count() or 1, 16)
+            log.info("packing %d group(s), %d tokens, into %s", len(missing), tokens, lock_dir)
+            if workers > 1 and tokens > _SCAN_BLOCK:
+                with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+                    list(pool.map(self._build_group, missing))
+            else:
+                for g in missing:
+                    self._build_group(g)
+
+    def _build_group(self, g: int) -> None:
+        spans, base = [], 0
+        for fi in self.groups[g]:
+            n = self.tokens[fi]
+            if fi in self._meta:
+                file_spans = metadata_spans(self._meta[fi], self.paths[fi], n)
+            else:
+                tok = self.tokenizer
+                file_spans = eos_spans(
+                    lambda s, c, fi=fi: self.files.read_tokens(fi, s, c), n, tok.eos_token_id, tok.bos_token_id
+                )
+            spans.append(file_spans + base)
+            base += n
+        capped = cap_long_documents(np.concatenate(spans), self.seq_len, self.long_doc_strategy)
+        offsets, packed = pack_spans(capped, self.seq_len)
+        out = np.concatenate([[len(offsets) - 1, len(packed)], offsets, packed.reshape(-1)]).astype(np.int64)
+        path = self.index_files[g]
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        out.tofile(tmp)
+        os.replace(tmp, path)
+
+    # reading
+
+    def _index(self, g: int) -> np.ndarray:
+        if g not in self._open:
+            self._open[g] = np.memmap(self.index_files[g], dtype=np.int64, mode="r")
+        return self._open[g]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(group, bin within the group) of global instance `index`."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"instance {index} out of range for {len(self)} instances")
+        g = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return g, int(index - self.offsets[g])
+
+    def documents(self, index: int) -> list[tuple[int, int, int]]:
+        """(file index, start, end) token spans of the documents of instance `index`, in instance order."""
+        g, b = self.locate(int(index))
+        idx = self._index(g)
+        n_bins = int(idx[0])
+        lo, hi = int(idx[2 + b]), int(idx[3 + b])
+        spans = np.asarray(idx[3 + n_bins + 2 * lo : 3 + n_bins + 2 * hi]).reshape(-1, 2)
+        files = self.groups[g]
+        starts = np.cumsum([0] + [self.tokens[fi] for fi in files])
+        which = np.searchsorted(starts, spans[:, 0], side="right") - 1
+        return [(files[w], int(s - starts[w]), int(e - starts[w])) for w, (s, e) in zip(which, spans)]
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.read(index)[0]
+
+    def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens (seq_len,), 3.0.0's doc_lens) of instance `index`."""
+        docs = self.documents(index)
+        parts = [self.files.read_tokens(fi, s, e - s) for fi, s, e in docs]
+        real = sum(len(p) for p in parts)
+        pad = np.full(self.seq_len - real, self.tokenizer.pad_token_id, dtype=self.files.dtype)
+        tokens = np.concatenate(parts + [pad])
+        eos, bos = self.tokenizer.eos_token_id, self.tokenizer.bos_token_id
+        if not any(fi in self.remote for fi, _, _ in docs):
+            return tokens, doc_lengths(tokens, eos, bos)
+        # Metadata boundaries: a document need not end in EOS, so the lengths come from the spans
+        # (as 3.0.0 does); the padding is scanned as 3.0.0 scans it.
+        lens = [e - s for _, s, e in docs]
+        padding = self.seq_len - real
+        if padding:
+            if bos is None:
+                lens.extend(doc_lengths(tokens[-padding:], eos).tolist())
+            else:
+                tail = doc_lengths(tokens[-padding - 1 :], eos, bos).tolist()
+                lens[-1] += tail[0] - 1
+                lens.extend(tail[1:])
+        return tokens, np.asarray(lens, dtype=np.int32)
