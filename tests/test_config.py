@@ -39,6 +39,10 @@ def test_overrides_are_typed_and_nested():
         ("optimizer.lr=abc", "optimizer.lr takes float, got 'abc'"),
         ("trainer.micro_batch_size=[2]", r"trainer.micro_batch_size takes Optional\[int\], got \[2\]"),
         ("data.paths=3", r"data.paths takes tuple\[str, ...\], got 3"),
+        (
+            "checkpoint.keep_steps=[x]",
+            r"^checkpoint.keep_steps=\[x\]: a list element could not be converted to Integer",
+        ),
         ("model.attention=flash", "model.attention='flash' is not one of"),
         ("model.n_kv_heads=3", "not a multiple of model.n_kv_heads=3"),
         ("model.n_layers", "not of the form key=value"),

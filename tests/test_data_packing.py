@@ -32,7 +32,8 @@ SEQ = 64
 
 def write_docs(tmp_path, tok: TokenizerFields, n_files=5, seed=0, name="part"):
     """Token files of whole documents (ids below the specials, EOS-terminated, BOS-started when the
-    tokenizer has one) with lengths drawn to repeat (ties), to exceed SEQ, and a tail without EOS."""
+    tokenizer has one) with lengths drawn to repeat (ties), to exceed SEQ, and a tail without EOS;
+    then one file with no EOS at all."""
     rng = np.random.default_rng(seed)
     specials = {tok.eos_token_id, tok.pad_token_id, tok.bos_token_id}
     paths = []
@@ -57,7 +58,9 @@ def write_docs(tmp_path, tok: TokenizerFields, n_files=5, seed=0, name="part"):
         path = tmp_path / f"{name}-{i:03d}.npy"
         np.concatenate(docs + [tail]).astype(tok.dtype).tofile(path)
         paths.append(str(path))
-    return paths
+    path = tmp_path / f"{name}-{n_files:03d}.npy"  # a file without any EOS: no document at all
+    rng.integers(1, 100, size=24).astype(tok.dtype).tofile(path)
+    return paths + [str(path)]
 
 
 def olmo_core_packed(paths, tok, work_dir, strategy="truncate", group_size=1, perm_seed=None):
@@ -137,6 +140,9 @@ def test_eos_spans_blocks_and_bos(monkeypatch):
     np.testing.assert_array_equal(eos_spans(read, len(ids), 9, None), [[0, 2], [2, 4], [4, 8], [8, 11], [11, 12]])
     np.testing.assert_array_equal(eos_spans(read, len(ids), 9, 8), [[0, 4], [4, 8]])
     np.testing.assert_array_equal(eos_spans(read, 12, 9, 8), [[0, 4], [4, 8], [8, 12]])  # ends in EOS
+    no_eos = np.asarray([3, 5, 8, 4, 4, 1])  # a file of one unterminated document: nothing to pack
+    assert eos_spans(lambda s, c: no_eos[s : s + c], len(no_eos), 9, None).shape == (0, 2)
+    assert eos_spans(lambda s, c: no_eos[s : s + c], len(no_eos), 9, 8).shape == (0, 2)
 
 
 def test_doc_lengths_as_olmo_core_counts_them():
@@ -287,8 +293,11 @@ def test_packed_instances_are_whole_documents(tmp_path):
     seen = sorted((fi, s, e) for i in range(len(src)) for fi, s, e in src.documents(i))
     for fi, path in enumerate(paths):
         ids = np.fromfile(path, dtype=SMALL.dtype)
-        last_eos = int(np.flatnonzero(ids == SMALL.eos_token_id)[-1]) + 1
         covered = [(s, e) for f, s, e in seen if f == fi]
+        if not (ids == SMALL.eos_token_id).any():  # the file without EOS holds no document
+            assert covered == []
+            continue
+        last_eos = int(np.flatnonzero(ids == SMALL.eos_token_id)[-1]) + 1
         assert covered[0][0] == 0 and covered[-1][1] == last_eos
         assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))  # contiguous: nothing lost
 

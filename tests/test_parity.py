@@ -225,14 +225,14 @@ def test_parity_refuses_different_architectures(tmp_path):
 
 def test_cli_parity_fails_a_different_model(tmp_path):
     """The same architecture with other weights: FAIL, the broken bounds named on the last line and in
-    --json, exit status 1; bounds loosened past the figures (the options) turn it into a PASS."""
+    --json, exit status 3; bounds loosened past the figures (the options) turn it into a PASS."""
     reference = make_hf_checkpoint(tmp_path / "hf", vocab=300, n_layers=2, seed=0)
     other = make_hf_checkpoint(tmp_path / "other", vocab=300, n_layers=2, seed=1)
     convert_from_hf(str(other), tmp_path / "ckpt")
     args = ["parity", "--hf", str(reference), "--ckpt", str(tmp_path / "ckpt"), "--seq-len", "32"]
 
     result = CliRunner().invoke(app, args + ["--json", str(tmp_path / "fail.json")])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 3, result.output
     report = json.loads((tmp_path / "fail.json").read_text())
     assert report["verdict"] == "FAIL" and report["first_divergent_layer"] == 0
     assert [b.split()[0] for b in report["broken"]] == ["kl_mean", "top1_agreement", "max_abs_logit_diff", "layer"]

@@ -464,10 +464,11 @@ def storage_failure(exc: BaseException) -> bool:
     OSError (disk full, no permission, a timeout or dropped connection), a remote store's I/O error,
     or a tensorstore I/O status (the notes above)."""
     remote = tuple(
-        getattr(sys.modules[module], name)
+        kind
         for module, names in _REMOTE_IO_ERRORS.items()
         if module in sys.modules  # a store whose module was never imported raised nothing
-        for name in names
+        for kind in (getattr(sys.modules[module], name, None) for name in names)
+        if isinstance(kind, type)  # another version may lack one: never fail while classifying a failure
     )
     while exc is not None:
         if isinstance(exc, (OSError, *remote)):

@@ -5,7 +5,8 @@ Configs are plain frozen dataclasses. OmegaConf does the YAML round trip and the
 that names the key, the type it takes and the value given). Every check that needs neither devices
 nor data runs in the dataclasses' `__post_init__`, so a config that `olmax config` and
 `olmax train --dry-run` accept is one the trainer accepts too, up to the device count (the batch split
-over devices) and the data.
+over devices), the data, and `data.doc_masking` (which the data commands take and the trainer refuses
+until attention can mask within documents).
 Named presets live in `olmax.recipes`.
 
 Every field carries its help text as an attribute docstring: the string literal on the line(s) right
@@ -315,8 +316,8 @@ class DataConfig:
     """obfd: a document longer than seq_len keeps its first seq_len tokens ("truncate") or is cut into
     pieces ("fragment")."""
     doc_masking: bool = False
-    """Send each instance's document lengths with the batch (OLMo-core's generate_doc_lengths) so that
-    attention stays within documents; either packing."""
+    """Send each instance's document lengths with the batch (OLMo-core's generate_doc_lengths); either
+    packing. `olmax data order` shows them; training refuses it until attention masks within documents."""
 
     def __post_init__(self):
         _check_positive("data", self, "seq_len", "vocab_size")
@@ -641,6 +642,8 @@ def _merge_error(e: OmegaConfBaseException) -> str:
     failed to become ("Value 'two' of type 'str' could not be converted to Integer"); an unknown key's
     names the key and the close matches; its multi-line footer is dropped."""
     first = str(e).split("\n")[0]
+    # for a list element OmegaConf leaves its template unfilled: "Value '$VALUE' of type '$VALUE_TYPE' ..."
+    first = first.replace("Value '$VALUE' of type '$VALUE_TYPE'", "a list element")
     if not isinstance(e, ValidationError) or e.full_key is None or not dataclasses.is_dataclass(e.object_type):
         return first
     expected = {f.name: f.type for f in dataclasses.fields(e.object_type)}[e.key]
@@ -661,7 +664,28 @@ def apply_overrides(cfg: C, overrides: Sequence[str]) -> C:
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
-    return _merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg
+    if not overrides:
+        return cfg
+    try:
+        return _merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except ConfigError as e:
+        culprit = _failing_override(cfg, overrides)
+        if culprit is None or str(e).startswith(culprit.split("=", 1)[0]):
+            raise
+        raise ConfigError(f"{culprit}: {e}") from None
+
+
+def _failing_override(cfg, overrides: Sequence[str]) -> Optional[str]:
+    """The first override that OmegaConf refuses on its own (its type check), for errors that name no
+    key, such as a list element of the wrong type; None when only their combination fails."""
+    structured = OmegaConf.structured(cfg)
+    OmegaConf.set_readonly(structured, False)
+    for item in overrides:
+        try:
+            OmegaConf.merge(structured, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException:
+            return item
+    return None
 
 
 def to_yaml(cfg) -> str:

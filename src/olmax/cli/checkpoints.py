@@ -123,7 +123,7 @@ def parity_cmd(
 ):
     """Logits and per-layer hidden states of olmax (the checkpoint's latest step) against transformers on
     the same random tokens, and the verdict: PASS (exit 0) when every figure is within the bounds of a
-    correct conversion in that dtype, FAIL (exit 1) otherwise; bad input exits 2 (docs/conversion.md)."""
+    correct conversion in that dtype, FAIL (exit 3) otherwise; bad input exits 2 (docs/conversion.md)."""
     from dataclasses import replace
 
     from olmax.convert.parity import PARITY_BOUNDS, PARITY_DTYPES, PARITY_FAIL_EXIT, run_hf_parity

@@ -75,7 +75,9 @@ PARITY_BOUNDS = {
     "bfloat16": ParityBounds(max_kl_mean=5e-3, min_top1=0.9, max_logit_diff=None, layer_tol=1e-1),
 }
 PARITY_DTYPES = tuple(PARITY_BOUNDS)
-PARITY_FAIL_EXIT = 1  # `olmax parity`'s exit status on FAIL (as diff and cmp: 0 same, 1 differ, 2 trouble)
+# `olmax parity`'s exit status on FAIL: neither 1 (a crash, olmax.exits) nor 2 (bad input), so a script
+# can tell a model that differs from a run that failed
+PARITY_FAIL_EXIT = 3
 _TOKENS_PER_CHUNK = 256  # metric chunks: bounds the float64 temporaries at 256 x vocab
 
 
@@ -104,7 +106,7 @@ def logit_metrics(ref: np.ndarray, ours: np.ndarray, vocab_size: int) -> dict:
         top_r = np.argpartition(-r, k - 1, axis=-1)[:, :k]
         top_o = np.argpartition(-o, k - 1, axis=-1)[:, :k]
         overlap.append((top_r[:, :, None] == top_o[:, None, :]).any(-1).sum(-1) / k)
-        max_abs = max(max_abs, float(np.abs(r - o).max()))
+        max_abs = float(np.maximum(max_abs, np.abs(r - o).max()))  # np.maximum: a NaN stays NaN, and fails its bound
     kl_all = np.maximum(np.concatenate(kl), 0.0)  # KL >= 0; float64 rounding can give -1e-17
     return {
         "kl_mean": float(kl_all.mean()),

@@ -90,7 +90,8 @@ def eos_spans(read, n_tokens: int, eos: int, bos: Optional[int]) -> np.ndarray:
         if stop == n_tokens and ids[-1] == eos:
             ends.append(np.asarray([n_tokens]))
     end = np.concatenate(ends).astype(np.int64) if ends else np.zeros(0, np.int64)
-    return np.stack([np.concatenate([[0], end[:-1]]).astype(np.int64), end], axis=1)
+    starts = np.concatenate([[0], end[:-1]]) if end.size else end  # a file without EOS has no document
+    return np.stack([starts.astype(np.int64), end], axis=1)
 
 
 def metadata_path(path: str) -> str:
@@ -400,10 +401,12 @@ class PackedSource:
         pad = np.full(self.seq_len - real, self.tokenizer.pad_token_id, dtype=self.files.dtype)
         tokens = np.concatenate(parts + [pad])
         eos, bos = self.tokenizer.eos_token_id, self.tokenizer.bos_token_id
-        if not any(fi in self.remote for fi, _, _ in docs):
+        group = self.groups[self.locate(int(index))[0]]
+        if not any(fi in self.remote for fi in group):
             return tokens, doc_lengths(tokens, eos, bos)
-        # Metadata boundaries: a document need not end in EOS, so the lengths come from the spans
-        # (as 3.0.0 does); the padding is scanned as 3.0.0 scans it.
+        # A group with a remote file takes its boundaries from metadata: a document need not end in
+        # EOS, so every instance of the group gets its lengths from the spans (3.0.0 decides per group,
+        # not per instance); the padding is scanned as 3.0.0 scans it.
         lens = [e - s for _, s, e in docs]
         padding = self.seq_len - real
         if padding:
