@@ -376,26 +376,6 @@ def test_packed_obfd_pack_spans_layout():
     np.testing.assert_array_equal(packed, [[0, 40], [70, 94], [40, 70], [94, 100]])
 
 
-def test_train_step_refuses_doc_masking_it_cannot_apply():
-    from dataclasses import replace
-
-    from olmax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainerConfig
-    from olmax.sharding import make_mesh
-    from olmax.train_step import make_train_step
-
-    model = ModelConfig(vocab_size=250, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64)
-    cfg = ExperimentConfig(
-        name="doc-masking",
-        model=model,
-        data=DataConfig(seq_len=16, doc_masking=True),
-        trainer=TrainerConfig(global_batch=8),
-    )
-    mesh = make_mesh(MeshConfig())
-    with pytest.raises(ConfigError, match="data.doc_masking=true needs attention masked within documents"):
-        make_train_step(cfg, mesh)
-    make_train_step(replace(cfg, data=replace(cfg.data, doc_masking=False, packing="obfd")), mesh)
-
-
 def write_metadata(paths, tok, seed=0):
     """`<name>.csv.gz` per file (OLMo-core's `start,end` layout) whose boundaries are NOT all at EOS:
     some documents are cut mid-text, as a producer that truncates documents writes them."""

@@ -33,6 +33,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # `auto` picks by the platform the step compiles for (olmax.model.attention.resolve_backend).
 ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
 ROPE_TYPES = ("default", "yarn")
+ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 
@@ -50,6 +51,7 @@ CONTEXT_FIELDS = (
     "yarn_original_max_position",
     "yarn_layers",
     "max_position",
+    "rope_positions",
 )
 # - the random init, which a continued run does not use.
 # Every other ModelConfig field is the architecture.
@@ -198,6 +200,10 @@ class ModelConfig:
     yarn_layers: str = "global"
     """Which layers YaRN rescales: "global" (the full-attention layers only, as transformers'
     Olmo3Config and AI2's released long-context configs do; windowed layers keep plain RoPE) or "all"."""
+    rope_positions: str = "absolute"
+    """Rotary positions of packed documents (with data.doc_masking): "absolute" (0..seq_len-1 across the
+    instance, as AI2's stage-3 run had them) or "document" (each document's positions start at 0;
+    docs/model.md)."""
     max_position: int = 8192
     """The context length the model is meant for, written to HF's max_position_embeddings on export;
     the forward pass does not enforce it."""
@@ -225,6 +231,7 @@ class ModelConfig:
         remat_policy_of(self.remat)  # a clear error for an unknown name or tag
         _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
         _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
+        _check_choice("model.rope_positions", self.rope_positions, ROPE_POSITIONS)
         sizes = (
             "vocab_size",
             "vocab_multiple",

@@ -106,6 +106,8 @@ def train(
                     batch["instance_mask"] = jax.make_array_from_process_local_data(
                         mask_sharding, local["instance_mask"]
                     )
+                if "doc_lens" in local:  # data.doc_masking: attention stays within documents
+                    batch["doc_lens"] = jax.make_array_from_process_local_data(to_global, local["doc_lens"])
                 state, metrics = step_fn(state, batch)
                 if pending is not None:
                     _log(pending, log, rows, bar, t_last)

@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.loss import loss_denominator, make_labels, output_loss
+from olmax.model.attention import MASKING_BACKENDS, segment_ids
 from olmax.model.olmo3 import forward_hidden
 from olmax.schedules import make_schedule
 from olmax.sharding import logical_to_spec
@@ -64,7 +65,9 @@ def batch_sharding(cfg: ExperimentConfig, mesh: Mesh) -> NamedSharding:
 
 def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
     """The jitted step. batch: {"input_ids": (global_batch, seq_len) int32} and optionally
-    {"instance_mask": (global_batch,) bool} (False = instance filtered out: no loss, still counted).
+    {"instance_mask": (global_batch,) bool} (False = instance filtered out: no loss, still counted);
+    with data.doc_masking also {"doc_lens": (global_batch, seq_len) int32} (the loader's), from which
+    every token's document is found and attention kept within it (olmax.model.attention.segment_ids).
     The state argument is donated. Metrics (float32 scalars): loss, ce_loss, z_loss, grad_norm
     (before clipping), lr, skipped (1.0 when the optimizer skipped), tokens (input tokens this step).
     """
@@ -81,17 +84,23 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
     shardings = state_shardings(cfg, mesh)
     b_sharding = batch_sharding(cfg, mesh)
     batch_axes = b_sharding.spec[0]
-    if data.doc_masking:
+    if data.doc_masking and model.attention not in ("auto", *MASKING_BACKENDS):
         raise ConfigError(
-            "data.doc_masking=true needs attention masked within documents, which olmax's attention backends "
-            "(xla, splash, cudnn) do not take yet: the batch's doc_lens would be ignored. Set data.doc_masking=false"
+            f"data.doc_masking=true needs attention masked within documents, which model.attention="
+            f"{model.attention} cannot do (jax's cuDNN call takes no segment ids); use model.attention=auto "
+            f"(it runs xla instead of cudnn on GPUs) or one of {', '.join(MASKING_BACKENDS)}"
+        )
+    if model.rope_positions == "document" and not data.doc_masking:
+        raise ConfigError(
+            "model.rope_positions=document restarts positions at each document, which needs the documents: "
+            "set data.doc_masking=true (or model.rope_positions=absolute)"
         )
     # Packed instances are padded with the pad id; a target that is padding has no loss (3.0.0's label_mask).
     pad_id = data.pad_token_id if data.mask_pad_token or data.packing == "obfd" else None
 
-    def micro_loss(params, input_ids, instance_mask, denominator):
+    def micro_loss(params, input_ids, instance_mask, segments, denominator):
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask)
-        hidden = forward_hidden(params, input_ids, model)
+        hidden = forward_hidden(params, input_ids, model, segments=segments)
         total, (ce, z_sq) = output_loss(params, hidden, labels, model, chunk=trainer.loss_chunk, z_loss=z_mult)
         return total / denominator, (ce / denominator, z_mult * z_sq / denominator)
 
@@ -113,6 +122,12 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
                 f"(trainer.global_batch, data.seq_len) = {(trainer.global_batch, data.seq_len)}"
             )
         input_ids = jax.lax.with_sharding_constraint(input_ids, b_sharding)
+        segments = None
+        if data.doc_masking:
+            if "doc_lens" not in batch:
+                raise ValueError("data.doc_masking=true but the batch has no 'doc_lens'")
+            doc_lens = jax.lax.with_sharding_constraint(batch["doc_lens"].astype(jnp.int32), b_sharding)
+            segments = jax.lax.with_sharding_constraint(segment_ids(doc_lens), b_sharding)
         if instance_mask is not None:
             instance_mask = jax.lax.with_sharding_constraint(
                 instance_mask, NamedSharding(mesh, PartitionSpec(batch_axes))
@@ -131,7 +146,11 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
         zero = jnp.zeros((), jnp.float32)
-        (grads, ce, z), _ = jax.lax.scan(accumulate, (zeros, zero, zero), (split(input_ids), split(instance_mask)))
+        (grads, ce, z), _ = jax.lax.scan(
+            accumulate,
+            (zeros, zero, zero),
+            (split(input_ids), split(instance_mask), None if segments is None else split(segments)),
+        )
 
         lr = schedule(state.step + 1)
         params, opt_state, stats = opt.step(grads, state.opt_state, state.params, lr=lr, loss=ce)

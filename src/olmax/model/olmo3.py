@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from olmax.config import ModelConfig, RematPolicy, remat_policy_of
-from olmax.model.attention import attention
+from olmax.model.attention import attention, document_positions
 from olmax.model.rope import apply_rope, rope_tables
 from olmax.sharding import constrain
 
@@ -139,10 +139,11 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     return h + rms_norm(mlp, p["mlp_norm"], cfg.norm_eps), extra
 
 
-def self_attention(cfg: ModelConfig, window: Optional[int]) -> Callable:
-    """The `attend` of a whole sequence (training and scoring): causal, with this layer's window."""
+def self_attention(cfg: ModelConfig, window: Optional[int], segments: Optional[jnp.ndarray] = None) -> Callable:
+    """The `attend` of a whole sequence (training and scoring): causal, with this layer's window, and
+    within documents when `segments` (batch, seq) gives each token's document."""
     return lambda q, k, v: (
-        attention(q, k, v, window=window, backend=cfg.attention, splash_blocks=cfg.splash_blocks),
+        attention(q, k, v, window=window, backend=cfg.attention, splash_blocks=cfg.splash_blocks, segments=segments),
         None,
     )
 
@@ -162,12 +163,11 @@ def checkpoint_policy(policy: RematPolicy) -> Callable:
 
 def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
     """Runs layers first..first+n-1, each with its static window and RoPE kind:
-    (x, stacked layer params, rope tables) -> (x, outputs or None)."""
+    (x, stacked layer params, rope tables, segment ids or None) -> (x, outputs or None)."""
     policy = remat_policy_of(cfg.remat)
 
     def layer(window: Optional[int]):
-        attend = self_attention(cfg, window)
-        run = lambda p, x, cos, sin: block(cfg, p, x, cos, sin, attend)[0]
+        run = lambda p, x, cos, sin, segments: block(cfg, p, x, cos, sin, self_attention(cfg, window, segments))[0]
         if policy is None:
             return run
         # per block, so a backward pass holds one block's activations at a time
@@ -175,27 +175,49 @@ def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
 
     layers = [(layer(cfg.layer_window(i)), cfg.layer_rope_scaled(i)) for i in range(first, first + n)]
 
-    def run(x, group_params, ropes):
+    def run(x, group_params, ropes, segments):
         cdt = jnp.dtype(cfg.compute_dtype)
         outputs = []
         for i, (run_layer, scaled) in enumerate(layers):
             p = jax.tree.map(lambda w: w[i].astype(cdt), group_params)  # noqa: B023 - applied at once
-            x = constrain(run_layer(p, x, *ropes[scaled]), ACTIVATION_AXES)
+            x = constrain(run_layer(p, x, *ropes[scaled], segments), ACTIVATION_AXES)
             outputs.append(x)
         return x, (jnp.stack(outputs) if collect else None)
 
     return run
 
 
-def forward_hidden(params: dict, tokens: jnp.ndarray, cfg: ModelConfig, *, return_layers: bool = False):
+def rope_for(cfg: ModelConfig, seq_len: int, scaled: bool, segments: Optional[jnp.ndarray] = None):
+    """The (cos, sin) a forward pass rotates with: (seq, head_dim) for positions 0..seq_len-1, or with
+    segments and cfg.rope_positions == "document", (batch, seq, head_dim) rows whose positions restart
+    at 0 on each document (the same table entries, gathered)."""
+    tables = rope_tables(cfg, seq_len, scaled)
+    if segments is None or cfg.rope_positions == "absolute":
+        return tables
+    positions = document_positions(segments)
+    return tuple(table[positions] for table in tables)
+
+
+def forward_hidden(
+    params: dict,
+    tokens: jnp.ndarray,
+    cfg: ModelConfig,
+    *,
+    segments: Optional[jnp.ndarray] = None,
+    return_layers: bool = False,
+):
     """Token ids (batch, seq) -> final-normed hidden states (batch, seq, d_model) in compute dtype.
+
+    segments: (batch, seq) int32 document index of every token (olmax.model.attention.segment_ids of
+    the batch's doc_lens), or None for one document per row. With them attention stays within each
+    document, and with cfg.rope_positions == "document" each document's positions start at 0.
 
     With return_layers, also returns every layer's output stacked as (n_layers, batch, seq, d_model)
     (before the final norm), which is what per-layer parity checks compare.
     """
     cdt = jnp.dtype(cfg.compute_dtype)
     x = constrain(params["embed"].astype(cdt)[tokens], ACTIVATION_AXES)
-    ropes = {scaled: rope_tables(cfg, tokens.shape[1], scaled) for scaled in (False, True)}
+    ropes = {scaled: rope_for(cfg, tokens.shape[1], scaled, segments) for scaled in (False, True)}
     period, n_layers = cfg.global_every, cfg.n_layers
     n_groups, tail = divmod(n_layers, period)
     layers = params["layers"]
@@ -204,13 +226,13 @@ def forward_hidden(params: dict, tokens: jnp.ndarray, cfg: ModelConfig, *, retur
     if n_groups:
         grouped = jax.tree.map(lambda w: w[: n_groups * period].reshape(n_groups, period, *w.shape[1:]), layers)
         run = _group_fn(cfg, 0, period, return_layers)  # every full group has the first group's pattern
-        x, outs = jax.lax.scan(lambda h, g: run(h, g, ropes), x, grouped)
+        x, outs = jax.lax.scan(lambda h, g: run(h, g, ropes, segments), x, grouped)
         if return_layers:
             per_layer.append(outs.reshape(n_groups * period, *outs.shape[2:]))
     if tail:
         start = n_groups * period
         run = _group_fn(cfg, start, tail, return_layers)
-        x, outs = run(x, jax.tree.map(lambda w: w[start:], layers), ropes)
+        x, outs = run(x, jax.tree.map(lambda w: w[start:], layers), ropes, segments)
         per_layer.append(outs)
 
     x = rms_norm(x, params["final_norm"], cfg.norm_eps)
@@ -226,6 +248,7 @@ def lm_head(params: dict, hidden: jnp.ndarray, cfg: ModelConfig) -> jnp.ndarray:
     return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
 
 
-def forward(params: dict, tokens: jnp.ndarray, cfg: ModelConfig) -> jnp.ndarray:
-    """Token ids (batch, seq) -> float32 logits (batch, seq, padded_vocab_size)."""
-    return lm_head(params, forward_hidden(params, tokens, cfg), cfg)
+def forward(params: dict, tokens: jnp.ndarray, cfg: ModelConfig, *, segments: Optional[jnp.ndarray] = None):
+    """Token ids (batch, seq) -> float32 logits (batch, seq, padded_vocab_size); segments as in
+    `forward_hidden`."""
+    return lm_head(params, forward_hidden(params, tokens, cfg, segments=segments), cfg)
