@@ -249,19 +249,32 @@ def test_train_step_loss_is_each_documents_own(tmp_path):
     np.testing.assert_allclose(float(metrics["ce_loss"]), total / (rows * (seq - 1)), rtol=1e-5)
 
 
+def _mosaic_operands(lowered) -> list[int]:
+    """The operand count of every Mosaic kernel call in a lowered (StableHLO) program."""
+    calls = [line for line in lowered.as_text().splitlines() if "@tpu_custom_call(" in line]
+    return [len(line.split("@tpu_custom_call(")[1].split(")")[0].split(",")) for line in calls]
+
+
 def test_masked_splash_step_compiles_for_a_tpu_topology(tmp_path):
     """The train step with doc_lens, compiled ahead of time by the TPU compiler for Ironwood (no TPU
-    needed): auto resolves to splash for the topology and its kernels take the segment ids."""
+    needed): auto resolves to splash for the topology, and every kernel call (forward, dq and dkv of
+    the windowed and the global layer) takes two more operands than unmasked, the q and kv segment ids."""
     from olmax.chips import chip_of_topology, compiler_options
     from olmax.compile_check import MOSAIC_CALL, topology_devices
     from olmax.state import abstract_state
     from olmax.train_step import batch_sharding
 
     overrides = ["model.n_layers=2", "model.vocab_size=512", "data.seq_len=128", "model.compute_dtype=bfloat16"]
-    cfg = small_config(tmp_path, *overrides, "data.doc_masking=true", "mesh.fsdp=-1")
-    mesh = make_mesh(cfg.mesh, topology_devices("tpu7x:2x2x1"))
+    lowered = {}
+    for masking in ("true", "false"):
+        cfg = small_config(tmp_path, *overrides, f"data.doc_masking={masking}", "mesh.fsdp=-1")
+        mesh = make_mesh(cfg.mesh, topology_devices("tpu7x:2x2x1"))
+        with jax.set_mesh(mesh):
+            ids = jax.ShapeDtypeStruct((8, 128), "int32", sharding=batch_sharding(cfg, mesh))
+            batch = {"input_ids": ids, "doc_lens": ids} if masking == "true" else {"input_ids": ids}
+            lowered[masking] = make_train_step(cfg, mesh).lower(abstract_state(cfg, mesh), batch)
+    masked, plain = _mosaic_operands(lowered["true"]), _mosaic_operands(lowered["false"])
+    assert len(masked) == len(plain) >= 6 and [n - 2 for n in masked] == plain, (masked, plain)
     with jax.set_mesh(mesh):
-        ids = jax.ShapeDtypeStruct((8, 128), "int32", sharding=batch_sharding(cfg, mesh))
-        lowered = make_train_step(cfg, mesh).lower(abstract_state(cfg, mesh), {"input_ids": ids, "doc_lens": ids})
-        compiled = lowered.compile(compiler_options=compiler_options(chip_of_topology("tpu7x:2x2x1")))
-    assert compiled.as_text().count(MOSAIC_CALL) >= 6  # fwd, dq and dkv of the windowed and the global layer
+        compiled = lowered["true"].compile(compiler_options=compiler_options(chip_of_topology("tpu7x:2x2x1")))
+    assert compiled.as_text().count(MOSAIC_CALL) >= 6

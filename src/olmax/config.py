@@ -5,8 +5,8 @@ Configs are plain frozen dataclasses. OmegaConf does the YAML round trip and the
 that names the key, the type it takes and the value given). Every check that needs neither devices
 nor data runs in the dataclasses' `__post_init__`, so a config that `olmax config` and
 `olmax train --dry-run` accept is one the trainer accepts too, up to the device count (the batch split
-over devices), the data, and `data.doc_masking` (which the data commands take and the trainer refuses
-until attention can mask within documents).
+over devices), the data, and the train step's two document checks (a backend that cannot mask within
+documents, or model.rope_positions=document without data.doc_masking).
 Named presets live in `olmax.recipes`.
 
 Every field carries its help text as an attribute docstring: the string literal on the line(s) right
@@ -324,7 +324,7 @@ class DataConfig:
     pieces ("fragment")."""
     doc_masking: bool = False
     """Send each instance's document lengths with the batch (OLMo-core's generate_doc_lengths); either
-    packing. `olmax data order` shows them; training refuses it until attention masks within documents."""
+    packing. Training keeps attention within each document (docs/attention.md); `olmax data order` shows them."""
 
     def __post_init__(self):
         _check_positive("data", self, "seq_len", "vocab_size")
