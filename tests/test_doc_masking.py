@@ -92,12 +92,6 @@ def test_xla_masked_matches_the_reference_mask(window):
         _close(g, w)
 
 
-def test_document_mask_is_the_reference_mask():
-    seg = attn.segment_ids(_doc_lens())
-    for window in (None, 64):
-        np.testing.assert_array_equal(attn.document_mask(seg, window), _reference_mask(DOCS, SEQ, window))
-
-
 @pytest.mark.parametrize("window", [None, 64])
 def test_splash_masked_matches_xla(window):
     """Splash's SegmentIds in Pallas interpret mode: outputs and its own backward kernels."""

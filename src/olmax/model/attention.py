@@ -116,13 +116,6 @@ def window_mask(i, j, window: Optional[int]):
     return mask if window is None else mask & (i - j < window)
 
 
-def document_mask(segments: jnp.ndarray, window: Optional[int]) -> jnp.ndarray:
-    """(batch, seq, seq) boolean, the whole mask written out: query i may attend to key j when j is
-    causal and in the window of i and both are in the same segment."""
-    same = segments[:, :, None] == segments[:, None, :]
-    return same & causal_mask(segments.shape[1], window)[None]
-
-
 def causal_mask(seq_len: int, window: Optional[int]) -> jnp.ndarray:
     """(seq, seq) boolean: query i may attend to key j."""
     return window_mask(jnp.arange(seq_len)[:, None], jnp.arange(seq_len)[None, :], window)
