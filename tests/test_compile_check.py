@@ -63,6 +63,14 @@ def test_small_model_on_ironwood_uses_splash_and_the_chip_profile():
     json.dumps(r)  # the --json payload
 
 
+def test_doc_masked_step_compiles_with_its_doc_lens():
+    """compile-check builds the batch the loader gives: with data.doc_masking, doc_lens ride along and
+    the splash kernels take the segment ids made from them."""
+    cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["data.doc_masking=true"])
+    r = compile_report(cfg, topology="tpu7x:2x2x1")
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] >= 6 and r["fits"] is True
+
+
 def test_xla_attention_has_no_mosaic_kernel():
     cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["model.attention=xla"])
     r = compile_report(cfg, topology="v5p:2x2x1")

@@ -100,11 +100,11 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
     where = topology or f"{mesh.size} {platform} devices"
     with jax.set_mesh(mesh):
         state = abstract_state(cfg, mesh)
-        batch = {
-            "input_ids": jax.ShapeDtypeStruct(
-                (cfg.trainer.global_batch, cfg.data.seq_len), "int32", sharding=batch_sharding(cfg, mesh)
-            )
-        }
+        rows = jax.ShapeDtypeStruct(
+            (cfg.trainer.global_batch, cfg.data.seq_len), "int32", sharding=batch_sharding(cfg, mesh)
+        )
+        # the loader's batch: with doc masking its doc_lens ride along, shaped and placed as the tokens
+        batch = {"input_ids": rows, **({"doc_lens": rows} if cfg.data.doc_masking else {})}
         t0 = time.perf_counter()
         lowered = make_train_step(cfg, mesh).lower(state, batch)
         t1 = time.perf_counter()
