@@ -677,7 +677,7 @@ def apply_overrides(cfg: C, overrides: Sequence[str]) -> C:
         return _merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except ConfigError as e:
         culprit = _failing_override(cfg, overrides)
-        if culprit is None or str(e).startswith(culprit.split("=", 1)[0]):
+        if culprit is None or culprit.split("=", 1)[0].rsplit(".", 1)[-1] in str(e):  # it names the key
             raise
         raise ConfigError(f"{culprit}: {e}") from None
 
