@@ -145,3 +145,10 @@ def olmax_config_of(model, vocab_size: int, **fields) -> ModelConfig:
         norm_eps=1e-6,
         **fields,
     )
+
+
+def tiny_eval_model(**fields) -> ModelConfig:
+    """The evaluation tests' float32 model: tiny sizes over the given vocabulary (the full dolma2 one by
+    default, so the real tokenizer scores real text); `fields` change any of them."""
+    sizes = dict(vocab_size=100278, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, mlp_hidden=64)
+    return ModelConfig(**{**sizes, "sliding_window": 8, "compute_dtype": "float32", **fields})

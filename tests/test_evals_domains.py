@@ -9,24 +9,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from models import tiny_eval_model
 
-from olmax.config import ModelConfig
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.domains import document_windows, read_domains, score_domains
 from olmax.evals.scoring import TokenScorer, eval_mesh
 from olmax.model.olmo3 import forward, init_params
 
-CFG = ModelConfig(
-    vocab_size=100278,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    mlp_hidden=64,
-    sliding_window=8,
-    compute_dtype="float32",
-)
+CFG = tiny_eval_model()
 # A slice of a real held-out corpus, one file per source, each document with its `domain` (tests/fixtures/README.md).
 REAL = Path(__file__).resolve().parent / "fixtures" / "corpus"
 

@@ -7,25 +7,16 @@ import json
 import jax
 import numpy as np
 import pytest
+from models import tiny_eval_model
 
 from olmax.checkpoint import save_params
-from olmax.config import DataConfig, EvalConfig, ExperimentConfig, ModelConfig, TrainerConfig
+from olmax.config import DataConfig, EvalConfig, ExperimentConfig, TrainerConfig
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.heldout import HeldoutEvaluator, eval_loss, eval_name, load_instances
 from olmax.evals.scoring import eval_mesh
 from olmax.model.olmo3 import forward, init_params
 
-CFG = ModelConfig(
-    vocab_size=100278,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    mlp_hidden=64,
-    sliding_window=8,
-    compute_dtype="float32",
-)
+CFG = tiny_eval_model()
 TEXTS = [f"Document {i}: the quick brown fox jumps over {i * 7} lazy dogs, then rests." for i in range(12)]
 
 

@@ -6,24 +6,15 @@ from dataclasses import replace
 import jax
 import numpy as np
 import pytest
+from models import tiny_eval_model
 
 from olmax.checkpoint import save_params
-from olmax.config import DataConfig, ModelConfig
+from olmax.config import DataConfig
 from olmax.evals.kl import default_buckets, eval_kl, token_kl
 from olmax.evals.scoring import eval_mesh
 from olmax.model.olmo3 import forward, init_params
 
-CFG = ModelConfig(
-    vocab_size=300,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    mlp_hidden=64,
-    sliding_window=8,
-    compute_dtype="float32",
-)
+CFG = tiny_eval_model(vocab_size=300)
 SEQ = 24
 
 

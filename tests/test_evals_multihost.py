@@ -15,24 +15,14 @@ import jax
 import numpy as np
 import portpicker
 import pytest
+from models import tiny_eval_model
 
 from olmax.checkpoint import save_params
-from olmax.config import DataConfig, ModelConfig
+from olmax.config import DataConfig
 from olmax.evals.heldout import eval_loss
 from olmax.model.olmo3 import init_params
 
-CFG = ModelConfig(
-    vocab_size=5000,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    mlp_hidden=64,
-    sliding_window=8,
-    max_position=16,
-    compute_dtype="float32",
-)
+CFG = tiny_eval_model(vocab_size=5000, max_position=16)
 
 WORKER = textwrap.dedent("""
     import json, sys

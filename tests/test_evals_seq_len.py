@@ -7,29 +7,19 @@ import json
 import jax
 import numpy as np
 import pytest
+from models import tiny_eval_model
 from typer.testing import CliRunner
 
 from olmax.checkpoint import RunCheckpoints, save_params
 from olmax.cli import app
-from olmax.config import CheckpointConfig, DataConfig, ExperimentConfig, MeshConfig, ModelConfig
+from olmax.config import CheckpointConfig, DataConfig, ExperimentConfig, MeshConfig
 from olmax.evals.scoring import eval_seq_len, trained_seq_len
 from olmax.evals.verify import verify
 from olmax.model.olmo3 import init_params
 from olmax.sharding import make_mesh
 from olmax.state import init_train_state
 
-CFG = ModelConfig(
-    vocab_size=100278,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    mlp_hidden=64,
-    sliding_window=8,
-    max_position=64,
-    compute_dtype="float32",
-)
+CFG = tiny_eval_model(max_position=64)
 TRAINED = 32  # the run's data.seq_len: neither the config default (8192) nor max_position
 
 

@@ -6,27 +6,16 @@ task and the remedies (exit 2), not a traceback; verify reads users' own task YA
 import jax
 import numpy as np
 import pytest
+from models import tiny_eval_model
 from typer.testing import CliRunner
 
 from olmax.checkpoint import save_params
 from olmax.cli import app
-from olmax.config import ModelConfig
 from olmax.model.olmo3 import init_params
 
 pytest.importorskip("lm_eval")
 
-CFG = ModelConfig(
-    vocab_size=100278,
-    d_model=32,
-    n_layers=1,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    mlp_hidden=64,
-    sliding_window=8,
-    max_position=16,
-    compute_dtype="float32",
-)
+CFG = tiny_eval_model(n_layers=1, max_position=16)
 
 
 @pytest.fixture(scope="module")

@@ -10,28 +10,18 @@ import math
 import jax
 import numpy as np
 import pytest
+from models import tiny_eval_model
 from typer.testing import CliRunner
 
 from olmax.checkpoint import save_params
 from olmax.cli import app
-from olmax.config import DataConfig, ModelConfig
+from olmax.config import DataConfig
 from olmax.evals.domains import eval_domains
 from olmax.evals.heldout import eval_loss
 from olmax.evals.verify import DIFFERS, WITHIN, compare_tasks, paired_delta, verify
 from olmax.model.olmo3 import init_params
 
-CFG = ModelConfig(
-    vocab_size=100278,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    mlp_hidden=64,
-    sliding_window=8,
-    max_position=16,
-    compute_dtype="float32",
-)
+CFG = tiny_eval_model(max_position=16)
 SEQ, STEPS = 16, (10, 20)
 
 
