@@ -8,7 +8,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.data.demo import demo_shards
 from olmax.recipes import get_recipe
 

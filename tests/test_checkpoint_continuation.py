@@ -11,7 +11,8 @@ import pytest
 from small_run import small_config
 
 from olmax.checkpoint import RunCheckpoints, config_changes, save_params
-from olmax.config import NOT_ARCHITECTURE, ConfigError, ModelConfig, apply_overrides, to_dict
+from olmax.config import NOT_ARCHITECTURE, ConfigError, ModelConfig
+from olmax.config_io import apply_overrides, to_dict
 from olmax.model.olmo3 import param_specs
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state

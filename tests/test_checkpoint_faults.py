@@ -51,7 +51,7 @@ def test_keep_policy_keeps_the_newest(tmp_path):
 
 SIGTERM_SCRIPT = """
 import sys
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
 cfg = apply_overrides(get_recipe("tiny"), sys.argv[2:])

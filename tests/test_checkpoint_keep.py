@@ -9,7 +9,8 @@ import pytest
 from small_run import small_config
 
 from olmax.checkpoint import complete_steps, keep_policy
-from olmax.config import ConfigError, apply_overrides
+from olmax.config import ConfigError
+from olmax.config_io import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
 

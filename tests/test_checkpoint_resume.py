@@ -9,7 +9,7 @@ import pytest
 from small_run import SMALL as BASE
 
 from olmax.checkpoint import load_params
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
 

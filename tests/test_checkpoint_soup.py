@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from olmax.checkpoint import RunCheckpoints, complete_steps, load_params, read_config, run_handlers
 from olmax.cli import app
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.evals.scoring import load_checkpoint
 from olmax.optim import AdamWState, OptState, SkipWindow
 from olmax.recipes import get_recipe

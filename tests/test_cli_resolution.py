@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from olmax.checkpoint import save_params
 from olmax.cli import app
 from olmax.cli.common import resolve_experiment
-from olmax.config import ConfigError, DataConfig, EvalConfig, ExperimentConfig, ModelConfig, TrainerConfig, save_yaml
+from olmax.config import ConfigError, DataConfig, EvalConfig, ExperimentConfig, ModelConfig, TrainerConfig
+from olmax.config_io import save_yaml
 from olmax.model.olmo3 import init_params
 
 VOCAB, EOS, PAD = 300, 299, 298

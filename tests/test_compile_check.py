@@ -8,7 +8,8 @@ import pytest
 
 from olmax import chips
 from olmax.compile_check import GIB, DoesNotFit, check_fits, compile_report, topology_devices
-from olmax.config import ConfigError, MeshConfig, apply_overrides
+from olmax.config import ConfigError, MeshConfig
+from olmax.config_io import apply_overrides
 from olmax.model.olmo3 import count_params
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh

@@ -5,7 +5,7 @@ import jax
 import jax.monitoring
 import numpy as np
 
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
 from olmax.state import init_train_state

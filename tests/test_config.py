@@ -9,8 +9,9 @@ import sys
 import pytest
 from reference_values import STAGE1_LR
 
-from olmax import config
-from olmax.config import ConfigError, ExperimentConfig, apply_overrides, load_yaml, save_yaml
+from olmax import config, config_io
+from olmax.config import ConfigError, ExperimentConfig
+from olmax.config_io import apply_overrides, load_yaml, save_yaml
 from olmax.recipes import FIT_REMAT, RECIPES, get_recipe, resolve
 
 
@@ -133,11 +134,11 @@ def test_every_config_field_has_help():
         f"{cls.__name__}.{f.name}"
         for cls in classes
         for f in dataclasses.fields(cls)
-        if not config.field_help(cls).get(f.name)
+        if not config_io.field_help(cls).get(f.name)
     ]
     assert not missing, f"config fields without an attribute docstring: {missing}"
     # --explain lists every leaf field, each with its help
-    assert all(fi.help for fi in config.explain_fields(ExperimentConfig()))
+    assert all(fi.help for fi in config_io.explain_fields(ExperimentConfig()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +153,7 @@ class _Documented:
 
 
 def test_field_help_reads_attribute_docstrings_only():
-    assert config.field_help(_Documented) == {"a": "Help of a, over two lines.", "d": "Help of d."}
+    assert config_io.field_help(_Documented) == {"a": "Help of a, over two lines.", "d": "Help of d."}
 
 
 def test_cli_explains_fields():
@@ -175,14 +176,14 @@ def test_cli_explains_fields():
     assert run.exit_code == 0, run.output
     blocks = [block.split("\n", 1) for block in re.split(r"\n(?=\S)", run.output.strip())]
     assert [(head, " ".join(body.split())) for head, body in blocks] == [
-        ('model.rope_type: str = "yarn"', config.field_help(config.ModelConfig)["rope_type"]),
-        ("trainer.max_steps: int = 7", config.field_help(config.TrainerConfig)["max_steps"]),
+        ('model.rope_type: str = "yarn"', config_io.field_help(config.ModelConfig)["rope_type"]),
+        ("trainer.max_steps: int = 7", config_io.field_help(config.TrainerConfig)["max_steps"]),
     ]
     everything = CliRunner().invoke(app, ["config", "--explain"])  # no recipe: the dataclass defaults
     names = [line.split(":")[0] for line in everything.output.splitlines() if not line.startswith(" ")]
-    assert names == [fi.name for fi in config.explain_fields(ExperimentConfig())] and "wandb.mode" in names
+    assert names == [fi.name for fi in config_io.explain_fields(ExperimentConfig())] and "wandb.mode" in names
     with pytest.raises(ConfigError, match="no config field starts with 'modl'"):
-        config.explain_fields(ExperimentConfig(), ["modl"])
+        config_io.explain_fields(ExperimentConfig(), ["modl"])
 
 
 # The stage-1 LR check values (STAGE1_LR) go through the recipes' own schedules below (float32: 2e-6 relative).

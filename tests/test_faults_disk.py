@@ -16,7 +16,7 @@ from etils import epath
 from small_run import SMALL as BASE
 
 from olmax.checkpoint import CheckpointError, CheckpointWriteError, RunCheckpoints, complete_steps, storage_failure
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.exits import ExitStatus, status_of
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh

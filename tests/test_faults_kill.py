@@ -17,7 +17,7 @@ import pytest
 from small_run import SMALL as BASE
 
 from olmax.checkpoint import TMP_SUFFIX, load_params
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.launch.resume import LOCK_FILE
 from olmax.recipes import get_recipe
 from olmax.train import train

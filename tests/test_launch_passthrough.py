@@ -14,7 +14,7 @@ from test_launch import SLURM_ENV, TRICKY, XPK_ENV, _stub
 from typer.testing import CliRunner
 
 from olmax.cli import app
-from olmax.config import save_yaml
+from olmax.config_io import save_yaml
 from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.backends import dry_run, make_backend

@@ -4,7 +4,8 @@ writer (offline, no network) and the plain progress lines of a run without a ter
 import pytest
 from small_run import small_config
 
-from olmax.config import ConfigError, apply_overrides
+from olmax.config import ConfigError
+from olmax.config_io import apply_overrides
 from olmax.metrics import Progress
 from olmax.recipes import get_recipe
 from olmax.train import train

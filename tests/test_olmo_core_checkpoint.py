@@ -74,7 +74,7 @@ def olmo_core_run(tmp_path_factory):
     from olmo_core.train.train_module import TransformerTrainModule
     from olmo_core.train.utils import EnvRngStates
 
-    from olmax.config import save_yaml
+    from olmax.config_io import save_yaml
 
     work = tmp_path_factory.mktemp("olmo_core")
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ import pytest
 from slurm_env import slurm_env
 from small_run import SMALL as BASE
 
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.train import train
 

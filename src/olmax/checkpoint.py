@@ -30,7 +30,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from olmax.config import CONTEXT_FIELDS, ConfigError, ModelConfig, from_dict
+from olmax.config import CONTEXT_FIELDS, ConfigError, ModelConfig
+from olmax.config_io import from_dict
 from olmax.model.olmo3 import abstract_params
 
 PARAMS, CONFIG, META = "params", "config", "meta"

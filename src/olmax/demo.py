@@ -13,7 +13,7 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt  # picks a non-interactive backend by itself when there is no display
 
-from olmax.config import apply_overrides
+from olmax.config_io import apply_overrides
 from olmax.metrics import read_metrics
 from olmax.recipes import get_recipe
 from olmax.train import train

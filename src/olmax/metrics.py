@@ -24,7 +24,8 @@ from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 from olmax import runpath
-from olmax.config import ConfigError, ExperimentConfig, WandbConfig, to_dict
+from olmax.config import ConfigError, ExperimentConfig, WandbConfig
+from olmax.config_io import to_dict
 from olmax.evals.jsonl import read_jsonl
 from olmax.flops import exact_step_flops
 

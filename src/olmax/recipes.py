@@ -211,7 +211,7 @@ def resolve(
     recipe: str | None, config_file: str | None, overrides: list[str] | tuple[str, ...] = ()
 ) -> ExperimentConfig:
     """The experiment config a command runs: a recipe or a YAML file, then dotted overrides."""
-    from olmax.config import apply_overrides, load_yaml
+    from olmax.config_io import apply_overrides, load_yaml
 
     if (recipe is None) == (config_file is None):
         raise ConfigError("give exactly one of --recipe NAME or --config FILE")

@@ -20,7 +20,8 @@ from typing import Optional
 import yaml
 
 from olmax import runpath
-from olmax.config import ConfigError, ExperimentConfig, from_dict
+from olmax.config import ConfigError, ExperimentConfig
+from olmax.config_io import from_dict
 from olmax.exits import ExitStatus, read_record
 
 LOSS, STEP_TIME, SKIPPED = "train/CE loss", "time/step", "optim/step skipped"

@@ -47,7 +47,8 @@ from olmax.checkpoint import (
     run_handlers,
     save_params,
 )
-from olmax.config import ConfigError, ExperimentConfig, MeshConfig, from_dict
+from olmax.config import ConfigError, ExperimentConfig, MeshConfig
+from olmax.config_io import from_dict
 from olmax.model.olmo3 import abstract_params
 from olmax.optim import AdamWState, OptState, skip_window_init
 from olmax.sharding import make_mesh

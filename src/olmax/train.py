@@ -22,7 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax import runpath
 from olmax.checkpoint import RunCheckpoints, load_params, run_checkpoint_dir
-from olmax.config import ConfigError, ExperimentConfig, to_yaml
+from olmax.config import ConfigError, ExperimentConfig
+from olmax.config_io import to_yaml
 from olmax.data.loader import make_loader
 from olmax.evals.heldout import HeldoutEvaluator
 from olmax.exits import ExitStatus, write_record

@@ -53,7 +53,8 @@ def resolve_experiment(
     and `data.seq_len=2048` resolve alike, and giving one key both ways is an error. Commands whose
     base may be left out (need_base=False) start from the config defaults (olmax.config) without
     --recipe/--config. An unknown key or a value of the wrong type raises ConfigError naming it."""
-    from olmax.config import ConfigError, ExperimentConfig, apply_overrides
+    from olmax.config import ConfigError, ExperimentConfig
+    from olmax.config_io import apply_overrides
     from olmax.recipes import resolve
 
     overrides = list(overrides or [])

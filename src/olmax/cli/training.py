@@ -25,15 +25,8 @@ from olmax.cli.common import (
     runs_on,
     write_json,
 )
-from olmax.config import (
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    explain_fields,
-    format_explain,
-    save_yaml,
-    to_yaml,
-)
+from olmax.config import ConfigError, ExperimentConfig
+from olmax.config_io import apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
 
 
 @app.command("config")
