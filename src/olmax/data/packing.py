@@ -53,7 +53,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from olmax.data.sources import DataSourceError, TokenSource, is_url, remote_error
+from olmax.data.sources import DataSourceError, TokenSource, dataset_fingerprint, is_url, remote_error
 from olmax.data.tokenizer import TokenizerFields
 
 log = logging.getLogger(__name__)
@@ -247,12 +247,7 @@ def fingerprint(
         fields.append(("source_group_size", group_size))
     if metadata_digests:
         fields.append(("_metadata_fingerprint", tuple(metadata_digests)))
-    h = hashlib.sha256(b"class=NumpyPackedFSLDataset")
-    for name, value in fields:
-        h.update(f"{name}={value},".encode())
-    for path, size in zip(paths, sizes):
-        h.update(f"path={os.path.basename(path)},size={size},".encode())
-    return h.hexdigest()
+    return dataset_fingerprint("NumpyPackedFSLDataset", fields, paths, sizes)
 
 
 class PackedSource:

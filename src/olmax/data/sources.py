@@ -210,8 +210,6 @@ def fingerprint(
     tok: TokenizerFields, max_target_seq_len: Optional[int], paths: Sequence[str], sizes: Sequence[int]
 ) -> str:
     """OLMo-core's `NumpyFSLDataset.fingerprint` (fingerprint version v2.0)."""
-    h = hashlib.sha256()
-    h.update(b"class=NumpyFSLDataset")
     fields = (
         ("vocab_size", tok.vocab_size),
         ("pad_token_id", tok.pad_token_id),
@@ -220,6 +218,15 @@ def fingerprint(
         ("max_target_sequence_length", max_target_seq_len),
         ("bos_token_id", tok.bos_token_id),
     )
+    return dataset_fingerprint("NumpyFSLDataset", fields, paths, sizes)
+
+
+def dataset_fingerprint(
+    dataset_class: str, fields: Sequence[tuple[str, object]], paths: Sequence[str], sizes: Sequence[int]
+) -> str:
+    """How OLMo-core fingerprints its numpy datasets: sha256 over `class=NAME`, then `name=value,` per
+    field, then `path=<basename>,size=<bytes>,` per file in order."""
+    h = hashlib.sha256(f"class={dataset_class}".encode())
     for name, value in fields:
         h.update(f"{name}={value},".encode())
     for path, size in zip(paths, sizes):
