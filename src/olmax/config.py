@@ -4,8 +4,7 @@ Configs are plain frozen dataclasses; olmax.config_io reads and writes them as Y
 `key=value` overrides (OmegaConf, type-checked). Every check that needs neither devices
 nor data runs in the dataclasses' `__post_init__`, so a config that `olmax config` and
 `olmax train --dry-run` accept is one the trainer accepts too, up to the device count (the batch split
-over devices), the data, and the train step's two document checks (a backend that cannot mask within
-documents, or model.rope_positions=document without data.doc_masking).
+over devices) and the data.
 Named presets live in `olmax.recipes`.
 
 Every field carries its help text as an attribute docstring: the string literal on the line(s) right
@@ -21,6 +20,7 @@ from typing import Optional, Sequence
 DTYPES = ("float32", "bfloat16", "float16")
 # `auto` picks by the platform the step compiles for (olmax.model.attention.resolve_backend).
 ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
+MASKING_BACKENDS = ("xla", "splash")  # those that take segment ids (attention within documents)
 ROPE_TYPES = ("default", "yarn")
 ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
@@ -556,3 +556,15 @@ class ExperimentConfig:
         chunk, seq_len = self.trainer.loss_chunk, self.data.seq_len
         if chunk and seq_len % chunk:
             raise ConfigError(f"trainer.loss_chunk={chunk} does not divide data.seq_len={seq_len}")
+        model, data = self.model, self.data
+        if data.doc_masking and model.attention not in ("auto", *MASKING_BACKENDS):
+            raise ConfigError(
+                f"data.doc_masking=true needs attention masked within documents, which model.attention="
+                f"{model.attention} cannot do (jax's cuDNN call takes no segment ids); use model.attention=auto "
+                f"(it runs xla instead of cudnn on GPUs) or one of {', '.join(MASKING_BACKENDS)}"
+            )
+        if model.rope_positions == "document" and not data.doc_masking:
+            raise ConfigError(
+                "model.rope_positions=document restarts positions at each document, which needs the documents: "
+                "set data.doc_masking=true (or model.rope_positions=absolute)"
+            )

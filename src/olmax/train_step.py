@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.loss import loss_denominator, make_labels, output_loss
-from olmax.model.attention import MASKING_BACKENDS, segment_ids
+from olmax.model.attention import segment_ids
 from olmax.model.olmo3 import forward_hidden
 from olmax.schedules import make_schedule
 from olmax.sharding import logical_to_spec
@@ -84,17 +84,6 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
     shardings = state_shardings(cfg, mesh)
     b_sharding = batch_sharding(cfg, mesh)
     batch_axes = b_sharding.spec[0]
-    if data.doc_masking and model.attention not in ("auto", *MASKING_BACKENDS):
-        raise ConfigError(
-            f"data.doc_masking=true needs attention masked within documents, which model.attention="
-            f"{model.attention} cannot do (jax's cuDNN call takes no segment ids); use model.attention=auto "
-            f"(it runs xla instead of cudnn on GPUs) or one of {', '.join(MASKING_BACKENDS)}"
-        )
-    if model.rope_positions == "document" and not data.doc_masking:
-        raise ConfigError(
-            "model.rope_positions=document restarts positions at each document, which needs the documents: "
-            "set data.doc_masking=true (or model.rope_positions=absolute)"
-        )
     # Packed instances are padded with the pad id; a target that is padding has no loss (3.0.0's label_mask).
     pad_id = data.pad_token_id if data.mask_pad_token or data.packing == "obfd" else None
 

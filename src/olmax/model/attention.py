@@ -28,17 +28,13 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
-from olmax.config import SplashBlocks
+from olmax.config import MASKING_BACKENDS, SplashBlocks
 from olmax.sharding import logical_to_spec
 
 log = logging.getLogger(__name__)
 
 # `auto`: the platform the step compiles for -> its backend. Any other platform (cpu) gets xla.
 AUTO_BACKENDS = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}
-
-
-# Backends that take segment ids (mask within documents).
-MASKING_BACKENDS = ("xla", "splash")
 
 
 def resolve_backend(backend: str, platform: str, dtype=jnp.bfloat16, *, doc_masking: bool = False) -> str:
