@@ -136,3 +136,37 @@ def test_cli_exits_2_on_bad_gpu_input(monkeypatch):
     r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "h100:1x8", *SMALL_GPU, "model.n_layers=1"])
     assert r.exit_code == 2, r.output
     assert re.search(r"tiny does not fit on h100:1x8: per-device peak \d+\.\d GiB > 90% of the 0.00 GiB", r.output)
+
+
+def test_the_slurm_trainers_get_the_profile_compile_check_compiles_with(tmp_path):
+    """The sbatch script exports the GPU profile (its XLA flags are compile_report's xla_flags), run by
+    bash with a stub srun; a variable --env sets is the launch's; --chip naming a TPU gets none."""
+    import os
+    import subprocess
+
+    from test_launch import SLURM_ENV, _stub
+
+    from olmax.launch.backends import make_backend
+    from olmax.launch.plan import TrainOptions, make_plan
+
+    def trainer_env(options):
+        plan = make_plan("tiny", [], str(tmp_path / "run"), 8, options=options)
+        script = tmp_path / "job.sbatch"
+        script.write_text(make_backend("slurm", plan, SLURM_ENV).script())
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        _stub(bin_dir, "scontrol", "print('node-a7')\n")
+        _stub(bin_dir, "srun", "import json, os\nprint(json.dumps({k: v for k, v in os.environ.items()}))\n")
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_MEM_FRACTION")}
+        env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="node-a7")
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+
+    seen = trainer_env(TrainOptions(chip="h100"))
+    assert sorted(seen["XLA_FLAGS"].split(" ")) == sorted(chips.CHIPS["h100"].xla_flags)
+    assert {k: seen[k] for k, _ in chips.GPU_ENV} == dict(chips.GPU_ENV)
+    assert seen["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.90"
+    seen = trainer_env(TrainOptions(env=(("XLA_FLAGS", "--xla_mine=1"),)))
+    assert seen["XLA_FLAGS"] == "--xla_mine=1" and seen["NCCL_PROTO"] == "SIMPLE,LL,LL128"
+    seen = trainer_env(TrainOptions(chip="v5p"))
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in seen and "NCCL_PROTO" not in seen
