@@ -137,11 +137,17 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         devices = list(devices if devices is not None else jax.devices())
         chip = chip_of_device_kind(devices[0].device_kind)
     platform = devices[0].platform
-    mesh = make_mesh(cfg.mesh, devices)
-    layout = batch_layout(cfg, mesh)
+    where = topology or f"{len(devices)} {platform} devices"
+    if platform == "gpu" and topology is not None:
+        _, nodes, gpus = gpu_cluster(topology)
+        where = f"{topology} ({nodes} nodes x {gpus} GPUs)"
+    try:
+        mesh = make_mesh(cfg.mesh, devices)
+        layout = batch_layout(cfg, mesh)
+    except ConfigError as e:  # the batch or mesh does not divide this target: say which target
+        raise ConfigError(f"{cfg.name} on {where}: {e}") from None
     shardings = state_shardings(cfg, mesh)
     options = compiler_options(chip) if chip is not None and platform in ("tpu", "gpu") else {}
-    where = topology or f"{mesh.size} {platform} devices"
     # jax's cuDNN checks ask the host's backend for the GPU generation; here it is the target's
     capability = getattr(devices[0], "compute_capability", None) if platform == "gpu" else None
     target = cudnn_target(capability) if capability else contextlib.nullcontext()
