@@ -42,7 +42,8 @@ def test_small_model_on_two_h100_nodes_runs_cudnn_attention_with_the_gpu_profile
     assert r["per_device_batch"] == 1 and r["micro_batch"] == 1
     assert r["attention"] == "cudnn"  # auto, resolved for the cluster, not for this CPU host
     # forward and backward for the windowed and the global layer: the gradients run cuDNN too
-    assert r["attention_kernel_calls"] >= 4
+    assert r["cudnn_calls"] == {"__cudnn$fmhaSoftmax": 2, "__cudnn$fmhaSoftmaxBackward": 2}
+    assert r["attention_kernel_calls"] == 4
     assert r["xla_flags"] == sorted(chips.GPU_XLA_FLAGS) and r["libtpu_flags"] == []
     d = r["per_device"]
     assert 0 < d["peak_gib"] and d["aliased_gib"] > 0
@@ -97,7 +98,7 @@ def test_doc_masking_on_gpu_falls_back_to_xla_attention(caplog):
     and the step has no cuDNN call."""
     cfg = apply_overrides(get_recipe("tiny"), [*SMALL_GPU, "model.n_layers=1", "data.doc_masking=true"])
     r = compile_report(cfg, topology="h100:1x8")
-    assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0
+    assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0 and r["cudnn_calls"] == {}
     assert "cannot mask within documents" in caplog.text
 
 

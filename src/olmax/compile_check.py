@@ -21,9 +21,11 @@ cluster), as it will when the step runs there.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
+import re
 import time
 from importlib import resources
 from typing import Optional
@@ -233,6 +235,9 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         "fits": None if limit is None else per_device["peak_gib"] <= headroom * limit,
         # the fused attention kernels in the step: Mosaic (splash) on TPU, cuDNN's on GPU
         "attention_kernel_calls": hlo.count(KERNEL_CALLS[platform]) if platform in KERNEL_CALLS else 0,
+        # GPU: the cuDNN calls by kind (forward, backward); each is one call site of the compiled program,
+        # so a loop body's calls count once (the layer scan) and an unrolled loop's twice
+        "cudnn_calls": dict(collections.Counter(re.findall(r'custom_call_target="(__cudnn\$fmha\w*)"', hlo))),
         "hlo_flops_per_device": _hlo_flops(compiled),
         "model_flops_per_device": model_flops,
     }
