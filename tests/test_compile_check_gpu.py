@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from olmax import chips
-from olmax.compile_check import CUDNN_ATTENTION_CALL, compile_report, topology_devices
+from olmax.compile_check import CUDNN_ATTENTION_CALL, DoesNotFit, check_fits, compile_report, topology_devices
 from olmax.config import ConfigError
 from olmax.config_io import apply_overrides
 from olmax.model.attention import cudnn_target, dot_product_attention
@@ -172,3 +172,34 @@ def test_the_slurm_trainers_get_the_profile_compile_check_compiles_with(tmp_path
     assert seen["XLA_FLAGS"] == "--xla_mine=1" and seen["NCCL_PROTO"] == "SIMPLE,LL,LL128"
     seen = trainer_env(TrainOptions(chip="v5p"))
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in seen and "NCCL_PROTO" not in seen
+
+
+# Keep every named activation: the least rematerialisation there is short of none (docs/performance.md).
+ALL_TAGS = "model.remat=layer_input,q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_up,mlp_down"
+
+
+@pytest.mark.slow
+def test_7b_stage1_on_64_h100_nodes_fits_keeping_every_named_activation_not_without_remat():
+    """AI2's stage-1 layout: 512 instances on 512 H100s, one each. Without remat the step needs more
+    than an H100 has (a clear DoesNotFit with the figures); keeping the nine named activations fits."""
+    cfg = get_recipe("olmo3_7b_stage1")
+    r = compile_report(apply_overrides(cfg, [ALL_TAGS]), topology="h100:64x8")
+    assert (r["devices"], r["nodes"], r["per_device_batch"], r["accum_steps"]) == (512, 64, 1, 1)
+    assert r["attention"] == "cudnn" and r["cudnn_calls"]["__cudnn$fmhaSoftmaxBackward"] > 0 and r["fits"]
+    none = compile_report(apply_overrides(cfg, ["model.remat=none"]), topology="h100:64x8")
+    with pytest.raises(DoesNotFit, match=r"per-device peak \d+\.\d GiB > 90% of the 79.11 GiB HBM limit"):
+        check_fits(none)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "recipe, topology, overrides",
+    [
+        ("olmo3_7b_stage1", "h200:1x8", []),
+        ("olmo3_7b_stage2", "h100:16x8", []),
+        ("olmo3_32b_stage1", "h100:128x8", ["mesh.tensor=2"]),
+    ],
+)
+def test_recipes_fit_their_gpu_layouts_with_cudnn(recipe, topology, overrides):
+    r = compile_report(apply_overrides(get_recipe(recipe), overrides), topology=topology)
+    assert r["attention"] == "cudnn" and r["cudnn_calls"]["__cudnn$fmhaSoftmaxBackward"] > 0 and r["fits"]
