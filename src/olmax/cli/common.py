@@ -120,7 +120,7 @@ def max_batches_option(default: Optional[int]):
     return typer.Option(default, "--max-batches", help="at most this many batches per data spec")
 
 
-ChipOpt = typer.Option(None, "--chip", help="h100, h200, v5p, v6e or ironwood: the per-device peak, for MFU")
+ChipOpt = typer.Option(None, "--chip", help="h100, h200, b200, v5p, v6e or ironwood: the per-device peak, for MFU")
 
 
 TotalDevicesOpt = typer.Option(
