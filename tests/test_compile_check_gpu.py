@@ -5,6 +5,7 @@ fused attention in the step and the chips' GPU flag profile as compiler options.
 import dataclasses
 import json
 import re
+from importlib import resources
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,9 @@ def test_gpu_devices_are_the_nodes_gpus():
         chip = chips.get_chip(name)
         (device,) = topology_devices(f"{name}:1x1")
         assert (device.platform, device.device_kind) == ("gpu", chip.device_kind)
+        # the chip table's HBM is the target description's memory
+        target = resources.files("olmax.gpu_targets").joinpath(chip.gpu_target).read_text()
+        assert chip.hbm_limit_gib * 2**30 == int(re.search(r"device_memory_size: (\d+)", target).group(1))
     assert topology_devices("b200:1x1")[0].compute_capability == "10.0"
 
 

@@ -117,38 +117,31 @@ class Chip:
         return GPU_MEM_FRACTION if self.platform == "gpu" else HBM_HEADROOM
 
 
+def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str) -> Chip:
+    """An NVIDIA GPU: one JAX device, topologies "NAME:NxG", the GPU profile, XLA's target description
+    olmax/gpu_targets/NAME.txtpb; its HBM is the memory the device reports (the target's device_memory_size)."""
+    return Chip(
+        name,
+        "gpu",
+        peak_tflops,
+        memory_bytes / 2**30,
+        1,
+        name,
+        device_kind,
+        xla_flags=GPU_XLA_FLAGS,
+        gpu_target=f"{name}.txtpb",
+    )
+
+
 CHIPS: dict[str, Chip] = {
     c.name: c
     for c in (
-        # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3. HBM of
-        # a GPU: the memory the device reports (XLA's target description, device_memory_size).
-        Chip(
-            "h100",
-            "gpu",
-            989.0,
-            84942979072 / 2**30,
-            1,
-            "h100",
-            "NVIDIA H100 80GB HBM3",
-            (),
-            GPU_XLA_FLAGS,
-            "h100.txtpb",
-        ),
+        # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3
+        _gpu("h100", 989.0, 84942979072, "NVIDIA H100 80GB HBM3"),
         # NVIDIA H200 SXM datasheet: the H100's tensor cores, 141 GB HBM3e
-        Chip(
-            "h200",
-            "gpu",
-            989.0,
-            151397597184 / 2**30,
-            1,
-            "h200",
-            "NVIDIA H200 141GB HBM3e",
-            (),
-            GPU_XLA_FLAGS,
-            "h200.txtpb",
-        ),
+        _gpu("h200", 989.0, 151397597184, "NVIDIA H200 141GB HBM3e"),
         # NVIDIA HGX B200 datasheet: 2.25 dense bf16 PFLOP/s per GPU (4.5 with sparsity), 180 GB HBM3e
-        Chip("b200", "gpu", 2250.0, 191514411008 / 2**30, 1, "b200", "NVIDIA B200", (), GPU_XLA_FLAGS, "b200.txtpb"),
+        _gpu("b200", 2250.0, 191514411008, "NVIDIA B200"),
         # Cloud TPU v5p docs: 459 TFLOP/s per chip; one JAX device per chip (megacore). HBM: below.
         Chip("v5p", "tpu", 459.0, 95.74, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB),
         # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s per chip, one TensorCore per chip
@@ -168,7 +161,7 @@ CHIPS: dict[str, Chip] = {
 }
 ALIASES = {"ironwood": "tpu7x"}
 
-# A step fits when the TPU compiler accepts it and its peak (compile_check: per_device.peak_gib) is at
+# A step fits a TPU chip when the TPU compiler accepts it and its peak (compile_check: per_device.peak_gib) is at
 # most this fraction of hbm_limit_gib. The rest covers what that peak leaves out of the compiler's own
 # heap (the SparseCore program's reservation and the kernels' overlays, about 20 MiB; the memory-usage
 # report's total was 3% above the peak on a 1 GiB step) and what no program counts (the next batch
