@@ -90,6 +90,22 @@ def node_split(shape: Sequence[int], per_node: int) -> tuple[tuple[int, ...], tu
     return tuple(within), tuple(across)
 
 
+def describe_node_split(shape: Sequence[int], per_node: int) -> str:
+    """node_split in words, e.g. "within each node: fsdp=8; across 2 nodes: data=2"."""
+    within, across = node_split(shape, per_node)
+
+    def axes(sizes):
+        return ", ".join(f"{a}={n}" for a, n in zip(MESH_AXES, sizes) if n > 1) or "nothing"
+
+    if math.prod(across) == 1:
+        return f"one node: {axes(within)}"
+    text = f"within each node: {axes(within)}; across {math.prod(across)} nodes: {axes(across)}"
+    spanning = [a for a, w, n in zip(MESH_AXES, within, across) if w > 1 and n > 1]
+    if spanning:  # allowed (a model too large for one node needs it), but its collectives leave NVLink
+        text += f" ({', '.join(spanning)} spans nodes: its collectives cross the inter-node network)"
+    return text
+
+
 def _by_process(devices: Sequence[jax.Device]) -> list[list[jax.Device]]:
     """The devices grouped by process (a node, one process per node), each group ordered by device id."""
     groups: dict[int, list[jax.Device]] = {}
