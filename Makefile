@@ -1,9 +1,13 @@
 # The two commands of the README: `make demo` (set up, then train the tiny model on the embedded
-# corpus on CPU) and `make test` (set up with the reference implementations, lm-eval, wandb and libtpu
-# (the TPU compiler, for compile-check on TPU topologies without a TPU), then the test suite).
+# corpus on CPU) and `make test` (set up with the reference implementations, lm-eval, wandb, libtpu
+# and the CUDA plugin with cuDNN (the TPU and GPU compilers, for compile-check on TPU topologies and
+# GPU clusters without a TPU or GPU), then the test suite).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+# cuDNN for compiling its fused attention (gpu-compile extra, pyproject.toml): the library alone, without
+# the CUDA libraries its wheel declares (about 0.9 GB instead of 3 GB; compiling loads none of them).
+CUDNN := nvidia-cudnn-cu12==9.28.0.42
 
 .PHONY: setup setup-test demo test test-slow lint clean
 
@@ -16,7 +20,8 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[parity,eval,wandb,dev,tpu]'
+	$(BIN)/pip install -q -e '.[parity,eval,wandb,dev,tpu,gpu-compile]'
+	$(BIN)/pip install -q --no-deps '$(CUDNN)'
 	touch $@ $(VENV)/.core
 
 setup: $(VENV)/.core

@@ -1,6 +1,7 @@
 """What olmax knows about each accelerator chip, in ONE table: peak FLOP/s and HBM per JAX device,
-JAX devices per chip, the libtpu name of its topologies, and the XLA/libtpu flag profile its runs
-use. Plain Python (no jax import): the launcher reads it on a host without accelerators.
+JAX devices per chip, the name of its topologies, the XLA/libtpu flag profile its runs use and, for a
+GPU, XLA's target description of it (olmax/gpu_targets). Plain Python (no jax import): the launcher
+reads it on a host without accelerators.
 
 Per JAX device throughout: a chip whose TensorCores show up as separate JAX devices (Ironwood, 2
 per chip) gets half the chip's peak and half its HBM per device.
@@ -24,6 +25,29 @@ just over each limit.
 
 Every flag here is accepted by libtpu 0.0.42.1's compiler (tests/test_compile_check.py compiles with
 the tpu7x and v5p profiles; v6e's is v5p's).
+
+GPU profile (GPU_XLA_FLAGS, GPU_ENV): the Slurm launcher exports it to every trainer (XLA_FLAGS and
+the variables; olmax.launch.slurm) and `olmax compile-check --topology h100:NxG` compiles with the same
+XLA flags as compiler options. Sources:
+  --xla_gpu_enable_latency_hiding_scheduler: JAX's GPU performance tips (docs/gpu_performance_tips.md,
+      "XLA performance flags") and NVIDIA JAX-Toolbox's images, which set it by default: the scheduler
+      moves the FSDP all-gathers and reduce-scatters to overlap the layers' compute.
+  the rest, with their values: MaxText's H100 (A3) recipe, src/MaxText/configs/a3/llama_2_7b/4vm.sh
+      (Llama 2 7B, FSDP over 8 GPUs per node): collectives combined up to 512 MiB (all-reduce),
+      128 MiB (all-gather) and 64 MiB (reduce-scatter), and not split by dimension; all-gather,
+      reduce-scatter and all-reduce pipelined across the layer loop with double buffering; the
+      cuBLAS GEMMs rather than Triton's; XLA's own rematerialization pass off (the remat policy is
+      the model's: model.remat); the collectives on the highest-priority stream. Command buffers
+      (CUDA graphs) off: MaxText's --xla_gpu_graph_level=0, spelled as jaxlib 0.10.2 takes it
+      (--xla_gpu_enable_command_buffer= with no command types).
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.90: JAX preallocates 75% of a GPU's memory by default (JAX's "GPU
+      memory allocation" page); NVIDIA JAX-Toolbox's "Tips for High-Performance LLMs with JAX and XLA"
+      sets 0.9 (the rest for CUDA, cuDNN, cuBLAS and NCCL), as MaxText's GPU scripts do. It is also the
+      HBM budget of a GPU compile-check (GPU_MEM_FRACTION).
+  NCCL_LL128_BUFFSIZE=-2, NCCL_LL_BUFFSIZE=-2, NCCL_PROTO=SIMPLE,LL,LL128: JAX's GPU performance tips
+      ("NCCL flags", which it recommends for collectives within one node; they apply to the NVLink
+      collectives of every node).
+Every XLA flag here is accepted by jaxlib 0.10.2's GPU compiler (tests/test_compile_check_gpu.py).
 """
 
 from __future__ import annotations
@@ -48,6 +72,32 @@ SPARSECORE_COLLECTIVE_OFFLOAD = (
 )
 
 
+# The GPU profile (sources above). One for every GPU chip: the H100's and H200's are one design.
+GPU_XLA_FLAGS = (
+    "--xla_gpu_enable_latency_hiding_scheduler=true",
+    "--xla_gpu_enable_triton_gemm=false",
+    "--xla_gpu_enable_command_buffer=",
+    "--xla_gpu_enable_highest_priority_async_stream=true",
+    "--xla_gpu_all_reduce_combine_threshold_bytes=536870912",
+    "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
+    "--xla_gpu_reduce_scatter_combine_threshold_bytes=67108864",
+    "--xla_gpu_enable_pipelined_all_gather=true",
+    "--xla_gpu_enable_pipelined_reduce_scatter=true",
+    "--xla_gpu_enable_pipelined_all_reduce=true",
+    "--xla_gpu_enable_while_loop_double_buffering=true",
+    "--xla_gpu_enable_all_gather_combine_by_dim=false",
+    "--xla_gpu_enable_reduce_scatter_combine_by_dim=false",
+    "--xla_disable_hlo_passes=rematerialization",
+)
+GPU_MEM_FRACTION = 0.90
+GPU_ENV = (
+    ("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{GPU_MEM_FRACTION:.2f}"),
+    ("NCCL_LL128_BUFFSIZE", "-2"),
+    ("NCCL_LL_BUFFSIZE", "-2"),
+    ("NCCL_PROTO", "SIMPLE,LL,LL128"),
+)
+
+
 @dataclass(frozen=True)
 class Chip:
     name: str
@@ -55,18 +105,50 @@ class Chip:
     peak_tflops: float  # dense (not 2:4-sparse) bf16, per JAX device
     hbm_limit_gib: float  # per JAX device: what a program may use (TPU: the limit its compiler enforces)
     devices_per_chip: int
-    topology: Optional[str] = None  # libtpu's prefix of its topology names ("v5p" in "v5p:4x4x4")
+    topology: Optional[str] = None  # the prefix of its topology names ("v5p" in "v5p:4x4x4", "h100" in "h100:2x8")
     device_kind: Optional[str] = None  # jax.Device.device_kind of its devices
-    libtpu_flags: tuple[str, ...] = ()
+    libtpu_flags: tuple[str, ...] = ()  # TPU: the flag profile (LIBTPU_INIT_ARGS)
+    xla_flags: tuple[str, ...] = ()  # GPU: the flag profile (XLA_FLAGS)
+    gpu_target: Optional[str] = None  # GPU: XLA's target description, a file of olmax/gpu_targets
+
+    @property
+    def hbm_headroom(self) -> float:
+        """The fraction of hbm_limit_gib a step's peak may use (HBM_HEADROOM, GPU_MEM_FRACTION)."""
+        return GPU_MEM_FRACTION if self.platform == "gpu" else HBM_HEADROOM
 
 
 CHIPS: dict[str, Chip] = {
     c.name: c
     for c in (
-        # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3
-        Chip("h100", "gpu", 989.0, 80e9 / 2**30, 1),
+        # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3. HBM of
+        # a GPU: the memory the device reports (XLA's target description, device_memory_size).
+        Chip(
+            "h100",
+            "gpu",
+            989.0,
+            84942979072 / 2**30,
+            1,
+            "h100",
+            "NVIDIA H100 80GB HBM3",
+            (),
+            GPU_XLA_FLAGS,
+            "h100.txtpb",
+        ),
         # NVIDIA H200 SXM datasheet: the H100's tensor cores, 141 GB HBM3e
-        Chip("h200", "gpu", 989.0, 141e9 / 2**30, 1),
+        Chip(
+            "h200",
+            "gpu",
+            989.0,
+            151397597184 / 2**30,
+            1,
+            "h200",
+            "NVIDIA H200 141GB HBM3e",
+            (),
+            GPU_XLA_FLAGS,
+            "h200.txtpb",
+        ),
+        # NVIDIA HGX B200 datasheet: 2.25 dense bf16 PFLOP/s per GPU (4.5 with sparsity), 180 GB HBM3e
+        Chip("b200", "gpu", 2250.0, 191514411008 / 2**30, 1, "b200", "NVIDIA B200", (), GPU_XLA_FLAGS, "b200.txtpb"),
         # Cloud TPU v5p docs: 459 TFLOP/s per chip; one JAX device per chip (megacore). HBM: below.
         Chip("v5p", "tpu", 459.0, 95.74, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB),
         # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s per chip, one TensorCore per chip
@@ -102,13 +184,27 @@ def get_chip(name: str) -> Chip:
 
 
 def chip_of_topology(topology: str) -> Chip:
-    """The chip of a libtpu topology name ("v5p:4x4x4" -> v5p)."""
+    """The chip of a topology name: libtpu's for a TPU ("v5p:4x4x4" -> v5p), NODESxGPUS for a GPU
+    cluster ("h100:64x8" -> h100)."""
     prefix, sep, shape = topology.partition(":")
     for chip in CHIPS.values():
         if chip.topology == prefix and sep and shape:
             return chip
-    known = ", ".join(f"{c.topology}:AxB[xC]" for c in CHIPS.values() if c.topology)
-    raise ConfigError(f"unknown TPU topology {topology!r}; known forms: {known} (e.g. v5p:4x4x4, tpu7x:2x2x1)")
+    tpus = ", ".join(f"{c.topology}:AxB[xC]" for c in CHIPS.values() if c.topology and c.platform == "tpu")
+    gpus = ", ".join(f"{c.topology}:NxG" for c in CHIPS.values() if c.topology and c.platform == "gpu")
+    raise ConfigError(
+        f"unknown TPU topology {topology!r}, nor a GPU cluster; known forms: TPU {tpus} (e.g. v5p:4x4x4, tpu7x:2x2x1); "
+        f"GPU {gpus} (N nodes of G GPUs, e.g. h100:64x8)"
+    )
+
+
+def gpu_cluster(topology: str) -> tuple[Chip, int, int]:
+    """A GPU topology "h100:NxG" -> (chip, N nodes, G GPUs per node)."""
+    chip = chip_of_topology(topology)
+    shape = topology.partition(":")[2].split("x")
+    if chip.platform != "gpu" or len(shape) != 2 or not all(s.isdigit() and int(s) > 0 for s in shape):
+        raise ConfigError(f"GPU topology {topology!r} is not {chip.topology}:NxG (N nodes of G GPUs, e.g. h100:64x8)")
+    return chip, int(shape[0]), int(shape[1])
 
 
 def chip_of_device_kind(kind: str) -> Optional[Chip]:
@@ -116,15 +212,25 @@ def chip_of_device_kind(kind: str) -> Optional[Chip]:
     return next((c for c in CHIPS.values() if c.device_kind == kind), None)
 
 
-def compiler_options(chip: Chip) -> dict[str, str]:
-    """The chip's flag profile as `jax.stages.Lowered.compile(compiler_options=...)` takes it."""
-    options = {}
+def compiler_options(chip: Chip) -> dict[str, object]:
+    """The chip's flag profile (libtpu's or XLA's) as `jax.stages.Lowered.compile(compiler_options=...)`
+    takes it. libtpu parses every value from its text; XLA's GPU compiler (jaxlib 0.10.2) refuses the
+    text "true" for a boolean option ("'true' is not a valid bool value") and takes a Python bool."""
+    options: dict[str, object] = {}
     for flag in chip.libtpu_flags:
         key, _, value = flag.removeprefix("--").partition("=")
         options[key] = value
+    for flag in chip.xla_flags:
+        key, _, value = flag.removeprefix("--").partition("=")
+        options[key] = {"true": True, "false": False}.get(value, value)
     return options
 
 
 def libtpu_init_args(chip: Chip) -> str:
     """The chip's flag profile as the LIBTPU_INIT_ARGS environment variable takes it."""
     return " ".join(chip.libtpu_flags)
+
+
+def gpu_env(chip: Chip) -> list[tuple[str, str]]:
+    """A GPU chip's profile as the environment of its trainer processes: XLA_FLAGS and GPU_ENV."""
+    return [("XLA_FLAGS", " ".join(chip.xla_flags)), *GPU_ENV]

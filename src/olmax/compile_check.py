@@ -2,30 +2,38 @@
 the compiler says about it: per-device memory, whether that fits the chip's HBM, whether the fast
 attention kernel is in the step, and its FLOPs. Nothing of the model's size is allocated.
 
-Two targets:
+Three targets:
 - a TPU topology (`topology="v5p:4x4x4"`, optionally several slices): libtpu's topology description
   gives abstract devices of that pod slice and the TPU compiler compiles for them on a host without
   a TPU, Pallas/Mosaic kernels included, with the chip's flag profile (olmax.chips) as compiler
   options: the same flags the launcher sets for a run;
+- a GPU cluster (`topology="h100:64x8"`: 64 nodes of 8 GPUs): XLA's GPU compiler (the CUDA plugin,
+  jax-cuda12-plugin) compiles for abstract devices made from XLA's target description of the GPU
+  (olmax/gpu_targets) on a host without a GPU, cuDNN's fused attention included, with the chip's
+  XLA flag profile as compiler options. The devices carry their node as process_index. JAX itself
+  must run on the CPU (JAX_PLATFORMS=cpu): with a GPU platform requested but no GPU, the plugin's
+  start-up check fails and it is not registered;
 - the devices JAX has (`olmax compile-check --devices N` makes N fake CPU devices).
 
-`attention=auto` resolves to the target's kernel (splash for a TPU topology), as it will when the
-step runs there.
+`attention=auto` resolves to the target's kernel (splash for a TPU topology, cudnn for a GPU
+cluster), as it will when the step runs there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+from importlib import resources
 from typing import Optional
 
 import jax
 
-from olmax.chips import HBM_HEADROOM, Chip, chip_of_device_kind, chip_of_topology, compiler_options
+from olmax.chips import Chip, chip_of_device_kind, chip_of_topology, compiler_options, gpu_cluster
 from olmax.config import REMAT_TAGS, ConfigError, ExperimentConfig, remat_policy_of
 from olmax.flops import exact_step_flops
-from olmax.model.attention import resolve_backend
+from olmax.model.attention import cudnn_target, resolve_backend
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, state_shardings
 from olmax.train_step import batch_layout, batch_sharding, make_train_step
@@ -33,6 +41,10 @@ from olmax.train_step import batch_layout, batch_sharding, make_train_step
 GIB = 2**30
 # How a Mosaic (Pallas TPU) kernel appears in compiled TPU HLO; the step's only ones are attention's.
 MOSAIC_CALL = 'custom_call_target="tpu_custom_call"'
+# How cuDNN's fused attention appears in compiled GPU HLO: forward and backward calls
+# (__cudnn$fmhaSoftmax, __cudnn$fmhaSoftmaxBackward, ...).
+CUDNN_ATTENTION_CALL = 'custom_call_target="__cudnn$fmha'
+KERNEL_CALLS = {"tpu": MOSAIC_CALL, "gpu": CUDNN_ATTENTION_CALL}
 
 
 class DoesNotFit(ConfigError):
@@ -40,8 +52,12 @@ class DoesNotFit(ConfigError):
 
 
 def topology_devices(topology: str, num_slices: int = 1) -> list:
-    """Abstract devices of `num_slices` slices of a libtpu topology ("v5p:4x4x4", "tpu7x:2x2x1")."""
-    chip_of_topology(topology)  # a clear error for a name outside the chip table
+    """Abstract devices of `num_slices` slices of a libtpu topology ("v5p:4x4x4", "tpu7x:2x2x1"), or
+    of a GPU cluster ("h100:64x8")."""
+    if chip_of_topology(topology).platform == "gpu":  # a clear error for a name outside the chip table
+        if num_slices != 1:
+            raise ConfigError(f"--num-slices is for TPU slices; a GPU topology names its nodes: {topology}")
+        return gpu_devices(topology)
     if num_slices < 1:
         raise ConfigError(f"--num-slices must be at least 1, got {num_slices}")
     # libtpu takes a host-wide lock file on load, so a second process compiling for a topology
@@ -54,6 +70,32 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
         desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, num_slices=num_slices)
     except Exception as e:  # libtpu's own message says what is wrong with the name
         raise ConfigError(f"libtpu does not know the topology {topology!r}: {str(e).splitlines()[0]}") from None
+    return list(desc.devices)
+
+
+def gpu_devices(topology: str) -> list:
+    """Abstract devices of N nodes of G GPUs ("h100:64x8") for XLA's GPU compiler, from the chip's
+    target description; device i is GPU i % G of node i // G (its process_index)."""
+    chip, nodes, gpus = gpu_cluster(topology)
+    from jax.experimental import topologies
+
+    try:
+        import jax_cuda12_plugin  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"compiling for {topology} needs XLA's GPU compiler: pip install -e '.[gpu-compile]' and "
+            "nvidia-cudnn-cu12 (Makefile: make setup-test)"
+        ) from None
+    target = resources.files("olmax.gpu_targets").joinpath(chip.gpu_target).read_text()
+    try:
+        desc = topologies.get_topology_desc(
+            platform="cuda", topology_name=chip.name, target_config=target, topology=f"1x{nodes}x{gpus}"
+        )
+    except Exception as e:  # noqa: BLE001 - the plugin's own message says what is missing
+        raise ConfigError(
+            f"XLA's GPU compiler cannot make devices for {topology}: {str(e).splitlines()[0]} "
+            "(it needs JAX_PLATFORMS=cpu on a host without a GPU)"
+        ) from None
     return list(desc.devices)
 
 
@@ -75,6 +117,8 @@ def _hlo_flops(compiled) -> Optional[float]:
 def _out_of_memory(e: Exception) -> Optional[str]:
     """Which device memory the TPU compiler ran out of, in words; None for any other error."""
     text = str(e)
+    if "out of memory" in text.lower() and "vmem" not in text:
+        return "HBM"
     if "ScopedVmemOom" in text or "memory space vmem" in text:
         return (
             "scoped VMEM (a kernel's tiles are too large for the chip's limit: smaller "
@@ -96,9 +140,12 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
     mesh = make_mesh(cfg.mesh, devices)
     layout = batch_layout(cfg, mesh)
     shardings = state_shardings(cfg, mesh)
-    options = compiler_options(chip) if chip is not None and platform == "tpu" else {}
+    options = compiler_options(chip) if chip is not None and platform in ("tpu", "gpu") else {}
     where = topology or f"{mesh.size} {platform} devices"
-    with jax.set_mesh(mesh):
+    # jax's cuDNN checks ask the host's backend for the GPU generation; here it is the target's
+    capability = getattr(devices[0], "compute_capability", None) if platform == "gpu" else None
+    target = cudnn_target(capability) if capability else contextlib.nullcontext()
+    with jax.set_mesh(mesh), target:
         state = abstract_state(cfg, mesh)
         rows = jax.ShapeDtypeStruct(
             (cfg.trainer.global_batch, cfg.data.seq_len), "int32", sharding=batch_sharding(cfg, mesh)
@@ -114,7 +161,7 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
             memory = _out_of_memory(e)
             if memory:
                 raise DoesNotFit(
-                    f"{cfg.name} does not fit on {where}: the TPU compiler ran out of {memory} "
+                    f"{cfg.name} does not fit on {where}: the {platform.upper()} compiler ran out of {memory} "
                     f"({str(e).splitlines()[0][:300]})"
                 ) from None
             raise
@@ -139,6 +186,8 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
     # one block reused across lifetimes, so this is below total_gib.
     per_device["peak_gib"] = mem.peak_memory_in_bytes / GIB
     limit = chip.hbm_limit_gib if chip is not None else None
+    headroom = chip.hbm_headroom if chip is not None else None
+    hlo = compiled.as_text()
     policy = remat_policy_of(cfg.model.remat)
     seq_len = cfg.data.seq_len
     model_flops = exact_step_flops(cfg.model, seq_len, cfg.trainer.global_batch).total / mesh.size
@@ -161,17 +210,21 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         "saved": list(REMAT_TAGS) if policy is None else list(policy.save),
         "offloaded": [] if policy is None else list(policy.offload),
         "attention": resolve_backend(cfg.model.attention, platform, cfg.model.compute_dtype),
-        "libtpu_flags": sorted(f"--{k}={v}" for k, v in options.items()),
+        "libtpu_flags": sorted(chip.libtpu_flags) if platform == "tpu" and chip is not None else [],
+        "xla_flags": sorted(chip.xla_flags) if platform == "gpu" and chip is not None else [],
+        # GPU: the nodes of the cluster (processes), one per distinct process_index
+        "nodes": len({d.process_index for d in devices}) if platform == "gpu" else None,
         "lower_s": t1 - t0,
         "compile_s": t2 - t1,
         "params_gib": _per_device_bytes(state.params, shardings.params) / GIB,
         "opt_state_gib": _per_device_bytes(state.opt_state, shardings.opt_state) / GIB,
         "per_device": per_device,
         "hbm_limit_gib": limit,
-        "hbm_headroom": HBM_HEADROOM,
+        "hbm_headroom": headroom,
         # the compiler accepted it (or compile_report raised DoesNotFit), with headroom to spare
-        "fits": None if limit is None else per_device["peak_gib"] <= HBM_HEADROOM * limit,
-        "attention_kernel_calls": compiled.as_text().count(MOSAIC_CALL) if platform == "tpu" else 0,
+        "fits": None if limit is None else per_device["peak_gib"] <= headroom * limit,
+        # the fused attention kernels in the step: Mosaic (splash) on TPU, cuDNN's on GPU
+        "attention_kernel_calls": hlo.count(KERNEL_CALLS[platform]) if platform in KERNEL_CALLS else 0,
         "hlo_flops_per_device": _hlo_flops(compiled),
         "model_flops_per_device": model_flops,
     }
@@ -191,13 +244,20 @@ def check_fits(r: dict) -> None:
 
 def format_report(r: dict) -> str:
     d = r["per_device"]
-    where = f"{r['topology']} x {r['num_slices']} slice(s)" if r["topology"] else r["platform"]
+    where = r["platform"]
+    if r["topology"]:
+        where = (
+            f"{r['topology']}: {r['nodes']} node(s)"
+            if r["platform"] == "gpu"
+            else f"{r['topology']} x {r['num_slices']} slice(s)"
+        )
     lines = [
         f"{r['recipe']} on {r['devices']} {r['device_kind']} devices ({where}), mesh {r['mesh']}",
         f"per-device batch {r['per_device_batch']} = {r['accum_steps']} micro-batches of {r['micro_batch']}; "
         f"remat {r['remat']} (keeps {', '.join(r['saved']) or 'nothing'}"
         f"{'; offloads ' + ', '.join(r['offloaded']) if r['offloaded'] else ''}); "
-        f"attention {r['attention']} ({r['attention_kernel_calls']} Mosaic kernel calls)",
+        f"attention {r['attention']} ({r['attention_kernel_calls']} "
+        f"{'cuDNN' if r['platform'] == 'gpu' else 'Mosaic'} kernel calls)",
         f"lowered in {r['lower_s']:.1f} s, compiled in {r['compile_s']:.1f} s",
         f"per device: parameters {r['params_gib']:.2f} GiB, optimizer state {r['opt_state_gib']:.2f} GiB; XLA: "
         f"arguments {d['arguments_gib']:.2f} + outputs {d['outputs_gib']:.2f} + temporaries {d['temporaries_gib']:.2f}"

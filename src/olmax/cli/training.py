@@ -195,8 +195,8 @@ def compile_check_cmd(
     topology: Optional[str] = typer.Option(
         None,
         "--topology",
-        help="TPU topology as libtpu names it "
-        "(v5p:4x4x4, v6e:16x16, tpu7x:4x4x4): compile for it with the TPU compiler",
+        help="TPU topology as libtpu names it (v5p:4x4x4, v6e:16x16, tpu7x:4x4x4), or a GPU cluster "
+        "as NODESxGPUS (h100:64x8, h200:1x8, b200:2x8): compile for it with the TPU or GPU compiler",
     ),
     num_slices: int = typer.Option(1, "--num-slices", help="slices of --topology (multislice, data parallel over DCN)"),
     devices: int = typer.Option(
@@ -212,7 +212,8 @@ def compile_check_cmd(
         # Must precede the first jax import: the CPU backend reads it once.
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
     else:
-        # the TPU compiler runs on this host from libtpu; JAX itself needs only the CPU backend
+        # the TPU compiler runs on this host from libtpu, the GPU compiler from the CUDA plugin; JAX
+        # itself needs only the CPU backend (and the CUDA plugin registers only beside it)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from olmax.compile_check import check_fits, compile_report, format_report
     from olmax.recipes import resolve

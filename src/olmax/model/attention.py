@@ -19,6 +19,7 @@ Backends (docs/attention.md), the table BACKENDS:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import Callable, Optional
@@ -234,6 +235,29 @@ def dot_product_attention(q, k, v, window: Optional[int], implementation: str):
         local_window_size=None if window is None else (window - 1, 0),
         implementation=implementation,
     )
+
+
+@contextlib.contextmanager
+def cudnn_target(compute_capability: str):
+    """Within: jax's cuDNN attention checks take the GPU generation to be `compute_capability`
+    ("9.0"), the target's when the step is compiled ahead of time for a GPU this host lacks.
+
+    jax 0.10.2 (jax/_src/cudnn/fused_attention_stablehlo.py, check_compute_capability and
+    is_cuda_compute_capability_equal) asks the host's default backend for the capability; on a CPU
+    host that is no GPU at all, so the checks treat the target as older than Hopper and refuse
+    head_dim 256 ("The head dim must be <= 128"), which an H100 runs. Only these two checks change,
+    and only while a step is traced for the target (olmax.compile_check)."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_checks
+
+    current = tuple(int(x) for x in compute_capability.split("."))
+    at_least = lambda capability: current >= tuple(int(x) for x in capability.split("."))
+    equal = lambda capability: current == tuple(int(x) for x in capability.split("."))
+    saved = cudnn_checks.check_compute_capability, cudnn_checks.is_cuda_compute_capability_equal
+    cudnn_checks.check_compute_capability, cudnn_checks.is_cuda_compute_capability_equal = at_least, equal
+    try:
+        yield
+    finally:
+        cudnn_checks.check_compute_capability, cudnn_checks.is_cuda_compute_capability_equal = saved
 
 
 def _cudnn_attention(q, k, v, window):
