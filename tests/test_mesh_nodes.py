@@ -94,6 +94,30 @@ def test_mesh_groups_follow_nodes_whatever_the_device_order(monkeypatch):
     assert _processes(cross, "data") == [{0, 2}] * 8 + [{1, 3}] * 8
 
 
+def test_gpu_cluster_devices_group_by_node():
+    """The abstract devices of `olmax compile-check --topology h100:4x8` carry their node as process_index."""
+    from olmax.compile_check import topology_devices
+
+    devices = topology_devices("h100:4x8")
+    assert [d.process_index for d in devices] == [n for n in range(4) for _ in range(8)]
+    hsdp = make_mesh(MeshConfig(data=-1, fsdp=8, tensor=1), devices)
+    assert _processes(hsdp, "fsdp") == [{0}, {1}, {2}, {3}] and _processes(hsdp, "data") == [{0, 1, 2, 3}] * 8
+    fsdp = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), devices)
+    assert _processes(fsdp, "fsdp") == [{0, 1, 2, 3}]  # allowed: FSDP over every GPU of the job
+    tp = make_mesh(MeshConfig(data=2, fsdp=-1, tensor=4), devices)
+    assert all(len(p) == 1 for p in _processes(tp, "tensor")) and _processes(tp, "fsdp") == [{0, 1}] * 4 + [{2, 3}] * 4
+
+
+def test_compile_check_reports_the_node_layout():
+    """The tiny step compiled by XLA's GPU compiler for 2 nodes of 4 H100s, as HSDP."""
+    from olmax.compile_check import compile_report
+
+    cfg = _config(HSDP + ["model.attention=xla"])
+    report = compile_report(cfg, topology="h100:2x4")
+    assert report["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1} and report["nodes"] == 2
+    assert report["node_layout"] == "within each node: fsdp=4; across 2 nodes: data=2"
+
+
 def test_mesh_refuses_unequal_nodes():
     devices = [_Device(0, i, 8) for i in range(8)] + [_Device(1, i, 8) for i in range(4)]
     with pytest.raises(ConfigError, match=r"processes hold different numbers of devices \({0: 8, 1: 4}\)"):
