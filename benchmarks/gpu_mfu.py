@@ -19,7 +19,7 @@ disturb the next. Rows (docs/performance.md):
 - `7b`: the whole 7B (32 layers, 7.30B parameters), one instance of 8192 tokens, every block
   recomputed in the backward pass (model.remat=full): its fp32 parameters, gradients and two Adam
   moments alone take 109 GiB, so on one GPU only an H200 (or larger) holds it at all, and only with
-  the activations of one layer at a time.
+  the activations of one layer at a time and 95% of the GPU's memory for XLA (ROW_ENV).
 - `190m`: OLMo-core's `TransformerConfig.olmo3_190M` shape (d_model 768, 12 layers, 12 heads of 64,
   MLP 3072, the 7B's vocabulary and window pattern), 2 x 8192 tokens (its script's rank micro-batch).
 Attention is `model.attention=auto`, which on a GPU in bf16 is cuDNN's fused kernel with the 4096
@@ -68,6 +68,10 @@ ROWS = {
     "7b": (["model.remat=full"], 1),
     "190m": (SHAPE_190M, 2),
 }
+# A row's own environment, over the profile's. The whole 7B's step peaks at 127.84 GiB (`olmax
+# compile-check --topology h200:1x1`, these overrides): 0.7 GiB over the profile's 90% of an H200's
+# 141.0 GiB, within 95% (133.9 GiB), which leaves 7 GiB for CUDA, cuDNN and cuBLAS.
+ROW_ENV = {"7b": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 DEFAULT_ROWS = ("7b-4l", "7b-4l-b2", "7b", "190m")
 # What every row runs with (a row's own overrides come after and win): `auto` attention (cuDNN on
 # the GPU), no rematerialisation (the 4-layer 7B at 2 x 8192 needs 26 GB for parameters, gradients
@@ -131,7 +135,9 @@ def run_row(name: str, args) -> dict:
         "device": device.device_kind,
         "backend": backend,
         "jax": jax.__version__,
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),  # what this row's XLA ran with
+        # what this row's XLA ran with
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
     }
     if not args.dry_run and backend != "gpu":
         return {**about, "no_gpu": True, "error": f"JAX sees no GPU (backend {backend!r}, devices {jax.devices()})"}
@@ -236,7 +242,7 @@ def _run_child(name: str, args, env: dict) -> dict:
         argv = [sys.executable, __file__, "--child", name, "--child-out", str(out)]
         argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)] + [f"--set={s}" for s in args.set]
         argv += ["--dry-run"] if args.dry_run else []
-        code = subprocess.run(argv, env=env).returncode
+        code = subprocess.run(argv, env={**env, **ROW_ENV.get(name, {})}).returncode
         if not out.exists():  # killed (e.g. by the host's OOM killer) before it could write
             return {"row": name, "error": f"the row's process ended with exit status {code} and no result"}
         row = json.loads(out.read_text())

@@ -24,20 +24,21 @@ def test_dry_run_times_the_step_with_the_gpu_profile(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     # a vocabulary of 1024 through --set: the compile dominates, and --set must reach the row
     run = _run(
-        "--dry-run", "--rows", "7b-4l", "--steps", "2", "--set", "model.vocab_size=1024", "--json", str(out), env=env
+        "--dry-run", "--rows", "7b", "--steps", "2", "--set", "model.vocab_size=1024", "--json", str(out), env=env
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
-    assert row["row"] == "7b-4l" and row["backend"] == "cpu" and row["loss_finite"]
-    assert "model.vocab_size=1024" in row["overrides"] and "model.n_layers=4" in row["overrides"]
+    assert row["row"] == "7b" and row["backend"] == "cpu" and row["loss_finite"]
+    assert "model.vocab_size=1024" in row["overrides"] and "model.remat=full" in row["overrides"]
     assert row["XLA_FLAGS"] == " ".join(GPU_XLA_FLAGS) + " --xla_force_host_platform_device_count=2"
+    assert row["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.95"  # the whole 7B's own, over the profile's 0.90
     assert len(row["step_times_s"]) == 2 and row["s_per_step"] == statistics.median(row["step_times_s"])
     flops = row["flops"]
     assert flops["tokens_per_step"] == 256 and flops["peak_tflops_per_device"] == 989.0  # the h200 default
     assert flops["tokens_per_s"] == 256 / row["s_per_step"]
     table = run.stdout.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("row "))
-    assert table[header + 1].split()[:2] == ["7b-4l", "256"] and "MFU against 989 TFLOP/s (h200)" in table[header + 2]
+    assert table[header + 1].split()[:2] == ["7b", "256"] and "MFU against 989 TFLOP/s (h200)" in table[header + 2]
 
 
 def test_without_a_gpu_it_refuses():

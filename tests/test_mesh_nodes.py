@@ -19,7 +19,7 @@ from small_run import SMALL
 from olmax.config import ConfigError, MeshConfig
 from olmax.config_io import apply_overrides
 from olmax.recipes import get_recipe
-from olmax.sharding import MESH_AXES, make_mesh, node_split
+from olmax.sharding import MESH_AXES, describe_node_split, make_mesh, node_split
 
 HSDP = ["mesh.data=-1", "mesh.fsdp=4", "mesh.tensor=1"]  # nodes of 4 devices: shard within, replicate across
 
@@ -41,6 +41,25 @@ def _shape(**sizes) -> tuple[int, ...]:
 def test_node_split_places_inner_axes_within_a_node(shape, per_node, within, across):
     assert node_split(shape, per_node) == (within, across)
     assert tuple(w * a for w, a in zip(within, across)) == shape
+
+
+@pytest.mark.parametrize(
+    "shape, per_node, words",
+    [
+        (_shape(data=2, fsdp=8), 8, "within each node: fsdp=8; across 2 nodes: data=2"),
+        (_shape(fsdp=8), 8, "one node: fsdp=8"),
+        (_shape(), 1, "one node"),
+        (_shape(data=2), 1, "within each node: one device; across 2 nodes: data=2"),
+        (
+            _shape(data=2, fsdp=16),
+            8,
+            "within each node: fsdp=8; across 4 nodes: data=2, fsdp=2 "
+            "(fsdp spans nodes: its collectives cross the inter-node network)",
+        ),
+    ],
+)
+def test_describe_node_split_names_an_axis_that_spans_nodes(shape, per_node, words):
+    assert describe_node_split(shape, per_node) == words
 
 
 def test_node_split_refuses_an_axis_that_cannot_follow_the_nodes():

@@ -95,11 +95,11 @@ def describe_node_split(shape: Sequence[int], per_node: int) -> str:
     within, across = node_split(shape, per_node)
 
     def axes(sizes):
-        return ", ".join(f"{a}={n}" for a, n in zip(MESH_AXES, sizes) if n > 1) or "nothing"
+        return ", ".join(f"{a}={n}" for a, n in zip(MESH_AXES, sizes) if n > 1)
 
     if math.prod(across) == 1:
-        return f"one node: {axes(within)}"
-    text = f"within each node: {axes(within)}; across {math.prod(across)} nodes: {axes(across)}"
+        return "one node" if math.prod(within) == 1 else f"one node: {axes(within)}"
+    text = f"within each node: {axes(within) or 'one device'}; across {math.prod(across)} nodes: {axes(across)}"
     spanning = [a for a, w, n in zip(MESH_AXES, within, across) if w > 1 and n > 1]
     if spanning:  # allowed (a model too large for one node needs it), but its collectives leave NVLink
         text += f" ({', '.join(spanning)} spans nodes: its collectives cross the inter-node network)"
