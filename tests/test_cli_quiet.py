@@ -2,6 +2,7 @@
 prints nothing on stderr (no libtpu start-up errors, no absl/orbax notices), a failing one prints its
 own one-line error; and the JAX_PLATFORMS choice behind it (cli.common.jax_platforms)."""
 
+import importlib.util
 import logging
 import os
 import subprocess
@@ -101,3 +102,16 @@ def test_only_orbax_read_only_notices_are_dropped(caplog):
     with caplog.at_level(logging.WARNING):
         command()
     assert [r.getMessage() for r in caplog.records] == ["Checkpoint 7 is missing its commit marker"]
+
+
+@no_accelerator
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None, reason="the CUDA plugin is not installed")
+def test_the_cuda_plugins_no_driver_notices_are_dropped():
+    """Without a GPU the CUDA plugin's libraries print that there is no driver as JAX loads them, even
+    with JAX_PLATFORMS=cpu and TF_CPP_MIN_LOG_LEVEL set; loaded first by the CLI, nothing is printed."""
+    env = {**USER_ENV, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    run = lambda code: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    plain = run("import jax; jax.devices()")
+    assert plain.returncode == 0 and "Could not find cuda drivers" in plain.stderr
+    quiet = run("from olmax.cli.common import load_cuda_plugin_quietly as q; assert q(); import jax; jax.devices()")
+    assert quiet.returncode == 0 and quiet.stderr == ""

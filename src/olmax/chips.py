@@ -231,6 +231,7 @@ def libtpu_init_args(chip: Chip) -> str:
     return " ".join(chip.libtpu_flags)
 
 
-def gpu_env(chip: Chip) -> list[tuple[str, str]]:
-    """A GPU chip's profile as the environment of its trainer processes: XLA_FLAGS and GPU_ENV."""
-    return [("XLA_FLAGS", " ".join(chip.xla_flags)), *GPU_ENV]
+def gpu_env(chip: Optional[Chip] = None) -> list[tuple[str, str]]:
+    """A GPU chip's profile (without one: GPU_XLA_FLAGS, every GPU chip's) as the environment of its
+    trainer processes: XLA_FLAGS and GPU_ENV."""
+    return [("XLA_FLAGS", " ".join(chip.xla_flags if chip is not None else GPU_XLA_FLAGS)), *GPU_ENV]

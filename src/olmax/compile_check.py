@@ -210,7 +210,9 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         # the block activations the backward pass reads back (no remat: all of them and more)
         "saved": list(REMAT_TAGS) if policy is None else list(policy.save),
         "offloaded": [] if policy is None else list(policy.offload),
-        "attention": resolve_backend(cfg.model.attention, platform, cfg.model.compute_dtype),
+        "attention": resolve_backend(
+            cfg.model.attention, platform, cfg.model.compute_dtype, doc_masking=cfg.data.doc_masking
+        ),
         "libtpu_flags": sorted(chip.libtpu_flags) if platform == "tpu" and chip is not None else [],
         "xla_flags": sorted(chip.xla_flags) if platform == "gpu" and chip is not None else [],
         # GPU: the nodes of the cluster (processes), one per distinct process_index, and how the mesh

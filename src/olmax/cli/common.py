@@ -4,11 +4,17 @@ that sets up the process of a command that runs JAX (which platform, which libra
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import glob
+import importlib
+import importlib.util
 import json
 import logging
 import os
+import pkgutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -257,11 +263,58 @@ def _not_a_read_only_notice(record: logging.LogRecord) -> bool:
     return record.msg not in ORBAX_READ_ONLY_NOTICES
 
 
+# What each shared library of the CUDA plugin (jax-cuda12-plugin 0.10.2: the `gpu-compile` extra, and
+# `gpu`) writes on stderr as it loads on a host without an NVIDIA driver, through its own copy of absl,
+# before any log set-up could reach it (TF_CPP_MIN_LOG_LEVEL does not silence it): `import jax` loads
+# three of them, JAX's backend start-up the PJRT plugin. It reports only that there is no GPU.
+CUDA_STUB_NOTICES = (
+    b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    b"cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.",
+)
+GPU_FILES = "nvidia[0-9]*"  # ACCELERATOR_FILES' NVIDIA GPUs
+
+
+def load_cuda_plugin_quietly(dev: str = "/dev") -> bool:
+    """On a host without an NVIDIA GPU, load the CUDA plugin's libraries (when installed) before JAX
+    does, with stderr caught: what they print other than CUDA_STUB_NOTICES is passed on. JAX then finds
+    them loaded and nothing is printed again. Returns whether it loaded them."""
+    if glob.glob(os.path.join(dev, GPU_FILES)) or "jax" in sys.modules:
+        return False
+    plugin = importlib.util.find_spec("jax_cuda12_plugin")
+    pjrt = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    if plugin is None or pjrt is None:
+        return False
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            for module in pkgutil.iter_modules(plugin.submodule_search_locations):
+                if not module.name.startswith("lib"):  # libmosaic_gpu_runtime: a C library, not a module
+                    importlib.import_module(f"jax_cuda12_plugin.{module.name}")
+            # the PJRT plugin, as JAX's start-up will open it (dlopen gives both the same handle)
+            ctypes.CDLL(os.path.join(next(iter(pjrt.submodule_search_locations)), "xla_cuda_plugin.so"))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = [
+                line
+                for line in caught.read().splitlines(keepends=True)
+                if not line.rstrip().endswith(CUDA_STUB_NOTICES)
+            ]
+            if rest:
+                sys.stderr.buffer.write(b"".join(rest))
+                sys.stderr.flush()
+    return True
+
+
 def runs_on(where: str):
     """Decorator of every command but `olmax launch` (whose trainers decide for themselves, on their
     own hosts), applied before the command's body imports JAX: `"cpu"` for a command that needs only
     the CPU, `"accelerator"` for one that runs the model (on the host's TPU or GPU if it has one).
-    Sets JAX_PLATFORMS (`jax_platforms`) and drops orbax's read-only notices."""
+    Sets JAX_PLATFORMS (`jax_platforms`), drops orbax's read-only notices and, on a host without a
+    GPU, the CUDA plugin's (`load_cuda_plugin_quietly`)."""
     if where not in ("cpu", "accelerator"):
         raise ValueError(f"runs_on: where must be 'cpu' or 'accelerator', got {where!r}")
 
@@ -271,6 +324,10 @@ def runs_on(where: str):
             platforms = jax_platforms(where == "accelerator")
             if platforms is not None:
                 os.environ["JAX_PLATFORMS"] = platforms  # read once, when jax is first imported
+            # XLA's C++ INFO log (the GPU compiler's notes on a compile without a GPU, the latency-hiding
+            # scheduler's memory figures): warnings and errors still show
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+            load_cuda_plugin_quietly()
             from absl import logging as absl_logging
 
             absl_logger = absl_logging.get_absl_logger()

@@ -9,6 +9,10 @@ variables the script exports (the first node of the job hosts the coordinator) a
 - `--no-requeue`: Slurm does not restart a failed or preempted job by itself, so resubmission has one
   owner (resume-until-done, which waits with `sbatch --wait`: its exit status is the job's).
 
+Every trainer gets the GPU flag profile of olmax.chips (XLA_FLAGS, XLA_PYTHON_CLIENT_MEM_FRACTION and
+NCCL's settings: the XLA flags `olmax compile-check --topology h100:NxG` compiles with), the profile of
+--chip when it names a GPU; a variable the launch sets with --env is left to it.
+
 With OLMAX_SLURM_TIME set, `--signal=TERM@300` sends SIGTERM to the trainers 5 minutes before the
 limit: they save at the next step boundary and exit, and resume-until-done resubmits. `scancel` sends
 the same SIGTERM, so the trainer's record cannot tell the two apart; Slurm's job state (sacct) can,
@@ -24,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
+from olmax.chips import get_chip, gpu_env
 from olmax.exits import ExitStatus, from_returncode
 from olmax.launch import LaunchError
 from olmax.launch.env import SLURM_VARS, positive_int, read_env
@@ -85,6 +90,7 @@ class SlurmBackend:
         ]
         if env["OLMAX_SLURM_SETUP"]:
             lines.append(env["OLMAX_SLURM_SETUP"])  # a shell line by design (e.g. activating a venv)
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in self.gpu_profile()]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.options.env]  # --env; srun passes them on
         lines += [
             "# jax.distributed: one process per node, the first node hosts the coordinator (sed, not head:\n"
@@ -95,6 +101,15 @@ class SlurmBackend:
             shlex.join(srun),
         ]
         return "\n".join(lines) + "\n"
+
+    def gpu_profile(self) -> list[tuple[str, str]]:
+        """The trainers' GPU flag profile (olmax.chips.gpu_env) without the variables --env sets; none
+        when --chip names a TPU."""
+        chip = get_chip(self.plan.options.chip) if self.plan.options.chip else None
+        if chip is not None and chip.platform != "gpu":
+            return []
+        given = {k for k, _ in self.plan.options.env}
+        return [(k, v) for k, v in gpu_env(chip) if k not in given]
 
     def _sbatch(self, *extra: str) -> Command:
         # --output on the command line, not as #SBATCH: a run directory may hold any character

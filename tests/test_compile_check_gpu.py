@@ -1,0 +1,172 @@
+"""compile-check for GPU clusters: XLA's GPU compiler (the CUDA plugin) compiles the real train step on
+this CPU for abstract H100/H200/B200 devices made from the project's target descriptions, with cuDNN's
+fused attention in the step and the chips' GPU flag profile as compiler options."""
+
+import dataclasses
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from olmax import chips
+from olmax.compile_check import CUDNN_ATTENTION_CALL, compile_report, topology_devices
+from olmax.config import ConfigError
+from olmax.config_io import apply_overrides
+from olmax.model.attention import cudnn_target, dot_product_attention
+from olmax.recipes import get_recipe
+
+pytest.importorskip("jax_cuda12_plugin", reason="needs the gpu-compile extra (make setup-test)")
+
+# The tiny recipe (GQA 4/2, head_dim 32, a window-64 and a global layer) at two layers, in bfloat16
+# (cuDNN has no float32 kernel): XLA's GPU compiler takes seconds for it.
+SMALL_GPU = [
+    "model.n_layers=2",
+    "model.vocab_size=512",
+    "trainer.loss_chunk=0",
+    "trainer.global_batch=16",
+    "model.compute_dtype=bfloat16",
+]
+
+
+def test_small_model_on_two_h100_nodes_runs_cudnn_attention_with_the_gpu_profile():
+    r = compile_report(apply_overrides(get_recipe("tiny"), SMALL_GPU), topology="h100:2x8")
+    assert (r["platform"], r["devices"], r["nodes"], r["device_kind"], r["chip"]) == (
+        "gpu",
+        16,
+        2,
+        "NVIDIA H100 80GB HBM3",
+        "h100",
+    )
+    assert r["per_device_batch"] == 1 and r["micro_batch"] == 1
+    assert r["attention"] == "cudnn"  # auto, resolved for the cluster, not for this CPU host
+    # forward and backward for the windowed and the global layer: the gradients run cuDNN too
+    assert r["attention_kernel_calls"] >= 4
+    assert r["xla_flags"] == sorted(chips.GPU_XLA_FLAGS) and r["libtpu_flags"] == []
+    d = r["per_device"]
+    assert 0 < d["peak_gib"] and d["aliased_gib"] > 0
+    assert r["hbm_limit_gib"] == pytest.approx(84942979072 / 2**30) and r["hbm_headroom"] == chips.GPU_MEM_FRACTION
+    assert r["fits"] is True
+    assert r["model_flops_per_device"] > 0 and r["hlo_flops_per_device"] is None  # no cost analysis on GPU
+    json.dumps(r)  # the --json payload
+
+
+def test_gpu_devices_are_the_nodes_gpus():
+    """h100:NxG: N nodes of G GPUs; device i is on node i // G (its process_index, as in a run with
+    one process per node)."""
+    devices = topology_devices("h100:3x8")
+    assert len(devices) == 24 and [d.process_index for d in devices] == [i // 8 for i in range(24)]
+    for name in ("h100", "h200", "b200"):
+        chip = chips.get_chip(name)
+        (device,) = topology_devices(f"{name}:1x1")
+        assert (device.platform, device.device_kind) == ("gpu", chip.device_kind)
+    assert topology_devices("b200:1x1")[0].compute_capability == "10.0"
+
+
+def _attention_custom_calls(head_dim, seq_len, window, capability):
+    """cuDNN's custom calls in the compiled gradient of the `cudnn` backend's attention call: OLMo 3's
+    32 query heads over 8 kv heads, one H100."""
+    (device,) = topology_devices("h100:1x1")
+    on = jax.sharding.SingleDeviceSharding(device)
+    q = jax.ShapeDtypeStruct((1, seq_len, 32, head_dim), jnp.bfloat16, sharding=on)
+    kv = jax.ShapeDtypeStruct((1, seq_len, 8, head_dim), jnp.bfloat16, sharding=on)
+    loss = lambda q, k, v: dot_product_attention(q, k, v, window, "cudnn").astype(jnp.float32).sum()
+    with cudnn_target(capability):
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile()
+    return sorted(set(re.findall(r'custom_call_target="(__cudnn\$fmha[^"]*)"', compiled.as_text())))
+
+
+def test_cudnn_compiles_the_7b_attention_shape_forward_and_backward():
+    """8192 tokens, head_dim 128, causal with OLMo 3's 4096-token window, GQA."""
+    calls = _attention_custom_calls(128, 8192, 4096, "9.0")
+    assert calls == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"]
+    assert CUDNN_ATTENTION_CALL.endswith("__cudnn$fmha")
+
+
+def test_head_dim_256_compiles_for_hopper_and_is_refused_before_it():
+    """jax's cuDNN check allows head_dim 256 from compute capability 9.0; given the target's (not this
+    host's) it compiles, and a pre-Hopper target is refused as jax refuses it on such a GPU."""
+    assert _attention_custom_calls(256, 1024, 512, "9.0") == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"]
+    with pytest.raises(NotImplementedError, match="head dim must be <= 128"):
+        _attention_custom_calls(256, 1024, 512, "8.0")
+
+
+def test_doc_masking_on_gpu_falls_back_to_xla_attention(caplog):
+    """cuDNN cannot take the document mask (docs/attention.md): auto runs the xla backend, says so,
+    and the step has no cuDNN call."""
+    cfg = apply_overrides(get_recipe("tiny"), [*SMALL_GPU, "model.n_layers=1", "data.doc_masking=true"])
+    r = compile_report(cfg, topology="h100:1x8")
+    assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0
+    assert "cannot mask within documents" in caplog.text
+
+
+def test_the_gpu_flag_profile_reaches_the_compiler(monkeypatch):
+    """A flag XLA's GPU compiler does not know fails the compile: the profile is passed, not dropped."""
+    bogus = dataclasses.replace(chips.CHIPS["h100"], xla_flags=("--xla_olmax_no_such_flag=1",))
+    monkeypatch.setitem(chips.CHIPS, "h100", bogus)
+    with pytest.raises(Exception, match="No such compile option: 'xla_olmax_no_such_flag'"):
+        compile_report(apply_overrides(get_recipe("tiny"), [*SMALL_GPU, "model.n_layers=1"]), topology="h100:1x8")
+
+
+def test_bad_gpu_topologies_are_clear_errors():
+    with pytest.raises(ConfigError, match=r"unknown TPU topology 'h900:1x8', nor a GPU cluster; .*h100:NxG"):
+        topology_devices("h900:1x8")
+    for bad in ("h100:8", "h100:0x8", "h100:2x8x1", "h100:ax8"):
+        with pytest.raises(ConfigError, match=rf"GPU topology '{bad}' is not h100:NxG"):
+            topology_devices(bad)
+    with pytest.raises(ConfigError, match="--num-slices is for TPU slices"):
+        topology_devices("h100:2x8", num_slices=2)
+
+
+def test_cli_exits_2_on_bad_gpu_input(monkeypatch):
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+
+    run = CliRunner().invoke
+    r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "h900:1x8"])
+    assert r.exit_code == 2 and "unknown TPU topology 'h900:1x8', nor a GPU cluster" in r.output
+    # 3 nodes of 8 GPUs: 24 devices do not divide the batch of 16
+    r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "h100:3x8", *SMALL_GPU])
+    assert r.exit_code == 2 and "16" in r.output and "24" in r.output, r.output
+    # a real compile against a GPU with 4 MiB: does not fit, with the figures
+    small = dataclasses.replace(chips.CHIPS["h100"], hbm_limit_gib=0.004)
+    monkeypatch.setitem(chips.CHIPS, "h100", small)
+    r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "h100:1x8", *SMALL_GPU, "model.n_layers=1"])
+    assert r.exit_code == 2, r.output
+    assert re.search(r"tiny does not fit on h100:1x8: per-device peak \d+\.\d GiB > 90% of the 0.00 GiB", r.output)
+
+
+def test_the_slurm_trainers_get_the_profile_compile_check_compiles_with(tmp_path):
+    """The sbatch script exports the GPU profile (its XLA flags are compile_report's xla_flags), run by
+    bash with a stub srun; a variable --env sets is the launch's; --chip naming a TPU gets none."""
+    import os
+    import subprocess
+
+    from test_launch import SLURM_ENV, _stub
+
+    from olmax.launch.backends import make_backend
+    from olmax.launch.plan import TrainOptions, make_plan
+
+    def trainer_env(options):
+        plan = make_plan("tiny", [], str(tmp_path / "run"), 8, options=options)
+        script = tmp_path / "job.sbatch"
+        script.write_text(make_backend("slurm", plan, SLURM_ENV).script())
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        _stub(bin_dir, "scontrol", "print('node-a7')\n")
+        _stub(bin_dir, "srun", "import json, os\nprint(json.dumps({k: v for k, v in os.environ.items()}))\n")
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_MEM_FRACTION")}
+        env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="node-a7")
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+
+    seen = trainer_env(TrainOptions(chip="h100"))
+    assert sorted(seen["XLA_FLAGS"].split(" ")) == sorted(chips.CHIPS["h100"].xla_flags)
+    assert {k: seen[k] for k, _ in chips.GPU_ENV} == dict(chips.GPU_ENV)
+    assert seen["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.90"
+    seen = trainer_env(TrainOptions(env=(("XLA_FLAGS", "--xla_mine=1"),)))
+    assert seen["XLA_FLAGS"] == "--xla_mine=1" and seen["NCCL_PROTO"] == "SIMPLE,LL,LL128"
+    seen = trainer_env(TrainOptions(chip="v5p"))
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in seen and "NCCL_PROTO" not in seen
