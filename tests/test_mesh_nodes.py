@@ -28,6 +28,11 @@ def _shape(**sizes) -> tuple[int, ...]:
     return tuple(sizes.get(axis, 1) for axis in MESH_AXES)
 
 
+def _sizes(**sizes) -> dict[str, int]:
+    """A mesh's shape as jax.sharding.Mesh.shape gives it: every axis, 1 unless named."""
+    return dict(zip(MESH_AXES, _shape(**sizes)))
+
+
 @pytest.mark.parametrize(
     "shape, per_node, within, across",
     [
@@ -97,13 +102,13 @@ def test_mesh_groups_follow_nodes_whatever_the_device_order(monkeypatch):
     # mesh_utils reshapes the objects as it is given them; jax.sharding.Mesh would insist on jax.Devices
     monkeypatch.setattr("olmax.sharding.Mesh", lambda grid, axes, axis_types: _GridOnly(grid, axes))
     hsdp = make_mesh(MeshConfig(data=-1, fsdp=8, tensor=1), _scrambled(4, 8))
-    assert hsdp.shape == {"data": 4, "fsdp": 8, "tensor": 1}
+    assert hsdp.shape == _sizes(data=4, fsdp=8)
     assert all(len(p) == 1 for p in _processes(hsdp, "fsdp"))  # each fsdp group is one node
     assert _processes(hsdp, "data") == [{0, 1, 2, 3}] * 8  # data parallelism across the nodes, in node order
     assert [d.id for d in hsdp.devices[2, :, 0]] == list(range(16, 24))  # within a node, by device id
 
     cross = make_mesh(MeshConfig(data=2, fsdp=-1, tensor=2), _scrambled(4, 8))
-    assert cross.shape == {"data": 2, "fsdp": 8, "tensor": 2}
+    assert cross.shape == _sizes(data=2, fsdp=8, tensor=2)
     assert all(len(p) == 1 for p in _processes(cross, "tensor"))
     # fsdp 8 = 4 within a node x 2 nodes: each group spans two nodes, each node's 4 devices side by side
     for group in np.moveaxis(cross.devices, 1, -1).reshape(-1, 8):
@@ -133,7 +138,7 @@ def test_compile_check_reports_the_node_layout():
 
     cfg = _config(HSDP + ["model.attention=xla"])
     report = compile_report(cfg, topology="h100:2x4")
-    assert report["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1} and report["nodes"] == 2
+    assert report["mesh"] == _sizes(data=2, fsdp=4) and report["nodes"] == 2
     assert report["node_layout"] == "within each node: fsdp=4; across 2 nodes: data=2"
 
 
@@ -219,7 +224,7 @@ def test_two_processes_build_the_node_mesh_and_step_like_one():
 
     got = [r["hsdp"] for r in results]
     assert got[0] == got[1]  # both processes built the same mesh and computed the same step
-    assert got[0]["shape"] == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert got[0]["shape"] == _sizes(data=2, fsdp=4)
     assert got[0]["fsdp_groups"] == [[0], [1]]  # fsdp within each process ("node")
     assert got[0]["data_groups"] == [[0, 1]] * 4  # data parallelism across the two
     cfg = _config(HSDP)
