@@ -40,7 +40,6 @@ def _sizes(**sizes) -> dict[str, int]:
         (_shape(fsdp=16), 8, _shape(fsdp=8), _shape(fsdp=2)),  # FSDP over two nodes
         (_shape(data=4, fsdp=4, tensor=2), 8, _shape(fsdp=4, tensor=2), _shape(data=4)),
         (_shape(data=2, fsdp=2, tensor=2), 8, _shape(data=2, fsdp=2, tensor=2), _shape()),  # one node
-        (_shape(fsdp=4, tensor=16), 8, _shape(tensor=8), _shape(fsdp=4, tensor=2)),  # tensor across nodes
     ],
 )
 def test_node_split_places_inner_axes_within_a_node(shape, per_node, within, across):
@@ -68,6 +67,9 @@ def test_describe_node_split_names_an_axis_that_spans_nodes(shape, per_node, wor
 
 
 def test_node_split_refuses_an_axis_that_cannot_follow_the_nodes():
+    # tensor shares its rows of the batch, and each node (process) loads its own rows
+    with pytest.raises(ConfigError, match="mesh tensor=16 would span 2 nodes of 8 devices; it must stay within a node"):
+        node_split(_shape(fsdp=4, tensor=16), 8)
     with pytest.raises(ConfigError, match="mesh tensor=3 does not split over nodes of 8 devices"):
         node_split(_shape(fsdp=8, tensor=3), 8)
     with pytest.raises(ConfigError, match="mesh fsdp=6 does not split .* leave 4 device"):

@@ -74,7 +74,9 @@ def node_split(shape: Sequence[int], per_node: int) -> tuple[tuple[int, ...], tu
     the part across nodes, elementwise shape = within x across. The innermost axis is placed first
     (tensor, then fsdp, then data), each wholly within the node while it fits; the first axis that
     does not fit is split (the node's remaining devices within, the rest across) and every axis
-    outside it runs across nodes only. An axis that can neither be split that way is refused."""
+    outside it runs across nodes only. An axis that can be split neither way is refused, and so is one
+    that spans nodes without splitting the batch (tensor): every process loads its own rows of the
+    batch (olmax.train), so the devices that hold one row must all be in one process."""
     within, across, room = [1] * len(shape), [1] * len(shape), per_node
     for i in reversed(range(len(shape))):
         size = shape[i]
@@ -86,6 +88,13 @@ def node_split(shape: Sequence[int], per_node: int) -> tuple[tuple[int, ...], tu
             raise ConfigError(
                 f"mesh {MESH_AXES[i]}={size} does not split over nodes of {per_node} devices: the axes inside it "
                 f"leave {room} device(s) of each node, and {size} is neither a divisor nor a multiple of {room}"
+            )
+    batch_axes = dict(LOGICAL_AXIS_RULES)["batch"]
+    for axis, n in zip(MESH_AXES, across):
+        if n > 1 and axis not in batch_axes:
+            raise ConfigError(
+                f"mesh {axis}={shape[MESH_AXES.index(axis)]} would span {n} nodes of {per_node} devices; it must "
+                f"stay within a node (each node loads its own rows of the batch, which the {axis} devices share)"
             )
     return tuple(within), tuple(across)
 
