@@ -120,9 +120,15 @@ def test_mesh_groups_follow_nodes_whatever_the_device_order(monkeypatch):
     assert _processes(cross, "data") == [{0, 2}] * 8 + [{1, 3}] * 8
 
 
+def _gpu_compiler():
+    pytest.importorskip("jax_cuda12_plugin", reason="needs the gpu-compile extra (make setup-test)")
+
+
 def test_gpu_cluster_devices_group_by_node():
     """The abstract devices of `olmax compile-check --topology h100:4x8` carry their node as process_index."""
     from olmax.compile_check import topology_devices
+
+    _gpu_compiler()
 
     devices = topology_devices("h100:4x8")
     assert [d.process_index for d in devices] == [n for n in range(4) for _ in range(8)]
@@ -138,6 +144,7 @@ def test_compile_check_reports_the_node_layout():
     """The tiny step compiled by XLA's GPU compiler for 2 nodes of 4 H100s, as HSDP."""
     from olmax.compile_check import compile_report
 
+    _gpu_compiler()
     cfg = _config(HSDP + ["model.attention=xla"])
     report = compile_report(cfg, topology="h100:2x4")
     assert report["mesh"] == _sizes(data=2, fsdp=4) and report["nodes"] == 2
