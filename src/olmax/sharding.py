@@ -16,7 +16,8 @@ The mesh follows the hardware (`make_mesh`):
   nodes of 8 GPUs is HSDP (parameters sharded within a node, replicated across nodes: OLMo-core's
   `hsdp` default, which AI2's OLMo 3 7B script uses); `mesh.fsdp=-1` shards over every GPU of the
   job (OLMo-core's `fsdp`), so its all-gathers and reduce-scatters cross the inter-node network.
-  Both are allowed: the second is what a model too large for one node's HBM needs.
+  Both are allowed: the second is what a model too large for one node's HBM needs. Only the batch
+  axes (data, fsdp) may cross nodes: each process loads its own rows of the batch.
 """
 
 from __future__ import annotations
