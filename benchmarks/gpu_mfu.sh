@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One short, prepared GPU run: olmax's train step on ONE H100/H200, s/step, tokens/s, TFLOP/s and MFU
-# (benchmarks/gpu_mfu.py says what each row is). Made for a GPU lent for ~15 minutes in all: after
-# the install, the run is mostly XLA compiling three steps (each step is well under a second).
+# (benchmarks/gpu_mfu.py says what each row is), with the chip's GPU profile from olmax.chips (XLA
+# flags, memory fraction, NCCL variables). Made for a GPU lent for ~15 minutes in all: after the
+# install, the run is mostly XLA compiling four steps (each step takes about a second or less).
 #
 #   bash benchmarks/gpu_mfu.sh                      # venv .venv-gpu (python3.11), pip install -e .[gpu], run
 #   bash benchmarks/gpu_mfu.sh --dry-run            # the same path on CPU at a tiny size
@@ -9,7 +10,7 @@
 #   OLMAX_PYTHON=python3 OLMAX_WHEELS=.whl bash benchmarks/gpu_mfu.sh   # a host without network whose
 #       python already has jax with CUDA (olmax from src/, missing pure-Python wheels from OLMAX_WHEELS)
 #
-# Arguments go to gpu_mfu.py (--rows, --steps, --warmup, --set, --json). Unless given, --json goes
+# Arguments go to gpu_mfu.py (--rows, --steps, --warmup, --chip, --set, --json). Unless given, --json goes
 # to $OUT/gpu_mfu.json when $OUT is set, else /tmp/gpu_mfu.json.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +41,4 @@ fi
 if [[ " $* " != *" --dry-run "* ]] && command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
 fi
-# XLA may take up to 90% of the GPU's memory (JAX's default is 75%).
-export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}"
 PYTHONUNBUFFERED=1 exec "$py" "$repo/benchmarks/gpu_mfu.py" "${args[@]}"

@@ -80,6 +80,8 @@ def test_slurm_script_starts_one_worker_per_node_with_the_coordinator(tmp_path):
     assert "#SBATCH --nodes=2\n" in script and "#SBATCH --gpus-per-node=4\n" in script
     assert "#SBATCH --ntasks-per-node=1\n" in script and "#SBATCH --dependency=singleton\n" in script
     assert "#SBATCH --no-requeue\n" in script and "#SBATCH --signal=TERM@300\n" in script
+    # the recipe's mesh.fsdp=-1 shards over both nodes, and the script says so
+    assert "# Mesh within each node: fsdp=4; across 2 nodes: fsdp=2 (fsdp spans nodes" in script
     (sbatch,) = backend.attempt_steps(1)
     assert sbatch.argv == [
         "sbatch",
@@ -127,8 +129,16 @@ def test_slurm_errors_name_the_variable():
         make_backend("slurm", plan, {**SLURM_ENV, "OLMAX_SLURM_GPUS_PER_NODE": "four"})
     with pytest.raises(LaunchError, match="OLMAX_SLURM_PARTITION='gpu a'"):
         make_backend("slurm", plan, {**SLURM_ENV, "OLMAX_SLURM_PARTITION": "gpu a"})
+    with pytest.raises(LaunchError, match="mesh does not fit nodes of OLMAX_SLURM_GPUS_PER_NODE=4: mesh tensor=6"):
+        make_backend("slurm", make_plan("tiny", ["mesh.fsdp=2", "mesh.tensor=6"], "r", 12), SLURM_ENV)
     with pytest.raises(LaunchError, match="'pbs' is not one of local, xpk, slurm"):
         make_backend("pbs", plan, {})
+
+
+def test_slurm_hsdp_layout_keeps_fsdp_within_a_node():
+    plan = make_plan("tiny", ["mesh.data=-1", "mesh.fsdp=4"], "r", 8)
+    script = make_backend("slurm", plan, SLURM_ENV).script()
+    assert "# Mesh within each node: fsdp=4; across 2 nodes: data=2.\n" in script
 
 
 def test_xpk_commands_and_the_worker_command_string():

@@ -36,7 +36,7 @@ from olmax.chips import Chip, chip_of_device_kind, chip_of_topology, compiler_op
 from olmax.config import REMAT_TAGS, ConfigError, ExperimentConfig, remat_policy_of
 from olmax.flops import exact_step_flops
 from olmax.model.attention import cudnn_target, resolve_backend
-from olmax.sharding import make_mesh
+from olmax.sharding import describe_node_split, make_mesh
 from olmax.state import abstract_state, state_shardings
 from olmax.train_step import batch_layout, batch_sharding, make_train_step
 
@@ -197,6 +197,7 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
     headroom = chip.hbm_headroom if chip is not None else None
     hlo = compiled.as_text()
     policy = remat_policy_of(cfg.model.remat)
+    nodes = len({d.process_index for d in devices}) if platform == "gpu" else None
     seq_len = cfg.data.seq_len
     model_flops = exact_step_flops(cfg.model, seq_len, cfg.trainer.global_batch).total / mesh.size
     return {
@@ -222,8 +223,10 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         ),
         "libtpu_flags": sorted(chip.libtpu_flags) if platform == "tpu" and chip is not None else [],
         "xla_flags": sorted(chip.xla_flags) if platform == "gpu" and chip is not None else [],
-        # GPU: the nodes of the cluster (processes), one per distinct process_index
-        "nodes": len({d.process_index for d in devices}) if platform == "gpu" else None,
+        # GPU: the nodes of the cluster (processes), one per distinct process_index, and how the mesh
+        # falls on them (olmax.sharding.node_split)
+        "nodes": nodes,
+        "node_layout": describe_node_split(tuple(mesh.shape.values()), mesh.size // nodes) if nodes else None,
         "lower_s": t1 - t0,
         "compile_s": t2 - t1,
         "params_gib": _per_device_bytes(state.params, shardings.params) / GIB,
@@ -260,7 +263,7 @@ def format_report(r: dict) -> str:
     where = r["platform"]
     if r["topology"]:
         where = (
-            f"{r['topology']}: {r['nodes']} node(s)"
+            f"{r['topology']}: {r['nodes']} node(s), {r['node_layout']}"
             if r["platform"] == "gpu"
             else f"{r['topology']} x {r['num_slices']} slice(s)"
         )

@@ -5,11 +5,19 @@ this table alone decides how those dimensions are laid out over the mesh. FSDP s
 dimension of every matrix over the `fsdp` axis; tensor parallelism shards heads, MLP and vocab over
 `tensor`; the batch is split over `data` x `fsdp`. Change a layout here, nowhere else.
 
-The mesh follows the hardware (`make_mesh`): within a TPU slice, jax's mesh_utils orders the devices
-so each mesh axis runs along the ICI torus; across slices (multislice), only the `data` axis spans
-the slices, so the one collective that crosses the slower data-centre network (DCN) is the gradient
-all-reduce of data parallelism. MeshConfig describes ONE slice; with S slices the `data` axis is S x
-mesh.data long.
+The mesh follows the hardware (`make_mesh`):
+- TPU: within a slice, jax's mesh_utils orders the devices so each mesh axis runs along the ICI
+  torus; across slices (multislice), only the `data` axis spans the slices, so the one collective
+  that crosses the slower data-centre network (DCN) is the gradient all-reduce of data parallelism.
+  MeshConfig describes ONE slice; with S slices the `data` axis is S x mesh.data long.
+- GPU (and CPU) with several processes, one per node as the Slurm backend starts them: MeshConfig
+  describes the WHOLE job, and `node_split` places the innermost axes (tensor, then fsdp) within a
+  node, over NVLink, as far as they fit, and the rest across nodes. `mesh.data=-1 mesh.fsdp=8` on
+  nodes of 8 GPUs is HSDP (parameters sharded within a node, replicated across nodes: OLMo-core's
+  `hsdp` default, which AI2's OLMo 3 7B script uses); `mesh.fsdp=-1` shards over every GPU of the
+  job (OLMo-core's `fsdp`), so its all-gathers and reduce-scatters cross the inter-node network.
+  Both are allowed: the second is what a model too large for one node's HBM needs. Only the batch
+  axes (data, fsdp) may cross nodes: each process loads its own rows of the batch.
 """
 
 from __future__ import annotations
@@ -18,7 +26,6 @@ import math
 from typing import Optional, Sequence
 
 import jax
-import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
@@ -63,18 +70,80 @@ def num_slices(devices: Sequence[jax.Device]) -> int:
     return len({getattr(d, "slice_index", 0) or 0 for d in devices})
 
 
+def node_split(shape: Sequence[int], per_node: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Split a mesh shape (in MESH_AXES order) into the part within one node of `per_node` devices and
+    the part across nodes, elementwise shape = within x across. The innermost axis is placed first
+    (tensor, then fsdp, then data), each wholly within the node while it fits; the first axis that
+    does not fit is split (the node's remaining devices within, the rest across) and every axis
+    outside it runs across nodes only. An axis that can be split neither way is refused, and so is one
+    that spans nodes without splitting the batch (tensor): every process loads its own rows of the
+    batch (olmax.train), so the devices that hold one row must all be in one process."""
+    within, across, room = [1] * len(shape), [1] * len(shape), per_node
+    for i in reversed(range(len(shape))):
+        size = shape[i]
+        if room % size == 0:
+            within[i], room = size, room // size
+        elif size % room == 0:
+            within[i], across[i], room = room, size // room, 1
+        else:
+            raise ConfigError(
+                f"mesh {MESH_AXES[i]}={size} does not split over nodes of {per_node} devices: the axes inside it "
+                f"leave {room} device(s) of each node, and {size} is neither a divisor nor a multiple of {room}"
+            )
+    batch_axes = dict(LOGICAL_AXIS_RULES)["batch"]
+    for axis, n in zip(MESH_AXES, across):
+        if n > 1 and axis not in batch_axes:
+            raise ConfigError(
+                f"mesh {axis}={shape[MESH_AXES.index(axis)]} would span {n} nodes of {per_node} devices; it must "
+                f"stay within a node (each node loads its own rows of the batch, which the {axis} devices share)"
+            )
+    return tuple(within), tuple(across)
+
+
+def describe_node_split(shape: Sequence[int], per_node: int) -> str:
+    """node_split in words, e.g. "within each node: fsdp=8; across 2 nodes: data=2"."""
+    within, across = node_split(shape, per_node)
+
+    def axes(sizes):
+        return ", ".join(f"{a}={n}" for a, n in zip(MESH_AXES, sizes) if n > 1)
+
+    if math.prod(across) == 1:
+        return "one node" if math.prod(within) == 1 else f"one node: {axes(within)}"
+    text = f"within each node: {axes(within) or 'one device'}; across {math.prod(across)} nodes: {axes(across)}"
+    spanning = [a for a, w, n in zip(MESH_AXES, within, across) if w > 1 and n > 1]
+    if spanning:  # allowed (a model too large for one node needs it), but its collectives leave NVLink
+        text += f" ({', '.join(spanning)} spans nodes: its collectives cross the inter-node network)"
+    return text
+
+
+def _by_process(devices: Sequence[jax.Device]) -> list[list[jax.Device]]:
+    """The devices grouped by process (a node, one process per node), each group ordered by device id."""
+    groups: dict[int, list[jax.Device]] = {}
+    for d in devices:
+        groups.setdefault(d.process_index, []).append(d)
+    nodes = [sorted(groups[p], key=lambda d: d.id) for p in sorted(groups)]
+    if len({len(n) for n in nodes}) > 1:
+        counts = {p: len(groups[p]) for p in sorted(groups)}
+        raise ConfigError(f"processes hold different numbers of devices ({counts}): the mesh needs equal nodes")
+    return nodes
+
+
 def make_mesh(cfg: MeshConfig, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
     devices = list(devices if devices is not None else jax.devices())
     slices = num_slices(devices)
     if len(devices) % slices:
         raise ConfigError(f"{len(devices)} devices do not split evenly over {slices} slices")
-    ici = mesh_shape(cfg, len(devices) // slices)
     if slices > 1:
-        grid = mesh_utils.create_hybrid_device_mesh(ici, (slices, 1, 1), devices)
+        ici = mesh_shape(cfg, len(devices) // slices)
+        dcn = (slices,) + (1,) * (len(MESH_AXES) - 1)
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
     elif devices[0].platform == "tpu":
-        grid = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
+        grid = mesh_utils.create_device_mesh(mesh_shape(cfg, len(devices)), devices, allow_split_physical_axes=True)
     else:
-        grid = np.asarray(devices).reshape(ici)
+        nodes = _by_process(devices)
+        within, across = node_split(mesh_shape(cfg, len(devices)), len(nodes[0]))
+        ordered = [d for node in nodes for d in node]
+        grid = mesh_utils.create_hybrid_device_mesh(within, across, ordered, process_is_granule=True)
     # Auto axis types: sharding is propagated by XLA from the parameter and batch layouts.
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 

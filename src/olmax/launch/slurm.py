@@ -57,6 +57,7 @@ class SlurmBackend:
                 "(one trainer process per node drives all of its GPUs)"
             )
         self.nodes, self.gpus_per_node = total // gpus, gpus
+        self.node_layout = _node_layout(plan, gpus)
         positive_int(self.env, "OLMAX_COORDINATOR_PORT")
         for name in ("OLMAX_SLURM_PARTITION", "OLMAX_SLURM_ACCOUNT", "OLMAX_SLURM_TIME"):
             if any(c.isspace() or c in "'\"" for c in self.env[name]):
@@ -84,6 +85,7 @@ class SlurmBackend:
             "#!/bin/bash",
             *(f"#SBATCH {d}" for d in directives),
             f"# Written by `olmax launch --backend slurm`: {plan.layout.describe()}.",
+            f"# Mesh {self.node_layout}.",
             "set -euo pipefail",
         ]
         if env["OLMAX_SLURM_SETUP"]:
@@ -176,6 +178,18 @@ SLURM_STATES = {
 # controller, so sacct is asked again, SACCT_TRIES times SACCT_WAIT_S apart.
 FINAL_STATES = {"CANCELLED", "COMPLETED", "FAILED", *SLURM_STATES}
 SACCT_TRIES, SACCT_WAIT_S = 6, 5.0
+
+
+def _node_layout(plan: LaunchPlan, gpus_per_node: int) -> str:
+    """How the trainer's mesh falls on the nodes (olmax.sharding.node_split: tensor and fsdp within a
+    node as far as they fit); a mesh that cannot follow the nodes is refused before submission."""
+    from olmax.config import ConfigError
+    from olmax.sharding import describe_node_split
+
+    try:
+        return describe_node_split(tuple(plan.layout.mesh.values()), gpus_per_node)
+    except ConfigError as e:
+        raise LaunchError(f"the mesh does not fit nodes of OLMAX_SLURM_GPUS_PER_NODE={gpus_per_node}: {e}") from None
 
 
 def _job_id(attempt_log: Path) -> Optional[str]:

@@ -8,7 +8,9 @@ OLMAX_DISTRIBUTED:
 - `slurm`: coordinator OLMAX_COORDINATOR (host:port; the sbatch script exports the job's first node),
   process count SLURM_NTASKS, rank SLURM_PROCID, with JAX's own cluster detection switched off: left
   on, it binds each process to the single GPU numbered SLURM_LOCALID (jax/_src/clusters/cluster.py),
-  which suits one process per GPU, whereas here one process per node drives all of its GPUs.
+  which suits one process per GPU, whereas here one process per node drives all of its GPUs: every
+  GPU Slurm gives the task (JAX_LOCAL_DEVICE_IDS, if set, restricts them: jax.distributed reads it).
+  The trainer's mesh then keeps tensor and fsdp within a node (olmax.sharding.make_mesh).
 """
 
 from __future__ import annotations
