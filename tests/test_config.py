@@ -238,6 +238,35 @@ def test_stage2_and_stage3_recipes():
     assert float(lr(11_921)) == 0.0
 
 
+def test_32b_stage2_and_stage3_recipes():
+    """The numbers of OLMo-core's OLMo-3-1025-32B-midtrain-ingredient-1/2.py and -32B-long-context.py."""
+    peak = 0.0002071235285  # the scripts' LR literal
+    cfg, lr = _recipe_schedule("olmo3_32b_stage2")
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads, cfg.model.n_kv_heads) == (64, 5120, 40, 8)
+    assert cfg.trainer.global_batch * cfg.data.seq_len == 4 * 1024 * 1024  # GLOBAL_BATCH_SIZE, tokens
+    assert cfg.trainer.max_steps == 23_842 == math.ceil(100e9 / (4 * 1024 * 1024))  # MAX_TOKENS 100B
+    assert (cfg.data.seq_len, cfg.data.max_target_seq_len, cfg.data.seed, cfg.data.instance_filter) == (
+        8192,
+        8192,
+        42069,
+        True,
+    )
+    assert cfg.optimizer.lr == peak and (cfg.optimizer.weight_decay, cfg.optimizer.z_loss) == (0.1, 1e-5)
+    assert float(lr(1)) == pytest.approx(peak * (1 - 1 / 23_842), rel=2e-6)  # warmup=0, alpha_f=0
+    assert float(lr(23_842)) == 0.0
+    cfg, lr = _recipe_schedule("olmo3_32b_stage3")
+    assert cfg.trainer.global_batch * cfg.data.seq_len == 8 * 1024 * 1024
+    assert cfg.trainer.max_steps == 11_921 == math.ceil(100e9 / (8 * 1024 * 1024))
+    assert (cfg.data.seq_len, cfg.data.seed, cfg.data.instance_filter, cfg.data.packing) == (65536, 34521, True, "obfd")
+    assert (cfg.data.source_group_size, cfg.data.source_permutation_seed, cfg.data.doc_masking) == (8, 123, True)
+    model = cfg.model
+    assert (model.rope_type, model.yarn_factor, model.yarn_beta_fast, model.yarn_beta_slow) == ("yarn", 8.0, 32.0, 1.0)
+    assert (model.yarn_original_max_position, model.max_position, model.rope_positions) == (8192, 65536, "absolute")
+    assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # warmup=200
+    assert float(lr(200)) == pytest.approx(peak, rel=2e-6)
+    assert float(lr(11_921)) == 0.0
+
+
 def test_remat_takes_a_policy_name_or_a_set_of_tags():
     from olmax.config import REMAT_POLICIES, RematPolicy, remat_policy_of
 
