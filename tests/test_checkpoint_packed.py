@@ -20,7 +20,7 @@ PACKED = ["data.packing=obfd", "data.doc_masking=true", "trainer.micro_batch_siz
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "data/instances"]
 RTOL = 1e-6  # as tests/test_checkpoint_elastic.py: float32 rounding of another device count
 
-pytestmark = pytest.mark.slow  # ~2 min on 2 CPU cores: five short training runs
+pytestmark = pytest.mark.slow  # ~5 min on the 2 shared CPU cores: five short training runs
 
 
 def _cfg(tmp, *extra):
