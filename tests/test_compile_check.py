@@ -218,3 +218,12 @@ def test_7b_stage3_fits_on_ironwood_4x4x4_over_a_tensor_axis():
     assert r["mesh"] == {"data": 1, "fsdp": 64, "tensor": 2}
     assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
+
+
+@pytest.mark.slow
+def test_32b_stage2_fits_on_v5p_8x8x8():
+    """Either midtraining ingredient: 512 instances of 8192 tokens, one per device of the 512-chip slice."""
+    r = compile_report(get_recipe("olmo3_32b_stage2"), topology="v5p:8x8x8")
+    assert r["mesh"] == {"data": 1, "fsdp": 512, "tensor": 1}
+    assert (r["per_device_batch"], r["micro_batch"], r["accum_steps"], r["seq_len"]) == (1, 1, 1, 8192)
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
