@@ -199,7 +199,7 @@ def _recipe_schedule(name, overrides=()):
     )
 
 
-@pytest.mark.parametrize("name", ["olmo3_7b", "olmo3_7b_stage1", "olmo3_32b_stage1"])
+@pytest.mark.parametrize("name", ["olmo3_7b", "olmo3_7b_stage1"])
 def test_stage1_recipes_give_the_reference_learning_rates(name):
     _, lr = _recipe_schedule(name)
     for step, expected in STAGE1_LR:
@@ -223,6 +223,7 @@ def test_stage2_and_stage3_recipes():
         47_684,
         1337,
     )
+    assert cfg.data.max_target_seq_len == 8192  # the midtrain script's max_target_sequence_length
     assert cfg.trainer.max_steps == math.ceil(100e9 / 2**21)
     peak = 2.0712352850360292e-4
     assert float(lr(1)) == pytest.approx(peak * (1 - 1 / 47_684), rel=2e-6)  # no warmup: step 1 already decays
@@ -236,6 +237,43 @@ def test_stage2_and_stage3_recipes():
     assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # the long-context script's LR is stage 2's
     assert float(lr(200)) == pytest.approx(peak, rel=2e-6)
     assert float(lr(11_921)) == 0.0
+
+
+@pytest.mark.parametrize("name", ["olmo3_32b", "olmo3_32b_stage1"])
+def test_32b_stage1_recipe(name):
+    """The numbers of OLMo-core's OLMo-3-1025-32B-pretrain.py, and the step the 32B stage 2 loads."""
+    cfg = resolve(name, None, [])
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads, cfg.model.n_kv_heads) == (64, 5120, 40, 8)
+    assert cfg.model.mlp_hidden == 27648
+    assert cfg.trainer.global_batch * cfg.data.seq_len == 8 * 1024 * 1024  # GLOBAL_BATCH_SIZE, tokens
+    assert (cfg.trainer.global_batch, cfg.data.seq_len, cfg.data.max_target_seq_len) == (1024, 8192, 8192)
+    assert (cfg.data.seed, cfg.data.instance_filter, cfg.data.packing) == (34521, True, "none")
+    opt = cfg.optimizer
+    assert (opt.lr, opt.weight_decay, opt.b1, opt.b2, opt.z_loss, opt.max_grad_norm) == (
+        6e-4,
+        0.1,
+        0.9,
+        0.95,
+        1e-5,
+        1.0,
+    )
+    assert opt.no_decay == ("embed",) and opt.skip_step  # SkipStepAdamW, embeddings without weight decay
+    assert (cfg.schedule.name, cfg.schedule.warmup_steps, cfg.schedule.alpha_f) == ("cosine", 2000, 0.1)
+    # max_duration=Duration.epochs(1): the cosine ends with the epoch, whose batch count the data gives
+    assert (cfg.schedule.t_max_epochs, cfg.schedule.t_max_tokens) == (1, None)
+    assert cfg.trainer.max_steps == 656_000  # stego32-highlr-filter3/step656000, both ingredients' load_path
+    with pytest.raises(ConfigError, match="t_max_epochs=1 sets the horizon from the batches in an epoch"):
+        _recipe_schedule(name)
+    from olmax.schedules import make_schedule
+
+    epoch = 700_000  # a stand-in batch count; the real one is OLMo-mix-0925-official's instances // 1024
+    lr = make_schedule(
+        cfg.schedule, lr=opt.lr, max_steps=cfg.trainer.max_steps, tokens_per_step=2**23, epoch_batches=epoch
+    )
+    assert float(lr(1000)) == pytest.approx(3e-4, rel=2e-6) and float(lr(2000)) == pytest.approx(6e-4, rel=2e-6)
+    middle = 2000 + (epoch - 2000) // 2
+    assert float(lr(middle)) == pytest.approx((6e-4 + 6e-5) / 2, rel=2e-6)
+    assert float(lr(epoch)) == pytest.approx(6e-5, rel=2e-6)
 
 
 def test_32b_stage2_and_stage3_recipes():

@@ -2,7 +2,7 @@
 
 Numbers are from OLMo-core 3.0.0's `TransformerConfig.olmo3_7B/32B` and the official OLMo 3 scripts
 (src/scripts/official/OLMo3/OLMo-3-1025-7B-{pretrain-1,pretrain-2,midtrain,long-context}.py and the
-32B stage-2 and stage-3 scripts, cited where they are used).
+32B scripts, cited where they are used).
 """
 
 from __future__ import annotations
@@ -99,22 +99,39 @@ def _olmo3_7b_hd256() -> ExperimentConfig:
     return _stage1("olmo3_7b_hd256", OLMO3_7B_HD256)
 
 
-# Stage 1 by name (`olmo3_7b` and `olmo3_32b` are the same recipes under their short names). The overrides
+# Stage 1 by name (`olmo3_7b` and `olmo3_32b` are the stage-1 recipes under their short names). The overrides
 # `schedule.name=cosine schedule.t_max_tokens=7000000000000` turn its stitched schedule into the
 # MaxText reproduction's single cosine (warmup 2000, to 0.1 x lr at ceil(7e12 / 4194304) = 1,668,931).
 def _olmo3_7b_stage1(name: str = "olmo3_7b_stage1") -> ExperimentConfig:
     return _stage1(name, OLMO3_7B)
 
 
+# The 32B's stage 1 (OLMo-3-1025-32B-pretrain.py, OLMo-core's src/scripts/official/OLMo3/): 8192 tokens,
+# GLOBAL_BATCH_SIZE 8 * 1024 * 1024 tokens = 1024 instances, LR 6e-4, CosWithWarmup(warmup 2000, alpha_f
+# 0.1) over max_duration Duration.epochs(1) of OLMo-mix-0925-official: 3.0.0's trainer takes that
+# duration's max_steps, the cosine's t_max, from its loader's batches per epoch, here
+# schedule.t_max_epochs=1. Loader seed 34521, max_target_sequence_length 8192 and the n-gram instance
+# filter (13/1/32). The script runs to the epoch's end; AI2's stage 2 loads step 656,000
+# (stego32-highlr-filter3/step656000 in both midtraining ingredients), where this recipe stops.
+STAGE1_32B_LR = 6e-4
+
+
 def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
-    return _stage1(name, OLMO3_32B)
+    return ExperimentConfig(
+        name=name,
+        model=_fit(OLMO3_32B),
+        data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521, instance_filter=True),
+        optimizer=OptimizerConfig(lr=STAGE1_32B_LR),
+        schedule=ScheduleConfig(name="cosine", warmup_steps=2000, alpha_f=0.1, t_max_epochs=1),
+        trainer=TrainerConfig(global_batch=1024, max_steps=656_000, **FIT),
+    )
 
 
 # Stage 2, midtraining on Dolmino (OLMo-3-1025-7B-midtrain.py): 256 x 8192 = 2^21 tokens per step,
-# 100B tokens = 47,684 steps, linear to 0 with no warmup, seed 1337. AI2 started it from the stage-1
-# weights and Adam moments: `olmax ckpt warm-start STAGE1 DST --keep params,moments --reset-step`, then
-# set checkpoint.init_from=DST and data.paths to the Dolmino mix. The long-context script
-# (OLMo-3-1025-7B-long-context.py) sets the same LR.
+# 100B tokens = 47,684 steps, linear to 0 with no warmup, seed 1337, max_target_sequence_length 8192.
+# AI2 started it from the stage-1 weights and Adam moments: `olmax ckpt warm-start STAGE1 DST --keep
+# params,moments --reset-step`, then set checkpoint.init_from=DST and data.paths to the Dolmino mix.
+# The long-context script (OLMo-3-1025-7B-long-context.py) sets the same LR.
 MIDTRAIN_LR = 2.0712352850360292e-4
 
 
@@ -122,7 +139,7 @@ def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage2",
         model=_fit(OLMO3_7B),
-        data=DataConfig(seq_len=8192, seed=1337),
+        data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=1337),  # enters the data fingerprint
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
         trainer=TrainerConfig(global_batch=256, max_steps=47_684, **FIT),
