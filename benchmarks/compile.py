@@ -51,6 +51,8 @@ ROWS = [
     ("olmo3_7b_stage3", "tpu7x:4x4x4", 1, ()),
     ("olmo3_7b_stage1", "v6e:16x16", 1, ()),
     ("olmo3_7b_stage1", "v6e:16x16", 1, ("trainer.micro_batch_size=1",)),
+    ("olmo3_32b_stage2", "v5p:8x8x8", 1, ()),
+    ("olmo3_32b_stage3", "v5p:8x8x8", 1, ()),
 ]
 
 

@@ -27,7 +27,8 @@ SMALL_TPU = [
 
 
 def test_tiny_compiles_and_reports_fsdp_sharded_memory():
-    cfg = apply_overrides(get_recipe("tiny"), ["mesh.fsdp=8"])
+    # an epoch horizon compiles although no data is read (the schedule's t_max is all it sets)
+    cfg = apply_overrides(get_recipe("tiny"), ["mesh.fsdp=8", "schedule.t_max_epochs=1"])
     r = compile_report(cfg)
     assert r["devices"] == 8 and r["per_device_batch"] == 1 and r["platform"] == "cpu"
     # FSDP over 8 devices: each holds 1/8 of the fp32 parameters and of both fp32 Adam moments
@@ -216,5 +217,34 @@ def test_7b_stage3_fits_on_ironwood_4x4x4_over_a_tensor_axis():
     split over the recipe's tensor axis of 2."""
     r = compile_report(get_recipe("olmo3_7b_stage3"), topology="tpu7x:4x4x4")
     assert r["mesh"] == {"data": 1, "fsdp": 64, "tensor": 2}
+    assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
+
+
+@pytest.mark.slow
+def test_32b_stage1_fits_on_v5p_8x8x8():
+    """AI2's 1024 instances of 8192 tokens on the 512-chip slice: two per device in one forward/backward
+    (the recipe's micro-batch of up to 4); the epoch horizon compiles without data."""
+    r = compile_report(get_recipe("olmo3_32b_stage1"), topology="v5p:8x8x8")
+    assert r["mesh"] == {"data": 1, "fsdp": 512, "tensor": 1}
+    assert (r["per_device_batch"], r["micro_batch"], r["accum_steps"], r["seq_len"]) == (2, 2, 1, 8192)
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
+
+
+@pytest.mark.slow
+def test_32b_stage2_fits_on_v5p_8x8x8():
+    """Either midtraining ingredient: 512 instances of 8192 tokens, one per device of the 512-chip slice."""
+    r = compile_report(get_recipe("olmo3_32b_stage2"), topology="v5p:8x8x8")
+    assert r["mesh"] == {"data": 1, "fsdp": 512, "tensor": 1}
+    assert (r["per_device_batch"], r["micro_batch"], r["accum_steps"], r["seq_len"]) == (1, 1, 1, 8192)
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
+
+
+@pytest.mark.slow
+def test_32b_stage3_fits_on_v5p_8x8x8_over_a_tensor_axis():
+    """128 instances of 65,536 tokens on 512 devices: one instance per fsdp shard, heads (40 query, 8 KV)
+    and MLP split over the recipe's tensor axis of 4, the batch's doc_lens in every splash call."""
+    r = compile_report(get_recipe("olmo3_32b_stage3"), topology="v5p:8x8x8")
+    assert r["mesh"] == {"data": 1, "fsdp": 128, "tensor": 4}
     assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]

@@ -199,7 +199,7 @@ def _recipe_schedule(name, overrides=()):
     )
 
 
-@pytest.mark.parametrize("name", ["olmo3_7b", "olmo3_7b_stage1", "olmo3_32b_stage1"])
+@pytest.mark.parametrize("name", ["olmo3_7b", "olmo3_7b_stage1"])
 def test_stage1_recipes_give_the_reference_learning_rates(name):
     _, lr = _recipe_schedule(name)
     for step, expected in STAGE1_LR:
@@ -223,6 +223,7 @@ def test_stage2_and_stage3_recipes():
         47_684,
         1337,
     )
+    assert cfg.data.max_target_seq_len == 8192  # the midtrain script's max_target_sequence_length
     assert cfg.trainer.max_steps == math.ceil(100e9 / 2**21)
     peak = 2.0712352850360292e-4
     assert float(lr(1)) == pytest.approx(peak * (1 - 1 / 47_684), rel=2e-6)  # no warmup: step 1 already decays
@@ -234,6 +235,72 @@ def test_stage2_and_stage3_recipes():
     # AI2's released stage-3 checkpoint is step 11,921: 50B tokens of 2^22 per step
     assert cfg.trainer.max_steps == 11_921 == math.ceil(50e9 / 2**22)
     assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # the long-context script's LR is stage 2's
+    assert float(lr(200)) == pytest.approx(peak, rel=2e-6)
+    assert float(lr(11_921)) == 0.0
+
+
+@pytest.mark.parametrize("name", ["olmo3_32b", "olmo3_32b_stage1"])
+def test_32b_stage1_recipe(name):
+    """The numbers of OLMo-core's OLMo-3-1025-32B-pretrain.py, and the step the 32B stage 2 loads."""
+    cfg = resolve(name, None, [])
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads, cfg.model.n_kv_heads) == (64, 5120, 40, 8)
+    assert cfg.model.mlp_hidden == 27648
+    assert cfg.trainer.global_batch * cfg.data.seq_len == 8 * 1024 * 1024  # GLOBAL_BATCH_SIZE, tokens
+    assert (cfg.trainer.global_batch, cfg.data.seq_len, cfg.data.max_target_seq_len) == (1024, 8192, 8192)
+    assert (cfg.data.seed, cfg.data.instance_filter, cfg.data.packing) == (34521, True, "none")
+    opt = cfg.optimizer
+    assert (opt.lr, opt.weight_decay, opt.b1, opt.b2, opt.z_loss, opt.max_grad_norm) == (
+        6e-4,
+        0.1,
+        0.9,
+        0.95,
+        1e-5,
+        1.0,
+    )
+    assert opt.no_decay == ("embed",) and opt.skip_step  # SkipStepAdamW, embeddings without weight decay
+    assert (cfg.schedule.name, cfg.schedule.warmup_steps, cfg.schedule.alpha_f) == ("cosine", 2000, 0.1)
+    # max_duration=Duration.epochs(1): the cosine ends with the epoch, whose batch count the data gives
+    assert (cfg.schedule.t_max_epochs, cfg.schedule.t_max_tokens) == (1, None)
+    assert cfg.trainer.max_steps == 656_000  # stego32-highlr-filter3/step656000, both ingredients' load_path
+    with pytest.raises(ConfigError, match="t_max_epochs=1 sets the horizon from the batches in an epoch"):
+        _recipe_schedule(name)
+    from olmax.schedules import make_schedule
+
+    epoch = 700_000  # a stand-in batch count; the real one is OLMo-mix-0925-official's instances // 1024
+    lr = make_schedule(
+        cfg.schedule, lr=opt.lr, max_steps=cfg.trainer.max_steps, tokens_per_step=2**23, epoch_batches=epoch
+    )
+    assert float(lr(1000)) == pytest.approx(3e-4, rel=2e-6) and float(lr(2000)) == pytest.approx(6e-4, rel=2e-6)
+    middle = 2000 + (epoch - 2000) // 2
+    assert float(lr(middle)) == pytest.approx((6e-4 + 6e-5) / 2, rel=2e-6)
+    assert float(lr(epoch)) == pytest.approx(6e-5, rel=2e-6)
+
+
+def test_32b_stage2_and_stage3_recipes():
+    """The numbers of OLMo-core's OLMo-3-1025-32B-midtrain-ingredient-1/2.py and -32B-long-context.py."""
+    peak = 0.0002071235285  # the scripts' LR literal
+    cfg, lr = _recipe_schedule("olmo3_32b_stage2")
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads, cfg.model.n_kv_heads) == (64, 5120, 40, 8)
+    assert cfg.trainer.global_batch * cfg.data.seq_len == 4 * 1024 * 1024  # GLOBAL_BATCH_SIZE, tokens
+    assert cfg.trainer.max_steps == 23_842 == math.ceil(100e9 / (4 * 1024 * 1024))  # MAX_TOKENS 100B
+    assert (cfg.data.seq_len, cfg.data.max_target_seq_len, cfg.data.seed, cfg.data.instance_filter) == (
+        8192,
+        8192,
+        42069,
+        True,
+    )
+    assert cfg.optimizer.lr == peak and (cfg.optimizer.weight_decay, cfg.optimizer.z_loss) == (0.1, 1e-5)
+    assert float(lr(1)) == pytest.approx(peak * (1 - 1 / 23_842), rel=2e-6)  # warmup=0, alpha_f=0
+    assert float(lr(23_842)) == 0.0
+    cfg, lr = _recipe_schedule("olmo3_32b_stage3")
+    assert cfg.trainer.global_batch * cfg.data.seq_len == 8 * 1024 * 1024
+    assert cfg.trainer.max_steps == 11_921 == math.ceil(100e9 / (8 * 1024 * 1024))
+    assert (cfg.data.seq_len, cfg.data.seed, cfg.data.instance_filter, cfg.data.packing) == (65536, 34521, True, "obfd")
+    assert (cfg.data.source_group_size, cfg.data.source_permutation_seed, cfg.data.doc_masking) == (8, 123, True)
+    model = cfg.model
+    assert (model.rope_type, model.yarn_factor, model.yarn_beta_fast, model.yarn_beta_slow) == ("yarn", 8.0, 32.0, 1.0)
+    assert (model.yarn_original_max_position, model.max_position, model.rope_positions) == (8192, 65536, "absolute")
+    assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # warmup=200
     assert float(lr(200)) == pytest.approx(peak, rel=2e-6)
     assert float(lr(11_921)) == 0.0
 

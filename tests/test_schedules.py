@@ -1,13 +1,17 @@
-"""LR schedules: the stage-1 check values of docs/reference.md, and OLMo-core's scheduler classes step by step."""
+"""LR schedules: the stage-1 check values of docs/reference.md, OLMo-core's scheduler classes step by step,
+and a horizon of one epoch of the run's data."""
 
 from dataclasses import replace
 
 import numpy as np
 import pytest
 from reference_values import STAGE1_LR
+from small_run import small_config
 
 from olmax.config import ConfigError, ScheduleConfig
+from olmax.data.loader import build_source
 from olmax.schedules import make_schedule, steps_for_tokens
+from olmax.train import train
 
 STAGE1_TOKENS_PER_STEP = 512 * 8192  # 4,194,304
 STAGE1 = ScheduleConfig(
@@ -56,6 +60,37 @@ def test_bad_configs_are_errors():
         make_schedule(
             replace(STAGE1, switch_step=1_300_000), lr=3e-4, max_steps=1, tokens_per_step=STAGE1_TOKENS_PER_STEP
         )
+
+
+def test_an_epoch_horizon_needs_the_epoch_and_excludes_a_token_horizon():
+    with pytest.raises(ConfigError, match="t_max_epochs must be a positive number of epochs"):
+        ScheduleConfig(t_max_epochs=0)
+    with pytest.raises(ConfigError, match="excludes schedule.t_max_tokens"):
+        ScheduleConfig(t_max_epochs=1, t_max_tokens=10**9)
+    with pytest.raises(ConfigError, match="schedule.t_max_epochs=1 sets the horizon from the batches in an epoch"):
+        make_schedule(ScheduleConfig(t_max_epochs=1), lr=6e-4, max_steps=656_000, tokens_per_step=2**23)
+    lr = make_schedule(ScheduleConfig(t_max_epochs=2), lr=6e-4, max_steps=5, tokens_per_step=1, epoch_batches=10_000)
+    assert float(lr(20_000)) == pytest.approx(6e-5, rel=1e-6) and float(lr(19_000)) > 6.1e-5  # t_max = 2 x 10,000
+
+
+def test_a_run_with_an_epoch_horizon_follows_the_cosine_of_its_epoch(tmp_path):
+    """OLMo-core 3.0.0's trainer turns Duration.epochs(1) into max_steps = its loader's total_batches,
+    the whole global batches in the epoch (instances // global batch), and the scheduler's t_max is that.
+    A tiny run with schedule.t_max_epochs=1 logs the LR curve of that explicit horizon in tokens, and
+    neither the curve one step either side nor that of trainer.max_steps."""
+    cfg = small_config(tmp_path, "data.paths=[demo:heldout]", "schedule.t_max_epochs=1")
+    tokens = cfg.trainer.global_batch * cfg.data.seq_len
+    epoch = len(build_source(cfg.data)) // cfg.trainer.global_batch
+    logged = [row["optim/LR"] for row in train(cfg, tmp_path / "run", progress=False)]
+
+    def curve(t_max_tokens):
+        schedule = replace(cfg.schedule, t_max_epochs=None, t_max_tokens=t_max_tokens)
+        lr = make_schedule(schedule, lr=cfg.optimizer.lr, max_steps=cfg.trainer.max_steps, tokens_per_step=tokens)
+        return [float(lr(step)) for step in range(1, cfg.trainer.max_steps + 1)]
+
+    assert logged == pytest.approx(curve(epoch * tokens), rel=1e-6)
+    for other in (epoch - 1, epoch + 1, cfg.trainer.max_steps):
+        assert logged != pytest.approx(curve(other * tokens), rel=1e-6), other
 
 
 def test_horizon_inside_the_warmup_stays_in_warmup():

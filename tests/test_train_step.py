@@ -131,6 +131,19 @@ def test_metrics_and_step_numbering(reference):
     assert history[0] == reference[0]
 
 
+def test_packed_data_leaves_padding_out_of_the_loss(reference):
+    """data.packing=obfd: a target that is padding has no loss and no count (3.0.0's label_mask on a
+    packed instance), exactly what mask_pad_token does for the reference; without either, the padded
+    step differs."""
+    one_device = _layout(MeshConfig(data=1, fsdp=1, tensor=1), micro=1)
+    packed = replace(one_device, data=replace(BASE.data, mask_pad_token=False, packing="obfd"))
+    assert _run(packed, 1)[1] == reference
+    plain = replace(one_device, data=replace(BASE.data, mask_pad_token=False))
+    history = _run(plain, 1)[1]
+    assert history[0] == reference[0]  # the first batch has no padding
+    assert history[1]["ce_loss"] != pytest.approx(reference[1]["ce_loss"], rel=1e-3)
+
+
 def test_fsdp_shards_parameters_and_both_moments():
     cfg = _layout(MeshConfig(data=1, fsdp=8))
     shardings = state_shardings(cfg, make_mesh(cfg.mesh))

@@ -161,7 +161,9 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         # the loader's batch: with doc masking its doc_lens ride along, shaped and placed as the tokens
         batch = {"input_ids": rows, **({"doc_lens": rows} if cfg.data.doc_masking else {})}
         t0 = time.perf_counter()
-        lowered = make_train_step(cfg, mesh).lower(state, batch)
+        # No data is read here, so an epoch horizon (schedule.t_max_epochs) counts trainer.max_steps batches
+        # per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.
+        lowered = make_train_step(cfg, mesh, epoch_batches=cfg.trainer.max_steps).lower(state, batch)
         t1 = time.perf_counter()
         try:
             compiled = lowered.compile(compiler_options=options or None)

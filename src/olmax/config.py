@@ -396,6 +396,9 @@ class ScheduleConfig:
     """Final LR as a fraction of optimizer.lr (cosine, stitched_cosine, wsd, linear)."""
     t_max_tokens: Optional[int] = None
     """Horizon in tokens (OLMo-core style; steps = ceil(tokens / tokens per step)); None = trainer.max_steps."""
+    t_max_epochs: Optional[int] = None
+    """Horizon in epochs of the training data (OLMo-core's Duration.epochs): steps = epochs x the whole
+    global batches in one epoch, counted when the run opens its data. A run stops at trainer.max_steps."""
     switch_step: int = 0
     """stitched_cosine: from this step on, the second half of a cosine that ends at alpha_f * lr after
     `final_t_max_tokens` tokens."""
@@ -412,6 +415,11 @@ class ScheduleConfig:
             raise ConfigError(f"schedule.alpha_f must be in [0, 1], got {self.alpha_f}")
         if not 0.0 <= self.decay_fraction <= 1.0:
             raise ConfigError(f"schedule.decay_fraction must be in [0, 1], got {self.decay_fraction}")
+        if self.t_max_epochs is not None and (self.t_max_epochs <= 0 or self.t_max_tokens is not None):
+            raise ConfigError(
+                f"schedule.t_max_epochs must be a positive number of epochs and excludes schedule.t_max_tokens, "
+                f"got t_max_epochs={self.t_max_epochs}, t_max_tokens={self.t_max_tokens}"
+            )
         if self.name == "stitched_cosine" and (self.switch_step <= 0 or self.final_t_max_tokens is None):
             raise ConfigError(
                 "schedule.name=stitched_cosine needs schedule.switch_step > 0 and schedule.final_t_max_tokens"

@@ -1,7 +1,8 @@
 """Named experiment presets. `get_recipe(name)` returns a frozen `ExperimentConfig`.
 
 Numbers are from OLMo-core 3.0.0's `TransformerConfig.olmo3_7B/32B` and the official OLMo 3 scripts
-(src/scripts/official/OLMo3/OLMo-3-1025-7B-{pretrain-1,pretrain-2,midtrain,long-context}.py).
+(src/scripts/official/OLMo3/OLMo-3-1025-7B-{pretrain-1,pretrain-2,midtrain,long-context}.py and the
+32B scripts, cited where they are used).
 """
 
 from __future__ import annotations
@@ -98,22 +99,39 @@ def _olmo3_7b_hd256() -> ExperimentConfig:
     return _stage1("olmo3_7b_hd256", OLMO3_7B_HD256)
 
 
-# Stage 1 by name (`olmo3_7b` and `olmo3_32b` are the same recipes under their short names). The overrides
+# Stage 1 by name (`olmo3_7b` and `olmo3_32b` are the stage-1 recipes under their short names). The overrides
 # `schedule.name=cosine schedule.t_max_tokens=7000000000000` turn its stitched schedule into the
 # MaxText reproduction's single cosine (warmup 2000, to 0.1 x lr at ceil(7e12 / 4194304) = 1,668,931).
 def _olmo3_7b_stage1(name: str = "olmo3_7b_stage1") -> ExperimentConfig:
     return _stage1(name, OLMO3_7B)
 
 
+# The 32B's stage 1 (OLMo-3-1025-32B-pretrain.py, OLMo-core's src/scripts/official/OLMo3/): 8192 tokens,
+# GLOBAL_BATCH_SIZE 8 * 1024 * 1024 tokens = 1024 instances, LR 6e-4, CosWithWarmup(warmup 2000, alpha_f
+# 0.1) over max_duration Duration.epochs(1) of OLMo-mix-0925-official: 3.0.0's trainer takes that
+# duration's max_steps, the cosine's t_max, from its loader's batches per epoch, here
+# schedule.t_max_epochs=1. Loader seed 34521, max_target_sequence_length 8192 and the n-gram instance
+# filter (13/1/32). The script runs to the epoch's end; AI2's stage 2 loads step 656,000
+# (stego32-highlr-filter3/step656000 in both midtraining ingredients), where this recipe stops.
+STAGE1_32B_LR = 6e-4
+
+
 def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
-    return _stage1(name, OLMO3_32B)
+    return ExperimentConfig(
+        name=name,
+        model=_fit(OLMO3_32B),
+        data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521, instance_filter=True),
+        optimizer=OptimizerConfig(lr=STAGE1_32B_LR),
+        schedule=ScheduleConfig(name="cosine", warmup_steps=2000, alpha_f=0.1, t_max_epochs=1),
+        trainer=TrainerConfig(global_batch=1024, max_steps=656_000, **FIT),
+    )
 
 
 # Stage 2, midtraining on Dolmino (OLMo-3-1025-7B-midtrain.py): 256 x 8192 = 2^21 tokens per step,
-# 100B tokens = 47,684 steps, linear to 0 with no warmup, seed 1337. AI2 started it from the stage-1
-# weights and Adam moments: `olmax ckpt warm-start STAGE1 DST --keep params,moments --reset-step`, then
-# set checkpoint.init_from=DST and data.paths to the Dolmino mix. The long-context script
-# (OLMo-3-1025-7B-long-context.py) sets the same LR.
+# 100B tokens = 47,684 steps, linear to 0 with no warmup, seed 1337, max_target_sequence_length 8192.
+# AI2 started it from the stage-1 weights and Adam moments: `olmax ckpt warm-start STAGE1 DST --keep
+# params,moments --reset-step`, then set checkpoint.init_from=DST and data.paths to the Dolmino mix.
+# The long-context script (OLMo-3-1025-7B-long-context.py) sets the same LR.
 MIDTRAIN_LR = 2.0712352850360292e-4
 
 
@@ -121,7 +139,7 @@ def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage2",
         model=_fit(OLMO3_7B),
-        data=DataConfig(seq_len=8192, seed=1337),
+        data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=1337),  # enters the data fingerprint
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
         trainer=TrainerConfig(global_batch=256, max_steps=47_684, **FIT),
@@ -153,6 +171,75 @@ def _olmo3_7b_stage3() -> ExperimentConfig:
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
         trainer=TrainerConfig(global_batch=64, max_steps=11_921, **FIT),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=2),
+    )
+
+
+# The 32B after stage 1 (OLMo-core's src/scripts/official/OLMo3/, read at the repository's main branch;
+# OLMo-3-1025-32B.csv lists the checkpoints each stage wrote).
+#
+# Stage 2 is two midtraining runs, the "ingredients" (OLMo-3-1025-32B-midtrain-ingredient-1.py and -2.py),
+# whose final checkpoints AI2 averaged into one. The two scripts differ only in the data mix
+# (OLMo-midtraining-mix-0925-ingredient1-100B / -ingredient2-100B), so here they are one recipe run twice
+# with data.paths set to each mix. Both: 8192 tokens, GLOBAL_BATCH_SIZE 4 * 1024 * 1024 tokens = 512
+# instances, MAX_TOKENS 100e9 = ceil(1e11 / 2^22) = 23,842 steps (the csv's last ingredient step),
+# LR 0.0002071235285 linear to 0 with no warmup, loader seed 42069, the n-gram instance filter
+# (InstanceFilterConfig 13/1/32, olmax's data.instance_filter) and max_target_sequence_length 8192; the
+# stage-1 weights and optimizer state, not its trainer state (load_optim_state=True,
+# load_trainer_state=False: `olmax ckpt warm-start STAGE1 DST --keep params,moments --reset-step`).
+MIDTRAIN_32B_LR = 0.0002071235285  # the 32B scripts' literal, 3.6e-15 below the 7B's MIDTRAIN_LR
+
+
+def _olmo3_32b_stage2() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="olmo3_32b_stage2",
+        model=_fit(OLMO3_32B),
+        data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=42069, instance_filter=True),
+        optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
+        schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
+        trainer=TrainerConfig(global_batch=512, max_steps=23_842, **FIT),
+    )
+
+
+# Stage 3, long context (OLMo-3-1025-32B-long-context.py), started from the soup of the two stage-2
+# ingredients (its commented load_path, stego32-midtraining-runs-merged-step23842, and the csv) with
+# its optimizer state: 65,536 tokens, GLOBAL_BATCH_SIZE 8 * 1024 * 1024 tokens = 128 instances,
+# MAX_TOKENS 100e9 = ceil(1e11 / 2^23) = 11,921 steps (the csv's last stage-3 step), LR 0.0002071235285
+# linear to 0 after 200 warmup steps, loader seed 34521, YaRN factor 8 (beta_fast 32, beta_slow 1) from
+# 8192, and the 7B stage 3's packed data (NumpyPackedFSLDatasetConfig: OBFD, generate_doc_lengths,
+# source_group_size 8, source_permutation_seed 123), here WITH the instance filter (the 7B stage 3 has
+# none). Positions stay absolute across a packed instance: AI2 ran it under context parallelism, where
+# 3.0.0 does not restart them per document (docs/reference.md). 128 instances on a 512-device v5p 8x8x8
+# slice: heads and MLP split over a tensor axis of 4, one instance per data x fsdp shard.
+def _olmo3_32b_stage3() -> ExperimentConfig:
+    # remat full, as the 7B stage 3: 65,536 tokens per instance
+    model = replace(
+        _fit(OLMO3_32B),
+        remat="full",
+        rope_type="yarn",
+        yarn_factor=8.0,
+        yarn_beta_fast=32.0,
+        yarn_beta_slow=1.0,
+        yarn_original_max_position=8192,
+        max_position=65536,
+        rope_positions="absolute",
+    )
+    data = DataConfig(
+        seq_len=65536,
+        seed=34521,
+        instance_filter=True,
+        packing="obfd",
+        source_group_size=8,
+        source_permutation_seed=123,
+        doc_masking=True,
+    )
+    return ExperimentConfig(
+        name="olmo3_32b_stage3",
+        model=model,
+        data=data,
+        optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
+        schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
+        trainer=TrainerConfig(global_batch=128, max_steps=11_921, **FIT),
+        mesh=MeshConfig(data=1, fsdp=-1, tensor=4),
     )
 
 
@@ -198,6 +285,8 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "olmo3_32b_stage1": _olmo3_32b_stage1,
     "tiny": _tiny,
     "bench-small": _bench_small,
+    "olmo3_32b_stage2": _olmo3_32b_stage2,
+    "olmo3_32b_stage3": _olmo3_32b_stage3,
 }
 
 

@@ -10,13 +10,14 @@ fraction (step - start) / length is one correctly rounded division of two intege
 the 1.6M-step stage-1 horizon reproduces OLMo-core's float64 values to ~1e-7 relative.
 
 Horizons are given in tokens (OLMo-core style) and converted to steps with ceil(tokens / tokens per
-step), e.g. ceil(5e12 / 4194304) = 1,192,093; without a token horizon the trainer's max_steps is used.
+step), e.g. ceil(5e12 / 4194304) = 1,192,093, or in epochs of the run's data (the batches in an
+epoch, once the data is opened); without either the trainer's max_steps is used.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import jax.numpy as jnp
 
@@ -99,11 +100,28 @@ def steps_for_tokens(tokens: int, tokens_per_step: int) -> int:
     return math.ceil(tokens / tokens_per_step)
 
 
-def make_schedule(cfg: ScheduleConfig, *, lr: float, max_steps: int, tokens_per_step: int) -> Schedule:
+def _horizon(cfg: ScheduleConfig, *, max_steps: int, tokens_per_step: int, epoch_batches: Optional[int] = None) -> int:
+    """The schedule's t_max in steps: from schedule.t_max_tokens, schedule.t_max_epochs x `epoch_batches`
+    (the whole global batches in one epoch of the run's data; OLMo-core 3.0.0's trainer takes an epochs
+    duration's max_steps from its data loader's total_batches the same way), else trainer.max_steps."""
+    if cfg.t_max_epochs is not None:
+        if epoch_batches is None:
+            raise ConfigError(
+                f"schedule.t_max_epochs={cfg.t_max_epochs} sets the horizon from the batches in an epoch, "
+                "known once the data is opened (olmax train does); give schedule.t_max_tokens instead where "
+                "no data is read"
+            )
+        return cfg.t_max_epochs * epoch_batches
+    return steps_for_tokens(cfg.t_max_tokens, tokens_per_step) if cfg.t_max_tokens else max_steps
+
+
+def make_schedule(
+    cfg: ScheduleConfig, *, lr: float, max_steps: int, tokens_per_step: int, epoch_batches: Optional[int] = None
+) -> Schedule:
     """The schedule a config describes: step (1-based, int) -> learning rate (float32)."""
     # A horizon inside the warmup is allowed (a short benchmark of a full-size recipe never leaves
     # the warmup); past the horizon every schedule holds its final value.
-    t_max = steps_for_tokens(cfg.t_max_tokens, tokens_per_step) if cfg.t_max_tokens else max_steps
+    t_max = _horizon(cfg, max_steps=max_steps, tokens_per_step=tokens_per_step, epoch_batches=epoch_batches)
     w, a = cfg.warmup_steps, cfg.alpha_f
     if cfg.name == "cosine":
         return lambda s: cosine_with_warmup(s, lr=lr, warmup=w, t_max=t_max, alpha_f=a)

@@ -31,7 +31,7 @@ from olmax.metrics import MetricsLog, Progress
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state, param_shardings
 from olmax.surgery import is_warm_start, load_warm_start
-from olmax.train_step import batch_sharding, make_train_step
+from olmax.train_step import batch_layout, batch_sharding, make_train_step
 
 
 def train(
@@ -75,7 +75,7 @@ def train(
             return rows
         # One process reads the whole global batch; with several, each reads its ranks' rows.
         n_proc, proc = jax.process_count(), jax.process_index()
-        step_fn = make_train_step(cfg, mesh)  # refuses what the step cannot do before the data is prepared
+        batch_layout(cfg, mesh)  # refuses a batch the mesh cannot split before the data is prepared
         loader = make_loader(
             cfg.data,
             cfg.trainer.global_batch,
@@ -84,6 +84,8 @@ def train(
             state=data_state,
             allow_fingerprint_mismatch=allow_data_change,
         )
+        # after the loader: an epoch horizon (schedule.t_max_epochs) counts the batches of its epoch
+        step_fn = make_train_step(cfg, mesh, epoch_batches=loader.batches_per_epoch)
         to_global = batch_sharding(cfg, mesh)
         mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
         primary = jax.process_index() == 0  # metrics are global: process 0 writes and shows them

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -63,13 +63,16 @@ def batch_sharding(cfg: ExperimentConfig, mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(("batch", "seq"), shape, mesh))
 
 
-def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+def make_train_step(
+    cfg: ExperimentConfig, mesh: Mesh, *, epoch_batches: Optional[int] = None
+) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
     """The jitted step. batch: {"input_ids": (global_batch, seq_len) int32} and optionally
     {"instance_mask": (global_batch,) bool} (False = instance filtered out: no loss, still counted);
     with data.doc_masking also {"doc_lens": (global_batch, seq_len) int32} (the loader's), from which
     every token's document is found and attention kept within it (olmax.model.attention.segment_ids).
     The state argument is donated. Metrics (float32 scalars): loss, ce_loss, z_loss, grad_norm
     (before clipping), lr, skipped (1.0 when the optimizer skipped), tokens (input tokens this step).
+    `epoch_batches`: the global batches in one epoch of the run's data, which schedule.t_max_epochs needs.
     """
     layout = batch_layout(cfg, mesh)
     model, trainer, data = cfg.model, cfg.trainer, cfg.data
@@ -80,6 +83,7 @@ def make_train_step(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[TrainState, 
         lr=cfg.optimizer.lr,
         max_steps=trainer.max_steps,
         tokens_per_step=trainer.global_batch * data.seq_len,
+        epoch_batches=epoch_batches,
     )
     shardings = state_shardings(cfg, mesh)
     b_sharding = batch_sharding(cfg, mesh)
