@@ -3,7 +3,9 @@
 Model code names every parameter dimension with a logical axis (olmax.model.olmo3.param_specs);
 this table alone decides how those dimensions are laid out over the mesh. FSDP shards the `embed`
 dimension of every matrix over the `fsdp` axis; tensor parallelism shards heads, MLP and vocab over
-`tensor`; the batch is split over `data` x `fsdp`. Change a layout here, nowhere else.
+`tensor`; the batch is split over `data` x `fsdp`; context parallelism splits every sequence (the
+logical `seq` axis of the batch and of the activations) into contiguous chunks over `context`, and
+attention gathers keys and values over it (olmax.model.attention). Change a layout here, nowhere else.
 
 The mesh follows the hardware (`make_mesh`): within a TPU slice, jax's mesh_utils orders the devices
 so each mesh axis runs along the ICI torus; across slices (multislice), only the `data` axis spans
@@ -24,7 +26,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, MeshConfig
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# `context` sits between `fsdp` and `tensor`: its all-gathers of keys and values run once per layer,
+# more often than FSDP's weight gathers per byte moved, so it gets the closer devices after `tensor`.
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str | tuple[str, ...]]], ...] = (
     ("batch", ("data", "fsdp")),
@@ -35,26 +39,30 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str | tuple[str, ...]]], ...] = (
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
     ("norm", None),
-    ("seq", None),
+    ("seq", "context"),
     ("head_dim", None),
 )
 
 
 def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
-    """Resolve -1 ("the rest of the devices") and check that the axes multiply to n_devices."""
-    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+    """Resolve -1 ("the rest of the devices") and check that the axes multiply to n_devices; sizes
+    in MESH_AXES order."""
+    sizes = [getattr(cfg, axis) for axis in MESH_AXES]
+    named = lambda values: " x ".join(f"{a}={v}" for a, v in zip(MESH_AXES, values))
     if sizes.count(-1) > 1:
-        raise ConfigError(f"at most one mesh axis may be -1, got data={cfg.data} fsdp={cfg.fsdp} tensor={cfg.tensor}")
+        raise ConfigError(f"at most one mesh axis may be -1, got {named(sizes)}")
+    if cfg.context > 0 and n_devices % cfg.context:
+        raise ConfigError(
+            f"mesh.context={cfg.context} does not divide the {n_devices} devices: the context axis splits every "
+            "sequence over that many devices, which must be a divisor of the device count"
+        )
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if n_devices % known:
             raise ConfigError(f"{n_devices} devices are not divisible by the fixed mesh axes (product {known})")
         sizes[sizes.index(-1)] = n_devices // known
     if math.prod(sizes) != n_devices:
-        raise ConfigError(
-            f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs "
-            f"{math.prod(sizes)} devices, but {n_devices} are available"
-        )
+        raise ConfigError(f"mesh {named(sizes)} needs {math.prod(sizes)} devices, but {n_devices} are available")
     return tuple(sizes)
 
 
@@ -70,7 +78,7 @@ def make_mesh(cfg: MeshConfig, devices: Optional[Sequence[jax.Device]] = None) -
         raise ConfigError(f"{len(devices)} devices do not split evenly over {slices} slices")
     ici = mesh_shape(cfg, len(devices) // slices)
     if slices > 1:
-        grid = mesh_utils.create_hybrid_device_mesh(ici, (slices, 1, 1), devices)
+        grid = mesh_utils.create_hybrid_device_mesh(ici, (slices,) + (1,) * (len(ici) - 1), devices)
     elif devices[0].platform == "tpu":
         grid = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
     else:
