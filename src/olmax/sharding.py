@@ -26,8 +26,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, MeshConfig
 
-# `context` sits between `fsdp` and `tensor`: its all-gathers of keys and values run once per layer,
-# more often than FSDP's weight gathers per byte moved, so it gets the closer devices after `tensor`.
+# `context` sits between `fsdp` and `tensor`, as in MaxText's axis order: the later an axis, the closer
+# its devices (GPUs: consecutive devices, one node for a context of 8 as AI2 ran it), and after tensor
+# parallelism the per-layer gathers of keys and values are the most frequent collectives.
 MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str | tuple[str, ...]]], ...] = (
