@@ -59,9 +59,11 @@ ROWS = [
 def table_row(r: dict) -> str:
     d = r["per_device"]
     hlo = r["hlo_flops_per_device"]
+    context = f", context {r['mesh']['context']}" if r["mesh"].get("context", 1) > 1 else ""
     return (
         f"| {r['recipe']} | {r['topology']} x{r['num_slices']} | {r['devices']} | {r['mesh']['data']}x"
-        f"{r['mesh']['fsdp']}x{r['mesh']['tensor']} | {r['remat']} | {r['per_device_batch']}/{r['micro_batch']} | "
+        f"{r['mesh']['fsdp']}x{r['mesh']['tensor']}{context} | {r['remat']} | "
+        f"{r['per_device_batch']}/{r['micro_batch']} | "
         f"{r['attention']} ({r['attention_kernel_calls']}) | {d['peak_gib']:.1f} | {d['total_gib']:.1f} | "
         f"{r['hbm_limit_gib']:.2f} | {'yes' if r['fits'] else 'NO'} | {r['compile_s']:.0f} | "
         f"{'n/a' if hlo is None else f'{hlo / 1e12:.0f}'} / {r['model_flops_per_device'] / 1e12:.0f} |"

@@ -108,15 +108,31 @@ def test_blockwise_plan_covers_the_mask(seq, window, block):
     On bench-small's windowed layers (seq 1024, window 512) the bands hold 47% of the (seq, seq)
     scores: the rest is never computed."""
     mask = np.asarray(attn.causal_mask(seq, window))
-    plan = attn._blocks(seq, window, block)
-    assert [start for start, _, _ in plan] == list(range(0, seq, block)) and plan[-1][1] == seq
-    for start, end, lo in plan:
-        assert end - start <= block
+    plan = attn._blocks(seq, seq, window, block, None)
+    assert [start for start, *_ in plan] == list(range(0, seq, block)) and plan[-1][1] == seq
+    for start, end, lo, width in plan:
+        assert end - start <= block and lo + width == end
         assert not mask[start:end, :lo].any() and not mask[start:end, end:].any()
         assert mask[start:end, lo].any() or lo == 0  # the band starts at the first key in reach
     if (seq, window) == (1024, 512):
-        band = sum((end - start) * (end - lo) for start, end, lo in plan)
+        band = sum((end - start) * width for start, end, _, width in plan)
         assert band / seq**2 == pytest.approx(0.468, abs=1e-3)
+
+
+@pytest.mark.parametrize("seq,window,chunks", [(1024, 512, 4), (1024, 100, 8), (512, None, 4)])
+def test_blockwise_plan_of_a_context_chunk_covers_its_mask(seq, window, chunks):
+    """Under context parallelism a chunk's place is known only on its device: every chunk's plan
+    (bands of one width for all chunks, starting where the chunk's offset puts them) covers the
+    keys each of its queries may see, within the gathered sequence."""
+    mask = np.asarray(attn.causal_mask(seq, window))
+    q_len = seq // chunks
+    for c in range(chunks):
+        offset = c * q_len
+        for start, end, lo, width in attn._blocks(q_len, seq, window, 128, jnp.int32(offset)):
+            lo = int(lo)
+            assert 0 <= lo and lo + width <= seq
+            rows = mask[offset + start : offset + end]
+            assert not rows[:, :lo].any() and not rows[:, lo + width :].any()
 
 
 def test_xla_bfloat16_keeps_dtype_and_stays_close():

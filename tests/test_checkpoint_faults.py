@@ -24,7 +24,7 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path):
     ckpts = tmp_path / "r" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["3", "6"]
     meta = read_config(ckpts, 6)[1]
-    assert meta["tokens_seen"] == 6 * 8 * 64 and meta["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert meta["tokens_seen"] == 6 * 8 * 64 and meta["mesh"] == {"data": 1, "fsdp": 8, "context": 1, "tensor": 1}
     for f in (ckpts / "6" / "params").rglob("*"):  # a save cut short: every array file truncated
         if f.is_file() and f.stat().st_size > 0 and "metadata" not in f.name.lower():
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])

@@ -232,6 +232,11 @@ def test_stage2_and_stage3_recipes():
     cfg, lr = _recipe_schedule("olmo3_7b_stage3")
     assert (cfg.trainer.global_batch, cfg.data.seq_len, cfg.data.seed) == (64, 65536, 34521)
     assert (cfg.model.rope_type, cfg.model.yarn_factor, cfg.model.max_position) == ("yarn", 8.0, 65536)
+    # the data as AI2 packed it (NumpyPackedFSLDatasetConfig), masked within documents, absolute positions
+    data = cfg.data
+    assert (data.packing, data.source_group_size, data.source_permutation_seed) == ("obfd", 8, 123)
+    assert data.doc_masking and cfg.model.rope_positions == "absolute"
+    assert (cfg.mesh.context, cfg.model.remat) == (2, "save_qkv_proj")
     # AI2's released stage-3 checkpoint is step 11,921: 50B tokens of 2^22 per step
     assert cfg.trainer.max_steps == 11_921 == math.ceil(50e9 / 2**22)
     assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # the long-context script's LR is stage 2's

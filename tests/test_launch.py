@@ -262,7 +262,7 @@ def test_cli_dry_run_and_errors(tmp_path):
     )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("# local: 4 devices (mesh data=1 x fsdp=4 x tensor=1): global batch 8")
+    assert lines[0].startswith("# local: 4 devices (mesh data=1 x fsdp=4 x context=1 x tensor=1): global batch 8")
     assert "resume-until-done until a complete checkpoint of step 40" in lines[1]
     assert shlex.split(lines[-1])[-1] == TRICKY
     assert not (tmp_path / "r").exists()  # a dry run writes nothing

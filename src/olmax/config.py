@@ -51,6 +51,26 @@ class ConfigError(ValueError):
     """A configuration that cannot be built: unknown key, wrong type, or inconsistent values."""
 
 
+def check_context(cfg: "ExperimentConfig", context: int) -> None:
+    """What a context axis of `context` devices needs of the rest of the config: the sequence splits
+    into `context` equal chunks, the output layer's chunks (trainer.loss_chunk) fit one of them, and
+    a named splash backend's tiles fit its queries. `auto` resolves to splash only when the platform
+    is known: the trainer checks it then (olmax.train_step.batch_layout)."""
+    seq_len, chunk = cfg.data.seq_len, cfg.trainer.loss_chunk
+    if seq_len % context:
+        raise ConfigError(
+            f"data.seq_len={seq_len} is not divisible by mesh.context={context}: the context axis splits every "
+            "sequence into that many equal chunks"
+        )
+    if chunk and (seq_len // context) % chunk:
+        raise ConfigError(
+            f"trainer.loss_chunk={chunk} does not divide one context chunk of the sequence "
+            f"(data.seq_len / mesh.context = {seq_len // context})"
+        )
+    if cfg.model.attention == "splash":
+        cfg.model.splash_blocks.tiles(seq_len, context)
+
+
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}")
@@ -142,6 +162,25 @@ class SplashBlocks:
     """Key columns per tile."""
     kv_compute: int = 1024
     """Key columns per compute step within a tile (divides kv)."""
+
+    def tiles(self, seq_len: int, context: int = 1) -> tuple[int, int, int]:
+        """The (q, kv, kv_compute) tiles for a sequence whose queries are split into `context` chunks (a
+        tile longer than its span becomes the span), or a ConfigError naming the knobs: each tile a
+        multiple of 128 (the kernel's lane width) that divides its span; kv_compute divides kv."""
+        spans = {"q": seq_len // context, "kv": seq_len, "kv_compute": seq_len}
+        tiles = {name: min(getattr(self, name), span) for name, span in spans.items()}
+        for name, tile in tiles.items():
+            if spans[name] % tile or tile % 128:
+                span = f"seq_len={seq_len}" + (f" / mesh.context={context}" if name == "q" and context > 1 else "")
+                raise ConfigError(
+                    f"attention backend 'splash': its {name} tile {tile} (model.splash_blocks.{name}, at most "
+                    f"the span) must be a multiple of 128 that divides {span}"
+                )
+        if tiles["kv"] % tiles["kv_compute"]:
+            raise ConfigError(
+                f"model.splash_blocks.kv_compute={tiles['kv_compute']} must divide model.splash_blocks.kv={tiles['kv']}"
+            )
+        return tiles["q"], tiles["kv"], tiles["kv_compute"]
 
 
 @dataclass(frozen=True)
@@ -463,8 +502,20 @@ class MeshConfig:
     fsdp: int = -1
     """Fully sharded data parallelism: the batch is split over it and parameters and optimizer moments
     are sharded along their embed dimension."""
+    context: int = 1
+    """Context parallelism: every sequence is cut into this many contiguous chunks, one per device along
+    the axis (activations, batch and loss stay split so); attention gathers keys and values over it
+    (docs/attention.md). data.seq_len must divide by it."""
     tensor: int = 1
     """Tensor parallelism: heads, MLP hidden units and the vocabulary are split over it."""
+
+    def __post_init__(self):
+        for name in ("data", "fsdp", "context", "tensor"):
+            size = getattr(self, name)
+            if not isinstance(size, int) or (size < 1 and size != -1):
+                raise ConfigError(
+                    f"mesh.{name} must be a positive integer or -1 (the rest of the devices), got {size!r}"
+                )
 
 
 @dataclass(frozen=True)
@@ -564,6 +615,8 @@ class ExperimentConfig:
         chunk, seq_len = self.trainer.loss_chunk, self.data.seq_len
         if chunk and seq_len % chunk:
             raise ConfigError(f"trainer.loss_chunk={chunk} does not divide data.seq_len={seq_len}")
+        if self.mesh.context > 1:  # -1 (the rest of the devices) is checked when the mesh is built
+            check_context(self, self.mesh.context)
         model, data = self.model, self.data
         if data.doc_masking and model.attention not in ("auto", *MASKING_BACKENDS):
             raise ConfigError(

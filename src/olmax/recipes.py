@@ -149,28 +149,41 @@ def _olmo3_7b_stage2() -> ExperimentConfig:
 # Stage 3, long context (OLMo-3-1025-7B-long-context.py): 64 x 65536 = 2^22 tokens per step, YaRN
 # factor 8 from the 8192 context, linear to 0 after 200 warmup steps, seed 34521, started from the
 # stage-2 checkpoint (checkpoint.init_from; data.paths = the long-context mix). AI2's released
-# stage-3 checkpoint is step 11,921 = ceil(50e9 / 2^22): 50B tokens. 64 instances are fewer than the
-# 128 devices of an Ironwood 4x4x4 slice, so the mesh splits heads and MLP over a tensor axis of 2:
-# one instance per data x fsdp shard.
+# stage-3 checkpoint is step 11,921 = ceil(50e9 / 2^22): 50B tokens. The data as AI2 packed it:
+# whole documents, best-fit decreasing within groups of 8 files in a shuffled file order
+# (NumpyPackedFSLDatasetConfig), attention within each document, RoPE positions absolute across the
+# instance (3.0.0 does not reset them under context parallelism; docs/reference.md).
+STAGE3_DATA = DataConfig(
+    seq_len=65536,
+    seed=34521,
+    packing="obfd",
+    source_group_size=8,
+    source_permutation_seed=123,
+    doc_masking=True,
+)
+# 64 instances are fewer than the 128 devices of an Ironwood 4x4x4 slice, so a context axis of 2
+# splits every sequence: 32,768 tokens per device, as in stage 1 (4 x 8192), where keeping the q/k/v
+# projections fits (docs/performance.md). AI2 ran context 8 on 256 H100s (docs/training.md).
+STAGE3_MESH = MeshConfig(data=1, fsdp=-1, context=2, tensor=1)
+
+
 def _olmo3_7b_stage3() -> ExperimentConfig:
-    # remat full: with the q/k/v projections kept (FIT_REMAT) the TPU compiler puts the step at 96.1 GiB
-    # per Ironwood device, over its budget (docs/performance.md)
     model = replace(
         _fit(OLMO3_7B),
-        remat="full",
         rope_type="yarn",
         yarn_factor=8.0,
         yarn_original_max_position=8192,
         max_position=65536,
+        rope_positions="absolute",
     )
     return ExperimentConfig(
         name="olmo3_7b_stage3",
         model=model,
-        data=DataConfig(seq_len=65536, seed=34521),
+        data=STAGE3_DATA,
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
         trainer=TrainerConfig(global_batch=64, max_steps=11_921, **FIT),
-        mesh=MeshConfig(data=1, fsdp=-1, tensor=2),
+        mesh=STAGE3_MESH,
     )
 
 

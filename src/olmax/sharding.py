@@ -3,7 +3,9 @@
 Model code names every parameter dimension with a logical axis (olmax.model.olmo3.param_specs);
 this table alone decides how those dimensions are laid out over the mesh. FSDP shards the `embed`
 dimension of every matrix over the `fsdp` axis; tensor parallelism shards heads, MLP and vocab over
-`tensor`; the batch is split over `data` x `fsdp`. Change a layout here, nowhere else.
+`tensor`; the batch is split over `data` x `fsdp`; context parallelism splits every sequence (the
+logical `seq` axis of the batch and of the activations) into contiguous chunks over `context`, and
+attention gathers keys and values over it (olmax.model.attention). Change a layout here, nowhere else.
 
 The mesh follows the hardware (`make_mesh`):
 - TPU: within a slice, jax's mesh_utils orders the devices so each mesh axis runs along the ICI
@@ -11,7 +13,7 @@ The mesh follows the hardware (`make_mesh`):
   that crosses the slower data-centre network (DCN) is the gradient all-reduce of data parallelism.
   MeshConfig describes ONE slice; with S slices the `data` axis is S x mesh.data long.
 - GPU (and CPU) with several processes, one per node as the Slurm backend starts them: MeshConfig
-  describes the WHOLE job, and `node_split` places the innermost axes (tensor, then fsdp) within a
+  describes the WHOLE job, and `node_split` places the innermost axes (tensor, context, then fsdp) within a
   node, over NVLink, as far as they fit, and the rest across nodes. `mesh.data=-1 mesh.fsdp=8` on
   nodes of 8 GPUs is HSDP (parameters sharded within a node, replicated across nodes: OLMo-core's
   `hsdp` default, which AI2's OLMo 3 7B script uses); `mesh.fsdp=-1` shards over every GPU of the
@@ -31,7 +33,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, MeshConfig
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# `context` sits between `fsdp` and `tensor`, as in MaxText's axis order: the later an axis, the closer
+# its devices (GPUs: consecutive devices, one node for a context of 8 as AI2 ran it), and after tensor
+# parallelism the per-layer gathers of keys and values are the most frequent collectives.
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str | tuple[str, ...]]], ...] = (
     ("batch", ("data", "fsdp")),
@@ -42,26 +47,30 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str | tuple[str, ...]]], ...] = (
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
     ("norm", None),
-    ("seq", None),
+    ("seq", "context"),
     ("head_dim", None),
 )
 
 
 def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
-    """Resolve -1 ("the rest of the devices") and check that the axes multiply to n_devices."""
-    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+    """Resolve -1 ("the rest of the devices") and check that the axes multiply to n_devices; sizes
+    in MESH_AXES order."""
+    sizes = [getattr(cfg, axis) for axis in MESH_AXES]
+    named = lambda values: " x ".join(f"{a}={v}" for a, v in zip(MESH_AXES, values))
     if sizes.count(-1) > 1:
-        raise ConfigError(f"at most one mesh axis may be -1, got data={cfg.data} fsdp={cfg.fsdp} tensor={cfg.tensor}")
+        raise ConfigError(f"at most one mesh axis may be -1, got {named(sizes)}")
+    if cfg.context > 0 and n_devices % cfg.context:
+        raise ConfigError(
+            f"mesh.context={cfg.context} does not divide the {n_devices} devices: the context axis splits every "
+            "sequence over that many devices, which must be a divisor of the device count"
+        )
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if n_devices % known:
             raise ConfigError(f"{n_devices} devices are not divisible by the fixed mesh axes (product {known})")
         sizes[sizes.index(-1)] = n_devices // known
     if math.prod(sizes) != n_devices:
-        raise ConfigError(
-            f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs "
-            f"{math.prod(sizes)} devices, but {n_devices} are available"
-        )
+        raise ConfigError(f"mesh {named(sizes)} needs {math.prod(sizes)} devices, but {n_devices} are available")
     return tuple(sizes)
 
 

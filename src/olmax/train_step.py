@@ -2,8 +2,8 @@
 
 - The mesh and the ONE rules table in olmax.sharding decide every layout: parameters and both
   optimizer moments follow `param_specs` (FSDP shards their `embed` dimension, tensor parallelism
-  their heads/MLP/vocab), the batch is split over data x fsdp, the step and the skip window are
-  replicated.
+  their heads/MLP/vocab), the batch is split over data x fsdp and its sequences over context, the
+  step and the skip window are replicated.
 - The global batch (trainer.global_batch instances) is fixed by the recipe. Each batch shard (one
   data x fsdp coordinate) holds global_batch / (data * fsdp) instances and runs them as
   per-device / trainer.micro_batch_size micro-batches under jax.lax.scan, summing gradients.
@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.config import ConfigError, ExperimentConfig
+from olmax.config import ConfigError, ExperimentConfig, check_context
 from olmax.loss import loss_denominator, make_labels, output_loss
-from olmax.model.attention import segment_ids
+from olmax.model.attention import resolve_backend, segment_ids
 from olmax.model.olmo3 import forward_hidden
 from olmax.schedules import make_schedule
 from olmax.sharding import logical_to_spec
@@ -39,7 +39,15 @@ class BatchLayout(NamedTuple):
 
 
 def batch_layout(cfg: ExperimentConfig, mesh: Mesh) -> BatchLayout:
-    """Per-device batch and accumulation steps from the global batch and the mesh (errors name the knob)."""
+    """Per-device batch and accumulation steps from the global batch and the mesh (errors name the knob);
+    with a context axis, also what it needs of the sequence (config.check_context, for the platform of
+    the mesh's devices: `auto` attention is splash on a TPU)."""
+    context = mesh.shape.get("context", 1)
+    if context > 1:
+        check_context(cfg, context)
+        device = mesh.abstract_mesh.abstract_device  # None for a mesh of no particular devices (the launcher's)
+        if device and resolve_backend(cfg.model.attention, device.platform, cfg.model.compute_dtype) == "splash":
+            cfg.model.splash_blocks.tiles(cfg.data.seq_len, context)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     gb = cfg.trainer.global_batch
     if gb % shards:
@@ -58,7 +66,7 @@ def batch_layout(cfg: ExperimentConfig, mesh: Mesh) -> BatchLayout:
 
 
 def batch_sharding(cfg: ExperimentConfig, mesh: Mesh) -> NamedSharding:
-    """input_ids (global_batch, seq_len), batch axis over data x fsdp."""
+    """input_ids (global_batch, seq_len): batch axis over data x fsdp, sequence over context."""
     shape = (cfg.trainer.global_batch, cfg.data.seq_len)
     return NamedSharding(mesh, logical_to_spec(("batch", "seq"), shape, mesh))
 
@@ -94,17 +102,35 @@ def make_train_step(
     def micro_loss(params, input_ids, instance_mask, segments, denominator):
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask)
         hidden = forward_hidden(params, input_ids, model, segments=segments)
+        hidden, labels = context_rows(hidden), context_rows(labels)
         total, (ce, z_sq) = output_loss(params, hidden, labels, model, chunk=trainer.loss_chunk, z_loss=z_mult)
         return total / denominator, (ce / denominator, z_mult * z_sq / denominator)
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
 
+    seq_axis = b_sharding.spec[1]  # "context" when sequences are split, else None
+    context = mesh.shape["context"] if seq_axis else 1
+
+    def context_rows(x):
+        """(batch, seq, ...) split over context -> (batch * context, seq / context, ...): each device's
+        chunk of a sequence becomes a row of its own, with no data moved, so the output layer and the
+        loss (a sum over positions, whatever the rows) run on every device's own chunk. Without a
+        context axis, x unchanged."""
+        if context == 1:
+            return x
+        b, t = x.shape[:2]
+        x = x.reshape(b * context, t // context, *x.shape[2:])
+        rows = tuple(a for a in (batch_axes if isinstance(batch_axes, tuple) else (batch_axes,)) if a) + (seq_axis,)
+        spec = PartitionSpec(rows, *([None] * (x.ndim - 1)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
     def split(x):
         """(global_batch, ...) -> (accum_steps, batch_shards * micro_batch, ...): micro-batch k takes
-        rows [k*micro, (k+1)*micro) of every shard's local rows, so no data crosses devices."""
+        rows [k*micro, (k+1)*micro) of every shard's local rows, so no data crosses devices; the
+        sequence axis stays split over context."""
         s, a, m = layout.batch_shards, layout.accum_steps, layout.micro_batch
         x = x.reshape(s, a, m, *x.shape[1:]).swapaxes(0, 1).reshape(a, s * m, *x.shape[1:])
-        spec = PartitionSpec(None, batch_axes, *([None] * (x.ndim - 2)))
+        spec = PartitionSpec(None, batch_axes, *([seq_axis] if x.ndim > 2 else []), *([None] * (x.ndim - 3)))
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     def step_fn(state: TrainState, batch: dict):

@@ -15,6 +15,11 @@ Backends (docs/attention.md), the table BACKENDS:
   splash  Pallas splash attention (TPU); on any other platform it runs in Pallas interpret mode,
           which is slow but exact, so tests can check it on CPU.
   auto    the fast kernel of the platform the step compiles for (`resolve_backend`).
+
+Context parallelism: under a mesh whose `context` axis splits the sequence, each device keeps its
+own contiguous chunk of queries and all-gathers keys, values and their segment ids over `context`
+(one gather of K and one of V per layer; their gradients come back through its transpose, a
+reduce-scatter). The causal, window and document masks then use the chunk's global query offset.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax.config import MASKING_BACKENDS, SplashBlocks
 from olmax.sharding import logical_to_spec
@@ -123,78 +128,110 @@ def causal_mask(seq_len: int, window: Optional[int]) -> jnp.ndarray:
 XLA_BLOCK = 128
 
 
-def _blocks(seq_len: int, window: Optional[int], block: int):
-    """Static plan: (first query, end query, first key) per query block. The keys a block may see
-    form one band, [first query - window + 1, end query), so its scores are computed for that band
-    only: the fully masked rest (the future, and beyond the window) is never touched."""
-    return [
-        (start, min(start + block, seq_len), 0 if window is None else max(0, start - window + 1))
-        for start in range(0, seq_len, block)
-    ]
+def _blocks(q_len: int, k_len: int, window: Optional[int], block: int, offset):
+    """Static plan: (first query, end query, first key, keys) per query block of `block` rows. The keys
+    a block may see form one band, [first query - window + 1, end query) in global positions, so its
+    scores are computed for that band only: the fully masked rest (the future, and beyond the window)
+    is never touched. `offset` is the position of the first query among the keys: None for 0 (the
+    whole sequence, an exact band), or a traced value (one context chunk, whose place is known only on
+    its device): then each band has the width the last chunk needs and a traced start."""
+    plan = []
+    for start in range(0, q_len, block):
+        end = min(start + block, q_len)
+        if offset is None:
+            lo = 0 if window is None else max(0, start - window + 1)
+            plan.append((start, end, lo, end - lo))
+        else:
+            width = k_len - q_len + end if window is None else min(k_len, end - start + window - 1)
+            plan.append((start, end, jnp.clip(offset + end - width, 0, k_len - width), width))
+    return plan
+
+
+def _band(x, lo, width: int, axis: int):
+    """x's slice [lo, lo + width) along `axis`; lo a Python int (static) or traced."""
+    if isinstance(lo, int):
+        return jax.lax.slice_in_dim(x, lo, lo + width, axis=axis)
+    return jax.lax.dynamic_slice_in_dim(x, lo, width, axis=axis)
+
+
+def _band_add(x, lo, update, axis: int):
+    """x with `update` added to its slice [lo, lo + update width) along `axis`."""
+    if isinstance(lo, int):
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(lo, lo + update.shape[axis])
+        return x.at[tuple(index)].add(update)
+    width = update.shape[axis]
+    return jax.lax.dynamic_update_slice_in_dim(x, _band(x, lo, width, axis) + update, lo, axis=axis)
 
 
 _f32_einsum = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
 
 
-def _block_scores(q, k, start, lo, window, group, segments):
+def _block_scores(q, k, start, lo, window, group, segments, offset):
     """Scaled, masked float32 scores of one block: rows ordered (position, group), keys from lo. The
     mask comes from iotas, which XLA fuses into the same loop as the scaling (no mask constants); with
-    segment ids, a key of another segment is masked too (every row keeps at least its own token)."""
+    segment ids (q's, the keys'), a key of another segment is masked too (every row keeps at least its
+    own token). Query rows sit at `offset` (None: 0) + start among the keys."""
     s = _f32_einsum("bkmd,bksd->bkms", q, k) * q.shape[-1] ** -0.5
     i = start + jnp.arange(q.shape[2])[:, None] // group
+    if offset is not None:
+        i = i + offset
     j = lo + jnp.arange(k.shape[2])[None, :]
     mask = window_mask(i, j, window)
     if segments is not None:
-        seg_q = jnp.repeat(segments[:, start : start + q.shape[2] // group], group, axis=1)
-        mask = mask & (seg_q[:, None, :, None] == segments[:, None, None, lo : lo + k.shape[2]])
+        q_seg, kv_seg = segments
+        seg_q = jnp.repeat(q_seg[:, start : start + q.shape[2] // group], group, axis=1)
+        mask = mask & (seg_q[:, None, :, None] == _band(kv_seg, lo, k.shape[2], 1)[:, None, None, :])
     return jnp.where(mask, s, jnp.finfo(jnp.float32).min)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _banded_attention(q, k, v, segments, window, group):
-    return _banded_forward(q, k, v, segments, window, group)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _banded_attention(q, k, v, segments, offset, window, group):
+    return _banded_forward(q, k, v, segments, offset, window, group)[0]
 
 
-def _banded_forward(q, k, v, segments, window, group):
-    """q (batch, kv, seq * group, d), rows ordered (position, group); k, v (batch, kv, seq, d);
-    segments (batch, seq) or None. Per query block: scores over its key band, a float32 softmax, and
-    its log-sum-exp, which is all the backward pass keeps of the probabilities."""
+def _banded_forward(q, k, v, segments, offset, window, group):
+    """q (batch, kv, q_len * group, d), rows ordered (position, group); k, v (batch, kv, k_len, d);
+    segments None or (q's (batch, q_len), the keys' (batch, k_len)); offset None or q's first position
+    (traced). Per query block: scores over its key band, a float32 softmax, and its log-sum-exp,
+    which is all the backward pass keeps of the probabilities."""
     outs, lses = [], []
-    for start, end, lo in _blocks(k.shape[2], window, XLA_BLOCK):
-        s = _block_scores(q[:, :, start * group : end * group], k[:, :, lo:end], start, lo, window, group, segments)
+    for start, end, lo, width in _blocks(q.shape[2] // group, k.shape[2], window, XLA_BLOCK, offset):
+        qb = q[:, :, start * group : end * group]
+        s = _block_scores(qb, _band(k, lo, width, 2), start, lo, window, group, segments, offset)
         m = jnp.max(s, axis=-1, keepdims=True)
         p = jnp.exp(s - m)
         total = jnp.sum(p, axis=-1, keepdims=True)
         # Normalising the (rows, d) output rather than the (rows, keys) probabilities: one pass less.
-        out = _f32_einsum("bkms,bksd->bkmd", p.astype(v.dtype), v[:, :, lo:end])
+        out = _f32_einsum("bkms,bksd->bkmd", p.astype(v.dtype), _band(v, lo, width, 2))
         outs.append((out / total).astype(v.dtype))
         lses.append(m + jnp.log(total))
     out = jnp.concatenate(outs, axis=2)
-    return out, (q, k, v, segments, out, jnp.concatenate(lses, axis=2))
+    return out, (q, k, v, segments, offset, out, jnp.concatenate(lses, axis=2))
 
 
 def _banded_backward(window, group, residuals, dout):
     """Flash-attention's backward, block by block: the probabilities are recomputed from q, k and the
     saved log-sum-exp with one exponential, and with D = rowsum(dout * out),
     dS = P * (dout V^T - D); dq = dS K, dk = dS^T q, dv = P^T dout (scale folded into dq and dk)."""
-    q, k, v, segments, out, lse = residuals
+    q, k, v, segments, offset, out, lse = residuals
     scale = q.shape[-1] ** -0.5
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
     dq_blocks = []
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
-    for start, end, lo in _blocks(k.shape[2], window, XLA_BLOCK):
+    for start, end, lo, width in _blocks(q.shape[2] // group, k.shape[2], window, XLA_BLOCK, offset):
         rows = slice(start * group, end * group)
-        qb, kb, vb, do = q[:, :, rows], k[:, :, lo:end], v[:, :, lo:end], dout[:, :, rows]
-        p = jnp.exp(_block_scores(qb, kb, start, lo, window, group, segments) - lse[:, :, rows])
+        qb, kb, vb, do = q[:, :, rows], _band(k, lo, width, 2), _band(v, lo, width, 2), dout[:, :, rows]
+        p = jnp.exp(_block_scores(qb, kb, start, lo, window, group, segments, offset) - lse[:, :, rows])
         dp = _f32_einsum("bkmd,bksd->bkms", do, vb)
         ds = p * (dp - delta[:, :, rows]) * scale
         dq_blocks.append(_f32_einsum("bkms,bksd->bkmd", ds.astype(k.dtype), kb))
-        dk = dk.at[:, :, lo:end].add(_f32_einsum("bkms,bkmd->bksd", ds.astype(q.dtype), qb))
-        dv = dv.at[:, :, lo:end].add(_f32_einsum("bkms,bkmd->bksd", p.astype(do.dtype), do))
+        dk = _band_add(dk, lo, _f32_einsum("bkms,bkmd->bksd", ds.astype(q.dtype), qb), 2)
+        dv = _band_add(dv, lo, _f32_einsum("bkms,bkmd->bksd", p.astype(do.dtype), do), 2)
     dq = jnp.concatenate(dq_blocks, axis=2)
-    # segment ids are integers: no cotangent (None)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    # segment ids and the offset are integers: no cotangent (None)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 _banded_attention.defvjp(_banded_forward, _banded_backward)
@@ -205,19 +242,77 @@ def _xla_attention(q, k, v, window, segments=None):
     window allows, with a flash-style custom VJP (`_banded_backward`). On XLA:CPU the time went into
     elementwise passes over the (seq, seq) float32 scores; this skips the masked part (more than
     half of it on a window-512 layer of 1024 tokens) and its backward takes one exponential pass
-    instead of re-running and differentiating the softmax.
+    instead of re-running and differentiating the softmax. Under a context-parallel mesh it runs per
+    chunk of queries against the keys gathered over `context`."""
+    if window is not None and window < 1:
+        raise ValueError(f"attention window must be at least 1, got {window}")
+    layout = _mesh_layout(q, k)
+    if layout is not None and layout.context:
 
-    Layout: (batch, kv head) x (position * group, d) 4-D batched matmuls, the query heads sharing a
+        def chunk(q, k, v, *segments):
+            offset = jax.lax.axis_index(CONTEXT) * q.shape[1]
+            k, v = _gather_context(k), _gather_context(v)
+            segs = (segments[0], _gather_context(segments[0])) if segments else None
+            return _xla_local(q, k, v, window, segs, offset)
+
+        return _per_shard(layout, chunk, q, k, v, segments)
+    return _xla_local(q, k, v, window, None if segments is None else (segments, segments), None)
+
+
+def _xla_local(q, k, v, window, segments, offset):
+    """Layout: (batch, kv head) x (position * group, d) 4-D batched matmuls, the query heads sharing a
     kv head stacked along the rows, which XLA:CPU runs faster than positions-first or 5-D einsums."""
     b, t, h, d = q.shape
     kv = k.shape[2]
     g = h // kv
-    if window is not None and window < 1:
-        raise ValueError(f"attention window must be at least 1, got {window}")
     q = q.reshape(b, t, kv, g, d).transpose(0, 2, 1, 3, 4).reshape(b, kv, t * g, d)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    out = _banded_attention(q, k, v, segments, window, g)
+    out = _banded_attention(q, k, v, segments, offset, window, g)
     return out.reshape(b, kv, t, g, d).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Under a device mesh: which axes split q, k and v, and context parallelism
+
+CONTEXT = "context"  # the mesh axis that splits sequences (olmax.sharding.MESH_AXES)
+
+
+class _Layout(NamedTuple):
+    q: PartitionSpec  # (batch, seq, heads, head_dim) of q and of the output
+    kv: PartitionSpec  # the same for k and v
+    segments: PartitionSpec  # (batch, seq)
+    context: bool  # whether the sequence is split over `context` (then seq is that axis in each spec)
+
+
+def _mesh_layout(q, k) -> Optional[_Layout]:
+    """How the rules table splits q, k and v under the current mesh (None without one): batch as
+    "batch", the sequence as "seq" (over `context`), heads over `tensor` when both the query and
+    the kv head counts divide by it (every shard keeps whole GQA groups), otherwise heads unsplit."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return None
+    q_spec = logical_to_spec(("batch", "seq", "q_heads", "head_dim"), q.shape, mesh)
+    kv_spec = logical_to_spec(("batch", "seq", "kv_heads", "head_dim"), k.shape, mesh)
+    if q_spec[2] != kv_spec[2]:  # GQA groups must stay whole on a shard: keep heads unsplit
+        q_spec = kv_spec = PartitionSpec(q_spec[0], q_spec[1], None, None)
+    return _Layout(q_spec, kv_spec, PartitionSpec(*q_spec[:2]), q_spec[1] == CONTEXT)
+
+
+def _gather_context(x):
+    """Inside a context-parallel shard_map: the whole sequence (axis 1) from every device's chunk."""
+    return jax.lax.all_gather(x, CONTEXT, axis=1, tiled=True)
+
+
+def _per_shard(layout: _Layout, fn: Callable, q, k, v, segments, *extra, extra_specs=()):
+    """Runs `fn(*extra, q, k, v[, segments])` per device in a shard_map, every argument split as
+    `layout` says (with context parallelism, the sequence over `context`), and returns its output
+    split as q. `check_vma=False`: the kernels' outputs carry no varying-axes annotation. Under
+    context parallelism the transpose of the all-gathers inside `fn` sends each chunk's share of
+    dK/dV back to its owner (a reduce-scatter)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    args = (*extra, q, k, v) + (() if segments is None else (segments,))
+    specs = (*extra_specs, layout.q, layout.kv, layout.kv, layout.segments)[: len(args)]
+    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=layout.q, check_vma=False)(*args)
 
 
 def dot_product_attention(q, k, v, window: Optional[int], implementation: str):
@@ -275,22 +370,24 @@ def _cudnn_attention(q, k, v, window):
 # sequence shorter than a tile uses the sequence as the tile.
 
 
-def _splash_kernel(seq_len: int, window: Optional[int], n_heads: int, blocks: SplashBlocks, interpret: bool):
+def _splash_kernel(
+    seq_len: int,
+    window: Optional[int],
+    n_heads: int,
+    blocks: SplashBlocks,
+    interpret: bool,
+    head_shards: int = 1,
+    q_seq_shards: int = 1,
+):
     """The kernel for one shape, made inside the trace that calls it: its block-sparsity tables
     (numpy) enter that trace as constants, so nothing is placed on the host's default device (which
     an ahead-of-time compile for a TPU topology cannot use) and no tracer outlives its trace. The
     expensive part, walking the mask block by block, is cached by splash itself (its
     `_process_mask` keeps the last 12 masks), so every layer and step after the first reuses it.
+    With `q_seq_shards` > 1 (context parallelism) the mask is the whole (seq, seq) one and its
+    tables are cut into that many chunks of query blocks, one per device (`manual_sharding_spec`).
     """
-    q_block, kv_block, kv_compute = (min(b, seq_len) for b in (blocks.q, blocks.kv, blocks.kv_compute))
-    for name, b in (("q", q_block), ("kv", kv_block), ("kv_compute", kv_compute)):
-        if seq_len % b or b % 128:
-            raise ValueError(
-                f"attention backend 'splash': its {name} tile {b} (model.splash_blocks.{name}, at most "
-                f"the sequence) must be a multiple of 128 that divides seq_len={seq_len}"
-            )
-    if kv_block % kv_compute:
-        raise ValueError(f"model.splash_blocks.kv_compute={kv_compute} must divide model.splash_blocks.kv={kv_block}")
+    q_block, kv_block, kv_compute = blocks.tiles(seq_len, q_seq_shards)
     shape = (seq_len, seq_len)
     if window is None:
         mask = splash.CausalMask(shape)
@@ -311,10 +408,21 @@ def _splash_kernel(seq_len: int, window: Optional[int], n_heads: int, blocks: Sp
     return splash.make_splash_mha(
         splash.MultiHeadMask([mask] * n_heads),
         block_sizes=sizes,
-        head_shards=1,
-        q_seq_shards=1,
+        head_shards=head_shards,
+        q_seq_shards=q_seq_shards,
         interpret=interpret,
     )
+
+
+def _splash_call(kernel, q, k, v, segments):
+    """The kernel over a batch: (batch, seq, heads, d) in and out, vmapped over the batch; segments
+    None or (q's ids, the keys' ids)."""
+    heads_first = lambda x: x.transpose(0, 2, 1, 3)
+    q, k, v = heads_first(q), heads_first(k), heads_first(v)
+    if segments is None:
+        return heads_first(jax.vmap(kernel)(q, k, v))
+    one = lambda q, k, v, sq, skv: kernel(q, k, v, segment_ids=splash.SegmentIds(sq, skv))
+    return heads_first(jax.vmap(one)(q, k, v, *segments))
 
 
 def _splash_attention(q, k, v, window, blocks: SplashBlocks, segments=None):
@@ -323,35 +431,39 @@ def _splash_attention(q, k, v, window, blocks: SplashBlocks, segments=None):
     go in as its `SegmentIds(q, kv)`, which the kernel AND-s with the causal/local mask.
 
     XLA cannot partition a Mosaic kernel, so under a device mesh (`jax.set_mesh`) the kernel runs
-    per shard in a shard_map: batch split as the rules table splits "batch", heads over "tensor"
-    when both the query and the kv head counts divide by it.
+    per shard in a shard_map, split as `_mesh_layout` says. With the sequence split over `context`,
+    the kernel is made once for the whole (seq, seq) mask with its tables cut over the query chunks
+    (`q_seq_shards`) and passed into the shard_map split so; each device runs its chunk of queries
+    against the keys and values all-gathered over `context`.
     """
     if window is not None and window < 1:
         raise ValueError(f"attention window must be at least 1, got {window}")
     _, t, h, d = q.shape
     q = q * jnp.asarray(d**-0.5, q.dtype)
     interpret = target_platform() != "tpu"
-
-    def run(q, k, v, *segments):
-        kernel = _splash_kernel(t, window, q.shape[2], blocks, interpret)
-        heads_first = lambda x: x.transpose(0, 2, 1, 3)
-        q, k, v = heads_first(q), heads_first(k), heads_first(v)
-        if segments:
-            out = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(s, s)))(q, k, v, *segments)
-        else:
-            out = jax.vmap(kernel)(q, k, v)
-        return heads_first(out)
-
-    args = (q, k, v) if segments is None else (q, k, v, segments)
+    both = None if segments is None else (segments, segments)
+    layout = _mesh_layout(q, k)
+    if layout is None:
+        return _splash_call(_splash_kernel(t, window, h, blocks, interpret), q, k, v, both)
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return run(*args)
-    q_spec = logical_to_spec(("batch", "seq", "q_heads", "head_dim"), q.shape, mesh)
-    kv_spec = logical_to_spec(("batch", "seq", "kv_heads", "head_dim"), k.shape, mesh)
-    if q_spec[2] != kv_spec[2]:  # GQA groups must stay whole on a shard: keep heads unsplit
-        q_spec = kv_spec = PartitionSpec(q_spec[0], None, None, None)
-    specs = (q_spec, kv_spec, kv_spec, PartitionSpec(q_spec[0], None))[: len(args)]
-    return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=q_spec, check_vma=False)(*args)
+    if not layout.context:
+
+        def shard(q, k, v, *segments):
+            kernel = _splash_kernel(t, window, q.shape[2], blocks, interpret)
+            return _splash_call(kernel, q, k, v, (segments[0], segments[0]) if segments else None)
+
+        return _per_shard(layout, shard, q, k, v, segments)
+    head_axis = layout.q[2]
+    kernel = _splash_kernel(
+        t, window, h, blocks, interpret, mesh.shape[head_axis] if head_axis else 1, mesh.shape[CONTEXT]
+    )
+    kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, PartitionSpec(head_axis, CONTEXT)))
+
+    def chunk(kernel, q, k, v, *segments):
+        segs = (segments[0], _gather_context(segments[0])) if segments else None
+        return _splash_call(kernel, q, _gather_context(k), _gather_context(v), segs)
+
+    return _per_shard(layout, chunk, q, k, v, segments, kernel, extra_specs=(kernel_spec,))
 
 
 BACKENDS: dict[str, Callable] = {
