@@ -107,7 +107,7 @@ def test_mesh_groups_follow_nodes_whatever_the_device_order(monkeypatch):
     assert hsdp.shape == _sizes(data=4, fsdp=8)
     assert all(len(p) == 1 for p in _processes(hsdp, "fsdp"))  # each fsdp group is one node
     assert _processes(hsdp, "data") == [{0, 1, 2, 3}] * 8  # data parallelism across the nodes, in node order
-    assert [d.id for d in hsdp.devices[2, :, 0]] == list(range(16, 24))  # within a node, by device id
+    assert [d.id for d in hsdp.devices[2].ravel()] == list(range(16, 24))  # within a node, by device id
 
     cross = make_mesh(MeshConfig(data=2, fsdp=-1, tensor=2), _scrambled(4, 8))
     assert cross.shape == _sizes(data=2, fsdp=8, tensor=2)
