@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -51,11 +52,34 @@ def rope_tables(cfg: ModelConfig, seq_len: int, scaled: bool) -> tuple[jnp.ndarr
     return jnp.cos(emb) * scale, jnp.sin(emb) * scale
 
 
+@jax.custom_vjp
 def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
     """x: (batch, seq, heads, head_dim); cos/sin: (seq, head_dim), or (batch, seq, head_dim) when
-    each row has its own positions. Rotated in float32 and cast back to x's dtype."""
+    each row has its own positions. Rotated in float32 and cast back to x's dtype.
+
+    The gradient is the inverse rotation, also in float32 (a custom VJP: what autodiff computes, in
+    one elementwise pass): autodiff's transposes of the half-slices and the concatenation left XLA
+    several float32 (batch, seq, heads, head_dim / 2) arrays per projection live in the backward
+    pass. cos and sin get no gradient (they are tables of constants)."""
     xf = x.astype(jnp.float32)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
     cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over the heads
     return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def _apply_rope_fwd(x, cos, sin):
+    return apply_rope(x, cos, sin), (cos, sin)
+
+
+def _apply_rope_bwd(residuals, g):
+    cos, sin = residuals
+    gf = g.astype(jnp.float32)
+    half = g.shape[-1] // 2
+    # x cos + rotate_half(x) sin, transposed: g cos + rotate_half^T(g sin), rotate_half^T(w) = [w2, -w1]
+    gs = gf * sin[..., None, :]
+    unrotated = jnp.concatenate([gs[..., half:], -gs[..., :half]], axis=-1)
+    return (gf * cos[..., None, :] + unrotated).astype(g.dtype), None, None
+
+
+apply_rope.defvjp(_apply_rope_fwd, _apply_rope_bwd)
