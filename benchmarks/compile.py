@@ -194,8 +194,15 @@ def heap_of(cmd: list[str], env: dict, dump: Path, timeout: float) -> tuple[Opti
             proc.kill()
             proc.wait()
     heap = compiler_heap(dump)
-    lines = [ln for ln in log.read_text().splitlines() if "RESOURCE_EXHAUSTED" in ln or "Error" in ln or "rror:" in ln]
-    return heap, ("" if heap is not None else (lines[-1] if lines else "no memory report")[:200])
+    if heap is not None:
+        return heap, ""
+    lines = log.read_text().splitlines()
+    # the compiler's out-of-memory, else the runner's or the CLI's error (libtpu's start-up noise is not one)
+    for marker in ("RESOURCE_EXHAUSTED", '"error":', "rror: "):
+        found = [ln for ln in lines if marker in ln and "common_lib.cc" not in ln]
+        if found:
+            return None, found[-1][:300]
+    return None, "no memory report"
 
 
 def olmax_cmd(recipe: str, topology: str, policy: str) -> list[str]:

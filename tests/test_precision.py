@@ -1,8 +1,9 @@
-"""The hand-written gradients of the RMS norm and RoPE (custom VJPs that keep less for the backward
-pass) against torch autograd through ai2-olmo-core 3.0.0's own modules, in the precision training
-uses: bf16 activations, float32 arithmetic inside (OLMo-core's `full_precision` norm and RoPE).
+"""The RMS norm and RoPE against ai2-olmo-core 3.0.0's own modules through torch autograd, values and
+gradients, in the precision training uses: bf16 activations, float32 arithmetic inside (OLMo-core's
+`full_precision` norm and RoPE). RoPE's gradient is hand-written (a custom VJP whose half-swaps run
+in the activations' dtype); the norm's is autodiff's.
 
-Both compute in float32 and round once to bf16, so they agree to bf16 rounding: at most one bf16
+Both sides compute in float32 and round once to bf16, so they agree to bf16 rounding: at most one bf16
 step (2^-8 relative) on a few elements, exactly everywhere else. The weight gradient, a float32 sum
 over tokens, agrees to float32 rounding.
 """

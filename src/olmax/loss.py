@@ -24,10 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from olmax.config import ModelConfig
-from olmax.sharding import constrain
 
 IGNORE = -100  # OLMo-core's label_ignore_index
-LM_HEAD_AXES = ("embed", "vocab")  # params["lm_head"]'s logical axes (olmax.model.olmo3.param_specs)
 
 
 def make_labels(
@@ -141,13 +139,10 @@ def _fused_forward(hidden, w, labels, compute_dtype, chunk, z_loss):
     def one_chunk(carry, xs):
         ce, z_sq, d_w = carry
         (ce_c, z_c), d_h, d_w_c = _chunk(xs[0], w_c, xs[1], z_loss, with_grads=True)
-        # the float32 LM-head gradient accumulates laid out as the LM head is (FSDP-sharded): each
-        # chunk's contribution is reduce-scattered into it, instead of a whole (d_model, vocab)
-        # float32 sum held on every device until the end
-        return (ce + ce_c, z_sq + z_c, constrain(d_w + d_w_c, LM_HEAD_AXES)), d_h
+        return (ce + ce_c, z_sq + z_c, d_w + d_w_c), d_h
 
     zero = jnp.zeros((), jnp.float32)
-    init = (zero, zero, constrain(jnp.zeros(w.shape, jnp.float32), LM_HEAD_AXES))
+    init = (zero, zero, jnp.zeros(w.shape, jnp.float32))
     (ce, z_sq, d_w), d_h = jax.lax.scan(one_chunk, init, _chunks(hidden, labels, compute_dtype, chunk))
     d_h = d_h.swapaxes(0, 1).reshape(b, t, d).astype(hidden.dtype)
     return (ce + z_loss * z_sq, ce, z_sq), (d_h, d_w.astype(w.dtype))

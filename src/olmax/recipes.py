@@ -76,16 +76,18 @@ STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # e
 # How the 7B/32B steps fit in device memory (not part of AI2's recipe; results do not depend on it),
 # tuned as the MaxText OLMo 3 run was: up to 4 instances per forward/backward (the seeds' 4 per
 # device at 512 instances on 128 devices, so no accumulation there; more devices, fewer per device),
-# each block rematerialised keeping its q/k/v projections, the output layer 1024 positions at a
-# time, and attention `auto` (splash on TPU, cuDNN on GPU). docs/performance.md has the TPU
-# compiler's per-device memory for each recipe and topology.
+# the output layer 1024 positions at a time, attention `auto` (splash on TPU, cuDNN on GPU), and
+# each block rematerialised keeping the least recompute that fits the TPU compiler's heap on an
+# Ironwood 4x4x4 slice at 4 x 8192 per device: every weight matmul's output but the MLP's up
+# projection (and attention's output), the MaxText seeds' set (FIT_REMAT; with mlp_up as well the
+# step is over the HBM limit). docs/performance.md ("Remat sweep") has the heaps of each policy.
 FIT = dict(micro_batch_size=4, loss_chunk=1024)
-FIT_REMAT = "save_qkv_proj"
+FIT_REMAT = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
 
 
-def _fit(model: ModelConfig) -> ModelConfig:
-    return replace(model, remat=FIT_REMAT, attention="auto")
+def _fit(model: ModelConfig, remat: str = FIT_REMAT) -> ModelConfig:
+    return replace(model, remat=remat, attention="auto")
 
 
 def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
@@ -106,7 +108,9 @@ def _olmo3_7b_stage1(name: str = "olmo3_7b_stage1") -> ExperimentConfig:
 
 
 def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
-    return _stage1(name, OLMO3_32B)
+    # the q/k/v projections only, as measured on v5p 8x8x8 (docs/performance.md); FIT_REMAT there is unmeasured
+    cfg = _stage1(name, OLMO3_32B)
+    return replace(cfg, model=replace(cfg.model, remat="save_qkv_proj"))
 
 
 # Stage 2, midtraining on Dolmino (OLMo-3-1025-7B-midtrain.py): 256 x 8192 = 2^21 tokens per step,

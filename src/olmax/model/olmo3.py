@@ -18,7 +18,6 @@ MLP (SwiGLU):   down(silu(gate(x)) * up(x))
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -105,38 +104,11 @@ def count_params(cfg: ModelConfig) -> int:
 # Forward
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def rms_norm(x, weight, eps: float):
-    """In float32, weight applied in float32, cast back to x's dtype (OLMo-core full precision).
-
-    The gradient is computed in float32 too, by a custom VJP that keeps only x (in its own dtype) and
-    the float32 inverse RMS of each row: autodiff kept a float32 copy of x for the backward pass,
-    which for the q/k norms under bf16 compute was a (batch, seq, heads x head_dim) float32 array per
-    norm (docs/performance.md, "A leaner backward")."""
-    return _rms_norm_fwd(x, weight, eps)[0]
-
-
-def _inverse_rms(xf, eps: float):
-    return jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-
-
-def _rms_norm_fwd(x, weight, eps: float):
+    """In float32, weight applied in float32, cast back to x's dtype (OLMo-core full precision)."""
     xf = x.astype(jnp.float32)
-    r = _inverse_rms(xf, eps)
-    return (xf * r * weight.astype(jnp.float32)).astype(x.dtype), (x, weight, r)
-
-
-def _rms_norm_bwd(eps: float, residuals, g):
-    x, weight, r = residuals
-    xf, gf = x.astype(jnp.float32), g.astype(jnp.float32)
-    d_n = gf * weight.astype(jnp.float32)  # the gradient of the normalised x = xf r
-    # r = (mean(xf^2) + eps)^-1/2, so d(xf r)/dxf = r - xf r^3 xf^T / d_model
-    d_x = r * d_n - xf * (r * r * r * jnp.mean(d_n * xf, axis=-1, keepdims=True))
-    d_w = jnp.sum((gf * (xf * r)).reshape(-1, x.shape[-1]), axis=0)
-    return d_x.astype(x.dtype), d_w.astype(weight.dtype)
-
-
-rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (xf * weight.astype(jnp.float32)).astype(x.dtype)
 
 
 def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
