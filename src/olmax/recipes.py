@@ -80,7 +80,9 @@ STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # e
 # each block rematerialised keeping the least recompute that fits the TPU compiler's heap on an
 # Ironwood 4x4x4 slice at 4 x 8192 per device: every weight matmul's output but the MLP's up
 # projection (and attention's output), the MaxText seeds' set (FIT_REMAT; with mlp_up as well the
-# step is over the HBM limit). docs/performance.md ("Remat sweep") has the heaps of each policy.
+# step is over the HBM limit). The same fits the 32B on v5p 8x8x8 (1 instance per device); on a v5p
+# 4x4x4 slice the 7B's 8 instances per device (2 micro-batches of 4) need model.remat=save_qkv_proj.
+# docs/performance.md ("A leaner backward and the remat sweep") has the heaps.
 FIT = dict(micro_batch_size=4, loss_chunk=1024)
 FIT_REMAT = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
@@ -108,9 +110,7 @@ def _olmo3_7b_stage1(name: str = "olmo3_7b_stage1") -> ExperimentConfig:
 
 
 def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
-    # the q/k/v projections only, as measured on v5p 8x8x8 (docs/performance.md); FIT_REMAT there is unmeasured
-    cfg = _stage1(name, OLMO3_32B)
-    return replace(cfg, model=replace(cfg.model, remat="save_qkv_proj"))
+    return _stage1(name, OLMO3_32B)
 
 
 # Stage 2, midtraining on Dolmino (OLMo-3-1025-7B-midtrain.py): 256 x 8192 = 2^21 tokens per step,
@@ -124,7 +124,9 @@ MIDTRAIN_LR = 2.0712352850360292e-4
 def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage2",
-        model=_fit(OLMO3_7B),
+        # 2 instances per device on Ironwood 4x4x4: every matmul output fits as well (63.4 GiB of heap;
+        # only attention's forward is recomputed), docs/performance.md
+        model=_fit(OLMO3_7B, FIT_REMAT + ",mlp_up"),
         data=DataConfig(seq_len=8192, seed=1337),
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
