@@ -74,6 +74,9 @@ def main() -> None:
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
+    # jax 0.12.0.1 attaches Mosaic kernels' debug locations in a form neither libtpu 0.0.50.1 nor
+    # 0.0.51 reads ("no such field: 'debug_locations'"); with this off, 0.0.51 compiles the splash kernels
+    os.environ.setdefault("JAX_MOSAIC_UNZIP_DEBUG_LOCATIONS", "false")
     import absl.flags
     import maxtext
     from maxtext.trainers.pre_train import train_compile
