@@ -77,6 +77,9 @@ def main() -> None:
     # jax 0.12.0.1 attaches Mosaic kernels' debug locations in a form neither libtpu 0.0.50.1 nor
     # 0.0.51 reads ("no such field: 'debug_locations'"); with this off, 0.0.51 compiles the splash kernels
     os.environ.setdefault("JAX_MOSAIC_UNZIP_DEBUG_LOCATIONS", "false")
+    # with JAX_PLATFORMS=cpu jax cannot ask libtpu which Mosaic version it reads and serialises the
+    # kernels in its newest ("unknown attribute code: 23"); MaxText loads the TPU plugin itself
+    os.environ.pop("JAX_PLATFORMS", None)
     import absl.flags
     import maxtext
     from maxtext.trainers.pre_train import train_compile
