@@ -10,6 +10,13 @@ settings, and prints the markdown table docs/performance.md shows. One row:
 
     .venv/bin/python benchmarks/compile.py --recipe olmo3_7b_stage1 --topology tpu7x:4x4x4 --set ''
 
+--remat-sweep compiles each recipe and slice of SWEEP with each remat policy of SWEEP_POLICIES (or
+--policy ...), olmax's step and, with --maxtext-python / $MAXTEXT_PYTHON, MaxText's own
+(maxtext_compile.py), and prints the compiler's heap, whether it fits and the recompute each policy
+costs (docs/performance.md, "A leaner backward and the remat sweep"):
+
+    MAXTEXT_PYTHON=../maxtext-venv/bin/python .venv/bin/python benchmarks/compile.py --remat-sweep --sweep-rows 0
+
     .venv/bin/python benchmarks/compile.py [--recipe olmo3_7b_stage1 --devices 8 --set KEY=VALUE ...
                                             --buffers 12 --fused-attention-memory --json out.json]
 
