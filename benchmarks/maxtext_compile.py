@@ -79,9 +79,15 @@ def main() -> None:
     os.environ.setdefault("JAX_MOSAIC_UNZIP_DEBUG_LOCATIONS", "false")
     # with JAX_PLATFORMS=cpu jax cannot ask libtpu which Mosaic version it reads and serialises the
     # kernels in its newest ("unknown attribute code: 23"); MaxText loads the TPU plugin itself
-    # and what the caller's jax (olmax's 0.10.2) left for libtpu: the framework version it names
-    # makes libtpu expect that jax's Mosaic format
-    for inherited in ("JAX_PLATFORMS", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION", "LIBTPU_INIT_ARGS"):
+    # and what the caller's jax (olmax's 0.10.2) left: TPU_LIBRARY_PATH would load the caller's libtpu
+    # (0.0.42.1: "unknown attribute code" in jax 0.12's kernels) instead of this venv's
+    for inherited in (
+        "JAX_PLATFORMS",
+        "TPU_LIBRARY_PATH",
+        "TPU_ML_PLATFORM",
+        "TPU_ML_PLATFORM_VERSION",
+        "LIBTPU_INIT_ARGS",
+    ):
         os.environ.pop(inherited, None)
     import absl.flags
     import maxtext
