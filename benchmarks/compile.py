@@ -10,6 +10,13 @@ settings, and prints the markdown table docs/performance.md shows. One row:
 
     .venv/bin/python benchmarks/compile.py --recipe olmo3_7b_stage1 --topology tpu7x:4x4x4 --set ''
 
+--remat-sweep compiles each recipe and slice of SWEEP with each remat policy of SWEEP_POLICIES (or
+--policy ...), olmax's step and, with --maxtext-python / $MAXTEXT_PYTHON, MaxText's own
+(maxtext_compile.py), and prints the compiler's heap, whether it fits and the recompute each policy
+costs (docs/performance.md, "A leaner backward and the remat sweep"):
+
+    MAXTEXT_PYTHON=../maxtext-venv/bin/python .venv/bin/python benchmarks/compile.py --remat-sweep --sweep-rows 0
+
     .venv/bin/python benchmarks/compile.py [--recipe olmo3_7b_stage1 --devices 8 --set KEY=VALUE ...
                                             --buffers 12 --fused-attention-memory --json out.json]
 
@@ -30,12 +37,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Optional
 
 DEFAULT_SET = ["trainer.micro_batch_size=1", "trainer.loss_chunk=1024", "model.remat=full"]
 GOAL_S = 180.0
@@ -43,7 +53,7 @@ GOAL_S = 180.0
 # (recipe, topology, slices, overrides): the figures docs/performance.md reports for the TPU slices.
 ROWS = [
     ("olmo3_7b_stage1", "tpu7x:4x4x4", 1, ()),
-    ("olmo3_7b_stage1", "v5p:4x4x4", 1, ()),
+    ("olmo3_7b_stage1", "v5p:4x4x4", 1, ("model.remat=save_qkv_proj",)),
     ("olmo3_7b_stage1", "v5p:8x8x8", 1, ()),
     ("olmo3_7b_hd256", "tpu7x:4x4x4", 1, ()),
     ("olmo3_32b_stage1", "v5p:8x8x8", 1, ()),
@@ -109,6 +119,208 @@ def run_table(rows: list[int], json_path) -> None:
         if json_path:
             with open(json_path, "a") as f:
                 f.write(json.dumps(report) + "\n")
+
+
+# --remat-sweep: the policies tried for each recipe and slice, as sets of tags (olmax.config.REMAT_TAGS),
+# from least kept to most. SEEDS is what the MaxText OLMo 3 run kept.
+SEEDS = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
+SWEEP_POLICIES = [
+    "full",
+    "q_proj,k_proj,v_proj",
+    "q_proj,k_proj,v_proj,o_proj,mlp_gate,mlp_down",
+    SEEDS,
+    SEEDS + ",mlp_up",
+]
+SWEEP = [
+    ("olmo3_7b_stage1", "tpu7x:4x4x4"),
+    ("olmo3_7b_stage1", "v5p:4x4x4"),
+    ("olmo3_7b_stage1", "v5p:8x8x8"),
+    ("olmo3_7b_hd256", "tpu7x:4x4x4"),
+    ("olmo3_7b_stage2", "tpu7x:4x4x4"),
+    ("olmo3_32b_stage1", "v5p:8x8x8"),
+]
+# olmax's tags under MaxText's names (its configs/base.yml, remat_policy=custom); layer_input is
+# MaxText's decoder_layer_input, which it always keeps, once per scanned block
+MAXTEXT_NAMES = {
+    "q_proj": "query_proj",
+    "k_proj": "key_proj",
+    "v_proj": "value_proj",
+    "attn_context": "context",
+    "o_proj": "out_proj",
+    "mlp_gate": "mlpwi_0",
+    "mlp_up": "mlpwi_1",
+    "mlp_down": "mlpwo",
+}
+# MaxText's names of the slices (its utils/accelerator_to_spec_map.py)
+MAXTEXT_TOPOLOGIES = {
+    "tpu7x:4x4x4": "tpu7x-128",
+    "v5p:4x4x4": "v5p-128",
+    "v5p:8x8x8": "v5p-1024",
+    "v6e:16x16": "v6e-256",
+}
+# MaxText's model and overrides for a recipe's model
+MAXTEXT_MODELS = {
+    "olmo3_7b_stage1": ("olmo3-7b-pt", []),
+    "olmo3_7b_stage2": ("olmo3-7b-pt", []),
+    "olmo3_7b_hd256": (
+        "olmo3-7b-pt",
+        ["--set", "head_dim=256", "--set", "base_num_query_heads=16", "--set", "base_num_kv_heads=16"],
+    ),
+    "olmo3_32b_stage1": ("olmo3-32b", []),
+}
+
+
+SWEEP_HEAD = (
+    "| recipe | slice | per-device batch | kept (besides each block's input) | framework | heap GiB | limit GiB "
+    "| fits | hardware / model FLOPs |\n" + "|---" * 9 + "|"
+)
+
+
+def compiler_heap(dump: Path) -> Optional[float]:
+    """The heap the TPU compiler checks against HBM, in GiB: the "Total bytes" of the default memory
+    space in its memory-usage report (what jax 0.12 returns as total_allocation_bytes)."""
+    reports = sorted(dump.glob("*memory-usage-report.txt"))
+    if not reports:
+        return None
+    match = re.search(r"Total bytes: (\d+)", reports[-1].read_text())
+    return int(match.group(1)) / 2**30 if match else None
+
+
+def heap_of(cmd: list[str], env: dict, dump: Path, timeout: float, limit: float) -> tuple[Optional[float], str]:
+    """Run a compile with an XLA dump into `dump` and return (heap GiB or None, a note).
+
+    The compiler writes its memory-usage report after its first buffer assignment. At or under the
+    limit that is the final heap, and the compile is stopped there (the rest is code generation).
+    Over it the compiler rematerialises further on its own and assigns again without a new report,
+    so the compile runs to the end: it fails (out of HBM) or its JSON (`--json`, the last argument)
+    gives the final figure: MaxText's heap, olmax's peak (jax 0.10.2 exposes no heap; about 3% under)."""
+    dump_flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*train_step.*|.*step_fn.*"
+    env = {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {dump_flags}"}
+    log = dump.with_suffix(".log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        t0 = time.monotonic()
+        while proc.poll() is None and time.monotonic() - t0 < timeout:
+            first = compiler_heap(dump)
+            if first is not None and first <= limit:
+                time.sleep(2)  # the report is written in one go; let it land
+                break
+            time.sleep(5)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = compiler_heap(dump)
+    if first is not None and first <= limit:
+        return first, ""
+    out = Path(cmd[-1])
+    report = json.loads(out.read_text()) if out.exists() and out.stat().st_size else {}
+    final = report.get("heap_gib") or report.get("per_device", {}).get("peak_gib")
+    note = f"first assignment {first:.2f} GiB, over the limit; " if first is not None else ""
+    if final is not None:
+        return final, note + "compiler rematerialised to fit (olmax: peak)"
+    lines = log.read_text().splitlines()
+    # the compiler's out-of-memory, else the runner's or the CLI's error (libtpu's start-up noise is not one)
+    for marker in ("RESOURCE_EXHAUSTED", '"error":', "rror: "):
+        found = [ln for ln in lines if marker in ln and "common_lib.cc" not in ln]
+        if found:
+            return None, note + found[-1][:300]
+    return None, note + "no memory report"
+
+
+def olmax_cmd(recipe: str, topology: str, policy: str, json_out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "olmax.cli", "compile-check", "--recipe", recipe, "--topology", topology]
+    return cmd + [f"model.remat={policy}", "--json", str(json_out)]
+
+
+def maxtext_cmd(
+    python: str, recipe: str, topology: str, per_device: int, seq_len: int, saved, chip, json_out: Path
+) -> list[str]:
+    from olmax.chips import libtpu_init_args
+
+    model, extra = MAXTEXT_MODELS[recipe]
+    save = ",".join(MAXTEXT_NAMES[t] for t in saved if t in MAXTEXT_NAMES)
+    script = str(Path(__file__).resolve().parent / "maxtext_compile.py")
+    return (
+        [python, script, "--topology", MAXTEXT_TOPOLOGIES[topology], "--model", model]
+        + [
+            f"--per-device-batch={per_device}",
+            f"--seq-len={seq_len}",
+            f"--save={save}",
+            f"--flags={libtpu_init_args(chip)}",
+        ]
+        + extra
+        + ["--json", str(json_out)]  # last: heap_of reads it
+    )
+
+
+def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str], timeout: float, json_path) -> None:
+    """For each recipe and slice of SWEEP (`rows`), each policy of SWEEP_POLICIES compiled by olmax and,
+    when MaxText's venv is there, by MaxText with the same kept tensors: the compiler's heap, whether
+    it fits (heap at most chips.HBM_HEADROOM of the limit) and the recompute (hardware / model FLOPs)."""
+    from olmax.chips import HBM_HEADROOM, chip_of_topology
+    from olmax.config import remat_policy_of
+    from olmax.flops import exact_step_flops, recompute_flops
+    from olmax.recipes import resolve
+
+    print(SWEEP_HEAD)
+    for i in rows:
+        recipe, topology = SWEEP[i]
+        chip = chip_of_topology(topology)
+        for policy in policies:
+            cfg = resolve(recipe, None, [f"model.remat={policy}"])
+            devices = math.prod(int(n) for n in topology.split(":")[1].split("x")) * chip.devices_per_chip
+            per_device = cfg.trainer.global_batch // devices
+            saved = remat_policy_of(policy).save
+            model = exact_step_flops(cfg.model, cfg.data.seq_len, per_device).total
+            work = Path(tempfile.mkdtemp(prefix="remat-sweep-"))
+            runs = [("olmax", olmax_cmd(recipe, topology, policy, work / "olmax.json"), False)]
+            if maxtext_python and recipe in MAXTEXT_MODELS and topology in MAXTEXT_TOPOLOGIES:
+                out = work / "maxtext.json"
+                cmd = maxtext_cmd(maxtext_python, recipe, topology, per_device, cfg.data.seq_len, saved, chip, out)
+                runs.append(("maxtext", cmd, "attn_context" in saved))  # its `context` keeps the log-sum-exp too
+            limit = chip.hbm_limit_gib
+            for framework, cmd, attention_saved in runs:
+                heap, error = heap_of(cmd, dict(os.environ), work / f"{framework}-dump", timeout, limit)
+                ratio = (
+                    1
+                    + recompute_flops(cfg.model, cfg.data.seq_len, per_device, saved, attention_saved=attention_saved)
+                    / model
+                )
+                fits = (
+                    "OOM"
+                    if heap is None and "RESOURCE_EXHAUSTED" in error
+                    else ("?" if heap is None else ("yes" if heap <= HBM_HEADROOM * limit else "NO"))
+                )
+                row = {
+                    "recipe": recipe,
+                    "topology": topology,
+                    "per_device_batch": per_device,
+                    "saved": list(saved),
+                    "framework": framework,
+                    "heap_gib": heap,
+                    "hbm_limit_gib": limit,
+                    "fits": fits,
+                    "flops_ratio": ratio,
+                    "error": error,
+                }
+                heap_text = (
+                    f"{heap:.2f}" + (f" ({error})" if error else "") if heap is not None else f"- ({error[:80]})"
+                )
+                cells = [
+                    recipe,
+                    topology,
+                    per_device,
+                    policy,
+                    framework,
+                    heap_text,
+                    f"{limit:.2f}",
+                    fits,
+                    f"{ratio:.3f}",
+                ]
+                print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+                if json_path:
+                    with open(json_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
 
 
 def largest_temporaries(dump_dir: Path, n: int) -> list[dict]:
@@ -184,8 +396,21 @@ def main(argv=None) -> None:
     p.add_argument("--num-slices", type=int, default=1)
     p.add_argument("--table", action="store_true", help="compile the ROWS one at a time, print the table")
     p.add_argument("--rows", default=None, help="comma-separated indices into ROWS (default: all)")
+    p.add_argument(
+        "--remat-sweep", action="store_true", help="every SWEEP_POLICIES policy per SWEEP row, olmax and MaxText"
+    )
+    p.add_argument("--sweep-rows", default=None, help="comma-separated indices into SWEEP (default: all)")
+    p.add_argument("--policy", action="append", help="sweep only these model.remat values (default: SWEEP_POLICIES)")
+    p.add_argument(
+        "--maxtext-python", default=os.environ.get("MAXTEXT_PYTHON"), help="MaxText venv's python (maxtext_venv.sh)"
+    )
+    p.add_argument("--timeout", type=float, default=1800, help="seconds a compile may take to reach its heap")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    if args.remat_sweep:
+        rows = [int(i) for i in args.sweep_rows.split(",")] if args.sweep_rows else list(range(len(SWEEP)))
+        run_sweep(rows, args.policy or SWEEP_POLICIES, args.maxtext_python, args.timeout, args.json)
+        return
     if args.table:
         run_table([int(i) for i in args.rows.split(",")] if args.rows else list(range(len(ROWS))), args.json)
         return

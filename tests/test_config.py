@@ -11,7 +11,7 @@ from reference_values import STAGE1_LR
 
 from olmax import config, config_io
 from olmax.config import ConfigError, ExperimentConfig
-from olmax.config_io import apply_overrides, load_yaml, save_yaml
+from olmax.config_io import apply_overrides, from_dict, load_yaml, save_yaml
 from olmax.recipes import FIT_REMAT, RECIPES, get_recipe, resolve
 
 
@@ -317,6 +317,12 @@ def test_remat_takes_a_policy_name_or_a_set_of_tags():
     # tags in any order and spacing, kept in the block's order
     m = apply_overrides(ExperimentConfig(), ["model.remat=attn_context, q_proj,k_proj,v_proj"]).model
     assert remat_policy_of(m.remat) == RematPolicy(save=("q_proj", "k_proj", "v_proj", "attn_context"))
+    # a YAML list of tags, in an override or a file, is the same set
+    m = apply_overrides(ExperimentConfig(), ["model.remat=[attn_context, q_proj]"]).model
+    assert m.remat == "attn_context,q_proj"
+    assert from_dict({"model": {"remat": ["mlp_down", "layer_input"]}}).model.remat == "mlp_down,layer_input"
+    with pytest.raises(ConfigError, match=r"model.remat='q_proj,qkv': unknown tag 'qkv'"):
+        apply_overrides(ExperimentConfig(), ["model.remat=[q_proj, qkv]"])
     with pytest.raises(ConfigError, match=r"model.remat='q_proj,qkv': unknown tag 'qkv'; .* layer_input, q_proj"):
         apply_overrides(ExperimentConfig(), ["model.remat=q_proj,qkv"])
     with pytest.raises(

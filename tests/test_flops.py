@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import pytest
 from typer.testing import CliRunner
@@ -264,3 +265,59 @@ def test_cli_input_errors_exit_2():
     assert both.exit_code == 2 and "at most one of --peak and --chip" in both.output
     unknown = CliRunner().invoke(app, ["flops", "--recipe", "tiny", "--total-devices", "1", "model.no_such=1"])
     assert unknown.exit_code == 2 and "no_such" in unknown.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Recomputation under a remat policy, against the matmuls in the differentiated program
+
+
+def _dot_flops(jaxpr) -> int:
+    """2 x output size x contracted size of every dot_general in a jaxpr and its sub-jaxprs (a scan's
+    body times its length): the matmul FLOPs the program asks for, before XLA touches it."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            k = math.prod(eqn.invars[0].aval.shape[i] for i in contract)
+            total += 2 * math.prod(eqn.outvars[0].aval.shape) * k
+        times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    total += times * _dot_flops(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    total += times * _dot_flops(sub)
+    return total
+
+
+def test_recompute_flops_are_the_matmuls_the_backward_pass_runs_again():
+    """What each policy adds to the gradient's matmuls over no remat equals recompute_flops: every
+    weight matmul whose output is not kept, and attention's forward under every policy (the `xla`
+    backend's forward here, which computes whole blocks, so it is counted from its own program)."""
+    from olmax.config import REMAT_TAGS, remat_policy_of
+    from olmax.recipes import TINY
+
+    cfg = replace(TINY, attention="xla", n_layers=4)
+    params = olmo3.abstract_params(cfg)
+    batch, seq = 2, 128
+    tokens = jnp.zeros((batch, seq), jnp.int32)
+
+    def grad_flops(remat: str) -> int:
+        c = replace(cfg, remat=remat)
+        return _dot_flops(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(olmo3.forward_hidden(p, tokens, c))))(params).jaxpr)
+
+    forward = _dot_flops(jax.make_jaxpr(lambda p: olmo3.forward_hidden(p, tokens, cfg))(params).jaxpr)
+    weights_forward = flops.exact_step_flops(cfg, seq, batch).weights // flops.TRAIN_PASSES
+    lm_head = 2 * batch * seq * cfg.d_model * cfg.padded_vocab_size
+    attention_forward = forward - (weights_forward - lm_head)
+    exact_attention = flops.exact_step_flops(cfg, seq, batch).attention // flops.TRAIN_PASSES
+    assert attention_forward > 0
+
+    base = grad_flops("none")
+    assert flops.recompute_flops(cfg, seq, batch, None) == 0
+    for remat in ("full", "save_qkv_proj", "save_dots", ",".join(REMAT_TAGS)):
+        saved = remat_policy_of(remat).save
+        counted = flops.recompute_flops(cfg, seq, batch, saved)
+        assert grad_flops(remat) - base == counted - exact_attention + attention_forward, remat
+    # keeping attention's output alone does not spare its forward: the backward reads the log-sum-exp too
+    assert grad_flops(",".join(REMAT_TAGS)) - base == attention_forward

@@ -136,7 +136,7 @@ REMAT_POLICIES: dict[str, Optional[RematPolicy]] = {
 
 def remat_policy_of(remat: str) -> Optional[RematPolicy]:
     """The policy of a model.remat value: a name of REMAT_POLICIES, or the tags to keep separated by
-    commas ("q_proj,k_proj,v_proj,attn_context", the same in a YAML file)."""
+    commas ("q_proj,k_proj,v_proj,attn_context"; a YAML list of tags is joined so by config_io)."""
     if remat in REMAT_POLICIES:
         return REMAT_POLICIES[remat]
     tags = [t.strip() for t in remat.split(",") if t.strip()]

@@ -85,11 +85,20 @@ def format_explain(fields: Sequence[FieldInfo], width: int = 100) -> str:
 C = TypeVar("C")
 
 
+def _tags_as_text(conf):
+    """model.remat given as a YAML list of tags ([q_proj, k_proj]) -> the comma-separated text the
+    field holds ("q_proj,k_proj"); anything else as it is."""
+    model = conf.get("model") if isinstance(conf, DictConfig) else None
+    if isinstance(model, DictConfig) and isinstance(model.get("remat"), ListConfig):
+        model.remat = ",".join(str(t) for t in model.remat)
+    return conf
+
+
 def _merge(base: C, *others) -> C:
     structured = OmegaConf.structured(base)
     OmegaConf.set_readonly(structured, False)
     try:
-        merged = OmegaConf.merge(structured, *others)
+        merged = OmegaConf.merge(structured, *(_tags_as_text(o) for o in others))
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(_merge_error(e)) from None

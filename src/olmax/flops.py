@@ -207,3 +207,40 @@ def format_report(report: dict) -> str:
             f"maxtext {100 * report['mfu_maxtext']:.2f}%   exact {100 * report['mfu_exact']:.2f}%"
         )
     return "\n".join(lines)
+
+
+# The forward matmul each tagged activation comes out of (olmax.config.REMAT_TAGS); a tag missing
+# here (layer_input, attn_context) costs no matmul to recompute.
+def _tag_matmul_flops_per_token(cfg: ModelConfig) -> dict[str, int]:
+    d, hd, f = cfg.d_model, cfg.head_dim, cfg.mlp_hidden
+    return {
+        "q_proj": 2 * d * cfg.n_heads * hd,
+        "k_proj": 2 * d * cfg.n_kv_heads * hd,
+        "v_proj": 2 * d * cfg.n_kv_heads * hd,
+        "o_proj": 2 * cfg.n_heads * hd * d,
+        "mlp_gate": 2 * d * f,
+        "mlp_up": 2 * d * f,
+        "mlp_down": 2 * f * d,
+    }
+
+
+def recompute_flops(
+    cfg: ModelConfig, seq_len: int, batch: int, saved: Optional[tuple[str, ...]], *, attention_saved: bool = False
+) -> int:
+    """Forward matmul FLOPs per device per step that rematerialisation runs again in the backward
+    pass, keeping the tagged activations `saved` (None: no rematerialisation, nothing recomputed).
+
+    Every weight matmul whose output is not kept is recomputed (the backward pass reads each one's
+    output, or needs it to rebuild one it reads). Attention's forward is recomputed unless its output
+    AND its log-sum-exp are kept (`attention_saved`): the attention kernels' backward reads both,
+    and olmax's `attn_context` tag names only the output, so under any olmax policy attention's
+    forward runs twice; MaxText names both `context`.
+    """
+    if saved is None:
+        return 0
+    _check_shape(seq_len, batch)
+    per_token = sum(f for tag, f in _tag_matmul_flops_per_token(cfg).items() if tag not in saved)
+    weights = cfg.n_layers * batch * seq_len * per_token
+    pairs = sum(attended_pairs(seq_len, cfg.layer_window(i)) for i in range(cfg.n_layers))
+    attention = 0 if attention_saved else batch * pairs * _attention_flops_per_pair(cfg)
+    return weights + attention

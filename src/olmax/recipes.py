@@ -77,16 +77,20 @@ STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # e
 # How the 7B/32B steps fit in device memory (not part of AI2's recipe; results do not depend on it),
 # tuned as the MaxText OLMo 3 run was: up to 4 instances per forward/backward (the seeds' 4 per
 # device at 512 instances on 128 devices, so no accumulation there; more devices, fewer per device),
-# each block rematerialised keeping its q/k/v projections, the output layer 1024 positions at a
-# time, and attention `auto` (splash on TPU, cuDNN on GPU). docs/performance.md has the TPU
-# compiler's per-device memory for each recipe and topology.
+# the output layer 1024 positions at a time, attention `auto` (splash on TPU, cuDNN on GPU), and
+# each block rematerialised keeping the least recompute that fits the TPU compiler's heap on an
+# Ironwood 4x4x4 slice at 4 x 8192 per device: every weight matmul's output but the MLP's up
+# projection (and attention's output), the MaxText seeds' set (FIT_REMAT; with mlp_up as well the
+# step is over the HBM limit). The same fits the 32B on v5p 8x8x8 (1 instance per device); on a v5p
+# 4x4x4 slice the 7B's 8 instances per device (2 micro-batches of 4) need model.remat=save_qkv_proj.
+# docs/performance.md ("A leaner backward and the remat sweep") has the heaps.
 FIT = dict(micro_batch_size=4, loss_chunk=1024)
-FIT_REMAT = "save_qkv_proj"
+FIT_REMAT = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
 
 
-def _fit(model: ModelConfig) -> ModelConfig:
-    return replace(model, remat=FIT_REMAT, attention="auto")
+def _fit(model: ModelConfig, remat: str = FIT_REMAT) -> ModelConfig:
+    return replace(model, remat=remat, attention="auto")
 
 
 def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
@@ -119,7 +123,9 @@ STAGE1_32B_LR = 6e-4
 def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
     return ExperimentConfig(
         name=name,
-        model=_fit(OLMO3_32B),
+        # 2 instances per device on v5p 8x8x8 in one forward/backward: q/k/v kept (45.0 GiB of peak,
+        # docs/performance.md); the seeds' set was measured at one instance per device only
+        model=_fit(OLMO3_32B, "save_qkv_proj"),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521, instance_filter=True),
         optimizer=OptimizerConfig(lr=STAGE1_32B_LR),
         schedule=ScheduleConfig(name="cosine", warmup_steps=2000, alpha_f=0.1, t_max_epochs=1),
@@ -138,7 +144,9 @@ MIDTRAIN_LR = 2.0712352850360292e-4
 def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage2",
-        model=_fit(OLMO3_7B),
+        # 2 instances per device on Ironwood 4x4x4: every matmul output fits as well (63.4 GiB of heap;
+        # only attention's forward is recomputed), docs/performance.md
+        model=_fit(OLMO3_7B, FIT_REMAT + ",mlp_up"),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=1337),  # enters the data fingerprint
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
@@ -169,7 +177,7 @@ STAGE3_MESH = MeshConfig(data=1, fsdp=-1, context=2, tensor=1)
 
 def _olmo3_7b_stage3() -> ExperimentConfig:
     model = replace(
-        _fit(OLMO3_7B),
+        _fit(OLMO3_7B, "save_qkv_proj"),
         rope_type="yarn",
         yarn_factor=8.0,
         yarn_original_max_position=8192,

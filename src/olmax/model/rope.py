@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -51,11 +52,48 @@ def rope_tables(cfg: ModelConfig, seq_len: int, scaled: bool) -> tuple[jnp.ndarr
     return jnp.cos(emb) * scale, jnp.sin(emb) * scale
 
 
+@jax.custom_vjp
 def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
     """x: (batch, seq, heads, head_dim); cos/sin: (seq, head_dim), or (batch, seq, head_dim) when
-    each row has its own positions. Rotated in float32 and cast back to x's dtype."""
-    xf = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    each row has its own positions. Rotated in float32 and cast back to x's dtype.
+
+    rotate_half(x) is written as a swap of the two halves times [-1, 1]: with slices and a
+    concatenation of the float32 x, the TPU compiler kept float32 (batch, seq, heads, head_dim / 2)
+    halves of q and k at the backward pass's peak; the swap is done on x itself, before the upcast.
+    The gradient is the inverse rotation, summed in float32 and rounded once (a custom VJP: autodiff
+    of the bf16 swap would round its two terms separately). cos and sin get no gradient (they are
+    tables of constants). docs/performance.md, "A leaner backward", has the heaps."""
     cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over the heads
-    return (xf * cos + rotated * sin).astype(x.dtype)
+    # the halves are swapped before the upcast (a permutation: exact in any dtype), so whatever XLA
+    # materialises of the swap is in x's dtype; the arithmetic is float32
+    f32 = jnp.float32
+    return (x.astype(f32) * cos + _swap_halves(x).astype(f32) * _signed(sin)).astype(x.dtype)
+
+
+def _swap_halves(x):
+    """[x1, x2] -> [x2, x1] along the last axis, as a reverse of a (2, half) view."""
+    shape = x.shape
+    return jnp.flip(x.reshape(*shape[:-1], 2, shape[-1] // 2), axis=-2).reshape(shape)
+
+
+def _signed(t):
+    """t with its first half negated: rotate_half(x) * sin = swap(x) * [-sin1, sin2]."""
+    half = t.shape[-1] // 2
+    sign = jnp.concatenate([-jnp.ones(half, t.dtype), jnp.ones(t.shape[-1] - half, t.dtype)])
+    return t * sign
+
+
+def _apply_rope_fwd(x, cos, sin):
+    return apply_rope(x, cos, sin), (cos, sin)
+
+
+def _apply_rope_bwd(residuals, g):
+    cos, sin = residuals
+    f32 = jnp.float32
+    # x cos + swap(x) s with s = [-sin1, sin2], transposed: g cos + swap(g s) = g cos + swap(g) swap(s)
+    # (swap is its own transpose and commutes with elementwise products)
+    unrotated = _swap_halves(g).astype(f32) * _swap_halves(_signed(sin))[..., None, :]
+    return (g.astype(f32) * cos[..., None, :] + unrotated).astype(g.dtype), None, None
+
+
+apply_rope.defvjp(_apply_rope_fwd, _apply_rope_bwd)
