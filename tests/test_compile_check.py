@@ -229,7 +229,7 @@ def test_32b_stage1_fits_on_v5p_8x8x8():
     """AI2's 1024 instances of 8192 tokens on the 512-chip slice: two per device in one forward/backward
     (the recipe's micro-batch of up to 4); the epoch horizon compiles without data."""
     r = compile_report(get_recipe("olmo3_32b_stage1"), topology="v5p:8x8x8")
-    assert r["mesh"] == {"data": 1, "fsdp": 512, "tensor": 1}
+    assert r["mesh"] == {"data": 1, "fsdp": 512, "context": 1, "tensor": 1}
     assert (r["per_device_batch"], r["micro_batch"], r["accum_steps"], r["seq_len"]) == (2, 2, 1, 8192)
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
 
@@ -238,16 +238,17 @@ def test_32b_stage1_fits_on_v5p_8x8x8():
 def test_32b_stage2_fits_on_v5p_8x8x8():
     """Either midtraining ingredient: 512 instances of 8192 tokens, one per device of the 512-chip slice."""
     r = compile_report(get_recipe("olmo3_32b_stage2"), topology="v5p:8x8x8")
-    assert r["mesh"] == {"data": 1, "fsdp": 512, "tensor": 1}
+    assert r["mesh"] == {"data": 1, "fsdp": 512, "context": 1, "tensor": 1}
     assert (r["per_device_batch"], r["micro_batch"], r["accum_steps"], r["seq_len"]) == (1, 1, 1, 8192)
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
 
 
 @pytest.mark.slow
-def test_32b_stage3_fits_on_v5p_8x8x8_over_a_tensor_axis():
-    """128 instances of 65,536 tokens on 512 devices: one instance per fsdp shard, heads (40 query, 8 KV)
-    and MLP split over the recipe's tensor axis of 4, the batch's doc_lens in every splash call."""
+def test_32b_stage3_fits_on_v5p_8x8x8_over_a_context_axis():
+    """128 instances of 65,536 tokens on 512 devices: one instance per fsdp shard, split over the
+    recipe's context axis of 4 (16,384 tokens per device), q/k/v kept, doc_lens in every splash call."""
     r = compile_report(get_recipe("olmo3_32b_stage3"), topology="v5p:8x8x8")
-    assert r["mesh"] == {"data": 1, "fsdp": 128, "tensor": 4}
+    assert r["mesh"] == {"data": 1, "fsdp": 128, "context": 4, "tensor": 1}
+    assert r["saved"] == ["q_proj", "k_proj", "v_proj"]
     assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]

@@ -40,6 +40,10 @@ def _sizes(**sizes) -> dict[str, int]:
         (_shape(fsdp=16), 8, _shape(fsdp=8), _shape(fsdp=2)),  # FSDP over two nodes
         (_shape(data=4, fsdp=4, tensor=2), 8, _shape(fsdp=4, tensor=2), _shape(data=4)),
         (_shape(data=2, fsdp=2, tensor=2), 8, _shape(data=2, fsdp=2, tensor=2), _shape()),  # one node
+        # AI2's stage-3 layout: a context group of 8 per node, the batch shards across the 32 nodes
+        (_shape(fsdp=32, context=8), 8, _shape(context=8), _shape(fsdp=32)),
+        (_shape(fsdp=64, context=4), 8, _shape(fsdp=2, context=4), _shape(fsdp=32)),
+        (_shape(fsdp=16, context=2, tensor=2), 8, _shape(fsdp=2, context=2, tensor=2), _shape(fsdp=8)),
     ],
 )
 def test_node_split_places_inner_axes_within_a_node(shape, per_node, within, across):
@@ -74,6 +78,9 @@ def test_node_split_refuses_an_axis_that_cannot_follow_the_nodes():
         node_split(_shape(fsdp=8, tensor=3), 8)
     with pytest.raises(ConfigError, match="mesh fsdp=6 does not split .* leave 4 device"):
         node_split(_shape(fsdp=6, tensor=2), 8)
+    # a context group shares its rows of the batch too: it may not leave the node
+    with pytest.raises(ConfigError, match="mesh context=16 would span 2 nodes of 8 devices; it must stay within"):
+        node_split(_shape(fsdp=2, context=16), 8)
 
 
 class _Device:

@@ -232,10 +232,11 @@ def _olmo3_32b_stage2() -> ExperimentConfig:
 # 3.0.0 does not restart them per document (docs/reference.md). 128 instances on a 512-device v5p 8x8x8
 # slice: heads and MLP split over a tensor axis of 4, one instance per data x fsdp shard.
 def _olmo3_32b_stage3() -> ExperimentConfig:
-    # remat full, as the 7B stage 3: 65,536 tokens per instance
+    # 65,536 tokens per instance split over a context axis of 4 (16,384 per device, AI2 ran context 8 on
+    # GPUs): the saved block inputs are a quarter of a tensor axis' (which does not split the sequence),
+    # so keeping q/k/v fits (docs/performance.md) where tensor=4 needed remat full
     model = replace(
-        _fit(OLMO3_32B),
-        remat="full",
+        _fit(OLMO3_32B, "save_qkv_proj"),
         rope_type="yarn",
         yarn_factor=8.0,
         yarn_beta_fast=32.0,
@@ -260,7 +261,7 @@ def _olmo3_32b_stage3() -> ExperimentConfig:
         optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
         trainer=TrainerConfig(global_batch=128, max_steps=11_921, **FIT),
-        mesh=MeshConfig(data=1, fsdp=-1, tensor=4),
+        mesh=MeshConfig(data=1, fsdp=-1, context=4, tensor=1),
     )
 
 

@@ -82,10 +82,10 @@ def num_slices(devices: Sequence[jax.Device]) -> int:
 def node_split(shape: Sequence[int], per_node: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Split a mesh shape (in MESH_AXES order) into the part within one node of `per_node` devices and
     the part across nodes, elementwise shape = within x across. The innermost axis is placed first
-    (tensor, then fsdp, then data), each wholly within the node while it fits; the first axis that
+    (tensor, then context, fsdp, data), each wholly within the node while it fits; the first axis that
     does not fit is split (the node's remaining devices within, the rest across) and every axis
     outside it runs across nodes only. An axis that can be split neither way is refused, and so is one
-    that spans nodes without splitting the batch (tensor): every process loads its own rows of the
+    that spans nodes without splitting the batch (tensor, context): every process loads its own rows of the
     batch (olmax.train), so the devices that hold one row must all be in one process."""
     within, across, room = [1] * len(shape), [1] * len(shape), per_node
     for i in reversed(range(len(shape))):
