@@ -2,11 +2,16 @@
 mesh axis, attention gathering keys and values over it. The reference is the same run without the
 axis: on 8 fake CPU devices in float32, packed documents masked within themselves and a sliding
 window shorter than the sequence (the small run: window 16 at 64 tokens, so each context chunk of 16
-sees keys of the chunk before it), every step's CE loss and gradient norm with context 4 equal
-those with context 1 within 1e-5 relative (float32 summation order only: a query that lost or
-gained one key moves the loss by > 1e-3), as do the model's gradients, and a run saved with context
-4 resumes with context 1 on the same losses. Plus: the splash step compiled for a TPU topology with a context
-axis, the per-layer collectives, the bad-input errors, and the tiny demo command."""
+sees keys of the chunk before it), every step's CE loss with context 4 equals that with context 1
+within 1e-5 relative (float32 summation order only: a query that lost or gained one key moves the
+loss by > 1e-3), as do the model's gradients at the same parameters (every element, and the first
+step's gradient norm), and a run saved with context 4 resumes with context 1 on the same losses.
+Later steps' gradient norms are not compared at 1e-5: Adam divides each element's update by that
+element's own gradient scale, so the 1e-7 summation-order differences of the first gradient become
+parameter differences that move the third step's gradient norm by about 1e-5 (measured: 6e-8 at
+step 1, 3e-6 at step 2, 1.1e-5 at step 3, while the CE stays within 1e-7 at every step).
+Plus: the splash step compiled for a TPU topology with a context axis, the per-layer collectives,
+the bad-input errors, and the tiny demo command."""
 
 import re
 from collections import Counter
@@ -38,20 +43,21 @@ def _cfg(tmp_path, context, *extra):
     )
 
 
-def _max_rel(a_rows, b_rows):
-    return max(abs(a[k] - b[k]) / abs(a[k]) for a, b in zip(a_rows, b_rows, strict=True) for k in KEYS)
+def _max_rel(a_rows, b_rows, keys=KEYS):
+    return max(abs(a[k] - b[k]) / abs(a[k]) for a, b in zip(a_rows, b_rows, strict=True) for k in keys)
 
 
 def test_context_4_trains_as_context_1_and_resumes_without_it(tmp_path):
     """Steps 1-2 with context 4 (saved at 2), then step 3 resumed with context 1: every step's CE
-    loss and gradient norm as the run without a context axis."""
+    loss, and the first step's gradient norm, as the run without a context axis."""
     reference = train(_cfg(tmp_path, 1), tmp_path / "context1", progress=False)
     rows = train(_cfg(tmp_path, 4), tmp_path / "context4", stop_at=2, progress=False)
     rows += train(_cfg(tmp_path, 1), tmp_path / "context4", progress=False)
     assert [r["step"] for r in rows] == [1, 2, 3]
-    rel = _max_rel(reference, rows)
-    print(f"context 4 (steps 1-2), then 1: max relative |delta| of CE loss and grad norm = {rel:.2e}")
+    rel = _max_rel(reference, rows, ["train/CE loss"])
+    print(f"context 4 (steps 1-2), then 1: max relative |delta| of the CE loss = {rel:.2e}")
     assert rel <= RTOL
+    assert _max_rel(reference[:1], rows[:1]) <= RTOL  # same parameters: the gradient norm too
 
 
 def test_gradients_equal_those_without_context(tmp_path):
