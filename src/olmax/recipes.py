@@ -175,18 +175,24 @@ STAGE3_DATA = DataConfig(
 STAGE3_MESH = MeshConfig(data=1, fsdp=-1, context=2, tensor=1)
 
 
-def _olmo3_7b_stage3() -> ExperimentConfig:
-    model = replace(
-        _fit(OLMO3_7B, "save_qkv_proj"),
+def _long_context(model: ModelConfig) -> ModelConfig:
+    """A stage-3 model: YaRN factor 8 from the 8192 context (beta_fast 32, beta_slow 1: ModelConfig's
+    defaults) to 65,536 positions, absolute across a packed instance, q/k/v kept (measured per recipe,
+    docs/performance.md)."""
+    return replace(
+        _fit(model, "save_qkv_proj"),
         rope_type="yarn",
         yarn_factor=8.0,
         yarn_original_max_position=8192,
         max_position=65536,
         rope_positions="absolute",
     )
+
+
+def _olmo3_7b_stage3() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage3",
-        model=model,
+        model=_long_context(OLMO3_7B),
         data=STAGE3_DATA,
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
@@ -230,34 +236,14 @@ def _olmo3_32b_stage2() -> ExperimentConfig:
 # source_group_size 8, source_permutation_seed 123), here WITH the instance filter (the 7B stage 3 has
 # none). Positions stay absolute across a packed instance: AI2 ran it under context parallelism, where
 # 3.0.0 does not restart them per document (docs/reference.md). 128 instances on a 512-device v5p 8x8x8
-# slice: heads and MLP split over a tensor axis of 4, one instance per data x fsdp shard.
+# slice: one instance per fsdp shard, its 65,536 tokens split over a context axis of 4 (16,384 per
+# device; AI2 ran context 8 on GPUs). The saved block inputs are then a quarter of what a tensor axis
+# (which does not split the sequence) leaves, so keeping q/k/v fits where tensor=4 needed remat full.
 def _olmo3_32b_stage3() -> ExperimentConfig:
-    # 65,536 tokens per instance split over a context axis of 4 (16,384 per device, AI2 ran context 8 on
-    # GPUs): the saved block inputs are a quarter of a tensor axis' (which does not split the sequence),
-    # so keeping q/k/v fits (docs/performance.md) where tensor=4 needed remat full
-    model = replace(
-        _fit(OLMO3_32B, "save_qkv_proj"),
-        rope_type="yarn",
-        yarn_factor=8.0,
-        yarn_beta_fast=32.0,
-        yarn_beta_slow=1.0,
-        yarn_original_max_position=8192,
-        max_position=65536,
-        rope_positions="absolute",
-    )
-    data = DataConfig(
-        seq_len=65536,
-        seed=34521,
-        instance_filter=True,
-        packing="obfd",
-        source_group_size=8,
-        source_permutation_seed=123,
-        doc_masking=True,
-    )
     return ExperimentConfig(
         name="olmo3_32b_stage3",
-        model=model,
-        data=data,
+        model=_long_context(OLMO3_32B),
+        data=replace(STAGE3_DATA, instance_filter=True),
         optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
         trainer=TrainerConfig(global_batch=128, max_steps=11_921, **FIT),
