@@ -121,7 +121,7 @@ def run_table(rows: list[int], json_path) -> None:
                 f.write(json.dumps(report) + "\n")
 
 
-# --remat-sweep: the policies tried for each recipe and slice, as sets of tags (olmax.config.REMAT_TAGS),
+# --remat-sweep: the policies tried for each recipe and slice, as sets of tags (olmax.remat.REMAT_TAGS),
 # from least kept to most. SEEDS is what the MaxText OLMo 3 run kept.
 SEEDS = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
 SWEEP_POLICIES = [
@@ -258,9 +258,9 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
     when MaxText's venv is there, by MaxText with the same kept tensors: the compiler's heap, whether
     it fits (heap at most chips.HBM_HEADROOM of the limit) and the recompute (hardware / model FLOPs)."""
     from olmax.chips import HBM_HEADROOM, chip_of_topology
-    from olmax.config import remat_policy_of
     from olmax.flops import exact_step_flops, recompute_flops
     from olmax.recipes import resolve
+    from olmax.remat import remat_policy_of
 
     print(SWEEP_HEAD)
     for i in rows:

@@ -311,7 +311,7 @@ def test_32b_stage2_and_stage3_recipes():
 
 
 def test_remat_takes_a_policy_name_or_a_set_of_tags():
-    from olmax.config import REMAT_POLICIES, RematPolicy, remat_policy_of
+    from olmax.remat import REMAT_POLICIES, RematPolicy, remat_policy_of
 
     assert remat_policy_of("save_qkv_proj") == REMAT_POLICIES["save_qkv_proj"]
     # tags in any order and spacing, kept in the block's order

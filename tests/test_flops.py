@@ -294,8 +294,8 @@ def test_recompute_flops_are_the_matmuls_the_backward_pass_runs_again():
     """What each policy adds to the gradient's matmuls over no remat equals recompute_flops: every
     weight matmul whose output is not kept, and attention's forward under every policy (the `xla`
     backend's forward here, which computes whole blocks, so it is counted from its own program)."""
-    from olmax.config import REMAT_TAGS, remat_policy_of
     from olmax.recipes import TINY
+    from olmax.remat import REMAT_TAGS, remat_policy_of
 
     cfg = replace(TINY, attention="xla", n_layers=4)
     params = olmo3.abstract_params(cfg)

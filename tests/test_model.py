@@ -10,7 +10,7 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 from models import random_params
 
-from olmax.config import REMAT_TAGS, MeshConfig, remat_policy_of
+from olmax.config import MeshConfig
 from olmax.model.olmo3 import (
     ParamSpec,
     block,
@@ -23,6 +23,7 @@ from olmax.model.olmo3 import (
 )
 from olmax.model.rope import rope_tables
 from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
+from olmax.remat import REMAT_TAGS, remat_policy_of
 from olmax.sharding import make_mesh
 from olmax.state import param_shardings
 

@@ -33,9 +33,10 @@ from typing import Optional
 import jax
 
 from olmax.chips import Chip, chip_of_device_kind, chip_of_topology, compiler_options, gpu_cluster
-from olmax.config import REMAT_TAGS, ConfigError, ExperimentConfig, remat_policy_of
+from olmax.config import ConfigError, ExperimentConfig
 from olmax.flops import exact_step_flops
 from olmax.model.attention import cudnn_target, resolve_backend
+from olmax.remat import REMAT_TAGS, remat_policy_of
 from olmax.sharding import describe_node_split, make_mesh
 from olmax.state import abstract_state, state_shardings
 from olmax.train_step import batch_layout, batch_sharding, make_train_step

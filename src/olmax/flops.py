@@ -209,7 +209,7 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-# The forward matmul each tagged activation comes out of (olmax.config.REMAT_TAGS); a tag missing
+# The forward matmul each tagged activation comes out of (olmax.remat.REMAT_TAGS); a tag missing
 # here (layer_input, attn_context) costs no matmul to recompute.
 def _tag_matmul_flops_per_token(cfg: ModelConfig) -> dict[str, int]:
     d, hd, f = cfg.d_model, cfg.head_dim, cfg.mlp_hidden

@@ -26,9 +26,10 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from olmax.config import ModelConfig, RematPolicy, remat_policy_of
+from olmax.config import ModelConfig
 from olmax.model.attention import attention, document_positions
 from olmax.model.rope import apply_rope, rope_tables
+from olmax.remat import RematPolicy, remat_policy_of
 from olmax.sharding import constrain
 
 ACTIVATION_AXES = ("batch", "seq", "embed")  # the residual stream
@@ -122,7 +123,7 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     Returns (block output, extra).
     """
     b, t, _ = x.shape
-    # checkpoint_name tags the activations a remat policy keeps (config.REMAT_TAGS); outside
+    # checkpoint_name tags the activations a remat policy keeps (olmax.remat.REMAT_TAGS); outside
     # jax.checkpoint it is the identity
     x = checkpoint_name(x, "layer_input")
     q = rms_norm(checkpoint_name(x @ p["q_proj"], "q_proj"), p["q_norm"], cfg.norm_eps)
