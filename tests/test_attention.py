@@ -16,6 +16,7 @@ these inputs (`test_tolerance_detects_off_by_one_window`).
 """
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,106 @@ def test_blockwise_plan_of_a_context_chunk_covers_its_mask(seq, window, chunks):
             assert 0 <= lo and lo + width <= seq
             rows = mask[offset + start : offset + end]
             assert not rows[:, :lo].any() and not rows[:, lo + width :].any()
+
+
+def _widths(plan) -> list[int]:
+    return sorted({width for *_, width in plan})
+
+
+@pytest.mark.parametrize(
+    "q_len,k_len,window,offset",
+    [(4096, 4096, None, None), (4096, 4096, 1000, None), (8192, 65536, None, 7), (8192, 65536, 4096, 7)],
+)
+def test_long_plans_hold_at_most_the_width_limit_and_cover_the_mask(q_len, k_len, window, offset):
+    """Long plans (32 and 64 blocks; the last: 7B stage 3's chunk of 8192 queries against 65,536
+    gathered keys, as the last chunk) keep at most XLA_BAND_WIDTHS widths, in runs of consecutive
+    blocks, and every band still holds the keys its queries may see and lies within the keys."""
+    first = None if offset is None else offset * q_len
+    plan = attn._blocks(q_len, k_len, window, 128, None if offset is None else jnp.int32(first))
+    assert len(_widths(plan)) <= attn.XLA_BAND_WIDTHS
+    runs = [width for width, _ in itertools.groupby(width for *_, width in plan)]
+    assert len(runs) == len(set(runs)) <= attn.XLA_BAND_WIDTHS
+    for start, end, lo, width in plan:
+        lo = int(lo)
+        i_first, i_last = (first or 0) + start, (first or 0) + end - 1  # the block's global query positions
+        needed_lo = 0 if window is None else max(0, i_first - window + 1)
+        assert 0 <= lo <= needed_lo and i_last < lo + width <= k_len
+
+
+def test_long_causal_plan_widens_bands_by_at_most_an_eighth():
+    """Without context, the 64 blocks of a global layer at 8192 tokens run in 8 widths, each that of
+    the last of 8 consecutive blocks: 64 * (1 + ... + 8) block pairs against 1 + ... + 64 with a band
+    per block, 9/8 * 64/65 as many scores (docs/attention.md)."""
+    plan = attn._blocks(8192, 8192, None, 128, None)
+    assert [width for *_, width in plan] == [1024 * (i // 8 + 1) for i in range(64)]
+    scores = sum((end - start) * width for start, end, _, width in plan)
+    exact = sum((end - start) * end for start, end, *_ in plan)
+    assert scores / exact == pytest.approx(9 / 8 * 64 / 65, rel=1e-9)
+
+
+def _document_mask(docs, seq, window):
+    """(batch, 1, seq, seq): causal, within the window and within each row's documents (lengths)."""
+    doc = np.stack([np.repeat(np.arange(len(lens)), lens) for lens in docs])
+    i, j = np.arange(seq)[:, None], np.arange(seq)[None, :]
+    mask = (j <= i) & ((i - j < window) if window else True) & (doc[:, :, None] == doc[:, None, :])
+    return jnp.asarray(mask[:, None])
+
+
+def _loss_and_grads(fn, q, k, v):
+    w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape, np.float32))
+    return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(w * fn(q, k, v)), argnums=(0, 1, 2)))(q, k, v)
+
+
+def _grads_close(got, want):
+    for name, g, w in zip("qkv", got, want, strict=True):
+        scale = max(float(jnp.abs(w).max()), 1.0)  # window 1: dq and dk are exactly 0
+        np.testing.assert_allclose(g, w, atol=1e-5 * scale, rtol=0, err_msg=f"d{name}")
+
+
+LONG_DOCS = [[150, 170, 80], [400]]
+
+
+@pytest.mark.parametrize("window", [None, 50, 1])
+def test_xla_plan_past_the_width_limit_matches_the_reference(window, monkeypatch):
+    """Blocks of 16 queries over 400 tokens (25 blocks, more widths than the limit): bands widened
+    and run as scans, with documents, GQA 4/2: the loss and q/k/v gradients of
+    jax.nn.dot_product_attention given the mask written out."""
+    monkeypatch.setattr(attn, "XLA_BLOCK", 16)
+    plan = attn._blocks(400, 400, window, 16, None)
+    assert len(plan) == 25 and max(len(list(run)) for _, run in itertools.groupby(w for *_, w in plan)) > 1
+    q, k, v = _qkv(400, 4, 2, 32)
+    segments = attn.segment_ids(jnp.asarray([lens + [0] * (400 - len(lens)) for lens in LONG_DOCS], jnp.int32))
+    mask = _document_mask(LONG_DOCS, 400, window)
+    got = _loss_and_grads(
+        lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla", segments=segments), q, k, v
+    )
+    want = _loss_and_grads(
+        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla"), q, k, v
+    )
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
+    _grads_close(got[1], want[1])
+
+
+@pytest.mark.parametrize("window", [None, 100])
+def test_xla_context_chunks_past_the_width_limit_match_the_reference(window, monkeypatch):
+    """Context 4 over 512 tokens with blocks of 8 queries: 16 blocks per chunk at a traced offset, the
+    global layer's 16 widths cut to the limit and the window's one width a scan of 16 blocks; the
+    loss and q/k/v gradients of jax.nn.dot_product_attention without a mesh given the mask."""
+    monkeypatch.setattr(attn, "XLA_BLOCK", 8)
+    docs = [[100, 300, 112], [512]]
+    q, k, v = _qkv(512, 4, 2, 32)
+    segments = attn.segment_ids(jnp.asarray([lens + [0] * (512 - len(lens)) for lens in docs], jnp.int32))
+    mask = _document_mask(docs, 512, window)
+    want = _loss_and_grads(
+        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla"), q, k, v
+    )
+    mesh = make_mesh(MeshConfig(data=1, fsdp=2, context=4, tensor=1))
+    with jax.set_mesh(mesh):
+        got = _loss_and_grads(
+            lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla", segments=segments), q, k, v
+        )
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
+    _grads_close(got[1], want[1])
 
 
 def test_xla_bfloat16_keeps_dtype_and_stays_close():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 from typing import Callable, NamedTuple, Optional
 
@@ -126,25 +127,83 @@ def causal_mask(seq_len: int, window: Optional[int]) -> jnp.ndarray:
 # Query positions per block of the `xla` backend. 128 ran bench-small's attention (seq 1024,
 # window 512) fwd+bwd faster than 64 or 256 on XLA:CPU (benchmarks/attention.py, docs/performance.md).
 XLA_BLOCK = 128
+# Most band widths one attention call's plan may hold. Blocks of one width run as one loop
+# (`jax.lax.scan`), so this bounds what XLA compiles per call whatever the sequence length; a plan
+# with more widths widens some bands (docs/attention.md, "xla details": the extra work it costs).
+XLA_BAND_WIDTHS = 8
 
 
 def _blocks(q_len: int, k_len: int, window: Optional[int], block: int, offset):
     """Static plan: (first query, end query, first key, keys) per query block of `block` rows. The keys
-    a block may see form one band, [first query - window + 1, end query) in global positions, so its
-    scores are computed for that band only: the fully masked rest (the future, and beyond the window)
+    a block needs form one band, [first query - window + 1, end query) in global positions, so its
+    scores are computed for a band only: the fully masked rest (the future, and beyond the window)
     is never touched. `offset` is the position of the first query among the keys: None for 0 (the
-    whole sequence, an exact band), or a traced value (one context chunk, whose place is known only on
-    its device): then each band has the width the last chunk needs and a traced start."""
+    whole sequence), or a traced value (one context chunk, whose place is known only on its device):
+    then each block needs the width the last chunk needs and its band has a traced start.
+    A band ends just after the block's last query, shifted to start no earlier than key 0 and end no
+    later than the last key. With at most XLA_BAND_WIDTHS widths in the plan each block's band is what
+    it needs; beyond, `_band_widths` widens some bands to a neighbour's width (the extra keys masked)."""
+    starts = range(0, q_len, block)
+    ends = [min(start + block, q_len) for start in starts]
+    if offset is None:
+        need = [end if window is None else end - max(0, start - window + 1) for start, end in zip(starts, ends)]
+    else:
+        need = [
+            k_len - q_len + end if window is None else min(k_len, end - start + window - 1)
+            for start, end in zip(starts, ends)
+        ]
+    widths = _band_widths([end - start for start, end in zip(starts, ends)], need, XLA_BAND_WIDTHS)
     plan = []
-    for start in range(0, q_len, block):
-        end = min(start + block, q_len)
+    for start, end, width in zip(starts, ends, widths):
         if offset is None:
-            lo = 0 if window is None else max(0, start - window + 1)
-            plan.append((start, end, lo, end - lo))
+            lo = min(max(0, end - width), k_len - width)
         else:
-            width = k_len - q_len + end if window is None else min(k_len, end - start + window - 1)
-            plan.append((start, end, jnp.clip(offset + end - width, 0, k_len - width), width))
+            lo = jnp.clip(offset + end - width, 0, k_len - width)
+        plan.append((start, end, lo, width))
     return plan
+
+
+def _band_widths(rows: list[int], need: list[int], limit: int) -> list[int]:
+    """Each block's band width: what it needs, while the blocks form at most `limit` runs of one
+    (rows, width). Beyond, neighbouring runs of equal rows merge, taking the wider width, the merge
+    that adds the fewest computed scores first, until `limit` runs remain (on a causal ramp of
+    widths: runs of equal length)."""
+    runs = []  # [rows per block, width, blocks]
+    for r, w in zip(rows, need):
+        if runs and runs[-1][:2] == [r, w]:
+            runs[-1][2] += 1
+        else:
+            runs.append([r, w, 1])
+    while len(runs) > limit:
+        extra = lambda a, b: a[0] * (a[2] * (max(a[1], b[1]) - a[1]) + b[2] * (max(a[1], b[1]) - b[1]))
+        merges = [(extra(a, b), i) for i, (a, b) in enumerate(zip(runs, runs[1:])) if a[0] == b[0]]
+        if not merges:
+            break
+        _, i = min(merges)
+        a, b = runs[i], runs.pop(i + 1)
+        runs[i] = [a[0], max(a[1], b[1]), a[2] + b[2]]
+    return [width for _, width, n in runs for _ in range(n)]
+
+
+def _over_blocks(step, carry, plan):
+    """Runs `step(carry, start, lo, rows, width) -> (carry, outputs)` over the plan's blocks in order
+    and returns the last carry and each output (a pytree of (batch, kv, rows * group, ...) arrays)
+    joined along axis 2. Consecutive blocks of one (rows, width) run as one `jax.lax.scan` over their
+    starts and band starts, so XLA compiles one block per width however many blocks there are; a
+    block alone runs directly, with static slices where its band start is static."""
+    pieces = []
+    for (rows, width), run in itertools.groupby(plan, key=lambda b: (b[1] - b[0], b[3])):
+        run = list(run)
+        if len(run) == 1:
+            carry, out = step(carry, run[0][0], run[0][2], rows, width)
+        else:
+            starts = jnp.array([b[0] for b in run], jnp.int32)
+            los = jnp.stack([jnp.asarray(b[2], jnp.int32) for b in run])
+            carry, out = jax.lax.scan(lambda c, x, shape=(rows, width): step(c, *x, *shape), carry, (starts, los))
+            # (blocks, batch, kv, rows * group, ...) -> (batch, kv, blocks * rows * group, ...)
+            out = jax.tree.map(lambda y: jnp.moveaxis(y, 0, 2).reshape(*y.shape[1:3], -1, *y.shape[4:]), out)
+        pieces.append(out)
+    return carry, jax.tree.map(lambda *p: jnp.concatenate(p, axis=2), *pieces)
 
 
 def _band(x, lo, width: int, axis: int):
@@ -180,7 +239,7 @@ def _block_scores(q, k, start, lo, window, group, segments, offset):
     mask = window_mask(i, j, window)
     if segments is not None:
         q_seg, kv_seg = segments
-        seg_q = jnp.repeat(q_seg[:, start : start + q.shape[2] // group], group, axis=1)
+        seg_q = jnp.repeat(_band(q_seg, start, q.shape[2] // group, 1), group, axis=1)
         mask = mask & (seg_q[:, None, :, None] == _band(kv_seg, lo, k.shape[2], 1)[:, None, None, :])
     return jnp.where(mask, s, jnp.finfo(jnp.float32).min)
 
@@ -195,19 +254,19 @@ def _banded_forward(q, k, v, segments, offset, window, group):
     segments None or (q's (batch, q_len), the keys' (batch, k_len)); offset None or q's first position
     (traced). Per query block: scores over its key band, a float32 softmax, and its log-sum-exp,
     which is all the backward pass keeps of the probabilities."""
-    outs, lses = [], []
-    for start, end, lo, width in _blocks(q.shape[2] // group, k.shape[2], window, XLA_BLOCK, offset):
-        qb = q[:, :, start * group : end * group]
+
+    def block(carry, start, lo, rows, width):
+        qb = _band(q, start * group, rows * group, 2)
         s = _block_scores(qb, _band(k, lo, width, 2), start, lo, window, group, segments, offset)
         m = jnp.max(s, axis=-1, keepdims=True)
         p = jnp.exp(s - m)
         total = jnp.sum(p, axis=-1, keepdims=True)
         # Normalising the (rows, d) output rather than the (rows, keys) probabilities: one pass less.
         out = _f32_einsum("bkms,bksd->bkmd", p.astype(v.dtype), _band(v, lo, width, 2))
-        outs.append((out / total).astype(v.dtype))
-        lses.append(m + jnp.log(total))
-    out = jnp.concatenate(outs, axis=2)
-    return out, (q, k, v, segments, offset, out, jnp.concatenate(lses, axis=2))
+        return carry, ((out / total).astype(v.dtype), m + jnp.log(total))
+
+    _, (out, lse) = _over_blocks(block, None, _blocks(q.shape[2] // group, k.shape[2], window, XLA_BLOCK, offset))
+    return out, (q, k, v, segments, offset, out, lse)
 
 
 def _banded_backward(window, group, residuals, dout):
@@ -217,19 +276,22 @@ def _banded_backward(window, group, residuals, dout):
     q, k, v, segments, offset, out, lse = residuals
     scale = q.shape[-1] ** -0.5
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
-    dq_blocks = []
-    dk = jnp.zeros(k.shape, jnp.float32)
-    dv = jnp.zeros(v.shape, jnp.float32)
-    for start, end, lo, width in _blocks(q.shape[2] // group, k.shape[2], window, XLA_BLOCK, offset):
-        rows = slice(start * group, end * group)
-        qb, kb, vb, do = q[:, :, rows], _band(k, lo, width, 2), _band(v, lo, width, 2), dout[:, :, rows]
-        p = jnp.exp(_block_scores(qb, kb, start, lo, window, group, segments, offset) - lse[:, :, rows])
+
+    def block(carry, start, lo, rows, width):
+        dk, dv = carry
+        qb, do = (_band(x, start * group, rows * group, 2) for x in (q, dout))
+        kb, vb = _band(k, lo, width, 2), _band(v, lo, width, 2)
+        row_lse, row_delta = (_band(x, start * group, rows * group, 2) for x in (lse, delta))
+        p = jnp.exp(_block_scores(qb, kb, start, lo, window, group, segments, offset) - row_lse)
         dp = _f32_einsum("bkmd,bksd->bkms", do, vb)
-        ds = p * (dp - delta[:, :, rows]) * scale
-        dq_blocks.append(_f32_einsum("bkms,bksd->bkmd", ds.astype(k.dtype), kb))
+        ds = p * (dp - row_delta) * scale
         dk = _band_add(dk, lo, _f32_einsum("bkms,bkmd->bksd", ds.astype(q.dtype), qb), 2)
         dv = _band_add(dv, lo, _f32_einsum("bkms,bkmd->bksd", p.astype(do.dtype), do), 2)
-    dq = jnp.concatenate(dq_blocks, axis=2)
+        return (dk, dv), _f32_einsum("bkms,bksd->bkmd", ds.astype(k.dtype), kb)
+
+    zeros = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    plan = _blocks(q.shape[2] // group, k.shape[2], window, XLA_BLOCK, offset)
+    (dk, dv), dq = _over_blocks(block, zeros, plan)
     # segment ids and the offset are integers: no cotangent (None)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
