@@ -86,8 +86,9 @@ def test_model_embedding_gradient_on_hsdp_equals_one_device():
         sharded = jax.device_put(params, param_shardings(cfg, mesh))
         grads = jax.jit(jax.grad(loss))(sharded, _placed(tokens, ("batch", "seq"), mesh))
     for (path, ours), ref in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(expected)):
+        # float32 sums in another order: measured below 5e-7 of each gradient's largest entry
         scale = float(jnp.abs(ref).max())
-        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6 * scale, err_msg=jax.tree_util.keystr(path))
+        np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-6 * scale, err_msg=jax.tree_util.keystr(path))
 
 
 def _step_hlo(cfg, devices, options=None) -> str:
