@@ -6,6 +6,8 @@ dimension of every matrix over the `fsdp` axis; tensor parallelism shards heads,
 `tensor`; the batch is split over `data` x `fsdp`; context parallelism splits every sequence (the
 logical `seq` axis of the batch and of the activations) into contiguous chunks over `context`, and
 attention gathers keys and values over it (olmax.model.attention). Change a layout here, nowhere else.
+One operation has its data movement written out here rather than left to XLA: the embedding lookup
+under HSDP (`lookup_rows`).
 
 The mesh follows the hardware (`make_mesh`):
 - TPU: within a slice, jax's mesh_utils orders the devices so each mesh axis runs along the ICI
@@ -28,6 +30,7 @@ import math
 from typing import Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
@@ -180,6 +183,54 @@ def logical_to_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> Pa
 def tree_shardings(specs, mesh: Mesh, is_leaf) -> object:
     """NamedShardings for a pytree of objects with `.axes` and `.shape` (e.g. ParamSpec)."""
     return jax.tree.map(lambda s: NamedSharding(mesh, logical_to_spec(s.axes, s.shape, mesh)), specs, is_leaf=is_leaf)
+
+
+def _mesh_axes(entry) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, a name, or a tuple of names)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def lookup_rows(table, ids, dtype):
+    """`table.astype(dtype)[ids]`: the embedding lookup of a table with logical axes (vocab, embed) by
+    ids (batch, seq), giving (batch, seq, embed) rows laid out as the residual stream.
+
+    HSDP (the batch split over data x fsdp, the table's columns over fsdp only) gets an explicit
+    shard_map, so that neither direction moves more than the rows: every device gathers the ids of its
+    fsdp group (small), looks them up in its own columns of the table (summed over `tensor` when the
+    vocabulary is split), and one all-to-all over fsdp hands each row, whole, to the device that holds
+    it in the batch layout. The gradient is the transpose: the reverse all-to-all and a scatter-add into
+    the device's own columns, summed over `data` like every gradient. Left to XLA, the backward pass of
+    `table[ids]` on that mesh reshards the batch-split cotangent to the table's layout (columns over
+    fsdp, replicated over data), which the SPMD partitioner cannot do with one collective: it gathers
+    the whole cotangent on every device ("Involuntary full rematerialization"), or (XLA's GPU compiler)
+    gathers the whole table for the lookup and sums a whole-table gradient over every device.
+    Everywhere else (one device, pure FSDP, no FSDP) it is the plain lookup: with the batch split over
+    the table's column axes alone, XLA's reshard is already one all-to-all."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return table.astype(dtype)[ids]
+    table_spec = logical_to_spec(("vocab", "embed"), table.shape, mesh)
+    ids_spec = logical_to_spec(("batch", "seq"), ids.shape, mesh)
+    vocab_axes, col_axes = _mesh_axes(table_spec[0]), _mesh_axes(table_spec[1])
+    row_axes = set(_mesh_axes(ids_spec[0]))
+    if not col_axes or not set(col_axes) < row_axes:
+        return table.astype(dtype)[ids]
+
+    def local(table, ids):  # table: (vocab shard, column shard); ids: this device's (rows, seq)
+        ids = jax.lax.all_gather(ids, col_axes, axis=0, tiled=True)  # the rows of the fsdp group
+        table = table.astype(dtype)
+        if vocab_axes:  # each vocabulary shard contributes the rows it holds, zeros elsewhere
+            n = table.shape[0]
+            local_ids = ids - jax.lax.axis_index(vocab_axes) * n
+            held = (local_ids >= 0) & (local_ids < n)
+            rows = jax.lax.psum(jnp.where(held[..., None], table[jnp.clip(local_ids, 0, n - 1)], 0), vocab_axes)
+        else:
+            rows = table[ids]
+        # (group rows, seq, own columns) -> (own rows, seq, all columns), in the fsdp order of both
+        return jax.lax.all_to_all(rows, col_axes, split_axis=0, concat_axis=2, tiled=True)
+
+    out_spec = PartitionSpec(ids_spec[0], ids_spec[1], None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(table_spec, ids_spec), out_specs=out_spec)(table, ids)
 
 
 def constrain(x, axes: Sequence[str]):

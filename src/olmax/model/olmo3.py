@@ -3,7 +3,8 @@
 Parameters are a plain nested dict of arrays. Each one is declared once, in `param_specs`, with its
 shape, logical axis names and initializer; `olmax.sharding` maps the logical axes to a device mesh.
 This file knows nothing about devices: the same code runs on one CPU or sharded over a pod. (It
-names the residual stream's logical axes once, for `constrain`, a no-op outside a mesh.)
+names the residual stream's logical axes once, for `constrain`, a no-op outside a mesh, and embeds
+with `olmax.sharding.lookup_rows`, the plain lookup outside one.)
 
 Layer weights are stacked along a leading "layers" axis. The forward pass scans over groups of
 `global_every` (= 4) layers, so the window pattern is static inside the scanned body and the 7B
@@ -30,7 +31,7 @@ from olmax.config import ModelConfig
 from olmax.model.attention import attention, document_positions
 from olmax.model.rope import apply_rope, rope_tables
 from olmax.remat import RematPolicy, remat_policy_of
-from olmax.sharding import constrain
+from olmax.sharding import constrain, lookup_rows
 
 ACTIVATION_AXES = ("batch", "seq", "embed")  # the residual stream
 
@@ -217,7 +218,7 @@ def forward_hidden(
     (before the final norm), which is what per-layer parity checks compare.
     """
     cdt = jnp.dtype(cfg.compute_dtype)
-    x = constrain(params["embed"].astype(cdt)[tokens], ACTIVATION_AXES)
+    x = constrain(lookup_rows(params["embed"], tokens, cdt), ACTIVATION_AXES)
     ropes = {scaled: rope_for(cfg, tokens.shape[1], scaled, segments) for scaled in (False, True)}
     period, n_layers = cfg.global_every, cfg.n_layers
     n_groups, tail = divmod(n_layers, period)
