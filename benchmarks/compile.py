@@ -259,6 +259,7 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
     it fits (heap at most chips.HBM_HEADROOM of the limit) and the recompute (hardware / model FLOPs)."""
     from olmax.chips import HBM_HEADROOM, chip_of_topology
     from olmax.flops import exact_step_flops, recompute_flops
+    from olmax.model.attention import resolve_backend
     from olmax.recipes import resolve
     from olmax.remat import remat_policy_of
 
@@ -273,19 +274,19 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
             saved = remat_policy_of(policy).save
             model = exact_step_flops(cfg.model, cfg.data.seq_len, per_device).total
             work = Path(tempfile.mkdtemp(prefix="remat-sweep-"))
-            runs = [("olmax", olmax_cmd(recipe, topology, policy, work / "olmax.json"), False)]
+            backend = resolve_backend(
+                cfg.model.attention, chip.platform, cfg.model.compute_dtype, doc_masking=cfg.data.doc_masking
+            )
+            runs = [("olmax", olmax_cmd(recipe, topology, policy, work / "olmax.json"), backend)]
             if maxtext_python and recipe in MAXTEXT_MODELS and topology in MAXTEXT_TOPOLOGIES:
                 out = work / "maxtext.json"
                 cmd = maxtext_cmd(maxtext_python, recipe, topology, per_device, cfg.data.seq_len, saved, chip, out)
-                runs.append(("maxtext", cmd, "attn_context" in saved))  # its `context` keeps the log-sum-exp too
+                # MaxText's splash names its output and log-sum-exp `context`, as olmax's splash does
+                runs.append(("maxtext", cmd, "splash"))
             limit = chip.hbm_limit_gib
-            for framework, cmd, attention_saved in runs:
+            for framework, cmd, backend in runs:
                 heap, error = heap_of(cmd, dict(os.environ), work / f"{framework}-dump", timeout, limit)
-                ratio = (
-                    1
-                    + recompute_flops(cfg.model, cfg.data.seq_len, per_device, saved, attention_saved=attention_saved)
-                    / model
-                )
+                ratio = 1 + recompute_flops(cfg.model, cfg.data.seq_len, per_device, saved, backend=backend) / model
                 fits = (
                     "OOM"
                     if heap is None and "RESOURCE_EXHAUSTED" in error

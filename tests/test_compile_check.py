@@ -65,6 +65,26 @@ def test_small_model_on_ironwood_uses_splash_and_the_chip_profile():
     json.dumps(r)  # the --json payload
 
 
+@pytest.mark.parametrize("context", [1, 2])
+def test_keeping_attn_context_spares_the_splash_forward(context):
+    """splash names its output and log-sum-exp `attn_context` inside the shard_map it runs in (per
+    FSDP shard; with context 2, per chunk of queries against the gathered keys), so a policy keeping
+    the tag saves what the kernel's backward reads: the compiled step has one splash forward per layer
+    instead of two (the backward's rerun), the same dq and dkv kernels, and a smaller recompute."""
+    calls, recompute = {}, {}
+    for remat in ("q_proj,k_proj,v_proj", "q_proj,k_proj,v_proj,attn_context"):
+        overrides = [f"model.remat={remat}", f"mesh.context={context}", f"data.seq_len={128 * context}"]
+        r = compile_report(apply_overrides(get_recipe("tiny"), SMALL_TPU + overrides), topology="tpu7x:2x2x1")
+        assert r["mesh"]["context"] == context
+        calls[remat] = r["mosaic_calls"]
+        recompute[remat] = r["hardware_flops_per_device"] / r["model_flops_per_device"]
+    without, kept = calls["q_proj,k_proj,v_proj"], calls["q_proj,k_proj,v_proj,attn_context"]
+    # 2 layers, unrolled: each kernel's call sites per layer
+    assert without == {"splash_mha_fwd_residuals": 4, "splash_mha_dq_no_residuals": 2, "splash_mha_dkv_no_residuals": 2}
+    assert kept == {**without, "splash_mha_fwd_residuals": 2}
+    assert recompute["q_proj,k_proj,v_proj,attn_context"] < recompute["q_proj,k_proj,v_proj"]
+
+
 def test_doc_masked_step_compiles_with_its_doc_lens():
     """compile-check builds the batch the loader gives: with data.doc_masking, doc_lens ride along and
     the splash kernels take the segment ids made from them."""

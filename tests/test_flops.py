@@ -17,7 +17,7 @@ from olmax.cli import app
 from olmax.config import ConfigError
 from olmax.model import olmo3
 from olmax.model.attention import causal_mask
-from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B
+from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
 
 SEQ, BATCH = 8192, 4  # the MaxText write-up's per-device shape
 
@@ -290,21 +290,38 @@ def _dot_flops(jaxpr) -> int:
     return total
 
 
+# The policies checked against the program: each with whether attention's forward runs again on the
+# xla backend, which names its residuals (output and log-sum-exp) `attn_context`.
+_SEEDS = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
+_RECOMPUTE_CASES = {
+    "full": True,
+    "save_qkv_proj": True,
+    "save_dots": True,
+    "q_proj,k_proj,v_proj,o_proj,mlp_gate,mlp_down": True,  # the seeds' set without attn_context
+    _SEEDS: False,
+    "layer_input,q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_up,mlp_down": False,  # every tag
+}
+
+
+def _grad_flops(cfg, tokens, remat: str) -> int:
+    """The matmul FLOPs of the gradient of the model's hidden states with `model.remat=remat`."""
+    c = replace(cfg, remat=remat)
+    grad = jax.grad(lambda p: jnp.sum(olmo3.forward_hidden(p, tokens, c)))
+    return _dot_flops(jax.make_jaxpr(grad)(olmo3.abstract_params(cfg)).jaxpr)
+
+
 def test_recompute_flops_are_the_matmuls_the_backward_pass_runs_again():
     """What each policy adds to the gradient's matmuls over no remat equals recompute_flops: every
-    weight matmul whose output is not kept, and attention's forward under every policy (the `xla`
-    backend's forward here, which computes whole blocks, so it is counted from its own program)."""
-    from olmax.recipes import TINY
-    from olmax.remat import REMAT_TAGS, remat_policy_of
+    weight matmul whose output is not kept, and attention's forward unless `attn_context` is kept (the
+    `xla` backend's forward here, which computes whole blocks, so it is counted from its own program).
+    A backend that stopped naming its residuals, or a count that ignored them, fails the policies
+    that keep `attn_context`; one that named too much fails those that do not."""
+    from olmax.remat import remat_policy_of
 
     cfg = replace(TINY, attention="xla", n_layers=4)
     params = olmo3.abstract_params(cfg)
     batch, seq = 2, 128
     tokens = jnp.zeros((batch, seq), jnp.int32)
-
-    def grad_flops(remat: str) -> int:
-        c = replace(cfg, remat=remat)
-        return _dot_flops(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(olmo3.forward_hidden(p, tokens, c))))(params).jaxpr)
 
     forward = _dot_flops(jax.make_jaxpr(lambda p: olmo3.forward_hidden(p, tokens, cfg))(params).jaxpr)
     weights_forward = flops.exact_step_flops(cfg, seq, batch).weights // flops.TRAIN_PASSES
@@ -313,11 +330,42 @@ def test_recompute_flops_are_the_matmuls_the_backward_pass_runs_again():
     exact_attention = flops.exact_step_flops(cfg, seq, batch).attention // flops.TRAIN_PASSES
     assert attention_forward > 0
 
-    base = grad_flops("none")
-    assert flops.recompute_flops(cfg, seq, batch, None) == 0
-    for remat in ("full", "save_qkv_proj", "save_dots", ",".join(REMAT_TAGS)):
-        saved = remat_policy_of(remat).save
-        counted = flops.recompute_flops(cfg, seq, batch, saved)
-        assert grad_flops(remat) - base == counted - exact_attention + attention_forward, remat
-    # keeping attention's output alone does not spare its forward: the backward reads the log-sum-exp too
-    assert grad_flops(",".join(REMAT_TAGS)) - base == attention_forward
+    base = _grad_flops(cfg, tokens, "none")
+    assert flops.recompute_flops(cfg, seq, batch, None, backend="xla") == 0
+    for remat, attention_again in _RECOMPUTE_CASES.items():
+        counted = flops.recompute_flops(cfg, seq, batch, remat_policy_of(remat).save, backend="xla")
+        # the count has the exact causal pairs; the program, the xla backend's whole blocks
+        expected = counted - exact_attention + attention_forward if attention_again else counted
+        assert _grad_flops(cfg, tokens, remat) - base == expected, remat
+
+
+def test_attention_names_its_residuals_inside_the_context_shard_map():
+    """Under a context-parallel mesh the xla backend runs in a shard_map, each device's chunk of
+    queries against the gathered keys; the names it gives there reach jax.checkpoint's policy:
+    keeping `attn_context` leaves only the weight matmuls recompute_flops counts (the global shapes,
+    outside the shard_map), and dropping it adds the chunks' attention forward back."""
+    from olmax.config import MeshConfig
+    from olmax.remat import remat_policy_of
+    from olmax.sharding import make_mesh
+
+    cfg = replace(TINY, attention="xla", n_layers=2)
+    batch, seq = 4, 128
+    tokens = jnp.zeros((batch, seq), jnp.int32)
+    qkv, kept = "q_proj,k_proj,v_proj", "q_proj,k_proj,v_proj,attn_context"
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, fsdp=-1, context=2, tensor=1))):
+        base, without, with_tag = (_grad_flops(cfg, tokens, remat) for remat in ("none", qkv, kept))
+    assert with_tag - base == flops.recompute_flops(cfg, seq, batch, remat_policy_of(kept).save, backend="xla")
+    assert without > with_tag
+
+
+def test_recompute_flops_count_the_attention_forward_on_cudnn():
+    """cudnn names only its output: keeping `attn_context` still reruns attention's forward there."""
+    from olmax.remat import remat_policy_of
+
+    saved = remat_policy_of(_SEEDS).save
+    attention = flops.exact_step_flops(OLMO3_7B, 8192, 4).attention // flops.TRAIN_PASSES
+    on_cudnn = flops.recompute_flops(OLMO3_7B, 8192, 4, saved, backend="cudnn")
+    assert on_cudnn - flops.recompute_flops(OLMO3_7B, 8192, 4, saved, backend="splash") == attention
+    assert on_cudnn == flops.recompute_flops(OLMO3_7B, 8192, 4, saved, backend="xla") + attention
+    with pytest.raises(ValueError, match="unknown attention backend 'auto'"):
+        flops.recompute_flops(OLMO3_7B, 8192, 4, saved, backend="auto")

@@ -96,7 +96,9 @@ def test_remat_changes_nothing(policy):
 @pytest.mark.parametrize("tag", REMAT_TAGS)
 def test_each_tag_names_the_activation_its_policy_keeps(tag, capsys):
     """A policy of one tag keeps that block activation for the backward pass and no other (besides
-    the block's arguments and RoPE tables, which jax.checkpoint always keeps)."""
+    the block's arguments and RoPE tables, which jax.checkpoint always keeps). `attn_context` is what
+    the attention backend's backward reads, named by the backend (the xla backend here): its output
+    in its (batch, kv head, position x group, head_dim) layout and each row's log-sum-exp."""
     params = jax.tree.map(lambda w: w[0], random_params(CFG, jax.random.key(3))["layers"])
     x = jax.random.normal(jax.random.key(4), (2, 16, CFG.d_model))
     cos, sin = rope_tables(CFG, 16, False)
@@ -105,12 +107,16 @@ def test_each_tag_names_the_activation_its_policy_keeps(tag, capsys):
         lambda p, x: block(CFG, p, x, cos, sin, attend)[0], policy=checkpoint_policy(remat_policy_of(tag))
     )
     q, kv, d, f = CFG.n_heads * CFG.head_dim, CFG.n_kv_heads * CFG.head_dim, CFG.d_model, CFG.mlp_hidden
-    width = dict(
-        layer_input=d, q_proj=q, k_proj=kv, v_proj=kv, attn_context=q, o_proj=d, mlp_gate=f, mlp_up=f, mlp_down=d
+    width = dict(layer_input=d, q_proj=q, k_proj=kv, v_proj=kv, o_proj=d, mlp_gate=f, mlp_up=f, mlp_down=d)
+    kv_heads, rows = CFG.n_kv_heads, 16 * (CFG.n_heads // CFG.n_kv_heads)  # rows: (position, group)
+    expected = (
+        [f"f32[2,{kv_heads},{rows},{CFG.head_dim}] named '{tag}'", f"f32[2,{kv_heads},{rows},1] named '{tag}'"]
+        if tag == "attn_context"
+        else [f"f32[2,16,{width[tag]}] named '{tag}'"]
     )
     print_saved_residuals(run, params, x)
     kept = [line.split(" from ")[0] for line in capsys.readouterr().out.splitlines() if " named " in line]
-    assert kept == [f"f32[2,16,{width[tag]}] named '{tag}'"]
+    assert kept == expected
 
 
 @pytest.mark.parametrize("mesh", [MeshConfig(data=1, fsdp=8, tensor=1), MeshConfig(data=2, fsdp=2, tensor=2)])

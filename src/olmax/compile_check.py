@@ -34,7 +34,7 @@ import jax
 
 from olmax.chips import Chip, chip_of_device_kind, chip_of_topology, compiler_options, gpu_cluster
 from olmax.config import ConfigError, ExperimentConfig
-from olmax.flops import exact_step_flops
+from olmax.flops import exact_step_flops, recompute_flops
 from olmax.model.attention import cudnn_target, resolve_backend
 from olmax.remat import REMAT_TAGS, remat_policy_of
 from olmax.sharding import describe_node_split, make_mesh
@@ -44,6 +44,9 @@ from olmax.train_step import batch_layout, batch_sharding, make_train_step
 GIB = 2**30
 # How a Mosaic (Pallas TPU) kernel appears in compiled TPU HLO; the step's only ones are attention's.
 MOSAIC_CALL = 'custom_call_target="tpu_custom_call"'
+# A Mosaic call's instruction is named after its kernel (splash_mha_fwd_residuals.3 = ... custom-call):
+# the kernel's name, without the numbering XLA appends
+MOSAIC_KERNEL = re.compile(r"^\s*(?:ROOT )?%([A-Za-z_]+)[.\w]* = [^\n]*" + re.escape(MOSAIC_CALL), re.MULTILINE)
 # How cuDNN's fused attention appears in compiled GPU HLO: forward and backward calls
 # (__cudnn$fmhaSoftmax, __cudnn$fmhaSoftmaxBackward, ...).
 CUDNN_ATTENTION_CALL = 'custom_call_target="__cudnn$fmha'
@@ -203,6 +206,9 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
     nodes = len({d.process_index for d in devices}) if platform == "gpu" else None
     seq_len = cfg.data.seq_len
     model_flops = exact_step_flops(cfg.model, seq_len, cfg.trainer.global_batch).total / mesh.size
+    backend = resolve_backend(cfg.model.attention, platform, cfg.model.compute_dtype, doc_masking=cfg.data.doc_masking)
+    saved = None if policy is None else policy.save
+    recompute = recompute_flops(cfg.model, seq_len, cfg.trainer.global_batch, saved, backend=backend) / mesh.size
     return {
         "recipe": cfg.name,
         "platform": platform,
@@ -221,9 +227,7 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         # the block activations the backward pass reads back (no remat: all of them and more)
         "saved": list(REMAT_TAGS) if policy is None else list(policy.save),
         "offloaded": [] if policy is None else list(policy.offload),
-        "attention": resolve_backend(
-            cfg.model.attention, platform, cfg.model.compute_dtype, doc_masking=cfg.data.doc_masking
-        ),
+        "attention": backend,
         "libtpu_flags": sorted(chip.libtpu_flags) if platform == "tpu" and chip is not None else [],
         "xla_flags": sorted(chip.xla_flags) if platform == "gpu" and chip is not None else [],
         # GPU: the nodes of the cluster (processes), one per distinct process_index, and how the mesh
@@ -244,8 +248,14 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         # GPU: the cuDNN calls by kind (forward, backward); each is one call site of the compiled program,
         # so a loop body's calls count once (the layer scan) and an unrolled loop's twice
         "cudnn_calls": dict(collections.Counter(re.findall(r'custom_call_target="(__cudnn\$fmha\w*)"', hlo))),
+        # TPU: the Mosaic calls by kernel (splash's forward, dq and dkv), call sites as above; a forward
+        # the backward pass runs again is a second forward call site per layer
+        "mosaic_calls": dict(collections.Counter(MOSAIC_KERNEL.findall(hlo))),
         "hlo_flops_per_device": _hlo_flops(compiled),
         "model_flops_per_device": model_flops,
+        # the forward work the remat policy runs again in the backward pass (olmax.flops.recompute_flops)
+        "recompute_flops_per_device": recompute,
+        "hardware_flops_per_device": model_flops + recompute,
     }
 
 
@@ -276,7 +286,8 @@ def format_report(r: dict) -> str:
         f"remat {r['remat']} (keeps {', '.join(r['saved']) or 'nothing'}"
         f"{'; offloads ' + ', '.join(r['offloaded']) if r['offloaded'] else ''}); "
         f"attention {r['attention']} ({r['attention_kernel_calls']} "
-        f"{'cuDNN' if r['platform'] == 'gpu' else 'Mosaic'} kernel calls)",
+        f"{'cuDNN' if r['platform'] == 'gpu' else 'Mosaic'} kernel calls"
+        f"{': ' + ', '.join(f'{n} {k}' for k, n in sorted(r['mosaic_calls'].items())) if r['mosaic_calls'] else ''})",
         f"lowered in {r['lower_s']:.1f} s, compiled in {r['compile_s']:.1f} s",
         f"per device: parameters {r['params_gib']:.2f} GiB, optimizer state {r['opt_state_gib']:.2f} GiB; XLA: "
         f"arguments {d['arguments_gib']:.2f} + outputs {d['outputs_gib']:.2f} + temporaries {d['temporaries_gib']:.2f}"
@@ -288,8 +299,10 @@ def format_report(r: dict) -> str:
             f"{'fits' if r['fits'] else 'DOES NOT FIT'} (budget {r['hbm_headroom']:.0%})"
         )
     hlo = r["hlo_flops_per_device"]
+    model, hardware = r["model_flops_per_device"], r["hardware_flops_per_device"]
     lines.append(
-        f"TFLOP per device per step: model {r['model_flops_per_device'] / 1e12:.1f}, "
+        f"TFLOP per device per step: model {model / 1e12:.1f}, "
+        f"run with remat's recompute {hardware / 1e12:.1f} ({hardware / model:.3f}x), "
         f"XLA cost analysis {'n/a' if hlo is None else f'{hlo / 1e12:.1f}'}"
     )
     return "\n".join(lines)

@@ -23,7 +23,9 @@ from typing import Optional
 
 from olmax.chips import get_chip
 from olmax.config import ConfigError, ModelConfig
+from olmax.model.attention import BACKENDS, NAMED_RESIDUALS
 from olmax.model.olmo3 import count_params
+from olmax.remat import ATTENTION_TAG
 
 # Forward + backward = 3 forward passes of matmul work (see the module docstring).
 TRAIN_PASSES = 3
@@ -210,7 +212,7 @@ def format_report(report: dict) -> str:
 
 
 # The forward matmul each tagged activation comes out of (olmax.remat.REMAT_TAGS); a tag missing
-# here (layer_input, attn_context) costs no matmul to recompute.
+# here (layer_input, attn_context) costs no weight matmul to recompute.
 def _tag_matmul_flops_per_token(cfg: ModelConfig) -> dict[str, int]:
     d, hd, f = cfg.d_model, cfg.head_dim, cfg.mlp_hidden
     return {
@@ -225,22 +227,26 @@ def _tag_matmul_flops_per_token(cfg: ModelConfig) -> dict[str, int]:
 
 
 def recompute_flops(
-    cfg: ModelConfig, seq_len: int, batch: int, saved: Optional[tuple[str, ...]], *, attention_saved: bool = False
+    cfg: ModelConfig, seq_len: int, batch: int, saved: Optional[tuple[str, ...]], *, backend: str
 ) -> int:
     """Forward matmul FLOPs per device per step that rematerialisation runs again in the backward
-    pass, keeping the tagged activations `saved` (None: no rematerialisation, nothing recomputed).
+    pass, keeping the tagged activations `saved` (None: no rematerialisation, nothing recomputed),
+    with the attention backend `backend` (a name of attention.BACKENDS, resolved: not `auto`).
 
     Every weight matmul whose output is not kept is recomputed (the backward pass reads each one's
-    output, or needs it to rebuild one it reads). Attention's forward is recomputed unless its output
-    AND its log-sum-exp are kept (`attention_saved`): the attention kernels' backward reads both,
-    and olmax's `attn_context` tag names only the output, so under any olmax policy attention's
-    forward runs twice; MaxText names both `context`.
+    output, or needs it to rebuild one it reads). Attention's forward is recomputed unless what its
+    backward reads, the output and each row's log-sum-exp, is kept: `attn_context` kept on a backend
+    that names both (attention.NAMED_RESIDUALS: splash, xla; MaxText's splash, which names both
+    `context`, counts as splash). cudnn names only its output, so its forward always runs again.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; resolve it first (known: {', '.join(BACKENDS)})")
     if saved is None:
         return 0
     _check_shape(seq_len, batch)
     per_token = sum(f for tag, f in _tag_matmul_flops_per_token(cfg).items() if tag not in saved)
     weights = cfg.n_layers * batch * seq_len * per_token
     pairs = sum(attended_pairs(seq_len, cfg.layer_window(i)) for i in range(cfg.n_layers))
-    attention = 0 if attention_saved else batch * pairs * _attention_flops_per_pair(cfg)
+    attention_kept = ATTENTION_TAG in saved and backend in NAMED_RESIDUALS
+    attention = 0 if attention_kept else batch * pairs * _attention_flops_per_pair(cfg)
     return weights + attention

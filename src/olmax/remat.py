@@ -1,6 +1,7 @@
-"""Rematerialisation: the activations a transformer block names (olmax.model.olmo3 tags them with
-`checkpoint_name`) and the policies, sets of those names, that `model.remat` selects: what a block
-keeps for its backward pass, the rest being recomputed (docs/model.md, docs/performance.md)."""
+"""Rematerialisation: the activations a transformer block names with `checkpoint_name`
+(olmax.model.olmo3 tags them, olmax.model.attention tags attention's) and the policies, sets of
+those names, that `model.remat` selects: what a block keeps for its backward pass, the rest being
+recomputed (docs/model.md, docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from olmax.errors import ConfigError
 @dataclass(frozen=True)
 class RematPolicy:
     """What a rematerialised block keeps for its backward pass; the rest is recomputed. Both are
-    sets of the activations olmax.model.olmo3 tags (REMAT_TAGS)."""
+    sets of the block's named activations (REMAT_TAGS)."""
 
     save: tuple[str, ...] = ()
     """Tagged activations kept in device memory."""
@@ -21,22 +22,32 @@ class RematPolicy:
     """Tagged activations moved to host memory and back (TPU and GPU only)."""
 
 
+# Attention's result is named by the attention backends (olmax.model.attention), not by the block:
+# what the backward pass of a fused kernel reads is its output in the kernel's own layout (heads
+# first) and each row's log-sum-exp, and only a backend can name those. splash and xla name both, so
+# keeping this tag spares the backward pass attention's forward; cudnn (jax.nn.dot_product_attention,
+# whose residuals cannot be named) names only its output, and its backward still reruns the forward.
+# The block does not tag the (batch, seq, heads x head_dim) view it feeds the output projection: a
+# second, transposed copy of the same values (8 GiB on the 7B at 4 x 8192 tokens per device).
+ATTENTION_TAG = "attn_context"
+
 # The activations a block names with checkpoint_name, in the order they are computed: the block's
-# input, the attention projections (before the QK-norm), attention's output before the output
-# projection, the output projection (before its norm), and the MLP's three matmuls (down: before
-# its norm). Every weight matmul of the block is one of the *_proj / mlp_* tags.
+# input, the attention projections (before the QK-norm), attention's result (ATTENTION_TAG), the
+# output projection (before its norm), and the MLP's three matmuls (down: before its norm). Every
+# weight matmul of the block is one of the *_proj / mlp_* tags.
 REMAT_TAGS = (
     "layer_input",
     "q_proj",
     "k_proj",
     "v_proj",
-    "attn_context",
+    ATTENTION_TAG,
     "o_proj",
     "mlp_gate",
     "mlp_up",
     "mlp_down",
 )
 _QKV = ("q_proj", "k_proj", "v_proj")
+
 
 # The remat table: model.remat -> policy, None = no rematerialisation. Named, as MaxText's
 # `remat_policy` is, by what they save (MaxText src/MaxText/layers/decoders.py, get_remat_policy);

@@ -20,6 +20,12 @@ Context parallelism: under a mesh whose `context` axis splits the sequence, each
 own contiguous chunk of queries and all-gathers keys, values and their segment ids over `context`
 (one gather of K and one of V per layer; their gradients come back through its transpose, a
 reduce-scatter). The causal, window and document masks then use the chunk's global query offset.
+
+Rematerialisation: every backend names attention's result `attn_context` (remat.ATTENTION_TAG) with
+`checkpoint_name`, inside its shard_map where it has one (jax.checkpoint's policy sees names there
+too). splash and xla name what their backward pass reads, the output in the kernel's layout and each
+row's log-sum-exp (NAMED_RESIDUALS), so a policy keeping the tag does not run attention's forward
+again; cudnn names only its output.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax.config import MASKING_BACKENDS, SplashBlocks
+from olmax.remat import ATTENTION_TAG
 from olmax.sharding import logical_to_spec
 
 log = logging.getLogger(__name__)
@@ -266,6 +274,8 @@ def _banded_forward(q, k, v, segments, offset, window, group):
         return carry, ((out / total).astype(v.dtype), m + jnp.log(total))
 
     _, (out, lse) = _over_blocks(block, None, _blocks(q.shape[2] // group, k.shape[2], window, XLA_BLOCK, offset))
+    # the residuals a policy keeping ATTENTION_TAG saves, so that the backward pass needs no forward
+    out, lse = checkpoint_name(out, ATTENTION_TAG), checkpoint_name(lse, ATTENTION_TAG)
     return out, (q, k, v, segments, offset, out, lse)
 
 
@@ -424,7 +434,8 @@ def _cudnn_attention(q, k, v, window):
             f"attention backend 'cudnn' needs bfloat16 or float16 inputs, got {q.dtype}; "
             "set model.compute_dtype=bfloat16 or use model.attention=xla"
         )
-    return dot_product_attention(q, k, v, window, "cudnn")
+    # jax's call names none of its residuals: keeping its output still reruns the forward
+    return checkpoint_name(dot_product_attention(q, k, v, window, "cudnn"), ATTENTION_TAG)
 
 
 # Splash attention tiles the (query, key) plane into blocks and skips blocks the mask empties, so a
@@ -472,6 +483,8 @@ def _splash_kernel(
         block_sizes=sizes,
         head_shards=head_shards,
         q_seq_shards=q_seq_shards,
+        # the kernel's output and log-sum-exp, what its backward pass reads, heads first
+        residual_checkpoint_name=ATTENTION_TAG,
         interpret=interpret,
     )
 
@@ -527,6 +540,10 @@ def _splash_attention(q, k, v, window, blocks: SplashBlocks, segments=None):
 
     return _per_shard(layout, chunk, q, k, v, segments, kernel, extra_specs=(kernel_spec,))
 
+
+# The backends whose ATTENTION_TAG names everything their backward pass reads of the forward
+# (output and log-sum-exp): keeping the tag spares the forward (olmax.flops.recompute_flops).
+NAMED_RESIDUALS = frozenset({"xla", "splash"})
 
 BACKENDS: dict[str, Callable] = {
     "xla": _xla_attention,

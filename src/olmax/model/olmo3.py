@@ -133,7 +133,8 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), cos, sin)
     k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin)
     attn, extra = attend(q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim))
-    attn = checkpoint_name(attn.reshape(b, t, -1), "attn_context")
+    # the attention backend names its own result (remat.ATTENTION_TAG): not tagged again here
+    attn = attn.reshape(b, t, -1)
     h = x + rms_norm(checkpoint_name(attn @ p["o_proj"], "o_proj"), p["attn_norm"], cfg.norm_eps)
     gate = checkpoint_name(h @ p["gate_proj"], "mlp_gate")
     up = checkpoint_name(h @ p["up_proj"], "mlp_up")
