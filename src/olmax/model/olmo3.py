@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import jax
@@ -106,6 +107,49 @@ def count_params(cfg: ModelConfig) -> int:
 # Forward
 
 
+@jax.custom_vjp
+def dense(x, w):
+    """x @ w in x's dtype: w (float32 in training) is rounded to the compute dtype first, as FSDP's
+    `param_dtype=bfloat16` rounds OLMo-core's weights. The hand-written backward returns dx in x's
+    dtype but computes w's gradient as a float32 dot: autodiff's would be a bf16 dot, whose partial sums
+    over the sharded batch the SPMD partitioner then adds across devices in bf16, where OLMo-core's FSDP
+    (`reduce_dtype=float32`) sums the gradients in float32."""
+    return x @ w.astype(x.dtype)
+
+
+def _dense_fwd(x, w):
+    return dense(x, w), (x, w)  # w, not its rounded copy: the stored weight costs no new memory
+
+
+def _dense_bwd(res, dy):
+    x, w = res
+    dx = dy @ w.astype(dy.dtype).T
+    dw = jnp.einsum("...i,...o->io", x, dy, preferred_element_type=jnp.float32)
+    return dx, dw.astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def rounded(w, dtype):
+    """w rounded to `dtype` and kept in w's dtype: how the norms see their weights (FSDP's param_dtype
+    rounds them too). The gradient passes through unrounded; autodiff's would go through `dtype` and
+    leave XLA a bf16 sum across devices."""
+    return w.astype(dtype).astype(w.dtype)
+
+
+def _rounded_fwd(w, dtype):
+    return rounded(w, dtype), None
+
+
+def _rounded_bwd(dtype, _, g):
+    return (g,)
+
+
+rounded.defvjp(_rounded_fwd, _rounded_bwd)
+
+
 def rms_norm(x, weight, eps: float):
     """In float32, weight applied in float32, cast back to x's dtype (OLMo-core full precision)."""
     xf = x.astype(jnp.float32)
@@ -116,7 +160,8 @@ def rms_norm(x, weight, eps: float):
 def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     """One reordered-norm block: the only one, for training, scoring and KV-cache decoding.
 
-    p holds this layer's (unstacked) weights in compute dtype; cos/sin are RoPE tables of shape
+    p holds this layer's (unstacked) weights as stored, float32 in training: the block rounds each to x's
+    dtype (the compute dtype) where it uses it (`dense`, `rounded`). cos/sin are RoPE tables of shape
     (seq, head_dim), or (batch, seq, head_dim) when rows sit at different positions (decoding).
     `attend(q, k, v)` with q (batch, seq, heads, head_dim) and k, v (batch, seq, kv_heads, head_dim)
     returns (attention output shaped like q, extra): `self_attention` attends within the sequence
@@ -126,20 +171,21 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     b, t, _ = x.shape
     # checkpoint_name tags the activations a remat policy keeps (olmax.remat.REMAT_TAGS); outside
     # jax.checkpoint it is the identity
+    norm = lambda y, name: rms_norm(y, rounded(p[name], x.dtype), cfg.norm_eps)
     x = checkpoint_name(x, "layer_input")
-    q = rms_norm(checkpoint_name(x @ p["q_proj"], "q_proj"), p["q_norm"], cfg.norm_eps)
-    k = rms_norm(checkpoint_name(x @ p["k_proj"], "k_proj"), p["k_norm"], cfg.norm_eps)
-    v = checkpoint_name(x @ p["v_proj"], "v_proj")
+    q = norm(checkpoint_name(dense(x, p["q_proj"]), "q_proj"), "q_norm")
+    k = norm(checkpoint_name(dense(x, p["k_proj"]), "k_proj"), "k_norm")
+    v = checkpoint_name(dense(x, p["v_proj"]), "v_proj")
     q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), cos, sin)
     k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin)
     attn, extra = attend(q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim))
     # the attention backend names its own result (remat.ATTENTION_TAG): not tagged again here
     attn = attn.reshape(b, t, -1)
-    h = x + rms_norm(checkpoint_name(attn @ p["o_proj"], "o_proj"), p["attn_norm"], cfg.norm_eps)
-    gate = checkpoint_name(h @ p["gate_proj"], "mlp_gate")
-    up = checkpoint_name(h @ p["up_proj"], "mlp_up")
-    mlp = checkpoint_name((jax.nn.silu(gate) * up) @ p["down_proj"], "mlp_down")
-    return h + rms_norm(mlp, p["mlp_norm"], cfg.norm_eps), extra
+    h = x + norm(checkpoint_name(dense(attn, p["o_proj"]), "o_proj"), "attn_norm")
+    gate = checkpoint_name(dense(h, p["gate_proj"]), "mlp_gate")
+    up = checkpoint_name(dense(h, p["up_proj"]), "mlp_up")
+    mlp = checkpoint_name(dense(jax.nn.silu(gate) * up, p["down_proj"]), "mlp_down")
+    return h + norm(mlp, "mlp_norm"), extra
 
 
 def self_attention(cfg: ModelConfig, window: Optional[int], segments: Optional[jnp.ndarray] = None) -> Callable:
@@ -179,10 +225,10 @@ def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
     layers = [(layer(cfg.layer_window(i)), cfg.layer_rope_scaled(i)) for i in range(first, first + n)]
 
     def run(x, group_params, ropes, segments):
-        cdt = jnp.dtype(cfg.compute_dtype)
         outputs = []
         for i, (run_layer, scaled) in enumerate(layers):
-            p = jax.tree.map(lambda w: w[i].astype(cdt), group_params)  # noqa: B023 - applied at once
+            # this layer's weights as stored: the block rounds them to the compute dtype (see `dense`)
+            p = jax.tree.map(lambda w: w[i], group_params)  # noqa: B023 - applied at once
             x = constrain(run_layer(p, x, *ropes[scaled], segments), ACTIVATION_AXES)
             outputs.append(x)
         return x, (jnp.stack(outputs) if collect else None)
