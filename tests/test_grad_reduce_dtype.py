@@ -89,6 +89,9 @@ def test_block_gradients_are_summed_in_float32_and_weights_gathered_in_bf16(mesh
     gathered = _block_arrays(found, ("all-gather",))
     assert gathered["f32"] == 0, sorted(k for k in found if k[1] == "f32" and k[0] == "all-gather")
     assert gathered["bf16"] >= MATRICES * MODEL.n_layers
+    # nothing at all is summed in bf16: the embedding's gradient (olmax.sharding.lookup_rows) neither
+    bf16_sums = sorted(k for k in found if k[1] == "bf16" and k[0] in ("reduce-scatter", "all-reduce"))
+    assert bf16_sums == []
 
 
 def test_dense_is_a_bf16_matmul_with_a_float32_weight_gradient():

@@ -26,11 +26,13 @@ The mesh follows the hardware (`make_mesh`):
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
@@ -190,6 +192,28 @@ def _mesh_axes(entry) -> tuple[str, ...]:
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rows(table, ids, dtype):
+    """`table.astype(dtype)[ids]` whose gradient is scattered and summed in the table's dtype (float32 in
+    training). Autodiff's would scatter-add the bf16 cotangent into a bf16 table, so the embedding
+    gradient would be summed across devices in bf16, where OLMo-core's FSDP (`reduce_dtype=float32`)
+    sums in float32 (the block weights do so through olmax.model.olmo3.dense)."""
+    return table.astype(dtype)[ids]
+
+
+def _rows_fwd(table, ids, dtype):
+    return _rows(table, ids, dtype), (table, ids)  # the table for its shape: it is live anyway
+
+
+def _rows_bwd(dtype, residuals, g):
+    table, ids = residuals
+    grad = jnp.zeros(table.shape, table.dtype).at[ids].add(g.astype(table.dtype))
+    return grad, np.zeros(ids.shape, jax.dtypes.float0)  # ids are integers: a float0 cotangent
+
+
+_rows.defvjp(_rows_fwd, _rows_bwd)
+
+
 def lookup_rows(table, ids, dtype):
     """`table.astype(dtype)[ids]`: the embedding lookup of a table with logical axes (vocab, embed) by
     ids (batch, seq), giving (batch, seq, embed) rows laid out as the residual stream.
@@ -208,24 +232,30 @@ def lookup_rows(table, ids, dtype):
     the table's column axes alone, XLA's reshard is already one all-to-all."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return table.astype(dtype)[ids]
+        return _rows(table, ids, dtype)
     table_spec = logical_to_spec(("vocab", "embed"), table.shape, mesh)
     ids_spec = logical_to_spec(("batch", "seq"), ids.shape, mesh)
     vocab_axes, col_axes = _mesh_axes(table_spec[0]), _mesh_axes(table_spec[1])
     row_axes = set(_mesh_axes(ids_spec[0]))
     if not col_axes or not set(col_axes) < row_axes:
-        return table.astype(dtype)[ids]
+        return _rows(table, ids, dtype)
+
+    batch_only = tuple(a for a in _mesh_axes(ids_spec[0]) + _mesh_axes(ids_spec[1]) if a not in vocab_axes + col_axes)
 
     def local(table, ids):  # table: (vocab shard, column shard); ids: this device's (rows, seq)
         ids = jax.lax.all_gather(ids, col_axes, axis=0, tiled=True)  # the rows of the fsdp group
-        table = table.astype(dtype)
+        # the table's copies over the batch-only axes (data) take different gradients: made varying
+        # explicitly, whose transpose sums them (in float32, as `_rows` returns them)
+        table = jax.lax.pcast(table, batch_only, to="varying") if batch_only else table
         if vocab_axes:  # each vocabulary shard contributes the rows it holds, zeros elsewhere
             n = table.shape[0]
             local_ids = ids - jax.lax.axis_index(vocab_axes) * n
             held = (local_ids >= 0) & (local_ids < n)
-            rows = jax.lax.psum(jnp.where(held[..., None], table[jnp.clip(local_ids, 0, n - 1)], 0), vocab_axes)
+            rows = jax.lax.psum(
+                jnp.where(held[..., None], _rows(table, jnp.clip(local_ids, 0, n - 1), dtype), 0), vocab_axes
+            )
         else:
-            rows = table[ids]
+            rows = _rows(table, ids, dtype)
         # (group rows, seq, own columns) -> (own rows, seq, all columns), in the fsdp order of both
         return jax.lax.all_to_all(rows, col_axes, split_axis=0, concat_axis=2, tiled=True)
 
