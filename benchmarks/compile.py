@@ -171,8 +171,8 @@ MAXTEXT_MODELS = {
 
 
 SWEEP_HEAD = (
-    "| recipe | slice | per-device batch | kept (besides each block's input) | framework | heap GiB | limit GiB "
-    "| fits | hardware / model FLOPs |\n" + "|---" * 9 + "|"
+    "| recipe | slice | per-device batch (micro-batches) | kept (besides each block's input) | framework "
+    "| heap GiB | limit GiB | fits | hardware / model FLOPs |\n" + "|---" * 9 + "|"
 )
 
 
@@ -233,7 +233,7 @@ def olmax_cmd(recipe: str, topology: str, policy: str, json_out: Path) -> list[s
 
 
 def maxtext_cmd(
-    python: str, recipe: str, topology: str, per_device: int, seq_len: int, saved, chip, json_out: Path
+    python: str, recipe: str, topology: str, per_device: int, micro: int, seq_len: int, saved, chip, json_out: Path
 ) -> list[str]:
     from olmax.chips import libtpu_init_args
 
@@ -244,6 +244,7 @@ def maxtext_cmd(
         [python, script, "--topology", MAXTEXT_TOPOLOGIES[topology], "--model", model]
         + [
             f"--per-device-batch={per_device}",
+            f"--accumulation={per_device // micro}",
             f"--seq-len={seq_len}",
             f"--save={save}",
             f"--flags={libtpu_init_args(chip)}",
@@ -271,6 +272,7 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
             cfg = resolve(recipe, None, [f"model.remat={policy}"])
             devices = math.prod(int(n) for n in topology.split(":")[1].split("x")) * chip.devices_per_chip
             per_device = cfg.trainer.global_batch // devices
+            micro = min(cfg.trainer.micro_batch_size or per_device, per_device)  # as olmax's batch_layout
             saved = remat_policy_of(policy).save
             model = exact_step_flops(cfg.model, cfg.data.seq_len, per_device).total
             work = Path(tempfile.mkdtemp(prefix="remat-sweep-"))
@@ -280,7 +282,8 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
             runs = [("olmax", olmax_cmd(recipe, topology, policy, work / "olmax.json"), backend)]
             if maxtext_python and recipe in MAXTEXT_MODELS and topology in MAXTEXT_TOPOLOGIES:
                 out = work / "maxtext.json"
-                cmd = maxtext_cmd(maxtext_python, recipe, topology, per_device, cfg.data.seq_len, saved, chip, out)
+                seq = cfg.data.seq_len
+                cmd = maxtext_cmd(maxtext_python, recipe, topology, per_device, micro, seq, saved, chip, out)
                 # MaxText's splash names its output and log-sum-exp `context`, as olmax's splash does
                 runs.append(("maxtext", cmd, "splash"))
             limit = chip.hbm_limit_gib
@@ -296,6 +299,7 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
                     "recipe": recipe,
                     "topology": topology,
                     "per_device_batch": per_device,
+                    "micro_batch": micro,
                     "saved": list(saved),
                     "framework": framework,
                     "heap_gib": heap,
@@ -310,7 +314,7 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
                 cells = [
                     recipe,
                     topology,
-                    per_device,
+                    per_device if micro == per_device else f"{per_device} ({per_device // micro} x {micro})",
                     policy,
                     framework,
                     heap_text,
