@@ -243,7 +243,9 @@ def maxtext_cmd(
     return (
         [python, script, "--topology", MAXTEXT_TOPOLOGIES[topology], "--model", model]
         + [
-            f"--per-device-batch={per_device}",
+            # MaxText's per_device_batch_size is one micro-batch; gradient_accumulation_steps multiplies it
+            # (its pyconfig: global batch = devices x per_device_batch_size x accumulation steps)
+            f"--per-device-batch={micro}",
             f"--accumulation={per_device // micro}",
             f"--seq-len={seq_len}",
             f"--save={save}",

@@ -45,8 +45,8 @@ def argv_for(args, base_yml: str) -> list[str]:
         f"compile_topology={args.topology}",
         "compile_topology_num_slices=1",
         f"per_device_batch_size={args.per_device_batch}",
-        # MaxText splits each device's batch into this many micro-batches (its input pipelines divide
-        # the local batch by it), as olmax's trainer.micro_batch_size does
+        # micro-batches per step, each of per_device_batch_size rows per device (MaxText's pyconfig
+        # multiplies the global batch by it), as olmax's trainer.micro_batch_size splits a step
         f"gradient_accumulation_steps={args.accumulation}",
         f"max_target_length={args.seq_len}",
         "weight_dtype=float32",
@@ -67,7 +67,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", required=True, help="MaxText's name of the slice: tpu7x-128, v5p-128, ...")
     p.add_argument("--model", default="olmo3-7b-pt")
-    p.add_argument("--per-device-batch", type=int, default=4)
+    p.add_argument("--per-device-batch", type=int, default=4, help="rows per device in one micro-batch")
     p.add_argument("--accumulation", type=int, default=1, help="micro-batches per step (gradient accumulation)")
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--save", default="", help="comma-separated MaxText tensors kept on the device ('' = full)")
