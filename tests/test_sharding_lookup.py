@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
+from models import tiny_eval_model
 
 from olmax.config import MeshConfig
 from olmax.loss import output_loss
@@ -52,20 +53,10 @@ def test_lookup_rows_and_gradient_equal_one_device(name):
     np.testing.assert_allclose(grad, jax.grad(loss)(table, ids), rtol=1e-6, atol=1e-6)
 
 
-# The tiny recipe's model cut to one small layer, with a vocabulary that every mesh axis divides
+# The tiny recipe with one small layer (the evaluation tests' model), over a vocabulary that every
+# mesh axis divides
 SMALL = replace(
-    get_recipe("tiny"),
-    model=replace(
-        get_recipe("tiny").model,
-        vocab_size=256,
-        d_model=32,
-        n_layers=1,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=8,
-        mlp_hidden=64,
-        sliding_window=8,
-    ),
+    get_recipe("tiny"), model=tiny_eval_model(vocab_size=256, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8)
 )
 
 
