@@ -11,7 +11,8 @@ settings, and prints the markdown table docs/performance.md shows. One row:
     .venv/bin/python benchmarks/compile.py --recipe olmo3_7b_stage1 --topology tpu7x:4x4x4 --set ''
 
 --remat-sweep compiles each recipe and slice of SWEEP with each remat policy of SWEEP_POLICIES (or
---policy ...), olmax's step and, with --maxtext-python / $MAXTEXT_PYTHON, MaxText's own
+--policy ...), olmax's step (twice: the backward pass's order left to the compiler, and serial,
+model.remat_serial) and, with --maxtext-python / $MAXTEXT_PYTHON, MaxText's own
 (maxtext_compile.py), and prints the compiler's heap, whether it fits and the recompute each policy
 costs (docs/performance.md, "A leaner backward and the remat sweep"):
 
@@ -227,9 +228,9 @@ def heap_of(cmd: list[str], env: dict, dump: Path, timeout: float, limit: float)
     return None, note + "no memory report"
 
 
-def olmax_cmd(recipe: str, topology: str, policy: str, json_out: Path) -> list[str]:
+def olmax_cmd(recipe: str, topology: str, policy: str, serial: bool, json_out: Path) -> list[str]:
     cmd = [sys.executable, "-m", "olmax.cli", "compile-check", "--recipe", recipe, "--topology", topology]
-    return cmd + [f"model.remat={policy}", "--json", str(json_out)]
+    return cmd + [f"model.remat={policy}", f"model.remat_serial={str(serial).lower()}", "--json", str(json_out)]
 
 
 def maxtext_cmd(
@@ -281,7 +282,11 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
             backend = resolve_backend(
                 cfg.model.attention, chip.platform, cfg.model.compute_dtype, doc_masking=cfg.data.doc_masking
             )
-            runs = [("olmax", olmax_cmd(recipe, topology, policy, work / "olmax.json"), backend)]
+            # olmax twice: the backward's order left to the compiler, and serial (model.remat_serial)
+            runs = [
+                (name, olmax_cmd(recipe, topology, policy, serial, work / f"{name}.json"), backend)
+                for name, serial in (("olmax", False), ("olmax-serial", True))
+            ]
             if maxtext_python and recipe in MAXTEXT_MODELS and topology in MAXTEXT_TOPOLOGIES:
                 out = work / "maxtext.json"
                 seq = cfg.data.seq_len

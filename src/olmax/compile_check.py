@@ -227,6 +227,7 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         # the block activations the backward pass reads back (no remat: all of them and more)
         "saved": list(REMAT_TAGS) if policy is None else list(policy.save),
         "offloaded": [] if policy is None else list(policy.offload),
+        "remat_serial": policy is not None and cfg.model.remat_serial,
         "attention": backend,
         "libtpu_flags": sorted(chip.libtpu_flags) if platform == "tpu" and chip is not None else [],
         "xla_flags": sorted(chip.xla_flags) if platform == "gpu" and chip is not None else [],

@@ -32,7 +32,7 @@ WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 # "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
 # from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
 # - how the same weights are computed: precision, attention kernel, rematerialisation;
-RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "attention", "splash_blocks", "remat")
+RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "attention", "splash_blocks", "remat", "remat_serial")
 # - the context it is trained for, as AI2's long-context stage extends the stage-2 model with YaRN
 #   and a longer max_position (a resume of the same run lists these as config changes);
 CONTEXT_FIELDS = (
@@ -188,6 +188,10 @@ class ModelConfig:
     whole block, save_dots: keep every weight matmul's output, or a policy named by the activations it
     keeps or offloads to host memory), or the activations to keep as comma-separated tags of
     REMAT_TAGS, e.g. q_proj,k_proj,v_proj,attn_context (docs/model.md)."""
+    remat_serial: bool = False
+    """With remat: the backward pass finishes each block, its weight gradients included, before it
+    recomputes the block below (optimization barriers); false leaves that order to the compiler.
+    Changes memory, never values; which is leaner depends on the step (docs/performance.md)."""
 
     def __post_init__(self):
         _check_choice("model.param_dtype", self.param_dtype, DTYPES)

@@ -210,6 +210,42 @@ def checkpoint_policy(policy: RematPolicy) -> Callable:
     )
 
 
+def rematerialised(fn: Callable, policy: RematPolicy, serial: bool) -> Callable:
+    """fn under jax.checkpoint with `policy`. With `serial`, fn's backward pass runs as one unit: the
+    forward is recomputed only once the cotangent of fn's output exists, and the cotangent of fn's
+    input is released only together with all of fn's other gradients (its weight gradients).
+
+    Data dependencies alone order a scanned group's blocks only through the activation cotangents: a
+    recomputation reads nothing but kept residuals, and a weight gradient feeds nothing below. The
+    TPU compiler used that freedom to recompute several blocks' forwards ahead and to put off their
+    weight-gradient matmuls to the group's end, holding the activations of up to 4 blocks together
+    (docs/performance.md, "Serial backward"). Two optimization barriers take it away: one over the
+    residuals and the incoming cotangent, one over all the gradients going out. The values are the
+    same either way; only the order, and so the memory, changes (model.remat_serial)."""
+    inner = jax.checkpoint(fn, policy=checkpoint_policy(policy))
+    if not serial:
+        return inner
+
+    @jax.custom_vjp
+    def run(*args):
+        return inner(*args)
+
+    def forward(*args):
+        return jax.vjp(inner, *args)  # (output, pullback): the pullback holds the kept residuals
+
+    def backward(pullback, cotangent):
+        pullback, cotangent = jax.lax.optimization_barrier((pullback, cotangent))
+        grads, tree = jax.tree.flatten(pullback(cotangent))
+        # integer inputs' cotangents (float0) are not values a barrier takes
+        real = [i for i, g in enumerate(grads) if g.dtype != jax.dtypes.float0]
+        for i, g in zip(real, jax.lax.optimization_barrier([grads[i] for i in real])):
+            grads[i] = g
+        return jax.tree.unflatten(tree, grads)
+
+    run.defvjp(forward, backward)
+    return run
+
+
 def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
     """Runs layers first..first+n-1, each with its static window and RoPE kind:
     (x, stacked layer params, rope tables, segment ids or None) -> (x, outputs or None)."""
@@ -220,7 +256,7 @@ def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
         if policy is None:
             return run
         # per block, so a backward pass holds one block's activations at a time
-        return jax.checkpoint(run, policy=checkpoint_policy(policy))
+        return rematerialised(run, policy, cfg.remat_serial)
 
     layers = [(layer(cfg.layer_window(i)), cfg.layer_rope_scaled(i)) for i in range(first, first + n)]
 
