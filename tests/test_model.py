@@ -98,6 +98,22 @@ def test_remat_changes_nothing(policy, serial):
         np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-7)
 
 
+def test_serial_backward_ties_each_blocks_backward_pass():
+    """model.remat_serial puts two optimization barriers in every block's backward pass (over the
+    kept tensors and the incoming cotangent, and over the gradients going out) and none in the
+    forward; the compiled effect on memory is tests/test_compile_check.py's (slow)."""
+    params, tokens = random_params(CFG, jax.random.key(2)), _tokens()
+
+    def barriers(serial, grad):
+        cfg = dataclasses.replace(CFG, remat="q_proj,k_proj,v_proj", remat_serial=serial)
+        loss = lambda p: jnp.mean(forward(p, tokens, cfg))  # noqa: E731
+        return jax.jit(jax.grad(loss) if grad else loss).lower(params).as_text().count("optimization_barrier")
+
+    # CFG: 6 layers = one scanned group of 4 (one body) and a tail group of 2
+    assert barriers(True, grad=True) - barriers(False, grad=True) == 2 * (4 + 2)
+    assert barriers(True, grad=False) == barriers(False, grad=False)
+
+
 @pytest.mark.parametrize("tag", REMAT_TAGS)
 def test_each_tag_names_the_activation_its_policy_keeps(tag, capsys):
     """A policy of one tag keeps that block activation for the backward pass and no other (besides
