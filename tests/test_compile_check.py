@@ -260,6 +260,17 @@ def test_7b_stage1_fits_on_ironwood_4x4x4():
 
 
 @pytest.mark.slow
+def test_7b_stage1_keeps_the_seeds_set_on_v5p_4x4x4_in_the_serial_order():
+    """The stage-1 recipe on 64 v5p chips: 8 instances per device as 2 micro-batches of 4, the seeds'
+    set kept. In the compiler's order its first buffer assignment is over the limit (98.4 GiB of
+    heap); with model.remat_serial=true it fits (89.0 GiB)."""
+    cfg = apply_overrides(get_recipe("olmo3_7b_stage1"), ["model.remat_serial=true"])
+    r = compile_report(cfg, topology="v5p:4x4x4")
+    assert (r["devices"], r["per_device_batch"], r["micro_batch"], r["accum_steps"]) == (64, 8, 4, 2)
+    assert r["remat_serial"] and "mlp_gate" in r["saved"] and r["fits"]
+
+
+@pytest.mark.slow
 def test_7b_stage3_fits_on_ironwood_4x4x4_over_a_context_axis():
     """AI2's stage 3 (packed, masked within documents, 64 instances of 65,536 tokens) on 128 devices:
     one instance per data x fsdp shard, each sequence split over the recipe's context axis of 2, so

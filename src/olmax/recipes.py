@@ -81,16 +81,19 @@ STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # e
 # each block rematerialised keeping the least recompute that fits the TPU compiler's heap on an
 # Ironwood 4x4x4 slice at 4 x 8192 per device: every weight matmul's output but the MLP's up
 # projection (and attention's output), the MaxText seeds' set (FIT_REMAT; with mlp_up as well the
-# step is over the HBM limit). The same fits the 32B on v5p 8x8x8 (1 instance per device); on a v5p
-# 4x4x4 slice the 7B's 8 instances per device (2 micro-batches of 4) need model.remat=save_qkv_proj.
-# docs/performance.md ("A leaner backward and the remat sweep") has the heaps.
+# step is over the HBM limit), with the backward pass's order left to the compiler (86.1 GiB of heap;
+# 91.0 with model.remat_serial). The same set fits the 32B on v5p 8x8x8 (1 instance per device); on a
+# v5p 4x4x4 slice the 7B's 8 instances per device (2 micro-batches of 4) fit it only with
+# model.remat_serial=true (89.0 GiB; 98.4 in the compiler's order, over the limit). Where a recipe
+# sets remat_serial, its slice measured the serial order leaner. docs/performance.md ("A leaner
+# backward and the remat sweep") has the heaps.
 FIT = dict(micro_batch_size=4, loss_chunk=1024)
 FIT_REMAT = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
 
 
-def _fit(model: ModelConfig, remat: str = FIT_REMAT) -> ModelConfig:
-    return replace(model, remat=remat, attention="auto")
+def _fit(model: ModelConfig, remat: str = FIT_REMAT, serial: bool = False) -> ModelConfig:
+    return replace(model, remat=remat, remat_serial=serial, attention="auto")
 
 
 def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
@@ -123,9 +126,10 @@ STAGE1_32B_LR = 6e-4
 def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
     return ExperimentConfig(
         name=name,
-        # 2 instances per device on v5p 8x8x8 in one forward/backward: q/k/v kept (45.0 GiB of peak,
-        # docs/performance.md); the seeds' set was measured at one instance per device only
-        model=_fit(OLMO3_32B, "save_qkv_proj"),
+        # 2 instances per device on v5p 8x8x8 in one forward/backward: the seeds' set is over the
+        # limit; without mlp_gate, in the serial order, 62.2 GiB of heap (MaxText 76.5 for the same
+        # set), recomputing 17.8% of the model FLOPs where q/k/v alone recomputed 30.5%
+        model=_fit(OLMO3_32B, "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down", serial=True),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521, instance_filter=True),
         optimizer=OptimizerConfig(lr=STAGE1_32B_LR),
         schedule=ScheduleConfig(name="cosine", warmup_steps=2000, alpha_f=0.1, t_max_epochs=1),
@@ -144,9 +148,9 @@ MIDTRAIN_LR = 2.0712352850360292e-4
 def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage2",
-        # 2 instances per device on Ironwood 4x4x4: every matmul output fits as well (63.4 GiB of heap;
-        # only attention's forward is recomputed), docs/performance.md
-        model=_fit(OLMO3_7B, FIT_REMAT + ",mlp_up"),
+        # 2 instances per device on Ironwood 4x4x4: every matmul output fits as well (nothing is
+        # recomputed): 57.1 GiB of heap in the serial order, 63.7 in the compiler's
+        model=_fit(OLMO3_7B, FIT_REMAT + ",mlp_up", serial=True),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=1337),  # enters the data fingerprint
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
@@ -219,7 +223,9 @@ MIDTRAIN_32B_LR = 0.0002071235285  # the 32B scripts' literal, 3.6e-15 below the
 def _olmo3_32b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_32b_stage2",
-        model=_fit(OLMO3_32B),
+        # 1 instance per device on v5p 8x8x8: every matmul output fits in the serial order (85.8 GiB of
+        # heap; 91.4, over the budget, in the compiler's), so nothing is recomputed
+        model=_fit(OLMO3_32B, FIT_REMAT + ",mlp_up", serial=True),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=42069, instance_filter=True),
         optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
