@@ -274,12 +274,12 @@ def test_7b_stage1_keeps_the_seeds_set_on_v5p_4x4x4_in_the_serial_order():
 def test_7b_stage3_fits_on_ironwood_4x4x4_over_a_context_axis():
     """AI2's stage 3 (packed, masked within documents, 64 instances of 65,536 tokens) on 128 devices:
     one instance per data x fsdp shard, each sequence split over the recipe's context axis of 2, so
-    32,768 tokens per device as in stage 1, where keeping the q/k/v projections fits; the masked splash
-    kernels are in the step."""
+    32,768 tokens per device as in stage 1, where the seeds' set but mlp_gate fits in the serial
+    order; the masked splash kernels are in the step."""
     r = compile_report(get_recipe("olmo3_7b_stage3"), topology="tpu7x:4x4x4")
     assert r["mesh"] == {"data": 1, "fsdp": 64, "context": 2, "tensor": 1}
     assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
-    assert r["saved"] == ["q_proj", "k_proj", "v_proj"]  # more than full remat's nothing
+    assert r["saved"] == ["q_proj", "k_proj", "v_proj", "attn_context", "o_proj", "mlp_down"] and r["remat_serial"]
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
 
 
@@ -305,9 +305,10 @@ def test_32b_stage2_fits_on_v5p_8x8x8():
 @pytest.mark.slow
 def test_32b_stage3_fits_on_v5p_8x8x8_over_a_context_axis():
     """128 instances of 65,536 tokens on 512 devices: one instance per fsdp shard, split over the
-    recipe's context axis of 4 (16,384 tokens per device), q/k/v kept, doc_lens in every splash call."""
+    recipe's context axis of 4 (16,384 tokens per device), the seeds' set but mlp_gate kept in the
+    serial order, doc_lens in every splash call."""
     r = compile_report(get_recipe("olmo3_32b_stage3"), topology="v5p:8x8x8")
     assert r["mesh"] == {"data": 1, "fsdp": 128, "context": 4, "tensor": 1}
-    assert r["saved"] == ["q_proj", "k_proj", "v_proj"]
+    assert r["saved"] == ["q_proj", "k_proj", "v_proj", "attn_context", "o_proj", "mlp_down"] and r["remat_serial"]
     assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]

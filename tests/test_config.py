@@ -12,7 +12,7 @@ from reference_values import STAGE1_LR
 from olmax import config, config_io
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.config_io import apply_overrides, from_dict, load_yaml, save_yaml
-from olmax.recipes import FIT_REMAT, RECIPES, get_recipe, resolve
+from olmax.recipes import FIT_REMAT, FIT_REMAT_NO_GATE, RECIPES, get_recipe, resolve
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -236,7 +236,7 @@ def test_stage2_and_stage3_recipes():
     data = cfg.data
     assert (data.packing, data.source_group_size, data.source_permutation_seed) == ("obfd", 8, 123)
     assert data.doc_masking and cfg.model.rope_positions == "absolute"
-    assert (cfg.mesh.context, cfg.model.remat) == (2, "save_qkv_proj")
+    assert (cfg.mesh.context, cfg.model.remat, cfg.model.remat_serial) == (2, FIT_REMAT_NO_GATE, True)
     # AI2's released stage-3 checkpoint is step 11,921: 50B tokens of 2^22 per step
     assert cfg.trainer.max_steps == 11_921 == math.ceil(50e9 / 2**22)
     assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # the long-context script's LR is stage 2's

@@ -89,6 +89,9 @@ STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # e
 # backward and the remat sweep") has the heaps.
 FIT = dict(micro_batch_size=4, loss_chunk=1024)
 FIT_REMAT = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
+# the same but the MLP's gate, whose (tokens x MLP width) tensors do not fit beside the rest where a
+# device holds 2 x 8192 tokens of the 32B or a long-context sequence's 16,384-32,768
+FIT_REMAT_NO_GATE = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down"
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
 
 
@@ -129,7 +132,7 @@ def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
         # 2 instances per device on v5p 8x8x8 in one forward/backward: the seeds' set is over the
         # limit; without mlp_gate, in the serial order, 62.2 GiB of heap (MaxText 76.5 for the same
         # set), recomputing 17.8% of the model FLOPs where q/k/v alone recomputed 30.5%
-        model=_fit(OLMO3_32B, "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down", serial=True),
+        model=_fit(OLMO3_32B, FIT_REMAT_NO_GATE, serial=True),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521, instance_filter=True),
         optimizer=OptimizerConfig(lr=STAGE1_32B_LR),
         schedule=ScheduleConfig(name="cosine", warmup_steps=2000, alpha_f=0.1, t_max_epochs=1),
@@ -175,16 +178,16 @@ STAGE3_DATA = DataConfig(
 )
 # 64 instances are fewer than the 128 devices of an Ironwood 4x4x4 slice, so a context axis of 2
 # splits every sequence: 32,768 tokens per device, as in stage 1 (4 x 8192), where keeping the q/k/v
-# projections fits (docs/performance.md). AI2 ran context 8 on 256 H100s (docs/training.md).
+# projections and more fits (docs/performance.md). AI2 ran context 8 on 256 H100s (docs/training.md).
 STAGE3_MESH = MeshConfig(data=1, fsdp=-1, context=2, tensor=1)
 
 
-def _long_context(model: ModelConfig) -> ModelConfig:
+def _long_context(model: ModelConfig, remat: str, serial: bool) -> ModelConfig:
     """A stage-3 model: YaRN factor 8 from the 8192 context (beta_fast 32, beta_slow 1: ModelConfig's
-    defaults) to 65,536 positions, absolute across a packed instance, q/k/v kept (measured per recipe,
-    docs/performance.md)."""
+    defaults) to 65,536 positions, absolute across a packed instance; what it keeps is measured per
+    recipe (docs/performance.md)."""
     return replace(
-        _fit(model, "save_qkv_proj"),
+        _fit(model, remat, serial),
         rope_type="yarn",
         yarn_factor=8.0,
         yarn_original_max_position=8192,
@@ -196,7 +199,9 @@ def _long_context(model: ModelConfig) -> ModelConfig:
 def _olmo3_7b_stage3() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage3",
-        model=_long_context(OLMO3_7B),
+        # 32,768 tokens per device: the seeds' set but mlp_gate fits in the serial order (70.7 GiB of
+        # heap; 84.4 in the compiler's), where q/k/v alone recomputed 26.5% of the model FLOPs, now 9.8%
+        model=_long_context(OLMO3_7B, FIT_REMAT_NO_GATE, serial=True),
         data=STAGE3_DATA,
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
@@ -244,11 +249,13 @@ def _olmo3_32b_stage2() -> ExperimentConfig:
 # 3.0.0 does not restart them per document (docs/reference.md). 128 instances on a 512-device v5p 8x8x8
 # slice: one instance per fsdp shard, its 65,536 tokens split over a context axis of 4 (16,384 per
 # device; AI2 ran context 8 on GPUs). The saved block inputs are then a quarter of what a tensor axis
-# (which does not split the sequence) leaves, so keeping q/k/v fits where tensor=4 needed remat full.
+# (which does not split the sequence) leaves, so keeping activations fits where tensor=4 needed remat full.
 def _olmo3_32b_stage3() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_32b_stage3",
-        model=_long_context(OLMO3_32B),
+        # 16,384 tokens per device: the seeds' set but mlp_gate fits in the serial order (65.0 GiB of
+        # heap; 79.5 in the compiler's), where q/k/v alone recomputed the rest
+        model=_long_context(OLMO3_32B, FIT_REMAT_NO_GATE, serial=True),
         data=replace(STAGE3_DATA, instance_filter=True),
         optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
