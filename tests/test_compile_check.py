@@ -85,7 +85,7 @@ def test_keeping_attn_context_spares_the_splash_forward(context):
     assert recompute["q_proj,k_proj,v_proj,attn_context"] < recompute["q_proj,k_proj,v_proj"]
 
 
-@pytest.mark.slow  # two compiles of about 2 minutes each
+@pytest.mark.slow  # two whole compiles (code generation included) of several minutes on 2 cores
 def test_serial_backward_holds_one_block_at_a_time():
     """8 layers (two scanned groups of 4 blocks) of a 1024-wide model at 4 x 2048 tokens per device
     on Ironwood, q/k/v kept. Left to itself, the TPU compiler recomputes several blocks of a group
