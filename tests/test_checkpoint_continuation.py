@@ -97,6 +97,7 @@ def test_every_model_field_is_classified():
         "attention",
         "splash_blocks",
         "remat",
+        "remat_serial",  # the backward pass's order: memory, not values
         "rope_type",
         "yarn_factor",
         "yarn_beta_fast",
