@@ -92,6 +92,9 @@ FIT_REMAT = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
 # the same but the MLP's gate, whose (tokens x MLP width) tensors do not fit beside the rest where a
 # device holds 2 x 8192 tokens of the 32B or a long-context sequence's 16,384-32,768
 FIT_REMAT_NO_GATE = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down"
+# and every matmul output with attention's (nothing recomputed), where a device holds 8192 tokens of
+# the 32B or 2 x 8192 of the 7B
+FIT_REMAT_ALL = FIT_REMAT + ",mlp_up"
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
 
 
@@ -153,7 +156,7 @@ def _olmo3_7b_stage2() -> ExperimentConfig:
         name="olmo3_7b_stage2",
         # 2 instances per device on Ironwood 4x4x4: every matmul output fits as well (nothing is
         # recomputed): 57.1 GiB of heap in the serial order, 63.7 in the compiler's
-        model=_fit(OLMO3_7B, FIT_REMAT + ",mlp_up", serial=True),
+        model=_fit(OLMO3_7B, FIT_REMAT_ALL, serial=True),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=1337),  # enters the data fingerprint
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
@@ -230,7 +233,7 @@ def _olmo3_32b_stage2() -> ExperimentConfig:
         name="olmo3_32b_stage2",
         # 1 instance per device on v5p 8x8x8: every matmul output fits in the serial order (85.8 GiB of
         # heap; 91.4, over the budget, in the compiler's), so nothing is recomputed
-        model=_fit(OLMO3_32B, FIT_REMAT + ",mlp_up", serial=True),
+        model=_fit(OLMO3_32B, FIT_REMAT_ALL, serial=True),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=42069, instance_filter=True),
         optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
