@@ -274,14 +274,22 @@ CUDA_STUB_NOTICES = (
 GPU_FILES = "nvidia[0-9]*"  # ACCELERATOR_FILES' NVIDIA GPUs
 
 
+def _installed(name: str):
+    """The module spec of `name`, or None where it (or, for a dotted name, its parent package) is not
+    installed: `importlib.util.find_spec` raises for a dotted name whose parent is missing."""
+    try:
+        return importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        return None
+
+
 def load_cuda_plugin_quietly(dev: str = "/dev") -> bool:
     """On a host without an NVIDIA GPU, load the CUDA plugin's libraries (when installed) before JAX
     does, with stderr caught: what they print other than CUDA_STUB_NOTICES is passed on. JAX then finds
     them loaded and nothing is printed again. Returns whether it loaded them."""
     if glob.glob(os.path.join(dev, GPU_FILES)) or "jax" in sys.modules:
         return False
-    plugin = importlib.util.find_spec("jax_cuda12_plugin")
-    pjrt = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    plugin, pjrt = _installed("jax_cuda12_plugin"), _installed("jax_plugins.xla_cuda12")
     if plugin is None or pjrt is None:
         return False
     sys.stderr.flush()
