@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import deque
 
@@ -22,6 +23,7 @@ from olmax.data.packing import (
     pack_spans,
     permute_paths,
 )
+from olmax.data.sources import DataSourceError
 from olmax.data.tokenizer import TokenizerFields
 
 SMALL = TokenizerFields(vocab_size=5000, eos_token_id=4999, pad_token_id=0)  # uint16 files
@@ -340,6 +342,25 @@ def test_packing_options_need_obfd():
         DataConfig(packing="obfd", seq_len=64, max_target_seq_len=128)
 
 
+def test_obfd_needs_a_power_of_2_seq_len(tmp_path):
+    """OLMo-core 3.0.0's packer asserts a power-of-2 length (its SegmentTree); olmax refuses the rest."""
+    import subprocess
+    import sys
+
+    for seq in (300, 96, 65535):
+        with pytest.raises(ConfigError, match=f"data.seq_len={seq} with data.packing=obfd must be a power of 2"):
+            DataConfig(packing="obfd", seq_len=seq)
+    assert DataConfig(seq_len=300).seq_len == 300  # chunked instances take any length
+    assert DataConfig(packing="obfd", seq_len=1).seq_len == 1
+    with pytest.raises(DataSourceError, match="power-of-2"):
+        PackedSource(write_docs(tmp_path, SMALL, n_files=1), 48, SMALL, tmp_path / "w")
+    olmax = [sys.executable, "-m", "olmax.cli", "config", "--recipe", "tiny", "data.packing=obfd", "data.seq_len=300"]
+    r = subprocess.run(olmax, capture_output=True, text=True)
+    one_line = "config error: data.seq_len=300 with data.packing=obfd must be a power of 2 (OLMo-core 3.0.0's "
+    assert (r.returncode, r.stderr.count("\n"), r.stdout) == (2, 1, ""), r.stderr
+    assert r.stderr.startswith(one_line) and "OBFD packer" in r.stderr
+
+
 def test_data_order_with_tokens(tmp_path):
     paths = write_docs(tmp_path, SMALL, n_files=3)
     out = tmp_path / "order.json"
@@ -379,8 +400,6 @@ def test_packed_obfd_pack_spans_layout():
 def write_metadata(paths, tok, seed=0):
     """`<name>.csv.gz` per file (OLMo-core's `start,end` layout) whose boundaries are NOT all at EOS:
     some documents are cut mid-text, as a producer that truncates documents writes them."""
-    import gzip
-
     rng = np.random.default_rng(seed)
     for path in paths:
         ids = np.fromfile(path, dtype=tok.dtype)
@@ -423,3 +442,147 @@ def test_remote_files_pack_by_their_metadata_as_olmo_core(tmp_path):
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """(root, base URL): files under root served over HTTP with Range support (test_data_remote's server)."""
+    pytest.importorskip("aiohttp")
+    import threading
+
+    from test_data_remote import RangeServer
+
+    root = tmp_path / "served"
+    root.mkdir()
+    srv = RangeServer(root)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield root, srv.base
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
+
+
+def metadata_of(path):
+    with gzip.open(path.replace(".npy", ".csv.gz"), "rt") as f:
+        return [tuple(int(x) for x in line.split(",")[:2]) for line in f if line.strip()]
+
+
+def test_changed_metadata_of_a_remote_file_rebuilds_its_index(tmp_path, served):
+    """Two URLs with one basename in two directories: changing the first one's .csv.gz (the token file
+    unchanged) gives a new index for its group with the new boundaries, as 3.0.0 keys its caches by
+    full path; before, the digest was looked up by basename and the stale index was read back."""
+    root, base = served
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    a = write_docs(root / "a", SMALL, n_files=1, seed=1)[0]
+    b = write_docs(root / "b", SMALL, n_files=1, seed=2)[0]
+    write_metadata([a, b], SMALL, seed=0)  # boundaries cut mid-document, not only at EOS
+    urls = [f"{base}/a/part-000.npy", f"{base}/b/part-000.npy"]
+    work = tmp_path / "w"
+    before = PackedSource(urls, SEQ, SMALL, work)
+    ids = np.fromfile(a, dtype=SMALL.dtype)  # now the EOS boundaries only: other documents, same token file
+    ends = np.flatnonzero(ids == SMALL.eos_token_id) + 1
+    with gzip.open(a.replace(".npy", ".csv.gz"), "wt") as f:
+        f.writelines(f"{s},{e}\n" for s, e in zip(np.concatenate([[0], ends[:-1]]), ends))
+    after = PackedSource(urls, SEQ, SMALL, work)
+    assert after.fingerprint != before.fingerprint
+    assert after.index_files[0] != before.index_files[0] and after.index_files[1] == before.index_files[1]
+
+    def docs_of(src, fi):
+        return sorted((s, e) for i in range(len(src)) for f, s, e in src.documents(i) if f == fi)
+
+    expected = sorted((s, min(e, s + SEQ)) for s, e in metadata_of(a))  # truncate
+    assert docs_of(after, 0) == expected != docs_of(before, 0)
+    assert docs_of(after, 1) == docs_of(before, 1)
+    for i in range(len(after)):
+        if after.locate(i)[0] == 0:
+            tokens, lens = after.read(i)
+            docs = after.documents(i)
+            assert lens[: len(docs)].tolist() == [e - s for _, s, e in docs]
+
+
+class RecordingPool:
+    """Stands in for the ProcessPoolExecutor: pickles each task as the real pool would send it to a
+    worker, keeps the bytes, and runs the unpickled task here."""
+
+    sent: list[bytes] = []
+
+    def __init__(self, workers, mp_context=None):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, items):
+        import pickle
+
+        for item in items:
+            blob = pickle.dumps((fn, item))
+            RecordingPool.sent.append(blob)
+            fn, item = pickle.loads(blob)
+            yield fn(item)
+
+
+def test_each_packing_task_carries_only_its_groups_files(tmp_path, served, monkeypatch):
+    """A worker is sent its own group's paths, sizes and metadata, not the whole source: the pickled
+    task of a group is the same size with 2 groups as with 8, and names no other group's file."""
+    from olmax.data import packing
+
+    monkeypatch.setattr(packing, "ProcessPoolExecutor", RecordingPool)
+    monkeypatch.setattr(packing, "_POOL_MIN_TOKENS", 0)  # use the pool even for these small files
+    monkeypatch.setattr(packing.os, "cpu_count", lambda: 8)
+    root, base = served
+    paths = write_docs(root, SMALL, n_files=8, seed=3)[:8]
+    write_metadata(paths, SMALL)
+    urls = [f"{base}/{p.rsplit('/', 1)[-1]}" for p in paths]
+    sizes = {}
+    for n in (2, 8):
+        RecordingPool.sent = []
+        src = PackedSource(urls[:n], SEQ, SMALL, tmp_path / f"w{n}", group_size=1)
+        assert len(RecordingPool.sent) == n and all(f.is_file() for f in src.index_files)
+        for g, blob in enumerate(RecordingPool.sent):
+            own = gzip_bytes(paths[g])
+            assert urls[g].encode() in blob and own in blob
+            assert not any(u.encode() in blob for u in urls[:n] if u != urls[g])
+            assert len(blob) < len(own) + 2048
+        sizes[n] = [len(blob) for blob in RecordingPool.sent]
+    assert sizes[8][:2] == sizes[2]  # more groups elsewhere in the mix: the same task bytes
+
+
+def gzip_bytes(path):
+    with open(path.replace(".npy", ".csv.gz"), "rb") as f:
+        return f.read()
+
+
+def test_missing_metadata_of_a_remote_file_is_named(tmp_path, served):
+    """The metadata is fetched for all files at once; a missing one still names itself and its file."""
+    root, base = served
+    paths = write_docs(root, SMALL, n_files=3)[:3]
+    write_metadata(paths, SMALL)
+    (root / "part-001.csv.gz").unlink()
+    urls = [f"{base}/{p.rsplit('/', 1)[-1]}" for p in paths]
+    meta = f"{base}/part-001.csv.gz"
+    with pytest.raises(DataSourceError, match=f"document metadata {meta} .*remote file {urls[1]}.* does not exist"):
+        PackedSource(urls, SEQ, SMALL, tmp_path / "w")
+
+
+@pytest.mark.parity
+def test_remote_fingerprint_with_shared_basenames_and_a_repeated_file(tmp_path, served):
+    """3.0.0's metadata hashes are a dict by full path: one entry per distinct path (a file listed twice
+    counts once), each named by its basename in the fingerprint. Same fingerprint and instances as 3.0.0."""
+    root, base = served
+    for d, seed in (("a", 1), ("b", 2)):
+        (root / d).mkdir()
+        write_metadata(write_docs(root / d, SMALL, n_files=1, seed=seed)[:1], SMALL)
+    urls = [f"{base}/a/part-000.npy", f"{base}/b/part-000.npy", f"{base}/a/part-000.npy"]
+    ds = olmo_core_packed(urls, SMALL, tmp_path / "oc")
+    ours = PackedSource(urls, SEQ, SMALL, tmp_path / "ox")
+    assert ours.fingerprint == ds.fingerprint and len(ours) == len(ds)
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(ours[i], ds[i]["input_ids"].numpy())

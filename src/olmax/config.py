@@ -321,6 +321,13 @@ class DataConfig:
                 "data.max_target_seq_len does not apply with data.packing=obfd (packed instances are whole "
                 "documents, OLMo-core's NumpyPackedFSLDataset has no such field): set it to null"
             )
+        # OLMo-core 3.0.0 asserts this in its OBFD packer (olmo_core/data/utils.py, SegmentTree); any
+        # other length has no OLMo-core result for olmax to match.
+        if self.packing == "obfd" and self.seq_len & (self.seq_len - 1):
+            raise ConfigError(
+                f"data.seq_len={self.seq_len} with data.packing=obfd must be a power of 2 (OLMo-core 3.0.0's "
+                "OBFD packer asserts it)"
+            )
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,20 @@ own lengths, then the padding as the same scan sees it.
 
 The fingerprint is 3.0.0's `NumpyPackedFSLDataset.fingerprint`: `class=NumpyPackedFSLDataset`, then
 `vocab_size, pad_token_id, eos_token_id, dtype, long_doc_strategy, bos_token_id, sequence_length`,
-`source_group_size` when it is > 1, `_metadata_fingerprint` (basename and sha256 of each metadata file)
-when a file is remote, as `name=value,`, then `path=<basename>,size=<bytes>,` per file in order.
+`source_group_size` when it is > 1, `_metadata_fingerprint` (basename and sha256 of each distinct remote
+path's metadata file) when a file is remote, as `name=value,`, then `path=<basename>,size=<bytes>,` per
+file in order.
 
 The packing index is built once per data set under `work_dir/packing/`: one int64 file per group
 (`[bins, documents, bin offsets (bins + 1), document spans (documents x 2) in bin order]`), named by a
-hash of everything that decides it, written to a temp file and renamed into place. The processes of a
-host take a file lock, so one of them builds and the others wait and reuse it; later runs reuse it.
+hash of everything that decides it (each file's full path, size and metadata digest: 3.0.0 keys its
+packing caches by full path too, `_packing_cache_extra_ids` in `olmo_core/data/numpy_dataset.py`),
+written to a temp file and renamed into place. The processes of a host take a file lock, so one of them
+builds and the others wait and reuse it; later runs reuse it. Groups are built in spawned processes, each
+sent only its own group's paths, sizes and metadata (a `GroupTask`), not the whole source.
+
+The sequence length must be a power of 2: 3.0.0's packer (`InstancePacker` over a `SegmentTree`,
+`olmo_core/data/utils.py`) asserts it, so no other length has an OLMo-core result to match.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import os
 import random
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Optional, Sequence
@@ -61,6 +69,7 @@ log = logging.getLogger(__name__)
 LONG_DOC_STRATEGIES = ("truncate", "fragment")
 INDEX_VERSION = "olmax-obfd-v1"  # tick when the index layout or the packing changes
 _SCAN_BLOCK = 1 << 24  # tokens read at a time when scanning a file for EOS
+_POOL_MIN_TOKENS = 1 << 24  # below this, spawning worker processes costs more than packing in-process
 
 
 def permute_paths(paths: Sequence[str], seed: Optional[int]) -> list[str]:
@@ -100,16 +109,33 @@ def metadata_path(path: str) -> str:
     return f"{head}/{base.replace('.npy', '.csv.gz')}"
 
 
-def metadata_bytes(path: str) -> bytes:
-    import fsspec
+def fetch_metadata(paths: Sequence[str]) -> list[bytes]:
+    """The metadata file of each remote token file, in order, fetched concurrently.
 
-    meta = metadata_path(path)
-    try:
-        with fsspec.open(meta, "rb") as f:
-            return f.read()
-    except Exception as exc:  # noqa: BLE001 -- sources.remote_error names the cause
-        err = remote_error(f"document metadata {meta} (needed to pack the remote file {path})", exc)
-        raise err from exc
+    A mix holds hundreds to thousands of remote files, and one request at a time would pay each
+    one's latency in turn. fsspec's `cat_ranges` (whole files: no start or end) gathers the reads of
+    one filesystem on its event loop for the async backends (http, gcs) and hands back per-file
+    errors, so each failure still names its file.
+    """
+    from fsspec.core import url_to_fs
+
+    metas = [metadata_path(p) for p in paths]
+    by_fs: dict[int, tuple[object, list[tuple[int, str]]]] = {}  # keyed by id: one batch per fs instance
+    for i, meta in enumerate(metas):
+        fs, p = url_to_fs(meta)
+        by_fs.setdefault(id(fs), (fs, []))[1].append((i, p))
+    out: list[bytes] = [b""] * len(paths)
+    for fs, items in by_fs.values():
+        try:
+            got = fs.cat_ranges([p for _, p in items], None, None, on_error="return")
+        except Exception as exc:  # noqa: BLE001 -- a failure of the whole batch: blame its first file
+            got = [exc] * len(items)
+        for (i, _), raw in zip(items, got):
+            if isinstance(raw, BaseException):
+                what = f"document metadata {metas[i]} (needed to pack the remote file {paths[i]})"
+                raise remote_error(what, raw) from raw
+            out[i] = raw
+    return out
 
 
 def metadata_spans(raw: bytes, path: str, n_tokens: int) -> np.ndarray:
@@ -250,6 +276,44 @@ def fingerprint(
     return dataset_fingerprint("NumpyPackedFSLDataset", fields, paths, sizes)
 
 
+@dataclass(frozen=True)
+class GroupTask:
+    """What packing one group takes, and all that is pickled to the process that packs it: that
+    group's files and metadata only, so a task's size does not grow with the rest of the mix."""
+
+    paths: tuple[str, ...]
+    sizes: tuple[int, ...]
+    metadata: tuple[Optional[bytes], ...]  # per file: a remote file's .csv.gz, None for a local file
+    seq_len: int
+    tokenizer: TokenizerFields
+    long_doc_strategy: str
+    out: Path
+
+
+def build_group(task: GroupTask) -> None:
+    """Pack one group and write its index file (layout: module doc)."""
+    tok = task.tokenizer
+    files = TokenSource(task.paths, task.seq_len, tok, sizes=task.sizes, check=False)
+    itemsize = np.dtype(tok.dtype).itemsize
+    spans, base = [], 0
+    for fi, raw in enumerate(task.metadata):
+        n = task.sizes[fi] // itemsize
+        if raw is not None:
+            file_spans = metadata_spans(raw, task.paths[fi], n)
+        else:
+            file_spans = eos_spans(
+                lambda s, c, fi=fi: files.read_tokens(fi, s, c), n, tok.eos_token_id, tok.bos_token_id
+            )
+        spans.append(file_spans + base)
+        base += n
+    capped = cap_long_documents(np.concatenate(spans), task.seq_len, task.long_doc_strategy)
+    offsets, packed = pack_spans(capped, task.seq_len)
+    out = np.concatenate([[len(offsets) - 1, len(packed)], offsets, packed.reshape(-1)]).astype(np.int64)
+    tmp = task.out.with_name(f"{task.out.name}.{os.getpid()}.tmp")
+    out.tofile(tmp)
+    os.replace(tmp, task.out)
+
+
 class PackedSource:
     """Random access to the OBFD-packed instances of a list of token files (see the module doc).
 
@@ -273,6 +337,10 @@ class PackedSource:
             raise DataSourceError(f"long_doc_strategy {long_doc_strategy!r} is not one of {LONG_DOC_STRATEGIES}")
         if group_size < 1:
             raise DataSourceError(f"source_group_size must be >= 1, got {group_size}")
+        if seq_len < 1 or seq_len & (seq_len - 1):  # the config refuses it first; this guards direct use
+            raise DataSourceError(
+                f"OBFD packing needs a power-of-2 sequence length, as OLMo-core 3.0.0's packer asserts; got {seq_len}"
+            )
         self.files = TokenSource(paths, seq_len, tokenizer, sizes=sizes, check=check)
         self.paths, self.sizes = self.files.paths, self.files.sizes
         self.seq_len, self.tokenizer = seq_len, tokenizer
@@ -283,17 +351,18 @@ class PackedSource:
             list(range(i, min(i + group_size, len(self.paths)))) for i in range(0, len(self.paths), group_size)
         ]
         self.remote = {fi for fi, p in enumerate(self.paths) if is_url(p)}  # boundaries from metadata
-        self._meta = {fi: metadata_bytes(self.paths[fi]) for fi in sorted(self.remote)}
-        digests = [
-            (os.path.basename(self.paths[fi]), hashlib.sha256(raw).hexdigest()) for fi, raw in self._meta.items()
-        ]
+        remote = sorted(self.remote)
+        meta = dict(zip(remote, fetch_metadata([self.paths[fi] for fi in remote])))
+        # Keyed by full path, as 3.0.0's `_metadata_hashes`: files named alike in two directories are two
+        # entries, and each group's index name follows its own files' metadata. Only the fingerprint
+        # names them by basename, as 3.0.0's `_metadata_fingerprint` does.
+        self._digests = {self.paths[fi]: hashlib.sha256(raw).hexdigest() for fi, raw in meta.items()}
+        digests = [(os.path.basename(path), digest) for path, digest in self._digests.items()]
         self.fingerprint = fingerprint(
             tokenizer, seq_len, long_doc_strategy, group_size, self.paths, self.sizes, digests
         )
-        self._digests = dict(digests)
         self.index_files = [self._index_file(Path(work_dir), g) for g in range(len(self.groups))]
-        self._build_missing()
-        self._meta = {}  # only needed to build; keep the source small to pickle
+        self._build_missing(meta)  # the metadata is not kept: only building needs it
         bins = [int(np.fromfile(f, dtype=np.int64, count=1)[0]) for f in self.index_files]
         self.offsets = np.concatenate([[0], np.cumsum(bins)]).astype(np.int64)  # global id of each group's bin 0
         self._open: dict[int, np.ndarray] = {}
@@ -314,12 +383,10 @@ class PackedSource:
         tok = self.tokenizer
         h.update(f"{self.seq_len},{self.long_doc_strategy},{tok.eos_token_id},{tok.bos_token_id},{tok.dtype}".encode())
         for fi in self.groups[g]:
-            h.update(
-                f"|{self.paths[fi]},{self.sizes[fi]},{self._digests.get(os.path.basename(self.paths[fi]))}".encode()
-            )
+            h.update(f"|{self.paths[fi]},{self.sizes[fi]},{self._digests.get(self.paths[fi])}".encode())
         return work_dir / "packing" / f"obfd-{self.seq_len}-{h.hexdigest()[:32]}.i64"
 
-    def _build_missing(self) -> None:
+    def _build_missing(self, meta: dict[int, bytes]) -> None:
         missing = [g for g, f in enumerate(self.index_files) if not f.is_file()]
         if not missing:
             return
@@ -331,33 +398,25 @@ class PackedSource:
             tokens = sum(self.tokens[fi] for g in missing for fi in self.groups[g])
             workers = min(len(missing), os.cpu_count() or 1, 16)
             log.info("packing %d group(s), %d tokens, into %s", len(missing), tokens, lock_dir)
-            if workers > 1 and tokens > _SCAN_BLOCK:
+            tasks = [self._task(g, meta) for g in missing]
+            if workers > 1 and tokens > _POOL_MIN_TOKENS:
                 with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-                    list(pool.map(self._build_group, missing))
+                    list(pool.map(build_group, tasks))
             else:
-                for g in missing:
-                    self._build_group(g)
+                for task in tasks:
+                    build_group(task)
 
-    def _build_group(self, g: int) -> None:
-        spans, base = [], 0
-        for fi in self.groups[g]:
-            n = self.tokens[fi]
-            if fi in self._meta:
-                file_spans = metadata_spans(self._meta[fi], self.paths[fi], n)
-            else:
-                tok = self.tokenizer
-                file_spans = eos_spans(
-                    lambda s, c, fi=fi: self.files.read_tokens(fi, s, c), n, tok.eos_token_id, tok.bos_token_id
-                )
-            spans.append(file_spans + base)
-            base += n
-        capped = cap_long_documents(np.concatenate(spans), self.seq_len, self.long_doc_strategy)
-        offsets, packed = pack_spans(capped, self.seq_len)
-        out = np.concatenate([[len(offsets) - 1, len(packed)], offsets, packed.reshape(-1)]).astype(np.int64)
-        path = self.index_files[g]
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        out.tofile(tmp)
-        os.replace(tmp, path)
+    def _task(self, g: int, meta: dict[int, bytes]) -> GroupTask:
+        files = self.groups[g]
+        return GroupTask(
+            paths=tuple(self.paths[fi] for fi in files),
+            sizes=tuple(self.sizes[fi] for fi in files),
+            metadata=tuple(meta.get(fi) for fi in files),
+            seq_len=self.seq_len,
+            tokenizer=self.tokenizer,
+            long_doc_strategy=self.long_doc_strategy,
+            out=self.index_files[g],
+        )
 
     # reading
 
