@@ -103,7 +103,38 @@ def test_doc_masking_on_gpu_falls_back_to_xla_attention(caplog):
     cfg = apply_overrides(get_recipe("tiny"), [*SMALL_GPU, "model.n_layers=1", "data.doc_masking=true"])
     r = compile_report(cfg, topology="h100:1x8")
     assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0 and r["cudnn_calls"] == {}
-    assert "cannot mask within documents" in caplog.text
+    assert "cannot mask attention within documents" in caplog.text
+
+
+def test_a_context_axis_on_gpu_runs_xla_attention_and_refuses_a_named_cudnn():
+    """jax's cuDNN call has no context-parallel form (docs/attention.md): under mesh.context=2 `auto`
+    compiles the step with the xla backend (keys and values gathered over the axis, no cuDNN call),
+    and a named cudnn is one line and exit 2, not the partitioner's traceback."""
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+
+    context = [
+        "compile-check",
+        "--recipe",
+        "tiny",
+        "--topology",
+        "h100:1x4",
+        *SMALL_GPU,
+        "mesh.context=2",
+        "mesh.fsdp=2",
+    ]
+    r = CliRunner().invoke(app, context)
+    assert r.exit_code == 0, r.output
+    assert "mesh {'data': 1, 'fsdp': 2, 'context': 2, 'tensor': 1}" in r.output
+    assert "attention xla (0 cuDNN kernel calls)" in r.output
+    r = CliRunner().invoke(app, [*context, "model.attention=cudnn"])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [
+        "compile-check: model.attention=cudnn has no context-parallel form (jax's cuDNN call cannot offset its "
+        "causal mask to a chunk of the sequence): with mesh.context=2 use model.attention=auto (it runs xla "
+        "instead of cudnn on GPUs) or one of xla, splash"
+    ]
 
 
 def test_the_gpu_flag_profile_reaches_the_compiler(monkeypatch):

@@ -172,11 +172,26 @@ def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
         (["mesh.context=4", "trainer.loss_chunk=32"], r"trainer.loss_chunk=32 does not divide one context chunk"),
         (["mesh.context=4", "model.attention=splash", "data.seq_len=256"], r"q tile 64 .*seq_len=256 / mesh.context=4"),
         (["mesh.context=0"], r"mesh.context must be a positive integer or -1"),
+        (["mesh.context=2", "model.attention=cudnn"], r"model.attention=cudnn has no context-parallel form"),
     ],
 )
 def test_config_refuses_what_a_context_axis_cannot_split(tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match):
         small_config(tmp_path, *overrides)
+
+
+def test_auto_never_runs_cudnn_over_a_context_axis():
+    """cuDNN has no context-parallel form: auto on a GPU runs xla under a context axis, splash keeps
+    its own on a TPU, and a named cudnn is refused, also by a direct call under a context mesh."""
+    assert attn.resolve_backend("auto", "gpu", jnp.bfloat16, context=True) == "xla"
+    assert attn.resolve_backend("auto", "tpu", jnp.bfloat16, context=True) == "splash"
+    with pytest.raises(ValueError, match="'cudnn' cannot split the sequence over mesh.context"):
+        attn.resolve_backend("cudnn", "gpu", jnp.bfloat16, context=True)
+    q = jax.ShapeDtypeStruct((2, 256, 4, 32), jnp.bfloat16)
+    call = lambda q: attn.attention(q, q, q, window=None, backend="cudnn")
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, fsdp=-1, context=2))):
+        with pytest.raises(ValueError, match="'cudnn' cannot split the sequence over mesh.context"):
+            jax.eval_shape(call, q)
 
 
 def test_mesh_refuses_a_context_that_does_not_divide_the_devices():

@@ -16,7 +16,7 @@ Three targets:
 - the devices JAX has (`olmax compile-check --devices N` makes N fake CPU devices).
 
 `attention=auto` resolves to the target's kernel (splash for a TPU topology, cudnn for a GPU
-cluster), as it will when the step runs there.
+cluster, xla there with documents masked or a context axis), as it will when the step runs there.
 """
 
 from __future__ import annotations
@@ -206,7 +206,13 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
     nodes = len({d.process_index for d in devices}) if platform == "gpu" else None
     seq_len = cfg.data.seq_len
     model_flops = exact_step_flops(cfg.model, seq_len, cfg.trainer.global_batch).total / mesh.size
-    backend = resolve_backend(cfg.model.attention, platform, cfg.model.compute_dtype, doc_masking=cfg.data.doc_masking)
+    backend = resolve_backend(
+        cfg.model.attention,
+        platform,
+        cfg.model.compute_dtype,
+        doc_masking=cfg.data.doc_masking,
+        context=mesh.shape.get("context", 1) > 1,
+    )
     saved = None if policy is None else policy.save
     recompute = recompute_flops(cfg.model, seq_len, cfg.trainer.global_batch, saved, backend=backend) / mesh.size
     return {

@@ -24,6 +24,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 # `auto` picks by the platform the step compiles for (olmax.model.attention.resolve_backend).
 ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
 MASKING_BACKENDS = ("xla", "splash")  # those that take segment ids (attention within documents)
+# Those with a context-parallel form (keys and values gathered over `context` in a shard_map). jax's
+# cuDNN call aligns its causal mask at the first key, so a chunk of queries against the whole
+# sequence's keys cannot be written as one call (docs/attention.md, "Context parallelism").
+CONTEXT_BACKENDS = ("xla", "splash")
 ROPE_TYPES = ("default", "yarn")
 ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
@@ -52,10 +56,17 @@ NOT_ARCHITECTURE = frozenset(RUNTIME_FIELDS + CONTEXT_FIELDS + ("init_std",))
 
 def check_context(cfg: "ExperimentConfig", context: int) -> None:
     """What a context axis of `context` devices needs of the rest of the config: the sequence splits
-    into `context` equal chunks, the output layer's chunks (trainer.loss_chunk) fit one of them, and
-    a named splash backend's tiles fit its queries. `auto` resolves to splash only when the platform
-    is known: the trainer checks it then (olmax.train_step.batch_layout)."""
+    into `context` equal chunks, the output layer's chunks (trainer.loss_chunk) fit one of them, a
+    named backend has a context-parallel form, and a named splash backend's tiles fit its queries.
+    `auto` resolves to splash only when the platform is known: the trainer checks it then
+    (olmax.train_step.batch_layout)."""
     seq_len, chunk = cfg.data.seq_len, cfg.trainer.loss_chunk
+    if cfg.model.attention not in ("auto", *CONTEXT_BACKENDS):
+        raise ConfigError(
+            f"model.attention={cfg.model.attention} has no context-parallel form (jax's cuDNN call cannot offset "
+            f"its causal mask to a chunk of the sequence): with mesh.context={context} use model.attention=auto "
+            f"(it runs xla instead of cudnn on GPUs) or one of {', '.join(CONTEXT_BACKENDS)}"
+        )
     if seq_len % context:
         raise ConfigError(
             f"data.seq_len={seq_len} is not divisible by mesh.context={context}: the context axis splits every "
@@ -180,7 +191,8 @@ class ModelConfig:
     """dtype of the matmuls and activations; norms, RoPE, softmax statistics and the loss stay float32."""
     attention: str = "auto"
     """Attention backend: auto (splash on TPU, cudnn on GPU, xla on CPU, from the platform the step
-    compiles for), xla (any device), cudnn (NVIDIA GPUs) or splash (TPUs); docs/attention.md."""
+    compiles for; xla on GPU with documents masked or a context axis), xla (any device), cudnn (NVIDIA
+    GPUs; no document mask, no mesh.context) or splash (TPUs); docs/attention.md."""
     splash_blocks: SplashBlocks = field(default_factory=SplashBlocks)
     """Tile sizes of the splash attention kernel (TPU)."""
     remat: str = "none"

@@ -11,7 +11,8 @@ Scores are scaled by 1/sqrt(head_dim) and the softmax runs in float32.
 Backends (docs/attention.md), the table BACKENDS:
   xla     plain JAX, blockwise with a flash-style custom VJP; runs anywhere, the reference.
   cudnn   jax.nn.dot_product_attention with implementation="cudnn" (NVIDIA GPU, bf16/fp16 only);
-          it takes no segment ids (jax 0.10.2's public call has no document mask), so it refuses them.
+          it takes no segment ids (jax 0.10.2's public call has no document mask), so it refuses them,
+          and it has no context-parallel form (its causal mask cannot start at a chunk's offset).
   splash  Pallas splash attention (TPU); on any other platform it runs in Pallas interpret mode,
           which is slow but exact, so tests can check it on CPU.
   auto    the fast kernel of the platform the step compiles for (`resolve_backend`).
@@ -20,6 +21,7 @@ Context parallelism: under a mesh whose `context` axis splits the sequence, each
 own contiguous chunk of queries and all-gathers keys, values and their segment ids over `context`
 (one gather of K and one of V per layer; their gradients come back through its transpose, a
 reduce-scatter). The causal, window and document masks then use the chunk's global query offset.
+xla and splash do this (CONTEXT_BACKENDS); cudnn is refused, and `auto` runs xla instead of it.
 
 Rematerialisation: every backend names attention's result `attn_context` (remat.ATTENTION_TAG) with
 `checkpoint_name`, inside its shard_map where it has one (jax.checkpoint's policy sees names there
@@ -42,7 +44,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import NamedSharding, PartitionSpec
 
-from olmax.config import MASKING_BACKENDS, SplashBlocks
+from olmax.config import CONTEXT_BACKENDS, MASKING_BACKENDS, SplashBlocks
 from olmax.remat import ATTENTION_TAG
 from olmax.sharding import logical_to_spec
 
@@ -52,26 +54,36 @@ log = logging.getLogger(__name__)
 AUTO_BACKENDS = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}
 
 
-def resolve_backend(backend: str, platform: str, dtype=jnp.bfloat16, *, doc_masking: bool = False) -> str:
+def resolve_backend(
+    backend: str, platform: str, dtype=jnp.bfloat16, *, doc_masking: bool = False, context: bool = False
+) -> str:
     """The backend that runs: `auto` becomes the platform's fast kernel (xla where that kernel
-    cannot take the inputs: cuDNN has no float32 kernel and no document mask), any other name stays;
-    a named backend that cannot mask within documents is an error when `doc_masking`."""
+    cannot take the inputs: cuDNN has no float32 kernel, no document mask and no context-parallel
+    form), any other name stays; a named backend that cannot mask within documents (`doc_masking`) or
+    split the sequence over the mesh's `context` axis (`context`) is an error."""
+    lacks = lambda name: [
+        what
+        for what, needed, able in (
+            ("mask attention within documents", doc_masking, MASKING_BACKENDS),
+            ("split the sequence over mesh.context", context, CONTEXT_BACKENDS),
+        )
+        if needed and name not in able
+    ]
     if backend == "auto":
         name = AUTO_BACKENDS.get(platform, "xla")
         if name == "cudnn" and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
             return "xla"
-        if doc_masking and name not in MASKING_BACKENDS:
-            log.warning(
-                "attention: %s cannot mask within documents; auto runs the xla backend for data.doc_masking", name
-            )
+        if lacks(name):
+            log.warning("attention: %s cannot %s; auto runs the xla backend", name, " or ".join(lacks(name)))
             return "xla"
         return name
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; known: auto, {', '.join(BACKENDS)}")
-    if doc_masking and backend not in MASKING_BACKENDS:
+    if lacks(backend):
         raise ValueError(
-            f"attention backend {backend!r} cannot mask attention within documents (jax's cuDNN call takes no "
-            f"segment ids): with data.doc_masking=true use model.attention=auto or one of {', '.join(MASKING_BACKENDS)}"
+            f"attention backend {backend!r} cannot {' or '.join(lacks(backend))} (jax's cuDNN call takes no "
+            "segment ids and cannot offset its causal mask to a chunk of the sequence): use "
+            f"model.attention=auto or one of {', '.join(b for b in BACKENDS if not lacks(b))}"
         )
     return backend
 
@@ -113,7 +125,9 @@ def attention(
 ):
     """backend: a BACKENDS name or `auto`. splash_blocks: the splash kernel's tiles (default
     SplashBlocks()). segments: (batch, seq) int32 segment ids (`segment_ids`), or None (no document mask)."""
-    name = resolve_backend(backend, target_platform(), q.dtype, doc_masking=segments is not None)
+    layout = _mesh_layout(q, k)
+    context = layout is not None and layout.context
+    name = resolve_backend(backend, target_platform(), q.dtype, doc_masking=segments is not None, context=context)
     if name == "splash":
         return _splash_attention(q, k, v, window, splash_blocks or SplashBlocks(), segments)
     if name == "xla":
