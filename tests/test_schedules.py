@@ -14,12 +14,15 @@ from olmax.schedules import make_schedule, steps_for_tokens
 from olmax.train import train
 
 STAGE1_TOKENS_PER_STEP = 512 * 8192  # 4,194,304
+# AI2's stage 1 (docs/reference.md): the cosine up to step 596,047, the checkpoint -pretrain-2.py
+# resumes from; from step 596,048 HalfCosWithWarmup(warmup 597,046) to 7e12 tokens.
 STAGE1 = ScheduleConfig(
     name="stitched_cosine",
     warmup_steps=2000,
     alpha_f=0.1,
     t_max_tokens=5 * 10**12,
-    switch_step=597_047,
+    switch_step=596_048,
+    half_cos_warmup=597_046,
     final_t_max_tokens=7 * 10**12,
 )
 
@@ -33,9 +36,10 @@ def test_stage1_horizons_from_tokens():
     assert steps_for_tokens(7 * 10**12, STAGE1_TOKENS_PER_STEP) == 1_668_931
 
 
-# STAGE1_LR (tests/reference_values.py). 2e-7 relative: float32 reproduces them to ~1e-7, and the two
-# values either side of the switch (597046 / 597047) differ by 2.3e-6 relative, so a one-step
-# error in the switch or in the 1-based numbering fails.
+# STAGE1_LR (tests/reference_values.py). 2e-7 relative: float32 reproduces them to ~1e-7, and
+# neighbouring steps around the resume differ by more (597,045 / 597,046 by 1.7e-6 relative on the
+# ramp, 597,046 / 597,047 by 1.2e-6; 596,047 / 596,048 by 3.8e-3), so a one-step error in the switch,
+# the ramp's end or the 1-based numbering fails.
 @pytest.mark.parametrize("step,expected", STAGE1_LR)
 def test_stage1_check_values(step, expected):
     assert float(stage1_schedule()(step)) == pytest.approx(expected, rel=2e-7)
@@ -56,9 +60,15 @@ def test_bad_configs_are_errors():
         ScheduleConfig(name="cosin")
     with pytest.raises(ConfigError, match="switch_step"):
         ScheduleConfig(name="stitched_cosine")
+    with pytest.raises(ConfigError, match="half_cos_warmup > 0"):
+        replace(STAGE1, half_cos_warmup=0)
     with pytest.raises(ConfigError, match="switch_step < t_max"):
         make_schedule(
             replace(STAGE1, switch_step=1_300_000), lr=3e-4, max_steps=1, tokens_per_step=STAGE1_TOKENS_PER_STEP
+        )
+    with pytest.raises(ConfigError, match="half_cos_warmup < final t_max"):
+        make_schedule(
+            replace(STAGE1, half_cos_warmup=1_668_931), lr=3e-4, max_steps=1, tokens_per_step=STAGE1_TOKENS_PER_STEP
         )
 
 
@@ -147,20 +157,79 @@ def test_against_olmo_core_schedulers():
 
 
 @pytest.mark.parity
-def test_stage1_against_olmo_core_cosine_and_half_cosine():
-    """Part 1 is CosWithWarmup(2000, t_max 1,192,093); part 2 equals HalfCosWithWarmup with its
-    'warmup' at the last part-1 step, ending at 1,668,931. Sampled over the whole stage-1 range."""
-    from olmo_core.optim import CosWithWarmup, HalfCosWithWarmup
-
-    part1 = CosWithWarmup(warmup=2000, alpha_f=0.1, t_max=1_192_093)
-    part2 = HalfCosWithWarmup(warmup=597_046, alpha_f=0.1, t_max=1_668_931)
-    steps = np.unique(
-        np.concatenate(
-            [np.linspace(1, 1_668_931, 2001).astype(int), np.arange(596_990, 597_100), np.arange(1, 2100, 7)]
-        )
-    )
-    ref = np.array([float((part1 if s < 597_047 else part2).get_lr(3e-4, int(s), 1_668_931)) for s in steps])
+def test_stage1_across_the_resume_as_olmo_core_ran_it():
+    """AI2's two stage-1 scripts, run through OLMo-core's own scheduler, optimizer config and trainer
+    step logic: -pretrain-1.py's CosWithWarmup up to its step-596,047 checkpoint; -pretrain-2.py loads
+    that checkpoint with its trainer and optimizer state (global step, tokens seen, the param groups)
+    and sets the LR with HalfCosWithWarmup(warmup = 5e12 tokens // batch // 2 + 2000 // 2) against the
+    7e12-token max_duration. olmax's stage-1 schedule gives the LR of every step around the resume and
+    of steps sampled over the whole run."""
     import jax.numpy as jnp
+    import torch
+    from olmo_core.optim import CosWithWarmup, HalfCosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
+    from olmo_core.train import Duration
+    from olmo_core.train.trainer import Trainer
 
+    from olmax.recipes import STAGE1_SCHEDULE
+
+    class TrainerClock:
+        """What OLMo-core's step schedulers read from the Trainer (Scheduler.set_lr: global_step and
+        max_steps), with max_steps computed by the Trainer's own property from a tokens max_duration."""
+
+        max_steps = Trainer.max_steps
+        _get_max_steps = Trainer._get_max_steps
+        tokens_per_batch = Trainer.tokens_per_batch
+
+        def __init__(self, max_duration, global_batch_size, global_step=0, global_train_tokens_seen=0):
+            self.max_duration, self.global_batch_size = max_duration, global_batch_size
+            self.global_step, self.global_train_tokens_seen = global_step, global_train_tokens_seen
+
+        def step(self):
+            """Trainer._fit_epoch's bookkeeping before a batch's optimizer step (every batch is full)."""
+            self.global_step += 1
+            self.global_train_tokens_seen += self.global_batch_size
+
+    assert STAGE1 == STAGE1_SCHEDULE
+    batch, lr, resume_step, last_step = 8192 * 512, 3e-4, 596_047, 1_413_814
+    watch = set(range(1, 2101)) | set(range(595_900, 597_200))
+    watch |= {int(s) for s in np.linspace(1, last_step, 2001)} | {1_668_931}
+
+    def optimizer():
+        model = torch.nn.Module()
+        model.embeddings, model.w = torch.nn.Embedding(4, 2), torch.nn.Linear(2, 2)
+        return SkipStepAdamWConfig(
+            lr=lr,
+            weight_decay=0.1,
+            betas=(0.9, 0.95),
+            group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts=dict(weight_decay=0.0))],
+        ).build(model)
+
+    def run(clock, scheduler, optim, stop):
+        lrs = {}
+        while clock.global_step < stop:
+            clock.step()
+            if clock.global_step in watch:
+                lrs[clock.global_step] = [float(scheduler.set_lr(g, clock)) for g in optim.param_groups]
+        return lrs
+
+    optim1 = optimizer()
+    clock1 = TrainerClock(Duration.tokens(int(5e12)), batch)
+    part1 = run(clock1, CosWithWarmup(warmup=2000), optim1, resume_step)
+    assert clock1.max_steps == 1_192_093
+
+    optim2 = optimizer()
+    optim2.load_state_dict(optim1.state_dict())  # the checkpoint's param groups; initial_lr stays 3e-4
+    assert [g["initial_lr"] for g in optim2.param_groups] == [lr, lr]
+    clock2 = TrainerClock(Duration.tokens(int(7e12)), batch, clock1.global_step, clock1.global_train_tokens_seen)
+    half = HalfCosWithWarmup(warmup=int(5e12) // batch // 2 + 2000 // 2)
+    assert (half.warmup, clock2.max_steps) == (597_046, 1_668_931)
+    part2 = run(clock2, half, optim2, last_step)
+
+    ref = {**part1, **part2}
+    assert all(a == b for a, b in ref.values())  # both param groups follow the one schedule
+    steps = np.array(sorted(ref))
     got = np.asarray(stage1_schedule()(jnp.asarray(steps)))
-    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    np.testing.assert_allclose(got, [ref[s][0] for s in steps], rtol=1e-6)
+    # the resume lands on HalfCosWithWarmup's warmup ramp, 0.38% below the cosine's last value
+    assert ref[596_048][0] == pytest.approx(1.65e-4 * 596_048 / 597_046, rel=1e-12)
+    assert ref[596_048][0] / ref[596_047][0] == pytest.approx(1 - 3.82e-3, abs=1e-5)

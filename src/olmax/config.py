@@ -399,10 +399,15 @@ class ScheduleConfig:
     """Horizon in epochs of the training data (OLMo-core's Duration.epochs): steps = epochs x the whole
     global batches in one epoch, counted when the run opens its data. A run stops at trainer.max_steps."""
     switch_step: int = 0
-    """stitched_cosine: from this step on, the second half of a cosine that ends at alpha_f * lr after
-    `final_t_max_tokens` tokens."""
+    """stitched_cosine: the first step under the second scheduler, OLMo-core's
+    HalfCosWithWarmup(warmup=half_cos_warmup, t_max=final_t_max_tokens); the steps before it follow the
+    cosine. AI2's stage 1: 596,048, the step after the checkpoint -pretrain-2.py resumed from."""
+    half_cos_warmup: int = 0
+    """stitched_cosine: HalfCosWithWarmup's warmup. Before this step the second scheduler is on its
+    warmup ramp, (lr + alpha_f * lr) / 2 x step / half_cos_warmup; from it on, the second half of a
+    cosine from that midpoint to alpha_f * lr at `final_t_max_tokens`. AI2's stage 1: 597,046."""
     final_t_max_tokens: Optional[int] = None
-    """stitched_cosine: the horizon, in tokens, of the cosine after `switch_step`."""
+    """stitched_cosine: the horizon, in tokens, of the second scheduler."""
     decay_fraction: float = 0.1
     """wsd: the last fraction of the horizon decays linearly."""
 
@@ -419,9 +424,12 @@ class ScheduleConfig:
                 f"schedule.t_max_epochs must be a positive number of epochs and excludes schedule.t_max_tokens, "
                 f"got t_max_epochs={self.t_max_epochs}, t_max_tokens={self.t_max_tokens}"
             )
-        if self.name == "stitched_cosine" and (self.switch_step <= 0 or self.final_t_max_tokens is None):
+        if self.name == "stitched_cosine" and (
+            self.switch_step <= 0 or self.half_cos_warmup <= 0 or self.final_t_max_tokens is None
+        ):
             raise ConfigError(
-                "schedule.name=stitched_cosine needs schedule.switch_step > 0 and schedule.final_t_max_tokens"
+                "schedule.name=stitched_cosine needs schedule.switch_step > 0, schedule.half_cos_warmup > 0 "
+                "and schedule.final_t_max_tokens"
             )
 
 

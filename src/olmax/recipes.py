@@ -63,14 +63,16 @@ BENCH_SMALL = replace(
 )
 
 
-# AI2's stage-1 run (OLMo-3-1025-7B-pretrain-1/-2.py): cosine from 5e12 tokens, stitched at step
-# 597,047 onto a half-cosine to 7e12 tokens; stopped after step 1,413,814 (the stage-2 start).
+# AI2's stage-1 run (OLMo-3-1025-7B-pretrain-1/-2.py): the cosine to 5e12 tokens up to step 596,047;
+# -pretrain-2.py resumed from that step's checkpoint with HalfCosWithWarmup(warmup 597,046) to 7e12
+# tokens, on its warmup ramp until step 597,046 (docs/reference.md); stopped after step 1,413,814.
 STAGE1_SCHEDULE = ScheduleConfig(
     name="stitched_cosine",
     warmup_steps=2000,
     alpha_f=0.1,
     t_max_tokens=5 * 10**12,
-    switch_step=597_047,
+    switch_step=596_048,
+    half_cos_warmup=597_046,
     final_t_max_tokens=7 * 10**12,
 )
 STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # enters the data fingerprint

@@ -51,22 +51,36 @@ def cosine_with_warmup(step, *, lr: float, warmup: int, t_max: int, alpha_f: flo
     return jnp.where(step < warmup, _warmup(step, lr, warmup), cos) if warmup > 0 else cos
 
 
-def stitched_cosine(step, *, lr: float, warmup: int, t_max: int, switch_step: int, final_t_max: int, alpha_f: float):
-    """AI2's stage-1 schedule: `cosine_with_warmup` up to switch_step - 1, then from switch_step the
-    second half of a cosine between lr and alpha_f * lr that starts at step switch_step - 1 (at the
-    midpoint, (lr + alpha_f * lr) / 2) and ends at final_t_max. This is OLMo-core's
-    `HalfCosWithWarmup(warmup=switch_step - 1, t_max=final_t_max)` past its warmup, and matches the
-    stage-1 check values of docs/reference.md (597,047 -> 1.6499980e-4, 1,000,000 -> 8.9834077e-5).
+def stitched_cosine(
+    step,
+    *,
+    lr: float,
+    warmup: int,
+    t_max: int,
+    switch_step: int,
+    half_cos_warmup: int,
+    final_t_max: int,
+    alpha_f: float,
+):
+    """AI2's stage 1 across its resume: `cosine_with_warmup` before switch_step, then from switch_step on
+    OLMo-core's `HalfCosWithWarmup(warmup=half_cos_warmup, t_max=final_t_max, alpha_f)` of the same
+    1-based step. That scheduler ramps linearly from 0 to the midpoint m = (lr + alpha_f * lr) / 2
+    over its warmup, so a resume before half_cos_warmup lands on the ramp (m * step / half_cos_warmup);
+    from half_cos_warmup on it is the second half of a cosine from m to alpha_f * lr at final_t_max.
+    AI2: switch_step 596,048 (the step after the checkpoint it resumed from), half_cos_warmup 597,046,
+    so 596,047 -> 1.6535619e-4, 596,048 -> 1.6472419e-4, 597,046 -> 1.65e-4 (docs/reference.md).
     """
     step = jnp.asarray(step, jnp.int32)
     final = alpha_f * lr
-    start = switch_step - 1
-    # Half a cosine from the midpoint, x = (step - start) / (T - start):
+    mid = 0.5 * (lr + final)
+    ramp = mid * _fraction(step, 0, half_cos_warmup)
+    # Half a cosine from the midpoint, x = (step - half_cos_warmup) / (T - half_cos_warmup):
     # (1 + cos(pi (1 + x) / 2)) / 2 = (1 - sin(pi x / 2)) / 2, the form with the accurate float32 argument.
-    x = _fraction(step, start, final_t_max - start)
+    x = _fraction(step, half_cos_warmup, final_t_max - half_cos_warmup)
     half = final + (lr - final) * 0.5 * (1.0 - jnp.sin(0.5 * jnp.pi * x))
+    part2 = jnp.where(step < half_cos_warmup, ramp, half)
     part1 = cosine_with_warmup(step, lr=lr, warmup=warmup, t_max=t_max, alpha_f=alpha_f)
-    return jnp.where(step < switch_step, part1, half)
+    return jnp.where(step < switch_step, part1, part2)
 
 
 def wsd(step, *, lr: float, warmup: int, t_max: int, decay: int, alpha_f: float):
@@ -127,13 +141,20 @@ def make_schedule(
         return lambda s: cosine_with_warmup(s, lr=lr, warmup=w, t_max=t_max, alpha_f=a)
     if cfg.name == "stitched_cosine":
         final_t_max = steps_for_tokens(cfg.final_t_max_tokens, tokens_per_step)
-        if not w < cfg.switch_step < t_max < final_t_max:
+        if not (w < cfg.switch_step < t_max < final_t_max and cfg.half_cos_warmup < final_t_max):
             raise ConfigError(
-                f"stitched_cosine needs warmup_steps < switch_step < t_max < final t_max, got "
-                f"{w}, {cfg.switch_step}, {t_max}, {final_t_max}"
+                f"stitched_cosine needs warmup_steps < switch_step < t_max < final t_max and half_cos_warmup "
+                f"< final t_max, got {w}, {cfg.switch_step}, {t_max}, {final_t_max}, {cfg.half_cos_warmup}"
             )
         return lambda s: stitched_cosine(
-            s, lr=lr, warmup=w, t_max=t_max, switch_step=cfg.switch_step, final_t_max=final_t_max, alpha_f=a
+            s,
+            lr=lr,
+            warmup=w,
+            t_max=t_max,
+            switch_step=cfg.switch_step,
+            half_cos_warmup=cfg.half_cos_warmup,
+            final_t_max=final_t_max,
+            alpha_f=a,
         )
     if cfg.name == "wsd":
         decay = round(t_max * cfg.decay_fraction)
