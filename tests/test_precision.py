@@ -6,6 +6,10 @@ in the activations' dtype); the norm's is autodiff's.
 Both sides compute in float32 and round once to bf16, so they agree to bf16 rounding: at most one bf16
 step (2^-8 relative) on a few elements, exactly everywhere else. The weight gradient, a float32 sum
 over tokens, agrees to float32 rounding.
+
+The final norm and the LM head are checked against OLMo-core's `LMHead` as its FSDP mixed-precision
+policy runs it in training: every parameter cast to bf16 (`param_dtype=bfloat16`), olmax's kept in
+float32 and rounded where used.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ torch = pytest.importorskip("torch")
 layer_norm = pytest.importorskip("olmo_core.nn.layer_norm")
 olmo_rope = pytest.importorskip("olmo_core.nn.rope")
 
+from models import make_olmo_core_model, olmax_config_of  # noqa: E402
+
 from olmax.config import ModelConfig  # noqa: E402
-from olmax.model.olmo3 import rms_norm  # noqa: E402
+from olmax.model.olmo3 import final_norm, lm_head, rms_norm  # noqa: E402
 from olmax.model.rope import apply_rope, rope_tables  # noqa: E402
 
 pytestmark = pytest.mark.parity
@@ -85,3 +91,36 @@ def test_rope_gradient_matches_olmo_core():
     assert y.dtype == d_q.dtype == jnp.bfloat16
     _close_in_bf16(y, q_rot.float().detach().numpy())
     _close_in_bf16(d_q, qt.grad.float().numpy())
+
+
+def test_final_norm_and_lm_head_match_olmo_core_in_bf16():
+    # OLMo-core's final norm is `lm_head.norm`; the random model's norm weights lie in [0.5, 1.5), most
+    # of them between two bf16 numbers, as a trained model's do (at init they are 1, which bf16 holds)
+    model = make_olmo_core_model(vocab=384, n_layers=1, seed=3)
+    cfg = olmax_config_of(model, 384, compute_dtype="bfloat16")
+    head = model.lm_head
+    params = {
+        "final_norm": jnp.asarray(head.norm.weight.detach().numpy()),
+        "lm_head": jnp.asarray(head.w_out.weight.detach().numpy().T),
+    }
+    assert params["final_norm"].dtype == jnp.float32
+    # what FSDP's unsharded parameters are under `MixedPrecisionPolicy(param_dtype=bfloat16)`: each
+    # float32 parameter cast to bf16 (Transformer.apply_fsdp, olmo_core/nn/transformer/model.py)
+    head = head.to(torch.bfloat16)
+    x = _bf16(np.random.default_rng(2), (4, 64, cfg.d_model), 3.0)
+    with torch.no_grad():
+        xt = torch.tensor(x).to(torch.bfloat16)
+        normed_ref, logits_ref = head.norm(xt).float().numpy(), head(xt).float().numpy()
+
+    normed = final_norm(params, jnp.asarray(x, jnp.bfloat16), cfg)
+    logits = lm_head(params, normed, cfg)
+    assert normed.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
+    # (measured: identical, every element)
+    _close_in_bf16(normed, normed_ref)
+    # OLMo-core's bf16 linear returns bf16 logits; olmax keeps the float32 result of the same dot
+    _close_in_bf16(logits.astype(jnp.bfloat16), logits_ref)
+    # the bound tells the weights apart: with the final norm's weight left in float32, 29% of the
+    # normed elements differ (and 55% of the logits)
+    unrounded = rms_norm(jnp.asarray(x, jnp.bfloat16), params["final_norm"], cfg.norm_eps)
+    with pytest.raises(AssertionError, match="of elements differ"):
+        _close_in_bf16(unrounded, normed_ref)

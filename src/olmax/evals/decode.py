@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from olmax.config import ModelConfig
-from olmax.model.olmo3 import block, lm_head, rms_norm
+from olmax.model.olmo3 import block, final_norm, lm_head
 from olmax.model.rope import rope_tables
 
 
@@ -87,5 +87,4 @@ def cached_forward(params: dict, cache: dict, tokens: jnp.ndarray, start: jnp.nd
     x, (k_new, v_new) = jax.lax.scan(
         layer, x, (params["layers"], cache["k"], cache["v"], _layer_windows(cfg, length), scaled_layers)
     )
-    hidden = rms_norm(x, params["final_norm"], cfg.norm_eps)
-    return lm_head(params, hidden, cfg), {"k": k_new, "v": v_new}
+    return lm_head(params, final_norm(params, x, cfg), cfg), {"k": k_new, "v": v_new}

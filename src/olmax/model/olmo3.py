@@ -157,6 +157,20 @@ def rms_norm(x, weight, eps: float):
     return (xf * weight.astype(jnp.float32)).astype(x.dtype)
 
 
+def weighted_norm(x, weight, eps: float):
+    """The model's norms: `rms_norm` with the stored weight (float32 in training) rounded to x's dtype,
+    the compute dtype, as FSDP's `param_dtype=bfloat16` rounds every weight OLMo-core's norms use. The
+    block norms and the final norm alike: ai2-olmo-core 3.0.0 puts the final norm in the LM head
+    (`LMHead.norm`, olmo_core/nn/lm_head.py), which `Transformer.apply_fsdp`
+    (olmo_core/nn/transformer/model.py) shards with the same mixed-precision policy as the blocks."""
+    return rms_norm(x, rounded(weight, x.dtype), eps)
+
+
+def final_norm(params: dict, x, cfg: ModelConfig):
+    """The norm on the last block's output, before the LM head (training, scoring and decoding)."""
+    return weighted_norm(x, params["final_norm"], cfg.norm_eps)
+
+
 def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     """One reordered-norm block: the only one, for training, scoring and KV-cache decoding.
 
@@ -171,7 +185,7 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     b, t, _ = x.shape
     # checkpoint_name tags the activations a remat policy keeps (olmax.remat.REMAT_TAGS); outside
     # jax.checkpoint it is the identity
-    norm = lambda y, name: rms_norm(y, rounded(p[name], x.dtype), cfg.norm_eps)
+    norm = lambda y, name: weighted_norm(y, p[name], cfg.norm_eps)
     x = checkpoint_name(x, "layer_input")
     q = norm(checkpoint_name(dense(x, p["q_proj"]), "q_proj"), "q_norm")
     k = norm(checkpoint_name(dense(x, p["k_proj"]), "k_proj"), "k_norm")
@@ -320,7 +334,7 @@ def forward_hidden(
         x, outs = run(x, jax.tree.map(lambda w: w[start:], layers), ropes, segments)
         per_layer.append(outs)
 
-    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    x = final_norm(params, x, cfg)
     if return_layers:
         return x, jnp.concatenate(per_layer)
     return x
