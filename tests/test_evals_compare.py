@@ -180,3 +180,17 @@ def test_few_points_are_drawn_with_markers(tmp_path, monkeypatch):
     lines = [line for fig in figures for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata()) == 1]
     assert len(lines) >= 4  # A, B, B - A, the paired difference
     assert all(line.get_marker() not in ("None", "", None) for line in lines)
+
+
+def test_runs_with_one_name_are_told_apart(tmp_path):
+    """Two runs' metrics.jsonl are named by their directories; a run against itself (or two runs whose
+    names agree) still gets both curves, labelled A and B, not one curve and a crash."""
+    steps = np.arange(1, 41)
+    for name in ("x", "y"):
+        (tmp_path / name).mkdir()
+        write_jsonl(tmp_path / name / "metrics.jsonl", steps, curve(steps))
+    report = compare_runs(tmp_path / "x" / "metrics.jsonl", tmp_path / "y" / "metrics.jsonl", tmp_path / "xy")
+    assert (report["label_a"], report["label_b"]) == ("x", "y")
+    report = compare_runs(tmp_path / "x", tmp_path / "x", tmp_path / "xx")
+    assert (report["label_a"], report["label_b"]) == ("x (A)", "x (B)")
+    assert (tmp_path / "xx" / "overlay.png").stat().st_size > 0

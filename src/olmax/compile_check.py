@@ -34,6 +34,7 @@ import jax
 
 from olmax.chips import Chip, chip_of_device_kind, chip_of_topology, compiler_options, gpu_cluster
 from olmax.config import ConfigError, ExperimentConfig
+from olmax.extras import require
 from olmax.flops import exact_step_flops, recompute_flops
 from olmax.model.attention import cudnn_target, resolve_backend
 from olmax.remat import REMAT_TAGS, remat_policy_of
@@ -70,6 +71,7 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
     # (parallel tests, a second check) would fail; on a host compiling for an absent TPU there is
     # no chip to share, and libtpu allows concurrent loads with this variable.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    require("libtpu", f"compiling for the TPU topology {topology}")
     from jax.experimental import topologies
 
     try:
@@ -85,13 +87,8 @@ def gpu_devices(topology: str) -> list:
     chip, nodes, gpus = gpu_cluster(topology)
     from jax.experimental import topologies
 
-    try:
-        import jax_cuda12_plugin  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            f"compiling for {topology} needs XLA's GPU compiler: pip install -e '.[gpu-compile]' and "
-            "nvidia-cudnn-cu12 (Makefile: make setup-test)"
-        ) from None
+    # cuDNN's attention also needs nvidia-cudnn-cu12 (Makefile: CUDNN), which compiling reports itself
+    require("jax_cuda12_plugin", f"compiling for {topology} (XLA's GPU compiler)")
     target = resources.files("olmax.gpu_targets").joinpath(chip.gpu_target).read_text()
     try:
         desc = topologies.get_topology_desc(

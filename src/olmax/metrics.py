@@ -24,9 +24,10 @@ from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 from olmax import runpath
-from olmax.config import ConfigError, ExperimentConfig, WandbConfig
+from olmax.config import ExperimentConfig, WandbConfig
 from olmax.config_io import to_dict
 from olmax.evals.jsonl import read_jsonl
+from olmax.extras import require
 from olmax.flops import exact_step_flops
 
 # olmax train_step metric -> OLMo-core name
@@ -176,12 +177,7 @@ class _WandbRun:
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str | Path, local: Path):
         """`local`: where W&B writes its files (the run directory, or the staging one of a gs:// run)."""
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError(
-                f"wandb.mode={cfg.wandb.mode} needs the wandb package: pip install 'olmax[wandb]'"
-            ) from None
+        wandb = require("wandb", f"wandb.mode={cfg.wandb.mode}")
         w: WandbConfig = cfg.wandb
         run_id = runpath.read_text(run_dir, "wandb_id")
         if run_id is None:

@@ -41,7 +41,7 @@ def join(run_dir: str | os.PathLike, *names: str) -> str:
 
 
 def _fs(path: str):
-    from fsspec.core import url_to_fs
+    from olmax.extras import url_to_fs
 
     return url_to_fs(path)
 

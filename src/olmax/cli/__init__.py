@@ -23,6 +23,7 @@ from olmax.cli import (  # noqa: F401
 from olmax.cli.common import app
 from olmax.config import ConfigError
 from olmax.exits import ExitStatus
+from olmax.extras import MissingExtra
 
 __all__ = ["app", "main"]
 
@@ -31,6 +32,9 @@ def main() -> None:
     """The `olmax` program. Exit statuses follow olmax.exits (0 done, 2 a user error, ...)."""
     try:
         app()
+    except MissingExtra as e:
+        typer.echo(f"missing extra: {e}", err=True)
+        sys.exit(ExitStatus.USER_ERROR)
     except ConfigError as e:
         typer.echo(f"config error: {e}", err=True)
         sys.exit(ExitStatus.USER_ERROR)

@@ -126,6 +126,10 @@ def parity_cmd(
     correct conversion in that dtype, FAIL (exit 3) otherwise; bad input exits 2 (docs/conversion.md)."""
     from dataclasses import replace
 
+    from olmax.extras import require
+
+    for reference in ("torch", "transformers"):
+        require(reference, "olmax parity")
     from olmax.convert.parity import PARITY_BOUNDS, PARITY_DTYPES, PARITY_FAIL_EXIT, run_hf_parity
 
     if dtype not in PARITY_DTYPES:

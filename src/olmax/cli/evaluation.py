@@ -185,11 +185,9 @@ def eval_tasks_cmd(
 
     Task data comes from the HF hub unless --data-dir holds local copies; a task whose data cannot
     be reached is an error naming it (exit 2)."""
-    try:
-        import lm_eval  # noqa: F401  (the eval extra)
-    except ImportError as e:
-        typer.echo(f"eval error: `olmax eval tasks` needs the eval extra (pip install -e '.[eval]'): {e}", err=True)
-        raise typer.Exit(2) from None
+    from olmax.extras import require
+
+    require("lm_eval", "olmax eval tasks")
     from olmax.evals.tasks import format_tasks, run_tasks
 
     report = run_tasks(
@@ -392,7 +390,5 @@ def verify_cmd(
     )
     for surface, v in report["verdicts"].items():
         typer.echo(f"{SURFACE_NAMES[surface]:24s} {v:14s} ({rules(report)[surface]})")
-    if report["tasks_skipped"]:
-        typer.echo(f"tasks skipped: {report['tasks_skipped']}")
     typer.echo(f"report: {out / 'verify.md'}")
     write_json(json_out, report)

@@ -75,13 +75,11 @@ def generate_cmd(
 def lm_eval_cmd(ctx: typer.Context):
     """lm-eval's own command line (every flag of `lm_eval`) with the `olmax` model registered:
     olmax lm-eval --model olmax --model_args ckpt=C,tokenizer=dolma2 --tasks T [--include_path DIR ...]"""
-    try:
-        from lm_eval.__main__ import cli_evaluate
+    from olmax.extras import require
 
-        import olmax.evals.lm_eval_adapter  # noqa: F401  (registers the `olmax` model)
-    except ImportError as e:
-        typer.echo(f"lm-eval error: `olmax lm-eval` needs the eval extra (pip install -e '.[eval]'): {e}", err=True)
-        raise typer.Exit(2) from None
+    cli_evaluate = require("lm_eval.__main__", "olmax lm-eval").cli_evaluate
+    import olmax.evals.lm_eval_adapter  # noqa: F401  (registers the `olmax` model)
+
     argv = sys.argv
     sys.argv = ["lm-eval", *ctx.args]
     try:

@@ -41,6 +41,7 @@ from olmax.convert import (
     source_dtype,
 )
 from olmax.convert.hf import OLMO3_SPECIAL_TOKENS
+from olmax.extras import require
 from olmax.model.olmo3 import count_params
 
 OLMO_CORE_NAMES = {
@@ -75,11 +76,7 @@ STEP_KEY = ".step"  # AdamW's per-parameter count of applied updates (float), ol
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError:
-        raise ConversionError("reading a torch checkpoint needs torch: install the `parity` extra") from None
-    return torch
+    return require("torch", "reading a torch checkpoint")
 
 
 def _to_numpy(tensor) -> np.ndarray:
@@ -123,13 +120,7 @@ class TorchFileSource:
 
 def _olmo_core_checkpoint():
     _torch()
-    try:
-        from olmo_core.distributed import checkpoint as olmo_ckpt
-    except ImportError:
-        raise ConversionError(
-            "reading an OLMo-core distributed checkpoint needs ai2-olmo-core: install the `parity` extra"
-        ) from None
-    return olmo_ckpt
+    return require("olmo_core.distributed.checkpoint", "reading an OLMo-core distributed checkpoint")
 
 
 def dcp_directory(path: str | Path) -> Path:

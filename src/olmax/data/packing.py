@@ -117,7 +117,7 @@ def fetch_metadata(paths: Sequence[str]) -> list[bytes]:
     one filesystem on its event loop for the async backends (http, gcs) and hands back per-file
     errors, so each failure still names its file.
     """
-    from fsspec.core import url_to_fs
+    from olmax.extras import url_to_fs
 
     metas = [metadata_path(p) for p in paths]
     by_fs: dict[int, tuple[object, list[tuple[int, str]]]] = {}  # keyed by id: one batch per fs instance

@@ -77,10 +77,11 @@ def read_mix_file(path: str, base: Optional[str], tokenizer_dir: str = DOLMA3_TO
 
 def _read_text(path: str) -> str:
     if is_url(path):
-        import fsspec
+        from olmax.extras import url_to_fs
 
+        fs, p = url_to_fs(path)
         try:
-            with fsspec.open(path, "rt") as f:
+            with fs.open(p, "rt") as f:
                 return f.read()
         except Exception as exc:  # noqa: BLE001 -- see remote_error
             raise remote_error(f"mix file {path}", exc) from exc
@@ -91,7 +92,7 @@ def _read_text(path: str) -> str:
 
 def _glob(pattern: str) -> list[str]:
     if is_url(pattern):
-        from fsspec.core import url_to_fs
+        from olmax.extras import url_to_fs
 
         fs, fs_pattern = url_to_fs(pattern)
         matches = [fs.unstrip_protocol(m) for m in fs.glob(fs_pattern)]
@@ -150,7 +151,7 @@ def check_manifest_tokenizers(specs: Sequence[str], tok: TokenizerFields) -> Non
 
 def file_size(path: str) -> int:
     if is_url(path):
-        from fsspec.core import url_to_fs
+        from olmax.extras import url_to_fs
 
         fs, p = url_to_fs(path)
         try:
@@ -169,7 +170,7 @@ def file_size(path: str) -> int:
 def read_bytes(path: str, start: int, length: int) -> bytes:
     """`length` bytes from byte `start` of a local file or a URL (a range request, never the whole file)."""
     if is_url(path):
-        from fsspec.core import url_to_fs
+        from olmax.extras import url_to_fs
 
         fs, p = url_to_fs(path)
         try:

@@ -176,6 +176,13 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_label(run: str | Path) -> str:
+    """A run's default name in the report: its directory's for a metrics file inside one
+    (runs/x/metrics.jsonl is "x"), else the file's or directory's own."""
+    path = Path(run)
+    return path.parent.name if path.name == "metrics.jsonl" and path.parent.name else path.name
+
+
 def compare_runs(
     run_a: str,
     run_b: str,
@@ -209,10 +216,13 @@ def compare_runs(
     marks = list(landmarks) if landmarks else default_landmarks(ba, bb)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    label_a, label_b = label_a or run_label(run_a), label_b or run_label(run_b)
+    if label_a == label_b:  # one name for both would draw one curve (the plots key the runs by label)
+        label_a, label_b = f"{label_a} (A)", f"{label_b} (B)"
     report = {
         "metric": metric,
-        "label_a": label_a or Path(run_a).name,
-        "label_b": label_b or Path(run_b).name,
+        "label_a": label_a,
+        "label_b": label_b,
         "run_a": str(run_a),
         "run_b": str(run_b),
         "ref": str(ref_csv) if ref_csv else None,

@@ -49,6 +49,7 @@ from olmax.evals.domains import read_domains, score_domains
 from olmax.evals.heldout import labels_for, load_instances
 from olmax.evals.kl import token_kl
 from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
+from olmax.extras import require
 
 KL_FLOOR = 1.5e-3
 WITHIN, DIFFERS, UNDETERMINED = "within noise", "differs", "undetermined"
@@ -182,14 +183,6 @@ def compare_tasks(tasks_a: dict, tasks_b: dict, k: float) -> dict:
     return {"tasks": per_task, "macro": row(tasks_a["macro"], tasks_b["macro"])}
 
 
-def lm_eval_available() -> bool:
-    try:
-        import lm_eval  # noqa: F401  (the eval extra)
-    except ImportError:
-        return False
-    return True
-
-
 def verify(
     a: str | Path,
     b: str | Path,
@@ -221,7 +214,8 @@ def verify(
     pairs = resolve_landmarks(ckpt_a, ckpt_b, landmarks, step_a, step_b)
     mesh = mesh or eval_mesh()
     text_domains = read_domains(domains, by, max_docs) if domains else None
-    run_tasks_now = bool(tasks) and lm_eval_available()
+    if tasks:  # before any scoring: asked-for tasks that cannot run end the command, not a skip
+        require("lm_eval", "verify --tasks")
     scorers: dict = {}  # one compiled forward pass per (model config, vocab choice)
 
     def scorer(cfg, real_vocab: bool) -> TokenScorer:
@@ -264,7 +258,7 @@ def verify(
             )
             row["domains"] = compare_domains(score(params_a, cfg_a), score(params_b, cfg_b), sigmas)
         del params_a, params_b
-        if run_tasks_now:
+        if tasks:
             from olmax.evals.tasks import run_tasks
 
             run = lambda ckpt, at: run_tasks(
@@ -291,7 +285,6 @@ def verify(
         "instances": int(instances.shape[0]),
         "domains_data": domains,
         "tasks": list(tasks or []),
-        "tasks_skipped": (None if not tasks or run_tasks_now else "lm-eval is not installed (the eval extra)"),
         "limit": limit,
         "sigmas": sigmas,
         "kl_floor": kl_floor,
@@ -364,8 +357,6 @@ def format_report(report: dict) -> str:
     ]
     cell = lambda text: text.replace("|", "\\|")  # a bare | would split the markdown cell
     lines += [f"| {cell(SURFACE_NAMES[s])} | **{v}** | {cell(rule[s])} |" for s, v in report["verdicts"].items()]
-    if report["tasks_skipped"]:
-        lines.append(f"\ntasks skipped: {report['tasks_skipped']}")
     lines += [
         "",
         "## Held-out loss (nats/token) and token KL",
