@@ -8,6 +8,7 @@ the optional packages are blocked as Python blocks a module whose sys.modules en
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -67,8 +68,6 @@ def run_all(argvs: list[list[str]]) -> list[dict]:
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("core")
     cache, run_dir, ckpt = tmp / "cache", tmp / "run", tmp / "run" / "checkpoints"
-    import shutil
-
     shutil.copytree(tokenized_demo(), cache / "demo")
     (tmp / "text.jsonl").write_text(json.dumps({"text": "A short document to tokenize."}) + "\n")
     (tmp / "model.pt").write_bytes(b"not read: torch is missing")
@@ -93,7 +92,10 @@ def results(tmp_path_factory):
         ),
         "eval tasks": (["eval", "tasks", "--ckpt", ckpt, "--tasks", "arc_easy"], "eval"),
         "lm-eval": (["lm-eval", "--model", "olmax", "--tasks", "arc_easy"], "eval"),
-        "verify --tasks": (["verify", "--a", run_dir, "--b", run_dir, "--tasks", "arc_easy", "--out", tmp / "v"], "eval"),
+        "verify --tasks": (
+            ["verify", "--a", run_dir, "--b", run_dir, "--tasks", "arc_easy", "--out", tmp / "v"],
+            "eval",
+        ),
         "compile-check tpu": (["compile-check", "--recipe", "tiny", "--topology", "tpu7x:2x2x1"], "tpu"),
         "compile-check gpu": (["compile-check", "--recipe", "tiny", "--topology", "h100:1x8"], "gpu-compile"),
         "wandb": (["train", "--recipe", "tiny", "--run-dir", tmp / "w", *small, "wandb.mode=offline"], "wandb"),
