@@ -5,12 +5,29 @@ are skipped, with the reason, where those are not installed. docs/testing.md des
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def pytest_configure(config):
+    """One JAX persistent compilation cache for the whole session: the xdist workers and the `olmax`
+    processes tests start (which inherit the environment) compile many of the same small programs,
+    and each compiles them once. Made by the main process, so every worker shares it; a cache the
+    user set stands."""
+    if "PYTEST_XDIST_WORKER" in os.environ or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    cache = tempfile.mkdtemp(prefix="olmax-test-jax-cache-")
+    config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the suite's programs compile in < 1 s
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
 
 REFERENCES = ("torch", "transformers", "olmo_core")
 

@@ -11,6 +11,7 @@ key of another document moves them by > 1e-2).
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -130,9 +131,18 @@ MODEL = dataclasses.replace(
 )
 
 
-@pytest.mark.parametrize("rope_positions", ["document", "absolute"])
-@pytest.mark.parametrize("backend", ["xla", "splash"])
-def test_packed_instance_gives_each_documents_own_logits(rope_positions, backend):
+# The backend's mask and the RoPE positions are independent code: the default run takes each backend
+# with one kind of positions, the slow run the other two pairs.
+@pytest.mark.parametrize(
+    "backend,rope_positions",
+    [
+        ("xla", "document"),
+        ("splash", "absolute"),
+        pytest.param("xla", "absolute", marks=pytest.mark.slow),
+        pytest.param("splash", "document", marks=pytest.mark.slow),
+    ],
+)
+def test_packed_instance_gives_each_documents_own_logits(backend, rope_positions):
     """Row 0 packs three documents and a padding segment; each document's logits equal those of the
     document run alone (no segments, xla), on sliding (window 48) and global layers."""
     cfg = dataclasses.replace(MODEL, rope_positions=rope_positions, attention=backend)
@@ -157,8 +167,8 @@ def test_without_segments_the_model_is_unchanged():
     tokens = jax.random.randint(jax.random.key(1), (2, 64), 0, MODEL.vocab_size)
     one_doc = attn.segment_ids(jnp.zeros((2, 64), jnp.int32).at[:, 0].set(64))
     for rope_positions in ("absolute", "document"):
-        cfg = dataclasses.replace(MODEL, rope_positions=rope_positions)
-        _close(forward(params, tokens, cfg, segments=one_doc), forward(params, tokens, cfg))
+        run = jax.jit(functools.partial(forward, cfg=dataclasses.replace(MODEL, rope_positions=rope_positions)))
+        _close(run(params, tokens, segments=one_doc), run(params, tokens))
 
 
 def test_rope_tables_follow_rope_positions():
@@ -199,6 +209,7 @@ def test_config_refuses_masking_it_cannot_apply(tmp_path, overrides, match):
         small_config(tmp_path, *overrides)
 
 
+@pytest.mark.slow  # the default run trains packed and masked in test_context_parallel.py
 def test_packed_training_run_with_doc_masking(tmp_path):
     """The small run on the demo corpus, packed and masked within documents, document positions."""
     args = ["data.packing=obfd", "data.doc_masking=true", "model.rope_positions=document", "trainer.max_steps=3"]

@@ -2,6 +2,8 @@
 test_parity.py): parameter counts, OLMo-core's init, causality, remat and sharding transparency."""
 
 import dataclasses
+import functools
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -65,34 +67,48 @@ def test_logits_are_causal():
     assert not np.allclose(a[:, 20:], b[:, 20:])
 
 
-# one policy of each kind: nothing saved, the matmuls, named activations, host offload, and sets of
-# tags written in the config (every tag is in one of them)
+@functools.cache
+def _loss_and_grad(serial: bool, policy: Optional[str]):
+    """Loss and gradients of the remat test's model (with documents in the serial case, so integer
+    segment ids enter each block), without remat (policy None) or with `policy`: the reference of
+    each serial flag is computed once per test process."""
+    params = random_params(CFG, jax.random.key(2))
+    tokens = _tokens()
+    segments = jnp.broadcast_to(jnp.arange(tokens.shape[1]) // 12, tokens.shape) if serial else None
+    cfg = CFG if policy is None else dataclasses.replace(CFG, remat=policy, remat_serial=serial)
+    loss = lambda p: jnp.mean(jax.nn.logsumexp(forward(p, tokens, cfg, segments=segments), axis=-1))  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+# One policy of each kind: nothing saved, the matmuls, named activations, host offload, and sets of
+# tags written in the config (every tag is in one of them). The serial wrapper is the same code for
+# every policy, so the default run takes each policy in one order and the slow run the other.
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
-    "policy",
+    "policy,serial",
     [
-        "full",
-        "save_dots",
-        "save_attn_mlp_inputs",
-        "offload_qkv_proj",
-        "q_proj,k_proj,v_proj,attn_context",
-        "layer_input,o_proj,mlp_gate,mlp_up,mlp_down",
+        ("full", False),
+        pytest.param("full", True, marks=SLOW),
+        pytest.param("save_dots", False, marks=SLOW),
+        ("save_dots", True),
+        ("save_attn_mlp_inputs", False),
+        pytest.param("save_attn_mlp_inputs", True, marks=SLOW),
+        pytest.param("offload_qkv_proj", False, marks=SLOW),
+        ("offload_qkv_proj", True),
+        pytest.param("q_proj,k_proj,v_proj,attn_context", False, marks=SLOW),
+        ("q_proj,k_proj,v_proj,attn_context", True),
+        ("layer_input,o_proj,mlp_gate,mlp_up,mlp_down", False),
+        pytest.param("layer_input,o_proj,mlp_gate,mlp_up,mlp_down", True, marks=SLOW),
     ],
 )
-@pytest.mark.parametrize("serial", [False, True])
 def test_remat_changes_nothing(policy, serial):
     """Neither the policy nor the order of the backward pass (model.remat_serial: optimization
     barriers, and a custom VJP around each block) changes the loss or the gradients; with documents
     (integer segment ids enter each block) as without."""
-    params = random_params(CFG, jax.random.key(2))
-    tokens = _tokens()
-    segments = jnp.broadcast_to(jnp.arange(tokens.shape[1]) // 12, tokens.shape) if serial else None
-
-    def loss(p, cfg):
-        return jnp.mean(jax.nn.logsumexp(forward(p, tokens, cfg, segments=segments), axis=-1))
-
-    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
-    base_loss, base_grad = value_and_grad(params, CFG)
-    remat_loss, remat_grad = value_and_grad(params, dataclasses.replace(CFG, remat=policy, remat_serial=serial))
+    base_loss, base_grad = _loss_and_grad(serial, None)
+    remat_loss, remat_grad = _loss_and_grad(serial, policy)
     assert remat_loss == pytest.approx(float(base_loss), rel=1e-6)
     for g0, g1 in zip(jax.tree.leaves(base_grad), jax.tree.leaves(remat_grad)):
         np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-7)
