@@ -182,7 +182,7 @@ def test_preference_rows(tmp_path, tok):
 
 
 def test_parquet_input(tmp_path, tok):
-    import pyarrow as pa
+    pa = pytest.importorskip("pyarrow")  # the `parquet` extra
     import pyarrow.parquet as pq
 
     rows = [{"messages": CONVERSATIONS[1]}, {"messages": CONVERSATIONS[0]}]
