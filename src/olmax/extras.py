@@ -22,6 +22,7 @@ EXTRAS = {
     "jax_cuda12_plugin": "gpu-compile",
     "gcsfs": "remote",
     "aiohttp": "remote",
+    "pyarrow": "parquet",
 }
 
 # fsspec protocol -> the module its filesystem needs (fsspec's registry names these packages)

@@ -35,11 +35,42 @@ def tokenize_cmd(
     tokenizer: str = TokenizerOpt,
     workers: int = typer.Option(0, "--workers", help="encoding processes (0 = in this process)"),
     shard_tokens: int = typer.Option(1 << 26, "--shard-tokens", help="tokens per shard (closed at a document end)"),
+    chat: Optional[str] = typer.Option(
+        None,
+        "--chat",
+        help="instruct|think: inputs are chat rows (`messages`, or `chosen`/`rejected`; .jsonl* or .parquet), "
+        "rendered with OLMo 3's template and written with label masks as AI2's SFT files (docs/post-training.md)",
+    ),
+    max_seq_len: Optional[int] = typer.Option(
+        None, "--max-seq-len", help="--chat: truncate longer conversations to this many tokens (as AI2 did)"
+    ),
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Tokenize text into raw token shards OLMo-core and olmax read (resumes an interrupted run)."""
-    from olmax.data.tokenize import tokenize_files
+    """Tokenize text into raw token shards OLMo-core and olmax read (resumes an interrupted run); with
+    --chat, conversations into token ids and label masks."""
+    from olmax.data.tokenize import TokenizeError, tokenize_files
 
+    if chat is not None:
+        from olmax.data.chat import TEMPLATES
+        from olmax.data.chat_files import tokenize_chat
+
+        if chat not in TEMPLATES:
+            raise TokenizeError(f"--chat {chat!r}: expected one of {', '.join(TEMPLATES)}")
+        manifests = tokenize_chat(
+            inputs, out, chat, tokenizer=tokenizer, max_seq_len=max_seq_len, shard_tokens=shard_tokens
+        )
+        for sub, m in manifests.items():
+            c = m["chat"]
+            skipped = ",".join(f"{k}:{v}" for k, v in sorted(c["skipped"].items())) or "0"
+            typer.echo(
+                f"out={out / sub} parts={len(m['shards'])} tokens={m['total_tokens']} "
+                f"trainable={c['trainable_tokens']} rows={c['rows']} written={c['written']} "
+                f"truncated={c['truncated']} skipped={skipped} dtype={m['dtype']}"
+            )
+        write_json(json_out, manifests)
+        return
+    if max_seq_len is not None:
+        raise TokenizeError("--max-seq-len applies to --chat only")
     manifest = tokenize_files(inputs, out, tokenizer=tokenizer, workers=workers, shard_tokens=shard_tokens)
     summary = {
         "out": str(out),
