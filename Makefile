@@ -21,7 +21,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[parity,eval,wandb,dev,tpu,gpu-compile]'
+	$(BIN)/pip install -q -e '.[parity,eval,wandb,parquet,dev,tpu,gpu-compile]'
 	$(BIN)/pip install -q --no-deps '$(CUDNN)'
 	touch $@ $(VENV)/.core
 

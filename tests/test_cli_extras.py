@@ -19,7 +19,7 @@ from test_cli_options import commands
 
 # top-level modules of the extras (olmax.extras.EXTRAS) and the namespace the CUDA plugin's PJRT lives in
 BLOCKED = ("torch", "transformers", "olmo_core", "lm_eval", "wandb", "libtpu", "jax_cuda12_plugin", "jax_plugins")
-BLOCKED += ("gcsfs", "aiohttp")
+BLOCKED += ("gcsfs", "aiohttp", "pyarrow")
 
 # Runs each argv through olmax.cli.main with those modules blocked; prints [{argv, rc, stderr}] as JSON.
 RUNNER = textwrap.dedent(
@@ -71,6 +71,7 @@ def results(tmp_path_factory):
     shutil.copytree(tokenized_demo(), cache / "demo")
     (tmp / "text.jsonl").write_text(json.dumps({"text": "A short document to tokenize."}) + "\n")
     (tmp / "model.pt").write_bytes(b"not read: torch is missing")
+    (tmp / "chat.parquet").write_bytes(b"not read: pyarrow is missing")
     small = [o for o in SMALL if not o.startswith(("trainer.max_steps", "schedule.warmup_steps"))]
     small += ["trainer.max_steps=1", "schedule.warmup_steps=1", f"data.work_dir={cache}"]
     core = {
@@ -99,6 +100,10 @@ def results(tmp_path_factory):
         "compile-check tpu": (["compile-check", "--recipe", "tiny", "--topology", "tpu7x:2x2x1"], "tpu"),
         "compile-check gpu": (["compile-check", "--recipe", "tiny", "--topology", "h100:1x8"], "gpu-compile"),
         "wandb": (["train", "--recipe", "tiny", "--run-dir", tmp / "w", *small, "wandb.mode=offline"], "wandb"),
+        "tokenize --chat parquet": (
+            ["tokenize", "--chat", "instruct", tmp / "chat.parquet", "--out", tmp / "c"],
+            "parquet",
+        ),
         "gs:// data": (["data", "check", "--recipe", "tiny", "--paths", "gs://bucket/part-0.npy"], "remote"),
     }
     helps = {path: [*path.split(), "--help"] for path, _ in commands()}
