@@ -306,6 +306,9 @@ class DataConfig:
     doc_masking: bool = False
     """Send each instance's document lengths with the batch (OLMo-core's generate_doc_lengths); either
     packing. Training keeps attention within each document (docs/attention.md); `olmax data order` shows them."""
+    label_masks: bool = False
+    """obfd, SFT data: read `labels_mask_part_N.npy` beside each `token_ids_part_N.npy` (AI2's layout,
+    `olmax tokenize --chat`) and train only on the tokens it marks (OLMo-core's label_mask_paths)."""
 
     def __post_init__(self):
         _check_positive("data", self, "seq_len", "vocab_size")
@@ -325,7 +328,7 @@ class DataConfig:
         if not isinstance(self.source_group_size, int) or self.source_group_size < 1:
             raise ConfigError(f"data.source_group_size must be a positive integer, got {self.source_group_size!r}")
         if self.packing == "none":
-            for name, default in (("source_group_size", 1), ("long_doc_strategy", "truncate")):
+            for name, default in (("source_group_size", 1), ("long_doc_strategy", "truncate"), ("label_masks", False)):
                 if getattr(self, name) != default:
                     raise ConfigError(f"data.{name} applies to packed documents only: set data.packing=obfd")
         elif self.max_target_seq_len is not None:

@@ -150,7 +150,9 @@ def data_order_cmd(
     mix_base: Optional[str] = MixBaseOpt,
     work_dir: Optional[str] = WorkDirOpt,
     with_tokens: bool = typer.Option(
-        False, "--with-tokens", help="add each instance's tokens and doc_lens to the JSON (rank's `instances`)"
+        False,
+        "--with-tokens",
+        help="add each instance's tokens, doc_lens and (data.label_masks) label_mask to the JSON (rank's `instances`)",
     ),
     json_out: Optional[Path] = JsonOpt,
 ):

@@ -37,12 +37,13 @@ from olmax.data.chat import (
     preference_examples,
     sft_example,
 )
+from olmax.data.sources import MASK_PART_PREFIX, TOKEN_PART_PREFIX
 from olmax.data.tokenize import FORMAT, MANIFEST, TokenizeError, _open_decompressed
 from olmax.data.tokenizer import Encoder, TokenizerError, load_tokenizer
 
-TOKENS = "token_ids_part_{:04d}.npy"
-METADATA = "token_ids_part_{:04d}.csv.gz"
-MASKS = "labels_mask_part_{:04d}.npy"
+TOKENS = TOKEN_PART_PREFIX + "{:04d}.npy"
+METADATA = TOKEN_PART_PREFIX + "{:04d}.csv.gz"
+MASKS = MASK_PART_PREFIX + "{:04d}.npy"
 _SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 
 

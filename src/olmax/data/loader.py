@@ -8,6 +8,7 @@ Contract (what the trainer relies on)
         batch["index"]              # np.ndarray (rows,) int64: global instance ids of those rows
         batch["instance_mask"]      # np.ndarray (rows,) bool, only with data.instance_filter
         batch["doc_lens"]           # np.ndarray (rows, seq_len) int32, only with data.doc_masking
+        batch["label_mask"]         # np.ndarray (rows, seq_len) bool, only with data.label_masks
         ...train on it...
         loader.state()              # JSON-able; save it in the checkpoint of this step
     loader.audit()                  # {"instances_delivered", "repeats_in_epoch"} for the logs
@@ -32,6 +33,8 @@ Contract (what the trainer relies on)
   instance, one segment for all the padding), as OLMo-core's `generate_doc_lengths` counts them, then
   zeros up to seq_len (an instance has at most seq_len segments). Cumulative sums of the non-zero
   entries are the document starts.
+- `label_mask` row i: instance i's label masks (data.label_masks, SFT data), False over its padding,
+  as OLMo-core's packed dataset with `label_mask_paths` gives them; the loss trains only where it is True.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import numpy as np
 from olmax.data.filters import instance_mask
 from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
 from olmax.data.packing import PackedSource, doc_lengths, padded_doc_lens, permute_paths
-from olmax.data.sources import TokenSource, check_manifest_tokenizers, resolve_paths
+from olmax.data.sources import TokenSource, check_manifest_tokenizers, label_mask_paths, resolve_paths
 from olmax.data.tokenizer import TokenizerFields
 
 log = logging.getLogger(__name__)
@@ -84,7 +87,8 @@ Source = TokenSource | PackedSource
 def build_source(data_cfg, paths: Optional[Sequence[str]] = None) -> Source:
     """The instances of `data_cfg.paths` (or `paths`), checked against the configured tokenizer: chunks
     of each file (data.packing=none) or packed documents (obfd), the files in the permuted order when
-    data.source_permutation_seed is set (OLMo-core permutes the paths of every dataset kind)."""
+    data.source_permutation_seed is set (OLMo-core permutes the paths of every dataset kind); with
+    data.label_masks each file's label mask beside it (sources.label_mask_paths)."""
     specs = list(paths if paths is not None else data_cfg.paths)
     check_manifest_tokenizers(specs, tokenizer_fields(data_cfg))
     files = resolve_paths(
@@ -99,6 +103,7 @@ def build_source(data_cfg, paths: Optional[Sequence[str]] = None) -> Source:
             work_dir_of(data_cfg),
             long_doc_strategy=data_cfg.long_doc_strategy,
             group_size=data_cfg.source_group_size,
+            label_mask_paths=label_mask_paths(files) if data_cfg.label_masks else None,
         )
     return TokenSource(
         files, data_cfg.seq_len, tokenizer_fields(data_cfg), max_target_seq_len=data_cfg.max_target_seq_len
@@ -135,6 +140,7 @@ class RankBatches:
     start_batch: int
     apply_filter: bool
     doc_masking: bool = False
+    label_masks: bool = False
 
     def __len__(self) -> int:
         return num_batches(self.order_len, self.global_batch) - self.start_batch
@@ -168,6 +174,8 @@ class RankBatches:
         else:
             tokens = np.stack([self.source[int(i)] for i in ids]).astype(np.int32)
         out["input_ids"] = tokens
+        if self.label_masks:
+            out["label_mask"] = np.stack([self.source.label_mask(int(i)) for i in ids])
         if self.apply_filter:
             out["instance_mask"] = instance_mask(tokens)
         return out
@@ -246,6 +254,7 @@ class Loader:
             start_batch,
             self.cfg.instance_filter,
             self.cfg.doc_masking,
+            self.cfg.label_masks,
         )
 
     def __iter__(self) -> Iterator[dict]:
@@ -397,7 +406,7 @@ def order_report(
 ) -> dict:
     """Which instances each rank trained on at each step: for chunks, their file and token offset;
     for packed instances, their group and bin, documents and padding. With `with_tokens`, each rank
-    also lists `instances: [{"id", "tokens", "doc_lens"}]`.
+    also lists `instances: [{"id", "tokens", "doc_lens"}]`, plus "label_mask" with data.label_masks.
 
     Steps count from 1 as in OLMo-core's trainer: step s trains on batch s - 1 of the epoch.
     """
@@ -427,6 +436,9 @@ def order_report(
                 row["instances"] = [
                     {"id": int(i), "tokens": t.tolist(), "doc_lens": lens.tolist()} for i, (t, lens) in zip(ids, read)
                 ]
+                if data_cfg.label_masks:
+                    for inst in row["instances"]:
+                        inst["label_mask"] = source.label_mask(inst["id"]).tolist()
             per_rank.append(row)
         report_steps.append({"step": step, "batch": step - 1, "ranks": per_rank})
     return {

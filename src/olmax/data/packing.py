@@ -25,6 +25,11 @@ scanned for EOS (`get_document_lengths`): one length per document and one traili
 padding (with a BOS id, the padding joins the last document); with metadata boundaries the documents'
 own lengths, then the padding as the same scan sees it.
 
+Label masks (SFT): with `label_mask_paths`, one `np.bool_` file per token file (AI2's
+`labels_mask_part_N.npy` beside `token_ids_part_N.npy`, as `olmax tokenize --chat` writes), an instance's
+mask is its documents' masks in instance order, False over the padding; 3.0.0 reads them the same way
+(`NumpyPackedFSLDataset.__getitem__`), so they change neither the packing nor the fingerprint.
+
 The fingerprint is 3.0.0's `NumpyPackedFSLDataset.fingerprint`: `class=NumpyPackedFSLDataset`, then
 `vocab_size, pad_token_id, eos_token_id, dtype, long_doc_strategy, bos_token_id, sequence_length`,
 `source_group_size` when it is > 1, `_metadata_fingerprint` (basename and sha256 of each distinct remote
@@ -61,7 +66,15 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from olmax.data.sources import DataSourceError, TokenSource, dataset_fingerprint, is_url, remote_error
+from olmax.data.sources import (
+    DataSourceError,
+    TokenSource,
+    dataset_fingerprint,
+    file_size,
+    is_url,
+    read_array,
+    remote_error,
+)
 from olmax.data.tokenizer import TokenizerFields
 
 log = logging.getLogger(__name__)
@@ -318,8 +331,9 @@ class PackedSource:
     """Random access to the OBFD-packed instances of a list of token files (see the module doc).
 
     The same surface as TokenSource for the loader: len, `[i]` (tokens, (seq_len,)), `fingerprint`,
-    `paths`, `sizes`; plus `doc_lens(i, tokens)` and `locate(i)` -> (group, bin). Picklable: the index
-    files are reopened as memory maps in each process.
+    `paths`, `sizes`; plus `read(i)` -> (tokens, doc_lens), `locate(i)` -> (group, bin) and, with
+    `label_mask_paths` (one bool file per token file, as 3.0.0's `label_mask_paths`), `label_mask(i)`.
+    Picklable: the index files are reopened as memory maps in each process.
     """
 
     def __init__(
@@ -332,6 +346,7 @@ class PackedSource:
         group_size: int = 1,
         sizes: Optional[Sequence[int]] = None,
         check: bool = True,
+        label_mask_paths: Optional[Sequence[str]] = None,
     ):
         if long_doc_strategy not in LONG_DOC_STRATEGIES:
             raise DataSourceError(f"long_doc_strategy {long_doc_strategy!r} is not one of {LONG_DOC_STRATEGIES}")
@@ -347,6 +362,9 @@ class PackedSource:
         self.long_doc_strategy, self.group_size = long_doc_strategy, group_size
         itemsize = np.dtype(tokenizer.dtype).itemsize
         self.tokens = [s // itemsize for s in self.sizes]
+        self.label_mask_paths = None if label_mask_paths is None else [str(p) for p in label_mask_paths]
+        if self.label_mask_paths is not None:
+            self._check_label_masks()
         self.groups = [
             list(range(i, min(i + group_size, len(self.paths)))) for i in range(0, len(self.paths), group_size)
         ]
@@ -375,6 +393,16 @@ class PackedSource:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_open": {}}
+
+    def _check_label_masks(self) -> None:
+        """One mask file per token file, one byte per token (3.0.0 refuses a size mismatch too)."""
+        masks = self.label_mask_paths
+        if len(masks) != len(self.paths):
+            raise DataSourceError(f"{len(masks)} label mask files for {len(self.paths)} token files")
+        for path, mask, n in zip(self.paths, masks, self.tokens):
+            size = file_size(mask)
+            if size != n:
+                raise DataSourceError(f"label mask {mask} has {size} entries for the {n} tokens of {path}")
 
     # building
 
@@ -446,6 +474,18 @@ class PackedSource:
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.read(index)[0]
+
+    def label_mask(self, index: int) -> np.ndarray:
+        """(seq_len,) bool: the label masks of instance `index`'s documents, False over the padding
+        (3.0.0's packed `label_mask` with `label_mask_paths`)."""
+        if self.label_mask_paths is None:
+            raise DataSourceError("this packed source has no label masks (data.label_masks=false)")
+        out = np.zeros(self.seq_len, dtype=np.bool_)
+        at = 0
+        for fi, s, e in self.documents(index):
+            out[at : at + e - s] = read_array(self.label_mask_paths[fi], np.bool_, s, e - s, "label masks")
+            at += e - s
+        return out
 
     def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens (seq_len,), 3.0.0's doc_lens) of instance `index`."""

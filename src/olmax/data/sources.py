@@ -190,6 +190,45 @@ def read_bytes(path: str, start: int, length: int) -> bytes:
         return f.read(length)
 
 
+def read_array(path: str, dtype, start: int, count: int, what: str) -> np.ndarray:
+    """`count` items of `dtype` from item `start` of a raw array file (local: pread into a fresh buffer;
+    a URL: one range request); `what` names the items in the error of a file that ends early."""
+    if is_url(path):
+        itemsize = np.dtype(dtype).itemsize
+        return np.frombuffer(read_bytes(path, start * itemsize, count * itemsize), dtype=dtype)
+    out = np.empty(count, dtype=dtype)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = os.preadv(fd, [out], start * out.itemsize)
+    finally:
+        os.close(fd)
+    if got != out.nbytes:
+        raise DataSourceError(
+            f"data file {path} ended {out.nbytes - got} bytes early reading {what} "
+            f"{start}..{start + count} (truncated after it was indexed?)"
+        )
+    return out
+
+
+TOKEN_PART_PREFIX = "token_ids_part_"  # AI2's SFT layout (open-instruct's convert_sft_data_for_olmocore.py)
+MASK_PART_PREFIX = "labels_mask_part_"
+
+
+def label_mask_paths(paths: Sequence[str]) -> list[str]:
+    """The label mask beside each token file in AI2's SFT layout: `labels_mask_part_N.npy` for
+    `token_ids_part_N.npy`, in the same directory (what OLMo-core's SFT script pairs by globbing both)."""
+    out = []
+    for path in paths:
+        head, sep, base = str(path).rpartition("/")
+        if not base.startswith(TOKEN_PART_PREFIX):
+            raise DataSourceError(
+                f"data.label_masks: {path} is not named {TOKEN_PART_PREFIX}N.npy, so it has no "
+                f"{MASK_PART_PREFIX}N.npy beside it (the layout `olmax tokenize --chat` and AI2 write)"
+            )
+        out.append(head + sep + MASK_PART_PREFIX + base[len(TOKEN_PART_PREFIX) :])
+    return out
+
+
 def remote_error(what: str, exc: Exception) -> DataSourceError:
     """A remote read failure as a DataSourceError naming the URL and the cause: a missing file is
     a DataSourceError, anything else (5xx, a timeout, a reset connection) a RemoteReadError.
@@ -302,22 +341,7 @@ class TokenSource:
 
     def read_tokens(self, fi: int, start: int, count: int) -> np.ndarray:
         """`count` tokens of file `fi` from token `start`."""
-        path = self.paths[fi]
-        if is_url(path):
-            itemsize = np.dtype(self.dtype).itemsize
-            return np.frombuffer(read_bytes(path, start * itemsize, count * itemsize), dtype=self.dtype)
-        out = np.empty(count, dtype=self.dtype)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = os.preadv(fd, [out], start * out.itemsize)
-        finally:
-            os.close(fd)
-        if got != out.nbytes:
-            raise DataSourceError(
-                f"data file {path} ended {out.nbytes - got} bytes early reading tokens "
-                f"{start}..{start + count} (truncated after it was indexed?)"
-            )
-        return out
+        return read_array(self.paths[fi], self.dtype, start, count, "tokens")
 
     def _check_file(self, fi: int) -> None:
         path, size = self.paths[fi], self.sizes[fi]
