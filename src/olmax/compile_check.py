@@ -159,8 +159,11 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         rows = jax.ShapeDtypeStruct(
             (cfg.trainer.global_batch, cfg.data.seq_len), "int32", sharding=batch_sharding(cfg, mesh)
         )
-        # the loader's batch: with doc masking its doc_lens ride along, shaped and placed as the tokens
+        # the loader's batch: with doc masking its doc_lens ride along, shaped and placed as the tokens;
+        # with label masks (SFT) its label_mask too
         batch = {"input_ids": rows, **({"doc_lens": rows} if cfg.data.doc_masking else {})}
+        if cfg.data.label_masks:
+            batch["label_mask"] = jax.ShapeDtypeStruct(rows.shape, "bool", sharding=rows.sharding)
         t0 = time.perf_counter()
         # No data is read here, so an epoch horizon (schedule.t_max_epochs) counts trainer.max_steps batches
         # per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.

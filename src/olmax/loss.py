@@ -3,7 +3,8 @@
 - labels = input_ids shifted left by one; the last position has no label and is ignored (IGNORE).
   Optionally labels equal to the pad token are ignored too (off by default, as in OLMo-core; the
   MaxText stage-2 run masked them). An instance masked by the instance filter has all its labels
-  ignored.
+  ignored. With a label mask (SFT: data.label_masks) the label at a position whose token the mask
+  leaves out is ignored, before the shift, as OLMo-core's `get_labels` (olmo_core/data/utils.py, 3.0.0).
 - Both terms are SUMS over the non-ignored positions, computed on float32 logits over the padded
   vocabulary: CE = sum(logsumexp(z) - z[label]); z-loss = multiplier * sum(logsumexp(z)^2).
 - The caller divides both sums by `loss_denominator` of the WHOLE global batch, so summing
@@ -29,11 +30,18 @@ IGNORE = -100  # OLMo-core's label_ignore_index
 
 
 def make_labels(
-    input_ids: jnp.ndarray, *, pad_token_id: Optional[int] = None, instance_mask: Optional[jnp.ndarray] = None
+    input_ids: jnp.ndarray,
+    *,
+    pad_token_id: Optional[int] = None,
+    instance_mask: Optional[jnp.ndarray] = None,
+    label_mask: Optional[jnp.ndarray] = None,
 ) -> jnp.ndarray:
     """(batch, seq) int32 labels: input_ids shifted left, IGNORE at the last position, at pad tokens
-    when pad_token_id is given, and everywhere in instances where instance_mask (batch,) is False."""
+    when pad_token_id is given, at tokens where label_mask (batch, seq) is False, and everywhere in
+    instances where instance_mask (batch,) is False."""
     labels = input_ids.astype(jnp.int32)
+    if label_mask is not None:
+        labels = jnp.where(label_mask, labels, IGNORE)
     if pad_token_id is not None:
         labels = jnp.where(labels == pad_token_id, IGNORE, labels)
     if instance_mask is not None:

@@ -111,6 +111,8 @@ def train(
                     )
                 if "doc_lens" in local:  # data.doc_masking: attention stays within documents
                     batch["doc_lens"] = jax.make_array_from_process_local_data(to_global, local["doc_lens"])
+                if "label_mask" in local:  # data.label_masks: the loss only where it is True
+                    batch["label_mask"] = jax.make_array_from_process_local_data(to_global, local["label_mask"])
                 state, metrics = step_fn(state, batch)
                 if pending is not None:
                     _log(pending, log, rows, bar, t_last)

@@ -77,7 +77,9 @@ def make_train_step(
     """The jitted step. batch: {"input_ids": (global_batch, seq_len) int32} and optionally
     {"instance_mask": (global_batch,) bool} (False = instance filtered out: no loss, still counted);
     with data.doc_masking also {"doc_lens": (global_batch, seq_len) int32} (the loader's), from which
-    every token's document is found and attention kept within it (olmax.model.attention.segment_ids).
+    every token's document is found and attention kept within it (olmax.model.attention.segment_ids);
+    with data.label_masks also {"label_mask": (global_batch, seq_len) bool}: the loss is taken only on
+    the targets it keeps (SFT: the assistant's tokens), and the denominator counts only those.
     The state argument is donated. Metrics (float32 scalars): loss, ce_loss, z_loss, grad_norm
     (before clipping), lr, skipped (1.0 when the optimizer skipped), tokens (input tokens this step).
     `epoch_batches`: the global batches in one epoch of the run's data, which schedule.t_max_epochs needs.
@@ -99,8 +101,8 @@ def make_train_step(
     # Packed instances are padded with the pad id; a target that is padding has no loss (3.0.0's label_mask).
     pad_id = data.pad_token_id if data.mask_pad_token or data.packing == "obfd" else None
 
-    def micro_loss(params, input_ids, instance_mask, segments, denominator):
-        labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask)
+    def micro_loss(params, input_ids, instance_mask, segments, label_mask, denominator):
+        labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask, label_mask=label_mask)
         hidden = forward_hidden(params, input_ids, model, segments=segments)
         hidden, labels = context_rows(hidden), context_rows(labels)
         total, (ce, z_sq) = output_loss(params, hidden, labels, model, chunk=trainer.loss_chunk, z_loss=z_mult)
@@ -147,13 +149,17 @@ def make_train_step(
                 raise ValueError("data.doc_masking=true but the batch has no 'doc_lens'")
             doc_lens = jax.lax.with_sharding_constraint(batch["doc_lens"].astype(jnp.int32), b_sharding)
             segments = jax.lax.with_sharding_constraint(segment_ids(doc_lens), b_sharding)
+        label_mask = None
+        if data.label_masks:
+            if "label_mask" not in batch:
+                raise ValueError("data.label_masks=true but the batch has no 'label_mask'")
+            label_mask = jax.lax.with_sharding_constraint(batch["label_mask"].astype(bool), b_sharding)
         if instance_mask is not None:
             instance_mask = jax.lax.with_sharding_constraint(
                 instance_mask, NamedSharding(mesh, PartitionSpec(batch_axes))
             )
-        denominator = loss_denominator(
-            make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask), instance_mask
-        )
+        labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask, label_mask=label_mask)
+        denominator = loss_denominator(labels, instance_mask)
         if instance_mask is None:
             instance_mask = jnp.ones((trainer.global_batch,), bool)
 
@@ -168,7 +174,12 @@ def make_train_step(
         (grads, ce, z), _ = jax.lax.scan(
             accumulate,
             (zeros, zero, zero),
-            (split(input_ids), split(instance_mask), None if segments is None else split(segments)),
+            (
+                split(input_ids),
+                split(instance_mask),
+                None if segments is None else split(segments),
+                None if label_mask is None else split(label_mask),
+            ),
         )
 
         lr = schedule(state.step + 1)
