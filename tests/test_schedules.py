@@ -134,6 +134,10 @@ def test_against_olmo_core_schedulers():
         (ScheduleConfig(name="cosine", warmup_steps=0, alpha_f=0.0), CosWithWarmup(warmup=0, alpha_f=0.0)),
         (ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0), LinearWithWarmup(warmup=0, alpha_f=0.0)),
         (ScheduleConfig(name="linear", warmup_steps=20, alpha_f=0.0), LinearWithWarmup(warmup=20, alpha_f=0.0)),
+        (  # AI2's SFT: round(500 * 0.03) = 15 warmup steps
+            ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.03, alpha_f=0.0),
+            LinearWithWarmup(warmup_fraction=0.03, alpha_f=0.0),
+        ),
         (
             ScheduleConfig(name="wsd", warmup_steps=25, alpha_f=0.0, decay_fraction=0.2),
             WSD(warmup=25, decay_fraction=0.2),

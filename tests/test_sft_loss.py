@@ -110,3 +110,32 @@ def test_per_rank_normalisation_on_an_sft_batch(tmp_path):
         measured[per_rank] = (round(float(weight.min()), 2), round(float(weight.max()), 2), round(float(moved), 3))
     print(f"trained tokens per instance {per_instance.tolist()}; (min weight, max weight, moved): {measured}")
     assert measured == {1: (0.5, 1.46, 0.114), 2: (0.71, 1.36, 0.073)}
+
+
+@pytest.mark.parametrize(
+    "name,lr,global_batch",
+    [
+        ("olmo3_7b_think_sft", 5e-5, 32),
+        ("olmo3_7b_instruct_sft", 8e-5, 32),
+        ("olmo3_32b_think_sft", 1e-4, 128),
+        ("olmo3_32b_instruct_sft", 8e-5, 128),
+    ],
+)
+def test_sft_recipes(name, lr, global_batch):
+    """AI2's numbers (OLMo-core src/scripts/train/sft/, open-instruct scripts/train/olmo3/*_sft.sh)."""
+    from olmax.recipes import get_recipe
+
+    cfg = get_recipe(name)
+    assert (cfg.optimizer.lr, cfg.trainer.global_batch * cfg.data.seq_len) == (lr, global_batch * 32768)
+    o, s, d, m = cfg.optimizer, cfg.schedule, cfg.data, cfg.model
+    assert (o.b1, o.b2, o.weight_decay, o.max_grad_norm, o.z_loss, o.skip_step) == (0.9, 0.95, 0.0, 1.0, 0.0, True)
+    assert (s.name, s.warmup_steps, s.warmup_fraction, s.alpha_f, s.t_max_epochs) == ("linear", 0, 0.03, 0.0, 2)
+    assert (d.seed, d.packing, d.long_doc_strategy, d.doc_masking, d.label_masks) == (
+        34521,
+        "obfd",
+        "truncate",
+        True,
+        True,
+    )
+    assert (m.rope_type, m.yarn_factor, m.yarn_original_max_position, m.yarn_layers) == ("yarn", 8.0, 8192, "global")
+    assert (m.yarn_beta_fast, m.yarn_beta_slow, m.sliding_window) == (32, 1, 4096)

@@ -394,6 +394,9 @@ class ScheduleConfig:
     """Schedule: cosine, stitched_cosine (AI2's stage 1), wsd (warmup-stable-decay), linear or constant."""
     warmup_steps: int = 2000
     """Steps of linear warmup from 0 (step 1 uses lr / warmup_steps)."""
+    warmup_fraction: Optional[float] = None
+    """Warmup as a fraction of the horizon instead: round(t_max x fraction) steps (OLMo-core's
+    warmup_fraction; AI2's SFT: 0.03); needs schedule.warmup_steps=0."""
     alpha_f: float = 0.1
     """Final LR as a fraction of optimizer.lr (cosine, stitched_cosine, wsd, linear)."""
     t_max_tokens: Optional[int] = None
@@ -418,6 +421,11 @@ class ScheduleConfig:
         _check_choice("schedule.name", self.name, SCHEDULES)
         if self.warmup_steps < 0:
             raise ConfigError(f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.warmup_fraction is not None and (not 0.0 <= self.warmup_fraction <= 1.0 or self.warmup_steps):
+            raise ConfigError(
+                f"schedule.warmup_fraction must be in [0, 1] with schedule.warmup_steps=0, got "
+                f"warmup_fraction={self.warmup_fraction}, warmup_steps={self.warmup_steps}"
+            )
         if not 0.0 <= self.alpha_f <= 1.0:
             raise ConfigError(f"schedule.alpha_f must be in [0, 1], got {self.alpha_f}")
         if not 0.0 <= self.decay_fraction <= 1.0:

@@ -269,6 +269,32 @@ def _olmo3_32b_stage3() -> ExperimentConfig:
     )
 
 
+# SFT (OLMo-core's src/scripts/train/sft/Olmo-3-7B-SFT.py and Olmo-3-32B-SFT.py, as open-instruct's
+# scripts/train/olmo3/{7b,32b}_{think,instruct}_sft.sh override them): 32,768 tokens, OBFD-packed
+# conversations with their label masks and attention within each (NumpyPackedFSLDataset, truncate,
+# generate_doc_lengths, label_mask_paths), loader seed 34521, SkipStepAdamW betas (0.9, 0.95) with
+# weight decay 0, clip 1.0, no z-loss, LinearWithWarmup(warmup_fraction=0.03, alpha_f=0) over 2 epochs
+# (--trainer.max_duration.value=2), from the long-context checkpoint (YaRN factor 8 on the full-attention
+# layers). Per step: 7B 1,048,576 tokens = 32 instances, 32B 4,194,304 = 128. Learning rates: 7B Think
+# 5e-5, 7B Instruct 8e-5, 32B Think 1e-4, 32B Instruct 8e-5. The horizon is 2 epochs of the data
+# (schedule.t_max_epochs); trainer.max_steps must be set to it: 2 x `batches_per_epoch` of
+# `olmax data order` (docs/post-training.md). Memory at these shapes is not measured yet.
+SFT_DATA = DataConfig(seq_len=32768, seed=34521, packing="obfd", doc_masking=True, label_masks=True)
+SFT_SCHEDULE = ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.03, alpha_f=0.0, t_max_epochs=2)
+
+
+def _sft(name: str, model: ModelConfig, lr: float, global_batch: int, context: int) -> ExperimentConfig:
+    return ExperimentConfig(
+        name=name,
+        model=_long_context(model, FIT_REMAT_NO_GATE, serial=True),
+        data=SFT_DATA,
+        optimizer=OptimizerConfig(lr=lr, weight_decay=0.0, z_loss=0.0),  # b1 0.9, b2 0.95, clip 1.0: the defaults
+        schedule=SFT_SCHEDULE,
+        trainer=TrainerConfig(global_batch=global_batch, max_steps=1, **FIT),
+        mesh=MeshConfig(data=1, fsdp=-1, context=context, tensor=1),
+    )
+
+
 def _tiny() -> ExperimentConfig:
     # A high learning rate and a short warmup so the loss falls by several nats in 30 steps on CPU;
     # global batch 8 divides by 8 devices, so resume and resize show on the demo itself. The output
@@ -313,6 +339,10 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "bench-small": _bench_small,
     "olmo3_32b_stage2": _olmo3_32b_stage2,
     "olmo3_32b_stage3": _olmo3_32b_stage3,
+    "olmo3_7b_think_sft": functools.partial(_sft, "olmo3_7b_think_sft", OLMO3_7B, 5e-5, 32, 4),
+    "olmo3_7b_instruct_sft": functools.partial(_sft, "olmo3_7b_instruct_sft", OLMO3_7B, 8e-5, 32, 4),
+    "olmo3_32b_think_sft": functools.partial(_sft, "olmo3_32b_think_sft", OLMO3_32B, 1e-4, 128, 4),
+    "olmo3_32b_instruct_sft": functools.partial(_sft, "olmo3_32b_instruct_sft", OLMO3_32B, 8e-5, 128, 4),
 }
 
 

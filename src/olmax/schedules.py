@@ -137,6 +137,8 @@ def make_schedule(
     # the warmup); past the horizon every schedule holds its final value.
     t_max = _horizon(cfg, max_steps=max_steps, tokens_per_step=tokens_per_step, epoch_batches=epoch_batches)
     w, a = cfg.warmup_steps, cfg.alpha_f
+    if cfg.warmup_fraction is not None:  # OLMo-core's Scheduler: warmup = round(t_max * warmup_fraction)
+        w = round(t_max * cfg.warmup_fraction)
     if cfg.name == "cosine":
         return lambda s: cosine_with_warmup(s, lr=lr, warmup=w, t_max=t_max, alpha_f=a)
     if cfg.name == "stitched_cosine":
