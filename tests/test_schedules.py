@@ -87,19 +87,24 @@ def test_a_run_with_an_epoch_horizon_follows_the_cosine_of_its_epoch(tmp_path):
     """OLMo-core 3.0.0's trainer turns Duration.epochs(1) into max_steps = its loader's total_batches,
     the whole global batches in the epoch (instances // global batch), and the scheduler's t_max is that.
     A tiny run with schedule.t_max_epochs=1 logs the LR curve of that explicit horizon in tokens, and
-    neither the curve one step either side nor that of trainer.max_steps."""
+    neither the curve one step either side nor that of a horizon of the steps run. A trainer.max_steps
+    short of the horizon is refused (the run would end early without a word); --stop-at ends it early."""
     cfg = small_config(tmp_path, "data.paths=[demo:heldout]", "schedule.t_max_epochs=1")
     tokens = cfg.trainer.global_batch * cfg.data.seq_len
     epoch = len(build_source(cfg.data)) // cfg.trainer.global_batch
-    logged = [row["optim/LR"] for row in train(cfg, tmp_path / "run", progress=False)]
+    with pytest.raises(ConfigError, match=f"set trainer.max_steps={epoch} "):
+        train(cfg, tmp_path / "short", progress=False)
+    steps = cfg.trainer.max_steps
+    cfg = replace(cfg, trainer=replace(cfg.trainer, max_steps=epoch))
+    logged = [row["optim/LR"] for row in train(cfg, tmp_path / "run", progress=False, stop_at=steps)]
 
     def curve(t_max_tokens):
         schedule = replace(cfg.schedule, t_max_epochs=None, t_max_tokens=t_max_tokens)
-        lr = make_schedule(schedule, lr=cfg.optimizer.lr, max_steps=cfg.trainer.max_steps, tokens_per_step=tokens)
-        return [float(lr(step)) for step in range(1, cfg.trainer.max_steps + 1)]
+        lr = make_schedule(schedule, lr=cfg.optimizer.lr, max_steps=epoch, tokens_per_step=tokens)
+        return [float(lr(step)) for step in range(1, steps + 1)]
 
     assert logged == pytest.approx(curve(epoch * tokens), rel=1e-6)
-    for other in (epoch - 1, epoch + 1, cfg.trainer.max_steps):
+    for other in (epoch - 1, epoch + 1, steps):
         assert logged != pytest.approx(curve(other * tokens), rel=1e-6), other
 
 

@@ -85,6 +85,7 @@ def train(
             allow_fingerprint_mismatch=allow_data_change,
         )
         # after the loader: an epoch horizon (schedule.t_max_epochs) counts the batches of its epoch
+        check_epoch_horizon(cfg, loader.batches_per_epoch)
         step_fn = make_train_step(cfg, mesh, epoch_batches=loader.batches_per_epoch)
         to_global = batch_sharding(cfg, mesh)
         mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
@@ -137,6 +138,21 @@ def train(
             log.close()
             ckpts.close()
     return rows
+
+
+def check_epoch_horizon(cfg: ExperimentConfig, batches_per_epoch: int) -> None:
+    """A run whose schedule spans epochs of its data (OLMo-core's Duration.epochs, as AI2's SFT ran)
+    ends at that horizon, which only the data can tell: trainer.max_steps must reach it, else the run
+    would stop early without a word (the SFT recipes cannot know the user's data). Stopping earlier on
+    purpose is --stop-at."""
+    epochs = cfg.schedule.t_max_epochs
+    if epochs is None or cfg.trainer.max_steps >= epochs * batches_per_epoch:
+        return
+    raise ConfigError(
+        f"schedule.t_max_epochs={epochs} spans {epochs} x {batches_per_epoch:,} = {epochs * batches_per_epoch:,} "
+        f"steps of this data, but trainer.max_steps={cfg.trainer.max_steps:,} would end the run before it: "
+        f"set trainer.max_steps={epochs * batches_per_epoch} (to stop earlier on purpose, add --stop-at)"
+    )
 
 
 def last_step(cfg: ExperimentConfig, stop_at: Optional[int] = None) -> int:
