@@ -216,6 +216,7 @@ def node_process() -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+@pytest.mark.slow  # two JAX processes; the default run checks the node layout (compile-check test)
 def test_two_processes_build_the_node_mesh_and_step_like_one():
     import portpicker
 

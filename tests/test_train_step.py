@@ -101,9 +101,11 @@ LAYOUTS = {
     "dp2xfsdp2xtp2": (_layout(MeshConfig(data=2, fsdp=2, tensor=2)), 8),
     "dp2xfsdp2-accum2-chunked": (_layout(MeshConfig(data=2, fsdp=2), micro=1, loss_chunk=4), 4),
 }
+# pure data and pure FSDP parallelism are each mixed meshes' axes alone: the slow run takes them
+SLOW_LAYOUTS = ("dp8", "fsdp8")
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_LAYOUTS else n for n in LAYOUTS])
 def test_same_losses_on_every_layout(reference, name):
     cfg, n_devices = LAYOUTS[name]
     state, history = _run(cfg, n_devices)
