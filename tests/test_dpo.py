@@ -28,6 +28,9 @@ TRL_LOSS = {"dpo_norm": "sigmoid_norm", "dpo": "sigmoid"}
 LENGTHS = [(5, 4, 9), (9, 7, 3), (3, 11, 6)]  # (prompt, chosen, rejected) words; TRL appends EOS to each response
 LR, STEPS = 1e-3, 5
 TOL = 1e-5
+# jitted once for the batch shape all parity tests share
+policy_logps = jax.jit(dpo.policy_logps, static_argnums=3, static_argnames="chunk")
+reference_logps = jax.jit(dpo.reference_logps, static_argnums=3, static_argnames="chunk")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -62,7 +65,7 @@ def test_chunked_logps_equal_whole_and_by_hand():
     """sequence_logps over 4 chunks equals one chunk and a direct log-softmax; the log-prob of token
     t + 1 is read at position t, only where the mask marks token t + 1; padding columns are left out."""
     from olmax.config import ModelConfig
-    from olmax.model.olmo3 import forward_hidden, init_params, lm_head
+    from olmax.model.olmo3 import abstract_params, forward_hidden, lm_head
 
     cfg = ModelConfig(
         vocab_size=50,
@@ -74,7 +77,8 @@ def test_chunked_logps_equal_whole_and_by_hand():
         mlp_hidden=32,
         compute_dtype="float32",
     )
-    params = init_params(cfg, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: jnp.asarray(rng.normal(0.5, 0.3, a.shape), a.dtype), abstract_params(cfg))
     params["lm_head"] = params["lm_head"].at[:, cfg.vocab_size :].set(3.0)  # padding that would count if included
     ids = jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab_size)
     mask = jnp.zeros((4, 16), bool).at[:, 6:12].set(True).at[1, 12:].set(True)
@@ -216,11 +220,11 @@ def test_per_pair_loss_and_rewards_match_trl(models, loss_type, tmp_path):
         want["rejected"].append(trainer._metrics["train"]["rewards/rejected"][-1] / counts[1])
 
     ids, mask = olmax_batch(trainer.data_collator(examples))
-    policy_logps = dpo.policy_logps(params, ids, mask, cfg, chunk=0)
+    policy = policy_logps(params, ids, mask, cfg, chunk=0)
     terms = dpo.pair_terms(
-        policy_logps, dpo.reference_logps(ref_params, ids, mask, cfg, chunk=0), loss_type=loss_type, beta=dpo.BETA
+        policy, reference_logps(ref_params, ids, mask, cfg, chunk=0), loss_type=loss_type, beta=dpo.BETA
     )
-    row_tol, pair_tol, _ = tolerances(policy_logps, loss_type)
+    row_tol, pair_tol, _ = tolerances(policy, loss_type)
     chosen_tol, rejected_tol = row_tol[: len(LENGTHS)], row_tol[len(LENGTHS) :]
     assert np.all(np.abs(np.asarray(terms.losses) - want["loss"]) <= pair_tol), want["loss"]
     assert np.all(np.abs(np.asarray(terms.chosen_rewards) - want["chosen"]) <= chosen_tol)
@@ -234,32 +238,43 @@ def test_per_pair_loss_and_rewards_match_trl(models, loss_type, tmp_path):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("loss_type", list(TRL_LOSS))
-def test_batch_loss_metrics_and_gradients_match_trl(models, loss_type, tmp_path):
+def test_gradients_and_five_adamw_steps_match_trl(models, loss_type, tmp_path):
     """TRL's `compute_loss` on the whole batch, backward, against jax.grad of olmax's `dpo_loss` divided
     by the pair count, in chunks of 8 positions: the loss, the logged metrics, and every parameter's
-    gradient (relative to each tensor's largest entry; the vocabulary padding's gradient exactly 0)."""
+    gradient (relative to each tensor's largest entry; the vocabulary padding's gradient exactly 0).
+    Then TRL's own `train` for 5 steps (torch AdamW: betas 0.9/0.999, eps 1e-8, weight decay 0,
+    constant lr 1e-3, no clipping) against 5 steps of optax.adamw: every parameter tensor within TOL of
+    its norm (every step sees all rows, so the order TRL shuffles them in does not matter)."""
+    import optax
+
     policy, reference, params, ref_params, cfg = models
     trainer = trl_trainer(policy, reference, loss_type, tmp_path)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(LENGTHS))])
     loss = trainer.compute_loss(trainer.model, batch)
     loss.backward()
     want = {name: p.grad.numpy() for name, p in trainer.model.named_parameters()}
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    trainer.model.zero_grad()
+    trainer.train()
+    want_trained = {name: p.detach().numpy() for name, p in trainer.model.named_parameters()}
 
     ids, mask = olmax_batch(batch)
-    reference_logps = dpo.reference_logps(ref_params, ids, mask, cfg, chunk=0)
+    reference = reference_logps(ref_params, ids, mask, cfg, chunk=0)
     pairs = len(LENGTHS)
 
     @jax.jit
-    def mean_loss(params):
-        total, sums = dpo.dpo_loss(params, ids, mask, reference_logps, cfg, loss_type=loss_type, chunk=8)
-        return total / pairs, {k: v / pairs for k, v in sums.items()}
+    def loss_and_grads(params):
+        def mean_loss(params):
+            total, sums = dpo.dpo_loss(params, ids, mask, reference, cfg, loss_type=loss_type, chunk=8)
+            return total / pairs, {k: v / pairs for k, v in sums.items()}
 
-    (value, metrics), grads = jax.value_and_grad(mean_loss, has_aux=True)(params)
-    _, pair_tol, grad_tol = tolerances(dpo.policy_logps(params, ids, mask, cfg, chunk=0), loss_type)
+        return jax.value_and_grad(mean_loss, has_aux=True)(params)
+
+    (value, metrics), grads = loss_and_grads(params)
+    _, pair_tol, grad_tol = tolerances(dpo.SequenceLogps(*policy_logps(params, ids, mask, cfg, chunk=0)), loss_type)
     pair_tol = np.mean(pair_tol)
     assert abs(float(value) - loss.item()) <= pair_tol
     if loss_type == "dpo":  # TRL logs the rewards of `dpo` (summed log-probs) for both losses
-        logged = {k: v[-1] for k, v in trainer._metrics["train"].items()}
         assert float(metrics["rewards/accuracy"]) == logged["rewards/accuracies"]
         assert abs(float(metrics["rewards/margins"]) - logged["rewards/margins"]) <= pair_tol
     for name, got in hf_layout(grads, cfg).items():
@@ -268,38 +283,13 @@ def test_batch_loss_metrics_and_gradients_match_trl(models, loss_type, tmp_path)
     assert not np.any(np.asarray(grads["lm_head"])[:, cfg.vocab_size :])
     assert not np.any(np.asarray(grads["embed"])[cfg.vocab_size :])
 
-
-@pytest.mark.parity
-@pytest.mark.parametrize("loss_type", list(TRL_LOSS))
-def test_five_adamw_steps_match_trl(models, loss_type, tmp_path):
-    """TRL's own `train` for 5 steps (torch AdamW: betas 0.9/0.999, eps 1e-8, weight decay 0, constant
-    lr 1e-3, no clipping) against 5 steps of optax.adamw on olmax's loss: every parameter tensor within
-    TOL of its norm."""
-    import optax
-
-    policy, reference, params, ref_params, cfg = models
-    trainer = trl_trainer(policy, reference, loss_type, tmp_path)
-    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(LENGTHS))])
-    trainer.train()
-    want = {name: p.detach().numpy() for name, p in trainer.model.named_parameters()}
-
-    ids, mask = olmax_batch(batch)  # every step sees all rows: the order TRL shuffles them in does not matter
-    reference_logps = dpo.reference_logps(ref_params, ids, mask, cfg, chunk=0)
     opt = optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0)
-
-    @jax.jit
-    def step(params, opt_state):
-        grads = jax.grad(
-            lambda p: dpo.dpo_loss(p, ids, mask, reference_logps, cfg, loss_type=loss_type)[0] / len(LENGTHS)
-        )(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    state = opt.init(params)
-    trained = params
+    update = jax.jit(opt.update)
+    trained, state = params, opt.init(params)
     for _ in range(STEPS):
-        trained, state = step(trained, state)
+        updates, state = update(loss_and_grads(trained)[1], state, trained)
+        trained = optax.apply_updates(trained, updates)
     start = hf_layout(params, cfg)
     for name, got in hf_layout(trained, cfg).items():
-        assert np.linalg.norm(got - want[name]) <= TOL * np.linalg.norm(want[name]), name
-        assert np.linalg.norm(want[name] - start[name]) > 1e-3 * np.linalg.norm(want[name]), name  # it moved
+        assert np.linalg.norm(got - want_trained[name]) <= TOL * np.linalg.norm(want_trained[name]), name
+        assert np.linalg.norm(want_trained[name] - start[name]) > 1e-3 * np.linalg.norm(start[name]), name  # moved
