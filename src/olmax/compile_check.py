@@ -255,11 +255,17 @@ def choose_remat(
 
 
 def compile_report(
-    cfg: ExperimentConfig, devices=None, topology: Optional[str] = None, num_slices: int = 1, cache_dir=None
+    cfg: ExperimentConfig,
+    devices=None,
+    topology: Optional[str] = None,
+    num_slices: int = 1,
+    cache_dir: Optional[str] = None,
+    log: Callable[[str], None] = lambda line: None,
 ) -> dict:
     """Compile cfg's step for a TPU topology or GPU cluster (`topology`) or for `devices` (default:
-    JAX's) and report what the compiler says. model.remat=auto is chosen first (choose_remat;
-    cache_dir: where its record is kept and looked for, None = nowhere)."""
+    JAX's) and report what the compiler says. model.remat=auto is chosen first (choose_remat, which
+    logs each candidate as it is compiled; cache_dir: where its record is kept and looked for, None =
+    nowhere)."""
     if topology is not None:
         devices = topology_devices(topology, num_slices)
         chip: Optional[Chip] = chip_of_topology(topology)
@@ -279,7 +285,7 @@ def compile_report(
     options = compiler_options(chip) if chip is not None and platform in ("tpu", "gpu") else {}
     choice, auto = RematChoice(cfg), cfg.model.remat == AUTO
     if auto:
-        choice = choose_remat(cfg, mesh, chip, where, options, cache_dir)
+        choice = choose_remat(cfg, mesh, chip, where, options, cache_dir, log)
         cfg = choice.cfg
     compiled, lower_s, compile_s = choice.compiled or compile_step(cfg, mesh, options, where)
     with jax.set_mesh(mesh):
@@ -403,15 +409,14 @@ def format_report(r: dict) -> str:
         f" - aliased {d['aliased_gib']:.2f} = total {d['total_gib']:.2f} GiB; peak {d['peak_gib']:.2f} GiB",
     ]
     search = r["remat_search"]
-    if search is not None:
+    if search is not None:  # model.remat=auto: its candidates were logged as they were compiled
         lines.append(
             "model.remat=auto: no HBM limit known for these devices, so the most kept set, nothing compiled"
             if not search
-            else f"model.remat=auto, as recorded in {r['remat_search_from']}:"
+            else f"model.remat=auto: as recorded in {r['remat_search_from']}"
             if r["remat_search_from"]
-            else f"model.remat=auto: {len(search)} compiles in {r['remat_search_s']:.0f} s, most kept first:"
+            else f"model.remat=auto: chosen from {len(search)} compiles in {r['remat_search_s']:.0f} s"
         )
-        lines += [format_candidate(Candidate(**c)) for c in search]
     if r["hbm_limit_gib"] is not None:
         lines.append(
             f"HBM limit {r['hbm_limit_gib']:.2f} GiB per device ({r['chip']}): peak "

@@ -5,10 +5,10 @@ backward pass and then the serial one (model.remat_serial), down to `full`. A ca
 the compiler accepts the step and its peak is within the chip's budget (Chip.hbm_headroom of
 hbm_limit_gib, compile-check's `fits`); the choice is the first that fits. The sets are nested, so
 the step's memory falls down the ladder, and a bisection over the sets finds the first one that
-fits in one of its orders: three of the six sets are compiled, the second order only where the
-first does not fit. A compile the TPU compiler refuses (out of HBM) stops at its buffer assignment,
-seconds to a minute on the 7B; one it accepts runs to the end (5-12 minutes for the 7B on a 2-core
-host), so a typical choice costs two or three whole compiles (docs/performance.md).
+fits in one of its orders: two or three of the six sets are compiled, a set's serial order only
+where its compiler's order does not fit. A step the TPU compiler refuses (out of HBM) stops at its
+buffer assignment, under a minute for the 7B; one it accepts runs to the end (5-12 minutes for the
+7B on a 2-core host), so a typical choice costs two or three whole compiles (docs/performance.md).
 
 The choice and every candidate's figures are a record, kept in a JSON file (RECORD_FILE: in the run
 directory for `olmax train`, in the cache directory for `olmax compile-check`) under a key of what
@@ -87,9 +87,13 @@ def bisect(cfg: ExperimentConfig, mesh, compile: Compile) -> tuple[Optional[Cand
     return best, tried
 
 
+# The data fields the compiled step reads (the batch's shape and keys, which targets are masked)
+STEP_DATA_FIELDS = ("seq_len", "doc_masking", "instance_filter", "packing", "mask_pad_token", "pad_token_id")
+
+
 def step_fingerprint(cfg: ExperimentConfig) -> str:
     """A digest of the config fields the compiled step depends on, but for the two `auto` chooses:
-    the model, optimizer, schedule, mesh, batch and the data fields that shape the batch."""
+    the model, optimizer, schedule, mesh, batch and the data fields of STEP_DATA_FIELDS."""
     d = dataclasses.asdict(cfg)
     model = {k: v for k, v in d["model"].items() if k not in ("remat", "remat_serial")}
     step = {
@@ -98,7 +102,7 @@ def step_fingerprint(cfg: ExperimentConfig) -> str:
         "schedule": d["schedule"],
         "mesh": d["mesh"],
         "trainer": {k: d["trainer"][k] for k in ("global_batch", "micro_batch_size", "loss_chunk", "max_steps")},
-        "data": {k: d["data"][k] for k in ("seq_len", "doc_masking", "instance_filter", "packing")},
+        "data": {k: d["data"][k] for k in STEP_DATA_FIELDS},
     }
     return hashlib.sha256(json.dumps(step, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -226,7 +226,7 @@ def compile_check_cmd(
     cfg = resolve(recipe, config, overrides or [])
     # model.remat=auto's searches are kept with the other caches (data.work_dir), by what decides them
     cache = str(work_dir_of(cfg.data))
-    report = compile_report(cfg, topology=topology, num_slices=num_slices, cache_dir=cache)
+    report = compile_report(cfg, topology=topology, num_slices=num_slices, cache_dir=cache, log=typer.echo)
     typer.echo(format_report(report))
     write_json(json_out, report)
     check_fits(report)
