@@ -54,7 +54,7 @@ GOAL_S = 180.0
 # (recipe, topology, slices, overrides): the figures docs/performance.md reports for the TPU slices.
 ROWS = [
     ("olmo3_7b_stage1", "tpu7x:4x4x4", 1, ()),
-    ("olmo3_7b_stage1", "v5p:4x4x4", 1, ("model.remat_serial=true",)),
+    ("olmo3_7b_stage1", "v5p:4x4x4", 1, ()),
     ("olmo3_7b_stage1", "v5p:8x8x8", 1, ()),
     ("olmo3_7b_hd256", "tpu7x:4x4x4", 1, ()),
     ("olmo3_32b_stage1", "v5p:8x8x8", 1, ()),
@@ -71,9 +71,18 @@ def table_row(r: dict) -> str:
     d = r["per_device"]
     hlo = r["hlo_flops_per_device"]
     context = f", context {r['mesh']['context']}" if r["mesh"].get("context", 1) > 1 else ""
+    search = r["remat_search"]
+    auto = (
+        ""
+        if search is None
+        else " (auto: as recorded before)"
+        if r["remat_search_from"]
+        else f" (auto: {len(search)} compiles, {r['remat_search_s']:.0f} s)"
+    )
     return (
         f"| {r['recipe']} | {r['topology']} x{r['num_slices']} | {r['devices']} | {r['mesh']['data']}x"
-        f"{r['mesh']['fsdp']}x{r['mesh']['tensor']}{context} | {r['remat']} | "
+        f"{r['mesh']['fsdp']}x{r['mesh']['tensor']}{context} | {r['remat']}{', serial' if r['remat_serial'] else ''}"
+        f"{auto} | "
         f"{r['per_device_batch']}/{r['micro_batch']} | "
         f"{r['attention']} ({r['attention_kernel_calls']}) | {d['peak_gib']:.1f} | {d['total_gib']:.1f} | "
         f"{r['hbm_limit_gib']:.2f} | {'yes' if r['fits'] else 'NO'} | {r['compile_s']:.0f} | "

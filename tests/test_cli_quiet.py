@@ -115,3 +115,25 @@ def test_the_cuda_plugins_no_driver_notices_are_dropped():
     assert plain.returncode == 0 and "Could not find cuda drivers" in plain.stderr
     quiet = run("from olmax.cli.common import load_cuda_plugin_quietly as q; assert q(); import jax; jax.devices()")
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+@no_accelerator
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+def test_compile_check_for_a_tpu_slice_is_quiet(tmp_path):
+    """libtpu, loaded to compile for a named topology on a host without a TPU, reports as errors that
+    it found no accelerator type and no worker hostnames; compile-check tells it the slice and the
+    one worker (cli.common.introduce_libtpu), and prints nothing on stderr. Its own errors still show."""
+    env = {**USER_ENV, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    plain = subprocess.run(
+        [sys.executable, "-c", "from jax.experimental import topologies as t; t.get_topology_desc('v5p:2x2x1', 'tpu')"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert plain.returncode == 0 and "TPU_ACCELERATOR_TYPE" in plain.stderr and "TPU_WORKER_HOSTNAMES" in plain.stderr
+    small = ["model.n_layers=2", "model.vocab_size=512", "data.seq_len=128", "trainer.global_batch=8"]
+    done = olmax("compile-check", "--recipe", "tiny", "--topology", "v5p:2x2x1", *small, f"data.work_dir={tmp_path}")
+    assert done.returncode == 0 and "v5p:2x2x1" in done.stdout, done.stderr
+    assert done.stderr == "", f"compile-check printed on stderr:\n{done.stderr}"
+    wrong = olmax("compile-check", "--recipe", "tiny", "--topology", "v5p:3x5x7", *small)
+    assert wrong.returncode == 2 and wrong.stderr.startswith("compile-check: libtpu does not know the topology")

@@ -12,7 +12,7 @@ from reference_values import STAGE1_LR
 from olmax import config, config_io
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.config_io import apply_overrides, from_dict, load_yaml, save_yaml
-from olmax.recipes import FIT_REMAT, FIT_REMAT_NO_GATE, RECIPES, get_recipe, resolve
+from olmax.recipes import RECIPES, get_recipe, resolve
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -96,7 +96,7 @@ def test_padded_vocab_and_window_pattern():
     assert [i for i in range(32) if m.layer_window(i) is None] == list(range(3, 32, 4))
     six = dataclasses.replace(get_recipe("tiny").model, n_layers=6)
     assert [six.layer_window(i) for i in range(6)] == [64, 64, 64, None, 64, None]  # last layer forced global
-    assert dataclasses.replace(ExperimentConfig().model, remat=FIT_REMAT) == m  # the recipe adds remat (memory)
+    assert dataclasses.replace(ExperimentConfig().model, remat="auto") == m  # the recipe adds remat (memory)
 
 
 def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
@@ -236,7 +236,7 @@ def test_stage2_and_stage3_recipes():
     data = cfg.data
     assert (data.packing, data.source_group_size, data.source_permutation_seed) == ("obfd", 8, 123)
     assert data.doc_masking and cfg.model.rope_positions == "absolute"
-    assert (cfg.mesh.context, cfg.model.remat, cfg.model.remat_serial) == (2, FIT_REMAT_NO_GATE, True)
+    assert (cfg.mesh.context, cfg.model.remat) == (2, "auto")
     # AI2's released stage-3 checkpoint is step 11,921: 50B tokens of 2^22 per step
     assert cfg.trainer.max_steps == 11_921 == math.ceil(50e9 / 2**22)
     assert float(lr(100)) == pytest.approx(peak / 2, rel=2e-6)  # the long-context script's LR is stage 2's
@@ -326,6 +326,10 @@ def test_remat_takes_a_policy_name_or_a_set_of_tags():
     with pytest.raises(ConfigError, match=r"model.remat='q_proj,qkv': unknown tag 'qkv'; .* layer_input, q_proj"):
         apply_overrides(ExperimentConfig(), ["model.remat=q_proj,qkv"])
     with pytest.raises(
-        ConfigError, match=r"model.remat='save_all': unknown tag 'save_all'; give a policy \(none, full"
+        ConfigError, match=r"model.remat='save_all': unknown tag 'save_all'; give auto, a policy \(none, full"
     ):
         apply_overrides(ExperimentConfig(), ["model.remat=save_all"])
+    # auto chooses the backward pass's order as well
+    assert apply_overrides(ExperimentConfig(), ["model.remat=auto"]).model.remat == "auto"
+    with pytest.raises(ConfigError, match="model.remat_serial=true with model.remat=auto"):
+        apply_overrides(ExperimentConfig(), ["model.remat=auto", "model.remat_serial=true"])

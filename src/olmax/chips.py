@@ -52,6 +52,7 @@ Every XLA flag here is accepted by jaxlib 0.10.2's GPU compiler (tests/test_comp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -198,6 +199,23 @@ def gpu_cluster(topology: str) -> tuple[Chip, int, int]:
     if chip.platform != "gpu" or len(shape) != 2 or not all(s.isdigit() and int(s) > 0 for s in shape):
         raise ConfigError(f"GPU topology {topology!r} is not {chip.topology}:NxG (N nodes of G GPUs, e.g. h100:64x8)")
     return chip, int(shape[0]), int(shape[1])
+
+
+# TPU type name -> JAX devices per unit of the number in the name. v4 and v5p count TensorCores
+# (2 per chip, one JAX device per chip); v5e and v6e count chips; tpu7x (Ironwood) counts
+# TensorCores, each its own JAX device (tpu7x-128 = 64 chips = 128 devices).
+DEVICES_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1, "tpu7x": 1}
+
+
+def tpu_type(topology: str) -> Optional[str]:
+    """The TPU type of one slice of a libtpu topology, as a TPU VM's TPU_ACCELERATOR_TYPE names it
+    (v5p:4x4x4 -> v5p-128, tpu7x:2x2x1 -> tpu7x-8); None for a name that is not a TPU's AxB[xC]."""
+    chip = chip_of_topology(topology)
+    shape = topology.partition(":")[2].split("x")
+    if chip.platform != "tpu" or not all(s.isdigit() for s in shape):
+        return None
+    devices = math.prod(int(s) for s in shape) * chip.devices_per_chip
+    return f"{chip.topology}-{round(devices / DEVICES_PER_NAMED_UNIT[chip.topology])}"
 
 
 def chip_of_device_kind(kind: str) -> Optional[Chip]:

@@ -23,23 +23,37 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import os
 import re
 import time
+from dataclasses import dataclass
 from importlib import resources
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 
+from olmax import runpath
 from olmax.chips import Chip, chip_of_device_kind, chip_of_topology, compiler_options, gpu_cluster
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.extras import require
 from olmax.flops import exact_step_flops, recompute_flops
 from olmax.model.attention import cudnn_target, resolve_backend
-from olmax.remat import REMAT_TAGS, remat_policy_of
+from olmax.remat import AUTO, AUTO_LADDER, REMAT_TAGS, remat_policy_of
+from olmax.remat_search import (
+    RECORD_FILE,
+    Candidate,
+    bisect,
+    cached,
+    format_candidate,
+    format_choice,
+    new_record,
+    no_fit_message,
+    search_key,
+    store,
+    with_remat,
+)
 from olmax.sharding import describe_node_split, make_mesh
-from olmax.state import abstract_state, state_shardings
+from olmax.state import abstract_state, per_device_bytes
 from olmax.train_step import batch_layout, batch_sharding, make_train_step
 
 GIB = 2**30
@@ -56,6 +70,14 @@ KERNEL_CALLS = {"tpu": MOSAIC_CALL, "gpu": CUDNN_ATTENTION_CALL}
 
 class DoesNotFit(ConfigError):
     """The step compiles (or would) but needs more device memory than the chip has."""
+
+
+class CompilerRefused(DoesNotFit):
+    """The compiler ran out of device memory; `reason` says which, in the compiler's words."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def topology_devices(topology: str, num_slices: int = 1) -> list:
@@ -102,14 +124,6 @@ def gpu_devices(topology: str) -> list:
     return list(desc.devices)
 
 
-def _per_device_bytes(tree, shardings) -> int:
-    """Bytes one device holds of a pytree of abstract arrays laid out by `shardings`."""
-    return sum(
-        math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
-        for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings))
-    )
-
-
 def _hlo_flops(compiled) -> Optional[float]:
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jax: one dict per program
@@ -132,25 +146,17 @@ def _out_of_memory(e: Exception) -> Optional[str]:
     return None
 
 
-def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] = None, num_slices: int = 1) -> dict:
-    if topology is not None:
-        devices = topology_devices(topology, num_slices)
-        chip: Optional[Chip] = chip_of_topology(topology)
-    else:
-        devices = list(devices if devices is not None else jax.devices())
-        chip = chip_of_device_kind(devices[0].device_kind)
+def budget_gib(chip: Optional[Chip]) -> Optional[float]:
+    """The most a step's peak may be per device (chips.Chip.hbm_headroom of its HBM limit), or None
+    for devices the chip table does not know (CPU)."""
+    return None if chip is None else chip.hbm_headroom * chip.hbm_limit_gib
+
+
+def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
+    """Lower and compile cfg's train step on `mesh` from abstract arrays: (compiled, lower s, compile
+    s). CompilerRefused when the compiler runs out of device memory."""
+    devices = list(mesh.devices.flat)
     platform = devices[0].platform
-    where = topology or f"{len(devices)} {platform} devices"
-    if platform == "gpu" and topology is not None:
-        _, nodes, gpus = gpu_cluster(topology)
-        where = f"{topology} ({nodes} nodes x {gpus} GPUs)"
-    try:
-        mesh = make_mesh(cfg.mesh, devices)
-        layout = batch_layout(cfg, mesh)
-    except ConfigError as e:  # the batch or mesh does not divide this target: say which target
-        raise ConfigError(f"{cfg.name} on {where}: {e}") from None
-    shardings = state_shardings(cfg, mesh)
-    options = compiler_options(chip) if chip is not None and platform in ("tpu", "gpu") else {}
     # jax's cuDNN checks ask the host's backend for the GPU generation; here it is the target's
     capability = getattr(devices[0], "compute_capability", None) if platform == "gpu" else None
     target = cudnn_target(capability) if capability else contextlib.nullcontext()
@@ -174,12 +180,116 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         except Exception as e:
             memory = _out_of_memory(e)
             if memory:
-                raise DoesNotFit(
-                    f"{cfg.name} does not fit on {where}: the {platform.upper()} compiler ran out of {memory} "
-                    f"({str(e).splitlines()[0][:300]})"
+                reason = f"out of {memory}: {str(e).splitlines()[0][:300]}"
+                raise CompilerRefused(
+                    f"{cfg.name} does not fit on {where}: the {platform.upper()} compiler ran {reason}", reason
                 ) from None
             raise
         t2 = time.perf_counter()
+    return compiled, t1 - t0, t2 - t1
+
+
+@dataclass(frozen=True)
+class RematChoice:
+    """What `model.remat=auto` became for a step: `cfg` with it chosen; the search's record (None
+    where nothing was compiled to choose); the chosen step compiled by the search, if it was;
+    `source`, the file a cached record was read from."""
+
+    cfg: ExperimentConfig
+    record: Optional[dict] = None
+    compiled: Optional[tuple] = None
+    source: Optional[str] = None
+
+
+def choose_remat(
+    cfg: ExperimentConfig,
+    mesh,
+    chip: Optional[Chip],
+    where: str,
+    options: dict,
+    cache_dir: Optional[str] = None,
+    log: Callable[[str], None] = lambda line: None,
+    write_record: bool = True,
+) -> RematChoice:
+    """model.remat=auto chosen for `mesh` (olmax.remat_search): the first candidate of the ladder
+    whose step the compiler accepts within the chip's budget, found by bisection, or the record of
+    an earlier search in cache_dir/remat_search.json; the search's record goes there (unless
+    write_record is false: a run's other processes). Devices the chip table does not know (CPU) have
+    no budget: the most kept set, nothing compiled. A step that fits under no policy is DoesNotFit,
+    naming what would."""
+    budget = budget_gib(chip)
+    if budget is None:
+        return RematChoice(with_remat(cfg, AUTO_LADDER[0], False))
+    key = search_key(cfg, mesh)
+    record = cached(cache_dir, key)
+    if record is not None:
+        source = runpath.join(cache_dir, RECORD_FILE)
+        log(format_choice(record, source))
+        return RematChoice(with_remat(cfg, record["remat"], record["remat_serial"]), record, source=source)
+    fitting: list[tuple] = []  # the latest candidate that fit, compiled: bisection's choice is its last
+
+    def compile(c: ExperimentConfig, m) -> Candidate:
+        t0 = time.perf_counter()
+        try:
+            out = compile_step(c, m, options, where)
+        except CompilerRefused as e:
+            candidate = Candidate(c.model.remat, c.model.remat_serial, None, False, time.perf_counter() - t0, e.reason)
+        else:
+            peak = out[0].memory_analysis().peak_memory_in_bytes / GIB
+            candidate = Candidate(c.model.remat, c.model.remat_serial, peak, peak <= budget, time.perf_counter() - t0)
+            if candidate.fits:
+                fitting[:] = [out]
+        log(format_candidate(candidate))
+        return candidate
+
+    log(f"model.remat=auto on {where}: compiling candidates against a budget of {budget:.2f} GiB per device")
+    t0 = time.perf_counter()
+    best, tried = bisect(cfg, mesh, compile)
+    if best is None:
+        raise DoesNotFit(no_fit_message(cfg, mesh, where, tried, budget, compile))
+    record = new_record(key, best, tried, budget, time.perf_counter() - t0)
+    if write_record:
+        store(cache_dir, record)
+    log(format_choice(record))
+    return RematChoice(with_remat(cfg, best.remat, best.serial), record, fitting[0])
+
+
+def compile_report(
+    cfg: ExperimentConfig,
+    devices=None,
+    topology: Optional[str] = None,
+    num_slices: int = 1,
+    cache_dir: Optional[str] = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict:
+    """Compile cfg's step for a TPU topology or GPU cluster (`topology`) or for `devices` (default:
+    JAX's) and report what the compiler says. model.remat=auto is chosen first (choose_remat, which
+    logs each candidate as it is compiled; cache_dir: where its record is kept and looked for, None =
+    nowhere)."""
+    if topology is not None:
+        devices = topology_devices(topology, num_slices)
+        chip: Optional[Chip] = chip_of_topology(topology)
+    else:
+        devices = list(devices if devices is not None else jax.devices())
+        chip = chip_of_device_kind(devices[0].device_kind)
+    platform = devices[0].platform
+    where = topology or f"{len(devices)} {platform} devices"
+    if platform == "gpu" and topology is not None:
+        _, nodes, gpus = gpu_cluster(topology)
+        where = f"{topology} ({nodes} nodes x {gpus} GPUs)"
+    try:
+        mesh = make_mesh(cfg.mesh, devices)
+        layout = batch_layout(cfg, mesh)
+    except ConfigError as e:  # the batch or mesh does not divide this target: say which target
+        raise ConfigError(f"{cfg.name} on {where}: {e}") from None
+    options = compiler_options(chip) if chip is not None and platform in ("tpu", "gpu") else {}
+    choice, auto = RematChoice(cfg), cfg.model.remat == AUTO
+    if auto:
+        choice = choose_remat(cfg, mesh, chip, where, options, cache_dir, log)
+        cfg = choice.cfg
+    compiled, lower_s, compile_s = choice.compiled or compile_step(cfg, mesh, options, where)
+    with jax.set_mesh(mesh):
+        state = abstract_state(cfg, mesh)
     mem = compiled.memory_analysis()
     per_device = {
         "arguments_gib": mem.argument_size_in_bytes / GIB,
@@ -199,8 +309,7 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
     # included, which the TPU compiler checks against the chip's limit. XLA packs temporaries into
     # one block reused across lifetimes, so this is below total_gib.
     per_device["peak_gib"] = mem.peak_memory_in_bytes / GIB
-    limit = chip.hbm_limit_gib if chip is not None else None
-    headroom = chip.hbm_headroom if chip is not None else None
+    budget = budget_gib(chip)
     hlo = compiled.as_text()
     policy = remat_policy_of(cfg.model.remat)
     nodes = len({d.process_index for d in devices}) if platform == "gpu" else None
@@ -241,15 +350,20 @@ def compile_report(cfg: ExperimentConfig, devices=None, topology: Optional[str] 
         # falls on them (olmax.sharding.node_split)
         "nodes": nodes,
         "node_layout": describe_node_split(tuple(mesh.shape.values()), mesh.size // nodes) if nodes else None,
-        "lower_s": t1 - t0,
-        "compile_s": t2 - t1,
-        "params_gib": _per_device_bytes(state.params, shardings.params) / GIB,
-        "opt_state_gib": _per_device_bytes(state.opt_state, shardings.opt_state) / GIB,
+        "lower_s": lower_s,
+        "compile_s": compile_s,
+        # model.remat=auto: every candidate compiled to choose it (remat_search.Candidate), the seconds
+        # that took, and the file the choice was read from instead when it was (None: not auto)
+        "remat_search": None if not auto else [] if choice.record is None else choice.record["candidates"],
+        "remat_search_s": None if choice.record is None or choice.source else choice.record["search_s"],
+        "remat_search_from": choice.source,
+        "params_gib": per_device_bytes(state.params) / GIB,
+        "opt_state_gib": per_device_bytes(state.opt_state) / GIB,
         "per_device": per_device,
-        "hbm_limit_gib": limit,
-        "hbm_headroom": headroom,
+        "hbm_limit_gib": None if chip is None else chip.hbm_limit_gib,
+        "hbm_headroom": None if chip is None else chip.hbm_headroom,
         # the compiler accepted it (or compile_report raised DoesNotFit), with headroom to spare
-        "fits": None if limit is None else per_device["peak_gib"] <= headroom * limit,
+        "fits": None if budget is None else per_device["peak_gib"] <= budget,
         # the fused attention kernels in the step: Mosaic (splash) on TPU, cuDNN's on GPU
         "attention_kernel_calls": hlo.count(KERNEL_CALLS[platform]) if platform in KERNEL_CALLS else 0,
         # GPU: the cuDNN calls by kind (forward, backward); each is one call site of the compiled program,
@@ -274,7 +388,7 @@ def check_fits(r: dict) -> None:
             f"{r['recipe']} does not fit on {where}: per-device peak "
             f"{r['per_device']['peak_gib']:.1f} GiB > {r['hbm_headroom']:.0%} of the "
             f"{r['hbm_limit_gib']:.2f} GiB HBM limit per device of {r['chip']} (micro_batch={r['micro_batch']}, "
-            f"remat={r['remat']}); try trainer.micro_batch_size or model.remat"
+            f"remat={r['remat']}); try trainer.micro_batch_size or model.remat (auto: the least recompute that fits)"
         )
 
 
@@ -290,7 +404,7 @@ def format_report(r: dict) -> str:
     lines = [
         f"{r['recipe']} on {r['devices']} {r['device_kind']} devices ({where}), mesh {r['mesh']}",
         f"per-device batch {r['per_device_batch']} = {r['accum_steps']} micro-batches of {r['micro_batch']}; "
-        f"remat {r['remat']} (keeps {', '.join(r['saved']) or 'nothing'}"
+        f"remat {r['remat']}{', serial' if r['remat_serial'] else ''} (keeps {', '.join(r['saved']) or 'nothing'}"
         f"{'; offloads ' + ', '.join(r['offloaded']) if r['offloaded'] else ''}); "
         f"attention {r['attention']} ({r['attention_kernel_calls']} "
         f"{'cuDNN' if r['platform'] == 'gpu' else 'Mosaic'} kernel calls"
@@ -300,6 +414,15 @@ def format_report(r: dict) -> str:
         f"arguments {d['arguments_gib']:.2f} + outputs {d['outputs_gib']:.2f} + temporaries {d['temporaries_gib']:.2f}"
         f" - aliased {d['aliased_gib']:.2f} = total {d['total_gib']:.2f} GiB; peak {d['peak_gib']:.2f} GiB",
     ]
+    search = r["remat_search"]
+    if search is not None:  # model.remat=auto: its candidates were logged as they were compiled
+        lines.append(
+            "model.remat=auto: no HBM limit known for these devices, so the most kept set, nothing compiled"
+            if not search
+            else f"model.remat=auto: as recorded in {r['remat_search_from']}"
+            if r["remat_search_from"]
+            else f"model.remat=auto: chosen from {len(search)} compiles in {r['remat_search_s']:.0f} s"
+        )
     if r["hbm_limit_gib"] is not None:
         lines.append(
             f"HBM limit {r['hbm_limit_gib']:.2f} GiB per device ({r['chip']}): peak "

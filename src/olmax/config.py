@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from olmax.errors import ConfigError
-from olmax.remat import remat_policy_of
+from olmax.remat import check_remat
 
 DTYPES = ("float32", "bfloat16", "float16")
 # `auto` picks by the platform the step compiles for (olmax.model.attention.resolve_backend).
@@ -196,20 +196,22 @@ class ModelConfig:
     splash_blocks: SplashBlocks = field(default_factory=SplashBlocks)
     """Tile sizes of the splash attention kernel (TPU)."""
     remat: str = "none"
-    """Per-block recomputation in the backward pass: a name of REMAT_POLICIES (none, full: recompute the
-    whole block, save_dots: keep every weight matmul's output, or a policy named by the activations it
-    keeps or offloads to host memory), or the activations to keep as comma-separated tags of
-    REMAT_TAGS, e.g. q_proj,k_proj,v_proj,attn_context (docs/model.md)."""
+    """Per-block recomputation in the backward pass: auto (the least recompute, and the order, that the
+    compiler fits in the devices' memory: olmax.remat_search), a name of REMAT_POLICIES (none, full:
+    recompute the whole block, save_dots: keep every weight matmul's output, or a policy named by the
+    activations it keeps or offloads to host memory), or the activations to keep as comma-separated
+    tags of REMAT_TAGS, e.g. q_proj,k_proj,v_proj,attn_context (docs/model.md)."""
     remat_serial: bool = False
     """With remat: the backward pass finishes each block, its weight gradients included, before it
     recomputes the block below (optimization barriers); false leaves that order to the compiler.
-    Changes memory, never values; which is leaner depends on the step (docs/performance.md)."""
+    Changes memory, never values; which is leaner depends on the step (docs/performance.md). auto
+    chooses it."""
 
     def __post_init__(self):
         _check_choice("model.param_dtype", self.param_dtype, DTYPES)
         _check_choice("model.compute_dtype", self.compute_dtype, DTYPES)
         _check_choice("model.attention", self.attention, ATTENTION_BACKENDS)
-        remat_policy_of(self.remat)  # a clear error for an unknown name or tag
+        check_remat(self.remat, self.remat_serial)  # a clear error for an unknown name or tag
         _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
         _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
         _check_choice("model.rope_positions", self.rope_positions, ROPE_POSITIONS)

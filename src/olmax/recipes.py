@@ -23,6 +23,7 @@ from olmax.config import (
     ScheduleConfig,
     TrainerConfig,
 )
+from olmax.remat import AUTO
 
 OLMO3_7B = ModelConfig()  # the defaults are the 7B
 
@@ -80,28 +81,16 @@ STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # e
 # tuned as the MaxText OLMo 3 run was: up to 4 instances per forward/backward (the seeds' 4 per
 # device at 512 instances on 128 devices, so no accumulation there; more devices, fewer per device),
 # the output layer 1024 positions at a time, attention `auto` (splash on TPU, cuDNN on GPU), and
-# each block rematerialised keeping the least recompute that fits the TPU compiler's heap on an
-# Ironwood 4x4x4 slice at 4 x 8192 per device: every weight matmul's output but the MLP's up
-# projection (and attention's output), the MaxText seeds' set (FIT_REMAT; with mlp_up as well the
-# step is over the HBM limit), with the backward pass's order left to the compiler (86.1 GiB of heap;
-# 91.0 with model.remat_serial). The same set fits the 32B on v5p 8x8x8 (1 instance per device); on a
-# v5p 4x4x4 slice the 7B's 8 instances per device (2 micro-batches of 4) fit it only with
-# model.remat_serial=true (89.0 GiB; 98.4 in the compiler's order, over the limit). Where a recipe
-# sets remat_serial, its slice measured the serial order leaner. docs/performance.md ("A leaner
-# backward and the remat sweep") has the heaps.
+# model.remat=auto: each block keeps the most of its activations that the compiler fits in the HBM
+# of the devices the run has, in the backward pass's order that fits (olmax.remat_search). The sets
+# it tries are those the sweep measured on the recipes' own slices (remat.AUTO_LADDER); what it
+# chose on each slice, and what the search cost: docs/performance.md ("model.remat=auto").
 FIT = dict(micro_batch_size=4, loss_chunk=1024)
-FIT_REMAT = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
-# the same but the MLP's gate, whose (tokens x MLP width) tensors do not fit beside the rest where a
-# device holds 2 x 8192 tokens of the 32B or a long-context sequence's 16,384-32,768
-FIT_REMAT_NO_GATE = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down"
-# and every matmul output with attention's (nothing recomputed), where a device holds 8192 tokens of
-# the 32B or 2 x 8192 of the 7B
-FIT_REMAT_ALL = FIT_REMAT + ",mlp_up"
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
 
 
-def _fit(model: ModelConfig, remat: str = FIT_REMAT, serial: bool = False) -> ModelConfig:
-    return replace(model, remat=remat, remat_serial=serial, attention="auto")
+def _fit(model: ModelConfig) -> ModelConfig:
+    return replace(model, remat=AUTO, attention="auto")
 
 
 def _stage1(name: str, model: ModelConfig) -> ExperimentConfig:
@@ -134,10 +123,8 @@ STAGE1_32B_LR = 6e-4
 def _olmo3_32b_stage1(name: str = "olmo3_32b_stage1") -> ExperimentConfig:
     return ExperimentConfig(
         name=name,
-        # 2 instances per device on v5p 8x8x8 in one forward/backward: the seeds' set is over the
-        # limit; without mlp_gate, in the serial order, 62.2 GiB of heap (MaxText 76.5 for the same
-        # set), recomputing 17.8% of the model FLOPs where q/k/v alone recomputed 30.5%
-        model=_fit(OLMO3_32B, FIT_REMAT_NO_GATE, serial=True),
+        # 2 instances per device on v5p 8x8x8 in one forward/backward
+        model=_fit(OLMO3_32B),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521, instance_filter=True),
         optimizer=OptimizerConfig(lr=STAGE1_32B_LR),
         schedule=ScheduleConfig(name="cosine", warmup_steps=2000, alpha_f=0.1, t_max_epochs=1),
@@ -156,9 +143,8 @@ MIDTRAIN_LR = 2.0712352850360292e-4
 def _olmo3_7b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage2",
-        # 2 instances per device on Ironwood 4x4x4: every matmul output fits as well (nothing is
-        # recomputed): 57.1 GiB of heap in the serial order, 63.7 in the compiler's
-        model=_fit(OLMO3_7B, FIT_REMAT_ALL, serial=True),
+        # 2 instances per device on Ironwood 4x4x4
+        model=_fit(OLMO3_7B),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=1337),  # enters the data fingerprint
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
@@ -187,12 +173,11 @@ STAGE3_DATA = DataConfig(
 STAGE3_MESH = MeshConfig(data=1, fsdp=-1, context=2, tensor=1)
 
 
-def _long_context(model: ModelConfig, remat: str, serial: bool) -> ModelConfig:
+def _long_context(model: ModelConfig) -> ModelConfig:
     """A stage-3 model: YaRN factor 8 from the 8192 context (beta_fast 32, beta_slow 1: ModelConfig's
-    defaults) to 65,536 positions, absolute across a packed instance; what it keeps is measured per
-    recipe (docs/performance.md)."""
+    defaults) to 65,536 positions, absolute across a packed instance."""
     return replace(
-        _fit(model, remat, serial),
+        _fit(model),
         rope_type="yarn",
         yarn_factor=8.0,
         yarn_original_max_position=8192,
@@ -204,9 +189,8 @@ def _long_context(model: ModelConfig, remat: str, serial: bool) -> ModelConfig:
 def _olmo3_7b_stage3() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_7b_stage3",
-        # 32,768 tokens per device: the seeds' set but mlp_gate fits in the serial order (70.7 GiB of
-        # heap; 84.4 in the compiler's), where q/k/v alone recomputed 26.5% of the model FLOPs, now 9.8%
-        model=_long_context(OLMO3_7B, FIT_REMAT_NO_GATE, serial=True),
+        # 32,768 tokens per device on Ironwood 4x4x4
+        model=_long_context(OLMO3_7B),
         data=STAGE3_DATA,
         optimizer=OptimizerConfig(lr=MIDTRAIN_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
@@ -233,9 +217,8 @@ MIDTRAIN_32B_LR = 0.0002071235285  # the 32B scripts' literal, 3.6e-15 below the
 def _olmo3_32b_stage2() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_32b_stage2",
-        # 1 instance per device on v5p 8x8x8: every matmul output fits in the serial order (85.8 GiB of
-        # heap; 91.4, over the budget, in the compiler's), so nothing is recomputed
-        model=_fit(OLMO3_32B, FIT_REMAT_ALL, serial=True),
+        # 1 instance per device on v5p 8x8x8
+        model=_fit(OLMO3_32B),
         data=DataConfig(seq_len=8192, max_target_seq_len=8192, seed=42069, instance_filter=True),
         optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, alpha_f=0.0),
@@ -258,9 +241,8 @@ def _olmo3_32b_stage2() -> ExperimentConfig:
 def _olmo3_32b_stage3() -> ExperimentConfig:
     return ExperimentConfig(
         name="olmo3_32b_stage3",
-        # 16,384 tokens per device: the seeds' set but mlp_gate fits in the serial order (65.0 GiB of
-        # heap; 79.5 in the compiler's), where q/k/v alone recomputed 30.9% of the model FLOPs, now 15.5%
-        model=_long_context(OLMO3_32B, FIT_REMAT_NO_GATE, serial=True),
+        # 16,384 tokens per device on v5p 8x8x8
+        model=_long_context(OLMO3_32B),
         data=replace(STAGE3_DATA, instance_filter=True),
         optimizer=OptimizerConfig(lr=MIDTRAIN_32B_LR),
         schedule=ScheduleConfig(name="linear", warmup_steps=200, alpha_f=0.0),
@@ -286,7 +268,7 @@ SFT_SCHEDULE = ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.0
 def _sft(name: str, model: ModelConfig, lr: float, global_batch: int, context: int) -> ExperimentConfig:
     return ExperimentConfig(
         name=name,
-        model=_long_context(model, FIT_REMAT_NO_GATE, serial=True),
+        model=_long_context(model),
         data=SFT_DATA,
         optimizer=OptimizerConfig(lr=lr, weight_decay=0.0, z_loss=0.0),  # b1 0.9, b2 0.95, clip 1.0: the defaults
         schedule=SFT_SCHEDULE,

@@ -1,7 +1,8 @@
 """Rematerialisation: the activations a transformer block names with `checkpoint_name`
 (olmax.model.olmo3 tags them, olmax.model.attention tags attention's) and the policies, sets of
 those names, that `model.remat` selects: what a block keeps for its backward pass, the rest being
-recomputed (docs/model.md, docs/performance.md)."""
+recomputed; and the sets `model.remat=auto` chooses from (olmax.remat_search; docs/model.md,
+docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -67,9 +68,48 @@ REMAT_POLICIES: dict[str, Optional[RematPolicy]] = {
 }
 
 
+# model.remat=auto: the policy and the backward pass's order are chosen for the devices the step
+# compiles for (olmax.remat_search), before the step is built.
+AUTO = "auto"
+
+# The sets `auto` tries, most kept first, each a subset of the one above, so a step's memory falls
+# (as measured) down the ladder, which its bisection relies on: every weight matmul's output and
+# attention's (nothing recomputed but elementwise work); without the MLP's up projection (the MaxText
+# seeds' set); without its gate as well (the gate and up tensors are the MLP's width, 2.7x the
+# model's); without the down projection; the q/k/v projections alone (attention's forward runs
+# again); nothing but the block's input. The first three are what the recipes measured on their own
+# slices (docs/performance.md, "The other rows of the sweep").
+SEEDS = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
+AUTO_LADDER = (
+    SEEDS + ",mlp_up",
+    SEEDS,
+    "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down",
+    "q_proj,k_proj,v_proj,attn_context,o_proj",
+    "q_proj,k_proj,v_proj",
+    "full",
+)
+
+
+def check_remat(remat: str, serial: bool) -> None:
+    """ModelConfig's check of model.remat and model.remat_serial (ConfigError naming the fault)."""
+    if remat != AUTO:
+        remat_policy_of(remat)
+    elif serial:
+        raise ConfigError(
+            "model.remat_serial=true with model.remat=auto: auto chooses the backward pass's order too; "
+            "give the tags to keep (model.remat=q_proj,...) to set the order yourself"
+        )
+
+
 def remat_policy_of(remat: str) -> Optional[RematPolicy]:
     """The policy of a model.remat value: a name of REMAT_POLICIES, or the tags to keep separated by
-    commas ("q_proj,k_proj,v_proj,attn_context"; a YAML list of tags is joined so by config_io)."""
+    commas ("q_proj,k_proj,v_proj,attn_context"; a YAML list of tags is joined so by config_io).
+    `auto` has none until it is chosen for a step's devices (olmax.compile_check.choose_remat)."""
+    if remat == AUTO:
+        raise ConfigError(
+            "model.remat=auto is chosen for the devices a step compiles for (olmax train and "
+            "compile-check choose it); here no step is being built for devices"
+        )
     if remat in REMAT_POLICIES:
         return REMAT_POLICIES[remat]
     tags = [t.strip() for t in remat.split(",") if t.strip()]
@@ -77,7 +117,7 @@ def remat_policy_of(remat: str) -> Optional[RematPolicy]:
     if not tags or unknown:
         what = f"unknown tag {', '.join(map(repr, unknown))}" if unknown else "no policy or tag"
         raise ConfigError(
-            f"model.remat={remat!r}: {what}; give a policy ({', '.join(REMAT_POLICIES)}) or the tags to keep, "
-            f"comma-separated, from {', '.join(REMAT_TAGS)}"
+            f"model.remat={remat!r}: {what}; give {AUTO}, a policy ({', '.join(REMAT_POLICIES)}) or the tags to "
+            f"keep, comma-separated, from {', '.join(REMAT_TAGS)}"
         )
     return RematPolicy(save=tuple(t for t in REMAT_TAGS if t in tags))

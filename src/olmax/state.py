@@ -9,6 +9,7 @@ step and the skip-step window are replicated.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -70,3 +71,9 @@ def abstract_state(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
     return jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, state_shardings(cfg, mesh)
     )
+
+
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of a pytree of abstract arrays carrying their shardings (as
+    `abstract_state` gives them)."""
+    return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(tree))

@@ -17,17 +17,22 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax import runpath
 from olmax.checkpoint import RunCheckpoints, load_params, run_checkpoint_dir
+from olmax.chips import chip_of_device_kind
+from olmax.compile_check import choose_remat
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.config_io import to_yaml
 from olmax.data.loader import make_loader
 from olmax.evals.heldout import HeldoutEvaluator
 from olmax.exits import ExitStatus, write_record
 from olmax.metrics import MetricsLog, Progress
+from olmax.remat import AUTO, AUTO_LADDER
+from olmax.remat_search import describe_devices, with_remat
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state, param_shardings
 from olmax.surgery import is_warm_start, load_warm_start
@@ -57,6 +62,9 @@ def train(
     run_dir = runpath.clean(run_dir)
     runpath.makedirs(run_dir)
     mesh = make_mesh(cfg.mesh, devices)
+    given = cfg  # config.yaml keeps model.remat=auto as given: a resume on other devices chooses again
+    if cfg.model.remat == AUTO:
+        cfg = _choose_remat(cfg, mesh, run_dir)
     last = last_step(cfg, stop_at)
     ckpts = RunCheckpoints(run_checkpoint_dir(cfg, run_dir), cfg, allow_config_change=allow_config_change)
     rows = []
@@ -66,7 +74,7 @@ def train(
         if restored is None:
             state, data_state = _fresh_state(cfg, mesh)
             if jax.process_index() == 0:
-                runpath.write_text(run_dir, "config.yaml", to_yaml(cfg))
+                runpath.write_text(run_dir, "config.yaml", to_yaml(given))
         else:
             state, data_state = restored
         start = int(state.step)
@@ -153,6 +161,30 @@ def check_epoch_horizon(cfg: ExperimentConfig, batches_per_epoch: int) -> None:
         f"steps of this data, but trainer.max_steps={cfg.trainer.max_steps:,} would end the run before it: "
         f"set trainer.max_steps={epochs * batches_per_epoch} (to stop earlier on purpose, add --stop-at)"
     )
+
+
+def _choose_remat(cfg: ExperimentConfig, mesh, run_dir: str) -> ExperimentConfig:
+    """model.remat=auto chosen for the run's devices (olmax.compile_check.choose_remat), compiled with
+    the process's own flags as the step will be; the record of the search is RUN_DIR/remat_search.json,
+    so a restart reads it back instead of searching. Every process searches (or reads) alike, and all
+    take process 0's choice: one program runs the step's collectives."""
+    devices = list(mesh.devices.flat)
+    primary = jax.process_index() == 0
+    choice = choose_remat(
+        cfg,
+        mesh,
+        chip_of_device_kind(devices[0].device_kind),
+        describe_devices(devices),
+        {},
+        run_dir,
+        log=lambda line: print(line, flush=True) if primary else None,
+        write_record=primary,
+    ).cfg
+    if jax.process_count() == 1:
+        return choice
+    picks = [(remat, serial) for remat in AUTO_LADDER for serial in (False, True)]
+    mine = picks.index((choice.model.remat, choice.model.remat_serial))
+    return with_remat(cfg, *picks[int(multihost_utils.broadcast_one_to_all(np.int32(mine)))])
 
 
 def last_step(cfg: ExperimentConfig, stop_at: Optional[int] = None) -> int:

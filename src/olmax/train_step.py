@@ -26,6 +26,7 @@ from olmax.config import ConfigError, ExperimentConfig, check_context
 from olmax.loss import loss_denominator, make_labels, output_loss
 from olmax.model.attention import resolve_backend, segment_ids
 from olmax.model.olmo3 import forward_hidden
+from olmax.remat import AUTO
 from olmax.schedules import make_schedule
 from olmax.sharding import logical_to_spec
 from olmax.state import TrainState, optimizer, state_shardings
@@ -84,6 +85,8 @@ def make_train_step(
     (before clipping), lr, skipped (1.0 when the optimizer skipped), tokens (input tokens this step).
     `epoch_batches`: the global batches in one epoch of the run's data, which schedule.t_max_epochs needs.
     """
+    if cfg.model.remat == AUTO:
+        raise ConfigError("model.remat=auto has not been chosen for this mesh: olmax.compile_check.choose_remat first")
     layout = batch_layout(cfg, mesh)
     model, trainer, data = cfg.model, cfg.trainer, cfg.data
     z_mult = cfg.optimizer.z_loss

@@ -317,6 +317,22 @@ def load_cuda_plugin_quietly(dev: str = "/dev") -> bool:
     return True
 
 
+def introduce_libtpu(topology: str, dev: str = "/dev") -> None:
+    """Before libtpu loads to compile for the TPU `topology` on a host without a TPU: tell it the
+    slice and the one worker it runs for, as a TPU VM's environment would. Without them libtpu
+    reports at start-up, as errors, that it could not find the accelerator type
+    (TPU_ACCELERATOR_TYPE) nor the worker hostnames (TPU_WORKER_HOSTNAMES). The compiled program
+    does not depend on them (the same HLO and memory for tpu7x, v5p and v6e slices whichever type
+    is given). The user's own values stand."""
+    from olmax.chips import tpu_type
+
+    slice_type = tpu_type(topology)
+    if slice_type is None or host_has_accelerator(dev=dev):
+        return
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", slice_type)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+
 def runs_on(where: str):
     """Decorator of every command but `olmax launch` (whose trainers decide for themselves, on their
     own hosts), applied before the command's body imports JAX: `"cpu"` for a command that needs only

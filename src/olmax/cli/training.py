@@ -21,6 +21,7 @@ from olmax.cli.common import (
     TotalDevicesOpt,
     app,
     exits_on,
+    introduce_libtpu,
     resolve_experiment,
     runs_on,
     write_json,
@@ -205,7 +206,9 @@ def compile_check_cmd(
     json_out: Optional[Path] = JsonOpt,
 ):
     """Compile the recipe's real train step with abstract arrays; print per-device memory, whether it
-    fits the chip's HBM, the attention kernel calls and FLOPs. Exit 2 when it does not fit."""
+    fits the chip's HBM, the attention kernel calls and FLOPs. model.remat=auto (the accelerator
+    recipes') is chosen first by compiling candidates; the choice is kept in data.work_dir. Exit 2
+    when it does not fit."""
     import os
 
     if topology is None:
@@ -215,10 +218,15 @@ def compile_check_cmd(
         # the TPU compiler runs on this host from libtpu, the GPU compiler from the CUDA plugin; JAX
         # itself needs only the CPU backend (and the CUDA plugin registers only beside it)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        introduce_libtpu(topology)
     from olmax.compile_check import check_fits, compile_report, format_report
+    from olmax.data.loader import work_dir_of
     from olmax.recipes import resolve
 
-    report = compile_report(resolve(recipe, config, overrides or []), topology=topology, num_slices=num_slices)
+    cfg = resolve(recipe, config, overrides or [])
+    # model.remat=auto's searches are kept with the other caches (data.work_dir), by what decides them
+    cache = str(work_dir_of(cfg.data))
+    report = compile_report(cfg, topology=topology, num_slices=num_slices, cache_dir=cache, log=typer.echo)
     typer.echo(format_report(report))
     write_json(json_out, report)
     check_fits(report)

@@ -30,17 +30,13 @@ import shlex
 import subprocess
 from typing import Mapping, Optional
 
-from olmax.chips import CHIPS, libtpu_init_args
+from olmax.chips import CHIPS, DEVICES_PER_NAMED_UNIT, libtpu_init_args
 from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.env import XPK_VARS, positive_int, read_env
 from olmax.launch.outcome import Ended, Outcome, cancelled
 from olmax.launch.plan import Command, LaunchPlan
 
-# TPU type name -> JAX devices per unit of the number in the name. v4 and v5p count TensorCores
-# (2 per chip, one JAX device per chip); v5e and v6e count chips; tpu7x (Ironwood) counts
-# TensorCores, each its own JAX device (tpu7x-128 = 64 chips = 128 devices).
-CHIPS_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1, "tpu7x": 1}
 # `xpk workload list --wait-for-job-completion` exit codes (xpk's wait_for_job_completion)
 XPK_WAIT = {125: "xpk: workload failed", 124: "xpk: the wait timed out"}
 # xpk's rule for workload names: lower case letters, digits and '-', starting with a letter, at most 40.
@@ -50,9 +46,9 @@ WORKLOAD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 def slice_devices(tpu_type: str) -> Optional[int]:
     """JAX devices of one slice of `tpu_type` (v5p-256 -> 128); None for a type not in the table."""
     family, _, size = tpu_type.rpartition("-")
-    if family not in CHIPS_PER_NAMED_UNIT or not size.isdigit():
+    if family not in DEVICES_PER_NAMED_UNIT or not size.isdigit():
         return None
-    return int(int(size) * CHIPS_PER_NAMED_UNIT[family])
+    return int(int(size) * DEVICES_PER_NAMED_UNIT[family])
 
 
 class XpkBackend:

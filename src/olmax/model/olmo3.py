@@ -31,7 +31,7 @@ from jax.ad_checkpoint import checkpoint_name
 from olmax.config import ModelConfig
 from olmax.model.attention import attention, document_positions
 from olmax.model.rope import apply_rope, rope_tables
-from olmax.remat import RematPolicy, remat_policy_of
+from olmax.remat import AUTO, RematPolicy, remat_policy_of
 from olmax.sharding import constrain, lookup_rows
 
 ACTIVATION_AXES = ("batch", "seq", "embed")  # the residual stream
@@ -263,7 +263,10 @@ def rematerialised(fn: Callable, policy: RematPolicy, serial: bool) -> Callable:
 def _group_fn(cfg: ModelConfig, first: int, n: int, collect: bool):
     """Runs layers first..first+n-1, each with its static window and RoPE kind:
     (x, stacked layer params, rope tables, segment ids or None) -> (x, outputs or None)."""
-    policy = remat_policy_of(cfg.remat)
+    # auto is chosen for the devices before a train step is built (make_train_step refuses it
+    # unchosen); a forward pass alone, e.g. scoring a checkpoint whose config says auto, has no
+    # backward pass to recompute for
+    policy = None if cfg.remat == AUTO else remat_policy_of(cfg.remat)
 
     def layer(window: Optional[int]):
         run = lambda p, x, cos, sin, segments: block(cfg, p, x, cos, sin, self_attention(cfg, window, segments))[0]
