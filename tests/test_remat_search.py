@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from models import random_params
-from small_run import SMALL
+from small_run import SMALL, small_config
 
 from olmax import chips, compile_check
 from olmax.compile_check import GIB, CompilerRefused, DoesNotFit, choose_remat
@@ -181,3 +181,27 @@ def test_a_step_that_fits_nowhere_names_what_would(monkeypatch):
     assert "- 16 devices instead of 8: 4 instances per device" in message
     # bisection down the ladder (both orders of each set it probes), then the suggestion's one compile
     assert done == [(QKV_CTX_O, False), (QKV_CTX_O, True), (FULL, False), (FULL, True), (FULL, True)]
+
+
+def test_train_chooses_before_its_first_step_and_a_restart_reads_the_choice(monkeypatch, tmp_path, capsys):
+    """olmax train with model.remat=auto (the CPU devices given a v5p's budget): the search runs before
+    the first step, its record goes to the run directory and its lines to the log; config.yaml keeps
+    auto and the checkpoint the choice; the restart compiles no candidate."""
+    from olmax import train as train_module
+    from olmax.checkpoint import read_config
+
+    monkeypatch.setattr(train_module, "chip_of_device_kind", lambda kind: V5P)
+    done = scripted(monkeypatch, V5P_4X4X4)
+    cfg = small_config(tmp_path, "model.remat=auto", "model.vocab_size=512", "trainer.max_steps=2")
+    run_dir = tmp_path / "run"
+    train_module.train(cfg, run_dir, stop_at=1, progress=False)
+    assert len(done) == 5 and (run_dir / RECORD_FILE).exists()
+    log = capsys.readouterr().out
+    assert f"model.remat=auto on 8 x cpu (budget 90.95 GiB per device): {SEEDS}, serial; 5 compiles" in log
+    assert "remat: auto" in (run_dir / "config.yaml").read_text()
+    model, _ = read_config(run_dir / "checkpoints")
+    assert (model.remat, model.remat_serial) == (SEEDS, True)
+
+    train_module.train(cfg, run_dir, progress=False)
+    assert len(done) == 5
+    assert f"{SEEDS}, serial, as searched on" in capsys.readouterr().out

@@ -214,11 +214,16 @@ def choose_remat(
     """model.remat=auto chosen for `mesh` (olmax.remat_search): the first candidate of the ladder
     whose step the compiler accepts within the chip's budget, found by bisection, or the record of
     an earlier search in cache_dir/remat_search.json; the search's record goes there (unless
-    write_record is false: a run's other processes). Devices the chip table does not know (CPU) have
-    no budget: the most kept set, nothing compiled. A step that fits under no policy is DoesNotFit,
-    naming what would."""
+    write_record is false: a run's other processes). CPU devices have no budget: the most kept set,
+    nothing compiled. A step that fits under no policy is DoesNotFit, naming what would."""
     budget = budget_gib(chip)
     if budget is None:
+        device = mesh.devices.flat[0]
+        if device.platform != "cpu":  # an accelerator the chip table does not know: no budget to fit
+            raise ConfigError(
+                f"model.remat=auto needs the HBM of {device.device_kind} devices, which olmax.chips does not "
+                "list; give model.remat (a policy or the tags to keep)"
+            )
         return RematChoice(with_remat(cfg, AUTO_LADDER[0], False))
     key = search_key(cfg, mesh)
     record = cached(cache_dir, key)
