@@ -38,7 +38,7 @@ def scripted(monkeypatch, peaks):
         compiled.append(key)
         peak = peaks(cfg) if callable(peaks) else peaks[key]
         if peak is REFUSED:
-            raise CompilerRefused("scripted", "out of HBM: scripted")
+            raise CompilerRefused("scripted", "HBM", "out of HBM: scripted")
         memory = SimpleNamespace(peak_memory_in_bytes=int(peak * GIB))
         return SimpleNamespace(memory_analysis=lambda: memory), 0.0, 0.0
 
