@@ -255,6 +255,7 @@ def choose_remat(
     t0 = time.perf_counter()
     best, tried = bisect(cfg, mesh, compile)
     if best is None:
+        log("model.remat=auto: no candidate fits; checking what would (the error below says it)")
         raise DoesNotFit(no_fit_message(cfg, mesh, where, tried, budget, compile))
     record = new_record(key, best, tried, budget, time.perf_counter() - t0)
     if write_record:
