@@ -38,7 +38,7 @@ def scripted(monkeypatch, peaks):
         compiled.append(key)
         peak = peaks(cfg) if callable(peaks) else peaks[key]
         if peak is REFUSED:
-            raise CompilerRefused("scripted", "out of HBM: scripted")
+            raise CompilerRefused("scripted", "HBM", "out of HBM: scripted")
         memory = SimpleNamespace(peak_memory_in_bytes=int(peak * GIB))
         return SimpleNamespace(memory_analysis=lambda: memory), 0.0, 0.0
 
@@ -169,7 +169,7 @@ def test_a_step_that_fits_nowhere_names_what_would(monkeypatch):
     message = str(e.value)
     assert message.startswith(
         "tiny fits on 8 cpu devices under no remat policy, down to recomputing whole blocks (full): "
-        "peak 95.00 GiB (serial) > the budget of 90.95 GiB per device"
+        "peak 95.00 GiB (serial) > the budget of 90.95 GiB per device; parameters and optimizer state take"
     )
     assert (
         "- trainer.micro_batch_size=2: 4 micro-batches of 2 per device instead of 2 of 4, accumulated (the "

@@ -73,11 +73,12 @@ class DoesNotFit(ConfigError):
 
 
 class CompilerRefused(DoesNotFit):
-    """The compiler ran out of device memory; `reason` says which, in the compiler's words."""
+    """The compiler ran out of device memory: `memory` names which ("HBM", or a kernel's scoped VMEM,
+    which no remat policy changes), `reason` says so in the compiler's words."""
 
-    def __init__(self, message: str, reason: str):
+    def __init__(self, message: str, memory: str, reason: str):
         super().__init__(message)
-        self.reason = reason
+        self.memory, self.reason = memory, reason
 
 
 def topology_devices(topology: str, num_slices: int = 1) -> list:
@@ -182,7 +183,7 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
             if memory:
                 reason = f"out of {memory}: {str(e).splitlines()[0][:300]}"
                 raise CompilerRefused(
-                    f"{cfg.name} does not fit on {where}: the {platform.upper()} compiler ran {reason}", reason
+                    f"{cfg.name} does not fit on {where}: the {platform.upper()} compiler ran {reason}", memory, reason
                 ) from None
             raise
         t2 = time.perf_counter()
@@ -224,6 +225,7 @@ def choose_remat(
                 f"model.remat=auto needs the HBM of {device.device_kind} devices, which olmax.chips does not "
                 "list; give model.remat (a policy or the tags to keep)"
             )
+        log(f"model.remat=auto on {where}: no HBM budget on CPU devices, so {AUTO_LADDER[0]}, nothing compiled")
         return RematChoice(with_remat(cfg, AUTO_LADDER[0], False))
     key = search_key(cfg, mesh)
     record = cached(cache_dir, key)
@@ -238,6 +240,8 @@ def choose_remat(
         try:
             out = compile_step(c, m, options, where)
         except CompilerRefused as e:
+            if e.memory != "HBM":  # a kernel's tiles: the same for every candidate
+                raise
             candidate = Candidate(c.model.remat, c.model.remat_serial, None, False, time.perf_counter() - t0, e.reason)
         else:
             peak = out[0].memory_analysis().peak_memory_in_bytes / GIB
@@ -251,6 +255,7 @@ def choose_remat(
     t0 = time.perf_counter()
     best, tried = bisect(cfg, mesh, compile)
     if best is None:
+        log("model.remat=auto: no candidate fits; checking what would (the error below says it)")
         raise DoesNotFit(no_fit_message(cfg, mesh, where, tried, budget, compile))
     record = new_record(key, best, tried, budget, time.perf_counter() - t0)
     if write_record:

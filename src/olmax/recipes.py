@@ -84,7 +84,8 @@ STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # e
 # model.remat=auto: each block keeps the most of its activations that the compiler fits in the HBM
 # of the devices the run has, in the backward pass's order that fits (olmax.remat_search). The sets
 # it tries are those the sweep measured on the recipes' own slices (remat.AUTO_LADDER); what it
-# chose on each slice, and what the search cost: docs/performance.md ("model.remat=auto").
+# chose on each slice, and what the search cost: docs/performance.md ("`model.remat=auto` on the
+# recipes' slices").
 FIT = dict(micro_batch_size=4, loss_chunk=1024)
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
 

@@ -274,11 +274,14 @@ def no_fit_message(
                 f"optimizer state {state_after:.2f} GiB per device"
             )
             options.append((f"mesh.tensor={size}", what))
+    figure = (
+        "the compiler refused it"
+        if least is None
+        else f"peak {least.peak_gib:.2f} GiB ({_order(least.serial)}) > the budget of {budget:.2f} GiB per device"
+    )
     lines = [
-        f"{cfg.name} fits on {where} under no remat policy, down to recomputing whole blocks (full): "
-        + ("the compiler refused it" if least is None else f"peak {least.peak_gib:.2f} GiB ({_order(least.serial)})")
-        + f" > the budget of {budget:.2f} GiB per device ({state:.2f} GiB of it parameters and optimizer "
-        "state). What would fit:"
+        f"{cfg.name} fits on {where} under no remat policy, down to recomputing whole blocks (full): {figure}; "
+        f"parameters and optimizer state take {state:.2f} GiB per device. What would fit:"
     ]
     for i, (override, what) in enumerate(options):
         lines.append(f"- {override}: {what}")
