@@ -335,12 +335,12 @@ def test_7b_stage1_on_v5p_4x4x4_fits_with_no_override():
 def test_7b_stage3_fits_on_ironwood_4x4x4_over_a_context_axis():
     """AI2's stage 3 (packed, masked within documents, 64 instances of 65,536 tokens) on 128 devices:
     one instance per data x fsdp shard, each sequence split over the recipe's context axis of 2, so
-    32,768 tokens per device as in stage 1, where the seeds' set but mlp_gate fits (84.4 GiB of heap
-    in the compiler's order, 70.7 serial); the masked splash kernels are in the step."""
+    32,768 tokens per device as in stage 1, where the seeds' set fits in the compiler's order (peak
+    85.60 GiB; every matmul output is refused); the masked splash kernels are in the step."""
     r = compile_report(get_recipe("olmo3_7b_stage3"), topology="tpu7x:4x4x4")
     assert r["mesh"] == {"data": 1, "fsdp": 64, "context": 2, "tensor": 1}
     assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
-    assert kept_at_least(r, SEEDS_BUT_GATE)
+    assert r["saved"] == SEEDS_SET and not r["remat_serial"]
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
 
 
