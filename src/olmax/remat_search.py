@@ -257,12 +257,12 @@ def no_fit_message(
         )
     for axis in ("context", "tensor"):
         size = mesh.shape[axis] * 2
-        changed = apply_overrides(cfg, [f"mesh.{axis}={size}"])
         try:
+            changed = apply_overrides(cfg, [f"mesh.{axis}={size}"])
             changed_mesh = make_mesh(changed.mesh, devices)
             micro = batch_layout(changed, changed_mesh).micro_batch
             state_after = state_gib(changed, changed_mesh)
-        except ConfigError:  # the axis does not divide the devices, the heads or the sequence
+        except ConfigError:  # the axis does not divide the devices, the heads, the sequence or its chunks
             continue
         if axis == "context" and micro * seq // size < tokens:
             after = micro * seq // size
