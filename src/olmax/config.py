@@ -32,6 +32,8 @@ ROPE_TYPES = ("default", "yarn")
 ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
+OBJECTIVES = ("lm", "dpo")
+DPO_LOSS_TYPES = ("dpo_norm", "dpo")  # olmax.objectives.dpo
 
 # "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
 # from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
@@ -464,9 +466,14 @@ class TrainerConfig:
     """A plain progress line every N steps when not on a terminal (metrics.jsonl has every step)."""
     seed: int = 0
     """Seed of the parameter initialisation (the data order has its own, data.seed)."""
+    objective: str = "lm"
+    """What the step minimises: "lm" (next-token cross-entropy over data.paths) or "dpo" (direct
+    preference optimisation over `olmax tokenize --chat` preference pairs, the `dpo` section; then
+    global_batch and micro_batch_size count pairs, two sequences each; docs/post-training.md)."""
 
     def __post_init__(self):
         # Whether the batch splits over the devices is the trainer's check (olmax.train_step.batch_layout).
+        _check_choice("trainer.objective", self.objective, OBJECTIVES)
         _check_positive("trainer", self, "global_batch", "max_steps", "log_every")
         _check_non_negative("trainer", self, "loss_chunk")
         if self.micro_batch_size is not None:
@@ -568,6 +575,21 @@ class WandbConfig:
 
 
 @dataclass(frozen=True)
+class DPOConfig:
+    """Direct preference optimisation, used with trainer.objective=dpo (olmax.objectives.dpo). Defaults
+    are AI2's OLMo 3 DPO (open-instruct dpo_tune_cache.py)."""
+
+    loss_type: str = "dpo_norm"
+    """dpo_norm: the log-prob ratios averaged over each response's tokens (AI2's OLMo 3); dpo: summed."""
+    beta: float = 5.0
+    """Scale of the log-prob ratios inside the sigmoid (and of the logged rewards)."""
+
+    def __post_init__(self):
+        _check_choice("dpo.loss_type", self.loss_type, DPO_LOSS_TYPES)
+        _check_positive("dpo", self, "beta")
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """Everything a run needs; what `olmax train` resolves from a recipe or YAML file plus overrides."""
 
@@ -591,6 +613,8 @@ class ExperimentConfig:
     """In-loop held-out evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """The optional W&B writer."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """The DPO loss (trainer.objective=dpo)."""
 
     def __post_init__(self):
         chunk, seq_len = self.trainer.loss_chunk, self.data.seq_len
@@ -610,3 +634,26 @@ class ExperimentConfig:
                 "model.rope_positions=document restarts positions at each document, which needs the documents: "
                 "set data.doc_masking=true (or model.rope_positions=absolute)"
             )
+        if self.trainer.objective == "dpo":
+            self._check_dpo()
+
+    def _check_dpo(self) -> None:
+        """What trainer.objective=dpo does not take: its rows are whole sequences, one prompt and response
+        each, right-padded (open-instruct's DPO batches), read by the pair loader (olmax.data.pairs)."""
+        data = self.data
+        refused = [
+            (data.packing != "none", "data.packing=obfd", "each row is one pair's sequence, not packed documents"),
+            (data.doc_masking, "data.doc_masking=true", "a row holds one document, so causal attention is enough"),
+            (data.label_masks, "data.label_masks=true", "the pair loader always reads the label masks"),
+            (data.instance_filter, "data.instance_filter=true", "the repetition filter is an LM-loss mask"),
+            (data.max_target_seq_len is not None, "data.max_target_seq_len", "it chunks token streams, not pairs"),
+            (self.optimizer.z_loss != 0.0, f"optimizer.z_loss={self.optimizer.z_loss}", "it regularises the LM loss"),
+            (
+                self.mesh.context != 1,
+                f"mesh.context={self.mesh.context}",
+                "the DPO log-probs are not split over a context axis yet",
+            ),
+        ]
+        for bad, knob, why in refused:
+            if bad:
+                raise ConfigError(f"trainer.objective=dpo does not take {knob}: {why}")

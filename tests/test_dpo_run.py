@@ -1,0 +1,150 @@
+"""`olmax train` with trainer.objective=dpo end to end, in process: preference rows in a JSONL file,
+tokenized with the Instruct chat template, the reference pass into its cache beside the pairs, three
+steps (one epoch: linear schedule with 10% warmup, as the DPO recipes), the DPO metrics in
+metrics.jsonl; a second run reuses the cache, a cache with another key exits 2, and a reference pass
+stopped half way resumes to the same log-probs. One tiny run per module (dolma2's real vocabulary, so
+the output layer dominates)."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from small_run import SMALL
+from typer.testing import CliRunner
+
+from olmax.cli import app
+from olmax.config_io import apply_overrides
+from olmax.data.chat_files import tokenize_chat
+from olmax.data.pairs import PairLoader, PairSource
+from olmax.objectives.reference import CACHE_DIR, COMPLETE, KEY_FILE, reference_logps_cache
+from olmax.recipes import get_recipe
+from olmax.sharding import make_mesh
+from olmax.state import init_train_state
+from olmax.train import train
+
+DEVICES = 4  # a pair per device and step: 12 pairs are 3 steps
+
+
+def _rows():
+    """12 pairs; the last one's chosen side is longer than the sequence (cut, as open-instruct does)."""
+    rows = []
+    for i in range(12):
+        question = f"What is {i} plus {i}?"
+        rows.append(
+            {
+                "chosen": [{"role": "user", "content": question}, {"role": "assistant", "content": f"{2 * i}."}],
+                "rejected": [
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": f"{i + 1}, I think."},
+                ],
+            }
+        )
+    rows[-1]["chosen"][1]["content"] = " ".join(["very"] * 200) + " long."
+    return rows
+
+
+def _overrides(tmp, data, *extra):
+    """The run, as overrides of the tiny recipe (what `olmax train --recipe tiny` takes)."""
+    return SMALL + [
+        f"data.work_dir={tmp / 'cache'}",
+        f"data.paths=[{data}]",
+        "data.seq_len=64",
+        "trainer.objective=dpo",
+        "trainer.global_batch=4",
+        "trainer.max_steps=3",
+        "trainer.loss_chunk=16",
+        "optimizer.z_loss=0",
+        "optimizer.weight_decay=0",
+        "optimizer.b2=0.999",
+        "optimizer.skip_step=false",
+        "optimizer.lr=1e-3",
+        "schedule.name=linear",
+        "schedule.warmup_steps=0",
+        "schedule.warmup_fraction=0.1",
+        "schedule.alpha_f=0",
+        "schedule.t_max_epochs=1",
+        "eval.every=0",
+        *extra,
+    ]
+
+
+def _config(tmp, data, *extra):
+    return apply_overrides(get_recipe("tiny"), _overrides(tmp, data, *extra))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dpo_run")
+    src = tmp / "pairs.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    tokenize_chat([src], tmp / "pairs", "instruct")
+    cfg = _config(tmp, tmp / "pairs")
+    rows = train(cfg, tmp / "run", devices=jax.devices()[:DEVICES], progress=False)
+    return tmp, cfg, rows
+
+
+def test_trains_on_pairs_and_logs_dpo_metrics(run):
+    tmp, cfg, rows = run
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    logged = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == rows
+    for r in rows:
+        for key in ("train/DPO loss", "train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins"):
+            assert np.isfinite(r[key]), key
+        assert r["train/rewards/margins"] == pytest.approx(r["train/rewards/chosen"] - r["train/rewards/rejected"])
+        assert r["train/rewards/accuracy"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+        assert r["throughput/total tokens"] == r["step"] * 2 * 4 * 64 and r["data/instances"] == r["step"] * 4
+    # step 1 starts at the reference: every ratio 0, loss log 2, rewards 0
+    assert rows[0]["train/DPO loss"] == pytest.approx(np.log(2), abs=1e-5)
+    assert rows[0]["train/rewards/chosen"] == pytest.approx(0, abs=1e-4)
+    assert rows[1]["train/DPO loss"] < np.log(2)  # the first update already separates the pairs it saw
+    # 10% warmup of 3 steps rounds to 0; OLMo-core's numbering: step s takes lr (1 - s / 3) (HF's
+    # LambdaLR, open-instruct's, gives step s the factor of s - 1: docs/post-training.md)
+    assert [r["optim/LR"] for r in rows] == pytest.approx([1e-3 * 2 / 3, 1e-3 / 3, 0.0])
+
+
+def test_reference_cache_is_keyed_and_reused(run):
+    tmp, cfg, rows = run
+    cache = tmp / "pairs" / CACHE_DIR
+    key = json.loads((cache / KEY_FILE).read_text())
+    assert key["init"] == "random, trainer.seed=0" and key["data"] == PairSource(cfg.data).fingerprint
+    assert PairSource(cfg.data).dropped == 0 and len(np.load(cache / COMPLETE)) == 12
+    stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    again = train(cfg, tmp / "again", devices=jax.devices()[:DEVICES], stop_at=1, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps  # read, not written
+    assert again[0]["train/DPO loss"] == rows[0]["train/DPO loss"]
+
+    # all 8 devices (the CLI takes no device list): 8 pairs a step
+    other = _overrides(tmp, tmp / "pairs", "trainer.seed=1", "trainer.global_batch=8")
+    out = CliRunner().invoke(app, ["train", "--recipe", "tiny", "--run-dir", str(tmp / "other-start"), *other])
+    assert out.exit_code == 2, out.output
+    assert "random, trainer.seed=0" in out.output and "random, trainer.seed=1" in out.output
+
+
+def test_a_stopped_reference_pass_resumes_to_the_same_log_probs(run):
+    tmp, cfg, _ = run
+    shutil.copytree(tmp / "pairs", tmp / "stopped", ignore=shutil.ignore_patterns(CACHE_DIR))
+    shutil.copytree(tmp / "pairs" / CACHE_DIR, tmp / "stopped" / CACHE_DIR)
+    cache = tmp / "stopped" / CACHE_DIR
+    # as a pass killed after its first forward: the complete file and the later chunks are not there
+    (cache / COMPLETE).unlink()
+    chunks = sorted(cache.glob("chunk_*.npy"))
+    assert [c.name for c in chunks] == [f"chunk_{s:09d}_{s + 4:09d}.npy" for s in (0, 4, 8)]
+    for c in chunks[1:]:
+        c.unlink()
+    cfg = _config(tmp, tmp / "stopped")
+    source = PairSource(cfg.data)
+    mesh = make_mesh(cfg.mesh, jax.devices()[:DEVICES])
+    said = []
+    with jax.set_mesh(mesh):
+        logps = reference_logps_cache(
+            cfg, mesh, source, lambda: init_train_state(cfg, mesh, jax.random.key(0)).params, log=said.append
+        )
+    assert said == [f"DPO reference pass: resuming at pair 4 of 12 ({cache})"]
+    np.testing.assert_array_equal(logps, np.load(tmp / "pairs" / CACHE_DIR / COMPLETE))
+    # the loader's batches carry them, in the seeded order, with both sides of each pair
+    batch = next(iter(PairLoader(cfg.data, source, logps, 4)))
+    np.testing.assert_array_equal(batch["reference_logps"], logps[batch["index"]])
+    assert batch["input_ids"].shape == (4, 2, 64) and batch["response_mask"][:, :, 0].sum() == 0
