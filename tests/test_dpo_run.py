@@ -7,6 +7,7 @@ the output layer dominates)."""
 
 import json
 import shutil
+from dataclasses import replace
 
 import jax
 import numpy as np
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 
 from olmax.cli import app
 from olmax.config_io import apply_overrides
-from olmax.data.chat_files import tokenize_chat
+from olmax.data.chat_files import read_documents, tokenize_chat
 from olmax.data.pairs import PairLoader, PairSource
 from olmax.objectives.reference import CACHE_DIR, COMPLETE, KEY_FILE, reference_logps_cache
 from olmax.recipes import get_recipe
@@ -75,16 +76,78 @@ def _config(tmp, data, *extra):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def pairs(tmp_path_factory):
+    """The rows tokenized into tmp/pairs/{chosen,rejected}/ (no --max-seq-len: the loader cuts)."""
     tmp = tmp_path_factory.mktemp("dpo_run")
     src = tmp / "pairs.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
     tokenize_chat([src], tmp / "pairs", "instruct")
-    cfg = _config(tmp, tmp / "pairs")
+    return tmp, _config(tmp, tmp / "pairs")
+
+
+@pytest.fixture(scope="module")
+def run(pairs):
+    tmp, cfg = pairs
     rows = train(cfg, tmp / "run", devices=jax.devices()[:DEVICES], progress=False)
     return tmp, cfg, rows
 
 
+def test_pair_batches(pairs):
+    """Both sides of every pair in one batch row, cut and padded to data.seq_len, the label masks as
+    response masks; every pair once an epoch in the seeded order; resumable; ranks split the pairs."""
+    tmp, cfg = pairs
+    source = PairSource(cfg.data)
+    assert len(source) == 12 and source.dropped == 0
+    chosen, _ = (read_documents(tmp / "pairs" / side, np.uint32) for side in ("chosen", "rejected"))
+    reference = np.arange(24, dtype=np.float32).reshape(12, 2)
+    loader = PairLoader(cfg.data, source, reference, 4)
+    batches = [b for _, b in zip(range(4), loader)]
+    epoch = np.concatenate([b["index"] for b in batches[:3]])
+    assert sorted(epoch) == list(range(12)) and list(epoch) != list(range(12))  # shuffled, each once
+    assert loader.epoch == 2 and set(batches[3]["index"]) <= set(range(12))
+    for b in batches:
+        assert b["input_ids"].shape == b["response_mask"].shape == (4, 2, 64) and b["input_ids"].dtype == np.int32
+        np.testing.assert_array_equal(b["reference_logps"], reference[b["index"]])
+        for row, i in enumerate(b["index"]):
+            ids, mask = chosen[i]
+            n = min(len(ids), 64)  # pair 11's chosen side is longer: its first 64 tokens
+            np.testing.assert_array_equal(b["input_ids"][row, 0, :n], ids[:n])
+            np.testing.assert_array_equal(b["response_mask"][row, 0, :n], mask[:n])
+            assert (b["input_ids"][row, 0, n:] == cfg.data.pad_token_id).all() and not b["response_mask"][
+                row, 0, n:
+            ].any()
+    assert len(chosen[11][0]) > 64
+    # the same order again; from a saved state, the next batch; two ranks split each batch
+    again = PairLoader(cfg.data, source, reference, 4)
+    first = next(iter(again))
+    np.testing.assert_array_equal(first["index"], batches[0]["index"])
+    resumed = PairLoader(cfg.data, source, reference, 4, state=again.state())
+    np.testing.assert_array_equal(next(iter(resumed))["index"], batches[1]["index"])
+    ranks = [next(iter(PairLoader(cfg.data, source, reference, 4, dp_rank=r, dp_size=2)))["index"] for r in (0, 1)]
+    assert sorted(np.concatenate(ranks)) == sorted(batches[0]["index"])
+    other_seed = PairSource(replace(cfg.data, seed=1))
+    assert list(next(iter(PairLoader(replace(cfg.data, seed=1), other_seed, reference, 4)))["index"]) != list(
+        batches[0]["index"]
+    )
+
+
+def test_a_cache_with_another_key_exits_2(pairs, tmp_path):
+    """The CLI refuses a reference cache computed from other starting parameters, naming both."""
+    tmp, cfg = pairs
+    shutil.copytree(tmp / "pairs", tmp_path / "pairs", ignore=shutil.ignore_patterns(CACHE_DIR))
+    source = PairSource(replace(cfg.data, paths=(str(tmp_path / "pairs"),)))
+    (tmp_path / "pairs" / CACHE_DIR).mkdir()
+    (tmp_path / "pairs" / CACHE_DIR / KEY_FILE).write_text(
+        json.dumps({"init": "random, trainer.seed=1", "data": source.fingerprint})
+    )
+    # all 8 devices (the CLI takes no device list): 8 pairs a step
+    args = _overrides(tmp_path, tmp_path / "pairs", "trainer.global_batch=8")
+    out = CliRunner().invoke(app, ["train", "--recipe", "tiny", "--run-dir", str(tmp_path / "run"), *args])
+    assert out.exit_code == 2, out.output
+    assert "random, trainer.seed=1" in out.output and "random, trainer.seed=0" in out.output
+
+
+@pytest.mark.slow
 def test_trains_on_pairs_and_logs_dpo_metrics(run):
     tmp, cfg, rows = run
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -105,6 +168,7 @@ def test_trains_on_pairs_and_logs_dpo_metrics(run):
     assert [r["optim/LR"] for r in rows] == pytest.approx([1e-3 * 2 / 3, 1e-3 / 3, 0.0])
 
 
+@pytest.mark.slow
 def test_reference_cache_is_keyed_and_reused(run):
     tmp, cfg, rows = run
     cache = tmp / "pairs" / CACHE_DIR
@@ -116,13 +180,8 @@ def test_reference_cache_is_keyed_and_reused(run):
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps  # read, not written
     assert again[0]["train/DPO loss"] == rows[0]["train/DPO loss"]
 
-    # all 8 devices (the CLI takes no device list): 8 pairs a step
-    other = _overrides(tmp, tmp / "pairs", "trainer.seed=1", "trainer.global_batch=8")
-    out = CliRunner().invoke(app, ["train", "--recipe", "tiny", "--run-dir", str(tmp / "other-start"), *other])
-    assert out.exit_code == 2, out.output
-    assert "random, trainer.seed=0" in out.output and "random, trainer.seed=1" in out.output
 
-
+@pytest.mark.slow
 def test_a_stopped_reference_pass_resumes_to_the_same_log_probs(run):
     tmp, cfg, _ = run
     shutil.copytree(tmp / "pairs", tmp / "stopped", ignore=shutil.ignore_patterns(CACHE_DIR))
@@ -144,7 +203,3 @@ def test_a_stopped_reference_pass_resumes_to_the_same_log_probs(run):
         )
     assert said == [f"DPO reference pass: resuming at pair 4 of 12 ({cache})"]
     np.testing.assert_array_equal(logps, np.load(tmp / "pairs" / CACHE_DIR / COMPLETE))
-    # the loader's batches carry them, in the seeded order, with both sides of each pair
-    batch = next(iter(PairLoader(cfg.data, source, logps, 4)))
-    np.testing.assert_array_equal(batch["reference_logps"], logps[batch["index"]])
-    assert batch["input_ids"].shape == (4, 2, 64) and batch["response_mask"][:, :, 0].sum() == 0
