@@ -1,9 +1,10 @@
-"""`olmax train` with trainer.objective=dpo end to end, in process: preference rows in a JSONL file,
-tokenized with the Instruct chat template, the reference pass into its cache beside the pairs, three
-steps (one epoch: linear schedule with 10% warmup, as the DPO recipes), the DPO metrics in
-metrics.jsonl; a second run reuses the cache, a cache with another key exits 2, and a reference pass
-stopped half way resumes to the same log-probs. One tiny run per module (dolma2's real vocabulary, so
-the output layer dominates)."""
+"""`olmax train` with trainer.objective=dpo, in process, on preference rows in a JSONL file tokenized
+with the Instruct chat template. Fast: the pair loader's batches (both sides, cut and padded, masks,
+seeded order, resume, ranks) and the CLI's exit 2 on a reference cache with another key. Slow (one
+tiny run per module, dolma2's real vocabulary, so the output layer dominates): the reference pass into
+its cache beside the pairs, three steps (one epoch: linear schedule with 10% warmup, as the DPO
+recipes), the DPO metrics in metrics.jsonl; a second run reuses the cache; a reference pass stopped
+half way resumes to the same log-probs; a stopped run resumes exactly."""
 
 import json
 import shutil
@@ -203,3 +204,13 @@ def test_a_stopped_reference_pass_resumes_to_the_same_log_probs(run):
         )
     assert said == [f"DPO reference pass: resuming at pair 4 of 12 ({cache})"]
     np.testing.assert_array_equal(logps, np.load(tmp / "pairs" / CACHE_DIR / COMPLETE))
+
+
+@pytest.mark.slow
+def test_resume_continues_exactly(run):
+    """Stopped after step 1 (checkpoint, loader state) and resumed: steps 2 and 3 as the straight run's."""
+    tmp, cfg, rows = run
+    first = train(cfg, tmp / "resumed", devices=jax.devices()[:DEVICES], stop_at=1, progress=False)
+    rest = train(cfg, tmp / "resumed", devices=jax.devices()[:DEVICES], progress=False)
+    keys = ("train/DPO loss", "train/rewards/margins", "train/rewards/accuracy", "optim/total grad norm", "optim/LR")
+    assert [{k: r[k] for k in keys} for r in first + rest] == [{k: r[k] for k in keys} for r in rows]

@@ -24,6 +24,7 @@ from olmax.config import (
 from olmax.config_io import apply_overrides
 from olmax.model.olmo3 import init_params
 from olmax.objectives import dpo
+from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
 from olmax.state import init_train_state, optimizer
 from olmax.train_step import make_train_step
@@ -155,3 +156,15 @@ def test_bad_dpo_configs_name_the_knob(override, message):
 def test_packing_is_refused():
     with pytest.raises(ConfigError, match="does not take data.packing=obfd"):
         replace(BASE, data=DataConfig(seq_len=SEQ, packing="obfd"))
+
+
+@pytest.mark.parametrize("name, lr", [("olmo3_7b_think_dpo", 8e-8), ("olmo3_7b_instruct_dpo", 1e-6)])
+def test_dpo_recipes(name, lr):
+    """AI2's OLMo 3 DPO settings (docs/post-training.md, "DPO recipes")."""
+    cfg = get_recipe(name)
+    assert cfg.trainer.objective == "dpo" and cfg.dpo == DPOConfig(loss_type="dpo_norm", beta=5.0)
+    assert (cfg.optimizer.lr, cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.eps) == (lr, 0.9, 0.999, 1e-8)
+    assert cfg.optimizer.weight_decay == 0.0 and not cfg.optimizer.skip_step
+    assert (cfg.schedule.name, cfg.schedule.warmup_fraction, cfg.schedule.alpha_f) == ("linear", 0.1, 0.0)
+    assert cfg.schedule.t_max_epochs == 1 and cfg.data.seq_len == 16384 and cfg.trainer.global_batch == 128
+    assert cfg.model.rope_type == "yarn"  # the SFT model's (the long-context one)
