@@ -33,7 +33,7 @@ from olmax.evals.heldout import HeldoutEvaluator
 from olmax.exits import ExitStatus, write_record
 from olmax.metrics import MetricsLog, Progress
 from olmax.objectives import dpo
-from olmax.objectives.reference import reference_logps_cache
+from olmax.objectives.reference import check_cache_key, reference_logps_cache
 from olmax.remat import AUTO, AUTO_LADDER
 from olmax.remat_search import describe_devices, with_remat
 from olmax.sharding import make_mesh
@@ -73,6 +73,10 @@ def train(
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with _exclusive(run_dir), jax.set_mesh(mesh), _PreemptionNotice() as preempted:
+        pairs = None
+        if cfg.trainer.objective == "dpo":  # a cache of another start is refused before any parameters load
+            pairs = PairSource(cfg.data)
+            check_cache_key(cfg, pairs)
         restored = ckpts.restore_latest(abstract_state(cfg, mesh))
         if restored is None:
             state, data_state = _fresh_state(cfg, mesh)
@@ -87,14 +91,14 @@ def train(
         # One process reads the whole global batch; with several, each reads its ranks' rows.
         n_proc, proc = jax.process_count(), jax.process_index()
         batch_layout(cfg, mesh)  # refuses a batch the mesh cannot split before the data is prepared
-        dpo_run = cfg.trainer.objective == "dpo"
+        dpo_run = pairs is not None
         if dpo_run:
             # the reference pass runs on the starting parameters: the fresh state's, which a resumed
             # run makes again only if the cache is missing (it is written before step 1)
             def start_params():
                 return state.params if restored is None else _fresh_state(cfg, mesh)[0].params
 
-            loader = _pair_loader(cfg, mesh, start_params, data_state, n_proc, proc, allow_data_change)
+            loader = _pair_loader(cfg, mesh, pairs, start_params, data_state, n_proc, proc, allow_data_change)
         else:
             loader = make_loader(
                 cfg.data,
@@ -164,10 +168,11 @@ def train(
     return rows
 
 
-def _pair_loader(cfg, mesh, start_params, data_state, n_proc: int, proc: int, allow_data_change: bool) -> PairLoader:
+def _pair_loader(
+    cfg, mesh, source: PairSource, start_params, data_state, n_proc: int, proc: int, allow_data_change: bool
+) -> PairLoader:
     """trainer.objective=dpo: the pairs with their reference log-probs, from the cache beside them or
     from the reference pass, run now (olmax.objectives.reference)."""
-    source = PairSource(cfg.data)
     primary = jax.process_index() == 0
     reference = reference_logps_cache(cfg, mesh, source, start_params, log=print if primary else lambda _: None)
     return PairLoader(

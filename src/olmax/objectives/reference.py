@@ -51,14 +51,11 @@ def cache_key(cfg: ExperimentConfig, source: PairSource) -> dict:
     return {**start, "data": source.fingerprint}
 
 
-def reference_logps_cache(
-    cfg: ExperimentConfig, mesh: Mesh, source: PairSource, start_params: Callable[[], dict], *, log=print
-) -> np.ndarray:
-    """(pairs, 2) float32 reference log-probs of the kept pairs, from the cache or computed into it.
-    `start_params()` gives the starting parameters, sharded (called only when something is missing)."""
+def check_cache_key(cfg: ExperimentConfig, source: PairSource) -> dict:
+    """The run's cache key; a ConfigError naming both when the cache holds another (the trainer asks
+    before it loads the starting parameters, so a wrong cache costs no checkpoint read)."""
     directory = source.root / CACHE_DIR
     key = cache_key(cfg, source)
-    primary = jax.process_index() == 0
     if (directory / KEY_FILE).is_file():
         stored = json.loads((directory / KEY_FILE).read_text())
         if stored != key:
@@ -66,7 +63,18 @@ def reference_logps_cache(
                 f"the DPO reference log-probs in {directory} were computed for {json.dumps(stored)}, but this run "
                 f"starts from {json.dumps(key)}: delete {directory} to compute them again"
             )
-    elif primary:
+    return key
+
+
+def reference_logps_cache(
+    cfg: ExperimentConfig, mesh: Mesh, source: PairSource, start_params: Callable[[], dict], *, log=print
+) -> np.ndarray:
+    """(pairs, 2) float32 reference log-probs of the kept pairs, from the cache or computed into it.
+    `start_params()` gives the starting parameters, sharded (called only when something is missing)."""
+    directory = source.root / CACHE_DIR
+    key = check_cache_key(cfg, source)
+    primary = jax.process_index() == 0
+    if primary and not (directory / KEY_FILE).is_file():
         directory.mkdir(parents=True, exist_ok=True)
         _write_atomic(directory / KEY_FILE, (json.dumps(key, indent=1) + "\n").encode())
     if (directory / COMPLETE).is_file():
