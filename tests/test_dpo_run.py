@@ -202,7 +202,7 @@ def test_a_stopped_reference_pass_resumes_to_the_same_log_probs(run):
         logps = reference_logps_cache(
             cfg, mesh, source, lambda: init_train_state(cfg, mesh, jax.random.key(0)).params, log=said.append
         )
-    assert said == [f"DPO reference pass: resuming at pair 4 of 12 ({cache})"]
+    assert said == [f"DPO reference pass: resuming at pair 4 of 12 ({cache})", "DPO reference pass: 8 of 12 pairs"]
     np.testing.assert_array_equal(logps, np.load(tmp / "pairs" / CACHE_DIR / COMPLETE))
 
 

@@ -3,6 +3,7 @@ parameters after one step equal `objectives.dpo.dpo_loss` called directly on the
 block then rejected block), in fp32, on one device in two accumulation steps and on a dp=2 x fsdp=4
 mesh of the 8 simulated CPU devices in one; and the configs it refuses."""
 
+import functools
 from dataclasses import replace
 
 import jax
@@ -71,8 +72,8 @@ def _pairs():
     return {"input_ids": ids, "response_mask": mask, "reference_logps": reference}
 
 
-@pytest.fixture(scope="module")
-def direct():
+@functools.cache
+def _direct(loss_type: str):
     """dpo_loss on the chosen-block-then-rejected-block rows, its gradient and one optimizer step."""
     params = jax.device_get(jax.jit(init_params, static_argnums=0)(BASE.model, jax.random.key(0)))
     batch = _pairs()
@@ -87,7 +88,7 @@ def direct():
             blocks(batch["response_mask"]),
             blocks(batch["reference_logps"]),
             BASE.model,
-            loss_type=BASE.dpo.loss_type,
+            loss_type=loss_type,
             beta=BASE.dpo.beta,
         )
         return total / PAIRS, {k: v / PAIRS for k, v in sums.items()}
@@ -111,16 +112,19 @@ def _step(cfg, n_devices, params, batch):
 
 
 LAYOUTS = {
-    "one-device-accum2": (MeshConfig(data=1, fsdp=1), PAIRS // 2, 1),
-    "dp2xfsdp4": (MeshConfig(data=2, fsdp=4), None, 8),
+    "one-device-accum2": (MeshConfig(data=1, fsdp=1), PAIRS // 2, 1, "dpo_norm"),
+    "dp2xfsdp4": (MeshConfig(data=2, fsdp=4), None, 8, "dpo_norm"),
+    "dp2xfsdp4-dpo": (MeshConfig(data=2, fsdp=4), None, 8, "dpo"),  # summed log-probs: the same path
 }
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
-def test_step_equals_dpo_loss(direct, name):
-    mesh, micro, n_devices = LAYOUTS[name]
-    cfg = replace(BASE, mesh=mesh, trainer=replace(BASE.trainer, micro_batch_size=micro))
-    params, batch, expected, after = direct
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n.endswith("-dpo") else n for n in LAYOUTS]
+)
+def test_step_equals_dpo_loss(name):
+    mesh, micro, n_devices, loss_type = LAYOUTS[name]
+    cfg = replace(BASE, mesh=mesh, trainer=replace(BASE.trainer, micro_batch_size=micro), dpo=DPOConfig(loss_type))
+    params, batch, expected, after = _direct(loss_type)
     stepped, metrics = _step(cfg, n_devices, params, batch)
     # rewards are beta x (log-prob ratios of ~10 nats): their fp32 sums differ by ~1e-6 with the order
     scale = 1.0 + abs(float(expected["rewards/chosen"])) + abs(float(expected["rewards/rejected"]))

@@ -90,15 +90,16 @@ def reference_logps_cache(
         log(f"DPO reference pass over {len(source):,} pairs into {directory}")
     parts = [np.load(directory / f"chunk_{s:09d}_{e:09d}.npy") for s, e in chunks]
     if done < len(source):
-        parts += _compute(cfg, mesh, source, start_params(), done, directory if primary else None)
+        parts += _compute(cfg, mesh, source, start_params(), done, directory if primary else None, log)
     logps = np.concatenate(parts).astype(np.float32)
     if primary:
         _write_npy(directory / COMPLETE, logps)
     return logps
 
 
-def _compute(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict, start: int, directory) -> list:
-    """Pairs start.. in forwards of (batch shards x micro-batch) pairs, each chunk written as it comes."""
+def _compute(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict, start: int, directory, log) -> list:
+    """Pairs start.. in forwards of (batch shards x micro-batch) pairs, each chunk written as it comes;
+    a line at every tenth of the pairs (the pass over AI2's 7B data is hours)."""
     layout = batch_layout(cfg, mesh)
     per_forward = layout.batch_shards * layout.micro_batch
     shardings = dpo.pair_batch_shardings(mesh, batch_sharding(cfg, mesh).spec[0])
@@ -130,6 +131,8 @@ def _compute(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict
         if directory is not None:
             _write_npy(directory / f"chunk_{begin:09d}_{end:09d}.npy", out)
         parts.append(out)
+        if end * 10 // len(source) > begin * 10 // len(source) and end < len(source):
+            log(f"DPO reference pass: {end:,} of {len(source):,} pairs")
     return parts
 
 
