@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from olmax.config_dpo import DPOConfig, check_dpo
 from olmax.errors import ConfigError
 from olmax.remat import check_remat
 
@@ -33,7 +34,6 @@ ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 OBJECTIVES = ("lm", "dpo")
-DPO_LOSS_TYPES = ("dpo_norm", "dpo")  # olmax.objectives.dpo
 
 # "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
 # from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
@@ -575,21 +575,6 @@ class WandbConfig:
 
 
 @dataclass(frozen=True)
-class DPOConfig:
-    """Direct preference optimisation, used with trainer.objective=dpo (olmax.objectives.dpo). Defaults
-    are AI2's OLMo 3 DPO (open-instruct dpo_tune_cache.py)."""
-
-    loss_type: str = "dpo_norm"
-    """dpo_norm: the log-prob ratios averaged over each response's tokens (AI2's OLMo 3); dpo: summed."""
-    beta: float = 5.0
-    """Scale of the log-prob ratios inside the sigmoid (and of the logged rewards)."""
-
-    def __post_init__(self):
-        _check_choice("dpo.loss_type", self.loss_type, DPO_LOSS_TYPES)
-        _check_positive("dpo", self, "beta")
-
-
-@dataclass(frozen=True)
 class ExperimentConfig:
     """Everything a run needs; what `olmax train` resolves from a recipe or YAML file plus overrides."""
 
@@ -635,25 +620,4 @@ class ExperimentConfig:
                 "set data.doc_masking=true (or model.rope_positions=absolute)"
             )
         if self.trainer.objective == "dpo":
-            self._check_dpo()
-
-    def _check_dpo(self) -> None:
-        """What trainer.objective=dpo does not take: its rows are whole sequences, one prompt and response
-        each, right-padded (open-instruct's DPO batches), read by the pair loader (olmax.data.pairs)."""
-        data = self.data
-        refused = [
-            (data.packing != "none", "data.packing=obfd", "each row is one pair's sequence, not packed documents"),
-            (data.doc_masking, "data.doc_masking=true", "a row holds one document, so causal attention is enough"),
-            (data.label_masks, "data.label_masks=true", "the pair loader always reads the label masks"),
-            (data.instance_filter, "data.instance_filter=true", "the repetition filter is an LM-loss mask"),
-            (data.max_target_seq_len is not None, "data.max_target_seq_len", "it chunks token streams, not pairs"),
-            (self.optimizer.z_loss != 0.0, f"optimizer.z_loss={self.optimizer.z_loss}", "it regularises the LM loss"),
-            (
-                self.mesh.context != 1,
-                f"mesh.context={self.mesh.context}",
-                "the DPO log-probs are not split over a context axis yet",
-            ),
-        ]
-        for bad, knob, why in refused:
-            if bad:
-                raise ConfigError(f"trainer.objective=dpo does not take {knob}: {why}")
+            check_dpo(self)

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.config import DPO_LOSS_TYPES, ModelConfig
+from olmax.config import ModelConfig
+from olmax.config_dpo import DPO_LOSS_TYPES
 from olmax.model.olmo3 import forward_hidden, lm_head
 
 LOSS_TYPES = DPO_LOSS_TYPES
