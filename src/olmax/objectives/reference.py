@@ -27,6 +27,7 @@ from typing import Callable
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.checkpoint import complete_steps
@@ -84,6 +85,11 @@ def reference_logps_cache(
         return logps
     chunks = _contiguous_chunks(directory)
     done = chunks[-1][1] if chunks else 0
+    if jax.process_count() > 1:  # every process must run the same forwards: process 0's listing decides
+        done = int(multihost_utils.broadcast_one_to_all(np.int32(done)))
+        chunks = [c for c in chunks if c[1] <= done]
+        if (chunks[-1][1] if chunks else 0) != done:
+            raise RuntimeError(f"{directory}: this process sees other chunks than process 0 (up to pair {done})")
     if done:
         log(f"DPO reference pass: resuming at pair {done:,} of {len(source):,} ({directory})")
     else:
