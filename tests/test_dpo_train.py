@@ -4,13 +4,14 @@ block then rejected block), in fp32, on one device in two accumulation steps and
 mesh of the 8 simulated CPU devices in one; and the configs it refuses."""
 
 import functools
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from olmax.checkpoint import config_changes
 from olmax.config import (
     ConfigError,
     DataConfig,
@@ -172,3 +173,10 @@ def test_dpo_recipes(name, lr):
     assert (cfg.schedule.name, cfg.schedule.warmup_fraction, cfg.schedule.alpha_f) == ("linear", 0.1, 0.0)
     assert cfg.schedule.t_max_epochs == 1 and cfg.data.seq_len == 16384 and cfg.trainer.global_batch == 128
     assert cfg.model.rope_type == "yarn"  # the SFT model's (the long-context one)
+
+
+def test_a_resume_may_not_change_the_objective():
+    saved = asdict(replace(BASE, trainer=replace(BASE.trainer, objective="lm")))
+    assert config_changes(saved, BASE) == ["trainer.objective lm -> dpo"]
+    del saved["trainer"]["objective"]  # a checkpoint written before DPO: an LM run
+    assert config_changes(saved, BASE) == ["trainer.objective lm -> dpo"]
