@@ -2,6 +2,7 @@
 OLMo-core models built by the references (torch, transformers and ai2-olmo-core are imported inside
 the functions, so only the `parity` tests that call them need the `parity` extra)."""
 
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -12,6 +13,7 @@ from olmax.convert.olmo_core import olmo3_transformer_config
 from olmax.model.olmo3 import init_params
 
 
+@partial(jax.jit, static_argnums=0)  # one program instead of an op-by-op dispatch of every draw
 def random_params(cfg, key) -> dict:
     """OLMo-core's init, but with every norm weight drawn from U(0.5, 1.5) instead of 1, so a norm
     that is applied in the wrong place (or not at all) changes the outputs."""

@@ -390,7 +390,7 @@ def test_tiny_model_with_splash_matches_xla():
     The vocabulary is cut to 1024: attention never sees it, and initialising the 100k-row embedding
     and LM head costs ~10 s on the test machine."""
     cfg = dataclasses.replace(get_recipe("tiny").model, vocab_size=1024)
-    params = init_params(cfg, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (1, 256), 0, cfg.vocab_size)
     want = jax.jit(lambda p, t: forward(p, t, cfg))(params, tokens)
     splash_cfg = dataclasses.replace(cfg, attention="splash")

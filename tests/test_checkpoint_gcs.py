@@ -174,7 +174,7 @@ def deadline(request):
 
 
 def _params(cfg, seed):
-    return init_params(cfg.model, jax.random.key(seed))
+    return jax.jit(init_params, static_argnums=0)(cfg.model, jax.random.key(seed))
 
 
 def _assert_equal(a, b):

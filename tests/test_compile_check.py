@@ -74,6 +74,7 @@ AUTO_SMALL = [*SMALL_TPU, "data.seq_len=512", "model.max_position=512", "trainer
 AUTO_BUDGET_MIB = 24.5
 
 
+@pytest.mark.slow  # five TPU compiles (70 s idle); test_remat_search.py proves the search with a scripted compiler
 def test_auto_keeps_the_most_that_fits_and_its_record_is_reused(monkeypatch, tmp_path):
     """model.remat=auto on Ironwood with a small model whose richest set does not fit the budget in
     either order: bisection compiles the middle set (fits), the seeds' set (fits only serial) and every
@@ -107,7 +108,8 @@ def test_auto_keeps_the_most_that_fits_and_its_record_is_reused(monkeypatch, tmp
     assert again.source == str(tmp_path / "remat_search.json")
 
 
-@pytest.mark.parametrize("context", [1, 2])
+# context 2 (the kernel per chunk of queries) in the slow run: the tag is the same code either way
+@pytest.mark.parametrize("context", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_keeping_attn_context_spares_the_splash_forward(context):
     """splash names its output and log-sum-exp `attn_context` inside the shard_map it runs in (per
     FSDP shard; with context 2, per chunk of queries against the gathered keys), so a policy keeping
@@ -159,7 +161,7 @@ def test_doc_masked_step_compiles_with_its_doc_lens():
     """compile-check builds the batch the loader gives: with data.doc_masking, doc_lens ride along and
     the splash kernels take the segment ids made from them."""
     cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["data.doc_masking=true"])
-    r = compile_report(cfg, topology="tpu7x:2x2x1")
+    r = compile_report(cfg, topology="v5p:2x2x1")
     assert r["attention"] == "splash" and r["attention_kernel_calls"] >= 6 and r["fits"] is True
 
 

@@ -146,7 +146,7 @@ def test_packed_instance_gives_each_documents_own_logits(backend, rope_positions
     """Row 0 packs three documents and a padding segment; each document's logits equal those of the
     document run alone (no segments, xla), on sliding (window 48) and global layers."""
     cfg = dataclasses.replace(MODEL, rope_positions=rope_positions, attention=backend)
-    params = init_params(cfg, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (2, SEQ), 0, cfg.vocab_size)
     seg = attn.segment_ids(_doc_lens())
     packed = jax.jit(lambda p, t, s: forward(p, t, cfg, segments=s))(params, tokens, seg)
@@ -259,6 +259,7 @@ def _mosaic_operands(lowered) -> list[int]:
     return [len(line.split("@tpu_custom_call(")[1].split(")")[0].split(",")) for line in calls]
 
 
+@pytest.mark.slow  # test_context_parallel.py compiles the same masked step, with a context axis, by default
 def test_masked_splash_step_compiles_for_a_tpu_topology(tmp_path):
     """The train step with doc_lens, compiled ahead of time by the TPU compiler for Ironwood (no TPU
     needed): auto resolves to splash for the topology, and every kernel call (forward, dq and dkv of

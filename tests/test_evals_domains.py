@@ -45,7 +45,9 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model():
-    return init_params(CFG, jax.random.key(1)), TokenScorer(CFG, eval_mesh(), real_vocab=True)
+    return jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(1)), TokenScorer(
+        CFG, eval_mesh(), real_vocab=True
+    )
 
 
 def test_grouping(corpus):

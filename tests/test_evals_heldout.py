@@ -30,7 +30,7 @@ def write_jsonl(path, texts):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("heldout")
-    params = init_params(CFG, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
     ckpt = save_params(tmp / "ckpt", params, CFG, {"source": "test"})
     data = write_jsonl(tmp / "val.jsonl.gz", TEXTS)
     return {

@@ -21,7 +21,7 @@ SEQ = 24
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kl")
-    params = init_params(CFG, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
     perturbed = jax.tree.map(lambda p: p, params)
     noise = jax.random.normal(jax.random.key(1), params["lm_head"].shape) * 0.02
     perturbed["lm_head"] = params["lm_head"] + noise

@@ -95,7 +95,7 @@ def models(tmp_path_factory):
         max_position=64,
         compute_dtype="float32",
     )
-    params = init_params(cfg, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     params["lm_head"] = params["lm_head"] * 50  # sharper distributions: argmax and accuracy are not ties
     special = {"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None}  # the tokenizer's, not dolma2's
     save_params(tmp / "ckpt", params, cfg, {"source": "test", "special_tokens": special})
@@ -261,6 +261,8 @@ def test_eval_tasks_on_user_tasks_reports_what_lm_eval_reports(models, user_task
     assert len(ours["generations"]["toy_gen"]) == len(QUESTIONS)
 
 
+# a second process starting lm-eval's CLI: the slow run; the test above runs the same adapter in-process
+@pytest.mark.slow
 def test_olmax_lm_eval_runs_lm_evals_cli(models, user_tasks, tmp_path):
     _, _, tmp = models
     src = Path(__file__).resolve().parents[1] / "src"

@@ -50,7 +50,7 @@ WORKER = textwrap.dedent("""
 
 
 def test_two_processes_give_one_process_figures(tmp_path):
-    save_params(tmp_path / "ckpt", init_params(CFG, jax.random.key(0)), CFG, {})
+    save_params(tmp_path / "ckpt", jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0)), CFG, {})
     shard = tmp_path / "000000.npy"
     np.random.default_rng(0).integers(0, 4999, 12 * 16).astype(np.uint16).tofile(shard)
     script = tmp_path / "worker.py"

@@ -33,7 +33,7 @@ def setup(tmp_path_factory):
     for step in (10, 20):
         ckpts.save(step, state, {}, mesh)
     ckpts.close()
-    converted = save_params(tmp / "converted", init_params(CFG, jax.random.key(0)), CFG, {})
+    converted = save_params(tmp / "converted", jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0)), CFG, {})
     tokens = np.random.default_rng(0).integers(0, 5000, 16 * 64).astype(np.uint32)
     tokens.tofile(tmp / "000000.npy")
     domains = tmp / "domains.jsonl"
@@ -94,6 +94,7 @@ def test_eval_kl_and_domains_default_to_the_trained_length(setup):
     assert r.exit_code == 2 and "exceeds the max_position 64" in r.output
 
 
+@pytest.mark.slow  # verify evaluates through eval loss / kl / domains, whose defaults the default run checks
 def test_verify_defaults_to_the_trained_length(setup):
     step = f"{setup['run']}/20"  # one checkpoint on each side: one landmark
     r = verify(

@@ -20,7 +20,14 @@ CFG = tiny_eval_model(n_layers=1, max_position=16)
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return str(save_params(tmp_path_factory.mktemp("tasks") / "ckpt", init_params(CFG, jax.random.key(0)), CFG, {}))
+    return str(
+        save_params(
+            tmp_path_factory.mktemp("tasks") / "ckpt",
+            jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0)),
+            CFG,
+            {},
+        )
+    )
 
 
 @pytest.fixture

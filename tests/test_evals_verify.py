@@ -28,7 +28,7 @@ SEQ, STEPS = 16, (10, 20)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verify")
-    params = init_params(CFG, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
     perturbed = dict(params)
     perturbed["lm_head"] = params["lm_head"] + 0.2 * jax.random.normal(jax.random.key(1), params["lm_head"].shape)
     for name, p in (("a", params), ("b", params), ("c", perturbed)):

@@ -49,7 +49,7 @@ def real_texts(n: int) -> list[str]:
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
-    params = init_params(CFG, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
     params["lm_head"] = params["lm_head"] * 50  # a clear argmax: greedy decoding is not decided by ties
     save_params(tmp / "ckpt", params, CFG, {"source": "test", "special_tokens": DOLMA2})
     summary = convert_to_hf(tmp / "ckpt", tmp / "hf", dtype="float32")

@@ -40,7 +40,7 @@ def small_checkpoint(path, vocab_size: int, special_tokens: dict):
         sliding_window=8,
         max_position=128,
     )
-    params = init_params(cfg, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     save_params(path, params, cfg, {"source": "test", "special_tokens": special_tokens})
     return params
 

@@ -64,14 +64,14 @@ def test_model_embedding_gradient_on_hsdp_equals_one_device():
     """The whole model's loss on data 2 x fsdp 4 (HSDP) against one device: every parameter's gradient,
     the embedding's first."""
     cfg = SMALL.model
-    params = init_params(cfg, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, cfg.vocab_size)
     labels = jnp.roll(tokens, -1, axis=1)
 
     def loss(params, tokens):
         return output_loss(params, forward_hidden(params, tokens, cfg), labels, cfg, chunk=0, z_loss=1e-4)[0]
 
-    expected = jax.grad(loss)(params, tokens)
+    expected = jax.jit(jax.grad(loss))(params, tokens)
     mesh = make_mesh(MeshConfig(data=2, fsdp=4))
     with jax.set_mesh(mesh):
         sharded = jax.device_put(params, param_shardings(cfg, mesh))

@@ -101,8 +101,9 @@ LAYOUTS = {
     "dp2xfsdp2xtp2": (_layout(MeshConfig(data=2, fsdp=2, tensor=2)), 8),
     "dp2xfsdp2-accum2-chunked": (_layout(MeshConfig(data=2, fsdp=2), micro=1, loss_chunk=4), 4),
 }
-# pure data and pure FSDP parallelism are each mixed meshes' axes alone: the slow run takes them
-SLOW_LAYOUTS = ("dp8", "fsdp8")
+# pure data and pure FSDP parallelism are each mixed meshes' axes alone, and data x fsdp is in the two
+# default layouts that add tensor parallelism or accumulation: the slow run takes them
+SLOW_LAYOUTS = ("dp8", "fsdp8", "dp2xfsdp4")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_LAYOUTS else n for n in LAYOUTS])

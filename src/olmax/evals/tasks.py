@@ -69,6 +69,22 @@ def task_generations(out: dict) -> dict[str, list[str]]:
     return generations
 
 
+def known_tasks(tasks: Sequence[str], include_path: Sequence[str] = ()):
+    """lm-eval's TaskManager over its own tasks and the `include_path` directories, once every name in
+    `tasks` is found there (ValueError naming the unknown ones): what a command checks before it
+    spends anything on models."""
+    from lm_eval.tasks import TaskManager
+
+    task_manager = TaskManager(include_path=list(include_path) or None)
+    unknown = [t for t in tasks if t not in task_manager.all_tasks]
+    if unknown:
+        raise ValueError(
+            f"unknown lm-eval task(s) {', '.join(unknown)}"
+            + (f" (also looked in {', '.join(map(str, include_path))})" if include_path else "")
+        )
+    return task_manager
+
+
 def evaluate_tasks(
     lm,
     tasks: Sequence[str],
@@ -81,17 +97,10 @@ def evaluate_tasks(
 ) -> dict:
     """Run lm-eval on an lm-eval model object (`OlmaxLM`, or any other, e.g. HFLM in the tests)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
     from olmax.evals.lm_eval_adapter import offline_datasets
 
-    task_manager = TaskManager(include_path=list(include_path) or None)
-    unknown = [t for t in tasks if t not in task_manager.all_tasks]
-    if unknown:
-        raise ValueError(
-            f"unknown lm-eval task(s) {', '.join(unknown)}"
-            + (f" (also looked in {', '.join(map(str, include_path))})" if include_path else "")
-        )
+    task_manager = known_tasks(tasks, include_path)
     per_task, generations = {}, {}
     offline = offline_datasets(data_dir) if data_dir else contextlib.nullcontext()
     with offline:

@@ -216,6 +216,9 @@ def verify(
     text_domains = read_domains(domains, by, max_docs) if domains else None
     if tasks:  # before any scoring: asked-for tasks that cannot run end the command, not a skip
         require("lm_eval", "verify --tasks")
+        from olmax.evals.tasks import known_tasks
+
+        known_tasks(tasks, include_path)
     scorers: dict = {}  # one compiled forward pass per (model config, vocab choice)
 
     def scorer(cfg, real_vocab: bool) -> TokenScorer:

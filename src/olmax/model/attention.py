@@ -74,7 +74,7 @@ def resolve_backend(
         if name == "cudnn" and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
             return "xla"
         if lacks(name):
-            log.warning("attention: %s cannot %s; auto runs the xla backend", name, " or ".join(lacks(name)))
+            _warn_once(f"attention: {name} cannot {' or '.join(lacks(name))}; auto runs the xla backend")
             return "xla"
         return name
     if backend not in BACKENDS:
@@ -86,6 +86,13 @@ def resolve_backend(
             f"model.attention=auto or one of {', '.join(b for b in BACKENDS if not lacks(b))}"
         )
     return backend
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """resolve_backend runs at every trace of the step (each of model.remat=auto's candidate compiles,
+    then the run's): the notice is said once per process."""
+    log.warning(message)
 
 
 def segment_ids(doc_lens: jnp.ndarray) -> jnp.ndarray:
