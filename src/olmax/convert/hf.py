@@ -459,6 +459,17 @@ def _special_tokens(meta: dict, tokenizer: str, from_tokenizer: dict) -> dict:
     return from_tokenizer
 
 
+def _chat_template(chat: str, tok) -> str:
+    """The Jinja source of OLMo 3 chat template `chat`, after checking that `tok` can render it."""
+    from olmax.data.chat import ChatError, check_chat_tokenizer, template_text
+
+    try:
+        check_chat_tokenizer(tok)
+        return template_text(chat)
+    except ChatError as e:
+        raise ConversionError(str(e)) from None
+
+
 def _recorded_special_tokens(meta: dict, vocab_size: int) -> tuple[dict, dict]:
     """Without a tokenizer: the special ids the checkpoint's meta records (a HF or OLMo-core source
     records them; a training run's checkpoint does not), each kept only if it is a token of the model.
@@ -487,6 +498,7 @@ def convert_to_hf(
     dtype: Optional[str] = None,
     step: Optional[int] = None,
     tokenizer: str = "dolma2",
+    chat: Optional[str] = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict:
     """olmax checkpoint -> a directory transformers loads as Olmo3ForCausalLM, with its tokenizer
@@ -494,6 +506,10 @@ def convert_to_hf(
     (NO_TOKENIZER) writes no tokenizer files, and the special ids of config.json and
     generation_config.json come from the checkpoint (`_recorded_special_tokens`); the summary's
     `note` says so.
+
+    `chat` ("instruct" or "think", olmax.data.chat.TEMPLATES) writes that OLMo 3 chat template into
+    tokenizer_config.json as `chat_template`; None (the default) writes none, as for a base model.
+    It needs tokenizer files and a tokenizer with the ChatML tokens.
 
     `dtype` defaults to the dtype the weights were converted from (float32 for trained weights).
     The tokenizer is checked before any weights are read. The parameters are restored onto the host
@@ -507,16 +523,23 @@ def convert_to_hf(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConversionError(f"cannot write HF weights as {dtype!r}: choose float32, bfloat16 or float16")
     tok, note = None, {}
+    if chat is not None and tokenizer == NO_TOKENIZER:
+        raise ConversionError(f"a chat template ({chat}) goes in the tokenizer files: drop --tokenizer {NO_TOKENIZER}")
     if tokenizer == NO_TOKENIZER:
         special, outside = _recorded_special_tokens(meta, cfg.vocab_size)
         note = {"note": _no_tokenizer_note(special, outside, cfg.vocab_size)}
     else:
         tok = export_tokenizer(tokenizer, vocab_size=cfg.vocab_size)
         special = _special_tokens(meta, tokenizer, tokenizer_special_tokens(tok))
+    template = None if chat is None else _chat_template(chat, tok)
     cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     params, cfg, meta = load_params(ckpt, step, shardings=jax.tree.map(lambda _: cpu, abstract_params(cfg)))
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer_files = [] if tok is None else write_tokenizer_files(out, tokenizer, tok, max_length=cfg.max_position)
+    tokenizer_files = (
+        []
+        if tok is None
+        else write_tokenizer_files(out, tokenizer, tok, max_length=cfg.max_position, chat_template=template)
+    )
     write_generation_config(out, special)
     (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype=dtype, special_tokens=special), indent=2) + "\n")
     files = write_safetensors(torch_tensors(params, cfg, HF_NAMES, dtype), out, max_shard_bytes)
@@ -526,6 +549,7 @@ def convert_to_hf(
         "dtype": dtype,
         "tokenizer": tokenizer,
         "tokenizer_files": tokenizer_files,
+        "chat_template": chat,
         "special_tokens": special,
         "files": files,
         "seconds": round(time.perf_counter() - start, 2),
