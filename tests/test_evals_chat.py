@@ -1,0 +1,134 @@
+"""Chat models outside training: the HF export's chat template (`convert --to-hf --chat`), `olmax
+generate --chat` and lm-eval's chat-template path in the olmax adapter, each against transformers
+5.24 / lm-eval 0.4.13 on the export of one tiny random model with the dolma2 vocabulary (AutoTokenizer,
+`generate` and lm-eval's `hf` model load the directory offline)."""
+
+import json
+
+import jax
+import pytest
+from typer.testing import CliRunner
+
+from olmax.checkpoint import save_params
+from olmax.cli import app
+from olmax.config import ModelConfig
+from olmax.convert import ConversionError
+from olmax.convert.hf import convert_to_hf
+from olmax.data import chat
+from olmax.data.tokenizer import DOLMA2_VOCAB_SIZE
+from olmax.evals.generate import read_conversations
+from olmax.model.olmo3 import init_params
+
+CFG = ModelConfig(
+    vocab_size=DOLMA2_VOCAB_SIZE,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    mlp_hidden=64,
+    sliding_window=16,
+    max_position=256,  # the default system prompts alone are ~40 tokens
+    compute_dtype="float32",
+)
+DOLMA2 = {"eos_token_id": 100257, "pad_token_id": 100277, "bos_token_id": None}
+IM_END = 100265
+# A user turn alone (the template's default system prompt), a given system prompt, multi-turn, and
+# a conversation that ends with the assistant (rendered without the generation prompt too).
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Count to three."},
+    ],
+    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, dolma2_json):
+    """One checkpoint, exported with the Instruct template (convert_to_hf) and the Think one (the CLI)."""
+    tmp = tmp_path_factory.mktemp("chat")
+    params = init_params(CFG, jax.random.key(0))
+    params["lm_head"] = params["lm_head"] * 50  # a clear argmax: greedy decoding is not decided by ties
+    # " public" (586), which this random model often picks, swaps output rows with <|im_end|>: some
+    # chat replies then end at the end-of-turn token
+    params["lm_head"] = params["lm_head"].at[:, [586, IM_END]].set(params["lm_head"][:, [IM_END, 586]])
+    save_params(tmp / "ckpt", params, CFG, {"source": "test", "special_tokens": DOLMA2})
+    tok = str(dolma2_json)
+    convert_to_hf(tmp / "ckpt", tmp / "instruct", dtype="float32", tokenizer=tok, chat="instruct")
+    args = ["convert", "--to-hf", str(tmp / "ckpt"), "--out", str(tmp / "think"), "--tokenizer", tok, "--chat", "think"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return tmp
+
+
+def test_the_export_carries_the_chosen_template(exports, tmp_path):
+    for name in ("instruct", "think"):
+        config = json.loads((exports / name / "tokenizer_config.json").read_text())
+        assert config["chat_template"] == chat.template_text(name)
+    with pytest.raises(ConversionError, match="drop --tokenizer none"):
+        convert_to_hf(exports / "ckpt", tmp_path / "a", tokenizer="none", chat="think")
+    with pytest.raises(ConversionError, match="unknown chat template 'tulu'"):
+        convert_to_hf(exports / "ckpt", tmp_path / "b", chat="tulu")
+    result = CliRunner().invoke(app, ["convert", "--from-hf", "x", "--out", str(tmp_path / "c"), "--chat", "think"])
+    assert result.exit_code == 2 and "--chat only applies to --to-hf" in result.output
+
+
+def test_read_conversations(tmp_path):
+    one = CONVERSATIONS[0]
+    (tmp_path / "one.json").write_text(json.dumps(one))
+    (tmp_path / "many.json").write_text(json.dumps(CONVERSATIONS))
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"messages": one}) + "\n" + json.dumps(one) + "\n")
+    assert read_conversations(tmp_path / "one.json") == [one]
+    assert read_conversations(tmp_path / "many.json") == CONVERSATIONS
+    assert read_conversations(tmp_path / "rows.jsonl") == [one, one]
+    (tmp_path / "bad.json").write_text(json.dumps([[{"role": "robot", "content": "x"}]]))
+    with pytest.raises(chat.ChatError, match=r"bad.json\[0\]\[0\]` has unknown role 'robot'"):
+        read_conversations(tmp_path / "bad.json")
+    result = CliRunner().invoke(app, ["generate", "--ckpt", "x", "--messages", str(tmp_path / "one.json")])
+    assert result.exit_code == 2 and "--messages needs --chat" in result.output
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizers(exports):
+    from transformers import AutoTokenizer
+
+    return {
+        name: AutoTokenizer.from_pretrained(exports / name, local_files_only=True) for name in ("instruct", "think")
+    }
+
+
+@pytest.mark.parity
+def test_autotokenizer_renders_olmaxs_text(hf_tokenizers):
+    for name, tok in hf_tokenizers.items():
+        for messages in CONVERSATIONS:
+            for gen in (True, False):
+                theirs = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+                assert theirs == chat.render(name, messages, "<|endoftext|>", gen), (name, messages, gen)
+
+
+@pytest.mark.parity
+def test_generate_chat_equals_transformers_generate(exports, hf_tokenizers, tmp_path):
+    """Instruct only: the Think template differs in its rendering alone, which the test above checks."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    (tmp_path / "m.json").write_text(json.dumps(CONVERSATIONS[:3]))
+    args = ["generate", "--ckpt", str(exports / "ckpt"), "--chat", "instruct", "--messages", str(tmp_path / "m.json")]
+    result = CliRunner().invoke(app, [*args, "--max-new-tokens", "12", "--json", str(tmp_path / "gen.json")])
+    assert result.exit_code == 0, result.output
+    ours = json.loads((tmp_path / "gen.json").read_text())["results"]
+    model = AutoModelForCausalLM.from_pretrained(exports / "instruct", local_files_only=True)
+    tok = hf_tokenizers["instruct"]
+    for row in ours:
+        ids = tok.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt")
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        assert ids[0].tolist() == row["prompt_ids"]
+        with torch.no_grad():  # the same stops: EOS and <|im_end|>
+            out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=[100257, IM_END])
+        assert out[0, ids.shape[1] :].tolist() == row["ids"], row["messages"]
+        assert row["text"] in result.output and row["prompt"] not in result.output  # the reply alone
+    assert IM_END in [r["ids"][-1] for r in ours if r["finish"] == "eos"]  # a reply ended at <|im_end|>
