@@ -4,6 +4,10 @@ generate --chat` and lm-eval's chat-template path in the olmax adapter, each aga
 `generate` and lm-eval's `hf` model load the directory offline)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import pytest
@@ -132,3 +136,140 @@ def test_generate_chat_equals_transformers_generate(exports, hf_tokenizers, tmp_
         assert out[0, ids.shape[1] :].tolist() == row["ids"], row["messages"]
         assert row["text"] in result.output and row["prompt"] not in result.output  # the reply alone
     assert IM_END in [r["ids"][-1] for r in ours if r["finish"] == "eos"]  # a reply ended at <|im_end|>
+
+
+# -- lm-eval --------------------------------------------------------------------------------------
+
+# Two generate_until tasks with a one-shot example (a multi-turn chat under --apply_chat_template);
+# the second starts the answer with a gen_prefix, which lm-eval renders without the generation prompt.
+TASK_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs: {{data_files: {{validation: {data}}}}}
+validation_split: validation
+fewshot_split: validation
+num_fewshot: 1
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+{extra}generation_kwargs: {{until: ["\\n\\n"], max_gen_toks: 8, do_sample: false}}
+metric_list: [{{metric: exact_match}}]
+"""
+DOCS = [
+    {"question": "What is the capital of France?", "answer": "Paris"},
+    {"question": "What colour is the sky?", "answer": "Blue"},
+    {"question": "How many legs has a cat?", "answer": "Four"},
+]
+
+
+def test_lm_eval_args():
+    from olmax.cli.generation import lm_eval_args
+
+    base = ["--model", "olmax", "--model_args", "ckpt=C", "--tasks", "t"]
+    assert lm_eval_args([*base, "--apply_chat_template", "think", "--system-instruction", "Be brief."]) == [
+        *base,
+        "--apply_chat_template",
+        "think",
+        "--system_instruction",
+        "Be brief.",
+        "--model_args",
+        "chat_template=think",
+    ]
+    assert lm_eval_args(["--model=olmax", "--apply_chat_template=instruct"])[-2:] == [
+        "--model_args",
+        "chat_template=instruct",
+    ]
+    for args in ([*base, "--apply_chat_template"], ["--model", "hf", "--apply_chat_template", "think"]):
+        assert lm_eval_args(args) == args  # the model's own template, or another model's business
+
+
+@pytest.fixture(scope="module")
+def chat_tasks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("chat_tasks")
+    (tmp / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    for name, extra in (("chat_plain", ""), ("chat_prefix", 'gen_prefix: "Answer:"\n')):
+        (tmp / f"{name}.yaml").write_text(TASK_YAML.format(name=name, data=tmp / "docs.jsonl", extra=extra))
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def olmax_lm(exports):
+    from olmax.evals.lm_eval_adapter import OlmaxLM
+
+    return OlmaxLM(str(exports / "ckpt"), batch_size=3, max_length=256, chat_template="instruct")
+
+
+@pytest.mark.parity
+def test_adapter_renders_as_hflm(olmax_lm, hf_tokenizers):
+    """lm-eval 0.4.13's HFLM.apply_chat_template: the export's template, and continue_final_message
+    when there is no generation prompt (a gen_prefix as the final assistant message)."""
+    tok = hf_tokenizers["instruct"]
+    histories = [CONVERSATIONS[1], [*CONVERSATIONS[1], {"role": "assistant", "content": "Answer:"}]]
+    for history, gen in zip(histories, (True, False)):
+        theirs = tok.apply_chat_template(
+            history, tokenize=False, add_generation_prompt=gen, continue_final_message=not gen
+        )
+        assert olmax_lm.apply_chat_template(history, gen) == theirs
+    assert olmax_lm.chat_template(True) == tok.chat_template
+    assert olmax_lm.tokenizer_name == "dolma2__olmo3_instruct"
+    with pytest.raises(ValueError, match="needs the olmax model's chat_template"):
+        olmax_lm.chat_template("think")
+
+
+@pytest.mark.slow  # ~60 s on 2 cores: lm-eval's evaluation twice, and the sampling compiles
+@pytest.mark.parity
+def test_lm_eval_chat_requests_and_generations_match_hf(exports, olmax_lm, chat_tasks):
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    tasks = TaskManager(include_path=str(chat_tasks), include_defaults=False)  # not lm-eval's ~14k task files
+    hf = HFLM(pretrained=str(exports / "instruct"), device="cpu", dtype="float32", batch_size=3, max_length=256)
+    samples = {}
+    for key, lm in (("ours", olmax_lm), ("hf", hf)):
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=["chat_plain", "chat_prefix"],
+            task_manager=tasks,
+            apply_chat_template=True,
+            system_instruction="Answer briefly.",
+            limit=3,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
+        samples[key] = {t: [(s["arguments"], s["resps"]) for s in rows] for t, rows in out["samples"].items()}
+    assert samples["ours"] == samples["hf"]  # the rendered requests and the greedy generations
+    (plain_args, _), (prefix_args, _) = samples["ours"]["chat_plain"][0], samples["ours"]["chat_prefix"][0]
+    plain, prefix = plain_args[0][0], prefix_args[0][0]  # each request's (context, gen_kwargs)
+    assert plain.startswith("<|im_start|>system\nAnswer briefly. You do not") and plain.count("<|im_start|>user") == 2
+    assert plain.endswith("<|im_start|>assistant\n") and prefix.endswith("<|im_start|>assistant\nAnswer:")
+
+    # sampled requests (do_sample), mixed with greedy ones in one call: reproducible, and top_k=1 is greedy
+    greedy = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": False}
+    hot = {**greedy, "do_sample": True, "temperature": 2.0}
+    args = [(plain, greedy), (plain, hot), (plain, hot), (prefix, {**hot, "top_k": 1})]
+    run = lambda: olmax_lm.generate_until([Instance("generate_until", {}, a, i) for i, a in enumerate(args)])
+    first = run()
+    alone = olmax_lm.generate_until([Instance("generate_until", {}, (prefix, greedy), 0)])[0]
+    assert first == run() and first[3] == alone
+    assert first[1] != first[2]  # each request its own draws
+
+
+@pytest.mark.slow  # ~1 min: a subprocess that indexes lm-eval's own task files
+@pytest.mark.parity
+def test_olmax_lm_eval_applies_the_chat_template(exports, chat_tasks, tmp_path):
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    cmd = [
+        *(sys.executable, "-m", "olmax.cli", "lm-eval", "--model", "olmax"),
+        *("--model_args", f"ckpt={exports / 'ckpt'},max_length=256", "--tasks", "chat_plain"),
+        *("--include_path", str(chat_tasks), "--limit", "2", "--output_path", str(tmp_path), "--log_samples"),
+        *("--apply_chat_template", "think", "--system-instruction", "Answer briefly."),
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [results] = list(tmp_path.rglob("results_*.json"))
+    assert json.loads(results.read_text())["chat_template"] == chat.template_text("think")
+    [samples] = list(tmp_path.rglob("samples_chat_plain_*.jsonl"))
+    context = json.loads(samples.read_text().splitlines()[0])["arguments"]["gen_args_0"]["arg_0"]
+    assert context.startswith("<|im_start|>system\nAnswer briefly.") and context.endswith("assistant\n<think>")

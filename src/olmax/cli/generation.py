@@ -93,15 +93,36 @@ def generate_cmd(
 @runs_on("accelerator")
 def lm_eval_cmd(ctx: typer.Context):
     """lm-eval's own command line (every flag of `lm_eval`) with the `olmax` model registered:
-    olmax lm-eval --model olmax --model_args ckpt=C,tokenizer=dolma2 --tasks T [--include_path DIR ...]"""
+    olmax lm-eval --model olmax --model_args ckpt=C,tokenizer=dolma2 --tasks T [--include_path DIR ...]
+    [--apply_chat_template instruct|think] [--system-instruction TEXT]"""
     from olmax.extras import require
 
     cli_evaluate = require("lm_eval.__main__", "olmax lm-eval").cli_evaluate
     import olmax.evals.lm_eval_adapter  # noqa: F401  (registers the `olmax` model)
 
     argv = sys.argv
-    sys.argv = ["lm-eval", *ctx.args]
+    sys.argv = ["lm-eval", *lm_eval_args(ctx.args)]
     try:
         cli_evaluate()
     finally:
         sys.argv = argv
+
+
+def lm_eval_args(args: list[str]) -> list[str]:
+    """lm-eval's arguments from `olmax lm-eval`'s: `--system-instruction` is lm-eval's
+    `--system_instruction`, and with `--model olmax`, `--apply_chat_template instruct|think` also
+    gives the model its `chat_template` model_arg (lm-eval hands the name only to `chat_template()`,
+    for its results file, not to the rendering of requests). lm-eval 0.4.13 merges repeated
+    `--model_args` (_cli/utils.py, MergeDictAction), so it is passed as one more."""
+    from olmax.data.chat import TEMPLATES
+
+    out: list[str] = []
+    for a in args:
+        flag, eq, value = a.partition("=")
+        out += [flag, value] if eq and flag in ("--system-instruction", "--apply_chat_template", "--model") else [a]
+    out = ["--system_instruction" if a == "--system-instruction" else a for a in out]
+    value = lambda flag: next((out[i + 1] for i, a in enumerate(out[:-1]) if a == flag), None)
+    name = value("--apply_chat_template")
+    if name in TEMPLATES and value("--model") == "olmax":
+        out += ["--model_args", f"chat_template={name}"]
+    return out

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from olmax.convert import ConversionError
-from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Encoder, TokenizerError, load_tokenizer
+from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, DOLMA2_SPECIAL, Encoder, TokenizerError, load_tokenizer
 
 NO_TOKENIZER = "none"  # --tokenizer none: config, weights and generation config only
 
@@ -36,17 +36,6 @@ DOLMA2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# The added tokens allenai_dolma2.json marks special (skipped by decode(skip_special_tokens=True)).
-DOLMA2_SPECIAL = {
-    "<|endoftext|>",
-    "<|fim_prefix|>",
-    "<|fim_middle|>",
-    "<|fim_suffix|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|endofprompt|>",
-    "<|pad|>",
-}
 
 
 def _byte_to_unicode() -> dict[int, str]:
