@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -21,7 +22,7 @@ from olmax.convert.hf import convert_to_hf
 from olmax.data import chat
 from olmax.data.tokenizer import DOLMA2_VOCAB_SIZE
 from olmax.evals.generate import read_conversations
-from olmax.model.olmo3 import init_params
+from olmax.model.olmo3 import abstract_params
 
 CFG = ModelConfig(
     vocab_size=DOLMA2_VOCAB_SIZE,
@@ -51,15 +52,27 @@ CONVERSATIONS = [
 ]
 
 
+def random_params() -> dict:
+    """N(0, 0.02) weights and unit norms, drawn with numpy (init_params' compile takes seconds here)."""
+    rng = np.random.default_rng(0)
+    flat, tree = jax.tree.flatten_with_path(abstract_params(CFG))
+    leaves = [
+        np.ones(a.shape, a.dtype) if path[-1].key.endswith("norm") else rng.normal(0, 0.02, a.shape).astype(a.dtype)
+        for path, a in flat
+    ]
+    params = jax.tree.unflatten(tree, leaves)
+    params["lm_head"] *= 50  # a clear argmax: greedy decoding is not decided by ties
+    # a token this random model often picks (93839) swaps output rows with <|im_end|>: some chat
+    # replies then end at the end-of-turn token, others run to --max-new-tokens
+    params["lm_head"][:, [93839, IM_END]] = params["lm_head"][:, [IM_END, 93839]]
+    return params
+
+
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, dolma2_json):
     """One checkpoint, exported with the Instruct template (convert_to_hf) and the Think one (the CLI)."""
     tmp = tmp_path_factory.mktemp("chat")
-    params = init_params(CFG, jax.random.key(0))
-    params["lm_head"] = params["lm_head"] * 50  # a clear argmax: greedy decoding is not decided by ties
-    # " public" (586), which this random model often picks, swaps output rows with <|im_end|>: some
-    # chat replies then end at the end-of-turn token
-    params["lm_head"] = params["lm_head"].at[:, [586, IM_END]].set(params["lm_head"][:, [IM_END, 586]])
+    params = random_params()
     save_params(tmp / "ckpt", params, CFG, {"source": "test", "special_tokens": DOLMA2})
     tok = str(dolma2_json)
     convert_to_hf(tmp / "ckpt", tmp / "instruct", dtype="float32", tokenizer=tok, chat="instruct")
@@ -135,7 +148,7 @@ def test_generate_chat_equals_transformers_generate(exports, hf_tokenizers, tmp_
             out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=[100257, IM_END])
         assert out[0, ids.shape[1] :].tolist() == row["ids"], row["messages"]
         assert row["text"] in result.output and row["prompt"] not in result.output  # the reply alone
-    assert IM_END in [r["ids"][-1] for r in ours if r["finish"] == "eos"]  # a reply ended at <|im_end|>
+    assert [r["finish"] for r in ours] == ["eos", "length", "eos"] and ours[0]["ids"][-1] == IM_END
 
 
 # -- lm-eval --------------------------------------------------------------------------------------
