@@ -94,6 +94,28 @@ def test_the_export_carries_the_chosen_template(exports, tmp_path):
     assert result.exit_code == 2 and "--chat only applies to --to-hf" in result.output
 
 
+def test_auto_takes_the_template_the_run_trained_on(exports, dolma2_json, tmp_path, monkeypatch):
+    import olmax.convert.hf
+    from olmax.data.tokenize import FORMAT, MANIFEST
+
+    paths = []
+    for name, chat_block in (("plain", {}), ("think", {"chat": {"template": "think"}}), ("other", {})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / MANIFEST).write_text(json.dumps({"format": FORMAT, **chat_block}))
+        paths.append(str(tmp_path / name))
+    paths[2] = str(tmp_path / "other" / "token_ids_part_*.npy")  # a glob of parts: its directory's manifest
+    experiment = {"data": {"paths": paths}}
+    # the experiment item a training run saves with each checkpoint (the fixture's is a conversion)
+    monkeypatch.setattr(olmax.convert.hf, "read_experiment", lambda ckpt, step: experiment)
+    for chat_arg, expected in (("auto", chat.template_text("think")), ("none", None)):
+        summary = convert_to_hf(exports / "ckpt", tmp_path / chat_arg, tokenizer=str(dolma2_json), chat=chat_arg)
+        config = json.loads((tmp_path / chat_arg / "tokenizer_config.json").read_text())
+        assert config.get("chat_template") == expected and summary["chat_template"] == (expected and "think")
+    (tmp_path / "other" / MANIFEST).write_text(json.dumps({"format": FORMAT, "chat": {"template": "instruct"}}))
+    with pytest.raises(ConversionError, match=r"several chat templates \(instruct, think\)"):
+        convert_to_hf(exports / "ckpt", tmp_path / "both")
+
+
 def test_read_conversations(tmp_path):
     one = CONVERSATIONS[0]
     (tmp_path / "one.json").write_text(json.dumps(one))

@@ -54,8 +54,8 @@ def convert_cmd(
     chat: Optional[str] = typer.Option(
         None,
         "--chat",
-        help="--to-hf: OLMo 3 chat template to write into tokenizer_config.json, instruct or think "
-        "(default: none, as for a base model)",
+        help="--to-hf: OLMo 3 chat template to write into tokenizer_config.json: instruct, think, none, or "
+        "auto (the default: the template the run's tokenized data records; none for a base model)",
     ),
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
@@ -84,7 +84,7 @@ def convert_cmd(
     elif to_hf is not None:
         from olmax.convert.hf import convert_to_hf
 
-        summary = convert_to_hf(to_hf, out, dtype=dtype, step=step, tokenizer=tokenizer, chat=chat)
+        summary = convert_to_hf(to_hf, out, dtype=dtype, step=step, tokenizer=tokenizer, chat=chat or "auto")
     else:
         from olmax.convert.olmo_core import convert_from_olmo_core
 

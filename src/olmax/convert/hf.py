@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 import jax
 from safetensors.numpy import save_file
 
-from olmax.checkpoint import load_params, read_config, save_params
+from olmax.checkpoint import complete_steps, load_params, read_config, read_experiment, save_params
 from olmax.config import ConfigError, ModelConfig
 from olmax.convert import (
     ConversionError,
@@ -470,6 +470,31 @@ def _chat_template(chat: str, tok) -> str:
         raise ConversionError(str(e)) from None
 
 
+def trained_chat_template(ckpt: str | Path, step: int) -> Optional[str]:
+    """The template (instruct or think) the run that wrote `ckpt` at `step` trained on: the one its
+    data directories' manifests record (`olmax tokenize --chat` writes it), read where data.paths
+    point now. None for a checkpoint no training run wrote, or data tokenized without a template."""
+    from olmax.data.tokenize import MANIFEST, read_manifest
+
+    experiment = read_experiment(ckpt, step)
+    found = set()
+    for spec in [] if experiment is None else experiment["data"]["paths"]:
+        where = Path(spec) if Path(spec).is_dir() else Path(spec).parent  # a directory, or its parts' glob
+        if (where / MANIFEST).is_file():
+            found.add((read_manifest(where).get("chat") or {}).get("template"))
+    found.discard(None)
+    if len(found) > 1:
+        raise ConversionError(
+            f"the run trained on data rendered with several chat templates ({', '.join(sorted(found))}): "
+            "choose one with --chat, or --chat none"
+        )
+    return found.pop() if found else None
+
+
+def _step(ckpt: str | Path, step: Optional[int]) -> int:
+    return max(complete_steps(ckpt)) if step is None else step  # read_config has checked there is one
+
+
 def _recorded_special_tokens(meta: dict, vocab_size: int) -> tuple[dict, dict]:
     """Without a tokenizer: the special ids the checkpoint's meta records (a HF or OLMo-core source
     records them; a training run's checkpoint does not), each kept only if it is a token of the model.
@@ -498,7 +523,7 @@ def convert_to_hf(
     dtype: Optional[str] = None,
     step: Optional[int] = None,
     tokenizer: str = "dolma2",
-    chat: Optional[str] = None,
+    chat: str = "auto",
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict:
     """olmax checkpoint -> a directory transformers loads as Olmo3ForCausalLM, with its tokenizer
@@ -508,8 +533,10 @@ def convert_to_hf(
     `note` says so.
 
     `chat` ("instruct" or "think", olmax.data.chat.TEMPLATES) writes that OLMo 3 chat template into
-    tokenizer_config.json as `chat_template`; None (the default) writes none, as for a base model.
-    It needs tokenizer files and a tokenizer with the ChatML tokens.
+    tokenizer_config.json as `chat_template` (it needs tokenizer files and a tokenizer with the ChatML
+    tokens); "none" writes none; "auto" (the default) the template the run trained on
+    (`trained_chat_template`), none when it did not train on chat data, as for a base model, or when
+    the export has no tokenizer files.
 
     `dtype` defaults to the dtype the weights were converted from (float32 for trained weights).
     The tokenizer is checked before any weights are read. The parameters are restored onto the host
@@ -523,7 +550,11 @@ def convert_to_hf(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConversionError(f"cannot write HF weights as {dtype!r}: choose float32, bfloat16 or float16")
     tok, note = None, {}
-    if chat is not None and tokenizer == NO_TOKENIZER:
+    if chat == "auto":
+        chat = None if tokenizer == NO_TOKENIZER else trained_chat_template(ckpt, _step(ckpt, step))
+    elif chat == "none":
+        chat = None
+    elif tokenizer == NO_TOKENIZER:
         raise ConversionError(f"a chat template ({chat}) goes in the tokenizer files: drop --tokenizer {NO_TOKENIZER}")
     if tokenizer == NO_TOKENIZER:
         special, outside = _recorded_special_tokens(meta, cfg.vocab_size)
