@@ -116,6 +116,39 @@ def test_auto_takes_the_template_the_run_trained_on(exports, dolma2_json, tmp_pa
         convert_to_hf(exports / "ckpt", tmp_path / "both")
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: a training run's checkpoint (init_train_state's compile)
+def test_auto_on_a_training_runs_checkpoint(tmp_path):
+    """`auto` reads a real run's experiment item; a tokenizer without the ChatML tokens is refused."""
+    from tokenizers import Tokenizer, models
+
+    from olmax.checkpoint import RunCheckpoints
+    from olmax.config import CheckpointConfig, DataConfig, ExperimentConfig, MeshConfig
+    from olmax.data.tokenize import FORMAT, MANIFEST
+    from olmax.sharding import make_mesh
+    from olmax.state import init_train_state
+
+    small = ModelConfig(
+        vocab_size=300, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64, sliding_window=8
+    )
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / MANIFEST).write_text(json.dumps({"format": FORMAT, "chat": {"template": "think"}}))
+    data = DataConfig(seq_len=32, paths=(str(tmp_path / "sft"),))
+    exp = ExperimentConfig(model=small, data=data, checkpoint=CheckpointConfig(keep=1))
+    mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
+    ckpts = RunCheckpoints(tmp_path / "run" / "checkpoints", exp)
+    ckpts.save(1, init_train_state(exp, mesh, jax.random.key(0)), {}, mesh)
+    ckpts.close()
+    run = tmp_path / "run" / "checkpoints"
+    words = {f"t{i}": i for i in range(296)} | {"<|endoftext|>": 298, "<|pad|>": 299}
+    for name, extra in (("chat", {"<|im_start|>": 296, "<|im_end|>": 297}), ("plain", {"t296": 296, "t297": 297})):
+        Tokenizer(models.WordLevel(words | extra, unk_token="t0")).save(str(tmp_path / f"{name}.json"))
+    summary = convert_to_hf(run, tmp_path / "hf", tokenizer=str(tmp_path / "chat.json"))
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert summary["chat_template"] == "think" and config["chat_template"] == chat.template_text("think")
+    with pytest.raises(ConversionError, match=r"has no <\|im_start\|> token"):
+        convert_to_hf(run, tmp_path / "hf2", tokenizer=str(tmp_path / "plain.json"))
+
+
 def test_read_conversations(tmp_path):
     one = CONVERSATIONS[0]
     (tmp_path / "one.json").write_text(json.dumps(one))
