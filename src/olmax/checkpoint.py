@@ -530,8 +530,8 @@ def run_handlers() -> dict[str, ocp.CheckpointHandler]:
 
 def config_changes(saved: dict, cfg) -> list[str]:
     """What a resume may not change silently: the model (its architecture: an error, the arrays would
-    not fit; its context fields: a change like the others), the global batch and the sequence length
-    (the data itself is checked by the loader's fingerprint)."""
+    not fit; its context fields: a change like the others), the global batch, the sequence length and
+    the objective (the data itself is checked by the loader's fingerprint)."""
     changes = []
     stored = from_dict(saved["model"], ModelConfig)
     arch = cfg.model.architecture_changes(stored)
@@ -541,6 +541,9 @@ def config_changes(saved: dict, cfg) -> list[str]:
         changes.append(f"trainer.global_batch {saved['trainer']['global_batch']} -> {cfg.trainer.global_batch}")
     if saved["data"]["seq_len"] != cfg.data.seq_len:
         changes.append(f"data.seq_len {saved['data']['seq_len']} -> {cfg.data.seq_len}")
+    objective = saved["trainer"].get("objective", "lm")  # checkpoints from before DPO have none
+    if objective != cfg.trainer.objective:
+        changes.append(f"trainer.objective {objective} -> {cfg.trainer.objective}")
     context = cfg.model.changes_from(stored, CONTEXT_FIELDS)
     if context:
         changes.append("model context " + context)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from olmax.config_dpo import DPOConfig, check_dpo
 from olmax.errors import ConfigError
 from olmax.remat import check_remat
 
@@ -32,6 +33,7 @@ ROPE_TYPES = ("default", "yarn")
 ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
+OBJECTIVES = ("lm", "dpo")
 
 # "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
 # from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
@@ -464,9 +466,14 @@ class TrainerConfig:
     """A plain progress line every N steps when not on a terminal (metrics.jsonl has every step)."""
     seed: int = 0
     """Seed of the parameter initialisation (the data order has its own, data.seed)."""
+    objective: str = "lm"
+    """What the step minimises: "lm" (next-token cross-entropy over data.paths) or "dpo" (direct
+    preference optimisation over `olmax tokenize --chat` preference pairs, the `dpo` section; then
+    global_batch and micro_batch_size count pairs, two sequences each; docs/post-training.md)."""
 
     def __post_init__(self):
         # Whether the batch splits over the devices is the trainer's check (olmax.train_step.batch_layout).
+        _check_choice("trainer.objective", self.objective, OBJECTIVES)
         _check_positive("trainer", self, "global_batch", "max_steps", "log_every")
         _check_non_negative("trainer", self, "loss_chunk")
         if self.micro_batch_size is not None:
@@ -591,6 +598,8 @@ class ExperimentConfig:
     """In-loop held-out evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """The optional W&B writer."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """The DPO loss (trainer.objective=dpo)."""
 
     def __post_init__(self):
         chunk, seq_len = self.trainer.loss_chunk, self.data.seq_len
@@ -610,3 +619,5 @@ class ExperimentConfig:
                 "model.rope_positions=document restarts positions at each document, which needs the documents: "
                 "set data.doc_masking=true (or model.rope_positions=absolute)"
             )
+        if self.trainer.objective == "dpo":
+            check_dpo(self)

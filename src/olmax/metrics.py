@@ -38,6 +38,11 @@ STEP_METRIC_NAMES = {
     "grad_norm": "optim/total grad norm",
     "skipped": "optim/step skipped",
 }
+# trainer.objective=dpo's step metrics (olmax.objectives.dpo.METRICS), named as open-instruct logs them
+DPO_METRIC_NAMES = {
+    "loss": "train/DPO loss",
+    **{name: f"train/{name}" for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy")},
+}
 METRICS_FILE, TB_DIR = "metrics.jsonl", "tensorboard"
 # extra TensorBoard aliases some OLMo-core dashboards use
 TB_ALIASES = {"optim/step skipped": "optim/step_skipped", "throughput/total tokens": "perf/total_tokens"}
@@ -86,9 +91,12 @@ class MetricsLog:
             self._jsonl = open(path, "a")
             self._tb = SummaryWriter(str(local / TB_DIR))
             self._wandb = _WandbRun(cfg, run_dir, local) if cfg.wandb.mode != "disabled" else None
-        step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, cfg.trainer.global_batch)
+        dpo = cfg.trainer.objective == "dpo"
+        self._names = {**STEP_METRIC_NAMES, **DPO_METRIC_NAMES} if dpo else STEP_METRIC_NAMES
+        rows = cfg.trainer.global_batch * (2 if dpo else 1)  # a DPO pair is two sequences
+        step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, rows)
         self._tflop_per_device_step = step_flops.total / n_devices / 1e12
-        self._tokens_per_device_step = cfg.trainer.global_batch * cfg.data.seq_len / n_devices
+        self._tokens_per_device_step = rows * cfg.data.seq_len / n_devices
         self._peak = peak_tflops
         self._global_batch = cfg.trainer.global_batch
 
@@ -97,7 +105,7 @@ class MetricsLog:
     ) -> dict:
         """One step's row. `repeats`: instances this process saw twice within an epoch (must be 0)."""
         row = {"step": step}
-        row.update({STEP_METRIC_NAMES[k]: float(v) for k, v in step_metrics.items() if k in STEP_METRIC_NAMES})
+        row.update({self._names[k]: float(v) for k, v in step_metrics.items() if k in self._names})
         row["throughput/total tokens"] = total_tokens
         row["throughput/device/TPS"] = self._tokens_per_device_step / step_time
         row["throughput/device/TFLOPs"] = self._tflop_per_device_step / step_time
@@ -216,8 +224,11 @@ class Progress:
         enabled: bool = True,
         every: int = 1,
         terminal: Optional[bool] = None,
+        loss: str = "train/CE loss",
     ):
+        """`loss`: the row's loss to show (DPO runs: train/DPO loss)."""
         self._start, self._last, self._tokens, self._every = start, last, tokens_per_step, max(every, 1)
+        self._loss = loss
         self._terminal = sys.stderr.isatty() if terminal is None else terminal
         self._enabled = enabled
         self._bar = tqdm(
@@ -237,12 +248,13 @@ class Progress:
         done = step - self._first
         rate = done / (now - self._t0) if done else 0.0  # steps/s after the first logged step
         tok_s = rate * self._tokens
-        self._bar.set_postfix(loss=f"{row['train/CE loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        self._bar.set_postfix(loss=f"{row[self._loss]:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
         self._bar.update(1)
         if self._enabled and not self._terminal and (step % self._every == 0 or step == self._last):
             eta = f"{(self._last - step) / rate:.0f}s" if rate else "?"
             print(
-                f"step {step}/{self._last} | CE loss {row['train/CE loss']:.4f} | lr {row['optim/LR']:.3e} | "
+                f"step {step}/{self._last} | {self._loss.removeprefix('train/')} {row[self._loss]:.4f} | "
+                f"lr {row['optim/LR']:.3e} | "
                 f"{tok_s:,.0f} tok/s | eta {eta}",
                 flush=True,
             )

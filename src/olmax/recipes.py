@@ -15,6 +15,7 @@ from olmax.config import (
     CheckpointConfig,
     ConfigError,
     DataConfig,
+    DPOConfig,
     EvalConfig,
     ExperimentConfig,
     MeshConfig,
@@ -278,6 +279,30 @@ def _sft(name: str, model: ModelConfig, lr: float, global_batch: int, context: i
     )
 
 
+# DPO (open-instruct dpo_tune_cache.py / dpo_utils.py, the first versions of scripts/train/olmo3/
+# 7b_{think,instruct}_dpo.sh): dpo_norm with beta 5, 1 epoch, a linear schedule with 10% warmup to 0,
+# sequences of 16,384 tokens, 1 pair per GPU x 4 accumulation steps x 32 GPUs = 128 pairs per step,
+# torch AdamW at its defaults (betas 0.9/0.999, eps 1e-8) with weight decay 0, reference log-probs cached
+# from the SFT model; lr 8e-8 Think, 1e-6 Instruct. Clipping at 1.0 is olmax's default (not checked
+# against the release scripts); no skip-step (plain AdamW). Start from the SFT checkpoint
+# (checkpoint.init_from) and set trainer.max_steps to one epoch, `batches_per_epoch` pairs / 128.
+DPO_SCHEDULE = ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.1, alpha_f=0.0, t_max_epochs=1)
+
+
+def _dpo(name: str, lr: float) -> ExperimentConfig:
+    return ExperimentConfig(
+        name=name,
+        model=_long_context(OLMO3_7B),  # the SFT model's
+        data=DataConfig(seq_len=16384),
+        optimizer=OptimizerConfig(lr=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
+        schedule=DPO_SCHEDULE,
+        # one pair (two sequences) per device and forward, as AI2 ran it; memory not measured yet
+        trainer=TrainerConfig(global_batch=128, micro_batch_size=1, loss_chunk=1024, max_steps=1, objective="dpo"),
+        mesh=MeshConfig(data=1, fsdp=-1, context=1, tensor=1),
+        dpo=DPOConfig(loss_type="dpo_norm", beta=5.0),
+    )
+
+
 def _tiny() -> ExperimentConfig:
     # A high learning rate and a short warmup so the loss falls by several nats in 30 steps on CPU;
     # global batch 8 divides by 8 devices, so resume and resize show on the demo itself. The output
@@ -326,6 +351,8 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "olmo3_7b_instruct_sft": functools.partial(_sft, "olmo3_7b_instruct_sft", OLMO3_7B, 8e-5, 32, 4),
     "olmo3_32b_think_sft": functools.partial(_sft, "olmo3_32b_think_sft", OLMO3_32B, 1e-4, 128, 4),
     "olmo3_32b_instruct_sft": functools.partial(_sft, "olmo3_32b_instruct_sft", OLMO3_32B, 8e-5, 128, 4),
+    "olmo3_7b_think_dpo": functools.partial(_dpo, "olmo3_7b_think_dpo", 8e-8),
+    "olmo3_7b_instruct_dpo": functools.partial(_dpo, "olmo3_7b_instruct_dpo", 1e-6),
 }
 
 

@@ -28,9 +28,12 @@ from olmax.compile_check import choose_remat
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.config_io import to_yaml
 from olmax.data.loader import make_loader
+from olmax.data.pairs import PairLoader, PairSource
 from olmax.evals.heldout import HeldoutEvaluator
 from olmax.exits import ExitStatus, write_record
 from olmax.metrics import MetricsLog, Progress
+from olmax.objectives import dpo
+from olmax.objectives.reference import check_cache_key, reference_logps_cache
 from olmax.remat import AUTO, AUTO_LADDER
 from olmax.remat_search import describe_devices, with_remat
 from olmax.sharding import make_mesh
@@ -70,6 +73,10 @@ def train(
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with _exclusive(run_dir), jax.set_mesh(mesh), _PreemptionNotice() as preempted:
+        pairs = None
+        if cfg.trainer.objective == "dpo":  # a cache of another start is refused before any parameters load
+            pairs = PairSource(cfg.data)
+            check_cache_key(cfg, pairs)
         restored = ckpts.restore_latest(abstract_state(cfg, mesh))
         if restored is None:
             state, data_state = _fresh_state(cfg, mesh)
@@ -84,19 +91,35 @@ def train(
         # One process reads the whole global batch; with several, each reads its ranks' rows.
         n_proc, proc = jax.process_count(), jax.process_index()
         batch_layout(cfg, mesh)  # refuses a batch the mesh cannot split before the data is prepared
-        loader = make_loader(
-            cfg.data,
-            cfg.trainer.global_batch,
-            dp_rank=proc,
-            dp_size=n_proc,
-            state=data_state,
-            allow_fingerprint_mismatch=allow_data_change,
-        )
+        dpo_run = pairs is not None
+        if dpo_run:
+            # the reference pass runs on the starting parameters: the fresh state's, which a resumed
+            # run makes again only if the cache is missing (it is written before step 1)
+            def start_params():
+                return state.params if restored is None else _fresh_state(cfg, mesh)[0].params
+
+            loader = _pair_loader(cfg, mesh, pairs, start_params, data_state, n_proc, proc, allow_data_change)
+        else:
+            loader = make_loader(
+                cfg.data,
+                cfg.trainer.global_batch,
+                dp_rank=proc,
+                dp_size=n_proc,
+                state=data_state,
+                allow_fingerprint_mismatch=allow_data_change,
+            )
         # after the loader: an epoch horizon (schedule.t_max_epochs) counts the batches of its epoch
         check_epoch_horizon(cfg, loader.batches_per_epoch)
         step_fn = make_train_step(cfg, mesh, epoch_batches=loader.batches_per_epoch)
         to_global = batch_sharding(cfg, mesh)
-        mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
+        if dpo_run:
+            shardings = dpo.pair_batch_shardings(mesh, to_global.spec[0])
+        else:
+            # instance_mask: the repetition filter is on; doc_lens: data.doc_masking (attention within
+            # documents); label_mask: data.label_masks (the loss only where it is True)
+            mask_sharding = NamedSharding(mesh, PartitionSpec(to_global.spec[0]))
+            shardings = {"input_ids": to_global, "instance_mask": mask_sharding, "doc_lens": to_global}
+            shardings["label_mask"] = to_global
         primary = jax.process_index() == 0  # metrics are global: process 0 writes and shows them
         log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops, start_step=start, write=primary)
         evaluator = HeldoutEvaluator(cfg, mesh)
@@ -104,24 +127,21 @@ def train(
         bar = Progress(
             start,
             last,
-            cfg.trainer.global_batch * cfg.data.seq_len,
+            cfg.trainer.global_batch * cfg.data.seq_len * (2 if dpo_run else 1),
             enabled=progress and primary,
             every=cfg.trainer.log_every,
+            loss="train/DPO loss" if dpo_run else "train/CE loss",
         )
         try:
             pending = None  # the previous step's metrics, read after the next step is dispatched (no host sync)
             t_last = time.perf_counter()
             for step in range(start + 1, last + 1):
                 local = next(batches)
-                batch = {"input_ids": jax.make_array_from_process_local_data(to_global, local["input_ids"])}
-                if "instance_mask" in local:  # the repetition filter is on
-                    batch["instance_mask"] = jax.make_array_from_process_local_data(
-                        mask_sharding, local["instance_mask"]
-                    )
-                if "doc_lens" in local:  # data.doc_masking: attention stays within documents
-                    batch["doc_lens"] = jax.make_array_from_process_local_data(to_global, local["doc_lens"])
-                if "label_mask" in local:  # data.label_masks: the loss only where it is True
-                    batch["label_mask"] = jax.make_array_from_process_local_data(to_global, local["label_mask"])
+                batch = {
+                    k: jax.make_array_from_process_local_data(sharding, local[k])
+                    for k, sharding in shardings.items()
+                    if k in local
+                }
                 state, metrics = step_fn(state, batch)
                 if pending is not None:
                     _log(pending, log, rows, bar, t_last)
@@ -146,6 +166,25 @@ def train(
             log.close()
             ckpts.close()
     return rows
+
+
+def _pair_loader(
+    cfg, mesh, source: PairSource, start_params, data_state, n_proc: int, proc: int, allow_data_change: bool
+) -> PairLoader:
+    """trainer.objective=dpo: the pairs with their reference log-probs, from the cache beside them or
+    from the reference pass, run now (olmax.objectives.reference)."""
+    primary = jax.process_index() == 0
+    reference = reference_logps_cache(cfg, mesh, source, start_params, log=print if primary else lambda _: None)
+    return PairLoader(
+        cfg.data,
+        source,
+        reference,
+        cfg.trainer.global_batch,
+        dp_rank=proc,
+        dp_size=n_proc,
+        state=data_state,
+        allow_fingerprint_mismatch=allow_data_change,
+    )
 
 
 def check_epoch_horizon(cfg: ExperimentConfig, batches_per_epoch: int) -> None:

@@ -9,6 +9,9 @@
   per-device / trainer.micro_batch_size micro-batches under jax.lax.scan, summing gradients.
 - The loss of every micro-batch is divided by the non-ignored label count of the WHOLE global batch
   (olmax.loss), so the summed gradient is the global per-token mean however the batch is split.
+- trainer.objective=dpo: the global batch counts preference pairs, each a (2, seq) chosen/rejected
+  pair of rows (olmax.objectives.dpo.pair_axis_loss); the pair axis is split like the instance axis,
+  so every micro-batch holds both sides of its pairs, and its loss is divided by the global pair count.
 - Step numbering is OLMo-core's: state.step counts completed steps, the step being taken is
   state.step + 1 and the learning rate is schedule(state.step + 1). The step advances when the
   optimizer skips.
@@ -26,6 +29,7 @@ from olmax.config import ConfigError, ExperimentConfig, check_context
 from olmax.loss import loss_denominator, make_labels, output_loss
 from olmax.model.attention import resolve_backend, segment_ids
 from olmax.model.olmo3 import forward_hidden
+from olmax.objectives import dpo
 from olmax.remat import AUTO
 from olmax.schedules import make_schedule
 from olmax.sharding import logical_to_spec
@@ -81,8 +85,11 @@ def make_train_step(
     every token's document is found and attention kept within it (olmax.model.attention.segment_ids);
     with data.label_masks also {"label_mask": (global_batch, seq_len) bool}: the loss is taken only on
     the targets it keeps (SFT: the assistant's tokens), and the denominator counts only those.
-    The state argument is donated. Metrics (float32 scalars): loss, ce_loss, z_loss, grad_norm
-    (before clipping), lr, skipped (1.0 when the optimizer skipped), tokens (input tokens this step).
+    With trainer.objective=dpo the batch is instead {"input_ids" (pairs, 2, seq), "response_mask"
+    (pairs, 2, seq), "reference_logps" (pairs, 2)} (olmax.objectives.dpo.check_pair_batch).
+    The state argument is donated. Metrics (float32 scalars): loss, ce_loss and z_loss (lm) or the
+    dpo.METRICS (dpo), grad_norm (before clipping), lr, skipped (1.0 when the optimizer skipped),
+    tokens (input tokens this step).
     `epoch_batches`: the global batches in one epoch of the run's data, which schedule.t_max_epochs needs.
     """
     if cfg.model.remat == AUTO:
@@ -91,11 +98,12 @@ def make_train_step(
     model, trainer, data = cfg.model, cfg.trainer, cfg.data
     z_mult = cfg.optimizer.z_loss
     opt = optimizer(cfg)
+    tokens_per_step = trainer.global_batch * data.seq_len * (2 if trainer.objective == "dpo" else 1)  # 2 rows a pair
     schedule = make_schedule(
         cfg.schedule,
         lr=cfg.optimizer.lr,
         max_steps=trainer.max_steps,
-        tokens_per_step=trainer.global_batch * data.seq_len,
+        tokens_per_step=tokens_per_step,
         epoch_batches=epoch_batches,
     )
     shardings = state_shardings(cfg, mesh)
@@ -109,9 +117,22 @@ def make_train_step(
         hidden = forward_hidden(params, input_ids, model, segments=segments)
         hidden, labels = context_rows(hidden), context_rows(labels)
         total, (ce, z_sq) = output_loss(params, hidden, labels, model, chunk=trainer.loss_chunk, z_loss=z_mult)
-        return total / denominator, (ce / denominator, z_mult * z_sq / denominator)
+        return total / denominator, {"ce_loss": ce / denominator, "z_loss": z_mult * z_sq / denominator}
 
-    grad_fn = jax.grad(micro_loss, has_aux=True)
+    def dpo_micro_loss(params, input_ids, response_mask, reference):
+        total, sums = dpo.pair_axis_loss(
+            params,
+            input_ids,
+            response_mask,
+            reference,
+            model,
+            loss_type=cfg.dpo.loss_type,
+            beta=cfg.dpo.beta,
+            chunk=trainer.loss_chunk,
+        )
+        # as micro_loss divides by the global label count: sums over the micro-batch's pairs / the global pairs
+        pairs = trainer.global_batch
+        return total / pairs, {"loss": total / pairs, **{k: v / pairs for k, v in sums.items()}}
 
     seq_axis = b_sharding.spec[1]  # "context" when sequences are split, else None
     context = mesh.shape["context"] if seq_axis else 1
@@ -129,16 +150,33 @@ def make_train_step(
         spec = PartitionSpec(rows, *([None] * (x.ndim - 1)))
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
-    def split(x):
+    def split(x, inner=None):
         """(global_batch, ...) -> (accum_steps, batch_shards * micro_batch, ...): micro-batch k takes
         rows [k*micro, (k+1)*micro) of every shard's local rows, so no data crosses devices; the
-        sequence axis stays split over context."""
+        sequence axis stays split over context. `inner`: the specs of the axes after the batch axis
+        (default: the sequence's, then none)."""
         s, a, m = layout.batch_shards, layout.accum_steps, layout.micro_batch
         x = x.reshape(s, a, m, *x.shape[1:]).swapaxes(0, 1).reshape(a, s * m, *x.shape[1:])
-        spec = PartitionSpec(None, batch_axes, *([seq_axis] if x.ndim > 2 else []), *([None] * (x.ndim - 3)))
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        if inner is None:
+            inner = (*([seq_axis] if x.ndim > 2 else []), *([None] * (x.ndim - 3)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(None, batch_axes, *inner)))
 
-    def step_fn(state: TrainState, batch: dict):
+    def accumulate(loss_grad, params, micro_batches, zero_sums):
+        """Gradients and metric sums over the micro-batches (a scan): the step's, as every micro-batch's
+        loss is already divided by its global-batch denominator."""
+
+        def body(carry, micro):
+            grads, sums = carry
+            g, aux = loss_grad(params, *micro)
+            grads = jax.tree.map(jnp.add, grads, g)
+            return (jax.lax.with_sharding_constraint(grads, shardings.params), jax.tree.map(jnp.add, sums, aux)), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        (grads, sums), _ = jax.lax.scan(body, (zeros, zero_sums), micro_batches)
+        return grads, sums
+
+    def lm_grads(params, batch: dict):
+        """-> (grads, the loss the skip rule watches, metrics)."""
         input_ids, instance_mask = batch["input_ids"], batch.get("instance_mask")
         if input_ids.shape != (trainer.global_batch, data.seq_len):
             raise ValueError(
@@ -166,35 +204,50 @@ def make_train_step(
         if instance_mask is None:
             instance_mask = jnp.ones((trainer.global_batch,), bool)
 
-        def accumulate(carry, micro):
-            grads, ce_sum, z_sum = carry
-            g, (ce, z) = grad_fn(state.params, *micro, denominator)
-            grads = jax.tree.map(jnp.add, grads, g)
-            return (jax.lax.with_sharding_constraint(grads, shardings.params), ce_sum + ce, z_sum + z), None
-
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
         zero = jnp.zeros((), jnp.float32)
-        (grads, ce, z), _ = jax.lax.scan(
-            accumulate,
-            (zeros, zero, zero),
+        grads, sums = accumulate(
+            lambda p, *micro: jax.grad(micro_loss, has_aux=True)(p, *micro, denominator),
+            params,
             (
                 split(input_ids),
                 split(instance_mask),
                 None if segments is None else split(segments),
                 None if label_mask is None else split(label_mask),
             ),
+            {"ce_loss": zero, "z_loss": zero},
         )
+        return grads, sums["ce_loss"], {"loss": sums["ce_loss"] + sums["z_loss"], **sums}
 
+    def dpo_grads(params, batch: dict):
+        """-> (grads, the loss the skip rule watches, metrics): batch of pairs, dpo.check_pair_batch."""
+        dpo.check_pair_batch(batch, trainer.global_batch, data.seq_len)
+        pair_shardings = dpo.pair_batch_shardings(mesh, batch_axes)
+        arrays = [jax.lax.with_sharding_constraint(batch[k], pair_shardings[k]) for k in dpo.BATCH_KEYS]
+        input_ids, response_mask, reference = arrays
+        zero = jnp.zeros((), jnp.float32)
+        grads, sums = accumulate(
+            jax.grad(dpo_micro_loss, has_aux=True),
+            params,
+            (
+                split(input_ids.astype(jnp.int32), inner=(None, None)),
+                split(response_mask.astype(bool), inner=(None, None)),
+                split(reference.astype(jnp.float32), inner=(None,)),
+            ),
+            {k: zero for k in ("loss", *dpo.METRICS)},
+        )
+        return grads, sums["loss"], sums
+
+    def step_fn(state: TrainState, batch: dict):
+        grads_of = dpo_grads if trainer.objective == "dpo" else lm_grads
+        grads, watched, metrics = grads_of(state.params, batch)
         lr = schedule(state.step + 1)
-        params, opt_state, stats = opt.step(grads, state.opt_state, state.params, lr=lr, loss=ce)
+        params, opt_state, stats = opt.step(grads, state.opt_state, state.params, lr=lr, loss=watched)
         metrics = {
-            "loss": ce + z,
-            "ce_loss": ce,
-            "z_loss": z,
+            **metrics,
             "grad_norm": stats.grad_norm,
             "lr": lr,
             "skipped": stats.skipped,
-            "tokens": jnp.float32(trainer.global_batch * data.seq_len),
+            "tokens": jnp.float32(tokens_per_step),
         }
         return TrainState(state.step + 1, params, opt_state), metrics
 

@@ -26,13 +26,18 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ModelConfig
+from olmax.config_dpo import DPO_LOSS_TYPES
 from olmax.model.olmo3 import forward_hidden, lm_head
 
-LOSS_TYPES = ("dpo_norm", "dpo")
+LOSS_TYPES = DPO_LOSS_TYPES
 BETA = 5.0  # open-instruct's DPO beta for OLMo 3
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy")
+# The train step's batch (olmax.data.pairs makes it): a pair axis first, so that splitting the batch
+# over devices and micro-batches, as the step splits instances, keeps both sides of a pair together.
+BATCH_KEYS = ("input_ids", "response_mask", "reference_logps")  # (P, 2, seq), (P, 2, seq), (P, 2)
 
 
 class SequenceLogps(NamedTuple):
@@ -145,3 +150,51 @@ def dpo_loss(
         policy_logps(params, input_ids, response_mask, cfg, chunk=chunk), reference, loss_type=loss_type, beta=beta
     )
     return jnp.sum(terms.losses), metric_sums(terms)
+
+
+def pair_axis_loss(
+    params: dict,
+    input_ids: jnp.ndarray,
+    response_mask: jnp.ndarray,
+    reference: jnp.ndarray,
+    cfg: ModelConfig,
+    *,
+    loss_type: str,
+    beta: float = BETA,
+    chunk: int = 0,
+) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
+    """`dpo_loss` of a batch with a pair axis: input_ids and response_mask (P, 2, seq), reference (P, 2),
+    [:, 0] chosen and [:, 1] rejected. The forward runs on the 2P rows pair by pair (merging the pair
+    axis, which the step shards, with the side axis moves no data); only the (2P,) log-probs are
+    reordered into dpo_loss's chosen-block-then-rejected-block rows."""
+    p, _, t = input_ids.shape
+    logps = policy_logps(params, input_ids.reshape(2 * p, t), response_mask.reshape(2 * p, t), cfg, chunk=chunk)
+
+    def blocks(x):  # (2P,) pair by pair -> chosen rows 0..P-1, rejected rows P..2P-1
+        return x.reshape(p, 2).T.reshape(2 * p)
+
+    policy = SequenceLogps(blocks(logps.total), blocks(logps.count))
+    terms = pair_terms(policy, blocks(reference.reshape(2 * p)), loss_type=loss_type, beta=beta)
+    return jnp.sum(terms.losses), metric_sums(terms)
+
+
+def check_pair_batch(batch: dict, pairs: int, seq_len: int) -> None:
+    """The step's DPO batch has BATCH_KEYS at (pairs, 2, seq_len) / (pairs, 2); else a ValueError naming them."""
+    shapes = {"input_ids": (pairs, 2, seq_len), "response_mask": (pairs, 2, seq_len), "reference_logps": (pairs, 2)}
+    for key, shape in shapes.items():
+        if key not in batch:
+            raise ValueError(f"trainer.objective=dpo but the batch has no {key!r}")
+        if tuple(batch[key].shape) != shape:
+            raise ValueError(
+                f"batch[{key!r}] has shape {tuple(batch[key].shape)}, expected {shape} "
+                "(trainer.global_batch pairs, chosen and rejected, data.seq_len)"
+            )
+
+
+def pair_batch_shardings(mesh: Mesh, batch_axes) -> dict[str, NamedSharding]:
+    """BATCH_KEYS' shardings: the pair axis over `batch_axes` (the step's, data x fsdp), the rest whole."""
+    return {
+        "input_ids": NamedSharding(mesh, PartitionSpec(batch_axes, None, None)),
+        "response_mask": NamedSharding(mesh, PartitionSpec(batch_axes, None, None)),
+        "reference_logps": NamedSharding(mesh, PartitionSpec(batch_axes, None)),
+    }

@@ -1,0 +1,199 @@
+"""Preference pairs for trainer.objective=dpo, read from `olmax tokenize --chat` preference output.
+
+    source = PairSource(data_cfg)            # data.paths = [DIR]; DIR/chosen/ and DIR/rejected/
+    loader = PairLoader(data_cfg, source, reference, global_batch, state=saved)
+    for batch in loader:                     # runs on across epochs
+        batch["input_ids"]                   # (pairs, 2, seq_len) int32: [:, 0] chosen, [:, 1] rejected
+        batch["response_mask"]               # (pairs, 2, seq_len) bool: the tokenizer's label masks
+        batch["reference_logps"]             # (pairs, 2) float32: the reference pass's (olmax.objectives.reference)
+        batch["index"]                       # (pairs,) int64: the pairs' ids
+    loader.state()                           # JSON-able; resume with PairLoader(..., state=saved)
+
+- Document i of `chosen/` and of `rejected/` is pair i (tokenize writes them so). Each side is one row:
+  its tokens, cut to data.seq_len, right-padded with data.pad_token_id (masked out). Cutting a longer
+  side is what open-instruct does: its DPO tokenizes every side with `max_seq_length` truncation
+  (`preference_tulu_tokenize_and_truncate_v1`, which runs `sft_tulu_tokenize_and_truncate_v1` per
+  side), then drops pairs where a side has no trained token left (`preference_tulu_filter_v1`;
+  open-instruct `open_instruct/dataset_transformation.py`, commit e6c3044). PairSource drops those
+  pairs too; tokenizing with `--max-seq-len` equal to data.seq_len makes both steps happen there.
+- The order: epoch e is the permutation of the kept pairs by PCG64(data.seed + e)
+  (olmax.data.order.cached_permutation, OLMo-core's), global batches of trainer.global_batch pairs
+  cut from it, the remainder dropped; a process that owns data-parallel ranks r..r+k-1 of D gets their
+  pairs (olmax.data.order.rank_ids), as the LM loader does.
+- `state()` holds the fingerprint (both sides' shard digests and data.seq_len), seed, epoch and
+  batches processed: the state saved after step N resumes at batch N; a fingerprint mismatch raises
+  DataStateError unless allowed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from olmax.config import ConfigError
+from olmax.data.loader import DataStateError, tokenizer_fields, work_dir_of
+from olmax.data.order import cached_permutation, check_rank, num_batches, rank_ids
+from olmax.data.sources import MASK_PART_PREFIX, TOKEN_PART_PREFIX, check_manifest_tokenizers
+from olmax.data.tokenize import MANIFEST
+
+log = logging.getLogger(__name__)
+
+SIDES = ("chosen", "rejected")
+STATE_VERSION = 1
+
+
+class _Side:
+    """One side's documents: token and mask memmaps per part, (part, start, end) per document."""
+
+    def __init__(self, directory: Path):
+        manifest = json.loads((directory / MANIFEST).read_text())
+        dtype = np.dtype(manifest["dtype"])
+        self.digests = [shard["sha256"] for shard in manifest["shards"]]
+        self.tokens, self.masks, self.docs = [], [], []
+        for k, shard in enumerate(manifest["shards"]):
+            self.tokens.append(np.memmap(directory / shard["path"], dtype=dtype, mode="r"))
+            mask_name = shard.get("label_mask", shard["path"].replace(TOKEN_PART_PREFIX, MASK_PART_PREFIX))
+            self.masks.append(np.memmap(directory / mask_name, dtype=np.bool_, mode="r"))
+            offsets = directory / shard["path"].replace(".npy", ".csv.gz")
+            with gzip.open(offsets, "rt") as f:
+                for line in f:
+                    start, end = (int(x) for x in line.split(",")[:2])
+                    self.docs.append((k, start, end))
+
+    def read(self, i: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        part, start, end = self.docs[i]
+        end = min(end, start + seq_len)
+        return self.tokens[part][start:end], self.masks[part][start:end]
+
+
+class PairSource:
+    """The pairs of data.paths[0] that keep a trained token on both sides within data.seq_len."""
+
+    def __init__(self, data_cfg):
+        if len(data_cfg.paths) != 1:
+            raise ConfigError(
+                "trainer.objective=dpo reads one `olmax tokenize --chat` preference directory (holding chosen/ "
+                f"and rejected/), so data.paths needs exactly one entry; got {list(data_cfg.paths)}"
+            )
+        self.root = Path(data_cfg.paths[0])
+        dirs = [self.root / side for side in SIDES]
+        missing = [str(d) for d in dirs if not (d / MANIFEST).is_file()]
+        if missing:
+            raise ConfigError(
+                f"data.paths={self.root} is not `olmax tokenize --chat` preference output: no {', '.join(missing)}"
+                f"/{MANIFEST}"
+            )
+        check_manifest_tokenizers([str(d) for d in dirs], tokenizer_fields(data_cfg))
+        self.seq_len, self.pad_id = data_cfg.seq_len, data_cfg.pad_token_id
+        self.sides = [_Side(d) for d in dirs]
+        counts = [len(s.docs) for s in self.sides]
+        if counts[0] != counts[1]:
+            raise ConfigError(
+                f"{self.root}: chosen/ has {counts[0]} documents and rejected/ {counts[1]}; pairs need both"
+            )
+        self.pairs = np.array(
+            [i for i in range(counts[0]) if all(s.read(i, self.seq_len)[1].any() for s in self.sides)], np.int64
+        )
+        self.dropped = counts[0] - len(self.pairs)
+        if self.dropped:
+            log.info(
+                "%d of %d pairs have a side with no trained token within %d tokens: left out",
+                self.dropped,
+                counts[0],
+                self.seq_len,
+            )
+        key = {"chosen": self.sides[0].digests, "rejected": self.sides[1].digests, "seq_len": self.seq_len}
+        self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids (n, 2, seq_len) int32, response_mask (n, 2, seq_len) bool) of kept pairs `ids`."""
+        input_ids = np.full((len(ids), 2, self.seq_len), self.pad_id, np.int32)
+        mask = np.zeros((len(ids), 2, self.seq_len), bool)
+        for row, i in enumerate(ids):
+            for side, source in enumerate(self.sides):
+                tokens, trained = source.read(int(self.pairs[i]), self.seq_len)
+                input_ids[row, side, : len(tokens)] = tokens
+                mask[row, side, : len(trained)] = trained
+        return input_ids, mask
+
+
+class PairLoader:
+    """Batches of pairs in the seeded order, across epochs, with resume state (module doc)."""
+
+    def __init__(
+        self,
+        data_cfg,
+        source: PairSource,
+        reference: np.ndarray,
+        global_batch: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        local_ranks: int = 1,
+        state: Optional[dict] = None,
+        allow_fingerprint_mismatch: bool = False,
+    ):
+        check_rank(global_batch, dp_rank, dp_size)
+        if reference.shape != (len(source), 2):
+            raise ValueError(f"reference log-probs of shape {reference.shape} for {len(source)} pairs")
+        self.cfg, self.source, self.reference = data_cfg, source, reference
+        self.global_batch, self.ranks, self.dp_size = global_batch, range(dp_rank, dp_rank + local_ranks), dp_size
+        self.batches_per_epoch = num_batches(len(source), global_batch)
+        if self.batches_per_epoch == 0:
+            raise ConfigError(f"{len(source)} pairs make no global batch of {global_batch} (trainer.global_batch)")
+        self.seed, self.epoch, self.batches_processed = data_cfg.seed, 1, 0
+        if state is not None:
+            self._restore(state, allow_fingerprint_mismatch)
+        self._delivered = 0
+
+    def _restore(self, state: dict, allow_mismatch: bool) -> None:
+        if state.get("version") != STATE_VERSION or state.get("kind") != "pairs":
+            raise DataStateError(f"the checkpoint's data state is not a pair loader's: {state}")
+        if state["fingerprint"] != self.source.fingerprint:
+            if not allow_mismatch:
+                raise DataStateError(
+                    f"the preference pairs differ from the checkpoint's (fingerprint {state['fingerprint'][:12]} -> "
+                    f"{self.source.fingerprint[:12]}); pass --allow-data-change to continue anyway"
+                )
+            log.warning("preference data fingerprint mismatch allowed")
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        # as the LM loader: position by rows, so a changed batch size resumes where the data left off
+        self.batches_processed = state["pairs_processed"] // self.global_batch
+
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            if self.batches_processed >= self.batches_per_epoch:
+                self.epoch, self.batches_processed = self.epoch + 1, 0
+            order = cached_permutation(work_dir_of(self.cfg) / "orders", len(self.source), self.seed, self.epoch)
+            ids = np.concatenate(
+                [rank_ids(order, self.batches_processed, self.global_batch, r, self.dp_size) for r in self.ranks]
+            ).astype(np.int64)
+            input_ids, mask = self.source.rows(ids)
+            self.batches_processed += 1
+            self._delivered += len(ids)
+            yield {"input_ids": input_ids, "response_mask": mask, "reference_logps": self.reference[ids], "index": ids}
+
+    def audit(self) -> dict:
+        # a permutation per epoch: no pair comes twice within one
+        return {"instances_delivered": self._delivered, "repeats_in_epoch": 0}
+
+    def state(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "kind": "pairs",
+            "fingerprint": self.source.fingerprint,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "batches_processed": self.batches_processed,
+            "pairs_processed": self.batches_processed * self.global_batch,
+            "global_batch": self.global_batch,
+            "seq_len": self.cfg.seq_len,
+        }
