@@ -99,10 +99,12 @@ def test_auto_takes_the_template_the_run_trained_on(exports, dolma2_json, tmp_pa
     from olmax.data.tokenize import FORMAT, MANIFEST
 
     paths = []
-    for name, chat_block in (("plain", {}), ("think", {"chat": {"template": "think"}}), ("other", {})):
-        (tmp_path / name).mkdir()
+    think = {"chat": {"template": "think"}}
+    for name, chat_block in (("plain", {}), ("think", think), ("other", {}), ("prefs/chosen", think)):
+        (tmp_path / name).mkdir(parents=True)
         (tmp_path / name / MANIFEST).write_text(json.dumps({"format": FORMAT, **chat_block}))
         paths.append(str(tmp_path / name))
+    paths[3] = str(tmp_path / "prefs")  # a preference directory (DPO): manifests in chosen/ and rejected/
     paths[2] = str(tmp_path / "other" / "token_ids_part_*.npy")  # a glob of parts: its directory's manifest
     experiment = {"data": {"paths": paths}}
     # the experiment item a training run saves with each checkpoint (the fixture's is a conversion)
@@ -111,7 +113,10 @@ def test_auto_takes_the_template_the_run_trained_on(exports, dolma2_json, tmp_pa
         summary = convert_to_hf(exports / "ckpt", tmp_path / chat_arg, tokenizer=str(dolma2_json), chat=chat_arg)
         config = json.loads((tmp_path / chat_arg / "tokenizer_config.json").read_text())
         assert config.get("chat_template") == expected and summary["chat_template"] == (expected and "think")
-    (tmp_path / "other" / MANIFEST).write_text(json.dumps({"format": FORMAT, "chat": {"template": "instruct"}}))
+    (tmp_path / "prefs" / "rejected").mkdir()
+    (tmp_path / "prefs" / "rejected" / MANIFEST).write_text(
+        json.dumps({"format": FORMAT, "chat": {"template": "instruct"}})
+    )
     with pytest.raises(ConversionError, match=r"several chat templates \(instruct, think\)"):
         convert_to_hf(exports / "ckpt", tmp_path / "both")
 

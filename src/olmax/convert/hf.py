@@ -472,16 +472,18 @@ def _chat_template(chat: str, tok) -> str:
 
 def trained_chat_template(ckpt: str | Path, step: int) -> Optional[str]:
     """The template (instruct or think) the run that wrote `ckpt` at `step` trained on: the one its
-    data directories' manifests record (`olmax tokenize --chat` writes it), read where data.paths
-    point now. None for a checkpoint no training run wrote, or data tokenized without a template."""
+    data directories' manifests record (`olmax tokenize --chat` writes it; a preference directory has
+    one in chosen/ and rejected/), read where data.paths point now. None for a checkpoint no training
+    run wrote, or data tokenized without a template."""
     from olmax.data.tokenize import MANIFEST, read_manifest
 
     experiment = read_experiment(ckpt, step)
     found = set()
     for spec in [] if experiment is None else experiment["data"]["paths"]:
         where = Path(spec) if Path(spec).is_dir() else Path(spec).parent  # a directory, or its parts' glob
-        if (where / MANIFEST).is_file():
-            found.add((read_manifest(where).get("chat") or {}).get("template"))
+        for d in (where, where / "chosen", where / "rejected"):
+            if (d / MANIFEST).is_file():
+                found.add((read_manifest(d).get("chat") or {}).get("template"))
     found.discard(None)
     if len(found) > 1:
         raise ConversionError(
