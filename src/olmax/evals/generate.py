@@ -148,16 +148,18 @@ def generate_in_batches(
     *,
     sampling: Sampling = Sampling(),
     eos_id: Optional[int] = None,
+    stop: Optional[Callable[[int, list[int]], bool]] = None,
 ) -> list[list[int]]:
     """The new tokens of each prompt, decoded `batch_size` prompts at a time; each prompt's draws are
-    keyed by its position in `prompts`, so the result does not depend on `batch_size`."""
+    keyed by its position in `prompts`, so the result does not depend on `batch_size`. `stop` is
+    `generate`'s, its row counted within the batch."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     out: list[list[int]] = []
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
         index = range(first, first + len(batch))
-        out += generate(params, cfg, batch, max_new_tokens, sampling=sampling, eos_id=eos_id, index=index)
+        out += generate(params, cfg, batch, max_new_tokens, sampling=sampling, eos_id=eos_id, stop=stop, index=index)
     return out
 
 
@@ -180,9 +182,34 @@ def read_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
+def read_conversations(path: str | Path) -> list[list[dict]]:
+    """Conversations for `olmax generate --chat`: a .json file holding one conversation (a list of
+    {"role", "content"} messages) or a list of them; a .jsonl file with one per line, a list or an
+    object with a "messages" list (the SFT rows' layout). Each is checked by olmax.data.chat.check_messages."""
+    import json
+
+    from olmax.data.chat import check_messages
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"messages file {path} does not exist")
+    try:
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows = [r.get("messages") if isinstance(r, dict) else r for r in rows]
+        else:
+            rows = json.loads(path.read_text())
+            rows = [rows] if isinstance(rows, list) and rows and isinstance(rows[0], dict) else rows
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: expected a conversation or a list of conversations")
+    return [check_messages(r, f"{path.name}[{n}]") for n, r in enumerate(rows)]
+
+
 def generate_text(
     ckpt: str,
-    prompts: Sequence[str],
+    prompts: Sequence[str] | Sequence[list[dict]],
     *,
     max_new_tokens: int = 64,
     sampling: Sampling = Sampling(),
@@ -190,16 +217,30 @@ def generate_text(
     batch_size: int = 8,
     step: Optional[int] = None,
     dtype: Optional[str] = None,
+    chat: Optional[str] = None,
 ) -> dict:
-    """Load a checkpoint and continue each prompt; the report lists prompt, text, ids and why each stopped."""
+    """Load a checkpoint and continue each prompt; the report lists prompt, text, ids and why each stopped.
+
+    With `chat` ("instruct" or "think") each prompt is a conversation (a string is one user message),
+    rendered with that OLMo 3 template and its generation prompt (olmax.data.chat, the text
+    transformers' `apply_chat_template(..., add_generation_prompt=True)` gives on a `--chat` export);
+    generation also stops at `<|im_end|>`, the end of a turn, and `text` is the reply alone."""
+    from olmax.data import chat as chat_templates
     from olmax.data.tokenizer import load_tokenizer
     from olmax.evals.scoring import eval_mesh, load_checkpoint
 
     if not prompts:
         raise ValueError("no prompts given")
     tok = load_tokenizer(tokenizer)
-    params, cfg, meta = load_checkpoint(ckpt, eval_mesh(), step=step, compute_dtype=dtype)
     eos = tok.info.eos_token_id
+    stops = {eos}
+    conversations = None
+    if chat is not None:
+        eos_text = chat_templates.check_chat_tokenizer(tok)
+        stops.add(tok.encode("<|im_end|>")[0])
+        conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
+        prompts = [chat_templates.render(chat, c, eos_text, add_generation_prompt=True) for c in conversations]
+    params, cfg, meta = load_checkpoint(ckpt, eval_mesh(), step=step, compute_dtype=dtype)
     encoded = [tok.encode(p) for p in prompts]
     for p, ids in zip(prompts, encoded):
         if not ids:
@@ -210,17 +251,21 @@ def generate_text(
                 f"max_position {cfg.max_position}"
             )
     start = time.perf_counter()
-    generated = generate_in_batches(params, cfg, encoded, max_new_tokens, batch_size, sampling=sampling, eos_id=eos)
+    generated = generate_in_batches(
+        params, cfg, encoded, max_new_tokens, batch_size, sampling=sampling, stop=lambda _, ids: ids[-1] in stops
+    )
     results = []
-    for prompt, ids, new in zip(prompts, encoded, generated):
-        finished = "eos" if new[-1] == eos else "length"
+    for n, (prompt, ids, new) in enumerate(zip(prompts, encoded, generated)):
+        finished = "eos" if new[-1] in stops else "length"
         text = tok.decode(new[:-1] if finished == "eos" else new)
-        results.append({"prompt": prompt, "text": text, "prompt_ids": ids, "ids": new, "finish": finished})
+        row = {"prompt": prompt, "text": text, "prompt_ids": ids, "ids": new, "finish": finished}
+        results.append(row if conversations is None else {"messages": conversations[n], **row})
     seconds = time.perf_counter() - start
     return {
         "ckpt": str(ckpt),
         "step": meta["step"],
         "tokenizer": tokenizer,
+        "chat": chat,
         "max_new_tokens": max_new_tokens,
         "sampling": {
             "temperature": sampling.temperature,

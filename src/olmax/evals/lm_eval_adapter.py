@@ -16,8 +16,18 @@ accuracy against HFLM on a converted model):
   power of two (a causal model's earlier positions do not see the padding).
 - loglikelihood_rolling: lm-eval's rolling windows (max_length tokens, one token of context) scored
   as above and summed.
-- generate_until: greedy decoding with a key/value cache (olmax.evals.generate), prompts left-truncated
-  to max_length - max_gen_toks, stopped at the first `until` string (which is cut off) or EOS.
+- generate_until: decoding with a key/value cache (olmax.evals.generate), prompts left-truncated
+  to max_length - max_gen_toks, stopped at the first `until` string (which is cut off) or EOS; the
+  text leaves out the tokenizer's special tokens (HFLM decodes with skip_special_tokens=True).
+  Greedy unless the task's gen_kwargs say `do_sample: true`, as HFLM passes them to transformers'
+  `generate`: then sampled at `temperature` (> 0) with `top_p` (default 1) and `top_k` (default 50,
+  transformers 5.24's GenerationConfig default, which an export's generation_config.json leaves in
+  place), each request's draws keyed by the model's `seed` and its position in the call.
+- Chat templates (`--apply_chat_template`, `--system_instruction`): lm-eval renders every request with
+  `apply_chat_template(chat_history, add_generation_prompt)`; here that is the OLMo 3 template named by
+  model_args `chat_template` (instruct or think, olmax.data.chat), rendered as HFLM renders it from a
+  `convert --to-hf --chat` export's tokenizer: with `continue_final_message` when there is no generation
+  prompt (a task's `gen_prefix`: the text stops where the final message does).
 - The sliding window is respected everywhere: scoring runs the model's own windowed forward pass,
   and the decoder masks the cache with each layer's window.
 
@@ -41,12 +51,16 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from olmax.data import chat
 from olmax.data.tokenizer import load_tokenizer
-from olmax.evals.generate import generate
+from olmax.evals.generate import Sampling, generate
 from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
 from olmax.loss import IGNORE
 
 MIN_WIDTH = 16
+# transformers' continue_final_message marker (utils/chat_template_utils.py, 5.24): appended to the final
+# message before rendering; the rendered text is cut where it stands.
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 @register_model("olmax")
@@ -68,6 +82,8 @@ class OlmaxLM(TemplateLM):
         max_gen_toks: int = 256,
         step: Optional[int] = None,
         dtype: Optional[str] = None,
+        chat_template: Optional[str] = None,
+        seed: int = 0,
         **_harness_args,
     ):
         # simple_evaluate also passes max_batch_size and device: placement is the mesh's business here.
@@ -78,7 +94,13 @@ class OlmaxLM(TemplateLM):
         )
         self.scorer = TokenScorer(self.cfg, mesh, real_vocab=True)
         self.tok = load_tokenizer(tokenizer)
+        self.tokenizer_spec = tokenizer
         self._decode = self.tok.decode
+        if chat_template is not None:
+            chat.template_text(chat_template)  # an unknown name is an error now, not at the first request
+            chat.check_chat_tokenizer(self.tok)
+        self.chat = chat_template
+        self.seed = int(seed)
         self.batch_size = 8 if batch_size in ("auto", None) else int(batch_size)
         self.max_length = eval_seq_len(
             None if max_length is None else int(max_length), ckpt, self.meta["step"], self.cfg
@@ -94,6 +116,36 @@ class OlmaxLM(TemplateLM):
 
     def tok_decode(self, ids) -> str:
         return self._decode(list(ids))
+
+    # -- chat templates --------------------------------------------------------------------------
+
+    @property
+    def tokenizer_name(self) -> str:
+        """Keys lm-eval's request cache: the tokenizer and the template."""
+        return f"{self.tokenizer_spec.replace('/', '__')}__olmo3_{self.chat}"
+
+    def _template(self, asked: bool | str = True) -> str:
+        if self.chat is None or asked not in (True, self.chat):
+            raise ValueError(
+                f"--apply_chat_template {asked if isinstance(asked, str) else ''}needs the olmax model's "
+                f"chat_template model_arg (instruct or think; olmax lm-eval --apply_chat_template NAME sets it), "
+                f"got chat_template={self.chat}"
+            )
+        return self.chat
+
+    def chat_template(self, chat_template: bool | str = False) -> Optional[str]:
+        """The Jinja source lm-eval records in its results (None: no template asked for)."""
+        return chat.template_text(self._template(chat_template)) if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
+        name = self._template()
+        eos = self.tok_decode([self.eot_token_id])
+        if add_generation_prompt:
+            return chat.render(name, chat_history, eos, add_generation_prompt=True)
+        # HFLM asks for continue_final_message here (lm-eval 0.4.13, models/huggingface.py)
+        history = [*chat_history[:-1], {**chat_history[-1], "content": chat_history[-1]["content"] + CONTINUE_TAG}]
+        text = chat.render(name, history, eos)
+        return text[: text.rindex(CONTINUE_TAG)]
 
     # -- scoring ---------------------------------------------------------------------------------
 
@@ -153,31 +205,40 @@ class OlmaxLM(TemplateLM):
 
     # -- generation ------------------------------------------------------------------------------
 
-    def _request_settings(self, gen_kwargs: dict) -> tuple[list[str], int]:
+    def _request_settings(self, gen_kwargs: dict) -> tuple[list[str], int, Sampling]:
         kwargs = dict(gen_kwargs)
-        if kwargs.pop("do_sample", False) and kwargs.get("temperature", 0.0) > 0:
-            raise ValueError("the olmax lm-eval model decodes greedily; this task asks for sampling (do_sample)")
+        sampling = Sampling()
+        # HFLM samples only when do_sample is true: a temperature alone leaves transformers greedy
+        if kwargs.get("do_sample"):
+            temperature = float(kwargs.get("temperature", 0.0))
+            if temperature <= 0:
+                raise ValueError(f"do_sample needs a temperature > 0 (as transformers does), got {temperature}")
+            top_p, top_k = float(kwargs.get("top_p", 1.0)), int(kwargs.get("top_k", 50))
+            sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=self.seed)
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
         eos_text = self.tok_decode([self.eot_token_id])
         if eos_text not in until:
             until.append(eos_text)
-        return until, int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+        return until, int(kwargs.pop("max_gen_toks", self.max_gen_toks)), sampling
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         prepared = []
         for req in requests:
             context, gen_kwargs = req.args
-            until, max_new = self._request_settings(gen_kwargs)
+            until, max_new, sampling = self._request_settings(gen_kwargs)
             prompt = self.tok_encode(context)[-max(1, self.max_length - max_new) :] or [self.prefix_token_id]
-            prepared.append((prompt, until, max_new))
-        order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))
+            prepared.append((prompt, until, max_new, sampling))
+        # a batch holds one sampling setting (Sampling is hashable); longest prompts first
+        groups: dict[Sampling, list[int]] = {}
+        for i in sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0])):
+            groups.setdefault(prepared[i][3], []).append(i)
+        batches = [g[s : s + self.batch_size] for g in groups.values() for s in range(0, len(g), self.batch_size)]
         outputs: list[str] = [""] * len(prepared)
-        for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm, desc="olmax generate"):
-            idx = order[start : start + self.batch_size]
+        for idx in tqdm(batches, disable=disable_tqdm, desc="olmax generate"):
 
             def stop(row: int, ids: list[int]) -> bool:
-                _, until, max_new = prepared[idx[row]]  # noqa: B023 - called within this iteration
+                _, until, max_new, _ = prepared[idx[row]]  # noqa: B023 - called within this iteration
                 return (
                     len(ids) >= max_new
                     or ids[-1] == self.eot_token_id
@@ -185,10 +246,17 @@ class OlmaxLM(TemplateLM):
                 )
 
             generated = generate(
-                self.params, self.cfg, [prepared[i][0] for i in idx], max(prepared[i][2] for i in idx), stop=stop
+                self.params,
+                self.cfg,
+                [prepared[i][0] for i in idx],
+                max(prepared[i][2] for i in idx),
+                sampling=prepared[idx[0]][3],
+                stop=stop,
+                index=idx,
             )
             for i, ids in zip(idx, generated):
-                text = self.tok_decode(ids)
+                # HFLM decodes with skip_special_tokens=True: a chat model's <|im_end|> is not in the text
+                text = self.tok_decode([t for t in ids if t not in self.tok.special_ids])
                 for u in prepared[i][1]:
                     if u:
                         text = text.split(u)[0]

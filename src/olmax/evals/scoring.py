@@ -31,10 +31,9 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.checkpoint import EXPERIMENT, checkpoint_path, complete_steps, load_params, read_config, run_handlers
+from olmax.checkpoint import complete_steps, load_params, read_config, read_experiment
 from olmax.config import MeshConfig, ModelConfig
 from olmax.loss import IGNORE, loss_sums
 from olmax.model.olmo3 import forward_hidden, lm_head
@@ -65,15 +64,8 @@ def load_checkpoint(
 def trained_seq_len(ckpt: str | Path, step: int) -> Optional[int]:
     """data.seq_len of the training run that wrote checkpoint `ckpt` at `step` (the experiment item
     every training checkpoint holds), or None for a checkpoint no training run wrote (a conversion)."""
-    if not (checkpoint_path(ckpt) / str(step) / EXPERIMENT).is_dir():
-        return None
-    options = ocp.CheckpointManagerOptions(create=False, read_only=True)
-    mngr = ocp.CheckpointManager(checkpoint_path(ckpt), item_handlers=run_handlers(), options=options)
-    try:
-        saved = mngr.restore(step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore()}))[EXPERIMENT]
-    finally:
-        mngr.close()
-    return int(saved["data"]["seq_len"])
+    saved = read_experiment(ckpt, step)
+    return None if saved is None else int(saved["data"]["seq_len"])
 
 
 def eval_seq_len(seq_len: Optional[int], ckpt: str | Path, step: int, cfg: ModelConfig) -> int:
