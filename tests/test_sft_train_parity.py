@@ -12,11 +12,12 @@ alpha_f=0)` against schedule.warmup_fraction=0.03); one rank, so OLMo-core's per
 normalisation and olmax's global one divide by the same count.
 
 Bounds, those of tests/test_train_parity.py (measured on 8 devices, 8 steps / 50 steps): every step's CE
-within 1e-4 relative (3.3e-7 / 1.1e-6); the learning rate within 1e-9 (1e-10); no skipped step on
-either side; final parameters within 1e-3 of the overall norm (8.9e-6 / 1.4e-5) and every tensor
-within 5e-3 of its largest entry (2.2e-3 / 9.5e-4: entries whose gradients stay near zero, where Adam
-turns rounding into steps of ~lr; OLMo-core trained from its own start moved by one ulp differs from
-itself by as much at the same entries, 2.1e-3 after 8 steps, docs/post-training.md).
+within 1e-4 relative (8.7e-8 / 2.1e-7, float32 rounding: OLMo-core started one ulp away from its own
+start drifts from itself by as much); the learning rate within 1e-9 (5e-11); no skipped step on either
+side; final parameters within 1e-3 of the overall norm (5.9e-7 / 6.2e-7) and every tensor within 5e-3
+of its largest entry (1.6e-4 / 1.2e-4). Without doc masking olmax is 2.9e-4 off at step 1. Over 300
+steps rounding grows past these bounds for OLMo-core against itself too (docs/post-training.md, "SFT
+training parity with OLMo-core"), so the long run stops at 50.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ def check(setup: Setup, tmp_path):
     assert ref.ce[-1] < 0.95 * ref.ce[0]  # the model did learn (8 steps: 5.90 -> 5.46; 50: -> 3.42)
     assert f["final_rel_l2_param_diff"] < 1e-3, f
     assert f["final_max_rel_param_diff"] < 5e-3, f
-    print(f)
     return ref, ours
 
 

@@ -31,7 +31,7 @@ ANSWER = dict(zip(WORDS, "stone river cloud leaf ash rose coal snow".split()))
 def conversations(n: int, seed: int = 0) -> list[dict]:
     """Chat rows: one or two user/assistant exchanges, the answer naming ANSWER[w] for each word w the
     user wrote. All but every fifth have a short system prompt (the others get the template's default
-    one, ~30 tokens), so an instance of 128 tokens packs three to four conversations on average."""
+    one): ~51 tokens each, so an instance of 128 tokens packs two or three."""
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
