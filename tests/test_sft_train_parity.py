@@ -59,3 +59,32 @@ def test_sft_train_parity_50_steps(tmp_path):
     setup = Setup.sft_run(50)
     ref, _ = check(setup, tmp_path)
     assert ref.lr[:2] == pytest.approx([setup.lr / 2, setup.lr])
+
+
+@pytest.mark.parity
+def test_olmo_core_attention_within_documents():
+    """The harness's backend for OLMo-core (train_parity_sft.mask_within_documents_, flash-attn varlen's
+    masking on OLMo-core's SDPA backend) on packed rows gives each document's logits as OLMo-core's own,
+    unmodified model gives them for the document alone (RoPE restarted by OLMo-core's rope.py); across
+    the batch too (cu_doc_lens runs over the flattened rows)."""
+    import numpy as np
+    import torch
+
+    from olmax.convert.train_parity import VOCAB, build_olmo_core_model
+
+    packed = build_olmo_core_model(Setup.sft_run(8))
+    plain = build_olmo_core_model(Setup(seq_len=128))
+    plain.load_state_dict(packed.state_dict())
+    lens = [[50, 40, 38], [128, 0, 0]]
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, VOCAB, (2, 128))).long()
+    with torch.no_grad():
+        out = packed(ids, doc_lens=torch.tensor(lens), max_doc_lens=[50, 128])
+        # without doc_lens: what OLMo-core's SDPA backend computes
+        torch.testing.assert_close(packed(ids), plain(ids), rtol=0, atol=1e-6)
+        assert (out[0, 50:] - plain(ids)[0, 50:]).abs().max() > 1e-2  # the documents matter
+        for row, doc_lens in enumerate(lens):
+            start = 0
+            for n in filter(None, doc_lens):
+                alone = plain(ids[row : row + 1, start : start + n])[0]
+                torch.testing.assert_close(out[row, start : start + n], alone, rtol=0, atol=1e-5)
+                start += n
