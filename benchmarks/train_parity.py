@@ -2,6 +2,7 @@
 olmax.convert.train_parity (its docstring says what is compared).
 
     .venv/bin/python benchmarks/train_parity.py [--steps 300 --spike-step 150 --out train_parity.png]
+    .venv/bin/python benchmarks/train_parity.py --sft [--steps 50] [--noise-floor]   # SFT as AI2 ran it
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ def plot(ref: Run, ours: Run, figures: dict, out: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--spike-step", type=int, default=None, help="default: half way, and at least 70")
+    ap.add_argument("--spike-step", type=int, default=None, help="default: half way, and at least 70 (none with --sft)")
+    ap.add_argument(
+        "--sft",
+        action="store_true",
+        help="SFT: packed chat parts with label masks, the SFT recipe's optimizer and schedule (Setup(sft=True))",
+    )
     ap.add_argument("--out", default="train_parity.png")
     ap.add_argument(
         "--noise-floor",
@@ -59,10 +65,15 @@ def main(argv=None) -> int:
         help="also run OLMo-core from its init moved by 1 ulp, to show float32 drift alone",
     )
     args = ap.parse_args(argv)
-    spike = args.spike_step or max(70, args.steps // 2)
-    if not 1 <= spike <= args.steps:
-        ap.error(f"--spike-step {spike} is outside 1..{args.steps}")
-    setup = Setup(steps=args.steps, spike_step=spike)
+    if args.sft:
+        if args.spike_step:
+            ap.error("--sft trains without a spike (the spike batch is pre-training data)")
+        setup = Setup.sft_run(args.steps)
+    else:
+        spike = args.spike_step or max(70, args.steps // 2)
+        if not 1 <= spike <= args.steps:
+            ap.error(f"--spike-step {spike} is outside 1..{args.steps}")
+        setup = Setup(steps=args.steps, spike_step=spike)
     with tempfile.TemporaryDirectory() as tmp:
         ref, ours, f = compare_training(setup, Path(tmp), noise_floor=args.noise_floor)
     plot(ref, ours, f, Path(args.out))
@@ -70,6 +81,7 @@ def main(argv=None) -> int:
         ("steps", f["steps"]),
         ("same batches every step", f["same_batches"]),
         ("max |delta CE loss|", f"{f['max_abs_ce_delta']:.2e} (step {f['max_abs_ce_delta_step']})"),
+        ("max rel delta CE loss", f"{f['max_rel_ce_delta']:.2e} (step {f['max_rel_ce_delta_step']})"),
         ("max |delta z-loss|", f"{f['max_abs_z_delta']:.2e}"),
         ("max rel delta grad norm", f"{f['max_rel_grad_norm_delta']:.2e}"),
         ("max |delta lr|", f"{f['max_abs_lr_delta']:.2e}"),

@@ -20,6 +20,16 @@ What is compared (docs/training.md, "Training parity with OLMo-core"):
 - A loss spike: at `spike_step` both sides train on the same pathological batch (tokens the
   corpus never contains), which the skip-step rule must reject on both sides.
 Final parameters are converted back the same way and compared tensor by tensor.
+
+`Setup(sft=True)` is SFT as AI2 ran it (docs/post-training.md, "SFT"), with the olmax side configured
+from the `olmo3_7b_instruct_sft` recipe: chat parts from `olmax tokenize --chat instruct`
+(olmax.convert.train_parity_sft), OBFD-packed with their label masks and attention within each
+conversation (OLMo-core: `NumpyPackedFSLDataset` with `label_mask_paths` and `generate_doc_lengths`,
+the batch's `doc_lens` and `max_doc_lens` passed to the model as the train module passes them; olmax:
+data.packing=obfd, doc_masking, label_masks, RoPE positions restarted per document as 3.0.0's
+`RotaryEmbedding` restarts them given `cu_doc_lens`), labels from `get_labels` (-100 where the mask
+is False), no z-loss, weight decay 0, `LinearWithWarmup(warmup_fraction=0.03, alpha_f=0)` against
+schedule.warmup_fraction=0.03, and no spike. The horizon is the run's steps (AI2's: 2 epochs).
 """
 
 from __future__ import annotations
@@ -54,6 +64,27 @@ class Setup:
     alpha_f: float = 0.1
     skip_window: int = 128  # AI2's; a short test run shrinks it on both sides so the rule can fire early
     seed: int = 34521  # data order seed
+    sft: bool = False  # SFT as AI2 ran it (the module doc) instead of stage-1 pre-training
+
+    def __post_init__(self):
+        if self.sft and self.spike_step:
+            raise ValueError("the spike batch is pre-training data: Setup(sft=True) takes spike_step=0")
+
+    @classmethod
+    def sft_run(cls, steps: int, **kw) -> "Setup":
+        """SFT's setup: instances of 128 tokens (two or three conversations), no spike, lr 1e-3.
+        At 3e-3 this data trains at the edge of stability (the CE stalls near 2.2 and the gradient norm
+        swings), where float32 rounding grows past 1e-4 of the CE within 40 steps: OLMo-core against
+        itself from a start one ulp away as much as olmax against it (docs/post-training.md)."""
+        return cls(steps=steps, spike_step=0, seq_len=128, lr=1e-3, sft=True, **kw)
+
+    @property
+    def z_loss(self) -> float:
+        return 0.0 if self.sft else 1e-5
+
+    @property
+    def weight_decay(self) -> float:
+        return 0.0 if self.sft else 0.1
 
 
 @dataclass
@@ -63,7 +94,7 @@ class Run:
     grad_norm: list = field(default_factory=list)
     lr: list = field(default_factory=list)
     skipped: list = field(default_factory=list)  # 1-based steps the optimizer skipped
-    batches: list = field(default_factory=list)  # input_ids per step (to prove the same data)
+    batches: list = field(default_factory=list)  # per step {input_ids[, label_mask, doc]} (to prove the same data)
     params: dict | None = None  # final parameters, olmax layout, numpy
     seconds: float = 0.0
 
@@ -88,6 +119,18 @@ def write_corpus(directory: Path, n_files: int = 3, tokens_per_file: int = 40_00
         np.asarray(out[:tokens_per_file], np.uint16).tofile(path)
         paths.append(str(path))
     return paths
+
+
+def write_data(setup: Setup, directory: Path) -> list[str]:
+    """The token files the run reads: the Markov corpus over 3 files, a tenth more than the run consumes
+    (remainders are dropped per file); in SFT, conversations of ~51 tokens, one per 40 tokens the run
+    consumes (OBFD pads ~10% of every instance)."""
+    tokens = 1.1 * setup.steps * setup.global_batch * setup.seq_len
+    if setup.sft:
+        from olmax.convert.train_parity_sft import write_chat_corpus
+
+        return write_chat_corpus(directory, n=int(tokens / 40), vocab=VOCAB, eos=EOS)
+    return write_corpus(directory, tokens_per_file=max(40_000, int(tokens / 3) + 3 * setup.seq_len))
 
 
 def spike_batch(setup: Setup) -> np.ndarray:
@@ -117,6 +160,10 @@ def build_olmo_core_model(setup: Setup):
     )
     model = cfg.build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
+    if setup.sft:
+        from olmax.convert.train_parity_sft import mask_within_documents_
+
+        mask_within_documents_(model)
     return model
 
 
@@ -163,16 +210,48 @@ def nudge_(model) -> None:
             p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))
 
 
-def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
-    import torch
-    from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyFSLDatasetConfig, TokenizerConfig
-    from olmo_core.data.utils import get_labels
-    from olmo_core.optim import CosWithWarmup, SkipStepAdamW
+def olmo_core_dataset(paths: list[str], setup: Setup, work: Path):
+    """Stage 1: `NumpyFSLDataset` over the token files. SFT: `NumpyPackedFSLDataset` configured as
+    src/scripts/train/sft/Olmo-3-7B-SFT.py (OLMo-core) builds it: the token and mask globs, OBFD,
+    truncate, `generate_doc_lengths`."""
+    from olmo_core.data import NumpyFSLDatasetConfig, NumpyPackedFSLDatasetConfig, TokenizerConfig
+    from olmo_core.data.types import LongDocStrategy
 
     tok = TokenizerConfig(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=PAD)
-    ds = NumpyFSLDatasetConfig(
-        tokenizer=tok, paths=list(paths), sequence_length=setup.seq_len, work_dir=str(work)
-    ).build()
+    if not setup.sft:
+        return NumpyFSLDatasetConfig(
+            tokenizer=tok, paths=list(paths), sequence_length=setup.seq_len, work_dir=str(work)
+        )
+    directory = Path(paths[0]).parent
+    return NumpyPackedFSLDatasetConfig(
+        tokenizer=tok,
+        paths=[f"{directory}/token_ids_part_*.npy"],
+        label_mask_paths=[f"{directory}/labels_mask_*.npy"],
+        expand_glob=True,
+        generate_doc_lengths=True,
+        long_doc_strategy=LongDocStrategy.truncate,
+        sequence_length=setup.seq_len,
+        work_dir=str(work),
+    )
+
+
+def batch_record(input_ids, label_mask=None, doc_lens=None) -> dict:
+    """What a step trained on, comparable across the two loaders: the tokens, and in SFT the label
+    mask and each token's document (doc_lens rows are padded with zeros to different widths)."""
+    out = {"input_ids": np.asarray(input_ids, np.int32)}
+    if label_mask is not None:
+        out["label_mask"] = np.asarray(label_mask, bool)
+        out["doc"] = np.stack([np.repeat(np.arange(len(row)), row) for row in np.asarray(doc_lens)])
+    return out
+
+
+def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
+    import torch
+    from olmo_core.data import DataCollator, NumpyDataLoaderBase
+    from olmo_core.data.utils import get_labels
+    from olmo_core.optim import CosWithWarmup, LinearWithWarmup, SkipStepAdamW
+
+    ds = olmo_core_dataset(paths, setup, work).build()
     ds.prepare()
     loader = NumpyDataLoaderBase.wrap_numpy_dataset(
         ds,
@@ -194,10 +273,13 @@ def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
         lr=setup.lr,
         betas=(0.9, 0.95),
         eps=1e-8,
-        weight_decay=0.1,
+        weight_decay=setup.weight_decay,
         rolling_interval_length=setup.skip_window,
     )
-    sched = CosWithWarmup(warmup=setup.warmup, alpha_f=setup.alpha_f)
+    if setup.sft:
+        sched = LinearWithWarmup(warmup_fraction=0.03, alpha_f=0.0)
+    else:
+        sched = CosWithWarmup(warmup=setup.warmup, alpha_f=setup.alpha_f)
     params = list(model.parameters())
     run = Run()
     model.train()
@@ -210,16 +292,20 @@ def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
         for step, batch in zip(range(1, setup.steps + 1), loader):
             if step == setup.spike_step:
                 batch = {"input_ids": torch.from_numpy(spike_batch(setup)).long()}
-            run.batches.append(batch["input_ids"].numpy().astype(np.int32))
+            run.batches.append(batch_record(batch["input_ids"], batch.get("label_mask"), batch.get("doc_lens")))
+            # TransformerTrainModule.train_batch + _prepare_batch (3.0.0): labels from the batch (its
+            # label_mask -> -100), the rest of the batch (doc_lens, max_doc_lens, ...) as model kwargs
             labels = get_labels(batch)
+            kwargs = {k: v for k, v in batch.items() if k != "input_ids"}
             opt.zero_grad(set_to_none=True)
             out = model(
                 batch["input_ids"],
                 labels=labels,
                 loss_reduction="sum",
-                z_loss_multiplier=1e-5,
+                z_loss_multiplier=setup.z_loss or None,
                 loss_div_factor=(labels != -100).sum(),
                 return_logits=False,
+                **kwargs,
             )
             out.loss.backward()
             norm = torch.nn.utils.get_total_norm([p.grad for p in params])
@@ -231,7 +317,7 @@ def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
             opt.latest_grad_norm = norm
             opt.step()
             run.ce.append(float(out.ce_loss))
-            run.z.append(float(out.z_loss))
+            run.z.append(0.0 if out.z_loss is None else float(out.z_loss))
             run.grad_norm.append(float(norm))
             run.lr.append(float(lr))
             if float(opt.step_skipped):
@@ -248,23 +334,39 @@ def run_olmo_core(model, paths: list[str], setup: Setup, work: Path) -> Run:
 
 
 def olmax_experiment(model_cfg, paths: list[str], setup: Setup, work: Path):
-    from olmax.config import DataConfig, ExperimentConfig, MeshConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
+    from dataclasses import replace
 
+    from olmax.config import DataConfig, ExperimentConfig, MeshConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
+    from olmax.recipes import get_recipe
+
+    data = DataConfig(
+        paths=tuple(paths),
+        seq_len=setup.seq_len,
+        seed=setup.seed,
+        vocab_size=VOCAB,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        work_dir=str(work),
+    )
+    if setup.sft:
+        # the recipe's optimizer (wd 0, no z-loss), schedule (linear, 3% warmup, to 0) and data settings;
+        # the horizon is trainer.max_steps instead of the recipe's 2 epochs
+        recipe = get_recipe("olmo3_7b_instruct_sft")
+        optimizer = replace(recipe.optimizer, lr=setup.lr, skip_window=setup.skip_window)
+        schedule = replace(recipe.schedule, t_max_epochs=None)
+        packing = {k: getattr(recipe.data, k) for k in ("packing", "long_doc_strategy", "doc_masking", "label_masks")}
+        data = replace(data, **packing)
+        model_cfg = replace(model_cfg, rope_positions="document")
+    else:
+        # the defaults are AI2's: clip 1.0, wd 0.1 except the embedding, z-loss 1e-5, skip 128 / 6 sigma
+        optimizer = OptimizerConfig(lr=setup.lr, skip_window=setup.skip_window)
+        schedule = ScheduleConfig(name="cosine", warmup_steps=setup.warmup, alpha_f=setup.alpha_f)
     return ExperimentConfig(
         name="train-parity",
         model=model_cfg,
-        data=DataConfig(
-            paths=tuple(paths),
-            seq_len=setup.seq_len,
-            seed=setup.seed,
-            vocab_size=VOCAB,
-            eos_token_id=EOS,
-            pad_token_id=PAD,
-            work_dir=str(work),
-        ),
-        # the defaults are AI2's: clip 1.0, wd 0.1 except the embedding, z-loss 1e-5, skip 128 / 6 sigma
-        optimizer=OptimizerConfig(lr=setup.lr, skip_window=setup.skip_window),
-        schedule=ScheduleConfig(name="cosine", warmup_steps=setup.warmup, alpha_f=setup.alpha_f),
+        data=data,
+        optimizer=optimizer,
+        schedule=schedule,
         trainer=TrainerConfig(global_batch=setup.global_batch, max_steps=setup.steps),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
     )
@@ -287,11 +389,13 @@ def run_olmax(cfg, params: dict, setup: Setup) -> Run:
         batches = iter(make_loader(cfg.data, cfg.trainer.global_batch))
         start = time.perf_counter()
         for step in range(1, setup.steps + 1):
-            input_ids = next(batches)["input_ids"]
+            batch = next(batches)
             if step == setup.spike_step:
-                input_ids = spike_batch(setup)
-            run.batches.append(np.asarray(input_ids, np.int32))
-            state, m = step_fn(state, {"input_ids": jax.device_put(input_ids, to_global)})
+                batch = {"input_ids": spike_batch(setup)}
+            # what olmax.train sends the step: the tokens, and in SFT the doc_lens and label_mask
+            batch = {k: batch[k] for k in ("input_ids", "doc_lens", "label_mask") if k in batch}
+            run.batches.append(batch_record(batch["input_ids"], batch.get("label_mask"), batch.get("doc_lens")))
+            state, m = step_fn(state, {k: jax.device_put(v, to_global) for k, v in batch.items()})
             m = jax.device_get(m)
             run.ce.append(float(m["ce_loss"]))
             run.z.append(float(m["z_loss"]))
@@ -314,9 +418,7 @@ def compare_training(setup: Setup, work: Path, noise_floor: bool = False) -> tup
     how far the two OLMo-core runs drift apart is what float32 rounding alone does to this run."""
     import jax
 
-    # a tenth more than the run consumes, over 3 files (remainders are dropped per file)
-    tokens = int(1.1 * setup.steps * setup.global_batch * setup.seq_len / 3) + 3 * setup.seq_len
-    paths = write_corpus(work / "data", tokens_per_file=max(40_000, tokens))
+    paths = write_data(setup, work / "data")
     model = build_olmo_core_model(setup)
     model_cfg = olmax_model_config(model, setup)
     params0 = olmo_core_to_olmax(model, model_cfg, work / "init")
@@ -329,8 +431,11 @@ def compare_training(setup: Setup, work: Path, noise_floor: bool = False) -> tup
         nudge_(twin)
         floor = run_olmo_core(twin, paths, setup, work / "olmo_core_twin")
 
-    same_data = all(np.array_equal(a, b) for a, b in zip(ref.batches, ours.batches))
+    same_data = all(
+        a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in zip(ref.batches, ours.batches)
+    )
     ce_gap = np.abs(np.asarray(ref.ce) - np.asarray(ours.ce))
+    rel_ce_gap = ce_gap / np.asarray(ref.ce)
     # per tensor: largest entry difference relative to the tensor's largest entry
     rel = {
         jax.tree_util.keystr(path): float(np.abs(a - b).max() / np.abs(b).max())
@@ -345,6 +450,8 @@ def compare_training(setup: Setup, work: Path, noise_floor: bool = False) -> tup
         "same_batches": same_data,
         "max_abs_ce_delta": float(ce_gap.max()),
         "max_abs_ce_delta_step": int(ce_gap.argmax()) + 1,
+        "max_rel_ce_delta": float(rel_ce_gap.max()),
+        "max_rel_ce_delta_step": int(rel_ce_gap.argmax()) + 1,
         "max_abs_z_delta": float(np.abs(np.asarray(ref.z) - np.asarray(ours.z)).max()),
         "max_rel_grad_norm_delta": float(
             np.max(np.abs(np.asarray(ref.grad_norm) - np.asarray(ours.grad_norm)) / np.asarray(ref.grad_norm))
