@@ -46,13 +46,16 @@ def test_train_is_quiet(run):
 @pytest.mark.parametrize(
     "command",
     [
-        ["convert", "--to-hf", "{ckpt}", "--out", "{tmp}/hf"],
-        ["generate", "--ckpt", "{ckpt}", "--prompt", "Hello", "--max-new-tokens", "2"],
+        # convert and generate quiet the libraries as eval loss does (cli.common.runs_on): the slow run
+        pytest.param(["convert", "--to-hf", "{ckpt}", "--out", "{tmp}/hf"], marks=pytest.mark.slow),
+        pytest.param(
+            ["generate", "--ckpt", "{ckpt}", "--prompt", "Hello", "--max-new-tokens", "2"], marks=pytest.mark.slow
+        ),
         ["status", "{run}"],
         ["eval", "loss", "--ckpt", "{ckpt}", "--data", "demo:heldout", "--seq-len", "64", "--max-batches", "1"],
         ["ckpt", "inspect", "{ckpt}"],
     ],
-    ids=lambda c: " ".join(w for w in c[:2] if not w.startswith(("-", "{"))),
+    ids=["convert", "generate", "status", "eval loss", "ckpt inspect"],
 )
 def test_commands_print_no_library_chatter(run, tmp_path, command):
     run_dir = run[0]

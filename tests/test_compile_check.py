@@ -118,7 +118,7 @@ def test_keeping_attn_context_spares_the_splash_forward(context):
     calls, recompute = {}, {}
     for remat in ("q_proj,k_proj,v_proj", "q_proj,k_proj,v_proj,attn_context"):
         overrides = [f"model.remat={remat}", f"mesh.context={context}", f"data.seq_len={128 * context}"]
-        r = compile_report(apply_overrides(get_recipe("tiny"), SMALL_TPU + overrides), topology="tpu7x:2x2x1")
+        r = compile_report(apply_overrides(get_recipe("tiny"), SMALL_TPU + overrides), topology="v5p:2x2x1")
         assert r["mesh"]["context"] == context
         calls[remat] = r["mosaic_calls"]
         recompute[remat] = r["hardware_flops_per_device"] / r["model_flops_per_device"]

@@ -226,6 +226,7 @@ def test_cli_exits_2_on_a_context_it_cannot_use():
     assert r.exit_code == 2 and "mesh.context=3 does not divide the 8 devices" in r.output
 
 
+@pytest.mark.slow  # test_context_4_trains_as_context_1_and_resumes_without_it trains packed and masked over context 4
 def test_the_tiny_demo_runs_packed_and_masked_over_a_context_axis(tmp_path):
     """The README's command: the tiny recipe on the demo corpus, packed, masked within documents,
     each 512-token sequence split over 4 devices (shortened here to 2 steps of a 2-layer model on 2

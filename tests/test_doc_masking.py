@@ -209,7 +209,7 @@ def test_config_refuses_masking_it_cannot_apply(tmp_path, overrides, match):
         small_config(tmp_path, *overrides)
 
 
-@pytest.mark.slow  # the default run trains packed and masked in test_context_parallel.py
+@pytest.mark.slow  # the default run trains packed and masked in test_context_parallel.py (context 4)
 def test_packed_training_run_with_doc_masking(tmp_path):
     """The small run on the demo corpus, packed and masked within documents, document positions."""
     args = ["data.packing=obfd", "data.doc_masking=true", "model.rope_positions=document", "trainer.max_steps=3"]
