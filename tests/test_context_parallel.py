@@ -132,7 +132,7 @@ def _mosaic_operands(lowered) -> list[int]:
 
 
 def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
-    """The masked train step with context 2 on Ironwood's 8 devices, compiled by the TPU compiler:
+    """The masked train step with context 2 on a v5p slice's 8 devices (v5p:2x2x2), compiled by the TPU compiler:
     every attention is a Mosaic kernel that takes the segment ids (two operands more than the same
     step unmasked), and the keys and values of each layer are gathered over `context` once, their
     gradients reduce-scattered once."""
@@ -145,7 +145,7 @@ def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
     lowered = {}
     for masking in ("true", "false"):
         cfg = small_config(tmp_path, *overrides, f"data.doc_masking={masking}", "mesh.fsdp=-1", "mesh.context=2")
-        mesh = make_mesh(cfg.mesh, topology_devices("tpu7x:2x2x1"))
+        mesh = make_mesh(cfg.mesh, topology_devices("v5p:2x2x2"))
         assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "context": 2, "tensor": 1}
         with jax.set_mesh(mesh):
             ids = jax.ShapeDtypeStruct((8, 256), "int32", sharding=batch_sharding(cfg, mesh))
@@ -154,7 +154,7 @@ def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
     masked, plain = _mosaic_operands(lowered["true"]), _mosaic_operands(lowered["false"])
     assert len(masked) == len(plain) >= 6 and [n - 2 for n in masked] == plain, (masked, plain)
     with jax.set_mesh(mesh):
-        text = lowered["true"].compile(compiler_options=compiler_options(chip_of_topology("tpu7x:2x2x1"))).as_text()
+        text = lowered["true"].compile(compiler_options=compiler_options(chip_of_topology("v5p:2x2x2"))).as_text()
     assert text.count(MOSAIC_CALL) >= 6  # fwd, dq and dkv of the windowed and the global layer
     ops = _collectives(text)
     # per device: 2 instances (fsdp 4), 1 kv head of 32; K and V of both layers gathered to all 256

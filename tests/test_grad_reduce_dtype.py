@@ -3,7 +3,7 @@ used in bf16) and `reduce_dtype=float32` (every gradient summed across devices i
 
 The dtype a collective moves shows only in HLO compiled for an accelerator: XLA's CPU compiler widens
 bf16 collectives to float32, whatever the program asks. So the train step here compiles, as
-compile-check does, for an 8-chip Ironwood slice that libtpu describes (no TPU needed), and the test
+compile-check does, for an 8-chip v5p slice (v5p:2x2x2) that libtpu describes (no TPU needed), and the test
 reads the compiled program's collectives. A bf16 weight-gradient dot (autodiff's, of a bf16 matmul)
 shows as bf16 reduce-scatters and all-reduces of the block weights; `olmo3.dense` makes them float32.
 """
@@ -26,7 +26,7 @@ from olmax.sharding import make_mesh
 from olmax.state import abstract_state
 from olmax.train_step import batch_sharding, make_train_step
 
-TOPOLOGY = "tpu7x:2x2x1"
+TOPOLOGY = "v5p:2x2x2"
 VOCAB = 512  # no block weight has a dimension of this size
 # 5 layers: one scanned group of 4 and one layer after the scan; every width a multiple of 128 (TPU tiles)
 MODEL = ModelConfig(
