@@ -38,6 +38,7 @@ from olmax.config import ConfigError, ExperimentConfig
 from olmax.extras import require
 from olmax.flops import exact_step_flops, recompute_flops
 from olmax.model.attention import cudnn_target, resolve_backend
+from olmax.objectives import dpo
 from olmax.remat import AUTO, AUTO_LADDER, REMAT_TAGS, remat_policy_of
 from olmax.remat_search import (
     RECORD_FILE,
@@ -171,6 +172,14 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
         batch = {"input_ids": rows, **({"doc_lens": rows} if cfg.data.doc_masking else {})}
         if cfg.data.label_masks:
             batch["label_mask"] = jax.ShapeDtypeStruct(rows.shape, "bool", sharding=rows.sharding)
+        if cfg.trainer.objective == "dpo":  # global_batch pairs of (chosen, rejected) rows
+            pairs = (cfg.trainer.global_batch, 2, cfg.data.seq_len)
+            shardings = dpo.pair_batch_shardings(mesh, rows.sharding.spec[0])
+            dtypes = {"input_ids": "int32", "response_mask": "bool", "reference_logps": "float32"}
+            batch = {
+                k: jax.ShapeDtypeStruct(pairs[: 2 if k == "reference_logps" else 3], dtypes[k], sharding=shardings[k])
+                for k in dtypes
+            }
         t0 = time.perf_counter()
         # No data is read here, so an epoch horizon (schedule.t_max_epochs) counts trainer.max_steps batches
         # per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.

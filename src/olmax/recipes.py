@@ -320,6 +320,40 @@ def _tiny() -> ExperimentConfig:
     )
 
 
+def _tiny_sft() -> ExperimentConfig:
+    # `olmax demo chat`'s SFT stage: the SFT recipes' data handling and optimizer (OBFD packing, document
+    # masks, label masks, weight decay 0, no z-loss, linear schedule with 3% warmup to 0) on the tiny model,
+    # from the tiny demo's checkpoint. A fixed step count instead of epochs: about 2 epochs of the shipped
+    # chat corpus (olmax.data.chat_corpus), which the demo tokenizes into data.paths.
+    return replace(
+        _tiny(),
+        name="tiny_sft",
+        data=DataConfig(seq_len=256, seed=34521, packing="obfd", doc_masking=True, label_masks=True),
+        optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.0, z_loss=0.0),
+        schedule=ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.03, alpha_f=0.0),
+        trainer=TrainerConfig(global_batch=8, max_steps=100, loss_chunk=16),
+        checkpoint=CheckpointConfig(every=50, keep=1),
+        eval=EvalConfig(every=0),
+    )
+
+
+def _tiny_dpo() -> ExperimentConfig:
+    # `olmax demo chat`'s DPO stage: the DPO recipes' loss (dpo_norm, beta 5), optimizer (torch AdamW
+    # defaults, weight decay 0, no skip-step) and schedule (linear, 10% warmup, to 0) on the tiny model, from
+    # the SFT stage's checkpoint; 8 pairs per step. The learning rate is the tiny model's, not AI2's.
+    return replace(
+        _tiny(),
+        name="tiny_dpo",
+        data=DataConfig(seq_len=128, seed=34521),
+        optimizer=OptimizerConfig(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
+        schedule=ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.1, alpha_f=0.0),
+        trainer=TrainerConfig(global_batch=8, max_steps=60, loss_chunk=16, objective="dpo"),
+        checkpoint=CheckpointConfig(every=30, keep=1),
+        eval=EvalConfig(every=0),
+        dpo=DPOConfig(loss_type="dpo_norm", beta=5.0),
+    )
+
+
 def _bench_small() -> ExperimentConfig:
     # The benchmark spec (docs/performance.md): plain AdamW (no skip-step; the defaults' decay mask,
     # clipping and z-loss), global batch 4 x 1024. Two micro-batches of 2 and loss_chunk 128: faster
@@ -344,6 +378,8 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "olmo3_7b_stage3": _olmo3_7b_stage3,
     "olmo3_32b_stage1": _olmo3_32b_stage1,
     "tiny": _tiny,
+    "tiny_sft": _tiny_sft,
+    "tiny_dpo": _tiny_dpo,
     "bench-small": _bench_small,
     "olmo3_32b_stage2": _olmo3_32b_stage2,
     "olmo3_32b_stage3": _olmo3_32b_stage3,

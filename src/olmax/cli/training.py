@@ -139,11 +139,22 @@ def demo_cmd(
     overrides: Optional[list[str]] = OverridesArg,
     json_out: Optional[Path] = JsonOpt,
 ):
-    """Train the tiny OLMo 3 on the embedded corpus (CPU), evaluate held-out loss, plot the curve."""
-    from olmax.demo import format_summary, run_demo
+    """Train the tiny OLMo 3 on the embedded corpus (CPU), evaluate held-out loss, plot the curve.
 
-    summary = run_demo(run_dir, overrides or [])
-    typer.echo(format_summary(summary))
+    `olmax demo chat` continues it through post-training on the shipped chat corpus: SFT, then DPO,
+    each scored on held-out prompts (olmax.demo_chat); its run dir defaults to runs/demo-chat."""
+    overrides = list(overrides or [])
+    if overrides[:1] == ["chat"]:
+        from olmax.demo_chat import format_chat_summary, run_chat_demo
+
+        chat_dir = Path("runs/demo-chat") if run_dir == Path("runs/demo") else run_dir
+        summary = run_chat_demo(chat_dir, overrides[1:])
+        typer.echo(format_chat_summary(summary))
+    else:
+        from olmax.demo import format_summary, run_demo
+
+        summary = run_demo(run_dir, overrides)
+        typer.echo(format_summary(summary))
     write_json(json_out, summary)
 
 

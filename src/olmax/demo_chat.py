@@ -1,0 +1,141 @@
+"""`olmax demo chat`: the post-training line on the tiny model, end to end on CPU.
+
+    base  the tiny demo run (`olmax demo`) on the shipped text corpus     RUN_DIR/base
+    sft   SFT on the shipped chat corpus's conversations (recipe tiny_sft) RUN_DIR/sft
+    dpo   DPO on its preference pairs, from the SFT checkpoint (tiny_dpo)  RUN_DIR/dpo
+
+The chat corpus (olmax.data.chat_corpus) is arithmetic with checkable answers, tokenized with OLMo 3's
+Instruct template into RUN_DIR/data/. After each stage the checkpoint answers the held-out prompts
+(sums it never trained on) greedily through `olmax generate --chat instruct`'s path, and an answer
+counts as solved when its `\\boxed{}` holds the right number. Every stage is an ordinary `olmax train`
+run directory, so a rerun resumes an unfinished stage and skips a finished one. Overrides apply to the
+sft and dpo stages (e.g. trainer.max_steps=10 for a quick look).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+
+from olmax.config_io import apply_overrides
+from olmax.data.chat_corpus import chat_file, read_rows
+from olmax.data.chat_files import tokenize_chat
+from olmax.data.tokenize import MANIFEST
+from olmax.demo import run_demo
+from olmax.metrics import read_metrics
+from olmax.recipes import get_recipe
+from olmax.train import train
+
+TEMPLATE = "instruct"
+MAX_NEW_TOKENS = 32  # the answers are about 20 tokens: "12 + 4 = 16. The answer is \boxed{16}."
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def _tokenized(run_dir: Path) -> dict[str, Path]:
+    """The SFT conversations and the preference pairs, tokenized once into RUN_DIR/data/."""
+    out = {}
+    for name, seq_len in (("sft", get_recipe("tiny_sft").data.seq_len), ("prefs", get_recipe("tiny_dpo").data.seq_len)):
+        target = run_dir / "data" / name
+        done = target / (MANIFEST if name == "sft" else f"rejected/{MANIFEST}")
+        if not done.is_file():
+            tokenize_chat([chat_file(name)], target, TEMPLATE, max_seq_len=seq_len)
+        out[name] = target
+    return out
+
+
+def held_out_solved(ckpt: Path) -> dict:
+    """The checkpoint's greedy answers to the held-out prompts: how many box the right number."""
+    from olmax.evals.generate import generate_text
+
+    rows = read_rows("rl_heldout")
+    report = generate_text(
+        str(ckpt), [r["messages"] for r in rows], max_new_tokens=MAX_NEW_TOKENS, chat=TEMPLATE, batch_size=len(rows)
+    )
+    answers = [BOXED.findall(r["text"]) for r in report["results"]]
+    solved = sum(bool(a) and a[-1].strip() == r["ground_truth"] for a, r in zip(answers, rows))
+    return {
+        "solved": solved,
+        "of": len(rows),
+        "formatted": sum(bool(a) for a in answers),
+        "examples": [
+            {"prompt": r["messages"][0]["content"], "answer": res["text"], "truth": r["ground_truth"]}
+            for r, res in list(zip(rows, report["results"]))[:3]
+        ],
+    }
+
+
+def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: Sequence[str], progress: bool) -> dict:
+    cfg = apply_overrides(
+        get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={init_from}", *overrides]
+    )
+    train(cfg, run_dir, progress=progress)
+    rows = read_metrics(run_dir)
+    loss = "train/CE loss" if cfg.trainer.objective == "lm" else "train/DPO loss"
+    stage = {
+        "run_dir": str(run_dir),
+        "steps": rows[-1]["step"],
+        "first_loss": rows[0][loss],
+        "last_loss": rows[-1][loss],
+        "loss_curve": [r[loss] for r in rows],
+    }
+    if cfg.trainer.objective == "dpo":
+        stage["last_accuracy"] = rows[-1]["train/rewards/accuracy"]
+        stage["last_margin"] = rows[-1]["train/rewards/margins"]
+    return stage
+
+
+def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: bool = True) -> dict:
+    run_dir = Path(run_dir)
+    base = run_demo(run_dir / "base", progress=progress)
+    data = _tokenized(run_dir)
+    summary = {"run_dir": str(run_dir), "base": {"run_dir": base["run_dir"]}}
+    summary["base"]["held_out"] = held_out_solved(run_dir / "base" / "checkpoints")
+    previous = run_dir / "base" / "checkpoints"
+    for name, recipe, path in (("sft", "tiny_sft", data["sft"]), ("dpo", "tiny_dpo", data["prefs"])):
+        summary[name] = _stage(recipe, run_dir / name, path, previous, overrides, progress)
+        previous = run_dir / name / "checkpoints"
+        summary[name]["held_out"] = held_out_solved(previous)
+    summary["plot"] = str(run_dir / "post_training.png")
+    _plot(summary, run_dir / "post_training.png")
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _plot(s: dict, path: Path) -> None:
+    fig, (sft, dpo) = plt.subplots(1, 2, figsize=(10, 4))
+    sft.plot(range(1, len(s["sft"]["loss_curve"]) + 1), s["sft"]["loss_curve"])
+    sft.set_title("SFT: CE loss on assistant tokens")
+    dpo.plot(range(1, len(s["dpo"]["loss_curve"]) + 1), s["dpo"]["loss_curve"])
+    dpo.set_title("DPO: dpo_norm loss")
+    for ax in (sft, dpo):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_chat_summary(s: dict) -> str:
+    def solved(stage):
+        h = s[stage]["held_out"]
+        return f"{h['solved']}/{h['of']} held-out sums solved ({h['formatted']} boxed an answer)"
+
+    lines = [f"base  {solved('base')}"]
+    lines.append(
+        f"sft   {s['sft']['steps']} steps, CE {s['sft']['first_loss']:.3f} -> {s['sft']['last_loss']:.3f}; {solved('sft')}"
+    )
+    lines.append(
+        f"dpo   {s['dpo']['steps']} steps, loss {s['dpo']['first_loss']:.3f} -> {s['dpo']['last_loss']:.3f}, "
+        f"accuracy {s['dpo']['last_accuracy']:.2f}; {solved('dpo')}"
+    )
+    example = s["dpo"]["held_out"]["examples"][0]
+    lines += [
+        f"e.g.  {example['prompt']!r} -> {example['answer']!r} (truth {example['truth']})",
+        f"plot  {s['plot']}",
+        f"runs  {s['run_dir']}/{{base,sft,dpo}} (olmax status, olmax generate --chat instruct --ckpt .../checkpoints)",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""`olmax demo chat` and its shipped corpus. Fast: the shipped files are exactly what
+olmax.data.chat_corpus writes, the held-out problems are not trained on, and each file is in the layout
+its stage reads. Slow: the whole demo (base, SFT, DPO) learns the answer format and some sums."""
+
+import re
+
+import pytest
+
+from olmax.data import chat_corpus
+from olmax.data.chat import check_messages
+
+
+def test_shipped_corpus_is_what_the_generator_writes():
+    for name, rows in chat_corpus.build().items():
+        assert chat_corpus.chat_file(name).read_bytes() == chat_corpus.encode(rows), name
+
+
+def test_held_out_problems_are_not_trained_on():
+    def problems(name, key):
+        return {re.search(r"\d+ [+-] \d+", row[key][0]["content"]).group(0) for row in chat_corpus.read_rows(name)}
+
+    held = problems("rl_heldout", "messages")
+    assert held == problems("sft_heldout", "messages")
+    for name, key in (("sft", "messages"), ("prefs", "chosen"), ("rl", "messages")):
+        assert not held & problems(name, key), name
+    assert 60 < len(held) < 100
+
+
+def test_rows_are_in_each_stage_layout():
+    for name in ("sft", "sft_heldout"):
+        for row in chat_corpus.read_rows(name):
+            messages = check_messages(row["messages"], name)
+            assert [m["role"] for m in messages] == ["user", "assistant"]
+    for row in chat_corpus.read_rows("prefs"):
+        assert row["chosen"][0] == row["rejected"][0] and row["chosen"][1] != row["rejected"][1]
+    for name in ("rl", "rl_heldout"):
+        for row in chat_corpus.read_rows(name):
+            assert row["dataset"] == "math" and int(row["ground_truth"]) >= 0
+            assert [m["role"] for m in row["messages"]] == ["user"]
+
+
+@pytest.mark.slow
+def test_demo_chat_learns_the_format(tmp_path, monkeypatch):
+    from olmax.demo_chat import run_chat_demo
+
+    monkeypatch.setenv("OLMAX_CACHE", str(tmp_path / "cache"))
+    s = run_chat_demo(tmp_path / "run", progress=False)
+    assert s["sft"]["last_loss"] < s["sft"]["first_loss"] / 4
+    assert s["base"]["held_out"]["formatted"] == 0
+    assert s["sft"]["held_out"]["formatted"] >= 0.9 * s["sft"]["held_out"]["of"]
+    assert s["dpo"]["last_accuracy"] > 0.5
+    assert (tmp_path / "run" / "summary.json").is_file() and (tmp_path / "run" / "post_training.png").is_file()
