@@ -69,9 +69,7 @@ def held_out_solved(ckpt: Path) -> dict:
 
 
 def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: Sequence[str], progress: bool) -> dict:
-    cfg = apply_overrides(
-        get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={init_from}", *overrides]
-    )
+    cfg = apply_overrides(get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={init_from}", *overrides])
     train(cfg, run_dir, progress=progress)
     rows = read_metrics(run_dir)
     loss = "train/CE loss" if cfg.trainer.objective == "lm" else "train/DPO loss"
@@ -125,9 +123,8 @@ def format_chat_summary(s: dict) -> str:
         return f"{h['solved']}/{h['of']} held-out sums solved ({h['formatted']} boxed an answer)"
 
     lines = [f"base  {solved('base')}"]
-    lines.append(
-        f"sft   {s['sft']['steps']} steps, CE {s['sft']['first_loss']:.3f} -> {s['sft']['last_loss']:.3f}; {solved('sft')}"
-    )
+    sft = s["sft"]
+    lines.append(f"sft   {sft['steps']} steps, CE {sft['first_loss']:.3f} -> {sft['last_loss']:.3f}; {solved('sft')}")
     lines.append(
         f"dpo   {s['dpo']['steps']} steps, loss {s['dpo']['first_loss']:.3f} -> {s['dpo']['last_loss']:.3f}, "
         f"accuracy {s['dpo']['last_accuracy']:.2f}; {solved('dpo')}"
