@@ -44,10 +44,10 @@ from olmax.data.tokenizer import Encoder, TokenizerError, load_tokenizer
 TOKENS = TOKEN_PART_PREFIX + "{:04d}.npy"
 METADATA = TOKEN_PART_PREFIX + "{:04d}.csv.gz"
 MASKS = MASK_PART_PREFIX + "{:04d}.npy"
-_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
+CHAT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 
 
-def _rows(path: Path) -> Iterator[tuple[int, dict]]:
+def chat_rows(path: Path) -> Iterator[tuple[int, dict]]:
     """(1-based row number, row) of a JSONL or Parquet file."""
     if path.name.endswith(".parquet"):
         from olmax.extras import require
@@ -141,8 +141,8 @@ def tokenize_chat(
     for p in paths:
         if not p.is_file():
             raise TokenizeError(f"input {p} does not exist")
-        if not p.name.endswith(_SUFFIXES):
-            raise TokenizeError(f"input {p}: unsupported file type for --chat (expected {', '.join(_SUFFIXES)})")
+        if not p.name.endswith(CHAT_SUFFIXES):
+            raise TokenizeError(f"input {p}: unsupported file type for --chat (expected {', '.join(CHAT_SUFFIXES)})")
     if max_seq_len is not None and max_seq_len <= 0:
         raise TokenizeError(f"--max-seq-len must be positive, got {max_seq_len}")
     try:
@@ -161,7 +161,7 @@ def tokenize_chat(
     writers: dict[str, _PartWriter] = {}
     kind: Optional[str] = None
     for path in paths:
-        for n, row in _rows(path):
+        for n, row in chat_rows(path):
             counts["rows"] += 1
             row_kind = "preference" if isinstance(row, dict) and "chosen" in row else "sft"
             if kind is None:
