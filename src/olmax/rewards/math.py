@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import signal
 import threading
+from math import isfinite
 
 NAME = "math"
 
@@ -244,6 +245,22 @@ class _Alarm:
             signal.signal(signal.SIGALRM, self.previous)
 
 
+def _clearly_nonzero(diff) -> bool:
+    """Whether `diff` is far from 0 at one point (each free symbol set to its own rational number). If so
+    it is not identically 0, and simplify, which keeps an expression's value, cannot return 0 for it: the
+    answer upstream's simplify would give, found without simplify (the costly step: a wrong answer or a
+    sentence parsed as a product of 30 symbols takes 0.05-0.3 s to simplify, the evaluation about 1 ms).
+    Any doubt (no number comes out, a pole, an evaluation error) is False, and simplify decides."""
+    import sympy
+
+    try:
+        point = {s: sympy.Rational(101 + 37 * i, 59 + 11 * i) for i, s in enumerate(sorted(diff.free_symbols, key=str))}
+        value = complex(sympy.N(diff.subs(point), 30))
+    except Exception:
+        return False
+    return all(isfinite(part) for part in (value.real, value.imag)) and abs(value) > 1e-9
+
+
 def sympy_equal(a: str, b: str, seconds: int = SYMPY_SECONDS) -> bool:
     """Whether sympy simplifies parse(a) - parse(b) to 0; False on any parse or algebra failure and on the
     time limit, as upstream."""
@@ -252,7 +269,10 @@ def sympy_equal(a: str, b: str, seconds: int = SYMPY_SECONDS) -> bool:
 
     try:
         with _Alarm(seconds):
-            return bool(sympy.simplify(parse_latex(a) - parse_latex(b)) == 0)
+            diff = parse_latex(a) - parse_latex(b)
+            if _clearly_nonzero(diff):
+                return False
+            return bool(sympy.simplify(diff) == 0)
     except ImportError:
         raise  # a missing antlr4 runtime must not read as "wrong answer"
     except Exception:
