@@ -21,7 +21,7 @@ import pytest
 
 from olmax import rewards
 from olmax.extras import MissingExtra
-from olmax.rewards import code, ifeval
+from olmax.rewards import code, ifeval, ifeval_extra
 from olmax.rewards import math as math_verifier
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rewards_math.jsonl"
@@ -148,9 +148,64 @@ def test_ifeval_thinking_is_removed():
     assert ifeval.remove_thinking("no tags at all") == "no tags at all"
 
 
+# IFEvalG's additions (olmax.rewards.ifeval_extra), each with an answer that passes and one that fails,
+# hand-checked against upstream's classes (open-instruct 42aa63c `open_instruct/IFEvalG/instructions.py`);
+# a local run of those classes on 2,995 (constraint, kwargs, answer) triples agreed on every one, and on
+# these cases but for `n_start: 0`, which upstream treats as missing and redraws at random
+IFEVALG_CASES = [
+    ("copy:repeat_phrase", {"phrase": "the red fox runs", "small_n": 2},
+     "the big fox runs and the red cat runs", "the red fox runs and the red fox runs"),
+    ("copy:copy", {"prompt_to_repeat": "Say hi"}, " say HI ", "hi"),
+    ("new:copy_span_idx", {"prompt_to_repeat": "hello world", "n_start": 0, "n_end": 5}, "Hello", "hello world"),
+    ("detectable_format:sentence_hyphens", {}, "One.-Two.", "One. - Two."),
+    ("keywords:no_adjacent_consecutive", {}, "apple cherry", "apple banana"),
+    ("detectable_format:square_brackets", {}, "[a] [b]", "[a] b"),
+    ("keywords:word_once", {"keyword": "fox"}, "a fox", "fox FOX"),
+    ("keywords:word_count_different_numbers", {"keyword": "a", "frequency": 2, "relation": "at least"}, "a a", "a"),
+    ("keywords:exclude_word_harder", {"keyword": "is"}, "this island is", "it is here"),
+    ("paragraphs:paragraphs", {}, "one *** two ***", "one *** *** two"),
+    ("paragraphs:paragraphs2", {}, "one\n\ntwo", "one\ntwo"),
+    ("first_word:first_word_sent", {"first_word": ["so"]}, "So it is. So it goes.", "So it is. It goes."),
+    ("first_word:first_word_answer", {"first_word": "yes"}, "Yes sure", "Sure yes"),
+    ("last_word:last_word_sent", {"last_word": "now"}, "Go now. Stop now!", "Go now. Stop."),
+    ("last_word:last_word_answer", {"last_word": "end"}, "the END.", "end of it"),
+    ("detectable_format:bigram_wrapping", {}, "<<I am>> <<at home>>", "<<I am>> at home"),
+    ("copy:copying_simple", {"prompt_to_repeat": "Echo"}, "echo", "echo echo"),
+    ("copy:copying_multiple", {"prompt_to_repeat": "Echo", "N": 2}, "echo ****** Echo", "echo"),
+    ("punctuation:punctuation_dot", {}, "no dots", "a dot."),
+    ("punctuation:punctuation_exclamation", {}, "calm", "wow!"),
+    ("count:lowercase_counting", {"N": 2}, "Only two words", "three small words"),
+    ("letters:letter_counting", {"N": 3, "relation": "less than"}, "ab", "abc"),
+    ("letters:letter_counting2", {"letter": "e", "let_frequency": 2, "let_relation": "at least"}, "eE", "e"),
+    ("count:count_increment_word", {"keyword1": "cat", "keyword2": "dog"}, "cat dog dog", "cat dog"),
+    ("keywords:palindrome", {}, "a racecar", "no such"),
+    ("count:counting_composition", {"n_sent": 1, "n_words": 4},
+     "I am here. *** You are there. *** We are everywhere.", "I am here. *** You are there."),
+    ("count:count_unique", {}, "each word once", "the the"),
+    ("keywords:keyword_specific_position", {"keyword": "love", "n": 2, "m": 2}, "Hi. I love it.", "I love it."),
+    ("keywords:start_end", {}, "Fine all is fine", "Fine all is well"),
+]  # fmt: skip
+
+
+def test_ifevalg_additions(monkeypatch):
+    # four of them tokenize words with NLTK, whose punkt_tab data this machine may lack (lm-eval tries to
+    # download it); Treebank's tokenizer is what word_tokenize applies within a sentence
+    from lm_eval.tasks.ifeval import instructions_util
+    from nltk.tokenize import TreebankWordTokenizer
+
+    monkeypatch.setattr(instructions_util.nltk, "word_tokenize", TreebankWordTokenizer().tokenize)
+    assert {case[0] for case in IFEVALG_CASES} == set(ifeval_extra.CHECKS)
+    for instruction_id, kwargs, passes, fails in IFEVALG_CASES:
+        truth = [{"instruction_id": [instruction_id, "punctuation:no_comma"], "kwargs": [kwargs, None]}]
+        assert ifeval.verify(passes, truth) == 1.0, instruction_id
+        assert ifeval.verify(fails, truth) == 0.5, instruction_id
+    with pytest.raises(ValueError, match="keyword"):
+        ifeval_extra.word_once("fox")  # upstream would draw a random keyword
+
+
 def test_ifeval_unknown_constraint_is_an_error_not_a_partial_score():
-    truth = "[{'instruction_id': ['punctuation:no_comma', 'count:count_unique'], 'kwargs': [None, None]}]"
-    with pytest.raises(ifeval.UnknownConstraint, match="IFEvalG"):
+    truth = "[{'instruction_id': ['punctuation:no_comma', 'count:no_such'], 'kwargs': [None, None]}]"
+    with pytest.raises(ifeval.UnknownConstraint, match="known: change_case"):
         ifeval.verify("hello", truth)
     assert rewards.score("ifeval", "hello", truth, timeout=None) == (0.0, "error")
 

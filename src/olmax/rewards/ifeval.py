@@ -10,11 +10,12 @@ RL)), re-written here:
 - each constraint is built with its kwargs (those whose value is None left out) and checked on the
   answer; the score is the number satisfied over the number of constraints.
 
-The checkers are lm-eval 0.4.13's (`lm_eval.tasks.ifeval.instructions_registry`, the `eval` extra): the
-25 constraints of Google's IFEval. open-instruct checks with its own copy, `open_instruct/IFEvalG`, which
-holds those 25 and about 40 more written for RL data (`count:`, `copy:`, `first_word:`, ...); a ground
-truth naming one of those raises `UnknownConstraint` (the safe `score` counts it as "error"), so that a
-reward is never silently computed from part of the constraints.
+The checkers are lm-eval 0.4.13's (`lm_eval.tasks.ifeval.instructions_registry`, the `eval` extra) for
+the 25 constraints of Google's IFEval: open-instruct checks with its own copy, `open_instruct/IFEvalG`,
+whose 25 shared checkers build and check as lm-eval's do (compared by AST at 42aa63c). The 29 that
+IFEvalG added for RL data (`count:`, `copy:`, `first_word:`, ...) are `olmax.rewards.ifeval_extra`. An
+id in neither raises `UnknownConstraint` (the safe `score` counts it as "error"), so that a reward is
+never silently computed from part of the constraints.
 
 The ground truth, as open-instruct stores it in the `ground_truth` column: a string holding a Python
 literal list whose first item is a dict (or a JSON string of one) with `instruction_id` (a list of ids)
@@ -29,6 +30,7 @@ import ast
 import json
 
 from olmax.extras import require
+from olmax.rewards import ifeval_extra
 
 NAME = "ifeval"
 
@@ -66,13 +68,13 @@ def parse_ground_truth(ground_truth) -> tuple[list[str], list[dict]]:
 
 
 def check(answer: str, instruction_id: str, kwargs: dict) -> bool:
-    """Whether `answer` satisfies one constraint, by lm-eval's checker."""
+    """Whether `answer` satisfies one constraint: by lm-eval's checker, else by IFEvalG's additions."""
     checkers = registry()
     if instruction_id not in checkers:
-        raise UnknownConstraint(
-            f"IFEval constraint {instruction_id!r} is not in lm-eval's registry (it is one of open-instruct's "
-            f"IFEvalG additions); known: {', '.join(sorted(checkers))}"
-        )
+        if instruction_id in ifeval_extra.CHECKS:
+            return bool(ifeval_extra.CHECKS[instruction_id](answer, **kwargs))
+        known = sorted(checkers) + sorted(ifeval_extra.CHECKS)
+        raise UnknownConstraint(f"unknown IFEval constraint {instruction_id!r}; known: {', '.join(known)}")
     checker = checkers[instruction_id](instruction_id)
     checker.build_description(**kwargs)
     return bool(checker.check_following(answer))
