@@ -46,6 +46,7 @@ BUILTINS = {
 
 OK, TIMEOUT, ERROR, INVALID = "ok", "timeout", "error", "invalid"
 STATUSES = (OK, TIMEOUT, ERROR, INVALID)
+WARM_SECONDS = 120.0  # the bound on loading a verifier in a fresh worker (imports), apart from the call's
 
 Verifier = Callable[..., float]
 
@@ -102,22 +103,43 @@ def call(fn: Verifier | str, response: str, ground_truth, options: dict | None =
     return (0.0, INVALID) if checked is None else (checked, OK)
 
 
+def warm(fn: Verifier | str) -> None:
+    """Pay a verifier's start-up here: its module's imports, and its `warm()` when it has one (math parses
+    once, building the LaTeX parser's tables; ifeval imports lm-eval's checkers, ~3 s)."""
+    fn = verifier(fn) if isinstance(fn, str) else fn
+    module = importlib.import_module(getattr(fn, "__module__", None) or __name__)
+    if callable(getattr(module, "warm", None)):
+        module.warm()
+
+
 def _serve(conn) -> None:
-    # the worker: one request at a time, until the pipe closes
+    # the worker: one request at a time, until the pipe closes; ("warm", target) loads a verifier
     while True:
         try:
             request = conn.recv()
         except (EOFError, OSError):
             return
-        conn.send(call(*request))
+        if request[0] == "warm":
+            try:
+                warm(request[1])
+                conn.send((1.0, OK))
+            except Exception:
+                conn.send((0.0, ERROR))
+            continue
+        conn.send(call(*request[1:]))
 
 
 class _Worker:
-    """One spawned process that runs verifiers (spawn, not fork: the caller may hold JAX's threads)."""
+    """One spawned process that runs verifiers (spawn, not fork: the caller may hold JAX's threads).
+
+    Each verifier is warmed in a fresh worker before its first call, under WARM_SECONDS, so that a call's
+    own timeout measures the verification, not the imports (lm-eval's IFEval checkers import in ~3 s: with
+    a 2 s timeout every call would otherwise kill the worker before it finished loading)."""
 
     def __init__(self):
         self.process = None
         self.conn = None
+        self.warmed = set()
         self.lock = threading.Lock()
 
     def _start(self):
@@ -133,26 +155,36 @@ class _Worker:
             self.process.join()
             self.conn.close()
         self.process = self.conn = None
+        self.warmed = set()
 
-    def run(self, request, timeout: float) -> tuple[float, str]:
+    def _ask(self, request, timeout: float) -> tuple[float, str]:
+        try:
+            self.conn.send(request)
+            if not self.conn.poll(timeout):
+                self.stop()  # the only way to stop a hung verifier
+                return 0.0, TIMEOUT
+            return self.conn.recv()
+        except (EOFError, OSError):
+            # the worker died mid-call (a crash in C code, os._exit, the OOM killer)
+            self.stop()
+            return 0.0, ERROR
+        except Exception:
+            # the request or the reply did not pickle
+            self.stop()
+            return 0.0, ERROR
+
+    def run(self, target, args: tuple, timeout: float) -> tuple[float, str]:
         with self.lock:
             if self.process is None or not self.process.is_alive():
                 self.stop()
                 self._start()
-            try:
-                self.conn.send(request)
-                if not self.conn.poll(timeout):
-                    self.stop()  # the only way to stop a hung verifier
-                    return 0.0, TIMEOUT
-                return self.conn.recv()
-            except (EOFError, OSError, BrokenPipeError):
-                # the worker died mid-call (a crash in C code, os._exit, the OOM killer)
-                self.stop()
-                return 0.0, ERROR
-            except Exception:
-                # the request or the reply did not pickle
-                self.stop()
-                return 0.0, ERROR
+            key = target if isinstance(target, str) else id(target)
+            if key not in self.warmed:
+                result = self._ask(("warm", target), WARM_SECONDS)
+                if result[1] != OK:
+                    return 0.0, result[1] if result[1] == TIMEOUT else ERROR
+                self.warmed.add(key)
+            return self._ask(("call", target, *args), timeout)
 
 
 _worker = _Worker()
@@ -170,7 +202,7 @@ def score(
         verifier(name)  # an unknown name fails here, loudly
     if timeout is None:
         return call(name, response, ground_truth, options)
-    return _worker.run((name, response, ground_truth, options), timeout)
+    return _worker.run(name, (response, ground_truth, options), timeout)
 
 
 def shutdown() -> None:

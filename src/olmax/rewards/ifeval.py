@@ -45,6 +45,11 @@ def registry() -> dict:
     return module.INSTRUCTION_DICT
 
 
+def warm() -> None:
+    """Import lm-eval's checkers (~3 s: lm-eval's task package and NLTK)."""
+    registry()
+
+
 def remove_thinking(response: str) -> str:
     """The answer part of a response (open-instruct's `remove_thinking_section`)."""
     answer = response.replace("<|assistant|>", "").strip().split("</think>")[-1]
