@@ -79,10 +79,16 @@ def test_math_agrees_with_math_verify_except_the_explained():
     assert 1 - len(disagree) / len(cases) >= MATH_VERIFY_AGREEMENT
 
 
-def test_math_list_ground_truth_and_equivalence():
-    assert math_verifier.verify("so \\boxed{\\dfrac{6}{8}}", ["0.5", "\\frac{3}{4}"]) == 1.0
+def test_math_equivalence_and_a_rows_reward():
+    assert math_verifier.verify("so \\boxed{\\dfrac{6}{8}}", "\\frac{3}{4}") == 1.0
     assert math_verifier.verify("so \\boxed{x^2-1}", "(x-1)(x+1)") == 1.0
     assert math_verifier.verify("so \\boxed{x^2+1}", "(x-1)(x+1)") == 0.0
+    # a Dolci row: lists of verifier names and ground truths, paired; 10 x the sum of the scores
+    total, parts = rewards.reward(["math", "MATH"], ["2", "3"], "\\boxed{2}", timeout=None)
+    assert (total, parts) == (10.0, [("math", 1.0, "ok"), ("MATH", 0.0, "ok")])
+    assert rewards.reward("math", "2", "\\boxed{2}", timeout=None)[0] == 10.0
+    with pytest.raises(ValueError, match="2 verifier names but 1"):
+        rewards.reward(["math", "math"], ["2"], "\\boxed{2}", timeout=None)
 
 
 # --- ifeval -----------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ in the caller's process (no bound on time, for tests and trusted verifiers).
 
 The reward the RL loop adds is `REWARD_SCALE * score`: open-instruct's `--verification_reward`, 10.0 by
 default in `open_instruct/grpo_fast.py` (42aa63c and 9ade62d), and the OLMo 3 scripts leave it there.
+`reward(datasets, ground_truths, response)` is that sum over a row's (verifier, ground truth) pairs.
 """
 
 from __future__ import annotations
@@ -203,6 +204,32 @@ def score(
     if timeout is None:
         return call(name, response, ground_truth, options)
     return _worker.run(name, (response, ground_truth, options), timeout)
+
+
+def reward(
+    datasets: str | list[str],
+    ground_truths,
+    response: str,
+    timeout: float | None = 30.0,
+    options: dict[str, dict] | None = None,
+) -> tuple[float, list[tuple[str, float, str]]]:
+    """One response's reward from its row, as open-instruct's `apply_verifiable_reward`
+    (`open_instruct/model_utils.py`, 42aa63c): a row's `dataset` and `ground_truth` are a string each or
+    two lists of one length (the Dolci-*-RL sets store lists), paired item by item; the reward is
+    REWARD_SCALE x the sum of the pairs' scores (every built-in's weight is 1). Returns (reward,
+    [(name, score, status) per pair]). `options` maps a verifier name to its keyword arguments. Unlike
+    upstream, which logs and skips a pair whose verifier it does not know, an unknown name raises."""
+    names = [datasets] if isinstance(datasets, str) else list(datasets)
+    truths = [ground_truths] if isinstance(ground_truths, str) else list(ground_truths)
+    if len(names) != len(truths):
+        raise ValueError(f"{len(names)} verifier names but {len(truths)} ground truths")
+    for name in names:
+        verifier(name)  # every name known before any verifier runs
+    parts = []
+    for name, truth in zip(names, truths):
+        value, status = score(name, response, truth, timeout, (options or {}).get(name.lower()))
+        parts.append((name, value, status))
+    return REWARD_SCALE * sum(value for _, value, _ in parts), parts
 
 
 def shutdown() -> None:
