@@ -236,6 +236,9 @@ def test_code_pass_fail_and_threshold():
     assert code.verify(PROGRAM, tests[:3] + ["assert add(2, 2) == 5"]) == 0.0
     assert code.reward(["pass"] * 99 + ["fail"]) == 0.99
     assert code.verify("```python\ndef add(a, b):\n    return a - b\n```", tests) == 0.0
+    # upstream's refusals (not run at all) and guard (exit() disabled): both fail the test
+    assert code.run_tests("import os\ndef add(a, b):\n    return a + b", tests[:1]) == ["fail"]
+    assert code.run_tests("def add(a, b):\n    exit()", tests[:1]) == ["fail"]
     # the last block is the program
     assert code.extract_program("```python\nx = 1\n```\ntext\n```\ny = 2\n```") == "y = 2"
 

