@@ -135,18 +135,20 @@ IFEVAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("response, truth, expected", IFEVAL_CASES)
-def test_ifeval_equals_lm_eval_checkers(response, truth, expected):
+def test_ifeval_equals_lm_eval_checkers():
+    # one test, not one per case: the first call imports lm-eval and NLTK (~3 s), which xdist would pay
+    # once per worker that runs a case
     registry = ifeval.registry()
-    ids, kwargs = ifeval.parse_ground_truth(truth)
-    answer = ifeval.remove_thinking(response)
-    reference = []
-    for instruction_id, kw in zip(ids, kwargs):
-        checker = registry[instruction_id](instruction_id)
-        checker.build_description(**kw)
-        reference.append(bool(answer) and checker.check_following(answer))
-    assert ifeval.verify(response, truth) == pytest.approx(sum(reference) / len(reference))
-    assert ifeval.verify(response, truth) == pytest.approx(expected)
+    for response, truth, expected in IFEVAL_CASES:
+        ids, kwargs = ifeval.parse_ground_truth(truth)
+        answer = ifeval.remove_thinking(response)
+        reference = []
+        for instruction_id, kw in zip(ids, kwargs):
+            checker = registry[instruction_id](instruction_id)
+            checker.build_description(**kw)
+            reference.append(bool(answer) and checker.check_following(answer))
+        assert ifeval.verify(response, truth) == pytest.approx(sum(reference) / len(reference)), response
+        assert ifeval.verify(response, truth) == pytest.approx(expected), response
 
 
 def test_ifeval_thinking_is_removed():
