@@ -249,6 +249,8 @@ def test_code_stdio():
     program = "```python\nn = int(input())\nprint(n * 2)\n```"
     assert code.verify_stdio(program, [{"input": "3\n", "output": "6\n"}, {"input": "5", "output": "10"}]) == 1.0
     assert code.verify_stdio(program, [{"input": "3", "output": "7"}]) == 0.0
+    halves = "```python\nprint('  0.50 ', 2)\n```"  # numbers compare as Decimals, lines stripped
+    assert code.verify_stdio(halves, [{"input": "", "output": "0.5 2.0\n"}]) == 1.0
 
 
 def test_code_infinite_loop_is_a_timeout_within_the_limit():

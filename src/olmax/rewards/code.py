@@ -8,8 +8,8 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
   when there is none;
 - `code` tests are Python statements (asserts) run after the program; `code_stdio` tests are
   `{"input": ..., "output": ...}` pairs: the program runs with the input on stdin and passes when its
-  output matches (compared line by line, trailing whitespace ignored; upstream's LiveCodeBench grader
-  also accepts equal floats written differently, which this one does not);
+  output matches as upstream's LiveCodeBench grader (`code_utils/testing_util.py`) compares: the same
+  number of lines, each stripped, equal as text or as lists of Decimals;
 - each test runs in its own process, forked after the program ran (upstream re-runs the program in a
   fresh process per test: the same isolation of one test from another, without re-running the program),
   bounded by `seconds` (OLMo 3's scripts: `--code_max_execution_time 6`);
@@ -85,6 +85,7 @@ def parse_tests(ground_truth) -> list:
 # still forge them: see "Isolation" above).
 _CHILD = r"""
 import io, json, os, resource, signal, sys, time
+from decimal import Decimal
 job = json.loads(sys.stdin.read())
 report = os.dup(1)
 null = os.open(os.devnull, os.O_RDWR)
@@ -147,7 +148,21 @@ def run(source, namespace, stdin=None):
     return code, out.getvalue()
 
 def lines(text):
-    return [line.rstrip() for line in str(text).strip().splitlines()]
+    return [line.strip() for line in str(text).strip().split("\n")]
+
+def same_output(got, want):
+    # line by line, each stripped; a line that differs as text may still hold the same numbers
+    got, want = lines(got), lines(want)
+    if len(got) != len(want):
+        return False
+    for a, b in zip(got, want):
+        if a != b:
+            try:
+                if [Decimal(x) for x in a.split()] != [Decimal(x) for x in b.split()]:
+                    return False
+            except Exception:
+                return False
+    return True
 
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 status = 0
@@ -161,7 +176,7 @@ for index, test in enumerate(job["tests"]):
     if pid == 0:
         if job["stdio"]:
             code, out = run(job["program"], dict(namespace), stdin=str(test["input"]))
-            if code == 0 and lines(out) != lines(test["output"]):
+            if code == 0 and not same_output(out, test["output"]):
                 code = 1
         else:
             code, _ = run(test, namespace)
