@@ -26,7 +26,7 @@ def test_prompts_are_the_rendered_generation_prompt():
     first = got.prompts[0]
     assert first.ids == tuple(tok.encode(render("think", rows[0]["messages"], eos, add_generation_prompt=True)))
     assert tok.decode(list(first.ids)).endswith("<|im_start|>assistant\n<think>")
-    assert (first.ground_truth, first.verifier) == (rows[0]["ground_truth"], "math")
+    assert (first.ground_truths, first.verifiers) == ((rows[0]["ground_truth"],), ("math",))
 
 
 def test_unusable_rows_are_counted_and_malformed_rows_named(tmp_path):
@@ -36,14 +36,17 @@ def test_unusable_rows_are_counted_and_malformed_rows_named(tmp_path):
         {"messages": user, "ground_truth": "2", "dataset": "math"},
         {"messages": user, "ground_truth": "", "dataset": "math"},
         {"messages": long, "ground_truth": "2", "dataset": "math"},
-        {"messages": user, "ground_truth": ["case 1", "case 2"], "dataset": "code"},
+        {"messages": user, "ground_truth": ["2", '{"func_name": "x"}'], "dataset": ["math", "ifeval"]},
     ]
     got = read_prompts([_write(tmp_path / "p.jsonl", rows)], "instruct", max_prompt_len=100)
-    assert [p.verifier for p in got.prompts] == ["math", "code"]
-    assert got.prompts[1].ground_truth == '["case 1", "case 2"]'
+    assert [p.verifiers for p in got.prompts] == [("math",), ("math", "ifeval")]
+    assert got.prompts[1].ground_truths == ("2", '{"func_name": "x"}')
     assert got.skipped == {"no_ground_truth": 1, "too_long": 1}
     bad = _write(tmp_path / "bad.jsonl", [rows[0], {"messages": user, "ground_truth": "2"}])
     with pytest.raises(TokenizeError, match=r"bad.jsonl:2: no `dataset`"):
         read_prompts([bad], "instruct", 100)
+    unpaired = _write(tmp_path / "unpaired.jsonl", [{"messages": user, "ground_truth": ["2"], "dataset": ["a", "b"]}])
+    with pytest.raises(TokenizeError, match=r"unpaired.jsonl:1: 2 verifier names \(`dataset`\) but 1 ground truths"):
+        read_prompts([unpaired], "instruct", 100)
     with pytest.raises(TokenizeError, match="does not exist"):
         read_prompts([tmp_path / "missing.jsonl"], "instruct", 100)

@@ -7,7 +7,8 @@
 The chat corpus (olmax.data.chat_corpus) is arithmetic with checkable answers, tokenized with OLMo 3's
 Instruct template into RUN_DIR/data/. After each stage the checkpoint answers the held-out prompts
 (sums it never trained on) greedily through `olmax generate --chat instruct`'s path, and an answer
-counts as solved when its `\\boxed{}` holds the right number. Every stage is an ordinary `olmax train`
+counts as solved when the math verifier RL uses (olmax.rewards.math: the last `\\boxed{}`, compared
+by sympy) scores it 1. Every stage is an ordinary `olmax train`
 run directory, so a rerun resumes an unfinished stage and skips a finished one. Overrides apply to the
 sft and dpo stages (e.g. trainer.max_steps=10 for a quick look).
 """
@@ -15,12 +16,12 @@ sft and dpo stages (e.g. trainer.max_steps=10 for a quick look).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Sequence
 
 import matplotlib.pyplot as plt
 
+from olmax import rewards
 from olmax.config_io import apply_overrides
 from olmax.data.chat_corpus import chat_file, read_rows
 from olmax.data.chat_files import tokenize_chat
@@ -32,7 +33,6 @@ from olmax.train import train
 
 TEMPLATE = "instruct"
 MAX_NEW_TOKENS = 32  # the answers are about 20 tokens: "12 + 4 = 16. The answer is \boxed{16}."
-BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def _tokenized(run_dir: Path) -> dict[str, Path]:
@@ -55,12 +55,12 @@ def held_out_solved(ckpt: Path) -> dict:
     report = generate_text(
         str(ckpt), [r["messages"] for r in rows], max_new_tokens=MAX_NEW_TOKENS, chat=TEMPLATE, batch_size=len(rows)
     )
-    answers = [BOXED.findall(r["text"]) for r in report["results"]]
-    solved = sum(bool(a) and a[-1].strip() == r["ground_truth"] for a, r in zip(answers, rows))
+    texts = [r["text"] for r in report["results"]]
+    solved = sum(rewards.score("math", t, r["ground_truth"])[0] == 1.0 for t, r in zip(texts, rows))
     return {
         "solved": solved,
         "of": len(rows),
-        "formatted": sum(bool(a) for a in answers),
+        "formatted": sum("\\boxed{" in t for t in texts),
         "examples": [
             {"prompt": r["messages"][0]["content"], "answer": res["text"], "truth": r["ground_truth"]}
             for r, res in list(zip(rows, report["results"]))[:3]

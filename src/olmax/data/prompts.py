@@ -2,21 +2,21 @@
 
 A row is {"messages": [...], "ground_truth": ..., "dataset": "math" | "ifeval" | ...}: the conversation
 so far, what the verifier checks the answer against, and the verifier's name (open-instruct's RL
-datasets; its `rlvr_tokenize_v1` renders `messages` with the generation prompt). JSONL (.gz, .zst) or
-Parquet, as `olmax tokenize --chat` reads them.
+datasets; its `rlvr_tokenize_v1` renders `messages` with the generation prompt). `dataset` and
+`ground_truth` may also be two lists of one length, paired item by item (the Dolci-*-RL sets store
+them so; olmax.rewards.reward sums the pairs). JSONL (.gz, .zst) or Parquet, as `olmax tokenize --chat`
+reads them.
 
 Each prompt is rendered with the chat template and its generation prompt (Think's ends with
 `<think>`), tokenized, and kept as (ids, ground truth, verifier). Rows that cannot be trained on are
 skipped and counted, never silently: no ground truth (`no_ground_truth`), longer than the prompt limit
 (`too_long`; open-instruct drops these too, `rlvr_max_length_filter_v1`). A row that is not a
-conversation or names no verifier is an error naming the file and row: the data is malformed, not
-merely unusable. A ground truth that is not a string (a list of test cases, a constraint dict) is
-kept as its JSON text, which is how open-instruct's datasets store them.
+conversation, names no verifier or pairs names and ground truths of different lengths is an error
+naming the file and row: the data is malformed, not merely unusable.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +31,8 @@ from olmax.data.tokenizer import load_tokenizer
 @dataclass(frozen=True)
 class Prompt:
     ids: tuple[int, ...]  # the rendered conversation with the generation prompt
-    ground_truth: str
-    verifier: str  # the row's `dataset`
+    verifiers: tuple[str, ...]  # the row's `dataset`, as a tuple
+    ground_truths: tuple  # the row's `ground_truth`, paired with `verifiers`
     source: str  # "file:row", for messages
 
 
@@ -43,7 +43,7 @@ class PromptSet:
     template: str
 
     def verifiers(self) -> set[str]:
-        return {p.verifier for p in self.prompts}
+        return {name for p in self.prompts for name in p.verifiers}
 
 
 def read_prompts(
@@ -69,19 +69,27 @@ def read_prompts(
                 messages = check_messages(row.get("messages"), f"{where} messages")
             except ChatError as e:
                 raise TokenizeError(str(e)) from None
-            verifier = row.get("dataset")
-            if not isinstance(verifier, str) or not verifier:
-                raise TokenizeError(f'{where}: no `dataset` naming the row\'s verifier (e.g. "math")')
-            truth = row.get("ground_truth")
-            if truth is None or truth == "" or truth == []:
+            names = _as_tuple(row.get("dataset"))
+            if not names or not all(isinstance(x, str) and x for x in names):
+                raise TokenizeError(f"{where}: no `dataset` naming the row's verifier (e.g. 'math')")
+            truths = _as_tuple(row.get("ground_truth"))
+            if not truths or any(t is None or t == "" for t in truths):
                 skipped["no_ground_truth"] += 1
                 continue
+            if len(truths) != len(names):
+                raise TokenizeError(f"{where}: {len(names)} verifier names (`dataset`) but {len(truths)} ground truths")
             ids = tok.encode(render(template, messages, eos, add_generation_prompt=True))
             if len(ids) > max_prompt_len:
                 skipped["too_long"] += 1
                 continue
-            text = truth if isinstance(truth, str) else json.dumps(truth, sort_keys=True)
-            prompts.append(Prompt(tuple(ids), text, verifier, where))
+            prompts.append(Prompt(tuple(ids), names, truths, where))
     if not prompts:
         raise TokenizeError(f"no trainable prompt in {', '.join(map(str, paths))} (skipped: {dict(skipped)})")
     return PromptSet(tuple(prompts), dict(skipped), template)
+
+
+def _as_tuple(value) -> tuple:
+    """A row's `dataset` or `ground_truth`: one value, or a list paired item by item."""
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
