@@ -9,9 +9,9 @@ import pytest
 from models import random_params
 
 from olmax.config import ModelConfig
+from olmax.model.olmo3 import forward
 from olmax.rollout.sampler import Sampling, generate, generate_in_batches
 from olmax.rollout.text import read_prompts
-from olmax.model.olmo3 import forward
 
 CFG = ModelConfig(
     vocab_size=300,

@@ -167,6 +167,7 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
             jnp.zeros((rows,), jnp.int32),
             jnp.full((rows, stops.shape[1]), _EMPTY, jnp.int32),
         )
+
         # one choice in the program, in the loop: each iteration chooses token t from the logits it
         # carries, then runs it through the model for the next (the last such pass is not needed, but
         # a second copy of the choice, for the prefill's logits, would cost more to compile than it saves)
@@ -196,7 +197,9 @@ def _compiled(cfg: ModelConfig, n: int, steps: int, sample: bool, mesh=None, row
         return jax.jit(run)
     from olmax.state import param_shardings
 
-    batch = lambda *shape: NamedSharding(mesh, logical_to_spec(("batch",) + ("head_dim",) * (len(shape) - 1), shape, mesh))
+    def batch(*shape):  # the leading axis over the batch axes, the rest replicated
+        return NamedSharding(mesh, logical_to_spec(("batch",) + ("head_dim",) * (len(shape) - 1), shape, mesh))
+
     rep = NamedSharding(mesh, PartitionSpec())
     p = rows // n
     ins = (param_shardings(cfg, mesh), batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep)
@@ -243,7 +246,8 @@ def sample(
     steps = _bucket(width + max_new_tokens) - width
     run = _compiled(cfg, n, steps, sampling.temperature > 0, mesh, *((rows, width) if mesh is not None else ()))
     rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
-    args = (tokens, lengths, limits, index, jax.random.key(sampling.seed), rule, _eos_table(eos_ids), _stop_table(stop_sequences))
+    key = jax.random.key(sampling.seed)
+    args = (tokens, lengths, limits, index, key, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
     if mesh is None:
         out = run(params, *args)
     else:

@@ -103,7 +103,9 @@ def generate_text(
                 f"max_position {cfg.max_position}"
             )
     start = time.perf_counter()
-    generated = generate_in_batches(params, cfg, encoded, max_new_tokens, batch_size, sampling=sampling, eos_ids=sorted(stops))
+    generated = generate_in_batches(
+        params, cfg, encoded, max_new_tokens, batch_size, sampling=sampling, eos_ids=sorted(stops)
+    )
     results = []
     for n, (prompt, ids, new) in enumerate(zip(prompts, encoded, generated)):
         finished = "eos" if new[-1] in stops else "length"
