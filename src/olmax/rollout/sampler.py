@@ -90,14 +90,20 @@ def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], 
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     temperature, top_k, top_p = rule[0], rule[1].astype(jnp.int32), rule[2]
     logits = logits / temperature
-    ordered = jnp.sort(logits, axis=-1)[:, ::-1]
-    kth = jnp.where(top_k > 0, ordered[:, jnp.maximum(top_k, 1) - 1], -jnp.inf)[:, None]
-    logits = jnp.where(logits < kth, -jnp.inf, logits)
-    ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
-    probs = jax.nn.softmax(ordered, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
-    kept = jnp.where((before < top_p) | (top_p >= 1), ordered, jnp.inf)  # the first is always kept
-    logits = jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), -jnp.inf, logits)
+
+    def truncate(logits):  # top-k, then top-p, over the sorted logits
+        ordered = jnp.sort(logits, axis=-1)[:, ::-1]
+        kth = jnp.where(top_k > 0, ordered[:, jnp.maximum(top_k, 1) - 1], -jnp.inf)[:, None]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+        ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
+        probs = jax.nn.softmax(ordered, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
+        kept = jnp.where((before < top_p) | (top_p >= 1), ordered, jnp.inf)  # the first is always kept
+        return jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), -jnp.inf, logits)
+
+    # the sort is most of a sampled step's time on a CPU (a 64 x 4096 sort: ~80 ms, the model ~7 ms):
+    # plain temperature sampling, GRPO's, skips it
+    logits = jax.lax.cond((top_k > 0) | (top_p < 1), truncate, lambda x: x, logits)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
     return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
 
