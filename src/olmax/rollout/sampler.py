@@ -104,8 +104,15 @@ def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], 
     # the sort is most of a sampled step's time on a CPU (a 64 x 4096 sort: ~80 ms, the model ~7 ms):
     # plain temperature sampling, GRPO's, skips it
     logits = jax.lax.cond((top_k > 0) | (top_p < 1), truncate, lambda x: x, logits)
+    # one uniform draw per row and the inverse of the cumulative distribution: jax.random.categorical
+    # (Gumbel-max) draws a random number per vocabulary entry, 6.4M per step for 64 rows of dolma2's
+    # 100k tokens, which was 5/6 of a sampled step on a CPU. u is in (0, 1], so the first entry whose
+    # cumulative mass reaches u * total has probability > 0 (float32 sums: the distribution is exact
+    # to ~1e-7 of the mass).
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
-    return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
+    u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+    mass = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)
+    return jnp.argmax(mass >= u[:, None] * mass[:, -1:], axis=-1).astype(jnp.int32)
 
 
 def token_logprobs(logits: jnp.ndarray, tokens: jnp.ndarray, temperature) -> jnp.ndarray:
