@@ -257,6 +257,7 @@ class OlmaxLM(TemplateLM):
                 # the device stops a row early at EOS or at an `until` string spelled with its own
                 # tokens; `stop` then cuts every row exactly where the text first holds a stop string
                 eos_ids=[self.eot_token_id],
+                limits=[prepared[i][2] for i in idx],
                 stop_sequences=sorted({tuple(self.tok_encode(u)) for i in idx for u in prepared[i][1] if u}),
             )
             for i, ids in zip(idx, generated):

@@ -281,8 +281,10 @@ def generate(
     index: Optional[Sequence[int]] = None,
     eos_ids: Sequence[int] = (),
     stop_sequences: Sequence[Sequence[int]] = (),
+    limits: Optional[Sequence[int]] = None,
 ) -> list[list[int]]:
-    """The new tokens of each prompt (one batch, one `sample` call). A row ends at max_new_tokens, at EOS
+    """The new tokens of each prompt (one batch, one `sample` call; `limits`: each row's own
+    max_new_tokens, at most `max_new_tokens`). A row ends at max_new_tokens, at EOS
     (`eos_id` or any of `eos_ids`, kept), after a stop sequence (kept), or at the first length at which
     `stop(row, ids)` says so: the callable runs on the host on the finished rows, cutting them, so it
     gives the tokens a per-token check would have. `index` holds each prompt's position in the whole
@@ -299,6 +301,7 @@ def generate(
         eos_ids=eos,
         stop_sequences=stop_sequences,
         index=index,
+        limits=limits,
     )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     rows = [tokens[r, : lengths[r]].tolist() for r in range(len(prompts))]
