@@ -21,8 +21,8 @@ from olmax.convert import ConversionError
 from olmax.convert.hf import convert_to_hf
 from olmax.data import chat
 from olmax.data.tokenizer import DOLMA2_VOCAB_SIZE
-from olmax.evals.generate import read_conversations
 from olmax.model.olmo3 import abstract_params
+from olmax.rollout.text import read_conversations
 
 CFG = ModelConfig(
     vocab_size=DOLMA2_VOCAB_SIZE,

@@ -1,4 +1,4 @@
-"""Generation (olmax.evals.generate, `olmax generate`): greedy equals argmax-and-append on the full
+"""Generation (olmax.rollout.sampler, `olmax generate`): greedy equals argmax-and-append on the full
 forward pass; sampling is reproducible from its seed, does not depend on the batch size, gives copies
 of one prompt their own draws, and top-k=1 or a tiny top-p is greedy. The
 reference test (parity) checks `olmax generate` against transformers' `generate` on the HF export."""
@@ -9,8 +9,9 @@ import pytest
 from models import random_params
 
 from olmax.config import ModelConfig
-from olmax.evals.generate import Sampling, generate, generate_in_batches, read_prompts
 from olmax.model.olmo3 import forward
+from olmax.rollout.sampler import Sampling, generate, generate_in_batches
+from olmax.rollout.text import read_prompts
 
 CFG = ModelConfig(
     vocab_size=300,

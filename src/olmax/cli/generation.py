@@ -59,7 +59,8 @@ def generate_cmd(
     """Continue prompts with the KV cache: greedy (temperature 0) or sampled with top-k / top-p;
     with --chat, answer conversations as a chat model (stops at <|im_end|> or EOS)."""
     from olmax.data.chat import TEMPLATES
-    from olmax.evals.generate import Sampling, generate_text, read_conversations, read_prompts
+    from olmax.rollout.sampler import Sampling
+    from olmax.rollout.text import generate_text, read_conversations, read_prompts
 
     if sum(x is not None for x in (prompt, prompts, messages)) != 1:
         raise typer.BadParameter("give --prompt (repeatable), --prompts FILE or --messages FILE")

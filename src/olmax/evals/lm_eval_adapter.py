@@ -16,9 +16,10 @@ accuracy against HFLM on a converted model):
   power of two (a causal model's earlier positions do not see the padding).
 - loglikelihood_rolling: lm-eval's rolling windows (max_length tokens, one token of context) scored
   as above and summed.
-- generate_until: decoding with a key/value cache (olmax.evals.generate), prompts left-truncated
-  to max_length - max_gen_toks, stopped at the first `until` string (which is cut off) or EOS; the
-  text leaves out the tokenizer's special tokens (HFLM decodes with skip_special_tokens=True).
+- generate_until: the rollout sampler (olmax.rollout.sampler: one jitted decoding loop with a key/value
+  cache), prompts left-truncated to max_length - max_gen_toks, stopped at the first `until` string
+  (which is cut off) or EOS; the text leaves out the tokenizer's special tokens (HFLM decodes with
+  skip_special_tokens=True).
   Greedy unless the task's gen_kwargs say `do_sample: true`, as HFLM passes them to transformers'
   `generate`: then sampled at `temperature` (> 0) with `top_p` (default 1) and `top_k` (default 50,
   transformers 5.24's GenerationConfig default, which an export's generation_config.json leaves in
@@ -53,9 +54,9 @@ from tqdm import tqdm
 
 from olmax.data import chat
 from olmax.data.tokenizer import load_tokenizer
-from olmax.evals.generate import Sampling, generate
 from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
 from olmax.loss import IGNORE
+from olmax.rollout.sampler import Sampling, generate
 
 MIN_WIDTH = 16
 # transformers' continue_final_message marker (utils/chat_template_utils.py, 5.24): appended to the final
@@ -253,6 +254,11 @@ class OlmaxLM(TemplateLM):
                 sampling=prepared[idx[0]][3],
                 stop=stop,
                 index=idx,
+                # the device stops a row early at EOS or at an `until` string spelled with its own
+                # tokens; `stop` then cuts every row exactly where the text first holds a stop string
+                eos_ids=[self.eot_token_id],
+                limits=[prepared[i][2] for i in idx],
+                stop_sequences=sorted({tuple(self.tok_encode(u)) for i in idx for u in prepared[i][1] if u}),
             )
             for i, ids in zip(idx, generated):
                 # HFLM decodes with skip_special_tokens=True: a chat model's <|im_end|> is not in the text

@@ -179,7 +179,7 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     (seq, head_dim), or (batch, seq, head_dim) when rows sit at different positions (decoding).
     `attend(q, k, v)` with q (batch, seq, heads, head_dim) and k, v (batch, seq, kv_heads, head_dim)
     returns (attention output shaped like q, extra): `self_attention` attends within the sequence
-    (extra None); olmax.evals.decode's attends over a KV cache and returns the updated cache as extra.
+    (extra None); olmax.rollout.cache's attends over a KV cache and returns the updated cache as extra.
     Returns (block output, extra).
     """
     b, t, _ = x.shape

@@ -1,0 +1,348 @@
+"""The rollout sampler: prefill, then decode until every row has stopped, as ONE jitted program (a
+`jax.lax.while_loop` over new tokens, no host round trip per token). It serves GRPO rollouts (`sample`,
+n samples per prompt, from inside the trainer on its mesh), `olmax generate` and lm-eval's
+generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it; the pieces:
+
+- Prefill: the prompts, right-padded to a power of two, in one pass over olmax.rollout.cache's
+  cached forward; with `n` > 1 each prompt's prefill is computed ONCE and its cache rows and last
+  logits are repeated to its n samples (rows i*n .. i*n + n - 1 are prompt i's), as GRPO's groups need.
+- Choice: each next token is chosen from the logits of the REAL vocabulary (a HF export has no padded
+  rows). Temperature 0: the argmax (greedy), as transformers' `generate(do_sample=False)`. Temperature
+  > 0: the logits are divided by the temperature, then top-k keeps the k largest and top-p the smallest
+  set of most likely tokens whose probabilities reach p (always at least one), in that order, as
+  transformers' logits processors do; the token is drawn from what remains. The draw for request row
+  i's t-th new token (t = 0, 1, ...) uses the key fold_in(fold_in(key(seed), t), i), where i is the row's
+  position in the WHOLE request (`index`), not in a batch: the same seed, prompts and settings give the
+  same tokens whatever the batch size, and the samples of one prompt get their own draws.
+- Log-probs: every chosen token's log-probability in float32 under log_softmax(logits / T) over the
+  real vocabulary, T the temperature (1 when greedy), BEFORE top-k / top-p truncation: the policy's
+  own probability, which the trainer recomputes from `olmax.model.olmo3.forward` (tests prove the two
+  equal within 1e-5 in float32). vLLM's `logprobs` are of the raw logits by default
+  (`logprobs_mode="raw_logprobs"`), so an RL recipe on vLLM must rescale by T itself; here it is built in.
+- Stops, per row, checked on device after each token: max_new_tokens (or the row's own `limits`), an
+  EOS id (`eos_ids`, kept in the output) and stop sequences of token ids (`stop_sequences`: suffix match
+  of the row's newest tokens against a small padded table, kept in the output). Text stop strings must
+  be tokenised by the caller, so a string that the model spells with other tokens does not stop the
+  loop on device (vLLM matches stop strings on the detokenised text); `generate`'s `stop` callable then
+  cuts the row on the host, so its result is exact either way, only the wasted steps differ.
+- Sharding: with `mesh`, the program is jitted with the parameters laid out as the trainer lays them
+  out (olmax.state.param_shardings, the rules table of olmax.sharding), the batch over (data, fsdp), and
+  the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
+  devices give the tokens and log-probs of one.
+
+Shapes are bucketed so a few programs serve many requests: the prompt width and the cache length are
+rounded up to powers of two, and the loop's width is cache length - prompt width (max_new_tokens is an
+argument, not a shape).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from olmax.config import ModelConfig
+from olmax.rollout.cache import cached_forward, init_cache
+from olmax.sharding import logical_to_spec
+
+FINISH = ("length", "eos", "stop")  # Rollout.finish codes: FINISH[code]
+_WILD, _NEVER, _EMPTY = -1, -2, -3  # stop table: any token / a padding row / no token generated yet
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen (module doc). temperature 0 is greedy; top_k 0 and top_p 1 are off."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0, got {self}")
+
+
+class Rollout(NamedTuple):
+    """What `sample` returns, one row per sample (prompt i's n samples are rows i*n .. i*n + n - 1).
+    tokens and logprobs are (rows, max_new_tokens), zero after a row's length."""
+
+    tokens: jax.Array  # int32 new tokens, the stopping EOS / stop sequence included
+    logprobs: jax.Array  # float32 log_softmax(logits / T)[token] over the real vocabulary (module doc)
+    lengths: jax.Array  # int32 new tokens per row
+    finish: jax.Array  # int32 index into FINISH
+
+
+def _bucket(n: int, minimum: int = 16) -> int:
+    return max(minimum, 1 << (n - 1).bit_length())
+
+
+def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], index: jnp.ndarray) -> jnp.ndarray:
+    """The next token of each row from float32 logits (B, V) over the real vocabulary. `rule` is None
+    (greedy) or (temperature, top_k, top_p) as an array, so new settings need no recompilation; row r
+    draws with fold_in(key, index[r]), index[r] being its position in the whole request."""
+    if rule is None:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    temperature, top_k, top_p = rule[0], rule[1].astype(jnp.int32), rule[2]
+    logits = logits / temperature
+
+    def truncate(logits):  # top-k, then top-p, over the sorted logits
+        ordered = jnp.sort(logits, axis=-1)[:, ::-1]
+        kth = jnp.where(top_k > 0, ordered[:, jnp.maximum(top_k, 1) - 1], -jnp.inf)[:, None]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+        ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
+        probs = jax.nn.softmax(ordered, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
+        kept = jnp.where((before < top_p) | (top_p >= 1), ordered, jnp.inf)  # the first is always kept
+        return jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), -jnp.inf, logits)
+
+    # the sort is most of a sampled step's time on a CPU (a 64 x 4096 sort: ~80 ms, the model ~7 ms):
+    # plain temperature sampling, GRPO's, skips it
+    logits = jax.lax.cond((top_k > 0) | (top_p < 1), truncate, lambda x: x, logits)
+    # one uniform draw per row and the inverse of the cumulative distribution: jax.random.categorical
+    # (Gumbel-max) draws a random number per vocabulary entry, 6.4M per step for 64 rows of dolma2's
+    # 100k tokens, which was 5/6 of a sampled step on a CPU. u is in (0, 1], so the first entry whose
+    # cumulative mass reaches u * total has probability > 0 (float32 sums: the distribution is exact
+    # to ~1e-7 of the mass).
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
+    u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+    mass = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)
+    return jnp.argmax(mass >= u[:, None] * mass[:, -1:], axis=-1).astype(jnp.int32)
+
+
+def token_logprobs(logits: jnp.ndarray, tokens: jnp.ndarray, temperature) -> jnp.ndarray:
+    """log_softmax(logits / temperature)[tokens] in float32, logits (..., real vocab): the log-probs the
+    sampler returns and the trainer recomputes."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+def _stop_table(sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """Stop sequences right-aligned in a (rows, width) table, _WILD to their left, rows of _NEVER below;
+    both sizes rounded up to powers of two (at least 4), so most requests share one program."""
+    sequences = [list(s) for s in sequences if len(s)]
+    width = _bucket(max([len(s) for s in sequences], default=1), 4)
+    table = np.full((_bucket(max(1, len(sequences)), 4), width), _NEVER, np.int32)
+    for r, s in enumerate(sequences):
+        table[r] = [_WILD] * (width - len(s)) + s
+    return table
+
+
+def _eos_table(ids: Sequence[int]) -> np.ndarray:
+    ids = list(ids)
+    return np.asarray(ids + [_NEVER] * (_bucket(max(1, len(ids)), 4) - len(ids)), np.int32)
+
+
+def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
+    """The rollout as one function of arrays (module doc): prefill, the n-fold repeat, the while loop."""
+    vocab = cfg.vocab_size
+
+    def run(params, prompts, lengths, limits, index, key, rule, eos_ids, stops):
+        p, width = prompts.shape
+        length = width + steps
+        cache = init_cache(cfg, p, length)
+        logits, cache = cached_forward(params, cache, prompts, jnp.zeros_like(lengths), cfg, lengths, length)
+        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0, :vocab]
+        if n > 1:  # each prompt's cache and last logits, computed once, repeated to its n samples
+            cache = jax.tree.map(lambda c: jnp.repeat(c, n, axis=c.ndim - 4), cache)
+            last, lengths = jnp.repeat(last, n, axis=0), jnp.repeat(lengths, n)
+        rows = last.shape[0]
+        temperature = rule[0] if sample else jnp.float32(1.0)
+
+        def pick(logits, t):
+            token = _choose(logits, jax.random.fold_in(key, t), rule if sample else None, index)
+            return token, token_logprobs(logits, token, temperature)
+
+        def record(state, t, token, logp):
+            out, lps, done, finish, count, recent = state
+            live = ~done
+            out = out.at[:, t].set(jnp.where(live, token, 0))
+            lps = lps.at[:, t].set(jnp.where(live, logp, 0.0))
+            count = count + live
+            recent = jnp.where(live[:, None], jnp.concatenate([recent[:, 1:], token[:, None]], axis=1), recent)
+            eos = live & jnp.any(token[:, None] == eos_ids[None, :], axis=1)
+            matched = jnp.all((stops[None] == _WILD) | (stops[None] == recent[:, None, :]), axis=-1)
+            stop = live & jnp.any(matched, axis=1)
+            full = live & (count >= limits)
+            finish = jnp.where(eos, 1, jnp.where(stop, 2, jnp.where(full, 0, finish)))
+            return out, lps, done | eos | stop | full, finish, count, recent
+
+        state = (
+            jnp.zeros((rows, steps), jnp.int32),
+            jnp.zeros((rows, steps), jnp.float32),
+            jnp.zeros((rows,), bool),
+            jnp.zeros((rows,), jnp.int32),
+            jnp.zeros((rows,), jnp.int32),
+            jnp.full((rows, stops.shape[1]), _EMPTY, jnp.int32),
+        )
+
+        # one choice in the program, in the loop: each iteration chooses token t from the logits it
+        # carries, then runs it through the model for the next (the last such pass is not needed, but
+        # a second copy of the choice, for the prefill's logits, would cost more to compile than it saves)
+        def cond(carry):
+            t, _, _, state = carry
+            return (t < steps) & ~jnp.all(state[2])
+
+        def body(carry):
+            t, logits, cache, state = carry
+            token, logp = pick(logits, t)
+            state = record(state, t, token, logp)
+            logits, cache = cached_forward(params, cache, token[:, None], lengths + t, cfg, None, length)
+            return t + 1, logits[:, 0, :vocab], cache, state
+
+        _, _, _, (out, lps, _, finish, count, _) = jax.lax.while_loop(cond, body, (jnp.int32(0), last, cache, state))
+        return Rollout(out, lps, count, finish)
+
+    return run
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(cfg: ModelConfig, n: int, steps: int, sample: bool, mesh=None, rows: int = 0, width: int = 0):
+    """The jitted rollout, once per config, group size, loop width and greedy/sampled; with a mesh, laid
+    out on it (parameters as the trainer shards them, the batch over the batch axes)."""
+    run = _loop(cfg, n, steps, sample)
+    if mesh is None:
+        return jax.jit(run)
+    from olmax.state import param_shardings
+
+    def batch(*shape):  # the leading axis over the batch axes, the rest replicated
+        return NamedSharding(mesh, logical_to_spec(("batch",) + ("head_dim",) * (len(shape) - 1), shape, mesh))
+
+    rep = NamedSharding(mesh, PartitionSpec())
+    p = rows // n
+    ins = (param_shardings(cfg, mesh), batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep)
+    outs = Rollout(batch(rows, steps), batch(rows, steps), batch(rows), batch(rows))
+    return jax.jit(run, in_shardings=ins, out_shardings=outs)
+
+
+def sample(
+    params: dict,
+    cfg: ModelConfig,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    n: int = 1,
+    sampling: Sampling = Sampling(),
+    eos_ids: Sequence[int] = (),
+    stop_sequences: Sequence[Sequence[int]] = (),
+    index: Optional[Sequence[int]] = None,
+    limits: Optional[Sequence[int]] = None,
+    mesh=None,
+) -> Rollout:
+    """`n` samples of each prompt (token ids), in one jitted program; see the module doc.
+
+    index: each ROW's position in the whole request, which keys its draws (default 0 .. len(prompts)*n - 1).
+    limits: each row's own max_new_tokens (at most `max_new_tokens`). mesh: a mesh (the trainer's) on
+    which `params` are laid out by olmax.state.param_shardings; the rollout's arrays come back sharded
+    over its batch axes. Returns device arrays (Rollout), (len(prompts) * n, max_new_tokens) wide."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if max_new_tokens < 1 or n < 1:
+        raise ValueError(f"max_new_tokens and n must be at least 1, got {max_new_tokens} and {n}")
+    rows = len(prompts) * n
+    index = np.arange(rows, dtype=np.int32) if index is None else np.asarray(index, np.int32)
+    if index.shape != (rows,):
+        raise ValueError(f"index needs one position per row ({rows}), got shape {index.shape}")
+    limits = np.full(rows, max_new_tokens, np.int32) if limits is None else np.asarray(limits, np.int32)
+    if limits.shape != (rows,) or limits.min() < 1 or limits.max() > max_new_tokens:
+        raise ValueError(f"limits needs one value in 1..{max_new_tokens} per row ({rows}), got {limits}")
+    lengths = np.asarray([len(p) for p in prompts], np.int32)
+    width = _bucket(int(lengths.max()))
+    tokens = np.zeros((len(prompts), width), np.int32)
+    for r, p in enumerate(prompts):
+        tokens[r, : len(p)] = p
+    steps = _bucket(width + max_new_tokens) - width
+    run = _compiled(cfg, n, steps, sampling.temperature > 0, mesh, *((rows, width) if mesh is not None else ()))
+    rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
+    key = jax.random.key(sampling.seed)
+    args = (tokens, lengths, limits, index, key, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
+    if mesh is None:
+        out = run(params, *args)
+    else:
+        with jax.set_mesh(mesh):
+            out = run(params, *args)
+    return Rollout(*(x[:, :max_new_tokens] if x.ndim == 2 else x for x in out))
+
+
+def generate(
+    params: dict,
+    cfg: ModelConfig,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    sampling: Sampling = Sampling(),
+    eos_id: Optional[int] = None,
+    stop: Optional[Callable[[int, list[int]], bool]] = None,
+    index: Optional[Sequence[int]] = None,
+    eos_ids: Sequence[int] = (),
+    stop_sequences: Sequence[Sequence[int]] = (),
+    limits: Optional[Sequence[int]] = None,
+) -> list[list[int]]:
+    """The new tokens of each prompt (one batch, one `sample` call; `limits`: each row's own
+    max_new_tokens, at most `max_new_tokens`). A row ends at max_new_tokens, at EOS
+    (`eos_id` or any of `eos_ids`, kept), after a stop sequence (kept), or at the first length at which
+    `stop(row, ids)` says so: the callable runs on the host on the finished rows, cutting them, so it
+    gives the tokens a per-token check would have. `index` holds each prompt's position in the whole
+    request, which keys its draws (default 0, 1, ...: the batch is the request)."""
+    if index is not None and np.shape(index) != (len(prompts),):
+        raise ValueError(f"index needs one position per prompt ({len(prompts)}), got shape {np.shape(index)}")
+    eos = [*eos_ids, *([] if eos_id is None else [eos_id])]
+    out = sample(
+        params,
+        cfg,
+        prompts,
+        max_new_tokens,
+        sampling=sampling,
+        eos_ids=eos,
+        stop_sequences=stop_sequences,
+        index=index,
+        limits=limits,
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    rows = [tokens[r, : lengths[r]].tolist() for r in range(len(prompts))]
+    if stop is not None:
+        for r, ids in enumerate(rows):
+            rows[r] = next((ids[:k] for k in range(1, len(ids)) if stop(r, ids[:k])), ids)
+    return rows
+
+
+def generate_in_batches(
+    params: dict,
+    cfg: ModelConfig,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    batch_size: int,
+    *,
+    sampling: Sampling = Sampling(),
+    eos_id: Optional[int] = None,
+    stop: Optional[Callable[[int, list[int]], bool]] = None,
+    eos_ids: Sequence[int] = (),
+    stop_sequences: Sequence[Sequence[int]] = (),
+) -> list[list[int]]:
+    """The new tokens of each prompt, decoded `batch_size` prompts at a time; each prompt's draws are
+    keyed by its position in `prompts`, so the result does not depend on `batch_size`. `stop` is
+    `generate`'s, its row counted within the batch."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    out: list[list[int]] = []
+    for first in range(0, len(prompts), batch_size):
+        batch = prompts[first : first + batch_size]
+        index = range(first, first + len(batch))
+        out += generate(
+            params,
+            cfg,
+            batch,
+            max_new_tokens,
+            sampling=sampling,
+            eos_id=eos_id,
+            stop=stop,
+            index=index,
+            eos_ids=eos_ids,
+            stop_sequences=stop_sequences,
+        )
+    return out

@@ -1,0 +1,98 @@
+"""The rollout sampler (olmax.rollout.sampler.sample), on a 2-layer model (a window-4 layer and a
+global one, global_every 2) so the rings wrap within the rollout:
+
+- the sampler's per-token log-probs equal the trainer's (olmax.model.olmo3.forward on prompt + new
+  tokens, log_softmax(logits / T) over the real vocabulary) within 1e-5 in float32: the sampler-trainer
+  gap is zero;
+- n samples per prompt (prefill once, cache rows repeated): each sample its own draws (and the
+  log-prob proof above holds for every one of them);
+- rows stop at EOS ids and at token stop sequences, each with its finish reason;
+- on 8 CPU devices (data 2 x fsdp 2 x tensor 2: parameters as the trainer shards them, the cache's
+  batch and kv heads split) the tokens and log-probs are those of one device.
+
+Greedy against transformers' `generate` on the HF export: test_hf_export.py and test_evals_chat.py;
+the public `generate` keying and stops: test_generate.py."""
+
+import jax
+import numpy as np
+import pytest
+from models import random_params
+
+from olmax.config import MeshConfig, ModelConfig
+from olmax.model.olmo3 import forward
+from olmax.rollout.sampler import FINISH, Sampling, sample
+from olmax.sharding import make_mesh
+from olmax.state import param_shardings
+
+CFG = ModelConfig(
+    vocab_size=300,
+    d_model=32,
+    n_layers=2,
+    global_every=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    mlp_hidden=64,
+    sliding_window=4,
+    compute_dtype="float32",
+)
+HOT = Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=5)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    params = random_params(CFG, jax.random.key(2))
+    params["lm_head"] = params["lm_head"] * 20  # peaked distributions, and some spread
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (3, 9)]  # ragged: right padding
+    rollout = sample(params, CFG, prompts, 12, n=4, sampling=HOT)
+    return params, prompts, rollout
+
+
+def test_logprobs_equal_the_trainers_forward(setup):
+    params, prompts, out = setup
+    tokens, logprobs = np.asarray(out.tokens), np.asarray(out.logprobs)
+    assert tokens.shape == logprobs.shape == (8, 12) and logprobs.dtype == np.float32
+    assert (np.asarray(out.lengths) == 12).all() and {FINISH[f] for f in np.asarray(out.finish)} == {"length"}
+    seqs = np.zeros((8, 32), np.int32)  # the trainer's view: prompt + new tokens, right-padded
+    for r in range(8):
+        prompt = prompts[r // 4]
+        seqs[r, : len(prompt) + 12] = prompt + tokens[r].tolist()
+    logits = np.asarray(jax.jit(forward, static_argnums=2)(params, seqs, CFG))[..., : CFG.vocab_size]
+    logp = jax.nn.log_softmax(logits / HOT.temperature, axis=-1)
+    for r in range(8):
+        first = len(prompts[r // 4]) - 1  # the logits that chose new token 0
+        want = np.take_along_axis(np.asarray(logp[r, first : first + 12]), tokens[r][:, None], axis=1)[:, 0]
+        np.testing.assert_allclose(logprobs[r], want, atol=1e-5, rtol=0)
+    # each sample its own draws: a prompt's 4 samples differ
+    assert all(len({tuple(tokens[r]) for r in range(g * 4, g * 4 + 4)}) == 4 for g in range(2))
+
+
+def test_rows_stop_at_eos_and_stop_sequences(setup):
+    params, prompts, out = setup
+    tokens = np.asarray(out.tokens)  # the draws are keyed by (row, step): stops only cut the rows
+    eos = int(tokens[0, 5])  # row 0 ends at its 6th token (or earlier, if that id came before)
+    pair = tokens[5, 2:4].tolist()  # row 5 ends after its 3rd and 4th tokens (or an earlier match)
+    stops = [pair, [CFG.vocab_size + 7] * 3]  # a longer sequence that never matches pads the table
+    got = sample(params, CFG, prompts, 12, n=4, sampling=HOT, eos_ids=[eos], stop_sequences=stops)
+    lengths, finish = np.asarray(got.lengths), [FINISH[f] for f in np.asarray(got.finish)]
+    for r in range(8):
+        row = tokens[r].tolist()
+        at_eos = row.index(eos) + 1 if eos in row else 99
+        at_pair = next((k + 2 for k in range(11) if row[k : k + 2] == pair), 99)
+        want = min(at_eos, at_pair, 12)
+        assert lengths[r] == want and finish[r] == {at_eos: "eos", at_pair: "stop", 12: "length"}[want]
+        np.testing.assert_array_equal(np.asarray(got.tokens)[r, :want], tokens[r, :want])
+        np.testing.assert_array_equal(np.asarray(got.logprobs)[r, :want], np.asarray(out.logprobs)[r, :want])
+        assert (np.asarray(got.tokens)[r, want:] == 0).all() and (np.asarray(got.logprobs)[r, want:] == 0).all()
+    assert lengths[0] <= 6 and lengths[5] <= 4
+
+
+def test_sharded_rollout_equals_one_device(setup):
+    params, prompts, out = setup
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, context=1, tensor=2))
+    sharded = jax.device_put(params, param_shardings(CFG, mesh))  # as the trainer lays them out
+    got = sample(sharded, CFG, prompts, 12, n=4, sampling=HOT, mesh=mesh)
+    assert got.tokens.sharding.spec[0] == ("data", "fsdp")
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(out.tokens))
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(out.logprobs), atol=1e-5, rtol=0)
