@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.compile_check import compile_step
+from olmax.compile_check import compile_step, grpo_batch
 from olmax.config import (
     ConfigError,
     DataConfig,
@@ -33,7 +33,7 @@ from olmax.objectives import grpo
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
 from olmax.state import init_train_state, optimizer
-from olmax.train_step import make_train_step
+from olmax.train_step import batch_sharding, make_train_step
 
 ROWS, SEQ = 8, 16
 BASE = ExperimentConfig(
@@ -93,24 +93,22 @@ def _rows():
 
 
 @functools.cache
-def _params_and_logps():
-    params = jax.device_get(jax.jit(init_params, static_argnums=0)(BASE.model, jax.random.key(0)))
-    batch = _rows()
-    segments = segment_ids(batch["doc_lens"])
-    logps = jax.jit(lambda p: grpo.policy_token_logps(p, batch["input_ids"], BASE.model, segments=segments))(params)
-    return params, batch, np.asarray(logps)
+def _params():
+    return jax.device_get(jax.jit(init_params, static_argnums=0)(BASE.model, jax.random.key(0)))
 
 
 def _batch(rl: GRPOConfig):
-    """Think: the sampler's log-probs 0.6 nats off (NaN on prompt tokens, as open-instruct's); Instruct:
-    old log-probs 0.3 nats off, so ratios clip on both sides."""
-    params, batch, logps = _params_and_logps()
+    """Think: the sampler's log-probs 0.6 nats off the policy's (NaN on prompt tokens, as open-instruct's);
+    Instruct: old log-probs 0.3 nats off, so ratios clip on both sides. The freshly initialised policy is
+    near uniform over the 250 tokens (logits ~1e-2), so its log-probs are -log(250) to within ~0.05."""
+    batch = _rows()
     rng = np.random.default_rng(1)
-    off = rng.normal(0.0, 1.0, logps.shape).astype(np.float32)
+    near = np.float32(-np.log(250.0)) + rng.normal(0.0, 1.0, (ROWS, SEQ)).astype(np.float32) * (
+        0.6 if rl.tis_cap else 0.3
+    )
     if rl.tis_cap:
-        sampler = np.where(batch["response_mask"], logps + 0.6 * off, np.nan).astype(np.float32)
-        return params, {**batch, "sampler_logps": sampler}
-    return params, {**batch, "old_logps": (logps + 0.3 * off).astype(np.float32)}
+        return _params(), {**batch, "sampler_logps": np.where(batch["response_mask"], near, np.nan)}
+    return _params(), {**batch, "old_logps": near}
 
 
 @functools.cache
@@ -262,8 +260,13 @@ def test_rl_recipes(name, seq, response, tis, minis, active, stop):
 
 
 def test_tiny_grpo_compiles_on_8_devices():
-    """compile_step builds the GRPO batch (abstract arrays placed as the step places them)."""
-    cfg = get_recipe("tiny_grpo")
+    """compile_step builds the GRPO batch (abstract arrays placed as the step places them): tiny_grpo
+    with TIS, a KL term and 4 mini-batches, so every log-prob array of the batch is in it."""
+    cfg = apply_overrides(get_recipe("tiny_grpo"), ["grpo.tis_cap=2.0", "grpo.beta=0.05", "grpo.mini_batches=4"])
     mesh = make_mesh(cfg.mesh, jax.devices()[:8])
+    placed = batch_sharding(cfg, mesh)  # rows over data x fsdp, as the LM batch
+    batch = grpo_batch(cfg, jax.ShapeDtypeStruct((64, 256), "int32", sharding=placed))
+    assert set(batch) == {*grpo.BATCH_KEYS, "doc_lens"}
+    assert all(b.shape == (64, 256) and b.sharding == placed for b in batch.values())
     compiled, _, _ = compile_step(cfg, mesh, {}, "8 cpu devices")
-    assert compiled.memory_analysis() is not None
+    assert compiled.memory_analysis().argument_size_in_bytes > 0
