@@ -35,7 +35,7 @@ from olmax.sharding import make_mesh
 from olmax.state import init_train_state, optimizer
 from olmax.train_step import batch_sharding, make_train_step
 
-ROWS, SEQ = 8, 16
+ROWS, SEQ = 16, 16
 BASE = ExperimentConfig(
     name="grpo-step-test",
     model=ModelConfig(
@@ -59,13 +59,15 @@ BASE = ExperimentConfig(
     trainer=TrainerConfig(global_batch=ROWS, max_steps=10, objective="grpo", loss_chunk=8),
     grpo=GRPOConfig(max_prompt_len=4, max_response_len=8),
 )
-THINK = GRPOConfig(max_prompt_len=4, max_response_len=8, tis_cap=2.0)
-INSTRUCT = GRPOConfig(max_prompt_len=4, max_response_len=8, mini_batches=4)
+THINK = GRPOConfig(max_prompt_len=4, max_response_len=8, tis_cap=2.0)  # old log-probs: the step's own
+INSTRUCT = GRPOConfig(max_prompt_len=4, max_response_len=8, mini_batches=4)  # old log-probs given, no TIS
+BOTH = replace(INSTRUCT, tis_cap=2.0)  # every input the loss takes: old and sampler log-probs
 
 
 def _rows():
     """Packed rows as open-instruct's pack_sequences makes them: one or two prompt + response sequences
-    per row, then padding; response lengths 1 to 8, so the rows' token means differ from the batch's."""
+    per row, then padding; responses of 8 tokens in the first rows down to 1 in the last, so the token
+    mean of a micro-batch (a row, or half the batch) differs from the batch's."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 250, (ROWS, SEQ), dtype=np.int32)
     mask = np.zeros((ROWS, SEQ), bool)
@@ -74,7 +76,7 @@ def _rows():
     n = 0
     for b in range(ROWS):
         lens, at = [], 0
-        for prompt, response in [(2 + b % 3, 8 - b)] + ([(2, 3)] if b % 2 else []):
+        for prompt, response in [(2 + b % 3, 8 - b // 2)] + ([(2, 3)] if b % 2 else []):
             mask[b, at + prompt : at + prompt + response] = True
             response_index[b, at + prompt : at + prompt + response] = n + 1
             n, at = n + 1, at + prompt + response
@@ -98,17 +100,20 @@ def _params():
 
 
 def _batch(rl: GRPOConfig):
-    """Think: the sampler's log-probs 0.6 nats off the policy's (NaN on prompt tokens, as open-instruct's);
-    Instruct: old log-probs 0.3 nats off, so ratios clip on both sides. The freshly initialised policy is
-    near uniform over the 250 tokens (logits ~1e-2), so its log-probs are -log(250) to within ~0.05."""
+    """Old log-probs (several mini-batches) 0.3 nats off the policy's, so ratios clip on both sides; the
+    sampler's (TIS) 0.6 nats off, NaN on prompt tokens as open-instruct's. The freshly initialised policy
+    is near uniform over the 250 tokens (logits ~1e-2): its log-probs are -log(250) to within ~0.05."""
     batch = _rows()
     rng = np.random.default_rng(1)
-    near = np.float32(-np.log(250.0)) + rng.normal(0.0, 1.0, (ROWS, SEQ)).astype(np.float32) * (
-        0.6 if rl.tis_cap else 0.3
-    )
+
+    def near(nats):
+        return (-np.log(250.0) + nats * rng.normal(size=(ROWS, SEQ))).astype(np.float32)
+
+    if rl.mini_batches > 1:
+        batch["old_logps"] = near(0.3)
     if rl.tis_cap:
-        return _params(), {**batch, "sampler_logps": np.where(batch["response_mask"], near, np.nan)}
-    return _params(), {**batch, "old_logps": near}
+        batch["sampler_logps"] = np.where(batch["response_mask"], near(0.6), np.nan).astype(np.float32)
+    return _params(), batch
 
 
 @functools.cache
@@ -155,23 +160,25 @@ def _step(cfg, n_devices, params, batch):
 
 # name: (mesh, micro_batch_size, devices, GRPO settings); micro-batch rows per device = ROWS / shards / accum
 LAYOUTS = {
+    # 16 rows on 8 batch shards in two accumulation steps: sharding, accumulation, TIS and clipping at once
+    "dp2xfsdp4-accum2-both": (MeshConfig(data=2, fsdp=4), 1, 8, BOTH),
+    # slow: the same code with one device (a layout of one shard, 8 rows per micro-batch) or with one of
+    # the two log-prob inputs left out (a None the step passes through); dp2xfsdp4-accum2-both holds the claim
     "one-device-accum2-think": (MeshConfig(data=1, fsdp=1), ROWS // 2, 1, THINK),
-    "dp2xfsdp4-instruct": (MeshConfig(data=2, fsdp=4), None, 8, INSTRUCT),
-    # the same code on the other settings: the two above hold the claim (TIS and old log-probs are
-    # per-token inputs that the layout only splits)
     "one-device-accum2-instruct": (MeshConfig(data=1, fsdp=1), ROWS // 2, 1, INSTRUCT),
-    "dp2xfsdp4-think": (MeshConfig(data=2, fsdp=4), None, 8, THINK),
+    "dp2xfsdp4-accum2-think": (MeshConfig(data=2, fsdp=4), 1, 8, THINK),
 }
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if i >= 2 else n for i, n in enumerate(LAYOUTS)]
+    "name", [pytest.param(n, marks=pytest.mark.slow) if i >= 1 else n for i, n in enumerate(LAYOUTS)]
 )
 def test_step_equals_grpo_loss(name):
     mesh, micro, n_devices, rl = LAYOUTS[name]
     cfg = replace(BASE, mesh=mesh, trainer=replace(BASE.trainer, micro_batch_size=micro), grpo=rl)
     shards = mesh.data * mesh.fsdp
     micro_rows = micro or ROWS // shards
+    assert ROWS // shards // micro_rows == 2  # two accumulation steps
     params, batch, expected, after, global_mean = _direct(rl, micro_rows)
     stepped, metrics = _step(cfg, n_devices, params, batch)
     for key in ("loss", "grad_norm", *grpo.GRPO_METRICS):
@@ -181,11 +188,14 @@ def test_step_equals_grpo_loss(name):
     scored = int(grpo.response_loss_mask(batch["response_mask"]).sum())
     assert metrics["response_tokens"] == scored and metrics["tokens"] == ROWS * SEQ
     assert metrics["skipped"] == 0.0 and metrics["lr"] == 1.0
-    if rl.tis_cap:  # the check is not vacuous: some weights truncated, the clip never (old = the policy)
+    # the checks are not vacuous: weights truncated with TIS; ratios clipped with old log-probs given,
+    # never without them (old = the policy itself: r = 1)
+    if rl.tis_cap:
         assert 0.0 < metrics["tis/truncated_frac"] and metrics["tis/weight_max"] == 2.0
-        assert metrics["policy/clipfrac_avg"] == 0.0
-    else:
+    if rl.mini_batches > 1:
         assert metrics["policy/clipfrac_low"] > 0.0 and metrics["policy/clipfrac_high"] > 0.0
+    else:
+        assert metrics["policy/clipfrac_avg"] == 0.0
     for (path, a), b, p in zip(
         jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(stepped), jax.tree.leaves(params)
     ):
@@ -205,7 +215,7 @@ def test_batch_errors_name_the_key():
         for bad, message in [
             ({k: v for k, v in batch.items() if k != "sampler_logps"}, "no 'sampler_logps'"),
             ({**batch, "old_logp": batch["doc_lens"]}, "unknown batch key 'old_logp'"),
-            ({**batch, "advantages": batch["advantages"][:, :8]}, r"batch\['advantages'\] has shape \(8, 8\)"),
+            ({**batch, "advantages": batch["advantages"][:, :8]}, r"batch\['advantages'\] has shape \(16, 8\)"),
         ]:
             with pytest.raises(ValueError, match=message):
                 step.lower(state, bad)
