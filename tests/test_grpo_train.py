@@ -214,6 +214,7 @@ def test_batch_errors_name_the_key():
         state = init_train_state(cfg, mesh, jax.random.key(0), params=params)
         for bad, message in [
             ({k: v for k, v in batch.items() if k != "sampler_logps"}, "no 'sampler_logps'"),
+            ({k: v for k, v in batch.items() if k != "doc_lens"}, "no 'doc_lens'"),
             ({**batch, "old_logp": batch["doc_lens"]}, "unknown batch key 'old_logp'"),
             ({**batch, "advantages": batch["advantages"][:, :8]}, r"batch\['advantages'\] has shape \(16, 8\)"),
         ]:

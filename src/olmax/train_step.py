@@ -83,12 +83,13 @@ def batch_sharding(cfg: ExperimentConfig, mesh: Mesh) -> NamedSharding:
 
 
 def check_grpo_batch(cfg: ExperimentConfig, batch: dict) -> None:
-    """trainer.objective=grpo's batch: grpo.BATCH_KEYS (+ doc_lens with data.doc_masking), each
+    """trainer.objective=grpo's batch: grpo.BATCH_KEYS (+ doc_lens with data.doc_masking, only then), each
     (trainer.global_batch, data.seq_len) and token-aligned; input_ids, response_mask and advantages
     always, sampler_logps with grpo.tis_cap > 0, ref_logps with grpo.beta > 0, old_logps optional (absent:
     the step's own log-probs, detached: one mini-batch per rollout). Else a ValueError naming the key."""
     shape = (cfg.trainer.global_batch, cfg.data.seq_len)
-    allowed = {*grpo.BATCH_KEYS, "doc_lens"}
+    # doc_lens only with data.doc_masking: without it the rows' sequences would attend to each other unasked
+    allowed = {*grpo.BATCH_KEYS, *["doc_lens"] * cfg.data.doc_masking}
     required = ["input_ids", "response_mask", "advantages"]
     required += ["sampler_logps"] * (cfg.grpo.tis_cap > 0) + ["ref_logps"] * (cfg.grpo.beta > 0)
     required += ["doc_lens"] * cfg.data.doc_masking
