@@ -32,8 +32,8 @@ from olmax.model.olmo3 import init_params
 from olmax.objectives import grpo
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
-from olmax.state import init_train_state, optimizer
-from olmax.train_step import batch_sharding, make_train_step
+from olmax.state import init_train_state, optimizer, state_shardings
+from olmax.train_step import batch_sharding, make_policy_logps, make_train_step
 
 ROWS, SEQ = 16, 16
 BASE = ExperimentConfig(
@@ -203,6 +203,21 @@ def test_step_equals_grpo_loss(name):
         update, expected_update = b - p, a - p
         bound = 1e-5 * np.abs(expected_update).max() + 2 * np.finfo(np.float32).eps * np.abs(p).max()
         np.testing.assert_allclose(update, expected_update, rtol=0, atol=bound, err_msg=jax.tree_util.keystr(path))
+
+
+def test_policy_logps_are_the_steps_forward():
+    """make_policy_logps, the old log-probs the loop computes before a rollout's first update, on dp2 x
+    fsdp4 in two micro-batches = grpo.policy_token_logps over the whole batch, rows in the batch's order."""
+    cfg = replace(BASE, mesh=MeshConfig(data=2, fsdp=4), trainer=replace(BASE.trainer, micro_batch_size=1))
+    params, batch = _batch(INSTRUCT)
+    mesh = make_mesh(cfg.mesh, jax.devices()[:8])
+    with jax.set_mesh(mesh):
+        placed = jax.device_put(params, state_shardings(cfg, mesh).params)
+        got = make_policy_logps(cfg, mesh)(placed, {k: batch[k] for k in ("input_ids", "doc_lens")})
+    assert got.sharding == batch_sharding(cfg, mesh)
+    segments = segment_ids(batch["doc_lens"])
+    want = jax.jit(lambda p: grpo.policy_token_logps(p, batch["input_ids"], cfg.model, segments=segments, chunk=8))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want(params)), rtol=0, atol=1e-6)
 
 
 def test_batch_errors_name_the_key():

@@ -350,3 +350,44 @@ def make_train_step(
     # an instance_mask); place batches with `batch_sharding` to avoid a copy.
     replicated = NamedSharding(mesh, PartitionSpec())
     return jax.jit(step_fn, in_shardings=(shardings, None), out_shardings=(shardings, replicated), donate_argnums=0)
+
+
+def make_policy_logps(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[dict, dict], jax.Array]:
+    """trainer.objective=grpo: the jitted, sharded log-probs of a batch of packed rows under `params`,
+    without gradient: `(params, {"input_ids", "doc_lens" with data.doc_masking}) -> (global_batch,
+    seq_len) float32`, placed as the batch (batch_sharding). With grpo.mini_batches > 1 the RL loop runs
+    it over each of the rollout's mini-batches before the first update (open-instruct computes the old
+    log-probs of the whole rollout so) and hands them to the step as old_logps. The forward is the
+    step's (grpo.policy_token_logps: temperature, chunked output layer, segments), one micro-batch per
+    batch shard at a time, so it needs no more activation memory than the step's forward."""
+    if cfg.trainer.objective != "grpo":
+        raise ConfigError(f"make_policy_logps is for trainer.objective=grpo, not {cfg.trainer.objective}")
+    layout = batch_layout(cfg, mesh)
+    rows = batch_sharding(cfg, mesh)
+    s, a, m = layout.batch_shards, layout.accum_steps, layout.micro_batch
+    stacked = NamedSharding(mesh, PartitionSpec(None, rows.spec[0], None))
+
+    def split(x):  # as the step splits rows: micro-batch k takes rows [k m, (k + 1) m) of every shard's
+        x = x.reshape(s, a, m, -1).swapaxes(0, 1).reshape(a, s * m, -1)
+        return jax.lax.with_sharding_constraint(x, stacked)
+
+    def logps(params, batch):
+        ids = jax.lax.with_sharding_constraint(batch["input_ids"].astype(jnp.int32), rows)
+        segments = None
+        if cfg.data.doc_masking:
+            segments = segment_ids(jax.lax.with_sharding_constraint(batch["doc_lens"].astype(jnp.int32), rows))
+        out = jax.lax.map(
+            lambda micro: grpo.policy_token_logps(
+                params,
+                micro[0],
+                cfg.model,
+                temperature=cfg.grpo.temperature,
+                chunk=cfg.trainer.loss_chunk,
+                segments=micro[1],
+            ),
+            (split(ids), None if segments is None else split(segments)),
+        )
+        out = out.reshape(a, s, m, -1).swapaxes(0, 1).reshape(ids.shape)  # back to the batch's row order
+        return jax.lax.stop_gradient(out)
+
+    return jax.jit(logps, in_shardings=(state_shardings(cfg, mesh).params, None), out_shardings=rows)
