@@ -1,9 +1,10 @@
 """trainer.objective=grpo in the jitted, sharded train step: the step's loss, metrics, gradient norm and
 parameters after one step equal `objectives.grpo.grpo_loss` over the whole batch (one token-mean group
-per device micro-batch, open-instruct's aggregation) and one AdamW step applied by hand, in fp32, on one
-device in two accumulation steps and on a dp=2 x fsdp=4 mesh of the 8 simulated CPU devices; with TIS
-(Think: old log-probs the step's own) and without (Instruct: old log-probs given); the configs it
-refuses; the RL recipes' numbers; and tiny_grpo's step compiled by compile_check.compile_step."""
+per device micro-batch, open-instruct's aggregation) and one AdamW step applied by hand, in fp32, on a
+dp=2 x fsdp=4 mesh of the 8 simulated CPU devices in two accumulation steps with old log-probs and TIS
+(slow: one device in two accumulation steps, Think's TIS without old log-probs, Instruct's old log-probs
+without TIS); make_policy_logps (the loop's old log-probs) against policy_token_logps; the batches and
+configs it refuses; the RL recipes' numbers; and tiny_grpo's step compiled by compile_check.compile_step."""
 
 import functools
 import re
