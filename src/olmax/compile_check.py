@@ -38,7 +38,7 @@ from olmax.config import ConfigError, ExperimentConfig
 from olmax.extras import require
 from olmax.flops import exact_step_flops, recompute_flops
 from olmax.model.attention import cudnn_target, resolve_backend
-from olmax.objectives import dpo
+from olmax.objectives import dpo, grpo
 from olmax.remat import AUTO, AUTO_LADDER, REMAT_TAGS, remat_policy_of
 from olmax.remat_search import (
     RECORD_FILE,
@@ -154,6 +154,19 @@ def budget_gib(chip: Optional[Chip]) -> Optional[float]:
     return None if chip is None else chip.hbm_headroom * chip.hbm_limit_gib
 
 
+def grpo_batch(cfg: ExperimentConfig, rows: jax.ShapeDtypeStruct) -> dict:
+    """trainer.objective=grpo's batch as the RL loop hands it to the step, abstract: every array placed as
+    `rows` (the LM batch's input_ids); the log-prob arrays the config uses (sampler_logps with TIS,
+    ref_logps with beta, old_logps with several mini-batches per rollout), doc_lens with doc masking."""
+    rl = cfg.grpo
+    keys = {"input_ids": "int32", "response_mask": "bool", "advantages": "float32"}
+    wanted = {"old_logps": rl.mini_batches > 1, "sampler_logps": rl.tis_cap > 0, "ref_logps": rl.beta > 0}
+    keys.update({k: "float32" for k in grpo.BATCH_KEYS if wanted.get(k)})
+    if cfg.data.doc_masking:
+        keys["doc_lens"] = "int32"
+    return {k: jax.ShapeDtypeStruct(rows.shape, dtype, sharding=rows.sharding) for k, dtype in keys.items()}
+
+
 def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
     """Lower and compile cfg's train step on `mesh` from abstract arrays: (compiled, lower s, compile
     s). CompilerRefused when the compiler runs out of device memory."""
@@ -180,6 +193,8 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
                 k: jax.ShapeDtypeStruct(pairs[: 2 if k == "reference_logps" else 3], dtypes[k], sharding=shardings[k])
                 for k in dtypes
             }
+        if cfg.trainer.objective == "grpo":  # global_batch packed rollout rows (train_step.check_grpo_batch)
+            batch = grpo_batch(cfg, rows)
         t0 = time.perf_counter()
         # No data is read here, so an epoch horizon (schedule.t_max_epochs) counts trainer.max_steps batches
         # per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from olmax.config_dpo import DPOConfig, check_dpo
+from olmax.config_grpo import GRPOConfig, check_grpo
 from olmax.config_schedule import ScheduleConfig
 from olmax.errors import ConfigError
 from olmax.remat import check_remat
@@ -34,7 +35,7 @@ ROPE_TYPES = ("default", "yarn")
 ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
-OBJECTIVES = ("lm", "dpo")
+OBJECTIVES = ("lm", "dpo", "grpo")
 
 # "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
 # from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
@@ -407,9 +408,11 @@ class TrainerConfig:
     seed: int = 0
     """Seed of the parameter initialisation (the data order has its own, data.seed)."""
     objective: str = "lm"
-    """What the step minimises: "lm" (next-token cross-entropy over data.paths) or "dpo" (direct
+    """What the step minimises: "lm" (next-token cross-entropy over data.paths), "dpo" (direct
     preference optimisation over `olmax tokenize --chat` preference pairs, the `dpo` section; then
-    global_batch and micro_batch_size count pairs, two sequences each; docs/post-training.md)."""
+    global_batch and micro_batch_size count pairs, two sequences each) or "grpo" (OlmoRL's policy
+    loss over packed rollout rows, the `grpo` section; global_batch counts packed rows per optimizer
+    step); docs/post-training.md."""
 
     def __post_init__(self):
         # Whether the batch splits over the devices is the trainer's check (olmax.train_step.batch_layout).
@@ -540,6 +543,8 @@ class ExperimentConfig:
     """The optional W&B writer."""
     dpo: DPOConfig = field(default_factory=DPOConfig)
     """The DPO loss (trainer.objective=dpo)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """GRPO, the RL objective (trainer.objective=grpo): its loss and the RL loop's settings."""
 
     def __post_init__(self):
         chunk, seq_len = self.trainer.loss_chunk, self.data.seq_len
@@ -561,3 +566,5 @@ class ExperimentConfig:
             )
         if self.trainer.objective == "dpo":
             check_dpo(self)
+        elif self.trainer.objective == "grpo":
+            check_grpo(self)

@@ -18,10 +18,12 @@ from olmax.config import (
     DPOConfig,
     EvalConfig,
     ExperimentConfig,
+    GRPOConfig,
     MeshConfig,
     ModelConfig,
     OptimizerConfig,
     ScheduleConfig,
+    SplashBlocks,
     TrainerConfig,
 )
 from olmax.remat import AUTO
@@ -303,6 +305,59 @@ def _dpo(name: str, lr: float) -> ExperimentConfig:
     )
 
 
+# GRPO, AI2's OlmoRL (open-instruct grpo_fast.py at 42aa63c / 9ade62d, run by
+# scripts/train/olmo3/7b_{think,instruct}_rl.sh as committed in 3af17aa; docs/post-training.md, "GRPO"):
+# from the DPO model (the long-context architecture), lr 1e-6 constant with no warmup
+# (--lr_scheduler_type constant), torch AdamW as grpo_fast.py builds it (`torch.optim.AdamW(params,
+# lr)`: betas 0.9/0.999, eps 1e-8; Args.weight_decay 0.0 on both parameter groups), DeepSpeed's
+# gradient clipping at 1.0 (utils.get_train_ds_config's max_norm default; grpo_fast.py passes none), no
+# skip-step, no z-loss. A packed row is --pack_length tokens (data.seq_len): prompt + response sequences
+# with attention within each and positions restarting at 0 in each (rl_utils.pack_sequences'
+# attention_masks and reset_position_ids), hence doc_masking and rope_positions=document.
+# Rows per optimizer step (trainer.global_batch) are the most a rollout can make: every prompt +
+# response fits a row (pack_length >= prompt + response), so at most one row per response, 64 x 8 = 512
+# per rollout, split over grpo.mini_batches optimizer steps; the RL loop fills the rest with empty rows.
+# One row per device and forward (--per_device_train_batch_size 1). trainer.max_steps: the scripts'
+# --total_episodes / 512 rollouts x mini-batches (Think 10,000,000, Instruct 1,024,000 episodes).
+# The rows are 35,840 / 11,264 tokens, multiples of 1024 but not 2048: splash tiles of 1024.
+RL_SPLASH = SplashBlocks(q=1024, kv=1024, kv_compute=1024)
+
+
+def _rl(name: str, seq_len: int, rl: GRPOConfig, episodes: int) -> ExperimentConfig:
+    rollout = rl.prompts_per_step * rl.samples_per_prompt
+    return ExperimentConfig(
+        name=name,
+        model=replace(_long_context(OLMO3_7B), rope_positions="document", splash_blocks=RL_SPLASH),
+        data=DataConfig(seq_len=seq_len, doc_masking=True),
+        optimizer=OptimizerConfig(lr=1e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
+        schedule=ScheduleConfig(name="constant", warmup_steps=0),
+        trainer=TrainerConfig(
+            global_batch=rollout // rl.mini_batches,
+            micro_batch_size=1,
+            loss_chunk=1024,
+            max_steps=episodes // rollout * rl.mini_batches,
+            objective="grpo",
+        ),
+        mesh=MeshConfig(data=1, fsdp=-1, context=1, tensor=1),
+        grpo=rl,
+    )
+
+
+# Think: 32,768-token responses in 35,840-token rows, TIS capped at 2, one optimizer step per rollout
+# (old log-probs = the step's own), no active sampling.
+THINK_RL = GRPOConfig(max_prompt_len=2048, max_response_len=32_768, tis_cap=2.0, mini_batches=1)
+# Instruct: 8,192-token responses in 11,264-token rows, no TIS, 4 optimizer steps per rollout, active
+# sampling with prompts solved at >= 7 of 8 not sampled again, responses also stopped at "</answer>".
+INSTRUCT_RL = GRPOConfig(
+    max_prompt_len=2048,
+    max_response_len=8192,
+    mini_batches=4,
+    active_sampling=True,
+    no_resampling_pass_rate=0.875,
+    stop=("</answer>",),
+)
+
+
 def _tiny() -> ExperimentConfig:
     # A high learning rate and a short warmup so the loss falls by several nats in 30 steps on CPU;
     # global batch 8 divides by 8 devices, so resume and resize show on the demo itself. The output
@@ -354,6 +409,27 @@ def _tiny_dpo() -> ExperimentConfig:
     )
 
 
+def _tiny_grpo() -> ExperimentConfig:
+    # The CPU demo's RL stage: the RL recipes' optimizer (torch AdamW defaults, weight decay 0, clip 1.0, no
+    # skip-step), constant schedule and GRPO loss (clip 0.2 / 0.272, centred advantages) on the tiny model,
+    # from the DPO stage's checkpoint. 8 prompts x 8 samples, each prompt + response in a packed row of
+    # 256 (at most 64 rows, 8 per device on the demo's 8 devices). The learning rate is a first guess for
+    # the tiny model, to be tuned with the demo, not AI2's.
+    rl = GRPOConfig(prompts_per_step=8, samples_per_prompt=8, max_prompt_len=64, max_response_len=128)
+    return replace(
+        _tiny(),
+        name="tiny_grpo",
+        model=replace(TINY, rope_positions="document"),
+        data=DataConfig(seq_len=256, seed=34521, doc_masking=True),
+        optimizer=OptimizerConfig(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
+        schedule=ScheduleConfig(name="constant", warmup_steps=0),
+        trainer=TrainerConfig(global_batch=64, max_steps=40, loss_chunk=16, objective="grpo"),
+        checkpoint=CheckpointConfig(every=20, keep=1),
+        eval=EvalConfig(every=0),
+        grpo=rl,
+    )
+
+
 def _bench_small() -> ExperimentConfig:
     # The benchmark spec (docs/performance.md): plain AdamW (no skip-step; the defaults' decay mask,
     # clipping and z-loss), global batch 4 x 1024. Two micro-batches of 2 and loss_chunk 128: faster
@@ -380,6 +456,7 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "tiny": _tiny,
     "tiny_sft": _tiny_sft,
     "tiny_dpo": _tiny_dpo,
+    "tiny_grpo": _tiny_grpo,
     "bench-small": _bench_small,
     "olmo3_32b_stage2": _olmo3_32b_stage2,
     "olmo3_32b_stage3": _olmo3_32b_stage3,
@@ -389,6 +466,8 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "olmo3_32b_instruct_sft": functools.partial(_sft, "olmo3_32b_instruct_sft", OLMO3_32B, 8e-5, 128, 4),
     "olmo3_7b_think_dpo": functools.partial(_dpo, "olmo3_7b_think_dpo", 8e-8),
     "olmo3_7b_instruct_dpo": functools.partial(_dpo, "olmo3_7b_instruct_dpo", 1e-6),
+    "olmo3_7b_think_rl": functools.partial(_rl, "olmo3_7b_think_rl", 35_840, THINK_RL, 10_000_000),
+    "olmo3_7b_instruct_rl": functools.partial(_rl, "olmo3_7b_instruct_rl", 11_264, INSTRUCT_RL, 1_024_000),
 }
 
 

@@ -12,6 +12,12 @@
 - trainer.objective=dpo: the global batch counts preference pairs, each a (2, seq) chosen/rejected
   pair of rows (olmax.objectives.dpo.pair_axis_loss); the pair axis is split like the instance axis,
   so every micro-batch holds both sides of its pairs, and its loss is divided by the global pair count.
+- trainer.objective=grpo: the global batch counts packed rollout rows (prompt + response sequences,
+  open-instruct's pack_sequences), split over devices and micro-batches as instances are; each
+  micro-batch's loss is olmax.objectives.grpo.grpo_loss with one device's micro-batch as its token-mean
+  group and divided by the accumulation steps (open-instruct's aggregation), so the step's loss is the
+  mean over (device, micro-batch) groups of their token means. Metrics combine by
+  grpo.METRIC_REDUCTIONS (sums, min, max) through the scan; over devices the jitted arrays are global.
 - Step numbering is OLMo-core's: state.step counts completed steps, the step being taken is
   state.step + 1 and the learning rate is schedule(state.step + 1). The step advances when the
   optimizer skips.
@@ -29,7 +35,7 @@ from olmax.config import ConfigError, ExperimentConfig, check_context
 from olmax.loss import loss_denominator, make_labels, output_loss
 from olmax.model.attention import resolve_backend, segment_ids
 from olmax.model.olmo3 import forward_hidden
-from olmax.objectives import dpo
+from olmax.objectives import dpo, grpo
 from olmax.remat import AUTO
 from olmax.schedules import make_schedule
 from olmax.sharding import logical_to_spec
@@ -76,6 +82,31 @@ def batch_sharding(cfg: ExperimentConfig, mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(("batch", "seq"), shape, mesh))
 
 
+def check_grpo_batch(cfg: ExperimentConfig, batch: dict) -> None:
+    """trainer.objective=grpo's batch: grpo.BATCH_KEYS (+ doc_lens with data.doc_masking, only then), each
+    (trainer.global_batch, data.seq_len) and token-aligned; input_ids, response_mask and advantages
+    always, sampler_logps with grpo.tis_cap > 0, ref_logps with grpo.beta > 0, old_logps optional (absent:
+    the step's own log-probs, detached: one mini-batch per rollout). Else a ValueError naming the key."""
+    shape = (cfg.trainer.global_batch, cfg.data.seq_len)
+    # doc_lens only with data.doc_masking: without it the rows' sequences would attend to each other unasked
+    allowed = {*grpo.BATCH_KEYS, *["doc_lens"] * cfg.data.doc_masking}
+    required = ["input_ids", "response_mask", "advantages"]
+    required += ["sampler_logps"] * (cfg.grpo.tis_cap > 0) + ["ref_logps"] * (cfg.grpo.beta > 0)
+    required += ["doc_lens"] * cfg.data.doc_masking
+    for key in batch:
+        if key not in allowed:  # a misspelt old_logps would otherwise be silently unused
+            raise ValueError(f"trainer.objective=grpo: unknown batch key {key!r} (known: {', '.join(sorted(allowed))})")
+    for key in required:
+        if batch.get(key) is None:
+            raise ValueError(f"trainer.objective=grpo but the batch has no {key!r} (docs/post-training.md)")
+    for key, value in batch.items():
+        if value is not None and tuple(value.shape) != shape:
+            raise ValueError(
+                f"batch[{key!r}] has shape {tuple(value.shape)}, "
+                f"expected (trainer.global_batch, data.seq_len) = {shape}"
+            )
+
+
 def make_train_step(
     cfg: ExperimentConfig, mesh: Mesh, *, epoch_batches: Optional[int] = None
 ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
@@ -86,10 +117,12 @@ def make_train_step(
     with data.label_masks also {"label_mask": (global_batch, seq_len) bool}: the loss is taken only on
     the targets it keeps (SFT: the assistant's tokens), and the denominator counts only those.
     With trainer.objective=dpo the batch is instead {"input_ids" (pairs, 2, seq), "response_mask"
-    (pairs, 2, seq), "reference_logps" (pairs, 2)} (olmax.objectives.dpo.check_pair_batch).
-    The state argument is donated. Metrics (float32 scalars): loss, ce_loss and z_loss (lm) or the
-    dpo.METRICS (dpo), grad_norm (before clipping), lr, skipped (1.0 when the optimizer skipped),
-    tokens (input tokens this step).
+    (pairs, 2, seq), "reference_logps" (pairs, 2)} (olmax.objectives.dpo.check_pair_batch); with
+    grpo, (global_batch, seq_len) token-aligned rows (`check_grpo_batch`).
+    The state argument is donated. Metrics (float32 scalars): loss, ce_loss and z_loss (lm), the
+    dpo.METRICS (dpo) or grpo.GRPO_METRICS and response_tokens (grpo: the tokens with a loss),
+    grad_norm (before clipping), lr, skipped (1.0 when the optimizer skipped), tokens (input tokens
+    this step, padding included).
     `epoch_batches`: the global batches in one epoch of the run's data, which schedule.t_max_epochs needs.
     """
     if cfg.model.remat == AUTO:
@@ -98,7 +131,8 @@ def make_train_step(
     model, trainer, data = cfg.model, cfg.trainer, cfg.data
     z_mult = cfg.optimizer.z_loss
     opt = optimizer(cfg)
-    tokens_per_step = trainer.global_batch * data.seq_len * (2 if trainer.objective == "dpo" else 1)  # 2 rows a pair
+    # input tokens, padding included (2 rows a DPO pair; a GRPO row is one packed row of data.seq_len)
+    tokens_per_step = trainer.global_batch * data.seq_len * (2 if trainer.objective == "dpo" else 1)
     schedule = make_schedule(
         cfg.schedule,
         lr=cfg.optimizer.lr,
@@ -134,6 +168,32 @@ def make_train_step(
         pairs = trainer.global_batch
         return total / pairs, {"loss": total / pairs, **{k: v / pairs for k, v in sums.items()}}
 
+    rl = cfg.grpo
+
+    def grpo_micro_loss(params, input_ids, response_mask, advantages, segments, old, sampler, ref):
+        loss, metrics = grpo.grpo_loss(
+            params,
+            input_ids,
+            response_mask,
+            advantages,
+            model,
+            old_logps=old,
+            sampler_logps=sampler,
+            ref_logps=ref,
+            segments=segments,
+            temperature=rl.temperature,
+            clip_low=rl.clip_low,
+            clip_high=rl.clip_high,
+            tis_cap=rl.tis_cap,
+            beta=rl.beta,
+            # a micro-batch's rows are every batch shard's micro_batch rows in shard order: each group
+            # of micro_batch consecutive rows is one device's micro-batch, open-instruct's token-mean unit
+            micro_batch_rows=layout.micro_batch,
+            accum_steps=layout.accum_steps,
+            chunk=trainer.loss_chunk,
+        )
+        return loss, {"loss": loss, **metrics}
+
     seq_axis = b_sharding.spec[1]  # "context" when sequences are split, else None
     context = mesh.shape["context"] if seq_axis else 1
 
@@ -161,15 +221,17 @@ def make_train_step(
             inner = (*([seq_axis] if x.ndim > 2 else []), *([None] * (x.ndim - 3)))
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(None, batch_axes, *inner)))
 
-    def accumulate(loss_grad, params, micro_batches, zero_sums):
+    def accumulate(loss_grad, params, micro_batches, zero_sums, combine=None):
         """Gradients and metric sums over the micro-batches (a scan): the step's, as every micro-batch's
-        loss is already divided by its global-batch denominator."""
+        loss is already divided by its global-batch denominator. `combine`: how two micro-batches'
+        metrics make one (default: their sum)."""
 
         def body(carry, micro):
             grads, sums = carry
             g, aux = loss_grad(params, *micro)
             grads = jax.tree.map(jnp.add, grads, g)
-            return (jax.lax.with_sharding_constraint(grads, shardings.params), jax.tree.map(jnp.add, sums, aux)), None
+            sums = jax.tree.map(jnp.add, sums, aux) if combine is None else combine(sums, aux)
+            return (jax.lax.with_sharding_constraint(grads, shardings.params), sums), None
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         (grads, sums), _ = jax.lax.scan(body, (zeros, zero_sums), micro_batches)
@@ -237,8 +299,41 @@ def make_train_step(
         )
         return grads, sums["loss"], sums
 
+    def grpo_grads(params, batch: dict):
+        """-> (grads, the loss the skip rule watches, metrics): packed rollout rows, check_grpo_batch."""
+        check_grpo_batch(cfg, batch)
+
+        def rows(key, dtype):  # (global_batch, seq) placed as the LM batch, cast, split into micro-batches
+            if batch.get(key) is None:
+                return None
+            return split(jax.lax.with_sharding_constraint(batch[key].astype(dtype), b_sharding))
+
+        segments = None
+        if data.doc_masking:  # attention within each packed prompt + response, as SFT's documents
+            doc_lens = jax.lax.with_sharding_constraint(batch["doc_lens"].astype(jnp.int32), b_sharding)
+            segments = split(jax.lax.with_sharding_constraint(segment_ids(doc_lens), b_sharding))
+        f32 = jnp.float32
+        zero = jnp.zeros((), f32)
+        grads, sums = accumulate(
+            jax.grad(grpo_micro_loss, has_aux=True),
+            params,
+            (
+                rows("input_ids", jnp.int32),
+                rows("response_mask", bool),
+                rows("advantages", f32),
+                segments,
+                rows("old_logps", f32),
+                rows("sampler_logps", f32),
+                rows("ref_logps", f32) if rl.beta > 0 else None,
+            ),
+            {"loss": zero, **grpo.zero_metrics()},
+            combine=lambda a, b: {"loss": a["loss"] + b["loss"], **grpo.combine_metrics(a, b)},
+        )
+        scored = grpo.response_loss_mask(batch["response_mask"])  # the tokens that have a loss
+        return grads, sums["loss"], {**sums, "response_tokens": jnp.sum(scored, dtype=f32)}
+
     def step_fn(state: TrainState, batch: dict):
-        grads_of = dpo_grads if trainer.objective == "dpo" else lm_grads
+        grads_of = {"dpo": dpo_grads, "grpo": grpo_grads}.get(trainer.objective, lm_grads)
         grads, watched, metrics = grads_of(state.params, batch)
         lr = schedule(state.step + 1)
         params, opt_state, stats = opt.step(grads, state.opt_state, state.params, lr=lr, loss=watched)
@@ -255,3 +350,44 @@ def make_train_step(
     # an instance_mask); place batches with `batch_sharding` to avoid a copy.
     replicated = NamedSharding(mesh, PartitionSpec())
     return jax.jit(step_fn, in_shardings=(shardings, None), out_shardings=(shardings, replicated), donate_argnums=0)
+
+
+def make_policy_logps(cfg: ExperimentConfig, mesh: Mesh) -> Callable[[dict, dict], jax.Array]:
+    """trainer.objective=grpo: the jitted, sharded log-probs of a batch of packed rows under `params`,
+    without gradient: `(params, {"input_ids", "doc_lens" with data.doc_masking}) -> (global_batch,
+    seq_len) float32`, placed as the batch (batch_sharding). With grpo.mini_batches > 1 the RL loop runs
+    it over each of the rollout's mini-batches before the first update (open-instruct computes the old
+    log-probs of the whole rollout so) and hands them to the step as old_logps. The forward is the
+    step's (grpo.policy_token_logps: temperature, chunked output layer, segments), one micro-batch per
+    batch shard at a time, so it needs no more activation memory than the step's forward."""
+    if cfg.trainer.objective != "grpo":
+        raise ConfigError(f"make_policy_logps is for trainer.objective=grpo, not {cfg.trainer.objective}")
+    layout = batch_layout(cfg, mesh)
+    rows = batch_sharding(cfg, mesh)
+    s, a, m = layout.batch_shards, layout.accum_steps, layout.micro_batch
+    stacked = NamedSharding(mesh, PartitionSpec(None, rows.spec[0], None))
+
+    def split(x):  # as the step splits rows: micro-batch k takes rows [k m, (k + 1) m) of every shard's
+        x = x.reshape(s, a, m, -1).swapaxes(0, 1).reshape(a, s * m, -1)
+        return jax.lax.with_sharding_constraint(x, stacked)
+
+    def logps(params, batch):
+        ids = jax.lax.with_sharding_constraint(batch["input_ids"].astype(jnp.int32), rows)
+        segments = None
+        if cfg.data.doc_masking:
+            segments = segment_ids(jax.lax.with_sharding_constraint(batch["doc_lens"].astype(jnp.int32), rows))
+        out = jax.lax.map(
+            lambda micro: grpo.policy_token_logps(
+                params,
+                micro[0],
+                cfg.model,
+                temperature=cfg.grpo.temperature,
+                chunk=cfg.trainer.loss_chunk,
+                segments=micro[1],
+            ),
+            (split(ids), None if segments is None else split(segments)),
+        )
+        out = out.reshape(a, s, m, -1).swapaxes(0, 1).reshape(ids.shape)  # back to the batch's row order
+        return jax.lax.stop_gradient(out)
+
+    return jax.jit(logps, in_shardings=(state_shardings(cfg, mesh).params, None), out_shardings=rows)

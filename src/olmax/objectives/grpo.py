@@ -341,7 +341,7 @@ def loss_from_logps(
 
 def response_loss_mask(response_mask: jnp.ndarray) -> jnp.ndarray:
     """Token-aligned response mask -> the tokens that have a loss: column 0 has no prediction."""
-    mask = response_mask.astype(bool)
+    mask = jnp.asarray(response_mask, bool)  # a numpy mask too (the loop's, a test's)
     return mask.at[:, 0].set(False)
 
 

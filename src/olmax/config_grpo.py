@@ -1,0 +1,122 @@
+"""The `grpo` section of the experiment config and what trainer.objective=grpo asks of the rest of it
+(olmax.config composes and calls them; docs/post-training.md, "GRPO in the train step").
+
+Defaults are AI2's OlmoRL settings where the two OLMo 3 7B RL runs agree: open-instruct
+`scripts/train/olmo3/7b_think_rl.sh` (commit 42aa63c) and `7b_instruct_rl.sh` (9ade62d), the flags
+they pass to `open_instruct/grpo_fast.py`, not grpo_fast.py's own defaults (olmax.objectives.grpo).
+Where they differ the default is the code's "off" (tis_cap 0, no active sampling) or one run's
+value, said in the field's help; the recipes (olmax.recipes) set each run's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from olmax.errors import ConfigError
+
+if TYPE_CHECKING:  # olmax.config imports this module
+    from olmax.config import ExperimentConfig
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """GRPO as open-instruct's grpo_fast.py ran it for OLMo 3, used with trainer.objective=grpo
+    (olmax.objectives.grpo). The train step reads the loss knobs (temperature, clip_low, clip_high,
+    tis_cap, beta); the rest are the RL loop's (sampling, rewards, batch selection)."""
+
+    prompts_per_step: int = 64
+    """Prompts sampled per rollout batch (open-instruct --num_unique_prompts_rollout; 64 in both runs)."""
+    samples_per_prompt: int = 8
+    """Responses sampled per prompt, the group whose mean reward is the baseline (--num_samples_per_prompt_rollout)."""
+    temperature: float = 1.0
+    """Sampling temperature; the training logits are divided by temperature + 1e-7 as open-instruct's
+    forward does, so the trainer's log-probs are the sampler's distribution's."""
+    clip_low: float = 0.2
+    """PPO clip below: the ratio is clipped at 1 - clip_low (--clip_lower)."""
+    clip_high: float = 0.272
+    """PPO clip above: the ratio is clipped at 1 + clip_high (--clip_higher; DAPO's asymmetric clip)."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling: each token's loss is weighted by min(exp(logp_old - logp_sampler),
+    tis_cap); 0 = off (--truncated_importance_sampling_ratio_cap: 2.0 Think, off Instruct). Needs the
+    batch's sampler_logps."""
+    beta: float = 0.0
+    """Weight of the kl3 penalty against a reference policy; 0 = none (both runs). Needs the batch's ref_logps."""
+    normalise_std: bool = False
+    """Divide advantages by the group's reward std + 1e-8 (open-instruct "standard"); false = centred only,
+    reward - group mean (--advantage_normalization_type centered, both runs)."""
+    reward_scale: float = 10.0
+    """Reward of a verified-correct response (open-instruct verification_reward): rewards are this x the
+    verifier's score, and a group's pass rate is its mean reward / this."""
+    filter_zero_spread: bool = True
+    """Drop groups whose rewards are all equal (no learning signal; open-instruct filter_zero_std_samples,
+    on in both runs)."""
+    active_sampling: bool = False
+    """Keep sampling until prompts_per_step groups survive the zero-spread filter (--active_sampling:
+    Instruct); false = one pass of prompts_per_step prompts, training on the survivors (Think)."""
+    no_resampling_pass_rate: Optional[float] = None
+    """A prompt whose group's pass rate is at least this is not sampled again after the epoch
+    (--no_resampling_pass_rate: 0.875 Instruct); null = every prompt stays."""
+    max_prompt_len: int = 2048
+    """Prompt tokens at most (--max_prompt_token_length; 2048 in both runs)."""
+    max_response_len: int = 8192
+    """Response tokens at most (--response_length: 32,768 Think, 8,192 Instruct). max_prompt_len +
+    max_response_len must fit data.seq_len, the packed row (open-instruct's pack_length assert)."""
+    mini_batches: int = 1
+    """Optimizer steps per rollout batch (--num_mini_batches: 1 Think, 4 Instruct). With more than one
+    the loop computes old_logps of the whole batch before the first step (olmax.objectives.grpo)."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a response besides the end-of-turn token (--stop_strings: "</answer>" Instruct,
+    none Think)."""
+
+    def __post_init__(self):
+        for name in ("prompts_per_step", "max_prompt_len", "max_response_len", "mini_batches"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"grpo.{name} must be positive, got {getattr(self, name)}")
+        if self.samples_per_prompt < 2:  # a group of one has no spread: its advantage is always 0
+            raise ConfigError(f"grpo.samples_per_prompt must be at least 2 (a group), got {self.samples_per_prompt}")
+        for name in ("temperature", "reward_scale"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"grpo.{name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ConfigError(f"grpo.clip_low must be in [0, 1), got {self.clip_low}")
+        for name in ("clip_high", "tis_cap", "beta"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
+        rate = self.no_resampling_pass_rate
+        if rate is not None and not 0.0 < rate <= 1.0:
+            raise ConfigError(f"grpo.no_resampling_pass_rate must be in (0, 1] or null, got {rate}")
+        if self.active_sampling and not self.filter_zero_spread:
+            raise ConfigError(
+                "grpo.active_sampling refills the groups the zero-spread filter drops: "
+                "it needs grpo.filter_zero_spread=true"
+            )
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"grpo.stop must be non-empty strings, got {list(self.stop)}")
+
+
+def check_grpo(cfg: ExperimentConfig) -> None:
+    """What trainer.objective=grpo does not take. Its rows are the RL loop's packed prompt + response
+    sequences (open-instruct's pack_sequences), handed to the step whole: no LM data options apply."""
+    data, grpo = cfg.data, cfg.grpo
+    refused = [
+        (data.packing != "none", "data.packing=obfd", "the RL loop packs its rollouts itself"),
+        (data.label_masks, "data.label_masks=true", "the batch's response_mask says which tokens have a loss"),
+        (data.instance_filter, "data.instance_filter=true", "the repetition filter is an LM-loss mask"),
+        (data.max_target_seq_len is not None, "data.max_target_seq_len", "it chunks token streams, not rollouts"),
+        (cfg.optimizer.z_loss != 0.0, f"optimizer.z_loss={cfg.optimizer.z_loss}", "it regularises the LM loss"),
+        (
+            cfg.mesh.context != 1,
+            f"mesh.context={cfg.mesh.context}",
+            "the GRPO log-probs are not split over a context axis yet",
+        ),
+    ]
+    for bad, knob, why in refused:
+        if bad:
+            raise ConfigError(f"trainer.objective=grpo does not take {knob}: {why}")
+    longest = grpo.max_prompt_len + grpo.max_response_len
+    if longest > data.seq_len:  # open-instruct asserts pack_length >= max_prompt_token_length + response_length
+        raise ConfigError(
+            f"grpo.max_prompt_len + grpo.max_response_len = {longest} does not fit data.seq_len={data.seq_len}, "
+            "the packed row every prompt + response must fit"
+        )
