@@ -68,6 +68,9 @@ class GRPOConfig:
     stop: tuple[str, ...] = ()
     """Strings that end a response besides the end-of-turn token (--stop_strings: "</answer>" Instruct,
     none Think)."""
+    template: str = "instruct"
+    """The chat template the prompts are rendered with, generation prompt included (olmax.data.chat:
+    "think" for the Think run, open-instruct's olmo_thinker; "instruct" for the Instruct run)."""
 
     def __post_init__(self):
         for name in ("prompts_per_step", "max_prompt_len", "max_response_len", "mini_batches"):
@@ -75,6 +78,10 @@ class GRPOConfig:
                 raise ConfigError(f"grpo.{name} must be positive, got {getattr(self, name)}")
         if self.samples_per_prompt < 2:  # a group of one has no spread: its advantage is always 0
             raise ConfigError(f"grpo.samples_per_prompt must be at least 2 (a group), got {self.samples_per_prompt}")
+        from olmax.data.chat import TEMPLATES
+
+        if self.template not in TEMPLATES:
+            raise ConfigError(f"grpo.template={self.template!r} is not one of {', '.join(TEMPLATES)}")
         for name in ("temperature", "reward_scale"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"grpo.{name} must be positive, got {getattr(self, name)}")

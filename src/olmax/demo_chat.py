@@ -3,6 +3,7 @@
     base  the tiny demo run (`olmax demo`) on the shipped text corpus     RUN_DIR/base
     sft   SFT on the shipped chat corpus's conversations (recipe tiny_sft) RUN_DIR/sft
     dpo   DPO on its preference pairs, from the SFT checkpoint (tiny_dpo)  RUN_DIR/dpo
+    rl    GRPO on its prompts, rewarded by the math verifier (tiny_grpo)   RUN_DIR/rl
 
 The chat corpus (olmax.data.chat_corpus) is arithmetic with checkable answers, tokenized with OLMo 3's
 Instruct template into RUN_DIR/data/. After each stage the checkpoint answers the held-out prompts
@@ -27,7 +28,7 @@ from olmax.data.chat_corpus import chat_file, read_rows
 from olmax.data.chat_files import tokenize_chat
 from olmax.data.tokenize import MANIFEST
 from olmax.demo import run_demo
-from olmax.metrics import read_metrics
+from olmax.metrics import LOSS_METRIC, read_metrics
 from olmax.recipes import get_recipe
 from olmax.train import train
 
@@ -44,12 +45,13 @@ def _tokenized(run_dir: Path) -> dict[str, Path]:
         if not done.is_file():
             tokenize_chat([chat_file(name)], target, TEMPLATE, max_seq_len=seq_len)
         out[name] = target
+    out["rl"] = chat_file("rl")  # the RL stage reads the prompts' rows itself (olmax.data.prompts)
     return out
 
 
 def held_out_solved(ckpt: Path) -> dict:
     """The checkpoint's greedy answers to the held-out prompts: how many box the right number."""
-    from olmax.evals.generate import generate_text
+    from olmax.rollout.text import generate_text
 
     rows = read_rows("rl_heldout")
     report = generate_text(
@@ -72,7 +74,7 @@ def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: S
     cfg = apply_overrides(get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={init_from}", *overrides])
     train(cfg, run_dir, progress=progress)
     rows = read_metrics(run_dir)
-    loss = "train/CE loss" if cfg.trainer.objective == "lm" else "train/DPO loss"
+    loss = LOSS_METRIC[cfg.trainer.objective]
     stage = {
         "run_dir": str(run_dir),
         "steps": rows[-1]["step"],
@@ -83,6 +85,8 @@ def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: S
     if cfg.trainer.objective == "dpo":
         stage["last_accuracy"] = rows[-1]["train/rewards/accuracy"]
         stage["last_margin"] = rows[-1]["train/rewards/margins"]
+    if cfg.trainer.objective == "grpo":  # the rollouts' mean reward (10 x the verifier's score) per step
+        stage["reward_by_step"] = [r["rollout/reward_mean"] for r in rows]
     return stage
 
 
@@ -93,10 +97,16 @@ def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: 
     summary = {"run_dir": str(run_dir), "base": {"run_dir": base["run_dir"]}}
     summary["base"]["held_out"] = held_out_solved(run_dir / "base" / "checkpoints")
     previous = run_dir / "base" / "checkpoints"
-    for name, recipe, path in (("sft", "tiny_sft", data["sft"]), ("dpo", "tiny_dpo", data["prefs"])):
+    stages = (("sft", "tiny_sft", data["sft"]), ("dpo", "tiny_dpo", data["prefs"]), ("rl", "tiny_grpo", data["rl"]))
+    for name, recipe, path in stages:
         summary[name] = _stage(recipe, run_dir / name, path, previous, overrides, progress)
         previous = run_dir / name / "checkpoints"
         summary[name]["held_out"] = held_out_solved(previous)
+    # the RL stage's held-out solve rate before (its starting checkpoint's) and after
+    summary["rl"]["held_out_exact"] = {
+        "before": summary["dpo"]["held_out"]["solved"],
+        "after": summary["rl"]["held_out"]["solved"],
+    }
     summary["plot"] = str(run_dir / "post_training.png")
     _plot(summary, run_dir / "post_training.png")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -104,12 +114,14 @@ def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: 
 
 
 def _plot(s: dict, path: Path) -> None:
-    fig, (sft, dpo) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (sft, dpo, rl) = plt.subplots(1, 3, figsize=(14, 4))
     sft.plot(range(1, len(s["sft"]["loss_curve"]) + 1), s["sft"]["loss_curve"])
     sft.set_title("SFT: CE loss on assistant tokens")
     dpo.plot(range(1, len(s["dpo"]["loss_curve"]) + 1), s["dpo"]["loss_curve"])
     dpo.set_title("DPO: dpo_norm loss")
-    for ax in (sft, dpo):
+    rl.plot(range(1, len(s["rl"]["reward_by_step"]) + 1), s["rl"]["reward_by_step"])
+    rl.set_title("RL (GRPO): mean reward of the rollouts")
+    for ax in (sft, dpo, rl):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -129,10 +141,15 @@ def format_chat_summary(s: dict) -> str:
         f"dpo   {s['dpo']['steps']} steps, loss {s['dpo']['first_loss']:.3f} -> {s['dpo']['last_loss']:.3f}, "
         f"accuracy {s['dpo']['last_accuracy']:.2f}; {solved('dpo')}"
     )
-    example = s["dpo"]["held_out"]["examples"][0]
+    rl = s["rl"]
+    lines.append(
+        f"rl    {rl['steps']} steps, reward {rl['reward_by_step'][0]:.2f} -> {rl['reward_by_step'][-1]:.2f} "
+        f"(of {get_recipe('tiny_grpo').grpo.reward_scale:g}); {solved('rl')}"
+    )
+    example = s["rl"]["held_out"]["examples"][0]
     lines += [
         f"e.g.  {example['prompt']!r} -> {example['answer']!r} (truth {example['truth']})",
         f"plot  {s['plot']}",
-        f"runs  {s['run_dir']}/{{base,sft,dpo}} (olmax status, olmax generate --chat instruct --ckpt .../checkpoints)",
+        f"runs  {s['run_dir']}/{{base,sft,dpo,rl}} (olmax status; olmax generate --chat instruct --ckpt ...)",
     ]
     return "\n".join(lines)

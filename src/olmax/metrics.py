@@ -29,6 +29,7 @@ from olmax.config_io import to_dict
 from olmax.evals.jsonl import read_jsonl
 from olmax.extras import require
 from olmax.flops import exact_step_flops
+from olmax.objectives.grpo import GRPO_METRICS
 
 # olmax train_step metric -> OLMo-core name
 STEP_METRIC_NAMES = {
@@ -43,7 +44,23 @@ DPO_METRIC_NAMES = {
     "loss": "train/DPO loss",
     **{name: f"train/{name}" for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy")},
 }
+# trainer.objective=grpo's step metrics (olmax.objectives.grpo.GRPO_METRICS, named as open-instruct logs
+# them); the rollout's figures (olmax.rollout.batches, "rollout/...") are logged under their own names
+GRPO_METRIC_NAMES = {
+    "loss": "train/GRPO loss",
+    "response_tokens": "train/response tokens",
+    **{name: name for name in GRPO_METRICS},
+}
 METRICS_FILE, TB_DIR = "metrics.jsonl", "tensorboard"
+# the loss a row shows, per trainer.objective (progress bar, `olmax train`'s last line, `olmax status`)
+LOSS_METRIC = {"lm": STEP_METRIC_NAMES["ce_loss"], "dpo": DPO_METRIC_NAMES["loss"], "grpo": GRPO_METRIC_NAMES["loss"]}
+# the RL figures `olmax status` shows (olmax.rollout.batches)
+RL_STATUS_METRICS = (
+    "rollout/reward_mean",
+    "rollout/solve_rate",
+    "rollout/response_len_mean",
+    "rollout/zero_spread_frac",
+)
 # extra TensorBoard aliases some OLMo-core dashboards use
 TB_ALIASES = {"optim/step skipped": "optim/step_skipped", "throughput/total tokens": "perf/total_tokens"}
 
@@ -92,7 +109,8 @@ class MetricsLog:
             self._tb = SummaryWriter(str(local / TB_DIR))
             self._wandb = _WandbRun(cfg, run_dir, local) if cfg.wandb.mode != "disabled" else None
         dpo = cfg.trainer.objective == "dpo"
-        self._names = {**STEP_METRIC_NAMES, **DPO_METRIC_NAMES} if dpo else STEP_METRIC_NAMES
+        objective_names = {"dpo": DPO_METRIC_NAMES, "grpo": GRPO_METRIC_NAMES}.get(cfg.trainer.objective, {})
+        self._names = {**STEP_METRIC_NAMES, **objective_names}
         rows = cfg.trainer.global_batch * (2 if dpo else 1)  # a DPO pair is two sequences
         step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, rows)
         self._tflop_per_device_step = step_flops.total / n_devices / 1e12
@@ -106,6 +124,7 @@ class MetricsLog:
         """One step's row. `repeats`: instances this process saw twice within an epoch (must be 0)."""
         row = {"step": step}
         row.update({self._names[k]: float(v) for k, v in step_metrics.items() if k in self._names})
+        row.update({k: float(v) for k, v in step_metrics.items() if k.startswith("rollout/")})
         row["throughput/total tokens"] = total_tokens
         row["throughput/device/TPS"] = self._tokens_per_device_step / step_time
         row["throughput/device/TFLOPs"] = self._tflop_per_device_step / step_time
@@ -224,9 +243,9 @@ class Progress:
         enabled: bool = True,
         every: int = 1,
         terminal: Optional[bool] = None,
-        loss: str = "train/CE loss",
+        loss: str = LOSS_METRIC["lm"],
     ):
-        """`loss`: the row's loss to show (DPO runs: train/DPO loss)."""
+        """`loss`: the row's loss to show (LOSS_METRIC of the run's objective)."""
         self._start, self._last, self._tokens, self._every = start, last, tokens_per_step, max(every, 1)
         self._loss = loss
         self._terminal = sys.stderr.isatty() if terminal is None else terminal

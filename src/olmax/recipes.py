@@ -345,7 +345,7 @@ def _rl(name: str, seq_len: int, rl: GRPOConfig, episodes: int) -> ExperimentCon
 
 # Think: 32,768-token responses in 35,840-token rows, TIS capped at 2, one optimizer step per rollout
 # (old log-probs = the step's own), no active sampling.
-THINK_RL = GRPOConfig(max_prompt_len=2048, max_response_len=32_768, tis_cap=2.0, mini_batches=1)
+THINK_RL = GRPOConfig(max_prompt_len=2048, max_response_len=32_768, tis_cap=2.0, mini_batches=1, template="think")
 # Instruct: 8,192-token responses in 11,264-token rows, no TIS, 4 optimizer steps per rollout, active
 # sampling with prompts solved at >= 7 of 8 not sampled again, responses also stopped at "</answer>".
 INSTRUCT_RL = GRPOConfig(
@@ -378,16 +378,17 @@ def _tiny() -> ExperimentConfig:
 def _tiny_sft() -> ExperimentConfig:
     # `olmax demo chat`'s SFT stage: the SFT recipes' data handling and optimizer (OBFD packing, document
     # masks, label masks, weight decay 0, no z-loss, linear schedule with 3% warmup to 0) on the tiny model,
-    # from the tiny demo's checkpoint. A fixed step count instead of epochs: about 2 epochs of the shipped
-    # chat corpus (olmax.data.chat_corpus), which the demo tokenizes into data.paths.
+    # from the tiny demo's checkpoint. A fixed step count instead of epochs: about 5.5 epochs of the shipped
+    # chat corpus (olmax.data.chat_corpus, 54 batches each), which the demo tokenizes into data.paths. The
+    # tiny demo's learning rate: at 1e-3 and 100 steps the model had not learnt to copy the operands.
     return replace(
         _tiny(),
         name="tiny_sft",
         data=DataConfig(seq_len=256, seed=34521, packing="obfd", doc_masking=True, label_masks=True),
-        optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.0, z_loss=0.0),
+        optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.0, z_loss=0.0),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.03, alpha_f=0.0),
-        trainer=TrainerConfig(global_batch=8, max_steps=100, loss_chunk=16),
-        checkpoint=CheckpointConfig(every=50, keep=1),
+        trainer=TrainerConfig(global_batch=8, max_steps=300, loss_chunk=16),
+        checkpoint=CheckpointConfig(every=100, keep=1),
         eval=EvalConfig(every=0),
     )
 
@@ -395,12 +396,13 @@ def _tiny_sft() -> ExperimentConfig:
 def _tiny_dpo() -> ExperimentConfig:
     # `olmax demo chat`'s DPO stage: the DPO recipes' loss (dpo_norm, beta 5), optimizer (torch AdamW
     # defaults, weight decay 0, no skip-step) and schedule (linear, 10% warmup, to 0) on the tiny model, from
-    # the SFT stage's checkpoint; 8 pairs per step. The learning rate is the tiny model's, not AI2's.
+    # the SFT stage's checkpoint; 8 pairs per step. The learning rate is the tiny model's, not AI2's: at
+    # 1e-4 the SFT model's answers fell apart.
     return replace(
         _tiny(),
         name="tiny_dpo",
         data=DataConfig(seq_len=128, seed=34521),
-        optimizer=OptimizerConfig(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
+        optimizer=OptimizerConfig(lr=2e-5, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
         schedule=ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.1, alpha_f=0.0),
         trainer=TrainerConfig(global_batch=8, max_steps=60, loss_chunk=16, objective="dpo"),
         checkpoint=CheckpointConfig(every=30, keep=1),
@@ -413,8 +415,9 @@ def _tiny_grpo() -> ExperimentConfig:
     # The CPU demo's RL stage: the RL recipes' optimizer (torch AdamW defaults, weight decay 0, clip 1.0, no
     # skip-step), constant schedule and GRPO loss (clip 0.2 / 0.272, centred advantages) on the tiny model,
     # from the DPO stage's checkpoint. 8 prompts x 8 samples, each prompt + response in a packed row of
-    # 256 (at most 64 rows, 8 per device on the demo's 8 devices). The learning rate is a first guess for
-    # the tiny model, to be tuned with the demo, not AI2's.
+    # 256: the demo's samples (a 45-token prompt, a 17-token answer) pack four to a row, so 16 rows per
+    # step hold them (longer answers leave rows out, counted as rollout/rows_dropped); every row costs a
+    # full forward and backward, padding or not. The learning rate is the tiny model's, not AI2's.
     rl = GRPOConfig(prompts_per_step=8, samples_per_prompt=8, max_prompt_len=64, max_response_len=128)
     return replace(
         _tiny(),
@@ -423,7 +426,7 @@ def _tiny_grpo() -> ExperimentConfig:
         data=DataConfig(seq_len=256, seed=34521, doc_masking=True),
         optimizer=OptimizerConfig(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
         schedule=ScheduleConfig(name="constant", warmup_steps=0),
-        trainer=TrainerConfig(global_batch=64, max_steps=40, loss_chunk=16, objective="grpo"),
+        trainer=TrainerConfig(global_batch=16, max_steps=40, loss_chunk=16, objective="grpo"),
         checkpoint=CheckpointConfig(every=20, keep=1),
         eval=EvalConfig(every=0),
         grpo=rl,

@@ -23,8 +23,9 @@ from olmax import runpath
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.config_io import from_dict
 from olmax.exits import ExitStatus, read_record
+from olmax.metrics import LOSS_METRIC, RL_STATUS_METRICS
 
-LOSS, STEP_TIME, SKIPPED = "train/CE loss", "time/step", "optim/step skipped"
+STEP_TIME, SKIPPED = "time/step", "optim/step skipped"
 TFLOPS, MFU, TOKENS = "throughput/device/TFLOPs", "throughput/device/MFU", "throughput/total tokens"
 
 
@@ -102,7 +103,8 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
     mfu = _median(rows, MFU)
     if mfu is None and chip is not None and _median(rows, TFLOPS) is not None:
         mfu = _median(rows, TFLOPS) / chip_peak(chip)
-    losses = [r[LOSS] for r in rows if LOSS in r]
+    loss = LOSS_METRIC[cfg.trainer.objective]
+    losses = [r[loss] for r in rows if loss in r]
     launcher = runpath.read_text(run_dir, "launch_state.json")
     launcher = json.loads(launcher) if launcher else None
     return {
@@ -117,9 +119,13 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
         "tokens_per_s": tokens_per_step / step_time if step_time else None,
         "mfu": mfu,
         "eta_s": (total - step) * step_time if step_time else None,
+        "loss_name": loss.removeprefix("train/"),
         "loss": losses[-1] if losses else None,
         "loss_smoothed": statistics.fmean(losses) if losses else None,
         "window": len(rows),
+        # RL runs: the latest rollout's figures, and how many steps in a row had no reward at all
+        "rl": {k: last[k] for k in RL_STATUS_METRICS if k in last} or None,
+        "zero_reward_steps": _zero_reward_run(rows),
         "skipped_steps": reader.skipped,
         **_checkpoint(run_checkpoint_dir(cfg, run_dir)),
         "attempts": launcher and launcher.get("attempts"),
@@ -141,6 +147,19 @@ def has_ended(status: dict) -> bool:
     is the latest trainer's: `olmax train` and the launcher remove the previous one when a trainer starts."""
     record = status["last_exit"]
     return record is not None and ExitStatus(record["status"]) in FINAL_EXITS
+
+
+ZERO_REWARD_WARNING = 10  # steps in a row whose rollouts earned no reward at all
+
+
+def _zero_reward_run(rows: list[dict]) -> int:
+    """Steps at the end of `rows` whose rollout's mean reward was 0 (RL runs; 0 for others)."""
+    n = 0
+    for r in reversed(rows):
+        if r.get("rollout/reward_mean", 1.0) != 0.0:
+            break
+        n += 1
+    return n
 
 
 def _median(rows: list[dict], key: str) -> Optional[float]:
@@ -176,11 +195,18 @@ def format_status(s: dict) -> str:
         f"recent (median of {s['window']} steps): {num(s['step_time_s'], '{:.3f}')} s/step, "
         f"{num(s['tokens_per_s'])} tokens/s, MFU {num(s['mfu'] and 100 * s['mfu'], '{:.1f}')}%, "
         f"ETA {_duration(s['eta_s'])}",
-        f"CE loss {num(s['loss'], '{:.4f}')} (mean of the recent steps {num(s['loss_smoothed'], '{:.4f}')}); "
+        f"{s['loss_name']} {num(s['loss'], '{:.4f}')} (mean of the recent steps {num(s['loss_smoothed'], '{:.4f}')}); "
         f"skipped steps so far: {s['skipped_steps']}",
         f"newest complete checkpoint: {'none' if s['checkpoint'] is None else 'step ' + str(s['checkpoint'])} "
         f"in {s['checkpoint_dir']}; data fingerprint {s['data_fingerprint'] or '?'}",
     ]
+    if s["rl"]:
+        lines.append("rollouts: " + ", ".join(f"{k.removeprefix('rollout/')} {v:.3f}" for k, v in s["rl"].items()))
+        if s["zero_reward_steps"] >= ZERO_REWARD_WARNING:
+            lines.append(
+                f"WARNING: no rollout earned any reward in the last {s['zero_reward_steps']} steps: nothing to "
+                "learn from (check the verifier, the prompts' ground truths and the chat template)"
+            )
     if s["attempts"] is not None:
         failure = s["last_failure"]
         lines.append(

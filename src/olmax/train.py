@@ -29,13 +29,15 @@ from olmax.config import ConfigError, ExperimentConfig
 from olmax.config_io import to_yaml
 from olmax.data.loader import make_loader
 from olmax.data.pairs import PairLoader, PairSource
+from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.heldout import HeldoutEvaluator
 from olmax.exits import ExitStatus, write_record
-from olmax.metrics import MetricsLog, Progress
-from olmax.objectives import dpo
+from olmax.metrics import LOSS_METRIC, MetricsLog, Progress
+from olmax.objectives import dpo, grpo
 from olmax.objectives.reference import check_cache_key, reference_logps_cache
 from olmax.remat import AUTO, AUTO_LADDER
 from olmax.remat_search import describe_devices, with_remat
+from olmax.rollout.batches import RolloutBatches, prompt_set
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state, param_shardings
 from olmax.surgery import is_warm_start, load_warm_start
@@ -92,7 +94,13 @@ def train(
         n_proc, proc = jax.process_count(), jax.process_index()
         batch_layout(cfg, mesh)  # refuses a batch the mesh cannot split before the data is prepared
         dpo_run = pairs is not None
-        if dpo_run:
+        rl_run = cfg.trainer.objective == "grpo"
+        if rl_run:  # the rollout phase: prompts -> sample -> verify -> pack (olmax.rollout.batches)
+            tok = load_tokenizer(cfg.data.tokenizer)
+            loader = RolloutBatches(
+                cfg, mesh, prompt_set(cfg, tok), tok, state=data_state, allow_mismatch=allow_data_change
+            )
+        elif dpo_run:
             # the reference pass runs on the starting parameters: the fresh state's, which a resumed
             # run makes again only if the cache is missing (it is written before step 1)
             def start_params():
@@ -114,6 +122,8 @@ def train(
         to_global = batch_sharding(cfg, mesh)
         if dpo_run:
             shardings = dpo.pair_batch_shardings(mesh, to_global.spec[0])
+        elif rl_run:  # every array is (rows, seq) token-aligned, placed as input_ids
+            shardings = {k: to_global for k in (*grpo.BATCH_KEYS, "doc_lens")}
         else:
             # instance_mask: the repetition filter is on; doc_lens: data.doc_masking (attention within
             # documents); label_mask: data.label_masks (the loss only where it is True)
@@ -130,12 +140,14 @@ def train(
             cfg.trainer.global_batch * cfg.data.seq_len * (2 if dpo_run else 1),
             enabled=progress and primary,
             every=cfg.trainer.log_every,
-            loss="train/DPO loss" if dpo_run else "train/CE loss",
+            loss=LOSS_METRIC[cfg.trainer.objective],
         )
         try:
             pending = None  # the previous step's metrics, read after the next step is dispatched (no host sync)
             t_last = time.perf_counter()
             for step in range(start + 1, last + 1):
+                if rl_run:
+                    loader.params = state.params  # the policy samples the rollout the step trains on
                 local = next(batches)
                 batch = {
                     k: jax.make_array_from_process_local_data(sharding, local[k])
@@ -143,6 +155,8 @@ def train(
                     if k in local
                 }
                 state, metrics = step_fn(state, batch)
+                if rl_run:
+                    metrics = {**metrics, **loader.metrics()}
                 if pending is not None:
                     _log(pending, log, rows, bar, t_last)
                     t_last = time.perf_counter()

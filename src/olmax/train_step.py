@@ -330,6 +330,14 @@ def make_train_step(
             combine=lambda a, b: {"loss": a["loss"] + b["loss"], **grpo.combine_metrics(a, b)},
         )
         scored = grpo.response_loss_mask(batch["response_mask"])  # the tokens that have a loss
+        # Each device micro-batch's token mean was divided by all of them (batch shards x accumulation
+        # steps); open-instruct divides by the micro-batches it has, none empty. The RL loop pads a step
+        # with empty rows, so the step counts the micro-batches that hold a scored token and rescales.
+        s, a, m = layout.batch_shards, layout.accum_steps, layout.micro_batch
+        held = jnp.any(scored.reshape(s, a, m * scored.shape[1]), axis=-1)
+        scale = (s * a) / jnp.maximum(jnp.sum(held, dtype=f32), 1.0)
+        grads = jax.tree.map(lambda g: g * scale, grads)
+        sums = {k: v * scale if k == "loss" or grpo.METRIC_REDUCTIONS[k] == "sum" else v for k, v in sums.items()}
         return grads, sums["loss"], {**sums, "response_tokens": jnp.sum(scored, dtype=f32)}
 
     def step_fn(state: TrainState, batch: dict):

@@ -120,7 +120,9 @@ def train_cmd(
     status = ExitStatus.PREEMPTED if rows and rows[-1]["step"] < last else ExitStatus.DONE
     record_exit(run_dir, status, f"stopped after step {rows[-1]['step']} of {last}" if rows else "")
     if rows:
-        loss = "train/DPO loss" if cfg.trainer.objective == "dpo" else "train/CE loss"
+        from olmax.metrics import LOSS_METRIC
+
+        loss = LOSS_METRIC[cfg.trainer.objective]
         typer.echo(
             f"steps {rows[0]['step']}..{rows[-1]['step']}: {loss.removeprefix('train/')} {rows[0][loss]:.4f} -> "
             f"{rows[-1][loss]:.4f}; logs and checkpoints in {run_dir}"

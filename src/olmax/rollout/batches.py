@@ -1,0 +1,296 @@
+"""trainer.objective=grpo's loader: the rollout phase of the RL loop (docs/post-training.md, "The RL loop").
+
+    loader = RolloutBatches(cfg, mesh, prompts, tokenizer, state=saved)
+    loader.params = state.params            # the trainer sets the current policy before each next()
+    batch = next(iter(loader))              # the step's packed rows (train_step.check_grpo_batch)
+    loader.metrics()                        # the latest rollout's figures, logged with its steps
+    loader.state()                          # JSON-able; resume with RolloutBatches(..., state=saved)
+
+One rollout batch, as open-instruct's grpo_fast.py makes one (commit 42aa63c):
+1. prompts: the next grpo.prompts_per_step prompts of the epoch's order (a permutation by
+   PCG64(data.seed + epoch), olmax.data.order.cached_permutation, over the prompts not excluded);
+2. sample: grpo.samples_per_prompt responses each, with the current parameters on the training mesh
+   (olmax.rollout.sampler.sample: one prefill per prompt, temperature grpo.temperature, up to
+   grpo.max_response_len tokens, stopping at EOS, `<|im_end|>` or a grpo.stop string);
+3. verify: each response's text (its stop token left out) is scored by its row's verifiers
+   (olmax.rewards.reward: grpo.reward_scale x the score; a verifier that hangs, fails or returns
+   garbage scores 0 and is counted);
+4. select: olmax.objectives.grpo.select_groups drops groups of equal rewards; with active sampling
+   more prompts are sampled until prompts_per_step groups survive; prompts solved at least
+   grpo.no_resampling_pass_rate of the time leave the order at the next epoch;
+5. pack: the kept samples into rows of data.seq_len (olmax.rollout.pack, open-instruct's layout),
+   advantages reward - group mean (olmax.objectives.grpo.advantages), one value per response token;
+6. serve: the rows in grpo.mini_batches consecutive parts, one per optimizer step, each padded with
+   empty rows to trainer.global_batch rows (the step counts only micro-batches that hold a response
+   token, as open-instruct has no empty ones). With several mini-batches the old log-probs of every
+   part are computed before the first step (train_step.make_policy_logps).
+
+If no group survives (every group solved or every group failed), the next prompts are sampled, up to
+EMPTY_RETRIES times, then the step gets an empty batch (no update) and `rollout/empty_batches` counts it.
+Rows beyond a step's trainer.global_batch are left out and counted (`rollout/rows_dropped`).
+
+Determinism: the draws of sampling call k are keyed by (data.seed, k), and k is in the state, so a run
+resumed from a checkpoint taken at a rollout boundary replays the same rollouts and losses. A
+checkpoint taken between the mini-batches of one rollout (grpo.mini_batches > 1) resumes with a
+fresh rollout for the remaining mini-batches: keep checkpoint.every a multiple of grpo.mini_batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from typing import Iterator
+
+import jax
+import numpy as np
+
+from olmax import rewards
+from olmax.config import ExperimentConfig
+from olmax.data.loader import DataStateError, work_dir_of
+from olmax.data.order import cached_permutation
+from olmax.data.prompts import PromptSet
+from olmax.objectives import grpo
+from olmax.rollout.pack import pack_rollouts
+from olmax.rollout.sampler import Sampling, sample
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+EMPTY_RETRIES = 8
+VERIFY_TIMEOUT_S = 30.0
+
+
+class RolloutBatches:
+    def __init__(self, cfg: ExperimentConfig, mesh, prompts: PromptSet, tok, *, state=None, allow_mismatch=False):
+        from olmax.train_step import batch_sharding, make_policy_logps
+
+        self.cfg, self.rl, self.mesh, self.prompts, self.tok = cfg, cfg.grpo, mesh, prompts, tok
+        for name in sorted(prompts.verifiers()):
+            rewards.verifier(name)  # an unknown name exits 2 before any sampling, listing the known ones
+        self.eos_ids = (tok.info.eos_token_id, tok.encode("<|im_end|>")[0])
+        self.stops = [tok.encode(s) for s in self.rl.stop]
+        key = [[p.ids, p.verifiers, p.ground_truths] for p in prompts.prompts]
+        self.fingerprint = hashlib.sha256(json.dumps([prompts.template, key]).encode()).hexdigest()
+        self.batches_per_epoch = max(1, len(prompts.prompts) // self.rl.prompts_per_step) * self.rl.mini_batches
+        self.epoch, self.cursor, self.calls, self.excluded = 1, 0, 0, []
+        if state is not None:
+            self._restore(state, allow_mismatch)
+        self._epoch_order()
+        self.params = None
+        self._sharding = batch_sharding(cfg, mesh)
+        self._old_logps = make_policy_logps(cfg, mesh) if self.rl.mini_batches > 1 else None
+        self._metrics: dict = {}
+        self._served = 0  # mini-batches of the current rollout served
+
+    # ------------------------------------------------------------------------------------------
+    # order and state
+
+    def _epoch_order(self) -> None:
+        ids = np.arange(len(self.prompts.prompts))
+        kept, usable = grpo.next_epoch_prompts(ids, np.asarray(self.excluded, np.int64), self.rl.prompts_per_step)
+        if usable == 0:
+            kept, usable = ids, len(ids) - len(ids) % self.rl.prompts_per_step  # all solved: start again
+        perm = cached_permutation(work_dir_of(self.cfg.data) / "orders", len(kept), self.cfg.data.seed, self.epoch)
+        self.order = kept[np.asarray(perm)][: max(usable, self.rl.prompts_per_step)]
+
+    def _take(self) -> np.ndarray:
+        if self.cursor + self.rl.prompts_per_step > len(self.order):
+            self.epoch, self.cursor = self.epoch + 1, 0
+            self._epoch_order()
+        ids = self.order[self.cursor : self.cursor + self.rl.prompts_per_step]
+        self.cursor += self.rl.prompts_per_step
+        return ids
+
+    def state(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "kind": "rollouts",
+            "fingerprint": self.fingerprint,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "calls": self.calls,
+            "excluded": [int(i) for i in self.excluded],
+            "served": self._served,
+        }
+
+    def _restore(self, state: dict, allow_mismatch: bool) -> None:
+        if state.get("version") != STATE_VERSION or state.get("kind") != "rollouts":
+            raise DataStateError(f"the checkpoint's data state is not a rollout loader's: {state}")
+        if state["fingerprint"] != self.fingerprint and not allow_mismatch:
+            raise DataStateError(
+                f"the RL prompts differ from the checkpoint's (fingerprint {state['fingerprint'][:12]} -> "
+                f"{self.fingerprint[:12]}); pass --allow-data-change to continue anyway"
+            )
+        self.epoch, self.cursor, self.calls = state["epoch"], state["cursor"], state["calls"]
+        self.excluded = list(state["excluded"])
+        if state["served"]:
+            log.warning("resumed between the mini-batches of a rollout: its remaining ones come from a new rollout")
+
+    def audit(self) -> dict:
+        return {"repeats_in_epoch": 0}  # a permutation per epoch
+
+    def metrics(self) -> dict:
+        return dict(self._metrics)
+
+    # ------------------------------------------------------------------------------------------
+    # the rollout
+
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            parts = self._rollout()
+            for k, part in enumerate(parts):
+                self._served = (k + 1) % len(parts)
+                yield part
+
+    def _sample(self, ids: np.ndarray, counts: Counter):
+        """(prompt ids per sample, responses, log-probs, rewards (samples,), scores) of one sampling call."""
+        rl, group = self.rl, self.rl.samples_per_prompt
+        sampling = Sampling(temperature=rl.temperature, seed=self.cfg.data.seed * 1_000_003 + self.calls)
+        self.calls += 1
+        jax.block_until_ready(self.params)  # the previous step's update, dispatched asynchronously, is not rollout time
+        t0 = time.perf_counter()
+        out = sample(
+            self.params,
+            self.cfg.model,
+            [self.prompts.prompts[i].ids for i in ids],
+            rl.max_response_len,
+            n=group,
+            sampling=sampling,
+            eos_ids=self.eos_ids,
+            stop_sequences=self.stops,
+            mesh=self.mesh,
+        )
+        tokens, logps, lengths = (np.asarray(jax.device_get(x)) for x in out[:3])
+        counts["sample_s"] += time.perf_counter() - t0
+        counts["generated"] += int(lengths.sum())
+        counts["truncated"] += int(np.sum(np.asarray(jax.device_get(out.finish)) == 0))
+        prompts, responses, lps, rewards_, scores = [], [], [], [], []
+        t0 = time.perf_counter()
+        for r in range(len(ids) * group):
+            p = self.prompts.prompts[ids[r // group]]
+            resp = tokens[r, : lengths[r]].tolist()
+            text = self.tok.decode(resp[:-1] if resp and resp[-1] in self.eos_ids else resp)
+            value, parts = rewards.reward(list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S)
+            for name, score, status in parts:
+                counts[f"verifier/{name}/{status}"] += 1
+                scores.append((name, score))
+            prompts.append(p.ids)
+            responses.append(resp)
+            lps.append(logps[r, : lengths[r]].tolist())
+            rewards_.append(value)
+        counts["verify_s"] += time.perf_counter() - t0
+        return prompts, responses, lps, np.asarray(rewards_, np.float32), scores
+
+    def _rollout(self) -> list[dict]:
+        rl, group = self.rl, self.rl.samples_per_prompt
+        counts: Counter = Counter()
+        samples: list = [[], [], [], np.zeros(0, np.float32)]
+        prompt_ids: list = []
+        scores: list = []
+        for _ in range(EMPTY_RETRIES + 1):
+            ids = self._take()
+            p, r, lp, rw, sc = self._sample(ids, counts)
+            if not rl.active_sampling:  # one read of prompts_per_step groups; a retry replaces it
+                samples, prompt_ids = [[], [], [], np.zeros(0, np.float32)], []
+            samples = [samples[0] + p, samples[1] + r, samples[2] + lp, np.concatenate([samples[3], rw])]
+            prompt_ids += [int(i) for i in ids]
+            scores += sc
+            sel = grpo.select_groups(
+                samples[3],
+                group,
+                rl.prompts_per_step,
+                active=rl.active_sampling,
+                filter_zero_spread=rl.filter_zero_spread,
+                no_resampling_pass_rate=rl.no_resampling_pass_rate,
+                max_score=rl.reward_scale,
+            )
+            keep = np.asarray(sel.keep)
+            if keep.any() and (not rl.active_sampling or bool(sel.full)):
+                break
+            counts["empty_retries"] += not keep.any()
+        self.excluded += [prompt_ids[g] for g in np.flatnonzero(np.asarray(sel.no_resample))]
+        read = int(sel.consumed)
+        adv = np.asarray(grpo.advantages(samples[3][: read * group], group, normalise_std=rl.normalise_std))
+        kept = [s for s in range(read * group) if keep[s // group]]
+        packed = pack_rollouts(
+            [samples[0][s] for s in kept],
+            [samples[1][s] for s in kept],
+            [samples[2][s] for s in kept],
+            self.cfg.data.seq_len,
+            self.cfg.data.pad_token_id,
+        )
+        token_adv = np.asarray(grpo.token_values(adv[kept], packed.response_index))
+        parts = self._parts(packed, token_adv, counts)
+        self._metrics = self._figures(samples, read, sel, scores, counts, packed.rows)
+        return parts
+
+    def _parts(self, packed, token_adv: np.ndarray, counts: Counter) -> list[dict]:
+        """The packed rows as grpo.mini_batches step batches of trainer.global_batch rows each."""
+        width, m = self.cfg.trainer.global_batch, self.rl.mini_batches
+        per = -(-packed.rows // m)  # ceil: open-instruct splits a rank's rows into mini-batches alike
+        out = []
+        for k in range(m):
+            rows = slice(k * per, min((k + 1) * per, packed.rows))
+            n = max(0, min(rows.stop - rows.start, width))
+            counts["rows_dropped"] += max(0, rows.stop - rows.start - width)
+
+            def fill(x, pad, n=n, rows=rows):
+                full = np.full((width, x.shape[1]), pad, x.dtype)
+                full[:n] = x[rows][:n]
+                return full
+
+            batch = {
+                "input_ids": fill(packed.input_ids, self.cfg.data.pad_token_id),
+                "response_mask": fill(packed.response_mask, False),
+                "advantages": fill(token_adv.astype(np.float32), 0.0),
+                "sampler_logps": fill(packed.sampler_logps, 0.0),
+            }
+            if self.cfg.data.doc_masking:
+                batch["doc_lens"] = fill(packed.doc_lens, 0)
+                batch["doc_lens"][n:, 0] = self.cfg.data.seq_len  # an empty row is one padding segment
+            out.append(batch)
+        if self._old_logps is not None:  # every part's old log-probs before the first update
+            for batch in out:
+                placed = {
+                    k: jax.device_put(v, self._sharding) for k, v in batch.items() if k in ("input_ids", "doc_lens")
+                }
+                batch["old_logps"] = np.asarray(jax.device_get(self._old_logps(self.params, placed)))
+        return out
+
+    def _figures(self, samples, read: int, sel, scores, counts: Counter, rows: int) -> dict:
+        rl, group = self.rl, self.rl.samples_per_prompt
+        rw = samples[3][: read * group]
+        lengths = np.asarray([len(r) for r in samples[1][: read * group]])
+        figures = {
+            "rollout/reward_mean": float(rw.mean()),
+            "rollout/solve_rate": float(np.mean(rw >= rl.reward_scale)),
+            "rollout/response_len_mean": float(lengths.mean()),
+            "rollout/response_len_max": float(lengths.max()),
+            "rollout/truncated_frac": counts["truncated"] / max(1, len(samples[1])),
+            "rollout/zero_spread_frac": float(
+                (int(sel.filtered_zero) + int(sel.filtered_solved) + int(sel.filtered_other)) / max(1, read)
+            ),
+            "rollout/groups_kept": float(np.sum(np.asarray(sel.keep))),
+            "rollout/rows": float(rows),
+            "rollout/rows_dropped": float(counts["rows_dropped"]),
+            "rollout/empty_batches": float(counts["empty_retries"]),
+            "rollout/tokens_per_s": counts["generated"] / max(counts["sample_s"], 1e-9),
+            "rollout/verify_s": counts["verify_s"],
+            "rollout/epoch": float(self.epoch),
+        }
+        by_name: dict = {}
+        for name, score in scores:
+            by_name.setdefault(name, []).append(score)
+        figures.update({f"rollout/score/{name}": float(np.mean(v)) for name, v in by_name.items()})
+        figures.update({f"rollout/{k}": float(v) for k, v in counts.items() if k.startswith("verifier/")})
+        return figures
+
+
+def prompt_set(cfg: ExperimentConfig, tok) -> PromptSet:
+    """The RL prompts of data.paths, rendered with grpo.template (olmax.data.prompts)."""
+    from olmax.data.prompts import read_prompts
+
+    return read_prompts(cfg.data.paths, cfg.grpo.template, cfg.grpo.max_prompt_len, tok.info.name)

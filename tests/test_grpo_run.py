@@ -1,0 +1,114 @@
+"""`olmax train` with trainer.objective=grpo: the rollout loader (olmax.rollout.batches) and the loop.
+
+Fast: the prompt order is a per-epoch permutation that a saved state resumes, and prompts a rollout
+solved often enough leave it at the next epoch. Slow (a small random model; the rewards come from a
+test verifier, an entry point that scores a response by a hash of its text, so groups have a spread):
+three steps log the rollout and GRPO figures with the sampler's log-probs equal to the trainer's; a run
+stopped after step 2 and resumed replays the same rollouts and losses and ends on the same parameters.
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from small_run import SMALL
+
+from olmax import rewards
+from olmax.config_io import apply_overrides
+from olmax.data.chat_corpus import read_rows
+from olmax.data.tokenizer import load_tokenizer
+from olmax.recipes import get_recipe
+from olmax.rollout.batches import RolloutBatches, prompt_set
+from olmax.sharding import make_mesh
+
+VERIFIER = '''
+import hashlib
+
+
+def coin(response, ground_truth, **_):
+    """1 for about half the texts: a reward with a spread, from a random model's random text."""
+    return float(hashlib.sha256(response.encode()).digest()[0] % 2)
+'''
+
+
+def _prompts(tmp):
+    """The demo's RL prompts, their verifier renamed to the test's (`coin`)."""
+    path = tmp / "coin.jsonl"
+    if not path.exists():
+        path.write_text("".join(json.dumps({**r, "dataset": "coin"}) + "\n" for r in read_rows("rl")[:64]))
+    return path
+
+
+def _config(tmp, *extra):
+    return apply_overrides(
+        get_recipe("tiny_grpo"),
+        SMALL
+        + [
+            f"data.work_dir={tmp / 'cache'}",
+            f"data.paths=[{_prompts(tmp)}]",
+            "data.seq_len=96",
+            "grpo.max_prompt_len=64",
+            "grpo.max_response_len=16",
+            "grpo.prompts_per_step=4",
+            "grpo.samples_per_prompt=4",
+            "trainer.global_batch=16",
+            "trainer.max_steps=3",
+            "schedule.warmup_steps=0",
+            "checkpoint.every=100",
+            "optimizer.lr=1e-3",
+            *extra,
+        ],
+    )
+
+
+def test_prompt_order_resumes_and_leaves_solved_prompts_out(tmp_path, coin_verifier):
+    cfg = _config(tmp_path, "grpo.prompts_per_step=10", "grpo.no_resampling_pass_rate=0.875")
+    tok = load_tokenizer("dolma2")
+    prompts = prompt_set(cfg, tok)
+    mesh = make_mesh(cfg.mesh, jax.devices()[:1])
+    loader = RolloutBatches(cfg, mesh, prompts, tok)
+    first = [loader._take() for _ in range(3)]
+    again = RolloutBatches(cfg, mesh, prompts, tok, state=json.loads(json.dumps(loader.state())))
+    assert np.array_equal(again._take(), loader._take())
+    seen = np.concatenate(first + [loader._take() for _ in range(len(loader.order) // 10 - 4)])
+    assert len(set(seen.tolist())) == len(seen)  # a permutation: no prompt twice in an epoch
+    loader.excluded = [int(i) for i in seen[:25]]  # as select_groups' no_resample marks them
+    nxt = loader._take()
+    assert loader.epoch == 2 and not set(nxt.tolist()) & set(loader.excluded)
+    assert len(loader.order) == (len(prompts.prompts) - 25) // 10 * 10
+
+
+@pytest.fixture
+def coin_verifier(tmp_path, monkeypatch):
+    (tmp_path / "olmax_coin.py").write_text(VERIFIER)
+    dist = tmp_path / "olmax_coin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: olmax-coin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[olmax.verifiers]\ncoin = olmax_coin:coin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rewards.shutdown()  # the next worker is spawned with this sys.path
+    yield
+    rewards.shutdown()
+
+
+@pytest.mark.slow
+def test_grpo_run_logs_its_figures_and_resumes_exactly(tmp_path, coin_verifier):
+    from olmax.checkpoint import load_params
+    from olmax.train import train
+
+    straight = train(_config(tmp_path), tmp_path / "a", progress=False)
+    assert [r["step"] for r in straight] == [1, 2, 3]
+    for r in straight:
+        assert r["rollout/verifier/coin/ok"] == 16 and 0 < r["rollout/groups_kept"] <= 4
+        assert r["train/response tokens"] > 0 and r["rollout/rows_dropped"] == 0
+        assert r["debug/sampler_logp_diff_mean"] < 1e-5  # the sampler's log-probs are the trainer's
+        assert np.isfinite(r["train/GRPO loss"]) and r["optim/total grad norm"] > 0
+    train(_config(tmp_path), tmp_path / "b", stop_at=2, progress=False)
+    resumed = train(_config(tmp_path), tmp_path / "b", progress=False)
+    assert [r["step"] for r in resumed] == [3]
+    keys = [k for k in straight[-1] if k.startswith(("rollout/reward", "train/", "optim/", "policy/"))]
+    assert {k: resumed[0][k] for k in keys} == {k: straight[-1][k] for k in keys}
+    a, _, _ = load_params(tmp_path / "a" / "checkpoints")
+    b, _, _ = load_params(tmp_path / "b" / "checkpoints")
+    assert all(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x == y).all()), a, b)))
