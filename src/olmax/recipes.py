@@ -417,14 +417,15 @@ def _tiny_grpo() -> ExperimentConfig:
     # from the DPO stage's checkpoint. 8 prompts x 8 samples, each prompt + response in a packed row of
     # 256: the demo's samples (a 45-token prompt, a 17-token answer) pack four to a row, so 16 rows per
     # step hold them (longer answers leave rows out, counted as rollout/rows_dropped); every row costs a
-    # full forward and backward, padding or not. The learning rate is the tiny model's, not AI2's.
+    # full forward and backward, padding or not. The learning rate is the tiny model's, not AI2's: 3e-4
+    # broke the SFT model's answers within 30 steps, 3e-5 kept them (docs/post-training.md).
     rl = GRPOConfig(prompts_per_step=8, samples_per_prompt=8, max_prompt_len=64, max_response_len=128)
     return replace(
         _tiny(),
         name="tiny_grpo",
         model=replace(TINY, rope_positions="document"),
         data=DataConfig(seq_len=256, seed=34521, doc_masking=True),
-        optimizer=OptimizerConfig(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
+        optimizer=OptimizerConfig(lr=3e-5, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
         schedule=ScheduleConfig(name="constant", warmup_steps=0),
         trainer=TrainerConfig(global_batch=16, max_steps=40, loss_chunk=16, objective="grpo"),
         checkpoint=CheckpointConfig(every=20, keep=1),
