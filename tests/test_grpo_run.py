@@ -15,6 +15,7 @@ import pytest
 from small_run import SMALL
 
 from olmax import rewards
+from olmax.config import ConfigError
 from olmax.config_io import apply_overrides
 from olmax.data.chat_corpus import read_rows
 from olmax.data.tokenizer import load_tokenizer
@@ -69,14 +70,29 @@ def test_prompt_order_resumes_and_leaves_solved_prompts_out(tmp_path, coin_verif
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
     loader = RolloutBatches(cfg, mesh, prompts, tok)
     first = [loader._take() for _ in range(3)]
+    loader.excluded = [int(i) for i in first[0][:5]]  # marked during the epoch: it keeps its order
     again = RolloutBatches(cfg, mesh, prompts, tok, state=json.loads(json.dumps(loader.state())))
-    assert np.array_equal(again._take(), loader._take())
+    assert np.array_equal(again.order, loader.order) and np.array_equal(again._take(), loader._take())
     seen = np.concatenate(first + [loader._take() for _ in range(len(loader.order) // 10 - 4)])
     assert len(set(seen.tolist())) == len(seen)  # a permutation: no prompt twice in an epoch
     loader.excluded = [int(i) for i in seen[:25]]  # as select_groups' no_resample marks them
     nxt = loader._take()
     assert loader.epoch == 2 and not set(nxt.tolist()) & set(loader.excluded)
     assert len(loader.order) == (len(prompts.prompts) - 25) // 10 * 10
+
+
+def test_the_loop_refuses_what_it_cannot_sample_for(tmp_path, coin_verifier):
+    tok = load_tokenizer("dolma2")
+    mesh = make_mesh(get_recipe("tiny_grpo").mesh, jax.devices()[:1])
+    for extra, message in [
+        (["data.doc_masking=false", "model.rope_positions=absolute"], "data.doc_masking=true"),
+        (["model.rope_positions=absolute"], "model.rope_positions=document"),
+        (["grpo.beta=0.1"], "grpo.beta=0"),
+        (["grpo.prompts_per_step=65"], "at least grpo.prompts_per_step=65 prompts"),
+    ]:
+        cfg = _config(tmp_path, *extra)
+        with pytest.raises(ConfigError, match=message):
+            RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ Instruct template into RUN_DIR/data/. After each stage the checkpoint answers th
 counts as solved when the math verifier RL uses (olmax.rewards.math: the last `\\boxed{}`, compared
 by sympy) scores it 1. Every stage is an ordinary `olmax train`
 run directory, so a rerun resumes an unfinished stage and skips a finished one. Overrides apply to the
-sft and dpo stages (e.g. trainer.max_steps=10 for a quick look).
+sft, dpo and rl stages alike (e.g. trainer.max_steps=10 for a quick look).
 """
 
 from __future__ import annotations

@@ -189,13 +189,17 @@ class Optimizer:
     def init(self, params) -> OptState:
         return OptState(self.tx.init(params), skip_window_init(self.cfg.skip_window))
 
-    def step(self, grads, state: OptState, params, *, lr, loss):
-        """-> (params, state, StepStats). `loss` is the CE loss without z-loss, global-batch mean."""
+    def step(self, grads, state: OptState, params, *, lr, loss, hold=None):
+        """-> (params, state, StepStats). `loss` is the CE loss without z-loss, global-batch mean.
+        `hold`: a bool array, True to skip this step whatever the rule says (a GRPO batch with nothing
+        to learn from: no parameter, moment or counter moves)."""
         grads, norm = clip_by_global_norm(grads, self.cfg.max_grad_norm)
         if self.cfg.skip_step:
             f = step_factor(state.window, loss, norm, self.cfg.skip_sigma)
             window = skip_window_push(state.window, loss, norm)
         else:
             f, window = jnp.float32(1.0), state.window
+        if hold is not None:
+            f = jnp.where(hold, jnp.float32(0.0), f)
         updates, adam = self.tx.update(grads, state.adam, params, lr=lr, step_factor=f)
         return optax.apply_updates(params, updates), OptState(adam, window), StepStats(norm, 1.0 - f)

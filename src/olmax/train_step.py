@@ -338,13 +338,17 @@ def make_train_step(
         scale = (s * a) / jnp.maximum(jnp.sum(held, dtype=f32), 1.0)
         grads = jax.tree.map(lambda g: g * scale, grads)
         sums = {k: v * scale if k == "loss" or grpo.METRIC_REDUCTIONS[k] == "sum" else v for k, v in sums.items()}
+        for k in ("tis/weight_min", "tis/weight_max"):  # +-inf without a scored token: log the neutral weight
+            sums[k] = jnp.where(jnp.isfinite(sums[k]), sums[k], 1.0)
         return grads, sums["loss"], {**sums, "response_tokens": jnp.sum(scored, dtype=f32)}
 
     def step_fn(state: TrainState, batch: dict):
         grads_of = {"dpo": dpo_grads, "grpo": grpo_grads}.get(trainer.objective, lm_grads)
         grads, watched, metrics = grads_of(state.params, batch)
         lr = schedule(state.step + 1)
-        params, opt_state, stats = opt.step(grads, state.opt_state, state.params, lr=lr, loss=watched)
+        # a GRPO batch without a scored token (no rollout group had a reward spread) updates nothing
+        hold = metrics["response_tokens"] == 0 if trainer.objective == "grpo" else None
+        params, opt_state, stats = opt.step(grads, state.opt_state, state.params, lr=lr, loss=watched, hold=hold)
         metrics = {
             **metrics,
             "grad_norm": stats.grad_norm,

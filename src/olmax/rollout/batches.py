@@ -26,8 +26,12 @@ One rollout batch, as open-instruct's grpo_fast.py makes one (commit 42aa63c):
    part are computed before the first step (train_step.make_policy_logps).
 
 If no group survives (every group solved or every group failed), the next prompts are sampled, up to
-EMPTY_RETRIES times, then the step gets an empty batch (no update) and `rollout/empty_batches` counts it.
+EMPTY_RETRIES times (`rollout/retries`), then the step gets an empty batch, which the train step does not
+apply (no parameter, moment or counter moves; `rollout/empty_batch` is 1).
 Rows beyond a step's trainer.global_batch are left out and counted (`rollout/rows_dropped`).
+
+The loop needs data.doc_masking and model.rope_positions=document (samples share packed rows), grpo.beta
+0 (no reference policy yet) and one process; anything else is refused before the first rollout.
 
 Determinism: the draws of sampling call k are keyed by (data.seed, k), and k is in the state, so a run
 resumed from a checkpoint taken at a rollout boundary replays the same rollouts and losses. A
@@ -68,6 +72,7 @@ class RolloutBatches:
         from olmax.train_step import batch_sharding, make_policy_logps
 
         self.cfg, self.rl, self.mesh, self.prompts, self.tok = cfg, cfg.grpo, mesh, prompts, tok
+        _check_loop(cfg, len(prompts.prompts))
         for name in sorted(prompts.verifiers()):
             rewards.verifier(name)  # an unknown name exits 2 before any sampling, listing the known ones
         self.eos_ids = (tok.info.eos_token_id, tok.encode("<|im_end|>")[0])
@@ -76,6 +81,7 @@ class RolloutBatches:
         self.fingerprint = hashlib.sha256(json.dumps([prompts.template, key]).encode()).hexdigest()
         self.batches_per_epoch = max(1, len(prompts.prompts) // self.rl.prompts_per_step) * self.rl.mini_batches
         self.epoch, self.cursor, self.calls, self.excluded = 1, 0, 0, []
+        self.epoch_excluded: list[int] = []  # the exclusions this epoch's order was drawn without
         if state is not None:
             self._restore(state, allow_mismatch)
         self._epoch_order()
@@ -90,15 +96,17 @@ class RolloutBatches:
 
     def _epoch_order(self) -> None:
         ids = np.arange(len(self.prompts.prompts))
-        kept, usable = grpo.next_epoch_prompts(ids, np.asarray(self.excluded, np.int64), self.rl.prompts_per_step)
-        if usable == 0:
-            kept, usable = ids, len(ids) - len(ids) % self.rl.prompts_per_step  # all solved: start again
+        excluded = np.asarray(self.epoch_excluded, np.int64)
+        kept, usable = grpo.next_epoch_prompts(ids, excluded, self.rl.prompts_per_step)
+        if usable == 0:  # fewer prompts left than one rollout takes: all of them come back
+            kept, usable = ids, len(ids) - len(ids) % self.rl.prompts_per_step
         perm = cached_permutation(work_dir_of(self.cfg.data) / "orders", len(kept), self.cfg.data.seed, self.epoch)
         self.order = kept[np.asarray(perm)][: max(usable, self.rl.prompts_per_step)]
 
     def _take(self) -> np.ndarray:
         if self.cursor + self.rl.prompts_per_step > len(self.order):
-            self.epoch, self.cursor = self.epoch + 1, 0
+            # exclusions made during an epoch take effect at the next (open-instruct's ShufflingIterator)
+            self.epoch, self.cursor, self.epoch_excluded = self.epoch + 1, 0, list(self.excluded)
             self._epoch_order()
         ids = self.order[self.cursor : self.cursor + self.rl.prompts_per_step]
         self.cursor += self.rl.prompts_per_step
@@ -113,6 +121,7 @@ class RolloutBatches:
             "cursor": self.cursor,
             "calls": self.calls,
             "excluded": [int(i) for i in self.excluded],
+            "epoch_excluded": [int(i) for i in self.epoch_excluded],
             "served": self._served,
         }
 
@@ -125,7 +134,7 @@ class RolloutBatches:
                 f"{self.fingerprint[:12]}); pass --allow-data-change to continue anyway"
             )
         self.epoch, self.cursor, self.calls = state["epoch"], state["cursor"], state["calls"]
-        self.excluded = list(state["excluded"])
+        self.excluded, self.epoch_excluded = list(state["excluded"]), list(state["epoch_excluded"])
         if state["served"]:
             log.warning("resumed between the mini-batches of a rollout: its remaining ones come from a new rollout")
 
@@ -173,7 +182,8 @@ class RolloutBatches:
             p = self.prompts.prompts[ids[r // group]]
             resp = tokens[r, : lengths[r]].tolist()
             text = self.tok.decode(resp[:-1] if resp and resp[-1] in self.eos_ids else resp)
-            value, parts = rewards.reward(list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S)
+            _, parts = rewards.reward(list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S)
+            value = rl.reward_scale * sum(score for _, score, _ in parts)  # open-instruct's verification_reward
             for name, score, status in parts:
                 counts[f"verifier/{name}/{status}"] += 1
                 scores.append((name, score))
@@ -190,11 +200,12 @@ class RolloutBatches:
         samples: list = [[], [], [], np.zeros(0, np.float32)]
         prompt_ids: list = []
         scores: list = []
+        retries = 0
         for _ in range(EMPTY_RETRIES + 1):
             ids = self._take()
-            p, r, lp, rw, sc = self._sample(ids, counts)
             if not rl.active_sampling:  # one read of prompts_per_step groups; a retry replaces it
-                samples, prompt_ids = [[], [], [], np.zeros(0, np.float32)], []
+                samples, prompt_ids, scores, counts = [[], [], [], np.zeros(0, np.float32)], [], [], Counter()
+            p, r, lp, rw, sc = self._sample(ids, counts)
             samples = [samples[0] + p, samples[1] + r, samples[2] + lp, np.concatenate([samples[3], rw])]
             prompt_ids += [int(i) for i in ids]
             scores += sc
@@ -210,9 +221,13 @@ class RolloutBatches:
             keep = np.asarray(sel.keep)
             if keep.any() and (not rl.active_sampling or bool(sel.full)):
                 break
-            counts["empty_retries"] += not keep.any()
+            retries += 1
         self.excluded += [prompt_ids[g] for g in np.flatnonzero(np.asarray(sel.no_resample))]
         read = int(sel.consumed)
+        # active sampling stops reading at the group that filled the batch; the prompts of the last read
+        # after it were sampled for nothing and go back to the order (the cursor is within their epoch)
+        self.cursor -= len(prompt_ids) - read
+        counts["retries"], counts["empty"] = retries, int(not keep.any())
         adv = np.asarray(grpo.advantages(samples[3][: read * group], group, normalise_std=rl.normalise_std))
         kept = [s for s in range(read * group) if keep[s // group]]
         packed = pack_rollouts(
@@ -270,13 +285,12 @@ class RolloutBatches:
             "rollout/response_len_mean": float(lengths.mean()),
             "rollout/response_len_max": float(lengths.max()),
             "rollout/truncated_frac": counts["truncated"] / max(1, len(samples[1])),
-            "rollout/zero_spread_frac": float(
-                (int(sel.filtered_zero) + int(sel.filtered_solved) + int(sel.filtered_other)) / max(1, read)
-            ),
+            "rollout/zero_spread_frac": float(np.mean(np.asarray(grpo.zero_spread(rw, group)))),
             "rollout/groups_kept": float(np.sum(np.asarray(sel.keep))),
             "rollout/rows": float(rows),
             "rollout/rows_dropped": float(counts["rows_dropped"]),
-            "rollout/empty_batches": float(counts["empty_retries"]),
+            "rollout/retries": float(counts["retries"]),
+            "rollout/empty_batch": float(counts["empty"]),
             "rollout/tokens_per_s": counts["generated"] / max(counts["sample_s"], 1e-9),
             "rollout/verify_s": counts["verify_s"],
             "rollout/epoch": float(self.epoch),
@@ -294,3 +308,29 @@ def prompt_set(cfg: ExperimentConfig, tok) -> PromptSet:
     from olmax.data.prompts import read_prompts
 
     return read_prompts(cfg.data.paths, cfg.grpo.template, cfg.grpo.max_prompt_len, tok.info.name)
+
+
+def _check_loop(cfg: ExperimentConfig, n_prompts: int) -> None:
+    """What the RL loop needs of the config beyond check_grpo (which holds for any GRPO batch)."""
+    from olmax.config import ConfigError
+
+    data, rl = cfg.data, cfg.grpo
+    needs = [
+        # several samples share a packed row: each must see only itself, at the positions the sampler gave it
+        (not data.doc_masking, "data.doc_masking=true", "samples packed into one row must not attend to each other"),
+        (
+            cfg.model.rope_positions != "document",
+            "model.rope_positions=document",
+            "each packed sample's positions must restart at 0, as the sampler's do",
+        ),
+        (rl.beta > 0, "grpo.beta=0", "the loop does not compute a reference policy's log-probs yet"),
+        (jax.process_count() > 1, "one process", "rollouts are sampled by one process for now"),
+        (
+            n_prompts < rl.prompts_per_step,
+            f"at least grpo.prompts_per_step={rl.prompts_per_step} prompts",
+            f"data.paths hold {n_prompts} trainable prompts",
+        ),
+    ]
+    for bad, knob, why in needs:
+        if bad:
+            raise ConfigError(f"trainer.objective=grpo's rollouts need {knob}: {why}")
