@@ -133,9 +133,12 @@ def cached_forward(
     cfg: ModelConfig,
     valid: Optional[jnp.ndarray] = None,
     length: Optional[int] = None,
+    last: Optional[jnp.ndarray] = None,
 ):
     """-> (float32 logits (B, T, padded vocab), updated cache). See the module doc. `length`, the
-    RoPE table's length, defaults to the longest ring (a full layer's: the cache length)."""
+    RoPE table's length, defaults to the longest ring (a full layer's: the cache length). `last` (B,):
+    the logits of that position of each row only, (B, 1, padded vocab): a prefill needs no more, and
+    the whole (B, T, vocab) block would be T times the memory."""
     cdt = jnp.dtype(cfg.compute_dtype)
     b, t = tokens.shape
     valid = jnp.full((b,), t, jnp.int32) if valid is None else valid
@@ -172,5 +175,7 @@ def cached_forward(
         i = n_groups * period + j
         x, c = layer(x, i, jax.tree.map(lambda w: w[i], layers), cache["tail"][j])  # noqa: B023
         tail_cache.append(c)
+    if last is not None:
+        x = jnp.take_along_axis(x, last[:, None, None], axis=1)
     logits = lm_head(params, final_norm(params, x, cfg), cfg)
     return logits, {"group": group_cache, "tail": tuple(tail_cache)}

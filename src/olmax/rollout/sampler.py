@@ -146,8 +146,10 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
         p, width = prompts.shape
         length = width + steps
         cache = init_cache(cfg, p, length)
-        logits, cache = cached_forward(params, cache, prompts, jnp.zeros_like(lengths), cfg, lengths, length)
-        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0, :vocab]
+        logits, cache = cached_forward(
+            params, cache, prompts, jnp.zeros_like(lengths), cfg, lengths, length, lengths - 1
+        )
+        last = logits[:, 0, :vocab]
         if n > 1:  # each prompt's cache and last logits, computed once, repeated to its n samples
             cache = jax.tree.map(lambda c: jnp.repeat(c, n, axis=c.ndim - 4), cache)
             last, lengths = jnp.repeat(last, n, axis=0), jnp.repeat(lengths, n)
