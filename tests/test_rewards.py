@@ -271,6 +271,7 @@ def test_code_memory_hog_and_network_fail():
     assert code.run_tests(code.extract_program(hog), ["assert add(1, 2) == 3"], memory_mb=512) == ["fail"]
     net = "```python\nimport socket\ndef add(a, b):\n    socket.create_connection(('::1', 9))\n    return a + b```"
     assert code.verify(net, ["assert add(1, 2) == 3"]) == 0.0
+    # a program that opens a socket at import fails every test, even one that asserts nothing
     raw = "```python\nimport socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n```"
     assert code.run_tests(code.extract_program(raw), ["assert True"]) == ["fail"]
 
