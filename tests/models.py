@@ -8,7 +8,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from olmax.config import ModelConfig
+from olmax.config import ModelConfig, OptimizerConfig
 from olmax.convert.olmo_core import olmo3_transformer_config
 from olmax.model.olmo3 import init_params
 
@@ -154,3 +154,35 @@ def tiny_eval_model(**fields) -> ModelConfig:
     default, so the real tokenizer scores real text); `fields` change any of them."""
     sizes = dict(vocab_size=100278, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, mlp_hidden=64)
     return ModelConfig(**{**sizes, "sliding_window": 8, "compute_dtype": "float32", **fields})
+
+
+# The one-layer model the train-step tests (LM, SFT, DPO, GRPO) run on one device and on eight.
+STEP_MODEL = ModelConfig(
+    vocab_size=250,
+    d_model=32,
+    n_layers=1,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    mlp_hidden=64,
+    sliding_window=8,
+    compute_dtype="float32",
+)
+# For "the step equals its loss + AdamW by hand" tests: eps 1 makes the first AdamW step g / (|g| + 1),
+# a well-conditioned function of the gradient, so equal parameters after it mean equal gradients (at
+# torch's 1e-8 it is ~sign(g): ill-conditioned wherever g is near 1e-8); lr 1 keeps the step's size
+# that of the gradient.
+ONE_STEP_ADAMW = OptimizerConfig(lr=1.0, b2=0.999, eps=1.0, weight_decay=0.0, z_loss=0.0, skip_step=False)
+
+
+def one_train_step(cfg, n_devices: int, params: dict, batch: dict) -> tuple[dict, dict]:
+    """One olmax train step from `params` on the first n_devices devices: (parameters after, metrics)."""
+    from olmax.sharding import make_mesh
+    from olmax.state import init_train_state
+    from olmax.train_step import make_train_step
+
+    mesh = make_mesh(cfg.mesh, jax.devices()[:n_devices])
+    with jax.set_mesh(mesh):
+        state = init_train_state(cfg, mesh, jax.random.key(0), params=params)
+        state, metrics = make_train_step(cfg, mesh)(state, {k: jnp.asarray(v) for k, v in batch.items()})
+    return jax.device_get(state.params), {k: float(v) for k, v in metrics.items()}

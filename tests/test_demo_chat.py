@@ -39,6 +39,20 @@ def test_rows_are_in_each_stage_layout():
             assert [m["role"] for m in row["messages"]] == ["user"]
 
 
+def test_a_stage_that_stopped_early_stops_the_demo(tmp_path, monkeypatch):
+    """A stage whose trainer returned before its last step (SIGTERM saves and returns) must not hand its
+    checkpoint to the next stage: the demo stops, naming the stage and the step, and a rerun resumes."""
+    from olmax import demo_chat
+
+    monkeypatch.setattr(demo_chat, "train", lambda cfg, run_dir, progress: None)
+    monkeypatch.setattr(demo_chat, "read_metrics", lambda run_dir: [{"step": 255, "train/CE loss": 1.0}])
+    args = ("tiny_sft", tmp_path / "sft", tmp_path / "data", tmp_path / "base", [], False)
+    with pytest.raises(demo_chat.StageStopped, match=r"sft stage stopped at step 255 of 300.*rerun"):
+        demo_chat._stage(*args)
+    monkeypatch.setattr(demo_chat, "read_metrics", lambda run_dir: [{"step": 300, "train/CE loss": 1.0}])
+    assert demo_chat._stage(*args)["steps"] == 300
+
+
 @pytest.mark.slow
 def test_demo_chat_runs_every_stage_and_sft_learns_the_format(tmp_path, monkeypatch):
     """The whole demo (about 10 minutes on 2 cores): SFT teaches the answer format and some sums."""

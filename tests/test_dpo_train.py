@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models import ONE_STEP_ADAMW, STEP_MODEL, one_train_step
 
 from olmax.checkpoint import config_changes
 from olmax.config import (
@@ -18,8 +19,6 @@ from olmax.config import (
     DPOConfig,
     ExperimentConfig,
     MeshConfig,
-    ModelConfig,
-    OptimizerConfig,
     ScheduleConfig,
     TrainerConfig,
 )
@@ -27,30 +26,14 @@ from olmax.config_io import apply_overrides
 from olmax.model.olmo3 import init_params
 from olmax.objectives import dpo
 from olmax.recipes import get_recipe
-from olmax.sharding import make_mesh
-from olmax.state import init_train_state, optimizer
-from olmax.train_step import make_train_step
+from olmax.state import optimizer
 
 PAIRS, SEQ = 8, 16
 BASE = ExperimentConfig(
     name="dpo-step-test",
-    model=ModelConfig(
-        vocab_size=250,
-        vocab_multiple=128,
-        d_model=32,
-        n_layers=1,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=8,
-        mlp_hidden=64,
-        sliding_window=8,
-        compute_dtype="float32",
-    ),
+    model=STEP_MODEL,
     data=DataConfig(seq_len=SEQ),
-    # eps 1 makes the first AdamW step g / (|g| + 1), a well-conditioned function of the gradient, so
-    # equal parameters after it mean equal gradients (at torch's 1e-8 it is ~sign(g): ill-conditioned
-    # wherever g is near 1e-8); lr 1 keeps the step's size that of the gradient
-    optimizer=OptimizerConfig(lr=1.0, b2=0.999, eps=1.0, weight_decay=0.0, z_loss=0.0, skip_step=False),
+    optimizer=ONE_STEP_ADAMW,  # equal parameters after one step = equal gradients
     schedule=ScheduleConfig(name="constant", warmup_steps=0),
     trainer=TrainerConfig(global_batch=PAIRS, max_steps=10, objective="dpo", loss_chunk=8),
     dpo=DPOConfig(loss_type="dpo_norm", beta=5.0),
@@ -104,14 +87,6 @@ def _direct(loss_type: str):
     return params, batch, metrics, after
 
 
-def _step(cfg, n_devices, params, batch):
-    mesh = make_mesh(cfg.mesh, jax.devices()[:n_devices])
-    with jax.set_mesh(mesh):
-        state = init_train_state(cfg, mesh, jax.random.key(0), params=params)
-        state, metrics = make_train_step(cfg, mesh)(state, {k: jnp.asarray(v) for k, v in batch.items()})
-    return jax.device_get(state.params), {k: float(v) for k, v in metrics.items()}
-
-
 LAYOUTS = {
     "one-device-accum2": (MeshConfig(data=1, fsdp=1), PAIRS // 2, 1, "dpo_norm"),
     "dp2xfsdp4": (MeshConfig(data=2, fsdp=4), None, 8, "dpo_norm"),
@@ -126,7 +101,7 @@ def test_step_equals_dpo_loss(name):
     mesh, micro, n_devices, loss_type = LAYOUTS[name]
     cfg = replace(BASE, mesh=mesh, trainer=replace(BASE.trainer, micro_batch_size=micro), dpo=DPOConfig(loss_type))
     params, batch, expected, after = _direct(loss_type)
-    stepped, metrics = _step(cfg, n_devices, params, batch)
+    stepped, metrics = one_train_step(cfg, n_devices, params, batch)
     # rewards are beta x (log-prob ratios of ~10 nats): their fp32 sums differ by ~1e-6 with the order
     scale = 1.0 + abs(float(expected["rewards/chosen"])) + abs(float(expected["rewards/rejected"]))
     for key in ("loss", "grad_norm", *dpo.METRICS):

@@ -81,7 +81,8 @@ def olmax_side(inputs: dict, old: bool, tis_cap: float, beta: float) -> dict:
 
     mask = token_aligned(inputs["mask"]).astype(bool)
     adv = token_aligned(np.broadcast_to(inputs["advantages"][..., None], inputs["mask"].shape))
-    kw = dict(clip_low=0.2, clip_high=0.272, tis_cap=tis_cap, beta=beta, micro_batch_rows=ROWS, accum_steps=ACCUM)
+    settings = grpo.LossSettings(clip_low=0.2, clip_high=0.272, tis_cap=tis_cap, beta=beta)
+    kw = dict(settings=settings, micro_batch_rows=ROWS, accum_steps=ACCUM)
     old_logps = token_aligned(inputs["old_logps"]) if old else None
     sampler, ref = token_aligned(inputs["sampler_logps"]), token_aligned(inputs["ref_logps"])
     logps = token_aligned(inputs["logps"])
@@ -103,10 +104,7 @@ def olmax_side(inputs: dict, old: bool, tis_cap: float, beta: float) -> dict:
                 mask[k],
                 sampler_logps=sampler[k],
                 ref_logps=ref[k],
-                clip_low=0.2,
-                clip_high=0.272,
-                tis_cap=tis_cap,
-                beta=beta,
+                settings=settings,
             )
             per_token.append(terms.loss)
         return sum(losses), (metrics, jnp.stack(per_token))
@@ -313,12 +311,14 @@ def test_token_terms_by_hand():
     mask2 = np.concatenate([mask, mask]).copy()
     mask2[1, 1] = False
 
+    tis = grpo.LossSettings(tis_cap=2.0)
+
     @jax.jit
     def run(logps):
         def loss_sum(lp):
-            return jnp.sum(grpo.token_terms(lp, old, adv, mask, sampler_logps=sampler, tis_cap=2.0).loss)
+            return jnp.sum(grpo.token_terms(lp, old, adv, mask, sampler_logps=sampler, settings=tis).loss)
 
-        terms = grpo.token_terms(logps, old, adv, mask, sampler_logps=sampler, tis_cap=2.0)
+        terms = grpo.token_terms(logps, old, adv, mask, sampler_logps=sampler, settings=tis)
         two = jnp.concatenate([terms.loss, terms.loss])  # 2 device micro-batches of 1 row, 2 accumulation steps
         return (
             terms,
@@ -345,9 +345,9 @@ def test_token_terms_by_hand():
     # the TIS weight carries no gradient; the loss's gradient is -A w r on unclipped tokens, 0 on clipped
     np.testing.assert_allclose(grad[0], [0, 0, 0, -0.5, 2 * 1.5, 0], rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="sampler"):
-        grpo.token_terms(logps, None, adv, mask, tis_cap=2.0)
+        grpo.token_terms(logps, None, adv, mask, settings=grpo.LossSettings(tis_cap=2.0))
     with pytest.raises(ValueError, match="reference"):
-        grpo.token_terms(logps, None, adv, mask, beta=0.1)
+        grpo.token_terms(logps, None, adv, mask, settings=grpo.LossSettings(beta=0.1))
 
 
 def test_select_groups_by_hand():

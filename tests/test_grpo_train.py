@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models import ONE_STEP_ADAMW, STEP_MODEL, one_train_step
 
 from olmax.compile_check import compile_step, grpo_batch
 from olmax.config import (
@@ -22,8 +23,6 @@ from olmax.config import (
     ExperimentConfig,
     GRPOConfig,
     MeshConfig,
-    ModelConfig,
-    OptimizerConfig,
     ScheduleConfig,
     TrainerConfig,
 )
@@ -39,23 +38,10 @@ from olmax.train_step import batch_sharding, make_policy_logps, make_train_step
 ROWS, SEQ = 16, 16
 BASE = ExperimentConfig(
     name="grpo-step-test",
-    model=ModelConfig(
-        vocab_size=250,
-        vocab_multiple=128,
-        d_model=32,
-        n_layers=1,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=8,
-        mlp_hidden=64,
-        sliding_window=8,
-        compute_dtype="float32",
-        rope_positions="document",  # open-instruct restarts positions at every packed sequence
-    ),
+    # open-instruct restarts positions at every packed sequence
+    model=replace(STEP_MODEL, rope_positions="document"),
     data=DataConfig(seq_len=SEQ, doc_masking=True),
-    # eps 1 makes the first AdamW step g / (|g| + 1), a well-conditioned function of the gradient
-    # (tests/test_dpo_train.py says why); lr 1 keeps the step's size that of the gradient
-    optimizer=OptimizerConfig(lr=1.0, b2=0.999, eps=1.0, weight_decay=0.0, z_loss=0.0, skip_step=False),
+    optimizer=ONE_STEP_ADAMW,
     schedule=ScheduleConfig(name="constant", warmup_steps=0),
     trainer=TrainerConfig(global_batch=ROWS, max_steps=10, objective="grpo", loss_chunk=8),
     grpo=GRPOConfig(max_prompt_len=4, max_response_len=8),
@@ -135,9 +121,7 @@ def _direct(rl: GRPOConfig, micro_batch_rows: int):
             old_logps=batch.get("old_logps"),
             sampler_logps=batch.get("sampler_logps"),
             segments=segments,
-            clip_low=rl.clip_low,
-            clip_high=rl.clip_high,
-            tis_cap=rl.tis_cap,
+            settings=grpo.LossSettings.of(rl),
             micro_batch_rows=rows,
         )
 
@@ -149,14 +133,6 @@ def _direct(rl: GRPOConfig, micro_batch_rows: int):
 
     after, metrics, global_mean = jax.device_get(jax.jit(one_step)(params))
     return params, batch, metrics, after, float(global_mean)
-
-
-def _step(cfg, n_devices, params, batch):
-    mesh = make_mesh(cfg.mesh, jax.devices()[:n_devices])
-    with jax.set_mesh(mesh):
-        state = init_train_state(cfg, mesh, jax.random.key(0), params=params)
-        state, metrics = make_train_step(cfg, mesh)(state, {k: jnp.asarray(v) for k, v in batch.items()})
-    return jax.device_get(state.params), {k: float(v) for k, v in metrics.items()}
 
 
 # name: (mesh, micro_batch_size, devices, GRPO settings); micro-batch rows per device = ROWS / shards / accum
@@ -181,7 +157,7 @@ def test_step_equals_grpo_loss(name):
     micro_rows = micro or ROWS // shards
     assert ROWS // shards // micro_rows == 2  # two accumulation steps
     params, batch, expected, after, global_mean = _direct(rl, micro_rows)
-    stepped, metrics = _step(cfg, n_devices, params, batch)
+    stepped, metrics = one_train_step(cfg, n_devices, params, batch)
     for key in ("loss", "grad_norm", *grpo.GRPO_METRICS):
         assert metrics[key] == pytest.approx(float(expected[key]), rel=1e-5, abs=1e-6), key
     # open-instruct's aggregation: a token mean per device micro-batch, not over the whole batch

@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models import STEP_MODEL
 from test_sft_data import conversations, sft_cfg
 
-from olmax.config import DataConfig, ExperimentConfig, MeshConfig, ModelConfig, TrainerConfig
+from olmax.config import DataConfig, ExperimentConfig, MeshConfig, TrainerConfig
 from olmax.data.chat_files import tokenize_chat
 from olmax.data.loader import make_loader
 from olmax.loss import IGNORE, loss_denominator, loss_sums, make_labels
@@ -55,17 +56,7 @@ def test_labels_with_label_mask_match_olmo_core():
 def test_train_step_ce_is_over_the_masked_targets_only():
     cfg = ExperimentConfig(
         name="sft-step",
-        model=ModelConfig(
-            vocab_size=250,
-            d_model=32,
-            n_layers=1,
-            n_heads=4,
-            n_kv_heads=2,
-            head_dim=8,
-            mlp_hidden=64,
-            sliding_window=8,
-            compute_dtype="float32",
-        ),  # fmt: skip
+        model=STEP_MODEL,
         data=DataConfig(seq_len=16, pad_token_id=PAD, packing="obfd", label_masks=True),
         trainer=TrainerConfig(global_batch=4, micro_batch_size=2, max_steps=2, loss_chunk=8),
         mesh=MeshConfig(data=1, fsdp=1, tensor=1),

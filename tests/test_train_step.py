@@ -12,13 +12,13 @@ from functools import lru_cache
 import jax
 import numpy as np
 import pytest
+from models import STEP_MODEL
 
 from olmax.config import (
     ConfigError,
     DataConfig,
     ExperimentConfig,
     MeshConfig,
-    ModelConfig,
     OptimizerConfig,
     ScheduleConfig,
     TrainerConfig,
@@ -33,17 +33,7 @@ N_STEPS = 3
 PAD = 3
 BASE = ExperimentConfig(
     name="train-step-test",
-    model=ModelConfig(
-        vocab_size=250,
-        d_model=32,
-        n_layers=1,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=8,
-        mlp_hidden=64,
-        sliding_window=8,
-        compute_dtype="float32",
-    ),
+    model=STEP_MODEL,
     data=DataConfig(seq_len=16, pad_token_id=PAD, mask_pad_token=True),
     optimizer=OptimizerConfig(lr=3e-3),
     schedule=ScheduleConfig(warmup_steps=2),

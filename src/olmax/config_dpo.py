@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from olmax.errors import ConfigError
+from olmax.errors import ConfigError, refuse
 
 if TYPE_CHECKING:  # olmax.config imports this module
     from olmax.config import ExperimentConfig
@@ -31,6 +31,18 @@ class DPOConfig:
             raise ConfigError(f"dpo.beta must be positive, got {self.beta}")
 
 
+def lm_only(cfg: ExperimentConfig, unit: str) -> list[tuple[bool, str, str]]:
+    """The LM data and loss options an objective on whole sequences (DPO's pairs, GRPO's rollouts; the
+    `unit`) refuses, as refuse() rules."""
+    data = cfg.data
+    return [
+        (data.instance_filter, "data.instance_filter=true", "the repetition filter is an LM-loss mask"),
+        (data.max_target_seq_len is not None, "data.max_target_seq_len", f"it chunks token streams, not {unit}"),
+        (cfg.optimizer.z_loss != 0.0, f"optimizer.z_loss={cfg.optimizer.z_loss}", "it regularises the LM loss"),
+        (cfg.mesh.context != 1, f"mesh.context={cfg.mesh.context}", "its log-probs are not split over a context axis"),
+    ]
+
+
 def check_dpo(cfg: ExperimentConfig) -> None:
     """What trainer.objective=dpo does not take: its rows are whole sequences, one prompt and response
     each, right-padded (open-instruct's DPO batches), read by the pair loader (olmax.data.pairs)."""
@@ -39,15 +51,5 @@ def check_dpo(cfg: ExperimentConfig) -> None:
         (data.packing != "none", "data.packing=obfd", "each row is one pair's sequence, not packed documents"),
         (data.doc_masking, "data.doc_masking=true", "a row holds one document, so causal attention is enough"),
         (data.label_masks, "data.label_masks=true", "the pair loader always reads the label masks"),
-        (data.instance_filter, "data.instance_filter=true", "the repetition filter is an LM-loss mask"),
-        (data.max_target_seq_len is not None, "data.max_target_seq_len", "it chunks token streams, not pairs"),
-        (cfg.optimizer.z_loss != 0.0, f"optimizer.z_loss={cfg.optimizer.z_loss}", "it regularises the LM loss"),
-        (
-            cfg.mesh.context != 1,
-            f"mesh.context={cfg.mesh.context}",
-            "the DPO log-probs are not split over a context axis yet",
-        ),
     ]
-    for bad, knob, why in refused:
-        if bad:
-            raise ConfigError(f"trainer.objective=dpo does not take {knob}: {why}")
+    refuse(refused + lm_only(cfg, "pairs"), "trainer.objective=dpo does not take {knob}: {why}")

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from olmax.errors import ConfigError
+from olmax.config_dpo import lm_only
+from olmax.errors import ConfigError, refuse
 
 if TYPE_CHECKING:  # olmax.config imports this module
     from olmax.config import ExperimentConfig
@@ -109,18 +110,8 @@ def check_grpo(cfg: ExperimentConfig) -> None:
     refused = [
         (data.packing != "none", "data.packing=obfd", "the RL loop packs its rollouts itself"),
         (data.label_masks, "data.label_masks=true", "the batch's response_mask says which tokens have a loss"),
-        (data.instance_filter, "data.instance_filter=true", "the repetition filter is an LM-loss mask"),
-        (data.max_target_seq_len is not None, "data.max_target_seq_len", "it chunks token streams, not rollouts"),
-        (cfg.optimizer.z_loss != 0.0, f"optimizer.z_loss={cfg.optimizer.z_loss}", "it regularises the LM loss"),
-        (
-            cfg.mesh.context != 1,
-            f"mesh.context={cfg.mesh.context}",
-            "the GRPO log-probs are not split over a context axis yet",
-        ),
     ]
-    for bad, knob, why in refused:
-        if bad:
-            raise ConfigError(f"trainer.objective=grpo does not take {knob}: {why}")
+    refuse(refused + lm_only(cfg, "rollouts"), "trainer.objective=grpo does not take {knob}: {why}")
     longest = grpo.max_prompt_len + grpo.max_response_len
     if longest > data.seq_len:  # open-instruct asserts pack_length >= max_prompt_token_length + response_length
         raise ConfigError(

@@ -36,6 +36,11 @@ TEMPLATE = "instruct"
 MAX_NEW_TOKENS = 32  # the answers are about 20 tokens: "12 + 4 = 16. The answer is \boxed{16}."
 
 
+class StageStopped(RuntimeError):
+    """A stage's trainer returned before its last step (a SIGTERM saves a checkpoint and returns early):
+    the next stage must not start from an unfinished one. A rerun resumes the stage."""
+
+
 def _tokenized(run_dir: Path) -> dict[str, Path]:
     """The SFT conversations and the preference pairs, tokenized once into RUN_DIR/data/."""
     out = {}
@@ -74,6 +79,12 @@ def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: S
     cfg = apply_overrides(get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={init_from}", *overrides])
     train(cfg, run_dir, progress=progress)
     rows = read_metrics(run_dir)
+    reached = rows[-1]["step"] if rows else 0
+    if reached < cfg.trainer.max_steps:
+        raise StageStopped(
+            f"{run_dir.name} stage stopped at step {reached} of {cfg.trainer.max_steps} (preempted?); "
+            f"rerun `olmax demo chat --run-dir {run_dir.parent}` to resume it"
+        )
     loss = LOSS_METRIC[cfg.trainer.objective]
     stage = {
         "run_dir": str(run_dir),

@@ -182,10 +182,7 @@ def make_train_step(
             ref_logps=ref,
             segments=segments,
             temperature=rl.temperature,
-            clip_low=rl.clip_low,
-            clip_high=rl.clip_high,
-            tis_cap=rl.tis_cap,
-            beta=rl.beta,
+            settings=grpo.LossSettings.of(rl),
             # a micro-batch's rows are every batch shard's micro_batch rows in shard order: each group
             # of micro_batch consecutive rows is one device's micro-batch, open-instruct's token-mean unit
             micro_batch_rows=layout.micro_batch,

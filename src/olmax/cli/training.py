@@ -147,10 +147,15 @@ def demo_cmd(
     each scored on held-out prompts (olmax.demo_chat); its run dir defaults to runs/demo-chat."""
     overrides = list(overrides or [])
     if overrides[:1] == ["chat"]:
-        from olmax.demo_chat import format_chat_summary, run_chat_demo
+        from olmax.demo_chat import StageStopped, format_chat_summary, run_chat_demo
+        from olmax.exits import ExitStatus
 
         chat_dir = Path("runs/demo-chat") if run_dir == Path("runs/demo") else run_dir
-        summary = run_chat_demo(chat_dir, overrides[1:])
+        try:
+            summary = run_chat_demo(chat_dir, overrides[1:])
+        except StageStopped as e:  # the same status as a preempted `olmax train`: rerun to resume
+            typer.echo(str(e), err=True)
+            raise typer.Exit(ExitStatus.PREEMPTED) from None
         typer.echo(format_chat_summary(summary))
     else:
         from olmax.demo import format_summary, run_demo

@@ -174,6 +174,21 @@ def token_values(per_response: jnp.ndarray, response_index: jnp.ndarray) -> jnp.
 # The loss
 
 
+class LossSettings(NamedTuple):
+    """The loss's knobs, one value per run (static under jit): the PPO clip range, the truncated
+    importance-sampling cap (0 = off) and the kl3 weight (0 = no reference)."""
+
+    clip_low: float = CLIP_LOW
+    clip_high: float = CLIP_HIGH
+    tis_cap: float = 0.0
+    beta: float = 0.0
+
+    @classmethod
+    def of(cls, rl) -> LossSettings:
+        """From the `grpo` config section (olmax.config_grpo.GRPOConfig)."""
+        return cls(rl.clip_low, rl.clip_high, rl.tis_cap, rl.beta)
+
+
 class TokenTerms(NamedTuple):
     loss: jnp.ndarray  # (rows, seq) float32 per-token loss (PPO term x TIS + beta x kl), 0 off the mask
     policy: jnp.ndarray  # (rows, seq) the PPO term x TIS alone
@@ -193,16 +208,15 @@ def token_terms(
     *,
     sampler_logps: Optional[jnp.ndarray] = None,
     ref_logps: Optional[jnp.ndarray] = None,
-    clip_low: float = CLIP_LOW,
-    clip_high: float = CLIP_HIGH,
-    tis_cap: float = 0.0,
-    beta: float = 0.0,
+    settings: LossSettings = LossSettings(),
 ) -> TokenTerms:
     """Per-token terms; all arrays (rows, seq), mask True where the token has a loss.
 
     old_logps None: the log-probs themselves without gradient (open-instruct with one mini-batch per
-    step, the Think run: r = 1 in value). tis_cap > 0 needs sampler_logps; beta > 0 needs ref_logps.
-    Values off the mask are ignored (where-selected before any exp, so padding cannot make NaNs)."""
+    step, the Think run: r = 1 in value). settings.tis_cap > 0 needs sampler_logps; settings.beta > 0
+    needs ref_logps. Values off the mask are ignored (where-selected before any exp, so padding cannot
+    make NaNs)."""
+    clip_low, clip_high, tis_cap, beta = settings
     mask = mask.astype(bool)
     logps = logps.astype(jnp.float32)
     old = jax.lax.stop_gradient(logps if old_logps is None else old_logps.astype(jnp.float32))
@@ -311,10 +325,7 @@ def loss_from_logps(
     old_logps: Optional[jnp.ndarray] = None,
     sampler_logps: Optional[jnp.ndarray] = None,
     ref_logps: Optional[jnp.ndarray] = None,
-    clip_low: float = CLIP_LOW,
-    clip_high: float = CLIP_HIGH,
-    tis_cap: float = 0.0,
-    beta: float = 0.0,
+    settings: LossSettings = LossSettings(),
     micro_batch_rows: int = 1,
     accum_steps: int = 1,
 ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
@@ -326,10 +337,7 @@ def loss_from_logps(
         mask,
         sampler_logps=sampler_logps,
         ref_logps=ref_logps,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        tis_cap=tis_cap,
-        beta=beta,
+        settings=settings,
     )
     gap = None
     if sampler_logps is not None:
@@ -357,10 +365,7 @@ def grpo_loss(
     ref_logps: Optional[jnp.ndarray] = None,
     segments: Optional[jnp.ndarray] = None,
     temperature: float = TEMPERATURE,
-    clip_low: float = CLIP_LOW,
-    clip_high: float = CLIP_HIGH,
-    tis_cap: float = 0.0,
-    beta: float = 0.0,
+    settings: LossSettings = LossSettings(),
     micro_batch_rows: int = 1,
     accum_steps: int = 1,
     chunk: int = 0,
@@ -368,7 +373,7 @@ def grpo_loss(
     """(loss, metrics) of one micro-batch of packed rows: input_ids, response_mask, advantages and the
     optional log-prob arrays all (rows, seq), token-aligned. jax.grad of the loss, summed over the
     step's micro-batches, is open-instruct's gradient for the step; the metrics combine with
-    combine_metrics. tis_cap, beta, micro_batch_rows, accum_steps, chunk: static."""
+    combine_metrics. settings, micro_batch_rows, accum_steps, chunk: static."""
     logps = policy_token_logps(params, input_ids, cfg, temperature=temperature, chunk=chunk, segments=segments)
     return loss_from_logps(
         logps,
@@ -377,10 +382,7 @@ def grpo_loss(
         old_logps=old_logps,
         sampler_logps=sampler_logps,
         ref_logps=ref_logps,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        tis_cap=tis_cap,
-        beta=beta,
+        settings=settings,
         micro_batch_rows=micro_batch_rows,
         accum_steps=accum_steps,
     )

@@ -56,6 +56,7 @@ from olmax.config import ExperimentConfig
 from olmax.data.loader import DataStateError, work_dir_of
 from olmax.data.order import cached_permutation
 from olmax.data.prompts import PromptSet
+from olmax.errors import refuse
 from olmax.objectives import grpo
 from olmax.rollout.pack import pack_rollouts
 from olmax.rollout.sampler import Sampling, sample
@@ -312,8 +313,6 @@ def prompt_set(cfg: ExperimentConfig, tok) -> PromptSet:
 
 def _check_loop(cfg: ExperimentConfig, n_prompts: int) -> None:
     """What the RL loop needs of the config beyond check_grpo (which holds for any GRPO batch)."""
-    from olmax.config import ConfigError
-
     data, rl = cfg.data, cfg.grpo
     needs = [
         # several samples share a packed row: each must see only itself, at the positions the sampler gave it
@@ -331,6 +330,4 @@ def _check_loop(cfg: ExperimentConfig, n_prompts: int) -> None:
             f"data.paths hold {n_prompts} trainable prompts",
         ),
     ]
-    for bad, knob, why in needs:
-        if bad:
-            raise ConfigError(f"trainer.objective=grpo's rollouts need {knob}: {why}")
+    refuse(needs, "trainer.objective=grpo's rollouts need {knob}: {why}")
