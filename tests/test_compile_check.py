@@ -108,6 +108,42 @@ def test_auto_keeps_the_most_that_fits_and_its_record_is_reused(monkeypatch, tmp
     assert again.source == str(tmp_path / "remat_search.json")
 
 
+# The same model on v5p, whose compiles take about half Ironwood's (4 compiles, 20-40 s on 2 cores):
+# the compiler's peaks were 19.13 MiB (q/k/v, attn_context, o_proj), 18.29 (the seeds' set: less than
+# the smaller set, the ladder is not monotone in memory) and 19.79 (every matmul output, serial the
+# same), libtpu 0.0.42.1, under the suite's flags.
+V5P_BUDGET_MIB = 19.5
+
+
+def test_auto_on_v5p_takes_the_seeds_set_with_four_real_compiles(monkeypatch, tmp_path):
+    """The default run's real-compiler proof of model.remat=auto (the slow Ironwood test above is the
+    same claim): the middle set fits, so the seeds' set is tried and fits, and every matmul output is
+    refused in both orders; the choice is the seeds' set in the compiler's order, and a second search
+    for the same step and devices compiles nothing."""
+    v5p = dataclasses.replace(chips.CHIPS["v5p"], hbm_limit_gib=V5P_BUDGET_MIB / 1024 / chips.HBM_HEADROOM)
+    monkeypatch.setitem(chips.CHIPS, "v5p", v5p)
+    cfg = apply_overrides(get_recipe("tiny"), AUTO_SMALL + ["model.remat=auto"])
+    mesh = make_mesh(cfg.mesh, topology_devices("v5p:2x2x1"))
+    first = choose_remat(cfg, mesh, v5p, "v5p:2x2x1", {}, str(tmp_path))
+    seeds = ",".join(SEEDS_SET)
+    assert (first.cfg.model.remat, first.cfg.model.remat_serial) == (seeds, False)
+    tried = [(c["remat"], c["serial"], c["fits"]) for c in first.record["candidates"]]
+    assert tried == [
+        ("q_proj,k_proj,v_proj,attn_context,o_proj", False, True),
+        (seeds, False, True),
+        (seeds + ",mlp_up", False, False),
+        (seeds + ",mlp_up", True, False),
+    ]
+
+    def no_compile(*args):
+        raise AssertionError("compiled although the search is recorded")
+
+    monkeypatch.setattr(compile_check, "compile_step", no_compile)
+    again = choose_remat(cfg, mesh, v5p, "v5p:2x2x1", {}, str(tmp_path))
+    assert (again.cfg.model.remat, again.cfg.model.remat_serial) == (seeds, False)
+    assert again.source == str(tmp_path / "remat_search.json")
+
+
 # context 2 (the kernel per chunk of queries) in the slow run: the tag is the same code either way
 @pytest.mark.parametrize("context", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_keeping_attn_context_spares_the_splash_forward(context):
