@@ -346,3 +346,121 @@ def test_olmax_lm_eval_applies_the_chat_template(exports, chat_tasks, tmp_path):
     [samples] = list(tmp_path.rglob("samples_chat_plain_*.jsonl"))
     context = json.loads(samples.read_text().splitlines()[0])["arguments"]["gen_args_0"]["arg_0"]
     assert context.startswith("<|im_start|>system\nAnswer briefly.") and context.endswith("assistant\n<think>")
+
+
+# lm-eval's own gsm8k and ifeval configs (lm-eval 0.4.13, lm_eval/tasks/gsm8k/gsm8k.yaml and
+# lm_eval/tasks/ifeval/ifeval.yaml), included whole: only the name and the dataset (local rows in the
+# hub datasets' schemas, made up here) change. `include` resolves ifeval's `!function utils...` against
+# the included file's directory (lm_eval/tasks/_yaml_loader.py, load_yaml), so its utils.py scores.
+# dataset_name goes too: gsm8k's `main` is a hub config, which the json builder does not have.
+REAL_TASK_YAML = """include: {config}
+task: {name}
+dataset_path: json
+dataset_name: null
+dataset_kwargs: {{data_files: {files}}}
+"""
+# gsm8k: openai/gsm8k's `main` columns; the answer's last line is `#### N` (the task's strict filter)
+GSM8K_TRAIN = [
+    ("Ann has 3 pens and buys 2 more. How many pens does she have?", "3+2=<<3+2=5>>5\n#### 5"),
+    ("A box holds 4 eggs. How many eggs are in 3 boxes?", "4*3=<<4*3=12>>12\n#### 12"),
+    ("Tom had 10 coins and spent 4. How many are left?", "10-4=<<10-4=6>>6\n#### 6"),
+    ("Six birds sit on a wire and 2 fly away. How many stay?", "6-2=<<6-2=4>>4\n#### 4"),
+    ("Each bag costs $2. What do 5 bags cost?", "2*5=<<2*5=10>>10\n#### 10"),
+    ("Mia reads 7 pages a day. How many pages does she read in 2 days?", "7*2=<<7*2=14>>14\n#### 14"),
+]
+GSM8K_TEST = [
+    ("Sam has 8 apples and gives away 3. How many remain?", "8-3=<<8-3=5>>5\n#### 5"),
+    ("A car has 4 wheels. How many wheels do 2 cars have?", "4*2=<<4*2=8>>8\n#### 8"),
+    ("Lee saves $600 a year. How much does he save in 2 years?", "600*2=<<600*2=1200>>1200\n#### 1,200"),
+]
+# ifeval: google/IFEval's columns, instructions whose checks need no NLTK data (punkt_tab: see
+# docs/rewards.md) and no langdetect (which draws at random unless seeded)
+IFEVAL_DOCS = [
+    ("Describe a rainy morning in a small town without using any commas.", ["punctuation:no_comma"], [{}]),
+    (
+        "Write a note to a neighbour about a lost cat. Use the words grey and collar, and end with 'Thank you.'",
+        ["keywords:existence", "startend:end_checker"],
+        [{"keywords": ["grey", "collar"]}, {"end_phrase": "Thank you."}],
+    ),
+    (
+        "Give advice for a first day at a new job in at least 40 words, with 2 sections in *markdown*.",
+        ["length_constraints:number_words", "detectable_format:number_highlighted_sections"],
+        [{"num_words": 40, "relation": "at least"}, {"num_highlights": 2}],
+    ),
+    (
+        "Write a poem about the sea with a title in double angular brackets. Do not use the words blue or wave.",
+        ["detectable_format:title", "keywords:forbidden_words"],
+        [{}, {"forbidden_words": ["blue", "wave"]}],
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def real_tasks(tmp_path_factory):
+    lm_eval = pytest.importorskip("lm_eval")
+    tasks = Path(lm_eval.__file__).parent / "tasks"
+    tmp = tmp_path_factory.mktemp("real_tasks")
+    rows = {
+        "gsm8k_train": [{"question": q, "answer": a} for q, a in GSM8K_TRAIN],
+        "gsm8k_test": [{"question": q, "answer": a} for q, a in GSM8K_TEST],
+        "ifeval": [
+            {"key": 1000 + i, "prompt": p, "instruction_id_list": ids, "kwargs": kw}
+            for i, (p, ids, kw) in enumerate(IFEVAL_DOCS)
+        ],
+    }
+    for name, docs in rows.items():
+        (tmp / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    # the splits each config names: gsm8k train (few-shot) and test, ifeval train
+    gsm8k = {"train": str(tmp / "gsm8k_train.jsonl"), "test": str(tmp / "gsm8k_test.jsonl")}
+    for name, config, files in (
+        ("gsm8k_local", tasks / "gsm8k" / "gsm8k.yaml", gsm8k),
+        ("ifeval_local", tasks / "ifeval" / "ifeval.yaml", {"train": str(tmp / "ifeval.jsonl")}),
+    ):
+        (tmp / f"{name}.yaml").write_text(REAL_TASK_YAML.format(config=config, name=name, files=json.dumps(files)))
+    return tmp
+
+
+@pytest.mark.slow  # ~23 s alone on 2 cores (12 s after its neighbour, which pays the compiles and imports)
+@pytest.mark.parity
+def test_lm_eval_gsm8k_and_ifeval_match_hf(exports, olmax_lm, real_tasks):
+    """lm-eval's real gsm8k (5-shot, multi-turn under the chat template, its regex filters and
+    exact_match) and ifeval (0-shot, its own process_results) on local rows: every logged sample
+    (request, generation, filtered answer, per-sample metrics) and the task figures of the olmax model
+    equal lm-eval's `hf` model's. The 5-shot contexts are longer than the model's 256 positions less the
+    32 new tokens: both left-truncate them."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    tasks = TaskManager(include_path=str(real_tasks), include_defaults=False)
+    # One request per batch: HFLM's stop criteria (lm_eval/models/utils_hf.py, MultiTokenEOSCriteria) end
+    # a batch only once every row shows the stop string, and gsm8k's `<|im_end|>` is a special token that
+    # the decoded answer skips, so a row that emitted it keeps the text its batch generated after it. Alone,
+    # a request ends at it; olmax ends each row at its own stop at any batch size.
+    hf = HFLM(pretrained=str(exports / "instruct"), device="cpu", dtype="float32", batch_size=1, max_length=256)
+    out = {}
+    for key, lm in (("ours", olmax_lm), ("hf", hf)):
+        out[key] = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=["gsm8k_local", "ifeval_local"],
+            task_manager=tasks,
+            apply_chat_template=True,
+            # as `--gen_kwargs max_gen_toks=32`: ifeval asks for 1280 new tokens, gsm8k for HFLM's default
+            # 256, at least this 256-position model's window, which HFLM refuses (no room for the context)
+            gen_kwargs={"max_gen_toks": 32},
+            limit=4,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
+    assert out["ours"]["samples"] == out["hf"]["samples"]
+    assert out["ours"]["results"] == out["hf"]["results"]
+    samples, results = out["ours"]["samples"], out["ours"]["results"]
+    # a sample per document and filter: gsm8k's strict-match and flexible-extract, ifeval's none
+    assert [len(samples["gsm8k_local"]), len(samples["ifeval_local"])] == [6, 4]
+    context = samples["gsm8k_local"][0]["arguments"][0][0]  # the first request's (context, gen_kwargs)
+    assert context.count("<|im_start|>user\nQuestion: ") == 6  # five shots and the question
+    assert context.endswith("Answer:<|im_end|>\n<|im_start|>assistant\n")
+    assert len(olmax_lm.tok_encode(context)) > 256 - 32
+    assert {"exact_match,strict-match", "exact_match,flexible-extract"} <= results["gsm8k_local"].keys()
+    ifeval = {f"{level}_level_{kind}_acc,none" for level in ("prompt", "inst") for kind in ("strict", "loose")}
+    assert ifeval <= results["ifeval_local"].keys()
