@@ -1,6 +1,7 @@
 """`olmax demo chat` and its shipped corpus. Fast: the shipped files are exactly what
-olmax.data.chat_corpus writes, the held-out problems are not trained on, and each file is in the layout
-its stage reads. Slow: the whole demo (base, SFT, DPO, RL) runs, and SFT learns the format and some sums."""
+olmax.data.chat_corpus writes, the held-out problems are not trained on, each file is in the layout its
+stage reads, and a stage that stopped early stops the demo. Slow: the whole demo (base, SFT, DPO, RL)
+runs, and RL teaches the answer format the verifier reads."""
 
 import re
 
@@ -33,10 +34,24 @@ def test_rows_are_in_each_stage_layout():
             assert [m["role"] for m in messages] == ["user", "assistant"]
     for row in chat_corpus.read_rows("prefs"):
         assert row["chosen"][0] == row["rejected"][0] and row["chosen"][1] != row["rejected"][1]
+        # the pair differs in the sum, never in the format: DPO is not what teaches the demo to box
+        assert ("\\boxed{" in row["chosen"][1]["content"]) == ("\\boxed{" in row["rejected"][1]["content"])
     for name in ("rl", "rl_heldout"):
         for row in chat_corpus.read_rows(name):
             assert row["dataset"] == "math" and int(row["ground_truth"]) >= 0
             assert [m["role"] for m in row["messages"]] == ["user"]
+
+
+def test_three_demonstrations_in_ten_box_their_answer():
+    """The verifier credits a boxed answer only; the SFT rows box 3 in 10 and state the rest in words,
+    each answer's number the true one either way."""
+    rows = chat_corpus.read_rows("sft")
+    boxed = [r for r in rows if "\\boxed{" in r["messages"][1]["content"]]
+    assert len(boxed) == sum(k % 10 < 3 for k in range(len(rows)))
+    for r in rows:
+        a, op, b = re.search(r"(\d+) ([+-]) (\d+)", r["messages"][0]["content"]).groups()
+        c = int(a) + int(b) if op == "+" else int(a) - int(b)
+        assert r["messages"][1]["content"].endswith((f"is \\boxed{{{c}}}.", f"is {c}."))
 
 
 def test_a_stage_that_stopped_early_stops_the_demo(tmp_path, monkeypatch):
@@ -54,16 +69,20 @@ def test_a_stage_that_stopped_early_stops_the_demo(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_demo_chat_runs_every_stage_and_sft_learns_the_format(tmp_path, monkeypatch):
-    """The whole demo (about 10 minutes on 2 cores): SFT teaches the answer format and some sums."""
+def test_demo_chat_runs_every_stage_and_rl_teaches_what_the_verifier_reads(tmp_path, monkeypatch):
+    """The whole demo (about 20 minutes on 2 cores): SFT teaches some sums, stated in words as most of
+    its demonstrations are; RL, rewarded by the math verifier, teaches the model to box them, on
+    held-out prompts too (held-out solved: 0 before RL, 7 after, measured)."""
     from olmax.demo_chat import run_chat_demo
 
     monkeypatch.setenv("OLMAX_CACHE", str(tmp_path / "cache"))
     s = run_chat_demo(tmp_path / "run", progress=False)
+    of = s["sft"]["held_out"]["of"]
     assert s["sft"]["last_loss"] < s["sft"]["first_loss"] / 10
     assert s["base"]["held_out"]["solved"] == 0
-    assert s["sft"]["held_out"]["formatted"] >= 0.9 * s["sft"]["held_out"]["of"]
-    assert s["sft"]["held_out"]["solved"] >= 5
+    assert s["sft"]["held_out"]["answered"] >= 3 and s["sft"]["held_out"]["formatted"] <= 0.2 * of
     assert len(s["rl"]["reward_by_step"]) == s["rl"]["steps"] == 40
-    assert s["rl"]["held_out_exact"]["before"] == s["dpo"]["held_out"]["solved"]
+    before, after = s["rl"]["held_out_exact"]["before"], s["rl"]["held_out_exact"]["after"]
+    assert before == s["dpo"]["held_out"]["solved"] <= 2
+    assert s["rl"]["held_out"]["formatted"] >= 0.9 * of and after >= before + 4
     assert (tmp_path / "run" / "summary.json").is_file() and (tmp_path / "run" / "post_training.png").is_file()

@@ -9,14 +9,18 @@ The chat corpus (olmax.data.chat_corpus) is arithmetic with checkable answers, t
 Instruct template into RUN_DIR/data/. After each stage the checkpoint answers the held-out prompts
 (sums it never trained on) greedily through `olmax generate --chat instruct`'s path, and an answer
 counts as solved when the math verifier RL uses (olmax.rewards.math: the last `\\boxed{}`, compared
-by sympy) scores it 1. Every stage is an ordinary `olmax train`
-run directory, so a rerun resumes an unfinished stage and skips a finished one. Overrides apply to the
-sft, dpo and rl stages alike (e.g. trainer.max_steps=10 for a quick look).
+by sympy) scores it 1. Most demonstrations state the answer in words (the corpus's module doc), so SFT
+teaches sums the verifier cannot read, and the RL stage, rewarded by that verifier, teaches the model
+to box them: the held-out solve count before and after RL is the demo's measure of RL learning. Every
+stage is an ordinary `olmax train` run directory, so a rerun resumes an unfinished stage and skips a
+finished one. Overrides apply to the sft, dpo and rl stages alike (e.g. trainer.max_steps=10 for a
+quick look).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -54,8 +58,16 @@ def _tokenized(run_dir: Path) -> dict[str, Path]:
     return out
 
 
+def _last_number(text: str) -> str | None:
+    numbers = re.findall(r"-?\d+", text)
+    return numbers[-1] if numbers else None
+
+
 def held_out_solved(ckpt: Path) -> dict:
-    """The checkpoint's greedy answers to the held-out prompts: how many box the right number."""
+    """The checkpoint's greedy answers to the held-out prompts: how many the math verifier credits
+    (`solved`: the right number boxed), how many box a number (`formatted`), and how many end on the
+    right number in any form (`answered`: the sums the model knows, whether the verifier can read them
+    or not)."""
     from olmax.rollout.text import generate_text
 
     rows = read_rows("rl_heldout")
@@ -68,6 +80,7 @@ def held_out_solved(ckpt: Path) -> dict:
         "solved": solved,
         "of": len(rows),
         "formatted": sum("\\boxed{" in t for t in texts),
+        "answered": sum(_last_number(t) == r["ground_truth"] for t, r in zip(texts, rows)),
         "examples": [
             {"prompt": r["messages"][0]["content"], "answer": res["text"], "truth": r["ground_truth"]}
             for r, res in list(zip(rows, report["results"]))[:3]
@@ -125,7 +138,7 @@ def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: 
 
 
 def _plot(s: dict, path: Path) -> None:
-    fig, (sft, dpo, rl) = plt.subplots(1, 3, figsize=(14, 4))
+    fig, (sft, dpo, rl, held) = plt.subplots(1, 4, figsize=(18, 4))
     sft.plot(range(1, len(s["sft"]["loss_curve"]) + 1), s["sft"]["loss_curve"])
     sft.set_title("SFT: CE loss on assistant tokens")
     dpo.plot(range(1, len(s["dpo"]["loss_curve"]) + 1), s["dpo"]["loss_curve"])
@@ -135,6 +148,14 @@ def _plot(s: dict, path: Path) -> None:
     for ax in (sft, dpo, rl):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    # after each stage: what the verifier credits beside the sums the model knows in any form
+    stages = ("base", "sft", "dpo", "rl")
+    x = range(len(stages))
+    held.bar([i - 0.2 for i in x], [s[k]["held_out"]["answered"] for k in stages], 0.4, label="right number")
+    held.bar([i + 0.2 for i in x], [s[k]["held_out"]["solved"] for k in stages], 0.4, label="verifier: solved")
+    held.set_xticks(list(x), stages)
+    held.set_title(f"held-out prompts (of {s['rl']['held_out']['of']}), greedy")
+    held.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -143,7 +164,10 @@ def _plot(s: dict, path: Path) -> None:
 def format_chat_summary(s: dict) -> str:
     def solved(stage):
         h = s[stage]["held_out"]
-        return f"{h['solved']}/{h['of']} held-out sums solved ({h['formatted']} boxed an answer)"
+        return (
+            f"{h['solved']}/{h['of']} held-out sums solved ({h['formatted']} boxed an answer; "
+            f"{h['answered']} ended on the right number)"
+        )
 
     lines = [f"base  {solved('base')}"]
     sft = s["sft"]
