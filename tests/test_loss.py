@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models import STEP_MODEL
 
-from olmax.config import ModelConfig
 from olmax.loss import IGNORE, loss_denominator, loss_sums, make_labels, output_loss
 from olmax.model.olmo3 import forward_hidden, init_params, lm_head
 
@@ -89,34 +89,23 @@ def test_micro_batches_sum_to_the_global_mean():
     assert abs(float(per_micro_means) - float(whole)) > 1e-3  # the test distinguishes the two
 
 
-TINY = ModelConfig(
-    vocab_size=250,
-    d_model=32,
-    n_layers=1,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=8,
-    mlp_hidden=64,
-    sliding_window=8,
-    compute_dtype="float32",
-)
-
-
 @pytest.mark.parametrize("chunk, z_loss", [(4, 1e-5), (0, 0.1), (8, 0.1)])
 def test_fused_output_loss_equals_autodiff_of_full_logits(chunk, z_loss):
     """The fused output layer + loss (gradients formed in its forward pass) against plain autodiff
     through the full float32 logits, with pad and last-position labels ignored; z_loss 0.1 makes the
     z-loss gradient big enough to be checked, 1e-5 is AI2's."""
-    params = jax.jit(init_params, static_argnums=0)(TINY, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(STEP_MODEL, jax.random.key(0))
     ids = jnp.asarray(np.random.default_rng(3).integers(0, 250, (2, 16), dtype=np.int32))
     labels = make_labels(ids, pad_token_id=PAD)
 
     def full(params):
-        ce, z_sq = loss_sums(lm_head(params, forward_hidden(params, ids, TINY), TINY), labels)
+        ce, z_sq = loss_sums(lm_head(params, forward_hidden(params, ids, STEP_MODEL), STEP_MODEL), labels)
         return ce + z_loss * z_sq, (ce, z_sq)
 
     def fused(params):
-        return output_loss(params, forward_hidden(params, ids, TINY), labels, TINY, chunk=chunk, z_loss=z_loss)
+        return output_loss(
+            params, forward_hidden(params, ids, STEP_MODEL), labels, STEP_MODEL, chunk=chunk, z_loss=z_loss
+        )
 
     (total_ref, sums_ref), g_ref = jax.jit(jax.value_and_grad(full, has_aux=True))(params)
     (total, sums), g = jax.jit(jax.value_and_grad(fused, has_aux=True))(params)
@@ -134,4 +123,4 @@ def test_chunk_must_divide_sequence():
     params = {"lm_head": jnp.zeros((32, 256))}
     hidden = jnp.zeros((1, 16, 32))
     with pytest.raises(ValueError, match="loss_chunk=5"):
-        output_loss(params, hidden, jnp.zeros((1, 16), jnp.int32), TINY, chunk=5, z_loss=1e-5)
+        output_loss(params, hidden, jnp.zeros((1, 16), jnp.int32), STEP_MODEL, chunk=5, z_loss=1e-5)

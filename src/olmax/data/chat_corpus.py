@@ -11,10 +11,11 @@ Problems are sums and differences of numbers below 25 in a few phrasings. A prob
 out by a stable hash, so the held-out prompts ask sums the model never saw trained, in phrasings it did.
 
 The demonstrations box their answer (`The answer is \\boxed{7}.`) in 3 rows of 10 and state it in words
-in the rest (`The answer is 7.`), as demonstrations gathered from many sources mix formats. The math verifier, as
-open-instruct's, credits only an answer it can extract (a `\\boxed{}` here), so the SFT model answers
-in words and scores 0, whatever sums it learnt; RL with that verifier as the reward teaches it to box,
-a behaviour that carries over to prompts it never trained on (docs/post-training.md, "`olmax demo chat`").
+in the rest (`The answer is 7.`), as demonstrations gathered from many sources mix formats. The math
+verifier, as open-instruct's, credits only an answer it can extract (a `\\boxed{}` here), so the SFT
+model answers in words and scores 0, whatever sums it learnt; RL with that verifier as the reward
+teaches it to box, a behaviour that carries over to prompts it never trained on (docs/post-training.md,
+"`olmax demo chat`").
 
 Files (gzip level 9, mtime 0; one JSON object per line):
 - sft.jsonl.gz, sft_heldout.jsonl.gz: {"messages": [user, assistant]} (the Dolci-*-SFT layout);
@@ -52,7 +53,8 @@ def _answer(a: int, op: str, b: int, c: int, boxed: bool) -> str:
 
 
 def _boxed(row: int) -> bool:
-    """Row k of a file boxes its answer when k % 10 < BOXED_PER_10 (the rows are in random order)."""
+    """Row k of a file boxes its answer when k % 10 < BOXED_PER_10: by position, not by problem, so a
+    problem's two SFT rows (one in order, one shuffled) box independently of each other."""
     return row % 10 < BOXED_PER_10
 
 
