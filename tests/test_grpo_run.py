@@ -87,12 +87,45 @@ def test_the_loop_refuses_what_it_cannot_sample_for(tmp_path, coin_verifier):
     for extra, message in [
         (["data.doc_masking=false", "model.rope_positions=absolute"], "data.doc_masking=true"),
         (["model.rope_positions=absolute"], "model.rope_positions=document"),
-        (["grpo.beta=0.1"], "grpo.beta=0"),
         (["grpo.prompts_per_step=65"], "at least grpo.prompts_per_step=65 prompts"),
     ]:
         cfg = _config(tmp_path, *extra)
         with pytest.raises(ConfigError, match=message):
             RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
+
+
+def test_a_checkpoint_between_mini_batches_keeps_the_rollout_it_is_in(tmp_path, coin_verifier):
+    """The rollout's parts not yet trained on (and, sampled ahead, the next rollout's) are saved as the
+    checkpoint's data_arrays item and served after the resume, old log-probs included."""
+    from olmax.checkpoint import RunCheckpoints
+    from olmax.rollout.batches import _done, _Rollout
+    from olmax.state import abstract_state, init_train_state
+
+    cfg = _config(tmp_path, "grpo.mini_batches=2", "trainer.global_batch=8")
+    tok = load_tokenizer("dolma2")
+    mesh = make_mesh(cfg.mesh, jax.devices()[:1])
+    rng = np.random.default_rng(0)
+
+    def part():
+        return {
+            "input_ids": rng.integers(0, 100, (8, 96)).astype(np.int32),
+            "response_mask": rng.random((8, 96)) < 0.5,
+            "old_logps": rng.normal(size=(8, 96)).astype(np.float32),
+        }
+
+    loader = RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
+    first, nxt = _Rollout([part(), part()], {"rollout/reward_mean": 2.5}), _Rollout([part(), part()], {})
+    loader._queue.extend([_done(first), _done(nxt)])
+    batches = iter(loader)
+    next(batches)  # the first mini-batch trained on; the checkpoint follows
+    ckpts = RunCheckpoints(tmp_path / "checkpoints", cfg)
+    ckpts.save(1, init_train_state(cfg, mesh, jax.random.key(0)), loader.state(), mesh)
+    ckpts.close()
+    _, data_state = RunCheckpoints(tmp_path / "checkpoints", cfg).restore_latest(abstract_state(cfg, mesh))
+    again = iter(RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok, state=data_state))
+    for want in (first.parts[1], *nxt.parts):
+        got = next(again)
+        assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
 
 
 @pytest.fixture
@@ -124,6 +157,35 @@ def test_grpo_run_logs_its_figures_and_resumes_exactly(tmp_path, coin_verifier):
     resumed = train(_config(tmp_path), tmp_path / "b", progress=False)
     assert [r["step"] for r in resumed] == [3]
     keys = [k for k in straight[-1] if k.startswith(("rollout/reward", "train/", "optim/", "policy/"))]
+    assert {k: resumed[0][k] for k in keys} == {k: straight[-1][k] for k in keys}
+    a, _, _ = load_params(tmp_path / "a" / "checkpoints")
+    b, _, _ = load_params(tmp_path / "b" / "checkpoints")
+    assert all(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x == y).all()), a, b)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("async_steps, beta", [(0, 0.0), (1, 0.05)])
+def test_a_run_stopped_between_mini_batches_resumes_exactly(tmp_path, coin_verifier, async_steps, beta):
+    """Two mini-batches per rollout, stopped after step 3 (the first of rollout 2) and resumed: the same
+    step 4 and parameters as without the stop. Rollout 2 is sampled from the parameters after step 2, or
+    with grpo.async_steps=1 after step 0 (with rollout 1), so step 3's sampler log-probs are then stale.
+    With grpo.beta > 0 the KL to the starting parameters is 0 at step 1 and grows; the resumed run
+    makes its reference again."""
+    from olmax.checkpoint import load_params
+    from olmax.train import train
+
+    extra = ["grpo.mini_batches=2", "trainer.global_batch=8", "trainer.max_steps=4"]
+    extra += [f"grpo.async_steps={async_steps}", f"grpo.beta={beta}"]
+    straight = train(_config(tmp_path, *extra), tmp_path / "a", progress=False)
+    assert [r["step"] for r in straight] == [1, 2, 3, 4]
+    gap = straight[2]["debug/sampler_logp_diff_mean"]
+    assert (gap > 1e-4) if async_steps else (gap < 1e-5), gap
+    kl = [r["loss/kl_avg"] for r in straight]
+    assert (abs(kl[0]) < 1e-6 and kl[3] > 1e-5) if beta else kl == [0.0] * 4, kl
+    train(_config(tmp_path, *extra), tmp_path / "b", stop_at=3, progress=False)
+    resumed = train(_config(tmp_path, *extra), tmp_path / "b", progress=False)
+    assert [r["step"] for r in resumed] == [4]
+    keys = [k for k in straight[-1] if k.startswith(("rollout/reward", "train/", "optim/", "policy/", "debug/"))]
     assert {k: resumed[0][k] for k in keys} == {k: straight[-1][k] for k in keys}
     a, _, _ = load_params(tmp_path / "a" / "checkpoints")
     b, _, _ = load_params(tmp_path / "b" / "checkpoints")

@@ -243,7 +243,7 @@ def load_params(
 # Training runs: the full state, every N steps
 
 
-OPT_STATE, DATA, EXPERIMENT = "opt_state", "data", "experiment"
+OPT_STATE, DATA, DATA_ARRAYS, EXPERIMENT = "opt_state", "data", "data_arrays", "experiment"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # locally Orbax writes a step here, then renames it when complete
 COMMIT_FILE = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # on GCS it writes this last instead (see _is_gcs)
 
@@ -265,9 +265,11 @@ class RunCheckpoints:
 
     Items: params, config and meta (as `save_params`, so `load_params` reads a training checkpoint
     too), opt_state ({"step", "opt"}: the optimizer state incl. the skip-step window), data (the
-    loader state) and experiment (the whole resolved ExperimentConfig). There is no RNG item: the
-    only randomness is the initialisation (from trainer.seed, at step 0) and the data order (in the
-    loader state); the step itself is deterministic.
+    loader state, JSON), data_arrays (only where the loader state has an "arrays" entry: numpy arrays,
+    e.g. the RL loop's rollouts not yet trained on) and experiment (the whole resolved
+    ExperimentConfig). There is no RNG item: the only randomness is the initialisation (from
+    trainer.seed, at step 0), the data order and the RL loop's sampling (both in the loader state); the
+    step itself is deterministic.
 
     Keep policy (Orbax's preservation policies, applied after each committed save to every complete
     step in the directory, so to those of earlier runs of the run directory too): the newest
@@ -292,6 +294,8 @@ class RunCheckpoints:
 
     def save(self, step: int, state, data_state: dict, mesh) -> None:
         cfg = self.cfg
+        data_state = dict(data_state)
+        arrays = data_state.pop("arrays", None)
         meta = {
             "olmax_version": olmax_version(),
             "step": step,
@@ -312,6 +316,7 @@ class RunCheckpoints:
                         META: ocp.args.JsonSave(meta),
                         DATA: ocp.args.JsonSave(data_state),
                         EXPERIMENT: ocp.args.JsonSave(dataclasses.asdict(cfg)),
+                        **({DATA_ARRAYS: ocp.args.StandardSave(arrays)} if arrays else {}),
                     }
                 ),
             )
@@ -388,7 +393,11 @@ class RunCheckpoints:
             ),
         )
         state = target._replace(step=items[OPT_STATE]["step"], params=items[PARAMS], opt_state=items[OPT_STATE]["opt"])
-        return state, (None if saved[DATA] is None else dict(saved[DATA]))
+        data_state = None if saved[DATA] is None else dict(saved[DATA])
+        if (self.path / str(step) / DATA_ARRAYS).exists():  # numpy arrays, read back as they were saved
+            arrays = self._mngr.restore(step, args=ocp.args.Composite(**{DATA_ARRAYS: ocp.args.StandardRestore()}))
+            data_state["arrays"] = arrays[DATA_ARRAYS]
+        return state, data_state
 
     def close(self) -> None:
         """Wait for the save in flight (its write errors surface here), then release the manager."""
@@ -524,6 +533,7 @@ def run_handlers() -> dict[str, ocp.CheckpointHandler]:
         **_handlers(),
         OPT_STATE: ocp.StandardCheckpointHandler(),
         DATA: ocp.JsonCheckpointHandler(),
+        DATA_ARRAYS: ocp.StandardCheckpointHandler(),
         EXPERIMENT: ocp.JsonCheckpointHandler(),
     }
 

@@ -66,6 +66,13 @@ class GRPOConfig:
     mini_batches: int = 1
     """Optimizer steps per rollout batch (--num_mini_batches: 1 Think, 4 Instruct). With more than one
     the loop computes old_logps of the whole batch before the first step (olmax.objectives.grpo)."""
+    async_steps: int = 0
+    """Rollouts sampled ahead (open-instruct --async_steps; the OLMo 3 Think script at 3af17aa ran 8 on
+    separate vLLM GPUs): 0 = synchronous, each rollout sampled with the parameters it is trained from;
+    1 = the next rollout is sampled and verified, by a worker thread, while the steps on this one run,
+    with the parameters from before them (one rollout off-policy). Sampler and trainer share the mesh,
+    so only the host's work (verifying, packing) overlaps the device's; more lag would buy no more
+    overlap, hence at most 1. Costs one more copy of the parameters (docs/post-training.md)."""
     stop: tuple[str, ...] = ()
     """Strings that end a response besides the end-of-turn token (--stop_strings: "</answer>" Instruct,
     none Think)."""
@@ -91,6 +98,11 @@ class GRPOConfig:
         for name in ("clip_high", "tis_cap", "beta"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
+        if self.async_steps not in (0, 1):
+            raise ConfigError(
+                f"grpo.async_steps must be 0 or 1, got {self.async_steps}: sampler and trainer share one mesh, "
+                "so a rollout sampled further ahead is only more off-policy, not faster"
+            )
         rate = self.no_resampling_pass_rate
         if rate is not None and not 0.0 < rate <= 1.0:
             raise ConfigError(f"grpo.no_resampling_pass_rate must be in (0, 1] or null, got {rate}")

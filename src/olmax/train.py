@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
@@ -97,8 +98,21 @@ def train(
         rl_run = cfg.trainer.objective == "grpo"
         if rl_run:  # the rollout phase: prompts -> sample -> verify -> pack (olmax.rollout.batches)
             tok = load_tokenizer(cfg.data.tokenizer)
+            reference = None
+            if cfg.grpo.beta > 0:
+                # the kl3 penalty's reference: the starting parameters (a copy: the step donates the
+                # state's), made again from the start (seed or checkpoint.init_from) on a resume
+                reference = (
+                    jax.tree.map(jnp.copy, state.params) if restored is None else _fresh_state(cfg, mesh)[0].params
+                )
             loader = RolloutBatches(
-                cfg, mesh, prompt_set(cfg, tok), tok, state=data_state, allow_mismatch=allow_data_change
+                cfg,
+                mesh,
+                prompt_set(cfg, tok),
+                tok,
+                reference=reference,
+                state=data_state,
+                allow_mismatch=allow_data_change,
             )
         elif dpo_run:
             # the reference pass runs on the starting parameters: the fresh state's, which a resumed
@@ -147,7 +161,9 @@ def train(
             t_last = time.perf_counter()
             for step in range(start + 1, last + 1):
                 if rl_run:
-                    loader.params = state.params  # the policy samples the rollout the step trains on
+                    # the parameters the step starts from: a new rollout is sampled with them (with
+                    # grpo.async_steps=1 the one after the step's) and its old log-probs computed
+                    loader.params = state.params
                 local = next(batches)
                 batch = {
                     k: jax.make_array_from_process_local_data(sharding, local[k])
@@ -176,6 +192,8 @@ def train(
                     bar.write(f"SIGTERM: saved step {step} in {ckpts.directory}; exiting")
                     break
         finally:
+            if rl_run:
+                loader.close()
             bar.close()
             log.close()
             ckpts.close()

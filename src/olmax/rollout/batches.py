@@ -23,20 +23,34 @@ One rollout batch, as open-instruct's grpo_fast.py makes one (commit 42aa63c):
 6. serve: the rows in grpo.mini_batches consecutive parts, one per optimizer step, each padded with
    empty rows to trainer.global_batch rows (the step counts only micro-batches that hold a response
    token, as open-instruct has no empty ones). With several mini-batches the old log-probs of every
-   part are computed before the first step (train_step.make_policy_logps).
+   part are computed under the parameters of the rollout's first step, before it
+   (train_step.make_policy_logps).
 
 If no group survives (every group solved or every group failed), the next prompts are sampled, up to
 EMPTY_RETRIES times (`rollout/retries`), then the step gets an empty batch, which the train step does not
 apply (no parameter, moment or counter moves; `rollout/empty_batch` is 1).
 Rows beyond a step's trainer.global_batch are left out and counted (`rollout/rows_dropped`).
 
-The loop needs data.doc_masking and model.rope_positions=document (samples share packed rows), grpo.beta
-0 (no reference policy yet) and one process; anything else is refused before the first rollout.
+Synchronous (grpo.async_steps=0) each rollout is sampled with the parameters its first step starts
+from. With grpo.async_steps=1 (open-instruct's --async_steps, Cleanba's one-step lag) a worker thread
+samples, verifies and packs the next rollout while the steps on this one run, from a copy of the
+parameters their first step starts from: rollout r+1 is sampled with the parameters rollout r trains
+from, and the first two with the initial ones. The sampler's log-probs are then one rollout stale,
+which grpo.tis_cap corrects and `debug/sampler_logp_diff_mean` shows; `rollout/wait_s` is how long the
+trainer waited for its rollout.
 
-Determinism: the draws of sampling call k are keyed by (data.seed, k), and k is in the state, so a run
-resumed from a checkpoint taken at a rollout boundary replays the same rollouts and losses. A
-checkpoint taken between the mini-batches of one rollout (grpo.mini_batches > 1) resumes with a
-fresh rollout for the remaining mini-batches: keep checkpoint.every a multiple of grpo.mini_batches.
+With grpo.beta > 0 every part also gets the reference policy's log-probs (ref_logps, under the run's
+starting parameters, which the trainer keeps as `reference`) for the kl3 penalty.
+
+The loop needs data.doc_masking and model.rope_positions=document (samples share packed rows) and one
+process; anything else is refused before the first rollout.
+
+Determinism and resume: the draws of sampling call k are keyed by (data.seed, k), and k is in the state.
+The loader state holds the prompt order's position after the rollouts produced so far, and those not yet
+wholly trained on (the rest of the current one, old log-probs included, and the one sampled ahead) go
+into the checkpoint as arrays (`state()["arrays"]`, the checkpoint's data_arrays item). So a run resumed
+from any step replays the same rollouts and losses as one that never stopped; a checkpoint waits for
+the rollout in production.
 """
 
 from __future__ import annotations
@@ -45,10 +59,12 @@ import hashlib
 import json
 import logging
 import time
-from collections import Counter
-from typing import Iterator
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterator, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from olmax import rewards
@@ -63,13 +79,23 @@ from olmax.rollout.sampler import Sampling, sample
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1 kept no batches: a resume between mini-batches sampled a new rollout
 EMPTY_RETRIES = 8
 VERIFY_TIMEOUT_S = 30.0
 
 
+class _Rollout(NamedTuple):
+    """One produced rollout: its grpo.mini_batches step batches and its figures (logged with its steps)."""
+
+    parts: list[dict]
+    figures: dict
+
+
 class RolloutBatches:
-    def __init__(self, cfg: ExperimentConfig, mesh, prompts: PromptSet, tok, *, state=None, allow_mismatch=False):
+    def __init__(
+        self, cfg: ExperimentConfig, mesh, prompts: PromptSet, tok, *, reference=None, state=None, allow_mismatch=False
+    ):
+        """`reference`: the reference policy's parameters (the run's starting ones), with grpo.beta > 0."""
         from olmax.train_step import batch_sharding, make_policy_logps
 
         self.cfg, self.rl, self.mesh, self.prompts, self.tok = cfg, cfg.grpo, mesh, prompts, tok
@@ -83,14 +109,22 @@ class RolloutBatches:
         self.batches_per_epoch = max(1, len(prompts.prompts) // self.rl.prompts_per_step) * self.rl.mini_batches
         self.epoch, self.cursor, self.calls, self.excluded = 1, 0, 0, []
         self.epoch_excluded: list[int] = []  # the exclusions this epoch's order was drawn without
+        # rollouts produced (or being produced) and not yet wholly served, oldest first; the first is
+        # being served, `_served` of its parts already
+        self._queue: deque[Future] = deque()
+        self._served = 0
         if state is not None:
             self._restore(state, allow_mismatch)
         self._epoch_order()
         self.params = None
         self._sharding = batch_sharding(cfg, mesh)
-        self._old_logps = make_policy_logps(cfg, mesh) if self.rl.mini_batches > 1 else None
+        if (reference is None) != (self.rl.beta == 0):
+            raise ValueError("the RL loop takes the reference policy's parameters exactly when grpo.beta > 0")
+        self.reference = reference
+        self._logps = make_policy_logps(cfg, mesh) if self.rl.mini_batches > 1 or reference is not None else None
         self._metrics: dict = {}
-        self._served = 0  # mini-batches of the current rollout served
+        # async: one worker produces rollouts in order while the trainer steps (module doc)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="rollouts") if self.rl.async_steps else None
 
     # ------------------------------------------------------------------------------------------
     # order and state
@@ -114,7 +148,10 @@ class RolloutBatches:
         return ids
 
     def state(self) -> dict:
-        return {
+        """JSON, but for "arrays": the queued rollouts' batches, which the checkpoint keeps as their own
+        item. Waits for the rollout in production: the order state is the one after the queued rollouts."""
+        queued = [f.result() for f in self._queue]
+        state = {
             "version": STATE_VERSION,
             "kind": "rollouts",
             "fingerprint": self.fingerprint,
@@ -124,10 +161,16 @@ class RolloutBatches:
             "excluded": [int(i) for i in self.excluded],
             "epoch_excluded": [int(i) for i in self.epoch_excluded],
             "served": self._served,
+            "queued": [r.figures for r in queued],
         }
+        if queued:
+            state["arrays"] = {
+                f"rollout_{i}": {f"part_{k}": part for k, part in enumerate(r.parts)} for i, r in enumerate(queued)
+            }
+        return state
 
     def _restore(self, state: dict, allow_mismatch: bool) -> None:
-        if state.get("version") != STATE_VERSION or state.get("kind") != "rollouts":
+        if state.get("version") not in (1, STATE_VERSION) or state.get("kind") != "rollouts":
             raise DataStateError(f"the checkpoint's data state is not a rollout loader's: {state}")
         if state["fingerprint"] != self.fingerprint and not allow_mismatch:
             raise DataStateError(
@@ -136,7 +179,13 @@ class RolloutBatches:
             )
         self.epoch, self.cursor, self.calls = state["epoch"], state["cursor"], state["calls"]
         self.excluded, self.epoch_excluded = list(state["excluded"]), list(state["epoch_excluded"])
-        if state["served"]:
+        arrays = state.get("arrays") or {}
+        for i, figures in enumerate(state.get("queued", [])):
+            saved = arrays[f"rollout_{i}"]
+            parts = [{k: np.asarray(v) for k, v in saved[f"part_{k}"].items()} for k in range(len(saved))]
+            self._queue.append(_done(_Rollout(parts, figures)))
+        self._served = state["served"] if self._queue else 0
+        if state["served"] and not self._queue:  # version 1 kept no batches
             log.warning("resumed between the mini-batches of a rollout: its remaining ones come from a new rollout")
 
     def audit(self) -> dict:
@@ -145,25 +194,63 @@ class RolloutBatches:
     def metrics(self) -> dict:
         return dict(self._metrics)
 
+    def close(self) -> None:
+        """Stop producing: a rollout in production is finished, none is started."""
+        if self._worker is not None:
+            self._worker.shutdown(cancel_futures=True)
+
     # ------------------------------------------------------------------------------------------
     # the rollout
 
     def __iter__(self) -> Iterator[dict]:
         while True:
-            parts = self._rollout()
-            for k, part in enumerate(parts):
-                self._served = (k + 1) % len(parts)
-                yield part
+            wait_s = self._start_rollout() if self._served == 0 else 0.0
+            rollout = self._queue[0].result()
+            self._metrics = {**rollout.figures, "rollout/wait_s": wait_s}
+            parts = rollout.parts
+            part = parts[self._served]
+            self._served += 1
+            if self._served == len(parts):
+                self._queue.popleft()
+                self._served = 0
+            yield part
 
-    def _sample(self, ids: np.ndarray, counts: Counter):
+    def _start_rollout(self) -> float:
+        """Before the first step on a rollout: have it and grpo.async_steps more produced or in
+        production (those missing are sampled with the current parameters), wait for it, and add to
+        every part the old log-probs under the current parameters (several mini-batches) and the
+        reference policy's (grpo.beta > 0). Returns the seconds waited for it."""
+        while len(self._queue) < 1 + self.rl.async_steps:
+            if self._worker is None:
+                self._queue.append(_done(self._rollout(self.params)))
+            else:  # the next step donates the parameters: the worker samples from its own copy
+                params = jax.tree.map(jnp.copy, self.params)
+                self._queue.append(self._worker.submit(self._produce, params))
+        t0 = time.perf_counter()
+        rollout = self._queue[0].result()
+        waited = time.perf_counter() - t0
+        wanted = {"old_logps": self.params} if self.rl.mini_batches > 1 else {}
+        wanted.update({"ref_logps": self.reference} if self.reference is not None else {})
+        for batch in rollout.parts:  # before the first update; a resumed rollout has them already
+            placed = {k: jax.device_put(v, self._sharding) for k, v in batch.items() if k in ("input_ids", "doc_lens")}
+            for key, params in wanted.items():
+                if key not in batch:
+                    batch[key] = np.asarray(jax.device_get(self._logps(params, placed)))
+        return waited
+
+    def _produce(self, params) -> _Rollout:
+        with jax.set_mesh(self.mesh):  # the worker thread's own mesh context, as the trainer's
+            return self._rollout(params)
+
+    def _sample(self, params, ids: np.ndarray, counts: Counter):
         """(prompt ids per sample, responses, log-probs, rewards (samples,), scores) of one sampling call."""
         rl, group = self.rl, self.rl.samples_per_prompt
         sampling = Sampling(temperature=rl.temperature, seed=self.cfg.data.seed * 1_000_003 + self.calls)
         self.calls += 1
-        jax.block_until_ready(self.params)  # the previous step's update, dispatched asynchronously, is not rollout time
+        jax.block_until_ready(params)  # the previous step's update, dispatched asynchronously, is not rollout time
         t0 = time.perf_counter()
         out = sample(
-            self.params,
+            params,
             self.cfg.model,
             [self.prompts.prompts[i].ids for i in ids],
             rl.max_response_len,
@@ -195,7 +282,7 @@ class RolloutBatches:
         counts["verify_s"] += time.perf_counter() - t0
         return prompts, responses, lps, np.asarray(rewards_, np.float32), scores
 
-    def _rollout(self) -> list[dict]:
+    def _rollout(self, params) -> _Rollout:
         rl, group = self.rl, self.rl.samples_per_prompt
         counts: Counter = Counter()
         samples: list = [[], [], [], np.zeros(0, np.float32)]
@@ -206,7 +293,7 @@ class RolloutBatches:
             ids = self._take()
             if not rl.active_sampling:  # one read of prompts_per_step groups; a retry replaces it
                 samples, prompt_ids, scores, counts = [[], [], [], np.zeros(0, np.float32)], [], [], Counter()
-            p, r, lp, rw, sc = self._sample(ids, counts)
+            p, r, lp, rw, sc = self._sample(params, ids, counts)
             samples = [samples[0] + p, samples[1] + r, samples[2] + lp, np.concatenate([samples[3], rw])]
             prompt_ids += [int(i) for i in ids]
             scores += sc
@@ -240,8 +327,7 @@ class RolloutBatches:
         )
         token_adv = np.asarray(grpo.token_values(adv[kept], packed.response_index))
         parts = self._parts(packed, token_adv, counts)
-        self._metrics = self._figures(samples, read, sel, scores, counts, packed.rows)
-        return parts
+        return _Rollout(parts, self._figures(samples, read, sel, scores, counts, packed.rows))
 
     def _parts(self, packed, token_adv: np.ndarray, counts: Counter) -> list[dict]:
         """The packed rows as grpo.mini_batches step batches of trainer.global_batch rows each."""
@@ -268,12 +354,6 @@ class RolloutBatches:
                 batch["doc_lens"] = fill(packed.doc_lens, 0)
                 batch["doc_lens"][n:, 0] = self.cfg.data.seq_len  # an empty row is one padding segment
             out.append(batch)
-        if self._old_logps is not None:  # every part's old log-probs before the first update
-            for batch in out:
-                placed = {
-                    k: jax.device_put(v, self._sharding) for k, v in batch.items() if k in ("input_ids", "doc_lens")
-                }
-                batch["old_logps"] = np.asarray(jax.device_get(self._old_logps(self.params, placed)))
         return out
 
     def _figures(self, samples, read: int, sel, scores, counts: Counter, rows: int) -> dict:
@@ -304,6 +384,12 @@ class RolloutBatches:
         return figures
 
 
+def _done(rollout: _Rollout) -> Future:
+    f: Future = Future()
+    f.set_result(rollout)
+    return f
+
+
 def prompt_set(cfg: ExperimentConfig, tok) -> PromptSet:
     """The RL prompts of data.paths, rendered with grpo.template (olmax.data.prompts)."""
     from olmax.data.prompts import read_prompts
@@ -322,7 +408,6 @@ def _check_loop(cfg: ExperimentConfig, n_prompts: int) -> None:
             "model.rope_positions=document",
             "each packed sample's positions must restart at 0, as the sampler's do",
         ),
-        (rl.beta > 0, "grpo.beta=0", "the loop does not compute a reference policy's log-probs yet"),
         (jax.process_count() > 1, "one process", "rollouts are sampled by one process for now"),
         (
             n_prompts < rl.prompts_per_step,
