@@ -30,6 +30,10 @@ data.packing=obfd, doc_masking, label_masks, RoPE positions restarted per docume
 `RotaryEmbedding` restarts them given `cu_doc_lens`), labels from `get_labels` (-100 where the mask
 is False), no z-loss, weight decay 0, `LinearWithWarmup(warmup_fraction=0.03, alpha_f=0)` against
 schedule.warmup_fraction=0.03, and no spike. The horizon is the run's steps (AI2's: 2 epochs).
+`Setup.sft_run(steps, ranks=D, micro_batch=m)` trains the OLMo-core side with its own train module
+over D data-parallel ranks in D processes, m instances per rank per micro-batch
+(olmax.convert.train_parity_sft.run_olmo_core_ranks), and olmax with trainer.loss_normalisation=per_rank
+over D ranks.
 """
 
 from __future__ import annotations
@@ -450,7 +454,15 @@ def compare_training(setup: Setup, work: Path, noise_floor: bool = False) -> tup
     if noise_floor:
         twin = build_olmo_core_model(setup)
         nudge_(twin)
-        floor = run_olmo_core(twin, paths, setup, work / "olmo_core_twin")
+        if setup.ranks > 1:
+            import torch
+
+            from olmax.convert.train_parity_sft import run_olmo_core_ranks
+
+            torch.save(twin.state_dict(), work / "init" / "twin.pt")
+            floor, _ = run_olmo_core_ranks(work / "init" / "twin.pt", paths, setup, work / "olmo_core_twin")
+        else:
+            floor = run_olmo_core(twin, paths, setup, work / "olmo_core_twin")
 
     same_data = all(
         a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in zip(ref.batches, ours.batches)

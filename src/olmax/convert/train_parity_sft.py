@@ -14,6 +14,11 @@ olmo_core/nn/transformer/model.py 3.0.0); flash-attn needs CUDA, and OLMo-core 3
 swaps each block's backend for one that is that SDPA backend plus the varlen kernel's masking: a key is
 seen when it is in the query's document and inside the causal window the SDPA backend already builds.
 Everything else (RoPE restarted per document from `cu_doc_lens`, the loss) stays OLMo-core's own code.
+
+Ranks (`Setup(ranks=D)`, D > 1): `run_olmo_core_ranks` trains with OLMo-core's own
+`TransformerTrainModule` in D processes (torch.distributed, gloo, on CPU; FSDP in fp32), each rank
+reading its rows with OLMo-core's loader, so its per-rank loss normalisation is OLMo-core's code too;
+olmax runs trainer.loss_normalisation=per_rank with trainer.loss_ranks=D.
 """
 
 from __future__ import annotations
@@ -179,8 +184,8 @@ def _rank_main(spec_path: str) -> None:
     model.load_state_dict(torch.load(spec["state_dict"]))
 
     class Recorder:  # what TransformerTrainModule asks of OLMo-core's Trainer in train_batch / optim_step
-        global_step, max_steps = 0, setup.steps
-        metrics: dict = {}
+        def __init__(self):
+            self.global_step, self.max_steps, self.metrics = 0, setup.steps, {}
 
         def record_metric(self, name, value, reduce_type=None, namespace=None, merge_strategy=None):
             self.metrics[name] = value
