@@ -160,8 +160,8 @@ def make_train_step(
     batch_axes = b_sharding.spec[0]
     # Packed instances are padded with the pad id; a target that is padding has no loss (3.0.0's label_mask).
     pad_id = data.pad_token_id if data.mask_pad_token or data.packing == "obfd" else None
-    if trainer.loss_normalisation == "per_rank":
-        rows_rank = loss_rank_of_rows(trainer.global_batch, trainer.loss_ranks, jax.process_count())
+    per_rank = trainer.loss_normalisation == "per_rank"
+    rows_rank = loss_rank_of_rows(trainer.global_batch, trainer.loss_ranks, jax.process_count()) if per_rank else None
 
     def micro_loss(params, input_ids, instance_mask, segments, label_mask, row_weights, denominator):
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask, label_mask=label_mask)
@@ -280,7 +280,7 @@ def make_train_step(
                 instance_mask, NamedSharding(mesh, PartitionSpec(batch_axes))
             )
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask, label_mask=label_mask)
-        if trainer.loss_normalisation == "per_rank":
+        if per_rank:
             # OLMo-core's z-loss is divided by the same per-rank count (olmo_core/nn/lm_head.py, 3.0.0)
             weights = rank_weights(labels, jnp.asarray(rows_rank), trainer.loss_ranks, instance_mask)
             weights = jax.lax.with_sharding_constraint(weights, NamedSharding(mesh, PartitionSpec(batch_axes)))
