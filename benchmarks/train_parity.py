@@ -3,6 +3,7 @@ olmax.convert.train_parity (its docstring says what is compared).
 
     .venv/bin/python benchmarks/train_parity.py [--steps 300 --spike-step 150 --out train_parity.png]
     .venv/bin/python benchmarks/train_parity.py --sft [--steps 50] [--noise-floor]   # SFT as AI2 ran it
+    .venv/bin/python benchmarks/train_parity.py --sft --ranks 2 --micro-batch 2       # OLMo-core over 2 ranks
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ def main(argv=None) -> int:
         action="store_true",
         help="SFT: packed chat parts with label masks, the SFT recipe's optimizer and schedule (Setup(sft=True))",
     )
+    ap.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="with --sft: OLMo-core's train module over this many gloo processes, olmax with per-rank loss "
+        "normalisation over as many ranks (Setup.ranks)",
+    )
+    ap.add_argument(
+        "--micro-batch", type=int, default=0, help="with --ranks: instances per rank per micro-batch (0: all)"
+    )
     ap.add_argument("--out", default="train_parity.png")
     ap.add_argument(
         "--noise-floor",
@@ -68,7 +79,9 @@ def main(argv=None) -> int:
     if args.sft:
         if args.spike_step:
             ap.error("--sft trains without a spike (the spike batch is pre-training data)")
-        setup = Setup.sft_run(args.steps)
+        setup = Setup.sft_run(args.steps, ranks=args.ranks, micro_batch=args.micro_batch)
+    elif args.ranks > 1:
+        ap.error("--ranks is for --sft (per-rank loss normalisation)")
     else:
         spike = args.spike_step or max(70, args.steps // 2)
         if not 1 <= spike <= args.steps:

@@ -1,10 +1,12 @@
 """SFT loss: labels under a label mask as OLMo-core 3.0.0's `get_labels`, the train step's CE over the
-masked targets only (one step, the LM objective with the mask), and the size of the difference between
-olmax's global normalisation and OLMo-core's per-rank one on an SFT-shaped batch (docs/post-training.md)."""
+masked targets only (one step, the LM objective with the mask), the size of the difference between
+olmax's global normalisation and OLMo-core's per-rank one on an SFT-shaped batch, and
+trainer.loss_normalisation=per_rank: the mean of per-rank means on any mesh (docs/post-training.md)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,14 +15,15 @@ import pytest
 from models import STEP_MODEL
 from test_sft_data import conversations, sft_cfg
 
-from olmax.config import DataConfig, ExperimentConfig, MeshConfig, TrainerConfig
+from olmax.config import ConfigError, DataConfig, ExperimentConfig, MeshConfig, TrainerConfig
 from olmax.data.chat_files import tokenize_chat
 from olmax.data.loader import make_loader
+from olmax.data.order import batch_ids, rank_ids
 from olmax.loss import IGNORE, loss_denominator, loss_sums, make_labels
 from olmax.model.olmo3 import forward_hidden, init_params, lm_head
 from olmax.sharding import make_mesh
 from olmax.state import init_train_state
-from olmax.train_step import make_train_step
+from olmax.train_step import loss_rank_of_rows, make_train_step
 
 PAD = 3
 
@@ -101,6 +104,124 @@ def test_per_rank_normalisation_on_an_sft_batch(tmp_path):
         measured[per_rank] = (round(float(weight.min()), 2), round(float(weight.max()), 2), round(float(moved), 3))
     print(f"trained tokens per instance {per_instance.tolist()}; (min weight, max weight, moved): {measured}")
     assert measured == {1: (0.5, 1.46, 0.114), 2: (0.71, 1.36, 0.073)}
+
+
+def _per_rank_cfg(normalisation="per_rank", ranks=4, micro=None, mesh=MeshConfig(data=1, fsdp=1, tensor=1)):
+    return ExperimentConfig(
+        name="sft-per-rank",
+        model=STEP_MODEL,
+        data=DataConfig(seq_len=16, pad_token_id=PAD, packing="obfd", label_masks=True),
+        trainer=TrainerConfig(
+            global_batch=8,
+            micro_batch_size=micro,
+            max_steps=2,
+            loss_chunk=8,
+            loss_normalisation=normalisation,
+            loss_ranks=ranks if normalisation == "per_rank" else None,
+        ),
+        mesh=mesh,
+    )
+
+
+def _step_metrics(cfg, params, batch, devices):
+    mesh = make_mesh(cfg.mesh, jax.devices()[:devices])
+    with jax.set_mesh(mesh):
+        state = init_train_state(cfg, mesh, jax.random.key(0), params=params)
+        return jax.device_get(make_train_step(cfg, mesh)(state, batch)[1])
+
+
+def _uneven_batch():
+    """8 SFT rows of 16 tokens with 1 to 15 trained targets each: the 4 ranks' counts differ."""
+    rng = np.random.default_rng(3)
+    ids = rng.integers(4, 250, (8, 16), dtype=np.int32)
+    mask = np.zeros((8, 16), bool)
+    for row, keep in enumerate([2, 16, 5, 9, 3, 12, 7, 16]):  # the first `keep` tokens; label t is token t + 1
+        mask[row, :keep] = True
+    return ids, mask
+
+
+def test_per_rank_loss_is_the_mean_of_rank_means():
+    """trainer.loss_normalisation=per_rank over 4 ranks: rank r trains rows r and r + 4 (OLMo-core's
+    loader deals instance i to rank i mod 4); the step's CE equals sum_r CE_r / n_r / 4 computed by
+    hand from the full logits, and its gradient norm that of the gradient of that loss, the same on
+    1 device with 4 micro-batches, on 8 devices, and on 2 x 2 devices with a context axis."""
+    cfg = _per_rank_cfg(micro=2)
+    ids, mask = _uneven_batch()
+    params = jax.device_get(jax.jit(init_params, static_argnums=0)(cfg.model, jax.random.key(0)))
+    labels = make_labels(jnp.asarray(ids), pad_token_id=PAD, label_mask=jnp.asarray(mask))
+    counts = np.asarray(labels != IGNORE).sum(axis=1)
+    rank_counts = counts.reshape(2, 4).sum(axis=0)  # rows r and r + 4
+    assert rank_counts.tolist() == [3, 26, 10, 23]
+
+    def by_hand(p):
+        ce = 0.0
+        for r in range(4):
+            rows = jnp.asarray([r, r + 4])
+            hidden = forward_hidden(p, jnp.asarray(ids)[rows], cfg.model)
+            ce += loss_sums(lm_head(p, hidden, cfg.model), labels[rows])[0] / rank_counts[r]
+        return ce / 4
+
+    expected, grads = jax.value_and_grad(by_hand)(params)
+    norm = float(jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads))))
+    logits = lm_head(params, forward_hidden(params, jnp.asarray(ids), cfg.model), cfg.model)
+    global_ce = float(loss_sums(logits, labels)[0]) / counts.sum()
+    assert abs(float(expected) - global_ce) > 1e-3 * global_ce  # 1.8e-3: the two normalisations differ here
+    layouts = {
+        "1 device, 4 micro-batches": (cfg, 1),
+        "8 devices": (_per_rank_cfg(mesh=MeshConfig(data=2, fsdp=4, tensor=1)), 8),
+        "2 x 2 devices, context 2": (_per_rank_cfg(mesh=MeshConfig(data=1, fsdp=2, context=2, tensor=1)), 4),
+    }
+    for name, (layout_cfg, devices) in layouts.items():
+        metrics = _step_metrics(layout_cfg, params, {"input_ids": ids, "label_mask": mask}, devices)
+        np.testing.assert_allclose(float(metrics["ce_loss"]), float(expected), rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(float(metrics["grad_norm"]), norm, rtol=1e-5, err_msg=name)
+    plain = _step_metrics(_per_rank_cfg("global", micro=2), params, {"input_ids": ids, "label_mask": mask}, 1)
+    assert abs(float(plain["grad_norm"]) - norm) > 0.1 * norm  # measured 23%: the weights reach the gradient
+
+
+def test_per_rank_equals_global_when_the_ranks_count_the_same():
+    """Every rank with the same count of loss tokens: the two normalisations are one (pre-training)."""
+    ids, mask = _uneven_batch()
+    mask[:] = True
+    params = jax.device_get(jax.jit(init_params, static_argnums=0)(STEP_MODEL, jax.random.key(0)))
+    batch = {"input_ids": ids, "label_mask": mask}
+    ours = _step_metrics(_per_rank_cfg(micro=2), params, batch, 1)
+    ref = _step_metrics(_per_rank_cfg("global", micro=2), params, batch, 1)
+    for key in ("ce_loss", "grad_norm"):
+        np.testing.assert_allclose(float(ours[key]), float(ref[key]), rtol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4])
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+def test_loss_ranks_of_rows_are_olmo_core_s(processes, ranks):
+    """The rank of each row of the batch olmax.train assembles (process p's rows from the loader's
+    rank_ids(p of processes), in process order) is OLMo-core's: the instance's place in the global
+    batch mod the ranks (NumpyFSLDataLoader deals instance i of a batch to rank i mod D)."""
+    order = np.random.default_rng(0).permutation(64).astype(np.uint32)
+    for batch in range(4):
+        step_rows = np.concatenate([rank_ids(order, batch, 16, p, processes) for p in range(processes)])
+        place = {int(i): k for k, i in enumerate(batch_ids(order, batch, 16))}
+        olmo_core = np.asarray([place[int(i)] % ranks for i in step_rows])
+        np.testing.assert_array_equal(loss_rank_of_rows(16, ranks, processes), olmo_core)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"loss_normalisation": "rank"}, "trainer.loss_normalisation='rank' is not one of global, per_rank"),
+        ({"loss_normalisation": "per_rank"}, "per_rank needs trainer.loss_ranks"),
+        ({"loss_normalisation": "per_rank", "loss_ranks": 3}, "loss_ranks=3 does not divide trainer.global_batch=8"),
+        ({"loss_normalisation": "per_rank", "loss_ranks": 0}, "trainer.loss_ranks must be positive"),
+        ({"loss_ranks": 4}, "loss_ranks=4 is only used with trainer.loss_normalisation=per_rank"),
+        (
+            {"loss_normalisation": "per_rank", "loss_ranks": 4, "objective": "dpo"},
+            "is for trainer.objective=lm, not dpo",
+        ),
+    ],
+)
+def test_loss_normalisation_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainerConfig(global_batch=8, **overrides)
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
 WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 OBJECTIVES = ("lm", "dpo", "grpo")
+LOSS_NORMALISATIONS = ("global", "per_rank")
 
 # "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
 # from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
@@ -413,6 +414,15 @@ class TrainerConfig:
     global_batch and micro_batch_size count pairs, two sequences each) or "grpo" (OlmoRL's policy
     loss over packed rollout rows, the `grpo` section; global_batch counts packed rows per optimizer
     step); docs/post-training.md."""
+    loss_normalisation: str = "global"
+    """What the LM loss divides by (trainer.objective=lm): "global", the loss tokens of the whole
+    global batch (the same step on any mesh or micro-batching); "per_rank", OLMo-core's: the global
+    batch is dealt to trainer.loss_ranks data-parallel ranks as OLMo-core's loader deals it (instance i
+    to rank i mod loss_ranks), each rank's sums are divided by its own loss tokens and the ranks are
+    averaged (docs/post-training.md, "Loss normalisation")."""
+    loss_ranks: Optional[int] = None
+    """The data-parallel ranks of the OLMo-core run that loss_normalisation=per_rank reproduces (AI2's
+    7B Think SFT: 32, 7B Instruct: 16), whatever olmax's mesh; must divide global_batch."""
 
     def __post_init__(self):
         # Whether the batch splits over the devices is the trainer's check (olmax.train_step.batch_layout).
@@ -421,6 +431,32 @@ class TrainerConfig:
         _check_non_negative("trainer", self, "loss_chunk")
         if self.micro_batch_size is not None:
             _check_positive("trainer", self, "micro_batch_size")
+        self._check_loss_normalisation()
+
+    def _check_loss_normalisation(self) -> None:
+        _check_choice("trainer.loss_normalisation", self.loss_normalisation, LOSS_NORMALISATIONS)
+        if self.loss_normalisation == "global":
+            if self.loss_ranks is not None:  # a rank count without per_rank would be silently unused
+                raise ConfigError(
+                    f"trainer.loss_ranks={self.loss_ranks} is only used with trainer.loss_normalisation=per_rank"
+                )
+            return
+        if self.objective != "lm":
+            raise ConfigError(
+                f"trainer.loss_normalisation=per_rank is for trainer.objective=lm, not {self.objective} "
+                "(its loss has its own normalisation)"
+            )
+        if self.loss_ranks is None:
+            raise ConfigError(
+                "trainer.loss_normalisation=per_rank needs trainer.loss_ranks, the data-parallel ranks of the "
+                "OLMo-core run it reproduces"
+            )
+        _check_positive("trainer", self, "loss_ranks")
+        if self.global_batch % self.loss_ranks:
+            raise ConfigError(
+                f"trainer.loss_ranks={self.loss_ranks} does not divide trainer.global_batch={self.global_batch} "
+                "(OLMo-core deals the global batch evenly over its ranks)"
+            )
 
 
 @dataclass(frozen=True)

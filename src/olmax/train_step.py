@@ -9,6 +9,9 @@
   per-device / trainer.micro_batch_size micro-batches under jax.lax.scan, summing gradients.
 - The loss of every micro-batch is divided by the non-ignored label count of the WHOLE global batch
   (olmax.loss), so the summed gradient is the global per-token mean however the batch is split.
+  trainer.loss_normalisation=per_rank weighs each row instead by 1 / (loss_ranks x its OLMo-core
+  rank's label count) (olmax.loss.rank_weights, `loss_rank_of_rows`): OLMo-core's mean of per-rank
+  means, again the same however olmax's mesh and micro-batches split the batch.
 - trainer.objective=dpo: the global batch counts preference pairs, each a (2, seq) chosen/rejected
   pair of rows (olmax.objectives.dpo.pair_axis_loss); the pair axis is split like the instance axis,
   so every micro-batch holds both sides of its pairs, and its loss is divided by the global pair count.
@@ -29,10 +32,11 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, ExperimentConfig, check_context
-from olmax.loss import loss_denominator, make_labels, output_loss
+from olmax.loss import loss_denominator, make_labels, output_loss, rank_weights
 from olmax.model.attention import resolve_backend, segment_ids
 from olmax.model.olmo3 import forward_hidden
 from olmax.objectives import dpo, grpo
@@ -74,6 +78,17 @@ def batch_layout(cfg: ExperimentConfig, mesh: Mesh) -> BatchLayout:
             f"{per_device} (trainer.global_batch={gb} over {shards} batch shards)"
         )
     return BatchLayout(shards, per_device, micro, per_device // micro)
+
+
+def loss_rank_of_rows(global_batch: int, ranks: int, processes: int) -> np.ndarray:
+    """(global_batch,) int32: the OLMo-core data-parallel rank, of `ranks`, that trains each row of the
+    step's batch. OLMo-core 3.0.0's `NumpyFSLDataLoader` (olmo_core/data/data_loader.py) gives rank r
+    instances r, r + ranks, r + 2 ranks, ... of the global batch; olmax.train's batch holds each of
+    `processes` processes' rows, the global batch's p::processes (olmax.data.loader), in process order."""
+    per_process = global_batch // processes
+    row = np.arange(global_batch)
+    position = (row % per_process) * processes + row // per_process  # the row's place in the global batch
+    return (position % ranks).astype(np.int32)
 
 
 def batch_sharding(cfg: ExperimentConfig, mesh: Mesh) -> NamedSharding:
@@ -145,12 +160,18 @@ def make_train_step(
     batch_axes = b_sharding.spec[0]
     # Packed instances are padded with the pad id; a target that is padding has no loss (3.0.0's label_mask).
     pad_id = data.pad_token_id if data.mask_pad_token or data.packing == "obfd" else None
+    per_rank = trainer.loss_normalisation == "per_rank"
+    rows_rank = loss_rank_of_rows(trainer.global_batch, trainer.loss_ranks, jax.process_count()) if per_rank else None
 
-    def micro_loss(params, input_ids, instance_mask, segments, label_mask, denominator):
+    def micro_loss(params, input_ids, instance_mask, segments, label_mask, row_weights, denominator):
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask, label_mask=label_mask)
         hidden = forward_hidden(params, input_ids, model, segments=segments)
         hidden, labels = context_rows(hidden), context_rows(labels)
-        total, (ce, z_sq) = output_loss(params, hidden, labels, model, chunk=trainer.loss_chunk, z_loss=z_mult)
+        if row_weights is not None:  # a row split over context is `context` rows of its own (context_rows)
+            row_weights = jnp.repeat(row_weights, context)
+        total, (ce, z_sq) = output_loss(
+            params, hidden, labels, model, chunk=trainer.loss_chunk, z_loss=z_mult, row_weights=row_weights
+        )
         return total / denominator, {"ce_loss": ce / denominator, "z_loss": z_mult * z_sq / denominator}
 
     def dpo_micro_loss(params, input_ids, response_mask, reference):
@@ -259,7 +280,13 @@ def make_train_step(
                 instance_mask, NamedSharding(mesh, PartitionSpec(batch_axes))
             )
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask, label_mask=label_mask)
-        denominator = loss_denominator(labels, instance_mask)
+        if per_rank:
+            # OLMo-core's z-loss is divided by the same per-rank count (olmo_core/nn/lm_head.py, 3.0.0)
+            weights = rank_weights(labels, jnp.asarray(rows_rank), trainer.loss_ranks, instance_mask)
+            weights = jax.lax.with_sharding_constraint(weights, NamedSharding(mesh, PartitionSpec(batch_axes)))
+            denominator = jnp.float32(1.0)
+        else:
+            weights, denominator = None, loss_denominator(labels, instance_mask)
         if instance_mask is None:
             instance_mask = jnp.ones((trainer.global_batch,), bool)
 
@@ -272,6 +299,7 @@ def make_train_step(
                 split(instance_mask),
                 None if segments is None else split(segments),
                 None if label_mask is None else split(label_mask),
+                None if weights is None else split(weights),
             ),
             {"ce_loss": zero, "z_loss": zero},
         )

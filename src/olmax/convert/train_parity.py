@@ -30,6 +30,10 @@ data.packing=obfd, doc_masking, label_masks, RoPE positions restarted per docume
 `RotaryEmbedding` restarts them given `cu_doc_lens`), labels from `get_labels` (-100 where the mask
 is False), no z-loss, weight decay 0, `LinearWithWarmup(warmup_fraction=0.03, alpha_f=0)` against
 schedule.warmup_fraction=0.03, and no spike. The horizon is the run's steps (AI2's: 2 epochs).
+`Setup.sft_run(steps, ranks=D, micro_batch=m)` trains the OLMo-core side with its own train module
+over D data-parallel ranks in D processes, m instances per rank per micro-batch
+(olmax.convert.train_parity_sft.run_olmo_core_ranks), and olmax with trainer.loss_normalisation=per_rank
+over D ranks.
 """
 
 from __future__ import annotations
@@ -65,10 +69,16 @@ class Setup:
     skip_window: int = 128  # AI2's; a short test run shrinks it on both sides so the rule can fire early
     seed: int = 34521  # data order seed
     sft: bool = False  # SFT as AI2 ran it (the module doc) instead of stage-1 pre-training
+    # SFT over several data-parallel ranks: OLMo-core's train module in one process per rank, olmax
+    # with trainer.loss_normalisation=per_rank over as many ranks (the module doc)
+    ranks: int = 1
+    micro_batch: int = 0  # instances per OLMo-core rank per forward/backward with ranks > 1; 0 = all
 
     def __post_init__(self):
         if self.sft and self.spike_step:
             raise ValueError("the spike batch is pre-training data: Setup(sft=True) takes spike_step=0")
+        if self.ranks > 1 and not self.sft:
+            raise ValueError("Setup(ranks > 1) is the SFT run (per-rank loss normalisation): it needs sft=True")
 
     @classmethod
     def sft_run(cls, steps: int, **kw) -> "Setup":
@@ -77,6 +87,10 @@ class Setup:
         swings), where float32 rounding grows past 1e-4 of the CE within 40 steps: OLMo-core against
         itself from a start one ulp away as much as olmax against it (docs/post-training.md)."""
         return cls(steps=steps, spike_step=0, seq_len=128, lr=1e-3, sft=True, **kw)
+
+    @property
+    def rank_micro_batch(self) -> int:
+        return self.micro_batch or self.global_batch // self.ranks
 
     @property
     def z_loss(self) -> float:
@@ -367,7 +381,12 @@ def olmax_experiment(model_cfg, paths: list[str], setup: Setup, work: Path):
         data=data,
         optimizer=optimizer,
         schedule=schedule,
-        trainer=TrainerConfig(global_batch=setup.global_batch, max_steps=setup.steps),
+        trainer=TrainerConfig(
+            global_batch=setup.global_batch,
+            max_steps=setup.steps,
+            loss_normalisation="per_rank" if setup.ranks > 1 else "global",
+            loss_ranks=setup.ranks if setup.ranks > 1 else None,
+        ),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
     )
 
@@ -422,14 +441,28 @@ def compare_training(setup: Setup, work: Path, noise_floor: bool = False) -> tup
     model = build_olmo_core_model(setup)
     model_cfg = olmax_model_config(model, setup)
     params0 = olmo_core_to_olmax(model, model_cfg, work / "init")
-    ref = run_olmo_core(model, paths, setup, work / "olmo_core")
+    if setup.ranks > 1:
+        from olmax.convert.train_parity_sft import run_olmo_core_ranks
+
+        ref, final = run_olmo_core_ranks(work / "init" / "model.pt", paths, setup, work / "olmo_core")
+        model.load_state_dict(final)
+    else:
+        ref = run_olmo_core(model, paths, setup, work / "olmo_core")
     ref.params = olmo_core_to_olmax(model, model_cfg, work / "final")
     ours = run_olmax(olmax_experiment(model_cfg, paths, setup, work / "olmax"), params0, setup)
     floor = None
     if noise_floor:
         twin = build_olmo_core_model(setup)
         nudge_(twin)
-        floor = run_olmo_core(twin, paths, setup, work / "olmo_core_twin")
+        if setup.ranks > 1:
+            import torch
+
+            from olmax.convert.train_parity_sft import run_olmo_core_ranks
+
+            torch.save(twin.state_dict(), work / "init" / "twin.pt")
+            floor, _ = run_olmo_core_ranks(work / "init" / "twin.pt", paths, setup, work / "olmo_core_twin")
+        else:
+            floor = run_olmo_core(twin, paths, setup, work / "olmo_core_twin")
 
     same_data = all(
         a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in zip(ref.batches, ours.batches)

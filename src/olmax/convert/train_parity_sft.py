@@ -14,6 +14,11 @@ olmo_core/nn/transformer/model.py 3.0.0); flash-attn needs CUDA, and OLMo-core 3
 swaps each block's backend for one that is that SDPA backend plus the varlen kernel's masking: a key is
 seen when it is in the query's document and inside the causal window the SDPA backend already builds.
 Everything else (RoPE restarted per document from `cu_doc_lens`, the loss) stays OLMo-core's own code.
+
+Ranks (`Setup(ranks=D)`, D > 1): `run_olmo_core_ranks` trains with OLMo-core's own
+`TransformerTrainModule` in D processes (torch.distributed, gloo, on CPU; FSDP in fp32), each rank
+reading its rows with OLMo-core's loader, so its per-rank loss normalisation is OLMo-core's code too;
+olmax runs trainer.loss_normalisation=per_rank with trainer.loss_ranks=D.
 """
 
 from __future__ import annotations
@@ -106,3 +111,136 @@ def mask_within_documents_(model) -> None:
 
     for block in model.blocks.values():
         block.attention.backend.__class__ = DocumentSDPA
+
+
+def run_olmo_core_ranks(state_dict_path: Path, paths: list[str], setup, work: Path):
+    """OLMo-core's own `TransformerTrainModule` over `setup.ranks` data-parallel ranks: one process per
+    rank (torch.distributed, gloo, on CPU), each reading its rank's rows with OLMo-core's loader
+    (`dp_rank`, `dp_world_size`), the model under FSDP, `train_batch` + `optim_step` per step as
+    OLMo-core's `Trainer` calls them. -> (Run, final state dict): the CE the train module records (the
+    ranks' mean, what SkipStepAdamW watches), the grad norm and the learning rate from rank 0, and the
+    global batches reassembled from the ranks' rows (rank r holds rows r, r + ranks, ...)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import torch
+
+    from olmax.convert.train_parity import Run, olmo_core_dataset
+
+    ds = olmo_core_dataset(paths, setup, work / "data")  # packed once here, read by every rank
+    ds.build().prepare()
+    with socket.socket() as s:  # a free port for the ranks' rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(setup.ranks)}
+    spec = work / "spec.json"
+    spec.write_text(json.dumps({"state_dict": str(state_dict_path), "paths": paths, "setup": setup.__dict__}))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "olmax.convert.train_parity_sft", str(spec)],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(setup.ranks)
+    ]
+    logs = [p.communicate()[0] for p in procs]
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        if p.returncode:
+            raise RuntimeError(f"OLMo-core rank {r} failed (exit {p.returncode}):\n{log[-4000:]}")
+    out = [torch.load(work / f"rank{r}.pt", weights_only=False) for r in range(setup.ranks)]
+    run = Run(**{k: out[0][k] for k in ("ce", "z", "grad_norm", "lr", "skipped", "seconds")})
+    for step in range(setup.steps):  # rank r's k-th row is row k * ranks + r of the global batch
+        parts = [o["batches"][step] for o in out]
+        run.batches.append(
+            {k: np.stack([p[k] for p in parts], axis=1).reshape(-1, *parts[0][k].shape[1:]) for k in parts[0]}
+        )
+    return run, out[0]["state_dict"]
+
+
+def _rank_main(spec_path: str) -> None:
+    """One rank of `run_olmo_core_ranks` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from olmo_core.data import DataCollator, NumpyDataLoaderBase
+    from olmo_core.distributed.parallel import DataParallelType
+    from olmo_core.optim import LinearWithWarmup, SkipStepAdamWConfig
+    from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModule
+
+    from olmax.convert.train_parity import PAD, Run, Setup, batch_record, build_olmo_core_model, olmo_core_dataset
+
+    spec = json.loads(Path(spec_path).read_text())
+    setup = Setup(**spec["setup"])
+    work = Path(spec_path).parent
+    torch.set_num_threads(1)  # one core per rank
+    dist.init_process_group("gloo")
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    model = build_olmo_core_model(setup)
+    model.load_state_dict(torch.load(spec["state_dict"]))
+
+    class Recorder:  # what TransformerTrainModule asks of OLMo-core's Trainer in train_batch / optim_step
+        def __init__(self):
+            self.global_step, self.max_steps, self.metrics = 0, setup.steps, {}
+
+        def record_metric(self, name, value, reduce_type=None, namespace=None, merge_strategy=None):
+            self.metrics[name] = value
+
+        def record_ce_loss(self, value, reduce_type=None):
+            self.metrics["CE loss"] = value
+
+    module = TransformerTrainModule(
+        model,
+        SkipStepAdamWConfig(
+            lr=setup.lr, betas=(0.9, 0.95), weight_decay=0.0, rolling_interval_length=setup.skip_window
+        ),
+        rank_microbatch_size=setup.rank_micro_batch * setup.seq_len,
+        max_sequence_length=setup.seq_len,
+        dp_config=TransformerDataParallelConfig(name=DataParallelType.fsdp),
+        max_grad_norm=1.0,
+        scheduler=LinearWithWarmup(warmup_fraction=0.03, alpha_f=0.0),
+        device=torch.device("cpu"),
+    )
+    trainer = Recorder()
+    module._attach_trainer(trainer)
+    loader = NumpyDataLoaderBase.wrap_numpy_dataset(
+        olmo_core_dataset(spec["paths"], setup, work / "data").build(),
+        global_batch_size=setup.global_batch * setup.seq_len,
+        collator=DataCollator(pad_token_id=PAD),
+        work_dir=str(work / "data"),
+        seed=setup.seed,
+        dp_world_size=ranks,
+        dp_rank=rank,
+    )
+    loader.reshuffle(epoch=1)
+    run = Run()
+    start = time.perf_counter()
+    module.zero_grads()
+    for step, batch in zip(range(1, setup.steps + 1), loader):
+        trainer.global_step = step
+        run.batches.append(batch_record(batch["input_ids"], batch["label_mask"], batch["doc_lens"]))
+        module.train_batch(batch)
+        module.optim_step()
+        module.zero_grads()
+        m = trainer.metrics
+        run.ce.append(float(m["CE loss"]))
+        run.z.append(0.0)
+        run.grad_norm.append(float(m["total grad norm"]))
+        run.lr.append(float(m["LR (group 0)"]))
+        if float(m["step skipped"]):
+            run.skipped.append(step)
+    run.seconds = time.perf_counter() - start
+    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in module.model.state_dict().items()}
+    torch.save({**run.__dict__, "state_dict": state}, work / f"rank{rank}.pt")
+    loader.reset()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import sys
+
+    _rank_main(sys.argv[1])
