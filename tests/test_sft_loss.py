@@ -225,20 +225,22 @@ def test_loss_normalisation_config_errors(overrides, message):
 
 
 @pytest.mark.parametrize(
-    "name,lr,global_batch",
+    "name,lr,global_batch,ranks",
     [
-        ("olmo3_7b_think_sft", 5e-5, 32),
-        ("olmo3_7b_instruct_sft", 8e-5, 32),
-        ("olmo3_32b_think_sft", 1e-4, 128),
-        ("olmo3_32b_instruct_sft", 8e-5, 128),
+        ("olmo3_7b_think_sft", 5e-5, 32, 32),
+        ("olmo3_7b_instruct_sft", 8e-5, 32, 16),
+        ("olmo3_32b_think_sft", 1e-4, 128, None),
+        ("olmo3_32b_instruct_sft", 8e-5, 128, None),
     ],
 )
-def test_sft_recipes(name, lr, global_batch):
+def test_sft_recipes(name, lr, global_batch, ranks):
     """AI2's numbers (OLMo-core src/scripts/train/sft/, open-instruct scripts/train/olmo3/*_sft.sh)."""
     from olmax.recipes import get_recipe
 
     cfg = get_recipe(name)
     assert (cfg.optimizer.lr, cfg.trainer.global_batch * cfg.data.seq_len) == (lr, global_batch * 32768)
+    normalisation = "per_rank" if ranks else "global"  # AI2's 7B layouts (docs/post-training.md)
+    assert (cfg.trainer.loss_normalisation, cfg.trainer.loss_ranks) == (normalisation, ranks)
     o, s, d, m = cfg.optimizer, cfg.schedule, cfg.data, cfg.model
     assert (o.b1, o.b2, o.weight_decay, o.max_grad_norm, o.z_loss, o.skip_step) == (0.9, 0.95, 0.0, 1.0, 0.0, True)
     assert (s.name, s.warmup_steps, s.warmup_fraction, s.alpha_f, s.t_max_epochs) == ("linear", 0, 0.03, 0.0, 2)

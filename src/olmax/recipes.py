@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Optional
 
 from olmax.config import (
     CheckpointConfig,
@@ -264,19 +264,25 @@ def _olmo3_32b_stage3() -> ExperimentConfig:
 # layers). Per step: 7B 1,048,576 tokens = 32 instances, 32B 4,194,304 = 128. Learning rates: 7B Think
 # 5e-5, 7B Instruct 8e-5, 32B Think 1e-4, 32B Instruct 8e-5. The horizon is 2 epochs of the data
 # (schedule.t_max_epochs); trainer.max_steps must be set to it: 2 x `batches_per_epoch` of
-# `olmax data order` (docs/post-training.md). Memory at these shapes is not measured yet.
+# `olmax data order` (docs/post-training.md). Memory at these shapes is not measured yet. The loss is
+# normalised as OLMo-core's train module does it, per data-parallel rank of AI2's runs (7B Think: 64
+# H100s with context parallel 2 = 32 ranks of one instance; 7B Instruct: 32 H100s = 16 ranks of two);
+# the 32B runs' layouts are not published with the scripts, so those keep the global count.
 SFT_DATA = DataConfig(seq_len=32768, seed=34521, packing="obfd", doc_masking=True, label_masks=True)
 SFT_SCHEDULE = ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.03, alpha_f=0.0, t_max_epochs=2)
 
 
-def _sft(name: str, model: ModelConfig, lr: float, global_batch: int, context: int) -> ExperimentConfig:
+def _sft(
+    name: str, model: ModelConfig, lr: float, global_batch: int, context: int, ranks: Optional[int] = None
+) -> ExperimentConfig:
+    per_rank = {"loss_normalisation": "per_rank", "loss_ranks": ranks} if ranks else {}
     return ExperimentConfig(
         name=name,
         model=_long_context(model),
         data=SFT_DATA,
         optimizer=OptimizerConfig(lr=lr, weight_decay=0.0, z_loss=0.0),  # b1 0.9, b2 0.95, clip 1.0: the defaults
         schedule=SFT_SCHEDULE,
-        trainer=TrainerConfig(global_batch=global_batch, max_steps=1, **FIT),
+        trainer=TrainerConfig(global_batch=global_batch, max_steps=1, **FIT, **per_rank),
         mesh=MeshConfig(data=1, fsdp=-1, context=context, tensor=1),
     )
 
@@ -464,8 +470,8 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "bench-small": _bench_small,
     "olmo3_32b_stage2": _olmo3_32b_stage2,
     "olmo3_32b_stage3": _olmo3_32b_stage3,
-    "olmo3_7b_think_sft": functools.partial(_sft, "olmo3_7b_think_sft", OLMO3_7B, 5e-5, 32, 4),
-    "olmo3_7b_instruct_sft": functools.partial(_sft, "olmo3_7b_instruct_sft", OLMO3_7B, 8e-5, 32, 4),
+    "olmo3_7b_think_sft": functools.partial(_sft, "olmo3_7b_think_sft", OLMO3_7B, 5e-5, 32, 4, 32),
+    "olmo3_7b_instruct_sft": functools.partial(_sft, "olmo3_7b_instruct_sft", OLMO3_7B, 8e-5, 32, 4, 16),
     "olmo3_32b_think_sft": functools.partial(_sft, "olmo3_32b_think_sft", OLMO3_32B, 1e-4, 128, 4),
     "olmo3_32b_instruct_sft": functools.partial(_sft, "olmo3_32b_instruct_sft", OLMO3_32B, 8e-5, 128, 4),
     "olmo3_7b_think_dpo": functools.partial(_dpo, "olmo3_7b_think_dpo", 8e-8),

@@ -27,7 +27,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="OLMo 3 pre-training in JAX, with parity against OLMo-core built in.",
+    help="OLMo 3 pre- and post-training in JAX, with parity against OLMo-core built in.",
 )
 
 
@@ -77,7 +77,7 @@ def resolve_experiment(
 
 @app.callback()
 def _root() -> None:
-    """OLMo 3 pre-training in JAX, with parity against OLMo-core built in."""
+    """OLMo 3 pre- and post-training in JAX, with parity against OLMo-core built in."""
 
 
 # Options that several commands take, declared once so a flag means one thing with one help and one
