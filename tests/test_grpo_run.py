@@ -42,25 +42,25 @@ def _prompts(tmp):
 
 
 def _config(tmp, *extra):
-    return apply_overrides(
-        get_recipe("tiny_grpo"),
-        SMALL
-        + [
-            f"data.work_dir={tmp / 'cache'}",
-            f"data.paths=[{_prompts(tmp)}]",
-            "data.seq_len=96",
-            "grpo.max_prompt_len=64",
-            "grpo.max_response_len=16",
-            "grpo.prompts_per_step=4",
-            "grpo.samples_per_prompt=4",
-            "trainer.global_batch=16",
-            "trainer.max_steps=3",
-            "schedule.warmup_steps=0",
-            "checkpoint.every=100",
-            "optimizer.lr=1e-3",
-            *extra,
-        ],
-    )
+    return apply_overrides(get_recipe("tiny_grpo"), _config_overrides(tmp, *extra))
+
+
+def _config_overrides(tmp, *extra):
+    return SMALL + [
+        f"data.work_dir={tmp / 'cache'}",
+        f"data.paths=[{_prompts(tmp)}]",
+        "data.seq_len=96",
+        "grpo.max_prompt_len=64",
+        "grpo.max_response_len=16",
+        "grpo.prompts_per_step=4",
+        "grpo.samples_per_prompt=4",
+        "trainer.global_batch=16",
+        "trainer.max_steps=3",
+        "schedule.warmup_steps=0",
+        "checkpoint.every=100",
+        "optimizer.lr=1e-3",
+        *extra,
+    ]
 
 
 def test_prompt_order_resumes_and_leaves_solved_prompts_out(tmp_path, coin_verifier):
@@ -190,3 +190,52 @@ def test_a_run_stopped_between_mini_batches_resumes_exactly(tmp_path, coin_verif
     a, _, _ = load_params(tmp_path / "a" / "checkpoints")
     b, _, _ = load_params(tmp_path / "b" / "checkpoints")
     assert all(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x == y).all()), a, b)))
+
+
+@pytest.mark.slow
+def test_two_processes_roll_out_and_train_like_one(tmp_path, coin_verifier):
+    """Two JAX processes (jax.distributed on 127.0.0.1, 2 CPU devices each, as `olmax launch` starts
+    them) run the loop on one 4-device mesh: the sampler's program spans both, each verifies and packs
+    the gathered samples. They stop after step 3, between the two mini-batches of rollout 2; one
+    process on 4 devices resumes their checkpoint (its queued rollout included) to step 4. Every step
+    equals one process's straight run: figures and parameters."""
+    import os
+    import subprocess
+    import sys
+
+    import portpicker
+    from slurm_env import slurm_env
+
+    from olmax.checkpoint import load_params
+    from olmax.train import train
+
+    overrides = _config_overrides(tmp_path, "grpo.mini_batches=2", "trainer.global_batch=8", "trainer.max_steps=4")
+    port = portpicker.pick_unused_port()
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny_grpo", "--stop-at", "3"]
+            + ["--run-dir", str(tmp_path / "two"), *overrides],
+            env={**slurm_env(rank, port, local_devices=2), "PYTHONPATH": path},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    cfg = apply_overrides(get_recipe("tiny_grpo"), overrides)
+    two = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    two += train(cfg, tmp_path / "two", devices=jax.devices()[:4], progress=False)
+    one = train(cfg, tmp_path / "one", devices=jax.devices()[:4], progress=False)
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4]
+    keys = [k for k in one[-1] if k.startswith(("rollout/reward", "rollout/groups", "train/", "optim/", "policy/"))]
+    for a, b in zip(two, one):
+        assert a["rollout/verifier/coin/ok"] == 16
+        for key in keys:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    a, _, _ = load_params(tmp_path / "two" / "checkpoints")
+    b, _, _ = load_params(tmp_path / "one" / "checkpoints")
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7)

@@ -39,6 +39,7 @@ from olmax.objectives.reference import check_cache_key, reference_logps_cache
 from olmax.remat import AUTO, AUTO_LADDER
 from olmax.remat_search import describe_devices, with_remat
 from olmax.rollout.batches import RolloutBatches, prompt_set
+from olmax.rollout.batches import place as place_whole
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state, param_shardings
 from olmax.surgery import is_warm_start, load_warm_start
@@ -165,11 +166,10 @@ def train(
                     # grpo.async_steps=1 the one after the step's) and its old log-probs computed
                     loader.params = state.params
                 local = next(batches)
-                batch = {
-                    k: jax.make_array_from_process_local_data(sharding, local[k])
-                    for k, sharding in shardings.items()
-                    if k in local
-                }
+                # the RL loop's batch is whole on every process (olmax.rollout.batches), the others' the
+                # process's own rows
+                put = place_whole if rl_run else jax.make_array_from_process_local_data
+                batch = {k: put(sharding, local[k]) for k, sharding in shardings.items() if k in local}
                 state, metrics = step_fn(state, batch)
                 if rl_run:
                     metrics = {**metrics, **loader.metrics()}

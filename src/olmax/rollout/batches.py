@@ -42,8 +42,12 @@ trainer waited for its rollout.
 With grpo.beta > 0 every part also gets the reference policy's log-probs (ref_logps, under the run's
 starting parameters, which the trainer keeps as `reference`) for the kl3 penalty.
 
-The loop needs data.doc_masking and model.rope_positions=document (samples share packed rows) and one
-process; anything else is refused before the first rollout.
+Several processes (a multi-host slice): every process runs the same rollout, the sampler's program over
+the whole mesh; the samples are gathered to every process, each verifies and packs all of them (the
+same rewards and rows everywhere), and the trainer takes each process's devices' rows of the batch.
+
+The loop needs data.doc_masking and model.rope_positions=document (samples share packed rows), and
+grpo.async_steps=0 with several processes; anything else is refused before the first rollout.
 
 Determinism and resume: the draws of sampling call k are keyed by (data.seed, k), and k is in the state.
 The loader state holds the prompt order's position after the rollouts produced so far, and those not yet
@@ -66,6 +70,7 @@ from typing import Iterator, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from olmax import rewards
 from olmax.config import ExperimentConfig
@@ -232,10 +237,10 @@ class RolloutBatches:
         wanted = {"old_logps": self.params} if self.rl.mini_batches > 1 else {}
         wanted.update({"ref_logps": self.reference} if self.reference is not None else {})
         for batch in rollout.parts:  # before the first update; a resumed rollout has them already
-            placed = {k: jax.device_put(v, self._sharding) for k, v in batch.items() if k in ("input_ids", "doc_lens")}
+            placed = {k: place(self._sharding, v) for k, v in batch.items() if k in ("input_ids", "doc_lens")}
             for key, params in wanted.items():
                 if key not in batch:
-                    batch[key] = np.asarray(jax.device_get(self._logps(params, placed)))
+                    batch[key] = gather(self._logps(params, placed))
         return waited
 
     def _produce(self, params) -> _Rollout:
@@ -260,10 +265,10 @@ class RolloutBatches:
             stop_sequences=self.stops,
             mesh=self.mesh,
         )
-        tokens, logps, lengths = (np.asarray(jax.device_get(x)) for x in out[:3])
+        tokens, logps, lengths, finish = (gather(x) for x in out)
         counts["sample_s"] += time.perf_counter() - t0
         counts["generated"] += int(lengths.sum())
-        counts["truncated"] += int(np.sum(np.asarray(jax.device_get(out.finish)) == 0))
+        counts["truncated"] += int(np.sum(finish == 0))
         prompts, responses, lps, rewards_, scores = [], [], [], [], []
         t0 = time.perf_counter()
         for r in range(len(ids) * group):
@@ -384,6 +389,17 @@ class RolloutBatches:
         return figures
 
 
+def place(sharding, x: np.ndarray) -> jax.Array:
+    """A host array that every process holds whole, as a global array laid out by `sharding` (the
+    arguments of jax.make_array_from_process_local_data, which takes each process's own part instead)."""
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def gather(x: jax.Array) -> np.ndarray:
+    """A global array whole on every process (each process holds only its devices' shards)."""
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def _done(rollout: _Rollout) -> Future:
     f: Future = Future()
     f.set_result(rollout)
@@ -408,7 +424,12 @@ def _check_loop(cfg: ExperimentConfig, n_prompts: int) -> None:
             "model.rope_positions=document",
             "each packed sample's positions must restart at 0, as the sampler's do",
         ),
-        (jax.process_count() > 1, "one process", "rollouts are sampled by one process for now"),
+        (
+            jax.process_count() > 1 and rl.async_steps > 0,
+            "grpo.async_steps=0 with several processes",
+            "a worker thread's sampling and the trainer's steps could reach their collectives in another order "
+            "on each process",
+        ),
         (
             n_prompts < rl.prompts_per_step,
             f"at least grpo.prompts_per_step={rl.prompts_per_step} prompts",
