@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import mesh_utils
+from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from olmax.config import ConfigError, MeshConfig
@@ -180,6 +180,18 @@ def logical_to_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> Pa
         else:
             spec.append(None)
     return PartitionSpec(*spec)
+
+
+def place(sharding: NamedSharding, x) -> jax.Array:
+    """A host array that every process holds whole, as the global array laid out by `sharding` (jit
+    takes only global arrays on several processes; jax.make_array_from_process_local_data, with the
+    same arguments, takes each process's own part instead)."""
+    return jax.make_array_from_callback(np.shape(x), sharding, lambda index: x[index])
+
+
+def gather(x: jax.Array) -> np.ndarray:
+    """A global array whole on every process, which holds only its own devices' shards of it."""
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def tree_shardings(specs, mesh: Mesh, is_leaf) -> object:

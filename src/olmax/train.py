@@ -39,8 +39,7 @@ from olmax.objectives.reference import check_cache_key, reference_logps_cache
 from olmax.remat import AUTO, AUTO_LADDER
 from olmax.remat_search import describe_devices, with_remat
 from olmax.rollout.batches import RolloutBatches, prompt_set
-from olmax.rollout.batches import place as place_whole
-from olmax.sharding import make_mesh
+from olmax.sharding import make_mesh, place
 from olmax.state import abstract_state, init_train_state, param_shardings
 from olmax.surgery import is_warm_start, load_warm_start
 from olmax.train_step import batch_layout, batch_sharding, make_train_step
@@ -168,7 +167,7 @@ def train(
                 local = next(batches)
                 # the RL loop's batch is whole on every process (olmax.rollout.batches), the others' the
                 # process's own rows
-                put = place_whole if rl_run else jax.make_array_from_process_local_data
+                put = place if rl_run else jax.make_array_from_process_local_data
                 batch = {k: put(sharding, local[k]) for k, sharding in shardings.items() if k in local}
                 state, metrics = step_fn(state, batch)
                 if rl_run:

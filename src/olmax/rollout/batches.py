@@ -70,7 +70,6 @@ from typing import Iterator, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 from olmax import rewards
 from olmax.config import ExperimentConfig
@@ -81,6 +80,7 @@ from olmax.errors import refuse
 from olmax.objectives import grpo
 from olmax.rollout.pack import pack_rollouts
 from olmax.rollout.sampler import Sampling, sample
+from olmax.sharding import gather, place
 
 log = logging.getLogger(__name__)
 
@@ -387,17 +387,6 @@ class RolloutBatches:
         figures.update({f"rollout/score/{name}": float(np.mean(v)) for name, v in by_name.items()})
         figures.update({f"rollout/{k}": float(v) for k, v in counts.items() if k.startswith("verifier/")})
         return figures
-
-
-def place(sharding, x: np.ndarray) -> jax.Array:
-    """A host array that every process holds whole, as a global array laid out by `sharding` (the
-    arguments of jax.make_array_from_process_local_data, which takes each process's own part instead)."""
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-
-
-def gather(x: jax.Array) -> np.ndarray:
-    """A global array whole on every process (each process holds only its devices' shards)."""
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _done(rollout: _Rollout) -> Future:

@@ -48,7 +48,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax.config import ModelConfig
 from olmax.rollout.cache import cached_forward, init_cache
-from olmax.sharding import logical_to_spec
+from olmax.sharding import logical_to_spec, place
 
 FINISH = ("length", "eos", "stop")  # Rollout.finish codes: FINISH[code]
 _WILD, _NEVER, _EMPTY = -1, -2, -3  # stop table: any token / a padding row / no token generated yet
@@ -142,7 +142,8 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
     """The rollout as one function of arrays (module doc): prefill, the n-fold repeat, the while loop."""
     vocab = cfg.vocab_size
 
-    def run(params, prompts, lengths, limits, index, key, rule, eos_ids, stops):
+    def run(params, prompts, lengths, limits, index, key_data, rule, eos_ids, stops):
+        key = jax.random.wrap_key_data(key_data)  # a host array, placed like the other arguments
         p, width = prompts.shape
         length = width + steps
         cache = init_cache(cfg, p, length)
@@ -212,14 +213,22 @@ def _compiled(cfg: ModelConfig, n: int, steps: int, sample: bool, mesh=None, row
         return jax.jit(run)
     from olmax.state import param_shardings
 
-    def batch(*shape):  # the leading axis over the batch axes, the rest replicated
-        return NamedSharding(mesh, logical_to_spec(("batch",) + ("head_dim",) * (len(shape) - 1), shape, mesh))
-
-    rep = NamedSharding(mesh, PartitionSpec())
-    p = rows // n
-    ins = (param_shardings(cfg, mesh), batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep)
+    batch = functools.partial(_batch_sharding, mesh)
+    ins = (param_shardings(cfg, mesh), *_arg_shardings(mesh, n, rows, width))
     outs = Rollout(batch(rows, steps), batch(rows, steps), batch(rows), batch(rows))
     return jax.jit(run, in_shardings=ins, out_shardings=outs)
+
+
+def _batch_sharding(mesh, *shape) -> NamedSharding:
+    """The leading axis over the batch axes, the rest replicated."""
+    return NamedSharding(mesh, logical_to_spec(("batch",) + ("head_dim",) * (len(shape) - 1), shape, mesh))
+
+
+def _arg_shardings(mesh, n: int, rows: int, width: int) -> tuple:
+    """The layout of the rollout's arguments after the parameters (`_loop`'s `run`)."""
+    batch, rep = functools.partial(_batch_sharding, mesh), NamedSharding(mesh, PartitionSpec())
+    p = rows // n
+    return batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep
 
 
 def sample(
@@ -261,13 +270,13 @@ def sample(
     steps = _bucket(width + max_new_tokens) - width
     run = _compiled(cfg, n, steps, sampling.temperature > 0, mesh, *((rows, width) if mesh is not None else ()))
     rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
-    key = jax.random.key(sampling.seed)
-    args = (tokens, lengths, limits, index, key, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
+    key_data = np.asarray(jax.random.key_data(jax.random.key(sampling.seed)))
+    args = (tokens, lengths, limits, index, key_data, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
     if mesh is None:
         out = run(params, *args)
-    else:
+    else:  # global arrays: every process holds the whole request (several processes: the RL loop's)
         with jax.set_mesh(mesh):
-            out = run(params, *args)
+            out = run(params, *(place(s, a) for s, a in zip(_arg_shardings(mesh, n, rows, width), args)))
     return Rollout(*(x[:, :max_new_tokens] if x.ndim == 2 else x for x in out))
 
 
