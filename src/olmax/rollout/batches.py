@@ -172,6 +172,7 @@ class RolloutBatches:
             eos_ids=self.eos_ids,
             stop_sequences=self.stops,
             mesh=self.mesh,
+            prompts_per_program=rl.sample_prompts,
         )
         tokens, logps, lengths = (np.asarray(jax.device_get(x)) for x in out[:3])
         counts["sample_s"] += time.perf_counter() - t0

@@ -37,6 +37,7 @@ argument, not a shape).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Sequence
@@ -235,17 +236,25 @@ def sample(
     index: Optional[Sequence[int]] = None,
     limits: Optional[Sequence[int]] = None,
     mesh=None,
+    prompts_per_program: int = 0,
 ) -> Rollout:
     """`n` samples of each prompt (token ids), in one jitted program; see the module doc.
 
     index: each ROW's position in the whole request, which keys its draws (default 0 .. len(prompts)*n - 1).
     limits: each row's own max_new_tokens (at most `max_new_tokens`). mesh: a mesh (the trainer's) on
     which `params` are laid out by olmax.state.param_shardings; the rollout's arrays come back sharded
-    over its batch axes. Returns device arrays (Rollout), (len(prompts) * n, max_new_tokens) wide."""
+    over its batch axes. prompts_per_program: run the program on this many prompts (their n samples
+    each) at a time, one after another, so its cache holds that many prompts' rows
+    (GRPOConfig.sample_prompts; 0 = all at once); every chunk has the whole request's prompt width and
+    loop width, and the draws are keyed by `index`, so the tokens are the one program's (the log-probs
+    to float32 rounding). Returns device arrays (Rollout), (len(prompts) * n, max_new_tokens) wide."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    if max_new_tokens < 1 or n < 1:
-        raise ValueError(f"max_new_tokens and n must be at least 1, got {max_new_tokens} and {n}")
+    if max_new_tokens < 1 or n < 1 or prompts_per_program < 0:
+        raise ValueError(
+            f"max_new_tokens and n must be at least 1 and prompts_per_program at least 0, got "
+            f"{max_new_tokens}, {n} and {prompts_per_program}"
+        )
     rows = len(prompts) * n
     index = np.arange(rows, dtype=np.int32) if index is None else np.asarray(index, np.int32)
     if index.shape != (rows,):
@@ -259,15 +268,19 @@ def sample(
     for r, p in enumerate(prompts):
         tokens[r, : len(p)] = p
     steps = _bucket(width + max_new_tokens) - width
-    run = _compiled(cfg, n, steps, sampling.temperature > 0, mesh, *((rows, width) if mesh is not None else ()))
     rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
     key = jax.random.key(sampling.seed)
-    args = (tokens, lengths, limits, index, key, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
-    if mesh is None:
-        out = run(params, *args)
-    else:
-        with jax.set_mesh(mesh):
-            out = run(params, *args)
+    tables = (key, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
+    chunk = prompts_per_program or len(prompts)
+    parts = []
+    for first in range(0, len(prompts), chunk):
+        p = min(chunk, len(prompts) - first)  # the last chunk may be short: its own program
+        run = _compiled(cfg, n, steps, sampling.temperature > 0, mesh, *((p * n, width) if mesh is not None else ()))
+        on = slice(first * n, (first + p) * n)
+        args = (tokens[first : first + p], lengths[first : first + p], limits[on], index[on], *tables)
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            parts.append(run(params, *args))
+    out = parts[0] if len(parts) == 1 else Rollout(*(jnp.concatenate(x) for x in zip(*parts)))
     return Rollout(*(x[:, :max_new_tokens] if x.ndim == 2 else x for x in out))
 
 
