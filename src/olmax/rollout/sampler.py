@@ -223,6 +223,34 @@ def _compiled(cfg: ModelConfig, n: int, steps: int, sample: bool, mesh=None, row
     return jax.jit(run, in_shardings=ins, out_shardings=outs)
 
 
+def widths(longest: int, max_new_tokens: int) -> tuple[int, int]:
+    """(prompt width, loop width) of a request whose longest prompt has `longest` tokens: the prompt
+    width and the cache length (their sum) are powers of two (module doc)."""
+    width = _bucket(longest)
+    return width, _bucket(width + max_new_tokens) - width
+
+
+def lower_rollout(params, cfg: ModelConfig, prompts: int, n: int, longest: int, max_new_tokens: int, mesh):
+    """The sampled rollout program of `sample` for `prompts` prompts of at most `longest` tokens, n
+    samples each, on `mesh`, lowered from abstract arrays (`params`: ShapeDtypeStructs of the
+    trainer's parameters), as olmax.compile_decode compiles it: nothing is allocated."""
+    width, steps = widths(longest, max_new_tokens)
+    rows = prompts * n
+    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    args = (
+        ints(prompts, width),  # tokens
+        ints(prompts),  # lengths
+        ints(rows),  # limits
+        ints(rows),  # index
+        jax.eval_shape(lambda: jax.random.key(0)),
+        jax.ShapeDtypeStruct((3,), jnp.float32),  # the sampling rule
+        ints(*_eos_table(()).shape),
+        ints(*_stop_table(()).shape),
+    )
+    with jax.set_mesh(mesh):
+        return _compiled(cfg, n, steps, True, mesh, rows, width).lower(params, *args)
+
+
 def sample(
     params: dict,
     cfg: ModelConfig,
@@ -263,11 +291,10 @@ def sample(
     if limits.shape != (rows,) or limits.min() < 1 or limits.max() > max_new_tokens:
         raise ValueError(f"limits needs one value in 1..{max_new_tokens} per row ({rows}), got {limits}")
     lengths = np.asarray([len(p) for p in prompts], np.int32)
-    width = _bucket(int(lengths.max()))
+    width, steps = widths(int(lengths.max()), max_new_tokens)
     tokens = np.zeros((len(prompts), width), np.int32)
     for r, p in enumerate(prompts):
         tokens[r, : len(p)] = p
-    steps = _bucket(width + max_new_tokens) - width
     rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
     key = jax.random.key(sampling.seed)
     tables = (key, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
