@@ -148,7 +148,7 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
         length = width + steps
         cache = init_cache(cfg, p, length)
         logits, cache = cached_forward(
-            params, cache, prompts, jnp.zeros_like(lengths), cfg, lengths, length, lengths - 1
+            params, cache, prompts, jnp.zeros_like(lengths), cfg, lengths, length, lengths - 1, fresh=True
         )
         last = logits[:, 0, :vocab]
         if n > 1:  # each prompt's cache and last logits, computed once, repeated to its n samples
