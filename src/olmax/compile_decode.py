@@ -7,11 +7,13 @@ grpo.max_prompt_len tokens, responses of grpo.max_response_len, bucketed as the 
 
 It reports the compiler's per-device memory against the chip's budget (compile_check.budget_gib) and,
 when the configured chunk of prompts does not fit, the largest power-of-two grpo.sample_prompts that
-does, found by compiling (bisection: the program's memory grows with its rows).
+does, found by compiling (bisection: the program's memory grows with its rows per device, so only
+chunks whose rows the batch axes split are tried).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Optional
 
@@ -30,13 +32,22 @@ from olmax.compile_check import (
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.rollout.cache import cache_spec, init_cache
 from olmax.rollout.sampler import lower_rollout, widths
-from olmax.sharding import make_mesh
+from olmax.sharding import LOGICAL_AXIS_RULES, make_mesh
 from olmax.state import abstract_state, per_device_bytes
 
 
 def chunk_of(cfg: ExperimentConfig) -> int:
     """Prompts in one sampler program: grpo.sample_prompts, 0 meaning all of the step's."""
     return cfg.grpo.sample_prompts or cfg.grpo.prompts_per_step
+
+
+def split_chunks(cfg: ExperimentConfig, mesh, below: int) -> list[int]:
+    """The powers of two below `below` whose rows (samples_per_prompt each) the batch axes split: a
+    smaller chunk's rows are not split (olmax.sharding.logical_to_spec) but held whole by every
+    device, more per device than the smallest split chunk (on 128 TPU devices, 16 prompts x 8)."""
+    ways = math.prod(mesh.shape[a] for a in dict(LOGICAL_AXIS_RULES)["batch"])
+    rows = cfg.grpo.samples_per_prompt
+    return [1 << k for k in range(below.bit_length()) if 1 << k < below and (rows << k) % ways == 0]
 
 
 def compile_decode(cfg: ExperimentConfig, mesh, params, prompts: int, options: dict, where: str):
@@ -123,8 +134,8 @@ def decode_report(
     first = attempt(chunk)
     search: list[dict] = []
     largest = None
-    if first["fits"] is False:  # bisect over the powers of two below the chunk: fewer rows, less memory
-        sizes = [1 << k for k in range(chunk.bit_length()) if 1 << k < chunk]
+    if first["fits"] is False:  # bisect over smaller chunks: fewer rows, less memory
+        sizes = split_chunks(cfg, mesh, chunk)
         lo, hi = -1, len(sizes)  # sizes[lo] fits (or none known to), sizes[hi] does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -176,7 +187,8 @@ def check_decode_fits(r: dict) -> None:
     fix = (
         f"grpo.sample_prompts={r['largest_fitting_sample_prompts']} fits"
         if r["largest_fitting_sample_prompts"]
-        else "no power-of-two grpo.sample_prompts fits: shard the model wider (mesh.tensor) or shorten the rollout"
+        else "no smaller power-of-two grpo.sample_prompts whose rows the batch axes split fits: "
+        "split the model wider (mesh.tensor) or shorten the rollout"
     )
     raise DoesNotFit(
         f"{r['recipe']}'s rollout of {r['sample_prompts']} prompts x {r['samples_per_prompt']} samples "
