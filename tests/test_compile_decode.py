@@ -6,14 +6,16 @@ grpo.sample_prompts that fits, found by compiling."""
 import dataclasses
 import json
 
+import jax
 import pytest
 
 from olmax import chips
 from olmax.compile_check import GIB, DoesNotFit
-from olmax.compile_decode import check_decode_fits, decode_report, format_decode_report
+from olmax.compile_decode import check_decode_fits, decode_report, format_decode_report, split_chunks
 from olmax.config import ConfigError
 from olmax.config_io import apply_overrides
 from olmax.recipes import get_recipe
+from olmax.sharding import make_mesh
 
 # tiny_grpo's rollout shapes (prompts of 64 tokens, responses of 128: a cache of 256) on a two-layer
 # model (a window-64 layer and a global one) with a small vocabulary: compiles in seconds.
@@ -34,6 +36,15 @@ def test_rollout_on_cpu_devices_reports_its_shapes_and_memory():
     check_decode_fits(r)  # no budget on CPU: nothing to refuse
     assert "32 rows per program" in format_decode_report(r)
     json.dumps(r)  # the --json payload
+
+
+def test_smaller_chunks_are_those_whose_rows_the_batch_axes_split():
+    """Below the batch axes' size the rows are held whole by every device, so the search skips them."""
+    cfg = get_recipe("tiny_grpo")  # 8 samples per prompt
+    mesh = make_mesh(cfg.mesh, jax.devices())  # fsdp over the suite's 8 CPU devices
+    assert split_chunks(cfg, mesh, 64) == [1, 2, 4, 8, 16, 32]
+    pairs = apply_overrides(cfg, ["grpo.samples_per_prompt=2"])
+    assert split_chunks(pairs, mesh, 64) == [4, 8, 16, 32] and split_chunks(pairs, mesh, 4) == []
 
 
 def test_decode_needs_a_grpo_recipe():
