@@ -70,3 +70,12 @@ def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch):
     with pytest.raises(DoesNotFit, match="grpo.sample_prompts=1 fits"):
         check_decode_fits(r)
     assert "grpo.sample_prompts tried 1: " in format_decode_report(r)
+
+
+@pytest.mark.parametrize("name, prompts", [("olmo3_7b_think_rl", 2), ("olmo3_7b_instruct_rl", 8)])
+def test_rl_recipes_sample_what_fits_an_h100_node(name, prompts):
+    """The most prompts per sampler program that compile-check --decode found to fit h100:1x8
+    (docs/post-training.md, "Recipes"); a negative count is refused."""
+    assert get_recipe(name).grpo.sample_prompts == prompts
+    with pytest.raises(ConfigError, match="grpo.sample_prompts must be >= 0"):
+        apply_overrides(get_recipe(name), ["grpo.sample_prompts=-1"])
