@@ -15,6 +15,9 @@ Three targets:
   start-up check fails and it is not registered;
 - the devices JAX has (`olmax compile-check --devices N` makes N fake CPU devices).
 
+`olmax compile-check --decode` compiles a GRPO recipe's rollout sampler instead, with this module's
+targets, compiler options and memory figures (olmax.compile_decode).
+
 `attention=auto` resolves to the target's kernel (splash for a TPU topology, cudnn for a GPU
 cluster, xla there with documents masked or a context axis), as it will when the step runs there.
 """

@@ -30,6 +30,10 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
   devices give the tokens and log-probs of one.
 
+A GRPO step's rows need not fit one program: `prompts_per_program` (grpo.sample_prompts) runs it on
+that many prompts at a time, the same tokens as one program (the draws are keyed by `index`), and
+olmax.compile_decode says how many fit a chip.
+
 Shapes are bucketed so a few programs serve many requests: the prompt width and the cache length are
 rounded up to powers of two, and the loop's width is cache length - prompt width (max_new_tokens is an
 argument, not a shape).
