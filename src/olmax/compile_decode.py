@@ -18,6 +18,7 @@ import time
 from typing import Callable, Optional
 
 import jax
+from jax.sharding import NamedSharding
 
 from olmax.compile_check import (
     GIB,
@@ -66,15 +67,8 @@ def compile_decode(cfg: ExperimentConfig, mesh, params, prompts: int, options: d
 
 def kv_cache_gib(cfg: ExperimentConfig, mesh, rows: int, length: int) -> float:
     """GiB per device of the KV cache of `rows` rows of `length` positions, laid out by cache_spec."""
-    shapes = jax.eval_shape(lambda: init_cache(cfg.model, rows, length))
-    with jax.set_mesh(mesh):
-        placed = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(
-                a.shape, a.dtype, sharding=jax.sharding.NamedSharding(mesh, cache_spec(a.shape, mesh))
-            ),
-            shapes,
-        )
-    return per_device_bytes(placed) / GIB
+    place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, cache_spec(a.shape, mesh)))
+    return per_device_bytes(jax.tree.map(place, jax.eval_shape(lambda: init_cache(cfg.model, rows, length)))) / GIB
 
 
 def decode_report(
