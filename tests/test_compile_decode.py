@@ -79,3 +79,36 @@ def test_rl_recipes_sample_what_fits_an_h100_node(name, prompts):
     assert get_recipe(name).grpo.sample_prompts == prompts
     with pytest.raises(ConfigError, match="grpo.sample_prompts must be >= 0"):
         apply_overrides(get_recipe(name), ["grpo.sample_prompts=-1"])
+
+
+def test_cli_decode_exits_2_naming_the_chunk_that_fits(tmp_path, monkeypatch):
+    """`olmax compile-check --decode`: the figures go to --json first, then exit 2 with the message."""
+    from typer.testing import CliRunner
+
+    import olmax.compile_decode
+    from olmax.cli import app
+
+    over = {
+        "recipe": "olmo3_7b_think_rl",
+        "topology": "h100:1x8",
+        "sample_prompts": 64,
+        "samples_per_prompt": 8,
+        "rows": 512,
+        "cache_len": 65536,
+        "per_device": {"peak_gib": 1155.62},
+        "refused": None,
+        "hbm_limit_gib": 79.11,
+        "hbm_headroom": 0.9,
+        "chip": "h100",
+        "fits": False,
+        "largest_fitting_sample_prompts": 2,
+    }
+    monkeypatch.setattr(olmax.compile_decode, "decode_report", lambda *a, **k: over)
+    monkeypatch.setattr(olmax.compile_decode, "format_decode_report", lambda r: "report")
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(
+        app,
+        ["compile-check", "--recipe", "olmo3_7b_think_rl", "--decode", "--topology", "h100:1x8", "--json", str(out)],
+    )
+    assert r.exit_code == 2 and "needs 1155.6 GiB per device" in r.output and "grpo.sample_prompts=2 fits" in r.output
+    assert json.loads(out.read_text())["largest_fitting_sample_prompts"] == 2
