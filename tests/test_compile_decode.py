@@ -39,12 +39,19 @@ def test_rollout_on_cpu_devices_reports_its_shapes_and_memory():
 
 
 def test_smaller_chunks_are_those_whose_rows_the_batch_axes_split():
-    """Below the batch axes' size the rows are held whole by every device, so the search skips them."""
+    """Rows the batch axes do not divide are held whole by every device, so the search skips them."""
     cfg = get_recipe("tiny_grpo")  # 8 samples per prompt
     mesh = make_mesh(cfg.mesh, jax.devices())  # fsdp over the suite's 8 CPU devices
-    assert split_chunks(cfg, mesh, 64) == [1, 2, 4, 8, 16, 32]
+    assert split_chunks(cfg, mesh, 64) == [1, 2, 4, 8, 16, 32, 64] and split_chunks(cfg, mesh, 48) == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+    ]
     pairs = apply_overrides(cfg, ["grpo.samples_per_prompt=2"])
-    assert split_chunks(pairs, mesh, 64) == [4, 8, 16, 32] and split_chunks(pairs, mesh, 4) == []
+    assert split_chunks(pairs, mesh, 64) == [4, 8, 16, 32, 64] and split_chunks(pairs, mesh, 2) == []
 
 
 def test_decode_needs_a_grpo_recipe():
@@ -65,7 +72,7 @@ def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch):
     r = decode_report(cfg, topology="h100:1x1")
     assert (r["platform"], r["chip"], r["sample_prompts"]) == ("gpu", "h100", 2)
     assert r["fits"] is False and r["per_device"]["peak_gib"] * 1024 > BUDGET_MIB
-    assert [(c["sample_prompts"], c["fits"]) for c in r["search"]] == [(1, True)]  # the powers of two below 2
+    assert [(c["sample_prompts"], c["fits"]) for c in r["search"]] == [(1, True)]  # the power of two below 2
     assert r["largest_fitting_sample_prompts"] == 1
     with pytest.raises(DoesNotFit, match="grpo.sample_prompts=1 fits"):
         check_decode_fits(r)

@@ -8,7 +8,8 @@ grpo.max_prompt_len tokens, responses of grpo.max_response_len, bucketed as the 
 It reports the compiler's per-device memory against the chip's budget (compile_check.budget_gib) and,
 when the configured chunk of prompts does not fit, the largest power-of-two grpo.sample_prompts that
 does, found by compiling (bisection: the program's memory grows with its rows per device, so only
-chunks whose rows the batch axes split are tried).
+chunks whose rows the batch axes split are tried; a chunk whose rows are not split, every device
+holding them all, may be smaller than the one that fits).
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ def chunk_of(cfg: ExperimentConfig) -> int:
     return cfg.grpo.sample_prompts or cfg.grpo.prompts_per_step
 
 
-def split_chunks(cfg: ExperimentConfig, mesh, below: int) -> list[int]:
-    """The powers of two below `below` whose rows (samples_per_prompt each) the batch axes split: a
-    smaller chunk's rows are not split (olmax.sharding.logical_to_spec) but held whole by every
-    device, more per device than the smallest split chunk (on 128 TPU devices, 16 prompts x 8)."""
+def split_chunks(cfg: ExperimentConfig, mesh, most: int) -> list[int]:
+    """The powers of two up to `most` whose rows (samples_per_prompt each) the batch axes split: a
+    chunk whose rows they do not divide is not split (olmax.sharding.logical_to_spec) but held whole
+    by every device, more per device than the smallest split chunk (on 128 TPU devices, 16 prompts x 8)."""
     ways = math.prod(mesh.shape[a] for a in dict(LOGICAL_AXIS_RULES)["batch"])
     rows = cfg.grpo.samples_per_prompt
-    return [1 << k for k in range(below.bit_length()) if 1 << k < below and (rows << k) % ways == 0]
+    return [1 << k for k in range(most.bit_length()) if (rows << k) % ways == 0]
 
 
 def compile_decode(cfg: ExperimentConfig, mesh, params, prompts: int, options: dict, where: str):
@@ -80,8 +81,9 @@ def decode_report(
 ) -> dict:
     """Compile cfg's rollout program for grpo.sample_prompts prompts on a TPU topology or GPU cluster
     (`topology`) or `devices` (default: JAX's) and report what the compiler says; when it does not fit
-    the chip's budget, also the largest power-of-two sample_prompts that does (each candidate
-    compiled and logged)."""
+    the chip's budget, also the largest power-of-two sample_prompts that does among those whose rows
+    the batch axes split (each candidate compiled and logged; above the chunk only where its rows
+    are not split)."""
     if cfg.trainer.objective != "grpo":
         raise ConfigError(
             f"--decode compiles the GRPO rollout sampler: {cfg.name} has trainer.objective="
@@ -128,8 +130,10 @@ def decode_report(
     first = attempt(chunk)
     search: list[dict] = []
     largest = None
-    if first["fits"] is False:  # bisect over smaller chunks: fewer rows, less memory
-        sizes = split_chunks(cfg, mesh, chunk)
+    if first["fits"] is False:  # bisect over the split chunks: fewer rows per device, less memory
+        sizes = split_chunks(cfg, mesh, rl.prompts_per_step)
+        if chunk in sizes:  # split and over the budget: so is every larger chunk
+            sizes = sizes[: sizes.index(chunk)]
         lo, hi = -1, len(sizes)  # sizes[lo] fits (or none known to), sizes[hi] does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -181,7 +185,7 @@ def check_decode_fits(r: dict) -> None:
     fix = (
         f"grpo.sample_prompts={r['largest_fitting_sample_prompts']} fits"
         if r["largest_fitting_sample_prompts"]
-        else "no smaller power-of-two grpo.sample_prompts whose rows the batch axes split fits: "
+        else "no power-of-two grpo.sample_prompts whose rows the batch axes split fits: "
         "split the model wider (mesh.tensor) or shorten the rollout"
     )
     raise DoesNotFit(
