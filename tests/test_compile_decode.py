@@ -14,6 +14,7 @@ from olmax.compile_check import GIB, DoesNotFit
 from olmax.compile_decode import check_decode_fits, decode_report, format_decode_report, split_chunks
 from olmax.config import ConfigError
 from olmax.config_io import apply_overrides
+from olmax.model.olmo3 import count_params
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
 
@@ -42,14 +43,8 @@ def test_smaller_chunks_are_those_whose_rows_the_batch_axes_split():
     """Rows the batch axes do not divide are held whole by every device, so the search skips them."""
     cfg = get_recipe("tiny_grpo")  # 8 samples per prompt
     mesh = make_mesh(cfg.mesh, jax.devices())  # fsdp over the suite's 8 CPU devices
-    assert split_chunks(cfg, mesh, 64) == [1, 2, 4, 8, 16, 32, 64] and split_chunks(cfg, mesh, 48) == [
-        1,
-        2,
-        4,
-        8,
-        16,
-        32,
-    ]
+    assert split_chunks(cfg, mesh, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert split_chunks(cfg, mesh, 48) == [1, 2, 4, 8, 16, 32]
     pairs = apply_overrides(cfg, ["grpo.samples_per_prompt=2"])
     assert split_chunks(pairs, mesh, 64) == [4, 8, 16, 32, 64] and split_chunks(pairs, mesh, 2) == []
 
@@ -60,16 +55,19 @@ def test_decode_needs_a_grpo_recipe():
 
 
 # The compiler's peaks on one H100 (jax-cuda12-plugin 0.10.2) for 2 / 1 prompts x 8 samples of the
-# model above: 8.26 / 7.19 MiB. A budget of 7.7 MiB: the step's 2 prompts do not fit, 1 does.
+# model above: 8.26 / 7.19 MiB. A program budget of 7.7 MiB: the step's 2 prompts do not fit, 1 does.
 BUDGET_MIB = 7.7
 
 
 def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch):
     pytest.importorskip("jax_cuda12_plugin", reason="needs the gpu-compile extra (make setup-test)")
-    h100 = dataclasses.replace(chips.CHIPS["h100"], hbm_limit_gib=BUDGET_MIB / 1024 / chips.GPU_MEM_FRACTION)
-    monkeypatch.setitem(chips.CHIPS, "h100", h100)
     cfg = apply_overrides(get_recipe("tiny_grpo"), [*SMALL, "grpo.prompts_per_step=2"])
+    moments_mib = count_params(cfg.model) * 8 / 2**20  # two float32 Adam moments, beside the program
+    limit = (BUDGET_MIB + moments_mib) / 1024 / chips.GPU_MEM_FRACTION
+    monkeypatch.setitem(chips.CHIPS, "h100", dataclasses.replace(chips.CHIPS["h100"], hbm_limit_gib=limit))
     r = decode_report(cfg, topology="h100:1x1")
+    assert r["opt_state_gib"] * 1024 == pytest.approx(moments_mib, rel=1e-3)  # and a few scalars
+    assert r["budget_gib"] * 1024 == pytest.approx(BUDGET_MIB, abs=0.01)
     assert (r["platform"], r["chip"], r["sample_prompts"]) == ("gpu", "h100", 2)
     assert r["fits"] is False and r["per_device"]["peak_gib"] * 1024 > BUDGET_MIB
     assert [(c["sample_prompts"], c["fits"]) for c in r["search"]] == [(1, True)]  # the power of two below 2
@@ -106,6 +104,8 @@ def test_cli_decode_exits_2_naming_the_chunk_that_fits(tmp_path, monkeypatch):
         "refused": None,
         "hbm_limit_gib": 79.11,
         "hbm_headroom": 0.9,
+        "opt_state_gib": 0.85,
+        "budget_gib": 70.35,
         "chip": "h100",
         "fits": False,
         "largest_fitting_sample_prompts": 2,

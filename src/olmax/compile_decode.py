@@ -5,9 +5,10 @@ trainer lays them out, the KV cache as olmax.rollout.cache.cache_spec says, the 
 recipe's rollout shapes (grpo.sample_prompts prompts x grpo.samples_per_prompt rows, prompts of
 grpo.max_prompt_len tokens, responses of grpo.max_response_len, bucketed as the sampler buckets them).
 
-It reports the compiler's per-device memory against the chip's budget (compile_check.budget_gib) and,
-when the configured chunk of prompts does not fit, the largest power-of-two grpo.sample_prompts that
-does, found by compiling (bisection: the program's memory grows with its rows per device, so only
+It reports the compiler's per-device memory against the chip's budget (compile_check.budget_gib) less
+the optimizer state, which stays on the devices while the trainer samples, and, when the configured
+chunk of prompts does not fit, the largest power-of-two grpo.sample_prompts that does, found by
+compiling (bisection: the program's memory grows with its rows per device, so only
 chunks whose rows the batch axes split are tried; a chunk whose rows are not split, every device
 holding them all, may be smaller than the one that fits).
 """
@@ -95,9 +96,13 @@ def decode_report(
         mesh = make_mesh(cfg.mesh, devices)
     except ConfigError as e:  # the mesh does not divide this target: say which target
         raise ConfigError(f"{cfg.name} on {where}: {e}") from None
-    options, budget = target_options(chip, platform), budget_gib(chip)
     with jax.set_mesh(mesh):
-        params = abstract_state(cfg, mesh).params
+        state = abstract_state(cfg, mesh)
+    params, opt_state_gib = state.params, per_device_bytes(state.opt_state) / GIB
+    # the trainer samples between its steps: its optimizer moments stay on the devices beside the
+    # program (its parameters are the program's argument, counted in the peak)
+    options, budget = target_options(chip, platform), budget_gib(chip)
+    budget = None if budget is None else budget - opt_state_gib
     rl, chunk = cfg.grpo, chunk_of(cfg)
     width, steps = widths(rl.max_prompt_len, rl.max_response_len)
 
@@ -126,7 +131,10 @@ def decode_report(
         return out
 
     if budget is not None:
-        log(f"compiling {cfg.name}'s rollout on {where} against a budget of {budget:.2f} GiB per device")
+        log(
+            f"compiling {cfg.name}'s rollout on {where} against a budget of {budget:.2f} GiB per device "
+            f"(the chip's {budget + opt_state_gib:.2f} less the optimizer state's {opt_state_gib:.2f})"
+        )
     first = attempt(chunk)
     search: list[dict] = []
     largest = None
@@ -159,6 +167,7 @@ def decode_report(
         "cache_len": width + steps,
         "max_response_len": rl.max_response_len,
         "params_gib": per_device_bytes(params) / GIB,
+        "opt_state_gib": opt_state_gib,
         "kv_cache_gib": kv_cache_gib(cfg, mesh, rows, width + steps),
         "per_device": first["per_device"],
         "refused": first["refused"],
@@ -166,6 +175,8 @@ def decode_report(
         "compile_s": first["compile_s"],
         "hbm_limit_gib": None if chip is None else chip.hbm_limit_gib,
         "hbm_headroom": None if chip is None else chip.hbm_headroom,
+        # the program's: the chip's budget less the optimizer state (None: no budget on these devices)
+        "budget_gib": budget,
         "fits": first["fits"],
         # when the chunk does not fit: each smaller power of two compiled, and the largest that fits
         # (None: none does, or none was tried)
@@ -181,7 +192,6 @@ def check_decode_fits(r: dict) -> None:
     where = r["topology"] or f"{r['devices']} {r['platform']} devices"
     peak = r["per_device"] and r["per_device"]["peak_gib"]
     need = f"needs {peak:.1f} GiB per device" if peak is not None else f"was refused by the compiler ({r['refused']})"
-    budget = r["hbm_headroom"] * r["hbm_limit_gib"]
     fix = (
         f"grpo.sample_prompts={r['largest_fitting_sample_prompts']} fits"
         if r["largest_fitting_sample_prompts"]
@@ -191,7 +201,8 @@ def check_decode_fits(r: dict) -> None:
     raise DoesNotFit(
         f"{r['recipe']}'s rollout of {r['sample_prompts']} prompts x {r['samples_per_prompt']} samples "
         f"({r['rows']} rows, cache {r['cache_len']} tokens) does not fit on {where}: it {need}, over the "
-        f"budget of {budget:.2f} GiB ({r['hbm_headroom']:.0%} of {r['chip']}'s {r['hbm_limit_gib']:.2f} GiB); {fix}"
+        f"budget of {r['budget_gib']:.2f} GiB ({r['hbm_headroom']:.0%} of {r['chip']}'s {r['hbm_limit_gib']:.2f} GiB "
+        f"less the optimizer state's {r['opt_state_gib']:.2f}); {fix}"
     )
 
 
@@ -202,7 +213,8 @@ def format_decode_report(r: dict) -> str:
         f"({r['topology'] or r['platform']}), mesh {r['mesh']}",
         f"{r['sample_prompts']} prompts x {r['samples_per_prompt']} samples = {r['rows']} rows per program; "
         f"prompt width {r['prompt_width']}, cache {r['cache_len']} tokens (responses up to {r['max_response_len']})",
-        f"per device: parameters {r['params_gib']:.2f} GiB, KV cache {r['kv_cache_gib']:.2f} GiB",
+        f"per device: parameters {r['params_gib']:.2f} GiB, KV cache {r['kv_cache_gib']:.2f} GiB, and beside the "
+        f"program the optimizer state {r['opt_state_gib']:.2f} GiB",
     ]
     if d is None:
         lines.append(f"compiler refused it in {r['compile_s']:.1f} s: {r['refused']}")
@@ -215,7 +227,8 @@ def format_decode_report(r: dict) -> str:
     if r["hbm_limit_gib"] is not None:
         lines.append(
             f"HBM limit {r['hbm_limit_gib']:.2f} GiB per device ({r['chip']}): "
-            f"{'fits' if r['fits'] else 'DOES NOT FIT'} (budget {r['hbm_headroom']:.0%})"
+            f"{'fits' if r['fits'] else 'DOES NOT FIT'} (budget {r['hbm_headroom']:.0%} less the optimizer state: "
+            f"{r['budget_gib']:.2f} GiB)"
         )
     if r["search"]:
         tried = ", ".join(
