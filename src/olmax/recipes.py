@@ -346,7 +346,8 @@ def _rl(name: str, seq_len: int, rl: GRPOConfig, episodes: int) -> ExperimentCon
 # The sampler holds the KV cache of every row it samples at once: a step's 64 x 8 rows at AI2's shapes
 # need 368 GiB (Instruct) and 1,156 GiB (Think) per H100 of a node, so each recipe samples the most
 # prompts at a time that fit one node, by `olmax compile-check --decode --topology h100:1x8`
-# (docs/post-training.md, "Recipes"): Instruct 8, Think 2.
+# (docs/post-training.md, "Recipes"): Instruct 8, Think 2. On an Ironwood 4x4x4 slice both whole steps
+# fit one program (grpo.sample_prompts=0), and there these chunks' rows are fewer than its devices.
 # Think: 32,768-token responses in 35,840-token rows, TIS capped at 2, one optimizer step per rollout
 # (old log-probs = the step's own), no active sampling.
 THINK_RL = GRPOConfig(
