@@ -347,7 +347,8 @@ def _rl(name: str, seq_len: int, rl: GRPOConfig, episodes: int) -> ExperimentCon
 # need 368 GiB (Instruct) and 1,156 GiB (Think) per H100 of a node, so each recipe samples the most
 # prompts at a time that fit one node, by `olmax compile-check --decode --topology h100:1x8`
 # (docs/post-training.md, "Recipes"): Instruct 8, Think 2. On an Ironwood 4x4x4 slice both whole steps
-# fit one program (grpo.sample_prompts=0), and there these chunks' rows are fewer than its devices.
+# fit one program: set grpo.sample_prompts=0 there (these chunks have fewer rows than its 128 devices,
+# so each device would hold them all).
 # Think: 32,768-token responses in 35,840-token rows, TIS capped at 2, one optimizer step per rollout
 # (old log-probs = the step's own), no active sampling.
 THINK_RL = GRPOConfig(
