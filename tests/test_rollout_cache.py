@@ -37,9 +37,14 @@ def test_cached_steps_match_the_full_forward():
     run = jax.jit(cached_forward, static_argnums=4)
     # row 1's prompt is 5 tokens: its padding (positions 5-7) must not reach the rings
     lengths = np.asarray([8, 5], np.int32)
-    logits, cache = run(params, cache, jnp.asarray(seq[:, :8]), jnp.zeros(2, jnp.int32), CFG, jnp.asarray(lengths))
+    prefill = (params, cache, jnp.asarray(seq[:, :8]), jnp.zeros(2, jnp.int32))
+    logits, cache = run(*prefill, CFG, jnp.asarray(lengths))
     np.testing.assert_allclose(np.asarray(logits)[0], full[0, :8], atol=2e-5)
     np.testing.assert_allclose(np.asarray(logits)[1, :5], full[1, :5], atol=2e-5)
+    # the sampler's prefill (fresh: its own keys only, not the empty ring) gives the same logits and cache
+    fresh = jax.jit(lambda *a: cached_forward(*a, CFG, jnp.asarray(lengths), fresh=True))(*prefill)
+    np.testing.assert_allclose(np.asarray(fresh[0]), np.asarray(logits), atol=2e-5)
+    jax.tree.map(np.testing.assert_array_equal, fresh[1], cache)
     for step in range(12):  # each row at its own position; 12+ only see the window on layer 0
         pos = lengths + step
         tokens = jnp.asarray(seq[np.arange(2), pos][:, None])

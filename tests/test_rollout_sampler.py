@@ -96,3 +96,18 @@ def test_sharded_rollout_equals_one_device(setup):
     assert got.tokens.sharding.spec[0] == ("data", "fsdp")
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(out.tokens))
     np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(out.logprobs), atol=1e-5, rtol=0)
+
+
+def test_prompts_in_chunks_give_the_one_programs_rollout(setup):
+    """GRPOConfig.sample_prompts: 4 prompts sampled one at a time (4 programs, each with the whole
+    request's widths) give the tokens, lengths and finish reasons of one program over all four, and its
+    log-probs to float32 rounding (XLA's matmuls of another batch size may sum in another order)."""
+    params, prompts, _ = setup
+    four = prompts + [p[::-1] for p in prompts]
+    whole = sample(params, CFG, four, 12, n=2, sampling=HOT, eos_ids=[7])
+    for chunk in (1, 3):  # 3: a short last chunk, its own program
+        got = sample(params, CFG, four, 12, n=2, sampling=HOT, eos_ids=[7], prompts_per_program=chunk)
+        for name in ("tokens", "lengths", "finish"):
+            np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(whole, name)))
+        np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(whole.logprobs), atol=1e-5, rtol=0)
+    assert np.asarray(whole.tokens).shape == (8, 12)

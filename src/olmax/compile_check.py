@@ -15,6 +15,9 @@ Three targets:
   start-up check fails and it is not registered;
 - the devices JAX has (`olmax compile-check --devices N` makes N fake CPU devices).
 
+`olmax compile-check --decode` compiles a GRPO recipe's rollout sampler instead, with this module's
+targets, compiler options and memory figures (olmax.compile_decode).
+
 `attention=auto` resolves to the target's kernel (splash for a TPU topology, cudnn for a GPU
 cluster, xla there with documents masked or a context axis), as it will when the step runs there.
 """
@@ -200,18 +203,67 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
         # per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.
         lowered = make_train_step(cfg, mesh, epoch_batches=cfg.trainer.max_steps).lower(state, batch)
         t1 = time.perf_counter()
-        try:
-            compiled = lowered.compile(compiler_options=options or None)
-        except Exception as e:
-            memory = _out_of_memory(e)
-            if memory:
-                reason = f"out of {memory}: {str(e).splitlines()[0][:300]}"
-                raise CompilerRefused(
-                    f"{cfg.name} does not fit on {where}: the {platform.upper()} compiler ran {reason}", memory, reason
-                ) from None
-            raise
+        compiled = compile_lowered(lowered, options, f"{cfg.name} does not fit on {where}", platform)
         t2 = time.perf_counter()
     return compiled, t1 - t0, t2 - t1
+
+
+def compile_lowered(lowered, options: dict, what: str, platform: str):
+    """lowered.compile() with the chip's compiler options; CompilerRefused, its message starting with
+    `what`, when the compiler runs out of device memory."""
+    try:
+        return lowered.compile(compiler_options=options or None)
+    except Exception as e:
+        memory = _out_of_memory(e)
+        if memory:
+            reason = f"out of {memory}: {str(e).splitlines()[0][:300]}"
+            raise CompilerRefused(f"{what}: the {platform.upper()} compiler ran {reason}", memory, reason) from None
+        raise
+
+
+def target(topology: Optional[str] = None, num_slices: int = 1, devices=None) -> tuple[list, Optional[Chip], str]:
+    """What to compile for: (devices, chip or None, where in words) of a TPU topology or GPU cluster
+    (`topology`), else of `devices` (default: JAX's)."""
+    if topology is not None:
+        devices = topology_devices(topology, num_slices)
+        chip: Optional[Chip] = chip_of_topology(topology)
+    else:
+        devices = list(devices if devices is not None else jax.devices())
+        chip = chip_of_device_kind(devices[0].device_kind)
+    where = topology or f"{len(devices)} {devices[0].platform} devices"
+    if devices[0].platform == "gpu" and topology is not None:
+        _, nodes, gpus = gpu_cluster(topology)
+        where = f"{topology} ({nodes} nodes x {gpus} GPUs)"
+    return devices, chip, where
+
+
+def target_options(chip: Optional[Chip], platform: str) -> dict:
+    """The chip's compiler options (its flag profile, as a run sets it), none for CPU devices."""
+    return compiler_options(chip) if chip is not None and platform in ("tpu", "gpu") else {}
+
+
+def memory_of(compiled) -> dict:
+    """XLA's per-device memory figures of a compiled program, in GiB."""
+    mem = compiled.memory_analysis()
+    per_device = {
+        "arguments_gib": mem.argument_size_in_bytes / GIB,
+        "outputs_gib": mem.output_size_in_bytes / GIB,
+        "temporaries_gib": mem.temp_size_in_bytes / GIB,
+        "aliased_gib": mem.alias_size_in_bytes / GIB,  # outputs written over donated arguments
+        "code_gib": mem.generated_code_size_in_bytes / GIB,
+    }
+    per_device["total_gib"] = (
+        per_device["arguments_gib"]
+        + per_device["outputs_gib"]
+        + per_device["temporaries_gib"]
+        + per_device["code_gib"]
+        - per_device["aliased_gib"]
+    )
+    # The compiler's own figure: the most its buffer assignment holds at once, arguments and outputs
+    # included, which the TPU compiler checks against the chip's limit. XLA packs temporaries into
+    # one block reused across lifetimes, so this is below total_gib.
+    per_device["peak_gib"] = mem.peak_memory_in_bytes / GIB
+    return per_device
 
 
 @dataclass(frozen=True)
@@ -300,23 +352,14 @@ def compile_report(
     JAX's) and report what the compiler says. model.remat=auto is chosen first (choose_remat, which
     logs each candidate as it is compiled; cache_dir: where its record is kept and looked for, None =
     nowhere)."""
-    if topology is not None:
-        devices = topology_devices(topology, num_slices)
-        chip: Optional[Chip] = chip_of_topology(topology)
-    else:
-        devices = list(devices if devices is not None else jax.devices())
-        chip = chip_of_device_kind(devices[0].device_kind)
+    devices, chip, where = target(topology, num_slices, devices)
     platform = devices[0].platform
-    where = topology or f"{len(devices)} {platform} devices"
-    if platform == "gpu" and topology is not None:
-        _, nodes, gpus = gpu_cluster(topology)
-        where = f"{topology} ({nodes} nodes x {gpus} GPUs)"
     try:
         mesh = make_mesh(cfg.mesh, devices)
         layout = batch_layout(cfg, mesh)
     except ConfigError as e:  # the batch or mesh does not divide this target: say which target
         raise ConfigError(f"{cfg.name} on {where}: {e}") from None
-    options = compiler_options(chip) if chip is not None and platform in ("tpu", "gpu") else {}
+    options = target_options(chip, platform)
     choice, auto = RematChoice(cfg), cfg.model.remat == AUTO
     if auto:
         choice = choose_remat(cfg, mesh, chip, where, options, cache_dir, log)
@@ -324,25 +367,7 @@ def compile_report(
     compiled, lower_s, compile_s = choice.compiled or compile_step(cfg, mesh, options, where)
     with jax.set_mesh(mesh):
         state = abstract_state(cfg, mesh)
-    mem = compiled.memory_analysis()
-    per_device = {
-        "arguments_gib": mem.argument_size_in_bytes / GIB,
-        "outputs_gib": mem.output_size_in_bytes / GIB,
-        "temporaries_gib": mem.temp_size_in_bytes / GIB,
-        "aliased_gib": mem.alias_size_in_bytes / GIB,  # outputs written over donated arguments
-        "code_gib": mem.generated_code_size_in_bytes / GIB,
-    }
-    per_device["total_gib"] = (
-        per_device["arguments_gib"]
-        + per_device["outputs_gib"]
-        + per_device["temporaries_gib"]
-        + per_device["code_gib"]
-        - per_device["aliased_gib"]
-    )
-    # The compiler's own figure: the most its buffer assignment holds at once, arguments and outputs
-    # included, which the TPU compiler checks against the chip's limit. XLA packs temporaries into
-    # one block reused across lifetimes, so this is below total_gib.
-    per_device["peak_gib"] = mem.peak_memory_in_bytes / GIB
+    per_device = memory_of(compiled)
     budget = budget_gib(chip)
     hlo = compiled.as_text()
     policy = remat_policy_of(cfg.model.remat)

@@ -222,12 +222,18 @@ def compile_check_cmd(
     devices: int = typer.Option(
         8, "--devices", help="without --topology: fake CPU devices to compile for (ignored on accelerators)"
     ),
+    decode: bool = typer.Option(
+        False,
+        "--decode",
+        help="compile a GRPO recipe's rollout sampler (prefill + decode of grpo.sample_prompts prompts at "
+        "its rollout shapes) instead of the train step; when it does not fit, name the grpo.sample_prompts that does",
+    ),
     json_out: Optional[Path] = JsonOpt,
 ):
     """Compile the recipe's real train step with abstract arrays; print per-device memory, whether it
     fits the chip's HBM, the attention kernel calls and FLOPs. model.remat=auto (the accelerator
-    recipes') is chosen first by compiling candidates; the choice is kept in data.work_dir. Exit 2
-    when it does not fit."""
+    recipes') is chosen first by compiling candidates; the choice is kept in data.work_dir. With
+    --decode, the GRPO rollout sampler instead (olmax.compile_decode). Exit 2 when it does not fit."""
     import os
 
     if topology is None:
@@ -243,6 +249,14 @@ def compile_check_cmd(
     from olmax.recipes import resolve
 
     cfg = resolve(recipe, config, overrides or [])
+    if decode:
+        from olmax.compile_decode import check_decode_fits, decode_report, format_decode_report
+
+        report = decode_report(cfg, topology=topology, num_slices=num_slices, log=typer.echo)
+        typer.echo(format_decode_report(report))
+        write_json(json_out, report)
+        check_decode_fits(report)
+        return
     # model.remat=auto's searches are kept with the other caches (data.work_dir), by what decides them
     cache = str(work_dir_of(cfg.data))
     report = compile_report(cfg, topology=topology, num_slices=num_slices, cache_dir=cache, log=typer.echo)

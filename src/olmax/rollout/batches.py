@@ -264,6 +264,7 @@ class RolloutBatches:
             eos_ids=self.eos_ids,
             stop_sequences=self.stops,
             mesh=self.mesh,
+            prompts_per_program=rl.sample_prompts,
         )
         tokens, logps, lengths, finish = (gather(x) for x in out)
         counts["sample_s"] += time.perf_counter() - t0

@@ -81,9 +81,9 @@ def _constrain(x):
     return jax.lax.with_sharding_constraint(x, cache_spec(x.shape, mesh))
 
 
-def _ring_attention(k_cache, v_cache, start, valid, positions, window: Optional[int]):
+def _ring_attention(k_cache, v_cache, start, valid, positions, window: Optional[int], fresh: bool = False):
     """The `attend` of olmax.model.olmo3.block for one layer with a ring cache (module doc).
-    Returns (output, {"k", "v"} updated)."""
+    Returns (output, {"k", "v"} updated). fresh: the ring is empty, so only this call's keys are attended."""
 
     def attend(q, k, v):
         b, t, h, d = q.shape
@@ -91,8 +91,11 @@ def _ring_attention(k_cache, v_cache, start, valid, positions, window: Optional[
         slot = jnp.arange(size)[None, :]
         last = (start - 1)[:, None]
         slot_pos = last - jnp.remainder(last - slot, size)  # newest position < start in each slot
-        keys = jnp.concatenate([k_cache, k.astype(k_cache.dtype)], axis=1)
-        values = jnp.concatenate([v_cache, v.astype(v_cache.dtype)], axis=1)
+        ring_k, ring_v = k_cache, v_cache
+        if fresh:  # no slot holds a position: the prefill's scores are (T, T), not (T, S + T)
+            ring_k, ring_v, slot_pos = k_cache[:, :0], v_cache[:, :0], slot_pos[:, :0]
+        keys = jnp.concatenate([ring_k, k.astype(k_cache.dtype)], axis=1)
+        values = jnp.concatenate([ring_v, v.astype(v_cache.dtype)], axis=1)
         key_pos = jnp.concatenate([slot_pos, positions], axis=1)  # (B, S + T)
         key_ok = jnp.concatenate([slot_pos >= 0, jnp.ones((b, t), bool)], axis=1)
         ahead = positions[:, :, None] - key_pos[:, None, :]  # query minus key position
@@ -134,11 +137,13 @@ def cached_forward(
     valid: Optional[jnp.ndarray] = None,
     length: Optional[int] = None,
     last: Optional[jnp.ndarray] = None,
+    fresh: bool = False,
 ):
     """-> (float32 logits (B, T, padded vocab), updated cache). See the module doc. `length`, the
     RoPE table's length, defaults to the longest ring (a full layer's: the cache length). `last` (B,):
     the logits of that position of each row only, (B, 1, padded vocab): a prefill needs no more, and
-    the whole (B, T, vocab) block would be T times the memory."""
+    the whole (B, T, vocab) block would be T times the memory. fresh: the cache is empty (a prefill
+    from position 0): the queries attend to this call's keys only, not to the ring's empty slots."""
     cdt = jnp.dtype(cfg.compute_dtype)
     b, t = tokens.shape
     valid = jnp.full((b,), t, jnp.int32) if valid is None else valid
@@ -151,25 +156,29 @@ def cached_forward(
 
     def layer(x, i, p, c):
         p = jax.tree.map(lambda w: w.astype(cdt), p)
-        attend = _ring_attention(c["k"], c["v"], start, valid, positions, cfg.layer_window(i))
+        attend = _ring_attention(c["k"], c["v"], start, valid, positions, cfg.layer_window(i), fresh)
         return block(cfg, p, x, *ropes[cfg.layer_rope_scaled(i)], attend)
 
     period = cfg.global_every
     n_groups, tail = divmod(cfg.n_layers, period)
     layers = params["layers"]
-    group_cache: tuple = ()
+    group_cache: tuple = cache["group"]
     if n_groups:
-
-        def group(x, xs):  # every full group has the first group's windows (olmax.model.olmo3._group_fn)
-            g, caches = xs
+        # The group caches ride in the scan's carry, each group's slice read and written back in place:
+        # as the scan's input and output they would be two buffers, and a decoding step would hold the
+        # cache twice (twice the rollout's memory, by far its largest part).
+        def group(carry, xs):  # every full group has the first group's windows (olmax.model.olmo3._group_fn)
+            x, caches = carry
+            g, k = xs
             out = []
             for j in range(period):
-                x, c = layer(x, j, jax.tree.map(lambda w: w[j], g), caches[j])  # noqa: B023 - applied at once
-                out.append(c)
-            return x, tuple(out)
+                mine = jax.tree.map(lambda c: jax.lax.dynamic_index_in_dim(c, k, keepdims=False), caches[j])
+                x, new = layer(x, j, jax.tree.map(lambda w: w[j], g), mine)  # noqa: B023 - applied at once
+                out.append(jax.tree.map(lambda c, n: jax.lax.dynamic_update_index_in_dim(c, n, k, 0), caches[j], new))
+            return (x, tuple(out)), None
 
         grouped = jax.tree.map(lambda w: w[: n_groups * period].reshape(n_groups, period, *w.shape[1:]), layers)
-        x, group_cache = jax.lax.scan(group, x, (grouped, cache["group"]))
+        (x, group_cache), _ = jax.lax.scan(group, (x, group_cache), (grouped, jnp.arange(n_groups)))
     tail_cache = []
     for j in range(tail):
         i = n_groups * period + j

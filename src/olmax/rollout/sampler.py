@@ -30,6 +30,10 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
   devices give the tokens and log-probs of one.
 
+A GRPO step's rows need not fit one program: `prompts_per_program` (grpo.sample_prompts) runs it on
+that many prompts at a time, the same tokens as one program (the draws are keyed by `index`), and
+olmax.compile_decode says how many fit a chip.
+
 Shapes are bucketed so a few programs serve many requests: the prompt width and the cache length are
 rounded up to powers of two, and the loop's width is cache length - prompt width (max_new_tokens is an
 argument, not a shape).
@@ -148,7 +152,7 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
         length = width + steps
         cache = init_cache(cfg, p, length)
         logits, cache = cached_forward(
-            params, cache, prompts, jnp.zeros_like(lengths), cfg, lengths, length, lengths - 1
+            params, cache, prompts, jnp.zeros_like(lengths), cfg, lengths, length, lengths - 1, fresh=True
         )
         last = logits[:, 0, :vocab]
         if n > 1:  # each prompt's cache and last logits, computed once, repeated to its n samples
@@ -231,6 +235,34 @@ def _arg_shardings(mesh, n: int, rows: int, width: int) -> tuple:
     return batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep
 
 
+def widths(longest: int, max_new_tokens: int) -> tuple[int, int]:
+    """(prompt width, loop width) of a request whose longest prompt has `longest` tokens: the prompt
+    width and the cache length (their sum) are powers of two (module doc)."""
+    width = _bucket(longest)
+    return width, _bucket(width + max_new_tokens) - width
+
+
+def lower_rollout(params, cfg: ModelConfig, prompts: int, n: int, longest: int, max_new_tokens: int, mesh):
+    """The sampled rollout program of `sample` for `prompts` prompts of at most `longest` tokens, n
+    samples each, on `mesh`, lowered from abstract arrays (`params`: ShapeDtypeStructs of the
+    trainer's parameters), as olmax.compile_decode compiles it: nothing is allocated."""
+    width, steps = widths(longest, max_new_tokens)
+    rows = prompts * n
+    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    args = (
+        ints(prompts, width),  # tokens
+        ints(prompts),  # lengths
+        ints(rows),  # limits
+        ints(rows),  # index
+        jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))),  # the key's data
+        jax.ShapeDtypeStruct((3,), jnp.float32),  # the sampling rule
+        ints(*_eos_table(()).shape),
+        ints(*_stop_table(()).shape),
+    )
+    with jax.set_mesh(mesh):
+        return _compiled(cfg, n, steps, True, mesh, rows, width).lower(params, *args)
+
+
 def sample(
     params: dict,
     cfg: ModelConfig,
@@ -244,17 +276,25 @@ def sample(
     index: Optional[Sequence[int]] = None,
     limits: Optional[Sequence[int]] = None,
     mesh=None,
+    prompts_per_program: int = 0,
 ) -> Rollout:
     """`n` samples of each prompt (token ids), in one jitted program; see the module doc.
 
     index: each ROW's position in the whole request, which keys its draws (default 0 .. len(prompts)*n - 1).
     limits: each row's own max_new_tokens (at most `max_new_tokens`). mesh: a mesh (the trainer's) on
     which `params` are laid out by olmax.state.param_shardings; the rollout's arrays come back sharded
-    over its batch axes. Returns device arrays (Rollout), (len(prompts) * n, max_new_tokens) wide."""
+    over its batch axes. prompts_per_program: run the program on this many prompts (their n samples
+    each) at a time, one after another, so its cache holds that many prompts' rows
+    (GRPOConfig.sample_prompts; 0 = all at once); every chunk has the whole request's prompt width and
+    loop width, and the draws are keyed by `index`, so the tokens are the one program's (the log-probs
+    to float32 rounding). Returns device arrays (Rollout), (len(prompts) * n, max_new_tokens) wide."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    if max_new_tokens < 1 or n < 1:
-        raise ValueError(f"max_new_tokens and n must be at least 1, got {max_new_tokens} and {n}")
+    if max_new_tokens < 1 or n < 1 or prompts_per_program < 0:
+        raise ValueError(
+            f"max_new_tokens and n must be at least 1 and prompts_per_program at least 0, got "
+            f"{max_new_tokens}, {n} and {prompts_per_program}"
+        )
     rows = len(prompts) * n
     index = np.arange(rows, dtype=np.int32) if index is None else np.asarray(index, np.int32)
     if index.shape != (rows,):
@@ -263,20 +303,26 @@ def sample(
     if limits.shape != (rows,) or limits.min() < 1 or limits.max() > max_new_tokens:
         raise ValueError(f"limits needs one value in 1..{max_new_tokens} per row ({rows}), got {limits}")
     lengths = np.asarray([len(p) for p in prompts], np.int32)
-    width = _bucket(int(lengths.max()))
+    width, steps = widths(int(lengths.max()), max_new_tokens)
     tokens = np.zeros((len(prompts), width), np.int32)
     for r, p in enumerate(prompts):
         tokens[r, : len(p)] = p
-    steps = _bucket(width + max_new_tokens) - width
-    run = _compiled(cfg, n, steps, sampling.temperature > 0, mesh, *((rows, width) if mesh is not None else ()))
     rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
     key_data = np.asarray(jax.random.key_data(jax.random.key(sampling.seed)))
-    args = (tokens, lengths, limits, index, key_data, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
-    if mesh is None:
-        out = run(params, *args)
-    else:  # global arrays: every process holds the whole request (several processes: the RL loop's)
-        with jax.set_mesh(mesh):
-            out = run(params, *(place(s, a) for s, a in zip(_arg_shardings(mesh, n, rows, width), args)))
+    tables = (key_data, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
+    chunk = prompts_per_program or len(prompts)
+    parts = []
+    for first in range(0, len(prompts), chunk):
+        p = min(chunk, len(prompts) - first)  # the last chunk may be short: its own program
+        run = _compiled(cfg, n, steps, sampling.temperature > 0, mesh, *((p * n, width) if mesh is not None else ()))
+        on = slice(first * n, (first + p) * n)
+        args = (tokens[first : first + p], lengths[first : first + p], limits[on], index[on], *tables)
+        if mesh is None:
+            parts.append(run(params, *args))
+        else:  # global arrays: every process holds the whole request (several processes: the RL loop's)
+            with jax.set_mesh(mesh):
+                parts.append(run(params, *(place(s, a) for s, a in zip(_arg_shardings(mesh, n, p * n, width), args))))
+    out = parts[0] if len(parts) == 1 else Rollout(*(jnp.concatenate(x) for x in zip(*parts)))
     return Rollout(*(x[:, :max_new_tokens] if x.ndim == 2 else x for x in out))
 
 

@@ -1,0 +1,121 @@
+"""compile-check --decode (olmax.compile_decode): the GRPO rollout sampler, prefill and decode loop,
+compiled from abstract arrays at a recipe's rollout shapes for fake CPU devices or, with XLA's GPU
+compiler, for an H100; a chunk of prompts over the chip's budget leads to the largest power-of-two
+grpo.sample_prompts that fits, found by compiling."""
+
+import dataclasses
+import json
+
+import jax
+import pytest
+
+from olmax import chips
+from olmax.compile_check import GIB, DoesNotFit
+from olmax.compile_decode import check_decode_fits, decode_report, format_decode_report, split_chunks
+from olmax.config import ConfigError
+from olmax.config_io import apply_overrides
+from olmax.model.olmo3 import count_params
+from olmax.recipes import get_recipe
+from olmax.sharding import make_mesh
+
+# tiny_grpo's rollout shapes (prompts of 64 tokens, responses of 128: a cache of 256) on a two-layer
+# model (a window-64 layer and a global one) with a small vocabulary: compiles in seconds.
+SMALL = ["model.n_layers=2", "model.vocab_size=512", "model.compute_dtype=bfloat16", "grpo.prompts_per_step=4"]
+
+
+def test_rollout_on_cpu_devices_reports_its_shapes_and_memory():
+    cfg = apply_overrides(get_recipe("tiny_grpo"), SMALL)
+    r = decode_report(cfg)  # the suite's 8 CPU devices, fsdp over all of them
+    assert (r["mode"], r["platform"], r["devices"], r["mesh"]["fsdp"]) == ("decode", "cpu", 8, 8)
+    assert (r["sample_prompts"], r["samples_per_prompt"], r["rows"]) == (4, 8, 32)
+    assert (r["prompt_width"], r["cache_len"]) == (64, 256)
+    # k and v of 32 rows, kv heads 2 x head_dim 32 in bfloat16: the global layer's 256 slots and the
+    # window-64 layer's 64, the rows split over the 8 devices
+    assert r["kv_cache_gib"] * GIB == 2 * 32 * (256 + 64) * 2 * 32 * 2 / 8
+    assert r["per_device"]["peak_gib"] > 0 and r["compile_s"] > 0
+    assert r["fits"] is None and r["search"] == [] and r["largest_fitting_sample_prompts"] is None
+    check_decode_fits(r)  # no budget on CPU: nothing to refuse
+    assert "32 rows per program" in format_decode_report(r)
+    json.dumps(r)  # the --json payload
+
+
+def test_smaller_chunks_are_those_whose_rows_the_batch_axes_split():
+    """Rows the batch axes do not divide are held whole by every device, so the search skips them."""
+    cfg = get_recipe("tiny_grpo")  # 8 samples per prompt
+    mesh = make_mesh(cfg.mesh, jax.devices())  # fsdp over the suite's 8 CPU devices
+    assert split_chunks(cfg, mesh, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert split_chunks(cfg, mesh, 48) == [1, 2, 4, 8, 16, 32]
+    pairs = apply_overrides(cfg, ["grpo.samples_per_prompt=2"])
+    assert split_chunks(pairs, mesh, 64) == [4, 8, 16, 32, 64] and split_chunks(pairs, mesh, 2) == []
+
+
+def test_decode_needs_a_grpo_recipe():
+    with pytest.raises(ConfigError, match="trainer.objective=lm, not grpo"):
+        decode_report(get_recipe("tiny"))
+
+
+# The compiler's peaks on one H100 (jax-cuda12-plugin 0.10.2) for 2 / 1 prompts x 8 samples of the
+# model above: 8.26 / 7.19 MiB. A program budget of 7.7 MiB: the step's 2 prompts do not fit, 1 does.
+BUDGET_MIB = 7.7
+
+
+def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch):
+    pytest.importorskip("jax_cuda12_plugin", reason="needs the gpu-compile extra (make setup-test)")
+    cfg = apply_overrides(get_recipe("tiny_grpo"), [*SMALL, "grpo.prompts_per_step=2"])
+    moments_mib = count_params(cfg.model) * 8 / 2**20  # two float32 Adam moments, beside the program
+    limit = (BUDGET_MIB + moments_mib) / 1024 / chips.GPU_MEM_FRACTION
+    monkeypatch.setitem(chips.CHIPS, "h100", dataclasses.replace(chips.CHIPS["h100"], hbm_limit_gib=limit))
+    r = decode_report(cfg, topology="h100:1x1")
+    assert r["opt_state_gib"] * 1024 == pytest.approx(moments_mib, rel=1e-3)  # and a few scalars
+    assert r["budget_gib"] * 1024 == pytest.approx(BUDGET_MIB, abs=0.01)
+    assert (r["platform"], r["chip"], r["sample_prompts"]) == ("gpu", "h100", 2)
+    assert r["fits"] is False and r["per_device"]["peak_gib"] * 1024 > BUDGET_MIB
+    assert [(c["sample_prompts"], c["fits"]) for c in r["search"]] == [(1, True)]  # the power of two below 2
+    assert r["largest_fitting_sample_prompts"] == 1
+    with pytest.raises(DoesNotFit, match="grpo.sample_prompts=1 fits"):
+        check_decode_fits(r)
+    assert "grpo.sample_prompts tried 1: " in format_decode_report(r)
+
+
+@pytest.mark.parametrize("name, prompts", [("olmo3_7b_think_rl", 2), ("olmo3_7b_instruct_rl", 8)])
+def test_rl_recipes_sample_what_fits_an_h100_node(name, prompts):
+    """The most prompts per sampler program that compile-check --decode found to fit h100:1x8
+    (docs/post-training.md, "Recipes"); a negative count is refused."""
+    assert get_recipe(name).grpo.sample_prompts == prompts
+    with pytest.raises(ConfigError, match="grpo.sample_prompts must be >= 0"):
+        apply_overrides(get_recipe(name), ["grpo.sample_prompts=-1"])
+
+
+def test_cli_decode_exits_2_naming_the_chunk_that_fits(tmp_path, monkeypatch):
+    """`olmax compile-check --decode`: the figures go to --json first, then exit 2 with the message."""
+    from typer.testing import CliRunner
+
+    import olmax.compile_decode
+    from olmax.cli import app
+
+    over = {
+        "recipe": "olmo3_7b_think_rl",
+        "topology": "h100:1x8",
+        "sample_prompts": 64,
+        "samples_per_prompt": 8,
+        "rows": 512,
+        "cache_len": 65536,
+        "per_device": {"peak_gib": 1155.62},
+        "refused": None,
+        "hbm_limit_gib": 79.11,
+        "hbm_headroom": 0.9,
+        "opt_state_gib": 0.85,
+        "budget_gib": 70.35,
+        "chip": "h100",
+        "fits": False,
+        "largest_fitting_sample_prompts": 2,
+    }
+    monkeypatch.setattr(olmax.compile_decode, "decode_report", lambda *a, **k: over)
+    monkeypatch.setattr(olmax.compile_decode, "format_decode_report", lambda r: "report")
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(
+        app,
+        ["compile-check", "--recipe", "olmo3_7b_think_rl", "--decode", "--topology", "h100:1x8", "--json", str(out)],
+    )
+    assert r.exit_code == 2 and "needs 1155.6 GiB per device" in r.output and "grpo.sample_prompts=2 fits" in r.output
+    assert json.loads(out.read_text())["largest_fitting_sample_prompts"] == 2
