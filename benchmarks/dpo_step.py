@@ -24,8 +24,10 @@ callbacks of `trainer.train()` (collation, forward, backward, clipping, AdamW an
 what a training loop pays per step). Each repeat runs a block of olmax steps, then a block of TRL
 steps in a fresh trainer (blocks interleaved so that a change of load hits both); the first `--warmup`
 steps of each block are dropped (olmax: the compile; TRL: first-call set-up). Reported: the median
-of the kept steps of all repeats, and the load average before and after. torch and XLA both use
-`--threads` threads. Prints a table; asserts nothing but the loss check.
+of the kept steps of all repeats, and the load average before and after. torch runs `--threads`
+threads (default 2, the cores here); XLA:CPU sizes its own pool to the machine. On shared cores torch's
+threads suffer more from other jobs than XLA's (docs/performance.md, "DPO step"): `taskset -c 0 ...
+--threads 1` gives both sides one core. Prints a table; asserts nothing but the loss check.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="timed steps per block")
     ap.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of each block")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (XLA:CPU uses every core: 2 here)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (XLA:CPU sizes its own pool)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's reference pass reads it
