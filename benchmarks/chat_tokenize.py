@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 import statistics
@@ -122,7 +123,7 @@ def run_rows(name: str, rows: list[list[dict]], args, tok, hf_tok) -> dict:
         def ours():
             return [chat.sft_example(args.template, m, tok, eos, args.max_seq_len) for m in rows]
 
-        runs = iter(range(10**6))
+        runs = itertools.count()
 
         def command():
             out = Path(tmp) / f"out-{next(runs)}"

@@ -140,8 +140,9 @@ def trl_trainer(args, policy, reference, out_dir: str):
     return DPOTrainer(model=model, ref_model=reference, args=config, train_dataset=dataset, processing_class=tok)
 
 
-def olmax_batch(trainer) -> dict[str, np.ndarray]:
-    """TRL's collated batch of every row ([chosen; rejected] rows) in olmax's (pairs, 2, ...) layout."""
+def olmax_batch(trainer) -> tuple[dict[str, np.ndarray], dict]:
+    """(olmax's batch, TRL's): TRL's collated batch of every row ([chosen; rejected] rows) and the same
+    in olmax's (pairs, 2, ...) layout."""
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(trainer.train_dataset))])
     ids, mask = batch["input_ids"].numpy(), batch["completion_mask"].numpy().astype(bool)
     pairs, seq = ids.shape[0] // 2, ids.shape[1]
@@ -223,7 +224,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--loss-chunk", type=int, default=0, help="olmax trainer.loss_chunk (0: one chunk)")
     ap.add_argument("--steps", type=int, default=8, help="timed steps per block")
-    ap.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of each block")
+    ap.add_argument("--warmup", type=int, default=2, help="steps dropped per block (>= 1: TRL's first has its set-up)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (XLA:CPU sizes its own pool)")
     ap.add_argument("--json", type=Path)
