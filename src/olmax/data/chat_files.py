@@ -83,12 +83,14 @@ class _PartWriter:
         self.out, self.shard_tokens, self.dtype = out, shard_tokens, dtype
         self.ids: list[np.ndarray] = []
         self.masks: list[np.ndarray] = []
+        self.tokens = 0  # in self.ids: a running count, since a part may hold millions of documents
         self.parts: list[dict] = []
 
     def add(self, ex: ChatExample) -> None:
         self.ids.append(ex.ids)
         self.masks.append(ex.mask)
-        if sum(len(a) for a in self.ids) >= self.shard_tokens:
+        self.tokens += len(ex.ids)
+        if self.tokens >= self.shard_tokens:
             self.flush()
 
     def flush(self) -> None:
@@ -113,7 +115,7 @@ class _PartWriter:
                 "sha256": hashlib.sha256(ids.tobytes()).hexdigest(),
             }
         )
-        self.ids, self.masks = [], []
+        self.ids, self.masks, self.tokens = [], [], 0
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
