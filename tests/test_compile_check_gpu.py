@@ -255,3 +255,17 @@ def test_7b_stage3_fits_ai2s_gpu_layout_with_context_8_and_xla_attention():
     assert r["mesh"] == {"data": 1, "fsdp": 32, "context": 8, "tensor": 1} and r["nodes"] == 32
     assert (r["per_device_batch"], r["micro_batch"], r["accum_steps"]) == (2, 1, 2)
     assert r["attention"] == "xla" and r["cudnn_calls"] == {} and r["fits"]
+
+
+@pytest.mark.slow
+def test_7b_think_sft_and_dpo_fit_ai2s_64_h100s():
+    """The 7B Think SFT (32,768 tokens, documents masked: xla attention) and DPO (pairs of 16,384:
+    cuDNN) steps on AI2's 64 H100s, with the remat `auto` chose for them (docs/post-training.md)."""
+    sft = "model.remat=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down"
+    r = compile_report(apply_overrides(get_recipe("olmo3_7b_think_sft"), [sft]), topology="h100:8x8")
+    assert r["mesh"] == {"data": 1, "fsdp": 16, "context": 4, "tensor": 1} and r["per_device_batch"] == 2
+    assert r["attention"] == "xla" and r["fits"]
+    dpo = "model.remat=q_proj,k_proj,v_proj"
+    r = compile_report(apply_overrides(get_recipe("olmo3_7b_think_dpo"), [dpo]), topology="h100:8x8")
+    assert r["mesh"]["fsdp"] == 64 and (r["per_device_batch"], r["accum_steps"]) == (2, 2)
+    assert r["attention"] == "cudnn" and r["cudnn_calls"]["__cudnn$fmhaSoftmaxBackward"] > 0 and r["fits"]

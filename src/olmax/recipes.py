@@ -264,7 +264,7 @@ def _olmo3_32b_stage3() -> ExperimentConfig:
 # layers). Per step: 7B 1,048,576 tokens = 32 instances, 32B 4,194,304 = 128. Learning rates: 7B Think
 # 5e-5, 7B Instruct 8e-5, 32B Think 1e-4, 32B Instruct 8e-5. The horizon is 2 epochs of the data
 # (schedule.t_max_epochs); trainer.max_steps must be set to it: 2 x `batches_per_epoch` of
-# `olmax data order` (docs/post-training.md). Memory at these shapes is not measured yet. The loss is
+# `olmax data order` (docs/post-training.md; memory on AI2's 64 H100s measured there). The loss is
 # normalised as OLMo-core's train module does it, per data-parallel rank of AI2's runs (7B Think: 64
 # H100s with context parallel 2 = 32 ranks of one instance; 7B Instruct: 32 H100s = 16 ranks of two);
 # the 32B runs' layouts are not published with the scripts, so those keep the global count.
