@@ -383,6 +383,22 @@ def test_7b_stage3_fits_on_ironwood_4x4x4_over_a_context_axis():
 
 
 @pytest.mark.slow
+def test_7b_think_sft_and_dpo_fit_on_ironwood_4x4x4():
+    """The post-training steps on 128 Ironwood chips: SFT's 32 instances of 32,768 tokens, one per
+    context group of 4, keep every matmul output (peak 35.33 GiB) with splash's segmented kernels
+    (documents masked); DPO's 128 pairs of 16,384, one per device, keep the seeds' set (peak 84.67 GiB;
+    every matmul output is refused in both orders) with the unsegmented kernels."""
+    r = compile_report(get_recipe("olmo3_7b_think_sft"), topology="tpu7x:4x4x4")
+    assert r["mesh"] == {"data": 1, "fsdp": 32, "context": 4, "tensor": 1} and r["per_device_batch"] == 1
+    assert r["saved"] == EVERY_MATMUL and not r["remat_serial"] and r["fits"]
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0
+    r = compile_report(get_recipe("olmo3_7b_think_dpo"), topology="tpu7x:4x4x4")
+    assert r["mesh"]["fsdp"] == 128 and r["per_device_batch"] == 1
+    assert r["saved"] == SEEDS_SET and not r["remat_serial"] and r["fits"]
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0
+
+
+@pytest.mark.slow
 def test_32b_stage1_fits_on_v5p_8x8x8():
     """AI2's 1024 instances of 8192 tokens on the 512-chip slice: two per device in one forward/backward
     (the recipe's micro-batch of up to 4); the seeds' set is refused in either order, without mlp_gate
