@@ -15,12 +15,13 @@ under it. `config_io.field_help` reads them and `olmax config --explain` prints 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 from olmax.config_dpo import DPOConfig, check_dpo
 from olmax.config_grpo import GRPOConfig, check_grpo
+from olmax.config_run import CheckpointConfig, EvalConfig, WandbConfig
 from olmax.config_schedule import ScheduleConfig
-from olmax.errors import ConfigError
+from olmax.errors import ConfigError, check_choice, check_non_negative, check_positive
 from olmax.remat import check_remat
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -34,7 +35,6 @@ CONTEXT_BACKENDS = ("xla", "splash")
 ROPE_TYPES = ("default", "yarn")
 ROPE_POSITIONS = ("absolute", "document")
 YARN_LAYERS = ("global", "all")
-WANDB_MODES = ("disabled", "online", "offline")  # W&B's own mode names
 OBJECTIVES = ("lm", "dpo", "grpo")
 LOSS_NORMALISATIONS = ("global", "per_rank")
 
@@ -84,23 +84,6 @@ def check_context(cfg: "ExperimentConfig", context: int) -> None:
         )
     if cfg.model.attention == "splash":
         cfg.model.splash_blocks.tiles(seq_len, context)
-
-
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}")
-
-
-def _check_positive(section: str, cfg, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"{section}.{name} must be positive, got {getattr(cfg, name)}")
-
-
-def _check_non_negative(section: str, cfg, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{section}.{name} must be >= 0, got {getattr(cfg, name)}")
 
 
 @dataclass(frozen=True)
@@ -213,13 +196,13 @@ class ModelConfig:
     chooses it."""
 
     def __post_init__(self):
-        _check_choice("model.param_dtype", self.param_dtype, DTYPES)
-        _check_choice("model.compute_dtype", self.compute_dtype, DTYPES)
-        _check_choice("model.attention", self.attention, ATTENTION_BACKENDS)
+        check_choice("model.param_dtype", self.param_dtype, DTYPES)
+        check_choice("model.compute_dtype", self.compute_dtype, DTYPES)
+        check_choice("model.attention", self.attention, ATTENTION_BACKENDS)
         check_remat(self.remat, self.remat_serial)  # a clear error for an unknown name or tag
-        _check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
-        _check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
-        _check_choice("model.rope_positions", self.rope_positions, ROPE_POSITIONS)
+        check_choice("model.rope_type", self.rope_type, ROPE_TYPES)
+        check_choice("model.yarn_layers", self.yarn_layers, YARN_LAYERS)
+        check_choice("model.rope_positions", self.rope_positions, ROPE_POSITIONS)
         sizes = (
             "vocab_size",
             "vocab_multiple",
@@ -230,7 +213,7 @@ class ModelConfig:
             "head_dim",
             "mlp_hidden",
         )
-        _check_positive("model", self, *sizes, "global_every")  # first: the checks below divide by them
+        check_positive("model", self, *sizes, "global_every")  # first: the checks below divide by them
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
@@ -318,8 +301,8 @@ class DataConfig:
     `olmax tokenize --chat`) and train only on the tokens it marks (OLMo-core's label_mask_paths)."""
 
     def __post_init__(self):
-        _check_positive("data", self, "seq_len", "vocab_size")
-        _check_non_negative("data", self, "num_workers")
+        check_positive("data", self, "seq_len", "vocab_size")
+        check_non_negative("data", self, "num_workers")
         self._check_packing()
         target = self.max_target_seq_len
         if target is not None and (target < self.seq_len or target % self.seq_len):
@@ -381,8 +364,8 @@ class OptimizerConfig:
     """Skip-step: a step is skipped when its loss or gradient norm exceeds the window's mean by this many stds."""
 
     def __post_init__(self):
-        _check_positive("optimizer", self, "lr", "max_grad_norm", "skip_sigma")
-        _check_non_negative("optimizer", self, "eps", "weight_decay", "z_loss")
+        check_positive("optimizer", self, "lr", "max_grad_norm", "skip_sigma")
+        check_non_negative("optimizer", self, "eps", "weight_decay", "z_loss")
         for name in ("b1", "b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
@@ -426,15 +409,15 @@ class TrainerConfig:
 
     def __post_init__(self):
         # Whether the batch splits over the devices is the trainer's check (olmax.train_step.batch_layout).
-        _check_choice("trainer.objective", self.objective, OBJECTIVES)
-        _check_positive("trainer", self, "global_batch", "max_steps", "log_every")
-        _check_non_negative("trainer", self, "loss_chunk")
+        check_choice("trainer.objective", self.objective, OBJECTIVES)
+        check_positive("trainer", self, "global_batch", "max_steps", "log_every")
+        check_non_negative("trainer", self, "loss_chunk")
         if self.micro_batch_size is not None:
-            _check_positive("trainer", self, "micro_batch_size")
+            check_positive("trainer", self, "micro_batch_size")
         self._check_loss_normalisation()
 
     def _check_loss_normalisation(self) -> None:
-        _check_choice("trainer.loss_normalisation", self.loss_normalisation, LOSS_NORMALISATIONS)
+        check_choice("trainer.loss_normalisation", self.loss_normalisation, LOSS_NORMALISATIONS)
         if self.loss_normalisation == "global":
             if self.loss_ranks is not None:  # a rank count without per_rank would be silently unused
                 raise ConfigError(
@@ -451,7 +434,7 @@ class TrainerConfig:
                 "trainer.loss_normalisation=per_rank needs trainer.loss_ranks, the data-parallel ranks of the "
                 "OLMo-core run it reproduces"
             )
-        _check_positive("trainer", self, "loss_ranks")
+        check_positive("trainer", self, "loss_ranks")
         if self.global_batch % self.loss_ranks:
             raise ConfigError(
                 f"trainer.loss_ranks={self.loss_ranks} does not divide trainer.global_batch={self.global_batch} "
@@ -483,74 +466,6 @@ class MeshConfig:
                 raise ConfigError(
                     f"mesh.{name} must be a positive integer or -1 (the rest of the devices), got {size!r}"
                 )
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """Run checkpoints (olmax.checkpoint, docs/checkpoints.md)."""
-
-    every: int = 1000
-    """Save a checkpoint every N steps (and at the end of the run)."""
-    keep: int = 3
-    """How many of the newest checkpoints to keep; older ones are deleted once a newer one is complete.
-    Landmarks (keep_every, keep_steps) are kept on top of these."""
-    keep_every: int = 0
-    """Landmarks: keep every checkpoint whose step is a multiple of this for good (0: none); such a step
-    is saved even when it is off the `every` grid."""
-    keep_steps: tuple[int, ...] = ()
-    """Landmarks: these steps are saved and kept for good, on top of the newest `keep`."""
-    init_from: Optional[str] = None
-    """Parameters to start from with a fresh optimizer, or a checkpoint written by `olmax ckpt warm-start`
-    (then its moments and bias-correction counter come along too)."""
-    dir: Optional[str] = None
-    """Where the run's checkpoints go: a local path or a gs:// URL (logs and metrics stay in the run
-    directory); None: RUN_DIR/checkpoints."""
-
-    def __post_init__(self):
-        _check_positive("checkpoint", self, "every", "keep")
-        if self.keep_every < 0:
-            raise ConfigError(f"checkpoint.keep_every must be >= 0 (0: no periodic landmarks), got {self.keep_every}")
-        if any(s < 1 for s in self.keep_steps):
-            raise ConfigError(f"checkpoint.keep_steps must be positive steps, got {list(self.keep_steps)}")
-
-    def is_landmark(self, step: int) -> bool:
-        """Whether `step` is kept for good (keep_every, keep_steps)."""
-        return (self.keep_every > 0 and step % self.keep_every == 0) or step in self.keep_steps
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Held-out loss in the training loop (olmax.evals.heldout)."""
-
-    every: int = 0
-    """Evaluate every N steps; 0 = never."""
-    batches: int = 8
-    """At most this many batches (of trainer.global_batch instances) per eval set."""
-    data: tuple[str, ...] = ()
-    """Eval sets: token shards, jsonl text files (tokenized with data.tokenizer on first use) or
-    "demo:heldout"; each logs eval/<name>/CE loss and PPL."""
-
-    def __post_init__(self):
-        _check_non_negative("eval", self, "every")
-        _check_positive("eval", self, "batches")
-
-
-@dataclass(frozen=True)
-class WandbConfig:
-    """The optional Weights & Biases writer (olmax.metrics); needs the `wandb` extra unless disabled."""
-
-    mode: str = "disabled"
-    """disabled: no W&B run; online: log to the W&B server; offline: write RUN_DIR/wandb/ only (no network;
-    upload later with `wandb sync`)."""
-    project: str = "olmax"
-    """W&B project."""
-    entity: Optional[str] = None
-    """W&B entity (user or team); None = W&B's default for the logged-in user."""
-    name: Optional[str] = None
-    """W&B run name; None = the run directory's name."""
-
-    def __post_init__(self):
-        _check_choice("wandb.mode", self.mode, WANDB_MODES)
 
 
 @dataclass(frozen=True)

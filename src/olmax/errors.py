@@ -1,6 +1,7 @@
-"""The error every olmax check raises for input it cannot use (the CLI prints its message and exits 2)."""
+"""The error every olmax check raises for input it cannot use (the CLI prints its message and exits 2),
+and the small checks the config sections share."""
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 
 class ConfigError(ValueError):
@@ -13,3 +14,20 @@ def refuse(rules: Iterable[tuple[bool, str, str]], message: str) -> None:
     for bad, knob, why in rules:
         if bad:
             raise ConfigError(message.format(knob=knob, why=why))
+
+
+def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def check_positive(section: str, cfg, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{section}.{name} must be positive, got {getattr(cfg, name)}")
+
+
+def check_non_negative(section: str, cfg, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{section}.{name} must be >= 0, got {getattr(cfg, name)}")
