@@ -2,6 +2,9 @@
 on this machine (jax.distributed over 127.0.0.1, fake CPU devices per process)."""
 
 import os
+import subprocess
+
+import portpicker
 
 
 def slurm_env(rank: int, port: int, *, processes: int = 2, local_devices: int) -> dict:
@@ -13,3 +16,19 @@ def slurm_env(rank: int, port: int, *, processes: int = 2, local_devices: int) -
         "SLURM_PROCID": str(rank),
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={local_devices}",
     }
+
+
+def slurm_tasks(argv: list[str], *, local_devices: int, processes: int = 2, env: dict | None = None) -> list:
+    """`processes` copies of the command `argv`, each with its task's environment (and `env` on top), on
+    a fresh coordinator port; stdout and stderr together, as text."""
+    port = portpicker.pick_unused_port()
+    return [
+        subprocess.Popen(
+            argv,
+            env={**slurm_env(rank, port, processes=processes, local_devices=local_devices), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(processes)
+    ]

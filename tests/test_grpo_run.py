@@ -203,28 +203,18 @@ def test_two_processes_roll_out_and_train(tmp_path, coin_verifier):
     random model's next-token distribution is nearly flat over 100k tokens, so the last-bit differences
     of another partitioning change a few sampled tokens.)"""
     import os
-    import subprocess
     import sys
 
-    import portpicker
-    from slurm_env import slurm_env
+    from slurm_env import slurm_tasks
 
     from olmax.train import train
 
     overrides = _config_overrides(tmp_path, "grpo.mini_batches=2", "trainer.global_batch=8", "trainer.max_steps=4")
-    port = portpicker.pick_unused_port()
-    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny_grpo", "--stop-at", "3"]
-            + ["--run-dir", str(tmp_path / "two"), *overrides],
-            env={**slurm_env(rank, port, local_devices=2), "PYTHONPATH": path},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
+    worker = [sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny_grpo", "--stop-at", "3"]
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])  # the test's verifier
+    procs = slurm_tasks(
+        [*worker, "--run-dir", str(tmp_path / "two"), *overrides], local_devices=2, env={"PYTHONPATH": path}
+    )
     logs = [p.communicate(timeout=900)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     rows = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]

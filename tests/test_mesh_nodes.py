@@ -6,14 +6,13 @@ the loss of one process on 8 devices."""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from slurm_env import slurm_env
+from slurm_env import slurm_tasks
 from small_run import SMALL
 
 from olmax.config import ConfigError, MeshConfig
@@ -218,22 +217,10 @@ def node_process() -> None:
 
 @pytest.mark.slow  # two JAX processes; the default run checks the node layout (compile-check test)
 def test_two_processes_build_the_node_mesh_and_step_like_one():
-    import portpicker
-
-    port = portpicker.pick_unused_port()
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_mesh_nodes as t; t.node_process()"
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env=slurm_env(rank, port, local_devices=4),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
+    procs = slurm_tasks([sys.executable, "-c", code], local_devices=4)
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     results = [json.loads(line[7:]) for log in logs for line in log.splitlines() if line.startswith("RESULT ")]

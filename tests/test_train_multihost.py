@@ -5,13 +5,11 @@ to step 6. Every step's losses equal one single-process run's (fp32, 1e-6 relati
 
 import json
 import signal
-import subprocess
 import sys
 import time
 
-import portpicker
 import pytest
-from slurm_env import slurm_env
+from slurm_env import slurm_tasks
 from small_run import SMALL as BASE
 
 from olmax.config_io import apply_overrides
@@ -23,29 +21,8 @@ KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "eval/demo-hel
 
 
 def _two_workers(run, *args):
-    port = portpicker.pick_unused_port()
-    procs = []
-    for rank in range(2):
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "olmax.launch.worker",
-                    "train",
-                    "--recipe",
-                    "tiny",
-                    "--run-dir",
-                    str(run),
-                    *args,
-                ],
-                env=slurm_env(rank, port, local_devices=4),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    return procs
+    worker = [sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny", "--run-dir", str(run)]
+    return slurm_tasks([*worker, *args], local_devices=4)
 
 
 @pytest.mark.slow  # ~1-2 min on 2 cores: two JAX processes, then two single-process runs
