@@ -195,8 +195,8 @@ def test_a_run_stopped_between_mini_batches_resumes_exactly(tmp_path, coin_verif
 @pytest.mark.slow
 def test_two_processes_roll_out_and_train(tmp_path, coin_verifier):
     """Two JAX processes (jax.distributed on 127.0.0.1, 2 CPU devices each, as `olmax launch` starts
-    them) run the loop on one 4-device mesh: the sampler's program spans both, each verifies and packs
-    the gathered samples and places its devices' rows. The trainer's log-probs of the packed rows equal
+    them) run the loop on one 4-device mesh: the sampler's program spans both, each verifies half the
+    gathered samples, packs them all with the merged scores and places its devices' rows. The trainer's log-probs of the packed rows equal
     the sampler's at every step, which they would not if a process held other rows or misplaced them.
     They stop after step 3, between the two mini-batches of rollout 2; one process resumes their
     checkpoint and trains step 4 on the rollout it kept. (Not compared with one process bit for bit: a
@@ -222,7 +222,9 @@ def test_two_processes_roll_out_and_train(tmp_path, coin_verifier):
     rows += train(cfg, tmp_path / "two", devices=jax.devices()[:4], progress=False)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
-        assert r["rollout/verifier/coin/ok"] == 16 and r["train/response tokens"] > 0
+        # each process verified half the samples; every score reached both (a lost one counts as "ok" nowhere)
+        assert r["rollout/verifier/coin/ok"] == 16 and r["rollout/verified_here"] == 8, r
+        assert r["train/response tokens"] > 0
         # old log-probs (the rollout's first step's parameters) against the sampler's
         assert r["debug/sampler_logp_diff_mean"] < 1e-5, r
     assert rows[3]["rollout/reward_mean"] == rows[2]["rollout/reward_mean"]  # the kept rollout, not a new one

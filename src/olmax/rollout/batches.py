@@ -43,8 +43,10 @@ With grpo.beta > 0 every part also gets the reference policy's log-probs (ref_lo
 starting parameters, which the trainer keeps as `reference`) for the kl3 penalty.
 
 Several processes (a multi-host slice): every process runs the same rollout, the sampler's program over
-the whole mesh; the samples are gathered to every process, each verifies and packs all of them (the
-same rewards and rows everywhere), and the trainer takes each process's devices' rows of the batch.
+the whole mesh; the samples are gathered to every process, each verifies its share of them (sample r on
+process r mod the process count; `rollout/verified_here`), the scores are gathered to every process,
+each packs all the samples (the same rewards and rows everywhere), and the trainer takes each
+process's devices' rows of the batch.
 
 The loop needs data.doc_masking and model.rope_positions=document (samples share packed rows), and
 grpo.async_steps=0 with several processes; anything else is refused before the first rollout.
@@ -80,7 +82,7 @@ from olmax.errors import refuse
 from olmax.objectives import grpo
 from olmax.rollout.pack import pack_rollouts
 from olmax.rollout.sampler import Sampling, sample
-from olmax.sharding import gather, place
+from olmax.sharding import gather, merge_strided, place
 
 log = logging.getLogger(__name__)
 
@@ -270,23 +272,41 @@ class RolloutBatches:
         counts["sample_s"] += time.perf_counter() - t0
         counts["generated"] += int(lengths.sum())
         counts["truncated"] += int(np.sum(finish == 0))
+        rows = [self.prompts.prompts[ids[r // group]] for r in range(len(ids) * group)]
+        part_scores, statuses = self._verify(rows, tokens, lengths, counts)
         prompts, responses, lps, rewards_, scores = [], [], [], [], []
-        t0 = time.perf_counter()
-        for r in range(len(ids) * group):
-            p = self.prompts.prompts[ids[r // group]]
-            resp = tokens[r, : lengths[r]].tolist()
-            text = self.tok.decode(resp[:-1] if resp and resp[-1] in self.eos_ids else resp)
-            _, parts = rewards.reward(list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S)
+        for r, p in enumerate(rows):
+            parts = [
+                (name, float(part_scores[r, j]), rewards.STATUSES[statuses[r, j]]) for j, name in enumerate(p.verifiers)
+            ]
             value = rl.reward_scale * sum(score for _, score, _ in parts)  # open-instruct's verification_reward
             for name, score, status in parts:
                 counts[f"verifier/{name}/{status}"] += 1
                 scores.append((name, score))
             prompts.append(p.ids)
-            responses.append(resp)
+            responses.append(tokens[r, : lengths[r]].tolist())
             lps.append(logps[r, : lengths[r]].tolist())
             rewards_.append(value)
-        counts["verify_s"] += time.perf_counter() - t0
         return prompts, responses, lps, np.asarray(rewards_, np.float32), scores
+
+    def _verify(self, rows: list, tokens: np.ndarray, lengths: np.ndarray, counts: Counter):
+        """(scores, status indices into rewards.STATUSES), each (samples, most verifiers of a row): every
+        process verifies its share of the samples (sample r on process r mod the process count, as
+        open-instruct spreads verification over its workers) and the shares are merged on all of them."""
+        width = max(len(p.verifiers) for p in rows)
+        part_scores = np.zeros((len(rows), width), np.float64)
+        statuses = np.zeros((len(rows), width), np.int32)
+        t0 = time.perf_counter()
+        for r in range(jax.process_index(), len(rows), jax.process_count()):
+            resp = tokens[r, : lengths[r]].tolist()
+            text = self.tok.decode(resp[:-1] if resp and resp[-1] in self.eos_ids else resp)
+            p = rows[r]
+            _, parts = rewards.reward(list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S)
+            for j, (_, score, status) in enumerate(parts):
+                part_scores[r, j], statuses[r, j] = score, rewards.STATUSES.index(status)
+            counts["verified_here"] += 1
+        counts["verify_s"] += time.perf_counter() - t0
+        return merge_strided(part_scores), merge_strided(statuses)
 
     def _rollout(self, params) -> _Rollout:
         rl, group = self.rl, self.rl.samples_per_prompt
@@ -380,6 +400,7 @@ class RolloutBatches:
             "rollout/empty_batch": float(counts["empty"]),
             "rollout/tokens_per_s": counts["generated"] / max(counts["sample_s"], 1e-9),
             "rollout/verify_s": counts["verify_s"],
+            "rollout/verified_here": float(counts["verified_here"]),  # this process's share of the samples
             "rollout/epoch": float(self.epoch),
         }
         by_name: dict = {}
