@@ -9,9 +9,17 @@ import json
 import jax
 import pytest
 
+import olmax.compile_decode
 from olmax import chips
-from olmax.compile_check import GIB, DoesNotFit
-from olmax.compile_decode import check_decode_fits, decode_report, format_decode_report, split_chunks
+from olmax.compile_check import GIB, DoesNotFit, topology_devices
+from olmax.compile_decode import (
+    SEARCH_FILE,
+    check_decode_fits,
+    choose_sample_prompts,
+    decode_report,
+    format_decode_report,
+    split_chunks,
+)
 from olmax.config import ConfigError
 from olmax.config_io import apply_overrides
 from olmax.model.olmo3 import count_params
@@ -59,9 +67,9 @@ def test_decode_needs_a_grpo_recipe():
 BUDGET_MIB = 7.7
 
 
-def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch):
+def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch, tmp_path):
     pytest.importorskip("jax_cuda12_plugin", reason="needs the gpu-compile extra (make setup-test)")
-    cfg = apply_overrides(get_recipe("tiny_grpo"), [*SMALL, "grpo.prompts_per_step=2"])
+    cfg = apply_overrides(get_recipe("tiny_grpo"), [*SMALL, "grpo.prompts_per_step=2", "grpo.sample_prompts=2"])
     moments_mib = count_params(cfg.model) * 8 / 2**20  # two float32 Adam moments, beside the program
     limit = (BUDGET_MIB + moments_mib) / 1024 / chips.GPU_MEM_FRACTION
     monkeypatch.setitem(chips.CHIPS, "h100", dataclasses.replace(chips.CHIPS["h100"], hbm_limit_gib=limit))
@@ -71,26 +79,48 @@ def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch):
     assert (r["platform"], r["chip"], r["sample_prompts"]) == ("gpu", "h100", 2)
     assert r["fits"] is False and r["per_device"]["peak_gib"] * 1024 > BUDGET_MIB
     assert [(c["sample_prompts"], c["fits"]) for c in r["search"]] == [(1, True)]  # the power of two below 2
-    assert r["largest_fitting_sample_prompts"] == 1
+    assert r["largest_fitting_sample_prompts"] == 1 and r["auto_sample_prompts"] is None  # 2 was given
     with pytest.raises(DoesNotFit, match="grpo.sample_prompts=1 fits"):
         check_decode_fits(r)
     assert "grpo.sample_prompts tried 1: " in format_decode_report(r)
 
+    # auto: the same search on the same devices chooses 1 and keeps it; a restart compiles nothing
+    auto = apply_overrides(cfg, ["grpo.sample_prompts=auto"])
+    mesh = make_mesh(auto.mesh, topology_devices("h100:1x1"))
+    logged: list[str] = []
+    chosen = choose_sample_prompts(auto, mesh, str(tmp_path), log=logged.append, chip_flags=True)
+    assert chosen.grpo.sample_prompts == 1 and "grpo.sample_prompts=auto on 1 x " in logged[-1], logged
+    (record,) = json.loads((tmp_path / SEARCH_FILE).read_text()).values()
+    assert [(c["sample_prompts"], c["fits"]) for c in record["candidates"]] == [(2, False), (1, True)]
+    monkeypatch.setattr(olmax.compile_decode, "decode_report", lambda *a, **k: pytest.fail("searched again"))
+    assert choose_sample_prompts(auto, mesh, str(tmp_path), chip_flags=True).grpo.sample_prompts == 1
 
-@pytest.mark.parametrize("name, prompts", [("olmo3_7b_think_rl", 2), ("olmo3_7b_instruct_rl", 8)])
-def test_rl_recipes_sample_what_fits_an_h100_node(name, prompts):
-    """The most prompts per sampler program that compile-check --decode found to fit h100:1x8
-    (docs/post-training.md, "Recipes"); a negative count is refused."""
-    assert get_recipe(name).grpo.sample_prompts == prompts
-    with pytest.raises(ConfigError, match="grpo.sample_prompts must be >= 0"):
-        apply_overrides(get_recipe(name), ["grpo.sample_prompts=-1"])
+
+def test_auto_takes_every_prompt_at_once_without_a_budget():
+    """CPU devices have no HBM budget: auto samples a step's prompts in one program, nothing compiled;
+    a number stays as given."""
+    cfg = get_recipe("tiny_grpo")
+    mesh = make_mesh(cfg.mesh, jax.devices())
+    assert cfg.grpo.sample_prompts == "auto" and choose_sample_prompts(cfg, mesh).grpo.sample_prompts == 0
+    three = apply_overrides(cfg, ["grpo.sample_prompts=3"])
+    assert choose_sample_prompts(three, mesh) is three
+
+
+@pytest.mark.parametrize("name", ["olmo3_7b_think_rl", "olmo3_7b_instruct_rl"])
+def test_rl_recipes_choose_what_fits_their_devices(name):
+    """The RL recipes leave grpo.sample_prompts to auto: what fits differs between an H100 node (Think
+    2, Instruct 8) and an Ironwood slice (all 64), docs/post-training.md, "Recipes". A negative count
+    or another word is refused."""
+    assert get_recipe(name).grpo.sample_prompts == "auto"
+    for bad in ("-1", "some"):
+        with pytest.raises(ConfigError, match="grpo.sample_prompts must be auto or an integer >= 0"):
+            apply_overrides(get_recipe(name), [f"grpo.sample_prompts={bad}"])
 
 
 def test_cli_decode_exits_2_naming_the_chunk_that_fits(tmp_path, monkeypatch):
     """`olmax compile-check --decode`: the figures go to --json first, then exit 2 with the message."""
     from typer.testing import CliRunner
 
-    import olmax.compile_decode
     from olmax.cli import app
 
     over = {
@@ -109,13 +139,24 @@ def test_cli_decode_exits_2_naming_the_chunk_that_fits(tmp_path, monkeypatch):
         "chip": "h100",
         "fits": False,
         "largest_fitting_sample_prompts": 2,
+        "auto_sample_prompts": None,  # the command gave grpo.sample_prompts=64
     }
     monkeypatch.setattr(olmax.compile_decode, "decode_report", lambda *a, **k: over)
     monkeypatch.setattr(olmax.compile_decode, "format_decode_report", lambda r: "report")
     out = tmp_path / "r.json"
     r = CliRunner().invoke(
         app,
-        ["compile-check", "--recipe", "olmo3_7b_think_rl", "--decode", "--topology", "h100:1x8", "--json", str(out)],
+        [
+            "compile-check",
+            "--recipe",
+            "olmo3_7b_think_rl",
+            "--decode",
+            "--topology",
+            "h100:1x8",
+            "--json",
+            str(out),
+            "grpo.sample_prompts=64",
+        ],
     )
     assert r.exit_code == 2 and "needs 1155.6 GiB per device" in r.output and "grpo.sample_prompts=2 fits" in r.output
     assert json.loads(out.read_text())["largest_fitting_sample_prompts"] == 2

@@ -196,8 +196,9 @@ def test_a_run_stopped_between_mini_batches_resumes_exactly(tmp_path, coin_verif
 def test_two_processes_roll_out_and_train(tmp_path, coin_verifier):
     """Two JAX processes (jax.distributed on 127.0.0.1, 2 CPU devices each, as `olmax launch` starts
     them) run the loop on one 4-device mesh: the sampler's program spans both, each verifies half the
-    gathered samples, packs them all with the merged scores and places its devices' rows. The trainer's log-probs of the packed rows equal
-    the sampler's at every step, which they would not if a process held other rows or misplaced them.
+    gathered samples, packs them all with the merged scores and places its devices' rows. The
+    trainer's log-probs of the packed rows equal the sampler's at every step, which they would not if a
+    process held other rows or misplaced them.
     They stop after step 3, between the two mini-batches of rollout 2; one process resumes their
     checkpoint and trains step 4 on the rollout it kept. (Not compared with one process bit for bit: a
     random model's next-token distribution is nearly flat over 100k tokens, so the last-bit differences

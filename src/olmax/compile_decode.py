@@ -11,17 +11,26 @@ chunk of prompts does not fit, the largest power-of-two grpo.sample_prompts that
 compiling (bisection: the program's memory grows with its rows per device, so only
 chunks whose rows the batch axes split are tried; a chunk whose rows are not split, every device
 holding them all, may be smaller than the one that fits).
+
+grpo.sample_prompts=auto is that search: all of a step's prompts first, then the bisection.
+`olmax train` runs it on its own devices (choose_sample_prompts) and keeps the choice in the run
+directory, as model.remat=auto keeps its own (olmax.remat_search).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import math
 import time
 from typing import Callable, Optional
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
+from olmax.chips import chip_of_device_kind
 from olmax.compile_check import (
     GIB,
     CompilerRefused,
@@ -33,15 +42,21 @@ from olmax.compile_check import (
     target_options,
 )
 from olmax.config import ConfigError, ExperimentConfig
+from olmax.remat import AUTO
+from olmax.remat_search import cached, describe_devices, search_key, store
 from olmax.rollout.cache import cache_spec, init_cache
 from olmax.rollout.sampler import lower_rollout, widths
 from olmax.sharding import LOGICAL_AXIS_RULES, make_mesh
 from olmax.state import abstract_state, per_device_bytes
 
+SEARCH_FILE = "sample_prompts_search.json"
+
 
 def chunk_of(cfg: ExperimentConfig) -> int:
-    """Prompts in one sampler program: grpo.sample_prompts, 0 meaning all of the step's."""
-    return cfg.grpo.sample_prompts or cfg.grpo.prompts_per_step
+    """Prompts in the first sampler program compiled: grpo.sample_prompts, 0 and auto meaning all of
+    the step's."""
+    n = cfg.grpo.sample_prompts
+    return cfg.grpo.prompts_per_step if n in (0, AUTO) else n
 
 
 def split_chunks(cfg: ExperimentConfig, mesh, most: int) -> list[int]:
@@ -79,12 +94,14 @@ def decode_report(
     topology: Optional[str] = None,
     num_slices: int = 1,
     log: Callable[[str], None] = lambda line: None,
+    options: Optional[dict] = None,
 ) -> dict:
     """Compile cfg's rollout program for grpo.sample_prompts prompts on a TPU topology or GPU cluster
     (`topology`) or `devices` (default: JAX's) and report what the compiler says; when it does not fit
     the chip's budget, also the largest power-of-two sample_prompts that does among those whose rows
     the batch axes split (each candidate compiled and logged; above the chunk only where its rows
-    are not split)."""
+    are not split). `options`: the compiler's (default: the chip's flag profile, as a run sets it; a
+    run's own process passes {} to compile with its flags)."""
     if cfg.trainer.objective != "grpo":
         raise ConfigError(
             f"--decode compiles the GRPO rollout sampler: {cfg.name} has trainer.objective="
@@ -101,7 +118,8 @@ def decode_report(
     params, opt_state_gib = state.params, per_device_bytes(state.opt_state) / GIB
     # the trainer samples between its steps: its optimizer moments stay on the devices beside the
     # program (its parameters are the program's argument, counted in the peak)
-    options, budget = target_options(chip, platform), budget_gib(chip)
+    options = target_options(chip, platform) if options is None else options
+    budget = budget_gib(chip)
     budget = None if budget is None else budget - opt_state_gib
     rl, chunk = cfg.grpo, chunk_of(cfg)
     width, steps = widths(rl.max_prompt_len, rl.max_response_len)
@@ -149,6 +167,7 @@ def decode_report(
             lo, hi = (mid, hi) if search[-1]["fits"] else (lo, mid)
         largest = sizes[lo] if lo >= 0 else None
     rows = chunk * rl.samples_per_prompt
+    auto = rl.sample_prompts == AUTO
     return {
         "recipe": cfg.name,
         "mode": "decode",
@@ -182,12 +201,16 @@ def decode_report(
         # (None: none does, or none was tried)
         "search": search,
         "largest_fitting_sample_prompts": largest,
+        # grpo.sample_prompts=auto: what it chose (0: all of the step's prompts in one program; None:
+        # nothing fits); None when the config gave a number
+        "auto_sample_prompts": None if not auto else 0 if first["fits"] is not False else largest,
     }
 
 
 def check_decode_fits(r: dict) -> None:
-    """DoesNotFit, naming the figures and what sample_prompts fits, when the rollout does not fit."""
-    if r["fits"] is not False:
+    """DoesNotFit, naming the figures and what sample_prompts fits, when the rollout does not fit (with
+    grpo.sample_prompts=auto: when no chunk does)."""
+    if r["fits"] is not False or r["auto_sample_prompts"] is not None:
         return
     where = r["topology"] or f"{r['devices']} {r['platform']} devices"
     peak = r["per_device"] and r["per_device"]["peak_gib"]
@@ -239,4 +262,60 @@ def format_decode_report(r: dict) -> str:
         )
         best = r["largest_fitting_sample_prompts"]
         lines.append(f"grpo.sample_prompts tried {tried}: " + (f"{best} fits" if best else "none fits"))
+    if r["auto_sample_prompts"] is not None:
+        chosen = r["auto_sample_prompts"]
+        lines.append(
+            f"grpo.sample_prompts=auto: {chosen}"
+            + (" (all of the step's prompts in one program)" if chosen == 0 else "")
+        )
     return "\n".join(lines)
+
+
+def choose_sample_prompts(
+    cfg: ExperimentConfig,
+    mesh,
+    record_dir: Optional[str] = None,
+    log: Callable[[str], None] = lambda line: None,
+    chip_flags: bool = False,
+) -> ExperimentConfig:
+    """cfg with grpo.sample_prompts=auto chosen for `mesh`'s devices: 0 (every prompt of a step in one
+    program) where that fits the chip's budget, and on devices without one (CPU), else the largest
+    power of two that fits (decode_report's search, compiled with this process's own flags as the
+    run's sampler will be, or with `chip_flags` the chip's flag profile, for a process started
+    without them); DoesNotFit when none does. The choice and its figures are kept in RECORD_DIR/SEARCH_FILE under
+    the key of what decides them (olmax.remat_search.search_key and the rollout's shapes), so a restart
+    reads it back; with several processes all take process 0's (one program runs the collectives)."""
+    rl = cfg.grpo
+    if rl.sample_prompts != AUTO:
+        return cfg
+    devices = list(mesh.devices.flat)
+    where = describe_devices(devices)
+    chosen_cfg = lambda n: dataclasses.replace(cfg, grpo=dataclasses.replace(rl, sample_prompts=n))
+    if chip_of_device_kind(devices[0].device_kind) is None:
+        log(f"grpo.sample_prompts=auto on {where}: no HBM budget known, so all prompts in one program")
+        return chosen_cfg(0)
+    shapes = ("prompts_per_step", "samples_per_prompt", "max_prompt_len", "max_response_len")
+    key = {**search_key(cfg, mesh), "rollout": {k: getattr(rl, k) for k in shapes}}
+    record = cached(record_dir, key, SEARCH_FILE)
+    if record is not None:
+        log(f"grpo.sample_prompts=auto on {where}: {record['sample_prompts']}, as searched on {record['searched']}")
+    else:
+        t0 = time.perf_counter()
+        r = decode_report(chosen_cfg(AUTO), devices=devices, log=log, options=None if chip_flags else {})
+        check_decode_fits(r)
+        tried = [r] + r["search"]
+        record = {
+            "key": key,
+            "sample_prompts": r["auto_sample_prompts"],
+            "candidates": [{k: c[k] for k in ("sample_prompts", "per_device", "fits", "refused")} for c in tried],
+            "budget_gib": r["budget_gib"],
+            "search_s": time.perf_counter() - t0,
+            "searched": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        log(f"grpo.sample_prompts=auto on {where}: {record['sample_prompts']}, {len(tried)} compiles")
+        if jax.process_index() == 0:
+            store(record_dir, record, SEARCH_FILE)
+    chosen = record["sample_prompts"]
+    if jax.process_count() > 1:
+        chosen = int(multihost_utils.broadcast_one_to_all(np.int32(chosen)))
+    return chosen_cfg(chosen)

@@ -11,10 +11,11 @@ value, said in the field's help; the recipes (olmax.recipes) set each run's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from olmax.config_dpo import lm_only
 from olmax.errors import ConfigError, refuse
+from olmax.remat import AUTO
 
 if TYPE_CHECKING:  # olmax.config imports this module
     from olmax.config import ExperimentConfig
@@ -79,19 +80,24 @@ class GRPOConfig:
     template: str = "instruct"
     """The chat template the prompts are rendered with, generation prompt included (olmax.data.chat:
     "think" for the Think run, open-instruct's olmo_thinker; "instruct" for the Instruct run)."""
-    sample_prompts: int = 0
+    sample_prompts: Union[int, str] = "auto"
     """Prompts per sampler program: a rollout samples its prompts this many at a time (their
     samples_per_prompt rows each), one program after another, so the KV cache holds only their rows;
-    0 = all of the step's prompts in one program. The tokens are the same either way, the log-probs
-    to float32 rounding (olmax.rollout.sampler.sample); `olmax compile-check --decode` says what fits
-    a chip."""
+    0 = all of the step's prompts in one program; auto = all of them where that fits the chip's
+    budget (and on CPU), else the largest power of two that does, found by compiling on the run's
+    devices and recorded in the run directory (olmax.compile_decode.choose_sample_prompts). The
+    tokens are the same either way, the log-probs to float32 rounding (olmax.rollout.sampler.sample);
+    `olmax compile-check --decode` shows the search on a TPU topology or GPU cluster."""
 
     def __post_init__(self):
         for name in ("prompts_per_step", "max_prompt_len", "max_response_len", "mini_batches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"grpo.{name} must be positive, got {getattr(self, name)}")
-        if self.sample_prompts < 0:
-            raise ConfigError(f"grpo.sample_prompts must be >= 0 (0 = all prompts at once), got {self.sample_prompts}")
+        if self.sample_prompts != AUTO and not (isinstance(self.sample_prompts, int) and self.sample_prompts >= 0):
+            raise ConfigError(
+                "grpo.sample_prompts must be auto or an integer >= 0 (0 = all prompts at once), "
+                f"got {self.sample_prompts!r}"
+            )
         if self.samples_per_prompt < 2:  # a group of one has no spread: its advantage is always 0
             raise ConfigError(f"grpo.samples_per_prompt must be at least 2 (a group), got {self.samples_per_prompt}")
         from olmax.data.chat import TEMPLATES

@@ -350,16 +350,13 @@ def _rl(name: str, seq_len: int, rl: GRPOConfig, episodes: int) -> ExperimentCon
 
 
 # The sampler holds the KV cache of every row it samples at once: a step's 64 x 8 rows at AI2's shapes
-# need 368 GiB (Instruct) and 1,156 GiB (Think) per H100 of a node, so each recipe samples the most
-# prompts at a time that fit one node, by `olmax compile-check --decode --topology h100:1x8`
-# (docs/post-training.md, "Recipes"): Instruct 8, Think 2. On an Ironwood 4x4x4 slice both whole steps
-# fit one program: set grpo.sample_prompts=0 there (these chunks have fewer rows than its 128 devices,
-# so each device would hold them all).
+# need 368 GiB (Instruct) and 1,156 GiB (Think) per H100 of a node, while on an Ironwood 4x4x4 slice
+# both whole steps fit one program. So grpo.sample_prompts is left `auto` (the default): the run
+# compiles its rollout on its own devices and samples the most prompts at a time that fit (one node of
+# H100s: Instruct 8, Think 2; Ironwood 4x4x4: all 64; docs/post-training.md, "Recipes").
 # Think: 32,768-token responses in 35,840-token rows, TIS capped at 2, one optimizer step per rollout
 # (old log-probs = the step's own), no active sampling.
-THINK_RL = GRPOConfig(
-    max_prompt_len=2048, max_response_len=32_768, tis_cap=2.0, mini_batches=1, template="think", sample_prompts=2
-)
+THINK_RL = GRPOConfig(max_prompt_len=2048, max_response_len=32_768, tis_cap=2.0, mini_batches=1, template="think")
 # Instruct: 8,192-token responses in 11,264-token rows, no TIS, 4 optimizer steps per rollout, active
 # sampling with prompts solved at >= 7 of 8 not sampled again, responses also stopped at "</answer>".
 INSTRUCT_RL = GRPOConfig(
@@ -369,7 +366,6 @@ INSTRUCT_RL = GRPOConfig(
     active_sampling=True,
     no_resampling_pass_rate=0.875,
     stop=("</answer>",),
-    sample_prompts=8,
 )
 
 

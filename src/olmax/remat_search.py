@@ -147,27 +147,27 @@ def _key_id(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _records(directory: str) -> dict:
-    text = runpath.read_text(directory, RECORD_FILE)
+def _records(directory: str, file: str) -> dict:
+    text = runpath.read_text(directory, file)
     return json.loads(text) if text else {}
 
 
-def cached(directory: Optional[str], key: dict) -> Optional[dict]:
-    """The record of an earlier search with this key in DIRECTORY/RECORD_FILE, or None."""
+def cached(directory: Optional[str], key: dict, file: str = RECORD_FILE) -> Optional[dict]:
+    """The record of an earlier search with this key in DIRECTORY/FILE, or None."""
     if directory is None:
         return None
-    record = _records(directory).get(_key_id(key))
+    record = _records(directory, file).get(_key_id(key))
     return record if record is not None and record["key"] == key else None
 
 
-def store(directory: Optional[str], record: dict) -> None:
-    """Add the record to DIRECTORY/RECORD_FILE (one entry per key: a later search replaces it)."""
+def store(directory: Optional[str], record: dict, file: str = RECORD_FILE) -> None:
+    """Add the record to DIRECTORY/FILE (one entry per key: a later search replaces it)."""
     if directory is None:
         return
-    records = _records(directory)
+    records = _records(directory, file)
     records[_key_id(record["key"])] = record
     runpath.makedirs(directory)
-    runpath.write_text(directory, RECORD_FILE, json.dumps(records, indent=2, sort_keys=True) + "\n")
+    runpath.write_text(directory, file, json.dumps(records, indent=2, sort_keys=True) + "\n")
 
 
 def new_record(key: dict, best: Candidate, tried: list[Candidate], budget_gib: float, search_s: float) -> dict:

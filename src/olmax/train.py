@@ -113,6 +113,7 @@ def train(
                 reference=reference,
                 state=data_state,
                 allow_mismatch=allow_data_change,
+                record_dir=run_dir,
             )
         elif dpo_run:
             # the reference pass runs on the starting parameters: the fresh state's, which a resumed

@@ -74,6 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from olmax import rewards
+from olmax.compile_decode import choose_sample_prompts
 from olmax.config import ExperimentConfig
 from olmax.data.loader import DataStateError, work_dir_of
 from olmax.data.order import cached_permutation
@@ -100,11 +101,25 @@ class _Rollout(NamedTuple):
 
 class RolloutBatches:
     def __init__(
-        self, cfg: ExperimentConfig, mesh, prompts: PromptSet, tok, *, reference=None, state=None, allow_mismatch=False
+        self,
+        cfg: ExperimentConfig,
+        mesh,
+        prompts: PromptSet,
+        tok,
+        *,
+        reference=None,
+        state=None,
+        allow_mismatch=False,
+        record_dir=None,
     ):
-        """`reference`: the reference policy's parameters (the run's starting ones), with grpo.beta > 0."""
+        """`reference`: the reference policy's parameters (the run's starting ones), with grpo.beta > 0.
+        `record_dir`: where grpo.sample_prompts=auto keeps its choice (the run directory)."""
         from olmax.train_step import batch_sharding, make_policy_logps
 
+        primary = jax.process_index() == 0
+        cfg = choose_sample_prompts(
+            cfg, mesh, record_dir, log=lambda line: print(line, flush=True) if primary else None
+        )
         self.cfg, self.rl, self.mesh, self.prompts, self.tok = cfg, cfg.grpo, mesh, prompts, tok
         _check_loop(cfg, len(prompts.prompts))
         for name in sorted(prompts.verifiers()):
