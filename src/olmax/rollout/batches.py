@@ -414,6 +414,7 @@ class RolloutBatches:
             "rollout/retries": float(counts["retries"]),
             "rollout/empty_batch": float(counts["empty"]),
             "rollout/tokens_per_s": counts["generated"] / max(counts["sample_s"], 1e-9),
+            "rollout/sample_s": counts["sample_s"],
             "rollout/verify_s": counts["verify_s"],
             "rollout/verified_here": float(counts["verified_here"]),  # this process's share of the samples
             "rollout/epoch": float(self.epoch),
