@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from olmax.chips import GPU_XLA_FLAGS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_mfu.py"
@@ -19,6 +21,7 @@ def _run(*args, env=None):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600)
 
 
+@pytest.mark.slow  # ~25 s: a process of its own compiling a 7B-shaped row
 def test_dry_run_times_the_step_with_the_gpu_profile(tmp_path):
     out = tmp_path / "gpu_mfu.json"
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
