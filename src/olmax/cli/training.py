@@ -226,7 +226,8 @@ def compile_check_cmd(
         False,
         "--decode",
         help="compile a GRPO recipe's rollout sampler (prefill + decode of grpo.sample_prompts prompts at "
-        "its rollout shapes) instead of the train step; when it does not fit, name the grpo.sample_prompts that does",
+        "its rollout shapes) instead of the train step; when it does not fit, name the grpo.sample_prompts that "
+        "does (with grpo.sample_prompts=auto, the recipes': print the choice)",
     ),
     json_out: Optional[Path] = JsonOpt,
 ):
