@@ -179,6 +179,7 @@ def test_pieces_equal_whole_encoding(name, tok):
     for text in ADVERSARIAL + ["plain text, no added token", ""]:
         assert tok.encode(text) == whole(text)
         assert pieces.encode(text) == whole(text) and pieces.length(text) == len(whole(text))
+        assert chat._Pieces(tok, "</s>").encode(text + "</s>") == whole(text + "</s>")  # EOS no added token
     odd = [
         [{"role": "user", "content": t}, {"role": "assistant", "content": u}]
         for t, u in zip(ADVERSARIAL, ADVERSARIAL[1:] + ["<think>x</think>"])

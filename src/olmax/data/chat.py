@@ -40,7 +40,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from olmax.data.tokenizer import Dolma2Tokenizer, Encoder
+from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Dolma2Tokenizer, Encoder
 
 TEMPLATES = {"instruct": "olmo3_instruct.jinja", "think": "olmo3_think.jinja"}
 ROLES = ("system", "user", "assistant", "environment", "tool")
@@ -78,7 +78,7 @@ def _compiled(name: str):
     # The options of the environment transformers' chat_template_utils builds for apply_chat_template,
     # so a template written for a tokenizer_config.json renders the same text here as there. Not its
     # sandbox: that guards against untrusted templates, and these are olmax's own (TEMPLATES); it only
-    # refuses unsafe calls, never changes the text, and costs a third to half of each render.
+    # refuses unsafe calls, never changes the text, and costs a quarter to half of each render.
     from jinja2 import Environment
     from jinja2.ext import loopcontrols
 
@@ -95,7 +95,7 @@ def render(name: str, messages: list[dict], eos_token: str, add_generation_promp
     """The conversation as template `name` writes it."""
     template = _compiled(name)
     # What Template.render does (jinja2/environment.py, Jinja 3.1), but with the template's globals (a
-    # ChainMap, which render copies into each new context) flattened once: a third of a short render
+    # ChainMap, which render copies into each new context) flattened once: about a third of a render
     variables = {"messages": messages, "add_generation_prompt": add_generation_prompt, "eos_token": eos_token}
     context = template.new_context({**_globals(name), **variables}, shared=True)
     return template.environment.concat(template.root_render_func(context))
@@ -145,7 +145,8 @@ class _Pieces:
     (tests/test_data_chat.py checks this on texts built to break it)."""
 
     def __init__(self, tok: Dolma2Tokenizer, eos_token: str):
-        self.marker_ids = {m: tok.encode(m)[0] for m in (*CHAT_TOKENS, eos_token)}
+        # an EOS text that is no added token (a caller's choice) stays inside the pieces
+        self.marker_ids = {m: DOLMA2_ADDED_TOKENS[m] for m in (*CHAT_TOKENS, eos_token) if m in DOLMA2_ADDED_TOKENS}
         self.split = re.compile("(" + "|".join(map(re.escape, self.marker_ids)) + ")").split
         # bounded: a piece can be a long message; the system prompt and the turn headers recur across rows
         self.piece = functools.lru_cache(maxsize=1024)(tok.encode)
