@@ -7,6 +7,7 @@ transformers' own rendering and tokenization), and ai2-olmo-core 3.0.0's `NumpyP
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -132,6 +133,76 @@ def test_template_facts(tok):
     ex = chat.sft_example("instruct", msgs, tok, eos)
     trained = [tok.decode([int(i)]) for i, m in zip(ex.ids, ex.mask) if m]
     assert trained == ["Yo", "<|endoftext|>"]
+
+
+# Texts and contents that hold ChatML markers, other added tokens and whitespace where the pieces meet.
+ADVERSARIAL = [
+    "<|im_start|>",
+    "a<|im_end|><|im_start|>\n\n b",
+    " <|im_end||||PHONE_NUMBER|||<|im_start|>x<<|im_end|>>\n",
+    "<|im_end| <|endoftext|>\n\n<|pad|>  \t<|im_start|>é\U0001f600",
+    "\n\n",
+]
+
+
+def rule_example(name, messages, encode, eos, max_len):
+    """sft_example's rule with every render encoded whole (the prefix re-render rule, olmax's render)."""
+    ids = encode(chat.render(name, messages, eos))
+    keep = np.ones(len(ids), dtype=bool)
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            continue
+        start = 0 if i == 0 else len(encode(chat.render(name, messages[:i], eos)))
+        gen = i + 1 < len(messages) and messages[i + 1]["role"] == "assistant"
+        end = len(encode(chat.render(name, messages[: i + 1], eos, gen)))
+        keep[start:end] = False
+        if max_len and end >= max_len:
+            break
+    return ids[:max_len], keep[:max_len]
+
+
+class Whole:
+    """dolma2 behind an Encoder that is not Dolma2Tokenizer: sft_example encodes every render whole."""
+
+    def __init__(self, tok):
+        self.info, self.encode, self.decode = tok.info, tok.encode, tok.decode
+
+
+@pytest.mark.parametrize("name", ["instruct", "think"])
+def test_pieces_equal_whole_encoding(name, tok):
+    """dolma2 encodes a conversation piece by piece between the markers (chat._Pieces) and skips the
+    added-token set on a text without one; both must give tiktoken's ids, and sft_example the rule's
+    mask, at every truncation length, through the pieces and through the whole-text fallback."""
+    eos = chat.check_chat_tokenizer(tok)
+    whole = functools.partial(tok._enc.encode, allowed_special="all")
+    pieces = chat._pieces(tok, eos)
+    for text in ADVERSARIAL + ["plain text, no added token", ""]:
+        assert tok.encode(text) == whole(text)
+        assert pieces.encode(text) == whole(text) and pieces.length(text) == len(whole(text))
+        assert chat._Pieces(tok, "</s>").encode(text + "</s>") == whole(text + "</s>")  # EOS no added token
+    odd = [
+        [{"role": "user", "content": t}, {"role": "assistant", "content": u}]
+        for t, u in zip(ADVERSARIAL, ADVERSARIAL[1:] + ["<think>x</think>"])
+    ]
+    late_system = [  # a system turn after the first: each prefix before it renders the default prompt
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": " r\n"},
+        {"role": "assistant", "content": "\nb"},
+    ]
+    for messages in CONVERSATIONS + odd + [late_system]:
+        full = len(whole(chat.render(name, messages, eos)))
+        for max_len in [None, *range(1, full + 2)]:
+            ids, keep = rule_example(name, messages, whole, eos, max_len)
+            for encoder in (tok, Whole(tok)):
+                try:
+                    ex = chat.sft_example(name, messages, encoder, eos, max_len)
+                except chat.ChatSkip:
+                    assert not keep.any()
+                    continue
+                assert ex.ids.tolist() == ids, (messages, max_len)
+                np.testing.assert_array_equal(ex.mask, keep)
 
 
 def test_tokenize_chat_files_counts_and_skips(tmp_path, tok):

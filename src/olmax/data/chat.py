@@ -5,9 +5,9 @@ A conversation is a list of messages in the HF `messages` layout ({"role", "cont
 Dolci-*-SFT sets; a preference row holds two such lists, "chosen" and "rejected" (Dolci-*-DPO).
 
 Rendering: the project's own OLMo 3 templates (chat_templates/*.jinja, docs/post-training.md) in a
-Jinja environment set up as transformers' `apply_chat_template` sets up its own (sandboxed, trim_blocks,
-lstrip_blocks, loopcontrols), so the text is the one transformers renders from the same template; the
-text is then encoded with added tokens allowed, as a HF tokenizer does.
+Jinja environment with the options transformers' `apply_chat_template` sets (trim_blocks, lstrip_blocks,
+loopcontrols), so the text is the one transformers renders from the same template; the text is then
+encoded with added tokens allowed, as a HF tokenizer does.
 
 Label mask: open-instruct's `sft_tulu_tokenize_and_truncate_v1` (open_instruct/dataset_transformation.py),
 the function AI2's `scripts/data/convert_sft_data_for_olmocore.py` ran. For every message that is not the
@@ -18,6 +18,13 @@ everything but assistant content is masked, the `<|im_start|>assistant\n` header
 Because a prefix that ends with an assistant turn renders that turn's end as EOS, the first token after
 an intermediate assistant turn (`<|im_end|>`) stays trainable, as in AI2's files.
 
+Speed: the rule encodes a prefix per non-assistant message, each as long as the conversation so far.
+With dolma2 (tiktoken), which encodes an added token by itself and the text between added tokens
+apart, a text's ids are those of its pieces between the ChatML markers and EOS joined by the markers'
+ids; `_Pieces` encodes each distinct piece of a conversation once, so the prefixes cost a render and
+dictionary look-ups, and the ids and mask are the rule's. A tokenizer.json tokenizer (whose added
+tokens may strip the whitespace around them) encodes every prefix whole.
+
 Length: a conversation longer than `max_seq_len` tokens is truncated to its first `max_seq_len` tokens
 (AI2 passed `truncation=True, max_length` to every render); one that keeps no trainable token is dropped
 (open-instruct's `sft_tulu_filter_v1`). Both are counted by the caller.
@@ -26,13 +33,14 @@ Length: a conversation longer than `max_seq_len` tokens is truncated to its firs
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Optional
 
 import numpy as np
 
-from olmax.data.tokenizer import Encoder
+from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Dolma2Tokenizer, Encoder
 
 TEMPLATES = {"instruct": "olmo3_instruct.jinja", "think": "olmo3_think.jinja"}
 ROLES = ("system", "user", "assistant", "environment", "tool")
@@ -67,18 +75,30 @@ def template_text(name: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _compiled(name: str):
-    # The environment transformers' chat_template_utils builds for apply_chat_template: a template
-    # written for a tokenizer_config.json renders the same text here as there.
+    # The options of the environment transformers' chat_template_utils builds for apply_chat_template,
+    # so a template written for a tokenizer_config.json renders the same text here as there. Not its
+    # sandbox: that guards against untrusted templates, and these are olmax's own (TEMPLATES); it only
+    # refuses unsafe calls, never changes the text, and costs a quarter to half of each render.
+    from jinja2 import Environment
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     return env.from_string(template_text(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _globals(name: str) -> dict:
+    return dict(_compiled(name).globals)
 
 
 def render(name: str, messages: list[dict], eos_token: str, add_generation_prompt: bool = False) -> str:
     """The conversation as template `name` writes it."""
-    return _compiled(name).render(messages=messages, add_generation_prompt=add_generation_prompt, eos_token=eos_token)
+    template = _compiled(name)
+    # What Template.render does (jinja2/environment.py, Jinja 3.1), but with the template's globals (a
+    # ChainMap, which render copies into each new context) flattened once: about a third of a render
+    variables = {"messages": messages, "add_generation_prompt": add_generation_prompt, "eos_token": eos_token}
+    context = template.new_context({**_globals(name), **variables}, shared=True)
+    return template.environment.concat(template.root_render_func(context))
 
 
 def check_chat_tokenizer(tok: Encoder) -> str:
@@ -115,6 +135,40 @@ def check_messages(messages: Any, field: str = "messages") -> list[dict]:
     return messages
 
 
+class _Pieces:
+    """dolma2's `encode` of chat text, piece by piece (module docstring, "Speed").
+
+    tiktoken's encode (openai/tiktoken src/lib.rs, `CoreBPE`, tiktoken 0.14) finds the leftmost added
+    token, encodes the text before it alone, emits the token's id and goes on after it; no dolma2 added
+    token holds `<` past its first character, so none overlaps a ChatML marker or EOS, each of those in
+    a text is found as itself, and `encode(text)` is the pieces' ids joined by the markers' ids
+    (tests/test_data_chat.py checks this on texts built to break it)."""
+
+    def __init__(self, tok: Dolma2Tokenizer, eos_token: str):
+        # an EOS text that is no added token (a caller's choice) stays inside the pieces
+        self.marker_ids = {m: DOLMA2_ADDED_TOKENS[m] for m in (*CHAT_TOKENS, eos_token) if m in DOLMA2_ADDED_TOKENS}
+        self.split = re.compile("(" + "|".join(map(re.escape, self.marker_ids)) + ")").split
+        # bounded: a piece can be a long message; the system prompt and the turn headers recur across rows
+        self.piece = functools.lru_cache(maxsize=1024)(tok.encode)
+
+    def encode(self, text: str) -> list[int]:
+        parts = self.split(text)  # piece, marker, piece, ..., marker, piece
+        ids = list(self.piece(parts[0]))
+        for marker, piece in zip(parts[1::2], parts[2::2]):
+            ids.append(self.marker_ids[marker])
+            ids += self.piece(piece)
+        return ids
+
+    def length(self, text: str) -> int:
+        parts = self.split(text)
+        return len(parts) // 2 + sum(map(len, map(self.piece, parts[::2])))
+
+
+@functools.lru_cache(maxsize=4)
+def _pieces(tok: Dolma2Tokenizer, eos_token: str) -> _Pieces:
+    return _Pieces(tok, eos_token)
+
+
 def sft_example(
     name: str, messages: list[dict], tok: Encoder, eos_token: str, max_seq_len: Optional[int] = None
 ) -> ChatExample:
@@ -122,10 +176,22 @@ def sft_example(
     if not any(m["role"] == "assistant" for m in messages):
         raise ChatSkip("no_assistant_turn")
 
-    def length(upto: int, generation: bool) -> int:
-        return len(tok.encode(render(name, messages[:upto], eos_token, generation)))
+    if isinstance(tok, Dolma2Tokenizer):
+        pieces = _pieces(tok, eos_token)
+        encode, text_length = pieces.encode, pieces.length
+    else:
+        encode, text_length = tok.encode, lambda text: len(tok.encode(text))
 
-    ids = tok.encode(render(name, messages, eos_token))
+    # by (prefix, generation prompt): after a non-assistant message that another one follows (system
+    # then user), the second's start is the first's end, so its prefix is rendered once
+    lengths: dict[tuple[int, bool], int] = {}
+
+    def length(upto: int, generation: bool) -> int:
+        if (upto, generation) not in lengths:
+            lengths[upto, generation] = text_length(render(name, messages[:upto], eos_token, generation))
+        return lengths[upto, generation]
+
+    ids = encode(render(name, messages, eos_token))
     mask = np.ones(len(ids), dtype=np.bool_)
     for i, m in enumerate(messages):
         if m["role"] == "assistant":
