@@ -141,6 +141,32 @@ def test_a_context_axis_on_gpu_runs_xla_attention_and_refuses_a_named_cudnn():
     ]
 
 
+def test_the_loss_takes_each_devices_context_chunks_without_moving_hidden_states(capfd):
+    """The 7B Think SFT's layout on 64 H100s (fsdp 16 x context 4, 2 rows per batch shard, documents
+    masked), its model shrunk to one layer of d_model 256 at 1,024 tokens: the train step turns each
+    device's chunks into rows of the output loss (train_step's context_rows) with no collective of the
+    (rows, positions, d_model) hidden states or their gradient, and XLA's SPMD partitioner reports no
+    "involuntary full rematerialization". Until 2026-12-03 the rows were merged in an order the devices
+    do not hold them in: the step all-gathered the whole batch of hidden states to every device (bf16
+    forward, float32 in the final norm's backward pass; in the real recipe 8 and 16 GiB per GPU)."""
+    from olmax.compile_check import compile_step, target, target_options
+    from olmax.sharding import make_mesh
+
+    shrunk = ["model.n_layers=1", "model.d_model=256", "model.n_heads=4", "model.n_kv_heads=4", "model.head_dim=64"]
+    shrunk += ["model.mlp_hidden=512", "model.vocab_size=512", "data.seq_len=1024", "trainer.loss_chunk=128"]
+    shrunk += ["model.remat=full"]
+    cfg = apply_overrides(get_recipe("olmo3_7b_think_sft"), shrunk)
+    devices, chip, where = target("h100:8x8")
+    mesh = make_mesh(cfg.mesh, devices)
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 16, "context": 4, "tensor": 1}
+    text = compile_step(cfg, mesh, target_options(chip, "gpu"), where)[0].as_text()
+    # the result shapes of every collective that moves data between devices
+    results = re.findall(r"= (.*?) (?:all-gather|all-to-all|collective-permute)(?:-start)?\(", text)
+    moved = [shapes for shapes in results if re.search(r"\[\d+,\d+,256\]", shapes)]  # (rows, positions, d_model)
+    assert results and not moved, moved[:3]
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err
+
+
 def test_the_gpu_flag_profile_reaches_the_compiler(monkeypatch):
     """A flag XLA's GPU compiler does not know fails the compile: the profile is passed, not dropped."""
     bogus = dataclasses.replace(chips.CHIPS["h100"], xla_flags=("--xla_olmax_no_such_flag=1",))

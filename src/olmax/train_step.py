@@ -167,8 +167,9 @@ def make_train_step(
         labels = make_labels(input_ids, pad_token_id=pad_id, instance_mask=instance_mask, label_mask=label_mask)
         hidden = forward_hidden(params, input_ids, model, segments=segments)
         hidden, labels = context_rows(hidden), context_rows(labels)
-        if row_weights is not None:  # a row split over context is `context` rows of its own (context_rows)
-            row_weights = jnp.repeat(row_weights, context)
+        if row_weights is not None:  # each of a row's chunks is a row of the loss, with the row's weight
+            per_chunk = jnp.broadcast_to(row_weights[:, None], (row_weights.shape[0], context))
+            row_weights = context_rows(per_chunk)[:, 0]  # in the order context_rows gives the chunks
         total, (ce, z_sq) = output_loss(
             params, hidden, labels, model, chunk=trainer.loss_chunk, z_loss=z_mult, row_weights=row_weights
         )
@@ -219,11 +220,21 @@ def make_train_step(
         """(batch, seq, ...) split over context -> (batch * context, seq / context, ...): each device's
         chunk of a sequence becomes a row of its own, with no data moved, so the output layer and the
         loss (a sum over positions, whatever the rows) run on every device's own chunk. Without a
-        context axis, x unchanged."""
+        context axis, x unchanged.
+
+        The new rows are ordered batch shard, then context shard, then the shard's own rows: the order
+        of the devices that hold them, so that the row axis, split over (batch axes, context), gives
+        each device the rows it already has. Merged as they lie, a row's chunks would be neighbours, and
+        with 2 or more rows per batch shard a device's block of rows would be other devices' chunks:
+        XLA's SPMD partitioner moved them by gathering the whole batch of hidden states on every device
+        ("involuntary full rematerialization"; 8 GiB of bf16 and 16 of float32 per GPU on the 7B Think
+        SFT's 64 H100s, docs/post-training.md)."""
         if context == 1:
             return x
         b, t = x.shape[:2]
-        x = x.reshape(b * context, t // context, *x.shape[2:])
+        s = layout.batch_shards
+        x = x.reshape(s, b // s, context, t // context, *x.shape[2:]).swapaxes(1, 2)
+        x = x.reshape(b * context, t // context, *x.shape[4:])
         rows = tuple(a for a in (batch_axes if isinstance(batch_axes, tuple) else (batch_axes,)) if a) + (seq_axis,)
         spec = PartitionSpec(rows, *([None] * (x.ndim - 1)))
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
