@@ -47,6 +47,7 @@ def _max_rel(a_rows, b_rows, keys=KEYS):
     return max(abs(a[k] - b[k]) / abs(a[k]) for a, b in zip(a_rows, b_rows, strict=True) for k in keys)
 
 
+@pytest.mark.slow  # ~25 s: three small runs; the default suite keeps the gradient comparison below
 def test_context_4_trains_as_context_1_and_resumes_without_it(tmp_path):
     """Steps 1-2 with context 4 (saved at 2), then step 3 resumed with context 1: every step's CE
     loss, and the first step's gradient norm, as the run without a context axis."""
