@@ -284,6 +284,23 @@ def test_7b_stage3_fits_ai2s_gpu_layout_with_context_8_and_xla_attention():
 
 
 @pytest.mark.slow
+def test_7b_rl_train_steps_fit_ai2s_learner_nodes():
+    """The RL train steps on AI2's learners (docs/post-training.md, "Recipes"), packed rows with
+    documents masked (xla attention), the remat `auto` chose given: Instruct's 16 rows of 11,264 per GPU
+    of one node keep every matmul output (peak 69.92 GiB of 71.20); Think's 32 rows of 35,840 per GPU of
+    two nodes fit under no policy on fsdp alone, and with `mesh.tensor=2` recompute whole blocks in the
+    serial order (35.98 GiB)."""
+    every = "model.remat=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up"
+    r = compile_report(apply_overrides(get_recipe("olmo3_7b_instruct_rl"), [every]), topology="h100:1x8")
+    assert r["mesh"]["fsdp"] == 8 and (r["per_device_batch"], r["micro_batch"]) == (16, 1)
+    assert r["attention"] == "xla" and r["fits"]
+    think = ["mesh.tensor=2", "model.remat=full", "model.remat_serial=true"]
+    r = compile_report(apply_overrides(get_recipe("olmo3_7b_think_rl"), think), topology="h100:2x8")
+    assert r["mesh"] == {"data": 1, "fsdp": 8, "context": 1, "tensor": 2} and r["per_device_batch"] == 64
+    assert r["attention"] == "xla" and r["fits"]
+
+
+@pytest.mark.slow
 def test_7b_think_sft_and_dpo_fit_ai2s_64_h100s():
     """The 7B Think SFT (32,768 tokens, documents masked: xla attention) and DPO (pairs of 16,384:
     cuDNN) steps on AI2's 64 H100s, with the remat `auto` chose for them (docs/post-training.md)."""
