@@ -138,16 +138,24 @@ def test_packing_is_refused():
         replace(BASE, data=DataConfig(seq_len=SEQ, packing="obfd"))
 
 
-@pytest.mark.parametrize("name, lr", [("olmo3_7b_think_dpo", 8e-8), ("olmo3_7b_instruct_dpo", 1e-6)])
-def test_dpo_recipes(name, lr):
+@pytest.mark.parametrize(
+    "name, lr, seq_len, layers",
+    [
+        ("olmo3_7b_think_dpo", 8e-8, 16384, 32),
+        ("olmo3_7b_instruct_dpo", 1e-6, 16384, 32),
+        ("olmo3_32b_think_dpo", 8e-8, 8192, 64),
+        ("olmo3_32b_instruct_dpo", 1e-6, 8192, 64),
+    ],
+)
+def test_dpo_recipes(name, lr, seq_len, layers):
     """AI2's OLMo 3 DPO settings (docs/post-training.md, "DPO recipes")."""
     cfg = get_recipe(name)
     assert cfg.trainer.objective == "dpo" and cfg.dpo == DPOConfig(loss_type="dpo_norm", beta=5.0)
     assert (cfg.optimizer.lr, cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.eps) == (lr, 0.9, 0.999, 1e-8)
     assert cfg.optimizer.weight_decay == 0.0 and not cfg.optimizer.skip_step
     assert (cfg.schedule.name, cfg.schedule.warmup_fraction, cfg.schedule.alpha_f) == ("linear", 0.1, 0.0)
-    assert cfg.schedule.t_max_epochs == 1 and cfg.data.seq_len == 16384 and cfg.trainer.global_batch == 128
-    assert cfg.model.rope_type == "yarn"  # the SFT model's (the long-context one)
+    assert cfg.schedule.t_max_epochs == 1 and cfg.data.seq_len == seq_len and cfg.trainer.global_batch == 128
+    assert cfg.model.rope_type == "yarn" and cfg.model.n_layers == layers  # the SFT model's (long-context)
 
 
 def test_a_resume_may_not_change_the_objective():

@@ -288,23 +288,26 @@ def _sft(
 
 
 # DPO (open-instruct dpo_tune_cache.py / dpo_utils.py, the first versions of scripts/train/olmo3/
-# 7b_{think,instruct}_dpo.sh): dpo_norm with beta 5, 1 epoch, a linear schedule with 10% warmup to 0,
-# sequences of 16,384 tokens, 1 pair per GPU x 4 accumulation steps x 32 GPUs = 128 pairs per step,
-# torch AdamW at its defaults (betas 0.9/0.999, eps 1e-8) with weight decay 0, reference log-probs cached
-# from the SFT model; lr 8e-8 Think, 1e-6 Instruct. Clipping at 1.0 is olmax's default (not checked
-# against the release scripts); no skip-step (plain AdamW). Start from the SFT checkpoint
-# (checkpoint.init_from) and set trainer.max_steps to one epoch, `batches_per_epoch` pairs / 128.
+# {7b,32b}_{think,instruct}_dpo.sh): dpo_norm with beta 5, 1 epoch, a linear schedule with 10% warmup to
+# 0, 128 pairs per step, torch AdamW at its defaults (betas 0.9/0.999, eps 1e-8) with weight decay 0,
+# reference log-probs cached from the SFT model. 7B: sequences of 16,384 tokens, 1 pair per GPU x 4
+# accumulation steps x 32 GPUs; lr 8e-8 Think, 1e-6 Instruct. 32B (scripts added in 3af17aa and
+# ff4a925, run at 2fd104e): sequences of 8,192; Think 1 pair per GPU x 128 GPUs (16 nodes), lr swept
+# over 7e-8, 8e-8 and 9e-8 in one script (which the release kept is not in it: the middle one here);
+# Instruct 1 pair x 2 accumulation steps x 64 GPUs (8 nodes), lr 1e-6. Clipping at 1.0 is olmax's
+# default (not checked against the release scripts); no skip-step (plain AdamW). Start from the SFT
+# checkpoint (checkpoint.init_from) and set trainer.max_steps to one epoch, `batches_per_epoch` pairs / 128.
 DPO_SCHEDULE = ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.1, alpha_f=0.0, t_max_epochs=1)
 
 
-def _dpo(name: str, lr: float) -> ExperimentConfig:
+def _dpo(name: str, model: ModelConfig, seq_len: int, lr: float) -> ExperimentConfig:
     return ExperimentConfig(
         name=name,
-        model=_long_context(OLMO3_7B),  # the SFT model's
-        data=DataConfig(seq_len=16384),
+        model=_long_context(model),  # the SFT model's
+        data=DataConfig(seq_len=seq_len),
         optimizer=OptimizerConfig(lr=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
         schedule=DPO_SCHEDULE,
-        # one pair (two sequences) per device and forward, as AI2 ran it; memory not measured yet
+        # one pair (two sequences) per device and forward, as AI2 ran it
         trainer=TrainerConfig(global_batch=128, micro_batch_size=1, loss_chunk=1024, max_steps=1, objective="dpo"),
         mesh=MeshConfig(data=1, fsdp=-1, context=1, tensor=1),
         dpo=DPOConfig(loss_type="dpo_norm", beta=5.0),
@@ -479,8 +482,10 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "olmo3_7b_instruct_sft": functools.partial(_sft, "olmo3_7b_instruct_sft", OLMO3_7B, 8e-5, 32, 4, 16),
     "olmo3_32b_think_sft": functools.partial(_sft, "olmo3_32b_think_sft", OLMO3_32B, 1e-4, 128, 4),
     "olmo3_32b_instruct_sft": functools.partial(_sft, "olmo3_32b_instruct_sft", OLMO3_32B, 8e-5, 128, 4),
-    "olmo3_7b_think_dpo": functools.partial(_dpo, "olmo3_7b_think_dpo", 8e-8),
-    "olmo3_7b_instruct_dpo": functools.partial(_dpo, "olmo3_7b_instruct_dpo", 1e-6),
+    "olmo3_7b_think_dpo": functools.partial(_dpo, "olmo3_7b_think_dpo", OLMO3_7B, 16384, 8e-8),
+    "olmo3_7b_instruct_dpo": functools.partial(_dpo, "olmo3_7b_instruct_dpo", OLMO3_7B, 16384, 1e-6),
+    "olmo3_32b_think_dpo": functools.partial(_dpo, "olmo3_32b_think_dpo", OLMO3_32B, 8192, 8e-8),
+    "olmo3_32b_instruct_dpo": functools.partial(_dpo, "olmo3_32b_instruct_dpo", OLMO3_32B, 8192, 1e-6),
     "olmo3_7b_think_rl": functools.partial(_rl, "olmo3_7b_think_rl", 35_840, THINK_RL, 10_000_000),
     "olmo3_7b_instruct_rl": functools.partial(_rl, "olmo3_7b_instruct_rl", 11_264, INSTRUCT_RL, 1_024_000),
 }
