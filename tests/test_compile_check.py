@@ -10,6 +10,7 @@ from olmax import chips, compile_check
 from olmax.compile_check import GIB, DoesNotFit, check_fits, choose_remat, compile_report, topology_devices
 from olmax.config import ConfigError, MeshConfig
 from olmax.config_io import apply_overrides
+from olmax.flops import exact_step_flops
 from olmax.model.olmo3 import count_params
 from olmax.recipes import get_recipe
 from olmax.remat import REMAT_TAGS
@@ -431,3 +432,13 @@ def test_32b_stage3_fits_on_v5p_8x8x8_over_a_context_axis():
     assert kept_at_least(r, SEEDS_BUT_GATE)
     assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
+
+
+def test_a_dpo_step_counts_both_rows_of_each_pair():
+    """A DPO step of global_batch pairs runs 2 x global_batch sequences: the FLOPs compile-check reports
+    (and the MFU it implies) are those of both rows, as the trainer's metrics count them."""
+    cfg = apply_overrides(get_recipe("tiny_dpo"), ["model.n_layers=2", "model.vocab_size=512", "mesh.fsdp=8"])
+    r = compile_report(cfg)
+    assert cfg.rows_per_step == 2 * cfg.trainer.global_batch
+    want = exact_step_flops(cfg.model, cfg.data.seq_len, 2 * cfg.trainer.global_batch).total / 8
+    assert r["model_flops_per_device"] == pytest.approx(want, rel=1e-12)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from olmax.cli import app
 from olmax.config_io import apply_overrides
 from olmax.data.chat_files import read_documents, tokenize_chat
-from olmax.data.pairs import PairLoader, PairSource
+from olmax.data.pairs import PairLoader, PairSource, pair_order_report
 from olmax.objectives.reference import CACHE_DIR, COMPLETE, KEY_FILE, reference_logps_cache
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
@@ -130,6 +130,39 @@ def test_pair_batches(pairs):
     assert list(next(iter(PairLoader(replace(cfg.data, seed=1), other_seed, reference, 4)))["index"]) != list(
         batches[0]["index"]
     )
+
+
+def test_data_order_reports_the_pairs_the_loader_delivers(pairs):
+    """`olmax data order` on DPO data: each rank's pair ids at each step are the loader's batch
+    `index`, and with tokens each side is the row the loader trains on, without the padding."""
+    tmp, cfg = pairs
+    source = PairSource(cfg.data)
+    reference = np.zeros((12, 2), np.float32)
+    report = pair_order_report(cfg.data, 4, range(1, 4), dp_size=2, with_tokens=True)
+    assert (report["kind"], report["instances"], report["batches_per_epoch"]) == ("pairs", 12, 3)
+    assert report["fingerprint"] == source.fingerprint
+    for r in (0, 1):
+        loader = PairLoader(cfg.data, source, reference, 4, dp_rank=r, dp_size=2)
+        for step, batch in zip(report["steps"], loader):
+            row = step["ranks"][r]
+            assert row["rank"] == r and row["ids"] == batch["index"].tolist()
+            assert row["documents"] == source.pairs[batch["index"]].tolist()
+            for k, inst in enumerate(row["instances"]):
+                for side, name in enumerate(("chosen", "rejected")):
+                    n = len(inst[name]["tokens"])
+                    assert n <= 64 and (batch["input_ids"][k, side, n:] == cfg.data.pad_token_id).all()
+                    assert inst[name]["tokens"] == batch["input_ids"][k, side, :n].tolist()
+                    assert inst[name]["label_mask"] == batch["response_mask"][k, side, :n].tolist()
+    out = CliRunner().invoke(
+        app, ["data", "order", "--recipe", "tiny", *_overrides(tmp, tmp / "pairs"), "--steps", "3:4"]
+    )
+    assert out.exit_code == 0, out.output
+    ids = report["steps"][2]["ranks"][0]["ids"]
+    assert "pairs 12  batches/epoch 3" in out.output and f"step 3 (batch 2) rank 0: {ids[0]}@doc" in out.output
+    out = CliRunner().invoke(
+        app, ["data", "order", "--recipe", "tiny", *_overrides(tmp, tmp / "pairs"), "--steps", "4:5"]
+    )
+    assert out.exit_code == 2 and "past the last step 3" in out.output
 
 
 def test_a_cache_with_another_key_exits_2(pairs, tmp_path):

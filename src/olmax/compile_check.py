@@ -373,7 +373,7 @@ def compile_report(
     policy = remat_policy_of(cfg.model.remat)
     nodes = len({d.process_index for d in devices}) if platform == "gpu" else None
     seq_len = cfg.data.seq_len
-    model_flops = exact_step_flops(cfg.model, seq_len, cfg.trainer.global_batch).total / mesh.size
+    model_flops = exact_step_flops(cfg.model, seq_len, cfg.rows_per_step).total / mesh.size
     backend = resolve_backend(
         cfg.model.attention,
         platform,
@@ -382,7 +382,7 @@ def compile_report(
         context=mesh.shape.get("context", 1) > 1,
     )
     saved = None if policy is None else policy.save
-    recompute = recompute_flops(cfg.model, seq_len, cfg.trainer.global_batch, saved, backend=backend) / mesh.size
+    recompute = recompute_flops(cfg.model, seq_len, cfg.rows_per_step, saved, backend=backend) / mesh.size
     return {
         "recipe": cfg.name,
         "platform": platform,

@@ -519,3 +519,9 @@ class ExperimentConfig:
             check_dpo(self)
         elif self.trainer.objective == "grpo":
             check_grpo(self)
+
+    @property
+    def rows_per_step(self) -> int:
+        """Sequences of data.seq_len in one optimizer step: trainer.global_batch, twice that for DPO (a pair is
+        a chosen and a rejected row; a GRPO row is one packed row)."""
+        return self.trainer.global_batch * (2 if self.trainer.objective == "dpo" else 1)

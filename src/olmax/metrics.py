@@ -108,10 +108,9 @@ class MetricsLog:
             self._jsonl = open(path, "a")
             self._tb = SummaryWriter(str(local / TB_DIR))
             self._wandb = _WandbRun(cfg, run_dir, local) if cfg.wandb.mode != "disabled" else None
-        dpo = cfg.trainer.objective == "dpo"
         objective_names = {"dpo": DPO_METRIC_NAMES, "grpo": GRPO_METRIC_NAMES}.get(cfg.trainer.objective, {})
         self._names = {**STEP_METRIC_NAMES, **objective_names}
-        rows = cfg.trainer.global_batch * (2 if dpo else 1)  # a DPO pair is two sequences
+        rows = cfg.rows_per_step
         step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, rows)
         self._tflop_per_device_step = step_flops.total / n_devices / 1e12
         self._tokens_per_device_step = rows * cfg.data.seq_len / n_devices

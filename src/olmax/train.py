@@ -152,7 +152,7 @@ def train(
         bar = Progress(
             start,
             last,
-            cfg.trainer.global_batch * cfg.data.seq_len * (2 if dpo_run else 1),
+            cfg.rows_per_step * cfg.data.seq_len,
             enabled=progress and primary,
             every=cfg.trainer.log_every,
             loss=LOSS_METRIC[cfg.trainer.objective],

@@ -146,8 +146,7 @@ def make_train_step(
     model, trainer, data = cfg.model, cfg.trainer, cfg.data
     z_mult = cfg.optimizer.z_loss
     opt = optimizer(cfg)
-    # input tokens, padding included (2 rows a DPO pair; a GRPO row is one packed row of data.seq_len)
-    tokens_per_step = trainer.global_batch * data.seq_len * (2 if trainer.objective == "dpo" else 1)
+    tokens_per_step = cfg.rows_per_step * data.seq_len  # input tokens, padding included
     schedule = make_schedule(
         cfg.schedule,
         lr=cfg.optimizer.lr,

@@ -157,11 +157,12 @@ def data_order_cmd(
     json_out: Optional[Path] = JsonOpt,
 ):
     """Which instances (file, token offset; or packed group, bin, documents, padding) each data-parallel rank
-    saw at each step, as OLMo-core orders them.
+    saw at each step, as OLMo-core orders them; with trainer.objective=dpo, which preference pairs.
 
     The data and global batch are the experiment's (--recipe/--config and overrides; without either, the
     config defaults); the flags are shorthands for single fields."""
     from olmax.data.loader import order_report
+    from olmax.data.pairs import pair_order_report
 
     try:
         a, b = (int(x) for x in steps.split(":"))
@@ -178,7 +179,9 @@ def data_order_cmd(
         },
         need_base=False,
     )
-    report = order_report(
+    # preference pairs (trainer.objective=dpo) are ordered by their own loader
+    report_of = pair_order_report if exp.trainer.objective == "dpo" else order_report
+    report = report_of(
         exp.data,
         exp.trainer.global_batch,
         range(a, b),
@@ -188,12 +191,14 @@ def data_order_cmd(
         with_tokens=with_tokens,
     )
     typer.echo(
-        f"fingerprint {report['fingerprint']}  instances {report['instances']}  "
-        f"batches/epoch {report['batches_per_epoch']}"
+        f"fingerprint {report['fingerprint']}  {'pairs' if report_of is pair_order_report else 'instances'} "
+        f"{report['instances']}  batches/epoch {report['batches_per_epoch']}"
     )
     for step in report["steps"]:
         for rank in step["ranks"]:
-            if "documents" in rank:  # packed: group/bin, then documents and padding tokens
+            if report_of is pair_order_report:  # kept-pair id, then its document in chosen/ and rejected/
+                shown = ", ".join(f"{i}@doc{d}" for i, d in list(zip(rank["ids"], rank["documents"]))[:4])
+            elif "documents" in rank:  # packed: group/bin, then documents and padding tokens
                 shown = ", ".join(
                     f"{i}@group{g}/bin{b} ({d} docs, {p} pad)"
                     for i, g, b, d, p in list(

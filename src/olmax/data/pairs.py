@@ -8,6 +8,7 @@
         batch["reference_logps"]             # (pairs, 2) float32: the reference pass's (olmax.objectives.reference)
         batch["index"]                       # (pairs,) int64: the pairs' ids
     loader.state()                           # JSON-able; resume with PairLoader(..., state=saved)
+    pair_order_report(data_cfg, 128, range(1, 3))   # `olmax data order` on pairs: who trained on what
 
 - Document i of `chosen/` and of `rejected/` is pair i (tokenize writes them so). Each side is one row:
   its tokens, cut to data.seq_len, right-padded with data.pad_token_id (masked out). Cutting a longer
@@ -38,7 +39,7 @@ import numpy as np
 
 from olmax.config import ConfigError
 from olmax.data.loader import DataStateError, tokenizer_fields, work_dir_of
-from olmax.data.order import cached_permutation, check_rank, num_batches, rank_ids
+from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
 from olmax.data.sources import MASK_PART_PREFIX, TOKEN_PART_PREFIX, check_manifest_tokenizers
 from olmax.data.tokenize import MANIFEST
 
@@ -197,3 +198,55 @@ class PairLoader:
             "global_batch": self.global_batch,
             "seq_len": self.cfg.seq_len,
         }
+
+
+def pair_order_report(
+    data_cfg,
+    global_batch: int,
+    steps: range,
+    epoch: int = 1,
+    dp_size: int = 1,
+    dp_rank: Optional[int] = None,
+    with_tokens: bool = False,
+) -> dict:
+    """`olmax data order` for trainer.objective=dpo: the pairs each data-parallel rank trained on at each
+    step, in PairLoader's order. `ids` count the kept pairs (a batch's `index`); `documents` are their
+    document numbers in chosen/ and rejected/. With `with_tokens`, each rank also lists
+    `instances: [{"id", "document", "chosen": {"tokens", "label_mask"}, "rejected": {...}}]`, each side
+    cut to data.seq_len as trained, without the padding. Steps count from 1: step s trains on batch s - 1."""
+    source = PairSource(data_cfg)
+    check_steps(steps, len(source), global_batch, epoch, data_cfg.seq_len)
+    order = cached_permutation(work_dir_of(data_cfg) / "orders", len(source), data_cfg.seed, epoch)
+    ranks = range(dp_size) if dp_rank is None else [dp_rank]
+    report_steps = []
+    for step in steps:
+        per_rank = []
+        for r in ranks:
+            check_rank(global_batch, r, dp_size)
+            ids = rank_ids(order, step - 1, global_batch, r, dp_size).astype(np.int64)
+            row: dict = {"rank": r, "ids": ids.tolist(), "documents": source.pairs[ids].tolist()}
+            if with_tokens:
+                row["instances"] = []
+                for i in ids:
+                    doc = int(source.pairs[i])
+                    inst: dict = {"id": int(i), "document": doc}
+                    for name, side in zip(SIDES, source.sides):
+                        tokens, trained = side.read(doc, source.seq_len)
+                        inst[name] = {"tokens": tokens.tolist(), "label_mask": trained.tolist()}
+                    row["instances"].append(inst)
+            per_rank.append(row)
+        report_steps.append({"step": step, "batch": step - 1, "ranks": per_rank})
+    return {
+        "kind": "pairs",
+        "fingerprint": source.fingerprint,
+        "instances": len(source),
+        "dropped": source.dropped,
+        "batches_per_epoch": num_batches(len(source), global_batch),
+        "seed": data_cfg.seed,
+        "epoch": epoch,
+        "global_batch_instances": global_batch,
+        "seq_len": data_cfg.seq_len,
+        "dp_size": dp_size,
+        "files": [str(source.root / side) for side in SIDES],
+        "steps": report_steps,
+    }
