@@ -442,3 +442,14 @@ def test_a_dpo_step_counts_both_rows_of_each_pair():
     assert cfg.rows_per_step == 2 * cfg.trainer.global_batch
     want = exact_step_flops(cfg.model, cfg.data.seq_len, 2 * cfg.trainer.global_batch).total / 8
     assert r["model_flops_per_device"] == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_32b_think_dpo_fits_on_ironwood_4x4x4():
+    """The 32B Think DPO step, 128 pairs of 8,192 tokens, one per chip, keeps the seeds' set but mlp_gate
+    in the compiler's order, as `auto` chose (peak 79.41 GiB; docs/post-training.md, "DPO recipes")."""
+    remat = "model.remat=" + ",".join(SEEDS_BUT_GATE)
+    r = compile_report(apply_overrides(get_recipe("olmo3_32b_think_dpo"), [remat]), topology="tpu7x:4x4x4")
+    assert r["mesh"]["fsdp"] == 128 and r["per_device_batch"] == 1
+    assert r["saved"] == SEEDS_BUT_GATE and not r["remat_serial"] and r["fits"]
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0

@@ -106,7 +106,9 @@ def test_auto_takes_every_prompt_at_once_without_a_budget():
     assert choose_sample_prompts(three, mesh) is three
 
 
-@pytest.mark.parametrize("name", ["olmo3_7b_think_rl", "olmo3_7b_instruct_rl"])
+@pytest.mark.parametrize(
+    "name", ["olmo3_7b_think_rl", "olmo3_7b_instruct_rl", "olmo3_32b_think_rl", "olmo3_32b_instruct_rl"]
+)
 def test_rl_recipes_choose_what_fits_their_devices(name):
     """The RL recipes leave grpo.sample_prompts to auto: what fits differs between an H100 node (Think
     2, Instruct 8) and an Ironwood slice (all 64), docs/post-training.md, "Recipes". A negative count

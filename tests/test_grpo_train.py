@@ -238,27 +238,31 @@ def test_active_sampling_needs_the_filter():
 
 
 @pytest.mark.parametrize(
-    "name, seq, response, tis, minis, active, stop",
+    "name, layers, seq, response, tis, minis, active, stop, pass_rate, lr, steps",
     [
-        ("olmo3_7b_think_rl", 35_840, 32_768, 2.0, 1, False, ()),
-        ("olmo3_7b_instruct_rl", 11_264, 8_192, 0.0, 4, True, ("</answer>",)),
+        ("olmo3_7b_think_rl", 32, 35_840, 32_768, 2.0, 1, False, (), None, 1e-6, 19_531),
+        ("olmo3_7b_instruct_rl", 32, 11_264, 8_192, 0.0, 4, True, ("</answer>",), 0.875, 1e-6, 8_000),
+        ("olmo3_32b_think_rl", 64, 35_840, 32_768, 2.0, 1, True, (), None, 2e-6, 19_531),
+        ("olmo3_32b_instruct_rl", 64, 19_456, 16_384, 2.0, 1, True, (), None, 2e-6, 19_531),
     ],
 )
-def test_rl_recipes(name, seq, response, tis, minis, active, stop):
-    """open-instruct scripts/train/olmo3/7b_{think,instruct}_rl.sh (docs/post-training.md, "GRPO")."""
+def test_rl_recipes(name, layers, seq, response, tis, minis, active, stop, pass_rate, lr, steps):
+    """open-instruct scripts/train/olmo3/{7b,32b}_{think,instruct}_rl.sh (docs/post-training.md, "GRPO")."""
     cfg = get_recipe(name)
     rl = cfg.grpo
     assert cfg.trainer.objective == "grpo" and cfg.data.seq_len == seq and cfg.data.doc_masking
+    assert cfg.model.n_layers == layers and cfg.trainer.max_steps == steps
+    assert cfg.trainer.global_batch == 512 // minis
     assert (rl.prompts_per_step, rl.samples_per_prompt) == (64, 8)
     assert (rl.max_prompt_len, rl.max_response_len) == (2048, response)
     assert (rl.temperature, rl.clip_low, rl.clip_high, rl.beta, rl.normalise_std) == (1.0, 0.2, 0.272, 0.0, False)
     assert (rl.tis_cap, rl.mini_batches, rl.active_sampling, rl.stop) == (tis, minis, active, stop)
-    assert rl.no_resampling_pass_rate == (0.875 if active else None)
+    assert rl.no_resampling_pass_rate == pass_rate
     opt = cfg.optimizer
-    assert (opt.lr, opt.b1, opt.b2, opt.eps, opt.weight_decay, opt.max_grad_norm) == (1e-6, 0.9, 0.999, 1e-8, 0.0, 1.0)
+    assert (opt.lr, opt.b1, opt.b2, opt.eps, opt.weight_decay, opt.max_grad_norm) == (lr, 0.9, 0.999, 1e-8, 0.0, 1.0)
     assert not opt.skip_step and cfg.schedule.name == "constant" and cfg.schedule.warmup_steps == 0
     assert cfg.model.rope_type == "yarn" and cfg.model.rope_positions == "document"
-    # splash's tiles divide the packed row (35,840 and 11,264 are multiples of 1024, not of 2048)
+    # splash's tiles divide the packed row (35,840, 19,456 and 11,264 are multiples of 1024, not of 2048)
     cfg.model.splash_blocks.tiles(seq)
 
 

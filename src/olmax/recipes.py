@@ -332,13 +332,15 @@ def _dpo(name: str, model: ModelConfig, seq_len: int, lr: float) -> ExperimentCo
 RL_SPLASH = SplashBlocks(q=1024, kv=1024, kv_compute=1024)
 
 
-def _rl(name: str, seq_len: int, rl: GRPOConfig, episodes: int) -> ExperimentConfig:
+def _rl(
+    name: str, model: ModelConfig, seq_len: int, rl: GRPOConfig, episodes: int, lr: float = 1e-6
+) -> ExperimentConfig:
     rollout = rl.prompts_per_step * rl.samples_per_prompt
     return ExperimentConfig(
         name=name,
-        model=replace(_long_context(OLMO3_7B), rope_positions="document", splash_blocks=RL_SPLASH),
+        model=replace(_long_context(model), rope_positions="document", splash_blocks=RL_SPLASH),
         data=DataConfig(seq_len=seq_len, doc_masking=True),
-        optimizer=OptimizerConfig(lr=1e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
+        optimizer=OptimizerConfig(lr=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
         schedule=ScheduleConfig(name="constant", warmup_steps=0),
         trainer=TrainerConfig(
             global_batch=rollout // rl.mini_batches,
@@ -369,6 +371,16 @@ INSTRUCT_RL = GRPOConfig(
     active_sampling=True,
     no_resampling_pass_rate=0.875,
     stop=("</answer>",),
+)
+# The 32B (scripts/train/olmo3/32b_think_rl.sh as committed in 3af17aa, run at 42aa63c;
+# 32b_instruct_rl.sh as committed in ff4a925, run at 8d8232c, whose open_instruct/ is 9ade62d's): the 7B's
+# loss and optimizer at lr 2e-6, both with TIS capped at 2, active sampling without a solve-rate cut,
+# one optimizer step per rollout, 10,000,000 episodes. Think: 32,768-token responses in 35,840-token
+# rows; Instruct: 16,384 in 19,456 (19 x 1024), no stop string. AI2's learners: 96 GPUs (Think) and 32
+# (Instruct); 512 rows do not divide 96 devices, so there trainer.global_batch=576 (empty rows fill it).
+THINK_32B_RL = replace(THINK_RL, active_sampling=True)
+INSTRUCT_32B_RL = GRPOConfig(
+    max_prompt_len=2048, max_response_len=16_384, tis_cap=2.0, mini_batches=1, active_sampling=True
 )
 
 
@@ -486,8 +498,14 @@ RECIPES: dict[str, Callable[[], ExperimentConfig]] = {
     "olmo3_7b_instruct_dpo": functools.partial(_dpo, "olmo3_7b_instruct_dpo", OLMO3_7B, 16384, 1e-6),
     "olmo3_32b_think_dpo": functools.partial(_dpo, "olmo3_32b_think_dpo", OLMO3_32B, 8192, 8e-8),
     "olmo3_32b_instruct_dpo": functools.partial(_dpo, "olmo3_32b_instruct_dpo", OLMO3_32B, 8192, 1e-6),
-    "olmo3_7b_think_rl": functools.partial(_rl, "olmo3_7b_think_rl", 35_840, THINK_RL, 10_000_000),
-    "olmo3_7b_instruct_rl": functools.partial(_rl, "olmo3_7b_instruct_rl", 11_264, INSTRUCT_RL, 1_024_000),
+    "olmo3_7b_think_rl": functools.partial(_rl, "olmo3_7b_think_rl", OLMO3_7B, 35_840, THINK_RL, 10_000_000),
+    "olmo3_7b_instruct_rl": functools.partial(_rl, "olmo3_7b_instruct_rl", OLMO3_7B, 11_264, INSTRUCT_RL, 1_024_000),
+    "olmo3_32b_think_rl": functools.partial(
+        _rl, "olmo3_32b_think_rl", OLMO3_32B, 35_840, THINK_32B_RL, 10_000_000, 2e-6
+    ),
+    "olmo3_32b_instruct_rl": functools.partial(
+        _rl, "olmo3_32b_instruct_rl", OLMO3_32B, 19_456, INSTRUCT_32B_RL, 10_000_000, 2e-6
+    ),
 }
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.config import ExperimentConfig, ModelConfig
+from olmax.config import ConfigError, ExperimentConfig, ModelConfig
 from olmax.model.olmo3 import ParamSpec, init_params, param_specs
 from olmax.optim import AdamWState, Optimizer, OptState, SkipWindow
 from olmax.sharding import tree_shardings
@@ -30,7 +30,26 @@ class TrainState(NamedTuple):
 
 def param_shardings(model: ModelConfig, mesh: Mesh) -> dict:
     """NamedShardings of the parameters on `mesh`, by the rules table."""
+    _check_fsdp_divides(model, mesh)
     return tree_shardings(param_specs(model), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
+
+
+def _check_fsdp_divides(model: ModelConfig, mesh: Mesh) -> None:
+    """FSDP shards every matrix over its d_model dimension (the rules table's `embed`); a dimension an
+    axis does not divide stays whole (olmax.sharding.logical_to_spec), which for d_model would leave the
+    parameters and both moments whole on every device: refused, naming a layout that divides it. (AI2's
+    32B RL learners, 96 GPUs, partitioned DeepSpeed ZeRO-3 within groups of 32: `--deepspeed_zpg 32`.)"""
+    fsdp, d = mesh.shape["fsdp"], model.d_model
+    if fsdp == 1 or d % fsdp == 0:
+        return
+    replicas = mesh.shape["data"] * fsdp
+    groups = [f for f in range(replicas, 0, -1) if replicas % f == 0 and d % f == 0]
+    raise ConfigError(
+        f"mesh.fsdp={fsdp} does not divide model.d_model={d}, the dimension FSDP shards the parameters over: "
+        f"every device would hold the whole model and optimizer state. Set an fsdp size that divides it, e.g. "
+        f"mesh.data={replicas // groups[0]} mesh.fsdp={groups[0]} (HSDP: parameters sharded within groups of "
+        f"{groups[0]} devices, replicated across {replicas // groups[0]} groups)"
+    )
 
 
 def state_shardings(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
