@@ -329,3 +329,20 @@ def test_32b_dpo_steps_fit_ai2s_h100_layouts():
     r = compile_report(apply_overrides(get_recipe("olmo3_32b_instruct_dpo"), instruct), topology="h100:8x8")
     assert r["mesh"]["fsdp"] == 64 and (r["per_device_batch"], r["accum_steps"]) == (2, 2)
     assert r["attention"] == "cudnn" and r["fits"]
+
+
+@pytest.mark.slow
+def test_32b_rl_train_steps_fit_ai2s_learners():
+    """The 32B RL train steps on AI2's learner GPUs (docs/post-training.md, "Recipes"), xla attention
+    over the packed rows: Instruct's 512 rows of 19,456 on 32 GPUs keep q/k/v in the serial order (as
+    `auto` chose); Think's rows of 35,840 on 96 GPUs, 576 rows (6 per GPU) in HSDP groups of 32 (96 does
+    not divide d_model), fit only with a tensor axis of 2 and whole blocks recomputed."""
+    instruct = ["model.remat=q_proj,k_proj,v_proj", "model.remat_serial=true"]
+    r = compile_report(apply_overrides(get_recipe("olmo3_32b_instruct_rl"), instruct), topology="h100:4x8")
+    assert r["mesh"]["fsdp"] == 32 and (r["per_device_batch"], r["micro_batch"]) == (16, 1)
+    assert r["attention"] == "xla" and r["fits"]
+    think = ["trainer.global_batch=576", "mesh.data=3", "mesh.fsdp=16", "mesh.tensor=2"]
+    think += ["model.remat=full", "model.remat_serial=true"]
+    r = compile_report(apply_overrides(get_recipe("olmo3_32b_think_rl"), think), topology="h100:12x8")
+    assert r["mesh"] == {"data": 3, "fsdp": 16, "context": 1, "tensor": 2} and r["per_device_batch"] == 12
+    assert r["attention"] == "xla" and r["fits"]

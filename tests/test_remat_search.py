@@ -168,7 +168,7 @@ def test_a_step_that_fits_nowhere_names_what_would(monkeypatch):
         choose(cfg)
     message = str(e.value)
     assert message.startswith(
-        "tiny fits on 8 cpu devices under no remat policy, down to recomputing whole blocks (full): "
+        "tiny does not fit on 8 cpu devices under any remat policy, down to recomputing whole blocks (full): "
         "peak 95.00 GiB (serial) > the budget of 90.95 GiB per device; parameters and optimizer state take"
     )
     assert (
@@ -181,6 +181,17 @@ def test_a_step_that_fits_nowhere_names_what_would(monkeypatch):
     assert "- 16 devices instead of 8: 4 instances per device" in message
     # bisection down the ladder (both orders of each set it probes), then the suggestion's one compile
     assert done == [(QKV_CTX_O, False), (QKV_CTX_O, True), (FULL, False), (FULL, True), (FULL, True)]
+
+
+def test_with_every_axis_fixed_the_mesh_suggestions_take_devices_from_fsdp(monkeypatch):
+    """mesh.data=2 mesh.fsdp=4 has no -1 axis to give up devices for a tensor axis of 2: the suggestion
+    halves fsdp with it (as the 32B Think RL step on 96 GPUs needs: docs/post-training.md)."""
+    scripted(monkeypatch, lambda cfg: 95.0)
+    cfg = auto_cfg("trainer.global_batch=64", "mesh.data=2", "mesh.fsdp=4")
+    with pytest.raises(DoesNotFit) as e:
+        choose(cfg)
+    message = str(e.value)
+    assert "- mesh.tensor=2 mesh.fsdp=2: heads and MLP over 2 devices (1 heads each)" in message
 
 
 def test_train_chooses_before_its_first_step_and_a_restart_reads_the_choice(monkeypatch, tmp_path, capsys):

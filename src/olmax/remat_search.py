@@ -255,39 +255,49 @@ def no_fit_message(
                 f"{m * seq // context} tokens per device at a time{estimate(state, m * seq // context)}",
             )
         )
+    fsdp = mesh.shape["fsdp"]
     for axis in ("context", "tensor"):
         size = mesh.shape[axis] * 2
-        try:
-            changed = apply_overrides(cfg, [f"mesh.{axis}={size}"])
-            changed_mesh = make_mesh(changed.mesh, devices)
-            micro = batch_layout(changed, changed_mesh).micro_batch
-            state_after = state_gib(changed, changed_mesh)
-        except ConfigError:  # the axis does not divide the devices, the heads, the sequence or its chunks
+        # with no -1 axis to give up the devices (e.g. mesh.data=3 mesh.fsdp=32), fsdp gives them
+        tries = [[f"mesh.{axis}={size}"]]
+        if cfg.mesh.fsdp > 1 and fsdp % 2 == 0:
+            tries.append([f"mesh.{axis}={size}", f"mesh.fsdp={fsdp // 2}"])
+        for overrides in tries:
+            try:
+                changed = apply_overrides(cfg, overrides)
+                changed_mesh = make_mesh(changed.mesh, devices)
+                micro = batch_layout(changed, changed_mesh).micro_batch
+                state_after = state_gib(changed, changed_mesh)
+                break
+            except ConfigError:  # the axis does not divide the devices, the heads, the sequence or its chunks
+                continue
+        else:
             continue
         if axis == "context" and micro * seq // size < tokens:
             after = micro * seq // size
             what = f"each sequence over {size} devices, {after} tokens per device at a time"
-            options.append((f"mesh.context={size}", what + estimate(state_after, after)))
+            options.append((" ".join(overrides), what + estimate(state_after, after)))
         elif axis == "tensor":
             what = (
                 f"heads and MLP over {size} devices ({cfg.model.n_heads // size} heads each); parameters and "
                 f"optimizer state {state_after:.2f} GiB per device"
             )
-            options.append((f"mesh.tensor={size}", what))
+            options.append((" ".join(overrides), what))
     figure = (
         "the compiler refused it"
         if least is None
         else f"peak {least.peak_gib:.2f} GiB ({_order(least.serial)}) > the budget of {budget:.2f} GiB per device"
     )
     lines = [
-        f"{cfg.name} fits on {where} under no remat policy, down to recomputing whole blocks (full): {figure}; "
+        f"{cfg.name} does not fit on {where} under any remat policy, down to recomputing whole blocks (full): "
+        f"{figure}; "
         f"parameters and optimizer state take {state:.2f} GiB per device. What would fit:"
     ]
     for i, (override, what) in enumerate(options):
         lines.append(f"- {override}: {what}")
         if i == 0:
             serial = least is not None and least.serial
-            checked = with_remat(apply_overrides(cfg, [override]), AUTO_LADDER[-1], serial)
+            checked = with_remat(apply_overrides(cfg, override.split()), AUTO_LADDER[-1], serial)
             c = compile(checked, make_mesh(checked.mesh, devices))
             lines[-1] += f"; checked with model.remat=full ({_order(serial)}): {_figure(c)}"
     if cfg.trainer.global_batch % (2 * layout.batch_shards) == 0:

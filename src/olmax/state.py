@@ -37,8 +37,8 @@ def param_shardings(model: ModelConfig, mesh: Mesh) -> dict:
 def _check_fsdp_divides(model: ModelConfig, mesh: Mesh) -> None:
     """FSDP shards every matrix over its d_model dimension (the rules table's `embed`); a dimension an
     axis does not divide stays whole (olmax.sharding.logical_to_spec), which for d_model would leave the
-    parameters and both moments whole on every device: refused, naming a layout that divides it. (AI2's
-    32B RL learners, 96 GPUs, partitioned DeepSpeed ZeRO-3 within groups of 32: `--deepspeed_zpg 32`.)"""
+    parameters and both moments whole on every device: refused, naming an HSDP layout that divides it
+    (DeepSpeed ZeRO-3, which AI2 ran on 96 GPUs for the 32B RL, pads flattened parameters instead)."""
     fsdp, d = mesh.shape["fsdp"], model.d_model
     if fsdp == 1 or d % fsdp == 0:
         return
