@@ -447,7 +447,8 @@ def test_a_dpo_step_counts_both_rows_of_each_pair():
 @pytest.mark.slow
 def test_32b_think_dpo_fits_on_ironwood_4x4x4():
     """The 32B Think DPO step, 128 pairs of 8,192 tokens, one per chip, keeps the seeds' set but mlp_gate
-    in the compiler's order, as `auto` chose (peak 79.41 GiB; docs/post-training.md, "DPO recipes")."""
+    in the compiler's order, as `auto` chose (peak 79.41 GiB; docs/post-training.md, "DPO in `olmax
+    train`", "Recipes")."""
     remat = "model.remat=" + ",".join(SEEDS_BUT_GATE)
     r = compile_report(apply_overrides(get_recipe("olmo3_32b_think_dpo"), [remat]), topology="tpu7x:4x4x4")
     assert r["mesh"]["fsdp"] == 128 and r["per_device_batch"] == 1

@@ -317,8 +317,8 @@ def test_7b_think_sft_and_dpo_fit_ai2s_64_h100s():
 @pytest.mark.slow
 def test_32b_dpo_steps_fit_ai2s_h100_layouts():
     """The 32B DPO steps (pairs of 8,192 tokens: cuDNN) on the GPUs AI2's scripts name, with the remat
-    `auto` chose for them (docs/post-training.md, "DPO recipes"): Think's 128 pairs on 16 nodes, one per
-    GPU; Instruct's on 8 nodes, two per GPU as two micro-batches of one."""
+    `auto` chose for them (docs/post-training.md, "DPO in `olmax train`", "Recipes"): Think's 128 pairs
+    on 16 nodes, one per GPU; Instruct's on 8 nodes, two per GPU as two micro-batches of one."""
     think = "model.remat=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down"
     r = compile_report(
         apply_overrides(get_recipe("olmo3_32b_think_dpo"), [think, "model.remat_serial=true"]), topology="h100:16x8"

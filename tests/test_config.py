@@ -336,17 +336,22 @@ def test_remat_takes_a_policy_name_or_a_set_of_tags():
 
 
 def test_an_fsdp_axis_that_does_not_divide_d_model_is_refused():
-    """FSDP shards the parameters over d_model: an fsdp axis of 6 cannot split 128, so the parameters
-    would be whole on every device; the layout is refused, naming one that divides it (as 96 GPUs
-    cannot split the 32B's 5120: HSDP in 3 groups of 32)."""
+    """FSDP shards the parameters over d_model: an fsdp axis of 6 cannot split 128, so the training
+    state would be whole on every device; the layout is refused, naming one that divides it (as 96 GPUs
+    cannot split the 32B's 5120: HSDP in 3 groups of 32). Parameters alone (evaluation) are still laid
+    out, what does not divide kept whole."""
     import jax
 
     from olmax.sharding import make_mesh
-    from olmax.state import param_shardings
+    from olmax.state import param_shardings, state_shardings
 
-    model = get_recipe("tiny").model
-    assert model.d_model == 128
+    cfg = get_recipe("tiny")
+    assert cfg.model.d_model == 128
     mesh = make_mesh(config.MeshConfig(data=1, fsdp=-1, tensor=1), jax.devices()[:6])
     with pytest.raises(ConfigError, match=r"mesh.fsdp=6 does not divide model.d_model=128.*mesh.data=3 mesh.fsdp=2"):
-        param_shardings(model, mesh)
-    param_shardings(model, make_mesh(config.MeshConfig(data=3, fsdp=2, tensor=1), jax.devices()[:6]))
+        state_shardings(cfg, mesh)
+    param_shardings(cfg.model, mesh)
+    state_shardings(cfg, make_mesh(config.MeshConfig(data=3, fsdp=2, tensor=1), jax.devices()[:6]))
+    odd = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, d_model=127))
+    with pytest.raises(ConfigError, match=r"mesh.data=3 mesh.fsdp=1 \(data parallelism\)"):
+        state_shardings(odd, make_mesh(config.MeshConfig(data=1, fsdp=-1, tensor=1), jax.devices()[:3]))

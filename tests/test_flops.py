@@ -236,6 +236,11 @@ def test_cli_takes_the_recipes_batch_and_sequence_length(tmp_path):
     assert CliRunner().invoke(app, [str(a) for a in args]).exit_code == 0
     report = json.loads(out.read_text())
     assert (report["per_device_batch"], report["seq_len"]) == (3, 256)
+    # a DPO step's global batch counts pairs, two sequences each: 128 pairs on 128 devices = 2 rows
+    args = ["flops", "--recipe", "olmo3_7b_think_dpo", "--total-devices", "128", "--json", out]
+    assert CliRunner().invoke(app, [str(a) for a in args]).exit_code == 0
+    report = json.loads(out.read_text())
+    assert (report["per_device_batch"], report["tokens_per_step"]) == (2, 2 * 128 * 16384)
 
 
 def test_cli_without_step_time_leaves_mfu_null(tmp_path):

@@ -302,7 +302,7 @@ class RunCheckpoints:
             "devices": jax.device_count(),
             "processes": jax.process_count(),
             "mesh": dict(mesh.shape),
-            "tokens_seen": step * cfg.trainer.global_batch * cfg.data.seq_len,
+            "tokens_seen": step * cfg.rows_per_step * cfg.data.seq_len,
         }
         self._wait(self._writing_step)  # the previous save's write errors surface here, named by its step
         with self._writing(step):

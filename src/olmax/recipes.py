@@ -327,8 +327,9 @@ def _dpo(name: str, model: ModelConfig, seq_len: int, lr: float) -> ExperimentCo
 # response fits a row (pack_length >= prompt + response), so at most one row per response, 64 x 8 = 512
 # per rollout, split over grpo.mini_batches optimizer steps; the RL loop fills the rest with empty rows.
 # One row per device and forward (--per_device_train_batch_size 1). trainer.max_steps: the scripts'
-# --total_episodes / 512 rollouts x mini-batches (Think 10,000,000, Instruct 1,024,000 episodes).
-# The rows are 35,840 / 11,264 tokens, multiples of 1024 but not 2048: splash tiles of 1024.
+# --total_episodes / 512 rollouts x mini-batches (7B Think 10,000,000, 7B Instruct 1,024,000,
+# the 32B's 10,000,000 episodes).
+# The rows are 35,840, 19,456 or 11,264 tokens, multiples of 1024 but not 2048: splash tiles of 1024.
 RL_SPLASH = SplashBlocks(q=1024, kv=1024, kv_compute=1024)
 
 
@@ -358,7 +359,7 @@ def _rl(
 # need 368 GiB (Instruct) and 1,156 GiB (Think) per H100 of a node, while on an Ironwood 4x4x4 slice
 # both whole steps fit one program. So grpo.sample_prompts is left `auto` (the default): the run
 # compiles its rollout on its own devices and samples the most prompts at a time that fit (one node of
-# H100s: Instruct 8, Think 2; Ironwood 4x4x4: all 64; docs/post-training.md, "Recipes").
+# H100s: 7B Instruct 8, 7B Think 2; Ironwood 4x4x4: all 64; docs/post-training.md, "Recipes").
 # Think: 32,768-token responses in 35,840-token rows, TIS capped at 2, one optimizer step per rollout
 # (old log-probs = the step's own), no active sampling.
 THINK_RL = GRPOConfig(max_prompt_len=2048, max_response_len=32_768, tis_cap=2.0, mini_batches=1, template="think")

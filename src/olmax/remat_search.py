@@ -228,7 +228,8 @@ def no_fit_message(
     tokens a device holds at a time."""
     devices = list(mesh.devices.flat)
     layout = batch_layout(cfg, mesh)
-    seq, context = cfg.data.seq_len, mesh.shape["context"]
+    # tokens of one instance of the global batch (a DPO pair is two rows)
+    seq, context = cfg.data.seq_len * cfg.rows_per_step // cfg.trainer.global_batch, mesh.shape["context"]
 
     def state_gib(c: ExperimentConfig, m) -> float:
         with jax.set_mesh(m):

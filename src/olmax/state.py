@@ -30,30 +30,38 @@ class TrainState(NamedTuple):
 
 def param_shardings(model: ModelConfig, mesh: Mesh) -> dict:
     """NamedShardings of the parameters on `mesh`, by the rules table."""
-    _check_fsdp_divides(model, mesh)
     return tree_shardings(param_specs(model), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))
 
 
 def _check_fsdp_divides(model: ModelConfig, mesh: Mesh) -> None:
     """FSDP shards every matrix over its d_model dimension (the rules table's `embed`); a dimension an
     axis does not divide stays whole (olmax.sharding.logical_to_spec), which for d_model would leave the
-    parameters and both moments whole on every device: refused, naming an HSDP layout that divides it
-    (DeepSpeed ZeRO-3, which AI2 ran on 96 GPUs for the 32B RL, pads flattened parameters instead)."""
+    training state unsharded over fsdp: refused, naming an HSDP layout that divides it (DeepSpeed
+    ZeRO-3, which AI2 ran on 96 GPUs for the 32B RL, pads flattened parameters instead). Only the
+    training state: the evaluation and surgery commands, which take no mesh settings, lay parameters
+    alone over all devices and keep what does not divide whole, as before."""
     fsdp, d = mesh.shape["fsdp"], model.d_model
     if fsdp == 1 or d % fsdp == 0:
         return
     replicas = mesh.shape["data"] * fsdp
-    groups = [f for f in range(replicas, 0, -1) if replicas % f == 0 and d % f == 0]
+    group = max(f for f in range(1, replicas + 1) if replicas % f == 0 and d % f == 0)
+    where = "every device" if mesh.shape["tensor"] == 1 else "every device of a tensor group"
+    layout = (
+        f"mesh.data={replicas} mesh.fsdp=1 (data parallelism)"
+        if group == 1
+        else f"mesh.data={replicas // group} mesh.fsdp={group} (HSDP: sharded within groups of {group} devices, "
+        f"replicated across {replicas // group} groups)"
+    )
     raise ConfigError(
         f"mesh.fsdp={fsdp} does not divide model.d_model={d}, the dimension FSDP shards the parameters over: "
-        f"every device would hold the whole model and optimizer state. Set an fsdp size that divides it, e.g. "
-        f"mesh.data={replicas // groups[0]} mesh.fsdp={groups[0]} (HSDP: parameters sharded within groups of "
-        f"{groups[0]} devices, replicated across {replicas // groups[0]} groups)"
+        f"{where} would hold all of the parameters and optimizer state. Set an fsdp size that divides it, "
+        f"e.g. {layout}"
     )
 
 
 def state_shardings(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
     """NamedShardings of the TrainState on `mesh`."""
+    _check_fsdp_divides(cfg.model, mesh)
     params = param_shardings(cfg.model, mesh)
     rep = NamedSharding(mesh, PartitionSpec())
     opt = OptState(AdamWState(rep, params, params), SkipWindow(rep, rep, rep))

@@ -99,7 +99,7 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
     last = rows[-1] if rows else {}
     step = last.get("step", 0)
     step_time = _median(rows, STEP_TIME)
-    tokens_per_step = cfg.trainer.global_batch * cfg.data.seq_len
+    tokens_per_step = cfg.rows_per_step * cfg.data.seq_len
     mfu = _median(rows, MFU)
     if mfu is None and chip is not None and _median(rows, TFLOPS) is not None:
         mfu = _median(rows, TFLOPS) / chip_peak(chip)

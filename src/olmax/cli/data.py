@@ -152,7 +152,8 @@ def data_order_cmd(
     with_tokens: bool = typer.Option(
         False,
         "--with-tokens",
-        help="add each instance's tokens, doc_lens and (data.label_masks) label_mask to the JSON (rank's `instances`)",
+        help="add each instance's tokens, doc_lens and (data.label_masks) label_mask to the JSON (rank's `instances`); "
+        "for DPO pairs, each side's tokens and label_mask",
     ),
     json_out: Optional[Path] = JsonOpt,
 ):
@@ -190,9 +191,11 @@ def data_order_cmd(
         dp_rank=dp_rank,
         with_tokens=with_tokens,
     )
+    unit = "pairs" if report_of is pair_order_report else "instances"
+    dropped = f" ({report['dropped']} dropped: a side with no trained token)" if report.get("dropped") else ""
     typer.echo(
-        f"fingerprint {report['fingerprint']}  {'pairs' if report_of is pair_order_report else 'instances'} "
-        f"{report['instances']}  batches/epoch {report['batches_per_epoch']}"
+        f"fingerprint {report['fingerprint']}  {unit} {report['instances']}{dropped}  "
+        f"batches/epoch {report['batches_per_epoch']}"
     )
     for step in report["steps"]:
         for rank in step["ranks"]:
@@ -210,7 +213,7 @@ def data_order_cmd(
                     f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}"
                     for i, f, o in list(zip(rank["ids"], rank["file"], rank["offset"]))[:4]
                 )
-            more = f", ... ({len(rank['ids'])} instances)" if len(rank["ids"]) > 4 else ""
+            more = f", ... ({len(rank['ids'])} {unit})" if len(rank["ids"]) > 4 else ""
             typer.echo(f"step {step['step']} (batch {step['batch']}) rank {rank['rank']}: {shown}{more}")
     write_json(json_out, report)
 

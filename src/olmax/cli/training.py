@@ -177,7 +177,7 @@ def flops_cmd(
     per_device_batch: Optional[int] = typer.Option(
         None,
         "--per-device-batch",
-        help="sequences per device per step (default: trainer.global_batch / --total-devices)",
+        help="sequences per device per step (default: trainer.global_batch / --total-devices; a DPO pair is 2)",
     ),
     peak: Optional[float] = typer.Option(None, "--peak", help="peak dense bf16 TFLOP/s per device"),
     chip: Optional[str] = ChipOpt,
@@ -191,7 +191,7 @@ def flops_cmd(
 
     exp = resolve_experiment(recipe, config, overrides, {"data.seq_len": seq_len})
     if per_device_batch is None:
-        per_device_batch = per_device_batch_of(exp.trainer.global_batch, total_devices)
+        per_device_batch = per_device_batch_of(exp.rows_per_step, total_devices)
     report = flops_report(
         exp.model,
         seq_len=exp.data.seq_len,
