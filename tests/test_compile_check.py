@@ -454,3 +454,17 @@ def test_32b_think_dpo_fits_on_ironwood_4x4x4():
     assert r["mesh"]["fsdp"] == 128 and r["per_device_batch"] == 1
     assert r["saved"] == SEEDS_BUT_GATE and not r["remat_serial"] and r["fits"]
     assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0
+
+
+@pytest.mark.slow
+def test_32b_rl_fits_on_ironwood_4x4x4():
+    """The 32B RL steps, 512 packed rows, 4 per chip in 4 micro-batches with splash's segmented kernels,
+    with the remat `auto` chose (docs/post-training.md, "GRPO in the train step", "Recipes"): Instruct's
+    rows of 19,456 keep the seeds' set but mlp_gate (peak 84.27 GiB), Think's of 35,840 keep q/k/v
+    (peak 83.11 GiB), both in the compiler's order."""
+    for name, saved in (("olmo3_32b_instruct_rl", SEEDS_BUT_GATE), ("olmo3_32b_think_rl", SEEDS_SET[:3])):
+        remat = "model.remat=" + ",".join(saved)
+        r = compile_report(apply_overrides(get_recipe(name), [remat]), topology="tpu7x:4x4x4")
+        assert r["mesh"]["fsdp"] == 128 and (r["per_device_batch"], r["micro_batch"]) == (4, 1)
+        assert r["saved"] == saved and not r["remat_serial"] and r["fits"]
+        assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0
