@@ -177,7 +177,7 @@ def test_cli_explains_fields():
     blocks = [block.split("\n", 1) for block in re.split(r"\n(?=\S)", run.output.strip())]
     assert [(head, " ".join(body.split())) for head, body in blocks] == [
         ('model.rope_type: str = "yarn"', config_io.field_help(config.ModelConfig)["rope_type"]),
-        ("trainer.max_steps: int = 7", config_io.field_help(config.TrainerConfig)["max_steps"]),
+        ("trainer.max_steps: Optional[int] = 7", config_io.field_help(config.TrainerConfig)["max_steps"]),
     ]
     everything = CliRunner().invoke(app, ["config", "--explain"])  # no recipe: the dataclass defaults
     names = [line.split(":")[0] for line in everything.output.splitlines() if not line.startswith(" ")]

@@ -55,7 +55,7 @@ def _overrides(tmp, data, *extra):
         "data.seq_len=64",
         "trainer.objective=dpo",
         "trainer.global_batch=4",
-        "trainer.max_steps=3",
+        "trainer.max_steps=null",  # the end of the epoch: 12 pairs / 4 = 3 steps
         "trainer.loss_chunk=16",
         "optimizer.z_loss=0",
         "optimizer.weight_decay=0",

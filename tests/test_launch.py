@@ -14,6 +14,7 @@ from slurm_env import slurm_env
 from typer.testing import CliRunner
 
 from olmax.cli import app
+from olmax.config_io import apply_overrides, to_yaml
 from olmax.launch import LaunchError
 from olmax.launch.backends import dry_run, make_backend
 from olmax.launch.plan import make_plan
@@ -38,6 +39,21 @@ def test_layout_keeps_the_global_batch_and_derives_accumulation():
         make_plan("tiny", ["trainer.micro_batch_size=3"], "r", 2)
     assert make_plan("tiny", [], "r", 8, stop_at=8).final_step == 8
     assert make_plan("tiny", [], "r", 8, stop_at=100).final_step == 40  # trainer.max_steps
+
+
+def test_a_run_to_the_end_of_its_epochs_learns_its_final_step_from_the_run(tmp_path):
+    """trainer.max_steps=null: the final step is known once the trainer has opened the data and written
+    it into RUN_DIR/config.yaml; --stop-at still ends it earlier."""
+    epochs = ["trainer.max_steps=null", "schedule.t_max_epochs=1"]
+    plan = make_plan("tiny", epochs, str(tmp_path), 8)
+    assert plan.final_step is None and plan.final() is None
+    assert "until a complete checkpoint of the last step (the end of the data's epochs)" in dry_run(
+        make_backend("local", plan, {}), plan, resume=True
+    )
+    (tmp_path / "config.yaml").write_text(to_yaml(apply_overrides(plan.resolve(), ["trainer.max_steps=15"])))
+    assert plan.final() == 15
+    assert make_plan("tiny", epochs, str(tmp_path), 8, stop_at=9).final() == 9
+    assert make_plan("tiny", epochs, str(tmp_path), 8, stop_at=90).final() == 15
 
 
 def test_local_command_round_trips_through_a_shell(tmp_path):

@@ -1,16 +1,22 @@
 """LR schedules: the stage-1 check values of docs/reference.md, OLMo-core's scheduler classes step by step,
 and a horizon of one epoch of the run's data."""
 
+import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
 from reference_values import STAGE1_LR
 from small_run import small_config
+from typer.testing import CliRunner
 
+from olmax.cli import app
 from olmax.config import ConfigError, ScheduleConfig
+from olmax.config_io import to_yaml
 from olmax.data.loader import build_source
+from olmax.exits import ExitStatus, read_record
 from olmax.schedules import make_schedule, steps_for_tokens
+from olmax.status import MetricsReader, read_config, run_status
 from olmax.train import train
 
 STAGE1_TOKENS_PER_STEP = 512 * 8192  # 4,194,304
@@ -87,16 +93,16 @@ def test_a_run_with_an_epoch_horizon_follows_the_cosine_of_its_epoch(tmp_path):
     """OLMo-core 3.0.0's trainer turns Duration.epochs(1) into max_steps = its loader's total_batches,
     the whole global batches in the epoch (instances // global batch), and the scheduler's t_max is that.
     A tiny run with schedule.t_max_epochs=1 logs the LR curve of that explicit horizon in tokens, and
-    neither the curve one step either side nor that of a horizon of the steps run. A trainer.max_steps
-    short of the horizon is refused (the run would end early without a word); --stop-at ends it early."""
+    neither the curve one step either side nor that of a horizon of the steps run. The run ends at
+    trainer.max_steps, here short of the horizon, as AI2's 32B stage 1 stopped at step 656,000 of its
+    epoch's cosine."""
     cfg = small_config(tmp_path, "data.paths=[demo:heldout]", "schedule.t_max_epochs=1")
     tokens = cfg.trainer.global_batch * cfg.data.seq_len
     epoch = len(build_source(cfg.data)) // cfg.trainer.global_batch
-    with pytest.raises(ConfigError, match=f"set trainer.max_steps={epoch} "):
-        train(cfg, tmp_path / "short", progress=False)
     steps = cfg.trainer.max_steps
-    cfg = replace(cfg, trainer=replace(cfg.trainer, max_steps=epoch))
-    logged = [row["optim/LR"] for row in train(cfg, tmp_path / "run", progress=False, stop_at=steps)]
+    assert steps < epoch
+    logged = [row["optim/LR"] for row in train(cfg, tmp_path / "run", progress=False)]
+    assert len(logged) == steps
 
     def curve(t_max_tokens):
         schedule = replace(cfg.schedule, t_max_epochs=None, t_max_tokens=t_max_tokens)
@@ -106,6 +112,30 @@ def test_a_run_with_an_epoch_horizon_follows_the_cosine_of_its_epoch(tmp_path):
     assert logged == pytest.approx(curve(epoch * tokens), rel=1e-6)
     for other in (epoch - 1, epoch + 1, steps):
         assert logged != pytest.approx(curve(other * tokens), rel=1e-6), other
+
+
+def test_a_run_to_the_end_of_its_epochs_stops_there_and_resumes_to_it(tmp_path):
+    """trainer.max_steps=null, the SFT and DPO recipes' end: the run stops after schedule.t_max_epochs x
+    the whole global batches in an epoch (OLMo-core's Duration.epochs), counted once the data is open;
+    the run's config.yaml records that step for olmax status, the launcher and the CLI, and a resume
+    (here the CLI's, which must record the run as done, not preempted) counts the same end."""
+    tokens = tmp_path / "part-0.npy"  # 5 global batches and a bit of 8 x 64 tokens
+    np.random.default_rng(0).integers(0, 1000, size=8 * 64 * 5 + 100).astype(np.uint32).tofile(tokens)
+    overrides = [f"data.paths=[{tokens}]", "schedule.t_max_epochs=1", "trainer.max_steps=null", "eval.every=0"]
+    cfg = small_config(tmp_path, *overrides)
+    epoch = len(build_source(cfg.data)) // cfg.trainer.global_batch
+    assert epoch == 5
+    run = tmp_path / "run"
+    first = train(cfg, run, progress=False, stop_at=3)
+    assert read_config(str(run)).trainer.max_steps == epoch
+    (tmp_path / "run.yaml").write_text(to_yaml(cfg))
+    out = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "run.yaml"), "--run-dir", str(run)])
+    assert out.exit_code == 0, out.output
+    assert read_record(str(run))["status"] == ExitStatus.DONE
+    rest = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][len(first) :]
+    assert [row["step"] for row in first + rest] == list(range(1, epoch + 1))
+    assert train(cfg, run, progress=False) == []
+    assert run_status(str(run), MetricsReader(str(run), window=3))["total_steps"] == epoch
 
 
 def test_horizon_inside_the_warmup_stays_in_warmup():

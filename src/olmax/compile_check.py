@@ -199,9 +199,9 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
         if cfg.trainer.objective == "grpo":  # global_batch packed rollout rows (train_step.check_grpo_batch)
             batch = grpo_batch(cfg, rows)
         t0 = time.perf_counter()
-        # No data is read here, so an epoch horizon (schedule.t_max_epochs) counts trainer.max_steps batches
-        # per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.
-        lowered = make_train_step(cfg, mesh, epoch_batches=cfg.trainer.max_steps).lower(state, batch)
+        # No data is read here, so an epoch horizon (schedule.t_max_epochs) counts trainer.max_steps (or one)
+        # batches per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.
+        lowered = make_train_step(cfg, mesh, epoch_batches=cfg.trainer.max_steps or 1).lower(state, batch)
         t1 = time.perf_counter()
         compiled = compile_lowered(lowered, options, f"{cfg.name} does not fit on {where}", platform)
         t2 = time.perf_counter()

@@ -385,8 +385,11 @@ class TrainerConfig:
     loss_chunk: int = 0
     """Sequence positions per chunk of the output layer + cross-entropy, so the full fp32 logits are never
     materialised (recomputed in the backward pass); 0 = one chunk. Must divide data.seq_len."""
-    max_steps: int = 1000
-    """The last step of the run (and the schedule's horizon when it has no token horizon)."""
+    max_steps: Optional[int] = 1000
+    """The last step of the run (and the schedule's horizon when it has no token or epoch horizon); null =
+    the end of the schedule's epoch horizon (schedule.t_max_epochs x the global batches in an epoch, as
+    OLMo-core's Duration.epochs ends a run), counted when the run opens its data and written to the run's
+    config.yaml."""
     log_every: int = 1
     """A plain progress line every N steps when not on a terminal (metrics.jsonl has every step)."""
     seed: int = 0
@@ -410,7 +413,9 @@ class TrainerConfig:
     def __post_init__(self):
         # Whether the batch splits over the devices is the trainer's check (olmax.train_step.batch_layout).
         check_choice("trainer.objective", self.objective, OBJECTIVES)
-        check_positive("trainer", self, "global_batch", "max_steps", "log_every")
+        check_positive("trainer", self, "global_batch", "log_every")
+        if self.max_steps is not None:
+            check_positive("trainer", self, "max_steps")
         check_non_negative("trainer", self, "loss_chunk")
         if self.micro_batch_size is not None:
             check_positive("trainer", self, "micro_batch_size")
@@ -503,6 +508,11 @@ class ExperimentConfig:
             raise ConfigError(f"trainer.loss_chunk={chunk} does not divide data.seq_len={seq_len}")
         if self.mesh.context > 1:  # -1 (the rest of the devices) is checked when the mesh is built
             check_context(self, self.mesh.context)
+        if self.trainer.max_steps is None and self.schedule.t_max_epochs is None:
+            raise ConfigError(
+                "trainer.max_steps=null ends the run at the schedule's epoch horizon, which needs "
+                "schedule.t_max_epochs: set that, or trainer.max_steps to a number of steps"
+            )
         model, data = self.model, self.data
         if data.doc_masking and model.attention not in ("auto", *MASKING_BACKENDS):
             raise ConfigError(

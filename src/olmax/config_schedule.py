@@ -28,7 +28,8 @@ class ScheduleConfig:
     """Horizon in tokens (OLMo-core style; steps = ceil(tokens / tokens per step)); None = trainer.max_steps."""
     t_max_epochs: Optional[int] = None
     """Horizon in epochs of the training data (OLMo-core's Duration.epochs): steps = epochs x the whole
-    global batches in one epoch, counted when the run opens its data. A run stops at trainer.max_steps."""
+    global batches in one epoch, counted when the run opens its data. A run stops at trainer.max_steps (null: at this
+    horizon's end)."""
     switch_step: int = 0
     """stitched_cosine: the first step under the second scheduler, OLMo-core's
     HalfCosWithWarmup(warmup=half_cos_warmup, t_max=final_t_max_tokens); the steps before it follow the

@@ -34,6 +34,7 @@ from olmax.data.tokenize import MANIFEST
 from olmax.demo import run_demo
 from olmax.metrics import LOSS_METRIC, read_metrics
 from olmax.recipes import get_recipe
+from olmax.status import read_config
 from olmax.train import train
 
 TEMPLATE = "instruct"
@@ -93,9 +94,11 @@ def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: S
     train(cfg, run_dir, progress=progress)
     rows = read_metrics(run_dir)
     reached = rows[-1]["step"] if rows else 0
-    if reached < cfg.trainer.max_steps:
+    # trainer.max_steps=null: the end of the data's epochs, which the run wrote into its config.yaml
+    last = cfg.trainer.max_steps or read_config(str(run_dir)).trainer.max_steps
+    if reached < last:
         raise StageStopped(
-            f"{run_dir.name} stage stopped at step {reached} of {cfg.trainer.max_steps} (preempted?); "
+            f"{run_dir.name} stage stopped at step {reached} of {last} (preempted?); "
             f"rerun `olmax demo chat --run-dir {run_dir.parent}` to resume it"
         )
     loss = LOSS_METRIC[cfg.trainer.objective]

@@ -262,8 +262,8 @@ def _olmo3_32b_stage3() -> ExperimentConfig:
 # weight decay 0, clip 1.0, no z-loss, LinearWithWarmup(warmup_fraction=0.03, alpha_f=0) over 2 epochs
 # (--trainer.max_duration.value=2), from the long-context checkpoint (YaRN factor 8 on the full-attention
 # layers). Per step: 7B 1,048,576 tokens = 32 instances, 32B 4,194,304 = 128. Learning rates: 7B Think
-# 5e-5, 7B Instruct 8e-5, 32B Think 1e-4, 32B Instruct 8e-5. The horizon is 2 epochs of the data
-# (schedule.t_max_epochs); trainer.max_steps must be set to it: 2 x `batches_per_epoch` of
+# 5e-5, 7B Instruct 8e-5, 32B Think 1e-4, 32B Instruct 8e-5. The schedule's horizon and the run's end
+# are 2 epochs of the data (schedule.t_max_epochs, trainer.max_steps=null): 2 x `batches_per_epoch` of
 # `olmax data order` (docs/post-training.md; memory on AI2's 64 H100s measured there). The loss is
 # normalised as OLMo-core's train module does it, per data-parallel rank of AI2's runs (7B Think: 64
 # H100s with context parallel 2 = 32 ranks of one instance; 7B Instruct: 32 H100s = 16 ranks of two);
@@ -282,7 +282,7 @@ def _sft(
         data=SFT_DATA,
         optimizer=OptimizerConfig(lr=lr, weight_decay=0.0, z_loss=0.0),  # b1 0.9, b2 0.95, clip 1.0: the defaults
         schedule=SFT_SCHEDULE,
-        trainer=TrainerConfig(global_batch=global_batch, max_steps=1, **FIT, **per_rank),
+        trainer=TrainerConfig(global_batch=global_batch, max_steps=None, **FIT, **per_rank),
         mesh=MeshConfig(data=1, fsdp=-1, context=context, tensor=1),
     )
 
@@ -296,7 +296,7 @@ def _sft(
 # over 7e-8, 8e-8 and 9e-8 in one script (which the release kept is not in it: the middle one here);
 # Instruct 1 pair x 2 accumulation steps x 64 GPUs (8 nodes), lr 1e-6. Clipping at 1.0 is olmax's
 # default (not checked against the release scripts); no skip-step (plain AdamW). Start from the SFT
-# checkpoint (checkpoint.init_from) and set trainer.max_steps to one epoch, `batches_per_epoch` pairs / 128.
+# checkpoint (checkpoint.init_from); the run ends after one epoch of the pairs (trainer.max_steps=null).
 DPO_SCHEDULE = ScheduleConfig(name="linear", warmup_steps=0, warmup_fraction=0.1, alpha_f=0.0, t_max_epochs=1)
 
 
@@ -308,7 +308,7 @@ def _dpo(name: str, model: ModelConfig, seq_len: int, lr: float) -> ExperimentCo
         optimizer=OptimizerConfig(lr=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, z_loss=0.0, skip_step=False),
         schedule=DPO_SCHEDULE,
         # one pair (two sequences) per device and forward, as AI2 ran it
-        trainer=TrainerConfig(global_batch=128, micro_batch_size=1, loss_chunk=1024, max_steps=1, objective="dpo"),
+        trainer=TrainerConfig(global_batch=128, micro_batch_size=1, loss_chunk=1024, max_steps=None, objective="dpo"),
         mesh=MeshConfig(data=1, fsdp=-1, context=1, tensor=1),
         dpo=DPOConfig(loss_type="dpo_norm", beta=5.0),
     )

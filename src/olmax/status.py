@@ -95,6 +95,7 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
     run_dir = runpath.clean(run_dir)
     cfg = read_config(run_dir)
     reader.refresh()
+    # None while a run that ends with its data's epochs has not opened the data yet (trainer.max_steps=null)
     rows, total = reader.rows, cfg.trainer.max_steps
     last = rows[-1] if rows else {}
     step = last.get("step", 0)
@@ -114,11 +115,11 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
         "total_steps": total,
         "progress": step / total if total else None,
         "tokens": last.get(TOKENS),
-        "total_tokens": total * tokens_per_step,
+        "total_tokens": total and total * tokens_per_step,
         "step_time_s": step_time,
         "tokens_per_s": tokens_per_step / step_time if step_time else None,
         "mfu": mfu,
-        "eta_s": (total - step) * step_time if step_time else None,
+        "eta_s": (total - step) * step_time if step_time and total else None,
         "loss_name": loss.removeprefix("train/"),
         "loss": losses[-1] if losses else None,
         "loss_smoothed": statistics.fmean(losses) if losses else None,
@@ -190,7 +191,7 @@ def format_status(s: dict) -> str:
 
     lines = [
         f"run {s['run_dir']} ({s['name']})",
-        f"step {s['step']:,} / {s['total_steps']:,} ({num(s['progress'] and 100 * s['progress'], '{:.1f}')}%), "
+        f"step {s['step']:,} / {num(s['total_steps'])} ({num(s['progress'] and 100 * s['progress'], '{:.1f}')}%), "
         f"tokens {num(s['tokens'])} / {num(s['total_tokens'])}",
         f"recent (median of {s['window']} steps): {num(s['step_time_s'], '{:.3f}')} s/step, "
         f"{num(s['tokens_per_s'])} tokens/s, MFU {num(s['mfu'] and 100 * s['mfu'], '{:.1f}')}%, "

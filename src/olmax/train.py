@@ -9,6 +9,7 @@ steps and the loader state after N batches, so a resumed run continues with the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import signal
 import threading
@@ -71,7 +72,7 @@ def train(
     given = cfg  # config.yaml keeps model.remat=auto as given: a resume on other devices chooses again
     if cfg.model.remat == AUTO:
         cfg = _choose_remat(cfg, mesh, run_dir)
-    last = last_step(cfg, stop_at)
+    last = last_step(cfg, stop_at)  # None while the end is the data's epoch horizon (trainer.max_steps=null)
     ckpts = RunCheckpoints(run_checkpoint_dir(cfg, run_dir), cfg, allow_config_change=allow_config_change)
     rows = []
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
@@ -88,7 +89,7 @@ def train(
         else:
             state, data_state = restored
         start = int(state.step)
-        if start >= last:
+        if last is not None and start >= last:
             ckpts.close()
             return rows
         # One process reads the whole global batch; with several, each reads its ranks' rows.
@@ -131,8 +132,11 @@ def train(
                 state=data_state,
                 allow_fingerprint_mismatch=allow_data_change,
             )
-        # after the loader: an epoch horizon (schedule.t_max_epochs) counts the batches of its epoch
-        check_epoch_horizon(cfg, loader.batches_per_epoch)
+        if cfg.trainer.max_steps is None:  # the epoch horizon's end, known now that the data is open
+            cfg = ends_with_epochs(cfg, loader.batches_per_epoch)
+            last = last_step(cfg, stop_at)
+            if restored is None and jax.process_index() == 0:  # for olmax status, the launcher and the CLI
+                runpath.write_text(run_dir, "config.yaml", to_yaml(ends_with_epochs(given, loader.batches_per_epoch)))
         step_fn = make_train_step(cfg, mesh, epoch_batches=loader.batches_per_epoch)
         to_global = batch_sharding(cfg, mesh)
         if dpo_run:
@@ -219,19 +223,14 @@ def _pair_loader(
     )
 
 
-def check_epoch_horizon(cfg: ExperimentConfig, batches_per_epoch: int) -> None:
-    """A run whose schedule spans epochs of its data (OLMo-core's Duration.epochs, as AI2's SFT ran)
-    ends at that horizon, which only the data can tell: trainer.max_steps must reach it, else the run
-    would stop early without a word (the SFT recipes cannot know the user's data). Stopping earlier on
-    purpose is --stop-at."""
-    epochs = cfg.schedule.t_max_epochs
-    if epochs is None or cfg.trainer.max_steps >= epochs * batches_per_epoch:
-        return
-    raise ConfigError(
-        f"schedule.t_max_epochs={epochs} spans {epochs} x {batches_per_epoch:,} = {epochs * batches_per_epoch:,} "
-        f"steps of this data, but trainer.max_steps={cfg.trainer.max_steps:,} would end the run before it: "
-        f"set trainer.max_steps={epochs * batches_per_epoch} (to stop earlier on purpose, add --stop-at)"
-    )
+def ends_with_epochs(cfg: ExperimentConfig, batches_per_epoch: int) -> ExperimentConfig:
+    """`cfg` with trainer.max_steps=null made the end of its epoch horizon, schedule.t_max_epochs x the
+    data's whole global batches per epoch: OLMo-core 3.0.0's trainer ends a Duration.epochs run there
+    (olmo_core/train/trainer.py, `_get_max_steps`), as AI2's SFT and open-instruct's DPO ran."""
+    if cfg.trainer.max_steps is not None:
+        return cfg
+    steps = cfg.schedule.t_max_epochs * batches_per_epoch
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, max_steps=steps))
 
 
 def _choose_remat(cfg: ExperimentConfig, mesh, run_dir: str) -> ExperimentConfig:
@@ -258,9 +257,10 @@ def _choose_remat(cfg: ExperimentConfig, mesh, run_dir: str) -> ExperimentConfig
     return with_remat(cfg, *picks[int(multihost_utils.broadcast_one_to_all(np.int32(mine)))])
 
 
-def last_step(cfg: ExperimentConfig, stop_at: Optional[int] = None) -> int:
-    """The step a run of `cfg` ends after: trainer.max_steps, or `stop_at` when that is earlier."""
-    return cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
+def last_step(cfg: ExperimentConfig, stop_at: Optional[int] = None) -> Optional[int]:
+    """The step a run of `cfg` ends after: trainer.max_steps, or `stop_at` when that is earlier; None
+    when neither is known yet (trainer.max_steps=null before the data is open: `ends_with_epochs`)."""
+    return min((s for s in (cfg.trainer.max_steps, stop_at) if s is not None), default=None)
 
 
 def record_exit(run_dir: str | Path, status: ExitStatus, message: str) -> None:

@@ -24,7 +24,8 @@ def dry_run(backend, plan: LaunchPlan, *, resume: bool) -> str:
     quoted for a POSIX shell. With `resume`, the commands of the first attempt."""
     lines = [f"# {backend.name}: {plan.layout.describe()}"]
     if resume:
-        lines.append(f"# resume-until-done until a complete checkpoint of step {plan.final_step}; attempt 1 runs:")
+        final = f"step {plan.final_step}" if plan.final_step else "the last step (the end of the data's epochs)"
+        lines.append(f"# resume-until-done until a complete checkpoint of {final}; attempt 1 runs:")
     for path, content in backend.files().items():
         lines += [f"# file {path}:", content.rstrip("\n"), "# end of file"]
     steps = backend.attempt_steps(1) if resume else backend.launch_steps()

@@ -96,7 +96,9 @@ class LaunchPlan:
     overrides: tuple[str, ...]
     run_dir: str
     stop_at: Optional[int]
-    final_step: int  # the run is done when a complete checkpoint of this step exists
+    # the run is done when a complete checkpoint of this step exists; None: trainer.max_steps=null, the end
+    # of the data's epochs, which the trainer writes into RUN_DIR/config.yaml (`final`)
+    final_step: Optional[int]
     layout: Layout
     options: TrainOptions = TrainOptions()
 
@@ -104,6 +106,19 @@ class LaunchPlan:
     def env(self) -> dict[str, str]:
         """The extra environment of the trainer processes (--env)."""
         return dict(self.options.env)
+
+    def final(self) -> Optional[int]:
+        """The final step: final_step, else the end of the data's epochs that the trainer wrote into
+        RUN_DIR/config.yaml when it opened the data (or --stop-at when earlier); None until then."""
+        if self.final_step is not None:
+            return self.final_step
+        from olmax.runpath import join, size
+        from olmax.status import read_config
+
+        if size(join(self.run_dir, "config.yaml")) is None:
+            return None
+        written = read_config(self.run_dir).trainer.max_steps
+        return min(s for s in (self.stop_at, written) if s) if written else None
 
     def resolve(self):
         """The experiment config the trainer will run."""
@@ -146,7 +161,7 @@ def make_plan(
         resolve_peak(None, options.chip)  # an unknown chip is refused here, not on the cluster
     plan = LaunchPlan(recipe, tuple(overrides), str(run_dir), stop_at, 0, None, options)  # type: ignore[arg-type]
     cfg = plan.resolve()
-    final = cfg.trainer.max_steps if stop_at is None else min(stop_at, cfg.trainer.max_steps)
+    final = None if cfg.trainer.max_steps is None else min(s for s in (stop_at, cfg.trainer.max_steps) if s)
     return dataclasses.replace(plan, final_step=final, layout=batch_layout_for(cfg, total_devices))
 
 

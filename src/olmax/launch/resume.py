@@ -258,10 +258,15 @@ def resume_until_done(
         log.close()
 
 
+def _final_name(plan: LaunchPlan) -> str:
+    final = plan.final()
+    return "the end of the data's epochs (trainer.max_steps=null, not yet counted)" if final is None else str(final)
+
+
 def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local: Path) -> int:
     """The loop; `local`: where the lock, the launch log and the attempt logs are (launch_dir)."""
     log(
-        f"resume-until-done, {backend.name}: {plan.layout.describe()}; final step {plan.final_step}; "
+        f"resume-until-done, {backend.name}: {plan.layout.describe()}; final step {_final_name(plan)}; "
         f"max retries {policy.max_retries}, backoff {policy.backoff_s:g} s"
     )
     state = LaunchState.load(plan.run_dir)
@@ -269,8 +274,9 @@ def _attempts(backend, plan, policy, runner: _Runner, log, newest, sleep, local:
     outcome = None  # the previous attempt's, once there is one
     step = newest()
     while True:
-        if step >= plan.final_step:
-            log(f"done: complete checkpoint at step {step} (final step {plan.final_step}) after {attempt} attempt(s)")
+        final = plan.final()
+        if final is not None and step >= final:
+            log(f"done: complete checkpoint at step {step} (final step {final}) after {attempt} attempt(s)")
             return ExitStatus.DONE
         if failures > policy.max_retries:
             log(
