@@ -72,7 +72,8 @@ def test_a_stage_that_stopped_early_stops_the_demo(tmp_path, monkeypatch):
 def test_demo_chat_runs_every_stage_and_rl_teaches_what_the_verifier_reads(tmp_path, monkeypatch):
     """The whole demo (about 20 minutes on 2 cores): SFT teaches some sums, stated in words as most of
     its demonstrations are; RL, rewarded by the math verifier, teaches the model to box them, on
-    held-out prompts too (held-out solved 0 -> 9 here, measured; 0 -> 15 from the CLI on one device)."""
+    held-out prompts too (held-out solved 0 -> 9 here, measured; 0 -> 15 from the CLI on one device).
+    Not robust: on 2026-12-04 it failed (RL 8 of 79 boxed, 0 -> 1 solved; docs/post-training.md)."""
     from olmax.demo_chat import run_chat_demo
 
     monkeypatch.setenv("OLMAX_CACHE", str(tmp_path / "cache"))
