@@ -37,8 +37,8 @@ def test_layout_keeps_the_global_batch_and_derives_accumulation():
         make_plan("tiny", [], "r", 3)
     with pytest.raises(LaunchError, match=r"trainer.micro_batch_size=3 does not divide"):
         make_plan("tiny", ["trainer.micro_batch_size=3"], "r", 2)
-    assert make_plan("tiny", [], "r", 8, stop_at=8).final_step == 8
-    assert make_plan("tiny", [], "r", 8, stop_at=100).final_step == 40  # trainer.max_steps
+    assert make_plan("tiny", [], "r", 8, stop_at=8).final() == 8
+    assert make_plan("tiny", [], "r", 8, stop_at=100).final() == 40  # trainer.max_steps
 
 
 def test_a_run_to_the_end_of_its_epochs_learns_its_final_step_from_the_run(tmp_path):
@@ -46,7 +46,7 @@ def test_a_run_to_the_end_of_its_epochs_learns_its_final_step_from_the_run(tmp_p
     it into RUN_DIR/config.yaml; --stop-at still ends it earlier."""
     epochs = ["trainer.max_steps=null", "schedule.t_max_epochs=1"]
     plan = make_plan("tiny", epochs, str(tmp_path), 8)
-    assert plan.final_step is None and plan.final() is None
+    assert plan.final() is None
     assert "until a complete checkpoint of the last step (the end of the data's epochs)" in dry_run(
         make_backend("local", plan, {}), plan, resume=True
     )

@@ -34,7 +34,7 @@ from olmax.data.tokenize import MANIFEST
 from olmax.demo import run_demo
 from olmax.metrics import LOSS_METRIC, read_metrics
 from olmax.recipes import get_recipe
-from olmax.status import read_config
+from olmax.status import run_last_step
 from olmax.train import train
 
 TEMPLATE = "instruct"
@@ -94,8 +94,7 @@ def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: S
     train(cfg, run_dir, progress=progress)
     rows = read_metrics(run_dir)
     reached = rows[-1]["step"] if rows else 0
-    # trainer.max_steps=null: the end of the data's epochs, which the run wrote into its config.yaml
-    last = cfg.trainer.max_steps or read_config(str(run_dir)).trainer.max_steps
+    last = run_last_step(str(run_dir), cfg)
     if reached < last:
         raise StageStopped(
             f"{run_dir.name} stage stopped at step {reached} of {last} (preempted?); "

@@ -87,6 +87,20 @@ def read_config(run_dir: str) -> ExperimentConfig:
     return from_dict(yaml.safe_load(text), ExperimentConfig)
 
 
+def last_step(cfg: ExperimentConfig, stop_at: Optional[int] = None) -> Optional[int]:
+    """The step a run of `cfg` ends after: trainer.max_steps, or `stop_at` when that is earlier; None
+    when neither is known yet (trainer.max_steps=null before the run has opened its data)."""
+    return min((s for s in (cfg.trainer.max_steps, stop_at) if s is not None), default=None)
+
+
+def run_last_step(run_dir: str, cfg: ExperimentConfig, stop_at: Optional[int] = None) -> Optional[int]:
+    """`last_step` of the run in `run_dir` started from `cfg`: with trainer.max_steps=null, that of the
+    run's config.yaml, where `olmax train` wrote the end of the data's epochs when it opened the data."""
+    if cfg.trainer.max_steps is None and runpath.size(runpath.join(run_dir, "config.yaml")) is not None:
+        cfg = read_config(run_dir)
+    return last_step(cfg, stop_at)
+
+
 def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = None) -> dict:
     """The status of the run in `run_dir` (figures in the module docstring); None where unknown."""
     from olmax.checkpoint import run_checkpoint_dir

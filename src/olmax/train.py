@@ -42,6 +42,7 @@ from olmax.remat_search import describe_devices, with_remat
 from olmax.rollout.batches import RolloutBatches, prompt_set
 from olmax.sharding import make_mesh, place
 from olmax.state import abstract_state, init_train_state, param_shardings
+from olmax.status import last_step
 from olmax.surgery import is_warm_start, load_warm_start
 from olmax.train_step import batch_layout, batch_sharding, make_train_step
 
@@ -227,8 +228,6 @@ def ends_with_epochs(cfg: ExperimentConfig, batches_per_epoch: int) -> Experimen
     """`cfg` with trainer.max_steps=null made the end of its epoch horizon, schedule.t_max_epochs x the
     data's whole global batches per epoch: OLMo-core 3.0.0's trainer ends a Duration.epochs run there
     (olmo_core/train/trainer.py, `_get_max_steps`), as AI2's SFT and open-instruct's DPO ran."""
-    if cfg.trainer.max_steps is not None:
-        return cfg
     steps = cfg.schedule.t_max_epochs * batches_per_epoch
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, max_steps=steps))
 
@@ -255,12 +254,6 @@ def _choose_remat(cfg: ExperimentConfig, mesh, run_dir: str) -> ExperimentConfig
     picks = [(remat, serial) for remat in AUTO_LADDER for serial in (False, True)]
     mine = picks.index((choice.model.remat, choice.model.remat_serial))
     return with_remat(cfg, *picks[int(multihost_utils.broadcast_one_to_all(np.int32(mine)))])
-
-
-def last_step(cfg: ExperimentConfig, stop_at: Optional[int] = None) -> Optional[int]:
-    """The step a run of `cfg` ends after: trainer.max_steps, or `stop_at` when that is earlier; None
-    when neither is known yet (trainer.max_steps=null before the data is open: `ends_with_epochs`)."""
-    return min((s for s in (cfg.trainer.max_steps, stop_at) if s is not None), default=None)
 
 
 def record_exit(run_dir: str | Path, status: ExitStatus, message: str) -> None:

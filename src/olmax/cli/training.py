@@ -95,8 +95,8 @@ def train_cmd(
     from olmax import runpath
     from olmax.exits import RECORD_FILE, ExitStatus, status_of
     from olmax.flops import resolve_peak
-    from olmax.status import read_config
-    from olmax.train import last_step, record_exit, train
+    from olmax.status import run_last_step
+    from olmax.train import record_exit, train
 
     try:
         if jax.process_index() == 0:  # the previous trainer's record would read as this one's (olmax status)
@@ -117,8 +117,7 @@ def train_cmd(
         if status is ExitStatus.CRASHED:
             raise  # with its traceback; Python exits 1
         raise typer.Exit(status) from None
-    # trainer.max_steps=null: the run wrote the end of its epochs into its config.yaml
-    last = last_step(cfg if cfg.trainer.max_steps is not None else read_config(str(run_dir)), stop_at)
+    last = run_last_step(str(run_dir), cfg, stop_at)
     status = ExitStatus.PREEMPTED if rows and last is not None and rows[-1]["step"] < last else ExitStatus.DONE
     record_exit(run_dir, status, f"stopped after step {rows[-1]['step']} of {last}" if rows else "")
     if rows:

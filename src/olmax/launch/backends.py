@@ -24,7 +24,8 @@ def dry_run(backend, plan: LaunchPlan, *, resume: bool) -> str:
     quoted for a POSIX shell. With `resume`, the commands of the first attempt."""
     lines = [f"# {backend.name}: {plan.layout.describe()}"]
     if resume:
-        final = f"step {plan.final_step}" if plan.final_step else "the last step (the end of the data's epochs)"
+        final = plan.final()
+        final = "the last step (the end of the data's epochs)" if final is None else f"step {final}"
         lines.append(f"# resume-until-done until a complete checkpoint of {final}; attempt 1 runs:")
     for path, content in backend.files().items():
         lines += [f"# file {path}:", content.rstrip("\n"), "# end of file"]

@@ -96,9 +96,6 @@ class LaunchPlan:
     overrides: tuple[str, ...]
     run_dir: str
     stop_at: Optional[int]
-    # the run is done when a complete checkpoint of this step exists; None: trainer.max_steps=null, the end
-    # of the data's epochs, which the trainer writes into RUN_DIR/config.yaml (`final`)
-    final_step: Optional[int]
     layout: Layout
     options: TrainOptions = TrainOptions()
 
@@ -108,17 +105,12 @@ class LaunchPlan:
         return dict(self.options.env)
 
     def final(self) -> Optional[int]:
-        """The final step: final_step, else the end of the data's epochs that the trainer wrote into
-        RUN_DIR/config.yaml when it opened the data (or --stop-at when earlier); None until then."""
-        if self.final_step is not None:
-            return self.final_step
-        from olmax.runpath import join, size
-        from olmax.status import read_config
+        """The step the run is done at, once a complete checkpoint of it exists: trainer.max_steps or
+        --stop-at; with trainer.max_steps=null, the end of the data's epochs, which the trainer writes into
+        RUN_DIR/config.yaml when it opens the data (None until then, without --stop-at)."""
+        from olmax.status import run_last_step
 
-        if size(join(self.run_dir, "config.yaml")) is None:
-            return None
-        written = read_config(self.run_dir).trainer.max_steps
-        return min(s for s in (self.stop_at, written) if s) if written else None
+        return run_last_step(self.run_dir, self.resolve(), self.stop_at)
 
     def resolve(self):
         """The experiment config the trainer will run."""
@@ -159,10 +151,9 @@ def make_plan(
         from olmax.flops import resolve_peak
 
         resolve_peak(None, options.chip)  # an unknown chip is refused here, not on the cluster
-    plan = LaunchPlan(recipe, tuple(overrides), str(run_dir), stop_at, 0, None, options)  # type: ignore[arg-type]
+    plan = LaunchPlan(recipe, tuple(overrides), str(run_dir), stop_at, None, options)  # type: ignore[arg-type]
     cfg = plan.resolve()
-    final = None if cfg.trainer.max_steps is None else min(s for s in (stop_at, cfg.trainer.max_steps) if s)
-    return dataclasses.replace(plan, final_step=final, layout=batch_layout_for(cfg, total_devices))
+    return dataclasses.replace(plan, layout=batch_layout_for(cfg, total_devices))
 
 
 def batch_layout_for(cfg, total_devices: int) -> Layout:
