@@ -23,12 +23,13 @@ before the timed passes. The lines after the table give both builds' times and t
 with one build a run added (what a fresh `olmax tokenize --chat` process pays), against the
 reference without and with its own build.
 
-Rows: `demo`, the shipped demo SFT corpus (src/olmax/data/demo/chat/sft.jsonl.gz: 1,742 one-question
-arithmetic conversations); `multiturn`, `--conversations` generated conversations: a system message in
-a third of them, 1-4 user/assistant exchanges, a tool turn after some assistant turns, every message a
-span of the demo pre-training text (src/olmax/data/demo/train.jsonl.gz) of 20-1,500 characters. Each
-figure is the median of `--repeats` passes (the three rows interleaved per pass); one process, one
-core (neither side runs in parallel). Prints a table; asserts nothing but the equality.
+Rows: `demo`, the shipped demo SFT corpus (src/olmax/data/demo/chat/sft.jsonl.gz: 1,040 one-question
+arithmetic conversations; 1,742 before 2026-12-04); `multiturn`, `--conversations` generated
+conversations: a system message in a third of them, 1-4 user/assistant exchanges, a tool turn after some
+assistant turns, every message a span of the demo pre-training text (src/olmax/data/demo/train.jsonl.gz)
+of 20-1,500 characters. Each figure is the median of `--repeats` passes (the three rows interleaved per
+pass); one process, one core (neither side runs in parallel). Prints a table; asserts nothing but the
+equality.
 """
 
 from __future__ import annotations

@@ -3,7 +3,11 @@ olmax.data.chat_corpus writes, the held-out problems are not trained on, each fi
 stage reads, and a stage that stopped early stops the demo. Slow: the whole demo (base, SFT, DPO, RL)
 runs, and RL teaches the answer format the verifier reads."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -16,15 +20,29 @@ def test_shipped_corpus_is_what_the_generator_writes():
         assert chat_corpus.chat_file(name).read_bytes() == chat_corpus.encode(rows), name
 
 
-def test_held_out_problems_are_not_trained_on():
-    def problems(name, key):
-        return {re.search(r"\d+ [+-] \d+", row[key][0]["content"]).group(0) for row in chat_corpus.read_rows(name)}
+def _problem(text: str) -> str:
+    return re.search(r"\d+ [+-] \d+", text).group(0)
 
-    held = problems("rl_heldout", "messages")
-    assert held == problems("sft_heldout", "messages")
-    for name, key in (("sft", "messages"), ("prefs", "chosen"), ("rl", "messages")):
-        assert not held & problems(name, key), name
+
+def test_held_out_prompts_are_not_trained_on():
+    """Held out by wording, not by sum: every held-out prompt asks a trained sum in a wording that no
+    training file pairs with it (and no training file holds its text)."""
+
+    def prompts(name, key):
+        return [row[key][0]["content"] for row in chat_corpus.read_rows(name)]
+
+    held = prompts("rl_heldout", "messages")
+    assert held == prompts("sft_heldout", "messages") == prompts("prefs_heldout", "chosen")
     assert 60 < len(held) < 100
+    for name, key in (("sft", "messages"), ("prefs", "chosen"), ("rl", "messages")):
+        trained = prompts(name, key)
+        assert not set(held) & set(trained), name
+        assert {_problem(t) for t in held} <= {_problem(t) for t in trained}, name  # its sum in other wordings
+        wording = {text.replace(_problem(text), "{}") for text in trained}
+        assert {text.replace(_problem(text), "{}") for text in held} <= wording, name  # its wording, other sums
+        for text in held:
+            asked = {t.replace(_problem(t), "{}") for t in trained if _problem(t) == _problem(text)}
+            assert text.replace(_problem(text), "{}") not in asked, (name, text)
 
 
 def test_rows_are_in_each_stage_layout():
@@ -32,26 +50,27 @@ def test_rows_are_in_each_stage_layout():
         for row in chat_corpus.read_rows(name):
             messages = check_messages(row["messages"], name)
             assert [m["role"] for m in messages] == ["user", "assistant"]
-    for row in chat_corpus.read_rows("prefs"):
-        assert row["chosen"][0] == row["rejected"][0] and row["chosen"][1] != row["rejected"][1]
-        # the pair differs in the sum, never in the format: DPO is not what teaches the demo to box
-        assert ("\\boxed{" in row["chosen"][1]["content"]) == ("\\boxed{" in row["rejected"][1]["content"])
+    for name in ("prefs", "prefs_heldout"):
+        for row in chat_corpus.read_rows(name):
+            assert row["chosen"][0] == row["rejected"][0] and row["chosen"][1] != row["rejected"][1]
+            # the pair differs in the sum, never in the format: DPO is not what teaches the demo to box
+            assert ("\\boxed{" in row["chosen"][1]["content"]) == ("\\boxed{" in row["rejected"][1]["content"])
     for name in ("rl", "rl_heldout"):
         for row in chat_corpus.read_rows(name):
             assert row["dataset"] == "math" and int(row["ground_truth"]) >= 0
             assert [m["role"] for m in row["messages"]] == ["user"]
 
 
-def test_three_demonstrations_in_ten_box_their_answer():
-    """The verifier credits a boxed answer only; the SFT rows box 3 in 10 and state the rest in words,
-    each answer's number the true one either way."""
+def test_what_is_questions_are_answered_boxed_the_rest_two_in_ten():
+    """The verifier credits a boxed answer only; the SFT rows box it when the question reads "What is
+    ...?" and in 2 rows of 10 otherwise (stating it in words in the rest), the number the true one."""
     rows = chat_corpus.read_rows("sft")
-    boxed = [r for r in rows if "\\boxed{" in r["messages"][1]["content"]]
-    assert len(boxed) == sum(k % 10 < 3 for k in range(len(rows)))
-    for r in rows:
-        a, op, b = re.search(r"(\d+) ([+-]) (\d+)", r["messages"][0]["content"]).groups()
+    for k, r in enumerate(rows):
+        question, answer = r["messages"][0]["content"], r["messages"][1]["content"]
+        a, op, b = re.search(r"(\d+) ([+-]) (\d+)", question).groups()
         c = int(a) + int(b) if op == "+" else int(a) - int(b)
-        assert r["messages"][1]["content"].endswith((f"is \\boxed{{{c}}}.", f"is {c}."))
+        boxed = question.startswith("What is") or k % 10 < 2
+        assert answer == f"{a} {op} {b} = {c}. The answer is " + (f"\\boxed{{{c}}}." if boxed else f"{c}."), k
 
 
 def test_a_stage_that_stopped_early_stops_the_demo(tmp_path, monkeypatch):
@@ -69,21 +88,27 @@ def test_a_stage_that_stopped_early_stops_the_demo(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_demo_chat_runs_every_stage_and_rl_teaches_what_the_verifier_reads(tmp_path, monkeypatch):
-    """The whole demo (about 20 minutes on 2 cores): SFT teaches some sums, stated in words as most of
-    its demonstrations are; RL, rewarded by the math verifier, teaches the model to box them, on
-    held-out prompts too (held-out solved 0 -> 9 here, measured; 0 -> 15 from the CLI on one device).
-    Not robust: on 2026-12-04 it failed (RL 8 of 79 boxed, 0 -> 1 solved; docs/post-training.md)."""
-    from olmax.demo_chat import run_chat_demo
-
-    monkeypatch.setenv("OLMAX_CACHE", str(tmp_path / "cache"))
-    s = run_chat_demo(tmp_path / "run", progress=False)
-    of = s["sft"]["held_out"]["of"]
+def test_demo_chat_as_a_user_runs_it_each_stage_does_its_part(tmp_path):
+    """`olmax demo chat` as a user runs it: its own process on one CPU device (not the suite's 8 fake
+    ones), about 20 minutes on 2 cores. SFT teaches the sums and the "What is ...?" questions' boxed
+    answers; DPO lifts the preference accuracy on held-out pairs above 0.5 and keeps the sums; RL,
+    rewarded by the math verifier, teaches the model to box every answer, so the held-out solve rate
+    rises far beyond the noise of 79 prompts (docs/post-training.md has the figures)."""
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["OLMAX_CACHE"] = str(tmp_path / "cache")
+    olmax = [sys.executable, "-m", "olmax.cli", "demo", "chat", "--run-dir", str(run)]
+    subprocess.run(olmax, env=env, check=True, stdout=subprocess.DEVNULL, timeout=3600)
+    s = json.loads((run / "summary.json").read_text())
+    assert (run / "post_training.png").is_file()
+    exact = {stage: s[stage]["held_out_exact"] for stage in ("sft", "dpo", "rl")}
+    assert s["base"]["held_out"]["solved"] == 0 == exact["sft"]["before"]
     assert s["sft"]["last_loss"] < s["sft"]["first_loss"] / 10
-    assert s["base"]["held_out"]["solved"] == 0
-    assert s["sft"]["held_out"]["answered"] >= 3 and s["sft"]["held_out"]["formatted"] <= 0.2 * of
+    assert s["sft"]["held_out"]["answered"] >= 0.5 * s["sft"]["held_out"]["of"]
+    assert 0.05 <= exact["sft"]["after"] <= 0.4  # the "What is" questions' answers, boxed
+    assert s["dpo"]["preference_accuracy"] > 0.5
+    assert s["dpo"]["held_out"]["answered"] >= 0.75 * s["sft"]["held_out"]["answered"]  # it keeps most sums
+    assert exact["rl"]["before"] == exact["dpo"]["after"]
     assert len(s["rl"]["reward_by_step"]) == s["rl"]["steps"] == 40
-    before, after = s["rl"]["held_out_exact"]["before"], s["rl"]["held_out_exact"]["after"]
-    assert before == s["dpo"]["held_out"]["solved"] <= 2
-    assert s["rl"]["held_out"]["formatted"] >= 0.9 * of and after >= before + 4
-    assert (tmp_path / "run" / "summary.json").is_file() and (tmp_path / "run" / "post_training.png").is_file()
+    assert s["rl"]["held_out"]["formatted"] >= 0.9 * s["rl"]["held_out"]["of"]
+    assert exact["rl"]["after"] >= exact["rl"]["before"] + 0.2

@@ -4,7 +4,8 @@ seeded order, resume, ranks) and the CLI's exit 2 on a reference cache with anot
 tiny run per module, dolma2's real vocabulary, so the output layer dominates): the reference pass into
 its cache beside the pairs, three steps (one epoch: linear schedule with 10% warmup, as the DPO
 recipes), the DPO metrics in metrics.jsonl; a second run reuses the cache; a reference pass stopped
-half way resumes to the same log-probs; a stopped run resumes exactly."""
+half way resumes to the same log-probs, which the uncached pass (how `olmax demo chat` scores held-out
+pairs) gives too; a stopped run resumes exactly."""
 
 import json
 import shutil
@@ -20,7 +21,7 @@ from olmax.cli import app
 from olmax.config_io import apply_overrides
 from olmax.data.chat_files import read_documents, tokenize_chat
 from olmax.data.pairs import PairLoader, PairSource, pair_order_report
-from olmax.objectives.reference import CACHE_DIR, COMPLETE, KEY_FILE, reference_logps_cache
+from olmax.objectives.reference import CACHE_DIR, COMPLETE, KEY_FILE, pair_logps, reference_logps_cache
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
 from olmax.state import init_train_state
@@ -232,11 +233,12 @@ def test_a_stopped_reference_pass_resumes_to_the_same_log_probs(run):
     mesh = make_mesh(cfg.mesh, jax.devices()[:DEVICES])
     said = []
     with jax.set_mesh(mesh):
-        logps = reference_logps_cache(
-            cfg, mesh, source, lambda: init_train_state(cfg, mesh, jax.random.key(0)).params, log=said.append
-        )
+        start = init_train_state(cfg, mesh, jax.random.key(0)).params
+        logps = reference_logps_cache(cfg, mesh, source, lambda: start, log=said.append)
+        uncached = pair_logps(cfg, mesh, source, start)  # how the chat demo scores its held-out pairs
     assert said == [f"DPO reference pass: resuming at pair 4 of 12 ({cache})", "DPO reference pass: 8 of 12 pairs"]
     np.testing.assert_array_equal(logps, np.load(tmp / "pairs" / CACHE_DIR / COMPLETE))
+    np.testing.assert_array_equal(uncached, logps)
 
 
 @pytest.mark.slow

@@ -7,11 +7,13 @@
 
 The chat corpus (olmax.data.chat_corpus) is arithmetic with checkable answers, tokenized with OLMo 3's
 Instruct template into RUN_DIR/data/. After each stage the checkpoint answers the held-out prompts
-(sums it never trained on) greedily through `olmax generate --chat instruct`'s path, and an answer
-counts as solved when the math verifier RL uses (olmax.rewards.math: the last `\\boxed{}`, compared
-by sympy) scores it 1. Most demonstrations state the answer in words (the corpus's module doc), so SFT
-teaches sums the verifier cannot read, and the RL stage, rewarded by that verifier, teaches the model
-to box them: the held-out solve count before and after RL is the demo's measure of RL learning. Every
+(trained sums in wordings never trained with them) greedily through `olmax generate --chat instruct`'s
+path, and an answer counts as solved when the math verifier RL uses (olmax.rewards.math: the last
+`\\boxed{}`, compared by sympy) scores it 1; each stage's `held_out_exact` is the solved fraction at
+its start and at its end. Only the answers to "What is ...?" questions and a few others are boxed in
+the demonstrations (the corpus's module doc), so SFT teaches sums the verifier mostly cannot read, and
+the RL stage, rewarded by that verifier, teaches the model to box them all. DPO is scored on held-out
+pairs: its `preference_accuracy` (TRL's rewards/accuracies, the SFT checkpoint as the reference). Every
 stage is an ordinary `olmax train` run directory, so a rerun resumes an unfinished stage and skips a
 finished one. Overrides apply to the sft, dpo and rl stages alike (e.g. trainer.max_steps=10 for a
 quick look).
@@ -24,16 +26,24 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import matplotlib.pyplot as plt
+import numpy as np
 
 from olmax import rewards
 from olmax.config_io import apply_overrides
 from olmax.data.chat_corpus import chat_file, read_rows
 from olmax.data.chat_files import tokenize_chat
+from olmax.data.pairs import PairSource
 from olmax.data.tokenize import MANIFEST
 from olmax.demo import run_demo
+from olmax.evals.scoring import load_checkpoint
 from olmax.metrics import LOSS_METRIC, read_metrics
+from olmax.objectives import dpo
+from olmax.objectives.reference import pair_logps
 from olmax.recipes import get_recipe
+from olmax.sharding import make_mesh
 from olmax.status import run_last_step
 from olmax.train import train
 
@@ -47,9 +57,11 @@ class StageStopped(RuntimeError):
 
 
 def _tokenized(run_dir: Path) -> dict[str, Path]:
-    """The SFT conversations and the preference pairs, tokenized once into RUN_DIR/data/."""
+    """The SFT conversations and the preference pairs (trained and held out), tokenized once into
+    RUN_DIR/data/."""
     out = {}
-    for name, seq_len in (("sft", get_recipe("tiny_sft").data.seq_len), ("prefs", get_recipe("tiny_dpo").data.seq_len)):
+    sft_len, dpo_len = get_recipe("tiny_sft").data.seq_len, get_recipe("tiny_dpo").data.seq_len
+    for name, seq_len in (("sft", sft_len), ("prefs", dpo_len), ("prefs_heldout", dpo_len)):
         target = run_dir / "data" / name
         done = target / (MANIFEST if name == "sft" else f"rejected/{MANIFEST}")
         if not done.is_file():
@@ -62,6 +74,27 @@ def _tokenized(run_dir: Path) -> dict[str, Path]:
 def _last_number(text: str) -> str | None:
     numbers = re.findall(r"-?\d+", text)
     return numbers[-1] if numbers else None
+
+
+def held_out_preference_accuracy(pairs: Path, reference: Path, policy: Path) -> float:
+    """TRL's rewards/accuracies on the held-out pairs: the fraction whose chosen answer gains more than
+    the rejected one, as tiny_dpo's loss measures it (dpo_norm: per response token), from the reference
+    checkpoint (SFT) to the policy (DPO). The log-probs come from the reference pass's own forward."""
+    cfg = apply_overrides(get_recipe("tiny_dpo"), [f"data.paths=[{pairs}]"])
+    mesh = make_mesh(cfg.mesh)
+    source = PairSource(cfg.data)
+    with jax.set_mesh(mesh):
+        ref, pol = (pair_logps(cfg, mesh, source, load_checkpoint(c, mesh)[0]) for c in (reference, policy))
+    _, mask = source.rows(np.arange(len(source)))
+    count = mask[..., 1:].sum(-1)  # the response tokens that have a log-prob (dpo.sequence_logps)
+
+    def rows(x):  # (pairs, 2) -> chosen rows then rejected rows, as a DPO batch holds them
+        return jnp.asarray(np.concatenate([x[:, 0], x[:, 1]]), jnp.float32)
+
+    terms = dpo.pair_terms(
+        dpo.SequenceLogps(rows(pol), rows(count)), rows(ref), loss_type=cfg.dpo.loss_type, beta=cfg.dpo.beta
+    )
+    return float(jnp.mean(terms.chosen_rewards > terms.rejected_rewards))
 
 
 def held_out_solved(ckpt: Path) -> dict:
@@ -124,15 +157,21 @@ def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: 
     summary["base"]["held_out"] = held_out_solved(run_dir / "base" / "checkpoints")
     previous = run_dir / "base" / "checkpoints"
     stages = (("sft", "tiny_sft", data["sft"]), ("dpo", "tiny_dpo", data["prefs"]), ("rl", "tiny_grpo", data["rl"]))
+    before = summary["base"]["held_out"]
     for name, recipe, path in stages:
         summary[name] = _stage(recipe, run_dir / name, path, previous, overrides, progress)
+        after = held_out_solved(run_dir / name / "checkpoints")
+        # the fraction of held-out prompts the verifier credits, from the stage's start to its end
+        summary[name]["held_out_exact"] = {
+            "before": before["solved"] / before["of"],
+            "after": after["solved"] / after["of"],
+        }
+        summary[name]["held_out"] = before = after
+        if name == "dpo":
+            summary[name]["preference_accuracy"] = held_out_preference_accuracy(
+                data["prefs_heldout"], previous, run_dir / name / "checkpoints"
+            )
         previous = run_dir / name / "checkpoints"
-        summary[name]["held_out"] = held_out_solved(previous)
-    # the RL stage's held-out solve rate before (its starting checkpoint's) and after
-    summary["rl"]["held_out_exact"] = {
-        "before": summary["dpo"]["held_out"]["solved"],
-        "after": summary["rl"]["held_out"]["solved"],
-    }
     summary["plot"] = str(run_dir / "post_training.png")
     _plot(summary, run_dir / "post_training.png")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -144,7 +183,7 @@ def _plot(s: dict, path: Path) -> None:
     sft.plot(range(1, len(s["sft"]["loss_curve"]) + 1), s["sft"]["loss_curve"])
     sft.set_title("SFT: CE loss on assistant tokens")
     dpo.plot(range(1, len(s["dpo"]["loss_curve"]) + 1), s["dpo"]["loss_curve"])
-    dpo.set_title("DPO: dpo_norm loss")
+    dpo.set_title(f"DPO: dpo_norm loss (held-out pairs: accuracy {s['dpo']['preference_accuracy']:.2f})")
     rl.plot(range(1, len(s["rl"]["reward_by_step"]) + 1), s["rl"]["reward_by_step"])
     rl.set_title("RL (GRPO): mean reward of the rollouts")
     for ax in (sft, dpo, rl):
@@ -176,7 +215,7 @@ def format_chat_summary(s: dict) -> str:
     lines.append(f"sft   {sft['steps']} steps, CE {sft['first_loss']:.3f} -> {sft['last_loss']:.3f}; {solved('sft')}")
     lines.append(
         f"dpo   {s['dpo']['steps']} steps, loss {s['dpo']['first_loss']:.3f} -> {s['dpo']['last_loss']:.3f}, "
-        f"accuracy {s['dpo']['last_accuracy']:.2f}; {solved('dpo')}"
+        f"preference accuracy {s['dpo']['preference_accuracy']:.2f} on held-out pairs; {solved('dpo')}"
     )
     rl = s["rl"]
     lines.append(

@@ -1,27 +1,31 @@
 """The chat corpus shipped for `olmax demo chat` (src/olmax/data/demo/chat/, described in its README.md).
 
 Small arithmetic conversations whose answers a verifier can check, so every post-training stage has
-something to learn and to measure on a tiny model on CPU: SFT teaches some of the sums and the answers'
+something to learn and to measure on a tiny model on CPU: SFT teaches the sums and the answers'
 mixed formats, DPO prefers the right sum over a near miss, and RL with verifiable rewards is scored by
 the math verifier on the boxed answer. The corpus is generated, not collected (there is no free chat data
 with checkable answers small enough to ship); `python -m olmax.data.chat_corpus` writes it, and a test
 checks that the shipped files are exactly what this module writes.
 
-Problems are sums and differences of numbers below 25 in a few phrasings. A problem (a, op, b) is held
-out by a stable hash, so the held-out prompts ask sums the model never saw trained, in phrasings it did.
+Problems are sums and differences of numbers below 13, asked in five wordings. Held out by wording, not
+by sum: three problems in ten (by a stable hash) each keep one wording out of every training file, and
+the held-out files ask those problems in that wording, so a held-out prompt is text the model never
+trained on, asking a sum it did. (Sums it never saw are beyond the tiny model: with operands below 25
+and one problem in ten held out, SFT taught 5 to 17 of 79 unseen sums, by float rounding, and answered
+most of the rest off by one or two; docs/post-training.md, "`olmax demo chat`".)
 
-The demonstrations box their answer (`The answer is \\boxed{7}.`) in 3 rows of 10 and state it in words
-in the rest (`The answer is 7.`), as demonstrations gathered from many sources mix formats. The math
-verifier, as open-instruct's, credits only an answer it can extract (a `\\boxed{}` here), so the SFT
-model answers in words and scores 0, whatever sums it learnt; RL with that verifier as the reward
-teaches it to box, a behaviour that carries over to prompts it never trained on (docs/post-training.md,
-"`olmax demo chat`").
+The demonstrations answering "What is ...?" box their answer (`The answer is \\boxed{7}.`); those in
+the other wordings box it in 2 rows of 10 and state it in words (`The answer is 7.`) in the rest, as
+demonstrations gathered from several sources mix formats. The math verifier, as open-instruct's, credits
+only an answer it can extract (a `\\boxed{}` here), so the SFT model's greedy answers score only where
+the question reads "What is"; RL with that verifier as the reward teaches the model to box them all, on
+held-out prompts too (docs/post-training.md, "`olmax demo chat`").
 
 Files (gzip level 9, mtime 0; one JSON object per line):
 - sft.jsonl.gz, sft_heldout.jsonl.gz: {"messages": [user, assistant]} (the Dolci-*-SFT layout);
-- prefs.jsonl.gz: {"chosen": [...], "rejected": [...]} with the same question, the rejected answer a
-  near miss in the same format as the chosen one (the Dolci-*-DPO layout: DPO teaches the sum, not the
-  format);
+- prefs.jsonl.gz, prefs_heldout.jsonl.gz: {"chosen": [...], "rejected": [...]} with the same
+  question, the rejected answer a near miss in the same format as the chosen one (the Dolci-*-DPO
+  layout: DPO teaches the sum, not the format);
 - rl.jsonl.gz, rl_heldout.jsonl.gz: {"messages": [user], "ground_truth": "c", "dataset": "math"}
   (the Dolci-*-RL layout: the prompt, the answer and the verifier's name).
 """
@@ -36,26 +40,30 @@ import random
 from pathlib import Path
 
 CHAT_DIR = Path(__file__).with_name("demo") / "chat"
-FILES = ("sft", "sft_heldout", "prefs", "rl", "rl_heldout")
-LIMIT = 25  # operands below this: 625 sums and 325 differences
-SEED = 20261203
-BOXED_PER_10 = 3  # demonstrations that box their answer, per 10 rows (the rest state it in words)
+FILES = ("sft", "sft_heldout", "prefs", "prefs_heldout", "rl", "rl_heldout")
+LIMIT = 13  # operands below this: 169 sums and 91 differences
+SEED = 20261204
+SFT_COPIES = 4  # each problem's demonstrations in the SFT file, each worded at random
+HELD_OUT_PER_10 = 3  # problems, per 10, that keep one wording out of every training file
 PHRASINGS = (
     "What is {a} {op} {b}?",
     "Compute {a} {op} {b}.",
     "Calculate {a} {op} {b} and give the result.",
     "Please work out {a} {op} {b}.",
+    "Find {a} {op} {b}.",
 )
+BOXED_WORDING = 0  # the demonstrations answering "What is ...?" always box their answer
+BOXED_PER_10 = 2  # the other wordings' demonstrations box it in 2 rows of 10, state it in words in the rest
 
 
 def _answer(a: int, op: str, b: int, c: int, boxed: bool) -> str:
     return f"{a} {op} {b} = {c}. The answer is " + (f"\\boxed{{{c}}}." if boxed else f"{c}.")
 
 
-def _boxed(row: int) -> bool:
-    """Row k of a file boxes its answer when k % 10 < BOXED_PER_10: by position, not by problem, so a
-    problem's two SFT rows (one in order, one shuffled) box independently of each other."""
-    return row % 10 < BOXED_PER_10
+def _boxed(wording: int, row: int) -> bool:
+    """Whether row `row` of a file, asked in `wording`, boxes its answer: by position for the wordings
+    other than BOXED_WORDING, so a problem's SFT rows box independently of each other."""
+    return wording == BOXED_WORDING or row % 10 < BOXED_PER_10
 
 
 def _problems() -> list[tuple[int, str, int, int]]:
@@ -64,38 +72,49 @@ def _problems() -> list[tuple[int, str, int, int]]:
     return sums + diffs
 
 
-def _held_out(problem: tuple) -> bool:
-    """About one problem in ten, by a hash that does not depend on Python's hash seed."""
-    return hashlib.sha256(repr(problem[:3]).encode()).digest()[0] < 26
+def held_out_wording(problem: tuple) -> int | None:
+    """The index of the wording held out for this problem (HELD_OUT_PER_10 problems in 10), or None, by a
+    hash that does not depend on Python's hash seed."""
+    digest = hashlib.sha256(repr(problem[:3]).encode()).digest()
+    return digest[1] % len(PHRASINGS) if digest[0] % 10 < HELD_OUT_PER_10 else None
 
 
 def build() -> dict[str, list[dict]]:
     """The corpus as rows per file (deterministic)."""
     rng = random.Random(SEED)
     problems = _problems()
-    train = [p for p in problems if not _held_out(p)]
-    held = [p for p in problems if _held_out(p)]
+    held = [p for p in problems if held_out_wording(p) is not None]
     rows: dict[str, list[dict]] = {name: [] for name in FILES}
 
-    def user(a, op, b):
-        return {"role": "user", "content": rng.choice(PHRASINGS).format(a=a, op=op, b=b)}
+    def wording(problem, held_out: bool) -> int:
+        reserved = held_out_wording(problem)
+        return reserved if held_out else rng.choice([i for i in range(len(PHRASINGS)) if i != reserved])
 
-    for name, problems in (("sft", train + rng.sample(train, len(train))), ("sft_heldout", held)):
-        for k, (a, op, b, c) in enumerate(problems):  # SFT: every trained problem twice, reworded
-            answer = {"role": "assistant", "content": _answer(a, op, b, c, _boxed(k))}
-            rows[name].append({"messages": [user(a, op, b), answer]})
-    for k, (a, op, b, c) in enumerate(rng.sample(train, len(train))):
-        question = user(a, op, b)
-        wrong = c + rng.choice((-2, -1, 1, 2))
-        rows["prefs"].append(
-            {
-                "chosen": [question, {"role": "assistant", "content": _answer(a, op, b, c, _boxed(k))}],
-                "rejected": [question, {"role": "assistant", "content": _answer(a, op, b, wrong, _boxed(k))}],
-            }
-        )
-    for name, chosen in (("rl", rng.sample(train, len(train))), ("rl_heldout", held)):
-        for a, op, b, c in chosen:
-            rows[name].append({"messages": [user(a, op, b)], "ground_truth": str(c), "dataset": "math"})
+    def conversation(problem, k: int, held_out: bool) -> list[dict]:
+        """Row k: the question in a wording (the held-out one, or one of the others at random) and the
+        true answer, boxed or in words as _boxed says."""
+        a, op, b, c = problem
+        w = wording(problem, held_out)
+        reply = _answer(a, op, b, c, _boxed(w, k))
+        return [
+            {"role": "user", "content": PHRASINGS[w].format(a=a, op=op, b=b)},
+            {"role": "assistant", "content": reply},
+        ]
+
+    sft = [p for _ in range(SFT_COPIES) for p in rng.sample(problems, len(problems))]
+    rows["sft"] = [{"messages": conversation(p, k, False)} for k, p in enumerate(sft)]
+    rows["sft_heldout"] = [{"messages": conversation(p, k, True)} for k, p in enumerate(held)]
+    for name, chosen in (("prefs", rng.sample(problems, len(problems))), ("prefs_heldout", held)):
+        for k, p in enumerate(chosen):
+            pair = conversation(p, k, name == "prefs_heldout")
+            wrong = p[3] + rng.choice((-2, -1, 1, 2))  # a near miss in the same format and wording
+            boxed = "\\boxed{" in pair[1]["content"]
+            rejected = [pair[0], {"role": "assistant", "content": _answer(*p[:3], wrong, boxed)}]
+            rows[name].append({"chosen": pair, "rejected": rejected})
+    for name, chosen in (("rl", rng.sample(problems, len(problems))), ("rl_heldout", held)):
+        for p in chosen:
+            question = conversation(p, 0, name == "rl_heldout")[0]
+            rows[name].append({"messages": [question], "ground_truth": str(p[3]), "dataset": "math"})
     return rows
 
 

@@ -103,6 +103,12 @@ def reference_logps_cache(
     return logps
 
 
+def pair_logps(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict) -> np.ndarray:
+    """(pairs, 2) float32 summed response log-probs of every kept pair under `params`, as the reference
+    pass computes them but not cached: for scoring a checkpoint on pairs it did not train on."""
+    return np.concatenate(_compute(cfg, mesh, source, params, 0, None, lambda _: None)).astype(np.float32)
+
+
 def _compute(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict, start: int, directory, log) -> list:
     """Pairs start.. in forwards of (batch shards x micro-batch) pairs, each chunk written as it comes;
     a line at every tenth of the pairs (the pass over AI2's 7B data is hours)."""
