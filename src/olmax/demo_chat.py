@@ -86,14 +86,13 @@ def held_out_preference_accuracy(pairs: Path, reference: Path, policy: Path) -> 
     with jax.set_mesh(mesh):
         ref, pol = (pair_logps(cfg, mesh, source, load_checkpoint(c, mesh)[0]) for c in (reference, policy))
     _, mask = source.rows(np.arange(len(source)))
-    count = mask[..., 1:].sum(-1)  # the response tokens that have a log-prob (dpo.sequence_logps)
 
-    def rows(x):  # (pairs, 2) -> chosen rows then rejected rows, as a DPO batch holds them
-        return jnp.asarray(np.concatenate([x[:, 0], x[:, 1]]), jnp.float32)
+    def rows(x):  # (pairs, 2, ...) -> chosen rows then rejected rows, as a DPO batch holds them
+        return jnp.asarray(np.concatenate([x[:, 0], x[:, 1]]))
 
-    terms = dpo.pair_terms(
-        dpo.SequenceLogps(rows(pol), rows(count)), rows(ref), loss_type=cfg.dpo.loss_type, beta=cfg.dpo.beta
-    )
+    count = jnp.sum(dpo.response_weights(rows(mask)), axis=1, dtype=jnp.float32)
+    policy = dpo.SequenceLogps(rows(pol), count)
+    terms = dpo.pair_terms(policy, rows(ref), loss_type=cfg.dpo.loss_type, beta=cfg.dpo.beta)
     return float(jnp.mean(terms.chosen_rewards > terms.rejected_rewards))
 
 

@@ -86,35 +86,33 @@ def build() -> dict[str, list[dict]]:
     held = [p for p in problems if held_out_wording(p) is not None]
     rows: dict[str, list[dict]] = {name: [] for name in FILES}
 
-    def wording(problem, held_out: bool) -> int:
+    def question(problem, held_out: bool) -> tuple[int, dict]:
+        """The wording (the problem's held-out one, or one of the others at random) and the user turn."""
+        a, op, b, _ = problem
         reserved = held_out_wording(problem)
-        return reserved if held_out else rng.choice([i for i in range(len(PHRASINGS)) if i != reserved])
+        w = reserved if held_out else rng.choice([i for i in range(len(PHRASINGS)) if i != reserved])
+        return w, {"role": "user", "content": PHRASINGS[w].format(a=a, op=op, b=b)}
+
+    def reply(problem, answer: int, wording: int, k: int) -> dict:
+        """Row k's assistant turn: `answer` boxed or in words as _boxed says for the wording and row."""
+        return {"role": "assistant", "content": _answer(*problem[:3], answer, _boxed(wording, k))}
 
     def conversation(problem, k: int, held_out: bool) -> list[dict]:
-        """Row k: the question in a wording (the held-out one, or one of the others at random) and the
-        true answer, boxed or in words as _boxed says."""
-        a, op, b, c = problem
-        w = wording(problem, held_out)
-        reply = _answer(a, op, b, c, _boxed(w, k))
-        return [
-            {"role": "user", "content": PHRASINGS[w].format(a=a, op=op, b=b)},
-            {"role": "assistant", "content": reply},
-        ]
+        w, asked = question(problem, held_out)
+        return [asked, reply(problem, problem[3], w, k)]
 
     sft = [p for _ in range(SFT_COPIES) for p in rng.sample(problems, len(problems))]
     rows["sft"] = [{"messages": conversation(p, k, False)} for k, p in enumerate(sft)]
     rows["sft_heldout"] = [{"messages": conversation(p, k, True)} for k, p in enumerate(held)]
     for name, chosen in (("prefs", rng.sample(problems, len(problems))), ("prefs_heldout", held)):
         for k, p in enumerate(chosen):
-            pair = conversation(p, k, name == "prefs_heldout")
+            w, asked = question(p, name == "prefs_heldout")
             wrong = p[3] + rng.choice((-2, -1, 1, 2))  # a near miss in the same format and wording
-            boxed = "\\boxed{" in pair[1]["content"]
-            rejected = [pair[0], {"role": "assistant", "content": _answer(*p[:3], wrong, boxed)}]
-            rows[name].append({"chosen": pair, "rejected": rejected})
+            rows[name].append({"chosen": [asked, reply(p, p[3], w, k)], "rejected": [asked, reply(p, wrong, w, k)]})
     for name, chosen in (("rl", rng.sample(problems, len(problems))), ("rl_heldout", held)):
         for p in chosen:
-            question = conversation(p, 0, name == "rl_heldout")[0]
-            rows[name].append({"messages": [question], "ground_truth": str(p[3]), "dataset": "math"})
+            asked = question(p, name == "rl_heldout")[1]
+            rows[name].append({"messages": [asked], "ground_truth": str(p[3]), "dataset": "math"})
     return rows
 
 

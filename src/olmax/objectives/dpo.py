@@ -70,7 +70,7 @@ def sequence_logps(
         raise ValueError(f"trainer.loss_chunk={chunk} does not divide the sequence length {t}")
     # position i predicts token i + 1; the last position predicts nothing
     targets = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1).astype(jnp.int32)
-    weights = jnp.concatenate([response_mask[:, 1:], jnp.zeros_like(response_mask[:, :1])], axis=1).astype(bool)
+    weights = response_weights(response_mask)
     head = {"lm_head": params["lm_head"]}
 
     @jax.checkpoint
@@ -88,6 +88,12 @@ def sequence_logps(
     zero = jnp.zeros((rows,), jnp.float32)
     total, _ = jax.lax.scan(step, zero, (by_chunks(hidden), by_chunks(targets), by_chunks(weights)))
     return SequenceLogps(total, jnp.sum(weights, axis=1, dtype=jnp.float32))
+
+
+def response_weights(response_mask: jnp.ndarray) -> jnp.ndarray:
+    """(rows, seq) bool: the positions whose log-prob counts, those predicting a response token (position
+    i predicts token i + 1, the last predicts nothing); their sum per row is SequenceLogps.count."""
+    return jnp.concatenate([response_mask[:, 1:], jnp.zeros_like(response_mask[:, :1])], axis=1).astype(bool)
 
 
 def policy_logps(
