@@ -11,7 +11,7 @@ import sys
 import pytest
 from small_run import SMALL
 
-from olmax.cli.common import ORBAX_READ_ONLY_NOTICES, host_has_accelerator, jax_platforms, runs_on
+from olmax.cli.common import ORBAX_READ_ONLY_NOTICES, host_has_accelerator, jax_platforms, runs_on, tpu_profile_env
 
 # The environment of a user's shell: none of the settings the test session adds (conftest.py).
 USER_ENV = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
@@ -91,6 +91,27 @@ def test_jax_platforms_choice(tmp_path):
     for value in ("", "tpu", "cpu"):
         assert jax_platforms(False, {"JAX_PLATFORMS": value}, str(bare)) is None
         assert jax_platforms(True, {"JAX_PLATFORMS": value}, str(tpu_v4)) is None
+
+
+def test_a_hosts_tpu_gets_its_chips_flag_profile(tmp_path):
+    """The commands that run the model set the found TPU's profile themselves (v5e's splash tiles do not
+    compile without its scoped VMEM), keep a flag the user set, and leave a CPU-only run alone."""
+    pci = tmp_path / "bus" / "pci" / "devices"
+    for slot, vendor, device in (("0000:00:04.0", "0x1af4", "0x1000"), ("0000:00:08.0", "0x1ae0", "0x0063")):
+        (pci / slot).mkdir(parents=True)
+        (pci / slot / "vendor").write_text(vendor + "\n")
+        (pci / slot / "device").write_text(device + "\n")
+    env = {}
+    assert tpu_profile_env(env, str(tmp_path)) == "v5e"  # by the PCI id jax reads
+    assert env["LIBTPU_INIT_ARGS"] == "--xla_tpu_scoped_vmem_limit_kib=65536"
+    env = {"TPU_ACCELERATOR_TYPE": "tpu7x-8", "LIBTPU_INIT_ARGS": "--xla_tpu_scoped_vmem_limit_kib=32768"}
+    assert tpu_profile_env(env, str(tmp_path / "none")) == "tpu7x"  # the TPU VM's own name comes first
+    assert env["LIBTPU_INIT_ARGS"].split()[0] == "--xla_tpu_scoped_vmem_limit_kib=32768"
+    assert "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true" in env["LIBTPU_INIT_ARGS"]
+    assert "--xla_tpu_scoped_vmem_limit_kib=65536" not in env["LIBTPU_INIT_ARGS"]
+    env = {"JAX_PLATFORMS": "cpu"}
+    assert tpu_profile_env(env, str(tmp_path)) is None and "LIBTPU_INIT_ARGS" not in env
+    assert tpu_profile_env({}, str(tmp_path / "none")) is None  # no TPU
 
 
 def test_only_orbax_read_only_notices_are_dropped(caplog):

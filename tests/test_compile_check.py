@@ -250,7 +250,7 @@ NOT_FITTING = {
 }
 
 
-@pytest.mark.parametrize("topology", ["tpu7x:2x2x1", "v5p:2x2x1", "v6e:2x2"])
+@pytest.mark.parametrize("topology", ["tpu7x:2x2x1", "v5p:2x2x1", "v6e:2x2", "v5e:1x1"])
 def test_the_chip_tables_hbm_limit_is_the_tpu_compilers(topology):
     """One device's program of an argument and two temporaries of the same size, its peak 3 of them:
     the compiler accepts it 8 MiB under the table's limit and runs out of HBM 8 MiB over it."""

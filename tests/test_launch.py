@@ -213,6 +213,8 @@ def test_xpk_checks_devices_against_the_slice():
     assert make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_TPU_TYPE": "v6e-4", "OLMAX_XPK_NUM_SLICES": "2"})
     ironwood = make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_TPU_TYPE": "tpu7x-8"})  # 4 chips, 8 devices
     assert "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true" in " ".join(ironwood.env_args())
+    v5e = make_backend("xpk", make_plan("tiny", [], "r", 4), {**XPK_ENV, "OLMAX_XPK_TPU_TYPE": "v5litepod-4"})
+    assert "LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536" in v5e.env_args()
     with pytest.raises(LaunchError, match="workload name 'Bad_Name'"):
         make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_WORKLOAD": "Bad_Name"})
 

@@ -21,7 +21,19 @@ HBM per device of a TPU chip is the most a program may use, as libtpu 0.0.42.1's
 it: the largest program it accepts for one device of each topology ("Ran out of memory in memory
 space hbm. Used 94.75G of 94.75G hbm" one step above, on tpu7x). These are above the datasheets'
 GB / 2^30 (89.4, 88.5, 29.8 GiB). tests/test_compile_check.py compiles a program just under and
-just over each limit.
+just over each limit. On a real v5e the runtime reports the same figure (memory_stats()
+bytes_limit 16,909,336,064 = 15.75 GiB).
+
+A host's own TPU. `olmax train`, `demo`, `generate` and the other commands that run the model apply
+the profile of the TPU they find themselves (olmax.cli.common.runs_on -> tpu_profile_env), not only
+under the launcher: the chip is named by TPU_ACCELERATOR_TYPE, which a TPU VM sets ("v5litepod-4"),
+else by the PCI device id of its Google devices (vendor 0x1ae0), the ids jax 0.10.2 itself reads
+(jax/_src/hardware_utils.py, _TPU_PCI_DEVICE_IDS). Without the profile, splash attention's default
+tiles do not compile on v5e ("CompileTimeScopedVmemOom ... splash_mha_fwd_residuals").
+
+HBM bandwidth per JAX device (hbm_gbps, GB/s), for decode's bandwidth bound: Cloud TPU docs (v5e 819,
+v5p 2765, v6e 1640, Ironwood 7380 per chip, halved per TensorCore device), NVIDIA datasheets (H100 SXM
+3350, H200 4800, B200 8000).
 
 Every flag here is accepted by libtpu 0.0.42.1's compiler (tests/test_compile_check.py compiles with
 the tpu7x and v5p profiles; v6e's is v5p's).
@@ -52,9 +64,11 @@ Every XLA flag here is accepted by jaxlib 0.10.2's GPU compiler (tests/test_comp
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 from olmax.config import ConfigError
 
@@ -111,6 +125,9 @@ class Chip:
     libtpu_flags: tuple[str, ...] = ()  # TPU: the flag profile (LIBTPU_INIT_ARGS)
     xla_flags: tuple[str, ...] = ()  # GPU: the flag profile (XLA_FLAGS)
     gpu_target: Optional[str] = None  # GPU: XLA's target description, a file of olmax/gpu_targets
+    hbm_gbps: Optional[float] = None  # HBM bandwidth per JAX device, GB/s
+    tpu_type: Optional[str] = None  # TPU: the family of its TPU type names, "v5litepod" in "v5litepod-16"
+    pci_device_id: Optional[str] = None  # TPU: the PCI device id of its chips (vendor 0x1ae0)
 
     @property
     def hbm_headroom(self) -> float:
@@ -118,7 +135,7 @@ class Chip:
         return GPU_MEM_FRACTION if self.platform == "gpu" else HBM_HEADROOM
 
 
-def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str) -> Chip:
+def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str, hbm_gbps: float) -> Chip:
     """An NVIDIA GPU: one JAX device, topologies "NAME:NxG", the GPU profile, XLA's target description
     olmax/gpu_targets/NAME.txtpb; its HBM is the memory the device reports (the target's device_memory_size)."""
     return Chip(
@@ -131,6 +148,7 @@ def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str) -> 
         device_kind,
         xla_flags=GPU_XLA_FLAGS,
         gpu_target=f"{name}.txtpb",
+        hbm_gbps=hbm_gbps,
     )
 
 
@@ -138,15 +156,30 @@ CHIPS: dict[str, Chip] = {
     c.name: c
     for c in (
         # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3
-        _gpu("h100", 989.0, 84942979072, "NVIDIA H100 80GB HBM3"),
+        _gpu("h100", 989.0, 84942979072, "NVIDIA H100 80GB HBM3", 3350.0),
         # NVIDIA H200 SXM datasheet: the H100's tensor cores, 141 GB HBM3e
-        _gpu("h200", 989.0, 151397597184, "NVIDIA H200 141GB HBM3e"),
+        _gpu("h200", 989.0, 151397597184, "NVIDIA H200 141GB HBM3e", 4800.0),
         # NVIDIA HGX B200 datasheet: 2.25 dense bf16 PFLOP/s per GPU (4.5 with sparsity), 180 GB HBM3e
-        _gpu("b200", 2250.0, 191514411008, "NVIDIA B200"),
+        _gpu("b200", 2250.0, 191514411008, "NVIDIA B200", 8000.0),
         # Cloud TPU v5p docs: 459 TFLOP/s per chip; one JAX device per chip (megacore). HBM: below.
-        Chip("v5p", "tpu", 459.0, 95.74, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB),
+        Chip("v5p", "tpu", 459.0, 95.74, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB, hbm_gbps=2765.0, pci_device_id="0x0062"),
+        # Cloud TPU v5e docs: 197 TFLOP/s per chip, one TensorCore per chip, 16 GB HBM at 819 GB/s; its
+        # TPU types are named v5litepod-N, its topologies (libtpu) v5e:AxB
+        Chip(
+            "v5e",
+            "tpu",
+            197.0,
+            15.75,
+            1,
+            "v5e",
+            "TPU v5 lite",
+            SCOPED_VMEM_64MIB,
+            hbm_gbps=819.0,
+            tpu_type="v5litepod",
+            pci_device_id="0x0063",
+        ),
         # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s per chip, one TensorCore per chip
-        Chip("v6e", "tpu", 918.0, 31.24, 1, "v6e", "TPU v6 lite", SCOPED_VMEM_64MIB),
+        Chip("v6e", "tpu", 918.0, 31.24, 1, "v6e", "TPU v6 lite", SCOPED_VMEM_64MIB, hbm_gbps=1640.0, pci_device_id="0x006f"),
         # Cloud TPU7x (Ironwood) docs: 2307 TFLOP/s per chip, two TensorCores = two JAX devices per chip
         Chip(
             "tpu7x",
@@ -157,10 +190,12 @@ CHIPS: dict[str, Chip] = {
             "tpu7x",
             "TPU7x",
             SCOPED_VMEM_64MIB + SPARSECORE_COLLECTIVE_OFFLOAD,
+            hbm_gbps=7380.0 / 2,
+            pci_device_id="0x0076",
         ),
     )
 }
-ALIASES = {"ironwood": "tpu7x"}
+ALIASES = {"ironwood": "tpu7x", "v5litepod": "v5e"}
 
 # A step fits a TPU chip when the TPU compiler accepts it and its peak (compile_check: per_device.peak_gib) is at
 # most this fraction of hbm_limit_gib. The rest covers what that peak leaves out of the compiler's own
@@ -215,7 +250,36 @@ def tpu_type(topology: str) -> Optional[str]:
     if chip.platform != "tpu" or not all(s.isdigit() for s in shape):
         return None
     devices = math.prod(int(s) for s in shape) * chip.devices_per_chip
-    return f"{chip.topology}-{round(devices / DEVICES_PER_NAMED_UNIT[chip.topology])}"
+    family = chip.tpu_type or chip.topology
+    return f"{family}-{round(devices / DEVICES_PER_NAMED_UNIT[family])}"
+
+
+def chip_of_tpu_type(name: str) -> Optional[Chip]:
+    """The chip of a TPU type name as a TPU VM's TPU_ACCELERATOR_TYPE gives it ("v5litepod-4", "v5p-128")."""
+    family = name.rpartition("-")[0]
+    return next((c for c in CHIPS.values() if c.platform == "tpu" and (c.tpu_type or c.topology) == family), None)
+
+
+def chip_of_host(environ: Mapping[str, str], sysfs: str = "/sys") -> Optional[Chip]:
+    """The TPU chip this host has, found without starting the TPU runtime (see the module docstring):
+    TPU_ACCELERATOR_TYPE, else the PCI device ids of its Google devices. None: no TPU in the table."""
+    if environ.get("TPU_ACCELERATOR_TYPE"):
+        return chip_of_tpu_type(environ["TPU_ACCELERATOR_TYPE"])
+    ids = set()
+    for vendor in glob.glob(os.path.join(sysfs, "bus/pci/devices/*/vendor")):
+        with open(vendor) as f:
+            if f.read().strip() != "0x1ae0":
+                continue
+        with open(os.path.join(os.path.dirname(vendor), "device")) as f:
+            ids.add(f.read().strip())
+    return next((c for c in CHIPS.values() if c.pci_device_id in ids), None)
+
+
+def with_libtpu_flags(given: str, chip: Chip) -> str:
+    """LIBTPU_INIT_ARGS `given` plus the chip's profile: a flag the user already set keeps the user's value."""
+    named = {arg.removeprefix("--").partition("=")[0] for arg in given.split()}
+    extra = [f for f in chip.libtpu_flags if f.removeprefix("--").partition("=")[0] not in named]
+    return " ".join([*given.split(), *extra])
 
 
 def chip_of_device_kind(kind: str) -> Optional[Chip]:

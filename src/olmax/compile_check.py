@@ -101,8 +101,12 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
     require("libtpu", f"compiling for the TPU topology {topology}")
     from jax.experimental import topologies
 
+    # libtpu assumes hosts of 2x2x1 chips; a slice smaller than that (v5e:1x1, a v5litepod-1) is one host
+    # of exactly its own chips, as TPU VMs of those types are
+    shape = [int(d) for d in topology.partition(":")[2].split("x") if d.isdigit()]
+    small = {"chips_per_host_bounds": (*shape, 1, 1)[:3]} if shape and min(shape[:2]) < 2 else {}
     try:
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, num_slices=num_slices)
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, num_slices=num_slices, **small)
     except Exception as e:  # libtpu's own message says what is wrong with the name
         raise ConfigError(f"libtpu does not know the topology {topology!r}: {str(e).splitlines()[0]}") from None
     return list(desc.devices)

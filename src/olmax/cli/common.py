@@ -16,7 +16,7 @@ import pkgutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 import typer
 
@@ -120,7 +120,7 @@ def max_batches_option(default: Optional[int]):
     return typer.Option(default, "--max-batches", help="at most this many batches per data spec")
 
 
-ChipOpt = typer.Option(None, "--chip", help="h100, h200, b200, v5p, v6e or ironwood: the per-device peak, for MFU")
+ChipOpt = typer.Option(None, "--chip", help="h100, h200, b200, v5e, v5p, v6e or ironwood: the per-device peak, for MFU")
 
 
 TotalDevicesOpt = typer.Option(
@@ -333,12 +333,28 @@ def introduce_libtpu(topology: str, dev: str = "/dev") -> None:
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 
+def tpu_profile_env(environ: MutableMapping[str, str] = os.environ, sysfs: str = "/sys") -> Optional[str]:
+    """On a host with a TPU that JAX may use, put the chip's flag profile (olmax.chips) into
+    LIBTPU_INIT_ARGS before libtpu starts, keeping any flag the user set. Returns the chip's name, or None
+    where nothing was done (no TPU in the chip table, or JAX_PLATFORMS leaves the TPU out)."""
+    from olmax.chips import chip_of_host, with_libtpu_flags
+
+    platforms = environ.get("JAX_PLATFORMS", "")
+    if platforms and "tpu" not in platforms.split(","):
+        return None
+    chip = chip_of_host(environ, sysfs)
+    if chip is None or not chip.libtpu_flags:
+        return None
+    environ["LIBTPU_INIT_ARGS"] = with_libtpu_flags(environ.get("LIBTPU_INIT_ARGS", ""), chip)
+    return chip.name
+
+
 def runs_on(where: str):
     """Decorator of every command but `olmax launch` (whose trainers decide for themselves, on their
     own hosts), applied before the command's body imports JAX: `"cpu"` for a command that needs only
     the CPU, `"accelerator"` for one that runs the model (on the host's TPU or GPU if it has one).
-    Sets JAX_PLATFORMS (`jax_platforms`), drops orbax's read-only notices and, on a host without a
-    GPU, the CUDA plugin's (`load_cuda_plugin_quietly`)."""
+    Sets JAX_PLATFORMS (`jax_platforms`), the host's TPU flag profile (`tpu_profile_env`), drops orbax's
+    read-only notices and, on a host without a GPU, the CUDA plugin's (`load_cuda_plugin_quietly`)."""
     if where not in ("cpu", "accelerator"):
         raise ValueError(f"runs_on: where must be 'cpu' or 'accelerator', got {where!r}")
 
@@ -348,6 +364,8 @@ def runs_on(where: str):
             platforms = jax_platforms(where == "accelerator")
             if platforms is not None:
                 os.environ["JAX_PLATFORMS"] = platforms  # read once, when jax is first imported
+            if where == "accelerator" and host_has_accelerator():
+                tpu_profile_env()
             # XLA's C++ INFO log (the GPU compiler's notes on a compile without a GPU, the latency-hiding
             # scheduler's memory figures): warnings and errors still show
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")

@@ -30,7 +30,7 @@ import shlex
 import subprocess
 from typing import Mapping, Optional
 
-from olmax.chips import CHIPS, DEVICES_PER_NAMED_UNIT, libtpu_init_args
+from olmax.chips import DEVICES_PER_NAMED_UNIT, chip_of_tpu_type, libtpu_init_args
 from olmax.exits import ExitStatus
 from olmax.launch import LaunchError
 from olmax.launch.env import XPK_VARS, positive_int, read_env
@@ -110,10 +110,10 @@ class XpkBackend:
         LIBTPU_INIT_ARGS itself, and every --env of the launch (xpk puts them into the container spec
         as they are: no shell reads them)."""
         pairs = [("OLMAX_DISTRIBUTED", "auto")]
-        family = self.env["OLMAX_XPK_TPU_TYPE"].rpartition("-")[0]
+        chip = chip_of_tpu_type(self.env["OLMAX_XPK_TPU_TYPE"])
         given = {k for k, _ in self.plan.options.env}
-        if family in CHIPS and CHIPS[family].libtpu_flags and "LIBTPU_INIT_ARGS" not in given:
-            pairs.append(("LIBTPU_INIT_ARGS", libtpu_init_args(CHIPS[family])))
+        if chip is not None and chip.libtpu_flags and "LIBTPU_INIT_ARGS" not in given:
+            pairs.append(("LIBTPU_INIT_ARGS", libtpu_init_args(chip)))
         pairs += list(self.plan.options.env)
         return [a for k, v in pairs for a in ("--env", f"{k}={v}")]
 
