@@ -162,7 +162,9 @@ CHIPS: dict[str, Chip] = {
         # NVIDIA HGX B200 datasheet: 2.25 dense bf16 PFLOP/s per GPU (4.5 with sparsity), 180 GB HBM3e
         _gpu("b200", 2250.0, 191514411008, "NVIDIA B200", 8000.0),
         # Cloud TPU v5p docs: 459 TFLOP/s per chip; one JAX device per chip (megacore). HBM: below.
-        Chip("v5p", "tpu", 459.0, 95.74, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB, hbm_gbps=2765.0, pci_device_id="0x0062"),
+        Chip(
+            "v5p", "tpu", 459.0, 95.74, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB, hbm_gbps=2765.0, pci_device_id="0x0062"
+        ),
         # Cloud TPU v5e docs: 197 TFLOP/s per chip, one TensorCore per chip, 16 GB HBM at 819 GB/s; its
         # TPU types are named v5litepod-N, its topologies (libtpu) v5e:AxB
         Chip(
@@ -179,7 +181,18 @@ CHIPS: dict[str, Chip] = {
             pci_device_id="0x0063",
         ),
         # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s per chip, one TensorCore per chip
-        Chip("v6e", "tpu", 918.0, 31.24, 1, "v6e", "TPU v6 lite", SCOPED_VMEM_64MIB, hbm_gbps=1640.0, pci_device_id="0x006f"),
+        Chip(
+            "v6e",
+            "tpu",
+            918.0,
+            31.24,
+            1,
+            "v6e",
+            "TPU v6 lite",
+            SCOPED_VMEM_64MIB,
+            hbm_gbps=1640.0,
+            pci_device_id="0x006f",
+        ),
         # Cloud TPU7x (Ironwood) docs: 2307 TFLOP/s per chip, two TensorCores = two JAX devices per chip
         Chip(
             "tpu7x",
