@@ -23,8 +23,7 @@ import pytest
 
 from olmax.rewards import code
 
-WHY_NOT = code.probe()
-sandboxed = pytest.mark.skipif(WHY_NOT is not None, reason=f"no namespace sandbox here: {WHY_NOT}")
+sandboxed = pytest.mark.usefixtures("code_sandbox")  # skips, naming the probe's finding, where there is none
 
 # upstream's guard refuses a program that says "import os", so the attacks reach the module another way
 OS = "__import__('o' + 's')"
@@ -46,6 +45,15 @@ def _marked(mark: str) -> list[int]:
         except OSError:  # gone meanwhile
             pass
     return found
+
+
+def _count_marked(mark: str, want: int) -> int:
+    """How many live processes are named `mark`, once `want` are or after 2 s (they name themselves
+    after their fork, so the last may not have yet when the call returns)."""
+    deadline = time.monotonic() + 2.0
+    while len(_marked(mark)) < want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(_marked(mark))
 
 
 def _name_self(mark: str) -> str:
@@ -158,16 +166,15 @@ def test_no_process_outlives_the_call(tmp_path):
     mark = f"olmaxd{os.getpid() % 100000}"
     left = tmp_path / "left.txt"
     try:
-        _outcome(_daemon(mark, left, 1.0), "assert True", "none")
-        assert len(_marked(mark)) == 1  # without the sandbox the daemon is still there
+        _outcome(_daemon(mark, left, 5.0), "assert True", "none")  # killed below
+        assert _count_marked(mark, 1) == 1  # without the sandbox the daemon is still there
     finally:
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)
-    inside = "/tmp/left.txt"  # the sandbox's own scratch: the daemon can write there if it lives
-    _outcome(_daemon(mark, inside, 1.0), "assert True", "namespaces")
+    _outcome(_daemon(mark, left, 0.5), "assert True", "namespaces")
     assert _marked(mark) == []  # gone when the call returned, not later
-    time.sleep(1.5)
-    assert _marked(mark) == [] and not left.exists() and not os.path.exists(inside)
+    time.sleep(0.8)  # past the daemon's 0.5 s: had it lived, it would show, and so might its file
+    assert _marked(mark) == [] and not left.exists()
 
 
 FAN_OUT = """
@@ -194,7 +201,7 @@ def test_fan_out_is_capped_and_gone():
     program = FAN_OUT.format(os=OS, name=_name_self(mark))
     try:
         assert _outcome("", program + "assert made == 64", "none") == "pass"
-        assert len(_marked(mark)) == 64
+        assert _count_marked(mark, 64) == 64
     finally:
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)
@@ -209,6 +216,23 @@ def test_proc_shows_only_the_sandbox():
     # the sandbox's init, its runner and the process this test runs in
     assert _outcome("", listing + f"assert {os.getpid()} not in pids and pids == [1, 2, 3]", "namespaces") == "pass"
     assert _outcome("", listing + f"assert {os.getpid()} in pids", "none") == "pass"
+
+
+@sandboxed
+def test_the_program_holds_no_privilege():
+    probe = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "status = open('/proc/self/status').read()\n"
+        "made = [libc.unshare(flag) for flag in (0x10000000, 0x40000000, 0x20000)]  # user, net, mount\n"
+    )
+    # no capability and none to win by exec, not root, and no namespace of its own to make
+    test = (
+        "assert 'CapEff:\\t0000000000000000' in status and 'CapPrm:\\t0000000000000000' in status\n"
+        "assert 'NoNewPrivs:\\t1' in status and __import__('o' + 's').getuid() != 0\n"
+        "assert made == [-1, -1, -1]"
+    )
+    assert _outcome(probe, test, "namespaces") == "pass"
 
 
 HONEST = "```python\ndef add(a, b):\n    return a + b\n```"
@@ -264,3 +288,37 @@ def test_rewards_code_isolation_config():
     assert apply_overrides(ExperimentConfig(), ["rewards.code.isolation=none"]).rewards.code.isolation == "none"
     with pytest.raises(ConfigError, match="rewards.code.isolation='chroot' is not one of auto, namespaces, none"):
         apply_overrides(ExperimentConfig(), ["rewards.code.isolation=chroot"])
+
+
+def test_the_rl_loop_refuses_code_rewards_without_their_sandbox(tmp_path, monkeypatch, capsys):
+    """Where the probe fails, a GRPO run whose prompts use the code verifier stops before any sampling,
+    naming what the probe found and the setting; with rewards.code.isolation=none it starts, saying so."""
+    import json
+
+    import jax
+    from small_run import SMALL
+
+    from olmax.config_io import apply_overrides
+    from olmax.data.chat_corpus import read_rows
+    from olmax.data.tokenizer import load_tokenizer
+    from olmax.recipes import get_recipe
+    from olmax.rollout.batches import RolloutBatches, prompt_set
+    from olmax.sharding import make_mesh
+
+    rows = tmp_path / "code.jsonl"
+    tests = json.dumps(["assert True"])
+    rows.write_text(
+        "".join(json.dumps({**r, "dataset": "code", "ground_truth": tests}) + "\n" for r in read_rows("rl")[:8])
+    )
+    overrides = SMALL + [f"data.work_dir={tmp_path / 'cache'}", f"data.paths=[{rows}]", "data.seq_len=96"]
+    overrides += ["grpo.max_prompt_len=64", "grpo.max_response_len=16", "grpo.prompts_per_step=4"]
+    tok = load_tokenizer("dolma2")
+    monkeypatch.setattr(code, "probe", lambda: "unshare(0x7c000000): Function not implemented")
+    cfg = apply_overrides(get_recipe("tiny_grpo"), overrides)
+    mesh = make_mesh(cfg.mesh, jax.devices()[:1])
+    with pytest.raises(code.SandboxUnavailable, match="Function not implemented.*rewards.code.isolation=none"):
+        RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
+    cfg = apply_overrides(cfg, ["rewards.code.isolation=none"])
+    loader = RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
+    assert loader.verifier_options == {"code": {"isolation": "none"}, "code_stdio": {"isolation": "none"}}
+    assert "code verifier isolation: none" in capsys.readouterr().out

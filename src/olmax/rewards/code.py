@@ -20,17 +20,32 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
 - reward = pass rate when it is at least `threshold` (OLMo 3's scripts:
   `--code_pass_rate_reward_threshold 0.99`), else 0; upstream's optional runtime penalty was off.
 
-Isolation (what the sandbox guarantees, and what it does not). The program runs in a child Python
-(`-I`: no PYTHON* variables, no user site, not the caller's directory on the path) with an empty
-environment, in a fresh temporary directory, in its own session (its whole process group is killed at the
-end), under these limits: address space `memory_mb` (RLIMIT_AS; an allocation past it is a MemoryError,
-so the test fails), CPU seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 16 MiB), and a wall-clock
-bound per test and for the whole run. Python's socket constructors and resolvers (`socket` and `_socket`)
-raise PermissionError, so ordinary networking fails. It is NOT a security boundary: the program runs as
-the caller's user with the caller's filesystem permissions, and code that reaches the OS some other way
-(ctypes, os.exec* or os.posix_spawn, re-loading a disabled module) can still open sockets, read files
-or signal other processes. Run untrusted generations only on a machine (or container without network)
-that may lose them; upstream ran them behind an API in its own container for that reason.
+Isolation (`isolation`, the setting `rewards.code.isolation`; docs/rewards.md). Either way the program
+runs in a child Python (`-I`: no PYTHON* variables, no user site, not the caller's directory on the path)
+with an empty environment, its stdout and stderr discarded, under these limits: address space
+`memory_mb` per process (RLIMIT_AS; an allocation past it is a MemoryError, so the test fails), CPU
+seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 16 MiB), and a wall-clock bound per test and for
+the whole run; Python's socket constructors and resolvers raise PermissionError.
+
+- namespaces (and auto, the default, where the probe finds them): a boundary, on Linux with
+  unprivileged user namespaces. The program runs in its own user, PID, network, IPC, UTS and mount
+  namespaces (olmax.rewards.code_sandbox), with no capability, not as root; it sees a root holding
+  only Python's installation and the loader's libraries, read-only, a /proc of its own processes, and
+  a 64 MiB tmpfs at /tmp; it has no network but a loopback of its own that is down; the sandbox holds at
+  most PROCESSES processes (RLIMIT_NPROC in its user namespace); and every process it started is gone
+  when `run_tests` returns (the PID namespace's init exits and the kernel kills the rest). Not
+  covered: the kernel itself (the program makes any system call; there is no seccomp filter, so a
+  kernel bug is within reach), memory across processes (RLIMIT_AS is per process: PROCESSES times
+  `memory_mb` at most, no cgroup), and the results: a program that finds the nonce in its own memory
+  can forge its tests' outcomes (a reward hack, not an escape). The probe (`probe`, once per process,
+  ~0.1 s) runs a trivial program in the sandbox; where it fails (gVisor's runsc answers unshare(2) with
+  ENOSYS, as on the TPU hosts this project borrows; a container without user namespaces, EPERM), auto and
+  namespaces raise SandboxUnavailable naming what it found, and the RL loop refuses to start.
+- none: no boundary. A fresh temporary directory and its own session (its process group is killed at
+  the end); the program runs as the caller's user with the caller's files, processes and network, and
+  code that reaches the OS some other way (ctypes, os.exec*, re-loading a disabled module) reads and
+  writes files, opens sockets, signals processes and leaves daemons behind. Only for a machine (or a
+  container without network) that may lose what it runs, as upstream ran its code API in a container.
 """
 
 from __future__ import annotations
@@ -70,7 +85,9 @@ _BLOCK = re.compile(r"```(?:python)?(.*?)```", re.DOTALL)
 
 
 # the probe's test: forks until refused (the children wait to be killed with the namespace), then checks
-# the count against the cap, and that /proc and the network are the sandbox's own
+# the count against the cap (counted in the sandbox's user namespace alone: before Linux 5.14 it counted
+# every process of the uid, so that a busy user would be refused every fork), and that /proc and the
+# network are the sandbox's own
 _PROBE_TEST = f"""
 import os, signal
 made = 0
@@ -83,7 +100,7 @@ for _ in range({PROCESSES} + 8):
         while True:
             signal.pause()
     made += 1
-assert made < {PROCESSES}
+assert {PROCESSES // 2} <= made < {PROCESSES}
 assert len([p for p in os.listdir("/proc") if p.isdigit()]) <= {PROCESSES}
 assert [line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]] == ["lo"]
 """
@@ -135,8 +152,8 @@ def probe() -> str | None:
         return str(e)
     if outcomes != ["pass"]:
         return (
-            f"the probe's test came back {outcomes[0]!r}: the process cap (RLIMIT_NPROC, {PROCESSES}) is not "
-            "enforced in a user namespace here, /proc shows other processes, or the network has more than loopback"
+            f"the probe's test came back {outcomes[0]!r}: the process cap (RLIMIT_NPROC, {PROCESSES}) does not "
+            "hold per user namespace here, /proc shows other processes, or the network has more than loopback"
         )
     return None
 

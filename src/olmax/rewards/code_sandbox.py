@@ -1,34 +1,44 @@
-"""The code verifier's child process: olmax.rewards.code runs this file as `python -I <file>`, its job
-as JSON on stdin, and reads one line per test from its stdout (module docstring of olmax.rewards.code).
+"""The code verifier's child process: olmax.rewards.code runs this file as `python -I <file>` with its
+job as JSON on stdin, and reads one line per test from its stdout ("<nonce> <index> pass|fail|timeout",
+or "<nonce> error <step>" when the sandbox could not be entered). Standard library only: under isolation
+namespaces nothing of the files it came from is in view once the sandbox is entered (not this one).
 
-Standard library only, and nothing imported after the sandbox is entered but what the program imports:
-with isolation "namespaces" the process sees none of the files it came from (not this one either).
+Isolation none: the runner (`run_job`) runs in this process, as before the sandbox existed.
 
-With isolation "namespaces" three processes run the job (Linux only):
-- the keeper (this process, S): leaves the caller's root user for nobody when it is root (RLIMIT_NPROC
-  counts no process of root's, kernel/fork.c `copy_process` exempts INIT_USER), opens the directories
-  Python needs while it can still see them, enters new user, PID, network, IPC and UTS namespaces
-  (unshare(2)), maps only its own uid and gid, forks the init and waits for it, killing it at the job's
-  bound. It stays outside the PID namespace, where nothing of the program can address it;
-- the init (I, PID 1 of the new PID namespace): enters a new mount namespace, builds the root (below),
+Isolation namespaces (Linux): three processes.
+- The keeper (this process): enters new user, PID, network, IPC and UTS namespaces (unshare(2)), maps
+  only its own uid and gid into the user namespace, forks the init and waits for it, killing it at the
+  job's bound. It stays outside the PID namespace, where nothing of the program can address it.
+- The init (PID 1 of the new PID namespace): builds the root (below) in a mount namespace of its own,
   pivots into it, forks the runner and reaps every process until the runner ends, then exits: the
   kernel kills every process left in the namespace and waits for them (kernel/pid_namespace.c
   `zap_pid_ns_processes`) before the keeper's wait returns, so nothing the program started outlives
-  the call. Its capabilities stay, and it is not dumpable, so the program cannot trace it;
-- the runner (P): drops every capability (capset to empty, no_new_privs: no exec can win them back),
-  applies the limits, process count included, and runs the program and its tests (`run_job`).
+  the call, whatever it did with sessions and process groups. It keeps its capabilities and is not
+  dumpable, so the program can neither trace nor signal it (PID 1 ignores signals from its namespace).
+- The runner: drops every capability (capset to empty, and no_new_privs, so that no exec wins one
+  back), limits the processes of the sandbox's uid in its user namespace (RLIMIT_NPROC, counted per
+  user namespace since Linux 5.14), and runs the program and its tests under the other limits
+  (`run_job`).
 
-The root is a tmpfs holding read-only binds of Python's installation (sys.prefix, sys.base_prefix and
+The root: a tmpfs holding read-only binds of Python's installation (sys.prefix, sys.base_prefix and
 their exec twins), the loader's libraries (/lib*, /usr/lib*, /etc/ld.so.cache; symlinks among them made
-again as symlinks), /dev/null, /dev/zero and /dev/urandom, a fresh /proc of the PID namespace, and a
-private writable tmpfs at /tmp (the working directory and HOME), bounded in size. Each bind is made from a
-descriptor opened before the uid changed (/proc/self/fd/N), so a Python under a home directory root alone
-may enter (/root/.pyenv) is still visible. Every bind and the root are then remounted read-only, keeping
-the flags the kernel locks on a mount seen from a user namespace (nosuid, nodev, noexec, atime; fs/namespace.c
-`can_change_locked_flags`). The old root is detached (pivot_root(".", "."), then umount2 of "."), so the
-program cannot climb back to it. bubblewrap builds its sandboxes the same way (containers/bubblewrap
-`bubblewrap.c`), which is the reason for doing it here in Python: one dependency fewer, no setuid helper,
-and a failure names the step that failed.
+again as symlinks), /dev/null, /dev/zero and /dev/urandom, a /proc of the PID namespace, and a private
+writable tmpfs at /tmp (the working directory and HOME), bounded in size. The rest of the caller's
+filesystem is not there at all. Every bind and the root are remounted read-only, repeating the flags a
+user namespace may not clear (fs/namespace.c `can_change_locked_flags`), the caller's root is detached
+after the pivot (pivot_root(".", "."), then umount2 of "."), and no user namespace can be made below the
+sandbox's (user.max_user_namespaces = 0), so the program cannot win capabilities in one of its own.
+
+Root is handled apart: RLIMIT_NPROC counts no process of root's (kernel/fork.c `copy_process` exempts
+INIT_USER), so the keeper of a root caller builds the root first, in a mount namespace of its own while it
+can still read every path Python needs (a Python under /root, mode 0700, is common), then becomes nobody
+before entering the user namespace. The init then binds that root onto itself, which makes it its own
+namespace's (pivot_root refuses a mount locked by a more privileged namespace; fs/namespace.c
+`__do_loopback` unlocks the top of a bind), its read-only flags still locked.
+
+bubblewrap builds its sandboxes the same way (containers/bubblewrap `bubblewrap.c`: tmpfs at /tmp,
+pivot_root, binds from the old root, pivot again, detach). Doing it here with ctypes needs no package
+and no setuid helper on the host, and a failure names the step and its errno.
 """
 
 from __future__ import annotations
@@ -109,8 +119,8 @@ def _plan() -> tuple[dict, list]:
 
 def _stage() -> None:
     """In a new mount namespace: the caller's root moves to /old under a small tmpfs, and /new is
-    built from it (read-only binds of what `_plan` lists, /proc and /tmp still to mount). The binds
-    come from /old, so that a path under the caller's /tmp is not hidden by the staging tmpfs."""
+    built from it (read-only binds of what `_plan` lists; /proc and /tmp are mounted by the init). The
+    binds come from /old, so that a path under the caller's /tmp is not hidden by the staging tmpfs."""
     links, binds = _plan()
     _call("unshare", CLONE_NEWNS)
     _call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
@@ -172,6 +182,9 @@ def _enter_root(scratch_bytes: int) -> None:
     _call("mount", b"proc", b"/new/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     size = f"mode=0700,size={scratch_bytes}".encode()
     _call("mount", b"tmpfs", b"/new/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size)
+    # no user namespace below this one: without it the program, holding no capability here, cannot
+    # make a mount or network namespace of its own either (less of the kernel within its reach)
+    _write("/new/proc/sys/user/max_user_namespaces", "0")
     os.chdir("/new")
     _call("pivot_root", b".", b".")
     _call("umount2", b".", MNT_DETACH)
@@ -195,8 +208,8 @@ def enter(job: dict, report: int) -> None:
             _keep_going_as_nobody()
         uid, gid = os.getuid(), os.getgid()
         _call("unshare", CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
-        _write("/proc/self/setgroups" if not staged else "/old/proc/self/setgroups", "deny")
-        proc = "/old/proc" if staged else "/proc"
+        proc = "/old/proc" if staged else "/proc"  # root's staging moved the caller's root to /old
+        _write(f"{proc}/self/setgroups", "deny")
         _write(f"{proc}/self/uid_map", f"{uid} {uid} 1")
         _write(f"{proc}/self/gid_map", f"{gid} {gid} 1")
     except OSError as e:
