@@ -247,9 +247,10 @@ def _run_child(job: dict) -> list[str]:
         env=env,
         start_new_session=True,
     )
+    # a sandbox's keeper kills its namespace at the bound itself; past it, this is for one that cannot
+    bound = job["bound"] + (_TEARDOWN_SECONDS if scratch is None else 0.0)
     try:
-        # the child kills its namespace at job["bound"] itself; this bound is for a child that cannot
-        out, _ = child.communicate(json.dumps(job).encode(), timeout=job["bound"] + _TEARDOWN_SECONDS)
+        out, _ = child.communicate(json.dumps(job).encode(), timeout=bound)
     except subprocess.TimeoutExpired:
         out = b""
     finally:
