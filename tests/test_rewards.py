@@ -229,7 +229,7 @@ def test_ifeval_without_lm_eval_names_the_eval_extra(monkeypatch):
 PROGRAM = "Some words.\n```python\ndef add(a, b):\n    return a + b\n```\n"
 
 
-def test_code_pass_fail_and_threshold():
+def test_code_pass_fail_and_threshold(code_sandbox):
     tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'", "assert add(2, 2) == 4"]
     assert code.verify(PROGRAM, tests) == 1.0
     assert code.verify(PROGRAM, json.dumps(tests)) == 1.0  # the JSON string form of the column
@@ -245,7 +245,7 @@ def test_code_pass_fail_and_threshold():
     assert code.extract_program("```python\nx = 1\n```\ntext\n```\ny = 2\n```") == "y = 2"
 
 
-def test_code_stdio():
+def test_code_stdio(code_sandbox):
     program = "```python\nn = int(input())\nprint(n * 2)\n```"
     assert code.verify_stdio(program, [{"input": "3\n", "output": "6\n"}, {"input": "5", "output": "10"}]) == 1.0
     assert code.verify_stdio(program, [{"input": "3", "output": "7"}]) == 0.0
@@ -253,7 +253,7 @@ def test_code_stdio():
     assert code.verify_stdio(halves, [{"input": "", "output": "0.5 2.0\n"}]) == 1.0
 
 
-def test_code_infinite_loop_is_a_timeout_within_the_limit():
+def test_code_infinite_loop_is_a_timeout_within_the_limit(code_sandbox):
     start = time.monotonic()
     result = rewards.score(
         "code", "```python\ndef add(a, b):\n    while True:\n        pass\n```", ["assert add(1, 2) == 3"],
@@ -266,7 +266,7 @@ def test_code_infinite_loop_is_a_timeout_within_the_limit():
     assert code.run_tests("def f(): pass", [swallow, "f()"], seconds=0.2) == ["timeout", "pass"]
 
 
-def test_code_memory_hog_and_network_fail():
+def test_code_memory_hog_and_network_fail(code_sandbox):
     hog = "```python\ndef add(a, b):\n    blob = bytearray(8 << 30)\n    return a + b\n```"
     assert code.run_tests(code.extract_program(hog), ["assert add(1, 2) == 3"], memory_mb=512) == ["fail"]
     net = "```python\nimport socket\ndef add(a, b):\n    socket.create_connection(('::1', 9))\n    return a + b```"

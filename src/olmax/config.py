@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from olmax.config_dpo import DPOConfig, check_dpo
-from olmax.config_grpo import GRPOConfig, check_grpo
+from olmax.config_grpo import GRPOConfig, RewardsConfig, check_grpo
 from olmax.config_run import CheckpointConfig, EvalConfig, WandbConfig
 from olmax.config_schedule import ScheduleConfig
 from olmax.errors import ConfigError, check_choice, check_non_negative, check_positive
@@ -501,6 +501,8 @@ class ExperimentConfig:
     """The DPO loss (trainer.objective=dpo)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """GRPO, the RL objective (trainer.objective=grpo): its loss and the RL loop's settings."""
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    """The verifiers the RL loop scores responses with."""
 
     def __post_init__(self):
         chunk, seq_len = self.trainer.loss_chunk, self.data.seq_len

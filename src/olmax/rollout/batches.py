@@ -81,6 +81,7 @@ from olmax.data.order import cached_permutation
 from olmax.data.prompts import PromptSet
 from olmax.errors import refuse
 from olmax.objectives import grpo
+from olmax.rewards import code
 from olmax.rollout.pack import pack_rollouts
 from olmax.rollout.sampler import Sampling, sample
 from olmax.sharding import gather, merge_strided, place
@@ -124,6 +125,10 @@ class RolloutBatches:
         _check_loop(cfg, len(prompts.prompts))
         for name in sorted(prompts.verifiers()):
             rewards.verifier(name)  # an unknown name exits 2 before any sampling, listing the known ones
+        # code rewards without their sandbox exit 2 here too, naming rewards.code.isolation
+        self.verifier_options = code.run_options(cfg.rewards.code.isolation, prompts.verifiers())
+        if self.verifier_options and primary:
+            print(code.describe(self.verifier_options[code.NAME]["isolation"]), flush=True)
         self.eos_ids = (tok.info.eos_token_id, tok.encode("<|im_end|>")[0])
         self.stops = [tok.encode(s) for s in self.rl.stop]
         key = [[p.ids, p.verifiers, p.ground_truths] for p in prompts.prompts]
@@ -316,7 +321,9 @@ class RolloutBatches:
             resp = tokens[r, : lengths[r]].tolist()
             text = self.tok.decode(resp[:-1] if resp and resp[-1] in self.eos_ids else resp)
             p = rows[r]
-            _, parts = rewards.reward(list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S)
+            _, parts = rewards.reward(
+                list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S, self.verifier_options
+            )
             for j, (_, score, status) in enumerate(parts):
                 part_scores[r, j], statuses[r, j] = score, rewards.STATUSES.index(status)
             counts["verified_here"] += 1

