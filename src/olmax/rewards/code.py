@@ -52,6 +52,7 @@ THRESHOLD = 0.99
 MEMORY_MB = 1024
 _FILE_BYTES = 16 << 20
 _STARTUP_SECONDS = 5.0  # slack for the child's interpreter start, on top of the tests' own bounds
+_KILL_SECONDS = 5.0  # the wait for the child's process group to die after the run
 
 # upstream refuses to run a program containing any of these (code_utils.py `should_execute`)
 REFUSED = ("threading", "multiprocess", "import os", "from os", "shutil", "import torch", "from torch",
@@ -225,7 +226,7 @@ def run_tests(
         "cpu_seconds": seconds * (len(tests) + 1),
         "nonce": nonce,
     }
-    bound = seconds * (len(tests) + 1) + _STARTUP_SECONDS
+    bound = _run_bound(len(tests), seconds)
     with tempfile.TemporaryDirectory(prefix="olmax-code-") as cwd:
         child = subprocess.Popen(
             [sys.executable, "-I", "-c", _CHILD],
@@ -250,13 +251,25 @@ def run_tests(
     return outcomes
 
 
+def _run_bound(tests: int, seconds: float) -> float:
+    # the program, then each test, `seconds` each, after the child's start
+    return seconds * (tests + 1) + _STARTUP_SECONDS
+
+
+def time_bound(ground_truth, *, seconds: float = SECONDS, **_) -> float:
+    """The longest a verify call on `ground_truth` may legitimately run: the sandbox's bound on the
+    whole run and the kill after it. `olmax.rewards.score` bounds the call by no less, so a correct
+    program with many tests is not cut off while its tests still run within their limits."""
+    return _run_bound(len(parse_tests(ground_truth)), seconds) + _KILL_SECONDS
+
+
 def _kill_group(child: subprocess.Popen) -> None:
     # the child's session holds every process the program started (forks included): end them all
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + _KILL_SECONDS
     while child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     if child.stdout is not None:

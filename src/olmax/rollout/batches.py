@@ -89,7 +89,7 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 2  # 1 kept no batches: a resume between mini-batches sampled a new rollout
 EMPTY_RETRIES = 8
-VERIFY_TIMEOUT_S = 30.0
+VERIFY_TIMEOUT_S = 30.0  # per call; a code call gets more when its tests may take more (rewards.call_bound)
 
 
 class _Rollout(NamedTuple):
