@@ -89,7 +89,7 @@ def prefix_rule_mask(hf_tok, template: str, messages: list[dict], max_len=None) 
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("name", ["instruct", "think"])
+@pytest.mark.parametrize("name", list(chat.TEMPLATES))
 def test_render_equals_transformers_and_masks_equal_prefix_rule(name, tok, hf_tok):
     template = chat.template_text(name)
     eos = chat.check_chat_tokenizer(tok)
@@ -168,7 +168,7 @@ class Whole:
         self.info, self.encode, self.decode = tok.info, tok.encode, tok.decode
 
 
-@pytest.mark.parametrize("name", ["instruct", "think"])
+@pytest.mark.parametrize("name", list(chat.TEMPLATES))
 def test_pieces_equal_whole_encoding(name, tok):
     """dolma2 encodes a conversation piece by piece between the markers (chat._Pieces) and skips the
     added-token set on a text without one; both must give tiktoken's ids, and sft_example the rule's

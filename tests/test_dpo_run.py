@@ -1,30 +1,43 @@
 """`olmax train` with trainer.objective=dpo, in process, on preference rows in a JSONL file tokenized
 with the Instruct chat template. Fast: the pair loader's batches (both sides, cut and padded, masks,
-seeded order, resume, ranks) and the CLI's exit 2 on a reference cache with another key. Slow (one
-tiny run per module, dolma2's real vocabulary, so the output layer dominates): the reference pass into
-its cache beside the pairs, three steps (one epoch: linear schedule with 10% warmup, as the DPO
-recipes), the DPO metrics in metrics.jsonl; a second run reuses the cache; a reference pass stopped
-half way resumes to the same log-probs, which the uncached pass (how `olmax demo chat` scores held-out
-pairs) gives too; a stopped run resumes exactly."""
+seeded order, resume, ranks); the parameters' fingerprint (the same on any mesh, another for any
+change); a reference cache of other parameters under the same start refused, naming both fingerprints,
+and the CLI's exit 2 on it. Slow (one tiny run per module, dolma2's real vocabulary, so the output layer
+dominates): the reference pass into its cache beside the pairs, three steps (one epoch: linear schedule
+with 10% warmup, as the DPO recipes), the DPO metrics in metrics.jsonl; a second run reuses the cache;
+a reference pass stopped half way resumes to the same log-probs, which the uncached pass (how `olmax
+demo chat` scores held-out pairs) gives too; a stopped run resumes exactly; SFT redone into the same
+directory with as many steps is refused, for a new run and for a resumed one."""
 
 import json
+import re
 import shutil
 from dataclasses import replace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from small_run import SMALL
 from typer.testing import CliRunner
 
 from olmax.cli import app
+from olmax.config import ConfigError
 from olmax.config_io import apply_overrides
 from olmax.data.chat_files import read_documents, tokenize_chat
 from olmax.data.pairs import PairLoader, PairSource, pair_order_report
-from olmax.objectives.reference import CACHE_DIR, COMPLETE, KEY_FILE, pair_logps, reference_logps_cache
+from olmax.model.olmo3 import init_params
+from olmax.objectives.reference import (
+    CACHE_DIR,
+    COMPLETE,
+    KEY_FILE,
+    pair_logps,
+    params_fingerprint,
+    reference_logps_cache,
+)
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
-from olmax.state import init_train_state
+from olmax.state import init_train_state, param_shardings
 from olmax.train import train
 
 DEVICES = 4  # a pair per device and step: 12 pairs are 3 steps
@@ -166,20 +179,101 @@ def test_data_order_reports_the_pairs_the_loader_delivers(pairs):
     assert out.exit_code == 2 and "past the last step 3" in out.output
 
 
+def _params(cfg, seed, devices=1):
+    """Parameters of the model's shapes, drawn on the host (no init program to compile), placed in their
+    training layout on the first `devices` devices."""
+    rng = np.random.default_rng(seed)
+    shapes = jax.eval_shape(lambda key: init_params(cfg.model, key), jax.random.key(0))
+    host = jax.tree.map(lambda s: rng.standard_normal(s.shape, np.float32), shapes)
+    return jax.device_put(host, param_shardings(cfg.model, make_mesh(cfg.mesh, jax.devices()[:devices])))
+
+
+def test_params_fingerprint_is_the_parameters_content(pairs):
+    """The same values give the same fingerprint on any mesh (sharded over 8 devices, or on 1); one
+    element one bit off, two rows swapped, a dtype or another architecture's parameters do not."""
+    cfg = apply_overrides(pairs[1], ["model.vocab_size=1000"])  # small leaves: the test is compiling
+    fingerprint = params_fingerprint(_params(cfg, 0, devices=8))
+    one = _params(cfg, 0)
+    assert params_fingerprint(one) == fingerprint
+    emb = np.asarray(one["embed"])
+    one_bit = emb.copy()
+    one_bit.view(np.uint32)[7, 3] ^= 1  # the lowest mantissa bit of one element
+    swapped = emb.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    for changed in (one_bit, swapped, emb.astype(jnp.bfloat16)):
+        assert params_fingerprint({**one, "embed": jax.device_put(changed, one["embed"].sharding)}) != fingerprint
+    assert params_fingerprint(_params(apply_overrides(cfg, ["model.n_layers=1"]), 0)) != fingerprint
+
+
+def test_a_cache_of_other_parameters_under_the_same_name_is_refused(pairs, tmp_path):
+    """SFT redone into the same directory with as many steps: the cache's start reads the same (path
+    and step), its parameters' fingerprint does not, so the cache is refused, naming it and both
+    fingerprints; the parameters it was computed from read it without a reference pass."""
+    tmp, cfg = pairs
+    shutil.copytree(tmp / "pairs", tmp_path / "pairs", ignore=shutil.ignore_patterns(CACHE_DIR))
+    cfg = _config(tmp_path, tmp_path / "pairs", f"checkpoint.init_from={tmp_path / 'sft'}")
+    source = PairSource(cfg.data)
+    cache = tmp_path / "pairs" / CACHE_DIR
+    cache.mkdir()
+    logps = np.arange(24, dtype=np.float32).reshape(12, 2)
+    np.save(cache / COMPLETE, logps)  # as a complete pass from the first SFT leaves it
+    first, again = (params_fingerprint(_params(cfg, seed)) for seed in (0, 1))
+    mesh = make_mesh(cfg.mesh, jax.devices()[:DEVICES])
+
+    def no_pass():
+        raise AssertionError("the cache is complete: no reference pass")
+
+    np.testing.assert_array_equal(reference_logps_cache(cfg, mesh, source, no_pass, first, log=print), logps)
+    key = json.loads((cache / KEY_FILE).read_text())
+    assert key["parameters"] == first and key["data"] == source.fingerprint
+    with pytest.raises(ConfigError) as refused:
+        reference_logps_cache(cfg, mesh, source, no_pass, again, log=print)
+    assert str(cache) in str(refused.value) and first in str(refused.value) and again in str(refused.value)
+
+
 def test_a_cache_with_another_key_exits_2(pairs, tmp_path):
     """The CLI refuses a reference cache computed from other starting parameters, naming both."""
     tmp, cfg = pairs
     shutil.copytree(tmp / "pairs", tmp_path / "pairs", ignore=shutil.ignore_patterns(CACHE_DIR))
     source = PairSource(replace(cfg.data, paths=(str(tmp_path / "pairs"),)))
     (tmp_path / "pairs" / CACHE_DIR).mkdir()
+    other = params_fingerprint(_params(cfg, 1))  # not the random init of trainer.seed=0 the run starts from
     (tmp_path / "pairs" / CACHE_DIR / KEY_FILE).write_text(
-        json.dumps({"init": "random, trainer.seed=1", "data": source.fingerprint})
+        json.dumps({"parameters": other, "data": source.fingerprint, "start": "random init, trainer.seed=1"})
     )
     # all 8 devices (the CLI takes no device list): 8 pairs a step
     args = _overrides(tmp_path, tmp_path / "pairs", "trainer.global_batch=8")
     out = CliRunner().invoke(app, ["train", "--recipe", "tiny", "--run-dir", str(tmp_path / "run"), *args])
     assert out.exit_code == 2, out.output
-    assert "random, trainer.seed=1" in out.output and "random, trainer.seed=0" in out.output
+    output = " ".join(out.output.split())  # the message, unwrapped
+    fingerprints = re.findall(r'"parameters": "([0-9a-f]{64})"', output)
+    assert len(fingerprints) == 2 and fingerprints[0] == other != fingerprints[1]
+    assert "random init, trainer.seed=1" in output and "random init, trainer.seed=0" in output
+
+
+@pytest.mark.slow
+def test_sft_redone_into_the_same_directory_does_not_reuse_the_cache(pairs, tmp_path):
+    """A DPO run from SFT_DIR (last step 3) fills the cache; SFT is redone into SFT_DIR with as many
+    steps (other parameters under the same path and step). A new DPO run from it is refused rather than
+    trained on the old log-probs; so is the first run resumed, once its cache is gone, as its start is
+    no longer the one its checkpoint recorded."""
+    from olmax.checkpoint import save_params
+
+    tmp, _ = pairs
+    shutil.copytree(tmp / "pairs", tmp_path / "pairs", ignore=shutil.ignore_patterns(CACHE_DIR))
+    sft = tmp_path / "sft"
+    cfg = _config(tmp_path, tmp_path / "pairs", f"checkpoint.init_from={sft}")
+    devices = jax.devices()[:DEVICES]
+    save_params(sft, _params(cfg, 0, DEVICES), cfg.model, {}, step=3)
+    train(cfg, tmp_path / "first", devices=devices, stop_at=1, progress=False)
+    assert (tmp_path / "pairs" / CACHE_DIR / COMPLETE).is_file()
+    shutil.rmtree(sft)
+    save_params(sft, _params(cfg, 1, DEVICES), cfg.model, {}, step=3)
+    with pytest.raises(ConfigError, match="computed for"):
+        train(cfg, tmp_path / "second", devices=devices, stop_at=1, progress=False)
+    shutil.rmtree(tmp_path / "pairs" / CACHE_DIR)
+    with pytest.raises(ConfigError, match="holds other parameters now"):
+        train(cfg, tmp_path / "first", devices=devices, stop_at=2, progress=False)
 
 
 @pytest.mark.slow
@@ -208,7 +302,10 @@ def test_reference_cache_is_keyed_and_reused(run):
     tmp, cfg, rows = run
     cache = tmp / "pairs" / CACHE_DIR
     key = json.loads((cache / KEY_FILE).read_text())
-    assert key["init"] == "random, trainer.seed=0" and key["data"] == PairSource(cfg.data).fingerprint
+    assert key["start"] == "random init, trainer.seed=0" and key["data"] == PairSource(cfg.data).fingerprint
+    mesh = make_mesh(cfg.mesh, jax.devices()[:DEVICES])
+    with jax.set_mesh(mesh):
+        assert key["parameters"] == params_fingerprint(init_train_state(cfg, mesh, jax.random.key(0)).params)
     assert PairSource(cfg.data).dropped == 0 and len(np.load(cache / COMPLETE)) == 12
     stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     again = train(cfg, tmp / "again", devices=jax.devices()[:DEVICES], stop_at=1, progress=False)
@@ -234,7 +331,7 @@ def test_a_stopped_reference_pass_resumes_to_the_same_log_probs(run):
     said = []
     with jax.set_mesh(mesh):
         start = init_train_state(cfg, mesh, jax.random.key(0)).params
-        logps = reference_logps_cache(cfg, mesh, source, lambda: start, log=said.append)
+        logps = reference_logps_cache(cfg, mesh, source, lambda: start, params_fingerprint(start), log=said.append)
         uncached = pair_logps(cfg, mesh, source, start)  # how the chat demo scores its held-out pairs
     assert said == [f"DPO reference pass: resuming at pair 4 of 12 ({cache})", "DPO reference pass: 8 of 12 pairs"]
     np.testing.assert_array_equal(logps, np.load(tmp / "pairs" / CACHE_DIR / COMPLETE))

@@ -81,6 +81,31 @@ def test_prompt_order_resumes_and_leaves_solved_prompts_out(tmp_path, coin_verif
     assert len(loader.order) == (len(prompts.prompts) - 25) // 10 * 10
 
 
+def test_a_retry_keeps_the_no_resample_marks_of_the_reads_it_replaces(tmp_path, coin_verifier):
+    """Without active sampling a read whose groups all drop (here: every prompt solved) is replaced by
+    the next one, but its prompts were solved all the same: open-instruct marks every group it reads
+    (`accumulate_inference_batches`), so they leave the order at the next epoch with the later read's."""
+    cfg = _config(tmp_path, "grpo.no_resampling_pass_rate=0.875")
+    tok = load_tokenizer("dolma2")
+    loader = RolloutBatches(cfg, make_mesh(cfg.mesh, jax.devices()[:1]), prompt_set(cfg, tok), tok)
+    scale, reads = cfg.grpo.reward_scale, []
+    rewards_of_read = [
+        [scale] * 16,  # all four solved: no spread, nothing kept, a retry
+        [scale] * 4 + [0.0, scale] * 6,  # the first solved (marked, dropped), the others kept
+    ]
+
+    def fake_sample(params, ids, counts):
+        reads.append([int(i) for i in ids])
+        rw = np.asarray(rewards_of_read[len(reads) - 1], np.float32)
+        prompts = [loader.prompts.prompts[i].ids for i in ids for _ in range(4)]
+        return prompts, [[1, 2]] * 16, [[0.0, 0.0]] * 16, rw, [("coin", float(r > 0)) for r in rw]
+
+    loader._sample = fake_sample
+    rollout = loader._rollout(None)
+    assert rollout.figures["rollout/retries"] == 1 and rollout.figures["rollout/groups_kept"] == 3
+    assert loader.excluded == reads[0] + reads[1][:1]
+
+
 def test_the_loop_refuses_what_it_cannot_sample_for(tmp_path, coin_verifier):
     tok = load_tokenizer("dolma2")
     mesh = make_mesh(get_recipe("tiny_grpo").mesh, jax.devices()[:1])

@@ -266,6 +266,21 @@ def test_code_infinite_loop_is_a_timeout_within_the_limit(code_sandbox):
     assert code.run_tests("def f(): pass", [swallow, "f()"], seconds=0.2) == ["timeout", "pass"]
 
 
+def test_code_with_many_tests_gets_the_time_its_tests_may_take(code_sandbox):
+    """A correct program whose tests together take longer than the call's timeout, each well within its
+    own limit, scores 1: the bound on a code call is at least the sandbox's own, 6 s x (tests + 1) +
+    its start, so the RL loop's 30 s does not cut off a correct program with many tests."""
+    slow = "```python\nimport time\ndef add(a, b):\n    time.sleep(0.15)\n    return a + b\n```"
+    tests = [f"assert add({i}, 1) == {i + 1}" for i in range(10)]  # 1.5 s of tests
+    assert rewards.score("code", slow, tests, timeout=1.0, options={"seconds": 1.0}) == (1.0, "ok")
+    many = [f"assert add({i}, 1) == {i + 1}" for i in range(100)]
+    assert rewards.call_bound("code", many, 30.0) >= code.SECONDS * 101 + 5
+    assert rewards.call_bound("code_stdio", json.dumps([{"input": "", "output": ""}] * 100), 30.0) >= 6 * 101 + 5
+    assert rewards.call_bound("code", many[:1], 30.0) == 30.0  # never below the caller's
+    assert rewards.call_bound("code", "not json", 30.0) == 30.0  # the call reports the error
+    assert rewards.call_bound("math", "2", 30.0) == 30.0
+
+
 def test_code_memory_hog_and_network_fail(code_sandbox):
     hog = "```python\ndef add(a, b):\n    blob = bytearray(8 << 30)\n    return a + b\n```"
     assert code.run_tests(code.extract_program(hog), ["assert add(1, 2) == 3"], memory_mb=512) == ["fail"]

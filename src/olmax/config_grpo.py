@@ -79,7 +79,8 @@ class GRPOConfig:
     none Think)."""
     template: str = "instruct"
     """The chat template the prompts are rendered with, generation prompt included (olmax.data.chat:
-    "think" for the Think run, open-instruct's olmo_thinker; "instruct" for the Instruct run)."""
+    "think_dpo_rl" for the Think run, open-instruct's olmo_thinker, whose default system prompt is not
+    the Think SFT template's ("think"); "instruct" for the Instruct run)."""
     sample_prompts: Union[int, str] = "auto"
     """Prompts per sampler program: a rollout samples its prompts this many at a time (their
     samples_per_prompt rows each), one program after another, so the KV cache holds only their rows;

@@ -361,8 +361,11 @@ def _rl(
 # compiles its rollout on its own devices and samples the most prompts at a time that fit (one node of
 # H100s: 7B Instruct 8, 7B Think 2; Ironwood 4x4x4: all 64; docs/post-training.md, "Recipes").
 # Think: 32,768-token responses in 35,840-token rows, TIS capped at 2, one optimizer step per rollout
-# (old log-probs = the step's own), no active sampling.
-THINK_RL = GRPOConfig(max_prompt_len=2048, max_response_len=32_768, tis_cap=2.0, mini_batches=1, template="think")
+# (old log-probs = the step's own), no active sampling; prompts rendered with open-instruct's
+# olmo_thinker (--chat_template_name in 7b_think_rl.sh and 32b_think_rl.sh at e6c3044): think_dpo_rl.
+THINK_RL = GRPOConfig(
+    max_prompt_len=2048, max_response_len=32_768, tis_cap=2.0, mini_batches=1, template="think_dpo_rl"
+)
 # Instruct: 8,192-token responses in 11,264-token rows, no TIS, 4 optimizer steps per rollout, active
 # sampling with prompts solved at >= 7 of 8 not sampled again, responses also stopped at "</answer>".
 INSTRUCT_RL = GRPOConfig(

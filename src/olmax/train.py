@@ -30,13 +30,13 @@ from olmax.compile_check import choose_remat
 from olmax.config import ConfigError, ExperimentConfig
 from olmax.config_io import to_yaml
 from olmax.data.loader import make_loader
-from olmax.data.pairs import PairLoader, PairSource
+from olmax.data.pairs import REFERENCE_FINGERPRINT, PairLoader, PairSource
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.heldout import HeldoutEvaluator
 from olmax.exits import ExitStatus, write_record
 from olmax.metrics import LOSS_METRIC, MetricsLog, Progress
 from olmax.objectives import dpo, grpo
-from olmax.objectives.reference import check_cache_key, reference_logps_cache
+from olmax.objectives.reference import check_cache_data, params_fingerprint, reference_logps_cache
 from olmax.remat import AUTO, AUTO_LADDER
 from olmax.remat_search import describe_devices, with_remat
 from olmax.rollout.batches import RolloutBatches, prompt_set
@@ -79,9 +79,9 @@ def train(
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with _exclusive(run_dir), jax.set_mesh(mesh), _PreemptionNotice() as preempted:
         pairs = None
-        if cfg.trainer.objective == "dpo":  # a cache of another start is refused before any parameters load
+        if cfg.trainer.objective == "dpo":  # a cache of other pairs is refused before any parameters load
             pairs = PairSource(cfg.data)
-            check_cache_key(cfg, pairs)
+            check_cache_data(pairs)
         restored = ckpts.restore_latest(abstract_state(cfg, mesh))
         if restored is None:
             state, data_state = _fresh_state(cfg, mesh)
@@ -119,11 +119,18 @@ def train(
             )
         elif dpo_run:
             # the reference pass runs on the starting parameters: the fresh state's, which a resumed
-            # run makes again only if the cache is missing (it is written before step 1)
+            # run makes again only if the cache is missing (it is written before step 1); their
+            # fingerprint keys the cache: a resumed run's is the one its data state recorded at the start
             def start_params():
                 return state.params if restored is None else _fresh_state(cfg, mesh)[0].params
 
-            loader = _pair_loader(cfg, mesh, pairs, start_params, data_state, n_proc, proc, allow_data_change)
+            if restored is None:
+                fingerprint = params_fingerprint(state.params)
+            else:  # a data state from before the record has none: the starting parameters are made again
+                fingerprint = data_state.get(REFERENCE_FINGERPRINT) or params_fingerprint(start_params())
+            loader = _pair_loader(
+                cfg, mesh, pairs, start_params, fingerprint, data_state, n_proc, proc, allow_data_change
+            )
         else:
             loader = make_loader(
                 cfg.data,
@@ -206,12 +213,22 @@ def train(
 
 
 def _pair_loader(
-    cfg, mesh, source: PairSource, start_params, data_state, n_proc: int, proc: int, allow_data_change: bool
+    cfg,
+    mesh,
+    source: PairSource,
+    start_params,
+    fingerprint,
+    data_state,
+    n_proc: int,
+    proc: int,
+    allow_data_change: bool,
 ) -> PairLoader:
     """trainer.objective=dpo: the pairs with their reference log-probs, from the cache beside them or
-    from the reference pass, run now (olmax.objectives.reference)."""
+    from the reference pass, run now (olmax.objectives.reference). `fingerprint`: the starting
+    parameters' (`params_fingerprint`), which the loader's state records for a resume."""
     primary = jax.process_index() == 0
-    reference = reference_logps_cache(cfg, mesh, source, start_params, log=print if primary else lambda _: None)
+    log = print if primary else lambda _: None
+    reference = reference_logps_cache(cfg, mesh, source, start_params, fingerprint, log=log)
     return PairLoader(
         cfg.data,
         source,
@@ -221,6 +238,7 @@ def _pair_loader(
         dp_size=n_proc,
         state=data_state,
         allow_fingerprint_mismatch=allow_data_change,
+        reference_fingerprint=fingerprint,
     )
 
 

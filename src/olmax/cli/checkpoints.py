@@ -54,8 +54,8 @@ def convert_cmd(
     chat: Optional[str] = typer.Option(
         None,
         "--chat",
-        help="--to-hf: OLMo 3 chat template to write into tokenizer_config.json: instruct, think, none, or "
-        "auto (the default: the template the run's tokenized data records; none for a base model)",
+        help="--to-hf: OLMo 3 chat template to write into tokenizer_config.json: instruct, think, think_dpo_rl, "
+        "none, or auto (the default: the template the run's tokenized data records; none for a base model)",
     ),
     recipe: Optional[str] = RecipeOpt,
     config: Optional[str] = ConfigOpt,

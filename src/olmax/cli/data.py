@@ -38,8 +38,9 @@ def tokenize_cmd(
     chat: Optional[str] = typer.Option(
         None,
         "--chat",
-        help="instruct|think: inputs are chat rows (`messages`, or `chosen`/`rejected`; .jsonl* or .parquet), "
-        "rendered with OLMo 3's template and written with label masks as AI2's SFT files (docs/post-training.md)",
+        help="instruct|think|think_dpo_rl: inputs are chat rows (`messages`, or `chosen`/`rejected`; .jsonl* or "
+        ".parquet), rendered with that OLMo 3 template and written with label masks as AI2's SFT files "
+        "(docs/post-training.md)",
     ),
     max_seq_len: Optional[int] = typer.Option(
         None, "--max-seq-len", help="--chat: truncate longer conversations to this many tokens (as AI2 did)"

@@ -42,7 +42,11 @@ import numpy as np
 
 from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Dolma2Tokenizer, Encoder
 
-TEMPLATES = {"instruct": "olmo3_instruct.jinja", "think": "olmo3_think.jinja"}
+TEMPLATES = {
+    "instruct": "olmo3_instruct.jinja",
+    "think": "olmo3_think.jinja",
+    "think_dpo_rl": "olmo3_think_dpo_rl.jinja",
+}
 ROLES = ("system", "user", "assistant", "environment", "tool")
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 
@@ -67,7 +71,7 @@ class ChatExample:
 
 
 def template_text(name: str) -> str:
-    """The Jinja source of template `name` ("instruct" or "think")."""
+    """The Jinja source of template `name` (a key of TEMPLATES)."""
     if name not in TEMPLATES:
         raise ChatError(f"unknown chat template {name!r} (expected one of {', '.join(TEMPLATES)})")
     return resources.files("olmax.data").joinpath("chat_templates", TEMPLATES[name]).read_text()

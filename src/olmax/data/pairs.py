@@ -23,7 +23,9 @@
   pairs (olmax.data.order.rank_ids), as the LM loader does.
 - `state()` holds the fingerprint (both sides' shard digests and data.seq_len), seed, epoch and
   batches processed: the state saved after step N resumes at batch N; a fingerprint mismatch raises
-  DataStateError unless allowed.
+  DataStateError unless allowed. It also records the fingerprint of the parameters the reference
+  log-probs came from (`reference_fingerprint`, olmax.objectives.reference.params_fingerprint): a
+  resumed run checks the cache against its own start without loading the starting parameters again.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 
 SIDES = ("chosen", "rejected")
 STATE_VERSION = 1
+REFERENCE_FINGERPRINT = "reference_fingerprint"
 
 
 class _Side:
@@ -141,11 +144,13 @@ class PairLoader:
         local_ranks: int = 1,
         state: Optional[dict] = None,
         allow_fingerprint_mismatch: bool = False,
+        reference_fingerprint: Optional[str] = None,
     ):
         check_rank(global_batch, dp_rank, dp_size)
         if reference.shape != (len(source), 2):
             raise ValueError(f"reference log-probs of shape {reference.shape} for {len(source)} pairs")
         self.cfg, self.source, self.reference = data_cfg, source, reference
+        self.reference_fingerprint = reference_fingerprint
         self.global_batch, self.ranks, self.dp_size = global_batch, range(dp_rank, dp_rank + local_ranks), dp_size
         self.batches_per_epoch = num_batches(len(source), global_batch)
         if self.batches_per_epoch == 0:
@@ -197,6 +202,7 @@ class PairLoader:
             "pairs_processed": self.batches_processed * self.global_batch,
             "global_batch": self.global_batch,
             "seq_len": self.cfg.seq_len,
+            REFERENCE_FINGERPRINT: self.reference_fingerprint,
         }
 
 

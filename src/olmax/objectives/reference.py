@@ -2,16 +2,21 @@
 parameters and cached beside the tokenized pairs (open-instruct `dpo_tune_cache.py` caches them so too,
 then frees the reference model).
 
-    reference = reference_logps_cache(cfg, mesh, source, start_params, log=print)   # (pairs, 2) float32
+    fingerprint = params_fingerprint(start)                                    # the run's start, by content
+    reference = reference_logps_cache(cfg, mesh, source, start_params, fingerprint, log=print)   # (pairs, 2)
 
 - Where: DIR/reference_logps/ for data.paths = [DIR]: `key.json` (what they were computed from),
   `chunk_START_END.npy` (pairs START..END-1 of the kept pairs, (n, 2) float32: chosen, rejected),
   written atomically one forward at a time, and `logps.npy`, all pairs, once the pass is complete.
-- Key: the starting checkpoint (checkpoint.init_from and its latest complete step; a run without one
-  starts from the random init of trainer.seed) and the pairs' fingerprint (both sides' shard digests and
-  data.seq_len, olmax.data.pairs). A cache with another key is refused (ConfigError: exit 2), naming both.
+- Key: the starting parameters' content (`params_fingerprint`) and the pairs' fingerprint (both sides'
+  shard digests and data.seq_len, olmax.data.pairs); `start` in key.json says where the parameters came
+  from (checkpoint.init_from and its step, or the random init of trainer.seed), for the reader only. A
+  cache with another key is refused (ConfigError: exit 2), naming the cache and both keys. Keyed by
+  content, not by path and step: SFT redone into the same directory with as many steps, or another
+  architecture under the same trainer.seed, is other parameters under the same name.
 - Resumable: a pass that stopped (killed, preempted) continues after the last contiguous chunk; the
-  chunks need not have the same size (a resume may run on another mesh).
+  chunks need not have the same size (a resume may run on another mesh). Parameters made again for it
+  must have the key's fingerprint.
 - Sharded as the step: each forward takes one micro-batch of pairs per batch shard (data x fsdp), the
   parameters in their training layout; the log-probs come back replicated, so every process has them
   and process 0 writes them.
@@ -19,13 +24,15 @@ then frees the reference model).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -39,43 +46,113 @@ from olmax.train_step import batch_layout, batch_sharding
 
 CACHE_DIR, KEY_FILE, COMPLETE = "reference_logps", "key.json", "logps.npy"
 _CHUNK = re.compile(r"chunk_(\d+)_(\d+)\.npy$")
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 
-def cache_key(cfg: ExperimentConfig, source: PairSource) -> dict:
-    """What the reference log-probs depend on: the starting parameters and the pairs."""
+def _mix(h: jnp.ndarray) -> jnp.ndarray:
+    # MurmurHash3's 32-bit finaliser: a bijection of uint32 that spreads every input bit over the output
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _leaf_digests(x: jnp.ndarray) -> jnp.ndarray:
+    """(2,) uint32: two sums over the leaf of its elements' bits mixed with their positions."""
+    bits = jax.lax.bitcast_convert_type(x, _UINT[x.dtype.itemsize]).astype(jnp.uint32)
+    index = jnp.zeros(x.shape, jnp.uint32)
+    for axis, size in enumerate(x.shape):  # the row-major position, without reshaping a sharded array
+        index = index * jnp.uint32(size) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
+    position = _mix(index)
+    return jnp.stack(
+        [
+            jnp.sum(_mix(bits ^ position), dtype=jnp.uint32),
+            jnp.sum(_mix(bits + _mix(position)), dtype=jnp.uint32),
+        ]
+    )
+
+
+def _all_digests(leaves: list) -> list:
+    return [_leaf_digests(x) for x in leaves]
+
+
+def params_fingerprint(params) -> str:
+    """sha256 over every leaf's path, shape, dtype and two 32-bit digests of its bits (`_leaf_digests`).
+
+    The digests are computed where the parameters are, in one jitted pass (an elementwise hash and a
+    sum per leaf): a byte hash would bring every parameter to one host first (a 7B's 28 GB in float32,
+    gathered across processes). They are sums of integers modulo 2^32, which are exact whatever the
+    order of the additions, so the fingerprint is the same on any mesh, device count or backend: a
+    resume on other devices recomputes the same value. Each element enters through a bijective mix of
+    its bits with its position, so changing any one element (or moving values between positions)
+    changes the digests; any leaf's shape, dtype or path changes the fingerprint directly."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    where = leaves[0][1].sharding if leaves else None
+    # replicated on the parameters' mesh, so that every process can read them
+    replicated = NamedSharding(where.mesh, PartitionSpec()) if isinstance(where, NamedSharding) else None
+    digests = jax.jit(_all_digests, out_shardings=replicated)([x for _, x in leaves])
+    h = hashlib.sha256()
+    for (path, x), d in zip(leaves, jax.device_get(digests)):
+        h.update(f"{jax.tree_util.keystr(path)} {x.shape} {x.dtype} {int(d[0]):08x}{int(d[1]):08x}\n".encode())
+    return h.hexdigest()
+
+
+def _start(cfg: ExperimentConfig) -> str:
+    """Where the starting parameters came from, in words (key.json's `start`, not compared)."""
     init = cfg.checkpoint.init_from
     if init is None:
-        start = {"init": f"random, trainer.seed={cfg.trainer.seed}"}
-    else:
-        steps = complete_steps(init)
-        start = {"checkpoint": str(init), "step": max(steps) if steps else None}
-    return {**start, "data": source.fingerprint}
+        return f"random init, trainer.seed={cfg.trainer.seed}"
+    steps = complete_steps(init)
+    return f"{init} step {max(steps) if steps else None}"
 
 
-def check_cache_key(cfg: ExperimentConfig, source: PairSource) -> dict:
-    """The run's cache key; a ConfigError naming both when the cache holds another (the trainer asks
-    before it loads the starting parameters, so a wrong cache costs no checkpoint read)."""
+def cache_key(cfg: ExperimentConfig, source: PairSource, fingerprint: str) -> dict:
+    """What the reference log-probs depend on: the starting parameters' content and the pairs."""
+    return {"parameters": fingerprint, "data": source.fingerprint, "start": _start(cfg)}
+
+
+def _stored_key(source: PairSource) -> Optional[dict]:
+    path = source.root / CACHE_DIR / KEY_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _refuse(source: PairSource, stored: dict, key: dict) -> None:
     directory = source.root / CACHE_DIR
-    key = cache_key(cfg, source)
-    if (directory / KEY_FILE).is_file():
-        stored = json.loads((directory / KEY_FILE).read_text())
-        if stored != key:
-            raise ConfigError(
-                f"the DPO reference log-probs in {directory} were computed for {json.dumps(stored)}, but this run "
-                f"starts from {json.dumps(key)}: delete {directory} to compute them again"
-            )
-    return key
+    raise ConfigError(
+        f"the DPO reference log-probs in {directory} were computed for {json.dumps(stored)}, but this run needs "
+        f"them for {json.dumps(key)}: delete {directory} to compute them again (or point data.paths at a "
+        "copy of the pairs without it)"
+    )
+
+
+def check_cache_data(source: PairSource) -> None:
+    """A ConfigError when the cache holds another data fingerprint (asked before the trainer loads any
+    parameters, so such a cache costs no checkpoint read; the parameters are checked once loaded)."""
+    stored = _stored_key(source)
+    if stored is not None and stored.get("data") != source.fingerprint:
+        _refuse(source, {"data": stored.get("data")}, {"data": source.fingerprint})
 
 
 def reference_logps_cache(
-    cfg: ExperimentConfig, mesh: Mesh, source: PairSource, start_params: Callable[[], dict], *, log=print
+    cfg: ExperimentConfig,
+    mesh: Mesh,
+    source: PairSource,
+    start_params: Callable[[], dict],
+    fingerprint: str,
+    *,
+    log=print,
 ) -> np.ndarray:
     """(pairs, 2) float32 reference log-probs of the kept pairs, from the cache or computed into it.
-    `start_params()` gives the starting parameters, sharded (called only when something is missing)."""
+    `start_params()` gives the starting parameters, sharded (called only when something is missing);
+    `fingerprint` is theirs (`params_fingerprint`)."""
     directory = source.root / CACHE_DIR
-    key = check_cache_key(cfg, source)
+    key = cache_key(cfg, source, fingerprint)
+    stored = _stored_key(source)
+    if stored is not None and (stored.get("parameters"), stored.get("data")) != (key["parameters"], key["data"]):
+        _refuse(source, stored, key)
     primary = jax.process_index() == 0
-    if primary and not (directory / KEY_FILE).is_file():
+    if primary and stored is None:
         directory.mkdir(parents=True, exist_ok=True)
         _write_atomic(directory / KEY_FILE, (json.dumps(key, indent=1) + "\n").encode())
     if (directory / COMPLETE).is_file():
@@ -96,7 +173,16 @@ def reference_logps_cache(
         log(f"DPO reference pass over {len(source):,} pairs into {directory}")
     parts = [np.load(directory / f"chunk_{s:09d}_{e:09d}.npy") for s, e in chunks]
     if done < len(source):
-        parts += _compute(cfg, mesh, source, start_params(), done, directory if primary else None, log)
+        params = start_params()
+        # made again for a resumed run, they may not be the ones it started from (the starting
+        # checkpoint's directory written again since)
+        made = params_fingerprint(params)
+        if made != fingerprint:
+            raise ConfigError(
+                f"the starting parameters ({key['start']}) have the fingerprint {made}, but this run started "
+                f"from {fingerprint}: checkpoint.init_from holds other parameters now; start a new run"
+            )
+        parts += _compute(cfg, mesh, source, params, done, directory if primary else None, log)
     logps = np.concatenate(parts).astype(np.float32)
     if primary:
         _write_npy(directory / COMPLETE, logps)

@@ -9,7 +9,8 @@ as open-instruct's `build_all_verifiers` keys them), then the Python entry point
 
 `score(name, response, ground_truth, timeout=...)` is the call the RL loop makes: it returns
 `(score, status)` and never raises for a verifier's fault. status is "ok"; "timeout" (the verifier ran
-past `timeout`, or a program under test ran past its limit); "error" (it raised, or its process died);
+past `timeout`, or past what its module's `time_bound` says it may need when that is more: `call_bound`;
+or a program under test ran past its limit); "error" (it raised, or its process died);
 "invalid" (it returned something that is not a finite number in [0, 1]). All but "ok" score 0. With a
 timeout the verifier runs in a worker process (spawned once, kept, and replaced after a timeout or a
 crash: sympy can hang on adversarial LaTeX, and a hung thread cannot be stopped); `timeout=None` runs it
@@ -48,6 +49,7 @@ BUILTINS = {
 OK, TIMEOUT, ERROR, INVALID = "ok", "timeout", "error", "invalid"
 STATUSES = (OK, TIMEOUT, ERROR, INVALID)
 WARM_SECONDS = 120.0  # the bound on loading a verifier in a fresh worker (imports), apart from the call's
+CALL_MARGIN_S = 5.0  # the worker's own part of a call on top of a verifier's time_bound: pipes, pickling
 
 Verifier = Callable[..., float]
 
@@ -203,7 +205,26 @@ def score(
         verifier(name)  # an unknown name fails here, loudly
     if timeout is None:
         return call(name, response, ground_truth, options)
-    return _worker.run(name, (response, ground_truth, options), timeout)
+    return _worker.run(name, (response, ground_truth, options), call_bound(name, ground_truth, timeout, options))
+
+
+def call_bound(name: str | Verifier, ground_truth, timeout: float, options: dict | None = None) -> float:
+    """The seconds `score` gives one call: `timeout`, or more when the verifier's module says the call
+    may need more (its `time_bound(ground_truth, **options)`), plus CALL_MARGIN_S. The code verifier's
+    sandbox bounds each test by itself (6 s by default) and so needs 6 x (tests + 1) + 12 s at most: a
+    fixed bound below that scores a correct program with many tests 0 as a timeout. (open-instruct
+    bounded its code API's HTTP call at max(30, min(300, 10 x code_max_execution_time)), 60 s in the
+    OLMo 3 scripts whatever the number of tests: `CodeVerifier.async_call`, ground_truth_utils.py at
+    42aa63c and 9ade62d; here the sandbox's own bounds decide.) A ground truth the verifier cannot read
+    gets `timeout`: the call reports its error."""
+    fn = verifier(name) if isinstance(name, str) else name
+    need = getattr(importlib.import_module(getattr(fn, "__module__", None) or __name__), "time_bound", None)
+    if need is None:
+        return timeout
+    try:
+        return max(timeout, need(ground_truth, **(options or {})) + CALL_MARGIN_S)
+    except Exception:
+        return timeout
 
 
 def reward(

@@ -76,6 +76,7 @@ PROCESSES = 32  # processes the namespace sandbox may hold at once (RLIMIT_NPROC
 AUTO, NAMESPACES, NONE = "auto", "namespaces", "none"
 ISOLATIONS = (AUTO, NAMESPACES, NONE)
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_sandbox.py")
+_KILL_SECONDS = 5.0  # the wait for the child's process group to die after the run
 
 # upstream refuses to run a program containing any of these (code_utils.py `should_execute`)
 REFUSED = ("threading", "multiprocess", "import os", "from os", "shutil", "import torch", "from torch",
@@ -227,7 +228,7 @@ def _job(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int)
         "scratch_bytes": _SCRATCH_BYTES,
         "processes": PROCESSES,
         "cpu_seconds": seconds * (len(tests) + 1),
-        "bound": seconds * (len(tests) + 1) + _STARTUP_SECONDS,
+        "bound": _run_bound(len(tests), seconds),
         "nonce": secrets.token_hex(16),
     }
 
@@ -267,13 +268,25 @@ def _run_child(job: dict) -> list[str]:
     return outcomes
 
 
+def _run_bound(tests: int, seconds: float) -> float:
+    # the program, then each test, `seconds` each, after the child's start
+    return seconds * (tests + 1) + _STARTUP_SECONDS
+
+
+def time_bound(ground_truth, *, seconds: float = SECONDS, **_) -> float:
+    """The longest a verify call on `ground_truth` may legitimately run: the sandbox's bound on the
+    whole run, a sandbox's teardown and the kill after it. `olmax.rewards.score` bounds the call by no less, so a correct
+    program with many tests is not cut off while its tests still run within their limits."""
+    return _run_bound(len(parse_tests(ground_truth)), seconds) + _TEARDOWN_SECONDS + _KILL_SECONDS
+
+
 def _kill_group(child: subprocess.Popen) -> None:
     # the child's session holds every process the program started (forks included): end them all
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + _KILL_SECONDS
     while child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     if child.stdout is not None:

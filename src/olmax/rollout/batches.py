@@ -90,7 +90,7 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 2  # 1 kept no batches: a resume between mini-batches sampled a new rollout
 EMPTY_RETRIES = 8
-VERIFY_TIMEOUT_S = 30.0
+VERIFY_TIMEOUT_S = 30.0  # per call; a code call gets more when its tests may take more (rewards.call_bound)
 
 
 class _Rollout(NamedTuple):
@@ -339,8 +339,6 @@ class RolloutBatches:
         retries = 0
         for _ in range(EMPTY_RETRIES + 1):
             ids = self._take()
-            if not rl.active_sampling:  # one read of prompts_per_step groups; a retry replaces it
-                samples, prompt_ids, scores, counts = [[], [], [], np.zeros(0, np.float32)], [], [], Counter()
             p, r, lp, rw, sc = self._sample(params, ids, counts)
             samples = [samples[0] + p, samples[1] + r, samples[2] + lp, np.concatenate([samples[3], rw])]
             prompt_ids += [int(i) for i in ids]
@@ -358,7 +356,13 @@ class RolloutBatches:
             if keep.any() and (not rl.active_sampling or bool(sel.full)):
                 break
             retries += 1
-        self.excluded += [prompt_ids[g] for g in np.flatnonzero(np.asarray(sel.no_resample))]
+            if not rl.active_sampling and retries <= EMPTY_RETRIES:
+                # one read of prompts_per_step groups, which the retry replaces; but its groups were read,
+                # and the prompts it marked stay marked (open-instruct marks every group it reads,
+                # accumulate_inference_batches)
+                self._mark(sel, prompt_ids)
+                samples, prompt_ids, scores, counts = [[], [], [], np.zeros(0, np.float32)], [], [], Counter()
+        self._mark(sel, prompt_ids)
         read = int(sel.consumed)
         # active sampling stops reading at the group that filled the batch; the prompts of the last read
         # after it were sampled for nothing and go back to the order (the cursor is within their epoch)
@@ -376,6 +380,10 @@ class RolloutBatches:
         token_adv = np.asarray(grpo.token_values(adv[kept], packed.response_index))
         parts = self._parts(packed, token_adv, counts)
         return _Rollout(parts, self._figures(samples, read, sel, scores, counts, packed.rows))
+
+    def _mark(self, sel, prompt_ids: list) -> None:
+        """Exclude from the next epochs the prompts `sel` marked no-resample (solved often enough)."""
+        self.excluded += [prompt_ids[g] for g in np.flatnonzero(np.asarray(sel.no_resample))]
 
     def _parts(self, packed, token_adv: np.ndarray, counts: Counter) -> list[dict]:
         """The packed rows as grpo.mini_batches step batches of trainer.global_batch rows each."""
