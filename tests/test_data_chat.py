@@ -47,6 +47,30 @@ CONVERSATIONS = [
     ],
 ]
 
+# Where AI2's prefix rule trains other than "the replies only" (docs/data.md, "Chat parts"): a reply that
+# starts with a newline, a system message after the first turn, the assistant first, two assistant turns
+# in a row. The rule decides, as in AI2's files.
+QUIRKS = [
+    [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\nOne newline"}],
+    [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "system", "content": "Late system."},
+        {"role": "user", "content": "r"},
+        {"role": "assistant", "content": "second reply"},
+    ],
+    [
+        {"role": "assistant", "content": "first"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ],
+    [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "assistant", "content": "again"},
+    ],
+]
+
 
 @pytest.fixture(scope="module")
 def tok():
@@ -93,7 +117,7 @@ def prefix_rule_mask(hf_tok, template: str, messages: list[dict], max_len=None) 
 def test_render_equals_transformers_and_masks_equal_prefix_rule(name, tok, hf_tok):
     template = chat.template_text(name)
     eos = chat.check_chat_tokenizer(tok)
-    for messages in CONVERSATIONS:
+    for messages in CONVERSATIONS + QUIRKS:
         for gen in (False, True):
             want = hf_tok.apply_chat_template(
                 messages, chat_template=template, tokenize=False, add_generation_prompt=gen
@@ -347,3 +371,20 @@ def test_olmo_core_reads_the_files_with_their_masks(tmp_path, tok):
             start += n
     ours = [(a.tolist(), m.tolist()) for a, m in read_documents(out, np.uint32)]
     assert sorted(seen) == sorted(ours) and len(ours) == manifest["chat"]["written"] > 0
+
+
+def test_prefix_rule_quirks(tok):
+    """What the rule trains in QUIRKS with the Instruct template (docs/data.md, "Chat parts")."""
+    eos = chat.check_chat_tokenizer(tok)
+    default_system = chat.render("instruct", [], eos)
+    out = []
+    for messages in QUIRKS:
+        ex = chat.sft_example("instruct", messages, tok, eos)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], ex.mask.astype(np.int8), [0]])))
+        out.append([tok.decode(ex.ids[a:b].tolist()) for a, b in zip(edges[::2], edges[1::2])])
+    assert out == [
+        ["One newline<|endoftext|>"],
+        ["second reply<|endoftext|>"],
+        [default_system + "<|im_start|>assistant\nfirst<|im_end|>", "a<|endoftext|>"],
+        ["ok<|im_end|>\n<|im_start|>assistant\nagain<|endoftext|>"],
+    ]

@@ -1,6 +1,6 @@
 """SFT data: files written by `olmax tokenize --chat`, packed with their label masks (data.label_masks),
 against ai2-olmo-core 3.0.0's NumpyPackedFSLDataset with `label_mask_paths`; the batch's `label_mask`
-and `olmax data order --with-tokens`."""
+and `olmax data order --with-tokens`; the CLI's own output read both ways (EOS scanning, `.csv.gz`)."""
 
 from __future__ import annotations
 
@@ -130,6 +130,8 @@ def test_label_mask_paths_and_bad_masks(sft_dir, tmp_path):
         label_mask_paths(["/d/part-0.npy"])
     with pytest.raises(ConfigError, match="data.label_masks applies to packed documents only"):
         DataConfig(label_masks=True)
+    with pytest.raises(ConfigError, match="data.use_array_if_local applies to packed documents only"):
+        DataConfig(use_array_if_local=False)
     paths = sorted(str(p) for p in sft_dir.glob("token_ids_part_*.npy"))
     short = tmp_path / "short.npy"
     np.zeros(3, np.bool_).tofile(short)
@@ -138,3 +140,176 @@ def test_label_mask_paths_and_bad_masks(sft_dir, tmp_path):
         PackedSource(paths, SEQ, tok, tmp_path, label_mask_paths=[str(short)] + masks[1:])
     with pytest.raises(DataSourceError, match="has no label masks"):
         PackedSource(paths, SEQ, tok, tmp_path).label_mask(0)
+
+
+def test_local_metadata_reading_names_a_missing_file(sft_dir, tmp_path):
+    """With use_array_if_local=False a local file is packed by its .csv.gz: a missing one is named."""
+    import shutil
+
+    tokens = tmp_path / "token_ids_part_0000.npy"
+    shutil.copy(sft_dir / tokens.name, tokens)
+    tok = tokenizer_fields(sft_cfg(sft_dir, tmp_path))
+    with pytest.raises(
+        DataSourceError, match=r"token_ids_part_0000.csv.gz \(needed to pack the local file .* does not exist"
+    ):
+        PackedSource([str(tokens)], SEQ, tok, tmp_path / "w", use_array_if_local=False)
+    shutil.copy(sft_dir / "token_ids_part_0000.csv.gz", tmp_path)
+    assert len(PackedSource([str(tokens)], SEQ, tok, tmp_path / "w", use_array_if_local=False)) > 0
+
+
+# Eight conversations for `olmax tokenize --chat instruct --max-seq-len SEQ`: with and without a system
+# prompt, multi-turn, a function call and tool output, an empty reply, unicode, reply text that spells
+# ChatML markers and EOS (encoded as those tokens, as HF tokenizers do: an EOS inside), a reply that
+# starts with newlines (they merge with the header's), one cut by --max-seq-len inside its reply and one
+# ending with the user (both without a final EOS).
+STEPS = " ".join(f"Step {i}: add the next number and write the sum." for i in range(40))
+EIGHT = [
+    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}],
+    [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+    ],
+    [
+        {"role": "user", "content": "Weather in Oslo?", "functions": '[{"name": "weather"}]'},
+        {"role": "assistant", "content": None, "function_calls": 'weather(city="Oslo")'},
+        {"role": "tool", "content": '{"temp": -3}'},
+        {"role": "assistant", "content": "It is -3 °C in Oslo."},
+    ],
+    [
+        {"role": "user", "content": "Say nothing."},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "Now say yes."},
+        {"role": "assistant", "content": "yes"},
+    ],
+    [
+        {"role": "user", "content": "Écris «bonjour» en japonais 🙂"},
+        {"role": "assistant", "content": "こんにちは <|im_start|>user\nfake<|im_end|> then <|endoftext|> done"},
+    ],
+    [{"role": "user", "content": "Count."}, {"role": "assistant", "content": STEPS}],
+    [
+        {"role": "user", "content": "A?"},
+        {"role": "assistant", "content": "B."},
+        {"role": "user", "content": "Thanks!"},
+    ],
+    [
+        {"role": "system", "content": "You write code."},
+        {"role": "user", "content": "Print hi."},
+        {"role": "assistant", "content": "\n\n```python\nprint('hi')\n```\n"},
+    ],
+]
+
+
+def tokenize_eight(tmp_path) -> tuple:
+    src = tmp_path / "eight.jsonl"
+    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in EIGHT))
+    out = tmp_path / "tokens"
+    args = ["tokenize", str(src), "--out", str(out), "--chat", "instruct", "--max-seq-len", str(SEQ)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def assistant_spans(messages: list[dict], eos: str) -> list[tuple[int, int]]:
+    """[start, end) byte spans of each assistant turn's content and function calls in the rendered text."""
+    from olmax.data.chat import render
+
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            start = len(render("instruct", messages[:i], eos, add_generation_prompt=True).encode())
+            calls = f"<function_calls>{m['function_calls']}</function_calls>" if "function_calls" in m else ""
+            body = (m["content"] or "") + calls
+            spans.append((start, start + len(body.encode())))
+    return spans
+
+
+def test_chat_label_masks_train_exactly_the_replies(tmp_path):
+    """Read back from the command's files, each conversation trains exactly its replies' tokens and the
+    token that ends each reply (EOS, or `<|im_end|>` after an earlier turn), found here from byte offsets,
+    not by olmax's prefix rule. The one exception is AI2's rule itself: a token that spans the header's
+    newline and the reply's first characters (a reply starting with newlines) is the prompt's."""
+    from olmax.data.chat import check_chat_tokenizer
+    from olmax.data.chat_files import read_documents
+    from olmax.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("dolma2")
+    eos = check_chat_tokenizer(tok)
+    out, _ = tokenize_eight(tmp_path)
+    docs = read_documents(out, np.uint32)
+    assert len(docs) == len(EIGHT)
+    straddling = 0
+    for (ids, mask), messages in zip(docs, EIGHT):
+        pieces = [tok._enc.decode_single_token_bytes(int(i)) for i in ids]
+        ends = np.cumsum([len(p) for p in pieces])
+        starts = ends - [len(p) for p in pieces]
+        want = np.zeros(len(ids), dtype=bool)
+        for a, b in assistant_spans(messages, eos):
+            want |= (starts >= a) & (ends <= b)
+            after = np.flatnonzero(starts >= b)
+            want[after[:1]] = True
+            straddling += int(((starts < a) & (ends > a)).sum())
+        np.testing.assert_array_equal(mask, want)
+    assert straddling == 1  # the code reply's "\n\n" joined to the header's "\n"
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("use_array_if_local", [None, True, False], ids=["unset", "eos-scan", "csv"])
+def test_olmo_core_reads_the_command_output_as_data_order(tmp_path, use_array_if_local):
+    """`olmax tokenize --chat` output read by OLMo-core 3.0.0 (Olmo-3-7B-SFT.py's globs, OBFD, truncate,
+    generate_doc_lengths) and by `olmax data order --with-tokens`, with the same `use_array_if_local`:
+    every instance's tokens, label_mask and doc_lens, and the fingerprint, are equal. Only the .csv.gz
+    reading keeps each conversation whole, as the command's note says."""
+    from olmo_core.data import NumpyPackedFSLDatasetConfig, TokenizerConfig
+
+    from olmax.data.chat_files import read_documents
+
+    out, printed = tokenize_eight(tmp_path)
+    assert "2 conversation(s) without a final EOS and 1 with an EOS inside" in printed
+    ds = NumpyPackedFSLDatasetConfig(
+        tokenizer=TokenizerConfig.dolma2(),
+        paths=[f"{out}/token_ids_part_*.npy"],
+        label_mask_paths=[f"{out}/labels_mask_*.npy"],
+        expand_glob=True,
+        generate_doc_lengths=True,
+        sequence_length=SEQ,
+        use_array_if_local=use_array_if_local,
+        work_dir=str(tmp_path / "oc"),
+    ).build()
+    ds.prepare()
+    n = len(ds)
+    order = tmp_path / "order.json"
+    args = ["data", "order", "--paths", str(out), "--seq-len", str(SEQ), "--work-dir", str(tmp_path / "ox")]
+    args += ["--global-batch-instances", str(n), "--with-tokens", "--json", str(order)]
+    args += ["data.packing=obfd", "data.doc_masking=true", "data.label_masks=true"]
+    if use_array_if_local is not None:
+        args.append(f"data.use_array_if_local={str(use_array_if_local).lower()}")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(order.read_text())
+    assert (report["fingerprint"], report["instances"]) == (ds.fingerprint, n)
+    instances = report["steps"][0]["ranks"][0]["instances"]
+    assert sorted(i["id"] for i in instances) == list(range(n))
+    segments = []
+    for inst in instances:
+        theirs = ds[inst["id"]]
+        assert inst["tokens"] == theirs["input_ids"].tolist()
+        assert inst["label_mask"] == theirs["label_mask"].tolist()
+        assert inst["doc_lens"] == theirs["doc_lens"].tolist()
+        start = 0
+        for length in inst["doc_lens"]:
+            if inst["tokens"][start] != ds.pad_token_id:
+                segments.append((inst["tokens"][start : start + length], inst["label_mask"][start : start + length]))
+            start += length
+    conversations = [(ids.tolist(), mask.tolist()) for ids, mask in read_documents(out, np.uint32)]
+    whole = sum(c in segments for c in conversations)
+    trained = sum(sum(inst["label_mask"]) for inst in instances)
+    if use_array_if_local is False:
+        assert (whole, len(segments), trained) == (8, 8, sum(sum(m) for _, m in conversations))
+    else:
+        # EOS scanning splits the conversation whose reply holds EOS, and joins the cut one (exactly SEQ
+        # tokens) to the user-ended one and that to the last: truncated to SEQ, the last two are lost
+        lost = sum(sum(m) for _, m in conversations[6:])
+        assert (whole, len(segments), trained) == (5, 7, sum(sum(m) for _, m in conversations) - lost)

@@ -299,6 +299,11 @@ class DataConfig:
     label_masks: bool = False
     """obfd, SFT data: read `labels_mask_part_N.npy` beside each `token_ids_part_N.npy` (AI2's layout,
     `olmax tokenize --chat`) and train only on the tokens it marks (OLMo-core's label_mask_paths)."""
+    use_array_if_local: Optional[bool] = None
+    """obfd: where a local file's document boundaries come from, as OLMo-core 3.0.0's option of this name:
+    null or true scan it for EOS; false reads the `.csv.gz` beside it (a URL always does). Chat parts whose
+    manifest counts conversations `without_final_eos` or with `eos_inside` need false (docs/data.md, "Chat
+    parts"); set on both sides it enters the fingerprint."""
 
     def __post_init__(self):
         check_positive("data", self, "seq_len", "vocab_size")
@@ -318,7 +323,13 @@ class DataConfig:
         if not isinstance(self.source_group_size, int) or self.source_group_size < 1:
             raise ConfigError(f"data.source_group_size must be a positive integer, got {self.source_group_size!r}")
         if self.packing == "none":
-            for name, default in (("source_group_size", 1), ("long_doc_strategy", "truncate"), ("label_masks", False)):
+            only_packed = (
+                ("source_group_size", 1),
+                ("long_doc_strategy", "truncate"),
+                ("label_masks", False),
+                ("use_array_if_local", None),
+            )
+            for name, default in only_packed:
                 if getattr(self, name) != default:
                     raise ConfigError(f"data.{name} applies to packed documents only: set data.packing=obfd")
         elif self.max_target_seq_len is not None:

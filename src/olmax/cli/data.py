@@ -53,7 +53,7 @@ def tokenize_cmd(
 
     if chat is not None:
         from olmax.data.chat import TEMPLATES
-        from olmax.data.chat_files import tokenize_chat
+        from olmax.data.chat_files import eos_reading_note, tokenize_chat
 
         if chat not in TEMPLATES:
             raise TokenizeError(f"--chat {chat!r}: expected one of {', '.join(TEMPLATES)}")
@@ -68,6 +68,9 @@ def tokenize_cmd(
                 f"trainable={c['trainable_tokens']} rows={c['rows']} written={c['written']} "
                 f"truncated={c['truncated']} skipped={skipped} dtype={m['dtype']}"
             )
+            note = eos_reading_note(c)
+            if note:
+                typer.echo(f"note: {note}", err=True)
         write_json(json_out, manifests)
         return
     if max_seq_len is not None:
@@ -162,7 +165,9 @@ def data_order_cmd(
     saw at each step, as OLMo-core orders them; with trainer.objective=dpo, which preference pairs.
 
     The data and global batch are the experiment's (--recipe/--config and overrides; without either, the
-    config defaults); the flags are shorthands for single fields."""
+    config defaults); the flags are shorthands for single fields. `olmax tokenize --chat` output is read as
+    AI2's SFT reads it with data.packing=obfd data.label_masks=true data.doc_masking=true, plus
+    data.use_array_if_local=false where tokenize printed a note (docs/data.md, "Chat parts")."""
     from olmax.data.loader import order_report
     from olmax.data.pairs import pair_order_report
 

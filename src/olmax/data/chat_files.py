@@ -7,7 +7,8 @@ commit 5e5c93d, the version of OLMo 3's release) writes, so either side reads th
 - `token_ids_part_NNNN.csv.gz`: one `start,end` line per document, token offsets within the part;
 - `labels_mask_part_NNNN.npy`: one np.bool_ byte per token, True where the token is trained on.
 OLMo-core 3.0.0 reads them with `NumpyPackedFSLDataset(paths, label_mask_paths=...)`
-(olmo_core/data/numpy_dataset.py). AI2 cuts a part every 1 GiB of token bytes, even inside a
+(olmo_core/data/numpy_dataset.py), with `use_array_if_local=False` when some conversation's documents
+are not exactly its EOS-terminated spans (`eos_reading_note`). AI2 cuts a part every 1 GiB of token bytes, even inside a
 document; olmax closes a part after the document that reaches `shard_tokens` tokens, so no document
 spans two parts. `manifest.json` (olmax's tokenize manifest, so `data.paths` takes the directory) adds
 per part its mask file and, under `chat`, the template and the counts of truncated and skipped rows.
@@ -37,8 +38,8 @@ from olmax.data.chat import (
     preference_examples,
     sft_example,
 )
-from olmax.data.sources import MASK_PART_PREFIX, TOKEN_PART_PREFIX
-from olmax.data.tokenize import FORMAT, MANIFEST, TokenizeError, _open_decompressed
+from olmax.data.sources import MASK_PART_PREFIX, TOKEN_PART_PREFIX, is_url
+from olmax.data.tokenize import FORMAT, MANIFEST, TokenizeError, _open_decompressed, read_manifest
 from olmax.data.tokenizer import Encoder, TokenizerError, load_tokenizer
 
 TOKENS = TOKEN_PART_PREFIX + "{:04d}.npy"
@@ -158,8 +159,10 @@ def tokenize_chat(
 
     # without_final_eos: conversations that do not end with an assistant turn, or were truncated; a
     # reader that infers boundaries from EOS (OLMo-core's default for local files) joins each to the
-    # next document, one that reads the .csv.gz does not (docs/post-training.md, "Reading the files").
-    counts = {"rows": 0, "written": 0, "truncated": 0, "without_final_eos": 0, "skipped": {}}
+    # next document. eos_inside: conversations whose text holds the EOS string, encoded as EOS (as HF
+    # tokenizers encode added tokens in any text), which that reader splits. One that reads the .csv.gz
+    # does neither (docs/data.md, "Chat parts").
+    counts = {"rows": 0, "written": 0, "truncated": 0, "without_final_eos": 0, "eos_inside": 0, "skipped": {}}
     writers: dict[str, _PartWriter] = {}
     kind: Optional[str] = None
     for path in paths:
@@ -189,6 +192,7 @@ def tokenize_chat(
             counts["written"] += 1
             counts["truncated"] += any(ex.truncated for ex in examples.values())
             counts["without_final_eos"] += any(ex.ids[-1] != tok.info.eos_token_id for ex in examples.values())
+            counts["eos_inside"] += any((ex.ids[:-1] == tok.info.eos_token_id).any() for ex in examples.values())
             for sub, ex in examples.items():
                 writers[sub].add(ex)
     if kind is None:
@@ -216,6 +220,31 @@ def _manifest(w: _PartWriter, tok: Encoder, paths: list[Path], template: str, ma
             **counts,
         },
     }
+
+
+def eos_reading_note(chat_counts: dict) -> Optional[str]:
+    """What to set when EOS scanning would not find a chat directory's conversations (its manifest's
+    `chat` counts), or None when it finds them exactly."""
+    joined, split = chat_counts.get("without_final_eos", 0), chat_counts.get("eos_inside", 0)
+    if not joined and not split:
+        return None
+    return (
+        f"{joined} conversation(s) without a final EOS and {split} with an EOS inside: finding documents by "
+        "EOS joins or splits them, so read these parts by their .csv.gz (olmax: data.use_array_if_local=false; "
+        'OLMo-core: use_array_if_local=False; docs/data.md, "Chat parts")'
+    )
+
+
+def eos_reading_notes(specs: Sequence[str]) -> list[str]:
+    """`eos_reading_note` of each local `olmax tokenize --chat` directory among data path specs."""
+    notes = []
+    for spec in specs:
+        if is_url(str(spec)) or not (Path(spec) / MANIFEST).is_file():
+            continue
+        note = eos_reading_note(read_manifest(spec).get("chat") or {})
+        if note:
+            notes.append(f"{spec}: {note}")
+    return notes
 
 
 def read_documents(directory: str | Path, dtype) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -48,6 +48,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from olmax.data.chat_files import eos_reading_notes
 from olmax.data.filters import instance_mask
 from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
 from olmax.data.packing import PackedSource, doc_lengths, padded_doc_lens, permute_paths
@@ -95,6 +96,10 @@ def build_source(data_cfg, paths: Optional[Sequence[str]] = None) -> Source:
         specs, mix_base=data_cfg.mix_base, tokenizer_dir=data_cfg.mix_tokenizer_dir, cache_dir=work_dir_of(data_cfg)
     )
     files = permute_paths(files, data_cfg.source_permutation_seed)
+    if data_cfg.packing == "obfd" and data_cfg.use_array_if_local is not False:
+        # not an error: OLMo-core's default scans for EOS too, and AI2's SFT runs left it at that
+        for note in eos_reading_notes(specs):
+            log.warning("%s", note)
     if data_cfg.packing == "obfd":
         return PackedSource(
             files,
@@ -104,6 +109,7 @@ def build_source(data_cfg, paths: Optional[Sequence[str]] = None) -> Source:
             long_doc_strategy=data_cfg.long_doc_strategy,
             group_size=data_cfg.source_group_size,
             label_mask_paths=label_mask_paths(files) if data_cfg.label_masks else None,
+            use_array_if_local=data_cfg.use_array_if_local,
         )
     return TokenSource(
         files, data_cfg.seq_len, tokenizer_fields(data_cfg), max_target_seq_len=data_cfg.max_target_seq_len
@@ -301,11 +307,14 @@ class Loader:
 def _packing_of(data_cfg) -> dict:
     if data_cfg.packing == "none":
         return {"packing": "none"}
-    return {
+    out = {
         "packing": data_cfg.packing,
         "long_doc_strategy": data_cfg.long_doc_strategy,
         "source_group_size": data_cfg.source_group_size,
     }
+    if data_cfg.use_array_if_local is not None:  # only when set: states saved before the field compare equal
+        out["use_array_if_local"] = data_cfg.use_array_if_local
+    return out
 
 
 def describe_change(saved: dict, source: Source, data_cfg) -> str:

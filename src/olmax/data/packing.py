@@ -4,7 +4,11 @@ Documents: a local file is cut after every EOS (with a BOS id: after every EOS t
 after an EOS that ends the file), so EOS is a document's last token and the tokens after a file's last
 boundary are dropped. A remote file (a URL) takes its boundaries from the `.csv.gz` next to it (lines
 `start,end,...`, the layout OLMo-core's `write_document_indices` writes), because 3.0.0 reads the
-metadata for every URL source (`olmo_core/data/utils.py`, `iter_document_indices`). A document longer
+metadata for every URL source (`olmo_core/data/utils.py`, `iter_document_indices`); with
+`use_array_if_local=False` (3.0.0's option of that name) a local file does too. That is the reading
+chat parts need: a truncated conversation, or one that ends with another role than the assistant, has
+no final EOS, and one whose text holds the EOS string has an EOS inside, so scanning would join or
+split conversations where the `.csv.gz` does not (docs/data.md, "Chat parts"). A document longer
 than the sequence length L keeps its first L tokens (`truncate`) or is cut into pieces of L
 (`fragment`, the last piece shorter).
 
@@ -32,9 +36,9 @@ mask is its documents' masks in instance order, False over the padding; 3.0.0 re
 
 The fingerprint is 3.0.0's `NumpyPackedFSLDataset.fingerprint`: `class=NumpyPackedFSLDataset`, then
 `vocab_size, pad_token_id, eos_token_id, dtype, long_doc_strategy, bos_token_id, sequence_length`,
-`source_group_size` when it is > 1, `_metadata_fingerprint` (basename and sha256 of each distinct remote
-path's metadata file) when a file is remote, as `name=value,`, then `path=<basename>,size=<bytes>,` per
-file in order.
+`source_group_size` when it is > 1, `use_array_if_local` when it is set, `_metadata_fingerprint`
+(basename and sha256 of the metadata file of each distinct path read through one) when any is, as
+`name=value,`, then `path=<basename>,size=<bytes>,` per file in order.
 
 The packing index is built once per data set under `work_dir/packing/`: one int64 file per group
 (`[bins, documents, bin offsets (bins + 1), document spans (documents x 2) in bin order]`), named by a
@@ -117,13 +121,13 @@ def eos_spans(read, n_tokens: int, eos: int, bos: Optional[int]) -> np.ndarray:
 
 
 def metadata_path(path: str) -> str:
-    """The `.csv.gz` document index that OLMo-core reads next to a remote token file."""
-    head, base = path.rsplit("/", 1)
-    return f"{head}/{base.replace('.npy', '.csv.gz')}"
+    """The `.csv.gz` document index that OLMo-core reads next to a token file."""
+    head, sep, base = path.rpartition("/")
+    return head + sep + base.replace(".npy", ".csv.gz")
 
 
 def fetch_metadata(paths: Sequence[str]) -> list[bytes]:
-    """The metadata file of each remote token file, in order, fetched concurrently.
+    """The metadata file of each token file (local paths or URLs), in order, fetched concurrently.
 
     A mix holds hundreds to thousands of remote files, and one request at a time would pay each
     one's latency in turn. fsspec's `cat_ranges` (whole files: no start or end) gathers the reads of
@@ -145,7 +149,8 @@ def fetch_metadata(paths: Sequence[str]) -> list[bytes]:
             got = [exc] * len(items)
         for (i, _), raw in zip(items, got):
             if isinstance(raw, BaseException):
-                what = f"document metadata {metas[i]} (needed to pack the remote file {paths[i]})"
+                kind = "the remote file" if is_url(paths[i]) else "the local file"
+                what = f"document metadata {metas[i]} (needed to pack {kind} {paths[i]})"
                 raise remote_error(what, raw) from raw
             out[i] = raw
     return out
@@ -271,6 +276,7 @@ def fingerprint(
     paths: Sequence[str],
     sizes: Sequence[int],
     metadata_digests: Sequence[tuple[str, str]],
+    use_array_if_local: Optional[bool] = None,
 ) -> str:
     """3.0.0's `NumpyPackedFSLDataset.fingerprint` (fingerprint version v2.0)."""
     fields = [
@@ -284,6 +290,8 @@ def fingerprint(
     ]
     if group_size > 1:
         fields.append(("source_group_size", group_size))
+    if use_array_if_local is not None:
+        fields.append(("use_array_if_local", use_array_if_local))
     if metadata_digests:
         fields.append(("_metadata_fingerprint", tuple(metadata_digests)))
     return dataset_fingerprint("NumpyPackedFSLDataset", fields, paths, sizes)
@@ -296,7 +304,7 @@ class GroupTask:
 
     paths: tuple[str, ...]
     sizes: tuple[int, ...]
-    metadata: tuple[Optional[bytes], ...]  # per file: a remote file's .csv.gz, None for a local file
+    metadata: tuple[Optional[bytes], ...]  # per file: its .csv.gz when boundaries come from it, else None
     seq_len: int
     tokenizer: TokenizerFields
     long_doc_strategy: str
@@ -333,6 +341,7 @@ class PackedSource:
     The same surface as TokenSource for the loader: len, `[i]` (tokens, (seq_len,)), `fingerprint`,
     `paths`, `sizes`; plus `read(i)` -> (tokens, doc_lens), `locate(i)` -> (group, bin) and, with
     `label_mask_paths` (one bool file per token file, as 3.0.0's `label_mask_paths`), `label_mask(i)`.
+    `use_array_if_local` is 3.0.0's: None or True scan local files for EOS, False reads their `.csv.gz`.
     Picklable: the index files are reopened as memory maps in each process.
     """
 
@@ -347,6 +356,7 @@ class PackedSource:
         sizes: Optional[Sequence[int]] = None,
         check: bool = True,
         label_mask_paths: Optional[Sequence[str]] = None,
+        use_array_if_local: Optional[bool] = None,
     ):
         if long_doc_strategy not in LONG_DOC_STRATEGIES:
             raise DataSourceError(f"long_doc_strategy {long_doc_strategy!r} is not one of {LONG_DOC_STRATEGIES}")
@@ -368,16 +378,18 @@ class PackedSource:
         self.groups = [
             list(range(i, min(i + group_size, len(self.paths)))) for i in range(0, len(self.paths), group_size)
         ]
-        self.remote = {fi for fi, p in enumerate(self.paths) if is_url(p)}  # boundaries from metadata
-        remote = sorted(self.remote)
-        meta = dict(zip(remote, fetch_metadata([self.paths[fi] for fi in remote])))
+        self.use_array_if_local = use_array_if_local
+        # 3.0.0's `_packed_from_metadata_boundaries`: a URL always, a local file with use_array_if_local=False
+        self.from_metadata = {fi for fi, p in enumerate(self.paths) if is_url(p) or use_array_if_local is False}
+        listed = sorted(self.from_metadata)
+        meta = dict(zip(listed, fetch_metadata([self.paths[fi] for fi in listed])))
         # Keyed by full path, as 3.0.0's `_metadata_hashes`: files named alike in two directories are two
         # entries, and each group's index name follows its own files' metadata. Only the fingerprint
         # names them by basename, as 3.0.0's `_metadata_fingerprint` does.
         self._digests = {self.paths[fi]: hashlib.sha256(raw).hexdigest() for fi, raw in meta.items()}
         digests = [(os.path.basename(path), digest) for path, digest in self._digests.items()]
         self.fingerprint = fingerprint(
-            tokenizer, seq_len, long_doc_strategy, group_size, self.paths, self.sizes, digests
+            tokenizer, seq_len, long_doc_strategy, group_size, self.paths, self.sizes, digests, use_array_if_local
         )
         self.index_files = [self._index_file(Path(work_dir), g) for g in range(len(self.groups))]
         self._build_missing(meta)  # the metadata is not kept: only building needs it
@@ -410,6 +422,8 @@ class PackedSource:
         h = hashlib.sha256(INDEX_VERSION.encode())
         tok = self.tokenizer
         h.update(f"{self.seq_len},{self.long_doc_strategy},{tok.eos_token_id},{tok.bos_token_id},{tok.dtype}".encode())
+        if self.use_array_if_local is not None:  # only when set, as 3.0.0 keys its caches: old indexes stay valid
+            h.update(f",use_array_if_local={self.use_array_if_local}".encode())
         for fi in self.groups[g]:
             h.update(f"|{self.paths[fi]},{self.sizes[fi]},{self._digests.get(self.paths[fi])}".encode())
         return work_dir / "packing" / f"obfd-{self.seq_len}-{h.hexdigest()[:32]}.i64"
@@ -496,9 +510,9 @@ class PackedSource:
         tokens = np.concatenate(parts + [pad])
         eos, bos = self.tokenizer.eos_token_id, self.tokenizer.bos_token_id
         group = self.groups[self.locate(int(index))[0]]
-        if not any(fi in self.remote for fi in group):
+        if not any(fi in self.from_metadata for fi in group):
             return tokens, doc_lengths(tokens, eos, bos)
-        # A group with a remote file takes its boundaries from metadata: a document need not end in
+        # A group with a file read through its metadata takes its boundaries from it: a document need not end in
         # EOS, so every instance of the group gets its lengths from the spans (3.0.0 decides per group,
         # not per instance); the padding is scanned as 3.0.0 scans it.
         lens = [e - s for _, s, e in docs]
