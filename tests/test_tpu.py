@@ -5,7 +5,7 @@ process at a time; no -n): `python -m pytest -m tpu tests/test_tpu.py` on a TPU 
 - compile-check's predicted peak (olmax.compile_check) is the chip's measured peak of the same
   compiled step, within 10%;
 - splash attention (the Mosaic kernel, not Pallas's interpreter) = the `xla` backend on the chip,
-  output and q/k/v gradients: windowed and global, with and without documents, GQA 8/2, 2048 tokens,
+  output and q/k/v gradients: global causal, and windowed within documents, GQA 8/2, 2048 tokens,
   head_dim 128, bf16 at the production tiles and fp32 at tiles that make the kernel skip blocks;
 - the `tiny` recipe's production train step on the chip follows the CPU's over 20 steps of the demo
   corpus from the same initialisation (cross-entropy per step, at default and highest matmul precision);
@@ -134,11 +134,11 @@ DOCS = [[300, 1100, 600, 48], [2048]]
 ATTENTION_TOL = {"bfloat16": 2**-6, "float32": 5e-5}
 # bf16 at the production tiles (2048/2048/1024: one tile per sequence, the chip profile's 64 MiB of
 # scoped VMEM); float32 at 512/512/256 tiles, where the window and the documents leave whole tiles
-# out: the kernel's block skipping under the tightest tolerance.
+# out: the kernel's block skipping under the tightest tolerance. Per dtype the plain causal mask and
+# the window with documents (the mask of every production layer with data.doc_masking): four pairs of
+# compiles, which the file's time allows (the xla backend's backward pass takes the longest).
 ATTENTION_CASES = [
     ("bfloat16", None, False),
-    ("bfloat16", None, True),
-    ("bfloat16", WINDOW, False),
     ("bfloat16", WINDOW, True),
     ("float32", None, False),
     ("float32", WINDOW, True),
@@ -279,7 +279,9 @@ def test_checkpoint_restores_bit_for_bit_across_chip_and_cpu(tmp_path, direction
     ckpts.save(7, state, {"batches_processed": 7}, source)
     ckpts.close()
 
-    restored, data_state = RunCheckpoints(tmp_path / "ckpt", cfg).restore(7, abstract_state(cfg, target))
+    ckpts = RunCheckpoints(tmp_path / "ckpt", cfg)
+    restored, data_state = ckpts.restore(7, abstract_state(cfg, target))
+    ckpts.close()
     assert data_state == {"batches_processed": 7}
     target_device = target.devices.flat[0]
     assert all(x.sharding.device_set == {target_device} for x in jax.tree.leaves(restored))
