@@ -5,7 +5,7 @@ process at a time; no -n): `python -m pytest -m tpu tests/test_tpu.py` on a TPU 
 - compile-check's predicted peak (olmax.compile_check) is the chip's measured peak of the same
   compiled step, within 10%;
 - splash attention (the Mosaic kernel, not Pallas's interpreter) = the `xla` backend on the chip,
-  output and q/k/v gradients: global causal, and windowed within documents, GQA 8/2, 2048 tokens,
+  output and q/k/v gradients: causal (bf16), and windowed within documents, GQA 8/2, 2048 tokens,
   head_dim 128, bf16 at the production tiles and fp32 at tiles that make the kernel skip blocks;
 - the `tiny` recipe's production train step on the chip follows the CPU's over 20 steps of the demo
   corpus from the same initialisation (cross-entropy per step, at default and highest matmul precision);
@@ -134,13 +134,13 @@ DOCS = [[300, 1100, 600, 48], [2048]]
 ATTENTION_TOL = {"bfloat16": 2**-6, "float32": 5e-5}
 # bf16 at the production tiles (2048/2048/1024: one tile per sequence, the chip profile's 64 MiB of
 # scoped VMEM); float32 at 512/512/256 tiles, where the window and the documents leave whole tiles
-# out: the kernel's block skipping under the tightest tolerance. Per dtype the plain causal mask and
-# the window with documents (the mask of every production layer with data.doc_masking): four pairs of
-# compiles, which the file's time allows (the xla backend's backward pass takes the longest).
+# out: the kernel's block skipping under the tightest tolerance. The plain causal mask, and the window
+# within documents (the mask of the windowed layers with data.doc_masking). Not float32 causal: the xla
+# backend's global backward pass at "highest" compiles 5x longer than the others (8 band widths, 6-pass
+# products: 505 s against 17-136 s for the rest, compiled for v5e on a loaded 2-core host).
 ATTENTION_CASES = [
     ("bfloat16", None, False),
     ("bfloat16", WINDOW, True),
-    ("float32", None, False),
     ("float32", WINDOW, True),
 ]
 TILES = {"bfloat16": SplashBlocks(), "float32": SplashBlocks(512, 512, 256)}
