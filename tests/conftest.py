@@ -1,6 +1,8 @@
 """Tests see 8 simulated CPU devices, so sharding and mesh tests run anywhere. Tests marked `parity`
 compare against torch, transformers, ai2-olmo-core or lm-eval (the `parity` and `eval` extras) and
-are skipped, with the reason, where those are not installed. docs/testing.md describes the suite."""
+are skipped, with the reason, where those are not installed. Tests marked `tpu` need a real TPU chip:
+a run that selects them (`pytest -m tpu`) leaves JAX to find the host's TPU instead, and they are
+skipped, with the reason, wherever JAX's default backend is not a TPU. docs/testing.md describes the suite."""
 
 import importlib.util
 import json
@@ -10,16 +12,50 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 
-# The suite's programs are tiny, so compiling them costs more than running them: LLVM's optimisation
-# level 0 halves XLA's CPU compile time (a small train step: 7.0 s -> 3.6 s) and buys nothing at these
-# sizes. Every tolerance, and every assertion on the TPU and GPU programs the compile tests build,
-# holds at either level.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+NO_TPU = "needs a real TPU: run `pytest -m tpu` on a TPU host, benchmarks/tpu.sh"
+
+
+def selects_tpu_tests(markexpr: str) -> bool:
+    """Whether `-m markexpr` is a run of the TPU tests: it selects a test marked `tpu` alone and not
+    an unmarked one (so `-m "slow or not slow"`, all of a file, stays a CPU run). pytest's own parser
+    of -m expressions decides (pytest has no public one)."""
+    if not markexpr:
+        return False
+    expression = Expression.compile(markexpr)
+    return expression.evaluate(lambda name, **_: name == "tpu") and not expression.evaluate(lambda name, **_: False)
 
 
 def pytest_configure(config):
+    """The JAX platform, decided here, before any test module imports JAX (JAX reads these variables
+    once, when it starts); then the compilation cache."""
+    if selects_tpu_tests(config.option.markexpr):
+        from olmax.chips import SCOPED_VMEM_64MIB
+        from olmax.cli.common import jax_platforms
+
+        # as `olmax train` chooses: the host's TPU where it has one, the CPU (and skipped tests) elsewhere,
+        # without libtpu's start-up errors on a host without a TPU
+        platforms = jax_platforms(needs_accelerator=True)
+        if platforms is not None:
+            os.environ["JAX_PLATFORMS"] = platforms
+        # splash attention's production tiles (2048/2048/1024) need 64 MiB of scoped VMEM: the flag of
+        # every TPU chip's profile in olmax.chips, which the launcher sets for a run; set here until the
+        # olmax commands set the chip's profile themselves. A value the user set stands.
+        os.environ.setdefault("LIBTPU_INIT_ARGS", " ".join(SCOPED_VMEM_64MIB))
+    else:
+        # The suite's programs are tiny, so compiling them costs more than running them: LLVM's
+        # optimisation level 0 halves XLA's CPU compile time (a small train step: 7.0 s -> 3.6 s) and
+        # buys nothing at these sizes. Every tolerance, and every assertion on the TPU and GPU programs
+        # the compile tests build, holds at either level.
+        os.environ.setdefault(
+            "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+        )
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    _share_compilation_cache(config)
+
+
+def _share_compilation_cache(config):
     """One JAX persistent compilation cache for the whole session: the xdist workers and the `olmax`
     processes tests start (which inherit the environment) compile many of the same small programs,
     and each compiles them once. Made by the main process, so every worker shares it; a cache the
@@ -38,12 +74,18 @@ REFERENCES = ("torch", "transformers", "olmo_core")
 
 def pytest_collection_modifyitems(config, items):
     missing = [name for name in REFERENCES if importlib.util.find_spec(name) is None]
-    if not missing:
-        return
-    skip = pytest.mark.skip(reason=f"needs the `parity` extra ({', '.join(missing)} not installed)")
-    for item in items:
-        if "parity" in item.keywords:
-            item.add_marker(skip)
+    if missing:
+        skip = pytest.mark.skip(reason=f"needs the `parity` extra ({', '.join(missing)} not installed)")
+        for item in items:
+            if "parity" in item.keywords:
+                item.add_marker(skip)
+    tpu_tests = [item for item in items if item.get_closest_marker("tpu")]
+    if tpu_tests:
+        import jax
+
+        if jax.default_backend() != "tpu":
+            for item in tpu_tests:
+                item.add_marker(pytest.mark.skip(reason=NO_TPU))
 
 
 @pytest.fixture(scope="session")

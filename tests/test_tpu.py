@@ -1,0 +1,331 @@
+"""On a real TPU chip: what only the chip can show. Every test is marked `tpu` and conftest.py skips
+it wherever JAX's default backend is not a TPU. Run them alone, in ONE process (the chip takes one
+process at a time; no -n): `python -m pytest -m tpu tests/test_tpu.py` on a TPU host.
+
+- compile-check's predicted peak (olmax.compile_check) is the chip's measured peak of the same
+  compiled step, within 10%;
+- splash attention (the Mosaic kernel, not Pallas's interpreter) = the `xla` backend on the chip,
+  output and q/k/v gradients: causal (bf16), and windowed within documents, GQA 8/2, 2048 tokens,
+  head_dim 128, bf16 at the production tiles and fp32 at tiles that make the kernel skip blocks;
+- the `tiny` recipe's production train step on the chip follows the CPU's over 20 steps of the demo
+  corpus from the same initialisation (cross-entropy per step, at default and highest matmul precision);
+- a training checkpoint written from the chip restores on the CPU bit for bit, and the reverse;
+- greedy `olmax generate` on the chip writes the CPU's tokens.
+
+Precision: at default precision the TPU multiplies float32 matrices in one bfloat16 pass (~3 digits),
+under `jax.default_matmul_precision("highest")` to ~7 digits; each tolerance below says which it allows for.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from small_run import SMALL, tokenized_demo
+from typer.testing import CliRunner
+
+from olmax import compile_check
+from olmax.checkpoint import RunCheckpoints, load_params, save_params
+from olmax.cli import app
+from olmax.config import SplashBlocks
+from olmax.data.loader import make_loader
+from olmax.model import attention as attn
+from olmax.model.olmo3 import init_params
+from olmax.recipes import resolve
+from olmax.sharding import make_mesh
+from olmax.state import abstract_state, init_train_state, param_shardings, state_shardings
+from olmax.train_step import batch_sharding, make_train_step
+
+pytestmark = pytest.mark.tpu
+
+GIB = 2**30
+
+
+def _chip():
+    """The TPU chip: the default backend's device (conftest.py skips these tests where it is not a TPU)."""
+    return jax.devices()[0]
+
+
+def _cpu():
+    return jax.devices("cpu")[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# compile-check's memory figure against the chip's
+
+# The tiny model scaled up (d_model 512, heads of 128, 1024 tokens in bf16): a step whose peak is a few
+# GiB, so the runtime's fixed overheads (MiB) do not blur it, and above every other program of this file.
+MEMORY_STEP = [
+    "model.d_model=512",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.head_dim=128",
+    "model.mlp_hidden=1536",
+    "model.max_position=1024",
+    "model.compute_dtype=bfloat16",
+    "data.seq_len=1024",
+]
+
+
+def test_compile_check_peak_is_the_chips_peak():
+    """compile-check's figure (`memory_of(...)["peak_gib"]`, the one its fit is decided on: the most the
+    compiler's buffer assignment holds at once, the step's arguments and outputs included, the outputs
+    written over the donated state) against the chip's high-water mark while the same compiled program
+    runs, less the bytes that were in use before it and are not its arguments (whatever earlier tests
+    left alive, the loaded program). Both then count the state, the batch, the step's temporaries and
+    its outputs. The compiler's peak can be below arguments + temporaries (a donated buffer counts as
+    free between its last read and the output written over it, while the runtime holds it throughout):
+    compiled for a v5e chip on the CPU host, this step's peak is 2.18 GiB, arguments + temporaries
+    2.23 GiB (1.29 + 0.94), 2% apart, so the 10% bound holds whichever the runtime does and a miscount
+    of a whole class of buffers (the temporaries: 40%) breaks it. This test runs first in the file so
+    that no earlier program's peak hides the step's (the mark cannot be reset)."""
+    cfg = resolve("tiny", None, MEMORY_STEP)
+    devices, chip, where = compile_check.target(devices=[_chip()])
+    mesh = make_mesh(cfg.mesh, devices)
+    compiled, _, _ = compile_check.compile_step(cfg, mesh, compile_check.target_options(chip, "tpu"), where)
+    predicted = compile_check.memory_of(compiled)
+    with jax.set_mesh(mesh):
+        state = init_train_state(cfg, mesh, jax.random.key(0))
+    shape = (cfg.trainer.global_batch, cfg.data.seq_len)
+    tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, shape, dtype=np.int32)
+    batch = {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}
+    arguments = sum(x.nbytes for x in jax.tree.leaves((state, batch)))
+    jax.block_until_ready((state, batch))
+    before = devices[0].memory_stats()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    after = devices[0].memory_stats()
+    measured = after["peak_bytes_in_use"] - (before["bytes_in_use"] - arguments)
+    figures = {
+        **{k: round(v, 4) for k, v in predicted.items()},
+        "measured_gib": round(measured / GIB, 4),
+        "arguments_gib": round(arguments / GIB, 4),
+        "in_use_before_gib": round(before["bytes_in_use"] / GIB, 4),
+        "peak_before_gib": round(before["peak_bytes_in_use"] / GIB, 4),
+        "peak_after_gib": round(after["peak_bytes_in_use"] / GIB, 4),
+    }
+    assert after["peak_bytes_in_use"] > before["peak_bytes_in_use"], f"an earlier peak hides the step's: {figures}"
+    assert abs(measured / GIB - predicted["peak_gib"]) <= 0.10 * predicted["peak_gib"], figures
+    assert np.isfinite(float(metrics["loss"]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# splash attention on the chip against the xla backend on the chip
+
+SEQ, BATCH, HEADS, KV_HEADS, HEAD_DIM, WINDOW = 2048, 2, 8, 2, 128, 512
+# Row 0: three documents and a padding segment, every boundary off the tile edges; row 1: one document.
+DOCS = [[300, 1100, 600, 48], [2048]]
+# Each array (output, dq, dk, dv) is compared within a fraction of its largest entry (|out| reaches 3.2,
+# gradients 3-10). Measured on the CPU (splash in interpret mode, the same inputs):
+# - bfloat16: splash and xla each round p and the output to bf16; they differ by up to 1.6e-2 in the
+#   output (one bf16 ulp at |out| in [2, 4), 0.5% of its largest entry) and 0.7% in the gradients,
+#   as each differs from the float32 result. 2^-6 (1.6%) of the largest entry holds that with room.
+# - float32 under "highest": 2.1e-6 (outputs) and 1e-6 (gradients) of the largest entry, summation
+#   order alone; 5e-5 leaves 25x for the chip's own exp and its multi-pass float32 products.
+# A window one key too wide moves outputs by 4% of their largest entry (0.138) and a document boundary
+# moved by one token by 100% (3.28): the xla backend on the CPU, the same inputs. Both tolerances
+# catch the first, float32's by 800x.
+ATTENTION_TOL = {"bfloat16": 2**-6, "float32": 5e-5}
+# bf16 at the production tiles (2048/2048/1024: one tile per sequence, the chip profile's 64 MiB of
+# scoped VMEM); float32 at 512/512/256 tiles, where the window and the documents leave whole tiles
+# out: the kernel's block skipping under the tightest tolerance. The plain causal mask, and the window
+# within documents (the mask of the windowed layers with data.doc_masking). Not float32 causal: the xla
+# backend's global backward pass at "highest" compiles 5x longer than the others (8 band widths, 6-pass
+# products: 505 s against 17-136 s for the rest, compiled for v5e on a loaded 2-core host).
+ATTENTION_CASES = [
+    ("bfloat16", None, False),
+    ("bfloat16", WINDOW, True),
+    ("float32", WINDOW, True),
+]
+TILES = {"bfloat16": SplashBlocks(), "float32": SplashBlocks(512, 512, 256)}
+
+
+def _attention_with_grads(backend, q, k, v, w, segments, window, blocks):
+    """(output, (dq, dk, dv), compiled HLO text) of sum(w * attention) for one backend, jitted."""
+
+    def loss(q, k, v, w, segments):
+        out = attn.attention(q, k, v, window=window, backend=backend, splash_blocks=blocks, segments=segments)
+        return jnp.sum(w * out.astype(jnp.float32)), out
+
+    args = (q, k, v, w, segments)
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)).lower(*args).compile()
+    (_, out), grads = compiled(*args)
+    return out, grads, compiled.as_text()
+
+
+@pytest.mark.parametrize(
+    "dtype, window, documents",
+    ATTENTION_CASES,
+    ids=[f"{d}-{'window' if w else 'global'}-{'docs' if docs else 'nodocs'}" for d, w, docs in ATTENTION_CASES],
+)
+def test_splash_matches_xla_on_the_chip(dtype, window, documents):
+    rng = np.random.default_rng(0)
+    q, k, v = (
+        jnp.asarray(rng.standard_normal((BATCH, SEQ, n, HEAD_DIM), np.float32), dtype)
+        for n in (HEADS, KV_HEADS, KV_HEADS)
+    )
+    w = jnp.asarray(rng.standard_normal(q.shape, np.float32))  # a loss that weighs every output differently
+    segments = None
+    if documents:
+        segments = attn.segment_ids(jnp.asarray([lens + [0] * (SEQ - len(lens)) for lens in DOCS], jnp.int32))
+    precision = jax.default_matmul_precision("highest") if dtype == "float32" else contextlib.nullcontext()
+    with precision:
+        out, grads, hlo = _attention_with_grads("splash", q, k, v, w, segments, window, TILES[dtype])
+        want_out, want_grads, _ = _attention_with_grads("xla", q, k, v, w, segments, window, None)
+    assert compile_check.MOSAIC_CALL in hlo  # the kernel compiled by Mosaic, not Pallas's interpreter
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (want_out, *want_grads), strict=True):
+        assert got.dtype == want.dtype == jnp.dtype(dtype), name
+        want = np.asarray(want, np.float32)
+        scale = float(np.abs(want).max())
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), want, atol=ATTENTION_TOL[dtype] * scale, rtol=0, err_msg=name
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# the tiny recipe's train step: chip against CPU
+
+STEPS = 20
+# Largest |ce_chip - ce_cpu| / ce_cpu over the 20 steps, from measurements on the CPU (the chip's own
+# figures are to be confirmed). The CE falls from 11.5 to 6.7 over these steps, not monotonically (lr 3e-3).
+# - default precision: the chip rounds every float32 matmul input to bf16. The same 20 steps on the CPU
+#   with model.compute_dtype=bfloat16 (every matmul input AND activation rounded to bf16: more rounding
+#   than the chip's) differ from float32 by at most 2.8e-4 per step; the bound is 10x that.
+# - highest: float32 products to ~7 digits. The same steps summed in another order on the CPU (8
+#   accumulation steps of one row against one step of 8 rows) differ by at most 7.9e-7; 3e-5 allows ~40x
+#   that for the chip's own exp, log and products, and stays 10x below the bf16 gap.
+CE_GAP = {"default": 3e-3, "highest": 3e-5}
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """(config, initial parameters as numpy, the 20 batches, the CPU's CE per step): the tiny recipe on
+    the demo corpus, initialised once on the CPU (so both sides start from the same bits)."""
+    work_dir = tmp_path_factory.mktemp("tiny") / "cache"
+    shutil.copytree(tokenized_demo(), work_dir / "demo")
+    cfg = resolve("tiny", None, [f"data.work_dir={work_dir}"])
+    batches = iter(make_loader(cfg.data, cfg.trainer.global_batch))
+    batches = [next(batches)["input_ids"] for _ in range(STEPS)]
+    with jax.default_device(_cpu()):
+        params = jax.device_get(jax.jit(init_params, static_argnums=0)(cfg.model, jax.random.key(cfg.trainer.seed)))
+    ce = _train(cfg, _cpu(), params, batches)
+    assert ce[-1] < ce[0] - 1.0, ce  # the model learns: the runs are compared along a moving trajectory
+    return cfg, params, batches, ce
+
+
+def _train(cfg, device, params, batches) -> np.ndarray:
+    """The production step (olmax.train_step) on a one-device mesh of `device`: CE per step."""
+    mesh = make_mesh(cfg.mesh, [device])
+    ce = []
+    with jax.default_device(device), jax.set_mesh(mesh):
+        state = init_train_state(cfg, mesh, jax.random.key(cfg.trainer.seed), params=params)
+        step = make_train_step(cfg, mesh)
+        for ids in batches:
+            state, metrics = step(state, {"input_ids": jax.device_put(ids, batch_sharding(cfg, mesh))})
+            ce.append(float(metrics["ce_loss"]))
+    return np.array(ce)
+
+
+@pytest.mark.parametrize("precision", ["default", "highest"])
+def test_tiny_train_step_on_the_chip_follows_the_cpu(cpu_run, precision):
+    cfg, params, batches, cpu_ce = cpu_run
+    with jax.default_matmul_precision(precision):
+        chip_ce = _train(cfg, _chip(), params, batches)
+    gap = np.abs(chip_ce - cpu_ce) / cpu_ce
+    assert gap.max() <= CE_GAP[precision], f"per-step relative CE gap {np.array2string(gap, precision=2)}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# checkpoints between the chip and the CPU
+
+
+def _random_state(cfg, mesh, seed: int):
+    """A TrainState of numpy arrays shaped as the run's, every entry random (no two leaves alike)."""
+    rng = np.random.default_rng(seed)
+
+    def fill(a):
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            return rng.standard_normal(a.shape).astype(a.dtype)
+        return rng.integers(0, 1000, a.shape).astype(a.dtype)
+
+    return jax.tree.map(fill, abstract_state(cfg, mesh))
+
+
+def _same_bits(got, want, where: str):
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want), strict=True):
+        name = f"{where}{jax.tree_util.keystr(path)}"
+        g = np.asarray(g)
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert g.tobytes() == w.tobytes(), name
+
+
+@pytest.mark.parametrize("direction", ["chip-to-cpu", "cpu-to-chip"])
+def test_checkpoint_restores_bit_for_bit_across_chip_and_cpu(tmp_path, direction):
+    """A run checkpoint (params, optimizer moments, step and skip window: RunCheckpoints) saved from
+    arrays on one device kind, restored onto the other's shardings; its params also through
+    load_params, as `olmax generate` and the evals read them."""
+    cfg = resolve("tiny", None, SMALL)
+    chip, cpu = make_mesh(cfg.mesh, [_chip()]), make_mesh(cfg.mesh, [_cpu()])
+    source, target = (chip, cpu) if direction == "chip-to-cpu" else (cpu, chip)
+    values = _random_state(cfg, source, seed=1 if direction == "chip-to-cpu" else 2)
+    state = jax.device_put(values, state_shardings(cfg, source))
+    ckpts = RunCheckpoints(tmp_path / "ckpt", cfg)
+    ckpts.save(7, state, {"batches_processed": 7}, source)
+    ckpts.close()
+
+    ckpts = RunCheckpoints(tmp_path / "ckpt", cfg)
+    restored, data_state = ckpts.restore(7, abstract_state(cfg, target))
+    ckpts.close()
+    assert data_state == {"batches_processed": 7}
+    target_device = target.devices.flat[0]
+    assert all(x.sharding.device_set == {target_device} for x in jax.tree.leaves(restored))
+    _same_bits(restored, values, "state")
+    params, _, _ = load_params(tmp_path / "ckpt", 7, shardings=param_shardings(cfg.model, target))
+    assert all(x.sharding.device_set == {target_device} for x in jax.tree.leaves(params))
+    _same_bits(params, values.params, "params")
+
+
+# ---------------------------------------------------------------------------------------------------
+# greedy generation: `olmax generate` on the chip and on the CPU
+
+PROMPTS = ["The history of the", "def fibonacci(n):"]
+
+
+def test_greedy_generate_on_the_chip_is_the_cpus(tmp_path):
+    """The tiny model (float32, random init) from one checkpoint. The CPU side is `olmax generate` in a
+    process of its own on JAX_PLATFORMS=cpu; the chip side is the same command run in this process
+    (typer's runner), which already holds the chip: a second process could not open it, whatever ran
+    before this test. Greedy tokens are argmaxes over 100k logits whose top two differ by ~1/20 of
+    their spread on a random model; the chip's default precision (one bf16 pass per float32 matmul,
+    ~3 digits) would flip a few percent of them, a difference of precision, not of the program. Under
+    "highest" (~7 digits) a flip is ~1e-4 per token, so the tokens must be the same."""
+    cfg = resolve("tiny", None, []).model
+    with jax.default_device(_cpu()):
+        params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
+    ckpt = tmp_path / "ckpt"
+    save_params(ckpt, params, cfg, {"source": "tests/test_tpu.py: random init"})
+    args = ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "32"]
+    args += [arg for prompt in PROMPTS for arg in ("--prompt", prompt)]
+
+    cpu = subprocess.run(
+        [sys.executable, "-m", "olmax.cli", *args, "--json", str(tmp_path / "cpu.json")],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert cpu.returncode == 0, cpu.stderr
+    with jax.default_matmul_precision("highest"):
+        on_chip = CliRunner().invoke(app, [*args, "--json", str(tmp_path / "chip.json")])
+    assert on_chip.exit_code == 0, on_chip.output
+
+    cpu_rows, chip_rows = (json.loads((tmp_path / f"{side}.json").read_text())["results"] for side in ("cpu", "chip"))
+    assert [r["ids"] for r in chip_rows] == [r["ids"] for r in cpu_rows]
+    assert [r["text"] for r in chip_rows] == [r["text"] for r in cpu_rows]
+    assert all(len(r["ids"]) == 32 or r["finish"] == "eos" for r in cpu_rows)
