@@ -27,16 +27,18 @@ skip-step, the state of olmax.state.init_train_state, the step of olmax.train_st
   the same windows and vocabulary), 8192 tokens per step. Its 1.49B parameters' state (16 or 14
   B/parameter) exceeds the chip's 15.7 GiB, so layers are cut as for `7b-layers`, both dtypes tried.
 
-How a row's configuration is chosen, by the compiler (olmax.compile_check), before anything is
-allocated: first the layer count (or micro-batch) and parameter dtype, most layers (largest
-micro-batch) first, each candidate's step compiled with model.remat=full (the leanest) from abstract
-arrays and accepted when the compiler takes it with its peak within the chip's budget
-(chips.HBM_HEADROOM of the HBM limit); a layer count whose parameter, Adam and gradient bytes alone
-exceed the budget is not compiled. Then model.remat=auto for that shape (compile_check.choose_remat:
-the bisection over remat.AUTO_LADDER, two to six compiles) and the chosen compiled step runs.
---remat POLICY skips that search (the fit probe's own compile then runs), --layers / --micro-batch /
---param-dtype fix the searched knobs, --remat-cache DIR keeps the remat searches' records for the
-next run (olmax.remat_search). Each compile's figures are printed as it ends.
+How a row's configuration is chosen, by the compiler, before anything is allocated: each candidate's
+step is compiled from abstract arrays (olmax.compile_check.compile_step) and fits when the compiler
+takes it with its peak within the chip's budget (chips.HBM_HEADROOM of the HBM limit), as
+model.remat=auto decides (olmax.remat_search). Shapes, most layers (largest micro-batch) first, per
+parameter dtype: a layer count whose parameter, Adam and gradient bytes alone exceed the budget is
+skipped (one layer is always compiled, for the compiler's verdict). Each shape is compiled keeping
+the most (remat.AUTO_LADDER's first set: where that fits it is auto's choice) and, if that does not
+fit, recomputing whole blocks (`full`, whether the shape fits at all). For the first shape that fits
+only with `full`, model.remat=auto's bisection over the ladder (remat_search.bisect) picks the least
+recompute, reusing those compiles (two to five more). The chosen step's own compile then runs.
+--remat POLICY compiles only that policy (no bisection), --layers / --micro-batch / --param-dtype fix
+the searched knobs. Each compile's figures are printed as it ends.
 
 Per row: --warmup untimed steps, then --steps timed ones, each ended by block_until_ready on its
 metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.flops (mt: MaxText's,
@@ -192,24 +194,47 @@ def _with(cfg, **model_fields):
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model_fields))
 
 
-def probe(cfg, mesh, options, where, budget, compiles: list) -> tuple[bool, Optional[tuple]]:
-    """Compile cfg's step; (fits, (compiled, lower s, compile s) or None when refused)."""
-    from olmax.compile_check import CompilerRefused, compile_step
+class Prober:
+    """Compiles candidate steps (olmax.compile_check.compile_step) from abstract arrays, each at most
+    once: remat_search.Candidate figures by (shape, remat, order), the compiled step kept for those
+    that fit."""
 
-    t0 = time.perf_counter()
-    try:
-        out = compile_step(cfg, mesh, options, where)
-    except CompilerRefused as e:
-        if e.memory != "HBM":
-            raise
-        compiles.append(time.perf_counter() - t0)
-        log(f"    {describe(cfg)}: refused by the compiler ({e.reason}) [{compiles[-1]:.0f} s]")
-        return False, None
-    compiles.append(time.perf_counter() - t0)
-    peak = out[0].memory_analysis().peak_memory_in_bytes / GIB
-    fits = budget is None or peak <= budget
-    log(f"    {describe(cfg)}: peak {peak:.3f} GiB, {'fits' if fits else 'over the budget'} [{compiles[-1]:.0f} s]")
-    return fits, out
+    def __init__(self, mesh, options: dict, where: str, budget: Optional[float]):
+        self.mesh, self.options, self.where, self.budget = mesh, options, where, budget
+        self.seen: dict = {}  # key -> (Candidate, compiled or None)
+        self.seconds: list[float] = []
+
+    def __call__(self, cfg, mesh=None):
+        """The remat_search.Compile of cfg's step (mesh: this prober's; bisect passes it back)."""
+        from olmax.compile_check import CompilerRefused, compile_step
+        from olmax.remat_search import Candidate
+
+        m, t = cfg.model, cfg.trainer
+        key = (m.n_layers, m.param_dtype, t.micro_batch_size, m.remat, m.remat_serial)
+        if key in self.seen:
+            return self.seen[key][0]
+        t0 = time.perf_counter()
+        try:
+            compiled = compile_step(cfg, self.mesh, self.options, self.where)[0]
+        except CompilerRefused as e:
+            if e.memory != "HBM":  # a kernel's tiles: no layer count or remat changes that
+                raise
+            self.seconds.append(time.perf_counter() - t0)
+            c = Candidate(m.remat, m.remat_serial, None, False, self.seconds[-1], e.reason)
+            compiled, what = None, f"refused by the compiler ({e.reason})"
+        else:
+            self.seconds.append(time.perf_counter() - t0)
+            peak = compiled.memory_analysis().peak_memory_in_bytes / GIB
+            fits = self.budget is None or peak <= self.budget
+            c = Candidate(m.remat, m.remat_serial, peak, fits, self.seconds[-1])
+            what = f"peak {peak:.3f} GiB, {'fits' if fits else 'over the budget'}"
+        log(f"    {describe(cfg)}: {what} [{self.seconds[-1]:.0f} s]")
+        self.seen[key] = (c, compiled if c.fits else None)
+        return c
+
+    def compiled(self, cfg):
+        m, t = cfg.model, cfg.trainer
+        return self.seen[(m.n_layers, m.param_dtype, t.micro_batch_size, m.remat, m.remat_serial)][1]
 
 
 def short_remat(remat: str) -> str:
@@ -227,61 +252,58 @@ def describe(cfg) -> str:
     )
 
 
-def choose(name: str, args, mesh, chip, where: str, compiles: list):
-    """-> (cfg, compiled step, remat search record or None): the row's configuration (module doc)."""
-    from olmax.compile_check import budget_gib, choose_remat, compile_step, target_options
-    from olmax.remat import AUTO
+def choose(name: str, args, mesh, chip, where: str):
+    """-> (cfg, compiled step, Prober, remat candidates or None): the row's configuration (module doc)."""
+    from olmax.compile_check import budget_gib, target_options
+    from olmax.remat import AUTO, AUTO_LADDER
+    from olmax.remat_search import bisect, with_remat
 
     row, device = ROWS[name], mesh.devices.flat[0]
-    options = target_options(chip, device.platform)
     budget = budget_gib(chip) if chip is not None else None
+    prober = Prober(mesh, target_options(chip, device.platform), where, budget)
     fixed_remat = args.remat != AUTO
-    leanest = args.remat if fixed_remat else "full"
-    base = row_config(name, args, [f"model.remat={leanest}"])
-    cands = []  # configs to probe, preferred first
+    # auto: the ladder's most kept set first (where it fits, it is auto's choice: bisect's sets are
+    # nested, each leaner than the one above), then the leanest, which decides whether the shape fits
+    tries = [args.remat] if fixed_remat else [AUTO_LADDER[0], AUTO_LADDER[-1]]
+    base = row_config(name, args, [f"model.remat={tries[0]}"])
+    shapes = []  # (shape configs preferred first), one group per parameter dtype
     if row.search == "layers":
         most = min(base.model.n_layers, SMOKE_MAX_LAYERS) if args.smoke else base.model.n_layers
         for dtype in [args.param_dtype] if args.param_dtype else row.dtypes:
             cfg = _with(base, param_dtype=dtype)
             layers = [args.layers] if args.layers else layer_candidates(cfg, most, budget)
-            cands.append([_layers(cfg, n) for n in layers])
+            shapes.append([_layers(cfg, n) for n in layers])
     else:
         cfg = _with(base, param_dtype=args.param_dtype) if args.param_dtype else base
         micros = [args.micro_batch] if args.micro_batch else [m for m in range(row.batch, 0, -1) if row.batch % m == 0]
-        cands.append(
+        shapes.append(
             [dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, micro_batch_size=m)) for m in micros]
         )
     log(
         f"  {name}: fit search on {where}, budget "
         + ("none (every candidate fits)" if budget is None else f"{budget:.2f} GiB")
-        + f", model.remat={leanest} while searching"
+        + f", model.remat {' then '.join(short_remat(r) for r in tries)}"
     )
-    best, best_out = None, None
-    for group in cands:  # one group per dtype: the first that fits in each, the most layers overall
+    best, first_fits = None, False
+    for group in shapes:  # the first shape that fits in each dtype's group; the most layers overall
         for cfg in group:
             if best is not None and cfg.model.n_layers <= best.model.n_layers:
                 break  # no more layers than the choice so far: not worth a compile
-            fits, out = probe(cfg, mesh, options, where, budget, compiles)
-            if fits:
-                best, best_out = cfg, out
+            over = budget is not None and state_bytes(cfg.model) > budget * GIB  # only the leanest, for the verdict
+            fitting = next((r for r in (tries[-1:] if over else tries) if prober(with_remat(cfg, r, False)).fits), None)
+            if fitting is not None:
+                best, first_fits = cfg, fitting == tries[0]
                 break
     if best is None:
         raise RuntimeError(f"{name}: nothing fits (every candidate above was refused or over the budget)")
-    log(f"  {name}: chose {describe(best)}")
-    if fixed_remat:
-        return best, best_out[0], None
-    auto = _with(best, remat=AUTO, remat_serial=False)
-    t0 = time.perf_counter()
-    choice = choose_remat(auto, mesh, chip, where, options, args.remat_cache, log=lambda s: log("    " + s))
-    if choice.compiled is not None:
-        compiles.append(time.perf_counter() - t0)  # the search's compiles, in one figure
-        return choice.cfg, choice.compiled[0], choice.record
-    if choice.cfg.model.remat == best.model.remat and choice.cfg.model.remat_serial == best.model.remat_serial:
-        return choice.cfg, best_out[0], choice.record  # CPU, or a cached record naming the probe's own policy
-    t0 = time.perf_counter()
-    compiled = compile_step(choice.cfg, mesh, options, where)[0]
-    compiles.append(time.perf_counter() - t0)
-    return choice.cfg, compiled, choice.record
+    if fixed_remat or first_fits:
+        chosen, tried = with_remat(best, tries[0], False), None
+    else:  # model.remat=auto's bisection (olmax.remat_search), the compiles above reused
+        log(f"  {name}: the shape fits recomputing whole blocks; model.remat=auto's bisection over remat.AUTO_LADDER")
+        found, tried = bisect(_with(best, remat=AUTO), mesh, prober)
+        chosen = with_remat(best, found.remat, found.serial)
+    log(f"  {name}: chose {describe(chosen)}")
+    return chosen, prober.compiled(chosen), prober, tried
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,8 +347,7 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     t_row = time.perf_counter()
     base = row_config(name, args, [])
     mesh = make_mesh(base.mesh, [device])
-    compiles: list[float] = []
-    cfg, compiled, record = choose(name, args, mesh, chip, describe_devices([device]), compiles)
+    cfg, compiled, prober, tried = choose(name, args, mesh, chip, describe_devices([device]))
     layout = batch_layout(cfg, mesh)
     m, seq = cfg.model, cfg.data.seq_len
     tokens = np.random.default_rng(0).integers(0, m.vocab_size, (cfg.trainer.global_batch, seq), dtype=np.int32)
@@ -359,8 +380,9 @@ def run_row(name: str, args, chip, peak: float) -> dict:
         "vocab": m.padded_vocab_size,
         "params": count_params(m),
         "tokens_per_step": gb * seq,
-        "compiles_s": compiles,
-        "remat_search": None if record is None else record["candidates"],
+        "compiles_s": prober.seconds,
+        # model.remat=auto's bisection, when the most kept set did not fit (remat_search.Candidate)
+        "remat_search": None if tried is None else [dataclasses.asdict(c) for c in tried],
         "step_times_s": times[args.warmup :],
         "first_step_s": times[0],
         "losses": losses,
@@ -404,7 +426,7 @@ def table(rows: list[dict], peak: float) -> str:
         lines.append(
             f"{r['row']:14s} {config:58s} {r['s_per_step']:7.4f} {r['tokens_per_s']:9.0f} {r['tflops']['mt']:10.1f} "
             f"{r['tflops']['ex']:6.1f} {100 * r['mfu']['mt']:6.1f}% {100 * r['mfu']['ex']:5.1f}% {pct['mt']:>7s} "
-            f"{pct['ex']:>6s} {r['xla_peak_gib']:7.2f} {hbm:>7s} {sum(r['compiles_s']):9.0f}"
+            f"{pct['ex']:>6s} {r['xla_peak_gib']:7.2f} {hbm:>7s} {sum(r['compiles_s']):5.0f} ({len(r['compiles_s'])})"
         )
     lines.append(
         f"MFU against {peak:g} TFLOP/s; %mm = of the matmul row's rate; mt = MaxText's FLOP convention (unpadded "
@@ -426,7 +448,6 @@ def main(argv=None) -> int:
     p.add_argument("--peak", type=float, help="peak TFLOP/s when olmax.chips does not know the chip (default 197)")
     p.add_argument("--hbm-gib", type=float, help="HBM limit per device for the fit search (default: the chip's)")
     p.add_argument("--remat", default="auto", help="model.remat for every row (default auto: searched)")
-    p.add_argument("--remat-cache", help="directory for the remat searches' records (reused by the next run)")
     p.add_argument("--layers", type=int, help="layer count of the layer-search rows (no search)")
     p.add_argument("--micro-batch", type=int, help="micro-batch of the micro-batch-search rows (no search)")
     p.add_argument("--param-dtype", choices=("float32", "bfloat16"), help="model.param_dtype (no search)")
