@@ -33,7 +33,8 @@ HBM bandwidth (olmax.chips' hbm_gbps for the chip, else --hbm-gbps, default 819 
 docs): bound tokens/s = rows / ((weight bytes + KV bytes) / bandwidth). `ring GB` is the KV the
 sampler actually reads per step: its ring attention scores every slot of every layer's ring (the
 whole bucketed cache length on a global layer; olmax.rollout.cache), not only the filled ones.
-Target: decode tokens/s >= 50% of the bound at 64 rows for the 1b. Prints a table; asserts nothing.
+Target: decode tokens/s >= 50% of the bound at 64 rows for the 1b. --stop-after S starts no row
+after S seconds; --json is rewritten after every row. Prints a table; asserts nothing.
 
 --smoke: on the CPU, every model cut to d_model 64 (4 heads of 16, MLP 192), a 2048 vocabulary and a
 window of 16, prompts of 16 tokens and 8 new: it proves the script runs end to end, its figures mean
@@ -216,6 +217,7 @@ def main(argv=None) -> int:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--hbm-gbps", type=float, help="HBM bandwidth when olmax.chips has none (default 819)")
+    p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model.* override, every row")
     p.add_argument("--json", help="write the rows here (rewritten after every row)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (module doc)")
@@ -249,11 +251,13 @@ def main(argv=None) -> int:
         f"tpu_decode: {device.device_kind} ({device.platform}), HBM {gbps:g} GB/s, {args.runs} runs per timing"
         + ("  [SMOKE: tiny shapes on CPU, figures meaningless]" if args.smoke else "")
     )
-    rows = []
+    rows, start = [], time.perf_counter()
     for model in args.models.split(","):
         for shape in args.shapes.split(","):
             t0 = time.perf_counter()
             try:
+                if args.stop_after and t0 - start > args.stop_after:
+                    raise TimeoutError(f"not started: {t0 - start:.0f} s into the run, past --stop-after")
                 row = run_row(model, shape, args, gbps)
             except Exception as e:  # out of memory: reported in the table, the next row runs
                 row = {"model": model, "shape": shape, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"}

@@ -46,7 +46,9 @@ ex: the exact count) against the chip's peak (olmax.chips, else --peak, default 
 TPU v5e docs) and against this run's matmul rate. HBM: `xla peak` is the compiler's peak of the step
 program (memory_analysis); `hbm peak` is memory_stats' peak_bytes_in_use after the row, the process's
 high-water mark so far (run a row alone with --only for its own). A row that fails (out of memory,
-nothing fits) prints its error and the next one runs. Prints a table; asserts nothing.
+nothing fits) prints its error and the next one runs; --stop-after S starts no row after S seconds
+(those are reported as not started), and --json is rewritten after every row, so a run cut short
+keeps what it measured. Prints a table; asserts nothing.
 
 --smoke: tiny shapes on the CPU (d_model 64, 256 tokens, vocabulary 2048, at most 4 layers, a 0.05 GiB
 "HBM" budget so the search runs), 1 warm-up and 2 timed steps: it proves the script runs end to end,
@@ -410,7 +412,7 @@ def table(rows: list[dict], peak: float) -> str:
             f"matmul bf16 {mm['n']}^3: {mm['tflops']:.1f} TFLOP/s ({100 * mm['tflops'] / peak:.1f}% of {peak:g})"
         )
     head = (
-        f"{'row':14s} {'configuration':58s} {'s/step':>7s} {'tokens/s':>9s} {'TFLOP/s mt':>10s} {'ex':>6s} "
+        f"{'row':14s} {'configuration':84s} {'s/step':>7s} {'tokens/s':>9s} {'TFLOP/s mt':>10s} {'ex':>6s} "
         f"{'MFU mt':>7s} {'ex':>6s} {'%mm mt':>7s} {'ex':>6s} {'xla GiB':>7s} {'hbm GiB':>7s} {'compile s':>9s}"
     )
     lines.append(head)
@@ -424,7 +426,7 @@ def table(rows: list[dict], peak: float) -> str:
         pct = {k: f"{100 * v / rate:6.1f}%" if rate else f"{'-':>7s}" for k, v in r["tflops"].items()}
         hbm = "-" if r["hbm_peak_gib"] is None else f"{r['hbm_peak_gib']:.2f}"
         lines.append(
-            f"{r['row']:14s} {config:58s} {r['s_per_step']:7.4f} {r['tokens_per_s']:9.0f} {r['tflops']['mt']:10.1f} "
+            f"{r['row']:14s} {config:84s} {r['s_per_step']:7.4f} {r['tokens_per_s']:9.0f} {r['tflops']['mt']:10.1f} "
             f"{r['tflops']['ex']:6.1f} {100 * r['mfu']['mt']:6.1f}% {100 * r['mfu']['ex']:5.1f}% {pct['mt']:>7s} "
             f"{pct['ex']:>6s} {r['xla_peak_gib']:7.2f} {hbm:>7s} {sum(r['compiles_s']):5.0f} ({len(r['compiles_s'])})"
         )
@@ -451,6 +453,7 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, help="layer count of the layer-search rows (no search)")
     p.add_argument("--micro-batch", type=int, help="micro-batch of the micro-batch-search rows (no search)")
     p.add_argument("--param-dtype", choices=("float32", "bfloat16"), help="model.param_dtype (no search)")
+    p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every row")
     args = p.parse_args(argv)
     if args.smoke:
@@ -483,11 +486,13 @@ def main(argv=None) -> int:
         f"TFLOP/s, HBM limit {env['hbm_limit_gib']} GiB from {source}; {args.warmup} warm-up + {args.steps} timed "
         f"steps per row" + ("  [SMOKE: tiny shapes on CPU, figures meaningless]" if args.smoke else "")
     )
-    rows = []
+    rows, start = [], time.perf_counter()
     for name in args.only or ALL_ROWS:
         log(f"{name} ...")
         t0 = time.perf_counter()
         try:
+            if args.stop_after and t0 - start > args.stop_after:
+                raise TimeoutError(f"not started: {t0 - start:.0f} s into the run, past --stop-after")
             row = run_matmul(args) if name == "matmul" else run_row(name, args, chip, peak)
         except Exception as e:  # out of memory, nothing fits: reported in the table, the next row runs
             row = {"row": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}"}
