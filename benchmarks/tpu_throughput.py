@@ -32,7 +32,7 @@ step is compiled from abstract arrays (olmax.compile_check.compile_step) and fit
 takes it with its peak within the chip's budget (chips.HBM_HEADROOM of the HBM limit), as
 model.remat=auto decides (olmax.remat_search). Shapes, most layers (largest micro-batch) first, per
 parameter dtype: a layer count whose parameter, Adam and gradient bytes alone exceed the budget is
-skipped (one layer is always compiled, for the compiler's verdict). Each shape is compiled keeping
+not compiled (it cannot fit; the figure is printed). Each shape is compiled keeping
 the most (remat.AUTO_LADDER's first set: where that fits it is auto's choice) and, if that does not
 fit, recomputing whole blocks (`full`, whether the shape fits at all). For the first shape that fits
 only with `full`, model.remat=auto's bisection over the ladder (remat_search.bisect) picks the least
@@ -180,12 +180,11 @@ def state_bytes(model) -> int:
 
 
 def layer_candidates(cfg, most: int, budget: Optional[float]) -> list[int]:
-    """Layer counts to try, most first: from the most whose state_bytes fit the budget (at least 1,
-    so the compiler gives its verdict on one layer) down to 1."""
-    fit = most
-    if budget is not None:
-        fit = max(n for n in range(0, most + 1) if n == 0 or state_bytes(_layers(cfg, n).model) <= budget * GIB)
-    return list(range(max(fit, 1), 0, -1))
+    """Layer counts to try, most first: from the most whose state_bytes fit the budget down to 1
+    (none when even one layer's do not: its step cannot fit, and a compile near the HBM limit is the
+    slowest, the compiler rescheduling to fit)."""
+    fits = lambda n: budget is None or state_bytes(_layers(cfg, n).model) <= budget * GIB
+    return [n for n in range(most, 0, -1) if fits(n)]
 
 
 def _layers(cfg, n: int):
@@ -268,12 +267,20 @@ def choose(name: str, args, mesh, chip, where: str):
     # nested, each leaner than the one above), then the leanest, which decides whether the shape fits
     tries = [args.remat] if fixed_remat else [AUTO_LADDER[0], AUTO_LADDER[-1]]
     base = row_config(name, args, [f"model.remat={tries[0]}"])
+    log(
+        f"  {name}: fit search on {where}, budget "
+        + ("none (every candidate fits)" if budget is None else f"{budget:.2f} GiB")
+        + f", model.remat {' then '.join(short_remat(r) for r in tries)}"
+    )
     shapes = []  # (shape configs preferred first), one group per parameter dtype
     if row.search == "layers":
         most = min(base.model.n_layers, SMOKE_MAX_LAYERS) if args.smoke else base.model.n_layers
         for dtype in [args.param_dtype] if args.param_dtype else row.dtypes:
             cfg = _with(base, param_dtype=dtype)
             layers = [args.layers] if args.layers else layer_candidates(cfg, most, budget)
+            if not layers:
+                one = state_bytes(_layers(cfg, 1).model) / GIB
+                log(f"    {dtype} params: one layer's parameters, Adam moments and gradients alone take {one:.2f} GiB")
             shapes.append([_layers(cfg, n) for n in layers])
     else:
         cfg = _with(base, param_dtype=args.param_dtype) if args.param_dtype else base
@@ -281,18 +288,12 @@ def choose(name: str, args, mesh, chip, where: str):
         shapes.append(
             [dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, micro_batch_size=m)) for m in micros]
         )
-    log(
-        f"  {name}: fit search on {where}, budget "
-        + ("none (every candidate fits)" if budget is None else f"{budget:.2f} GiB")
-        + f", model.remat {' then '.join(short_remat(r) for r in tries)}"
-    )
     best, first_fits = None, False
     for group in shapes:  # the first shape that fits in each dtype's group; the most layers overall
         for cfg in group:
             if best is not None and cfg.model.n_layers <= best.model.n_layers:
                 break  # no more layers than the choice so far: not worth a compile
-            over = budget is not None and state_bytes(cfg.model) > budget * GIB  # only the leanest, for the verdict
-            fitting = next((r for r in (tries[-1:] if over else tries) if prober(with_remat(cfg, r, False)).fits), None)
+            fitting = next((r for r in tries if prober(with_remat(cfg, r, False)).fits), None)
             if fitting is not None:
                 best, first_fits = cfg, fitting == tries[0]
                 break
