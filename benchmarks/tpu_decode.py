@@ -34,7 +34,8 @@ docs): bound tokens/s = rows / ((weight bytes + KV bytes) / bandwidth). `ring GB
 sampler actually reads per step: its ring attention scores every slot of every layer's ring (the
 whole bucketed cache length on a global layer; olmax.rollout.cache), not only the filled ones.
 Target: decode tokens/s >= 50% of the bound at 64 rows for the 1b. --stop-after S starts no row
-after S seconds; --json is rewritten after every row. Prints a table; asserts nothing.
+after S seconds; --json is rewritten after every row; --compile-cache DIR keeps the compiled programs
+for the next run on the same host. Prints a table; asserts nothing.
 
 --smoke: on the CPU, every model cut to d_model 64 (4 heads of 16, MLP 192), a 2048 vocabulary and a
 window of 16, prompts of 16 tokens and 8 new: it proves the script runs end to end, its figures mean
@@ -217,6 +218,7 @@ def main(argv=None) -> int:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--hbm-gbps", type=float, help="HBM bandwidth when olmax.chips has none (default 819)")
+    p.add_argument("--compile-cache", help="JAX's persistent compilation cache directory (reused by the next run)")
     p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model.* override, every row")
     p.add_argument("--json", help="write the rows here (rewritten after every row)")
@@ -233,6 +235,10 @@ def main(argv=None) -> int:
     import jax
 
     from olmax.chips import chip_of_device_kind
+
+    if args.compile_cache:  # a second run on the same host compiles nothing (JAX's persistent cache)
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
     device = jax.devices()[0]
     chip = chip_of_device_kind(device.device_kind)

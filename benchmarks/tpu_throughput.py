@@ -38,7 +38,9 @@ fit, recomputing whole blocks (`full`, whether the shape fits at all). For the f
 only with `full`, model.remat=auto's bisection over the ladder (remat_search.bisect) picks the least
 recompute, reusing those compiles (two to five more). The chosen step's own compile then runs.
 --remat POLICY compiles only that policy (no bisection), --layers / --micro-batch / --param-dtype fix
-the searched knobs. Each compile's figures are printed as it ends.
+the searched knobs, --compile-cache DIR keeps every compiled program for the next run on the same
+host. Each compile's figures are printed as it ends. Compiles dominate a row's time: the 7b-layers
+step (1 layer) took 517 s to compile for an abstract v5e on a busy 2-core host.
 
 Per row: --warmup untimed steps, then --steps timed ones, each ended by block_until_ready on its
 metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.flops (mt: MaxText's,
@@ -169,21 +171,26 @@ def the_chip(device, args):
 # Choosing what fits
 
 
-def state_bytes(model) -> int:
+def state_bytes(model, accumulated: bool) -> int:
     """Bytes the step holds whatever its activations: parameters in model.param_dtype, two fp32 Adam
-    moments (olmax.optim) and the fp32 gradient sums (olmax.train_step's accumulate)."""
+    moments (olmax.optim) and the gradients: fp32 sums over micro-batches (olmax.train_step's
+    accumulate), or with one micro-batch in the parameters' dtype (the compiler folds the fp32 sum
+    into its consumers: the 7B's layer shape at 1 layer, bf16 parameters, 1 x 8192 tokens, compiled
+    for v5e with every activation kept, peaked at 12.81 GiB against 13.35 counting fp32 gradients)."""
     import numpy as np
 
     from olmax.model.olmo3 import count_params
 
-    return count_params(model) * (np.dtype(model.param_dtype).itemsize + 4 + 4 + 4)
+    item = np.dtype(model.param_dtype).itemsize
+    return count_params(model) * (item + 4 + 4 + (4 if accumulated else item))
 
 
 def layer_candidates(cfg, most: int, budget: Optional[float]) -> list[int]:
     """Layer counts to try, most first: from the most whose state_bytes fit the budget down to 1
     (none when even one layer's do not: its step cannot fit, and a compile near the HBM limit is the
     slowest, the compiler rescheduling to fit)."""
-    fits = lambda n: budget is None or state_bytes(_layers(cfg, n).model) <= budget * GIB
+    accumulated = (cfg.trainer.micro_batch_size or cfg.trainer.global_batch) < cfg.trainer.global_batch
+    fits = lambda n: budget is None or state_bytes(_layers(cfg, n).model, accumulated) <= budget * GIB
     return [n for n in range(most, 0, -1) if fits(n)]
 
 
@@ -279,7 +286,7 @@ def choose(name: str, args, mesh, chip, where: str):
             cfg = _with(base, param_dtype=dtype)
             layers = [args.layers] if args.layers else layer_candidates(cfg, most, budget)
             if not layers:
-                one = state_bytes(_layers(cfg, 1).model) / GIB
+                one = state_bytes(_layers(cfg, 1).model, False) / GIB
                 log(f"    {dtype} params: one layer's parameters, Adam moments and gradients alone take {one:.2f} GiB")
             shapes.append([_layers(cfg, n) for n in layers])
     else:
@@ -454,6 +461,7 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, help="layer count of the layer-search rows (no search)")
     p.add_argument("--micro-batch", type=int, help="micro-batch of the micro-batch-search rows (no search)")
     p.add_argument("--param-dtype", choices=("float32", "bfloat16"), help="model.param_dtype (no search)")
+    p.add_argument("--compile-cache", help="JAX's persistent compilation cache directory (reused by the next run)")
     p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every row")
     args = p.parse_args(argv)
@@ -465,6 +473,9 @@ def main(argv=None) -> int:
 
     import jax
 
+    if args.compile_cache:  # a second run on the same host compiles nothing (JAX's persistent cache)
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     device = jax.devices()[0]
     chip, peak, source = the_chip(device, args)
     env = {
