@@ -1,0 +1,522 @@
+"""Training throughput of olmax's step on ONE TPU chip (v5e: "TPU v5 lite"), every row in this one
+process (one process at a time may hold the chip), with the configuration that fits chosen by the
+compiler.
+
+    LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536 \
+        python benchmarks/tpu_throughput.py [--only 7b-layers --only 190m --steps 10 --warmup 2 --json out.json]
+    python benchmarks/tpu_throughput.py --smoke     # the same code path on CPU at tiny shapes
+
+Rows, each the `olmo3_7b` recipe (olmax.recipes) with dotted overrides: 1 instance of 8192 tokens per
+step unless said, attention `auto` (splash on a TPU), the recipe's loss_chunk 1024 and AdamW with
+skip-step, the state of olmax.state.init_train_state, the step of olmax.train_step.make_train_step:
+- `matmul`: a bf16 8192^3 matmul (jnp.matmul), the reference for "% of matmul rate".
+- `7b-layers`: OLMo 3 7B's layer shape (d_model 4096, 32 heads of 128, MLP 11008, windows of 4096 on
+  three layers of four), the full vocabulary (100278 padded to 100352), as many layers as fit. The
+  embedding and LM head are 822M parameters: with fp32 parameters, fp32 Adam moments (olmax keeps
+  them fp32 whatever model.param_dtype, olmax.optim) and fp32 gradients (the step accumulates them
+  in fp32, olmax.train_step) that is 16 B/parameter, 12.2 GiB before any layer; so both
+  model.param_dtype=float32 (the recipe's) and bfloat16 (14 B/parameter) are tried and the one that
+  fits more layers runs (float32 on a tie).
+- `7b-layers-v8k`: the same with the vocabulary cut to 8192, fp32 parameters, as many layers as fit
+  (an earlier probe ran 2 such layers with no remat at 121.7 TFLOP/s, 61.8% MFU by MaxText's count).
+- `190m`: OLMo-core 3.0.0's TransformerConfig.olmo3_190M shape (d_model 768, 12 layers, 12 heads of
+  64, MLP 3072 = 1.5 x 8/3 x 768 rounded to 256, the 7B's vocabulary and windows), 2 x 8192 tokens
+  per step (an earlier probe ran out of HBM with one micro-batch of 2): the largest micro-batch
+  dividing 2 that fits.
+- `1b`: OLMo-core's olmo3_1B shape (olmo2_1B_v2: d_model 2048, 16 layers, 16 heads of 128, MLP 8192,
+  the same windows and vocabulary), 8192 tokens per step. Its 1.49B parameters' state (16 or 14
+  B/parameter) exceeds the chip's 15.7 GiB, so layers are cut as for `7b-layers`, both dtypes tried.
+
+How a row's configuration is chosen, by the compiler, before anything is allocated: each candidate's
+step is compiled from abstract arrays (olmax.compile_check.compile_step) and fits when the compiler
+takes it with its peak within the chip's budget (chips.HBM_HEADROOM of the HBM limit), as
+model.remat=auto decides (olmax.remat_search). Shapes, most layers (largest micro-batch) first, per
+parameter dtype: a layer count whose parameter, Adam and gradient bytes alone exceed the budget is
+not compiled (it cannot fit; the figure is printed). Each shape is compiled keeping
+the most (remat.AUTO_LADDER's first set: where that fits it is auto's choice) and, if that does not
+fit, recomputing whole blocks (`full`, whether the shape fits at all). For the first shape that fits
+only with `full`, model.remat=auto's bisection over the ladder (remat_search.bisect) picks the least
+recompute, reusing those compiles (two to five more). The chosen step's own compile then runs.
+--remat POLICY compiles only that policy (no bisection), --layers / --micro-batch / --param-dtype fix
+the searched knobs, --compile-cache DIR keeps every compiled program for the next run on the same
+host. Each compile's figures are printed as it ends. Compiles dominate a row's time: the 7b-layers
+step (1 layer) took 517 s to compile for an abstract v5e on a busy 2-core host.
+
+Per row: --warmup untimed steps, then --steps timed ones, each ended by block_until_ready on its
+metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.flops (mt: MaxText's,
+ex: the exact count) against the chip's peak (olmax.chips, else --peak, default 197 TFLOP/s: Cloud
+TPU v5e docs) and against this run's matmul rate. HBM: `xla peak` is the compiler's peak of the step
+program (memory_analysis); `hbm peak` is memory_stats' peak_bytes_in_use after the row, the process's
+high-water mark so far (run a row alone with --only for its own). A row that fails (out of memory,
+nothing fits) prints its error and the next one runs; --stop-after S starts no row after S seconds
+(those are reported as not started), and --json is rewritten after every row, so a run cut short
+keeps what it measured. Prints a table; asserts nothing.
+
+--smoke: tiny shapes on the CPU (d_model 64, 256 tokens, vocabulary 2048, at most 4 layers, a 0.05 GiB
+"HBM" budget so the search runs), 1 warm-up and 2 timed steps: it proves the script runs end to end,
+its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
+
+GIB = 2**30
+V5E_PEAK_TFLOPS = 197.0  # Cloud TPU v5e docs: 197 TFLOP/s bf16 per chip (one JAX device)
+RECIPE = "olmo3_7b"
+COMMON = [
+    "data.seq_len=8192",
+    "model.attention=auto",
+    "trainer.micro_batch_size=null",
+    "mesh.data=1",
+    "mesh.fsdp=-1",
+    "mesh.context=1",
+    "mesh.tensor=1",
+]
+SHAPE_190M = [
+    "model.d_model=768",
+    "model.n_layers=12",
+    "model.n_heads=12",
+    "model.n_kv_heads=12",
+    "model.head_dim=64",
+    "model.mlp_hidden=3072",
+]
+SHAPE_1B = [
+    "model.d_model=2048",
+    "model.n_layers=16",
+    "model.n_heads=16",
+    "model.n_kv_heads=16",
+    "model.head_dim=128",
+    "model.mlp_hidden=8192",
+]
+SMOKE = [
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.n_kv_heads=4",
+    "model.head_dim=16",
+    "model.mlp_hidden=192",
+    "model.sliding_window=128",
+    "model.max_position=256",
+    "model.vocab_size=2048",
+    "data.seq_len=256",
+    "trainer.loss_chunk=128",
+]
+SMOKE_MAX_LAYERS = 4
+SMOKE_HBM_GIB = 0.05
+
+
+class Row(NamedTuple):
+    overrides: list[str]
+    batch: int  # instances of data.seq_len per step
+    search: str  # "layers": the most layers that fit, up to the shape's; "micro": the largest micro-batch
+    dtypes: tuple[str, ...]  # model.param_dtype candidates, preferred first
+
+
+ROWS = {
+    "7b-layers": Row([], 1, "layers", ("float32", "bfloat16")),
+    "7b-layers-v8k": Row(["model.vocab_size=8192"], 1, "layers", ("float32",)),
+    "190m": Row(SHAPE_190M, 2, "micro", ("float32",)),
+    "1b": Row(SHAPE_1B, 1, "layers", ("float32", "bfloat16")),
+}
+ALL_ROWS = ("matmul", *ROWS)
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def row_config(name: str, args, extra: list[str]):
+    from olmax.recipes import resolve
+
+    row = ROWS[name]
+    overrides = [*COMMON, *row.overrides, f"trainer.global_batch={row.batch}", *(SMOKE if args.smoke else [])]
+    return resolve(RECIPE, None, [*overrides, *args.set, *extra])
+
+
+def the_chip(device, args):
+    """(chip for the compiler's budget or None, peak TFLOP/s, where the HBM limit came from). The chip
+    table's entry for this device kind (olmax.chips), else one made from memory_stats' bytes_limit;
+    --hbm-gib replaces the HBM limit (on CPU it is the only budget there is), --peak the peak."""
+    from olmax.chips import SCOPED_VMEM_64MIB, Chip, chip_of_device_kind
+
+    chip = chip_of_device_kind(device.device_kind)
+    peak = args.peak or (chip.peak_tflops if chip else V5E_PEAK_TFLOPS)
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    if args.hbm_gib:
+        limit_gib, source = args.hbm_gib, "--hbm-gib"
+    elif chip is not None:
+        limit_gib, source = chip.hbm_limit_gib, f"olmax.chips ({chip.name})"
+    elif limit:
+        limit_gib, source = limit / GIB, "memory_stats bytes_limit"
+    else:
+        return None, peak, "none (CPU without --hbm-gib)"
+    if chip is None:
+        flags = SCOPED_VMEM_64MIB if device.platform == "tpu" else ()
+        chip = Chip(device.device_kind, device.platform, peak, limit_gib, 1, None, device.device_kind, flags)
+    return dataclasses.replace(chip, hbm_limit_gib=limit_gib), peak, source
+
+
+# ----------------------------------------------------------------------------------------------
+# Choosing what fits
+
+
+def state_bytes(model, accumulated: bool) -> int:
+    """Bytes the step holds whatever its activations: parameters in model.param_dtype, two fp32 Adam
+    moments (olmax.optim) and the gradients: fp32 sums over micro-batches (olmax.train_step's
+    accumulate), or with one micro-batch in the parameters' dtype (the compiler folds the fp32 sum
+    into its consumers: the 7B's layer shape at 1 layer, bf16 parameters, 1 x 8192 tokens, compiled
+    for v5e with every activation kept, peaked at 12.81 GiB against 13.35 counting fp32 gradients)."""
+    import numpy as np
+
+    from olmax.model.olmo3 import count_params
+
+    item = np.dtype(model.param_dtype).itemsize
+    return count_params(model) * (item + 4 + 4 + (4 if accumulated else item))
+
+
+def layer_candidates(cfg, most: int, budget: Optional[float]) -> list[int]:
+    """Layer counts to try, most first: from the most whose state_bytes fit the budget down to 1
+    (none when even one layer's do not: its step cannot fit, and a compile near the HBM limit is the
+    slowest, the compiler rescheduling to fit)."""
+    accumulated = (cfg.trainer.micro_batch_size or cfg.trainer.global_batch) < cfg.trainer.global_batch
+    fits = lambda n: budget is None or state_bytes(_layers(cfg, n).model, accumulated) <= budget * GIB
+    return [n for n in range(most, 0, -1) if fits(n)]
+
+
+def _layers(cfg, n: int):
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=n))
+
+
+def _with(cfg, **model_fields):
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model_fields))
+
+
+class Prober:
+    """Compiles candidate steps (olmax.compile_check.compile_step) from abstract arrays, each at most
+    once: remat_search.Candidate figures by (shape, remat, order), the compiled step kept for those
+    that fit."""
+
+    def __init__(self, mesh, options: dict, where: str, budget: Optional[float]):
+        self.mesh, self.options, self.where, self.budget = mesh, options, where, budget
+        self.seen: dict = {}  # key -> (Candidate, compiled or None)
+        self.seconds: list[float] = []
+
+    def __call__(self, cfg, mesh=None):
+        """The remat_search.Compile of cfg's step (mesh: this prober's; bisect passes it back)."""
+        from olmax.compile_check import CompilerRefused, compile_step
+        from olmax.remat_search import Candidate
+
+        m, t = cfg.model, cfg.trainer
+        key = (m.n_layers, m.param_dtype, t.micro_batch_size, m.remat, m.remat_serial)
+        if key in self.seen:
+            return self.seen[key][0]
+        t0 = time.perf_counter()
+        try:
+            compiled = compile_step(cfg, self.mesh, self.options, self.where)[0]
+        except CompilerRefused as e:
+            if e.memory != "HBM":  # a kernel's tiles: no layer count or remat changes that
+                raise
+            self.seconds.append(time.perf_counter() - t0)
+            c = Candidate(m.remat, m.remat_serial, None, False, self.seconds[-1], e.reason)
+            compiled, what = None, f"refused by the compiler ({e.reason})"
+        else:
+            self.seconds.append(time.perf_counter() - t0)
+            peak = compiled.memory_analysis().peak_memory_in_bytes / GIB
+            fits = self.budget is None or peak <= self.budget
+            c = Candidate(m.remat, m.remat_serial, peak, fits, self.seconds[-1])
+            what = f"peak {peak:.3f} GiB, {'fits' if fits else 'over the budget'}"
+        log(f"    {describe(cfg)}: {what} [{self.seconds[-1]:.0f} s]")
+        self.seen[key] = (c, compiled if c.fits else None)
+        return c
+
+    def compiled(self, cfg):
+        m, t = cfg.model, cfg.trainer
+        return self.seen[(m.n_layers, m.param_dtype, t.micro_batch_size, m.remat, m.remat_serial)][1]
+
+
+def short_remat(remat: str) -> str:
+    """A remat set of tags, short: q_proj,k_proj,v_proj,attn_context -> q,k,v,ctx."""
+    return remat.replace("_proj", "").replace("attn_context", "ctx").replace("mlp_", "")
+
+
+def describe(cfg) -> str:
+    m, t = cfg.model, cfg.trainer
+    micro = t.micro_batch_size or t.global_batch
+    serial = ", serial" if m.remat_serial else ""
+    return (
+        f"{m.n_layers} layers, {m.param_dtype} params, {t.global_batch // micro} x {micro} x {cfg.data.seq_len}"
+        f" tokens, remat {short_remat(m.remat)}{serial}"
+    )
+
+
+def choose(name: str, args, mesh, chip, where: str):
+    """-> (cfg, compiled step, Prober, remat candidates or None): the row's configuration (module doc)."""
+    from olmax.compile_check import budget_gib, target_options
+    from olmax.remat import AUTO, AUTO_LADDER
+    from olmax.remat_search import bisect, with_remat
+
+    row, device = ROWS[name], mesh.devices.flat[0]
+    budget = budget_gib(chip) if chip is not None else None
+    prober = Prober(mesh, target_options(chip, device.platform), where, budget)
+    fixed_remat = args.remat != AUTO
+    # auto: the ladder's most kept set first (where it fits, it is auto's choice: bisect's sets are
+    # nested, each leaner than the one above), then the leanest, which decides whether the shape fits
+    tries = [args.remat] if fixed_remat else [AUTO_LADDER[0], AUTO_LADDER[-1]]
+    base = row_config(name, args, [f"model.remat={tries[0]}"])
+    log(
+        f"  {name}: fit search on {where}, budget "
+        + ("none (every candidate fits)" if budget is None else f"{budget:.2f} GiB")
+        + f", model.remat {' then '.join(short_remat(r) for r in tries)}"
+    )
+    shapes = []  # (shape configs preferred first), one group per parameter dtype
+    if row.search == "layers":
+        most = min(base.model.n_layers, SMOKE_MAX_LAYERS) if args.smoke else base.model.n_layers
+        for dtype in [args.param_dtype] if args.param_dtype else row.dtypes:
+            cfg = _with(base, param_dtype=dtype)
+            layers = [args.layers] if args.layers else layer_candidates(cfg, most, budget)
+            if not layers:
+                one = state_bytes(_layers(cfg, 1).model, False) / GIB
+                log(f"    {dtype} params: one layer's parameters, Adam moments and gradients alone take {one:.2f} GiB")
+            shapes.append([_layers(cfg, n) for n in layers])
+    else:
+        cfg = _with(base, param_dtype=args.param_dtype) if args.param_dtype else base
+        micros = [args.micro_batch] if args.micro_batch else [m for m in range(row.batch, 0, -1) if row.batch % m == 0]
+        shapes.append(
+            [dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, micro_batch_size=m)) for m in micros]
+        )
+    best, first_fits = None, False
+    for group in shapes:  # the first shape that fits in each dtype's group; the most layers overall
+        for cfg in group:
+            if best is not None and cfg.model.n_layers <= best.model.n_layers:
+                break  # no more layers than the choice so far: not worth a compile
+            fitting = next((r for r in tries if prober(with_remat(cfg, r, False)).fits), None)
+            if fitting is not None:
+                best, first_fits = cfg, fitting == tries[0]
+                break
+    if best is None:
+        raise RuntimeError(f"{name}: nothing fits (every candidate above was refused or over the budget)")
+    if fixed_remat or first_fits:
+        chosen, tried = with_remat(best, tries[0], False), None
+    else:  # model.remat=auto's bisection (olmax.remat_search), the compiles above reused
+        log(f"  {name}: the shape fits recomputing whole blocks; model.remat=auto's bisection over remat.AUTO_LADDER")
+        found, tried = bisect(_with(best, remat=AUTO), mesh, prober)
+        chosen = with_remat(best, found.remat, found.serial)
+    log(f"  {name}: chose {describe(chosen)}")
+    return chosen, prober.compiled(chosen), prober, tried
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows
+
+
+def run_matmul(args) -> dict:
+    """Best of 3 batches of 10 back-to-back bf16 matmuls, after a compile and a warm-up."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 512 if args.smoke else 8192
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
+    f = jax.jit(jnp.matmul)
+    f(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        outs = [f(a, b) for _ in range(10)]
+        jax.block_until_ready(outs)
+        best = min(best, (time.perf_counter() - t0) / 10)
+        del outs
+    return {"row": "matmul", "n": n, "s_per_matmul": best, "tflops": 2 * n**3 / best / 1e12}
+
+
+def run_row(name: str, args, chip, peak: float) -> dict:
+    import jax
+    import numpy as np
+
+    from olmax.compile_check import memory_of
+    from olmax.flops import exact_step_flops, maxtext_step_flops
+    from olmax.model.attention import resolve_backend
+    from olmax.model.olmo3 import count_params
+    from olmax.remat_search import describe_devices
+    from olmax.sharding import make_mesh
+    from olmax.state import init_train_state
+    from olmax.train_step import batch_layout, batch_sharding
+
+    device = jax.devices()[0]
+    t_row = time.perf_counter()
+    base = row_config(name, args, [])
+    mesh = make_mesh(base.mesh, [device])
+    cfg, compiled, prober, tried = choose(name, args, mesh, chip, describe_devices([device]))
+    layout = batch_layout(cfg, mesh)
+    m, seq = cfg.model, cfg.data.seq_len
+    tokens = np.random.default_rng(0).integers(0, m.vocab_size, (cfg.trainer.global_batch, seq), dtype=np.int32)
+    batch = {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}
+    with jax.set_mesh(mesh):
+        state = init_train_state(cfg, mesh, jax.random.key(0))
+        jax.block_until_ready(state)
+        times, losses = [], []
+        for _ in range(args.warmup + args.steps):
+            t0 = time.perf_counter()
+            state, metrics = compiled(state, batch)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - t0)
+            losses.append(float(metrics["loss"]))
+    del state, batch
+    stats = device.memory_stats() or {}
+    s = statistics.median(times[args.warmup :])
+    gb = cfg.trainer.global_batch
+    flops = {"mt": maxtext_step_flops(m, seq, gb).total, "ex": exact_step_flops(m, seq, gb).total}
+    return {
+        "row": name,
+        "config": describe(cfg),
+        "n_layers": m.n_layers,
+        "param_dtype": m.param_dtype,
+        "micro_batch": layout.micro_batch,
+        "accum_steps": layout.accum_steps,
+        "remat": m.remat,
+        "remat_serial": m.remat_serial,
+        "attention": resolve_backend(m.attention, device.platform, m.compute_dtype),
+        "vocab": m.padded_vocab_size,
+        "params": count_params(m),
+        "tokens_per_step": gb * seq,
+        "compiles_s": prober.seconds,
+        # model.remat=auto's bisection, when the most kept set did not fit (remat_search.Candidate)
+        "remat_search": None if tried is None else [dataclasses.asdict(c) for c in tried],
+        "step_times_s": times[args.warmup :],
+        "first_step_s": times[0],
+        "losses": losses,
+        "s_per_step": s,
+        "tokens_per_s": gb * seq / s,
+        "tflop_per_step": {k: v / 1e12 for k, v in flops.items()},
+        "tflops": {k: v / 1e12 / s for k, v in flops.items()},
+        "mfu": {k: v / 1e12 / s / peak for k, v in flops.items()},
+        "xla_peak_gib": memory_of(compiled)["peak_gib"],
+        "hbm_peak_gib": stats["peak_bytes_in_use"] / GIB if "peak_bytes_in_use" in stats else None,
+        "row_s": time.perf_counter() - t_row,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+
+
+def table(rows: list[dict], peak: float) -> str:
+    mm = next((r for r in rows if r["row"] == "matmul" and "error" not in r), None)
+    rate = mm["tflops"] if mm else None
+    lines = []
+    if mm:
+        lines.append(
+            f"matmul bf16 {mm['n']}^3: {mm['tflops']:.1f} TFLOP/s ({100 * mm['tflops'] / peak:.1f}% of {peak:g})"
+        )
+    head = (
+        f"{'row':14s} {'configuration':84s} {'s/step':>7s} {'tokens/s':>9s} {'TFLOP/s mt':>10s} {'ex':>6s} "
+        f"{'MFU mt':>7s} {'ex':>6s} {'%mm mt':>7s} {'ex':>6s} {'xla GiB':>7s} {'hbm GiB':>7s} {'compile s':>9s}"
+    )
+    lines.append(head)
+    for r in rows:
+        if r["row"] == "matmul":
+            continue
+        if "error" in r:
+            lines.append(f"{r['row']:14s} FAILED: {r['error']}")
+            continue
+        config = f"{r['config']}, {r['attention']}"
+        pct = {k: f"{100 * v / rate:6.1f}%" if rate else f"{'-':>7s}" for k, v in r["tflops"].items()}
+        hbm = "-" if r["hbm_peak_gib"] is None else f"{r['hbm_peak_gib']:.2f}"
+        lines.append(
+            f"{r['row']:14s} {config:84s} {r['s_per_step']:7.4f} {r['tokens_per_s']:9.0f} {r['tflops']['mt']:10.1f} "
+            f"{r['tflops']['ex']:6.1f} {100 * r['mfu']['mt']:6.1f}% {100 * r['mfu']['ex']:5.1f}% {pct['mt']:>7s} "
+            f"{pct['ex']:>6s} {r['xla_peak_gib']:7.2f} {hbm:>7s} {sum(r['compiles_s']):5.0f} ({len(r['compiles_s'])})"
+        )
+    lines.append(
+        f"MFU against {peak:g} TFLOP/s; %mm = of the matmul row's rate; mt = MaxText's FLOP convention (unpadded "
+        "vocabulary, every layer global), ex = the exact count; xla = the step program's compiled peak, hbm = the "
+        "process's peak_bytes_in_use so far"
+    )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--only", action="append", choices=ALL_ROWS, help=f"rows to run (repeatable; default all: {' '.join(ALL_ROWS)})"
+    )
+    p.add_argument("--steps", type=int, help="timed steps per row (default 10; smoke 2)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default 2; smoke 1)")
+    p.add_argument("--json", help="write the rows here (rewritten after every row)")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (module doc)")
+    p.add_argument("--peak", type=float, help="peak TFLOP/s when olmax.chips does not know the chip (default 197)")
+    p.add_argument("--hbm-gib", type=float, help="HBM limit per device for the fit search (default: the chip's)")
+    p.add_argument("--remat", default="auto", help="model.remat for every row (default auto: searched)")
+    p.add_argument("--layers", type=int, help="layer count of the layer-search rows (no search)")
+    p.add_argument("--micro-batch", type=int, help="micro-batch of the micro-batch-search rows (no search)")
+    p.add_argument("--param-dtype", choices=("float32", "bfloat16"), help="model.param_dtype (no search)")
+    p.add_argument("--compile-cache", help="JAX's persistent compilation cache directory (reused by the next run)")
+    p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every row")
+    args = p.parse_args(argv)
+    if args.smoke:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        args.hbm_gib = args.hbm_gib or SMOKE_HBM_GIB
+    args.steps = args.steps or (2 if args.smoke else 10)
+    args.warmup = args.warmup or (1 if args.smoke else 2)
+
+    import jax
+
+    if args.compile_cache:  # a second run on the same host compiles nothing (JAX's persistent cache)
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    device = jax.devices()[0]
+    chip, peak, source = the_chip(device, args)
+    env = {
+        "device": device.device_kind,
+        "platform": device.platform,
+        "devices": len(jax.devices()),
+        "jax": jax.__version__,
+        "LIBTPU_INIT_ARGS": os.environ.get("LIBTPU_INIT_ARGS", ""),
+        "peak_tflops": peak,
+        "hbm_limit_gib": None if chip is None else chip.hbm_limit_gib,
+        "hbm_limit_from": source,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "smoke": args.smoke,
+        "set": args.set,
+    }
+    log(
+        f"tpu_throughput: {device.device_kind} ({device.platform}, {len(jax.devices())} devices), peak {peak:g} "
+        f"TFLOP/s, HBM limit {env['hbm_limit_gib']} GiB from {source}; {args.warmup} warm-up + {args.steps} timed "
+        f"steps per row" + ("  [SMOKE: tiny shapes on CPU, figures meaningless]" if args.smoke else "")
+    )
+    rows, start = [], time.perf_counter()
+    for name in args.only or ALL_ROWS:
+        log(f"{name} ...")
+        t0 = time.perf_counter()
+        try:
+            if args.stop_after and t0 - start > args.stop_after:
+                raise TimeoutError(f"not started: {t0 - start:.0f} s into the run, past --stop-after")
+            row = run_matmul(args) if name == "matmul" else run_row(name, args, chip, peak)
+        except Exception as e:  # out of memory, nothing fits: reported in the table, the next row runs
+            row = {"row": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}"}
+        gc.collect()
+        jax.clear_caches()
+        log(f"  {name}: " + (row["error"] if "error" in row else "done") + f" ({time.perf_counter() - t0:.0f} s)")
+        rows.append(row)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=2))
+    log(table(rows, peak))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
