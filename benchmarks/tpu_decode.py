@@ -226,6 +226,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
+    else:  # the TPU's flag profile, as the olmax commands set it (splash's tiles need its scoped VMEM)
+        from olmax.cli.common import tpu_profile_env
+
+        tpu_profile_env()
     args.runs = args.runs or (2 if args.smoke else 3)
     args.prompt_len = args.prompt_len or (16 if args.smoke else 128)
     args.new = args.new or (8 if args.smoke else 128)

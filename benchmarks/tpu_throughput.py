@@ -2,8 +2,7 @@
 process (one process at a time may hold the chip), with the configuration that fits chosen by the
 compiler.
 
-    LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536 \
-        python benchmarks/tpu_throughput.py [--only 7b-layers --only 190m --steps 10 --warmup 2 --json out.json]
+    python benchmarks/tpu_throughput.py [--only 7b-layers --only 190m --steps 10 --warmup 2 --json out.json]
     python benchmarks/tpu_throughput.py --smoke     # the same code path on CPU at tiny shapes
 
 Rows, each the `olmo3_7b` recipe (olmax.recipes) with dotted overrides: 1 instance of 8192 tokens per
@@ -468,6 +467,10 @@ def main(argv=None) -> int:
     if args.smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
         args.hbm_gib = args.hbm_gib or SMOKE_HBM_GIB
+    else:  # the TPU's flag profile, as the olmax commands set it (splash's tiles need its scoped VMEM)
+        from olmax.cli.common import tpu_profile_env
+
+        tpu_profile_env()
     args.steps = args.steps or (2 if args.smoke else 10)
     args.warmup = args.warmup or (1 if args.smoke else 2)
 

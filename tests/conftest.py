@@ -31,18 +31,16 @@ def pytest_configure(config):
     """The JAX platform, decided here, before any test module imports JAX (JAX reads these variables
     once, when it starts); then the compilation cache."""
     if selects_tpu_tests(config.option.markexpr):
-        from olmax.chips import SCOPED_VMEM_64MIB
-        from olmax.cli.common import jax_platforms
+        from olmax.cli.common import host_has_accelerator, jax_platforms, tpu_profile_env
 
-        # as `olmax train` chooses: the host's TPU where it has one, the CPU (and skipped tests) elsewhere,
+        # as `olmax train` chooses: the host's TPU where it has one, with its chip's flag profile (splash
+        # attention's production tiles need its scoped VMEM), the CPU (and skipped tests) elsewhere,
         # without libtpu's start-up errors on a host without a TPU
         platforms = jax_platforms(needs_accelerator=True)
         if platforms is not None:
             os.environ["JAX_PLATFORMS"] = platforms
-        # splash attention's production tiles (2048/2048/1024) need 64 MiB of scoped VMEM: the flag of
-        # every TPU chip's profile in olmax.chips, which the launcher sets for a run; set here until the
-        # olmax commands set the chip's profile themselves. A value the user set stands.
-        os.environ.setdefault("LIBTPU_INIT_ARGS", " ".join(SCOPED_VMEM_64MIB))
+        if host_has_accelerator():
+            tpu_profile_env()
     else:
         # The suite's programs are tiny, so compiling them costs more than running them: LLVM's
         # optimisation level 0 halves XLA's CPU compile time (a small train step: 7.0 s -> 3.6 s) and
