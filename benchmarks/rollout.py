@@ -1,7 +1,9 @@
-"""Rollout throughput: olmax's sampler (olmax.rollout.sampler.sample, one jitted loop) against
-transformers' `generate` on the same random model, exported with `olmax convert --to-hf`.
+"""Rollout throughput: olmax's sampler (olmax.rollout.sampler.sample, one jitted loop) and the
+`olmax generate` command against transformers' `generate` on the same random model, exported with
+`olmax convert --to-hf`.
 
     .venv/bin/python benchmarks/rollout.py [--models demo,small --seqs 64 --prompt 32 --new 64 --json out.json]
+        [--command-new 128]
 
 Both sample at temperature 1 (top-k and top-p off) from the same 64 sequences' prompts with EOS off,
 so every sequence generates exactly --new tokens; tokens/s counts those new tokens. olmax runs as GRPO
@@ -11,14 +13,26 @@ median of --runs calls after one warm-up call (olmax: the compile; transformers:
 Models, fp32 on the CPU: `demo`, the `tiny` recipe's model (4 layers, d_model 128, window 64 on
 layers 0-2, the full 100k dolma2 vocabulary), and `small`, the same with a 4k vocabulary (the output
 layer no longer dominates). Prints a table; asserts nothing.
+
+The command's row: `olmax generate --prompts FILE --max-new-tokens --command-new` (greedy, its
+defaults) on the demo model's checkpoint, --seqs text prompts of 6-10 words, against transformers'
+greedy `generate` of the same prompts' ids (min_new_tokens = max_new_tokens, EOS off; the command
+stops a row at EOS, which a random model almost never draws: tokens/s counts the tokens each made).
+Run as a user runs it, in a subprocess: its tokens/s after compiling (the report's
+`tokens_per_second`, the generation's seconds less its tracing and compiling), its compile seconds and
+the whole command's wall time (start-up, loading, compiling, generation, printing); the command runs
+--runs times alternating with transformers' (after one warm-up call), medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -98,6 +112,69 @@ def bench(name: str, seqs: int, group: int, prompt_len: int, new: int, runs: int
     }
 
 
+def bench_command(seqs: int, new: int, runs: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from olmax.data.tokenizer import load_tokenizer
+
+    cfg = replace(TINY, max_position=max(256, 16 + new))
+    words = "the cat sat on a mat and then went to sleep while it rained outside in the old town".split()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, 6 + i % 5)) for i in range(seqs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        save_params(tmp / "ckpt", jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0)), cfg, {})
+        convert_to_hf(tmp / "ckpt", tmp / "hf", tokenizer="none")
+        model = AutoModelForCausalLM.from_pretrained(tmp / "hf", local_files_only=True, dtype=torch.float32).eval()
+        (tmp / "prompts.txt").write_text("\n".join(texts) + "\n")
+        olmax = Path(sys.executable).with_name("olmax")
+        argv = [str(olmax), "generate", "--ckpt", str(tmp / "ckpt"), "--prompts", str(tmp / "prompts.txt")]
+        argv += ["--max-new-tokens", str(new), "--json", str(tmp / "out.json")]
+
+        def ours() -> dict:
+            start = time.perf_counter()
+            subprocess.run(argv, check=True, capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+            return {**json.loads((tmp / "out.json").read_text()), "wall": time.perf_counter() - start}
+
+        encoded = [load_tokenizer("dolma2").encode(t) for t in texts]
+        width = max(map(len, encoded))  # left-padded, as transformers' batched generation wants
+        ids = torch.tensor([[0] * (width - len(e)) + e for e in encoded])
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+
+        def theirs() -> float:
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(
+                    ids,
+                    attention_mask=mask,
+                    do_sample=False,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+            assert out.shape == (seqs, width + new)
+            return seqs * new / (time.perf_counter() - start)
+
+        ours(), theirs()  # warm-up: the command's is whole too (it compiles in every run)
+        reports, rates = [], []
+        for _ in range(runs):
+            reports.append(ours())
+            rates.append(theirs())
+    median = lambda key: statistics.median(r[key] for r in reports)
+    return {
+        "seqs": seqs,
+        "new": new,
+        "command_tok_s": round(median("tokens_per_second")),
+        "command_compile_s": round(median("compile_seconds"), 1),
+        "command_wall_s": round(median("wall"), 1),
+        "command_tok_s_whole": round(median("new_tokens") / median("wall")),
+        "transformers_tok_s": round(statistics.median(rates)),
+        "ratio": round(median("tokens_per_second") / statistics.median(rates), 1),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="demo,small")
@@ -106,11 +183,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--command-new", type=int, default=128, help="new tokens of the command's row (0: no row)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
 
-    rows = [bench(m, args.seqs, args.group, args.prompt, args.new, args.runs) for m in args.models.split(",")]
+    models = [m for m in args.models.split(",") if m]
+    rows = [bench(m, args.seqs, args.group, args.prompt, args.new, args.runs) for m in models]
+    command = bench_command(args.seqs, args.command_new, args.runs) if args.command_new else None
     print(f"# {platform.machine()} {jax.devices()[0].platform}, torch threads {torch.get_num_threads()}, fp32")
     print("| model | vocab | seqs (prompts x n) | prompt | new | olmax tok/s | transformers tok/s | ratio |")
     print("|---|---|---|---|---|---|---|---|")
@@ -119,8 +199,20 @@ def main() -> None:
             f"| {r['model']} | {r['vocab']} | {r['seqs']} ({r['seqs'] // r['group']} x {r['group']}) | {r['prompt']} "
             f"| {r['new']} | {r['olmax_tok_s']} | {r['transformers_tok_s']} | {r['ratio']}x |"
         )
+    if command is not None:
+        c = command
+        print()
+        print(
+            "| `olmax generate` (demo, greedy) | seqs | new | tok/s after compiling | compile s | command wall s "
+            "| tok/s whole command | transformers tok/s | ratio |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        print(
+            f"| 6-10 word prompts | {c['seqs']} | {c['new']} | {c['command_tok_s']} | {c['command_compile_s']} "
+            f"| {c['command_wall_s']} | {c['command_tok_s_whole']} | {c['transformers_tok_s']} | {c['ratio']}x |"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"sample": rows, "command": command}, indent=1))
 
 
 if __name__ == "__main__":

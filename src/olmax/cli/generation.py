@@ -16,7 +16,6 @@ from olmax.cli.common import (
     StepOpt,
     TokenizerOpt,
     app,
-    batch_option,
     eval_errors,
     exits_on,
     runs_on,
@@ -51,7 +50,9 @@ def generate_cmd(
     top_k: int = typer.Option(0, "--top-k", help="sample among the k most likely tokens (0 = off)"),
     seed: int = typer.Option(0, "--seed", help="seed of the sampling (temperature > 0)"),
     tokenizer: str = TokenizerOpt,
-    batch: int = batch_option(8),
+    batch: int = typer.Option(
+        0, "--batch", help="prompts per program (0 = all in one: one compile, every row decoded side by side)"
+    ),
     step: Optional[int] = StepOpt,
     dtype: Optional[str] = DtypeOpt,
     json_out: Optional[Path] = JsonOpt,
@@ -83,6 +84,11 @@ def generate_cmd(
     for r in report["results"]:
         typer.echo(r["text"] if chat else f"{r['prompt']}{r['text']}")
         typer.echo("-" * 40)
+    typer.echo(
+        f"{report['new_tokens']} new tokens in {report['seconds']} s ({report['compile_seconds']} s compiling): "
+        f"{report['tokens_per_second']} tokens/s after compiling",
+        err=True,
+    )
     write_json(json_out, report)
 
 
