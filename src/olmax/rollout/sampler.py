@@ -20,11 +20,11 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   equal within 1e-5 in float32). vLLM's `logprobs` are of the raw logits by default
   (`logprobs_mode="raw_logprobs"`), so an RL recipe on vLLM must rescale by T itself; here it is built in.
 - Stops, per row, checked on device after each token: max_new_tokens (or the row's own `limits`), an
-  EOS id (`eos_ids`, kept in the output) and stop sequences of token ids (`stop_sequences`: suffix match
-  of the row's newest tokens against a small padded table, kept in the output). Text stop strings must
-  be tokenised by the caller, so a string that the model spells with other tokens does not stop the
-  loop on device (vLLM matches stop strings on the detokenised text); `generate`'s `stop` callable then
-  cuts the row on the host, so its result is exact either way, only the wasted steps differ.
+  EOS id (`eos_ids`, kept in the output), stop sequences of token ids (`stop_sequences`: suffix match
+  of the row's newest tokens against a small padded table, kept in the output) and stop strings on the
+  decoded text (`stop_text`, olmax.rollout.text.stop_table's automaton, one state per row: the token
+  completing a string is the last kept, however the model spelled it, as vLLM's stop strings).
+  `generate`'s `stop` callable cuts finished rows on the host.
 - Sharding: with `mesh`, the program is jitted with the parameters laid out as the trainer lays them
   out (olmax.state.param_shardings, the rules table of olmax.sharding), the batch over (data, fsdp), and
   the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
@@ -170,13 +170,19 @@ def _eos_table(ids: Sequence[int]) -> np.ndarray:
     return np.asarray(ids + [_NEVER] * (_bucket(max(1, len(ids)), 4) - len(ids)), np.int32)
 
 
-def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool):
+def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cut_head: bool):
     """The rollout as one function of arrays (module doc): prefill, the n-fold repeat, the while loop.
-    Without `logprobs` (generation) no log-softmax is computed and the log-probs are zero."""
+    Without `logprobs` (generation) no log-softmax is computed and the log-probs are zero. cut_head:
+    the output layer's weight is cut to the real vocabulary once, before the loop, so that no step
+    computes the padding's logits and then copies the real ones out of them (a tenth of a greedy
+    step of the demo model on a CPU); not on a mesh, where that axis is sharded and the cut would
+    move the weight between devices."""
     vocab = cfg.vocab_size
 
     def run(params, prompts, lengths, limits, index, key_data, rule, eos_ids, stops, texts):
         key = jax.random.wrap_key_data(key_data)  # a host array, placed like the other arguments
+        if cut_head:
+            params = {**params, "lm_head": params["lm_head"][:, :vocab]}
         p, width = prompts.shape
         length = width + steps
         cache = init_cache(cfg, p, length)
@@ -249,7 +255,7 @@ def _compiled(
     """The jitted rollout, once per config, group size, loop width, greedy/sampled and with/without
     log-probs; with a mesh, laid out on it (parameters as the trainer shards them, the batch over the
     batch axes)."""
-    run = _loop(cfg, n, steps, sample, logprobs)
+    run = _loop(cfg, n, steps, sample, logprobs, cut_head=mesh is None)
     if mesh is None:
         return jax.jit(run)
     from olmax.state import param_shardings
