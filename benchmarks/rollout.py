@@ -23,6 +23,13 @@ Run as a user runs it, in a subprocess: its tokens/s after compiling (the report
 `tokens_per_second`, the generation's seconds less its tracing and compiling), its compile seconds and
 the whole command's wall time (start-up, loading, compiling, generation, printing); the command runs
 --runs times alternating with transformers' (after one warm-up call), medians.
+
+Where a greedy step's time goes, in ms per step (64 rows), measured alternating with the command and
+transformers' in the same run: the decoding loop without its output layer (the same checkpoint's
+layers with a 128-token vocabulary, through olmax.rollout.sampler.generate), and the output layer
+alone ((64, 128) x (128, vocab) and the greedy choice, the sampler's, in a jitted loop of as many
+steps): the floor of any exact fp32 greedy step of this model, so transformers' ms / that floor
+bounds the ratio any implementation can reach here.
 """
 
 from __future__ import annotations
@@ -40,13 +47,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from olmax.checkpoint import load_params, save_params
 from olmax.convert.hf import convert_to_hf
 from olmax.model.olmo3 import init_params
 from olmax.recipes import TINY
-from olmax.rollout.sampler import Sampling, sample
+from olmax.rollout.sampler import Sampling, _argmax, generate, sample
 
 MODELS = {"demo": TINY, "small": replace(TINY, vocab_size=4096)}
 
@@ -139,6 +147,26 @@ def bench_command(seqs: int, new: int, runs: int) -> dict:
             return {**json.loads((tmp / "out.json").read_text()), "wall": time.perf_counter() - start}
 
         ids = torch.tensor([load_tokenizer("dolma2").encode(t) for t in texts])  # equal lengths: no padding
+        params, cfg, _ = load_params(tmp / "ckpt")
+        small = replace(cfg, vocab_size=128)
+        layers_only = {**params, "lm_head": params["lm_head"][:, :128]}
+        prompts = ids.tolist()
+        head = params["lm_head"][:, : cfg.vocab_size]
+
+        @jax.jit
+        def output_layer(hidden):
+            def step(carry):
+                t, hidden, seen = carry
+                token = _argmax(hidden @ head)
+                return t + 1, hidden + 1e-3 * token[:, None], seen + token  # each step depends on the last
+
+            return jax.lax.while_loop(lambda c: c[0] < new, step, (0, hidden, jnp.zeros(seqs, jnp.int32)))[2]
+
+        hidden = jnp.asarray(rng.standard_normal((seqs, cfg.d_model)), jnp.float32)
+        parts = {
+            "layers": lambda: generate(layers_only, small, prompts, new),
+            "output layer": lambda: output_layer(hidden).block_until_ready(),
+        }
 
         def theirs() -> float:
             start = time.perf_counter()
@@ -155,11 +183,15 @@ def bench_command(seqs: int, new: int, runs: int) -> dict:
             assert out.shape == (seqs, ids.shape[1] + new)
             return seqs * new / (time.perf_counter() - start)
 
-        ours(), theirs()  # warm-up: the command's is whole too (it compiles in every run)
-        reports, rates = [], []
+        ours(), theirs(), *(f() for f in parts.values())  # warm-up: the command's is whole (it compiles every run)
+        reports, rates, ms = [], [], {k: [] for k in parts}
         for _ in range(runs):
             reports.append(ours())
             rates.append(theirs())
+            for k, f in parts.items():
+                start = time.perf_counter()
+                f()
+                ms[k].append((time.perf_counter() - start) * 1000 / new)
     median = lambda key: statistics.median(r[key] for r in reports)
     return {
         "seqs": seqs,
@@ -170,6 +202,11 @@ def bench_command(seqs: int, new: int, runs: int) -> dict:
         "command_tok_s_whole": round(median("new_tokens") / median("wall")),
         "transformers_tok_s": round(statistics.median(rates)),
         "ratio": round(median("tokens_per_second") / statistics.median(rates), 1),
+        "ms_per_step": {
+            "transformers": round(1000 * seqs / statistics.median(rates), 1),
+            "olmax generate": round(1000 * seqs / median("tokens_per_second"), 1),
+            **{k: round(statistics.median(v), 1) for k, v in ms.items()},
+        },
     }
 
 
@@ -208,6 +245,14 @@ def main() -> None:
         print(
             f"| 8-word prompts | {c['seqs']} | {c['new']} | {c['command_tok_s']} | {c['command_compile_s']} "
             f"| {c['command_wall_s']} | {c['command_tok_s_whole']} | {c['transformers_tok_s']} | {c['ratio']}x |"
+        )
+        step = c["ms_per_step"]
+        print("| ms/step, 64 rows | transformers | olmax generate | its layers alone | output layer alone | bound |")
+        print("|---|---|---|---|---|---|")
+        bound = step["transformers"] / step["output layer"]
+        print(
+            f"| greedy | {step['transformers']} | {step['olmax generate']} | {step['layers']} "
+            f"| {step['output layer']} | {bound:.1f}x |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"sample": rows, "command": command}, indent=1))

@@ -123,8 +123,8 @@ def _argmax(logits: jnp.ndarray, block: int = 128) -> jnp.ndarray:
     """jnp.argmax over the last axis of (B, V), the same index (the first largest), in two steps: the
     largest of each block of `block` entries, then the first block holding the row's largest and the
     first largest within it. XLA's CPU argmax is a two-operand reduction that is not vectorised: over
-    64 x 100k logits it took 30 ms, four times the model's step; a one-operand max and a 128-wide argmax
-    take 7 ms."""
+    64 x 100k logits it took 28-30 ms on the 2-core development machine, more than the output layer's
+    matmul; a one-operand max and a 128-wide argmax take 7 ms (docs/rollout.md, Benchmark)."""
     b, v = logits.shape
     padded = jnp.pad(logits, ((0, 0), (0, -v % block)), constant_values=-jnp.inf)
     first = jnp.argmax(jnp.max(padded.reshape(b, -1, block), axis=-1), axis=-1)

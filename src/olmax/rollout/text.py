@@ -5,9 +5,9 @@ rollout sampler (olmax.rollout.sampler), greedy or sampled.
 OLMo 3 chat template first) and decodes them in one program (or `batch_size` prompts at a time); EOS,
 and with `chat` the end of a turn (`<|im_end|>`), stop a row on device.
 
-Stop strings on the decoded text (`stop_table`, `cut_at_stop`), as vLLM matches them (vllm
-v1/engine/detokenizer.py and stop_checker: on the incrementally detokenised text, the sequence ending
-at the token that completes the string). A string that the model spells with other tokens (`7}</answer>`
+Stop strings on the decoded text (`stop_table`, `cut_at_stop`), as vLLM matches them
+(vllm/v1/engine/detokenizer.py, check_stop_strings: on the incrementally detokenised text, the
+sequence ending at the token that completes the string). A string that the model spells with other tokens (`7}</answer>`
 is `7`, `}</`, `answer`, `>`; `</answer>` alone `</`, `answer`, `>`) still stops it, as one token-id
 sequence would not. The check runs on device: the byte-level automaton of the strings (Aho-Corasick)
 is lifted to the vocabulary once, a table of the next state for every state and token (-1 where a
