@@ -51,13 +51,14 @@ def generate_cmd(
     top_k: int = typer.Option(0, "--top-k", help="sample among the k most likely tokens (0 = off)"),
     seed: int = typer.Option(0, "--seed", help="seed of the sampling (temperature > 0)"),
     tokenizer: str = TokenizerOpt,
-    batch: int = batch_option(8),
+    batch: int = batch_option(0),
     step: Optional[int] = StepOpt,
     dtype: Optional[str] = DtypeOpt,
     json_out: Optional[Path] = JsonOpt,
 ):
     """Continue prompts with the KV cache: greedy (temperature 0) or sampled with top-k / top-p;
-    with --chat, answer conversations as a chat model (stops at <|im_end|> or EOS)."""
+    with --chat, answer conversations as a chat model (stops at <|im_end|> or EOS). --batch 0 (the
+    default) decodes every prompt in one program; --json's report has the time and its compiling."""
     from olmax.data.chat import TEMPLATES
     from olmax.rollout.sampler import Sampling
     from olmax.rollout.text import generate_text, read_conversations, read_prompts

@@ -115,6 +115,11 @@ class Encoder(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def token_bytes(self) -> list[bytes]:
+        """Each id's piece of `decode`'s text as UTF-8 bytes, in id order: decode(ids) is the UTF-8
+        decoding of their pieces joined (olmax.rollout.text matches stop strings on them)."""
+        ...
+
     @property
     def special_ids(self) -> frozenset[int]:
         """The added tokens marked special: what a HF tokenizer's decode(skip_special_tokens=True) drops."""
@@ -163,6 +168,9 @@ class Dolma2Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode(list(ids))
 
+    def token_bytes(self) -> list[bytes]:
+        return [self._enc.decode_single_token_bytes(i) for i in range(self.info.vocab_size)]
+
 
 class HFJsonTokenizer:
     """Any HF `tokenizer.json`, through the `tokenizers` package (no special tokens added)."""
@@ -194,6 +202,25 @@ class HFJsonTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_bytes(self) -> list[bytes]:
+        """A byte-level BPE (GPT-2's, dolma2's tokenizer.json) spells each byte as one printable
+        character (openai/gpt-2 src/encoder.py, bytes_to_unicode: the printable Latin-1 bytes as
+        themselves, the others as U+0100 onwards in byte order), so its pieces are exact, a character
+        split over tokens included; other decoders: each token decoded alone."""
+        from tokenizers import decoders
+
+        added = self._tok.get_added_tokens_decoder()
+        if not isinstance(self._tok.decoder, decoders.ByteLevel):
+            return [self._tok.decode([i], skip_special_tokens=False).encode() for i in range(self.info.vocab_size)]
+        kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+        moved = [b for b in range(256) if b not in kept]
+        byte_of = {chr(b): b for b in kept} | {chr(256 + k): b for k, b in enumerate(moved)}
+        pieces = []
+        for i in range(self.info.vocab_size):
+            token = self._tok.id_to_token(i)
+            pieces.append(added[i].content.encode() if i in added else bytes(byte_of[c] for c in token or ""))
+        return pieces
 
     @property
     def special_ids(self) -> frozenset[int]:

@@ -11,10 +11,11 @@ One rollout batch, as open-instruct's grpo_fast.py makes one (commit 42aa63c):
    PCG64(data.seed + epoch), olmax.data.order.cached_permutation, over the prompts not excluded);
 2. sample: grpo.samples_per_prompt responses each, with the current parameters on the training mesh
    (olmax.rollout.sampler.sample: one prefill per prompt, temperature grpo.temperature, up to
-   grpo.max_response_len tokens, stopping at EOS, `<|im_end|>` or a grpo.stop string);
-3. verify: each response's text (its stop token left out) is scored by its row's verifiers
-   (olmax.rewards.reward: grpo.reward_scale x the score; a verifier that hangs, fails or returns
-   garbage scores 0 and is counted);
+   grpo.max_response_len tokens, stopping at EOS, `<|im_end|>` or the token whose text completes a
+   grpo.stop string, however it is spelled (olmax.rollout.text.stop_table, as vLLM's stop strings);
+3. verify: each response's text (its stop token left out, cut right after a stop string) is scored
+   by its row's verifiers (olmax.rewards.reward: grpo.reward_scale x the score; a verifier that
+   hangs, fails or returns garbage scores 0 and is counted);
 4. select: olmax.objectives.grpo.select_groups drops groups of equal rewards; with active sampling
    more prompts are sampled until prompts_per_step groups survive; prompts solved at least
    grpo.no_resampling_pass_rate of the time leave the order at the next epoch;
@@ -84,6 +85,7 @@ from olmax.objectives import grpo
 from olmax.rewards import code
 from olmax.rollout.pack import pack_rollouts
 from olmax.rollout.sampler import Sampling, sample
+from olmax.rollout.text import cut_at_stop, stop_table
 from olmax.sharding import gather, merge_strided, place
 
 log = logging.getLogger(__name__)
@@ -130,7 +132,7 @@ class RolloutBatches:
         if self.verifier_options and primary:
             print(code.describe(self.verifier_options[code.NAME]["isolation"]), flush=True)
         self.eos_ids = (tok.info.eos_token_id, tok.encode("<|im_end|>")[0])
-        self.stops = [tok.encode(s) for s in self.rl.stop]
+        self.stops = stop_table(tok, self.rl.stop) if self.rl.stop else None
         key = [[p.ids, p.verifiers, p.ground_truths] for p in prompts.prompts]
         self.fingerprint = hashlib.sha256(json.dumps([prompts.template, key]).encode()).hexdigest()
         self.batches_per_epoch = max(1, len(prompts.prompts) // self.rl.prompts_per_step) * self.rl.mini_batches
@@ -284,7 +286,7 @@ class RolloutBatches:
             n=group,
             sampling=sampling,
             eos_ids=self.eos_ids,
-            stop_sequences=self.stops,
+            stop_text=self.stops,
             mesh=self.mesh,
             prompts_per_program=rl.sample_prompts,
         )
@@ -319,7 +321,7 @@ class RolloutBatches:
         t0 = time.perf_counter()
         for r in range(jax.process_index(), len(rows), jax.process_count()):
             resp = tokens[r, : lengths[r]].tolist()
-            text = self.tok.decode(resp[:-1] if resp and resp[-1] in self.eos_ids else resp)
+            text = cut_at_stop(self.tok.decode(resp[:-1] if resp and resp[-1] in self.eos_ids else resp), self.rl.stop)
             p = rows[r]
             _, parts = rewards.reward(
                 list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S, self.verifier_options

@@ -20,11 +20,11 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   equal within 1e-5 in float32). vLLM's `logprobs` are of the raw logits by default
   (`logprobs_mode="raw_logprobs"`), so an RL recipe on vLLM must rescale by T itself; here it is built in.
 - Stops, per row, checked on device after each token: max_new_tokens (or the row's own `limits`), an
-  EOS id (`eos_ids`, kept in the output) and stop sequences of token ids (`stop_sequences`: suffix match
-  of the row's newest tokens against a small padded table, kept in the output). Text stop strings must
-  be tokenised by the caller, so a string that the model spells with other tokens does not stop the
-  loop on device (vLLM matches stop strings on the detokenised text); `generate`'s `stop` callable then
-  cuts the row on the host, so its result is exact either way, only the wasted steps differ.
+  EOS id (`eos_ids`, kept in the output), stop sequences of token ids (`stop_sequences`: suffix match
+  of the row's newest tokens against a small padded table, kept in the output) and stop strings on the
+  decoded text (`stop_text`, olmax.rollout.text.stop_table's automaton, one state per row: the token
+  completing a string is the last kept, however the model spelled it, as vLLM's stop strings).
+  `generate`'s `stop` callable cuts finished rows on the host.
 - Sharding: with `mesh`, the program is jitted with the parameters laid out as the trainer lays them
   out (olmax.state.param_shardings, the rules table of olmax.sharding), the batch over (data, fsdp), and
   the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
@@ -91,7 +91,7 @@ def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], 
     (greedy) or (temperature, top_k, top_p) as an array, so new settings need no recompilation; row r
     draws with fold_in(key, index[r]), index[r] being its position in the whole request."""
     if rule is None:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return _argmax(logits)
     temperature, top_k, top_p = rule[0], rule[1].astype(jnp.int32), rule[2]
     logits = logits / temperature
 
@@ -119,6 +119,19 @@ def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], 
     return jnp.argmax(mass >= u[:, None] * mass[:, -1:], axis=-1).astype(jnp.int32)
 
 
+def _argmax(logits: jnp.ndarray, block: int = 128) -> jnp.ndarray:
+    """jnp.argmax over the last axis of (B, V), the same index (the first largest), in two steps: the
+    largest of each block of `block` entries, then the first block holding the row's largest and the
+    first largest within it. XLA's CPU argmax is a two-operand reduction that is not vectorised: over
+    64 x 100k logits it took 28-30 ms on the 2-core development machine, more than the output layer's
+    matmul; a one-operand max and a 128-wide argmax take 7 ms (docs/rollout.md, Benchmark)."""
+    b, v = logits.shape
+    padded = jnp.pad(logits, ((0, 0), (0, -v % block)), constant_values=-jnp.inf)
+    first = jnp.argmax(jnp.max(padded.reshape(b, -1, block), axis=-1), axis=-1)
+    within = jax.vmap(lambda row, f: jax.lax.dynamic_slice(row, (f * block,), (block,)))(padded, first)
+    return (first * block + jnp.argmax(within, axis=-1)).astype(jnp.int32)
+
+
 def token_logprobs(logits: jnp.ndarray, tokens: jnp.ndarray, temperature) -> jnp.ndarray:
     """log_softmax(logits / temperature)[tokens] in float32, logits (..., real vocab): the log-probs the
     sampler returns and the trainer recomputes."""
@@ -137,17 +150,39 @@ def _stop_table(sequences: Sequence[Sequence[int]]) -> np.ndarray:
     return table
 
 
+def _text_table(table: Optional[np.ndarray], vocab: int) -> np.ndarray:
+    """The text-stop automaton (olmax.rollout.text.stop_table: next state per state and token, -1 where
+    a stop string ends) over the model's vocabulary, its states rounded up to a power of two (at least
+    16; padding states are never entered); without stop strings one state that never stops. A
+    tokenizer's ids beyond the model's vocabulary are never drawn; the model's beyond the tokenizer's
+    have no text and go back to state 0."""
+    if table is None:
+        return np.zeros((1, vocab), np.int32)
+    if table.ndim != 2:
+        raise ValueError(f"stop_text needs a (states, tokens) table, got shape {table.shape}")
+    out = np.zeros((_bucket(table.shape[0]), vocab), np.int32)
+    out[: table.shape[0], : table.shape[1]] = table[:, :vocab]
+    return out
+
+
 def _eos_table(ids: Sequence[int]) -> np.ndarray:
     ids = list(ids)
     return np.asarray(ids + [_NEVER] * (_bucket(max(1, len(ids)), 4) - len(ids)), np.int32)
 
 
-def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
-    """The rollout as one function of arrays (module doc): prefill, the n-fold repeat, the while loop."""
+def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cut_head: bool):
+    """The rollout as one function of arrays (module doc): prefill, the n-fold repeat, the while loop.
+    Without `logprobs` (generation) no log-softmax is computed and the log-probs are zero. cut_head:
+    the output layer's weight is cut to the real vocabulary once, before the loop, so that no step
+    computes the padding's logits and then copies the real ones out of them (a tenth of a greedy
+    step of the demo model on a CPU); not on a mesh, where that axis is sharded and the cut would
+    move the weight between devices."""
     vocab = cfg.vocab_size
 
-    def run(params, prompts, lengths, limits, index, key_data, rule, eos_ids, stops):
+    def run(params, prompts, lengths, limits, index, key_data, rule, eos_ids, stops, texts):
         key = jax.random.wrap_key_data(key_data)  # a host array, placed like the other arguments
+        if cut_head:
+            params = {**params, "lm_head": params["lm_head"][:, :vocab]}
         p, width = prompts.shape
         length = width + steps
         cache = init_cache(cfg, p, length)
@@ -163,10 +198,12 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
 
         def pick(logits, t):
             token = _choose(logits, jax.random.fold_in(key, t), rule if sample else None, index)
+            if not logprobs:
+                return token, jnp.zeros(token.shape, jnp.float32)
             return token, token_logprobs(logits, token, temperature)
 
         def record(state, t, token, logp):
-            out, lps, done, finish, count, recent = state
+            out, lps, done, finish, count, recent, text = state
             live = ~done
             out = out.at[:, t].set(jnp.where(live, token, 0))
             lps = lps.at[:, t].set(jnp.where(live, logp, 0.0))
@@ -174,10 +211,12 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
             recent = jnp.where(live[:, None], jnp.concatenate([recent[:, 1:], token[:, None]], axis=1), recent)
             eos = live & jnp.any(token[:, None] == eos_ids[None, :], axis=1)
             matched = jnp.all((stops[None] == _WILD) | (stops[None] == recent[:, None, :]), axis=-1)
-            stop = live & jnp.any(matched, axis=1)
+            after = texts[text, token]  # the text-stop automaton's next state; -1: a stop string ended
+            stop = live & (jnp.any(matched, axis=1) | (after < 0))
+            text = jnp.where(live, jnp.maximum(after, 0), text)
             full = live & (count >= limits)
             finish = jnp.where(eos, 1, jnp.where(stop, 2, jnp.where(full, 0, finish)))
-            return out, lps, done | eos | stop | full, finish, count, recent
+            return out, lps, done | eos | stop | full, finish, count, recent, text
 
         state = (
             jnp.zeros((rows, steps), jnp.int32),
@@ -186,6 +225,7 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
             jnp.zeros((rows,), jnp.int32),
             jnp.zeros((rows,), jnp.int32),
             jnp.full((rows, stops.shape[1]), _EMPTY, jnp.int32),
+            jnp.zeros((rows,), jnp.int32),
         )
 
         # one choice in the program, in the loop: each iteration chooses token t from the logits it
@@ -202,17 +242,20 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool):
             logits, cache = cached_forward(params, cache, token[:, None], lengths + t, cfg, None, length)
             return t + 1, logits[:, 0, :vocab], cache, state
 
-        _, _, _, (out, lps, _, finish, count, _) = jax.lax.while_loop(cond, body, (jnp.int32(0), last, cache, state))
+        _, _, _, (out, lps, _, finish, count, _, _) = jax.lax.while_loop(cond, body, (jnp.int32(0), last, cache, state))
         return Rollout(out, lps, count, finish)
 
     return run
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(cfg: ModelConfig, n: int, steps: int, sample: bool, mesh=None, rows: int = 0, width: int = 0):
-    """The jitted rollout, once per config, group size, loop width and greedy/sampled; with a mesh, laid
-    out on it (parameters as the trainer shards them, the batch over the batch axes)."""
-    run = _loop(cfg, n, steps, sample)
+def _compiled(
+    cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool = True, mesh=None, rows: int = 0, width: int = 0
+):
+    """The jitted rollout, once per config, group size, loop width, greedy/sampled and with/without
+    log-probs; with a mesh, laid out on it (parameters as the trainer shards them, the batch over the
+    batch axes)."""
+    run = _loop(cfg, n, steps, sample, logprobs, cut_head=mesh is None)
     if mesh is None:
         return jax.jit(run)
     from olmax.state import param_shardings
@@ -232,7 +275,7 @@ def _arg_shardings(mesh, n: int, rows: int, width: int) -> tuple:
     """The layout of the rollout's arguments after the parameters (`_loop`'s `run`)."""
     batch, rep = functools.partial(_batch_sharding, mesh), NamedSharding(mesh, PartitionSpec())
     p = rows // n
-    return batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep
+    return batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep, rep
 
 
 def widths(longest: int, max_new_tokens: int) -> tuple[int, int]:
@@ -245,7 +288,8 @@ def widths(longest: int, max_new_tokens: int) -> tuple[int, int]:
 def lower_rollout(params, cfg: ModelConfig, prompts: int, n: int, longest: int, max_new_tokens: int, mesh):
     """The sampled rollout program of `sample` for `prompts` prompts of at most `longest` tokens, n
     samples each, on `mesh`, lowered from abstract arrays (`params`: ShapeDtypeStructs of the
-    trainer's parameters), as olmax.compile_decode compiles it: nothing is allocated."""
+    trainer's parameters), as olmax.compile_decode compiles it: nothing is allocated. Its text-stop
+    table has one state; a recipe's stop strings make it (16, vocab) int32, a few MB replicated."""
     width, steps = widths(longest, max_new_tokens)
     rows = prompts * n
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
@@ -258,9 +302,10 @@ def lower_rollout(params, cfg: ModelConfig, prompts: int, n: int, longest: int, 
         jax.ShapeDtypeStruct((3,), jnp.float32),  # the sampling rule
         ints(*_eos_table(()).shape),
         ints(*_stop_table(()).shape),
+        ints(*_text_table(None, cfg.vocab_size).shape),
     )
     with jax.set_mesh(mesh):
-        return _compiled(cfg, n, steps, True, mesh, rows, width).lower(params, *args)
+        return _compiled(cfg, n, steps, True, True, mesh, rows, width).lower(params, *args)
 
 
 def sample(
@@ -273,13 +318,17 @@ def sample(
     sampling: Sampling = Sampling(),
     eos_ids: Sequence[int] = (),
     stop_sequences: Sequence[Sequence[int]] = (),
+    stop_text: Optional[np.ndarray] = None,
     index: Optional[Sequence[int]] = None,
     limits: Optional[Sequence[int]] = None,
     mesh=None,
     prompts_per_program: int = 0,
+    logprobs: bool = True,
 ) -> Rollout:
     """`n` samples of each prompt (token ids), in one jitted program; see the module doc.
 
+    stop_text: olmax.rollout.text.stop_table's automaton: a row stops (finish "stop") at the token
+    whose decoded text completes one of its stop strings, that token kept.
     index: each ROW's position in the whole request, which keys its draws (default 0 .. len(prompts)*n - 1).
     limits: each row's own max_new_tokens (at most `max_new_tokens`). mesh: a mesh (the trainer's) on
     which `params` are laid out by olmax.state.param_shardings; the rollout's arrays come back sharded
@@ -287,7 +336,8 @@ def sample(
     each) at a time, one after another, so its cache holds that many prompts' rows
     (GRPOConfig.sample_prompts; 0 = all at once); every chunk has the whole request's prompt width and
     loop width, and the draws are keyed by `index`, so the tokens are the one program's (the log-probs
-    to float32 rounding). Returns device arrays (Rollout), (len(prompts) * n, max_new_tokens) wide."""
+    to float32 rounding). logprobs=False (generation): zeros instead, no log-softmax per step.
+    Returns device arrays (Rollout), (len(prompts) * n, max_new_tokens) wide."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if max_new_tokens < 1 or n < 1 or prompts_per_program < 0:
@@ -309,12 +359,13 @@ def sample(
         tokens[r, : len(p)] = p
     rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
     key_data = np.asarray(jax.random.key_data(jax.random.key(sampling.seed)))
-    tables = (key_data, rule, _eos_table(eos_ids), _stop_table(stop_sequences))
+    tables = (key_data, rule, _eos_table(eos_ids), _stop_table(stop_sequences), _text_table(stop_text, cfg.vocab_size))
     chunk = prompts_per_program or len(prompts)
     parts = []
     for first in range(0, len(prompts), chunk):
         p = min(chunk, len(prompts) - first)  # the last chunk may be short: its own program
-        run = _compiled(cfg, n, steps, sampling.temperature > 0, mesh, *((p * n, width) if mesh is not None else ()))
+        shape = (p * n, width) if mesh is not None else ()
+        run = _compiled(cfg, n, steps, sampling.temperature > 0, logprobs, mesh, *shape)
         on = slice(first * n, (first + p) * n)
         args = (tokens[first : first + p], lengths[first : first + p], limits[on], index[on], *tables)
         if mesh is None:
@@ -359,6 +410,7 @@ def generate(
         stop_sequences=stop_sequences,
         index=index,
         limits=limits,
+        logprobs=False,
     )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     rows = [tokens[r, : lengths[r]].tolist() for r in range(len(prompts))]

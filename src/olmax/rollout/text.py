@@ -2,17 +2,92 @@
 rollout sampler (olmax.rollout.sampler), greedy or sampled.
 
 `generate_text` loads a checkpoint, encodes the prompts (with `chat`, renders each conversation with an
-OLMo 3 chat template first) and decodes `batch_size` prompts at a time; EOS, and with `chat` the end of
-a turn (`<|im_end|>`), stop a row on device.
+OLMo 3 chat template first) and decodes them in one program (or `batch_size` prompts at a time); EOS,
+and with `chat` the end of a turn (`<|im_end|>`), stop a row on device.
+
+Stop strings on the decoded text (`stop_table`, `cut_at_stop`), as vLLM matches them
+(vllm/v1/engine/detokenizer.py, check_stop_strings: on the incrementally detokenised text, the
+sequence ending at the token that completes the string). A string that the model spells with other tokens (`7}</answer>`
+is `7`, `}</`, `answer`, `>`; `</answer>` alone `</`, `answer`, `>`) still stops it, as one token-id
+sequence would not. The check runs on device: the byte-level automaton of the strings (Aho-Corasick)
+is lifted to the vocabulary once, a table of the next state for every state and token (-1 where a
+string ends inside the token), so the decoding loop takes one lookup per token and no host round
+trip. A token's text is the same wherever it stands (the tokenizer's `token_bytes`), and a stop string
+is whole UTF-8 characters, so matching the bytes is matching the text.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
+
 from olmax.rollout.sampler import Sampling, generate_in_batches
+
+
+def _byte_automaton(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(next state (states, 256), whether a state ends a string (states,)) of the Aho-Corasick
+    automaton of `strings`' UTF-8 bytes; state 0 has matched nothing."""
+    children: list[dict[int, int]] = [{}]
+    ends = [False]
+    for text in strings:
+        node = 0
+        for b in text.encode():
+            if b not in children[node]:
+                children[node][b] = len(children)
+                children.append({})
+                ends.append(False)
+            node = children[node][b]
+        ends[node] = True
+    step = np.zeros((len(children), 256), np.int32)
+    fallback = [0] * len(children)  # the longest proper suffix that is also a prefix
+    queue = [0]
+    for node in queue:  # breadth first: a node's fallback is shallower, so its row is complete
+        for b in range(256):
+            child = children[node].get(b)
+            if child is None:
+                step[node, b] = step[fallback[node], b] if node else 0
+                continue
+            step[node, b] = child
+            fallback[child] = step[fallback[node], b] if node else 0
+            ends[child] = ends[child] or ends[fallback[child]]
+            queue.append(child)
+    return step, np.asarray(ends)
+
+
+def stop_table(tok, strings: Sequence[str]) -> np.ndarray:
+    """The automaton of `strings` over `tok`'s vocabulary (module doc): (states, vocab) int32, the
+    state after each token from each state, -1 where one of the strings ends within the token; state 0
+    starts a response. olmax.rollout.sampler.sample's `stop_text`."""
+    if not strings or any(not s for s in strings):
+        raise ValueError(f"stop strings must be non-empty, got {list(strings)}")
+    step, ends = _byte_automaton(strings)
+    pieces = tok.token_bytes()
+    lengths = np.asarray([len(p) for p in pieces])
+    order = np.argsort(-lengths, kind="stable")  # longest first: the tokens still reading are a prefix
+    width = int(lengths.max())
+    data = np.frombuffer(b"".join(pieces[i].ljust(width, b"\0") for i in order), np.uint8).reshape(-1, width)
+    state = np.repeat(np.arange(len(step), dtype=np.int32)[:, None], len(pieces), axis=1)
+    ended = np.zeros(state.shape, bool)
+    for j in range(width):
+        k = int(np.sum(lengths > j))
+        state[:, :k] = step[state[:, :k], data[:k, j]]
+        ended[:, :k] |= ends[state[:, :k]]
+    table = np.empty_like(state)
+    table[:, order] = np.where(ended, -1, state)
+    return table
+
+
+def cut_at_stop(text: str, strings: Sequence[str]) -> str:
+    """`text` up to the end of the first stop string in it (the earliest end), unchanged without one:
+    the text vLLM returns with include_stop_str_in_output=True (vllm v1/engine/detokenizer.py,
+    check_stop_strings), the string kept as a stop token sequence was here, and the rest of the token
+    that completed it dropped (the newline of a `>` + newline token)."""
+    ends = [text.find(s) + len(s) for s in strings if s in text]
+    return text[: min(ends)] if ends else text
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -66,12 +141,15 @@ def generate_text(
     max_new_tokens: int = 64,
     sampling: Sampling = Sampling(),
     tokenizer: str = "dolma2",
-    batch_size: int = 8,
+    batch_size: int = 0,
     step: Optional[int] = None,
     dtype: Optional[str] = None,
     chat: Optional[str] = None,
 ) -> dict:
-    """Load a checkpoint and continue each prompt; the report lists prompt, text, ids and why each stopped.
+    """Load a checkpoint and continue each prompt; the report lists prompt, text, ids and why each stopped,
+    and the time: `seconds` of generation (compiling included), `compile_seconds` of it spent tracing
+    and compiling, and `tokens_per_second` of the rest. batch_size: prompts per program, 0 = all in one
+    (one compile, the rows decoded side by side; smaller batches take as many sequential programs).
 
     With `chat` ("instruct" or "think") each prompt is a conversation (a string is one user message),
     rendered with that OLMo 3 template and its generation prompt (olmax.data.chat, the text
@@ -102,9 +180,9 @@ def generate_text(
                 f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
                 f"max_position {cfg.max_position}"
             )
-    start = time.perf_counter()
+    start, compiled = time.perf_counter(), _compile_seconds()
     generated = generate_in_batches(
-        params, cfg, encoded, max_new_tokens, batch_size, sampling=sampling, eos_ids=sorted(stops)
+        params, cfg, encoded, max_new_tokens, batch_size or len(encoded), sampling=sampling, eos_ids=sorted(stops)
     )
     results = []
     for n, (prompt, ids, new) in enumerate(zip(prompts, encoded, generated)):
@@ -112,7 +190,8 @@ def generate_text(
         text = tok.decode(new[:-1] if finished == "eos" else new)
         row = {"prompt": prompt, "text": text, "prompt_ids": ids, "ids": new, "finish": finished}
         results.append(row if conversations is None else {"messages": conversations[n], **row})
-    seconds = time.perf_counter() - start
+    seconds, compiling = time.perf_counter() - start, _compile_seconds() - compiled
+    new_tokens = sum(len(r["ids"]) for r in results)
     return {
         "ckpt": str(ckpt),
         "step": meta["step"],
@@ -127,5 +206,32 @@ def generate_text(
         },
         "results": results,
         "seconds": round(seconds, 2),
-        "new_tokens": sum(len(r["ids"]) for r in results),
+        "compile_seconds": round(compiling, 2),
+        "new_tokens": new_tokens,
+        "tokens_per_second": round(new_tokens / max(seconds - compiling, 1e-9)),
     }
+
+
+_COMPILE_EVENTS = (  # jax/_src/dispatch.py (jax 0.10.2): a jit's tracing, lowering and XLA compile
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_compiling = [0.0]
+
+
+@functools.cache
+def _listen() -> None:
+    import jax
+
+    def add(event: str, seconds: float, **_) -> None:
+        if event in _COMPILE_EVENTS:
+            _compiling[0] += seconds
+
+    jax.monitoring.register_event_duration_secs_listener(add)
+
+
+def _compile_seconds() -> float:
+    """Seconds this process has spent tracing and compiling jitted programs so far."""
+    _listen()
+    return _compiling[0]
