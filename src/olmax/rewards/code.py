@@ -275,8 +275,9 @@ def _run_bound(tests: int, seconds: float) -> float:
 
 def time_bound(ground_truth, *, seconds: float = SECONDS, **_) -> float:
     """The longest a verify call on `ground_truth` may legitimately run: the sandbox's bound on the
-    whole run, a sandbox's teardown and the kill after it. `olmax.rewards.score` bounds the call by no less, so a correct
-    program with many tests is not cut off while its tests still run within their limits."""
+    whole run, a sandbox's teardown and the kill after it. `olmax.rewards.score` bounds the call by no
+    less, so a correct program with many tests is not cut off while its tests still run within their
+    limits."""
     return _run_bound(len(parse_tests(ground_truth)), seconds) + _TEARDOWN_SECONDS + _KILL_SECONDS
 
 
