@@ -72,7 +72,7 @@ def test_files_of_the_caller_are_not_visible(tmp_path):
     # what the program sees is Python's installation, the loader's libraries, three devices, /proc and
     # its scratch: beside the installation, not even the directory that holds it
     tops = {p.strip("/").split("/")[0] for p in (sys.prefix, sys.base_prefix)}
-    allowed = sorted({"dev", "etc", "proc", "tmp", "lib", "lib32", "lib64", "usr"} | tops)
+    allowed = sorted({"dev", "etc", "proc", "tmp", "scratch", "lib", "lib32", "lib64", "usr"} | tops)
     seen = (
         f"ls = {OS}.listdir\n"
         f"assert set(ls('/')) <= set({allowed!r}), ls('/')\n"
@@ -97,9 +97,10 @@ def test_writes_stay_in_the_scratch(tmp_path):
     finally:
         if os.path.exists(into_prefix):
             os.remove(into_prefix)
-    # the scratch is writable, and the working directory
-    scratch = "open('/tmp/a', 'w').write('x'); open('b', 'w').write('y')"
-    assert _outcome(scratch, "assert open('/tmp/b').read() == 'y'", "namespaces") == "pass"
+    # the scratch is writable: the working directory (/tmp, or /scratch where Python itself lies under
+    # /tmp: code_sandbox._scratch)
+    scratch = "open('a', 'w').write('x'); open('b', 'w').write('y')"
+    assert _outcome(scratch, "assert open('b').read() == 'y' and open('a').read() == 'x'", "namespaces") == "pass"
 
 
 CTYPES_CONNECT = """

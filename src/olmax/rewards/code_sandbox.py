@@ -23,8 +23,8 @@ Isolation namespaces (Linux): three processes.
 The root: a tmpfs holding read-only binds of Python's installation (sys.prefix, sys.base_prefix and
 their exec twins), the loader's libraries (/lib*, /usr/lib*, /etc/ld.so.cache; symlinks among them made
 again as symlinks), /dev/null, /dev/zero and /dev/urandom, a /proc of the PID namespace, and a private
-writable tmpfs at /tmp (the working directory and HOME), bounded in size. The rest of the caller's
-filesystem is not there at all. Every bind and the root are remounted read-only, repeating the flags a
+writable tmpfs at /tmp (/scratch where Python lies under /tmp; the working directory and HOME), bounded
+in size. The rest of the caller's filesystem is not there at all. Every bind and the root are remounted read-only, repeating the flags a
 user namespace may not clear (fs/namespace.c `can_change_locked_flags`), the caller's root is detached
 after the pivot (pivot_root(".", "."), then umount2 of "."), and no user namespace can be made below the
 sandbox's (user.max_user_namespaces = 0), so the program cannot win capabilities in one of its own.
@@ -117,7 +117,14 @@ def _plan() -> tuple[dict, list]:
     return links, binds
 
 
-def _stage() -> None:
+def _scratch() -> str:
+    """The program's writable directory: /tmp, unless Python's installation lies under /tmp (a venv in a
+    temporary checkout), whose binds a tmpfs there would hide: then /scratch."""
+    inside = [p for p in _plan()[1] if p == "/tmp" or p.startswith("/tmp/")]
+    return "/scratch" if inside else "/tmp"
+
+
+def _stage(scratch: str) -> None:
     """In a new mount namespace: the caller's root moves to /old under a small tmpfs, and /new is
     built from it (read-only binds of what `_plan` lists; /proc and /tmp are mounted by the init). The
     binds come from /old, so that a path under the caller's /tmp is not hidden by the staging tmpfs."""
@@ -141,8 +148,8 @@ def _stage() -> None:
         else:
             open(target, "w").close()
         _call("mount", f"/old{path}".encode(), target.encode(), None, MS_BIND | MS_REC, None)
-    for name in ("proc", "tmp"):
-        os.mkdir(f"/new/{name}")
+    for name in ("/proc", scratch):
+        os.mkdir(f"/new{name}")
     for target in ["/new"] + _mounts_under(["/new" + p for p in binds if p not in DEVICES]):
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
         have = os.statvfs(target).f_flag
@@ -171,7 +178,7 @@ def _unescape(field: str) -> str:
     return head + "".join(chr(int(part[:3], 8)) + part[3:] for part in rest)
 
 
-def _enter_root(scratch_bytes: int) -> None:
+def _enter_root(scratch_bytes: int, scratch: str) -> None:
     """In the init, in a mount namespace of its own: /proc of the PID namespace and the scratch tmpfs
     (owned by the sandbox's uid), then /new becomes the root and the caller's is detached."""
     _call("unshare", CLONE_NEWNS)
@@ -181,14 +188,14 @@ def _enter_root(scratch_bytes: int) -> None:
     _call("mount", b"/new", b"/new", None, MS_BIND | MS_REC, None)
     _call("mount", b"proc", b"/new/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     size = f"mode=0700,size={scratch_bytes}".encode()
-    _call("mount", b"tmpfs", b"/new/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size)
+    _call("mount", b"tmpfs", f"/new{scratch}".encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size)
     # no user namespace below this one: without it the program, holding no capability here, cannot
     # make a mount or network namespace of its own either (less of the kernel within its reach)
     _write("/new/proc/sys/user/max_user_namespaces", "0")
     os.chdir("/new")
     _call("pivot_root", b".", b".")
     _call("umount2", b".", MNT_DETACH)
-    os.chdir("/tmp")
+    os.chdir(scratch)
 
 
 def _drop_capabilities() -> None:
@@ -202,9 +209,10 @@ def enter(job: dict, report: int) -> None:
     """Enter the sandbox (module docstring). Returns in the runner only; the keeper and the init exit
     here. A failed step is reported as "<nonce> error <step>" and ends the process."""
     try:
+        scratch = _scratch()
         staged = os.geteuid() == 0
         if staged:  # root stages the root now, while it can read every path Python needs
-            _stage()
+            _stage(scratch)
             _keep_going_as_nobody()
         uid, gid = os.getuid(), os.getgid()
         _call("unshare", CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
@@ -225,8 +233,8 @@ def enter(job: dict, report: int) -> None:
     try:
         _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if not staged:
-            _stage()
-        _enter_root(job["scratch_bytes"])
+            _stage(scratch)
+        _enter_root(job["scratch_bytes"], scratch)
         _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     except OSError as e:
         _fail(job, report, e)
@@ -236,7 +244,7 @@ def enter(job: dict, report: int) -> None:
             _drop_capabilities()
         except OSError as e:
             _fail(job, report, e)
-        os.environ.update(HOME="/tmp", TMPDIR="/tmp")
+        os.environ.update(HOME=scratch, TMPDIR=scratch)
         resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
         return
     os.close(report)
