@@ -24,7 +24,8 @@ The root: a tmpfs holding read-only binds of Python's installation (sys.prefix, 
 their exec twins), the loader's libraries (/lib*, /usr/lib*, /etc/ld.so.cache; symlinks among them made
 again as symlinks), /dev/null, /dev/zero and /dev/urandom, a /proc of the PID namespace, and a private
 writable tmpfs at /tmp (/scratch where Python lies under /tmp; the working directory and HOME), bounded
-in size. The rest of the caller's filesystem is not there at all. Every bind and the root are remounted read-only, repeating the flags a
+in size. The rest of the caller's filesystem is not there at all. Every bind and the root are remounted
+read-only, repeating the flags a
 user namespace may not clear (fs/namespace.c `can_change_locked_flags`), the caller's root is detached
 after the pivot (pivot_root(".", "."), then umount2 of "."), and no user namespace can be made below the
 sandbox's (user.max_user_namespaces = 0), so the program cannot win capabilities in one of its own.
