@@ -18,14 +18,19 @@
 #   decode      benchmarks/tpu_decode.py: sampler tokens/s against the HBM-bandwidth bound (docs/rollout.md)
 #   chat        `olmax demo chat`: SFT, DPO and RL of the tiny model on the shipped chat corpus, each
 #               scored on held-out prompts (a rerun resumes it: OLMAX_TPU_RUNS on a disk that stays)
-# OLMAX_TPU_STEPS picks steps (default "install demo tests throughput decode"); each step is bounded so
-# that the default set ends within one 10-minute call on a v5e (docs/performance.md has the timings and
-# the split into calls that measured every row).
+# OLMAX_TPU_STEPS picks steps (default "install demo tests throughput decode"). By default the two tables
+# take their headline rows only (throughput: the matmul rate and one 7B layer at a fixed fit; decode: the
+# 1B at 64 x 128), and each step is bounded (install 60 s, demo 75, tests 245, throughput 100, decode 120:
+# at most 600 s, one device call; on a v5e install took 35 s, demo 51, tests 236, the 1B decode row
+# 103, the 7B-layer row's compile alone 53; the default set was not run in one call). The whole tables take
+# more calls: OLMAX_TPU_THROUGHPUT / OLMAX_TPU_DECODE replace those rows' options and OLMAX_TPU_THROUGHPUT_S /
+# OLMAX_TPU_DECODE_S their steps' bounds in seconds (docs/performance.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.whl-tpu
 TPU_HOST=(jax jaxlib libtpu numpy ml_dtypes scipy opt_einsum sympy mpmath)
 FROM_INDEX=(matplotlib contourpy fonttools kiwisolver pillow tensorstore)
+KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # every matmul output kept
 
 wheels() {
   local reqs
@@ -74,19 +79,20 @@ run() {
   local bin=$VENV/bin
   for s in ${OLMAX_TPU_STEPS:-install demo tests throughput decode}; do
     case $s in
-      install) step install 240 bash "$0" install "$VENV" ;;
+      install) step install 60 bash "$0" install "$VENV" ;;
       demo)
-        step demo 240 "$bin/olmax" demo --run-dir "$RUNS/demo"
+        step demo 75 "$bin/olmax" demo --run-dir "$RUNS/demo"
         cat "$RUNS/demo/summary.json" >>"$OUT_DIR/demo.log" 2>&1 ;;
-      tests) step tests 240 "$bin/python" -m pytest -m tpu -q -p no:cacheprovider -rs tests/test_tpu.py ;;
-      throughput)  # OLMAX_TPU_THROUGHPUT: the script's options (rows, a fixed fit), e.g. "--only 190m"
-        step throughput 330 "$bin/python" benchmarks/tpu_throughput.py --json "$OUT_DIR/throughput.json" \
-          --compile-cache "$RUNS/jax-cache" --stop-after 240 ${OLMAX_TPU_THROUGHPUT:-} ;;
-      decode)
-        step decode 200 "$bin/python" benchmarks/tpu_decode.py --json "$OUT_DIR/decode.json" \
-          --compile-cache "$RUNS/jax-cache" --stop-after 150 ${OLMAX_TPU_DECODE:-} ;;
+      tests) step tests 245 "$bin/python" -m pytest -m tpu -q -s -p no:cacheprovider -rs tests/test_tpu.py ;;
+      throughput)  # OLMAX_TPU_THROUGHPUT: the script's options (rows, a fit), e.g. "--only 190m"
+        step throughput "${OLMAX_TPU_THROUGHPUT_S:-100}" "$bin/python" benchmarks/tpu_throughput.py \
+          --json "$OUT_DIR/throughput.json" --compile-cache "$RUNS/jax-cache" \
+          ${OLMAX_TPU_THROUGHPUT:---only matmul --only 7b-layers --layers 1 --param-dtype bfloat16 --remat $KEEP_ALL} ;;
+      decode)  # OLMAX_TPU_DECODE: the script's options, e.g. "--models 1b,190m,tiny --stop-after 400"
+        step decode "${OLMAX_TPU_DECODE_S:-120}" "$bin/python" benchmarks/tpu_decode.py --json "$OUT_DIR/decode.json" \
+          --compile-cache "$RUNS/jax-cache" ${OLMAX_TPU_DECODE:---models 1b --shapes b64} ;;
       chat)
-        step chat 540 "$bin/olmax" demo chat --run-dir "$RUNS/chat"
+        step chat 540 "$bin/olmax" demo chat --run-dir "$RUNS/chat"  # 230 s on a v5e
         cat "$RUNS/chat/summary.json" >>"$OUT_DIR/chat.log" 2>&1 ;;
       *) echo "unknown step $s (install demo tests throughput decode chat)" >&2; return 2 ;;
     esac

@@ -1,12 +1,13 @@
 """The KV-cache model pass (olmax.rollout.cache): prefill and every single-token step give the logits
 of the full forward pass, with a window (4) shorter than the sequence, so the sliding-window layers'
-rings (4 slots) wrap, and a prefill (8 tokens, right-padded rows of 8 and 5) longer than the window.
+rings (4 slots) wrap, and a prefill (8 tokens, left-padded rows of 8 and 5) longer than the window.
 Norm weights are random, so a norm wired differently in the decoder than in training would show. The
 sampling loop is tested in test_rollout_sampler.py and test_generate.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from models import random_params
 
 from olmax.config import ModelConfig
@@ -33,21 +34,28 @@ def test_cached_steps_match_the_full_forward():
     full = np.asarray(jax.jit(forward, static_argnums=2)(params, seq, CFG))
     cache = init_cache(CFG, 2, 32)
     # the windowed layers hold only their window, the full ones the whole length
-    assert [c["k"].shape[2] for c in cache["group"]] == [4, 32] and cache["tail"][0]["k"].shape[1] == 32
-    run = jax.jit(cached_forward, static_argnums=4)
-    # row 1's prompt is 5 tokens: its padding (positions 5-7) must not reach the rings
+    assert [c["k"].shape[3] for c in cache["group"]] == [4, 32] and cache["tail"][0]["k"].shape[2] == 32
+    # row 1's prompt is 5 tokens, left-padded to 8 with tokens that would change every logit if seen
     lengths = np.asarray([8, 5], np.int32)
-    prefill = (params, cache, jnp.asarray(seq[:, :8]), jnp.zeros(2, jnp.int32))
-    logits, cache = run(*prefill, CFG, jnp.asarray(lengths))
+    first = 8 - lengths
+    prompts = np.stack([seq[0, :8], np.concatenate([np.full(3, 7, np.int32), seq[1, :5]])])
+    prefill = jax.jit(lambda *a: cached_forward(*a, 0, CFG, jnp.asarray(first), 32, fresh=True))
+    logits, cache = prefill(params, cache, jnp.asarray(prompts))
     np.testing.assert_allclose(np.asarray(logits)[0], full[0, :8], atol=2e-5)
-    np.testing.assert_allclose(np.asarray(logits)[1, :5], full[1, :5], atol=2e-5)
-    # the sampler's prefill (fresh: its own keys only, not the empty ring) gives the same logits and cache
-    fresh = jax.jit(lambda *a: cached_forward(*a, CFG, jnp.asarray(lengths), fresh=True))(*prefill)
-    np.testing.assert_allclose(np.asarray(fresh[0]), np.asarray(logits), atol=2e-5)
-    jax.tree.map(np.testing.assert_array_equal, fresh[1], cache)
-    for step in range(12):  # each row at its own position; 12+ only see the window on layer 0
-        pos = lengths + step
-        tokens = jnp.asarray(seq[np.arange(2), pos][:, None])
-        logits, cache = run(params, cache, tokens, jnp.asarray(pos), CFG)
+    np.testing.assert_allclose(np.asarray(logits)[1, 3:], full[1, :5], atol=2e-5)
+    last = jax.jit(lambda *a: cached_forward(*a, 0, CFG, jnp.asarray(first), 32, last_only=True, fresh=True))
+    np.testing.assert_allclose(
+        np.asarray(last(params, init_cache(CFG, 2, 32), jnp.asarray(prompts))[0]), np.asarray(logits)[:, -1:], atol=2e-5
+    )
+    step = jax.jit(lambda p, c, x, time: cached_forward(p, c, x, time, CFG, jnp.asarray(first), 32))
+    for t in range(12):  # every row at time 8 + t, each at its own position; 12+ only see the window on layer 0
+        pos = lengths + t
+        logits, cache = step(params, cache, jnp.asarray(seq[np.arange(2), pos][:, None]), 8 + t)
         for r in range(2):
             np.testing.assert_allclose(np.asarray(logits)[r, 0], full[r, pos[r]], atol=2e-5)
+
+
+def test_a_decoding_step_takes_one_token_per_row():
+    cache = init_cache(CFG, 2, 32)
+    with pytest.raises(ValueError, match="one decoding step"):
+        cached_forward(random_params(CFG, jax.random.key(0)), cache, jnp.zeros((2, 2), jnp.int32), 3, CFG)

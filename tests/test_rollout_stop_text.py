@@ -86,9 +86,10 @@ def scripted(monkeypatch):
     def install(script, prompt_lengths, n=1):
         script, prompt_lengths = jnp.asarray(script, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32)
 
-        def step(params, cache, tokens, start, cfg, valid=None, length=None, last=None, fresh=False):
+        def step(params, cache, tokens, time, cfg, first=None, length=None, last_only=False, fresh=False):
             rows, lengths = (script, prompt_lengths) if fresh is False else (script[::n], prompt_lengths[::n])
-            position = start + (last if last is not None else 0)  # the position whose logits are asked
+            # the position whose logits are asked: the call's last token (left-padded rows: time - first)
+            position = time + tokens.shape[1] - 1 - first
             t = jnp.clip(position + 1 - lengths, 0, script.shape[1] - 1)
             token = rows[jnp.arange(rows.shape[0]), t]
             return 1e4 * jax.nn.one_hot(token, cfg.vocab_size)[:, None, :], cache  # sampled: still the token

@@ -76,7 +76,9 @@ class GRPOConfig:
     overlap, hence at most 1. Costs one more copy of the parameters (docs/post-training.md)."""
     stop: tuple[str, ...] = ()
     """Strings that end a response besides the end-of-turn token (--stop_strings: "</answer>" Instruct,
-    none Think)."""
+    none Think), matched on the decoded text as vLLM does, however the model spelled them in tokens:
+    the response ends at the token completing one, and the verifier's text is cut right after it
+    (olmax.rollout.text)."""
     template: str = "instruct"
     """The chat template the prompts are rendered with, generation prompt included (olmax.data.chat:
     "think_dpo_rl" for the Think run, open-instruct's olmo_thinker, whose default system prompt is not

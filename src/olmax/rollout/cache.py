@@ -1,38 +1,43 @@
 """The model pass with a key/value cache, on olmax.model.olmo3's own block (for olmax.rollout.sampler).
 
-`cached_forward(params, cache, tokens, start, cfg, valid=None)` runs `tokens` (batch, T) whose row b
-sits at positions start[b] .. start[b] + T - 1, attends each query to the cached keys it may see and
-to this call's own keys, and writes the first valid[b] (default T) of this call's keys and values into
-the cache. Key position j is visible from query position i when j <= i and, on a sliding-window
-layer, i - j < window (the token and the W-1 before it, as in training). A prefill is one call with
-start = 0 and right-padded prompts (valid = the prompt lengths); each decoding step is one call with
-T = 1, so generating n tokens costs n single-token passes over the cache instead of n growing full
-forwards.
+Rows share one clock. A call's tokens (batch, T) sit at the same TIME indices time .. time + T - 1 in
+every row; the rows' prompts are LEFT-padded, so row b's first real token is at time first[b] and its
+token at time tau has position tau - first[b] (RoPE's). A prefill is one call at time 0 (`fresh`: the
+cache is empty) with the left-padded prompts; each decoding step is one call with T = 1 at the next
+time, the same for every row, so that generating n tokens costs n single-token passes over the cache
+instead of n growing full forwards. Key time k is visible from query time q when first[b] <= k <= q
+and, on a sliding-window layer, q - k < window (the token and the W-1 before it, as in training:
+within a row, times and positions differ by the constant first[b]). Left padding is what
+transformers' `generate` does for batched prompts.
 
-Cache layout. Every layer's cache is a ring of S slots, position p in slot p % S:
+Cache layout. Every layer's cache is a ring of S slots, time tau in slot tau % S:
 
-- a full-attention layer has S = the cache length (every position of the sequence, so p % S = p);
-- a sliding-window layer has S = min(window, cache length): it holds only the positions its queries
-  can still see, as vLLM's and transformers' sliding-window caches do (a window-W layer of the 7B
-  at a 32k rollout holds 4096 positions, not 32k).
+- a full-attention layer has S = the cache length (every time index of the request, so tau % S = tau);
+- a sliding-window layer has S = min(window, cache length): it holds only the times its queries can
+  still see, as vLLM's and transformers' sliding-window caches do (a window-W layer of the 7B at a
+  32k rollout holds 4096 positions, not 32k).
 
-A slot's position is not stored: before a call that starts at `start`, slot s holds the newest
-position p < start with p % S == s (none when that is negative), because every position below
-`start` has been written. So only the first valid[b] tokens of a call are written (a right-padded
-prompt's padding would otherwise overwrite a slot that a later query still needs), and in a prefill
-longer than S a slot takes the newest valid position that falls on it. This call's own keys are
-attended from the call's outputs, not from the ring, so a prefill longer than a window is exact.
+Because the clock is shared, a decoding step writes ONE slot, the same in every row: an in-place
+update at a scalar index. (With rows at their own positions each row writes its own slot, a scatter
+that the TPU compiler runs as a loop over rows, twice per layer per token; docs/rollout.md.) The new
+key and value are written before they are attended: the slot they take held time - S, which a
+sliding-window layer no longer sees (S = window) and a full layer never held (S = cache length), so
+the step reads the ring alone, once. A prefill longer than S keeps, in each slot, the newest of its
+times that falls there; its queries attend to the call's own keys, not the ring, so it is exact.
 
 The cache mirrors the forward pass's scan over groups of `global_every` layers (olmax.model.olmo3):
-`cache["group"]` holds one {"k", "v"} per position in the group, each (n_groups, batch, S_j, kv_heads,
+`cache["group"]` holds one {"k", "v"} per position in the group, each (n_groups, batch, kv_heads, S_j,
 head_dim) with that position's S_j (a group's layers have different windows, so different shapes);
-`cache["tail"]` one (batch, S, kv_heads, head_dim) pair per layer of the final partial group.
-Batch and kv heads are laid out by the rules table when traced under a mesh (`cache_spec`).
+`cache["tail"]` one (batch, kv_heads, S, head_dim) pair per layer of the final partial group. The
+slots come after the kv heads because that is how the attention's two matrix products read them
+(batched over batch and kv heads, the slots the free dimension): with the slots first the TPU
+compiler chose two layouts and transposed the whole cache at every layer of every step. Batch and kv
+heads are laid out by the rules table when traced under a mesh (`cache_spec`).
 
 Each layer runs `olmax.model.olmo3.block`, the block training uses, with an `attend` that reads and
 writes the cache; tests/test_rollout_cache.py checks the logits of prefill and of every decoding
-step against `olmax.model.olmo3.forward` on the full sequence, with a window shorter than the
-sequence (so the rings wrap) and a prefill longer than the window.
+step against `olmax.model.olmo3.forward` on each row's unpadded sequence, with a window shorter than
+the sequence (so the rings wrap) and a prefill longer than the window.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from olmax.config import ModelConfig
@@ -60,18 +66,18 @@ def init_cache(cfg: ModelConfig, batch: int, length: int) -> dict:
     dtype = jnp.dtype(cfg.compute_dtype)
     period = cfg.global_every
     n_groups, tail = divmod(cfg.n_layers, period)
-    pair = lambda *lead: {k: jnp.zeros((*lead, cfg.n_kv_heads, cfg.head_dim), dtype) for k in ("k", "v")}
+    pair = lambda *lead, size: {k: jnp.zeros((*lead, cfg.n_kv_heads, size, cfg.head_dim), dtype) for k in "kv"}
     return {
-        "group": tuple(pair(n_groups, batch, slots(cfg, j, length)) for j in range(period)) if n_groups else (),
-        "tail": tuple(pair(batch, slots(cfg, n_groups * period + j, length)) for j in range(tail)),
+        "group": tuple(pair(n_groups, batch, size=slots(cfg, j, length)) for j in range(period)) if n_groups else (),
+        "tail": tuple(pair(batch, size=slots(cfg, n_groups * period + j, length)) for j in range(tail)),
     }
 
 
 def cache_spec(shape: tuple[int, ...], mesh) -> PartitionSpec:
-    """The layout of one cache array ((n_groups,) batch, slots, kv_heads, head_dim) on `mesh`: batch over
+    """The layout of one cache array ((n_groups,) batch, kv_heads, slots, head_dim) on `mesh`: batch over
     the batch axes (data, fsdp) and kv heads over `tensor`, each where it divides (the rules table)."""
-    batch, kv = logical_to_spec(("batch", "kv_heads"), (shape[-4], shape[-2]), mesh)
-    return PartitionSpec(*([None] * (len(shape) - 4)), batch, None, kv, None)
+    batch, kv = logical_to_spec(("batch", "kv_heads"), (shape[-4], shape[-3]), mesh)
+    return PartitionSpec(*([None] * (len(shape) - 4)), batch, kv, None, None)
 
 
 def _constrain(x):
@@ -81,110 +87,136 @@ def _constrain(x):
     return jax.lax.with_sharding_constraint(x, cache_spec(x.shape, mesh))
 
 
-def _ring_attention(k_cache, v_cache, start, valid, positions, window: Optional[int], fresh: bool = False):
-    """The `attend` of olmax.model.olmo3.block for one layer with a ring cache (module doc).
-    Returns (output, {"k", "v"} updated). fresh: the ring is empty, so only this call's keys are attended."""
+def _attend(q, keys, values, visible):
+    """Attention of q (B, T, H, D) to keys/values (B, KV, S, D) where `visible` (B, T, S) allows."""
+    b, t, h, d = q.shape
+    kv = keys.shape[1]
+    scores = jnp.einsum(
+        "btkgd,bksd->bkgts", q.reshape(b, t, kv, h // kv, d), keys, preferred_element_type=jnp.float32
+    ) * (d**-0.5)
+    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    return jnp.einsum("bkgts,bksd->btkgd", probs, values).reshape(b, t, h, d)
+
+
+def _fill(ring, new):
+    """An empty ring (B, KV, S, D) holding times 0 .. T-1 of `new` (B, T, KV, D): slot s takes the newest
+    of them that falls on it (all static: the same slots in every row)."""
+    size, t = ring.shape[2], new.shape[1]
+    new = new.astype(ring.dtype).transpose(0, 2, 1, 3)
+    if t <= size:
+        return jax.lax.dynamic_update_slice(ring, new, (0, 0, 0, 0))
+    return new[:, :, (t - 1) - np.remainder(t - 1 - np.arange(size), size)]
+
+
+def _prefill_attention(ring_k, ring_v, group, first, window: Optional[int]):
+    """The `attend` of olmax.model.olmo3.block for one layer of a prefill (module doc): the call's own
+    keys only, causal, within the window, padding (times before first[b]) never seen; the keys and
+    values go into the ring, of `group` when the ring array holds a group of layers (else None).
+    Returns (output, {"k", "v"}: the updated ring arrays)."""
 
     def attend(q, k, v):
-        b, t, h, d = q.shape
-        size, kv = k_cache.shape[1], k_cache.shape[2]
-        slot = jnp.arange(size)[None, :]
-        last = (start - 1)[:, None]
-        slot_pos = last - jnp.remainder(last - slot, size)  # newest position < start in each slot
-        ring_k, ring_v = k_cache, v_cache
-        if fresh:  # no slot holds a position: the prefill's scores are (T, T), not (T, S + T)
-            ring_k, ring_v, slot_pos = k_cache[:, :0], v_cache[:, :0], slot_pos[:, :0]
-        keys = jnp.concatenate([ring_k, k.astype(k_cache.dtype)], axis=1)
-        values = jnp.concatenate([ring_v, v.astype(v_cache.dtype)], axis=1)
-        key_pos = jnp.concatenate([slot_pos, positions], axis=1)  # (B, S + T)
-        key_ok = jnp.concatenate([slot_pos >= 0, jnp.ones((b, t), bool)], axis=1)
-        ahead = positions[:, :, None] - key_pos[:, None, :]  # query minus key position
-        visible = key_ok[:, None, :] & (ahead >= 0)
-        if window is not None:
-            visible &= ahead < window
-        scores = jnp.einsum(
-            "btkgd,bskd->bkgts", q.reshape(b, t, kv, h // kv, d), keys, preferred_element_type=jnp.float32
-        ) * (d**-0.5)
-        scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, d)
-        return out, {"k": _write(k_cache, k, start, valid), "v": _write(v_cache, v, start, valid)}
+        times = jnp.arange(q.shape[1])
+        ahead = times[:, None] - times[None, :]  # query minus key time
+        visible = ((ahead >= 0) & (window is None or ahead < window))[None] & (times >= first[:, None])[:, None, :]
+        heads_first = lambda x, ring: x.astype(ring.dtype).transpose(0, 2, 1, 3)  # (B, KV, T, D), as the ring
+        out = _attend(q, heads_first(k, ring_k), heads_first(v, ring_v), visible)
+
+        def put(ring, new):
+            if group is None:
+                return _constrain(_fill(ring, new))
+            filled = _fill(jax.lax.dynamic_index_in_dim(ring, group, keepdims=False), new)
+            return _constrain(jax.lax.dynamic_update_index_in_dim(ring, filled, group, 0))
+
+        return out, {"k": put(ring_k, k), "v": put(ring_v, v)}
 
     return attend
 
 
-def _write(ring, new, start, valid):
-    """Row b's first valid[b] entries of `new` (B, T, KV, D), at positions start[b].., into `ring`
-    (B, S, KV, D), position p in slot p % S; a slot hit more than once keeps the newest."""
-    size, t = ring.shape[1], new.shape[1]
-    new = new.astype(ring.dtype)
-    if t == 1:  # a decoding step: one slot per row, updated in place
-        put = lambda r, n, s: jax.lax.dynamic_update_slice(r, n, (jnp.remainder(s, size), 0, 0))
-        return _constrain(jax.vmap(put)(ring, new, start))
-    end = (start + valid - 1)[:, None]
-    newest = end - jnp.remainder(end - jnp.arange(size)[None, :], size)  # newest written position per slot
-    taken = newest >= start[:, None]
-    rows = jnp.take_along_axis(new, jnp.clip(newest - start[:, None], 0, t - 1)[:, :, None, None], axis=1)
-    return _constrain(jnp.where(taken[:, :, None, None], rows, ring))
+def _decode_attention(ring_k, ring_v, group, time, first):
+    """The `attend` of one layer of a decoding step at `time` (module doc): the new key and value go
+    into slot time % S of every row (of `group`'s layer when the ring array holds a group), then the
+    query attends to the ring, each slot holding the newest time <= `time` that falls on it, visible
+    from first[b] on. Returns (output, {"k", "v"}: the updated ring arrays)."""
+
+    def attend(q, k, v):
+        size = ring_k.shape[-2]
+        lead = () if group is None else (group,)
+
+        def put(ring, new):  # new (B, 1, KV, D) into slot `time % size` of (..., B, KV, S, D)
+            new = new.astype(ring.dtype).transpose(0, 2, 1, 3).reshape((1,) * len(lead) + ring.shape[-4:-2] + (1, -1))
+            return _constrain(jax.lax.dynamic_update_slice(ring, new, (*lead, 0, 0, jnp.remainder(time, size), 0)))
+
+        rings = put(ring_k, k), put(ring_v, v)
+        keys, values = (r if group is None else jax.lax.dynamic_index_in_dim(r, group, keepdims=False) for r in rings)
+        slot_time = time - jnp.remainder(time - jnp.arange(size), size)
+        visible = (slot_time[None, :] >= first[:, None])[:, None, :]
+        return _attend(q, keys, values, visible), {"k": rings[0], "v": rings[1]}
+
+    return attend
 
 
 def cached_forward(
     params: dict,
     cache: dict,
     tokens: jnp.ndarray,
-    start: jnp.ndarray,
+    time,
     cfg: ModelConfig,
-    valid: Optional[jnp.ndarray] = None,
+    first: Optional[jnp.ndarray] = None,
     length: Optional[int] = None,
-    last: Optional[jnp.ndarray] = None,
+    last_only: bool = False,
     fresh: bool = False,
 ):
-    """-> (float32 logits (B, T, padded vocab), updated cache). See the module doc. `length`, the
-    RoPE table's length, defaults to the longest ring (a full layer's: the cache length). `last` (B,):
-    the logits of that position of each row only, (B, 1, padded vocab): a prefill needs no more, and
-    the whole (B, T, vocab) block would be T times the memory. fresh: the cache is empty (a prefill
-    from position 0): the queries attend to this call's keys only, not to the ring's empty slots."""
-    cdt = jnp.dtype(cfg.compute_dtype)
+    """-> (float32 logits (B, T, padded vocab), updated cache). See the module doc. `time`: the time of
+    tokens[:, 0] in every row (0 for a prefill); `first` (B,): each row's first real time (default 0:
+    no padding). `length`, the RoPE table's length, defaults to the longest ring (a full layer's: the
+    cache length). last_only: the logits of the call's last token only, (B, 1, padded vocab): a
+    prefill needs no more, and the whole (B, T, vocab) block would be T times the memory. fresh: the
+    cache is empty and the call is a prefill from time 0; otherwise it is one decoding step (T = 1)."""
     b, t = tokens.shape
-    valid = jnp.full((b,), t, jnp.int32) if valid is None else valid
-    rings = [c["k"].shape[-3] for c in (*cache["group"], *cache["tail"])]
+    if not fresh and t != 1:
+        raise ValueError(f"a call on a filled cache is one decoding step of one token per row, got {t} tokens")
+    first = jnp.zeros((b,), jnp.int32) if first is None else first
+    rings = [c["k"].shape[-2] for c in (*cache["group"], *cache["tail"])]
     length = max(max(rings), t) if length is None else length
-    positions = start[:, None] + jnp.arange(t)[None, :]
+    # a padding token's position would be negative: 0 instead (it is never attended, its output unused)
+    positions = jnp.maximum(time + jnp.arange(t)[None, :] - first[:, None], 0)
     # (plain, YaRN-scaled) tables at these positions; each layer picks its own (ModelConfig.layer_rope_scaled)
     ropes = {s: tuple(table[positions] for table in rope_tables(cfg, length, s)) for s in (False, True)}
-    x = params["embed"][tokens].astype(cdt)
+    x = params["embed"][tokens].astype(jnp.dtype(cfg.compute_dtype))
 
-    def layer(x, i, p, c):
-        p = jax.tree.map(lambda w: w.astype(cdt), p)
-        attend = _ring_attention(c["k"], c["v"], start, valid, positions, cfg.layer_window(i), fresh)
+    def layer(x, i, p, ring, group):
+        """Layer i (its window and RoPE) with weights p on `ring` ({"k", "v"}; of `group` when grouped)."""
+        if fresh:
+            attend = _prefill_attention(ring["k"], ring["v"], group, first, cfg.layer_window(i))
+        else:
+            attend = _decode_attention(ring["k"], ring["v"], group, time, first)
         return block(cfg, p, x, *ropes[cfg.layer_rope_scaled(i)], attend)
 
+    # Each layer's weights and ring are read where they are used, by a dynamic index into the stacked
+    # arrays, and the rings ride in the scan's carry, updated in place: scanned over as xs, a group's
+    # slices would be copied out (its 4 layers' weights and caches) before any layer read them.
+    layers = params["layers"]
+    weights = lambda i: jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False), layers)
     period = cfg.global_every
     n_groups, tail = divmod(cfg.n_layers, period)
-    layers = params["layers"]
     group_cache: tuple = cache["group"]
     if n_groups:
-        # The group caches ride in the scan's carry, each group's slice read and written back in place:
-        # as the scan's input and output they would be two buffers, and a decoding step would hold the
-        # cache twice (twice the rollout's memory, by far its largest part).
-        def group(carry, xs):  # every full group has the first group's windows (olmax.model.olmo3._group_fn)
-            x, caches = carry
-            g, k = xs
-            out = []
-            for j in range(period):
-                mine = jax.tree.map(lambda c: jax.lax.dynamic_index_in_dim(c, k, keepdims=False), caches[j])
-                x, new = layer(x, j, jax.tree.map(lambda w: w[j], g), mine)  # noqa: B023 - applied at once
-                out.append(jax.tree.map(lambda c, n: jax.lax.dynamic_update_index_in_dim(c, n, k, 0), caches[j], new))
-            return (x, tuple(out)), None
 
-        grouped = jax.tree.map(lambda w: w[: n_groups * period].reshape(n_groups, period, *w.shape[1:]), layers)
-        (x, group_cache), _ = jax.lax.scan(group, (x, group_cache), (grouped, jnp.arange(n_groups)))
+        def group(carry, g):  # every full group has the first group's windows (olmax.model.olmo3._group_fn)
+            x, caches = carry
+            caches = list(caches)
+            for j in range(period):
+                x, caches[j] = layer(x, j, weights(g * period + j), caches[j], g)
+            return (x, tuple(caches)), None
+
+        (x, group_cache), _ = jax.lax.scan(group, (x, group_cache), jnp.arange(n_groups))
     tail_cache = []
     for j in range(tail):
         i = n_groups * period + j
-        x, c = layer(x, i, jax.tree.map(lambda w: w[i], layers), cache["tail"][j])  # noqa: B023
+        x, c = layer(x, i, weights(i), cache["tail"][j], None)
         tail_cache.append(c)
-    if last is not None:
-        x = jnp.take_along_axis(x, last[:, None, None], axis=1)
+    if last_only:
+        x = x[:, -1:]
     logits = lm_head(params, final_norm(params, x, cfg), cfg)
     return logits, {"group": group_cache, "tail": tuple(tail_cache)}

@@ -3,8 +3,9 @@
 n samples per prompt, from inside the trainer on its mesh), `olmax generate` and lm-eval's
 generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it; the pieces:
 
-- Prefill: the prompts, right-padded to a power of two, in one pass over olmax.rollout.cache's
-  cached forward; with `n` > 1 each prompt's prefill is computed ONCE and its cache rows and last
+- Prefill: the prompts, left-padded to a power of two (so that every row's next token has the same
+  time and a decoding step writes one cache slot for all rows), in one pass over
+  olmax.rollout.cache's cached forward; with `n` > 1 each prompt's prefill is computed ONCE and its cache rows and last
   logits are repeated to its n samples (rows i*n .. i*n + n - 1 are prompt i's), as GRPO's groups need.
 - Choice: each next token is chosen from the logits of the REAL vocabulary (a HF export has no padded
   rows). Temperature 0: the argmax (greedy), as transformers' `generate(do_sample=False)`. Temperature
@@ -185,14 +186,13 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cu
             params = {**params, "lm_head": params["lm_head"][:, :vocab]}
         p, width = prompts.shape
         length = width + steps
+        first = width - lengths  # the prompts are left-padded: row b's first real token's time
         cache = init_cache(cfg, p, length)
-        logits, cache = cached_forward(
-            params, cache, prompts, jnp.zeros_like(lengths), cfg, lengths, length, lengths - 1, fresh=True
-        )
+        logits, cache = cached_forward(params, cache, prompts, 0, cfg, first, length, last_only=True, fresh=True)
         last = logits[:, 0, :vocab]
         if n > 1:  # each prompt's cache and last logits, computed once, repeated to its n samples
             cache = jax.tree.map(lambda c: jnp.repeat(c, n, axis=c.ndim - 4), cache)
-            last, lengths = jnp.repeat(last, n, axis=0), jnp.repeat(lengths, n)
+            last, first = jnp.repeat(last, n, axis=0), jnp.repeat(first, n)
         rows = last.shape[0]
         temperature = rule[0] if sample else jnp.float32(1.0)
 
@@ -239,7 +239,7 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cu
             t, logits, cache, state = carry
             token, logp = pick(logits, t)
             state = record(state, t, token, logp)
-            logits, cache = cached_forward(params, cache, token[:, None], lengths + t, cfg, None, length)
+            logits, cache = cached_forward(params, cache, token[:, None], width + t, cfg, first, length)
             return t + 1, logits[:, 0, :vocab], cache, state
 
         _, _, _, (out, lps, _, finish, count, _, _) = jax.lax.while_loop(cond, body, (jnp.int32(0), last, cache, state))
@@ -355,8 +355,8 @@ def sample(
     lengths = np.asarray([len(p) for p in prompts], np.int32)
     width, steps = widths(int(lengths.max()), max_new_tokens)
     tokens = np.zeros((len(prompts), width), np.int32)
-    for r, p in enumerate(prompts):
-        tokens[r, : len(p)] = p
+    for r, p in enumerate(prompts):  # left-padded (olmax.rollout.cache: the rows share one clock)
+        tokens[r, width - len(p) :] = p
     rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
     key_data = np.asarray(jax.random.key_data(jax.random.key(sampling.seed)))
     tables = (key_data, rule, _eos_table(eos_ids), _stop_table(stop_sequences), _text_table(stop_text, cfg.vocab_size))
