@@ -136,6 +136,28 @@ def test_generate_until_matches_hf(models):
     assert ours.generate_until(requests("generate_until", args)) == hf.generate_until(requests("generate_until", args))
 
 
+def test_a_request_stops_at_its_own_until_strings_only(models):
+    """Two requests with different `until` strings in one call (one batch before HFLM's grouping): the
+    first must run past a string that only the second stops at, as HFLM (which batches by gen_kwargs)
+    gives. The second's string is two tokens from the middle of the first's own output."""
+    ours, hf, _ = models
+    free = ("The sun rises", {"until": ["\n"], "max_gen_toks": 12, "do_sample": False})
+    text = hf.generate_until(requests("generate_until", [free]))[0]
+    ids = ours.tok_encode(text)
+    k = next(
+        k
+        for k in range(len(ids) // 3, len(ids) - 2)
+        if ours.tok_encode(ours.tok_decode(ids[k : k + 2])) == ids[k : k + 2]
+    )
+    other = (
+        "Question: What is ice? Answer:",
+        {"until": [ours.tok_decode(ids[k : k + 2])], "max_gen_toks": 20, "do_sample": False},
+    )
+    got = ours.generate_until(requests("generate_until", [free, other]))
+    assert got == hf.generate_until(requests("generate_until", [free, other]))
+    assert got[0] == text
+
+
 def test_same_accuracy_on_a_local_task(models):
     import pyarrow as pa
 

@@ -17,9 +17,10 @@ accuracy against HFLM on a converted model):
 - loglikelihood_rolling: lm-eval's rolling windows (max_length tokens, one token of context) scored
   as above and summed.
 - generate_until: the rollout sampler (olmax.rollout.sampler: one jitted decoding loop with a key/value
-  cache), prompts left-truncated to max_length - max_gen_toks, stopped at the first `until` string
-  (which is cut off) or EOS; the text leaves out the tokenizer's special tokens (HFLM decodes with
-  skip_special_tokens=True).
+  cache), prompts left-truncated to max_length - max_gen_toks, stopped on the device at the token whose
+  decoded text completes one of the request's `until` strings (which is cut off) or at EOS, requests
+  batched by their `until` strings as HFLM batches by gen_kwargs; the text leaves out the tokenizer's
+  special tokens (HFLM decodes with skip_special_tokens=True).
   Greedy unless the task's gen_kwargs say `do_sample: true`, as HFLM passes them to transformers'
   `generate`: then sampled at `temperature` (> 0) with `top_p` (default 1) and `top_k` (default 50,
   transformers 5.24's GenerationConfig default, which an export's generation_config.json leaves in
@@ -57,6 +58,7 @@ from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
 from olmax.loss import IGNORE
 from olmax.rollout.sampler import Sampling, generate
+from olmax.rollout.text import stop_table
 
 MIN_WIDTH = 16
 # transformers' continue_final_message marker (utils/chat_template_utils.py, 5.24): appended to the final
@@ -107,6 +109,7 @@ class OlmaxLM(TemplateLM):
             None if max_length is None else int(max_length), ckpt, self.meta["step"], self.cfg
         )
         self.max_gen_toks = int(max_gen_toks)
+        self._stop_tables: dict[tuple[str, ...], np.ndarray] = {}
 
     @property
     def eot_token_id(self) -> int:
@@ -223,6 +226,12 @@ class OlmaxLM(TemplateLM):
             until.append(eos_text)
         return until, int(kwargs.pop("max_gen_toks", self.max_gen_toks)), sampling
 
+    def _stop_table(self, until: tuple[str, ...]):
+        """The text-stop automaton of `until` over the tokenizer (built once per set of strings)."""
+        if until not in self._stop_tables:
+            self._stop_tables[until] = stop_table(self.tok, until)
+        return self._stop_tables[until]
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         prepared = []
         for req in requests:
@@ -230,35 +239,28 @@ class OlmaxLM(TemplateLM):
             until, max_new, sampling = self._request_settings(gen_kwargs)
             prompt = self.tok_encode(context)[-max(1, self.max_length - max_new) :] or [self.prefix_token_id]
             prepared.append((prompt, until, max_new, sampling))
-        # a batch holds one sampling setting (Sampling is hashable); longest prompts first
-        groups: dict[Sampling, list[int]] = {}
+        # a batch holds one sampling setting (Sampling is hashable) and one set of `until` strings, as
+        # HFLM batches requests by their gen_kwargs (a row must not stop at another request's string);
+        # longest prompts first
+        groups: dict[tuple, list[int]] = {}
         for i in sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0])):
-            groups.setdefault(prepared[i][3], []).append(i)
+            groups.setdefault((prepared[i][3], tuple(prepared[i][1])), []).append(i)
         batches = [g[s : s + self.batch_size] for g in groups.values() for s in range(0, len(g), self.batch_size)]
         outputs: list[str] = [""] * len(prepared)
         for idx in tqdm(batches, disable=disable_tqdm, desc="olmax generate"):
-
-            def stop(row: int, ids: list[int]) -> bool:
-                _, until, max_new, _ = prepared[idx[row]]  # noqa: B023 - called within this iteration
-                return (
-                    len(ids) >= max_new
-                    or ids[-1] == self.eot_token_id
-                    or any(u and u in self.tok_decode(ids) for u in until)
-                )
-
+            until = tuple(u for u in prepared[idx[0]][1] if u)
             generated = generate(
                 self.params,
                 self.cfg,
                 [prepared[i][0] for i in idx],
                 max(prepared[i][2] for i in idx),
                 sampling=prepared[idx[0]][3],
-                stop=stop,
                 index=idx,
-                # the device stops a row early at EOS or at an `until` string spelled with its own
-                # tokens; `stop` then cuts every row exactly where the text first holds a stop string
+                # the device stops a row at EOS, at its max_gen_toks, or at the token whose decoded text
+                # completes an `until` string, however the model spelled it (olmax.rollout.text)
                 eos_ids=[self.eot_token_id],
                 limits=[prepared[i][2] for i in idx],
-                stop_sequences=sorted({tuple(self.tok_encode(u)) for i in idx for u in prepared[i][1] if u}),
+                stop_text=self._stop_table(until) if until else None,
             )
             for i, ids in zip(idx, generated):
                 # HFLM decodes with skip_special_tokens=True: a chat model's <|im_end|> is not in the text

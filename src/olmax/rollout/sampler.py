@@ -390,12 +390,14 @@ def generate(
     eos_ids: Sequence[int] = (),
     stop_sequences: Sequence[Sequence[int]] = (),
     limits: Optional[Sequence[int]] = None,
+    stop_text: Optional[np.ndarray] = None,
 ) -> list[list[int]]:
     """The new tokens of each prompt (one batch, one `sample` call; `limits`: each row's own
     max_new_tokens, at most `max_new_tokens`). A row ends at max_new_tokens, at EOS
-    (`eos_id` or any of `eos_ids`, kept), after a stop sequence (kept), or at the first length at which
-    `stop(row, ids)` says so: the callable runs on the host on the finished rows, cutting them, so it
-    gives the tokens a per-token check would have. `index` holds each prompt's position in the whole
+    (`eos_id` or any of `eos_ids`, kept), after a stop sequence (kept), at the token whose decoded
+    text completes a stop string of `stop_text` (olmax.rollout.text.stop_table; kept), or at the first
+    length at which `stop(row, ids)` says so: the callable runs on the host on the finished rows,
+    cutting them, so it gives the tokens a per-token check would have. `index` holds each prompt's position in the whole
     request, which keys its draws (default 0, 1, ...: the batch is the request)."""
     if index is not None and np.shape(index) != (len(prompts),):
         raise ValueError(f"index needs one position per prompt ({len(prompts)}), got shape {np.shape(index)}")
@@ -408,6 +410,7 @@ def generate(
         sampling=sampling,
         eos_ids=eos,
         stop_sequences=stop_sequences,
+        stop_text=stop_text,
         index=index,
         limits=limits,
         logprobs=False,
