@@ -111,7 +111,7 @@ def test_auto_takes_every_prompt_at_once_without_a_budget():
 )
 def test_rl_recipes_choose_what_fits_their_devices(name):
     """The RL recipes leave grpo.sample_prompts to auto: what fits differs between an H100 node (Think
-    2, Instruct 8) and an Ironwood slice (all 64), docs/post-training.md, "Recipes". A negative count
+    4, Instruct 8) and an Ironwood slice (all 64), docs/post-training.md, "Recipes". A negative count
     or another word is refused."""
     assert get_recipe(name).grpo.sample_prompts == "auto"
     for bad in ("-1", "some"):
