@@ -133,7 +133,9 @@ def run_row(model: str, shape: str, args, gbps: float) -> dict:
     s = shape_of(shape, args)
     prompts, n, prompt_len, new = s["prompts"], s["n"], s["prompt_len"], s["new"]
     rows = prompts * n
-    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
+    t0 = time.perf_counter()
+    params = jax.block_until_ready(jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0)))
+    init_s = time.perf_counter() - t0  # the row's set-up (its compile included), apart from its timings
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (prompts, prompt_len)).tolist()
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=1)
 
@@ -168,6 +170,7 @@ def run_row(model: str, shape: str, args, gbps: float) -> dict:
         "new": new,
         "cache_len": width + steps,
         "sampling": dataclasses.asdict(sampling),
+        "init_s": init_s,
         "first_call_s": first,
         "whole_s": whole,
         "one_token_s": one,
@@ -273,7 +276,10 @@ def main(argv=None) -> int:
                 row = {"model": model, "shape": shape, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"}
             gc.collect()
             jax.clear_caches()
-            what = row.get("error") or f"{row['step_ms']:.2f} ms/step, {100 * row['ratio']:.1f}% of the bound"
+            what = row.get("error") or (
+                f"{row['step_ms']:.2f} ms/step, {100 * row['ratio']:.1f}% of the bound; "
+                f"parameters' init {row['init_s']:.0f} s, compile + first call {row['first_call_s']:.0f} s"
+            )
             log(f"  {model} {shape}: {what} ({time.perf_counter() - t0:.0f} s)")
             rows.append(row)
             if args.json:
