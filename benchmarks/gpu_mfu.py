@@ -120,6 +120,20 @@ def profile_env(chip_name: str, environ) -> dict[str, str]:
     return out
 
 
+def timed_steps(step, state, batch, n: int):
+    """`n` calls of the compiled `step` on one batch: (state, seconds per call, loss per call)."""
+    import jax
+
+    times, losses = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - t0)
+        losses.append(float(metrics["loss"]))
+    return state, times, losses
+
+
 def run_row(name: str, args) -> dict:
     """One row, in this process (a child of main)."""
     import jax
@@ -152,13 +166,7 @@ def run_row(name: str, args) -> dict:
         state = init_train_state(cfg, mesh, jax.random.key(0))
     jax.block_until_ready(state)
 
-    times, losses = [], []
-    for _ in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - t0)
-        losses.append(float(metrics["loss"]))
+    state, times, losses = timed_steps(step, state, batch, args.warmup + args.steps)
     stats = device.memory_stats() or {}  # None on CPU
     peak = stats.get("peak_bytes_in_use")
     return {

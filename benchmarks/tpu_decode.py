@@ -56,9 +56,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
+from tpu_throughput import SHAPE_1B, SHAPE_190M  # noqa: E402 - the training table's shapes (overrides)
+
 V5E_HBM_GBPS = 819.0  # Cloud TPU v5e docs: 819 GB/s HBM bandwidth per chip
-SHAPE_190M = dict(d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, head_dim=64, mlp_hidden=3072)
-SHAPE_1B = dict(d_model=2048, n_layers=16, n_heads=16, n_kv_heads=16, head_dim=128, mlp_hidden=8192)
 SMOKE_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, head_dim=16, mlp_hidden=192, vocab_size=2048, sliding_window=16)
 MODELS = ("tiny", "190m", "1b")
 SHAPES = ("b64", "grpo")
@@ -73,12 +73,13 @@ def model_config(name: str, args):
     from olmax.config_io import apply_overrides
     from olmax.recipes import OLMO3_7B, TINY
 
-    base = {"tiny": TINY, "190m": dataclasses.replace(OLMO3_7B, **SHAPE_190M)}.get(name)
-    model = base or dataclasses.replace(OLMO3_7B, **SHAPE_1B)
+    on = lambda model, overrides: apply_overrides(dataclasses.replace(ExperimentConfig(), model=model), overrides).model
+    shape = {"tiny": [], "190m": SHAPE_190M, "1b": SHAPE_1B}[name]
+    model = on(TINY if name == "tiny" else OLMO3_7B, shape)
     model = dataclasses.replace(model, param_dtype="bfloat16", compute_dtype="bfloat16", remat="none")
     if args.smoke:
         model = dataclasses.replace(model, **SMOKE_MODEL)
-    return apply_overrides(dataclasses.replace(ExperimentConfig(), model=model), args.set).model
+    return on(model, args.set)
 
 
 def shape_of(name: str, args) -> dict:

@@ -71,6 +71,8 @@ from typing import NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
+from gpu_mfu import SHAPE_190M, timed_steps  # noqa: E402 - this folder's GPU table: plain Python, no jax import
+
 GIB = 2**30
 V5E_PEAK_TFLOPS = 197.0  # Cloud TPU v5e docs: 197 TFLOP/s bf16 per chip (one JAX device)
 RECIPE = "olmo3_7b"
@@ -82,14 +84,6 @@ COMMON = [
     "mesh.fsdp=-1",
     "mesh.context=1",
     "mesh.tensor=1",
-]
-SHAPE_190M = [
-    "model.d_model=768",
-    "model.n_layers=12",
-    "model.n_heads=12",
-    "model.n_kv_heads=12",
-    "model.head_dim=64",
-    "model.mlp_hidden=3072",
 ]
 SHAPE_1B = [
     "model.d_model=2048",
@@ -364,13 +358,7 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     with jax.set_mesh(mesh):
         state = init_train_state(cfg, mesh, jax.random.key(0))
         jax.block_until_ready(state)
-        times, losses = [], []
-        for _ in range(args.warmup + args.steps):
-            t0 = time.perf_counter()
-            state, metrics = compiled(state, batch)
-            jax.block_until_ready(metrics)
-            times.append(time.perf_counter() - t0)
-            losses.append(float(metrics["loss"]))
+        state, times, losses = timed_steps(compiled, state, batch, args.warmup + args.steps)
     del state, batch
     stats = device.memory_stats() or {}
     s = statistics.median(times[args.warmup :])
