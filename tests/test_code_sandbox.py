@@ -152,7 +152,7 @@ def test_other_processes_cannot_be_signalled():
 
 
 def _daemon(mark: str, path, delay: float) -> str:
-    """A program leaving a grandchild in its own session that writes `path` after `delay` seconds."""
+    """A program leaving a grandchild in a new process session (setsid) that writes `path` after `delay` seconds."""
     return f"""
 os = {OS}
 if os.fork() == 0:
