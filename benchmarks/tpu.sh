@@ -7,30 +7,45 @@
 # `wheels` downloads, for the TPU VM's platform (CPython 3.11, manylinux x86_64), every package of olmax's
 # core install and their dependencies except what a TPU VM image brings (jax, jaxlib, libtpu, numpy,
 # ml-dtypes, scipy, opt-einsum, sympy, mpmath: TPU_HOST) and the two large families its own package index
-# serves (matplotlib and tensorstore with their compiled dependencies: FROM_INDEX; ~30 MiB of wheels are
-# left). `run` makes a venv over the system's packages (the image's JAX stays the one imported), installs
-# the wheels exactly as pinned (no resolution: --no-deps), FROM_INDEX from the host's index
-# ($OLMAX_TPU_INDEX, default file:///opt/pypi/simple) and olmax itself, then runs, each step bounded and
-# logged to OUT_DIR/<step>.log:
+# serves (matplotlib and tensorstore with their compiled dependencies: FROM_INDEX; ~38 MiB of wheels are
+# left), and into .whl-tpu/maxtext/ what the `maxtext` step installs (~8 MiB). `run` makes a venv over
+# the system's packages (the image's JAX stays the one imported), installs the wheels exactly as pinned
+# (no resolution: --no-deps), FROM_INDEX from the host's index ($OLMAX_TPU_INDEX, default
+# file:///opt/pypi/simple) and olmax itself, then runs, each step bounded and logged to OUT_DIR/<step>.log:
 #   demo        `olmax demo` (the command): the README's first command, on the chip
 #   tests       `pytest -m tpu tests/test_tpu.py`: the on-chip tests (docs/testing.md)
 #   throughput  benchmarks/tpu_throughput.py: training throughput and MFU (docs/performance.md)
 #   decode      benchmarks/tpu_decode.py: sampler tokens/s against the HBM-bandwidth bound (docs/rollout.md)
 #   chat        `olmax demo chat`: SFT, DPO and RL of the tiny model on the shipped chat corpus, each
 #               scored on held-out prompts (a rerun resumes it: OLMAX_TPU_RUNS on a disk that stays)
+#   maxtext     MaxText's own trainer on the chip at the fits the throughput step chose (after it, in
+#               the same call): benchmarks/tpu_maxtext.py, installed from .whl-tpu/maxtext/ (its source,
+#               made Python 3.11-ready by `wheels`, and the wheels of its needs the VM's index lacks)
 # OLMAX_TPU_STEPS picks steps (default "install demo tests throughput decode"). By default the two tables
 # take their headline rows only (throughput: the matmul rate and one 7B layer at a fixed fit; decode: the
-# 1B at 64 x 128), and each step is bounded (install 60 s, demo 75, tests 245, throughput 100, decode 120:
-# at most 600 s, one device call; on a v5e install took 35 s, demo 51, tests 236, the 1B decode row
-# 103, the 7B-layer row's compile alone 53; the default set was not run in one call). The whole tables take
-# more calls: OLMAX_TPU_THROUGHPUT / OLMAX_TPU_DECODE replace those rows' options and OLMAX_TPU_THROUGHPUT_S /
-# OLMAX_TPU_DECODE_S their steps' bounds in seconds (docs/performance.md).
+# 1B at 64 x 128), and each step is bounded (install 45 s, demo 65, tests 225, throughput 145, decode
+# 120: at most 600 s, one device call). On a v5e: install 32-33 s, demo 55, tests 203, the matmul row
+# 20, the 7B-layer row 104 (its compile 51, the state's init 49), the 1B decode row 115 (its parameters'
+# init 71); one call of the default set took 511 s with the throughput step still bounded at 100 s (it
+# was cut) and the other steps as measured; with these bounds it was not run again. The whole tables
+# take more calls: OLMAX_TPU_THROUGHPUT / OLMAX_TPU_DECODE / OLMAX_TPU_MAXTEXT replace or add those
+# steps' options and OLMAX_TPU_THROUGHPUT_S / _DECODE_S / _MAXTEXT_S their bounds in seconds
+# (docs/performance.md has each figure with the options that produced it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.whl-tpu
 TPU_HOST=(jax jaxlib libtpu numpy ml_dtypes scipy opt_einsum sympy mpmath)
 FROM_INDEX=(matplotlib contourpy fonttools kiwisolver pillow tensorstore)
 KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # every matmul output kept
+# MaxText for the side-by-side rows (benchmarks/tpu_maxtext.py): 0.2.4 names jax 0.10.2 and libtpu
+# 0.0.42.1, a TPU VM's; its needs that the VM's index lacks travel as wheels, the rest come from the index
+MAXTEXT=maxtext==0.2.4
+MAXTEXT_CARRIED=(grain==0.2.18 array_record==0.8.6 aqtp==0.9.0 tokamax==0.0.12 pathwaysutils==0.1.13 qwix==0.1.8
+  drjax==0.2.1 einshape==1.0 portpicker==1.6.0 typeguard==2.13.3)
+MAXTEXT_ANTLR=antlr4-python3-runtime==4.9.3
+MAXTEXT_FROM_INDEX=(flax==0.12.8 optax==0.2.8 orbax-checkpoint==0.12.4 omegaconf==2.3.1 pydantic==2.13.5
+  ml-collections==1.1.0 tiktoken==0.14.0 sentencepiece==0.2.2 jaxtyping==0.3.11 transformers==5.17.0 jinja2 pillow
+  sympy pyyaml tensorboardX)
 
 wheels() {
   local reqs
@@ -47,7 +62,25 @@ EOF
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
     -d "$WHEELS" -r "$reqs" jax==0.10.2 setuptools==80.9.0 wheel==0.45.1 || exit 1
   for name in "${TPU_HOST[@]}" "${FROM_INDEX[@]}"; do rm -f "$WHEELS/$name"-[0-9]*.whl; done
-  du -sh "$WHEELS"
+  maxtext_wheels "$WHEELS/maxtext" || exit 1
+  du -sh "$WHEELS" "$WHEELS/maxtext"
+}
+
+maxtext_wheels() {  # DIR: MaxText's source, Python 3.11-ready, and the wheels of its needs the VM's index lacks
+  local dir=$1 tmp
+  tmp=$(mktemp -d)
+  rm -rf "$dir" && mkdir -p "$dir"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$tmp" "$MAXTEXT" || return 1
+  unzip -q "$tmp"/maxtext-*.whl 'maxtext/*' -x 'maxtext/assets/*' 'maxtext/examples/*' -d "$tmp/src" || return 1
+  # Two PEP 695 aliases (`type X = ...`, Python >= 3.12) become plain assignments: all that keeps the
+  # trainer's modules from Python 3.11 (found with `python3.11 -m compileall` over the package)
+  sed -i -E 's/^type ([A-Za-z_]+) = /\1 = /' "$tmp"/src/maxtext/kernels/mhc/{api,common}.py
+  tar czf "$dir/maxtext-src.tgz" -C "$tmp/src" maxtext
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \
+    --platform any -d "$dir" "${MAXTEXT_CARRIED[@]}" || return 1
+  python3 -m pip wheel -q --no-deps -w "$dir" "$MAXTEXT_ANTLR" || return 1  # omegaconf's; PyPI has no wheel
+  rm -rf "$tmp"
 }
 
 step() {  # step NAME SECONDS COMMAND...: run it bounded, logged, timed
@@ -71,30 +104,47 @@ install() {
   "$VENV/bin/python" -c 'import jax, olmax; print("olmax", olmax.__file__, "jax", jax.__version__)'
 }
 
+maxtext_install() {  # VENV: MaxText's needs (carried wheels, the rest from the VM's index) and its source
+  VENV=$1
+  python3 -m venv --system-site-packages "$VENV" || return 1
+  local pip=("$VENV/bin/python" -m pip install --isolated -q --no-compile --no-cache-dir)
+  "${pip[@]}" --index-url "${OLMAX_TPU_INDEX:-file:///opt/pypi/simple}" --find-links "$WHEELS/maxtext" \
+    "${MAXTEXT_CARRIED[@]}" "${MAXTEXT_ANTLR/-python3-runtime/_python3_runtime}" "${MAXTEXT_FROM_INDEX[@]}" || return 1
+  tar xzf "$WHEELS/maxtext/maxtext-src.tgz" -C "$VENV" || return 1
+  cd "$VENV" && DECOUPLE_GCLOUD=TRUE JAX_PLATFORMS=cpu "$VENV/bin/python" -c \
+    'import jax, maxtext.trainers.pre_train.train as t; print("maxtext", t.__file__, "jax", jax.__version__)'
+}
+
 run() {
   OUT_DIR=$(mkdir -p "${1:-${OUT:-tpu-out}}" && cd "${1:-${OUT:-tpu-out}}" && pwd)
   VENV=${OLMAX_TPU_VENV:-/tmp/olmax-tpu}
   RUNS=${OLMAX_TPU_RUNS:-/tmp/olmax-tpu-runs}
+  MT_VENV=${OLMAX_TPU_MAXTEXT_VENV:-/tmp/maxtext-tpu}
   export PYTHONUNBUFFERED=1
   local bin=$VENV/bin
   for s in ${OLMAX_TPU_STEPS:-install demo tests throughput decode}; do
     case $s in
-      install) step install 60 bash "$0" install "$VENV" ;;
+      install) step install 45 bash "$0" install "$VENV" ;;
       demo)
-        step demo 75 "$bin/olmax" demo --run-dir "$RUNS/demo"
+        step demo 65 "$bin/olmax" demo --run-dir "$RUNS/demo"
         cat "$RUNS/demo/summary.json" >>"$OUT_DIR/demo.log" 2>&1 ;;
-      tests) step tests 245 "$bin/python" -m pytest -m tpu -q -s -p no:cacheprovider -rs tests/test_tpu.py ;;
+      tests) step tests 225 "$bin/python" -m pytest -m tpu -q -s -p no:cacheprovider -rs tests/test_tpu.py ;;
       throughput)  # OLMAX_TPU_THROUGHPUT: the script's options (rows, a fit), e.g. "--only 190m"
-        step throughput "${OLMAX_TPU_THROUGHPUT_S:-100}" "$bin/python" benchmarks/tpu_throughput.py \
+        step throughput "${OLMAX_TPU_THROUGHPUT_S:-145}" "$bin/python" benchmarks/tpu_throughput.py \
           --json "$OUT_DIR/throughput.json" --compile-cache "$RUNS/jax-cache" \
-          ${OLMAX_TPU_THROUGHPUT:---only matmul --only 7b-layers --layers 1 --param-dtype bfloat16 --remat $KEEP_ALL} ;;
+          ${OLMAX_TPU_THROUGHPUT:---only matmul --only 7b-layers --fit 7b-layers:1:bfloat16:$KEEP_ALL} ;;
       decode)  # OLMAX_TPU_DECODE: the script's options, e.g. "--models 1b,190m,tiny --stop-after 400"
         step decode "${OLMAX_TPU_DECODE_S:-120}" "$bin/python" benchmarks/tpu_decode.py --json "$OUT_DIR/decode.json" \
           --compile-cache "$RUNS/jax-cache" ${OLMAX_TPU_DECODE:---models 1b --shapes b64} ;;
+      maxtext)  # MaxText's trainer at the fits of this run's throughput rows; OLMAX_TPU_MAXTEXT: more options
+        [ -d "$MT_VENV/maxtext" ] || step maxtext-install 150 bash "$0" maxtext-install "$MT_VENV"
+        step maxtext "${OLMAX_TPU_MAXTEXT_S:-300}" "$bin/python" benchmarks/tpu_maxtext.py --json "$OUT_DIR/maxtext.json" \
+          --maxtext-python "$MT_VENV/bin/python" --maxtext-src "$MT_VENV" --olmax "$OUT_DIR/throughput.json" \
+          ${OLMAX_TPU_MAXTEXT:-} ;;
       chat)
         step chat 540 "$bin/olmax" demo chat --run-dir "$RUNS/chat"  # 230 s on a v5e
         cat "$RUNS/chat/summary.json" >>"$OUT_DIR/chat.log" 2>&1 ;;
-      *) echo "unknown step $s (install demo tests throughput decode chat)" >&2; return 2 ;;
+      *) echo "unknown step $s (install demo tests throughput decode maxtext chat)" >&2; return 2 ;;
     esac
   done
 }
@@ -103,5 +153,6 @@ case ${1:-} in
   wheels) wheels ;;
   run) run "${2:-}" ;;
   install) install "$2" ;;
+  maxtext-install) maxtext_install "$2" ;;
   *) echo "usage: bash benchmarks/tpu.sh wheels | run [OUT_DIR]" >&2; exit 2 ;;
 esac

@@ -2,7 +2,7 @@
 process (one process at a time may hold the chip), with the configuration that fits chosen by the
 compiler.
 
-    python benchmarks/tpu_throughput.py [--only 7b-layers --only 190m --steps 10 --warmup 2 --json out.json]
+    python benchmarks/tpu_throughput.py [--only 7b-layers --only 190m --fit 1b:7:float32:full --json out.json]
     python benchmarks/tpu_throughput.py --smoke     # the same code path on CPU at tiny shapes
 
 Rows, each the `olmo3_7b` recipe (olmax.recipes) with dotted overrides: 1 instance of 8192 tokens per
@@ -36,10 +36,11 @@ the most (remat.AUTO_LADDER's first set: where that fits it is auto's choice) an
 fit, recomputing whole blocks (`full`, whether the shape fits at all). For the first shape that fits
 only with `full`, model.remat=auto's bisection over the ladder (remat_search.bisect) picks the least
 recompute, reusing those compiles (two to five more). The chosen step's own compile then runs.
---remat POLICY compiles only that policy (no bisection), --layers / --micro-batch / --param-dtype fix
-the searched knobs, --compile-cache DIR keeps every compiled program for the next run on the same
-host. Each compile's figures are printed as it ends. Compiles dominate a row's time: the 7b-layers
-step (1 layer) took 517 s to compile for an abstract v5e on a busy 2-core host.
+--fit ROW:LAYERS:DTYPE:REMAT:MICRO fixes what it names of a row (a remat given is compiled alone, no
+bisection; the fits found on a v5e are in docs/performance.md), --compile-cache DIR keeps every
+compiled program for the next run on the same host. Each compile's figures are printed as it ends.
+On a v5e a row's time is its compiles (the 7b-layers step 51 s, the 1b's 7 layers 115 s; the same
+compiles take 470-530 s on a 2-core host) and the state's init (49-60 s a row, logged apart).
 
 Per row: --warmup untimed steps, then --steps timed ones, each ended by block_until_ready on its
 metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.flops (mt: MaxText's,
@@ -238,6 +239,30 @@ class Prober:
         return self.seen[(m.n_layers, m.param_dtype, t.micro_batch_size, m.remat, m.remat_serial)][1]
 
 
+class Fit(NamedTuple):
+    """What --fit fixes of a row's configuration (None: searched)."""
+
+    layers: Optional[int] = None
+    param_dtype: Optional[str] = None
+    remat: Optional[str] = None  # model.remat, a policy or tags; fixed, it is compiled alone (no bisection)
+    micro_batch: Optional[int] = None
+
+
+def parse_fit(text: str) -> tuple[str, Fit]:
+    """ROW:LAYERS:DTYPE:REMAT:MICRO, trailing and empty fields searched: "1b:7:float32:full"."""
+    name, *fields = text.split(":")
+    if name not in ROWS or len(fields) > 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: want ROW:LAYERS:DTYPE:REMAT:MICRO, ROW one of {', '.join(ROWS)}")
+    layers, dtype, remat, micro = (fields + [""] * 4)[:4]
+    if dtype not in ("", "float32", "bfloat16"):
+        raise argparse.ArgumentTypeError(f"{text!r}: DTYPE is float32 or bfloat16, not {dtype!r}")
+    try:
+        fit = Fit(int(layers) if layers else None, dtype or None, remat or None, int(micro) if micro else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: LAYERS and MICRO are whole numbers") from None
+    return name, fit
+
+
 def short_remat(remat: str) -> str:
     """A remat set of tags, short: q_proj,k_proj,v_proj,attn_context -> q,k,v,ctx."""
     return remat.replace("_proj", "").replace("attn_context", "ctx").replace("mlp_", "")
@@ -260,12 +285,13 @@ def choose(name: str, args, mesh, chip, where: str):
     from olmax.remat_search import bisect, with_remat
 
     row, device = ROWS[name], mesh.devices.flat[0]
+    fit = args.fit.get(name, Fit())
     budget = budget_gib(chip) if chip is not None else None
     prober = Prober(mesh, target_options(chip, device.platform), where, budget)
-    fixed_remat = args.remat != AUTO
+    fixed_remat = fit.remat is not None
     # auto: the ladder's most kept set first (where it fits, it is auto's choice: bisect's sets are
     # nested, each leaner than the one above), then the leanest, which decides whether the shape fits
-    tries = [args.remat] if fixed_remat else [AUTO_LADDER[0], AUTO_LADDER[-1]]
+    tries = [fit.remat] if fixed_remat else [AUTO_LADDER[0], AUTO_LADDER[-1]]
     base = row_config(name, args, [f"model.remat={tries[0]}"])
     log(
         f"  {name}: fit search on {where}, budget "
@@ -275,16 +301,16 @@ def choose(name: str, args, mesh, chip, where: str):
     shapes = []  # (shape configs preferred first), one group per parameter dtype
     if row.search == "layers":
         most = min(base.model.n_layers, SMOKE_MAX_LAYERS) if args.smoke else base.model.n_layers
-        for dtype in [args.param_dtype] if args.param_dtype else row.dtypes:
+        for dtype in [fit.param_dtype] if fit.param_dtype else row.dtypes:
             cfg = _with(base, param_dtype=dtype)
-            layers = [args.layers] if args.layers else layer_candidates(cfg, most, budget)
+            layers = [fit.layers] if fit.layers else layer_candidates(cfg, most, budget)
             if not layers:
                 one = state_bytes(_layers(cfg, 1).model, False) / GIB
                 log(f"    {dtype} params: one layer's parameters, Adam moments and gradients alone take {one:.2f} GiB")
             shapes.append([_layers(cfg, n) for n in layers])
     else:
-        cfg = _with(base, param_dtype=args.param_dtype) if args.param_dtype else base
-        micros = [args.micro_batch] if args.micro_batch else [m for m in range(row.batch, 0, -1) if row.batch % m == 0]
+        cfg = _with(base, param_dtype=fit.param_dtype) if fit.param_dtype else base
+        micros = [fit.micro_batch] if fit.micro_batch else [m for m in range(row.batch, 0, -1) if row.batch % m == 0]
         shapes.append(
             [dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, micro_batch_size=m)) for m in micros]
         )
@@ -356,8 +382,9 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     tokens = np.random.default_rng(0).integers(0, m.vocab_size, (cfg.trainer.global_batch, seq), dtype=np.int32)
     batch = {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}
     with jax.set_mesh(mesh):
-        state = init_train_state(cfg, mesh, jax.random.key(0))
-        jax.block_until_ready(state)
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(init_train_state(cfg, mesh, jax.random.key(0)))
+        init_s = time.perf_counter() - t0  # olmax.state's jitted init, its compile included
         state, times, losses = timed_steps(compiled, state, batch, args.warmup + args.steps)
     del state, batch
     stats = device.memory_stats() or {}
@@ -378,6 +405,7 @@ def run_row(name: str, args, chip, peak: float) -> dict:
         "params": count_params(m),
         "tokens_per_step": gb * seq,
         "compiles_s": prober.seconds,
+        "init_s": init_s,
         # model.remat=auto's bisection, when the most kept set did not fit (remat_search.Candidate)
         "remat_search": None if tried is None else [dataclasses.asdict(c) for c in tried],
         "step_times_s": times[args.warmup :],
@@ -444,14 +472,19 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (module doc)")
     p.add_argument("--peak", type=float, help="peak TFLOP/s when olmax.chips does not know the chip (default 197)")
     p.add_argument("--hbm-gib", type=float, help="HBM limit per device for the fit search (default: the chip's)")
-    p.add_argument("--remat", default="auto", help="model.remat for every row (default auto: searched)")
-    p.add_argument("--layers", type=int, help="layer count of the layer-search rows (no search)")
-    p.add_argument("--micro-batch", type=int, help="micro-batch of the micro-batch-search rows (no search)")
-    p.add_argument("--param-dtype", choices=("float32", "bfloat16"), help="model.param_dtype (no search)")
+    p.add_argument(
+        "--fit",
+        action="append",
+        default=[],
+        type=parse_fit,
+        metavar="ROW:LAYERS:DTYPE:REMAT:MICRO",
+        help="a row's fit, no search for the fields given (repeatable; e.g. 1b:7:float32:full, 190m:::full:1)",
+    )
     p.add_argument("--compile-cache", help="JAX's persistent compilation cache directory (reused by the next run)")
     p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every row")
     args = p.parse_args(argv)
+    args.fit = dict(args.fit)
     if args.smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
         args.hbm_gib = args.hbm_gib or SMOKE_HBM_GIB
@@ -501,7 +534,8 @@ def main(argv=None) -> int:
             row = {"row": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}"}
         gc.collect()
         jax.clear_caches()
-        log(f"  {name}: " + (row["error"] if "error" in row else "done") + f" ({time.perf_counter() - t0:.0f} s)")
+        done = "done" if name == "matmul" else f"done, the state's init {row.get('init_s', 0):.0f} s"
+        log(f"  {name}: " + row.get("error", done) + f" ({time.perf_counter() - t0:.0f} s)")
         rows.append(row)
         if args.json:
             Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=2))
