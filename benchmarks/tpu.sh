@@ -24,7 +24,7 @@
 # OLMAX_TPU_STEPS picks steps (default "install demo tests throughput decode"). By default the two tables
 # take their headline rows only (throughput: the matmul rate and one 7B layer at a fixed fit; decode: the
 # 1B at 64 x 128), and each step is bounded (install 45 s, demo 65, tests 225, throughput 145, decode
-# 120: at most 600 s, one device call). On a v5e: install 32-33 s, demo 55, tests 203, the matmul row
+# 120: at most 600 s, one device call). On a v5e: install 32-34 s, demo 55, tests 203, the matmul row
 # 20, the 7B-layer row 104 (its compile 51, the state's init 49), the 1B decode row 115 (its parameters'
 # init 71); one call of the default set took 511 s with the throughput step still bounded at 100 s (it
 # was cut) and the other steps as measured; with these bounds it was not run again. The whole tables
@@ -63,25 +63,30 @@ EOF
     -d "$WHEELS" -r "$reqs" jax==0.10.2 setuptools==80.9.0 wheel==0.45.1 || exit 1
   for name in "${TPU_HOST[@]}" "${FROM_INDEX[@]}"; do rm -f "$WHEELS/$name"-[0-9]*.whl; done
   maxtext_wheels "$WHEELS/maxtext" || exit 1
-  du -sh "$WHEELS" "$WHEELS/maxtext"
+  du -sh "$WHEELS"
+  du -sh "$WHEELS/maxtext"
 }
 
-maxtext_wheels() {  # DIR: MaxText's source, Python 3.11-ready, and the wheels of its needs the VM's index lacks
-  local dir=$1 tmp
+maxtext_wheels() (  # DIR: MaxText's source, Python 3.11-ready, and the wheels of its needs the VM's index lacks
+  dir=$1
   tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT  # a subshell: its own exit
   rm -rf "$dir" && mkdir -p "$dir"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$tmp" "$MAXTEXT" || return 1
   unzip -q "$tmp"/maxtext-*.whl 'maxtext/*' -x 'maxtext/assets/*' 'maxtext/examples/*' -d "$tmp/src" || return 1
   # Two PEP 695 aliases (`type X = ...`, Python >= 3.12) become plain assignments: all that keeps the
   # trainer's modules from Python 3.11 (found with `python3.11 -m compileall` over the package)
-  sed -i -E 's/^type ([A-Za-z_]+) = /\1 = /' "$tmp"/src/maxtext/kernels/mhc/{api,common}.py
-  tar czf "$dir/maxtext-src.tgz" -C "$tmp/src" maxtext
+  sed -i -E 's/^type ([A-Za-z_]+) = /\1 = /' "$tmp"/src/maxtext/kernels/mhc/{api,common}.py || return 1
+  if grep -rqE '^type [A-Za-z_]+ = ' "$tmp/src/maxtext"; then
+    echo "maxtext_wheels: a 'type X = ...' alias is left in $MAXTEXT (Python 3.11 cannot import it)" >&2
+    return 1
+  fi
+  tar czf "$dir/maxtext-src.tgz" -C "$tmp/src" maxtext || return 1
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d "$dir" "${MAXTEXT_CARRIED[@]}" || return 1
   python3 -m pip wheel -q --no-deps -w "$dir" "$MAXTEXT_ANTLR" || return 1  # omegaconf's; PyPI has no wheel
-  rm -rf "$tmp"
-}
+)
 
 step() {  # step NAME SECONDS COMMAND...: run it bounded, logged, timed
   local name=$1 seconds=$2 start=$SECONDS
@@ -109,9 +114,9 @@ maxtext_install() {  # VENV: MaxText's needs (carried wheels, the rest from the 
   python3 -m venv --system-site-packages "$VENV" || return 1
   local pip=("$VENV/bin/python" -m pip install --isolated -q --no-compile --no-cache-dir)
   "${pip[@]}" --index-url "${OLMAX_TPU_INDEX:-file:///opt/pypi/simple}" --find-links "$WHEELS/maxtext" \
-    "${MAXTEXT_CARRIED[@]}" "${MAXTEXT_ANTLR/-python3-runtime/_python3_runtime}" "${MAXTEXT_FROM_INDEX[@]}" || return 1
+    "${MAXTEXT_CARRIED[@]}" "$MAXTEXT_ANTLR" "${MAXTEXT_FROM_INDEX[@]}" || return 1
   tar xzf "$WHEELS/maxtext/maxtext-src.tgz" -C "$VENV" || return 1
-  cd "$VENV" && DECOUPLE_GCLOUD=TRUE JAX_PLATFORMS=cpu "$VENV/bin/python" -c \
+  DECOUPLE_GCLOUD=TRUE JAX_PLATFORMS=cpu PYTHONPATH="$VENV${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -c \
     'import jax, maxtext.trainers.pre_train.train as t; print("maxtext", t.__file__, "jax", jax.__version__)'
 }
 
@@ -138,7 +143,7 @@ run() {
           --compile-cache "$RUNS/jax-cache" ${OLMAX_TPU_DECODE:---models 1b --shapes b64} ;;
       maxtext)  # MaxText's trainer at the fits of this run's throughput rows; OLMAX_TPU_MAXTEXT: more options
         [ -d "$MT_VENV/maxtext" ] || step maxtext-install 150 bash "$0" maxtext-install "$MT_VENV"
-        step maxtext "${OLMAX_TPU_MAXTEXT_S:-300}" "$bin/python" benchmarks/tpu_maxtext.py --json "$OUT_DIR/maxtext.json" \
+        [ -d "$MT_VENV/maxtext" ] && step maxtext "${OLMAX_TPU_MAXTEXT_S:-300}" "$bin/python" benchmarks/tpu_maxtext.py --json "$OUT_DIR/maxtext.json" \
           --maxtext-python "$MT_VENV/bin/python" --maxtext-src "$MT_VENV" --olmax "$OUT_DIR/throughput.json" \
           ${OLMAX_TPU_MAXTEXT:-} ;;
       chat)

@@ -13,28 +13,35 @@ but the trainer's modules run on 3.11 once two `type X = ...` aliases are plain 
 time may hold it).
 
 Per olmax row (tpu_throughput.py's JSON: the fit it chose), MaxText's `olmo3-7b-pt` model with the
-row's shape as overrides: layers, widths, heads, MLP, the 4096 window on three layers of four, the
-unpadded vocabulary (MaxText's own; olmax pads 100278 to 100352); the same tokens per step and
-micro-batches (per_device_batch_size x gradient_accumulation_steps), the same parameter dtype with
-fp32 Adam moments (mu_dtype; olmax keeps them fp32), bf16 compute, z-loss 1e-5, the output layer and
-loss in chunks of trainer.loss_chunk tokens (num_vocab_tiling), the same kept activations
-(remat_policy=custom, olmax's tags under MaxText's names; `full` as `full`), JAX's splash kernel at
-olmax's tiles (attention=flash, sa_block_*), synthetic data, no checkpointing, and the
-LIBTPU_INIT_ARGS olmax ran with. MaxText's OLMo 3 block scans layers four at a time (one window
-cycle), so a layer count that 4 does not divide runs unscanned (scan_layers=False, MaxText's own
-path for it), and the table says so.
+row's shape as overrides: layers, widths, heads, MLP, the 4096 window, the unpadded vocabulary
+(MaxText's own; olmax pads 100278 to 100352); the same tokens per step and micro-batches
+(per_device_batch_size x gradient_accumulation_steps), the same parameter dtype, bf16 compute, z-loss
+1e-5, the output layer and loss in chunks of trainer.loss_chunk tokens (num_vocab_tiling), the same
+kept activations (remat_policy=custom, olmax's tags under MaxText's names; `full` and `none` as
+themselves), JAX's splash kernel at olmax's tiles (attention=flash, sa_block_*), synthetic data, no
+checkpointing, and the LIBTPU_INIT_ARGS olmax ran with. Where MaxText's step does less than olmax's,
+by MaxText's own design: its OLMo 3 layer i is global only when i % 4 == 3 (models/olmo3.py), while
+olmax, as OLMo-core, also makes the last layer global (ModelConfig.layer_window), so a cut-down stack
+whose last layer is not a fourth one has one more windowed layer in MaxText (1 layer: MaxText's is
+windowed, olmax's global); and its AdamW keeps the second moment in the parameters' dtype (optax's
+scale_by_adam; mu_dtype=float32 sets the first), where olmax keeps both in fp32, so with bf16
+parameters MaxText's optimizer moves fewer bytes. MaxText scans its OLMo 3 block four layers (one
+window cycle) at a time and would drop a remainder, so a layer count that 4 does not divide runs
+unscanned (scan_layers=False, its path for that), and the table says so.
 
-Seconds per step are the gaps between the timestamps of MaxText's `completed step: N` lines (the
-`seconds:` it prints is measured around an asynchronous dispatch), the median after --warmup; TFLOP/s
-and MFU are computed with olmax.flops for both frameworks alike (mt: MaxText's convention, ex: the
-exact count), against the peak olmax's run used; MaxText's own TFLOP/s/device figure is printed beside
-them. A run that fails (out of memory at olmax's fit, a missing module) is reported with its last
-lines and the next row runs; each row's whole log is written beside --json. Asserts nothing.
+Seconds per step are the gaps between the timestamps of MaxText's `completed step: N` lines (a line
+is logged once its step's metrics are on the host, the next step queued), the median after --warmup.
+TFLOP/s and MFU against the peak olmax's run used: mt, MaxText's convention (olmax.flops), the same
+count for both; ex, the matmuls each framework's step performs (olmax.flops' exact count, for MaxText
+with its own windows and unpadded vocabulary); MaxText's own TFLOP/s/device figure beside them. A
+run that fails (out of memory at olmax's fit, a missing module) is reported with its last lines and
+the next row runs; each row's whole log is written beside --json. Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -56,6 +63,7 @@ STEP_LINE = re.compile(
     re.M,
 )
 SMOKE = ["attention=dot_product", "hardware=cpu"]
+CYCLE = 4  # MaxText's OLMo 3: layers per window cycle (olmo3-7b.yml inhomogeneous_layer_cycle_interval)
 
 
 def olmax_rows(paths: list[str], only: list[str] | None) -> tuple[dict, list[dict]]:
@@ -64,6 +72,8 @@ def olmax_rows(paths: list[str], only: list[str] | None) -> tuple[dict, list[dic
     for path in paths:
         data = json.loads(Path(path).read_text())
         env = env or data["env"]
+        if (data["env"]["set"], data["env"]["smoke"]) != (env["set"], env["smoke"]):
+            raise SystemExit(f"{path}: its run's --set/--smoke differ from {paths[0]}'s; give one run's files")
         rows += [r for r in data["rows"] if r["row"] != "matmul" and "error" not in r]
     return env, [r for r in rows if not only or r["row"] in only]
 
@@ -83,13 +93,24 @@ def remat_args(remat: str) -> list[str]:
     from olmax.remat import remat_policy_of
 
     policy = remat_policy_of(remat)
-    if policy is not None and not policy.save and not policy.offload:
+    if policy is None:
+        return ["remat_policy=none"]
+    if not policy.save and not policy.offload:
         return ["remat_policy=full"]
-    kept = set(MAXTEXT_NAMES) if policy is None else set(policy.save)  # none: every tensor kept
-    return [
-        "remat_policy=custom",
-        *(f"{mt}={'device' if tag in kept else 'remat'}" for tag, mt in MAXTEXT_NAMES.items()),
-    ]
+    where = lambda tag: "device" if tag in policy.save else "offload" if tag in policy.offload else "remat"
+    return ["remat_policy=custom", *(f"{mt}={where(tag)}" for tag, mt in MAXTEXT_NAMES.items())]
+
+
+def maxtext_exact_flops(m, seq_len: int, batch: int) -> int:
+    """The matmuls MaxText's step performs: olmax.flops' exact count with MaxText's vocabulary
+    (unpadded) and windows (layer i global only when i % CYCLE == CYCLE - 1)."""
+    from olmax.flops import attended_pairs, exact_step_flops
+
+    exact = exact_step_flops(dataclasses.replace(m, vocab_multiple=1), seq_len, batch)
+    ours = sum(attended_pairs(seq_len, m.layer_window(i)) for i in range(m.n_layers))
+    windows = [None if i % CYCLE == CYCLE - 1 else m.sliding_window for i in range(m.n_layers)]
+    theirs = sum(attended_pairs(seq_len, w if w and w > 0 else None) for w in windows)
+    return exact.weights + exact.attention * theirs // ours
 
 
 def maxtext_argv(cfg, row: dict, steps: int, src: Path, out: Path, smoke: bool) -> list[str]:
@@ -117,7 +138,7 @@ def maxtext_argv(cfg, row: dict, steps: int, src: Path, out: Path, smoke: bool) 
         f"gradient_accumulation_steps={row['accum_steps']}",
         f"max_target_length={cfg.data.seq_len}",
         f"base_num_decoder_layers={m.n_layers}",
-        f"scan_layers={m.n_layers % 4 == 0}",
+        f"scan_layers={m.n_layers % CYCLE == 0}",
         f"base_emb_dim={m.d_model}",
         f"base_num_query_heads={m.n_heads}",
         f"base_num_kv_heads={m.n_kv_heads}",
@@ -151,12 +172,13 @@ def run_maxtext(row: dict, env: dict, args) -> dict:
         )
         text, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
-        text, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode(), f"killed after {args.row_timeout} s"
+        out = (e.stdout or b"") + (e.stderr or b"")
+        text, rc = out.decode(errors="replace"), f"killed after {args.row_timeout} s"
     wall = time.perf_counter() - t0
     if args.json:
         Path(args.json).with_name(f"maxtext-{row['row']}.log").write_text(" ".join(argv) + "\n\n" + text)
     found = STEP_LINE.findall(text)
-    result = {"row": row["row"], "argv": argv, "wall_s": wall, "scanned": cfg.model.n_layers % 4 == 0}
+    result = {"row": row["row"], "argv": argv, "wall_s": wall, "scanned": cfg.model.n_layers % CYCLE == 0}
     if len(found) < steps:
         tail = " | ".join(line for line in text.strip().splitlines()[-4:])[-600:]
         return {**result, "error": f"MaxText exit {rc} after {len(found)} of {steps} steps: {tail}"}
@@ -184,25 +206,25 @@ def table(pairs: list[tuple[dict, dict]], env: dict) -> str:
     for o, mt in pairs:
         cfg = config_of(o, env)
         m, seq, gb = cfg.model, cfg.data.seq_len, cfg.trainer.global_batch
-        flops = {"mt": maxtext_step_flops(m, seq, gb).total, "ex": exact_step_flops(m, seq, gb).total}
-        config = f"{o['config']}, {o['attention']}"
+        counted = maxtext_step_flops(m, seq, gb).total
+        exact = {"olmax": exact_step_flops(m, seq, gb).total, "MaxText": maxtext_exact_flops(m, seq, gb)}
         for name, r in (("olmax", o), ("MaxText", mt)):
-            if "error" in r:
+            if "error" in r:  # MaxText's run only: olmax_rows keeps the rows olmax measured
                 lines.append(f"{o['row']:14s} {name:8s} FAILED: {r['error']}")
                 continue
-            mfu = {k: 100 * v / 1e12 / r["s_per_step"] / peak for k, v in flops.items()}
-            own = f"{r['maxtext_tflops']:11.1f}" if "maxtext_tflops" in r else f"{'-':>11s}"
-            ratio = ""
+            mfu = {k: 100 * v / 1e12 / r["s_per_step"] / peak for k, v in (("mt", counted), ("ex", exact[name]))}
+            config, own, ratio = f"{o['config']}, {o['attention']}", f"{'-':>11s}", ""
             if name == "MaxText":
-                config = ("scanned" if r["scanned"] else "unscanned (layers not a multiple of 4)") + ", same fit"
-                ratio = f"{r['s_per_step'] / o['s_per_step']:13.2f}x" if "error" not in o else ""
+                config = ("scanned" if r["scanned"] else f"unscanned (layers not a multiple of {CYCLE})") + ", same fit"
+                own, ratio = f"{r['maxtext_tflops']:11.1f}", f"{r['s_per_step'] / o['s_per_step']:13.2f}x"
             lines.append(
                 f"{o['row']:14s} {name:8s} {config:62s} {r['s_per_step']:7.4f} {gb * seq / r['s_per_step']:9.0f} "
                 f"{mfu['mt']:6.1f}% {mfu['ex']:5.1f}% {own} {ratio}"
             )
     lines.append(
-        f"MFU against {peak:g} TFLOP/s by olmax.flops for both (mt: MaxText's convention, ex: exact); own = "
-        "MaxText's printed TFLOP/s/device; olmax/MaxText = MaxText's s/step over olmax's (> 1: olmax faster)"
+        f"MFU against {peak:g} TFLOP/s: mt = MaxText's convention (one count for both), ex = the matmuls each "
+        "step performs (olmax.flops); own = MaxText's printed TFLOP/s/device; olmax/MaxText = MaxText's s/step "
+        "over olmax's (> 1: olmax faster)"
     )
     return "\n".join(lines)
 

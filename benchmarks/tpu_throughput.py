@@ -487,6 +487,9 @@ def main(argv=None) -> int:
     p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every row")
     args = p.parse_args(argv)
+    named = [name for name, _ in args.fit]
+    if len(set(named)) < len(named):
+        p.error(f"--fit names a row twice: {' '.join(sorted(n for n in set(named) if named.count(n) > 1))}")
     args.fit = dict(args.fit)
     if args.smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"

@@ -76,6 +76,16 @@ def test_a_partial_set_and_full_recompute_map_to_maxtext_names():
         "context",
     ]
     assert _argv({**row, "remat": "full"})["remat_policy"] == "full"
+    assert _argv({**row, "remat": "none"})["remat_policy"] == "none"
+    offload = _argv({**row, "remat": "offload_qkv_out_proj"})
+    assert [offload[t] for t in ("query_proj", "key_proj", "value_proj", "out_proj", "context", "mlpwo")] == [
+        "offload",
+        "offload",
+        "offload",
+        "offload",
+        "remat",
+        "remat",
+    ]
     micro = _argv({**row, "row": "190m", "n_layers": 12, "micro_batch": 1, "accum_steps": 2, "remat": "full"})
     assert (micro["per_device_batch_size"], micro["gradient_accumulation_steps"]) == ("1", "2")
     assert micro["base_emb_dim"] == "768" and micro["num_vocab_tiling"] == "8"
@@ -87,3 +97,27 @@ def test_fit_names_what_it_fixes_and_refuses_a_typo():
     for bad in ("2b:7", "1b:seven", "1b:7:fp32", "1b:1:float32:full:1:9"):
         with pytest.raises(argparse.ArgumentTypeError, match="1b|2b"):
             tpu_throughput.parse_fit(bad)
+
+
+def test_maxtext_s_exact_count_has_its_own_windows_and_vocabulary():
+    """MaxText's OLMo 3 layer i is global only when i % 4 == 3; olmax (as OLMo-core) makes the last
+    layer global too. One layer: MaxText's is windowed (4096 of 8192), olmax's global."""
+    from olmax.flops import exact_step_flops
+
+    row = {
+        "row": "7b-layers",
+        "n_layers": 1,
+        "param_dtype": "bfloat16",
+        "remat": "full",
+        "micro_batch": 1,
+        "accum_steps": 1,
+    }
+    m = tpu_maxtext.config_of(row, ENV).model
+    ours, theirs = exact_step_flops(m, 8192, 1), tpu_maxtext.maxtext_exact_flops(m, 8192, 1)
+    per_pair = 3 * 2 * 2 * 32 * 128  # forward + backward, two head_dim dots per pair, per query head
+    causal, windowed = 8192 * 8193 // 2, 4096 * 4097 // 2 + 4096 * 4096
+    assert ours.attention == per_pair * causal
+    head = 3 * 2 * 8192 * 4096  # the output layer's FLOPs per vocabulary row
+    assert theirs == ours.weights - head * (100352 - 100278) + per_pair * windowed
+    four = tpu_maxtext.config_of({**row, "n_layers": 4}, ENV).model  # layer 3 global in both
+    assert tpu_maxtext.maxtext_exact_flops(four, 8192, 1) == exact_step_flops(four, 8192, 1).total - head * 74
