@@ -38,7 +38,7 @@ def setup():
 
 def test_greedy_equals_argmax_and_append(setup):
     params, prompts, run = setup
-    generated = generate(params, CFG, prompts, 12, stop=lambda row, ids: row == 2 and len(ids) == 5)
+    generated = generate(params, CFG, prompts, 12, limits=[12, 12, 5])  # row 2: its own max_new_tokens
     for row, (prompt, out) in enumerate(zip(prompts, generated)):
         seq = list(prompt)
         for _ in range(5 if row == 2 else 12):
@@ -53,7 +53,7 @@ def test_rows_stop_at_eos(setup):
     params, prompts, _ = setup
     greedy = generate(params, CFG, prompts, 12)
     eos = greedy[1][3]  # the 4th token of row 1 becomes "EOS": row 1 ends there, with it
-    out = generate(params, CFG, prompts, 12, eos_id=eos)
+    out = generate(params, CFG, prompts, 12, eos_ids=[eos])
     assert out[1] == greedy[1][: greedy[1].index(eos) + 1]
     for row in (0, 2):
         assert out[row] == (greedy[row][: greedy[row].index(eos) + 1] if eos in greedy[row] else greedy[row])

@@ -4,8 +4,8 @@ n samples per prompt, from inside the trainer on its mesh), `olmax generate` and
 generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it; the pieces:
 
 - Prefill: the prompts, left-padded to a power of two (so that every row's next token has the same
-  time and a decoding step writes one cache slot for all rows), in one pass over
-  olmax.rollout.cache's cached forward; with `n` > 1 each prompt's prefill is computed ONCE and its cache rows and last
+  time and a decoding step writes one cache slot for all rows), in one pass over olmax.rollout.cache's
+  cached forward; with `n` > 1 each prompt's prefill is computed ONCE and its cache rows and last
   logits are repeated to its n samples (rows i*n .. i*n + n - 1 are prompt i's), as GRPO's groups need.
 - Choice: each next token is chosen from the logits of the REAL vocabulary (a HF export has no padded
   rows). Temperature 0: the argmax (greedy), as transformers' `generate(do_sample=False)`. Temperature
@@ -25,7 +25,6 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   of the row's newest tokens against a small padded table, kept in the output) and stop strings on the
   decoded text (`stop_text`, olmax.rollout.text.stop_table's automaton, one state per row: the token
   completing a string is the last kept, however the model spelled it, as vLLM's stop strings).
-  `generate`'s `stop` callable cuts finished rows on the host.
 - Sharding: with `mesh`, the program is jitted with the parameters laid out as the trainer lays them
   out (olmax.state.param_shardings, the rules table of olmax.sharding), the batch over (data, fsdp), and
   the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
@@ -44,7 +43,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -384,43 +383,32 @@ def generate(
     max_new_tokens: int,
     *,
     sampling: Sampling = Sampling(),
-    eos_id: Optional[int] = None,
-    stop: Optional[Callable[[int, list[int]], bool]] = None,
     index: Optional[Sequence[int]] = None,
     eos_ids: Sequence[int] = (),
-    stop_sequences: Sequence[Sequence[int]] = (),
     limits: Optional[Sequence[int]] = None,
     stop_text: Optional[np.ndarray] = None,
 ) -> list[list[int]]:
     """The new tokens of each prompt (one batch, one `sample` call; `limits`: each row's own
-    max_new_tokens, at most `max_new_tokens`). A row ends at max_new_tokens, at EOS
-    (`eos_id` or any of `eos_ids`, kept), after a stop sequence (kept), at the token whose decoded
-    text completes a stop string of `stop_text` (olmax.rollout.text.stop_table; kept), or at the first
-    length at which `stop(row, ids)` says so: the callable runs on the host on the finished rows,
-    cutting them, so it gives the tokens a per-token check would have. `index` holds each prompt's position in the whole
-    request, which keys its draws (default 0, 1, ...: the batch is the request)."""
+    max_new_tokens, at most `max_new_tokens`). A row ends at max_new_tokens, at an EOS of `eos_ids`
+    (kept) or at the token whose decoded text completes a stop string of `stop_text`
+    (olmax.rollout.text.stop_table; kept). `index` holds each prompt's position in the whole request,
+    which keys its draws (default 0, 1, ...: the batch is the request)."""
     if index is not None and np.shape(index) != (len(prompts),):
         raise ValueError(f"index needs one position per prompt ({len(prompts)}), got shape {np.shape(index)}")
-    eos = [*eos_ids, *([] if eos_id is None else [eos_id])]
     out = sample(
         params,
         cfg,
         prompts,
         max_new_tokens,
         sampling=sampling,
-        eos_ids=eos,
-        stop_sequences=stop_sequences,
+        eos_ids=eos_ids,
         stop_text=stop_text,
         index=index,
         limits=limits,
         logprobs=False,
     )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-    rows = [tokens[r, : lengths[r]].tolist() for r in range(len(prompts))]
-    if stop is not None:
-        for r, ids in enumerate(rows):
-            rows[r] = next((ids[:k] for k in range(1, len(ids)) if stop(r, ids[:k])), ids)
-    return rows
+    return [tokens[r, : lengths[r]].tolist() for r in range(len(prompts))]
 
 
 def generate_in_batches(
@@ -431,30 +419,15 @@ def generate_in_batches(
     batch_size: int,
     *,
     sampling: Sampling = Sampling(),
-    eos_id: Optional[int] = None,
-    stop: Optional[Callable[[int, list[int]], bool]] = None,
     eos_ids: Sequence[int] = (),
-    stop_sequences: Sequence[Sequence[int]] = (),
 ) -> list[list[int]]:
     """The new tokens of each prompt, decoded `batch_size` prompts at a time; each prompt's draws are
-    keyed by its position in `prompts`, so the result does not depend on `batch_size`. `stop` is
-    `generate`'s, its row counted within the batch."""
+    keyed by its position in `prompts`, so the result does not depend on `batch_size`."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     out: list[list[int]] = []
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
         index = range(first, first + len(batch))
-        out += generate(
-            params,
-            cfg,
-            batch,
-            max_new_tokens,
-            sampling=sampling,
-            eos_id=eos_id,
-            stop=stop,
-            index=index,
-            eos_ids=eos_ids,
-            stop_sequences=stop_sequences,
-        )
+        out += generate(params, cfg, batch, max_new_tokens, sampling=sampling, index=index, eos_ids=eos_ids)
     return out
