@@ -6,7 +6,7 @@ global one, global_every 2) so the rings wrap within the rollout:
   gap is zero;
 - n samples per prompt (prefill once, cache rows repeated): each sample its own draws (and the
   log-prob proof above holds for every one of them);
-- rows stop at EOS ids and at token stop sequences, each with its finish reason;
+- rows stop at EOS ids and at a text-stop automaton's end, each with its finish reason;
 - on 8 CPU devices (data 2 x fsdp 2 x tensor 2: parameters as the trainer shards them, the cache's
   batch and kv heads split) the tokens and log-probs are those of one device.
 
@@ -68,13 +68,17 @@ def test_logprobs_equal_the_trainers_forward(setup):
     assert all(len({tuple(tokens[r]) for r in range(g * 4, g * 4 + 4)}) == 4 for g in range(2))
 
 
-def test_rows_stop_at_eos_and_stop_sequences(setup):
+def test_rows_stop_at_eos_and_stop_text(setup):
     params, prompts, out = setup
     tokens = np.asarray(out.tokens)  # the draws are keyed by (row, step): stops only cut the rows
     eos = int(tokens[0, 5])  # row 0 ends at its 6th token (or earlier, if that id came before)
     pair = tokens[5, 2:4].tolist()  # row 5 ends after its 3rd and 4th tokens (or an earlier match)
-    stops = [pair, [CFG.vocab_size + 7] * 3]  # a longer sequence that never matches pads the table
-    got = sample(params, CFG, prompts, 12, n=4, sampling=HOT, eos_ids=[eos], stop_sequences=stops)
+    # the text-stop automaton (olmax.rollout.text.stop_table's form) of a string spelled by this pair
+    # alone: state 1 after its first token, -1 where its second completes it
+    automaton = np.zeros((2, CFG.vocab_size), np.int32)
+    automaton[:, pair[0]] = 1
+    automaton[1, pair[1]] = -1
+    got = sample(params, CFG, prompts, 12, n=4, sampling=HOT, eos_ids=[eos], stop_text=automaton)
     lengths, finish = np.asarray(got.lengths), [FINISH[f] for f in np.asarray(got.finish)]
     for r in range(8):
         row = tokens[r].tolist()

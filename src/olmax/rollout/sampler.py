@@ -21,10 +21,9 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   equal within 1e-5 in float32). vLLM's `logprobs` are of the raw logits by default
   (`logprobs_mode="raw_logprobs"`), so an RL recipe on vLLM must rescale by T itself; here it is built in.
 - Stops, per row, checked on device after each token: max_new_tokens (or the row's own `limits`), an
-  EOS id (`eos_ids`, kept in the output), stop sequences of token ids (`stop_sequences`: suffix match
-  of the row's newest tokens against a small padded table, kept in the output) and stop strings on the
-  decoded text (`stop_text`, olmax.rollout.text.stop_table's automaton, one state per row: the token
-  completing a string is the last kept, however the model spelled it, as vLLM's stop strings).
+  EOS id (`eos_ids`, kept in the output) and stop strings on the decoded text (`stop_text`,
+  olmax.rollout.text.stop_table's automaton, one state per row: the token completing a string is the
+  last kept, however the model spelled it, as vLLM's stop strings).
 - Sharding: with `mesh`, the program is jitted with the parameters laid out as the trainer lays them
   out (olmax.state.param_shardings, the rules table of olmax.sharding), the batch over (data, fsdp), and
   the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
@@ -55,7 +54,7 @@ from olmax.rollout.cache import cached_forward, init_cache
 from olmax.sharding import logical_to_spec, place
 
 FINISH = ("length", "eos", "stop")  # Rollout.finish codes: FINISH[code]
-_WILD, _NEVER, _EMPTY = -1, -2, -3  # stop table: any token / a padding row / no token generated yet
+_NEVER = -1  # the EOS table's padding: no token has this id
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ class Rollout(NamedTuple):
     """What `sample` returns, one row per sample (prompt i's n samples are rows i*n .. i*n + n - 1).
     tokens and logprobs are (rows, max_new_tokens), zero after a row's length."""
 
-    tokens: jax.Array  # int32 new tokens, the stopping EOS / stop sequence included
+    tokens: jax.Array  # int32 new tokens, the stopping EOS / stop string's last token included
     logprobs: jax.Array  # float32 log_softmax(logits / T)[token] over the real vocabulary (module doc)
     lengths: jax.Array  # int32 new tokens per row
     finish: jax.Array  # int32 index into FINISH
@@ -139,17 +138,6 @@ def token_logprobs(logits: jnp.ndarray, tokens: jnp.ndarray, temperature) -> jnp
     return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
 
 
-def _stop_table(sequences: Sequence[Sequence[int]]) -> np.ndarray:
-    """Stop sequences right-aligned in a (rows, width) table, _WILD to their left, rows of _NEVER below;
-    both sizes rounded up to powers of two (at least 4), so most requests share one program."""
-    sequences = [list(s) for s in sequences if len(s)]
-    width = _bucket(max([len(s) for s in sequences], default=1), 4)
-    table = np.full((_bucket(max(1, len(sequences)), 4), width), _NEVER, np.int32)
-    for r, s in enumerate(sequences):
-        table[r] = [_WILD] * (width - len(s)) + s
-    return table
-
-
 def _text_table(table: Optional[np.ndarray], vocab: int) -> np.ndarray:
     """The text-stop automaton (olmax.rollout.text.stop_table: next state per state and token, -1 where
     a stop string ends) over the model's vocabulary, its states rounded up to a power of two (at least
@@ -179,7 +167,7 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cu
     move the weight between devices."""
     vocab = cfg.vocab_size
 
-    def run(params, prompts, lengths, limits, index, key_data, rule, eos_ids, stops, texts):
+    def run(params, prompts, lengths, limits, index, key_data, rule, eos_ids, texts):
         key = jax.random.wrap_key_data(key_data)  # a host array, placed like the other arguments
         if cut_head:
             params = {**params, "lm_head": params["lm_head"][:, :vocab]}
@@ -202,20 +190,18 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cu
             return token, token_logprobs(logits, token, temperature)
 
         def record(state, t, token, logp):
-            out, lps, done, finish, count, recent, text = state
+            out, lps, done, finish, count, text = state
             live = ~done
             out = out.at[:, t].set(jnp.where(live, token, 0))
             lps = lps.at[:, t].set(jnp.where(live, logp, 0.0))
             count = count + live
-            recent = jnp.where(live[:, None], jnp.concatenate([recent[:, 1:], token[:, None]], axis=1), recent)
             eos = live & jnp.any(token[:, None] == eos_ids[None, :], axis=1)
-            matched = jnp.all((stops[None] == _WILD) | (stops[None] == recent[:, None, :]), axis=-1)
             after = texts[text, token]  # the text-stop automaton's next state; -1: a stop string ended
-            stop = live & (jnp.any(matched, axis=1) | (after < 0))
+            stop = live & (after < 0)
             text = jnp.where(live, jnp.maximum(after, 0), text)
             full = live & (count >= limits)
             finish = jnp.where(eos, 1, jnp.where(stop, 2, jnp.where(full, 0, finish)))
-            return out, lps, done | eos | stop | full, finish, count, recent, text
+            return out, lps, done | eos | stop | full, finish, count, text
 
         state = (
             jnp.zeros((rows, steps), jnp.int32),
@@ -223,7 +209,6 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cu
             jnp.zeros((rows,), bool),
             jnp.zeros((rows,), jnp.int32),
             jnp.zeros((rows,), jnp.int32),
-            jnp.full((rows, stops.shape[1]), _EMPTY, jnp.int32),
             jnp.zeros((rows,), jnp.int32),
         )
 
@@ -241,7 +226,7 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cu
             logits, cache = cached_forward(params, cache, token[:, None], width + t, cfg, first, length)
             return t + 1, logits[:, 0, :vocab], cache, state
 
-        _, _, _, (out, lps, _, finish, count, _, _) = jax.lax.while_loop(cond, body, (jnp.int32(0), last, cache, state))
+        _, _, _, (out, lps, _, finish, count, _) = jax.lax.while_loop(cond, body, (jnp.int32(0), last, cache, state))
         return Rollout(out, lps, count, finish)
 
     return run
@@ -274,7 +259,7 @@ def _arg_shardings(mesh, n: int, rows: int, width: int) -> tuple:
     """The layout of the rollout's arguments after the parameters (`_loop`'s `run`)."""
     batch, rep = functools.partial(_batch_sharding, mesh), NamedSharding(mesh, PartitionSpec())
     p = rows // n
-    return batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep, rep
+    return batch(p, width), batch(p), batch(rows), batch(rows), rep, rep, rep, rep
 
 
 def widths(longest: int, max_new_tokens: int) -> tuple[int, int]:
@@ -300,7 +285,6 @@ def lower_rollout(params, cfg: ModelConfig, prompts: int, n: int, longest: int, 
         jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))),  # the key's data
         jax.ShapeDtypeStruct((3,), jnp.float32),  # the sampling rule
         ints(*_eos_table(()).shape),
-        ints(*_stop_table(()).shape),
         ints(*_text_table(None, cfg.vocab_size).shape),
     )
     with jax.set_mesh(mesh):
@@ -316,7 +300,6 @@ def sample(
     n: int = 1,
     sampling: Sampling = Sampling(),
     eos_ids: Sequence[int] = (),
-    stop_sequences: Sequence[Sequence[int]] = (),
     stop_text: Optional[np.ndarray] = None,
     index: Optional[Sequence[int]] = None,
     limits: Optional[Sequence[int]] = None,
@@ -358,7 +341,7 @@ def sample(
         tokens[r, width - len(p) :] = p
     rule = np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32)
     key_data = np.asarray(jax.random.key_data(jax.random.key(sampling.seed)))
-    tables = (key_data, rule, _eos_table(eos_ids), _stop_table(stop_sequences), _text_table(stop_text, cfg.vocab_size))
+    tables = (key_data, rule, _eos_table(eos_ids), _text_table(stop_text, cfg.vocab_size))
     chunk = prompts_per_program or len(prompts)
     parts = []
     for first in range(0, len(prompts), chunk):
