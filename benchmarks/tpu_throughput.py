@@ -40,7 +40,8 @@ recompute, reusing those compiles (two to five more). The chosen step's own comp
 bisection; the fits found on a v5e are in docs/performance.md), --compile-cache DIR keeps every
 compiled program for the next run on the same host. Each compile's figures are printed as it ends.
 On a v5e a row's time is its compiles (the 7b-layers step 51 s, the 1b's 7 layers 115 s; the same
-compiles take 470-530 s on a 2-core host) and the state's init (49-60 s a row, logged apart).
+compiles take 470-530 s on a 2-core host) and the state's init (49-60 s a row, logged apart: all
+of it the init program's compile; docs/performance.md).
 
 Per row: --warmup untimed steps, then --steps timed ones, each ended by block_until_ready on its
 metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.flops (mt: MaxText's,
