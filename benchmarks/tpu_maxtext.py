@@ -56,6 +56,8 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
 from compile import MAXTEXT_NAMES  # noqa: E402 - this folder's compile benchmark: olmax tag -> MaxText name
+from tpu_profile import PROFILE_STEPS, side_by_side  # noqa: E402 - a trace's device time by op
+from tpu_profile import read as read_profile  # noqa: E402
 from tpu_throughput import row_config  # noqa: E402
 
 STEP_LINE = re.compile(
@@ -156,12 +158,25 @@ def maxtext_argv(cfg, row: dict, steps: int, src: Path, out: Path, smoke: bool) 
     ]
 
 
+def profile_args(timed: int, out: Path) -> tuple[list[str], int, str]:
+    """MaxText's options to trace PROFILE_STEPS steps after the `timed` ones (and one step apart, as the
+    profiler's start waits for the state), the steps to run, and XLA_FLAGS that dump the compiled programs'
+    text (to name the traced ops: tpu_profile.hlo_ops)."""
+    extra = ["profiler=xplane", f"skip_first_n_steps_for_profiler={timed + 1}", f"profiler_steps={PROFILE_STEPS}"]
+    dump = f"--xla_dump_to={out / 'hlo'} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=train_step"
+    return extra, timed + 1 + PROFILE_STEPS, dump
+
+
 def run_maxtext(row: dict, env: dict, args) -> dict:
     cfg = config_of(row, env)
     steps = args.warmup + args.steps + 1  # n logged steps give n - 1 gaps
-    src = Path(args.maxtext_src).resolve()
-    argv = maxtext_argv(cfg, row, steps, src, Path(tempfile.mkdtemp(prefix="maxtext-out-")), args.smoke)
+    src, out = Path(args.maxtext_src).resolve(), Path(tempfile.mkdtemp(prefix="maxtext-out-"))
+    argv = maxtext_argv(cfg, row, steps, src, out, args.smoke)
     child_env = dict(os.environ, DECOUPLE_GCLOUD="TRUE", LIBTPU_INIT_ARGS=env.get("LIBTPU_INIT_ARGS", ""))
+    if args.profile:
+        extra, total, dump = profile_args(steps, out)
+        argv = [a if not a.startswith("steps=") else f"steps={total}" for a in argv] + extra
+        child_env["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS"), dump) if f)
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH")) if p)
     if args.smoke:
         child_env["JAX_PLATFORMS"] = "cpu"
@@ -182,6 +197,7 @@ def run_maxtext(row: dict, env: dict, args) -> dict:
     if len(found) < steps:
         tail = " | ".join(line for line in text.strip().splitlines()[-4:])[-600:]
         return {**result, "error": f"MaxText exit {rc} after {len(found)} of {steps} steps: {tail}"}
+    found = found[:steps]  # the profiled steps, if any, come after
     stamps = [int(h) * 3600 + int(mi) * 60 + float(s) for h, mi, s, *_ in found]
     gaps = [(b - a) % 86400 for a, b in zip(stamps, stamps[1:])]  # % 86400: a run across midnight
     own = [float(f[5]) for f in found[1 + args.warmup :]]
@@ -192,7 +208,17 @@ def run_maxtext(row: dict, env: dict, args) -> dict:
         "step_times_s": gaps[args.warmup :],
         "s_per_step": statistics.median(gaps[args.warmup :]),
         "maxtext_tflops": statistics.median(own),
+        "profile": maxtext_profile(out) if args.profile else None,
     }
+
+
+def maxtext_profile(out: Path) -> dict:
+    """tpu_profile.op_times of MaxText's traced steps, its ops named from XLA's dump of its train step."""
+    dumps = sorted((out / "hlo").glob("*train_step*after_optimizations.txt"), key=lambda p: p.stat().st_size)
+    try:
+        return read_profile(out, PROFILE_STEPS, dumps[-1].read_text() if dumps else "")
+    except (OSError, ValueError) as e:  # no trace, or none of a device's ops in it (a CPU's)
+        return {"error": str(e)}
 
 
 def table(pairs: list[tuple[dict, dict]], env: dict) -> str:
@@ -226,6 +252,10 @@ def table(pairs: list[tuple[dict, dict]], env: dict) -> str:
         "step performs (olmax.flops); own = MaxText's printed TFLOP/s/device; olmax/MaxText = MaxText's s/step "
         "over olmax's (> 1: olmax faster)"
     )
+    for o, mt in pairs:  # where both were profiled: the device time of a step by kind of op, side by side
+        profiles = {"olmax": o.get("profile"), "MaxText": mt.get("profile")}
+        if all(p and "error" not in p for p in profiles.values()):
+            lines += [f"\n{o['row']}: device time per step by kind of op (tpu_profile.py)", side_by_side(profiles)]
     return "\n".join(lines)
 
 
@@ -240,6 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--row-timeout", type=float, default=300, help="seconds before a MaxText run is stopped")
     p.add_argument("--json", help="write the rows here (rewritten after every row), each row's log beside it")
     p.add_argument("--smoke", action="store_true", help="CPU, dot-product attention: the olmax JSON of --smoke")
+    p.add_argument("--profile", action="store_true", help="trace more steps after the timed ones (tpu_profile.py)")
     args = p.parse_args(argv)
     env, rows = olmax_rows(args.olmax, args.only)
     print(f"tpu_maxtext: {len(rows)} row(s) of {', '.join(args.olmax)}, {args.warmup} + {args.steps} steps", flush=True)

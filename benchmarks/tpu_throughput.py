@@ -74,6 +74,8 @@ from typing import NamedTuple, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
 from gpu_mfu import SHAPE_190M, timed_steps  # noqa: E402 - this folder's GPU table: plain Python, no jax import
+from tpu_profile import PROFILE_STEPS, side_by_side  # noqa: E402 - a trace's device time by op
+from tpu_profile import read as read_profile  # noqa: E402
 
 GIB = 2**30
 V5E_PEAK_TFLOPS = 197.0  # Cloud TPU v5e docs: 197 TFLOP/s bf16 per chip (one JAX device)
@@ -389,6 +391,15 @@ def run_row(name: str, args, chip, peak: float) -> dict:
         state = jax.block_until_ready(init(jax.random.key(0)))
         init_s = time.perf_counter() - t0
         state, times, losses = timed_steps(compiled, state, batch, args.warmup + args.steps)
+        profile = None
+        if args.profile:  # a few more steps under JAX's profiler, after the timed ones
+            trace = Path(args.profile) / name
+            with jax.profiler.trace(str(trace)):
+                state, _, _ = timed_steps(compiled, state, batch, PROFILE_STEPS)
+            try:
+                profile = read_profile(trace, PROFILE_STEPS, compiled.as_text())
+            except (OSError, ValueError) as e:  # no trace, or none of a device's ops in it (a CPU's)
+                profile = {"error": str(e)}
     del state, batch
     stats = device.memory_stats() or {}
     s = statistics.median(times[args.warmup :])
@@ -422,6 +433,7 @@ def run_row(name: str, args, chip, peak: float) -> dict:
         "mfu": {k: v / 1e12 / s / peak for k, v in flops.items()},
         "xla_peak_gib": memory_of(compiled)["peak_gib"],
         "hbm_peak_gib": stats["peak_bytes_in_use"] / GIB if "peak_bytes_in_use" in stats else None,
+        "profile": profile,  # tpu_profile.op_times of PROFILE_STEPS more steps (--profile), else None
         "row_s": time.perf_counter() - t_row,
     }
 
@@ -487,6 +499,7 @@ def main(argv=None) -> int:
     p.add_argument("--compile-cache", help="JAX's persistent compilation cache directory (reused by the next run)")
     p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every row")
+    p.add_argument("--profile", help="trace more steps of each row into DIR/<row> (device time by op: tpu_profile.py)")
     args = p.parse_args(argv)
     named = [name for name, _ in args.fit]
     if len(set(named)) < len(named):
@@ -545,6 +558,8 @@ def main(argv=None) -> int:
         if "init_s" in row:
             done += f", the state's init {row['init_s']:.0f} s ({row['init_compile_s']:.0f} s of it compiling)"
         log(f"  {name}: " + row.get("error", done) + f" ({time.perf_counter() - t0:.0f} s)")
+        if row.get("profile"):
+            log(row["profile"].get("error") or side_by_side({"olmax": row["profile"]}))
         rows.append(row)
         if args.json:
             Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=2))

@@ -1,0 +1,120 @@
+"""benchmarks/tpu_profile.py: a profiler trace's device ops summed per op and per kind, each op named from
+the compiled program's text. The trace is built as XLA's XSpace text proto (jax.profiler.ProfileData
+reads it as it reads a TPU's .xplane.pb; a CPU's trace has no device plane), the program text is XLA's
+own (a CPU compile of a small function), and MaxText is told to trace after the timed steps."""
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.profiler import ProfileData
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import tpu_maxtext  # noqa: E402
+import tpu_profile  # noqa: E402
+import tpu_throughput  # noqa: E402
+
+
+def _space(ops_plane: str = "/device:TPU:0") -> ProfileData:
+    """A host plane, then a device plane whose "XLA Ops" line ran fusion.12 twice (2 us each),
+    convolution.3 once (1 us) and custom-call.7 once (3 us); 1 us = 1e6 ps."""
+    events = "".join(
+        f"events {{ metadata_id: {m} offset_ps: {at} duration_ps: {us * 10**6} }} "
+        for m, at, us in ((1, 0, 2), (2, 3_000_000, 1), (3, 5_000_000, 3), (1, 9_000_000, 2))
+    )
+    names = {1: "fusion.12", 2: "convolution.3", 3: "custom-call.7", 4: "jit_train_step(1)"}
+    meta = "".join(f'event_metadata {{ key: {k} value {{ id: {k} name: "{v}" }} }} ' for k, v in names.items())
+    return ProfileData.from_text_proto(
+        'planes { id: 1 name: "/host:CPU" lines { id: 1 name: "python" } } '
+        f'planes {{ id: 2 name: "{ops_plane}" '
+        'lines { id: 1 name: "XLA Modules" events { metadata_id: 4 offset_ps: 0 duration_ps: 12000000 } } '
+        f'lines {{ id: 2 name: "XLA Ops" {events}}} {meta}}}'
+    )
+
+
+HLO = "\n".join(  # three lines of a TPU step's optimized HLO, in the format XLA prints
+    [
+        "  %fusion.12 = bf16[8192,4096]{1,0:T(8,128)(2,1)} fusion(bf16[8192,4096]{1,0} %p0, bf16[4096,4096]{1,0} "
+        '%p1), kind=kOutput, calls=%fused_computation.12, metadata={op_name="jit(train_step)/jvp(model)/while/'
+        'body/dot_general" source_file="x.py" source_line=1}',
+        "  %convolution.3 = (f32[4096]{0}, s32[]) convolution(f32[64,64]{1,0} %a, f32[64,64]{1,0} %b), "
+        "dim_labels=bf_io->bf",
+        "  ROOT %custom-call.7 = f32[8,128]{1,0} custom-call(f32[8,128]{1,0} %x), custom_call_target="
+        '"tpu_custom_call", metadata={op_name="jit(train_step)/transpose(jvp(model))/splash_mha_dq/pallas_call"}',
+    ]
+)
+
+
+def test_device_time_is_summed_per_op_and_per_kind_per_step():
+    prof = tpu_profile.op_times(_space(), steps=2, hlo=tpu_profile.hlo_ops(HLO))
+    assert prof["device_plane"] == "/device:TPU:0" and prof["named_ops"] == 1.0
+    assert prof["ms_per_step"] == pytest.approx((2 + 1 + 3 + 2) / 1000 / 2)
+    # the kind is the JAX op the HLO op came from, else its opcode
+    assert prof["by_kind"] == pytest.approx({"dot_general": 0.002, "pallas_call": 0.0015, "convolution": 0.0005})
+    assert list(prof["by_kind"]) == ["dot_general", "pallas_call", "convolution"]  # most time first
+    assert [(o["op"], o["ms"]) for o in prof["top_ops"]] == [
+        ("fusion.12", pytest.approx(0.002)),
+        ("custom-call.7", pytest.approx(0.0015)),
+        ("convolution.3", pytest.approx(0.0005)),
+    ]
+    assert prof["top_ops"][1]["what"].endswith("splash_mha_dq/pallas_call")
+    # without the program's text each kind is the op's name without its number
+    bare = tpu_profile.op_times(_space(), steps=1)
+    assert set(bare["by_kind"]) == {"fusion", "convolution", "custom-call"} and bare["named_ops"] == 0.0
+
+
+def test_a_trace_without_device_ops_is_an_error_that_lists_the_planes():
+    with pytest.raises(ValueError, match=r"no device plane .*\(planes: /host:CPU, /host:other\)"):
+        tpu_profile.op_times(_space("/host:other"), steps=1)
+
+
+def test_the_program_text_xla_prints_names_each_op():
+    a = jnp.ones((64, 64), jnp.float32)
+    compiled = jax.jit(lambda x: jnp.tanh(x @ x).sum()).lower(a).compile()
+    ops = tpu_profile.hlo_ops(compiled.as_text())
+    assert ops, compiled.as_text()[:2000]
+    opcodes = {opcode for opcode, _ in ops.values()}
+    assert opcodes & {"dot", "fusion", "custom-call"}, opcodes
+    # XLA keeps each op's origin in its metadata: the matmul and the tanh are found by their JAX names
+    named = " ".join(op_name for _, op_name in ops.values())
+    assert "dot_general" in named or "tanh" in named, named
+
+
+def test_side_by_side_puts_each_kind_on_one_row_and_the_totals_last():
+    a = {"by_kind": {"dot_general": 10.0, "pallas_call": 4.0}, "ms_per_step": 14.0}
+    b = {"by_kind": {"dot_general": 9.0, "copy": 2.0}, "ms_per_step": 11.0}
+    lines = tpu_profile.side_by_side({"olmax": a, "MaxText": b}).splitlines()
+    assert lines[0].split()[-2:] == ["olmax", "MaxText"]
+    assert [line.split() for line in lines[1:]] == [
+        ["dot_general", "10.00", "9.00"],
+        ["pallas_call", "4.00", "0.00"],
+        ["copy", "0.00", "2.00"],
+        ["device", "ops", "in", "all", "14.00", "11.00"],
+    ]
+
+
+def test_maxtext_traces_after_its_timed_steps_and_dumps_its_step_program():
+    extra, total, dump = tpu_maxtext.profile_args(13, Path("/out"))
+    options = dict(a.split("=", 1) for a in extra)
+    assert options == {
+        "profiler": "xplane",
+        "skip_first_n_steps_for_profiler": "14",  # one step apart from the 13 timed ones
+        "profiler_steps": str(tpu_profile.PROFILE_STEPS),
+    }
+    assert total == 14 + tpu_profile.PROFILE_STEPS
+    assert "--xla_dump_to=/out/hlo" in dump and "--xla_dump_hlo_as_text" in dump and "train_step" in dump
+
+
+def test_a_profiled_row_keeps_its_timing_when_the_trace_has_no_device_ops(tmp_path):
+    out = tmp_path / "rows.json"
+    argv = ["--smoke", "--only", "190m", "--profile", str(tmp_path / "trace"), "--json", str(out)]
+    assert tpu_throughput.main(argv) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["s_per_step"] > 0 and len(row["step_times_s"]) == 2
+    # the CPU's trace was written but holds no device plane: said, with the planes it has
+    assert list((tmp_path / "trace" / "190m").rglob("*.xplane.pb"))
+    assert row["profile"]["error"].startswith("no device plane with an 'XLA Ops' line")
