@@ -35,7 +35,9 @@ TFLOP/s and MFU against the peak olmax's run used: mt, MaxText's convention (olm
 count for both; ex, the matmuls each framework's step performs (olmax.flops' exact count, for MaxText
 with its own windows and unpadded vocabulary); MaxText's own TFLOP/s/device figure beside them. A
 run that fails (out of memory at olmax's fit, a missing module) is reported with its last lines and
-the next row runs; each row's whole log is written beside --json. Asserts nothing.
+the next row runs; each row's whole log is written beside --json. --profile traces 3 steps after the
+timed ones (MaxText's profiler=xplane) and, where olmax's row was profiled too (tpu_throughput.py
+--profile), prints the two steps' device time by kind of op (tpu_profile.py). Asserts nothing.
 """
 
 from __future__ import annotations

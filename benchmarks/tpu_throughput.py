@@ -4,6 +4,7 @@ compiler.
 
     python benchmarks/tpu_throughput.py [--only 7b-layers --only 190m --fit 1b:7:float32:full --json out.json]
     python benchmarks/tpu_throughput.py --smoke     # the same code path on CPU at tiny shapes
+    python benchmarks/tpu_throughput.py --only 190m --profile DIR   # + device time by op (tpu_profile.py)
 
 Rows, each the `olmo3_7b` recipe (olmax.recipes) with dotted overrides: 1 instance of 8192 tokens per
 step unless said, attention `auto` (splash on a TPU), the recipe's loss_chunk 1024 and AdamW with
