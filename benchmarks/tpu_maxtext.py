@@ -165,6 +165,8 @@ def profile_args(timed: int, out: Path) -> tuple[list[str], int, str]:
     profiler's start waits for the state), the steps to run, and XLA_FLAGS that dump the compiled programs'
     text (to name the traced ops: tpu_profile.hlo_ops)."""
     extra = ["profiler=xplane", f"skip_first_n_steps_for_profiler={timed + 1}", f"profiler_steps={PROFILE_STEPS}"]
+    # a cache of its own: a step loaded from MaxText's default cache (~/jax_cache) is not compiled, so not dumped
+    extra.append(f"jax_cache_dir={out / 'jax-cache'}")
     dump = f"--xla_dump_to={out / 'hlo'} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=train_step"
     return extra, timed + 1 + PROFILE_STEPS, dump
 
@@ -189,8 +191,8 @@ def run_maxtext(row: dict, env: dict, args) -> dict:
         )
         text, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"") + (e.stderr or b"")
-        text, rc = out.decode(errors="replace"), f"killed after {args.row_timeout} s"
+        partial = (e.stdout or b"") + (e.stderr or b"")
+        text, rc = partial.decode(errors="replace"), f"killed after {args.row_timeout} s"
     wall = time.perf_counter() - t0
     if args.json:
         Path(args.json).with_name(f"maxtext-{row['row']}.log").write_text(" ".join(argv) + "\n\n" + text)
@@ -217,8 +219,10 @@ def run_maxtext(row: dict, env: dict, args) -> dict:
 def maxtext_profile(out: Path) -> dict:
     """tpu_profile.op_times of MaxText's traced steps, its ops named from XLA's dump of its train step."""
     dumps = sorted((out / "hlo").glob("*train_step*after_optimizations.txt"), key=lambda p: p.stat().st_size)
+    if not dumps:  # ops named by opcode only would not compare with olmax's, named by their JAX operation
+        return {"error": f"no after-optimizations dump of MaxText's train_step under {out / 'hlo'}"}
     try:
-        return read_profile(out, PROFILE_STEPS, dumps[-1].read_text() if dumps else "")
+        return read_profile(out, PROFILE_STEPS, dumps[-1].read_text())
     except (OSError, ValueError) as e:  # no trace, or none of a device's ops in it (a CPU's)
         return {"error": str(e)}
 

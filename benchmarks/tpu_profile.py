@@ -1,11 +1,12 @@
 """Where a step's device time goes, from a JAX profiler trace: the `.xplane.pb` that jax.profiler.trace
 writes (tpu_throughput.py --profile) or MaxText's trainer with `profiler=xplane` (tpu_maxtext.py
 --profile), read with jax.profiler.ProfileData. The first device plane's "XLA Ops" line holds one event
-per HLO op the chip executed, named as in the compiled program; with that program's text (the
-compiled step's as_text(), or XLA's after-optimizations dump) each op gets its opcode and the JAX
-operation it came from (its metadata's op_name: dot_general, pallas_call, ...). Summed per op and
-per kind (the op_name's last part, else the opcode) and divided by the profiled steps, they say what
-a step spends its time on, for two frameworks side by side.
+per HLO op the chip executed (a loop's event spans its body's ops: each op keeps only its own time),
+named as in the compiled program; with that program's text (the compiled step's as_text(), or XLA's
+after-optimizations dump) each op gets its opcode and the JAX operation it came from (its metadata's
+op_name: dot_general, pallas_call, ...). Summed per op and per kind (the op_name's last part, else
+the opcode) and divided by the profiled steps, they say what a step spends its time on, for two
+frameworks side by side.
 
     python benchmarks/tpu_profile.py TRACE_DIR --steps 3 [--hlo after_optimizations.txt --top 15]
 """
@@ -51,6 +52,28 @@ def kind_of(op: str, hlo: dict[str, tuple[str, str]]) -> str:
     return opcode or re.sub(r"[.\d]+$", "", op)
 
 
+def op_name(event_name: str) -> str:
+    """The HLO instruction's name: a trace may name an op by its whole line (`%fusion.12 = bf16[...]
+    fusion(...)`) or by the name alone."""
+    return event_name.split(" = ", 1)[0].strip().lstrip("%")
+
+
+def self_times(events) -> list[tuple[str, float]]:
+    """(op, ns) per event less the events it encloses: a while loop's event on the ops line spans its
+    body's ops, which have their own events, so each nanosecond is counted once, by the innermost op."""
+    spans = sorted(((e.start_ns, -e.duration_ns, op_name(e.name)) for e in events))
+    out: list[list] = []
+    open_: list[tuple[float, int]] = []  # (end, index into out) of the events enclosing this one
+    for start, neg, name in spans:
+        while open_ and open_[-1][0] <= start:
+            open_.pop()
+        if open_:
+            out[open_[-1][1]][1] += neg  # the innermost enclosing event loses this one's time
+        out.append([name, -neg])
+        open_.append((start - neg, len(out) - 1))
+    return [(name, ns) for name, ns in out]
+
+
 def op_times(space, steps: int, hlo: dict[str, tuple[str, str]] | None = None) -> dict:
     """ms per step by op and by kind on the first device plane with an "XLA Ops" line of a
     jax.profiler.ProfileData; hlo: hlo_ops of the profiled program, to name what each op does."""
@@ -64,10 +87,10 @@ def op_times(space, steps: int, hlo: dict[str, tuple[str, str]] | None = None) -
         raise ValueError(f"no device plane with an '{OPS_LINE}' line in the trace (planes: {names})")
     by_op: dict[str, float] = defaultdict(float)
     by_kind: dict[str, float] = defaultdict(float)
-    for event in ops[0].events:
-        ms = event.duration_ns / 1e6 / steps
-        by_op[event.name] += ms
-        by_kind[kind_of(event.name, hlo)] += ms
+    for name, ns in self_times(ops[0].events):
+        by_op[name] += ns / 1e6 / steps
+    for name, ms in by_op.items():
+        by_kind[kind_of(name, hlo)] += ms
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:40]
     described = lambda op: " ".join(x for x in hlo.get(op, ("", ""))).strip()[-160:]
     return {
@@ -103,6 +126,11 @@ def side_by_side(profiles: dict[str, dict], top: int = 12) -> str:
             + "".join(f"{sum(profiles[n]['by_kind'].get(k, 0.0) for k in rest):10.2f}" for n in names)
         )
     lines.append(f"{'device ops in all':32s}" + "".join(f"{profiles[n]['ms_per_step']:10.2f}" for n in names))
+    # an op the program's text did not name falls back to its opcode: a low share makes kinds incomparable
+    lines.append(
+        f"{'ops named by the program text':32s}"
+        + "".join(f"{100 * profiles[n].get('named_ops', 0.0):9.0f}%" for n in names)
+    )
     return "\n".join(lines)
 
 

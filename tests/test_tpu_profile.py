@@ -1,8 +1,11 @@
 """benchmarks/tpu_profile.py: a profiler trace's device ops summed per op and per kind, each op named from
 the compiled program's text. The trace is built as XLA's XSpace text proto (jax.profiler.ProfileData
 reads it as it reads a TPU's .xplane.pb; a CPU's trace has no device plane), the program text is XLA's
-own (a CPU compile of a small function), and MaxText is told to trace after the timed steps."""
+own (a CPU compile of a small function). MaxText is told to trace after its timed steps in a fresh
+compile; a stand-in for its trainer (step lines, an HLO dump, a trace, as MaxText writes them) checks
+that tpu_maxtext.py times only the timed steps and reads the trace, also when the run is stopped."""
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -85,8 +88,8 @@ def test_the_program_text_xla_prints_names_each_op():
 
 
 def test_side_by_side_puts_each_kind_on_one_row_and_the_totals_last():
-    a = {"by_kind": {"dot_general": 10.0, "pallas_call": 4.0}, "ms_per_step": 14.0}
-    b = {"by_kind": {"dot_general": 9.0, "copy": 2.0}, "ms_per_step": 11.0}
+    a = {"by_kind": {"dot_general": 10.0, "pallas_call": 4.0}, "ms_per_step": 14.0, "named_ops": 1.0}
+    b = {"by_kind": {"dot_general": 9.0, "copy": 2.0}, "ms_per_step": 11.0, "named_ops": 0.5}
     lines = tpu_profile.side_by_side({"olmax": a, "MaxText": b}).splitlines()
     assert lines[0].split()[-2:] == ["olmax", "MaxText"]
     assert [line.split() for line in lines[1:]] == [
@@ -94,19 +97,121 @@ def test_side_by_side_puts_each_kind_on_one_row_and_the_totals_last():
         ["pallas_call", "4.00", "0.00"],
         ["copy", "0.00", "2.00"],
         ["device", "ops", "in", "all", "14.00", "11.00"],
+        ["ops", "named", "by", "the", "program", "text", "100%", "50%"],
     ]
 
 
-def test_maxtext_traces_after_its_timed_steps_and_dumps_its_step_program():
-    extra, total, dump = tpu_maxtext.profile_args(13, Path("/out"))
+def _line(events: list[tuple[str, int, int]]) -> ProfileData:
+    """One device plane whose "XLA Ops" line holds events (name, start us, duration us)."""
+    names = sorted({n for n, _, _ in events})
+    ids = {n: i + 1 for i, n in enumerate(names)}
+    body = "".join(
+        f"events {{ metadata_id: {ids[n]} offset_ps: {at * 10**6} duration_ps: {us * 10**6} }} " for n, at, us in events
+    )
+    meta = "".join(f"event_metadata {{ key: {i} value {{ id: {i} name: {json.dumps(n)} }} }} " for n, i in ids.items())
+    return ProfileData.from_text_proto(
+        f'planes {{ id: 1 name: "/device:TPU:0" lines {{ id: 1 name: "XLA Ops" {body}}} {meta}}}'
+    )
+
+
+def test_a_loop_s_time_is_counted_once_by_the_ops_inside_it():
+    # while.1 spans 0-10 us and holds two 4 us fusions; then a 1 us copy after it
+    space = _line([("while.1", 0, 10), ("fusion.2", 1, 4), ("fusion.3", 5, 4), ("copy.4", 11, 1)])
+    prof = tpu_profile.op_times(space, steps=1)
+    assert prof["ms_per_step"] == pytest.approx(0.011)  # 10 + 1 us, not 19
+    ops = {o["op"]: o["ms"] for o in prof["top_ops"]}
+    assert ops == pytest.approx({"fusion.2": 0.004, "fusion.3": 0.004, "while.1": 0.002, "copy.4": 0.001})
+    # nested loops: each level keeps only its own time
+    space = _line([("while.1", 0, 10), ("while.2", 1, 6), ("fusion.3", 2, 5)])
+    ops = {o["op"]: o["ms"] for o in tpu_profile.op_times(space, steps=1)["top_ops"]}
+    assert ops == pytest.approx({"fusion.3": 0.005, "while.1": 0.004, "while.2": 0.001})
+
+
+def test_an_op_named_by_its_whole_line_is_found_in_the_program_text():
+    long = "%fusion.12 = bf16[8192,4096]{1,0} fusion(bf16[8192,4096]{1,0} %p0), kind=kOutput, calls=%f"
+    prof = tpu_profile.op_times(_line([(long, 0, 3)]), steps=1, hlo=tpu_profile.hlo_ops(HLO))
+    assert prof["named_ops"] == 1.0 and prof["by_kind"] == pytest.approx({"dot_general": 0.003})
+    assert prof["top_ops"][0]["op"] == "fusion.12"
+
+
+def test_maxtext_traces_the_steps_after_its_timed_ones_in_a_fresh_compile():
+    timed = 13  # 2 warm-up + 10 timed + 1: the step lines tpu_maxtext.py reads
+    extra, total, dump = tpu_maxtext.profile_args(timed, Path("/out"))
     options = dict(a.split("=", 1) for a in extra)
-    assert options == {
-        "profiler": "xplane",
-        "skip_first_n_steps_for_profiler": "14",  # one step apart from the 13 timed ones
-        "profiler_steps": str(tpu_profile.PROFILE_STEPS),
-    }
-    assert total == 14 + tpu_profile.PROFILE_STEPS
+    # MaxText's profiler (common/profiler.py): it starts at step skip and stops after step
+    # min(skip + profiler_steps - 1, steps - 1), and refuses a start at or past the last step
+    first = int(options["skip_first_n_steps_for_profiler"])
+    last = min(first + int(options["profiler_steps"]) - 1, total - 1)
+    assert options["profiler"] == "xplane" and first < total
+    assert first > timed - 1 and last - first + 1 == tpu_profile.PROFILE_STEPS  # all after the timed steps
+    assert options["jax_cache_dir"].startswith("/out/")  # not ~/jax_cache: a cached step is not dumped
     assert "--xla_dump_to=/out/hlo" in dump and "--xla_dump_hlo_as_text" in dump and "train_step" in dump
+
+
+FAKE_TRAINER = """
+import os, sys, time
+from pathlib import Path
+from jax.profiler import ProfileData
+
+opts = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
+for k in range(int(opts["steps"])):  # a step every 0.4 s, as MaxText's metric logger prints it
+    s = 27.5 + 0.4 * k
+    print(f"I1205 22:31:{s:09.6f} 1 metric_logger.py:230] completed step: {k}, seconds: 0.400, "
+          "TFLOP/s/device: 65.000, Tokens/s/device: 1.0", flush=True)
+flags = dict(f.split("=", 1) for f in os.environ["XLA_FLAGS"].split() if "=" in f)
+dump = Path(flags["--xla_dump_to"])
+dump.mkdir(parents=True)
+(dump / "module_0042.jit_train_step.cl_1.after_optimizations.txt").write_text(os.environ["FAKE_HLO"])
+trace = Path(opts["base_output_directory"]) / opts["run_name"] / "tensorboard/plugins/profile/1/h.xplane.pb"
+trace.parent.mkdir(parents=True)
+trace.write_bytes(ProfileData.text_proto_to_serialized_xspace(os.environ["FAKE_TRACE"]))
+if os.environ.get("FAKE_HANG"):
+    time.sleep(60)
+"""
+
+
+def _fake_maxtext(tmp_path, monkeypatch, hang: bool):
+    trainer = tmp_path / "src" / "maxtext" / "trainers" / "pre_train"
+    trainer.mkdir(parents=True)
+    for d in (trainer.parents[1], trainer.parent, trainer):
+        (d / "__init__.py").write_text("")
+    (trainer / "train.py").write_text(FAKE_TRAINER)
+    events = "events { metadata_id: 1 offset_ps: 0 duration_ps: 6000000 }"
+    monkeypatch.setenv("FAKE_HLO", HLO)
+    monkeypatch.setenv(
+        "FAKE_TRACE",
+        f'planes {{ id: 1 name: "/device:TPU:0" lines {{ id: 1 name: "XLA Ops" {events} }} '
+        'event_metadata { key: 1 value { id: 1 name: "fusion.12" } } }',
+    )
+    if hang:
+        monkeypatch.setenv("FAKE_HANG", "1")
+    row = {"row": "7b-layers", "n_layers": 1, "param_dtype": "bfloat16", "remat": "full", "micro_batch": 1}
+    args = argparse.Namespace(
+        maxtext_src=str(tmp_path / "src"),
+        maxtext_python=sys.executable,
+        warmup=2,
+        steps=10,
+        json=None,
+        smoke=False,
+        profile=True,
+        row_timeout=10 if hang else 120,
+    )
+    return tpu_maxtext.run_maxtext({**row, "accum_steps": 1}, {"smoke": False, "set": []}, args)
+
+
+def test_a_profiled_maxtext_run_is_timed_on_its_timed_steps_and_its_trace_read(tmp_path, monkeypatch):
+    r = _fake_maxtext(tmp_path, monkeypatch, hang=False)
+    assert "error" not in r, r.get("error")
+    assert "steps=17" in r["argv"] and "profiler=xplane" in r["argv"]
+    assert r["s_per_step"] == pytest.approx(0.4) and len(r["step_times_s"]) == 10  # the 4 later steps left out
+    prof = r["profile"]
+    assert prof["named_ops"] == 1.0 and prof["by_kind"] == pytest.approx({"dot_general": 6e-3 / 3})
+
+
+def test_a_maxtext_run_stopped_while_profiling_keeps_its_timing(tmp_path, monkeypatch):
+    r = _fake_maxtext(tmp_path, monkeypatch, hang=True)  # every step logged, then killed at the bound
+    assert r["s_per_step"] == pytest.approx(0.4)
+    assert r["profile"]["by_kind"] == pytest.approx({"dot_general": 6e-3 / 3})
 
 
 def test_a_profiled_row_keeps_its_timing_when_the_trace_has_no_device_ops(tmp_path):
