@@ -214,6 +214,7 @@ def test_a_maxtext_run_stopped_while_profiling_keeps_its_timing(tmp_path, monkey
     assert r["profile"]["by_kind"] == pytest.approx({"dot_general": 6e-3 / 3})
 
 
+@pytest.mark.slow  # a whole smoke row (compiles, steps): 8-18 s
 def test_a_profiled_row_keeps_its_timing_when_the_trace_has_no_device_ops(tmp_path):
     out = tmp_path / "rows.json"
     argv = ["--smoke", "--only", "190m", "--profile", str(tmp_path / "trace"), "--json", str(out)]
