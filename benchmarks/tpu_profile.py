@@ -58,11 +58,11 @@ def op_name(event_name: str) -> str:
     return event_name.split(" = ", 1)[0].strip().lstrip("%")
 
 
-def self_times(events) -> list[tuple[str, float]]:
+def self_times(events) -> list[list]:
     """(op, ns) per event less the events it encloses: a while loop's event on the ops line spans its
     body's ops, which have their own events, so each nanosecond is counted once, by the innermost op."""
     spans = sorted(((e.start_ns, -e.duration_ns, op_name(e.name)) for e in events))
-    out: list[list] = []
+    out: list[list] = []  # [op, ns] per event
     open_: list[tuple[float, int]] = []  # (end, index into out) of the events enclosing this one
     for start, neg, name in spans:
         while open_ and open_[-1][0] <= start:
@@ -71,7 +71,7 @@ def self_times(events) -> list[tuple[str, float]]:
             out[open_[-1][1]][1] += neg  # the innermost enclosing event loses this one's time
         out.append([name, -neg])
         open_.append((start - neg, len(out) - 1))
-    return [(name, ns) for name, ns in out]
+    return out
 
 
 def op_times(space, steps: int, hlo: dict[str, tuple[str, str]] | None = None) -> dict:
@@ -103,10 +103,15 @@ def op_times(space, steps: int, hlo: dict[str, tuple[str, str]] | None = None) -
 
 
 def read(folder: str | Path, steps: int, hlo_text: str = "") -> dict:
+    """op_times of the newest trace under folder, or {"error": why} where there is none or it holds no
+    device's ops (a CPU's trace), so that a profiled row keeps its timing."""
     from jax.profiler import ProfileData
 
-    path = newest_trace(folder)
-    return {"trace": str(path), **op_times(ProfileData.from_file(str(path)), steps, hlo_ops(hlo_text))}
+    try:
+        path = newest_trace(folder)
+        return {"trace": str(path), **op_times(ProfileData.from_file(str(path)), steps, hlo_ops(hlo_text))}
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}
 
 
 def side_by_side(profiles: dict[str, dict], top: int = 12) -> str:
@@ -142,6 +147,9 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=15, help="ops to list")
     args = p.parse_args(argv)
     prof = read(args.trace_dir, args.steps, Path(args.hlo).read_text() if args.hlo else "")
+    if "error" in prof:
+        print(prof["error"], file=sys.stderr)
+        return 1
     print(f"{prof['trace']}: {prof['device_plane']}, {prof['ms_per_step']:.2f} ms of device ops per step")
     print(side_by_side({"ms": prof}))
     for op in prof["top_ops"][: args.top]:

@@ -397,10 +397,7 @@ def run_row(name: str, args, chip, peak: float) -> dict:
             trace = Path(args.profile) / name
             with jax.profiler.trace(str(trace)):
                 state, _, _ = timed_steps(compiled, state, batch, PROFILE_STEPS)
-            try:
-                profile = read_profile(trace, PROFILE_STEPS, compiled.as_text())
-            except (OSError, ValueError) as e:  # no trace, or none of a device's ops in it (a CPU's)
-                profile = {"error": str(e)}
+            profile = read_profile(trace, PROFILE_STEPS, compiled.as_text())
     del state, batch
     stats = device.memory_stats() or {}
     s = statistics.median(times[args.warmup :])

@@ -75,6 +75,10 @@ def test_a_trace_without_device_ops_is_an_error_that_lists_the_planes():
         tpu_profile.op_times(_space("/host:other"), steps=1)
 
 
+def test_reading_a_folder_without_a_trace_says_so_instead_of_raising(tmp_path):
+    assert tpu_profile.read(tmp_path, steps=1) == {"error": f"no *.xplane.pb under {tmp_path} (was the profiler on?)"}
+
+
 def test_the_program_text_xla_prints_names_each_op():
     a = jnp.ones((64, 64), jnp.float32)
     compiled = jax.jit(lambda x: jnp.tanh(x @ x).sum()).lower(a).compile()

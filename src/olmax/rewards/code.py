@@ -44,8 +44,9 @@ the whole run; Python's socket constructors and resolvers raise PermissionError.
 - none: no boundary. A fresh temporary directory and its own process session (setsid; its process
   group is killed at the end); the program runs as the caller's user with the caller's files, processes
   and network, and code that reaches the OS some other way (ctypes, os.exec*, re-loading a disabled
-  module) reads and writes files, opens sockets, signals processes and leaves daemons behind. Only for a machine (or a
-  container without network) that may lose what it runs, as upstream ran its code API in a container.
+  module) reads and writes files, opens sockets, signals processes and leaves daemons behind. Only for
+  a machine (or a container without network) that may lose what it runs, as upstream ran its code API
+  in a container.
 """
 
 from __future__ import annotations
