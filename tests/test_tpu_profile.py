@@ -212,6 +212,7 @@ def test_a_profiled_maxtext_run_is_timed_on_its_timed_steps_and_its_trace_read(t
     assert prof["named_ops"] == 1.0 and prof["by_kind"] == pytest.approx({"dot_general": 6e-3 / 3})
 
 
+@pytest.mark.slow  # waits out a 10 s bound
 def test_a_maxtext_run_stopped_while_profiling_keeps_its_timing(tmp_path, monkeypatch):
     r = _fake_maxtext(tmp_path, monkeypatch, hang=True)  # every step logged, then killed at the bound
     assert r["s_per_step"] == pytest.approx(0.4)
