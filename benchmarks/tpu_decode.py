@@ -128,6 +128,7 @@ def run_row(model: str, shape: str, args, gbps: float) -> dict:
     import jax
     import numpy as np
 
+    from olmax.chips import init_compiler_options
     from olmax.model.olmo3 import count_params, init_params
     from olmax.rollout.sampler import Sampling, sample, widths
 
@@ -136,7 +137,8 @@ def run_row(model: str, shape: str, args, gbps: float) -> dict:
     prompts, n, prompt_len, new = s["prompts"], s["n"], s["prompt_len"], s["new"]
     rows = prompts * n
     t0 = time.perf_counter()
-    init = jax.jit(functools.partial(init_params, cfg)).lower(jax.random.key(0)).compile()
+    options = init_compiler_options(jax.devices()[0].platform)
+    init = jax.jit(functools.partial(init_params, cfg), compiler_options=options).lower(jax.random.key(0)).compile()
     init_compile_s = time.perf_counter() - t0
     params = jax.block_until_ready(init(jax.random.key(0)))
     init_s = time.perf_counter() - t0  # the row's set-up (its compile included), apart from its timings

@@ -41,8 +41,8 @@ recompute, reusing those compiles (two to five more). The chosen step's own comp
 bisection; the fits found on a v5e are in docs/performance.md), --compile-cache DIR keeps every
 compiled program for the next run on the same host. Each compile's figures are printed as it ends.
 On a v5e a row's time is its compiles (the 7b-layers step 51 s, the 1b's 7 layers 115 s; the same
-compiles take 470-530 s on a 2-core host) and the state's init (49-60 s a row, logged apart: all
-of it the init program's compile; docs/performance.md).
+compiles take 470-530 s on a 2-core host) and the state's init (13-17 s a row, logged apart: nearly
+all of it the init program's compile, at the default scoped VMEM: olmax.chips.INIT_COMPILER_OPTIONS).
 
 Per row: --warmup untimed steps, then --steps timed ones, each ended by block_until_ready on its
 metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.flops (mt: MaxText's,
@@ -373,7 +373,7 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     from olmax.model.olmo3 import count_params
     from olmax.remat_search import describe_devices
     from olmax.sharding import make_mesh
-    from olmax.state import init_train_state
+    from olmax.state import init_program
     from olmax.train_step import batch_layout, batch_sharding
 
     device = jax.devices()[0]
@@ -387,9 +387,9 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     batch = {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}
     with jax.set_mesh(mesh):
         t0 = time.perf_counter()  # olmax.state's jitted init, its compile timed apart
-        init = jax.jit(lambda key: init_train_state(cfg, mesh, key)).lower(jax.random.key(0)).compile()
+        init = init_program(cfg, mesh).lower(jax.random.key(0), None).compile()
         init_compile_s = time.perf_counter() - t0
-        state = jax.block_until_ready(init(jax.random.key(0)))
+        state = jax.block_until_ready(init(jax.random.key(0), None))
         init_s = time.perf_counter() - t0
         state, times, losses = timed_steps(compiled, state, batch, args.warmup + args.steps)
         profile = None

@@ -3,6 +3,9 @@ or, through libtpu's topology description, for a TPU slice with the TPU compiler
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -331,6 +334,37 @@ def test_splash_default_tiles_need_the_profiles_scoped_vmem(monkeypatch):
     monkeypatch.setitem(chips.CHIPS, "v5p", dataclasses.replace(chips.CHIPS["v5p"], libtpu_flags=()))
     with pytest.raises(DoesNotFit, match="ran out of scoped VMEM"):
         compile_report(cfg, topology="v5p:2x2x1")
+
+
+INIT_190M = """
+import re, sys, jax
+from olmax.compile_check import topology_devices
+from olmax.config_io import apply_overrides
+from olmax.recipes import get_recipe
+from olmax.sharding import make_mesh
+from olmax.state import init_program
+shape = ["model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12", "model.head_dim=64",
+         "model.mlp_hidden=3072", "mesh.data=1", "mesh.fsdp=-1", "mesh.context=1", "mesh.tensor=1"]
+cfg = apply_overrides(get_recipe("olmo3_7b"), shape)
+mesh = make_mesh(cfg.mesh, topology_devices("v5e:1x1"))
+key = jax.eval_shape(lambda: jax.random.key(0))
+with jax.set_mesh(mesh):
+    text = init_program(cfg, mesh).lower(key, None).compile().as_text()
+print(max(int(n) for n in re.findall(r'"retry_count":"(\\d+)"', text)))
+"""
+
+
+@pytest.mark.slow  # one init compile for a v5e in a fresh process (~20 s on 2 cores; ~60 s without the fix)
+def test_init_compiles_under_the_default_scoped_vmem():
+    """With the v5e profile's 64 MiB of scoped VMEM in LIBTPU_INIT_ARGS, as `olmax train` sets it on a
+    v5e, libtpu 0.0.42.1 retried the tiling of the 190m's fused truncated-normal draw of its (12, 3072,
+    768) MLP stack 8 times; init_program compiles at the default 16 MiB (chips.INIT_COMPILER_OPTIONS),
+    where it takes at most one retry."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", LIBTPU_INIT_ARGS=chips.libtpu_init_args(chips.CHIPS["v5e"]))
+    assert "65536" in env["LIBTPU_INIT_ARGS"]
+    out = subprocess.run([sys.executable, "-c", INIT_190M], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) <= 1
 
 
 # What the MaxText OLMo 3 run kept (its write-up), in the block's order; the same but the MLP's gate;

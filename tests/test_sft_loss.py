@@ -140,11 +140,10 @@ def _uneven_batch():
     return ids, mask
 
 
-def test_per_rank_loss_is_the_mean_of_rank_means():
-    """trainer.loss_normalisation=per_rank over 4 ranks: rank r trains rows r and r + 4 (OLMo-core's
-    loader deals instance i to rank i mod 4); the step's CE equals sum_r CE_r / n_r / 4 computed by
-    hand from the full logits, and its gradient norm that of the gradient of that loss, the same on
-    1 device with 4 micro-batches, on 8 devices, and on 2 x 2 devices with a context axis."""
+def _per_rank_by_hand():
+    """(ids, mask, params, CE, gradient norm) of trainer.loss_normalisation=per_rank over 4 ranks on
+    an uneven batch, computed by hand from the full logits: rank r trains rows r and r + 4 (OLMo-core's
+    loader deals instance i to rank i mod 4), CE = sum_r CE_r / n_r / 4."""
     cfg = _per_rank_cfg(micro=2)
     ids, mask = _uneven_batch()
     params = jax.device_get(jax.jit(init_params, static_argnums=0)(cfg.model, jax.random.key(0)))
@@ -166,17 +165,36 @@ def test_per_rank_loss_is_the_mean_of_rank_means():
     logits = lm_head(params, forward_hidden(params, jnp.asarray(ids), cfg.model), cfg.model)
     global_ce = float(loss_sums(logits, labels)[0]) / counts.sum()
     assert abs(float(expected) - global_ce) > 1e-3 * global_ce  # 1.8e-3: the two normalisations differ here
-    layouts = {
-        "1 device, 4 micro-batches": (cfg, 1),
-        "8 devices": (_per_rank_cfg(mesh=MeshConfig(data=2, fsdp=4, tensor=1)), 8),
-        "2 x 2 devices, context 2": (_per_rank_cfg(mesh=MeshConfig(data=1, fsdp=2, context=2, tensor=1)), 4),
-    }
+    return ids, mask, params, float(expected), norm
+
+
+def _assert_per_rank_step(layouts: dict) -> None:
+    ids, mask, params, expected, norm = _per_rank_by_hand()
     for name, (layout_cfg, devices) in layouts.items():
         metrics = _step_metrics(layout_cfg, params, {"input_ids": ids, "label_mask": mask}, devices)
-        np.testing.assert_allclose(float(metrics["ce_loss"]), float(expected), rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(float(metrics["ce_loss"]), expected, rtol=1e-6, err_msg=name)
         np.testing.assert_allclose(float(metrics["grad_norm"]), norm, rtol=1e-5, err_msg=name)
     plain = _step_metrics(_per_rank_cfg("global", micro=2), params, {"input_ids": ids, "label_mask": mask}, 1)
     assert abs(float(plain["grad_norm"]) - norm) > 0.1 * norm  # measured 23%: the weights reach the gradient
+
+
+def test_per_rank_loss_is_the_mean_of_rank_means():
+    """trainer.loss_normalisation=per_rank: the step's CE and gradient norm are those of the loss by
+    hand (_per_rank_by_hand), on 1 device with 4 micro-batches and on 8 devices."""
+    _assert_per_rank_step(
+        {
+            "1 device, 4 micro-batches": (_per_rank_cfg(micro=2), 1),
+            "8 devices": (_per_rank_cfg(mesh=MeshConfig(data=2, fsdp=4, tensor=1)), 8),
+        }
+    )
+
+
+@pytest.mark.slow  # ~15 s on 2 cores: one more compile of the step, over a context axis
+def test_per_rank_loss_over_a_context_axis():
+    """The same on 2 x 2 devices with a context axis of 2."""
+    _assert_per_rank_step(
+        {"2 x 2 devices, context 2": (_per_rank_cfg(mesh=MeshConfig(data=1, fsdp=2, context=2, tensor=1)), 4)}
+    )
 
 
 def test_per_rank_equals_global_when_the_ranks_count_the_same():

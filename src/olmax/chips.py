@@ -314,6 +314,20 @@ def compiler_options(chip: Chip) -> dict[str, object]:
     return options
 
 
+# Programs that draw the initial parameters compile under libtpu's default scoped VMEM (16 MiB), not
+# the profile's 64 MiB, which the commands set for the whole process: with 32 or 64 MiB libtpu 0.0.42.1
+# retries the tiling of the fused truncated-normal draw of one large matrix 8 times (its fusion's
+# "retry_count" in the compiled program: the 190m's (12, 3072, 768) MLP stack, the 7B's (100352, 4096)
+# embedding), and a v5e's training-row init compiled in 52-59 s; at 16 MiB it retries once and took
+# 13-17 s (docs/performance.md); the draw runs in under 0.1 s either way.
+INIT_COMPILER_OPTIONS = {"tpu": {"xla_tpu_scoped_vmem_limit_kib": "16384"}}
+
+
+def init_compiler_options(platform: str) -> Optional[dict[str, object]]:
+    """Compiler options for a program that initialises parameters on devices of `platform`, or None."""
+    return INIT_COMPILER_OPTIONS.get(platform)
+
+
 def libtpu_init_args(chip: Chip) -> str:
     """The chip's flag profile as the LIBTPU_INIT_ARGS environment variable takes it."""
     return " ".join(chip.libtpu_flags)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from olmax.chips import init_compiler_options
 from olmax.config import ConfigError, ExperimentConfig, ModelConfig
 from olmax.model.olmo3 import ParamSpec, init_params, param_specs
 from olmax.optim import AdamWState, Optimizer, OptState, SkipWindow
@@ -72,21 +73,30 @@ def optimizer(cfg: ExperimentConfig) -> Optimizer:
     return Optimizer(cfg.optimizer, param_specs(cfg.model))
 
 
+def _fresh_state(cfg: ExperimentConfig, key: jax.Array, params: Optional[dict]) -> TrainState:
+    if params is None:
+        params = init_params(cfg.model, key)
+    params = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.model.param_dtype)), params)
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer(cfg).init(params))
+
+
+def init_program(cfg: ExperimentConfig, mesh: Mesh):
+    """The jitted init of a fresh TrainState on `mesh`, `(key, params or None) -> TrainState`, created
+    sharded and compiled with the init's own compiler options (olmax.chips.init_compiler_options)."""
+    platform = mesh.devices.flat[0].platform
+    return jax.jit(
+        lambda key, params: _fresh_state(cfg, key, params),
+        out_shardings=state_shardings(cfg, mesh),
+        compiler_options=init_compiler_options(platform),
+    )
+
+
 def init_train_state(cfg: ExperimentConfig, mesh: Mesh, key: jax.Array, params: Optional[dict] = None) -> TrainState:
     """A fresh TrainState at step 0, created sharded. Given `params` (e.g. converted weights), they
     are placed on the mesh and get a fresh optimizer; otherwise init_params(cfg.model, key)."""
-    shardings = state_shardings(cfg, mesh)
-    opt = optimizer(cfg)
-
-    def make(key, params):
-        if params is None:
-            params = init_params(cfg.model, key)
-        params = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.model.param_dtype)), params)
-        return TrainState(jnp.zeros((), jnp.int32), params, opt.init(params))
-
     if params is not None:
-        params = jax.device_put(params, shardings.params)
-    return jax.jit(make, out_shardings=shardings)(key, params)
+        params = jax.device_put(params, param_shardings(cfg.model, mesh))
+    return init_program(cfg, mesh)(key, params)
 
 
 def abstract_state(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
@@ -94,7 +104,7 @@ def abstract_state(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
     It is the restore target of a checkpoint (Orbax reads each device's shard into that layout) and
     the argument that compile-check lowers the step with."""
     # the key is made inside eval_shape: on an AOT topology no concrete array may be placed anywhere
-    shapes = jax.eval_shape(lambda: init_train_state(cfg, mesh, jax.random.key(0)))
+    shapes = jax.eval_shape(lambda: _fresh_state(cfg, jax.random.key(0), None))
     return jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, state_shardings(cfg, mesh)
     )
