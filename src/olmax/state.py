@@ -94,9 +94,10 @@ def init_program(cfg: ExperimentConfig, mesh: Mesh):
 def init_train_state(cfg: ExperimentConfig, mesh: Mesh, key: jax.Array, params: Optional[dict] = None) -> TrainState:
     """A fresh TrainState at step 0, created sharded. Given `params` (e.g. converted weights), they
     are placed on the mesh and get a fresh optimizer; otherwise init_params(cfg.model, key)."""
+    program = init_program(cfg, mesh)  # first: its shardings refuse an fsdp size that leaves params whole
     if params is not None:
         params = jax.device_put(params, param_shardings(cfg.model, mesh))
-    return init_program(cfg, mesh)(key, params)
+    return program(key, params)
 
 
 def abstract_state(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
