@@ -40,6 +40,7 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path):
     assert (ckpts / "6.corrupt").is_dir() and (ckpts / "6").is_dir()  # kept for inspection; step 6 rewritten
 
 
+@pytest.mark.slow  # ~17 s on 2 cores: a 4-step training run
 def test_keep_policy_keeps_the_newest(tmp_path):
     train(
         small_config(tmp_path, "checkpoint.every=1", "checkpoint.keep=2", "trainer.max_steps=4"),

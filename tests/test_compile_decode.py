@@ -105,6 +105,7 @@ def test_decode_needs_a_grpo_recipe():
 BUDGET_MIB = 7.7
 
 
+@pytest.mark.slow  # ~14 s on 2 cores: GPU compiles
 def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch, tmp_path):
     pytest.importorskip("jax_cuda12_plugin", reason="needs the gpu-compile extra (make setup-test)")
     cfg = apply_overrides(get_recipe("tiny_grpo"), [*SMALL, "grpo.prompts_per_step=2", "grpo.sample_prompts=2"])

@@ -231,6 +231,7 @@ def user_tasks(models):
     return tasks
 
 
+@pytest.mark.slow  # ~22 s on 2 cores; test_same_accuracy_on_a_local_task keeps lm-eval's figure in the default run
 def test_eval_tasks_on_user_tasks_reports_what_lm_eval_reports(models, user_tasks, tmp_path):
     from typer.testing import CliRunner
 

@@ -49,6 +49,7 @@ def test_unreachable_task_data_is_a_clear_error(ckpt, offline):
     assert "Traceback" not in r.output
 
 
+@pytest.mark.slow  # ~12 s on 2 cores: two verify runs
 def test_verify_looks_in_include_path(ckpt, tmp_path):
     own = tmp_path / "own_tasks"
     own.mkdir()

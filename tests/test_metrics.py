@@ -11,6 +11,7 @@ from olmax.recipes import get_recipe
 from olmax.train import train
 
 
+@pytest.mark.slow  # ~11 s on 2 cores: two wandb runs
 def test_wandb_offline_needs_no_network_and_resumes_the_same_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: any upload would fail

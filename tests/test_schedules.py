@@ -89,6 +89,7 @@ def test_an_epoch_horizon_needs_the_epoch_and_excludes_a_token_horizon():
     assert float(lr(20_000)) == pytest.approx(6e-5, rel=1e-6) and float(lr(19_000)) > 6.1e-5  # t_max = 2 x 10,000
 
 
+@pytest.mark.slow  # ~12 s on 2 cores: a training run (the next test keeps an epoch-horizon run in the default suite)
 def test_a_run_with_an_epoch_horizon_follows_the_cosine_of_its_epoch(tmp_path):
     """OLMo-core 3.0.0's trainer turns Duration.epochs(1) into max_steps = its loader's total_batches,
     the whole global batches in the epoch (instances // global batch), and the scheduler's t_max is that.
