@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -338,14 +339,14 @@ def test_splash_default_tiles_need_the_profiles_scoped_vmem(monkeypatch):
 
 INIT_190M = """
 import re, sys, jax
+sys.path.insert(0, "benchmarks")
+from gpu_mfu import SHAPE_190M  # the benchmarks' olmo3_190M shape
 from olmax.compile_check import topology_devices
 from olmax.config_io import apply_overrides
 from olmax.recipes import get_recipe
 from olmax.sharding import make_mesh
 from olmax.state import init_program
-shape = ["model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12", "model.head_dim=64",
-         "model.mlp_hidden=3072", "mesh.data=1", "mesh.fsdp=-1", "mesh.context=1", "mesh.tensor=1"]
-cfg = apply_overrides(get_recipe("olmo3_7b"), shape)
+cfg = apply_overrides(get_recipe("olmo3_7b"), [*SHAPE_190M, "mesh.fsdp=-1"])
 mesh = make_mesh(cfg.mesh, topology_devices("v5e:1x1"))
 key = jax.eval_shape(lambda: jax.random.key(0))
 with jax.set_mesh(mesh):
@@ -362,7 +363,10 @@ def test_init_compiles_under_the_default_scoped_vmem():
     where it takes at most one retry."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", LIBTPU_INIT_ARGS=chips.libtpu_init_args(chips.CHIPS["v5e"]))
     assert "65536" in env["LIBTPU_INIT_ARGS"]
-    out = subprocess.run([sys.executable, "-c", INIT_190M], env=env, capture_output=True, text=True, timeout=600)
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", INIT_190M], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.split()[-1]) <= 1
 
