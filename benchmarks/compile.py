@@ -203,7 +203,9 @@ def heap_of(cmd: list[str], env: dict, dump: Path, timeout: float, limit: float)
     limit that is the final heap, and the compile is stopped there (the rest is code generation).
     Over it the compiler rematerialises further on its own and assigns again without a new report,
     so the compile runs to the end: it fails (out of HBM) or its JSON (`--json`, the last argument)
-    gives the final figure: MaxText's heap, olmax's peak (jax 0.10.2 exposes no heap; about 3% under)."""
+    gives the final figure: MaxText's heap, olmax's (compile-check reads the same report from a dump
+    of its own, per compile, so olmax's rows end here: its `per_device.heap_gib`, or its peak where
+    that heap was over the limit)."""
     dump_flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*train_step.*|.*step_fn.*"
     env = {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {dump_flags}"}
     log = dump.with_suffix(".log")
@@ -224,10 +226,11 @@ def heap_of(cmd: list[str], env: dict, dump: Path, timeout: float, limit: float)
         return first, ""
     out = Path(cmd[-1])
     report = json.loads(out.read_text()) if out.exists() and out.stat().st_size else {}
-    final = report.get("heap_gib") or report.get("per_device", {}).get("peak_gib")
+    per_device = report.get("per_device", {})
+    final = report.get("heap_gib") or per_device.get("heap_gib") or per_device.get("peak_gib")
     note = f"first assignment {first:.2f} GiB, over the limit; " if first is not None else ""
     if final is not None:
-        return final, note + "compiler rematerialised to fit (olmax: peak)"
+        return final, note + ("compiler rematerialised to fit" if first is not None else "")
     lines = log.read_text().splitlines()
     # the compiler's out-of-memory, else the runner's or the CLI's error (libtpu's start-up noise is not one)
     for marker in ("RESOURCE_EXHAUSTED", '"error":', "rror: "):

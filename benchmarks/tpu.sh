@@ -24,8 +24,8 @@
 # OLMAX_TPU_STEPS picks steps (default "install demo tests throughput decode"). By default the two tables
 # take their headline rows only (throughput: the matmul rate and one 7B layer at a fixed fit; decode: the
 # 1B at 64 x 128), and each step is bounded (install 45 s, demo 65, tests 225, throughput 145, decode
-# 120: at most 600 s, one device call). On a v5e the whole default set took 375 s in one call (with a RoPE
-# variant that is not landed, docs/performance.md; install 21 s, demo 51, tests 204, throughput 22 with a
+# 120: at most 600 s, one device call). On a v5e the whole default set took 375 s in one call (with RoPE's
+# rotation, as now, docs/performance.md; install 21 s, demo 51, tests 204, throughput 22 with a
 # compile cache that held its programs, where the 7B-layer row alone takes 61 s without one; decode 77,
 # its parameters' init 32 s of compiling). The whole tables take more calls: OLMAX_TPU_THROUGHPUT /
 # OLMAX_TPU_DECODE / OLMAX_TPU_MAXTEXT replace or add those steps' options and OLMAX_TPU_THROUGHPUT_S /

@@ -221,7 +221,7 @@ class Prober:
             return self.seen[key][0]
         t0 = time.perf_counter()
         try:
-            compiled = compile_step(cfg, self.mesh, self.options, self.where)[0]
+            compiled = compile_step(cfg, self.mesh, self.options, self.where).compiled
         except CompilerRefused as e:
             if e.memory != "HBM":  # a kernel's tiles: no layer count or remat changes that
                 raise

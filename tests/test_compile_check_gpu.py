@@ -159,7 +159,7 @@ def test_the_loss_takes_each_devices_context_chunks_without_moving_hidden_states
     devices, chip, where = target("h100:8x8")
     mesh = make_mesh(cfg.mesh, devices)
     assert dict(mesh.shape) == {"data": 1, "fsdp": 16, "context": 4, "tensor": 1}
-    text = compile_step(cfg, mesh, target_options(chip, "gpu"), where)[0].as_text()
+    text = compile_step(cfg, mesh, target_options(chip, "gpu"), where).compiled.as_text()
     # the result shapes of every collective that moves data between devices
     results = re.findall(r"= (.*?) (?:all-gather|all-to-all|collective-permute)(?:-start)?\(", text)
     moved = [shapes for shapes in results if re.search(r"\[\d+,\d+,256\]", shapes)]  # (rows, positions, d_model)

@@ -40,7 +40,7 @@ def scripted(monkeypatch, peaks):
         if peak is REFUSED:
             raise CompilerRefused("scripted", "HBM", "out of HBM: scripted")
         memory = SimpleNamespace(peak_memory_in_bytes=int(peak * GIB))
-        return SimpleNamespace(memory_analysis=lambda: memory), 0.0, 0.0
+        return compile_check.CompileResult(SimpleNamespace(memory_analysis=lambda: memory), 0.0, 0.0, None)
 
     monkeypatch.setattr(compile_check, "compile_step", compile_step)
     return compiled

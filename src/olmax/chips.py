@@ -211,10 +211,11 @@ CHIPS: dict[str, Chip] = {
 ALIASES = {"ironwood": "tpu7x", "v5litepod": "v5e"}
 
 # A step fits a TPU chip when the TPU compiler accepts it and its peak (compile_check: per_device.peak_gib) is at
-# most this fraction of hbm_limit_gib. The rest covers what that peak leaves out of the compiler's own
-# heap (the SparseCore program's reservation and the kernels' overlays, about 20 MiB; the memory-usage
-# report's total was 3% above the peak on a 1 GiB step) and what no program counts (the next batch
-# being transferred, the runtime's own buffers).
+# most this fraction of hbm_limit_gib. The rest covers what that peak leaves out of what the chip holds
+# (compile_check: per_device.hbm_gib, the compiler's heap, packing gaps included, and the program's
+# code: 5-9% above the peak on a 2 GiB step of a v5e, 2-3% on the 190m's 11 GiB one;
+# docs/performance.md) and what no program counts (the next batch being transferred, the runtime's own
+# buffers).
 HBM_HEADROOM = 0.95
 
 

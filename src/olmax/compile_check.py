@@ -28,10 +28,12 @@ import collections
 import contextlib
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 
@@ -174,9 +176,19 @@ def grpo_batch(cfg: ExperimentConfig, rows: jax.ShapeDtypeStruct) -> dict:
     return {k: jax.ShapeDtypeStruct(rows.shape, dtype, sharding=rows.sharding) for k, dtype in keys.items()}
 
 
-def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
-    """Lower and compile cfg's train step on `mesh` from abstract arrays: (compiled, lower s, compile
-    s). CompilerRefused when the compiler runs out of device memory."""
+class CompileResult(NamedTuple):
+    """A program compiled from abstract arrays: the compiled program, the seconds lowering and
+    compiling took, and the TPU compiler's heap in bytes (tpu_heap_bytes; None off TPU)."""
+
+    compiled: Any
+    lower_s: float
+    compile_s: float
+    heap_bytes: Optional[int]
+
+
+def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str) -> CompileResult:
+    """Lower and compile cfg's train step on `mesh` from abstract arrays. CompilerRefused when the
+    compiler runs out of device memory."""
     devices = list(mesh.devices.flat)
     platform = devices[0].platform
     # jax's cuDNN checks ask the host's backend for the GPU generation; here it is the target's
@@ -207,22 +219,39 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str):
         # batches per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.
         lowered = make_train_step(cfg, mesh, epoch_batches=cfg.trainer.max_steps or 1).lower(state, batch)
         t1 = time.perf_counter()
-        compiled = compile_lowered(lowered, options, f"{cfg.name} does not fit on {where}", platform)
+        compiled, heap = compile_lowered(lowered, options, f"{cfg.name} does not fit on {where}", platform)
         t2 = time.perf_counter()
-    return compiled, t1 - t0, t2 - t1
+    return CompileResult(compiled, t1 - t0, t2 - t1, heap)
 
 
-def compile_lowered(lowered, options: dict, what: str, platform: str):
-    """lowered.compile() with the chip's compiler options; CompilerRefused, its message starting with
-    `what`, when the compiler runs out of device memory."""
-    try:
-        return lowered.compile(compiler_options=options or None)
-    except Exception as e:
-        memory = _out_of_memory(e)
-        if memory:
-            reason = f"out of {memory}: {str(e).splitlines()[0][:300]}"
-            raise CompilerRefused(f"{what}: the {platform.upper()} compiler ran {reason}", memory, reason) from None
-        raise
+def compile_lowered(lowered, options: dict, what: str, platform: str) -> tuple[Any, Optional[int]]:
+    """lowered.compile() with the chip's compiler options: (compiled, the TPU compiler's heap in bytes,
+    None off TPU); CompilerRefused, its message starting with `what`, when the compiler runs out of
+    device memory. On TPU the compiler writes its reports into a temporary folder (xla_dump_to, a
+    per-compile option), read there for the heap and removed."""
+    with tempfile.TemporaryDirectory(prefix="olmax-xla-") as dump:
+        if platform == "tpu":
+            options = {**options, "xla_dump_to": dump}
+        try:
+            compiled = lowered.compile(compiler_options=options or None)
+        except Exception as e:
+            memory = _out_of_memory(e)
+            if memory:
+                reason = f"out of {memory}: {str(e).splitlines()[0][:300]}"
+                raise CompilerRefused(f"{what}: the {platform.upper()} compiler ran {reason}", memory, reason) from None
+            raise
+        return compiled, tpu_heap_bytes(Path(dump)) if platform == "tpu" else None
+
+
+def tpu_heap_bytes(dump: Path) -> Optional[int]:
+    """The heap of the TPU compiler's memory-usage report in `dump` (the "Total bytes" of its first
+    memory space, HBM): the span its buffer assignment lays the program's arguments, outputs and
+    temporaries out in, which the runtime sets aside whole, packing gaps included. XLA's peak
+    (memory_analysis().peak_memory_in_bytes) counts the most live at once instead: 1-5% under the
+    heap for a 2 GiB step of a v5e (docs/performance.md). None when the compiler wrote no report."""
+    reports = sorted(dump.glob("*memory-usage-report.txt"))
+    match = re.search(r"Total bytes: (\d+)", reports[0].read_text()) if reports else None
+    return int(match.group(1)) if match else None
 
 
 def target(topology: Optional[str] = None, num_slices: int = 1, devices=None) -> tuple[list, Optional[Chip], str]:
@@ -246,8 +275,10 @@ def target_options(chip: Optional[Chip], platform: str) -> dict:
     return compiler_options(chip) if chip is not None and platform in ("tpu", "gpu") else {}
 
 
-def memory_of(compiled) -> dict:
-    """XLA's per-device memory figures of a compiled program, in GiB."""
+def memory_of(compiled, heap_bytes: Optional[int] = None, limit_gib: Optional[float] = None) -> dict:
+    """XLA's per-device memory figures of a compiled program, in GiB; with the TPU compiler's heap
+    (compile_lowered), what the chip holds for it. `limit_gib`: the chip's HBM limit, above which a
+    heap is not the program's (the compiler rematerialises further and writes no second report)."""
     mem = compiled.memory_analysis()
     per_device = {
         "arguments_gib": mem.argument_size_in_bytes / GIB,
@@ -267,6 +298,14 @@ def memory_of(compiled) -> dict:
     # included, which the TPU compiler checks against the chip's limit. XLA packs temporaries into
     # one block reused across lifetimes, so this is below total_gib.
     per_device["peak_gib"] = mem.peak_memory_in_bytes / GIB
+    heap = None if heap_bytes is None else heap_bytes / GIB
+    if heap is not None and limit_gib is not None and heap > limit_gib:
+        heap = None
+    per_device["heap_gib"] = heap
+    # What the chip holds for the program: the heap, set aside whole, and the program's code, which
+    # lives in HBM too. On a v5e this was within 1% of the HBM a step took (tests/test_tpu.py and
+    # docs/performance.md), where the peak was 6-9% under it.
+    per_device["hbm_gib"] = None if heap is None else heap + per_device["code_gib"]
     return per_device
 
 
@@ -278,7 +317,7 @@ class RematChoice:
 
     cfg: ExperimentConfig
     record: Optional[dict] = None
-    compiled: Optional[tuple] = None
+    compiled: Optional[CompileResult] = None
     source: Optional[str] = None
 
 
@@ -324,7 +363,7 @@ def choose_remat(
                 raise
             candidate = Candidate(c.model.remat, c.model.remat_serial, None, False, time.perf_counter() - t0, e.reason)
         else:
-            peak = out[0].memory_analysis().peak_memory_in_bytes / GIB
+            peak = out.compiled.memory_analysis().peak_memory_in_bytes / GIB
             candidate = Candidate(c.model.remat, c.model.remat_serial, peak, peak <= budget, time.perf_counter() - t0)
             if candidate.fits:
                 fitting[:] = [out]
@@ -368,10 +407,10 @@ def compile_report(
     if auto:
         choice = choose_remat(cfg, mesh, chip, where, options, cache_dir, log)
         cfg = choice.cfg
-    compiled, lower_s, compile_s = choice.compiled or compile_step(cfg, mesh, options, where)
+    compiled, lower_s, compile_s, heap = choice.compiled or compile_step(cfg, mesh, options, where)
     with jax.set_mesh(mesh):
         state = abstract_state(cfg, mesh)
-    per_device = memory_of(compiled)
+    per_device = memory_of(compiled, heap, None if chip is None else chip.hbm_limit_gib)
     budget = budget_gib(chip)
     hlo = compiled.as_text()
     policy = remat_policy_of(cfg.model.remat)
@@ -455,6 +494,14 @@ def check_fits(r: dict) -> None:
         )
 
 
+def held_words(d: dict) -> str:
+    """What the chip holds for a program (memory_of's hbm_gib), in words; "" without the TPU heap."""
+    if d.get("hbm_gib") is None:
+        return ""
+    heap, code, held = d["heap_gib"], d["code_gib"], d["hbm_gib"]
+    return f"; the chip holds the TPU compiler's heap {heap:.2f} + code {code:.2f} = {held:.2f} GiB"
+
+
 def format_report(r: dict) -> str:
     d = r["per_device"]
     where = r["platform"]
@@ -475,7 +522,8 @@ def format_report(r: dict) -> str:
         f"lowered in {r['lower_s']:.1f} s, compiled in {r['compile_s']:.1f} s",
         f"per device: parameters {r['params_gib']:.2f} GiB, optimizer state {r['opt_state_gib']:.2f} GiB; XLA: "
         f"arguments {d['arguments_gib']:.2f} + outputs {d['outputs_gib']:.2f} + temporaries {d['temporaries_gib']:.2f}"
-        f" - aliased {d['aliased_gib']:.2f} = total {d['total_gib']:.2f} GiB; peak {d['peak_gib']:.2f} GiB",
+        f" - aliased {d['aliased_gib']:.2f} = total {d['total_gib']:.2f} GiB; peak {d['peak_gib']:.2f} GiB"
+        + held_words(d),
     ]
     search = r["remat_search"]
     if search is not None:  # model.remat=auto: its candidates were logged as they were compiled

@@ -33,10 +33,12 @@ from jax.sharding import NamedSharding
 from olmax.chips import chip_of_device_kind
 from olmax.compile_check import (
     GIB,
+    CompileResult,
     CompilerRefused,
     DoesNotFit,
     budget_gib,
     compile_lowered,
+    held_words,
     memory_of,
     target,
     target_options,
@@ -69,8 +71,8 @@ def split_chunks(cfg: ExperimentConfig, mesh, most: int) -> list[int]:
 
 
 def compile_decode(cfg: ExperimentConfig, mesh, params, prompts: int, options: dict, where: str):
-    """The rollout program for `prompts` prompts compiled on `mesh`: (compiled, lower s, compile s).
-    CompilerRefused when the compiler runs out of device memory."""
+    """The rollout program for `prompts` prompts compiled on `mesh` (a CompileResult). CompilerRefused
+    when the compiler runs out of device memory."""
     rl = cfg.grpo
     t0 = time.perf_counter()
     lowered = lower_rollout(
@@ -78,8 +80,8 @@ def compile_decode(cfg: ExperimentConfig, mesh, params, prompts: int, options: d
     )
     t1 = time.perf_counter()
     what = f"{cfg.name}'s rollout of {prompts} prompts does not fit on {where}"
-    compiled = compile_lowered(lowered, options, what, mesh.devices.flat[0].platform)
-    return compiled, t1 - t0, time.perf_counter() - t1
+    compiled, heap = compile_lowered(lowered, options, what, mesh.devices.flat[0].platform)
+    return CompileResult(compiled, t1 - t0, time.perf_counter() - t1, heap)
 
 
 def kv_cache_gib(cfg: ExperimentConfig, mesh, rows: int, length: int) -> float:
@@ -128,14 +130,14 @@ def decode_report(
         """One chunk size compiled: its figures, or the compiler's refusal."""
         t0 = time.perf_counter()
         try:
-            compiled, lower_s, compile_s = compile_decode(cfg, mesh, params, prompts, options, where)
+            compiled, lower_s, compile_s, heap = compile_decode(cfg, mesh, params, prompts, options, where)
         except CompilerRefused as e:
             if e.memory != "HBM":  # a kernel's tiles: no chunk size changes that
                 raise
             out = {"sample_prompts": prompts, "per_device": None, "fits": False, "refused": e.reason}
             out.update(lower_s=None, compile_s=time.perf_counter() - t0)
         else:
-            per_device = memory_of(compiled)
+            per_device = memory_of(compiled, heap, None if chip is None else chip.hbm_limit_gib)
             fits = None if budget is None else per_device["peak_gib"] <= budget
             out = {"sample_prompts": prompts, "per_device": per_device, "fits": fits, "refused": None}
             out.update(lower_s=lower_s, compile_s=compile_s)
@@ -245,7 +247,8 @@ def format_decode_report(r: dict) -> str:
         lines += [
             f"lowered in {r['lower_s']:.1f} s, compiled in {r['compile_s']:.1f} s",
             f"XLA: arguments {d['arguments_gib']:.2f} + outputs {d['outputs_gib']:.2f} + temporaries "
-            f"{d['temporaries_gib']:.2f} = total {d['total_gib']:.2f} GiB; peak {d['peak_gib']:.2f} GiB",
+            f"{d['temporaries_gib']:.2f} = total {d['total_gib']:.2f} GiB; peak {d['peak_gib']:.2f} GiB"
+            + held_words(d),
         ]
     if r["hbm_limit_gib"] is not None:
         lines.append(

@@ -71,9 +71,11 @@ def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarra
 
 
 def _swap_halves(x):
-    """[x1, x2] -> [x2, x1] along the last axis, as a reverse of a (2, half) view."""
-    shape = x.shape
-    return jnp.flip(x.reshape(*shape[:-1], 2, shape[-1] // 2), axis=-2).reshape(shape)
+    """[x1, x2] -> [x2, x1] along the last axis: a rotation by half of it. Not a reverse of a (2, half)
+    view: at head_dim 64 that view's last axis is 32, below the TPU's 128 lanes, and the compiler
+    re-laid the float32 q and k out around it (39 ms of copies a step of the 190m on a v5e; with the
+    rotation that step ran 6.6% faster, docs/performance.md)."""
+    return jnp.roll(x, x.shape[-1] // 2, axis=-1)
 
 
 def _signed(t):
