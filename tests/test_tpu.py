@@ -98,6 +98,7 @@ def test_compile_check_peak_is_the_chips_peak():
     compiled, _, _, heap = compile_check.compile_step(cfg, mesh, compile_check.target_options(chip_type, "tpu"), where)
     memory = compile_check.memory_of(compiled, heap, chip_type.hbm_limit_gib)
     predicted = memory["hbm_gib"]
+    assert predicted is not None, "compile-check read no heap from the TPU compiler's memory-usage report"
     loaded = chip.memory_stats()
     shape = (cfg.trainer.global_batch, cfg.data.seq_len)
     tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, shape, dtype=np.int32)
