@@ -187,13 +187,12 @@ SWEEP_HEAD = (
 
 
 def compiler_heap(dump: Path) -> Optional[float]:
-    """The heap the TPU compiler checks against HBM, in GiB: the "Total bytes" of the default memory
-    space in its memory-usage report (what jax 0.12 returns as total_allocation_bytes)."""
-    reports = sorted(dump.glob("*memory-usage-report.txt"))
-    if not reports:
-        return None
-    match = re.search(r"Total bytes: (\d+)", reports[-1].read_text())
-    return int(match.group(1)) / 2**30 if match else None
+    """The heap the TPU compiler checks against HBM, in GiB (olmax.compile_check.tpu_heap_bytes: what
+    jax 0.12 returns as total_allocation_bytes)."""
+    from olmax.compile_check import tpu_heap_bytes
+
+    heap = tpu_heap_bytes(dump)
+    return None if heap is None else heap / 2**30
 
 
 def heap_of(cmd: list[str], env: dict, dump: Path, timeout: float, limit: float) -> tuple[Optional[float], str]:

@@ -168,25 +168,28 @@ def _per_rank_by_hand():
     return ids, mask, params, float(expected), norm
 
 
-def _assert_per_rank_step(layouts: dict) -> None:
-    ids, mask, params, expected, norm = _per_rank_by_hand()
+def _assert_per_rank_step(layouts: dict) -> tuple:
+    """Each layout's step has the CE and gradient norm of the loss by hand; returns the by-hand figures."""
+    by_hand = ids, mask, params, expected, norm = _per_rank_by_hand()
     for name, (layout_cfg, devices) in layouts.items():
         metrics = _step_metrics(layout_cfg, params, {"input_ids": ids, "label_mask": mask}, devices)
         np.testing.assert_allclose(float(metrics["ce_loss"]), expected, rtol=1e-6, err_msg=name)
         np.testing.assert_allclose(float(metrics["grad_norm"]), norm, rtol=1e-5, err_msg=name)
-    plain = _step_metrics(_per_rank_cfg("global", micro=2), params, {"input_ids": ids, "label_mask": mask}, 1)
-    assert abs(float(plain["grad_norm"]) - norm) > 0.1 * norm  # measured 23%: the weights reach the gradient
+    return by_hand
 
 
 def test_per_rank_loss_is_the_mean_of_rank_means():
     """trainer.loss_normalisation=per_rank: the step's CE and gradient norm are those of the loss by
-    hand (_per_rank_by_hand), on 1 device with 4 micro-batches and on 8 devices."""
-    _assert_per_rank_step(
+    hand (_per_rank_by_hand), on 1 device with 4 micro-batches and on 8 devices; the global
+    normalisation's gradient is not."""
+    ids, mask, params, _, norm = _assert_per_rank_step(
         {
             "1 device, 4 micro-batches": (_per_rank_cfg(micro=2), 1),
             "8 devices": (_per_rank_cfg(mesh=MeshConfig(data=2, fsdp=4, tensor=1)), 8),
         }
     )
+    plain = _step_metrics(_per_rank_cfg("global", micro=2), params, {"input_ids": ids, "label_mask": mask}, 1)
+    assert abs(float(plain["grad_norm"]) - norm) > 0.1 * norm  # measured 23%: the weights reach the gradient
 
 
 @pytest.mark.slow  # ~15 s on 2 cores: one more compile of the step, over a context axis

@@ -244,13 +244,13 @@ def compile_lowered(lowered, options: dict, what: str, platform: str) -> tuple[A
 
 
 def tpu_heap_bytes(dump: Path) -> Optional[int]:
-    """The heap of the TPU compiler's memory-usage report in `dump` (the "Total bytes" of its first
-    memory space, HBM): the span its buffer assignment lays the program's arguments, outputs and
+    """The heap of the TPU compiler's latest memory-usage report in `dump` (the "Total bytes" of its
+    first memory space, HBM): the span its buffer assignment lays the program's arguments, outputs and
     temporaries out in, which the runtime sets aside whole, packing gaps included. XLA's peak
     (memory_analysis().peak_memory_in_bytes) counts the most live at once instead: 1-5% under the
     heap for a 2 GiB step of a v5e (docs/performance.md). None when the compiler wrote no report."""
     reports = sorted(dump.glob("*memory-usage-report.txt"))
-    match = re.search(r"Total bytes: (\d+)", reports[0].read_text()) if reports else None
+    match = re.search(r"Total bytes: (\d+)", reports[-1].read_text()) if reports else None
     return int(match.group(1)) if match else None
 
 
