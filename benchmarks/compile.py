@@ -202,9 +202,8 @@ def heap_of(cmd: list[str], env: dict, dump: Path, timeout: float, limit: float)
     limit that is the final heap, and the compile is stopped there (the rest is code generation).
     Over it the compiler rematerialises further on its own and assigns again without a new report,
     so the compile runs to the end: it fails (out of HBM) or its JSON (`--json`, the last argument)
-    gives the final figure: MaxText's heap, olmax's (compile-check reads the same report from a dump
-    of its own, per compile, so olmax's rows end here: its `per_device.heap_gib`, or its peak where
-    that heap was over the limit)."""
+    gives the final figure: MaxText's heap, olmax's `per_device.heap_gib` (compile-check reads the
+    report from the dump XLA_FLAGS names), or its peak where that heap was over the limit."""
     dump_flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*train_step.*|.*step_fn.*"
     env = {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {dump_flags}"}
     log = dump.with_suffix(".log")

@@ -235,6 +235,27 @@ def test_the_flag_profile_reaches_the_compiler(monkeypatch):
         compile_report(cfg, topology="v5p:2x2x1")
 
 
+def test_a_users_xla_dump_is_kept_and_its_newest_report_read(tmp_path):
+    """With XLA_FLAGS' --xla_dump_to set, compile-check writes the TPU compiler's reports there (a
+    per-compile dump folder would replace the user's: XLA takes one) and reads the heap from the
+    report of this compile, not from an earlier one left in the folder."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    stale = dump / "module_9999.jit_earlier.memory-usage-report.txt"  # sorts after the new one's name
+    stale.write_text("Total bytes: 1\n")
+    os.utime(stale, (1e9, 1e9))
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
+    out = tmp_path / "r.json"
+    args = ["--recipe", "tiny", "--topology", "v5e:1x1", "--json", str(out), *SMALL_TPU]
+    cmd = [sys.executable, "-m", "olmax.cli", "compile-check", *args]
+    subprocess.run(cmd, env={**os.environ, "XLA_FLAGS": flags}, check=True, capture_output=True, timeout=300)
+    reports = sorted(dump.glob("*memory-usage-report.txt"), key=lambda r: r.stat().st_mtime)
+    assert len(reports) >= 2 and reports[0] == stale  # the user's folder holds the compile's report
+    heap = int(reports[-1].read_text().split("Total bytes: ")[1].split()[0])
+    assert json.loads(out.read_text())["per_device"]["heap_gib"] == pytest.approx(heap / GIB, rel=1e-12)
+    assert heap > 2**20
+
+
 def test_multislice_mesh_puts_only_data_across_slices():
     devices = topology_devices("tpu7x:2x2x1", num_slices=2)
     mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), devices)

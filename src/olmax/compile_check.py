@@ -227,11 +227,18 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str) -> Comp
 def compile_lowered(lowered, options: dict, what: str, platform: str) -> tuple[Any, Optional[int]]:
     """lowered.compile() with the chip's compiler options: (compiled, the TPU compiler's heap in bytes,
     None off TPU); CompilerRefused, its message starting with `what`, when the compiler runs out of
-    device memory. On TPU the compiler writes its reports into a temporary folder (xla_dump_to, a
-    per-compile option), read there for the heap and removed."""
-    with tempfile.TemporaryDirectory(prefix="olmax-xla-") as dump:
-        if platform == "tpu":
-            options = {**options, "xla_dump_to": dump}
+    device memory. On TPU the compiler writes its reports where XLA_FLAGS' --xla_dump_to asks (a
+    user's dump is kept whole), else into a temporary folder (xla_dump_to, a per-compile option, which
+    replaces the environment's), read there for the heap and removed."""
+    asked = re.search(r"--xla_dump_to=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    with contextlib.ExitStack() as stack:
+        if asked:
+            dump = asked.group(1)
+        else:
+            dump = stack.enter_context(tempfile.TemporaryDirectory(prefix="olmax-xla-"))
+            if platform == "tpu":
+                options = {**options, "xla_dump_to": dump}
+        started = time.time()
         try:
             compiled = lowered.compile(compiler_options=options or None)
         except Exception as e:
@@ -240,17 +247,20 @@ def compile_lowered(lowered, options: dict, what: str, platform: str) -> tuple[A
                 reason = f"out of {memory}: {str(e).splitlines()[0][:300]}"
                 raise CompilerRefused(f"{what}: the {platform.upper()} compiler ran {reason}", memory, reason) from None
             raise
-        return compiled, tpu_heap_bytes(Path(dump)) if platform == "tpu" else None
+        return compiled, tpu_heap_bytes(Path(dump), since=started) if platform == "tpu" else None
 
 
-def tpu_heap_bytes(dump: Path) -> Optional[int]:
-    """The heap of the TPU compiler's latest memory-usage report in `dump` (the "Total bytes" of its
-    first memory space, HBM): the span its buffer assignment lays the program's arguments, outputs and
+def tpu_heap_bytes(dump: Path, since: float = 0.0) -> Optional[int]:
+    """The heap of the TPU compiler's newest memory-usage report in `dump` written at or after `since`
+    (a time.time(); a dump folder may hold earlier compiles' reports): the "Total bytes" of its first
+    memory space, HBM, the span its buffer assignment lays the program's arguments, outputs and
     temporaries out in, which the runtime sets aside whole, packing gaps included. XLA's peak
     (memory_analysis().peak_memory_in_bytes) counts the most live at once instead: 1-5% under the
-    heap for a 2 GiB step of a v5e (docs/performance.md). None when the compiler wrote no report."""
-    reports = sorted(dump.glob("*memory-usage-report.txt"))
-    match = re.search(r"Total bytes: (\d+)", reports[-1].read_text()) if reports else None
+    heap on a v5e for steps of 2 to 13 GiB (docs/performance.md). None when the compiler wrote no
+    report (off TPU, or a dump whose module filter left the program out)."""
+    reports = [r for r in Path(dump).glob("*memory-usage-report.txt") if r.stat().st_mtime >= since]
+    newest = max(reports, key=lambda r: r.stat().st_mtime, default=None)
+    match = re.search(r"Total bytes: (\d+)", newest.read_text()) if newest else None
     return int(match.group(1)) if match else None
 
 
