@@ -227,9 +227,10 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str) -> Comp
 def compile_lowered(lowered, options: dict, what: str, platform: str) -> tuple[Any, Optional[int]]:
     """lowered.compile() with the chip's compiler options: (compiled, the TPU compiler's heap in bytes,
     None off TPU); CompilerRefused, its message starting with `what`, when the compiler runs out of
-    device memory. On TPU the compiler writes its reports where XLA_FLAGS' --xla_dump_to asks (a
-    user's dump is kept whole), else into a temporary folder (xla_dump_to, a per-compile option, which
-    replaces the environment's), read there for the heap and removed."""
+    device memory. On TPU the heap comes from the compiler's memory-usage report: in the folder
+    XLA_FLAGS' --xla_dump_to names, if it names one (the user's dump, kept as it is), else in a
+    temporary folder given as the per-compile option xla_dump_to (which would replace the
+    environment's folder, hence not both) and removed afterwards."""
     asked = re.search(r"--xla_dump_to=(\S+)", os.environ.get("XLA_FLAGS", ""))
     with contextlib.ExitStack() as stack:
         if asked:
