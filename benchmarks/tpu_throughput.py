@@ -5,6 +5,7 @@ compiler.
     python benchmarks/tpu_throughput.py [--only 7b-layers --only 190m --fit 1b:7:float32:full --json out.json]
     python benchmarks/tpu_throughput.py --smoke     # the same code path on CPU at tiny shapes
     python benchmarks/tpu_throughput.py --only 190m --profile DIR   # + device time by op (tpu_profile.py)
+    python benchmarks/tpu_throughput.py --only 190m --chip-holds    # + the HBM the step takes on the chip
 
 Rows, each the `olmo3_7b` recipe (olmax.recipes) with dotted overrides: 1 instance of 8192 tokens per
 step unless said, attention `auto` (splash on a TPU), the recipe's loss_chunk 1024 and AdamW with
@@ -49,7 +50,10 @@ metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.fl
 ex: the exact count) against the chip's peak (olmax.chips, else --peak, default 197 TFLOP/s: Cloud
 TPU v5e docs) and against this run's matmul rate. HBM: `xla peak` is the compiler's peak of the step
 program (memory_analysis); `hbm peak` is memory_stats' peak_bytes_in_use after the row, the process's
-high-water mark so far (run a row alone with --only for its own). A row that fails (out of memory,
+high-water mark so far (run a row alone with --only for its own). compile-check's figure of what the
+chip holds (the TPU compiler's heap + code, olmax.compile_check.memory_of's hbm_gib) is printed under
+the table; --chip-holds measures what the step takes on the chip after the timed steps (chip_holds:
+a filler bisection, a second or two per try) and prints it beside. A row that fails (out of memory,
 nothing fits) prints its error and the next one runs; --stop-after S starts no row after S seconds
 (those are reported as not started), and --json is rewritten after every row, so a run cut short
 keeps what it measured. Prints a table; asserts nothing.
@@ -70,7 +74,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
@@ -112,6 +116,7 @@ SMOKE = [
 ]
 SMOKE_MAX_LAYERS = 4
 SMOKE_HBM_GIB = 0.05
+FILLER_BLOCK = 64 * 2**20  # chip_holds' unit: its resolution (0.4-0.6% of the 7B-layer and 190m steps)
 
 
 class Row(NamedTuple):
@@ -207,7 +212,7 @@ class Prober:
 
     def __init__(self, mesh, options: dict, where: str, budget: Optional[float]):
         self.mesh, self.options, self.where, self.budget = mesh, options, where, budget
-        self.seen: dict = {}  # key -> (Candidate, compiled or None)
+        self.seen: dict = {}  # key -> (Candidate, compiled or None, the TPU compiler's heap or None)
         self.seconds: list[float] = []
 
     def __call__(self, cfg, mesh=None):
@@ -221,13 +226,13 @@ class Prober:
             return self.seen[key][0]
         t0 = time.perf_counter()
         try:
-            compiled = compile_step(cfg, self.mesh, self.options, self.where).compiled
+            compiled, _, _, heap = compile_step(cfg, self.mesh, self.options, self.where)
         except CompilerRefused as e:
             if e.memory != "HBM":  # a kernel's tiles: no layer count or remat changes that
                 raise
             self.seconds.append(time.perf_counter() - t0)
             c = Candidate(m.remat, m.remat_serial, None, False, self.seconds[-1], e.reason)
-            compiled, what = None, f"refused by the compiler ({e.reason})"
+            compiled, heap, what = None, None, f"refused by the compiler ({e.reason})"
         else:
             self.seconds.append(time.perf_counter() - t0)
             peak = compiled.memory_analysis().peak_memory_in_bytes / GIB
@@ -235,12 +240,13 @@ class Prober:
             c = Candidate(m.remat, m.remat_serial, peak, fits, self.seconds[-1])
             what = f"peak {peak:.3f} GiB, {'fits' if fits else 'over the budget'}"
         log(f"    {describe(cfg)}: {what} [{self.seconds[-1]:.0f} s]")
-        self.seen[key] = (c, compiled if c.fits else None)
+        self.seen[key] = (c, compiled if c.fits else None, heap)
         return c
 
     def compiled(self, cfg):
+        """(compiled step, the TPU compiler's heap in bytes or None) of a candidate that fits."""
         m, t = cfg.model, cfg.trainer
-        return self.seen[(m.n_layers, m.param_dtype, t.micro_batch_size, m.remat, m.remat_serial)][1]
+        return self.seen[(m.n_layers, m.param_dtype, t.micro_batch_size, m.remat, m.remat_serial)][1:]
 
 
 class Fit(NamedTuple):
@@ -283,7 +289,8 @@ def describe(cfg) -> str:
 
 
 def choose(name: str, args, mesh, chip, where: str):
-    """-> (cfg, compiled step, Prober, remat candidates or None): the row's configuration (module doc)."""
+    """-> (cfg, compiled step, its heap in bytes or None, Prober, remat candidates or None): the row's
+    configuration (module doc)."""
     from olmax.compile_check import budget_gib, target_options
     from olmax.remat import AUTO, AUTO_LADDER
     from olmax.remat_search import bisect, with_remat
@@ -336,11 +343,46 @@ def choose(name: str, args, mesh, chip, where: str):
         found, tried = bisect(_with(best, remat=AUTO), mesh, prober)
         chosen = with_remat(best, found.remat, found.serial)
     log(f"  {name}: chose {describe(chosen)}")
-    return chosen, prober.compiled(chosen), prober, tried
+    return chosen, *prober.compiled(chosen), prober, tried
 
 
 # ----------------------------------------------------------------------------------------------
 # Rows
+
+
+def chip_holds(step: Callable[[], None], before: dict, block: int = FILLER_BLOCK) -> float:
+    """The HBM a compiled step takes on the chip, in GiB: the chip's limit less the largest filler
+    (int32 arrays of `block` bytes, their count found by bisection) beside which `step()` (a fresh
+    state, then one step, blocked on) still runs, less what was in use `before` (memory_stats() taken
+    before the step was compiled). It counts whatever the runtime holds for the step, whenever it
+    takes it: the TPU runtime reserves the compiler's preallocated temporary block whole when it loads
+    the program, which peak_bytes_in_use does not count (docs/performance.md, "compile-check's memory
+    against the chip"). Resolution: `block`."""
+    import jax
+    import jax.numpy as jnp
+
+    filler_block = jax.jit(lambda: jnp.zeros((block // 4,), jnp.int32))
+
+    def runs(blocks: int) -> bool:
+        filler = [filler_block() for _ in range(blocks)]
+        jax.block_until_ready(filler)
+        try:
+            step()
+            return True
+        except Exception as e:  # out of HBM: loading the program (ValueError) or running it (JaxRuntimeError)
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            return False
+        finally:
+            del filler
+
+    if not runs(0):
+        raise RuntimeError("the step does not run on an empty chip")
+    fits, fails = 0, before["bytes_limit"] // block
+    while fails - fits > 1:
+        mid = (fits + fails) // 2
+        fits, fails = (mid, fails) if runs(mid) else (fits, mid)
+    return (before["bytes_limit"] - fits * block - before["bytes_in_use"]) / GIB
 
 
 def run_matmul(args) -> dict:
@@ -378,9 +420,10 @@ def run_row(name: str, args, chip, peak: float) -> dict:
 
     device = jax.devices()[0]
     t_row = time.perf_counter()
+    before = device.memory_stats()
     base = row_config(name, args, [])
     mesh = make_mesh(base.mesh, [device])
-    cfg, compiled, prober, tried = choose(name, args, mesh, chip, describe_devices([device]))
+    cfg, compiled, heap, prober, tried = choose(name, args, mesh, chip, describe_devices([device]))
     layout = batch_layout(cfg, mesh)
     m, seq = cfg.model, cfg.data.seq_len
     tokens = np.random.default_rng(0).integers(0, m.vocab_size, (cfg.trainer.global_batch, seq), dtype=np.int32)
@@ -400,6 +443,16 @@ def run_row(name: str, args, chip, peak: float) -> dict:
             profile = read_profile(trace, PROFILE_STEPS, compiled.as_text())
     del state, batch
     stats = device.memory_stats() or {}
+    holds = None
+    if args.chip_holds:
+
+        def step():
+            with jax.set_mesh(mesh):
+                fresh = init(jax.random.key(0), None)
+            jax.block_until_ready(compiled(fresh, {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}))
+
+        holds = chip_holds(step, before)
+    memory = memory_of(compiled, heap, None if chip is None else chip.hbm_limit_gib)
     s = statistics.median(times[args.warmup :])
     gb = cfg.trainer.global_batch
     flops = {"mt": maxtext_step_flops(m, seq, gb).total, "ex": exact_step_flops(m, seq, gb).total}
@@ -429,8 +482,10 @@ def run_row(name: str, args, chip, peak: float) -> dict:
         "tflop_per_step": {k: v / 1e12 for k, v in flops.items()},
         "tflops": {k: v / 1e12 / s for k, v in flops.items()},
         "mfu": {k: v / 1e12 / s / peak for k, v in flops.items()},
-        "xla_peak_gib": memory_of(compiled)["peak_gib"],
+        "xla_peak_gib": memory["peak_gib"],
         "hbm_peak_gib": stats["peak_bytes_in_use"] / GIB if "peak_bytes_in_use" in stats else None,
+        "compile_check_hbm_gib": memory["hbm_gib"],  # the TPU compiler's heap + code (None off TPU)
+        "chip_holds_gib": holds,  # --chip-holds: chip_holds' measure, after the timed steps
         "profile": profile,  # tpu_profile.op_times of PROFILE_STEPS more steps (--profile), else None
         "row_s": time.perf_counter() - t_row,
     }
@@ -467,6 +522,13 @@ def table(rows: list[dict], peak: float) -> str:
             f"{r['tflops']['ex']:6.1f} {100 * r['mfu']['mt']:6.1f}% {100 * r['mfu']['ex']:5.1f}% {pct['mt']:>7s} "
             f"{pct['ex']:>6s} {r['xla_peak_gib']:7.2f} {hbm:>7s} {sum(r['compiles_s']):5.0f} ({len(r['compiles_s'])})"
         )
+    for r in rows:
+        if r.get("compile_check_hbm_gib") is not None or r.get("chip_holds_gib") is not None:
+            cc, held = r.get("compile_check_hbm_gib"), r.get("chip_holds_gib")
+            line = f"{r['row']}: compile-check says the chip holds {cc:.3f} GiB (heap + code)" if cc else r["row"] + ":"
+            if held is not None:
+                line += f"; it took {held:.3f} GiB on the chip (chip_holds, {FILLER_BLOCK / GIB:.4f} GiB resolution)"
+            lines.append(line + f"; XLA's peak {r['xla_peak_gib']:.3f} GiB")
     lines.append(
         f"MFU against {peak:g} TFLOP/s; %mm = of the matmul row's rate; mt = MaxText's FLOP convention (unpadded "
         "vocabulary, every layer global), ex = the exact count; xla = the step program's compiled peak, hbm = the "
@@ -498,7 +560,10 @@ def main(argv=None) -> int:
     p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every row")
     p.add_argument("--profile", help="trace more steps of each row into DIR/<row> (device time by op: tpu_profile.py)")
+    p.add_argument("--chip-holds", action="store_true", help="measure the HBM each row's step takes (chip_holds)")
     args = p.parse_args(argv)
+    if args.chip_holds and args.smoke:
+        p.error("--chip-holds measures a TPU chip's memory; --smoke runs on the CPU")
     named = [name for name, _ in args.fit]
     if len(set(named)) < len(named):
         p.error(f"--fit names a row twice: {' '.join(sorted(n for n in set(named) if named.count(n) > 1))}")

@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,9 @@ from olmax.recipes import resolve
 from olmax.sharding import make_mesh
 from olmax.state import abstract_state, init_train_state, param_shardings, state_shardings
 from olmax.train_step import batch_sharding, make_train_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tpu_throughput import chip_holds  # noqa: E402 - the throughput table's measure of the same
 
 pytestmark = pytest.mark.tpu
 
@@ -81,7 +85,8 @@ def test_compile_check_peak_is_the_chips_peak():
     compiler's heap, the span its buffer assignment lays arguments, outputs and temporaries out in,
     plus the program's code) against the HBM the same compiled step takes on the chip: the chip's
     limit less the largest filler (blocks of FILLER_BLOCK, found by bisection) beside which the step
-    still runs from a fresh state, less what was in use before the step was compiled. That counts
+    still runs from a fresh state, less what was in use before the step was compiled (chip_holds, the
+    throughput benchmark's --chip-holds). That counts
     whatever the runtime holds for the step, whenever it takes it (the heap may be set aside when the
     program is loaded, before any argument exists), which the allocator's high-water mark does not: on
     a v5e it rose by 1.38 GiB for this step, its arguments alone 1.29 GiB. Measured there (libtpu
@@ -102,32 +107,16 @@ def test_compile_check_peak_is_the_chips_peak():
     loaded = chip.memory_stats()
     shape = (cfg.trainer.global_batch, cfg.data.seq_len)
     tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, shape, dtype=np.int32)
-    block = jax.jit(lambda: jnp.zeros((FILLER_BLOCK // 4,), jnp.int32))
 
-    def runs(blocks: int) -> bool:
-        """Whether the step runs from a fresh state beside `blocks` filler blocks."""
-        filler = [block() for _ in range(blocks)]
-        jax.block_until_ready(filler)
-        try:
-            with jax.set_mesh(mesh):
-                state = init_train_state(cfg, mesh, jax.random.key(0))
-            batch = {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}
-            jax.block_until_ready(compiled(state, batch))
-            return True
-        except Exception as e:  # out of HBM: loading the program (ValueError) or running it (JaxRuntimeError)
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            return False
-        finally:
-            del filler
+    def step():
+        """A fresh state, one step."""
+        with jax.set_mesh(mesh):
+            state = init_train_state(cfg, mesh, jax.random.key(0))
+        jax.block_until_ready(compiled(state, {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}))
 
-    assert runs(0), "the step does not run on an empty chip"
+    step()
     high_water = chip.memory_stats()["peak_bytes_in_use"] - start["bytes_in_use"]
-    fits, fails = 0, start["bytes_limit"] // FILLER_BLOCK
-    while fails - fits > 1:
-        mid = (fits + fails) // 2
-        fits, fails = (mid, fails) if runs(mid) else (fits, mid)
-    measured = (start["bytes_limit"] - fits * FILLER_BLOCK - start["bytes_in_use"]) / GIB
+    measured = chip_holds(step, start, FILLER_BLOCK)
     figures = {
         "predicted_gib": round(predicted, 3),
         "xla_peak_gib": round(memory["peak_gib"], 3),
