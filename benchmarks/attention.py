@@ -69,11 +69,11 @@ def model_rows(runs: int) -> list[dict]:
     """bench-small's layers forward+backward and its whole train step, with the `xla` backend as it
     is (blockwise) and with `plain_attention` as the table's `xla` entry at trace time; the two alternate, and both
     steps advance one shared train state (the step donates it)."""
+    from olmax.config.recipes import resolve
     from olmax.model.olmo3 import forward_hidden, init_params
-    from olmax.recipes import resolve
-    from olmax.sharding import make_mesh
-    from olmax.state import init_train_state
-    from olmax.train_step import batch_sharding, make_train_step
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import init_train_state
+    from olmax.train.step import batch_sharding, make_train_step
 
     cfg = resolve("bench-small", None, [])
     m = cfg.model

@@ -18,7 +18,7 @@ Rows, each in its own process (peak RSS = that process's ru_maxrss), each in a t
   (fp32 currently fails: `save_params` bounds Orbax's bytes in flight to 1 GB, and the stacked MLP
   weights are one 1.07 GB array; docs/performance.md.)
 - `1b-full` (opt-in, needs ~40 GB of RAM): that model's full state, as `bench-small`.
-- `warm-start`: `olmax ckpt warm-start` (olmax.surgery.warm_start, keeping params and moments) of
+- `warm-start`: `olmax ckpt warm-start` (olmax.checkpoint.surgery.warm_start, keeping params and moments) of
   the bench-small full state on 8 CPU devices. The source checkpoint is written first in the same
   process; then the peak-RSS mark is reset (/proc/self/clear_refs) so that "peak RSS" is the warm
   start's own. Also reported: the most any one device holds of the restored state (the state passes
@@ -112,9 +112,9 @@ def full_state(cfg, tmp: Path) -> dict:
     """Async save of the whole TrainState with RunCheckpoints, then restore it (module doc)."""
     import jax
 
-    from olmax.checkpoint import RunCheckpoints
-    from olmax.sharding import make_mesh
-    from olmax.state import abstract_state, init_train_state
+    from olmax.checkpoint.store import RunCheckpoints
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import abstract_state, init_train_state
 
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
     with jax.set_mesh(mesh):
@@ -166,7 +166,7 @@ def params_only(cfg, tmp: Path) -> dict:
     temporaries (~10 bytes per parameter) would set the peak RSS instead of the checkpoint code."""
     import jax
 
-    from olmax.checkpoint import load_params, save_params
+    from olmax.checkpoint.store import load_params, save_params
     from olmax.model.olmo3 import abstract_params
 
     abstract = abstract_params(cfg.model)
@@ -210,10 +210,10 @@ def warm(cfg, tmp: Path) -> dict:
 
     import jax
 
-    from olmax.checkpoint import RunCheckpoints
-    from olmax.sharding import make_mesh
-    from olmax.state import init_train_state
-    from olmax.surgery import restore_state, warm_start
+    from olmax.checkpoint.store import RunCheckpoints
+    from olmax.checkpoint.surgery import restore_state, warm_start
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import init_train_state
 
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
     with jax.set_mesh(mesh):
@@ -248,8 +248,8 @@ def warm(cfg, tmp: Path) -> dict:
 
 
 def run_row(row: str, tmp: Path) -> dict:
+    from olmax.config.recipes import resolve
     from olmax.model.olmo3 import count_params
-    from olmax.recipes import resolve
 
     kind, overrides = ROWS[row]
     cfg = resolve(RECIPE, None, overrides)

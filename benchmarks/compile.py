@@ -21,7 +21,7 @@ costs (docs/performance.md, "A leaner backward and the remat sweep"):
     .venv/bin/python benchmarks/compile.py [--recipe olmo3_7b_stage1 --devices 8 --set KEY=VALUE ...
                                             --buffers 12 --fused-attention-memory --json out.json]
 
-Runs olmax.compile_check.compile_report (the real step, abstract arrays: nothing of the model's size
+Runs olmax.fit.compile_check.compile_report (the real step, abstract arrays: nothing of the model's size
 is allocated) with the overrides the 7B needs to fit a device: one instance per micro-batch, the
 output layer in chunks of 1024 positions, each block rematerialised. With --buffers N it also dumps
 XLA's buffer assignment and lists the N largest temporary allocations with the HLO value that
@@ -131,7 +131,7 @@ def run_table(rows: list[int], json_path) -> None:
                 f.write(json.dumps(report) + "\n")
 
 
-# --remat-sweep: the policies tried for each recipe and slice, as sets of tags (olmax.remat.REMAT_TAGS),
+# --remat-sweep: the policies tried for each recipe and slice, as sets of tags (olmax.config.remat.REMAT_TAGS),
 # from least kept to most. SEEDS is what the MaxText OLMo 3 run kept.
 SEEDS = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
 SWEEP_POLICIES = [
@@ -187,9 +187,9 @@ SWEEP_HEAD = (
 
 
 def compiler_heap(dump: Path) -> Optional[float]:
-    """The heap the TPU compiler checks against HBM, in GiB (olmax.compile_check.tpu_heap_bytes: what
+    """The heap the TPU compiler checks against HBM, in GiB (olmax.fit.compiler.tpu_heap_bytes: what
     jax 0.12 returns as total_allocation_bytes)."""
-    from olmax.compile_check import tpu_heap_bytes
+    from olmax.fit.compiler import tpu_heap_bytes
 
     heap = tpu_heap_bytes(dump)
     return None if heap is None else heap / 2**30
@@ -246,7 +246,7 @@ def olmax_cmd(recipe: str, topology: str, policy: str, serial: bool, json_out: P
 def maxtext_cmd(
     python: str, recipe: str, topology: str, per_device: int, micro: int, seq_len: int, saved, chip, json_out: Path
 ) -> list[str]:
-    from olmax.chips import libtpu_init_args
+    from olmax.fit.chips import libtpu_init_args
 
     model, extra = MAXTEXT_MODELS[recipe]
     save = ",".join(MAXTEXT_NAMES[t] for t in saved if t in MAXTEXT_NAMES)
@@ -271,11 +271,11 @@ def run_sweep(rows: list[int], policies: list[str], maxtext_python: Optional[str
     """For each recipe and slice of SWEEP (`rows`), each policy of SWEEP_POLICIES compiled by olmax and,
     when MaxText's venv is there, by MaxText with the same kept tensors: the compiler's heap, whether
     it fits (heap at most chips.HBM_HEADROOM of the limit) and the recompute (hardware / model FLOPs)."""
-    from olmax.chips import HBM_HEADROOM, chip_of_topology
-    from olmax.flops import exact_step_flops, recompute_flops
+    from olmax.config.recipes import resolve
+    from olmax.config.remat import remat_policy_of
+    from olmax.fit.chips import HBM_HEADROOM, chip_of_topology
+    from olmax.fit.flops import exact_step_flops, recompute_flops
     from olmax.model.attention import resolve_backend
-    from olmax.recipes import resolve
-    from olmax.remat import remat_policy_of
 
     print(SWEEP_HEAD)
     for i in rows:
@@ -444,8 +444,8 @@ def main(argv=None) -> None:
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + flags)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-    from olmax.compile_check import compile_report, format_report
-    from olmax.recipes import resolve
+    from olmax.config.recipes import resolve
+    from olmax.fit.compile_check import compile_report, format_report
 
     if args.fused_attention_memory:  # the stand-in as the backend table's entry for XLA:CPU
         from olmax.model import attention

@@ -65,7 +65,7 @@ def cpu_seconds() -> float:
 
 
 def run_olmax(paths, args, work):
-    from olmax.config import DataConfig
+    from olmax.config.data import DataConfig
     from olmax.data.loader import make_loader
 
     cfg = DataConfig(paths=tuple(paths), seq_len=args.seq_len, seed=SEED, work_dir=str(work), num_workers=args.workers)

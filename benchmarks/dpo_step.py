@@ -157,12 +157,17 @@ def olmax_step(args, policy, tmp: Path):
     """(state, the jitted DPO step, mesh) of olmax over the policy's weights."""
     import jax
 
-    from olmax.checkpoint import load_params
-    from olmax.config import DataConfig, DPOConfig, ExperimentConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
+    from olmax.checkpoint.store import load_params
+    from olmax.config.data import DataConfig
+    from olmax.config.dpo import DPOConfig
+    from olmax.config.experiment import ExperimentConfig
+    from olmax.config.optimizer import OptimizerConfig
+    from olmax.config.schedule import ScheduleConfig
+    from olmax.config.trainer import TrainerConfig
     from olmax.convert.hf import convert_from_hf
-    from olmax.sharding import make_mesh
-    from olmax.state import init_train_state
-    from olmax.train_step import make_train_step
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import init_train_state
+    from olmax.train.step import make_train_step
 
     policy.save_pretrained(tmp / "hf")
     convert_from_hf(str(tmp / "hf"), tmp / "olmax")

@@ -5,7 +5,7 @@
     python benchmarks/gpu_mfu.py --dry-run         # the same code path on CPU at a tiny size
 
 Each row builds the step that `olmax compile-check --topology h200:1x1` compiles
-(olmax.train_step.make_train_step on a 1-device mesh, the state of olmax.state.init_train_state:
+(olmax.train.step.make_train_step on a 1-device mesh, the state of olmax.train.state.init_train_state:
 fp32 parameters and Adam moments, bf16 compute, skip-step AdamW, clipping, z-loss, the fused output
 layer + loss), runs --warmup untimed steps (the first compiles) and then --steps timed ones, each
 ended by block_until_ready on its metrics. Every row runs in a process of its own, so each starts
@@ -24,9 +24,9 @@ disturb the next. Rows (docs/performance.md):
   MLP 3072, the 7B's vocabulary and window pattern), 2 x 8192 tokens (its script's rank micro-batch).
 Attention is `model.attention=auto`, which on a GPU in bf16 is cuDNN's fused kernel with the 4096
 window (olmax.model.attention.resolve_backend). The process runs with the chip's GPU profile from
-olmax.chips (XLA_FLAGS, the memory fraction and NCCL variables the Slurm launcher exports; flags
+olmax.fit.chips (XLA_FLAGS, the memory fraction and NCCL variables the Slurm launcher exports; flags
 already in XLA_FLAGS come after the profile's and win). MFU is given by both FLOP conventions of
-olmax.flops (MaxText's and the exact count) against the chip's dense bf16 peak in olmax.chips (the
+olmax.fit.flops (MaxText's and the exact count) against the chip's dense bf16 peak in olmax.fit.chips (the
 chip the GPU reports, else --chip). Prints a table; asserts nothing.
 
 --dry-run shrinks every row (d_model 64, 4 heads of 16, MLP 192, 256 tokens, window 128; the rows'
@@ -50,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
-from olmax.chips import CHIPS, get_chip, gpu_env  # noqa: E402 - plain Python, no jax import
+from olmax.fit.chips import CHIPS, get_chip, gpu_env  # noqa: E402 - plain Python, no jax import
 
 # name -> (overrides on top of olmo3_7b_stage1, instances per step). seq_len 8192 everywhere.
 SHAPE_7B_4L = ["model.n_layers=4"]
@@ -103,7 +103,7 @@ DRY_RUN = [
 
 
 def row_config(name: str, dry_run: bool, extra: list[str]):
-    from olmax.recipes import resolve
+    from olmax.config.recipes import resolve
 
     shape, batch = ROWS[name]
     overrides = COMMON + shape + [f"trainer.global_batch={batch}"] + (DRY_RUN if dry_run else []) + extra
@@ -139,9 +139,9 @@ def run_row(name: str, args) -> dict:
     import jax
     import numpy as np
 
-    from olmax.sharding import make_mesh
-    from olmax.state import init_train_state
-    from olmax.train_step import batch_sharding, make_train_step
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import init_train_state
+    from olmax.train.step import batch_sharding, make_train_step
 
     backend, device = jax.default_backend(), jax.devices()[0]
     about = {
@@ -181,12 +181,12 @@ def run_row(name: str, args) -> dict:
 
 
 def summarize(row: dict, fallback: str, dry_run: bool) -> dict:
-    """Median step time and the FLOP figures of olmax.flops for a child's raw row, MFU against the peak
-    of the chip the row ran on (`fallback` when olmax.chips does not know its device kind)."""
+    """Median step time and the FLOP figures of olmax.fit.flops for a child's raw row, MFU against the peak
+    of the chip the row ran on (`fallback` when olmax.fit.chips does not know its device kind)."""
     import numpy as np
 
-    from olmax.chips import chip_of_device_kind
-    from olmax.flops import flops_report
+    from olmax.fit.chips import chip_of_device_kind
+    from olmax.fit.flops import flops_report
 
     chip = chip_of_device_kind(row["device"]) or get_chip(fallback)
     row["chip"], row["peak_tflops"] = chip.name, chip.peak_tflops
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
         "--chip",
         choices=gpus,
         default="h200",
-        help="GPU profile and peak when the GPU's device kind is not in olmax.chips (default h200)",
+        help="GPU profile and peak when the GPU's device kind is not in olmax.fit.chips (default h200)",
     )
     p.add_argument(
         "--set",
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
     }
     print(
         f"gpu_mfu: {args.warmup} warm-up + {args.steps} timed steps per row, one process per row, the GPU profile "
-        f"of olmax.chips (XLA_FLAGS={os.environ['XLA_FLAGS']})"
+        f"of olmax.fit.chips (XLA_FLAGS={os.environ['XLA_FLAGS']})"
         + ("  [DRY RUN: tiny shapes on CPU, figures meaningless]" if args.dry_run else ""),
         flush=True,
     )

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One short, prepared GPU run: olmax's train step on ONE H100/H200, s/step, tokens/s, TFLOP/s and MFU
-# (benchmarks/gpu_mfu.py says what each row is), with the chip's GPU profile from olmax.chips (XLA
+# (benchmarks/gpu_mfu.py says what each row is), with the chip's GPU profile from olmax.fit.chips (XLA
 # flags, memory fraction, NCCL variables). Made for a GPU lent for ~15 minutes in all: after the
 # install, the run is mostly XLA compiling four steps (each step takes about a second or less).
 #
@@ -18,7 +18,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -n "${OLMAX_PYTHON:-}" ]]; then
     py="$OLMAX_PYTHON"
     if [[ -n "${OLMAX_WHEELS:-}" ]]; then
-        # e.g. omegaconf==2.4.0, the one olmax.train_step import a CUDA image may lack
+        # e.g. omegaconf==2.4.0, the one olmax.train.step import a CUDA image may lack
         "$py" -m pip install -q --no-index --no-deps --target /tmp/olmax-site "$OLMAX_WHEELS"/*.whl
         export PYTHONPATH="/tmp/olmax-site${PYTHONPATH:+:$PYTHONPATH}"
     fi

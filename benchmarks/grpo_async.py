@@ -29,10 +29,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from olmax.config_io import apply_overrides
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
 from olmax.data.chat_corpus import chat_file
-from olmax.recipes import get_recipe
-from olmax.train import train
+from olmax.trainer.run import train
 
 ROLLOUT = ("rollout/sample_s", "rollout/verify_s", "rollout/wait_s", "rollout/response_len_mean")
 

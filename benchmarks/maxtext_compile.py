@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 GIB = 2**30
-# MaxText's names (configs/base.yml, `custom` remat) of the tensors olmax tags (olmax.remat.REMAT_TAGS)
+# MaxText's names (configs/base.yml, `custom` remat) of the tensors olmax tags (olmax.config.remat.REMAT_TAGS)
 MAXTEXT_TENSORS = ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
 
 

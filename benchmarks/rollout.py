@@ -50,10 +50,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olmax.checkpoint import load_params, save_params
+from olmax.checkpoint.store import load_params, save_params
+from olmax.config.recipes import TINY
 from olmax.convert.hf import convert_to_hf
 from olmax.model.olmo3 import init_params
-from olmax.recipes import TINY
 from olmax.rollout.sampler import Sampling, _argmax, generate, sample
 
 MODELS = {"demo": TINY, "small": replace(TINY, vocab_size=4096)}

@@ -29,7 +29,7 @@ iteration; decode tokens/s = rows / that; end-to-end tokens/s = rows x new / med
 Bound: per decode step the chip must read every weight once (all layers and the LM head, in
 model.param_dtype; of the embedding only the rows' own entries) and each row's KV cache at the
 average context, prompt + (new + 1) / 2 positions (a windowed layer at most its window), at the
-HBM bandwidth (olmax.chips' hbm_gbps for the chip, else --hbm-gbps, default 819 GB/s: Cloud TPU v5e
+HBM bandwidth (olmax.fit.chips' hbm_gbps for the chip, else --hbm-gbps, default 819 GB/s: Cloud TPU v5e
 docs): bound tokens/s = rows / ((weight bytes + KV bytes) / bandwidth). `ring GB` is the KV the
 sampler actually reads per step: its ring attention scores every slot of every layer's ring (the
 whole bucketed cache length on a global layer; olmax.rollout.cache), not only the filled ones.
@@ -70,9 +70,9 @@ def log(line: str) -> None:
 
 
 def model_config(name: str, args):
-    from olmax.config import ExperimentConfig
-    from olmax.config_io import apply_overrides
-    from olmax.recipes import OLMO3_7B, TINY
+    from olmax.config.experiment import ExperimentConfig
+    from olmax.config.io import apply_overrides
+    from olmax.config.recipes import OLMO3_7B, TINY
 
     on = lambda model, overrides: apply_overrides(dataclasses.replace(ExperimentConfig(), model=model), overrides).model
     shape = {"tiny": [], "190m": SHAPE_190M, "1b": SHAPE_1B}[name]
@@ -87,7 +87,7 @@ def shape_of(name: str, args) -> dict:
     """prompts, samples per prompt, prompt tokens, new tokens of a shape (module doc)."""
     if name == "b64":
         return dict(prompts=args.prompts, n=1, prompt_len=args.prompt_len, new=args.new)
-    from olmax.recipes import get_recipe
+    from olmax.config.recipes import get_recipe
 
     rl = get_recipe("tiny_grpo").grpo
     return dict(
@@ -128,9 +128,9 @@ def run_row(model: str, shape: str, args, gbps: float) -> dict:
     import jax
     import numpy as np
 
-    from olmax.chips import init_compiler_options
     from olmax.model.olmo3 import count_params, init_params
     from olmax.rollout.sampler import Sampling, sample, widths
+    from olmax.train.state import init_compiler_options
 
     cfg = model_config(model, args)
     s = shape_of(shape, args)
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=1.0, help="0: greedy (a program without the draw)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--hbm-gbps", type=float, help="HBM bandwidth when olmax.chips has none (default 819)")
+    p.add_argument("--hbm-gbps", type=float, help="HBM bandwidth when olmax.fit.chips has none (default 819)")
     p.add_argument("--compile-cache", help="JAX's persistent compilation cache directory (reused by the next run)")
     p.add_argument("--stop-after", type=float, help="start no row after this many seconds of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model.* override, every row")
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from olmax.chips import chip_of_device_kind
+    from olmax.fit.chips import chip_of_device_kind
 
     if args.compile_cache:  # a second run on the same host compiles nothing (JAX's persistent cache)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)

@@ -31,8 +31,8 @@ unscanned (scan_layers=False, its path for that), and the table says so.
 
 Seconds per step are the gaps between the timestamps of MaxText's `completed step: N` lines (a line
 is logged once its step's metrics are on the host, the next step queued), the median after --warmup.
-TFLOP/s and MFU against the peak olmax's run used: mt, MaxText's convention (olmax.flops), the same
-count for both; ex, the matmuls each framework's step performs (olmax.flops' exact count, for MaxText
+TFLOP/s and MFU against the peak olmax's run used: mt, MaxText's convention (olmax.fit.flops), the same
+count for both; ex, the matmuls each framework's step performs (olmax.fit.flops' exact count, for MaxText
 with its own windows and unpadded vocabulary); MaxText's own TFLOP/s/device figure beside them. A
 run that fails (out of memory at olmax's fit, a missing module) is reported with its last lines and
 the next row runs; each row's whole log is written beside --json. --profile traces 3 steps after the
@@ -94,7 +94,7 @@ def config_of(row: dict, env: dict):
 
 
 def remat_args(remat: str) -> list[str]:
-    from olmax.remat import remat_policy_of
+    from olmax.config.remat import remat_policy_of
 
     policy = remat_policy_of(remat)
     if policy is None:
@@ -106,9 +106,9 @@ def remat_args(remat: str) -> list[str]:
 
 
 def maxtext_exact_flops(m, seq_len: int, batch: int) -> int:
-    """The matmuls MaxText's step performs: olmax.flops' exact count with MaxText's vocabulary
+    """The matmuls MaxText's step performs: olmax.fit.flops' exact count with MaxText's vocabulary
     (unpadded) and windows (layer i global only when i % CYCLE == CYCLE - 1)."""
-    from olmax.flops import attended_pairs, exact_step_flops
+    from olmax.fit.flops import attended_pairs, exact_step_flops
 
     exact = exact_step_flops(dataclasses.replace(m, vocab_multiple=1), seq_len, batch)
     ours = sum(attended_pairs(seq_len, m.layer_window(i)) for i in range(m.n_layers))
@@ -224,7 +224,7 @@ def maxtext_profile(out: Path) -> dict:
 
 
 def table(pairs: list[tuple[dict, dict]], env: dict) -> str:
-    from olmax.flops import exact_step_flops, maxtext_step_flops
+    from olmax.fit.flops import exact_step_flops, maxtext_step_flops
 
     peak = env["peak_tflops"]
     lines = [
@@ -251,7 +251,7 @@ def table(pairs: list[tuple[dict, dict]], env: dict) -> str:
             )
     lines.append(
         f"MFU against {peak:g} TFLOP/s: mt = MaxText's convention (one count for both), ex = the matmuls each "
-        "step performs (olmax.flops); own = MaxText's printed TFLOP/s/device; olmax/MaxText = MaxText's s/step "
+        "step performs (olmax.fit.flops); own = MaxText's printed TFLOP/s/device; olmax/MaxText = MaxText's s/step "
         "over olmax's (> 1: olmax faster)"
     )
     for o, mt in pairs:  # where both were profiled: the device time of a step by kind of op, side by side

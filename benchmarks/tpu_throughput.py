@@ -7,15 +7,15 @@ compiler.
     python benchmarks/tpu_throughput.py --only 190m --profile DIR   # + device time by op (tpu_profile.py)
     python benchmarks/tpu_throughput.py --only 190m --chip-holds    # + the HBM the step takes on the chip
 
-Rows, each the `olmo3_7b` recipe (olmax.recipes) with dotted overrides: 1 instance of 8192 tokens per
+Rows, each the `olmo3_7b` recipe (olmax.config.recipes) with dotted overrides: 1 instance of 8192 tokens per
 step unless said, attention `auto` (splash on a TPU), the recipe's loss_chunk 1024 and AdamW with
-skip-step, the state of olmax.state.init_train_state, the step of olmax.train_step.make_train_step:
+skip-step, the state of olmax.train.state.init_train_state, the step of olmax.train.step.make_train_step:
 - `matmul`: a bf16 8192^3 matmul (jnp.matmul), the reference for "% of matmul rate".
 - `7b-layers`: OLMo 3 7B's layer shape (d_model 4096, 32 heads of 128, MLP 11008, windows of 4096 on
   three layers of four), the full vocabulary (100278 padded to 100352), as many layers as fit. The
   embedding and LM head are 822M parameters: with fp32 parameters, fp32 Adam moments (olmax keeps
-  them fp32 whatever model.param_dtype, olmax.optim) and fp32 gradients (the step accumulates them
-  in fp32, olmax.train_step) that is 16 B/parameter, 12.2 GiB before any layer; so both
+  them fp32 whatever model.param_dtype, olmax.train.optim) and fp32 gradients (the step accumulates them
+  in fp32, olmax.train.step) that is 16 B/parameter, 12.2 GiB before any layer; so both
   model.param_dtype=float32 (the recipe's) and bfloat16 (14 B/parameter) are tried and the one that
   fits more layers runs (float32 on a tie).
 - `7b-layers-v8k`: the same with the vocabulary cut to 8192, fp32 parameters, as many layers as fit
@@ -29,9 +29,9 @@ skip-step, the state of olmax.state.init_train_state, the step of olmax.train_st
   B/parameter) exceeds the chip's 15.7 GiB, so layers are cut as for `7b-layers`, both dtypes tried.
 
 How a row's configuration is chosen, by the compiler, before anything is allocated: each candidate's
-step is compiled from abstract arrays (olmax.compile_check.compile_step) and fits when the compiler
+step is compiled from abstract arrays (olmax.fit.compiler.compile_step) and fits when the compiler
 takes it with its peak within the chip's budget (chips.HBM_HEADROOM of the HBM limit), as
-model.remat=auto decides (olmax.remat_search). Shapes, most layers (largest micro-batch) first, per
+model.remat=auto decides (olmax.fit.remat_search). Shapes, most layers (largest micro-batch) first, per
 parameter dtype: a layer count whose parameter, Adam and gradient bytes alone exceed the budget is
 not compiled (it cannot fit; the figure is printed). Each shape is compiled keeping
 the most (remat.AUTO_LADDER's first set: where that fits it is auto's choice) and, if that does not
@@ -43,15 +43,15 @@ bisection; the fits found on a v5e are in docs/performance.md), --compile-cache 
 compiled program for the next run on the same host. Each compile's figures are printed as it ends.
 On a v5e a row's time is its compiles (the 7b-layers step 51 s, the 1b's 7 layers 115 s; the same
 compiles take 470-530 s on a 2-core host) and the state's init (13-17 s a row, logged apart: nearly
-all of it the init program's compile, at the default scoped VMEM: olmax.chips.INIT_COMPILER_OPTIONS).
+all of it the init program's compile, at the default scoped VMEM: olmax.train.state.INIT_COMPILER_OPTIONS).
 
 Per row: --warmup untimed steps, then --steps timed ones, each ended by block_until_ready on its
-metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.flops (mt: MaxText's,
-ex: the exact count) against the chip's peak (olmax.chips, else --peak, default 197 TFLOP/s: Cloud
+metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.fit.flops (mt: MaxText's,
+ex: the exact count) against the chip's peak (olmax.fit.chips, else --peak, default 197 TFLOP/s: Cloud
 TPU v5e docs) and against this run's matmul rate. HBM: `xla peak` is the compiler's peak of the step
 program (memory_analysis); `hbm peak` is memory_stats' peak_bytes_in_use after the row, the process's
 high-water mark so far (run a row alone with --only for its own). compile-check's figure of what the
-chip holds (the TPU compiler's heap + code, olmax.compile_check.memory_of's hbm_gib) is printed under
+chip holds (the TPU compiler's heap + code, olmax.fit.compiler.memory_of's hbm_gib) is printed under
 the table; --chip-holds measures what the step takes on the chip after the timed steps (chip_holds:
 a filler bisection, a second or two per try) and prints it beside. A row that fails (out of memory,
 nothing fits) prints its error and the next one runs; --stop-after S starts no row after S seconds
@@ -140,7 +140,7 @@ def log(line: str) -> None:
 
 
 def row_config(name: str, args, extra: list[str]):
-    from olmax.recipes import resolve
+    from olmax.config.recipes import resolve
 
     row = ROWS[name]
     overrides = [*COMMON, *row.overrides, f"trainer.global_batch={row.batch}", *(SMOKE if args.smoke else [])]
@@ -149,9 +149,9 @@ def row_config(name: str, args, extra: list[str]):
 
 def the_chip(device, args):
     """(chip for the compiler's budget or None, peak TFLOP/s, where the HBM limit came from). The chip
-    table's entry for this device kind (olmax.chips), else one made from memory_stats' bytes_limit;
+    table's entry for this device kind (olmax.fit.chips), else one made from memory_stats' bytes_limit;
     --hbm-gib replaces the HBM limit (on CPU it is the only budget there is), --peak the peak."""
-    from olmax.chips import SCOPED_VMEM_64MIB, Chip, chip_of_device_kind
+    from olmax.fit.chips import SCOPED_VMEM_64MIB, Chip, chip_of_device_kind
 
     chip = chip_of_device_kind(device.device_kind)
     peak = args.peak or (chip.peak_tflops if chip else V5E_PEAK_TFLOPS)
@@ -159,7 +159,7 @@ def the_chip(device, args):
     if args.hbm_gib:
         limit_gib, source = args.hbm_gib, "--hbm-gib"
     elif chip is not None:
-        limit_gib, source = chip.hbm_limit_gib, f"olmax.chips ({chip.name})"
+        limit_gib, source = chip.hbm_limit_gib, f"olmax.fit.chips ({chip.name})"
     elif limit:
         limit_gib, source = limit / GIB, "memory_stats bytes_limit"
     else:
@@ -176,7 +176,7 @@ def the_chip(device, args):
 
 def state_bytes(model, accumulated: bool) -> int:
     """Bytes the step holds whatever its activations: parameters in model.param_dtype, two fp32 Adam
-    moments (olmax.optim) and the gradients: fp32 sums over micro-batches (olmax.train_step's
+    moments (olmax.train.optim) and the gradients: fp32 sums over micro-batches (olmax.train.step's
     accumulate), or with one micro-batch in the parameters' dtype (the compiler folds the fp32 sum
     into its consumers: the 7B's layer shape at 1 layer, bf16 parameters, 1 x 8192 tokens, compiled
     for v5e with every activation kept, peaked at 12.81 GiB against 13.35 counting fp32 gradients)."""
@@ -206,7 +206,7 @@ def _with(cfg, **model_fields):
 
 
 class Prober:
-    """Compiles candidate steps (olmax.compile_check.compile_step) from abstract arrays, each at most
+    """Compiles candidate steps (olmax.fit.compiler.compile_step) from abstract arrays, each at most
     once: remat_search.Candidate figures by (shape, remat, order), the compiled step kept for those
     that fit."""
 
@@ -217,8 +217,8 @@ class Prober:
 
     def __call__(self, cfg, mesh=None):
         """The remat_search.Compile of cfg's step (mesh: this prober's; bisect passes it back)."""
-        from olmax.compile_check import CompilerRefused, compile_step
-        from olmax.remat_search import Candidate
+        from olmax.fit.compiler import CompilerRefused, compile_step
+        from olmax.fit.remat_search import Candidate
 
         m, t = cfg.model, cfg.trainer
         key = (m.n_layers, m.param_dtype, t.micro_batch_size, m.remat, m.remat_serial)
@@ -291,9 +291,9 @@ def describe(cfg) -> str:
 def choose(name: str, args, mesh, chip, where: str):
     """-> (cfg, compiled step, its heap in bytes or None, Prober, remat candidates or None): the row's
     configuration (module doc)."""
-    from olmax.compile_check import budget_gib, target_options
-    from olmax.remat import AUTO, AUTO_LADDER
-    from olmax.remat_search import bisect, with_remat
+    from olmax.config.remat import AUTO, AUTO_LADDER
+    from olmax.fit.compiler import budget_gib, target_options
+    from olmax.fit.remat_search import bisect, with_remat
 
     row, device = ROWS[name], mesh.devices.flat[0]
     fit = args.fit.get(name, Fit())
@@ -338,7 +338,7 @@ def choose(name: str, args, mesh, chip, where: str):
         raise RuntimeError(f"{name}: nothing fits (every candidate above was refused or over the budget)")
     if fixed_remat or first_fits:
         chosen, tried = with_remat(best, tries[0], False), None
-    else:  # model.remat=auto's bisection (olmax.remat_search), the compiles above reused
+    else:  # model.remat=auto's bisection (olmax.fit.remat_search), the compiles above reused
         log(f"  {name}: the shape fits recomputing whole blocks; model.remat=auto's bisection over remat.AUTO_LADDER")
         found, tried = bisect(_with(best, remat=AUTO), mesh, prober)
         chosen = with_remat(best, found.remat, found.serial)
@@ -409,14 +409,14 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     import jax
     import numpy as np
 
-    from olmax.compile_check import memory_of
-    from olmax.flops import exact_step_flops, maxtext_step_flops
+    from olmax.fit.compiler import memory_of
+    from olmax.fit.flops import exact_step_flops, maxtext_step_flops
+    from olmax.fit.remat_search import describe_devices
     from olmax.model.attention import resolve_backend
     from olmax.model.olmo3 import count_params
-    from olmax.remat_search import describe_devices
-    from olmax.sharding import make_mesh
-    from olmax.state import init_program
-    from olmax.train_step import batch_layout, batch_sharding
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import init_program
+    from olmax.train.step import batch_layout, batch_sharding
 
     device = jax.devices()[0]
     t_row = time.perf_counter()
@@ -429,7 +429,7 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     tokens = np.random.default_rng(0).integers(0, m.vocab_size, (cfg.trainer.global_batch, seq), dtype=np.int32)
     batch = {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}
     with jax.set_mesh(mesh):
-        t0 = time.perf_counter()  # olmax.state's jitted init, its compile timed apart
+        t0 = time.perf_counter()  # olmax.train.state's jitted init, its compile timed apart
         init = init_program(cfg, mesh).lower(jax.random.key(0), None).compile()
         init_compile_s = time.perf_counter() - t0
         state = jax.block_until_ready(init(jax.random.key(0), None))
@@ -546,7 +546,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, help="untimed steps first (default 2; smoke 1)")
     p.add_argument("--json", help="write the rows here (rewritten after every row)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (module doc)")
-    p.add_argument("--peak", type=float, help="peak TFLOP/s when olmax.chips does not know the chip (default 197)")
+    p.add_argument("--peak", type=float, help="peak TFLOP/s when olmax.fit.chips does not know the chip (default 197)")
     p.add_argument("--hbm-gib", type=float, help="HBM limit per device for the fit search (default: the chip's)")
     p.add_argument(
         "--fit",

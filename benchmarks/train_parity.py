@@ -1,5 +1,5 @@
 """Training parity with ai2-olmo-core 3.0.0, run long, with a plot: the comparison itself is
-olmax.convert.train_parity (its docstring says what is compared).
+olmax.parity.training (its docstring says what is compared).
 
     .venv/bin/python benchmarks/train_parity.py [--steps 300 --spike-step 150 --out train_parity.png]
     .venv/bin/python benchmarks/train_parity.py --sft [--steps 50] [--noise-floor]   # SFT as AI2 ran it
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from olmax.convert.train_parity import Run, Setup, compare_training
+from olmax.parity.harness import Run, Setup
+from olmax.parity.training import compare_training
 
 
 def plot(ref: Run, ours: Run, figures: dict, out: Path) -> None:

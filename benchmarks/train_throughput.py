@@ -11,7 +11,7 @@ embedding), clipping at 1.0, z-loss 1e-5. olmax's own choices (the recipe's): tw
 loss_chunk 128, remat full.
 
 Every row runs in its own fresh subprocess, so its peak RSS (ru_maxrss of that process) is its own:
-- `olmax`: the production step (olmax.train_step.make_train_step) on one CPU device; XLA's CPU
+- `olmax`: the production step (olmax.train.step.make_train_step) on one CPU device; XLA's CPU
   client uses the cores available.
 - `olmo-core-compiled` / `olmo-core-eager`: the same shape built with OLMo-core's own config classes
   (`TransformerConfig.llama_like` with the reordered-norm block, QK-norm, windows [512, 512, 512, full])
@@ -77,7 +77,7 @@ def timed_steps(run_step, data, warmup: int) -> list[float]:
 
 
 def experiment(overrides):
-    from olmax.recipes import resolve
+    from olmax.config.recipes import resolve
 
     return resolve(RECIPE, None, list(overrides))
 
@@ -89,9 +89,9 @@ def experiment(overrides):
 def row_olmax(args) -> dict:
     import jax
 
-    from olmax.sharding import make_mesh
-    from olmax.state import init_train_state
-    from olmax.train_step import batch_sharding, make_train_step
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import init_train_state
+    from olmax.train.step import batch_sharding, make_train_step
 
     cfg = experiment(args.set)
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
@@ -217,9 +217,9 @@ def row_profile(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from olmax.loss import make_labels, output_loss
     from olmax.model.olmo3 import forward_hidden, init_params, param_specs
-    from olmax.optim import Optimizer
+    from olmax.train.loss import make_labels, output_loss
+    from olmax.train.optim import Optimizer
 
     cfg = experiment(args.set)
     m, t = cfg.model, cfg.trainer
@@ -368,7 +368,7 @@ def summarise(result: dict, tokens: int) -> dict:
 
 
 def print_table(results: dict, cfg, args) -> None:
-    from olmax.flops import exact_step_flops, maxtext_step_flops
+    from olmax.fit.flops import exact_step_flops, maxtext_step_flops
 
     m, tokens = cfg.model, cfg.trainer.global_batch * cfg.data.seq_len
     exact = exact_step_flops(m, cfg.data.seq_len, cfg.trainer.global_batch).total

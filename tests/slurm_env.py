@@ -1,4 +1,4 @@
-"""The environment Slurm's srun gives one task, for `python -m olmax.launch.worker` processes started
+"""The environment Slurm's srun gives one task, for `python -m olmax.cli.worker` processes started
 on this machine (jax.distributed over 127.0.0.1, fake CPU devices per process)."""
 
 import os

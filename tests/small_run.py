@@ -8,9 +8,9 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from olmax.config_io import apply_overrides
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
 from olmax.data.demo import demo_shards
-from olmax.recipes import get_recipe
 
 SMALL = [
     "model.d_model=64",

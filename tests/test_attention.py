@@ -24,11 +24,12 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from olmax.config import ATTENTION_BACKENDS, MeshConfig, SplashBlocks
+from olmax.config.mesh import MeshConfig
+from olmax.config.model import ATTENTION_BACKENDS, SplashBlocks
+from olmax.config.recipes import get_recipe
 from olmax.model import attention as attn
 from olmax.model.olmo3 import forward, init_params
-from olmax.recipes import get_recipe
-from olmax.sharding import make_mesh
+from olmax.model.sharding import make_mesh
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -353,7 +354,7 @@ def test_auto_runs_xla_on_cpu():
 
 def test_target_platform_is_the_meshs_not_the_hosts():
     """Under a mesh of (abstract) TPU devices, `auto` resolves for the TPU although JAX runs on CPU."""
-    from olmax.compile_check import topology_devices
+    from olmax.fit.compiler import topology_devices
 
     devices = topology_devices("v5p:2x2x1")
     seen = []

@@ -10,8 +10,8 @@ import pytest
 from jinja2 import Environment
 from jinja2.ext import loopcontrols
 
+from olmax.config.recipes import get_recipe
 from olmax.data import chat
-from olmax.recipes import get_recipe
 
 EOS = "<|endoftext|>"
 UPSTREAM = Path(__file__).parent / "fixtures" / "open_instruct_olmo_thinker.jinja"

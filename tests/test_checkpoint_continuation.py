@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 from small_run import small_config
 
-from olmax.checkpoint import RunCheckpoints, config_changes, save_params
-from olmax.config import NOT_ARCHITECTURE, ConfigError, ModelConfig
-from olmax.config_io import apply_overrides, to_dict
+from olmax.checkpoint.store import RunCheckpoints, config_changes, save_params
+from olmax.checkpoint.surgery import restore_state, warm_start
+from olmax.config.io import apply_overrides, to_dict
+from olmax.config.model import NOT_ARCHITECTURE, ModelConfig
+from olmax.errors import ConfigError
 from olmax.model.olmo3 import param_specs
-from olmax.sharding import make_mesh
-from olmax.state import abstract_state, init_train_state
-from olmax.surgery import restore_state, warm_start
-from olmax.train import _fresh_state
+from olmax.model.sharding import make_mesh
+from olmax.train.state import abstract_state, init_train_state
+from olmax.trainer.start import fresh_state
 
 # A stage-3-style start: YaRN on the global layers and a longer context, from stage-2 weights.
 CONTEXT_EXTENSION = [
@@ -53,7 +54,7 @@ def _start(tmp, init_from, *overrides):
     cfg = small_config(tmp, f"checkpoint.init_from={init_from}", *overrides)
     mesh = make_mesh(cfg.mesh)
     with jax.set_mesh(mesh):
-        return _fresh_state(cfg, mesh)[0]
+        return fresh_state(cfg, mesh)[0]
 
 
 @pytest.mark.parametrize("source", ["params", "warm"])

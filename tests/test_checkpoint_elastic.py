@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from small_run import small_config
 
-from olmax.checkpoint import CheckpointError, load_params
-from olmax.train import train
+from olmax.checkpoint.store import CheckpointError, load_params
+from olmax.trainer.run import train
 
 KEYS = ["train/CE loss", "optim/total grad norm"]
 RTOL = 1e-6  # float32 rounding only: different device counts sum the gradients in a different order

@@ -11,8 +11,8 @@ import time
 import pytest
 from small_run import SMALL, small_config
 
-from olmax.checkpoint import read_config
-from olmax.train import train
+from olmax.checkpoint.store import read_config
+from olmax.trainer.run import train
 
 KEYS = ["train/CE loss", "optim/total grad norm", "optim/LR", "data/instances"]
 
@@ -52,9 +52,9 @@ def test_keep_policy_keeps_the_newest(tmp_path):
 
 SIGTERM_SCRIPT = """
 import sys
-from olmax.config_io import apply_overrides
-from olmax.recipes import get_recipe
-from olmax.train import train
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.trainer.run import train
 cfg = apply_overrides(get_recipe("tiny"), sys.argv[2:])
 rows = train(cfg, sys.argv[1], progress=False)
 print("LAST", rows[-1]["step"], flush=True)

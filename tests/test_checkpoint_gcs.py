@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from small_run import SMALL, small_config
 
-from olmax.checkpoint import (
+from olmax.checkpoint.store import (
     COMMIT_FILE,
     CheckpointError,
     checkpoint_path,
@@ -211,7 +211,7 @@ def test_params_round_trip_on_gcs(gcs, bucket, tmp_path):
     # the command line passes the URL through intact (and reads the checkpoint: it is parameters only)
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     shown = CliRunner().invoke(app, ["ckpt", "inspect", root])
     assert shown.exit_code == 2 and f"{root} step 0 is not a training-run checkpoint" in shown.output, shown.output
@@ -239,8 +239,8 @@ def test_training_run_with_checkpoints_on_gcs_resumes_exactly(gcs, bucket, tmp_p
     """checkpoint.dir=gs://...: the run stops at 3, a save of step 6 dies uncommitted, and the rerun
     warns about it, resumes from step 3 and ends bit for bit where an uninterrupted local run ends.
     Then inspect and warm-start read it there, and the warm start is written to GCS too."""
-    from olmax.surgery import inspect, is_warm_start, warm_start
-    from olmax.train import train
+    from olmax.checkpoint.surgery import inspect, is_warm_start, warm_start
+    from olmax.trainer.run import train
 
     straight = train(small_config(tmp_path), tmp_path / "local", progress=False)
     ckpt_dir = f"gs://{bucket}/run1/checkpoints"
@@ -272,7 +272,7 @@ def test_training_run_with_checkpoints_on_gcs_resumes_exactly(gcs, bucket, tmp_p
 def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path, monkeypatch):
     """The launcher reads the run's progress where the trainer writes it (checkpoint.dir, or a gs://
     run directory), so a run whose final step is committed on GCS is done without another attempt."""
-    from olmax.launch import LaunchError
+    from olmax.errors import LaunchError
     from olmax.launch.plan import make_plan
     from olmax.launch.resume import RetryPolicy, resume_until_done
 
@@ -290,13 +290,25 @@ def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path, 
     save_params(ckpt_dir, _params(cfg, 0), cfg.model, {}, step=6)
     plan = make_plan("tiny", [*SMALL, f"checkpoint.dir={ckpt_dir}"], str(tmp_path / "run"), 8)
     lines = []
-    assert resume_until_done(NoAttempts(), plan, RetryPolicy(0, 0.0), echo=lines.append) == 0
+    assert (
+        resume_until_done(NoAttempts(), plan, RetryPolicy(0, 0.0), complete_steps=complete_steps, echo=lines.append)
+        == 0
+    )
     assert lines[-1].endswith("done: complete checkpoint at step 6 (final step 6) after 0 attempt(s)")
     # a gs:// run directory: progress and state there, the lock and log in a local launch directory
     run = f"gs://{bucket}/gsrun"
     save_params(f"{run}/checkpoints", _params(cfg, 0), cfg.model, {}, step=6)
     monkeypatch.setenv("OLMAX_LAUNCH_DIR", str(tmp_path / "launch"))
-    assert resume_until_done(NoAttempts(), make_plan("tiny", SMALL, run, 8), RetryPolicy(0, 0.0), echo=print) == 0
+    assert (
+        resume_until_done(
+            NoAttempts(),
+            make_plan("tiny", SMALL, run, 8),
+            RetryPolicy(0, 0.0),
+            complete_steps=complete_steps,
+            echo=print,
+        )
+        == 0
+    )
     assert "done: complete checkpoint at step 6" in (tmp_path / "launch" / bucket / "gsrun" / "launch.log").read_text()
     with pytest.raises(LaunchError, match="must be a path on the cluster's shared filesystem"):
         from olmax.launch.backends import make_backend
@@ -312,11 +324,11 @@ def test_run_files_on_gcs_metrics_tensorboard_and_launcher_state(gcs, bucket, tm
     checkpoint; the launcher's state and the trainer's exit record; `olmax status` reads them."""
     import fsspec
 
-    from olmax import runpath
-    from olmax.exits import ExitStatus, read_record, write_record
     from olmax.launch.resume import LaunchState
-    from olmax.metrics import MetricsLog
-    from olmax.status import MetricsReader
+    from olmax.rundir import paths as runpath
+    from olmax.rundir.exits import ExitStatus, read_record, write_record
+    from olmax.trainer.metrics import MetricsLog
+    from olmax.trainer.status import MetricsReader
 
     cfg = small_config(tmp_path)
     run = f"gs://{bucket}/metrics-run/"
@@ -358,9 +370,9 @@ def test_training_run_directory_on_gcs_resumes(gcs, bucket, tmp_path):
     GCS; stopped at 3 and resumed to 6, the metrics equal a local run's bit for bit; olmax status reads it."""
     from typer.testing import CliRunner
 
-    from olmax import runpath
-    from olmax.cli import app
-    from olmax.train import train
+    from olmax.cli.common import app
+    from olmax.rundir import paths as runpath
+    from olmax.trainer.run import train
 
     straight = train(small_config(tmp_path, "eval.every=0"), tmp_path / "local", progress=False)
     run = f"gs://{bucket}/whole-run"

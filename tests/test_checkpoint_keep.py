@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 from small_run import small_config
 
-from olmax.checkpoint import complete_steps, keep_policy
-from olmax.config import ConfigError
-from olmax.config_io import apply_overrides
-from olmax.recipes import get_recipe
-from olmax.train import train
+from olmax.checkpoint.store import complete_steps, keep_policy
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.errors import ConfigError
+from olmax.trainer.run import train
 
 
 def _kept(steps, *overrides):

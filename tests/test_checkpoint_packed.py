@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from small_run import small_config
 
-from olmax.checkpoint import load_params
+from olmax.checkpoint.store import load_params
 from olmax.data.loader import make_loader
-from olmax.train import train
+from olmax.trainer.run import train
 
 PACKED = ["data.packing=obfd", "data.doc_masking=true", "trainer.micro_batch_size=1"]
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR", "data/instances"]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from small_run import SMALL as BASE
 
-from olmax.checkpoint import load_params
-from olmax.config_io import apply_overrides
-from olmax.recipes import get_recipe
-from olmax.train import train
+from olmax.checkpoint.store import load_params
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.trainer.run import train
 
 SMALL = BASE + ["trainer.max_steps=20", "checkpoint.every=4"]
 KEYS = [

@@ -8,11 +8,11 @@ import pytest
 from small_run import small_config
 from typer.testing import CliRunner
 
-from olmax.checkpoint import CheckpointError, load_params
-from olmax.cli import app
-from olmax.config import ConfigError
-from olmax.surgery import inspect, restore_state, warm_start
-from olmax.train import train
+from olmax.checkpoint.store import CheckpointError, load_params
+from olmax.checkpoint.surgery import inspect, restore_state, warm_start
+from olmax.cli.common import app
+from olmax.errors import ConfigError
+from olmax.trainer.run import train
 
 KEYS = ["train/CE loss", "optim/total grad norm", "optim/LR", "data/instances"]
 

@@ -9,7 +9,8 @@ import typing
 import typer
 from typer.models import ArgumentInfo, OptionInfo
 
-from olmax.cli import app, common
+from olmax.cli import common
+from olmax.cli.common import app
 
 # (flag, command): what the flag means there, unlike the same flag elsewhere.
 OWN_MEANING = {

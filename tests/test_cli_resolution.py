@@ -15,11 +15,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from olmax.checkpoint import save_params
-from olmax.cli import app
-from olmax.cli.common import resolve_experiment
-from olmax.config import ConfigError, DataConfig, EvalConfig, ExperimentConfig, ModelConfig, TrainerConfig
-from olmax.config_io import save_yaml
+from olmax.checkpoint.store import save_params
+from olmax.cli.common import app, resolve_experiment
+from olmax.config.data import DataConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.io import save_yaml
+from olmax.config.model import ModelConfig
+from olmax.config.run import EvalConfig
+from olmax.config.trainer import TrainerConfig
+from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params
 
 VOCAB, EOS, PAD = 300, 299, 298

@@ -285,8 +285,8 @@ def test_isolation_setting_and_refusal(monkeypatch):
 
 
 def test_rewards_code_isolation_config():
-    from olmax.config import ExperimentConfig
-    from olmax.config_io import apply_overrides
+    from olmax.config.experiment import ExperimentConfig
+    from olmax.config.io import apply_overrides
     from olmax.errors import ConfigError
 
     assert ExperimentConfig().rewards.code.isolation == "auto"
@@ -303,12 +303,12 @@ def test_the_rl_loop_refuses_code_rewards_without_their_sandbox(tmp_path, monkey
     import jax
     from small_run import SMALL
 
-    from olmax.config_io import apply_overrides
+    from olmax.config.io import apply_overrides
+    from olmax.config.recipes import get_recipe
     from olmax.data.chat_corpus import read_rows
     from olmax.data.tokenizer import load_tokenizer
-    from olmax.recipes import get_recipe
+    from olmax.model.sharding import make_mesh
     from olmax.rollout.batches import RolloutBatches, prompt_set
-    from olmax.sharding import make_mesh
 
     rows = tmp_path / "code.jsonl"
     tests = json.dumps(["assert True"])

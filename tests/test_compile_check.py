@@ -10,23 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from olmax import chips, compile_check
-from olmax.compile_check import (
-    GIB,
-    DoesNotFit,
-    check_fits,
-    choose_remat,
-    compile_report,
-    format_report,
-    topology_devices,
-)
-from olmax.config import ConfigError, MeshConfig
-from olmax.config_io import apply_overrides
-from olmax.flops import exact_step_flops
+from olmax.config.io import apply_overrides
+from olmax.config.mesh import MeshConfig
+from olmax.config.recipes import get_recipe
+from olmax.config.remat import REMAT_TAGS
+from olmax.errors import ConfigError
+from olmax.fit import chips
+from olmax.fit import remat as remat_module
+from olmax.fit.compile_check import check_fits, compile_report, format_report
+from olmax.fit.compiler import GIB, DoesNotFit, topology_devices
+from olmax.fit.flops import exact_step_flops
+from olmax.fit.remat import choose_remat
 from olmax.model.olmo3 import count_params
-from olmax.recipes import get_recipe
-from olmax.remat import REMAT_TAGS
-from olmax.sharding import make_mesh
+from olmax.model.sharding import make_mesh
 
 # A model the TPU compiler handles in seconds: the tiny recipe with a windowed and a global layer, a small
 # vocabulary and 128 tokens (splash's smallest tile).
@@ -120,7 +116,7 @@ def test_auto_keeps_the_most_that_fits_and_its_record_is_reused(monkeypatch, tmp
     def no_compile(*args):
         raise AssertionError("compiled although the search is recorded")
 
-    monkeypatch.setattr(compile_check, "compile_step", no_compile)
+    monkeypatch.setattr(remat_module, "compile_step", no_compile)
     mesh = make_mesh(cfg.mesh, topology_devices("tpu7x:2x2x1"))
     again = choose_remat(cfg, mesh, tpu7x, "tpu7x:2x2x1", {}, str(tmp_path))
     assert (again.cfg.model.remat, again.cfg.model.remat_serial) == (seeds, True)
@@ -156,7 +152,7 @@ def test_auto_on_v5p_takes_the_seeds_set_with_four_real_compiles(monkeypatch, tm
     def no_compile(*args):
         raise AssertionError("compiled although the search is recorded")
 
-    monkeypatch.setattr(compile_check, "compile_step", no_compile)
+    monkeypatch.setattr(remat_module, "compile_step", no_compile)
     again = choose_remat(cfg, mesh, v5p, "v5p:2x2x1", {}, str(tmp_path))
     assert (again.cfg.model.remat, again.cfg.model.remat_serial) == (seeds, False)
     assert again.source == str(tmp_path / "remat_search.json")
@@ -322,17 +318,17 @@ def test_does_not_fit_names_the_figures():
 def test_cli_exits_2_on_bad_input(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     run = CliRunner().invoke
     r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "v9z:2x2"])
     assert r.exit_code == 2 and "unknown TPU topology 'v9z:2x2'" in r.output
     r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "tpu7x:2x2x1", "mesh.tensor=3"])
     assert r.exit_code == 2 and "not divisible by the fixed mesh axes" in r.output
-    import olmax.compile_check
+    import olmax.fit.compile_check
 
-    monkeypatch.setattr(olmax.compile_check, "compile_report", lambda *a, **k: NOT_FITTING)
-    monkeypatch.setattr(olmax.compile_check, "format_report", lambda r: "report")
+    monkeypatch.setattr(olmax.fit.compile_check, "compile_report", lambda *a, **k: NOT_FITTING)
+    monkeypatch.setattr(olmax.fit.compile_check, "format_report", lambda r: "report")
     r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "v6e:2x2", "--json", str(tmp_path / "r.json")])
     assert r.exit_code == 2 and "per-device peak 33.2 GiB > 95% of the 31.24 GiB HBM limit" in r.output
     assert json.loads((tmp_path / "r.json").read_text())["fits"] is False  # the figures are written first
@@ -375,11 +371,11 @@ INIT_190M = """
 import re, sys, jax
 sys.path.insert(0, "benchmarks")
 from gpu_mfu import SHAPE_190M  # the benchmarks' olmo3_190M shape
-from olmax.compile_check import topology_devices
-from olmax.config_io import apply_overrides
-from olmax.recipes import get_recipe
-from olmax.sharding import make_mesh
-from olmax.state import init_program
+from olmax.fit.compiler import topology_devices
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.model.sharding import make_mesh
+from olmax.train.state import init_program
 cfg = apply_overrides(get_recipe("olmo3_7b"), [*SHAPE_190M, "mesh.fsdp=-1"])
 mesh = make_mesh(cfg.mesh, topology_devices("v5e:1x1"))
 key = jax.eval_shape(lambda: jax.random.key(0))

@@ -11,12 +11,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from olmax import chips
-from olmax.compile_check import CUDNN_ATTENTION_CALL, DoesNotFit, check_fits, compile_report, topology_devices
-from olmax.config import ConfigError
-from olmax.config_io import apply_overrides
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.errors import ConfigError
+from olmax.fit import chips
+from olmax.fit.compile_check import check_fits, compile_report
+from olmax.fit.compiler import CUDNN_ATTENTION_CALL, DoesNotFit, topology_devices
 from olmax.model.attention import cudnn_target, dot_product_attention
-from olmax.recipes import get_recipe
 
 pytest.importorskip("jax_cuda12_plugin", reason="needs the gpu-compile extra (make setup-test)")
 
@@ -64,7 +65,7 @@ def test_gpu_devices_are_the_nodes_gpus():
         (device,) = topology_devices(f"{name}:1x1")
         assert (device.platform, device.device_kind) == ("gpu", chip.device_kind)
         # the chip table's HBM is the target description's memory
-        target = resources.files("olmax.gpu_targets").joinpath(chip.gpu_target).read_text()
+        target = resources.files("olmax.fit.gpu_targets").joinpath(chip.gpu_target).read_text()
         assert chip.hbm_limit_gib * 2**30 == int(re.search(r"device_memory_size: (\d+)", target).group(1))
     assert topology_devices("b200:1x1")[0].compute_capability == "10.0"
 
@@ -116,7 +117,7 @@ def test_a_context_axis_on_gpu_runs_xla_attention_and_refuses_a_named_cudnn():
     and a named cudnn is one line and exit 2, not the partitioner's traceback."""
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     context = [
         "compile-check",
@@ -149,8 +150,8 @@ def test_the_loss_takes_each_devices_context_chunks_without_moving_hidden_states
     "involuntary full rematerialization". Until 2026-12-03 the rows were merged in an order the devices
     do not hold them in: the step all-gathered the whole batch of hidden states to every device (bf16
     forward, float32 in the final norm's backward pass; in the real recipe 8 and 16 GiB per GPU)."""
-    from olmax.compile_check import compile_step, target, target_options
-    from olmax.sharding import make_mesh
+    from olmax.fit.compiler import compile_step, target, target_options
+    from olmax.model.sharding import make_mesh
 
     shrunk = ["model.n_layers=1", "model.d_model=256", "model.n_heads=4", "model.n_kv_heads=4", "model.head_dim=64"]
     shrunk += ["model.mlp_hidden=512", "model.vocab_size=512", "data.seq_len=1024", "trainer.loss_chunk=128"]
@@ -188,7 +189,7 @@ def test_bad_gpu_topologies_are_clear_errors():
 def test_cli_exits_2_on_bad_gpu_input(monkeypatch):
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     run = CliRunner().invoke
     r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "h900:1x8"])

@@ -1,4 +1,4 @@
-"""compile-check --decode (olmax.compile_decode): the GRPO rollout sampler, prefill and decode loop,
+"""compile-check --decode (olmax.rollout.compile_decode): the GRPO rollout sampler, prefill and decode loop,
 compiled from abstract arrays at a recipe's rollout shapes for fake CPU devices or, with XLA's GPU
 compiler, for an H100; a chunk of prompts over the chip's budget leads to the largest power-of-two
 grpo.sample_prompts that fits, found by compiling."""
@@ -9,10 +9,15 @@ import json
 import jax
 import pytest
 
-import olmax.compile_decode
-from olmax import chips
-from olmax.compile_check import GIB, DoesNotFit, topology_devices
-from olmax.compile_decode import (
+import olmax.rollout.compile_decode
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.errors import ConfigError
+from olmax.fit import chips
+from olmax.fit.compiler import GIB, DoesNotFit, topology_devices
+from olmax.model.olmo3 import count_params
+from olmax.model.sharding import make_mesh
+from olmax.rollout.compile_decode import (
     SEARCH_FILE,
     check_decode_fits,
     choose_sample_prompts,
@@ -20,11 +25,6 @@ from olmax.compile_decode import (
     format_decode_report,
     split_chunks,
 )
-from olmax.config import ConfigError
-from olmax.config_io import apply_overrides
-from olmax.model.olmo3 import count_params
-from olmax.recipes import get_recipe
-from olmax.sharding import make_mesh
 
 # tiny_grpo's rollout shapes (prompts of 64 tokens, responses of 128: a cache of 256) on a two-layer
 # model (a window-64 layer and a global one) with a small vocabulary: compiles in seconds.
@@ -56,11 +56,11 @@ def test_a_decoding_step_on_a_tpu_writes_the_cache_without_a_loop_over_rows():
     docs/performance.md)."""
     import re
 
-    from olmax import compile_check
-    from olmax.config import MeshConfig, ModelConfig
-    from olmax.model.olmo3 import init_params
+    from olmax.config.mesh import MeshConfig
+    from olmax.config.model import ModelConfig
+    from olmax.fit import compiler
+    from olmax.model.olmo3 import init_params, param_shardings
     from olmax.rollout.sampler import lower_rollout
-    from olmax.state import param_shardings
 
     cfg = ModelConfig(
         vocab_size=1024,
@@ -75,13 +75,13 @@ def test_a_decoding_step_on_a_tpu_writes_the_cache_without_a_loop_over_rows():
         compute_dtype="bfloat16",
         param_dtype="bfloat16",
     )
-    devices, chip, _ = compile_check.target("v5e:1x1")
+    devices, chip, _ = compiler.target("v5e:1x1")
     mesh = make_mesh(MeshConfig(), devices)
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     params = jax.tree.map(
         lambda s, d: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=d), shapes, param_shardings(cfg, mesh)
     )
-    compiled = lower_rollout(params, cfg, 16, 1, 32, 32, mesh).compile(compile_check.target_options(chip, "tpu"))
+    compiled = lower_rollout(params, cfg, 16, 1, 32, 32, mesh).compile(compiler.target_options(chip, "tpu"))
     assert len(re.findall(r" while\(", compiled.as_text())) == 3
 
 
@@ -131,7 +131,7 @@ def test_chunk_over_the_budget_names_the_sample_prompts_that_fits(monkeypatch, t
     assert chosen.grpo.sample_prompts == 1 and "grpo.sample_prompts=auto on 1 x " in logged[-1], logged
     (record,) = json.loads((tmp_path / SEARCH_FILE).read_text()).values()
     assert [(c["sample_prompts"], c["fits"]) for c in record["candidates"]] == [(2, False), (1, True)]
-    monkeypatch.setattr(olmax.compile_decode, "decode_report", lambda *a, **k: pytest.fail("searched again"))
+    monkeypatch.setattr(olmax.rollout.compile_decode, "decode_report", lambda *a, **k: pytest.fail("searched again"))
     assert choose_sample_prompts(auto, mesh, str(tmp_path), chip_flags=True).grpo.sample_prompts == 1
 
 
@@ -162,7 +162,7 @@ def test_cli_decode_exits_2_naming_the_chunk_that_fits(tmp_path, monkeypatch):
     """`olmax compile-check --decode`: the figures go to --json first, then exit 2 with the message."""
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     over = {
         "recipe": "olmo3_7b_think_rl",
@@ -182,8 +182,8 @@ def test_cli_decode_exits_2_naming_the_chunk_that_fits(tmp_path, monkeypatch):
         "largest_fitting_sample_prompts": 2,
         "auto_sample_prompts": None,  # the command gave grpo.sample_prompts=64
     }
-    monkeypatch.setattr(olmax.compile_decode, "decode_report", lambda *a, **k: over)
-    monkeypatch.setattr(olmax.compile_decode, "format_decode_report", lambda r: "report")
+    monkeypatch.setattr(olmax.rollout.compile_decode, "decode_report", lambda *a, **k: over)
+    monkeypatch.setattr(olmax.rollout.compile_decode, "format_decode_report", lambda r: "report")
     out = tmp_path / "r.json"
     r = CliRunner().invoke(
         app,

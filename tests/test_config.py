@@ -1,7 +1,9 @@
 """Config: presets, dotted overrides with type checking, YAML round trip, the CLI's dry-run view."""
 
 import dataclasses
+import importlib
 import math
+import pkgutil
 import re
 import subprocess
 import sys
@@ -9,10 +11,16 @@ import sys
 import pytest
 from reference_values import STAGE1_LR
 
-from olmax import config, config_io
-from olmax.config import ConfigError, ExperimentConfig
-from olmax.config_io import apply_overrides, from_dict, load_yaml, save_yaml
-from olmax.recipes import RECIPES, get_recipe, resolve
+from olmax import config
+from olmax.config import io as config_io
+from olmax.config.dpo import DPOConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.io import apply_overrides, from_dict, load_yaml, save_yaml
+from olmax.config.mesh import MeshConfig
+from olmax.config.model import ModelConfig
+from olmax.config.recipes import RECIPES, get_recipe, resolve
+from olmax.config.trainer import TrainerConfig
+from olmax.errors import ConfigError
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -120,16 +128,19 @@ def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
 
 
 def _config_dataclasses():
+    """Every config dataclass of every module of the config package."""
+    modules = [importlib.import_module(f"olmax.config.{m.name}") for m in pkgutil.iter_modules(config.__path__)]
     return [
         obj
-        for obj in vars(config).values()
-        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config.__name__
+        for module in modules
+        for obj in vars(module).values()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__
     ]
 
 
 def test_every_config_field_has_help():
     classes = _config_dataclasses()
-    assert config.ExperimentConfig in classes and config.ModelConfig in classes
+    assert ExperimentConfig in classes and ModelConfig in classes and DPOConfig in classes
     missing = [
         f"{cls.__name__}.{f.name}"
         for cls in classes
@@ -159,7 +170,7 @@ def test_field_help_reads_attribute_docstrings_only():
 def test_cli_explains_fields():
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     run = CliRunner().invoke(
         app,
@@ -176,8 +187,8 @@ def test_cli_explains_fields():
     assert run.exit_code == 0, run.output
     blocks = [block.split("\n", 1) for block in re.split(r"\n(?=\S)", run.output.strip())]
     assert [(head, " ".join(body.split())) for head, body in blocks] == [
-        ('model.rope_type: str = "yarn"', config_io.field_help(config.ModelConfig)["rope_type"]),
-        ("trainer.max_steps: Optional[int] = 7", config_io.field_help(config.TrainerConfig)["max_steps"]),
+        ('model.rope_type: str = "yarn"', config_io.field_help(ModelConfig)["rope_type"]),
+        ("trainer.max_steps: Optional[int] = 7", config_io.field_help(TrainerConfig)["max_steps"]),
     ]
     everything = CliRunner().invoke(app, ["config", "--explain"])  # no recipe: the dataclass defaults
     names = [line.split(":")[0] for line in everything.output.splitlines() if not line.startswith(" ")]
@@ -188,7 +199,7 @@ def test_cli_explains_fields():
 
 # The stage-1 LR check values (STAGE1_LR) go through the recipes' own schedules below (float32: 2e-6 relative).
 def _recipe_schedule(name, overrides=()):
-    from olmax.schedules import make_schedule
+    from olmax.train.schedules import make_schedule
 
     cfg = resolve(name, None, list(overrides))
     return cfg, make_schedule(
@@ -269,7 +280,7 @@ def test_32b_stage1_recipe(name):
     assert cfg.trainer.max_steps == 656_000  # stego32-highlr-filter3/step656000, both ingredients' load_path
     with pytest.raises(ConfigError, match="t_max_epochs=1 sets the horizon from the batches in an epoch"):
         _recipe_schedule(name)
-    from olmax.schedules import make_schedule
+    from olmax.train.schedules import make_schedule
 
     epoch = 700_000  # a stand-in batch count; the real one is OLMo-mix-0925-official's instances // 1024
     lr = make_schedule(
@@ -311,7 +322,7 @@ def test_32b_stage2_and_stage3_recipes():
 
 
 def test_remat_takes_a_policy_name_or_a_set_of_tags():
-    from olmax.remat import REMAT_POLICIES, RematPolicy, remat_policy_of
+    from olmax.config.remat import REMAT_POLICIES, RematPolicy, remat_policy_of
 
     assert remat_policy_of("save_qkv_proj") == REMAT_POLICIES["save_qkv_proj"]
     # tags in any order and spacing, kept in the block's order
@@ -342,16 +353,17 @@ def test_an_fsdp_axis_that_does_not_divide_d_model_is_refused():
     out, what does not divide kept whole."""
     import jax
 
-    from olmax.sharding import make_mesh
-    from olmax.state import param_shardings, state_shardings
+    from olmax.model.olmo3 import param_shardings
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import state_shardings
 
     cfg = get_recipe("tiny")
     assert cfg.model.d_model == 128
-    mesh = make_mesh(config.MeshConfig(data=1, fsdp=-1, tensor=1), jax.devices()[:6])
+    mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), jax.devices()[:6])
     with pytest.raises(ConfigError, match=r"mesh.fsdp=6 does not divide model.d_model=128.*mesh.data=3 mesh.fsdp=2"):
         state_shardings(cfg, mesh)
     param_shardings(cfg.model, mesh)
-    state_shardings(cfg, make_mesh(config.MeshConfig(data=3, fsdp=2, tensor=1), jax.devices()[:6]))
+    state_shardings(cfg, make_mesh(MeshConfig(data=3, fsdp=2, tensor=1), jax.devices()[:6]))
     odd = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, d_model=127))
     with pytest.raises(ConfigError, match=r"mesh.data=3 mesh.fsdp=1 \(data parallelism\)"):
-        state_shardings(odd, make_mesh(config.MeshConfig(data=1, fsdp=-1, tensor=1), jax.devices()[:3]))
+        state_shardings(odd, make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), jax.devices()[:3]))

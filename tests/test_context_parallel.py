@@ -23,13 +23,14 @@ import pytest
 from jax.sharding import NamedSharding
 from small_run import small_config
 
-from olmax.config import ConfigError, MeshConfig
-from olmax.config_io import apply_overrides
+from olmax.config.io import apply_overrides
+from olmax.config.mesh import MeshConfig
+from olmax.config.recipes import get_recipe
+from olmax.errors import ConfigError
 from olmax.model import attention as attn
 from olmax.model.olmo3 import forward, init_params
-from olmax.recipes import get_recipe
-from olmax.sharding import logical_to_spec, make_mesh
-from olmax.train import train
+from olmax.model.sharding import logical_to_spec, make_mesh
+from olmax.trainer.run import train
 
 RTOL = 1e-5
 KEYS = ["train/CE loss", "optim/total grad norm"]
@@ -137,10 +138,10 @@ def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
     every attention is a Mosaic kernel that takes the segment ids (two operands more than the same
     step unmasked), and the keys and values of each layer are gathered over `context` once, their
     gradients reduce-scattered once."""
-    from olmax.chips import chip_of_topology, compiler_options
-    from olmax.compile_check import MOSAIC_CALL, topology_devices
-    from olmax.state import abstract_state
-    from olmax.train_step import batch_sharding, make_train_step
+    from olmax.fit.chips import chip_of_topology, compiler_options
+    from olmax.fit.compiler import MOSAIC_CALL, topology_devices
+    from olmax.train.state import abstract_state
+    from olmax.train.step import batch_sharding, make_train_step
 
     overrides = ["model.n_layers=2", "model.vocab_size=512", "data.seq_len=256", "model.compute_dtype=bfloat16"]
     lowered = {}
@@ -203,8 +204,8 @@ def test_mesh_refuses_a_context_that_does_not_divide_the_devices():
 def test_auto_on_a_tpu_checks_the_splash_tiles_of_a_context_chunk(tmp_path):
     """`auto` is splash only once the platform is known: the mesh of a TPU topology refuses a
     context chunk shorter than splash's smallest tile (128) before anything is traced."""
-    from olmax.compile_check import topology_devices
-    from olmax.train_step import batch_layout
+    from olmax.fit.compiler import topology_devices
+    from olmax.train.step import batch_layout
 
     cfg = small_config(tmp_path, "mesh.fsdp=-1", "mesh.context=2")  # 64 tokens: chunks of 32
     batch_layout(cfg, make_mesh(cfg.mesh))  # xla on CPU: any chunk
@@ -218,7 +219,7 @@ def test_cli_exits_2_on_a_context_it_cannot_use():
 
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     olmax = [sys.executable, "-c", "from olmax.cli import main; main()"]
     r = subprocess.run([*olmax, "config", "--recipe", "tiny", "mesh.context=3"], capture_output=True, text=True)

@@ -31,15 +31,15 @@ from models import (
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
-from olmax.checkpoint import CheckpointError, load_params, read_config, save_params
-from olmax.cli import app
-from olmax.config import MeshConfig, ModelConfig
-from olmax.convert import ConversionError
+from olmax.checkpoint.store import CheckpointError, load_params, read_config, save_params
+from olmax.cli.common import app
+from olmax.config.mesh import MeshConfig
+from olmax.config.model import ModelConfig
 from olmax.convert.hf import convert_from_hf, convert_to_hf, hf_config, model_config_from_hf, resolve_hf_dir
 from olmax.convert.olmo_core import convert_from_olmo_core
-from olmax.model.olmo3 import _is_spec, param_specs
-from olmax.sharding import make_mesh
-from olmax.state import param_shardings
+from olmax.convert.tensors import ConversionError
+from olmax.model.olmo3 import _is_spec, param_shardings, param_specs
+from olmax.model.sharding import make_mesh
 
 
 def tensors_of(hf_dir: Path) -> dict[str, np.ndarray]:

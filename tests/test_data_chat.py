@@ -307,7 +307,7 @@ def test_cli_errors_exit_2_in_one_line(tmp_path):
     from tokenizers import Tokenizer, models
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     src = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "robot", "content": "x"}]}])
     runner = CliRunner()

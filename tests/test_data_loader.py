@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from olmax.config import DataConfig
+from olmax.config.data import DataConfig
 from olmax.data.loader import DataStateError, RankBatches, make_loader
 from olmax.data.order import num_batches, permutation
 

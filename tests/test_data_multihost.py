@@ -18,7 +18,7 @@ WORKER = textwrap.dedent("""
     import jax
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from olmax.config import DataConfig
+    from olmax.config.data import DataConfig
     from olmax.data.loader import make_loader
 
     port, pid, paths, work, out = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4], sys.argv[5]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from olmax.cli import app
+from olmax.cli.common import app
 from olmax.data.order import batch_ids, cached_permutation, num_batches, permutation, rank_ids
 from olmax.data.sources import DataSourceError, TokenSource, resolve_paths
 from olmax.data.tokenizer import TokenizerFields

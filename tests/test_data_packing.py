@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from olmax.cli import app
-from olmax.config import ConfigError, DataConfig
+from olmax.cli.common import app
+from olmax.config.data import DataConfig
 from olmax.data.loader import make_loader
 from olmax.data.order import cached_permutation, num_batches, rank_ids
 from olmax.data.packing import (
@@ -25,6 +25,7 @@ from olmax.data.packing import (
 )
 from olmax.data.sources import DataSourceError
 from olmax.data.tokenizer import TokenizerFields
+from olmax.errors import ConfigError
 
 SMALL = TokenizerFields(vocab_size=5000, eos_token_id=4999, pad_token_id=0)  # uint16 files
 DOLMA2 = TokenizerFields(vocab_size=100278, eos_token_id=100257, pad_token_id=100277)

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("aiohttp")  # fsspec's HTTP backend (the `remote` and `dev` extras)
 
-from olmax.config import DataConfig  # noqa: E402
+from olmax.config.data import DataConfig  # noqa: E402
 from olmax.data.loader import build_source, make_loader  # noqa: E402
 from olmax.data.sources import SAMPLE_TOKENS, DataSourceError, TokenSource  # noqa: E402
 from olmax.data.tokenizer import TokenizerFields  # noqa: E402

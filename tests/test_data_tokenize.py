@@ -163,7 +163,7 @@ def test_hf_tokenizer_json_gives_the_same_shards(tmp_path, dolma2_json):
 def test_cli_tokenize_then_order(tmp_path):
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
     from olmax.data.order import permutation, rank_ids
 
     inputs, _ = write_inputs(tmp_path)

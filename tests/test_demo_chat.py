@@ -76,7 +76,7 @@ def test_what_is_questions_are_answered_boxed_the_rest_two_in_ten():
 def test_a_stage_that_stopped_early_stops_the_demo(tmp_path, monkeypatch):
     """A stage whose trainer returned before its last step (SIGTERM saves and returns) must not hand its
     checkpoint to the next stage: the demo stops, naming the stage and the step, and a rerun resumes."""
-    from olmax import demo_chat
+    from olmax.demo import chat as demo_chat
 
     monkeypatch.setattr(demo_chat, "train", lambda cfg, run_dir, progress: None)
     monkeypatch.setattr(demo_chat, "read_metrics", lambda run_dir: [{"step": 255, "train/CE loss": 1.0}])

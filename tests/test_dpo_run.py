@@ -21,24 +21,17 @@ import pytest
 from small_run import SMALL
 from typer.testing import CliRunner
 
-from olmax.cli import app
-from olmax.config import ConfigError
-from olmax.config_io import apply_overrides
+from olmax.cli.common import app
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
 from olmax.data.chat_files import read_documents, tokenize_chat
 from olmax.data.pairs import PairLoader, PairSource, pair_order_report
-from olmax.model.olmo3 import init_params
-from olmax.objectives.reference import (
-    CACHE_DIR,
-    COMPLETE,
-    KEY_FILE,
-    pair_logps,
-    params_fingerprint,
-    reference_logps_cache,
-)
-from olmax.recipes import get_recipe
-from olmax.sharding import make_mesh
-from olmax.state import init_train_state, param_shardings
-from olmax.train import train
+from olmax.errors import ConfigError
+from olmax.model.olmo3 import init_params, param_shardings
+from olmax.model.sharding import make_mesh
+from olmax.train.state import init_train_state
+from olmax.trainer.reference import CACHE_DIR, COMPLETE, KEY_FILE, pair_logps, params_fingerprint, reference_logps_cache
+from olmax.trainer.run import train
 
 DEVICES = 4  # a pair per device and step: 12 pairs are 3 steps
 
@@ -257,7 +250,7 @@ def test_sft_redone_into_the_same_directory_does_not_reuse_the_cache(pairs, tmp_
     steps (other parameters under the same path and step). A new DPO run from it is refused rather than
     trained on the old log-probs; so is the first run resumed, once its cache is gone, as its start is
     no longer the one its checkpoint recorded."""
-    from olmax.checkpoint import save_params
+    from olmax.checkpoint.store import save_params
 
     tmp, _ = pairs
     shutil.copytree(tmp / "pairs", tmp_path / "pairs", ignore=shutil.ignore_patterns(CACHE_DIR))

@@ -12,21 +12,19 @@ import numpy as np
 import pytest
 from models import ONE_STEP_ADAMW, STEP_MODEL, one_train_step
 
-from olmax.checkpoint import config_changes
-from olmax.config import (
-    ConfigError,
-    DataConfig,
-    DPOConfig,
-    ExperimentConfig,
-    MeshConfig,
-    ScheduleConfig,
-    TrainerConfig,
-)
-from olmax.config_io import apply_overrides
+from olmax.checkpoint.store import config_changes
+from olmax.config.data import DataConfig
+from olmax.config.dpo import DPOConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.io import apply_overrides
+from olmax.config.mesh import MeshConfig
+from olmax.config.recipes import get_recipe
+from olmax.config.schedule import ScheduleConfig
+from olmax.config.trainer import TrainerConfig
+from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params
 from olmax.objectives import dpo
-from olmax.recipes import get_recipe
-from olmax.state import optimizer
+from olmax.train.state import optimizer
 
 PAIRS, SEQ = 8, 16
 BASE = ExperimentConfig(

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from olmax.checkpoint import save_params
-from olmax.cli import app
-from olmax.config import ModelConfig
-from olmax.convert import ConversionError
+from olmax.checkpoint.store import save_params
+from olmax.cli.common import app
+from olmax.config.model import ModelConfig
 from olmax.convert.hf import convert_to_hf
+from olmax.convert.tensors import ConversionError
 from olmax.data import chat
 from olmax.data.tokenizer import DOLMA2_VOCAB_SIZE
 from olmax.model.olmo3 import abstract_params
@@ -126,11 +126,14 @@ def test_auto_on_a_training_runs_checkpoint(tmp_path):
     """`auto` reads a real run's experiment item; a tokenizer without the ChatML tokens is refused."""
     from tokenizers import Tokenizer, models
 
-    from olmax.checkpoint import RunCheckpoints
-    from olmax.config import CheckpointConfig, DataConfig, ExperimentConfig, MeshConfig
+    from olmax.checkpoint.store import RunCheckpoints
+    from olmax.config.data import DataConfig
+    from olmax.config.experiment import ExperimentConfig
+    from olmax.config.mesh import MeshConfig
+    from olmax.config.run import CheckpointConfig
     from olmax.data.tokenize import FORMAT, MANIFEST
-    from olmax.sharding import make_mesh
-    from olmax.state import init_train_state
+    from olmax.model.sharding import make_mesh
+    from olmax.train.state import init_train_state
 
     small = ModelConfig(
         vocab_size=300, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64, sliding_window=8

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from olmax.evals.compare import bin_series, compare_runs, default_bin_size, paired_diff
-from olmax.evals.runs import Series, find_metric, read_run
+from olmax.evals.compare import compare_runs, paired_diff
+from olmax.evals.runs import Series, bin_series, default_bin_size, find_metric, read_run
 
 METRIC = "train/CE loss"
 
@@ -120,7 +120,7 @@ def test_missing_metric_is_named(runs, tmp_path):
 def test_cli(runs, tmp_path):
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     a, b, ref = runs
     result = CliRunner().invoke(

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from models import tiny_eval_model
 
+from olmax.checkpoint.inference import eval_mesh
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.domains import document_windows, read_domains, score_domains
-from olmax.evals.scoring import TokenScorer, eval_mesh
+from olmax.evals.scoring import TokenScorer
 from olmax.model.olmo3 import forward, init_params
 
 CFG = tiny_eval_model()

@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 from models import tiny_eval_model
 
-from olmax.checkpoint import save_params
-from olmax.config import DataConfig, EvalConfig, ExperimentConfig, TrainerConfig
+from olmax.checkpoint.inference import eval_mesh
+from olmax.checkpoint.store import save_params
+from olmax.config.data import DataConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.run import EvalConfig
+from olmax.config.trainer import TrainerConfig
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.heldout import HeldoutEvaluator, eval_loss, eval_name, load_instances
-from olmax.evals.scoring import eval_mesh
 from olmax.model.olmo3 import forward, init_params
 
 CFG = tiny_eval_model()

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from models import tiny_eval_model
 
-from olmax.checkpoint import save_params
-from olmax.config import DataConfig
+from olmax.checkpoint.inference import eval_mesh
+from olmax.checkpoint.store import save_params
+from olmax.config.data import DataConfig
 from olmax.evals.kl import default_buckets, eval_kl, token_kl
-from olmax.evals.scoring import eval_mesh
 from olmax.model.olmo3 import forward, init_params
 
 CFG = tiny_eval_model(vocab_size=300)

@@ -22,8 +22,8 @@ transformers = pytest.importorskip("transformers")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
-from olmax.checkpoint import save_params  # noqa: E402
-from olmax.config import ModelConfig  # noqa: E402
+from olmax.checkpoint.store import save_params  # noqa: E402
+from olmax.config.model import ModelConfig  # noqa: E402
 from olmax.convert.hf import convert_to_hf  # noqa: E402
 from olmax.evals.lm_eval_adapter import OlmaxLM  # noqa: E402
 from olmax.evals.tasks import evaluate_tasks  # noqa: E402
@@ -235,7 +235,7 @@ def user_tasks(models):
 def test_eval_tasks_on_user_tasks_reports_what_lm_eval_reports(models, user_tasks, tmp_path):
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     _, hf, tmp = models
     names = ["toy_mc", "toy_ppl", "toy_gen"]

@@ -17,8 +17,8 @@ import portpicker
 import pytest
 from models import tiny_eval_model
 
-from olmax.checkpoint import save_params
-from olmax.config import DataConfig
+from olmax.checkpoint.store import save_params
+from olmax.config.data import DataConfig
 from olmax.evals.heldout import eval_loss
 from olmax.model.olmo3 import init_params
 
@@ -27,12 +27,12 @@ CFG = tiny_eval_model(vocab_size=5000, max_position=16)
 WORKER = textwrap.dedent("""
     import json, sys
     import jax
-    from olmax.checkpoint import load_params, read_config
-    from olmax.config import DataConfig
+    from olmax.checkpoint.store import load_params, read_config
+    from olmax.config.data import DataConfig
     from olmax.evals.heldout import eval_loss, load_instances
     from olmax.evals.kl import token_kl
-    from olmax.evals.scoring import eval_mesh
-    from olmax.state import param_shardings
+    from olmax.checkpoint.inference import eval_mesh
+    from olmax.model.olmo3 import param_shardings
 
     port, pid, ckpt, shard, work, out = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)

@@ -10,14 +10,17 @@ import pytest
 from models import tiny_eval_model
 from typer.testing import CliRunner
 
-from olmax.checkpoint import RunCheckpoints, save_params
-from olmax.cli import app
-from olmax.config import CheckpointConfig, DataConfig, ExperimentConfig, MeshConfig
+from olmax.checkpoint.store import RunCheckpoints, save_params
+from olmax.cli.common import app
+from olmax.config.data import DataConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.mesh import MeshConfig
+from olmax.config.run import CheckpointConfig
 from olmax.evals.scoring import eval_seq_len, trained_seq_len
 from olmax.evals.verify import verify
 from olmax.model.olmo3 import init_params
-from olmax.sharding import make_mesh
-from olmax.state import init_train_state
+from olmax.model.sharding import make_mesh
+from olmax.train.state import init_train_state
 
 CFG = tiny_eval_model(max_position=64)
 TRAINED = 32  # the run's data.seq_len: neither the config default (8192) nor max_position

@@ -9,8 +9,8 @@ import pytest
 from models import tiny_eval_model
 from typer.testing import CliRunner
 
-from olmax.checkpoint import save_params
-from olmax.cli import app
+from olmax.checkpoint.store import save_params
+from olmax.cli.common import app
 from olmax.model.olmo3 import init_params
 
 pytest.importorskip("lm_eval")

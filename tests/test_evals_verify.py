@@ -13,9 +13,9 @@ import pytest
 from models import tiny_eval_model
 from typer.testing import CliRunner
 
-from olmax.checkpoint import save_params
-from olmax.cli import app
-from olmax.config import DataConfig
+from olmax.checkpoint.store import save_params
+from olmax.cli.common import app
+from olmax.config.data import DataConfig
 from olmax.evals.domains import eval_domains
 from olmax.evals.heldout import eval_loss
 from olmax.evals.verify import DIFFERS, WITHIN, compare_tasks, paired_delta, verify

@@ -15,12 +15,19 @@ import pytest
 from etils import epath
 from small_run import SMALL as BASE
 
-from olmax.checkpoint import CheckpointError, CheckpointWriteError, RunCheckpoints, complete_steps, storage_failure
-from olmax.config_io import apply_overrides
-from olmax.exits import ExitStatus, status_of
-from olmax.recipes import get_recipe
-from olmax.sharding import make_mesh
-from olmax.state import abstract_state, init_train_state
+from olmax.checkpoint.store import (
+    CheckpointError,
+    CheckpointWriteError,
+    RunCheckpoints,
+    complete_steps,
+    storage_failure,
+)
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.model.sharding import make_mesh
+from olmax.rundir.exits import ExitStatus
+from olmax.train.state import abstract_state, init_train_state
+from olmax.trainer.exits import status_of
 
 SMALL = BASE + ["eval.every=0"]
 
@@ -136,7 +143,7 @@ main()
 
 @pytest.mark.slow  # ~50 s on 2 cores: a run to step 3, then a subprocess whose save of step 6 fails
 def test_failed_array_write_stops_the_run_and_resume_reproduces_it(tmp_path):
-    from olmax.train import train
+    from olmax.trainer.run import train
 
     overrides = SMALL + [f"data.work_dir={tmp_path / 'cache'}"]
     cfg = apply_overrides(get_recipe("tiny"), overrides)

@@ -1,4 +1,4 @@
-"""Each row of the exit-status table (olmax.exits) by injecting its fault into a real `olmax train`:
+"""Each row of the exit-status table (olmax.rundir.exits) by injecting its fault into a real `olmax train`:
 a changed shard (USER_ERROR, never retried), a remote server that fails reads and then recovers
 (TRANSIENT, retried), SIGTERM (PREEMPTED, retried without counting); kill -9 (CRASHED) under
 resume-until-done is tests/test_faults_kill.py, its decision tests/test_launch_resume.py.
@@ -19,9 +19,9 @@ from small_run import SMALL
 from test_data_remote import RangeServer
 from typer.testing import CliRunner
 
-from olmax.checkpoint import complete_steps
-from olmax.cli import app
-from olmax.exits import RECORD_FILE, ExitStatus
+from olmax.checkpoint.store import complete_steps
+from olmax.cli.common import app
+from olmax.rundir.exits import RECORD_FILE, ExitStatus
 
 VOCAB, SEQ = 5000, 64
 SHARDS = ["part-0.npy", "part-1.npy"]
@@ -170,7 +170,11 @@ def _launch(run, data_root, *extra, max_retries=3):
     plan = make_plan("tiny", overrides, str(run), 8)
     lines = []
     status = resume_until_done(
-        make_backend("local", plan, os.environ), plan, RetryPolicy(max_retries, 0.0), echo=lines.append
+        make_backend("local", plan, os.environ),
+        plan,
+        RetryPolicy(max_retries, 0.0),
+        complete_steps=complete_steps,
+        echo=lines.append,
     )
     return status, lines, json.loads((run / "launch_state.json").read_text())
 

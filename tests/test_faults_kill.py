@@ -1,7 +1,7 @@
 """kill -9 under resume-until-done: the local backend's trainer is killed at random moments,
 at least once in the middle of a checkpoint write, and the launcher resubmits it each time. The run
 finishes, and its metrics.jsonl rows (one per step: a resumed trainer drops rows after its checkpoint,
-olmax.metrics) and final parameters equal those of an uninterrupted run bit for bit."""
+olmax.trainer.metrics) and final parameters equal those of an uninterrupted run bit for bit."""
 
 import json
 import os
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from small_run import SMALL as BASE
 
-from olmax.checkpoint import TMP_SUFFIX, load_params
-from olmax.config_io import apply_overrides
+from olmax.checkpoint.store import TMP_SUFFIX, load_params
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
 from olmax.launch.resume import LOCK_FILE
-from olmax.recipes import get_recipe
-from olmax.train import train
+from olmax.trainer.run import train
 
 SMALL = BASE + ["trainer.max_steps=12", "eval.every=0"]
 KEYS = [

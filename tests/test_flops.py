@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import pytest
 from typer.testing import CliRunner
 
-from olmax import flops
-from olmax.cli import app
-from olmax.config import ConfigError
+from olmax.cli.common import app
+from olmax.config.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
+from olmax.errors import ConfigError
+from olmax.fit import chips, flops
 from olmax.model import olmo3
 from olmax.model.attention import causal_mask
-from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
 
 SEQ, BATCH = 8192, 4  # the MaxText write-up's per-device shape
 
@@ -170,14 +170,14 @@ def test_exact_count_against_xlas_cost_analysis(compiled_train_step):
 
 
 def test_chip_peaks_per_device():
-    assert flops.chip_peak("h100") == flops.chip_peak("H200") == 989
-    assert flops.chip_peak("v5p") == 459
-    assert flops.chip_peak("v6e") == 918
-    assert flops.chip_peak("ironwood") == flops.chip_peak("tpu7x") == pytest.approx(1150, abs=5)
+    assert chips.chip_peak("h100") == chips.chip_peak("H200") == 989
+    assert chips.chip_peak("v5p") == 459
+    assert chips.chip_peak("v6e") == 918
+    assert chips.chip_peak("ironwood") == chips.chip_peak("tpu7x") == pytest.approx(1150, abs=5)
     with pytest.raises(ConfigError, match="unknown chip 'a100'"):
-        flops.chip_peak("a100")
+        chips.chip_peak("a100")
     with pytest.raises(ConfigError, match="at most one"):
-        flops.resolve_peak(900.0, "h100")
+        chips.resolve_peak(900.0, "h100")
 
 
 def test_mfu_matches_the_writeups_ironwood_figure():
@@ -188,7 +188,7 @@ def test_mfu_matches_the_writeups_ironwood_figure():
         seq_len=SEQ,
         per_device_batch=BATCH,
         devices=512,
-        peak_tflops=flops.chip_peak("ironwood"),
+        peak_tflops=chips.chip_peak("ironwood"),
         step_time=step_time,
     )
     assert report["tokens_per_step"] == 512 * BATCH * SEQ
@@ -321,7 +321,7 @@ def test_recompute_flops_are_the_matmuls_the_backward_pass_runs_again():
     `xla` backend's forward here, which computes whole blocks, so it is counted from its own program).
     A backend that stopped naming its residuals, or a count that ignored them, fails the policies
     that keep `attn_context`; one that named too much fails those that do not."""
-    from olmax.remat import remat_policy_of
+    from olmax.config.remat import remat_policy_of
 
     cfg = replace(TINY, attention="xla", n_layers=4)
     params = olmo3.abstract_params(cfg)
@@ -349,9 +349,9 @@ def test_attention_names_its_residuals_inside_the_context_shard_map():
     queries against the gathered keys; the names it gives there reach jax.checkpoint's policy:
     keeping `attn_context` leaves only the weight matmuls recompute_flops counts (the global shapes,
     outside the shard_map), and dropping it adds the chunks' attention forward back."""
-    from olmax.config import MeshConfig
-    from olmax.remat import remat_policy_of
-    from olmax.sharding import make_mesh
+    from olmax.config.mesh import MeshConfig
+    from olmax.config.remat import remat_policy_of
+    from olmax.model.sharding import make_mesh
 
     cfg = replace(TINY, attention="xla", n_layers=2)
     batch, seq = 4, 128
@@ -365,7 +365,7 @@ def test_attention_names_its_residuals_inside_the_context_shard_map():
 
 def test_recompute_flops_count_the_attention_forward_on_cudnn():
     """cudnn names only its output: keeping `attn_context` still reruns attention's forward there."""
-    from olmax.remat import remat_policy_of
+    from olmax.config.remat import remat_policy_of
 
     saved = remat_policy_of(_SEEDS).save
     attention = flops.exact_step_flops(OLMO3_7B, 8192, 4).attention // flops.TRAIN_PASSES

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from models import random_params
 
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import forward
 from olmax.rollout.sampler import Sampling, generate, generate_in_batches
 from olmax.rollout.text import read_prompts
@@ -113,7 +113,7 @@ def test_bad_settings_and_prompts(tmp_path):
 def test_cli_generate_needs_one_source_of_prompts(tmp_path):
     from typer.testing import CliRunner
 
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     for args in ([], ["--prompt", "a", "--prompts", str(tmp_path / "p.txt")]):
         result = CliRunner().invoke(app, ["generate", "--ckpt", str(tmp_path), *args])

@@ -1,5 +1,5 @@
 """benchmarks/gpu_mfu.py, the one-command GPU benchmark, end to end on CPU: its --dry-run runs a row
-in a process of its own with the chip's GPU profile from olmax.chips (the caller's XLA flags after
+in a process of its own with the chip's GPU profile from olmax.fit.chips (the caller's XLA flags after
 it, so they win), times the real train step and prints the table; without a GPU and without
 --dry-run it refuses with exit status 2."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from olmax.chips import GPU_XLA_FLAGS
+from olmax.fit.chips import GPU_XLA_FLAGS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_mfu.py"
 

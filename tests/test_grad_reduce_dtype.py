@@ -18,13 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.chips import chip_of_topology, compiler_options
-from olmax.compile_check import topology_devices
-from olmax.config import DataConfig, ExperimentConfig, MeshConfig, ModelConfig, TrainerConfig
+from olmax.config.data import DataConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.mesh import MeshConfig
+from olmax.config.model import ModelConfig
+from olmax.config.trainer import TrainerConfig
+from olmax.fit.chips import chip_of_topology, compiler_options
+from olmax.fit.compiler import topology_devices
 from olmax.model.olmo3 import dense, rounded
-from olmax.sharding import make_mesh
-from olmax.state import abstract_state
-from olmax.train_step import batch_sharding, make_train_step
+from olmax.model.sharding import make_mesh
+from olmax.train.state import abstract_state
+from olmax.train.step import batch_sharding, make_train_step
 
 TOPOLOGY = "v5p:2x2x2"
 VOCAB = 512  # no block weight has a dimension of this size
@@ -94,7 +98,7 @@ def test_block_gradients_are_summed_in_float32_and_weights_gathered_in_bf16(mesh
     gathered = _block_arrays(found, ("all-gather",))
     assert gathered["f32"] == 0, sorted(k for k in found if k[1] == "f32" and k[0] == "all-gather")
     assert gathered["bf16"] >= MATRICES * MODEL.n_layers
-    # nothing at all is summed in bf16: the embedding's gradient (olmax.sharding.lookup_rows) neither
+    # nothing at all is summed in bf16: the embedding's gradient (olmax.model.sharding.lookup_rows) neither
     bf16_sums = sorted(k for k in found if k[1] == "bf16" and k[0] in ("reduce-scatter", "all-reduce"))
     assert bf16_sums == []
 

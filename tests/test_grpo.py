@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
 from olmax.objectives import dpo, grpo
 
 FIXTURE = Path(__file__).parent / "fixtures" / "grpo_trl_reference.json"

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from small_run import SMALL
 
-from olmax import rewards
-from olmax.config import ConfigError
-from olmax.config_io import apply_overrides
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
 from olmax.data.chat_corpus import read_rows
 from olmax.data.tokenizer import load_tokenizer
-from olmax.recipes import get_recipe
+from olmax.errors import ConfigError
+from olmax.model.sharding import make_mesh
+from olmax.rewards import verifiers as rewards
 from olmax.rollout.batches import RolloutBatches, prompt_set
-from olmax.sharding import make_mesh
 
 VERIFIER = '''
 import hashlib
@@ -122,9 +122,9 @@ def test_the_loop_refuses_what_it_cannot_sample_for(tmp_path, coin_verifier):
 def test_a_checkpoint_between_mini_batches_keeps_the_rollout_it_is_in(tmp_path, coin_verifier):
     """The rollout's parts not yet trained on (and, sampled ahead, the next rollout's) are saved as the
     checkpoint's data_arrays item and served after the resume, old log-probs included."""
-    from olmax.checkpoint import RunCheckpoints
+    from olmax.checkpoint.store import RunCheckpoints
     from olmax.rollout.batches import _done, _Rollout
-    from olmax.state import abstract_state, init_train_state
+    from olmax.train.state import abstract_state, init_train_state
 
     cfg = _config(tmp_path, "grpo.mini_batches=2", "trainer.global_batch=8")
     tok = load_tokenizer("dolma2")
@@ -168,8 +168,8 @@ def coin_verifier(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_grpo_run_logs_its_figures_and_resumes_exactly(tmp_path, coin_verifier):
-    from olmax.checkpoint import load_params
-    from olmax.train import train
+    from olmax.checkpoint.store import load_params
+    from olmax.trainer.run import train
 
     straight = train(_config(tmp_path), tmp_path / "a", progress=False)
     assert [r["step"] for r in straight] == [1, 2, 3]
@@ -196,8 +196,8 @@ def test_a_run_stopped_between_mini_batches_resumes_exactly(tmp_path, coin_verif
     with grpo.async_steps=1 after step 0 (with rollout 1), so step 3's sampler log-probs are then stale.
     With grpo.beta > 0 the KL to the starting parameters is 0 at step 1 and grows; the resumed run
     makes its reference again."""
-    from olmax.checkpoint import load_params
-    from olmax.train import train
+    from olmax.checkpoint.store import load_params
+    from olmax.trainer.run import train
 
     extra = ["grpo.mini_batches=2", "trainer.global_batch=8", "trainer.max_steps=4"]
     extra += [f"grpo.async_steps={async_steps}", f"grpo.beta={beta}"]
@@ -233,10 +233,10 @@ def test_two_processes_roll_out_and_train(tmp_path, coin_verifier):
 
     from slurm_env import slurm_tasks
 
-    from olmax.train import train
+    from olmax.trainer.run import train
 
     overrides = _config_overrides(tmp_path, "grpo.mini_batches=2", "trainer.global_batch=8", "trainer.max_steps=4")
-    worker = [sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny_grpo", "--stop-at", "3"]
+    worker = [sys.executable, "-m", "olmax.cli.worker", "train", "--recipe", "tiny_grpo", "--stop-at", "3"]
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])  # the test's verifier
     procs = slurm_tasks(
         [*worker, "--run-dir", str(tmp_path / "two"), *overrides], local_devices=2, env={"PYTHONPATH": path}

@@ -4,7 +4,7 @@ per device micro-batch, open-instruct's aggregation) and one AdamW step applied 
 dp=2 x fsdp=4 mesh of the 8 simulated CPU devices in two accumulation steps with old log-probs and TIS
 (slow: one device in two accumulation steps, Think's TIS without old log-probs, Instruct's old log-probs
 without TIS); make_policy_logps (the loop's old log-probs) against policy_token_logps; the batches and
-configs it refuses; the RL recipes' numbers; and tiny_grpo's step compiled by compile_check.compile_step."""
+configs it refuses; the RL recipes' numbers; and tiny_grpo's step compiled by olmax.fit.compiler.compile_step."""
 
 import functools
 import re
@@ -16,24 +16,22 @@ import numpy as np
 import pytest
 from models import ONE_STEP_ADAMW, STEP_MODEL, one_train_step
 
-from olmax.compile_check import compile_step, grpo_batch
-from olmax.config import (
-    ConfigError,
-    DataConfig,
-    ExperimentConfig,
-    GRPOConfig,
-    MeshConfig,
-    ScheduleConfig,
-    TrainerConfig,
-)
-from olmax.config_io import apply_overrides
+from olmax.config.data import DataConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.grpo import GRPOConfig
+from olmax.config.io import apply_overrides
+from olmax.config.mesh import MeshConfig
+from olmax.config.recipes import get_recipe
+from olmax.config.schedule import ScheduleConfig
+from olmax.config.trainer import TrainerConfig
+from olmax.errors import ConfigError
+from olmax.fit.compiler import compile_step, grpo_batch
 from olmax.model.attention import segment_ids
 from olmax.model.olmo3 import init_params
+from olmax.model.sharding import make_mesh
 from olmax.objectives import grpo
-from olmax.recipes import get_recipe
-from olmax.sharding import make_mesh
-from olmax.state import init_train_state, optimizer, state_shardings
-from olmax.train_step import batch_sharding, make_policy_logps, make_train_step
+from olmax.train.state import init_train_state, optimizer, state_shardings
+from olmax.train.step import batch_sharding, make_policy_logps, make_train_step
 
 ROWS, SEQ = 16, 16
 BASE = ExperimentConfig(

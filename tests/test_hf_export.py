@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from olmax.checkpoint import save_params
-from olmax.cli import app
-from olmax.config import ModelConfig
-from olmax.convert import ConversionError
+from olmax.checkpoint.store import save_params
+from olmax.cli.common import app
+from olmax.config.model import ModelConfig
 from olmax.convert.hf import convert_to_hf
+from olmax.convert.tensors import ConversionError
 from olmax.data.tokenizer import DOLMA2_VOCAB_SIZE, Dolma2Tokenizer
 from olmax.model.olmo3 import init_params
 
@@ -115,7 +115,7 @@ def test_transformers_loads_the_export_offline(export):
     ids = np.asarray([ours.encode(texts[0])[:48]], np.int32)
     with torch.no_grad():
         theirs = model(torch.from_numpy(ids).long()).logits.numpy()
-    from olmax.checkpoint import load_params
+    from olmax.checkpoint.store import load_params
 
     params, cfg, _ = load_params(tmp / "ckpt")
     mine = np.asarray(forward(params, ids, cfg))[..., : cfg.vocab_size]

@@ -14,9 +14,9 @@ from models import make_hf_checkpoint, word_tokenizer
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
-from olmax.checkpoint import load_params, save_params
-from olmax.cli import app
-from olmax.config import ModelConfig
+from olmax.checkpoint.store import load_params, save_params
+from olmax.cli.common import app
+from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import init_params
 
 # What `--tokenizer none` writes: no tokenizer.json, tokenizer_config.json or special_tokens_map.json.

@@ -13,12 +13,12 @@ import pytest
 from slurm_env import slurm_env
 from typer.testing import CliRunner
 
-from olmax.cli import app
-from olmax.config_io import apply_overrides, to_yaml
-from olmax.launch import LaunchError
+from olmax.cli.common import app
+from olmax.cli.worker import distributed_args
+from olmax.config.io import apply_overrides, to_yaml
+from olmax.errors import LaunchError
 from olmax.launch.backends import dry_run, make_backend
 from olmax.launch.plan import make_plan
-from olmax.launch.worker import distributed_args
 
 # an override whose value holds spaces, both quote characters and a $ that a shell would expand
 TRICKY = """data.paths=["my corpus/a b.npy", "it's \\"$HOME\\""]"""
@@ -127,7 +127,7 @@ def test_slurm_script_starts_one_worker_per_node_with_the_coordinator(tmp_path):
         "--kill-on-bad-exit=1",
         "python3",
         "-m",
-        "olmax.launch.worker",
+        "olmax.cli.worker",
         *plan.train_args(),
     ]
     assert plan.train_args()[-1] == TRICKY
@@ -187,7 +187,7 @@ def test_xpk_commands_and_the_worker_command_string():
         backend.worker_command(),
     ]
     # xpk hands --command to a shell on each VM: it must split back into the worker's argv
-    assert shlex.split(backend.worker_command()) == ["python3", "-m", "olmax.launch.worker", *plan.train_args()]
+    assert shlex.split(backend.worker_command()) == ["python3", "-m", "olmax.cli.worker", *plan.train_args()]
     assert wait.argv == [
         "xpk",
         "workload",
@@ -244,7 +244,7 @@ def test_two_workers_form_one_jax_distributed_job(tmp_path):
     for rank in range(2):
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "olmax.launch.worker", "config", "--recipe", "tiny"],
+                [sys.executable, "-m", "olmax.cli.worker", "config", "--recipe", "tiny"],
                 env=slurm_env(rank, port, local_devices=2),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

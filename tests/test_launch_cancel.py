@@ -10,16 +10,17 @@ import os
 import pytest
 from test_launch import SLURM_ENV, XPK_ENV, _stub
 
-from olmax.exits import ExitStatus
+from olmax.checkpoint.store import complete_steps
 from olmax.launch import slurm
 from olmax.launch.backends import make_backend
 from olmax.launch.plan import make_plan
 from olmax.launch.resume import RetryPolicy, resume_until_done
+from olmax.rundir.exits import ExitStatus
 
 PREEMPTED = int(ExitStatus.PREEMPTED)
 
 # The trainer's side of an attempt: make checkpoint STEP, write the record {status: RECORD} unless it
-# is null (killed before it could), as olmax.exits.write_record does.
+# is null (killed before it could), as olmax.rundir.exits.write_record does.
 TRAINER = """
 import json, os
 def trainer(run_dir, step, record):
@@ -81,7 +82,14 @@ def _slurm_run(tmp_path, monkeypatch, attempts, max_retries=0, final=12):
     plan = make_plan("tiny", [f"trainer.max_steps={final}"], str(run_dir), 8)
     sleeps, lines = [], []
     backend = make_backend("slurm", plan, SLURM_ENV)
-    status = resume_until_done(backend, plan, RetryPolicy(max_retries, 7.0), sleep=sleeps.append, echo=lines.append)
+    status = resume_until_done(
+        backend,
+        plan,
+        RetryPolicy(max_retries, 7.0),
+        complete_steps=complete_steps,
+        sleep=sleeps.append,
+        echo=lines.append,
+    )
     state = json.loads((run_dir / "launch_state.json").read_text())
     return status, sleeps, lines, state
 
@@ -208,7 +216,9 @@ def _xpk_run(tmp_path, monkeypatch, attempts, list_exit=0, create_exit=0):
     plan = make_plan("tiny", ["trainer.max_steps=12"], str(run_dir), 8)
     backend = make_backend("xpk", plan, {**XPK_ENV, "OLMAX_XPK_WORKLOAD": "olmax-run"})
     sleeps, lines = [], []
-    status = resume_until_done(backend, plan, RetryPolicy(0, 7.0), sleep=sleeps.append, echo=lines.append)
+    status = resume_until_done(
+        backend, plan, RetryPolicy(0, 7.0), complete_steps=complete_steps, sleep=sleeps.append, echo=lines.append
+    )
     return status, sleeps, lines, json.loads((run_dir / "launch_state.json").read_text())
 
 

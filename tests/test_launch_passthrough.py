@@ -1,7 +1,7 @@
 """`olmax launch` passes on everything `olmax train` takes (--config, overrides, --chip,
 --allow-data-change, --allow-config-change) and extra environment (--env KEY=VALUE) on every backend,
 with quoting checked by the shell rules each backend's command goes through; the job-state readings
-of the Slurm and xpk backends (olmax.exits)."""
+of the Slurm and xpk backends (olmax.rundir.exits)."""
 
 import json
 import os
@@ -13,14 +13,14 @@ import pytest
 from test_launch import SLURM_ENV, TRICKY, XPK_ENV, _stub
 from typer.testing import CliRunner
 
-from olmax.cli import app
-from olmax.config_io import save_yaml
-from olmax.exits import ExitStatus
-from olmax.launch import LaunchError
+from olmax.cli.common import app
+from olmax.config.io import save_yaml
+from olmax.config.recipes import get_recipe
+from olmax.errors import LaunchError
 from olmax.launch.backends import dry_run, make_backend
 from olmax.launch.outcome import Ended, Outcome
 from olmax.launch.plan import TrainOptions, make_plan, parse_env
-from olmax.recipes import get_recipe
+from olmax.rundir.exits import ExitStatus
 
 # values a shell would split or expand: spaces, both quotes, $, and '=' inside the value
 ENV = ["LIBTPU_INIT_ARGS=--xla_tpu_flag=true --other='a b'", 'NOTE=it\'s "$HOME"', "XLA_FLAGS=--xla_a=1"]
@@ -76,7 +76,7 @@ def test_xpk_passes_env_as_xpk_env_flags_and_options_in_the_command(tmp_path):
     create, _ = backend.attempt_steps(1)
     flags = [create.argv[i + 1] for i, a in enumerate(create.argv) if a == "--env"]
     assert flags == ["OLMAX_DISTRIBUTED=auto", *ENV]
-    assert shlex.split(backend.worker_command()) == ["python3", "-m", "olmax.launch.worker", *_train_args(plan)]
+    assert shlex.split(backend.worker_command()) == ["python3", "-m", "olmax.cli.worker", *_train_args(plan)]
     assert shlex.split(dry_run(backend, plan, resume=False).splitlines()[-1]) == backend.launch_steps()[0].argv
 
 

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from olmax.launch import LaunchError
+from olmax.checkpoint.store import complete_steps
+from olmax.errors import LaunchError
 from olmax.launch.backends import make_backend
 from olmax.launch.outcome import from_exit_code
 from olmax.launch.plan import Command, make_plan
@@ -64,7 +65,12 @@ def _run(tmp_path, actions, max_retries=3, final=12):
     plan = make_plan("tiny", [f"trainer.max_steps={final}"], str(tmp_path), 8)
     sleeps, lines = [], []
     status = resume_until_done(
-        FakeBackend(tmp_path, actions), plan, RetryPolicy(max_retries, 7.0), sleep=sleeps.append, echo=lines.append
+        FakeBackend(tmp_path, actions),
+        plan,
+        RetryPolicy(max_retries, 7.0),
+        complete_steps=complete_steps,
+        sleep=sleeps.append,
+        echo=lines.append,
     )
     return status, sleeps, lines
 

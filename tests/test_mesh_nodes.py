@@ -1,4 +1,4 @@
-"""The node-aware mesh (olmax.sharding.make_mesh, node_split) of a job with one process per node, as
+"""The node-aware mesh (olmax.model.sharding.make_mesh, node_split) of a job with one process per node, as
 the Slurm backend starts it: the inner mesh axes (tensor, fsdp) stay within a node, the rest runs
 across nodes. Checked on the split table, on devices handed over in a scrambled order, and for real
 with two jax.distributed processes on CPU (Slurm's variables, 4 devices each), whose train step gives
@@ -15,10 +15,11 @@ import pytest
 from slurm_env import slurm_tasks
 from small_run import SMALL
 
-from olmax.config import ConfigError, MeshConfig
-from olmax.config_io import apply_overrides
-from olmax.recipes import get_recipe
-from olmax.sharding import MESH_AXES, describe_node_split, make_mesh, node_split
+from olmax.config.io import apply_overrides
+from olmax.config.mesh import MESH_AXES, MeshConfig, describe_node_split, node_split
+from olmax.config.recipes import get_recipe
+from olmax.errors import ConfigError
+from olmax.model.sharding import make_mesh
 
 HSDP = ["mesh.data=-1", "mesh.fsdp=4", "mesh.tensor=1"]  # nodes of 4 devices: shard within, replicate across
 
@@ -108,7 +109,7 @@ def _processes(mesh, axis: str) -> list[set[int]]:
 
 def test_mesh_groups_follow_nodes_whatever_the_device_order(monkeypatch):
     # mesh_utils reshapes the objects as it is given them; jax.sharding.Mesh would insist on jax.Devices
-    monkeypatch.setattr("olmax.sharding.Mesh", lambda grid, axes, axis_types: _GridOnly(grid, axes))
+    monkeypatch.setattr("olmax.model.sharding.Mesh", lambda grid, axes, axis_types: _GridOnly(grid, axes))
     hsdp = make_mesh(MeshConfig(data=-1, fsdp=8, tensor=1), _scrambled(4, 8))
     assert hsdp.shape == _sizes(data=4, fsdp=8)
     assert all(len(p) == 1 for p in _processes(hsdp, "fsdp"))  # each fsdp group is one node
@@ -132,7 +133,7 @@ def _gpu_compiler():
 
 def test_gpu_cluster_devices_group_by_node():
     """The abstract devices of `olmax compile-check --topology h100:4x8` carry their node as process_index."""
-    from olmax.compile_check import topology_devices
+    from olmax.fit.compiler import topology_devices
 
     _gpu_compiler()
 
@@ -148,7 +149,7 @@ def test_gpu_cluster_devices_group_by_node():
 
 def test_compile_check_reports_the_node_layout():
     """The tiny step compiled by XLA's GPU compiler for 2 nodes of 4 H100s, as HSDP."""
-    from olmax.compile_check import compile_report
+    from olmax.fit.compile_check import compile_report
 
     _gpu_compiler()
     cfg = _config(HSDP + ["model.attention=xla"])
@@ -179,8 +180,8 @@ def _tokens(cfg) -> np.ndarray:
 
 def _one_step(cfg, mesh) -> dict:
     """One train step from the seed-0 initial state on the fixed batch; this process feeds its rows."""
-    from olmax.state import init_train_state
-    from olmax.train_step import batch_sharding, make_train_step
+    from olmax.train.state import init_train_state
+    from olmax.train.step import batch_sharding, make_train_step
 
     sharding = batch_sharding(cfg, mesh)
     tokens = _tokens(cfg)
@@ -198,7 +199,7 @@ def node_process() -> None:
     """One 'node' of the two-process test: jax.distributed from Slurm's variables (the worker's own
     set-up), then the HSDP mesh and one step on it. Prints one JSON line. (FSDP over both processes,
     the old layout, trains in tests/test_train_multihost.py.)"""
-    from olmax.launch.worker import distributed_args
+    from olmax.cli.worker import distributed_args
 
     jax.distributed.initialize(**distributed_args(os.environ))
     cfg = _config(HSDP)

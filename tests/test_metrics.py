@@ -4,11 +4,11 @@ writer (offline, no network) and the plain progress lines of a run without a ter
 import pytest
 from small_run import small_config
 
-from olmax.config import ConfigError
-from olmax.config_io import apply_overrides
-from olmax.metrics import Progress
-from olmax.recipes import get_recipe
-from olmax.train import train
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.errors import ConfigError
+from olmax.trainer.metrics import Progress
+from olmax.trainer.run import train
 
 
 @pytest.mark.slow  # ~11 s on 2 cores: two wandb runs

@@ -12,7 +12,9 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 from models import random_params
 
-from olmax.config import MeshConfig
+from olmax.config.mesh import MeshConfig
+from olmax.config.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
+from olmax.config.remat import REMAT_TAGS, remat_policy_of
 from olmax.model.olmo3 import (
     ParamSpec,
     block,
@@ -20,14 +22,12 @@ from olmax.model.olmo3 import (
     count_params,
     forward,
     init_params,
+    param_shardings,
     param_specs,
     self_attention,
 )
 from olmax.model.rope import rope_tables
-from olmax.recipes import OLMO3_7B, OLMO3_7B_HD256, OLMO3_32B, TINY
-from olmax.remat import REMAT_TAGS, remat_policy_of
-from olmax.sharding import make_mesh
-from olmax.state import param_shardings
+from olmax.model.sharding import make_mesh
 
 CFG = dataclasses.replace(TINY, vocab_size=1000, n_layers=6, sliding_window=8)  # a tail group of 2
 

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from olmax.convert.train_parity import PAD, Setup, build_olmo_core_model, olmax_experiment, olmax_model_config
+from olmax.parity.harness import PAD, Setup
+from olmax.parity.olmo_core import build_olmo_core_model
+from olmax.parity.training import olmax_experiment, olmax_model_config
 
 pytest.importorskip("olmo_core")
 
@@ -33,7 +35,7 @@ def batch(seed: int) -> np.ndarray:
 
 
 def olmo_core_step(train_module, input_ids: np.ndarray, step: int) -> float:
-    """One training step as OLMo-core's train module takes it (see olmax.convert.train_parity)."""
+    """One training step as OLMo-core's train module takes it (see olmax.parity.training)."""
     import torch
     from olmo_core.data.utils import get_labels
     from olmo_core.optim import CosWithWarmup
@@ -74,7 +76,7 @@ def olmo_core_run(tmp_path_factory):
     from olmo_core.train.train_module import TransformerTrainModule
     from olmo_core.train.utils import EnvRngStates
 
-    from olmax.config_io import save_yaml
+    from olmax.config.io import save_yaml
 
     work = tmp_path_factory.mktemp("olmo_core")
     torch.manual_seed(0)
@@ -121,16 +123,16 @@ def olmo_core_run(tmp_path_factory):
 
 
 def cli(*args: str):
-    from olmax.cli import app
+    from olmax.cli.common import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.mark.parity
 def test_convert_reads_the_model_bit_for_bit(olmo_core_run, tmp_path):
-    from olmax.checkpoint import load_params
-    from olmax.convert import torch_tensors
+    from olmax.checkpoint.store import load_params
     from olmax.convert.olmo_core import OLMO_CORE_NAMES
+    from olmax.convert.tensors import torch_tensors
 
     train_module, step_dir, cfg = olmo_core_run
     result = cli(
@@ -160,9 +162,9 @@ def test_convert_reads_the_model_bit_for_bit(olmo_core_run, tmp_path):
 def test_next_step_after_warm_start_matches_olmo_core(olmo_core_run, tmp_path):
     import jax
 
-    from olmax.sharding import make_mesh
-    from olmax.surgery import load_warm_start
-    from olmax.train_step import batch_sharding, make_train_step
+    from olmax.checkpoint.surgery import load_warm_start
+    from olmax.model.sharding import make_mesh
+    from olmax.train.step import batch_sharding, make_train_step
 
     train_module, step_dir, cfg = olmo_core_run
     result = cli(
@@ -192,8 +194,8 @@ def test_next_step_after_warm_start_matches_olmo_core(olmo_core_run, tmp_path):
 
     import torch
 
-    from olmax.convert import torch_tensors
     from olmax.convert.olmo_core import OLMO_CORE_NAMES
+    from olmax.convert.tensors import torch_tensors
 
     torch.set_num_threads(1)
     ref_ce = olmo_core_step(train_module, nxt, TRAINED_STEPS + 1)

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.config import ConfigError, OptimizerConfig
-from olmax.optim import Optimizer, clip_by_global_norm, decay_mask
+from olmax.config.optimizer import OptimizerConfig
+from olmax.errors import ConfigError
+from olmax.train.optim import Optimizer, clip_by_global_norm, decay_mask
 
 
 def _params(dtype=np.float32, seed=0):

@@ -15,11 +15,11 @@ import pytest
 from models import FULL, SLIDING, make_hf_checkpoint, make_olmo_core_model, olmax_config_of
 from typer.testing import CliRunner
 
-from olmax.checkpoint import load_params, save_params
-from olmax.cli import app
+from olmax.checkpoint.store import load_params, save_params
+from olmax.cli.common import app
 from olmax.convert.hf import convert_from_hf
 from olmax.convert.olmo_core import convert_from_olmo_core
-from olmax.convert.parity import (
+from olmax.parity.logits import (
     PARITY_BOUNDS,
     ParityBounds,
     compare,

@@ -25,7 +25,7 @@ olmo_rope = pytest.importorskip("olmo_core.nn.rope")
 
 from models import make_olmo_core_model, olmax_config_of  # noqa: E402
 
-from olmax.config import ModelConfig  # noqa: E402
+from olmax.config.model import ModelConfig  # noqa: E402
 from olmax.model.olmo3 import final_norm, lm_head, rms_norm  # noqa: E402
 from olmax.model.rope import apply_rope, rope_tables  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""model.remat=auto's search (olmax.remat_search, compile_check.choose_remat) with a scripted compiler:
+"""model.remat=auto's search (olmax.fit.remat_search, olmax.fit.remat.choose_remat) with a scripted compiler:
 which candidates it compiles and in what order, what it chooses, its record and cache, and the error
 that names what would fit. The real compiler's part is tests/test_compile_check.py's."""
 
@@ -13,15 +13,16 @@ import pytest
 from models import random_params
 from small_run import SMALL, small_config
 
-from olmax import chips, compile_check
-from olmax.compile_check import GIB, CompilerRefused, DoesNotFit, choose_remat
-from olmax.config_io import apply_overrides
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.config.remat import AUTO_LADDER
+from olmax.fit import chips, remat
+from olmax.fit.compiler import GIB, CompileResult, CompilerRefused, DoesNotFit
+from olmax.fit.remat import choose_remat
+from olmax.fit.remat_search import RECORD_FILE
 from olmax.model.olmo3 import forward
-from olmax.recipes import get_recipe
-from olmax.remat import AUTO_LADDER
-from olmax.remat_search import RECORD_FILE
-from olmax.sharding import make_mesh
-from olmax.train_step import make_train_step
+from olmax.model.sharding import make_mesh
+from olmax.train.step import make_train_step
 
 EVERY_MATMUL, SEEDS, NO_GATE, QKV_CTX_O, QKV, FULL = AUTO_LADDER
 V5P = chips.CHIPS["v5p"]  # budget 95% of 95.74 = 90.95 GiB
@@ -40,9 +41,9 @@ def scripted(monkeypatch, peaks):
         if peak is REFUSED:
             raise CompilerRefused("scripted", "HBM", "out of HBM: scripted")
         memory = SimpleNamespace(peak_memory_in_bytes=int(peak * GIB))
-        return compile_check.CompileResult(SimpleNamespace(memory_analysis=lambda: memory), 0.0, 0.0, None)
+        return CompileResult(SimpleNamespace(memory_analysis=lambda: memory), 0.0, 0.0, None)
 
-    monkeypatch.setattr(compile_check, "compile_step", compile_step)
+    monkeypatch.setattr(remat, "compile_step", compile_step)
     return compiled
 
 
@@ -198,10 +199,10 @@ def test_train_chooses_before_its_first_step_and_a_restart_reads_the_choice(monk
     """olmax train with model.remat=auto (the CPU devices given a v5p's budget): the search runs before
     the first step, its record goes to the run directory and its lines to the log; config.yaml keeps
     auto and the checkpoint the choice; the restart compiles no candidate."""
-    from olmax import train as train_module
-    from olmax.checkpoint import read_config
+    from olmax.checkpoint.store import read_config
+    from olmax.trainer import run as train_module
 
-    monkeypatch.setattr(train_module, "chip_of_device_kind", lambda kind: V5P)
+    monkeypatch.setattr(remat, "chip_of_device_kind", lambda kind: V5P)
     done = scripted(monkeypatch, V5P_4X4X4)
     cfg = small_config(tmp_path, "model.remat=auto", "model.vocab_size=512", "trainer.max_steps=2")
     run_dir = tmp_path / "run"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from models import random_params
 
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import forward
 from olmax.rollout.cache import cached_forward, init_cache
 

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from models import random_params
 
-from olmax.config import MeshConfig, ModelConfig
-from olmax.model.olmo3 import forward
+from olmax.config.mesh import MeshConfig
+from olmax.config.model import ModelConfig
+from olmax.model.olmo3 import forward, param_shardings
+from olmax.model.sharding import make_mesh
 from olmax.rollout.sampler import FINISH, Sampling, sample
-from olmax.sharding import make_mesh
-from olmax.state import param_shardings
 
 CFG = ModelConfig(
     vocab_size=300,

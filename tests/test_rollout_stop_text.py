@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import olmax.rollout.sampler as sampler
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
 from olmax.data.tokenizer import HFJsonTokenizer, load_tokenizer
 from olmax.rollout.sampler import FINISH, sample
 from olmax.rollout.text import cut_at_stop, stop_table
@@ -155,13 +155,13 @@ def test_grpo_rollouts_end_at_the_stop_string(tok, scripted, tmp_path, monkeypat
 
     from small_run import SMALL
 
-    from olmax import rewards
-    from olmax.config_io import apply_overrides
+    from olmax.config.io import apply_overrides
+    from olmax.config.recipes import get_recipe
     from olmax.data.chat_corpus import read_rows
     from olmax.model.olmo3 import init_params
-    from olmax.recipes import get_recipe
+    from olmax.model.sharding import make_mesh
+    from olmax.rewards import verifiers as rewards
     from olmax.rollout.batches import RolloutBatches, prompt_set
-    from olmax.sharding import make_mesh
 
     path = tmp_path / "rl.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in read_rows("rl")[:2]))

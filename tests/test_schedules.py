@@ -10,14 +10,16 @@ from reference_values import STAGE1_LR
 from small_run import small_config
 from typer.testing import CliRunner
 
-from olmax.cli import app
-from olmax.config import ConfigError, ScheduleConfig
-from olmax.config_io import to_yaml
+from olmax.cli.common import app
+from olmax.config.io import to_yaml
+from olmax.config.schedule import ScheduleConfig
 from olmax.data.loader import build_source
-from olmax.exits import ExitStatus, read_record
-from olmax.schedules import make_schedule, steps_for_tokens
-from olmax.status import MetricsReader, read_config, run_status
-from olmax.train import train
+from olmax.errors import ConfigError
+from olmax.rundir.exits import ExitStatus, read_record
+from olmax.rundir.progress import read_run_config
+from olmax.train.schedules import make_schedule, steps_for_tokens
+from olmax.trainer.run import train
+from olmax.trainer.status import MetricsReader, run_status
 
 STAGE1_TOKENS_PER_STEP = 512 * 8192  # 4,194,304
 # AI2's stage 1 (docs/reference.md): the cosine up to step 596,047, the checkpoint -pretrain-2.py
@@ -128,7 +130,7 @@ def test_a_run_to_the_end_of_its_epochs_stops_there_and_resumes_to_it(tmp_path):
     assert epoch == 5
     run = tmp_path / "run"
     first = train(cfg, run, progress=False, stop_at=3)
-    assert read_config(str(run)).trainer.max_steps == epoch
+    assert read_run_config(str(run)).trainer.max_steps == epoch
     (tmp_path / "run.yaml").write_text(to_yaml(cfg))
     out = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "run.yaml"), "--run-dir", str(run)])
     assert out.exit_code == 0, out.output
@@ -210,7 +212,7 @@ def test_stage1_across_the_resume_as_olmo_core_ran_it():
     from olmo_core.train import Duration
     from olmo_core.train.trainer import Trainer
 
-    from olmax.recipes import STAGE1_SCHEDULE
+    from olmax.config.recipes import STAGE1_SCHEDULE
 
     class TrainerClock:
         """What OLMo-core's step schedulers read from the Trainer (Scheduler.set_lr: global_step and

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from olmax.cli import app
-from olmax.config import ConfigError, DataConfig
+from olmax.cli.common import app
+from olmax.config.data import DataConfig
 from olmax.data.chat_files import tokenize_chat
 from olmax.data.loader import build_source, make_loader, tokenizer_fields
 from olmax.data.packing import PackedSource
 from olmax.data.sources import DataSourceError, label_mask_paths
+from olmax.errors import ConfigError
 
 SEQ = 256
 WORDS = "the cat sat on a mat while seven quiet dogs read old maps near bright rivers".split()

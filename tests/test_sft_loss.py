@@ -15,15 +15,19 @@ import pytest
 from models import STEP_MODEL
 from test_sft_data import conversations, sft_cfg
 
-from olmax.config import ConfigError, DataConfig, ExperimentConfig, MeshConfig, TrainerConfig
+from olmax.config.data import DataConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.mesh import MeshConfig
+from olmax.config.trainer import TrainerConfig
 from olmax.data.chat_files import tokenize_chat
 from olmax.data.loader import make_loader
 from olmax.data.order import batch_ids, rank_ids
-from olmax.loss import IGNORE, loss_denominator, loss_sums, make_labels
+from olmax.errors import ConfigError
 from olmax.model.olmo3 import forward_hidden, init_params, lm_head
-from olmax.sharding import make_mesh
-from olmax.state import init_train_state
-from olmax.train_step import loss_rank_of_rows, make_train_step
+from olmax.model.sharding import make_mesh
+from olmax.train.loss import IGNORE, loss_denominator, loss_sums, make_labels
+from olmax.train.state import init_train_state
+from olmax.train.step import loss_rank_of_rows, make_train_step
 
 PAD = 3
 
@@ -215,7 +219,7 @@ def test_per_rank_equals_global_when_the_ranks_count_the_same():
 @pytest.mark.parametrize("processes", [1, 2, 4])
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
 def test_loss_ranks_of_rows_are_olmo_core_s(processes, ranks):
-    """The rank of each row of the batch olmax.train assembles (process p's rows from the loader's
+    """The rank of each row of the batch olmax.trainer.run assembles (process p's rows from the loader's
     rank_ids(p of processes), in process order) is OLMo-core's: the instance's place in the global
     batch mod the ranks (NumpyFSLDataLoader deals instance i of a batch to rank i mod D)."""
     order = np.random.default_rng(0).permutation(64).astype(np.uint32)
@@ -256,7 +260,7 @@ def test_loss_normalisation_config_errors(overrides, message):
 )
 def test_sft_recipes(name, lr, global_batch, ranks):
     """AI2's numbers (OLMo-core src/scripts/train/sft/, open-instruct scripts/train/olmo3/*_sft.sh)."""
-    from olmax.recipes import get_recipe
+    from olmax.config.recipes import get_recipe
 
     cfg = get_recipe(name)
     assert (cfg.optimizer.lr, cfg.trainer.global_batch * cfg.data.seq_len) == (lr, global_batch * 32768)

@@ -1,5 +1,5 @@
 """SFT training parity with ai2-olmo-core 3.0.0: the same tiny OLMo 3 fine-tuned by olmax and by
-OLMo-core on the same chat parts, step by step (olmax.convert.train_parity with `Setup(sft=True)`; its
+OLMo-core on the same chat parts, step by step (olmax.parity.training with `Setup(sft=True)`; its
 docstrings say what each side runs).
 
 Data: conversations written by `olmax tokenize --chat instruct` (olmax.data.chat_files.tokenize_chat),
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import pytest
 
-from olmax.convert.train_parity import Setup, compare_training
+from olmax.parity.harness import Setup
+from olmax.parity.training import compare_training
 
 pytest.importorskip("olmo_core")
 pytestmark = pytest.mark.parity
@@ -90,7 +91,8 @@ def test_olmo_core_attention_within_documents():
     import numpy as np
     import torch
 
-    from olmax.convert.train_parity import VOCAB, build_olmo_core_model
+    from olmax.parity.harness import VOCAB
+    from olmax.parity.olmo_core import build_olmo_core_model
 
     packed = build_olmo_core_model(Setup.sft_run(8))
     plain = build_olmo_core_model(Setup(seq_len=128))

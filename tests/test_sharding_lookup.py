@@ -1,4 +1,4 @@
-"""The embedding lookup under a mesh (olmax.sharding.lookup_rows): the same rows and the same gradient
+"""The embedding lookup under a mesh (olmax.model.sharding.lookup_rows): the same rows and the same gradient
 as on one device on every layout, and the HSDP layout (data and fsdp both > 1) compiles without moving
 a whole activation or a whole table: XLA's own layout of `table[ids]` gathered the whole cotangent of
 the lookup on every device in the backward pass ("Involuntary full rematerialization"), or, with XLA's
@@ -14,13 +14,13 @@ import pytest
 from jax.sharding import NamedSharding
 from models import tiny_eval_model
 
-from olmax.config import MeshConfig
-from olmax.loss import output_loss
-from olmax.model.olmo3 import forward_hidden, init_params
-from olmax.recipes import get_recipe
-from olmax.sharding import logical_to_spec, lookup_rows, make_mesh
-from olmax.state import abstract_state, param_shardings
-from olmax.train_step import batch_sharding, make_train_step
+from olmax.config.mesh import MeshConfig
+from olmax.config.recipes import get_recipe
+from olmax.model.olmo3 import forward_hidden, init_params, param_shardings
+from olmax.model.sharding import logical_to_spec, lookup_rows, make_mesh
+from olmax.train.loss import output_loss
+from olmax.train.state import abstract_state
+from olmax.train.step import batch_sharding, make_train_step
 
 MESHES = {
     "dp2xfsdp4": MeshConfig(data=2, fsdp=4),
@@ -115,8 +115,8 @@ def test_hsdp_moves_no_whole_activation_or_table(capfd):
 def test_hsdp_on_gpu_moves_no_whole_activation_or_table(capfd):
     """XLA's GPU compiler, two nodes of 8 H100s as HSDP (fsdp within a node, data across)."""
     pytest.importorskip("jax_cuda12_plugin", reason="needs the gpu-compile extra (make setup-test)")
-    from olmax.chips import compiler_options, get_chip
-    from olmax.compile_check import topology_devices
+    from olmax.fit.chips import compiler_options, get_chip
+    from olmax.fit.compiler import topology_devices
 
     cfg = replace(
         HSDP,

@@ -10,12 +10,12 @@ import pytest
 from small_run import small_config
 from typer.testing import CliRunner
 
-import olmax.train
-from olmax.cli import app
-from olmax.exits import ExitStatus, read_record, write_record
+import olmax.trainer.run
+from olmax.cli.common import app
 from olmax.launch.resume import LaunchState
-from olmax.status import MetricsReader, run_status
-from olmax.train import train
+from olmax.rundir.exits import ExitStatus, read_record, write_record
+from olmax.trainer.run import train
+from olmax.trainer.status import MetricsReader, run_status
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_a_starting_trainer_removes_the_previous_exit_record(tmp_path, monkeypat
     run_dir.mkdir()
     write_record(str(run_dir), ExitStatus.DONE, "stopped after step 40 of 40")
     seen = []
-    monkeypatch.setattr(olmax.train, "train", lambda cfg, run_dir, **_: seen.append(read_record(run_dir)) or [])
+    monkeypatch.setattr(olmax.trainer.run, "train", lambda cfg, run_dir, **_: seen.append(read_record(run_dir)) or [])
     args = ["train", "--recipe", "tiny", "--run-dir", str(run_dir), "trainer.max_steps=80"]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output

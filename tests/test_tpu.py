@@ -2,7 +2,7 @@
 it wherever JAX's default backend is not a TPU. Run them alone, in ONE process (the chip takes one
 process at a time; no -n): `python -m pytest -m tpu tests/test_tpu.py` on a TPU host.
 
-- compile-check's predicted peak (olmax.compile_check) is the chip's measured peak of the same
+- compile-check's predicted peak (olmax.fit.compile_check) is the chip's measured peak of the same
   compiled step, within 10%;
 - splash attention (the Mosaic kernel, not Pallas's interpreter) = the `xla` backend on the chip,
   output and q/k/v gradients: causal (bf16), and windowed within documents, GQA 8/2, 2048 tokens,
@@ -31,17 +31,17 @@ import pytest
 from small_run import SMALL, tokenized_demo
 from typer.testing import CliRunner
 
-from olmax import compile_check
-from olmax.checkpoint import RunCheckpoints, load_params, save_params
-from olmax.cli import app
-from olmax.config import SplashBlocks
+from olmax.checkpoint.store import RunCheckpoints, load_params, save_params
+from olmax.cli.common import app
+from olmax.config.model import SplashBlocks
+from olmax.config.recipes import resolve
 from olmax.data.loader import make_loader
+from olmax.fit import compiler
 from olmax.model import attention as attn
-from olmax.model.olmo3 import init_params
-from olmax.recipes import resolve
-from olmax.sharding import make_mesh
-from olmax.state import abstract_state, init_train_state, param_shardings, state_shardings
-from olmax.train_step import batch_sharding, make_train_step
+from olmax.model.olmo3 import init_params, param_shardings
+from olmax.model.sharding import make_mesh
+from olmax.train.state import abstract_state, init_train_state, state_shardings
+from olmax.train.step import batch_sharding, make_train_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from tpu_throughput import chip_holds  # noqa: E402 - the throughput table's measure of the same
@@ -98,10 +98,10 @@ def test_compile_check_peak_is_the_chips_peak():
     chip = _chip()
     cfg = resolve("tiny", None, MEMORY_STEP)
     start = chip.memory_stats()
-    devices, chip_type, where = compile_check.target(devices=[chip])
+    devices, chip_type, where = compiler.target(devices=[chip])
     mesh = make_mesh(cfg.mesh, devices)
-    compiled, _, _, heap = compile_check.compile_step(cfg, mesh, compile_check.target_options(chip_type, "tpu"), where)
-    memory = compile_check.memory_of(compiled, heap, chip_type.hbm_limit_gib)
+    compiled, _, _, heap = compiler.compile_step(cfg, mesh, compiler.target_options(chip_type, "tpu"), where)
+    memory = compiler.memory_of(compiled, heap, chip_type.hbm_limit_gib)
     predicted = memory["hbm_gib"]
     assert predicted is not None, "compile-check read no heap from the TPU compiler's memory-usage report"
     loaded = chip.memory_stats()
@@ -192,7 +192,7 @@ def test_splash_matches_xla_on_the_chip(dtype, window, documents):
     with precision:
         out, grads, hlo = _attention_with_grads("splash", q, k, v, w, segments, window, TILES[dtype])
         want_out, want_grads, _ = _attention_with_grads("xla", q, k, v, w, segments, window, None)
-    assert compile_check.MOSAIC_CALL in hlo  # the kernel compiled by Mosaic, not Pallas's interpreter
+    assert compiler.MOSAIC_CALL in hlo  # the kernel compiled by Mosaic, not Pallas's interpreter
     for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (want_out, *want_grads), strict=True):
         assert got.dtype == want.dtype == jnp.dtype(dtype), name
         want = np.asarray(want, np.float32)
@@ -234,7 +234,7 @@ def cpu_run(tmp_path_factory):
 
 
 def _train(cfg, device, params, batches) -> np.ndarray:
-    """The production step (olmax.train_step) on a one-device mesh of `device`: CE per step."""
+    """The production step (olmax.train.step) on a one-device mesh of `device`: CE per step."""
     mesh = make_mesh(cfg.mesh, [device])
     ce = []
     with jax.default_device(device), jax.set_mesh(mesh):

@@ -102,7 +102,7 @@ def test_fit_names_what_it_fixes_and_refuses_a_typo():
 def test_maxtext_s_exact_count_has_its_own_windows_and_vocabulary():
     """MaxText's OLMo 3 layer i is global only when i % 4 == 3; olmax (as OLMo-core) makes the last
     layer global too. One layer: MaxText's is windowed (4096 of 8192), olmax's global."""
-    from olmax.flops import exact_step_flops
+    from olmax.fit.flops import exact_step_flops
 
     row = {
         "row": "7b-layers",

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from small_run import small_config
 
-from olmax.checkpoint import CheckpointError, load_params
-from olmax.config import ConfigError
-from olmax.train import train
+from olmax.checkpoint.store import CheckpointError, load_params
+from olmax.errors import ConfigError
+from olmax.trainer.run import train
 
 
 def _rows(run_dir):

@@ -12,16 +12,16 @@ import pytest
 from slurm_env import slurm_tasks
 from small_run import SMALL as BASE
 
-from olmax.config_io import apply_overrides
-from olmax.recipes import get_recipe
-from olmax.train import train
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
+from olmax.trainer.run import train
 
 SMALL = BASE + ["checkpoint.every=2", "eval.every=2", "eval.batches=1"]
 KEYS = ["train/CE loss", "train/Z loss", "optim/total grad norm", "eval/demo-heldout/CE loss"]
 
 
 def _two_workers(run, *args):
-    worker = [sys.executable, "-m", "olmax.launch.worker", "train", "--recipe", "tiny", "--run-dir", str(run)]
+    worker = [sys.executable, "-m", "olmax.cli.worker", "train", "--recipe", "tiny", "--run-dir", str(run)]
     return slurm_tasks([*worker, *args], local_devices=4)
 
 
@@ -50,7 +50,7 @@ def test_two_processes_train_like_one(tmp_path):
 def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
     """A preemption notice reaching only one host: JAX's preemption sync manager makes both save the
     same step and exit cleanly (stopping apart would hang the other host in its next collective)."""
-    from olmax.checkpoint import complete_steps
+    from olmax.checkpoint.store import complete_steps
 
     run = tmp_path / "two_hosts"
     overrides = SMALL + [

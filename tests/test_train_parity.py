@@ -8,7 +8,7 @@ embedding, z-loss 1e-5, CE over the padded vocabulary divided by the global batc
 CosWithWarmup vs olmax's cosine. At one step both train on a pathological batch (tokens the corpus
 never contains), which the skip-step rule must reject on both sides. The OLMo-core side is its plain
 torch model in a hand-written loop doing what its train module does per step;
-olmax.convert.train_parity holds both loops; benchmarks/train_parity.py runs them longer, with a plot.
+olmax.parity.training holds both loops; benchmarks/train_parity.py runs them longer, with a plot.
 
 Tolerances (measured on 8 devices: 30 steps / 100 steps): every step's CE within 1e-4 (1.4e-6 /
 1.3e-5: float32 summation order, growing as the runs drift apart exactly as OLMo-core drifts from
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import pytest
 
-from olmax.convert.train_parity import Setup, compare_training
+from olmax.parity.harness import Setup
+from olmax.parity.training import compare_training
 
 pytest.importorskip("olmo_core")
 pytestmark = pytest.mark.parity

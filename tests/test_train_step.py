@@ -14,20 +14,18 @@ import numpy as np
 import pytest
 from models import STEP_MODEL
 
-from olmax.config import (
-    ConfigError,
-    DataConfig,
-    ExperimentConfig,
-    MeshConfig,
-    OptimizerConfig,
-    ScheduleConfig,
-    TrainerConfig,
-)
+from olmax.config.data import DataConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.mesh import MeshConfig
+from olmax.config.optimizer import OptimizerConfig
+from olmax.config.schedule import ScheduleConfig
+from olmax.config.trainer import TrainerConfig
+from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params
-from olmax.schedules import make_schedule
-from olmax.sharding import make_mesh
-from olmax.state import init_train_state, state_shardings
-from olmax.train_step import batch_layout, batch_sharding, make_train_step
+from olmax.model.sharding import make_mesh
+from olmax.train.schedules import make_schedule
+from olmax.train.state import init_train_state, state_shardings
+from olmax.train.step import batch_layout, batch_sharding, make_train_step
 
 N_STEPS = 3
 PAD = 3
@@ -58,7 +56,7 @@ def _run(cfg, n_devices, batches=None):
     """Train on the batches; checks on the way that every step donates the state and keeps its layout."""
     mesh = make_mesh(cfg.mesh, jax.devices()[:n_devices])
     history = []
-    with jax.set_mesh(mesh):  # as olmax.train runs it: activation constraints and per-shard kernels apply
+    with jax.set_mesh(mesh):  # as olmax.trainer.run runs it: activation constraints and per-shard kernels apply
         state = init_train_state(cfg, mesh, jax.random.key(0), params=_initial_params())
         step = make_train_step(cfg, mesh)
         for batch in batches or _batches():

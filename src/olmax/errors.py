@@ -31,3 +31,8 @@ def check_non_negative(section: str, cfg, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{section}.{name} must be >= 0, got {getattr(cfg, name)}")
+
+
+class LaunchError(ValueError):
+    """A launch that cannot proceed as asked: a missing variable, a layout that does not divide, a run
+    directory held by another launcher. The message names the thing to fix."""

@@ -21,15 +21,15 @@ from olmax.cli import (  # noqa: F401
     training,  # noqa: F401,I001
 )
 from olmax.cli.common import app
-from olmax.config import ConfigError
-from olmax.exits import ExitStatus
+from olmax.errors import ConfigError
 from olmax.extras import MissingExtra
+from olmax.rundir.exits import ExitStatus
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """The `olmax` program. Exit statuses follow olmax.exits (0 done, 2 a user error, ...)."""
+    """The `olmax` program. Exit statuses follow olmax.rundir.exits (0 done, 2 a user error, ...)."""
     try:
         app()
     except MissingExtra as e:

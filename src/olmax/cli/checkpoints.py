@@ -138,7 +138,7 @@ def parity_cmd(
 
     for reference in ("torch", "transformers"):
         require(reference, "olmax parity")
-    from olmax.convert.parity import PARITY_BOUNDS, PARITY_DTYPES, PARITY_FAIL_EXIT, run_hf_parity
+    from olmax.parity.logits import PARITY_BOUNDS, PARITY_DTYPES, PARITY_FAIL_EXIT, run_hf_parity
 
     if dtype not in PARITY_DTYPES:
         raise typer.BadParameter(f"--dtype must be one of {', '.join(PARITY_DTYPES)}")
@@ -216,7 +216,7 @@ def ckpt_warm_start_cmd(
         )
         src = f"OLMo-core checkpoint {from_olmo_core}"
     else:
-        from olmax.surgery import warm_start
+        from olmax.checkpoint.surgery import warm_start
 
         if len(paths) != 2 or recipe or config:
             raise typer.BadParameter(
@@ -256,7 +256,7 @@ def ckpt_soup_cmd(
 
     Step, Adam counter, skip window and data position come from the first CKPT (docs/checkpoints.md).
     """
-    from olmax.surgery import soup
+    from olmax.checkpoint.surgery import soup
 
     try:
         parsed = None if weights is None else [float(w) for w in weights.split(",")]
@@ -281,7 +281,7 @@ def ckpt_inspect_cmd(
     json_out: Optional[Path] = JsonOpt,
 ):
     """Step, tokens, mesh, array shapes and dtypes, data state and config of a checkpoint."""
-    from olmax.surgery import inspect
+    from olmax.checkpoint.surgery import inspect
 
     r = inspect(ckpt, step=step, against=against)
     meta = r["meta"]

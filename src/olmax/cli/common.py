@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 import typer
 
-from olmax.config import ConfigError
-from olmax.exits import ExitStatus
+from olmax.errors import ConfigError
+from olmax.rundir.exits import ExitStatus
 
 app = typer.Typer(
     add_completion=False,
@@ -31,7 +31,7 @@ app = typer.Typer(
 )
 
 
-RecipeOpt = typer.Option(None, "--recipe", help="named preset (olmax.recipes)")
+RecipeOpt = typer.Option(None, "--recipe", help="named preset (olmax.config.recipes)")
 
 
 ConfigOpt = typer.Option(None, "--config", help="experiment YAML instead of a recipe")
@@ -52,16 +52,17 @@ def resolve_experiment(
     need_base: bool = True,
 ):
     """The experiment config of a command: the one resolution path of every command that reads data or
-    builds a model (olmax.recipes.resolve: --recipe or --config, then dotted overrides).
+    builds a model (olmax.config.recipes.resolve: --recipe or --config, then dotted overrides).
 
     `shorthands` maps dotted keys to the values of a command's shorthand flags (None = flag not given);
     each given one becomes the override `key=value` before the explicit overrides, so `--seq-len 2048`
     and `data.seq_len=2048` resolve alike, and giving one key both ways is an error. Commands whose
     base may be left out (need_base=False) start from the config defaults (olmax.config) without
     --recipe/--config. An unknown key or a value of the wrong type raises ConfigError naming it."""
-    from olmax.config import ConfigError, ExperimentConfig
-    from olmax.config_io import apply_overrides
-    from olmax.recipes import resolve
+    from olmax.config.experiment import ExperimentConfig
+    from olmax.config.io import apply_overrides
+    from olmax.config.recipes import resolve
+    from olmax.errors import ConfigError
 
     overrides = list(overrides or [])
     given = {k: str(v) if isinstance(v, Path) else v for k, v in (shorthands or {}).items() if v is not None}
@@ -175,7 +176,7 @@ MaxDocsOpt = typer.Option(None, "--max-docs", help="at most this many documents 
 
 def exits_on(label: str, errors: Callable[[], tuple[type[Exception], ...]]):
     """Decorator: the user errors `errors()` lists end the command with `label: message` (the message
-    names the file or field) and exit status 2 (USER_ERROR, olmax.exits), not a traceback. `errors`
+    names the file or field) and exit status 2 (USER_ERROR, olmax.rundir.exits), not a traceback. `errors`
     imports them only when one is raised, so commands stay quick to start."""
 
     def decorate(fn):
@@ -199,8 +200,8 @@ def write_json(path: Optional[Path], payload: Any) -> None:
 
 
 def checkpoint_errors():
-    from olmax.checkpoint import CheckpointError
-    from olmax.convert import ConversionError
+    from olmax.checkpoint.store import CheckpointError
+    from olmax.convert.tensors import ConversionError
 
     return (ConversionError, CheckpointError, ConfigError)
 
@@ -324,7 +325,7 @@ def introduce_libtpu(topology: str, dev: str = "/dev") -> None:
     (TPU_ACCELERATOR_TYPE) nor the worker hostnames (TPU_WORKER_HOSTNAMES). The compiled program
     does not depend on them (the same HLO and memory for tpu7x, v5p and v6e slices whichever type
     is given). The user's own values stand."""
-    from olmax.chips import tpu_type
+    from olmax.fit.chips import tpu_type
 
     slice_type = tpu_type(topology)
     if slice_type is None or host_has_accelerator(dev=dev):
@@ -334,10 +335,10 @@ def introduce_libtpu(topology: str, dev: str = "/dev") -> None:
 
 
 def tpu_profile_env(environ: MutableMapping[str, str] = os.environ, sysfs: str = "/sys") -> Optional[str]:
-    """On a host with a TPU that JAX may use, put the chip's flag profile (olmax.chips) into
+    """On a host with a TPU that JAX may use, put the chip's flag profile (olmax.fit.chips) into
     LIBTPU_INIT_ARGS before libtpu starts, keeping any flag the user set. Returns the chip's name, or None
     where nothing was done (no TPU in the chip table, or JAX_PLATFORMS leaves the TPU out)."""
-    from olmax.chips import chip_of_host, with_libtpu_flags
+    from olmax.fit.chips import chip_of_host, with_libtpu_flags
 
     platforms = environ.get("JAX_PLATFORMS", "")
     if platforms and "tpu" not in platforms.split(","):

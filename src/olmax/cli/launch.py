@@ -23,8 +23,7 @@ RESUME_WORD = "resume-until-done"
 
 
 def launch_errors():
-    from olmax.config import ConfigError
-    from olmax.launch import LaunchError
+    from olmax.errors import ConfigError, LaunchError
 
     return (LaunchError, ConfigError)
 
@@ -79,7 +78,7 @@ def launch_cmd(
     """Launch `olmax train` on this machine, a TPU slice (xpk) or a Slurm cluster, with the per-device
     batch and accumulation for --total-devices; or keep resubmitting it until it is done. --config,
     --run-dir, --stop-at, --chip and --allow-* are passed to olmax train: paths as the trainer's hosts
-    see them. Exit status: olmax train's (olmax.exits); resume-until-done: 0 done, 2 not retried, the
+    see them. Exit status: olmax train's (olmax.rundir.exits); resume-until-done: 0 done, 2 not retried, the
     last failure's when out of retries, 143 stopped by a signal."""
     import os
 
@@ -98,7 +97,10 @@ def launch_cmd(
         typer.echo(dry_run_text(chosen, plan, resume=resume), nl=False)
         return
     if resume:
-        status = resume_until_done(chosen, plan, retry_policy(os.environ, max_retries, retry_backoff))
+        from olmax.checkpoint.store import complete_steps  # Orbax's list of complete steps: imported only here
+
+        policy = retry_policy(os.environ, max_retries, retry_backoff)
+        status = resume_until_done(chosen, plan, policy, complete_steps=complete_steps)
     else:
         status = launch_once(chosen, plan, hold_lock=backend == "local")
     raise typer.Exit(status)

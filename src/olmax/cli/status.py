@@ -1,4 +1,4 @@
-"""`olmax status RUN_DIR [--follow] [--json FILE]` (olmax.status)."""
+"""`olmax status RUN_DIR [--follow] [--json FILE]` (olmax.trainer.status)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from olmax.cli.common import ChipOpt, app, exits_on, runs_on
 
 
 def status_errors():
-    from olmax.config import ConfigError
+    from olmax.errors import ConfigError
 
     return (ConfigError, FileNotFoundError)
 
@@ -40,7 +40,7 @@ def status_cmd(
     import time
     from pathlib import Path
 
-    from olmax.status import MetricsReader, format_status, has_ended, run_status
+    from olmax.trainer.status import MetricsReader, format_status, has_ended, run_status
 
     reader = MetricsReader(run_dir, window)
     while True:

@@ -26,8 +26,9 @@ from olmax.cli.common import (
     runs_on,
     write_json,
 )
-from olmax.config import ConfigError, ExperimentConfig
-from olmax.config_io import apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.io import apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
+from olmax.errors import ConfigError
 
 
 @app.command("config")
@@ -49,7 +50,7 @@ def config_cmd(
 ):
     """Print the resolved experiment config (a recipe or YAML file plus overrides), or write it with --save.
     Exit 2 on a config the trainer would refuse (a typo, a wrong type, an impossible value)."""
-    from olmax.recipes import resolve
+    from olmax.config.recipes import resolve
 
     prefixes = [a for a in overrides or [] if explain and "=" not in a]
     settings = [a for a in overrides or [] if a not in prefixes]
@@ -82,9 +83,9 @@ def train_cmd(
     ),
 ):
     """Train (or resume training) an experiment; metrics go to RUN_DIR/metrics.jsonl and TensorBoard.
-    Exit status (olmax.exits, docs/launcher.md): 0 done, 1 crashed, 2 fix the input, 75 transient
+    Exit status (olmax.rundir.exits, docs/launcher.md): 0 done, 1 crashed, 2 fix the input, 75 transient
     storage or remote error, 143 preempted (SIGTERM: saved and stopped early)."""
-    from olmax.recipes import resolve
+    from olmax.config.recipes import resolve
 
     cfg = resolve(recipe, config, overrides or [])
     if dry_run:
@@ -92,11 +93,12 @@ def train_cmd(
         return
     import jax
 
-    from olmax import runpath
-    from olmax.exits import RECORD_FILE, ExitStatus, status_of
-    from olmax.flops import resolve_peak
-    from olmax.status import run_last_step
-    from olmax.train import record_exit, train
+    from olmax.fit.chips import resolve_peak
+    from olmax.rundir import paths as runpath
+    from olmax.rundir.exits import RECORD_FILE, ExitStatus
+    from olmax.rundir.progress import run_last_step
+    from olmax.trainer.exits import record_exit, status_of
+    from olmax.trainer.run import train
 
     try:
         if jax.process_index() == 0:  # the previous trainer's record would read as this one's (olmax status)
@@ -121,7 +123,7 @@ def train_cmd(
     status = ExitStatus.PREEMPTED if rows and last is not None and rows[-1]["step"] < last else ExitStatus.DONE
     record_exit(run_dir, status, f"stopped after step {rows[-1]['step']} of {last}" if rows else "")
     if rows:
-        from olmax.metrics import LOSS_METRIC
+        from olmax.trainer.metrics import LOSS_METRIC
 
         loss = LOSS_METRIC[cfg.trainer.objective]
         typer.echo(
@@ -145,11 +147,11 @@ def demo_cmd(
     """Train the tiny OLMo 3 on the embedded corpus (CPU), evaluate held-out loss, plot the curve.
 
     `olmax demo chat` continues it through post-training on the shipped chat corpus: SFT, then DPO,
-    each scored on held-out prompts (olmax.demo_chat); its run dir defaults to runs/demo-chat."""
+    each scored on held-out prompts (olmax.demo.chat); its run dir defaults to runs/demo-chat."""
     overrides = list(overrides or [])
     if overrides[:1] == ["chat"]:
-        from olmax.demo_chat import StageStopped, format_chat_summary, run_chat_demo
-        from olmax.exits import ExitStatus
+        from olmax.demo.chat import StageStopped, format_chat_summary, run_chat_demo
+        from olmax.rundir.exits import ExitStatus
 
         chat_dir = Path("runs/demo-chat") if run_dir == Path("runs/demo") else run_dir
         try:
@@ -159,7 +161,7 @@ def demo_cmd(
             raise typer.Exit(ExitStatus.PREEMPTED) from None
         typer.echo(format_chat_summary(summary))
     else:
-        from olmax.demo import format_summary, run_demo
+        from olmax.demo.pretrain import format_summary, run_demo
 
         summary = run_demo(run_dir, overrides)
         typer.echo(format_summary(summary))
@@ -188,7 +190,8 @@ def flops_cmd(
     """TFLOP per device per step of the experiment's model, batch and sequence length (MaxText's
     convention and the exact count), and the MFU a step time implies. Exit 2 on a step time shorter
     than the step's FLOPs allow at the peak (an MFU above 100%)."""
-    from olmax.flops import flops_report, format_report, per_device_batch_of, resolve_peak
+    from olmax.fit.chips import resolve_peak
+    from olmax.fit.flops import flops_report, format_report, per_device_batch_of
 
     exp = resolve_experiment(recipe, config, overrides, {"data.seq_len": seq_len})
     if per_device_batch is None:
@@ -235,7 +238,7 @@ def compile_check_cmd(
     """Compile the recipe's real train step with abstract arrays; print per-device memory, whether it
     fits the chip's HBM, the attention kernel calls and FLOPs. model.remat=auto (the accelerator
     recipes') is chosen first by compiling candidates; the choice is kept in data.work_dir. With
-    --decode, the GRPO rollout sampler instead (olmax.compile_decode). Exit 2 when it does not fit."""
+    --decode, the GRPO rollout sampler instead (olmax.rollout.compile_decode). Exit 2 when it does not fit."""
     import os
 
     if topology is None:
@@ -246,13 +249,13 @@ def compile_check_cmd(
         # itself needs only the CPU backend (and the CUDA plugin registers only beside it)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         introduce_libtpu(topology)
-    from olmax.compile_check import check_fits, compile_report, format_report
+    from olmax.config.recipes import resolve
     from olmax.data.loader import work_dir_of
-    from olmax.recipes import resolve
+    from olmax.fit.compile_check import check_fits, compile_report, format_report
 
     cfg = resolve(recipe, config, overrides or [])
     if decode:
-        from olmax.compile_decode import check_decode_fits, decode_report, format_decode_report
+        from olmax.rollout.compile_decode import check_decode_fits, decode_report, format_decode_report
 
         report = decode_report(cfg, topology=topology, num_slices=num_slices, log=typer.echo)
         typer.echo(format_decode_report(report))

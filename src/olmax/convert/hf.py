@@ -2,7 +2,7 @@
 
 Reading: config.json gives the ModelConfig (checked to be representable in olmax, see
 `model_config_from_hf`), then the safetensors tensors are streamed one at a time into the stacked
-olmax arrays (olmax.convert.read_params) and saved as step 0 of an olmax checkpoint.
+olmax arrays (olmax.convert.tensors.read_params) and saved as step 0 of an olmax checkpoint.
 
 Writing: config.json in the transformers 5 form (`layer_types`, `sliding_window`, `rope_parameters`
 nested by layer type, an explicit `head_dim`) and safetensors shards of at most 5 GB, written one
@@ -27,16 +27,8 @@ from typing import Iterable, Optional
 import jax
 from safetensors.numpy import save_file
 
-from olmax.checkpoint import complete_steps, load_params, read_config, read_experiment, save_params
-from olmax.config import ConfigError, ModelConfig
-from olmax.convert import (
-    ConversionError,
-    SafetensorsSource,
-    read_params,
-    require_empty_output,
-    source_dtype,
-    torch_tensors,
-)
+from olmax.checkpoint.store import complete_steps, load_params, read_config, read_experiment, save_params
+from olmax.config.model import ModelConfig
 from olmax.convert.hf_tokenizer import (
     NO_TOKENIZER,
     export_tokenizer,
@@ -44,6 +36,15 @@ from olmax.convert.hf_tokenizer import (
     write_generation_config,
     write_tokenizer_files,
 )
+from olmax.convert.tensors import (
+    ConversionError,
+    SafetensorsSource,
+    read_params,
+    require_empty_output,
+    source_dtype,
+    torch_tensors,
+)
+from olmax.errors import ConfigError
 from olmax.model.olmo3 import abstract_params, count_params
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from olmax.convert import ConversionError
+from olmax.convert.tensors import ConversionError
 from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, DOLMA2_SPECIAL, Encoder, TokenizerError, load_tokenizer
 
 NO_TOKENIZER = "none"  # --tokenizer none: config, weights and generation config only

@@ -10,7 +10,7 @@ plus overrides on the command line). Three containers are read, one tensor at a 
                         its `model.*` entries (the optimizer state is read by `warm_start_from_olmo_core`)
 
 `warm_start_from_olmo_core` turns such a checkpoint into an olmax warm-start checkpoint (the layout
-`olmax.surgery.warm_start` writes) with the parameters, AdamW's moments and step counter, and the
+`olmax.checkpoint.surgery.warm_start` writes) with the parameters, AdamW's moments and step counter, and the
 trainer's step, so a stage-2 run can start from an OLMo-core stage-1 checkpoint.
 
 OLMo-core keeps the embedding padded (e.g. 100352 rows for the 100278-entry dolma2 vocabulary); the
@@ -30,9 +30,11 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from olmax.checkpoint import save_params
-from olmax.config import ExperimentConfig, ModelConfig
-from olmax.convert import (
+from olmax.checkpoint.store import save_params
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.model import ModelConfig
+from olmax.convert.hf import OLMO3_SPECIAL_TOKENS
+from olmax.convert.tensors import (
     ConversionError,
     SafetensorsSource,
     TensorSource,
@@ -40,7 +42,6 @@ from olmax.convert import (
     require_empty_output,
     source_dtype,
 )
-from olmax.convert.hf import OLMO3_SPECIAL_TOKENS
 from olmax.extras import require
 from olmax.model.olmo3 import count_params
 
@@ -333,7 +334,7 @@ def warm_start_from_olmo_core(
     keep: tuple[str, ...] = ("params", "moments"),
     reset_step: bool = True,
 ) -> dict:
-    """Write the warm-start checkpoint DST (for `checkpoint.init_from`, as `olmax.surgery.warm_start`
+    """Write the warm-start checkpoint DST (for `checkpoint.init_from`, as `olmax.checkpoint.surgery.warm_start`
     writes it) from the OLMo-core checkpoint `path` (a `stepN` directory, or its `model_and_optim`)
     for the experiment `cfg` (its model must be the checkpoint's).
 
@@ -341,9 +342,9 @@ def warm_start_from_olmo_core(
     (olmax's bias-correction count); the skip-step window starts empty either way, because OLMo-core
     keeps it in memory only. Without reset_step the step and tokens seen are the trainer's
     (`train/rank0.pt`); the data position is not taken over (stage 2 reads its own data)."""
-    from olmax.checkpoint import olmax_version
-    from olmax.optim import AdamWState, OptState, skip_window_init
-    from olmax.surgery import WARM_START, check_keep, require_new_output, write_warm_start
+    from olmax.checkpoint.store import olmax_version
+    from olmax.checkpoint.surgery import WARM_START, check_keep, require_new_output, write_warm_start
+    from olmax.train.optim import AdamWState, OptState, skip_window_init
 
     check_keep(keep)
     require_new_output(dst)

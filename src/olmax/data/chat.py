@@ -40,13 +40,10 @@ from typing import Any, Optional
 
 import numpy as np
 
+from olmax.config.data import CHAT_TEMPLATES
 from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, Dolma2Tokenizer, Encoder
 
-TEMPLATES = {
-    "instruct": "olmo3_instruct.jinja",
-    "think": "olmo3_think.jinja",
-    "think_dpo_rl": "olmo3_think_dpo_rl.jinja",
-}
+TEMPLATES = {name: f"olmo3_{name}.jinja" for name in CHAT_TEMPLATES}  # name -> file under chat_templates/
 ROLES = ("system", "user", "assistant", "environment", "tool")
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 

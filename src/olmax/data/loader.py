@@ -353,7 +353,7 @@ def make_loader(
     allow_fingerprint_mismatch: bool = False,
     source: Optional[Source] = None,
 ) -> Loader:
-    """A loader for `data_cfg` (olmax.config.DataConfig); see the module doc for the contract.
+    """A loader for `data_cfg` (olmax.config.data.DataConfig); see the module doc for the contract.
 
     `global_batch` counts instances. Without `state` it starts at epoch 1, batch 0.
     """

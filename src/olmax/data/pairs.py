@@ -5,7 +5,7 @@
     for batch in loader:                     # runs on across epochs
         batch["input_ids"]                   # (pairs, 2, seq_len) int32: [:, 0] chosen, [:, 1] rejected
         batch["response_mask"]               # (pairs, 2, seq_len) bool: the tokenizer's label masks
-        batch["reference_logps"]             # (pairs, 2) float32: the reference pass's (olmax.objectives.reference)
+        batch["reference_logps"]             # (pairs, 2) float32: the reference pass's (olmax.trainer.reference)
         batch["index"]                       # (pairs,) int64: the pairs' ids
     loader.state()                           # JSON-able; resume with PairLoader(..., state=saved)
     pair_order_report(data_cfg, 128, range(1, 3))   # `olmax data order` on pairs: who trained on what
@@ -24,7 +24,7 @@
 - `state()` holds the fingerprint (both sides' shard digests and data.seq_len), seed, epoch and
   batches processed: the state saved after step N resumes at batch N; a fingerprint mismatch raises
   DataStateError unless allowed. It also records the fingerprint of the parameters the reference
-  log-probs came from (`reference_fingerprint`, olmax.objectives.reference.params_fingerprint): a
+  log-probs came from (`reference_fingerprint`, olmax.trainer.reference.params_fingerprint): a
   resumed run checks the cache against its own start without loading the starting parameters again.
 """
 
@@ -39,11 +39,11 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from olmax.config import ConfigError
 from olmax.data.loader import DataStateError, tokenizer_fields, work_dir_of
 from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
 from olmax.data.sources import MASK_PART_PREFIX, TOKEN_PART_PREFIX, check_manifest_tokenizers
 from olmax.data.tokenize import MANIFEST
+from olmax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ A row is {"messages": [...], "ground_truth": ..., "dataset": "math" | "ifeval" |
 so far, what the verifier checks the answer against, and the verifier's name (open-instruct's RL
 datasets; its `rlvr_tokenize_v1` renders `messages` with the generation prompt). `dataset` and
 `ground_truth` may also be two lists of one length, paired item by item (the Dolci-*-RL sets store
-them so; olmax.rewards.reward sums the pairs). JSONL (.gz, .zst) or Parquet, as `olmax tokenize --chat`
+them so; olmax.rewards.verifiers.reward sums the pairs). JSONL (.gz, .zst) or Parquet, as `olmax tokenize --chat`
 reads them.
 
 Each prompt is rendered with the chat template and its generation prompt (Think's ends with

@@ -32,10 +32,11 @@ from typing import Iterator, Optional
 import numpy as np
 from jax.sharding import Mesh
 
+from olmax.checkpoint.inference import eval_mesh, load_checkpoint
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.jsonl import read_jsonl
-from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
-from olmax.loss import IGNORE
+from olmax.evals.scoring import TokenScorer, eval_seq_len
+from olmax.train.loss import IGNORE
 
 GROUPINGS = ("auto", "field", "file")
 MIN_BUCKET = 16

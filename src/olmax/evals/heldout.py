@@ -9,7 +9,7 @@ two checkpoints, or one run on 1 and on 64 devices therefore score exactly the s
 
 The figure is OLMo-core's evaluator loss: labels shifted left, the last position ignored, the sum of
 per-token cross-entropies over the padded vocabulary divided by the number of scored labels
-(olmax.loss). Per-token values are summed on the host in float64 in a fixed order, so the result
+(olmax.train.loss). Per-token values are summed on the host in float64 in a fixed order, so the result
 does not depend on the device count (tests/test_evals_heldout.py checks 1 against 8 devices).
 
 In the training loop: `HeldoutEvaluator(exp_cfg, mesh)`; calling it with (step, params) every
@@ -31,11 +31,14 @@ from typing import Optional, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from olmax.config import DataConfig, ExperimentConfig, ModelConfig
+from olmax.checkpoint.inference import eval_mesh, load_checkpoint
+from olmax.config.data import DataConfig
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.model import ModelConfig
 from olmax.data.loader import build_source, work_dir_of
 from olmax.data.tokenize import MANIFEST, tokenize_files
-from olmax.evals.scoring import OUTPUT_CHUNK, TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
-from olmax.loss import IGNORE
+from olmax.evals.scoring import OUTPUT_CHUNK, TokenScorer, eval_seq_len
+from olmax.train.loss import IGNORE
 
 TEXT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 
@@ -94,7 +97,7 @@ def load_instances(
 
 
 def labels_for(tokens: np.ndarray) -> np.ndarray:
-    """OLMo-core's labels (olmax.loss.make_labels without masking), on the host."""
+    """OLMo-core's labels (olmax.train.loss.make_labels without masking), on the host."""
     return np.concatenate([tokens[:, 1:], np.full((tokens.shape[0], 1), IGNORE, np.int32)], axis=1)
 
 

@@ -33,19 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from olmax.config import DataConfig, ModelConfig
+from olmax.checkpoint.inference import eval_mesh, load_checkpoint
+from olmax.config.data import DataConfig
+from olmax.config.model import ModelConfig
 from olmax.evals.heldout import labels_for, load_instances
-from olmax.evals.scoring import (
-    OUTPUT_CHUNK,
-    eval_mesh,
-    eval_seq_len,
-    load_checkpoint,
-    map_seq_chunks,
-    pad_rows,
-    per_token_nll,
-)
+from olmax.evals.scoring import OUTPUT_CHUNK, eval_seq_len, map_seq_chunks, pad_rows, per_token_nll
 from olmax.model.olmo3 import forward_hidden, lm_head
-from olmax.sharding import logical_to_spec
+from olmax.model.sharding import logical_to_spec
 
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden")
 

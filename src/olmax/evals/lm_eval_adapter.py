@@ -53,12 +53,13 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from olmax.checkpoint.inference import eval_mesh, load_checkpoint
 from olmax.data import chat
 from olmax.data.tokenizer import load_tokenizer
-from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
-from olmax.loss import IGNORE
+from olmax.evals.scoring import TokenScorer, eval_seq_len
 from olmax.rollout.sampler import Sampling, generate
 from olmax.rollout.text import stop_table
+from olmax.train.loss import IGNORE
 
 MIN_WIDTH = 16
 # transformers' continue_final_message marker (utils/chat_template_utils.py, 5.24): appended to the final

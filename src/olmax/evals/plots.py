@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display on training hosts; must precede the pyplot import
 import matplotlib.pyplot as plt  # noqa: E402
 
+from olmax.evals.runs import common_bins  # noqa: E402
+
 MARKED = 50  # curves of at most this many points get a marker on each: one point alone has no line
 
 
@@ -23,9 +25,7 @@ def _curve(ax, x, y, *fmt, **kwargs) -> None:
 
 def plot_overlay(path: Path, metric: str, runs: dict, ref: Optional[object], landmarks: Sequence[int]) -> None:
     """Binned curves of two runs (and a reference) above a panel of the gap B - A (and each run - ref).
-    `runs` maps a label to olmax.evals.compare.Binned, A first."""
-    from olmax.evals.compare import common_bins
-
+    `runs` maps a label to olmax.evals.runs.Binned, A first."""
     (label_a, a), (label_b, b) = runs.items()
     fig, (top, gap) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=[2, 1])
     _curve(top, a.ends, a.values, label=f"A: {label_a}")

@@ -23,6 +23,7 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -145,3 +146,54 @@ def read_run(path: str | Path) -> dict[str, Series]:
             return read_metrics_jsonl(path / "metrics.jsonl")
         return read_tensorboard(path)
     raise RunFormatError(f"run {path} does not exist")
+
+
+MIN_BINS = 20
+
+
+@dataclass(frozen=True)
+class Binned:
+    bins: np.ndarray  # int64: the index k of each bin that holds at least one point
+    ends: np.ndarray  # int64: the last step logged in each of those bins (its label)
+    values: np.ndarray  # float64: the (smoothed) bin means
+    counts: np.ndarray  # int64: points in each bin
+
+
+def default_bin_size(*runs: Series) -> int:
+    """The largest of 1, 2, 5, 10, 20, 50, ... steps that gives every run at least MIN_BINS bins (a
+    run of fewer steps gets bins of 1 step)."""
+    target = max(1, min((int(r.steps.max()) for r in runs if r.steps.size), default=1) // MIN_BINS)
+    size = 1
+    for candidate in (m * 10**e for e in range(19) for m in (1, 2, 5)):
+        if candidate > target:
+            break
+        size = candidate
+    return size
+
+
+def bin_series(series: Series, bin_size: int, smooth: int = 1) -> Binned:
+    if bin_size <= 0 or smooth <= 0:
+        raise ValueError(f"bin size and smoothing must be positive, got {bin_size} and {smooth}")
+    index = (series.steps + bin_size - 1) // bin_size  # step s lies in bin ceil(s / bin_size)
+    keys, inverse, counts = np.unique(index, return_inverse=True, return_counts=True)
+    means = np.bincount(inverse, weights=series.values) / counts
+    last = np.full(keys.size, np.iinfo(np.int64).min)
+    np.maximum.at(last, inverse, series.steps.astype(np.int64))
+    if smooth > 1:
+        csum = np.concatenate([[0.0], np.cumsum(means)])
+        lo = np.maximum(np.arange(len(means)) - smooth + 1, 0)
+        means = (csum[1:] - csum[lo]) / (np.arange(len(means)) + 1 - lo)
+    return Binned(keys, last, means, counts)
+
+
+def value_at(binned: Binned, step: int, bin_size: int) -> Optional[float]:
+    """The binned value of the bin containing `step`, or None if that bin has no point."""
+    hit = np.flatnonzero(binned.bins == -(-step // bin_size))
+    return float(binned.values[hit[0]]) if hit.size else None
+
+
+def common_bins(a: Binned, b: Binned) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(labels, indices into a, indices into b) of the bins both hold; a label is the smaller of the
+    two runs' labels, a step both runs logged or passed."""
+    _, ia, ib = np.intersect1d(a.bins, b.bins, return_indices=True)
+    return np.minimum(a.ends[ia], b.ends[ib]), ia, ib

@@ -5,7 +5,7 @@ model's negative log-likelihood of the label and whether the label is the model'
 per-token values come back to the host, and every figure built from them is summed there in float64
 in a fixed order, so no figure depends on how a batch was split over devices.
 
-The NLL is olmax.loss's cross-entropy (`loss_sums`, applied per token on float32 logits). `vocab`
+The NLL is olmax.train.loss's cross-entropy (`loss_sums`, applied per token on float32 logits). `vocab`
 chooses the softmax support: the padded vocabulary (what training computes, and OLMo-core's
 in-loop evaluator) or the tokenizer's real vocabulary (what a HF model computes: the lm-eval adapter
 and the KL surface use it, so that a converted checkpoint gives the same numbers in both frameworks).
@@ -24,7 +24,6 @@ max_position (a converted checkpoint); it is never above max_position.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -33,32 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.checkpoint import complete_steps, load_params, read_config, read_experiment
-from olmax.config import MeshConfig, ModelConfig
-from olmax.loss import IGNORE, loss_sums
-from olmax.model.olmo3 import forward_hidden, lm_head
-from olmax.sharding import logical_to_spec, make_mesh
-from olmax.state import param_shardings
+from olmax.checkpoint.store import read_experiment
+from olmax.config.model import ModelConfig
+from olmax.model.olmo3 import forward_hidden, lm_head, param_shardings
+from olmax.model.sharding import logical_to_spec
+from olmax.train.loss import IGNORE, loss_sums
 
 OUTPUT_CHUNK = 256  # sequence positions per output-layer chunk: 8 x 256 x 100k float32 logits are 0.8 GB
-
-
-def eval_mesh(devices=None) -> Mesh:
-    """Every device on the fsdp axis: parameters sharded (a 32B fits), the batch split over all."""
-    return make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), devices)
-
-
-def load_checkpoint(
-    ckpt: str | Path, mesh: Mesh, *, step: Optional[int] = None, compute_dtype: Optional[str] = None
-) -> tuple[dict, ModelConfig, dict]:
-    """(params placed on `mesh`, model config, meta) of an olmax checkpoint (default: its latest step;
-    meta gets the step it came from). `compute_dtype` overrides the dtype the stored config computes
-    in (e.g. float32 for a noise-floor measurement)."""
-    cfg, _ = read_config(ckpt, step)
-    params, cfg, meta = load_params(ckpt, step, shardings=param_shardings(cfg, mesh))
-    if compute_dtype is not None:
-        cfg = replace(cfg, compute_dtype=compute_dtype)
-    return params, cfg, {**meta, "step": step if step is not None else complete_steps(ckpt)[-1]}
 
 
 def trained_seq_len(ckpt: str | Path, step: int) -> Optional[int]:
@@ -100,7 +80,7 @@ def map_seq_chunks(fn: Callable, chunk: int, *arrays):
 
 
 def per_token_nll(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
-    """(batch, seq) float32 cross-entropy of each label, 0 where ignored: olmax.loss per token."""
+    """(batch, seq) float32 cross-entropy of each label, 0 where ignored: olmax.train.loss per token."""
     ce, _ = jax.vmap(jax.vmap(loss_sums))(logits, labels)
     return ce
 

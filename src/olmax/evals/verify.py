@@ -43,12 +43,13 @@ from typing import Optional, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from olmax.checkpoint import checkpoint_path, complete_steps
-from olmax.config import DataConfig
+from olmax.checkpoint.inference import eval_mesh, load_checkpoint
+from olmax.checkpoint.store import checkpoint_path, complete_steps
+from olmax.config.data import DataConfig
 from olmax.evals.domains import read_domains, score_domains
 from olmax.evals.heldout import labels_for, load_instances
 from olmax.evals.kl import token_kl
-from olmax.evals.scoring import TokenScorer, eval_mesh, eval_seq_len, load_checkpoint
+from olmax.evals.scoring import TokenScorer, eval_seq_len
 from olmax.extras import require
 
 KL_FLOOR = 1.5e-3

@@ -11,8 +11,3 @@ The launcher runs the trainer as a separate process; it imports jax only to comp
 with the trainer's own code (on an abstract mesh: no device is touched) and to list checkpoints.
 docs/launcher.md describes the whole.
 """
-
-
-class LaunchError(ValueError):
-    """A launch that cannot proceed as asked: a missing variable, a layout that does not divide, a run
-    directory held by another launcher. The message names the thing to fix."""

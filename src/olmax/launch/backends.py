@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from olmax.launch import LaunchError
+from olmax.errors import LaunchError
 from olmax.launch.local import LocalBackend
 from olmax.launch.plan import LaunchPlan
 from olmax.launch.slurm import SlurmBackend

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from olmax.launch import LaunchError
+from olmax.errors import LaunchError
 
 
 @dataclass(frozen=True)

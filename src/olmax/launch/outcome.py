@@ -1,7 +1,7 @@
 """How resume-until-done reads the end of an attempt: the trainer's own record and the scheduler's
 verdict, and which of the two decides.
 
-Two sources see an attempt end. The trainer writes its exit-status row (olmax.exits) to
+Two sources see an attempt end. The trainer writes its exit-status row (olmax.rundir.exits) to
 RUN_DIR/exit_status.json; the backend reads what the scheduler did with the job (the child's exit
 code locally, Slurm's job state, xpk's wait and whether the workload still exists). They disagree
 in one case that matters: someone stopping the job on purpose (`scancel`, `xpk workload delete`)
@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from olmax.exits import ExitStatus, from_returncode, read_record
 from olmax.launch.plan import Command
+from olmax.rundir.exits import ExitStatus, from_returncode, read_record
 
 CANCELLED = "CANCELLED"  # the name of an attempt stopped on purpose, in the log and launch_state.json
 

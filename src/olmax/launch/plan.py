@@ -4,9 +4,9 @@ get on `--total-devices` devices.
 
 The global batch is the recipe's and never changes with the device count; the per-device batch and
 the number of accumulated micro-batches follow from it and the mesh. They are computed here with the
-trainer's own functions (olmax.sharding.mesh_shape, olmax.train_step.batch_layout, on an abstract mesh)
-so that a layout that does not divide is refused before anything is submitted, with the trainer's
-message, and the launcher can never disagree with what the trainer will do.
+trainer's own functions (olmax.config.mesh.mesh_shape and olmax.config.layout.split_batch, plain Python
+that the train step calls too) so that a layout that does not divide is refused before anything is
+submitted, with the trainer's message, and the launcher can never disagree with what the trainer will do.
 """
 
 from __future__ import annotations
@@ -17,8 +17,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from olmax.config import ConfigError
-from olmax.launch import LaunchError
+from olmax.config.layout import split_batch
+from olmax.config.mesh import MESH_AXES, mesh_shape
+from olmax.config.recipes import resolve
+from olmax.errors import ConfigError, LaunchError
+from olmax.fit.chips import resolve_peak
+from olmax.rundir.progress import run_last_step
 
 
 @dataclass(frozen=True)
@@ -108,14 +112,10 @@ class LaunchPlan:
         """The step the run is done at, once a complete checkpoint of it exists: trainer.max_steps or
         --stop-at; with trainer.max_steps=null, the end of the data's epochs, which the trainer writes into
         RUN_DIR/config.yaml when it opens the data (None until then, without --stop-at)."""
-        from olmax.status import run_last_step
-
         return run_last_step(self.run_dir, self.resolve(), self.stop_at)
 
     def resolve(self):
         """The experiment config the trainer will run."""
-        from olmax.recipes import resolve
-
         return resolve(self.recipe, self.options.config, list(self.overrides))
 
     @property
@@ -148,8 +148,6 @@ def make_plan(
     if stop_at is not None and stop_at < 1:
         raise LaunchError(f"--stop-at must be positive, got {stop_at}")
     if options.chip is not None:
-        from olmax.flops import resolve_peak
-
         resolve_peak(None, options.chip)  # an unknown chip is refused here, not on the cluster
     plan = LaunchPlan(recipe, tuple(overrides), str(run_dir), stop_at, None, options)  # type: ignore[arg-type]
     cfg = plan.resolve()
@@ -157,14 +155,9 @@ def make_plan(
 
 
 def batch_layout_for(cfg, total_devices: int) -> Layout:
-    from jax.sharding import AbstractMesh
-
-    from olmax.sharding import MESH_AXES, mesh_shape
-    from olmax.train_step import batch_layout
-
     try:
         shape = mesh_shape(cfg.mesh, total_devices)
-        layout = batch_layout(cfg, AbstractMesh(shape, MESH_AXES))
+        layout = split_batch(cfg, dict(zip(MESH_AXES, shape)))
     except ConfigError as e:
         raise LaunchError(f"--total-devices {total_devices} does not fit the recipe's batch: {e}") from None
     return Layout(

@@ -2,7 +2,7 @@
 
 resume-until-done, in order:
 1. take RUN_DIR/launch.lock (refused while another launcher holds it: see RunLock);
-2. read the newest complete checkpoint (olmax.checkpoint.complete_steps: Orbax's list of committed
+2. read the newest complete checkpoint (the caller's `complete_steps`: Orbax's list of committed
    steps, the ones the trainer resumes from) in the run's checkpoint directory (checkpoint.dir, which
    may be a gs:// URL, else RUN_DIR/checkpoints); stop with success once it is the final step
    (trainer.max_steps, or --stop-at);
@@ -10,7 +10,7 @@ resume-until-done, in order:
    wait), which resumes from that checkpoint by itself, then go to 2;
 4. the attempt's outcome decides (olmax.launch.outcome: a job the scheduler reports cancelled on
    purpose, scancel or a deleted xpk workload, is never resubmitted and the launcher exits 143;
-   else the row of the exit-status table, olmax.exits, from the trainer's RUN_DIR/exit_status.json,
+   else the row of the exit-status table, olmax.rundir.exits, from the trainer's RUN_DIR/exit_status.json,
    else from the backend's reading of the job): USER_ERROR is never retried; CRASHED and TRANSIENT
    without a newer complete checkpoint count as failed retries, and after `max_retries` of them in a
    row the launcher gives up; PREEMPTED is resubmitted without counting; an attempt that saved
@@ -37,12 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, TextIO
 
-from olmax.exits import RECORD_FILE, ExitStatus
-from olmax.launch import LaunchError
+from olmax.errors import LaunchError
 from olmax.launch.env import RETRY_VARS, positive_int, read_env
 from olmax.launch.outcome import CANCELLED, Ended, attempt_outcome
 from olmax.launch.plan import Command, LaunchPlan
-from olmax.runpath import clean, is_url, read_text, remove, write_text
+from olmax.rundir.exits import RECORD_FILE, ExitStatus
+from olmax.rundir.paths import clean, is_url, read_text, remove, write_text
+from olmax.rundir.progress import run_checkpoint_dir
 
 LOCK_FILE, LOG_FILE, ATTEMPT_DIR = "launch.lock", "launch.log", "launch"
 
@@ -235,16 +236,17 @@ def resume_until_done(
     plan: LaunchPlan,
     policy: RetryPolicy,
     *,
+    complete_steps: Callable[[str], list[int]],
     sleep: Optional[Callable[[float], object]] = None,
     echo: Callable[[str], None] = print,
 ) -> int:
     """Attempts until the run's newest complete checkpoint is its final step (module docstring).
     Returns DONE (0), USER_ERROR (2) when an attempt ended so, the last failure's status (CRASHED 1 or
     TRANSIENT 75) when out of retries, PREEMPTED (143) when stopped by a signal or when the scheduler
-    reports the job cancelled on purpose (olmax.exits, olmax.launch.outcome).
+    reports the job cancelled on purpose (olmax.rundir.exits, olmax.launch.outcome).
+    `complete_steps`: the complete steps of a checkpoint directory (olmax.checkpoint.store.complete_steps,
+    Orbax's list; the launcher itself imports no jax or Orbax).
     `sleep`: waits out the backoff (default: a wait that a signal to the launcher cuts short)."""
-    from olmax.checkpoint import complete_steps, run_checkpoint_dir  # imports Orbax: only here, not for --dry-run
-
     run_dir = launch_dir(plan.run_dir)
     ckpt_dir = run_checkpoint_dir(plan.resolve(), plan.run_dir)
     log = LaunchLog(run_dir, echo)

@@ -1,6 +1,6 @@
 """The Slurm backend: an sbatch script that starts one trainer process per node with srun.
 
-Each process drives all GPUs of its node; `olmax.launch.worker` sets up jax.distributed from the
+Each process drives all GPUs of its node; `olmax.cli.worker` sets up jax.distributed from the
 variables the script exports (the first node of the job hosts the coordinator) and Slurm's own
 (SLURM_NTASKS, SLURM_PROCID). Two Slurm features carry the launcher's guarantees:
 
@@ -9,7 +9,7 @@ variables the script exports (the first node of the job hosts the coordinator) a
 - `--no-requeue`: Slurm does not restart a failed or preempted job by itself, so resubmission has one
   owner (resume-until-done, which waits with `sbatch --wait`: its exit status is the job's).
 
-Every trainer gets the GPU flag profile of olmax.chips (XLA_FLAGS, XLA_PYTHON_CLIENT_MEM_FRACTION and
+Every trainer gets the GPU flag profile of olmax.fit.chips (XLA_FLAGS, XLA_PYTHON_CLIENT_MEM_FRACTION and
 NCCL's settings: the XLA flags `olmax compile-check --topology h100:NxG` compiles with), the profile of
 --chip when it names a GPU; a variable the launch sets with --env is left to it.
 
@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-from olmax.chips import get_chip, gpu_env
-from olmax.exits import ExitStatus, from_returncode
-from olmax.launch import LaunchError
+from olmax.errors import LaunchError
+from olmax.fit.chips import get_chip, gpu_env
 from olmax.launch.env import SLURM_VARS, positive_int, read_env
 from olmax.launch.outcome import Ended, Outcome, cancelled
 from olmax.launch.plan import Command, LaunchPlan
+from olmax.rundir.exits import ExitStatus, from_returncode
 
 # Seconds before the time limit at which Slurm sends SIGTERM (the trainer's preemption notice).
 TERM_BEFORE_LIMIT_S = 300
@@ -79,7 +79,7 @@ class SlurmBackend:
             directives.append(f"--account={env['OLMAX_SLURM_ACCOUNT']}")
         if env["OLMAX_SLURM_TIME"]:
             directives += [f"--time={env['OLMAX_SLURM_TIME']}", f"--signal=TERM@{TERM_BEFORE_LIMIT_S}"]
-        worker = [env["OLMAX_SLURM_PYTHON"], "-m", "olmax.launch.worker", *plan.train_args()]
+        worker = [env["OLMAX_SLURM_PYTHON"], "-m", "olmax.cli.worker", *plan.train_args()]
         srun = ["srun", f"--nodes={self.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *worker]
         lines = [
             "#!/bin/bash",
@@ -103,7 +103,7 @@ class SlurmBackend:
         return "\n".join(lines) + "\n"
 
     def gpu_profile(self) -> list[tuple[str, str]]:
-        """The trainers' GPU flag profile (olmax.chips.gpu_env) without the variables --env sets; none
+        """The trainers' GPU flag profile (olmax.fit.chips.gpu_env) without the variables --env sets; none
         when --chip names a TPU."""
         chip = get_chip(self.plan.options.chip) if self.plan.options.chip else None
         if chip is not None and chip.platform != "gpu":
@@ -181,10 +181,10 @@ SACCT_TRIES, SACCT_WAIT_S = 6, 5.0
 
 
 def _node_layout(plan: LaunchPlan, gpus_per_node: int) -> str:
-    """How the trainer's mesh falls on the nodes (olmax.sharding.node_split: tensor and fsdp within a
+    """How the trainer's mesh falls on the nodes (olmax.config.mesh.node_split: tensor and fsdp within a
     node as far as they fit); a mesh that cannot follow the nodes is refused before submission."""
-    from olmax.config import ConfigError
-    from olmax.sharding import describe_node_split
+    from olmax.config.mesh import describe_node_split
+    from olmax.errors import ConfigError
 
     try:
         return describe_node_split(tuple(plan.layout.mesh.values()), gpus_per_node)

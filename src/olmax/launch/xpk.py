@@ -1,7 +1,7 @@
 """The xpk backend: a TPU slice (or several) on a GKE cluster, as an xpk workload.
 
 `xpk workload create --cluster C --workload W --tpu-type T --num-slices S --docker-image I --command
-'...'` runs the command once per TPU VM in the image; each runs `olmax.launch.worker`, which lets JAX
+'...'` runs the command once per TPU VM in the image; each runs `olmax.cli.worker`, which lets JAX
 find the slice's coordinator and its own rank (OLMAX_DISTRIBUTED=auto, passed with xpk's --env).
 resume-until-done then waits with `xpk workload list --cluster C --wait-for-job-completion W`, which
 exits 0 when the workload completed and non-zero otherwise (xpk: 125 failed, 124 timed out). Every
@@ -30,12 +30,12 @@ import shlex
 import subprocess
 from typing import Mapping, Optional
 
-from olmax.chips import DEVICES_PER_NAMED_UNIT, chip_of_tpu_type, libtpu_init_args
-from olmax.exits import ExitStatus
-from olmax.launch import LaunchError
+from olmax.errors import LaunchError
+from olmax.fit.chips import DEVICES_PER_NAMED_UNIT, chip_of_tpu_type, libtpu_init_args
 from olmax.launch.env import XPK_VARS, positive_int, read_env
 from olmax.launch.outcome import Ended, Outcome, cancelled
 from olmax.launch.plan import Command, LaunchPlan
+from olmax.rundir.exits import ExitStatus
 
 # `xpk workload list --wait-for-job-completion` exit codes (xpk's wait_for_job_completion)
 XPK_WAIT = {125: "xpk: workload failed", 124: "xpk: the wait timed out"}
@@ -84,7 +84,7 @@ class XpkBackend:
 
     def worker_command(self) -> str:
         """The shell command each TPU VM runs (xpk --command takes one string)."""
-        return shlex.join(["python3", "-m", "olmax.launch.worker", *self.plan.train_args()])
+        return shlex.join(["python3", "-m", "olmax.cli.worker", *self.plan.train_args()])
 
     def create(self, workload: str) -> Command:
         return Command(
@@ -106,7 +106,7 @@ class XpkBackend:
 
     def env_args(self) -> list[str]:
         """xpk's `--env KEY=VALUE`: the worker's distributed start-up, the chip's libtpu flag profile
-        (olmax.chips; the flags `olmax compile-check --topology` compiles with) unless the launch sets
+        (olmax.fit.chips; the flags `olmax compile-check --topology` compiles with) unless the launch sets
         LIBTPU_INIT_ARGS itself, and every --env of the launch (xpk puts them into the container spec
         as they are: no shell reads them)."""
         pairs = [("OLMAX_DISTRIBUTED", "auto")]

@@ -44,9 +44,9 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import NamedSharding, PartitionSpec
 
-from olmax.config import CONTEXT_BACKENDS, MASKING_BACKENDS, SplashBlocks
-from olmax.remat import ATTENTION_TAG
-from olmax.sharding import logical_to_spec
+from olmax.config.model import CONTEXT_BACKENDS, MASKING_BACKENDS, SplashBlocks
+from olmax.config.remat import ATTENTION_TAG
+from olmax.model.sharding import logical_to_spec
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +367,7 @@ def _xla_local(q, k, v, window, segments, offset):
 # ----------------------------------------------------------------------------------------------
 # Under a device mesh: which axes split q, k and v, and context parallelism
 
-CONTEXT = "context"  # the mesh axis that splits sequences (olmax.sharding.MESH_AXES)
+CONTEXT = "context"  # the mesh axis that splits sequences (olmax.config.mesh.MESH_AXES)
 
 
 class _Layout(NamedTuple):
@@ -434,7 +434,7 @@ def cudnn_target(compute_capability: str):
     is_cuda_compute_capability_equal) asks the host's default backend for the capability; on a CPU
     host that is no GPU at all, so the checks treat the target as older than Hopper and refuse
     head_dim 256 ("The head dim must be <= 128"), which an H100 runs. Only these two checks change,
-    and only while a step is traced for the target (olmax.compile_check)."""
+    and only while a step is traced for the target (olmax.fit.compile_check)."""
     from jax._src.cudnn import fused_attention_stablehlo as cudnn_checks
 
     current = tuple(int(x) for x in compute_capability.split("."))
@@ -563,7 +563,7 @@ def _splash_attention(q, k, v, window, blocks: SplashBlocks, segments=None):
 
 
 # The backends whose ATTENTION_TAG names everything their backward pass reads of the forward
-# (output and log-sum-exp): keeping the tag spares the forward (olmax.flops.recompute_flops).
+# (output and log-sum-exp): keeping the tag spares the forward (olmax.fit.flops.recompute_flops).
 NAMED_RESIDUALS = frozenset({"xla", "splash"})
 
 BACKENDS: dict[str, Callable] = {

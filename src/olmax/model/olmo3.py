@@ -1,10 +1,10 @@
 """The OLMo 3 transformer, top to bottom (docs/reference.md, "Model").
 
 Parameters are a plain nested dict of arrays. Each one is declared once, in `param_specs`, with its
-shape, logical axis names and initializer; `olmax.sharding` maps the logical axes to a device mesh.
+shape, logical axis names and initializer; `olmax.model.sharding` maps the logical axes to a device mesh.
 This file knows nothing about devices: the same code runs on one CPU or sharded over a pod. (It
 names the residual stream's logical axes once, for `constrain`, a no-op outside a mesh, and embeds
-with `olmax.sharding.lookup_rows`, the plain lookup outside one.)
+with `olmax.model.sharding.lookup_rows`, the plain lookup outside one.)
 
 Layer weights are stacked along a leading "layers" axis. The forward pass scans over groups of
 `global_every` (= 4) layers, so the window pattern is static inside the scanned body and the 7B
@@ -27,12 +27,13 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import Mesh
 
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
+from olmax.config.remat import AUTO, RematPolicy, remat_policy_of
 from olmax.model.attention import attention, document_positions
 from olmax.model.rope import apply_rope, rope_tables
-from olmax.remat import AUTO, RematPolicy, remat_policy_of
-from olmax.sharding import constrain, lookup_rows
+from olmax.model.sharding import constrain, lookup_rows, tree_shardings
 
 ACTIVATION_AXES = ("batch", "seq", "embed")  # the residual stream
 
@@ -44,7 +45,7 @@ ACTIVATION_AXES = ("batch", "seq", "embed")  # the residual stream
 @dataclass(frozen=True)
 class ParamSpec:
     shape: tuple[int, ...]
-    axes: tuple[str, ...]  # logical axis names, one per dim (see olmax.sharding.LOGICAL_AXIS_RULES)
+    axes: tuple[str, ...]  # logical axis names, one per dim (see olmax.model.sharding.LOGICAL_AXIS_RULES)
     init: str  # "normal" (truncated normal, std=init_std, cut at 3 std) or "ones"
 
 
@@ -84,7 +85,7 @@ def abstract_params(cfg: ModelConfig) -> dict:
 def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
     """OLMo-core's init: every matrix truncated-normal(0, init_std) cut at 3 std, norm weights 1.
 
-    Jit this with `out_shardings` from olmax.sharding to create the parameters already sharded.
+    Jit this with `out_shardings` from olmax.model.sharding to create the parameters already sharded.
     """
     dtype = jnp.dtype(cfg.param_dtype)
     specs, treedef = jax.tree.flatten(param_specs(cfg), is_leaf=_is_spec)
@@ -183,7 +184,7 @@ def block(cfg: ModelConfig, p: dict, x, cos, sin, attend: Callable):
     Returns (block output, extra).
     """
     b, t, _ = x.shape
-    # checkpoint_name tags the activations a remat policy keeps (olmax.remat.REMAT_TAGS); outside
+    # checkpoint_name tags the activations a remat policy keeps (olmax.config.remat.REMAT_TAGS); outside
     # jax.checkpoint it is the identity
     norm = lambda y, name: weighted_norm(y, p[name], cfg.norm_eps)
     x = checkpoint_name(x, "layer_input")
@@ -354,3 +355,8 @@ def forward(params: dict, tokens: jnp.ndarray, cfg: ModelConfig, *, segments: Op
     """Token ids (batch, seq) -> float32 logits (batch, seq, padded_vocab_size); segments as in
     `forward_hidden`."""
     return lm_head(params, forward_hidden(params, tokens, cfg, segments=segments), cfg)
+
+
+def param_shardings(model: ModelConfig, mesh: Mesh) -> dict:
+    """NamedShardings of the parameters on `mesh`, by the rules table."""
+    return tree_shardings(param_specs(model), mesh, is_leaf=lambda x: isinstance(x, ParamSpec))

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
 
 
 def inv_frequencies(cfg: ModelConfig, scaled: bool) -> tuple[np.ndarray, float]:

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.config import ModelConfig
-from olmax.config_dpo import DPO_LOSS_TYPES
+from olmax.config.dpo import DPO_LOSS_TYPES
+from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import forward_hidden, lm_head
 
 LOSS_TYPES = DPO_LOSS_TYPES
@@ -150,7 +150,7 @@ def dpo_loss(
     chunk: int = 0,
 ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
     """(sum of the per-pair losses, metric sums) of one (micro-)batch: divide both by the global batch's
-    pair count, as olmax.loss divides by the global token count, to get the mean over pairs whatever the
+    pair count, as olmax.train.loss divides by the global token count, to get the mean over pairs whatever the
     micro-batching. `reference` (rows,) is the reference's summed log-probs (`reference_logps`)."""
     terms = pair_terms(
         policy_logps(params, input_ids, response_mask, cfg, chunk=chunk), reference, loss_type=loss_type, beta=beta

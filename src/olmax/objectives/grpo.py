@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import forward_hidden, lm_head
 
 # The OLMo 3 7B RL scripts' values (the Think and the Instruct run share all but TIS_CAP).
@@ -185,7 +185,7 @@ class LossSettings(NamedTuple):
 
     @classmethod
     def of(cls, rl) -> LossSettings:
-        """From the `grpo` config section (olmax.config_grpo.GRPOConfig)."""
+        """From the `grpo` config section (olmax.config.grpo.GRPOConfig)."""
         return cls(rl.clip_low, rl.clip_high, rl.tis_cap, rl.beta)
 
 

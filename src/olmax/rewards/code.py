@@ -117,7 +117,7 @@ class SandboxUnavailable(ConfigError):
 
 
 class VerifierTimeout(TimeoutError):
-    """A program that ran past its time limit; `olmax.rewards.score` counts it as "timeout"."""
+    """A program that ran past its time limit; `olmax.rewards.verifiers.score` counts it as "timeout"."""
 
 
 def extract_program(response: str) -> str:
@@ -189,7 +189,7 @@ def describe(isolation: str) -> str:
 
 
 def run_options(isolation: str, names) -> dict:
-    """The options (`olmax.rewards.reward`'s) for a run whose rows name the verifiers `names`: the
+    """The options (`olmax.rewards.verifiers.reward`'s) for a run whose rows name the verifiers `names`: the
     isolation in force for code and code_stdio, {} when neither is named. Raises SandboxUnavailable,
     before anything runs, where `isolation` asks for a sandbox this machine cannot make."""
     if not {NAME, STDIO_NAME} & {name.lower() for name in names}:
@@ -276,7 +276,7 @@ def _run_bound(tests: int, seconds: float) -> float:
 
 def time_bound(ground_truth, *, seconds: float = SECONDS, **_) -> float:
     """The longest a verify call on `ground_truth` may legitimately run: the sandbox's bound on the
-    whole run, a sandbox's teardown and the kill after it. `olmax.rewards.score` bounds the call by no
+    whole run, a sandbox's teardown and the kill after it. `olmax.rewards.verifiers.score` bounds the call by no
     less, so a correct program with many tests is not cut off while its tests still run within their
     limits."""
     return _run_bound(len(parse_tests(ground_truth)), seconds) + _TEARDOWN_SECONDS + _KILL_SECONDS

@@ -16,7 +16,7 @@ The boxed candidate is compared as written (open-instruct does not normalise it 
 other candidates go through Minerva's normalisation (Lewkowycz et al. 2022, appendix D).
 
 Upstream bounds each sympy comparison with a 5 s SIGALRM; here that alarm is used only in the main thread
-(signals cannot be set elsewhere), and `olmax.rewards.score` bounds the whole call in any case.
+(signals cannot be set elsewhere), and `olmax.rewards.verifiers.score` bounds the whole call in any case.
 """
 
 from __future__ import annotations
@@ -295,6 +295,6 @@ def equivalent(candidate: str, truth: str) -> bool:
 
 def verify(response: str, ground_truth) -> float:
     """1.0 when any candidate answer of `response` is equivalent to `ground_truth`, else 0.0. (A row whose
-    ground truth is a list pairs each item with its own verifier: `olmax.rewards.reward`.)"""
+    ground truth is a list pairs each item with its own verifier: `olmax.rewards.verifiers.reward`.)"""
     truth = str(ground_truth)
     return 1.0 if any(equivalent(candidate, truth) for candidate in candidates(response)) else 0.0

@@ -14,7 +14,7 @@ One rollout batch, as open-instruct's grpo_fast.py makes one (commit 42aa63c):
    grpo.max_response_len tokens, stopping at EOS, `<|im_end|>` or the token whose text completes a
    grpo.stop string, however it is spelled (olmax.rollout.text.stop_table, as vLLM's stop strings);
 3. verify: each response's text (its stop token left out, cut right after a stop string) is scored
-   by its row's verifiers (olmax.rewards.reward: grpo.reward_scale x the score; a verifier that
+   by its row's verifiers (olmax.rewards.verifiers.reward: grpo.reward_scale x the score; a verifier that
    hangs, fails or returns garbage scores 0 and is counted);
 4. select: olmax.objectives.grpo.select_groups drops groups of equal rewards; with active sampling
    more prompts are sampled until prompts_per_step groups survive; prompts solved at least
@@ -74,19 +74,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olmax import rewards
-from olmax.compile_decode import choose_sample_prompts
-from olmax.config import ExperimentConfig
+from olmax.config.experiment import ExperimentConfig
 from olmax.data.loader import DataStateError, work_dir_of
 from olmax.data.order import cached_permutation
 from olmax.data.prompts import PromptSet
 from olmax.errors import refuse
+from olmax.model.sharding import gather, merge_strided, place
 from olmax.objectives import grpo
 from olmax.rewards import code
+from olmax.rewards import verifiers as rewards
+from olmax.rollout.compile_decode import choose_sample_prompts
 from olmax.rollout.pack import pack_rollouts
 from olmax.rollout.sampler import Sampling, sample
 from olmax.rollout.text import cut_at_stop, stop_table
-from olmax.sharding import gather, merge_strided, place
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class RolloutBatches:
     ):
         """`reference`: the reference policy's parameters (the run's starting ones), with grpo.beta > 0.
         `record_dir`: where grpo.sample_prompts=auto keeps its choice (the run directory)."""
-        from olmax.train_step import batch_sharding, make_policy_logps
+        from olmax.train.step import batch_sharding, make_policy_logps
 
         primary = jax.process_index() == 0
         cfg = choose_sample_prompts(

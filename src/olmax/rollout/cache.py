@@ -49,10 +49,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import block, final_norm, lm_head
 from olmax.model.rope import rope_tables
-from olmax.sharding import logical_to_spec
+from olmax.model.sharding import logical_to_spec
 
 
 def slots(cfg: ModelConfig, layer: int, length: int) -> int:

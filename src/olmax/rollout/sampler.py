@@ -25,13 +25,13 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   olmax.rollout.text.stop_table's automaton, one state per row: the token completing a string is the
   last kept, however the model spelled it, as vLLM's stop strings).
 - Sharding: with `mesh`, the program is jitted with the parameters laid out as the trainer lays them
-  out (olmax.state.param_shardings, the rules table of olmax.sharding), the batch over (data, fsdp), and
+  out (olmax.model.olmo3.param_shardings, the rules table of olmax.model.sharding), the batch over (data, fsdp), and
   the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
   devices give the tokens and log-probs of one.
 
 A GRPO step's rows need not fit one program: `prompts_per_program` (grpo.sample_prompts) runs it on
 that many prompts at a time, the same tokens as one program (the draws are keyed by `index`), and
-olmax.compile_decode says how many fit a chip.
+olmax.rollout.compile_decode says how many fit a chip.
 
 Shapes are bucketed so a few programs serve many requests: the prompt width and the cache length are
 rounded up to powers of two, and the loop's width is cache length - prompt width (max_new_tokens is an
@@ -49,9 +49,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from olmax.config import ModelConfig
+from olmax.config.model import ModelConfig
+from olmax.model.sharding import logical_to_spec, place
 from olmax.rollout.cache import cached_forward, init_cache
-from olmax.sharding import logical_to_spec, place
 
 FINISH = ("length", "eos", "stop")  # Rollout.finish codes: FINISH[code]
 _NEVER = -1  # the EOS table's padding: no token has this id
@@ -242,7 +242,7 @@ def _compiled(
     run = _loop(cfg, n, steps, sample, logprobs, cut_head=mesh is None)
     if mesh is None:
         return jax.jit(run)
-    from olmax.state import param_shardings
+    from olmax.model.olmo3 import param_shardings
 
     batch = functools.partial(_batch_sharding, mesh)
     ins = (param_shardings(cfg, mesh), *_arg_shardings(mesh, n, rows, width))
@@ -272,7 +272,7 @@ def widths(longest: int, max_new_tokens: int) -> tuple[int, int]:
 def lower_rollout(params, cfg: ModelConfig, prompts: int, n: int, longest: int, max_new_tokens: int, mesh):
     """The sampled rollout program of `sample` for `prompts` prompts of at most `longest` tokens, n
     samples each, on `mesh`, lowered from abstract arrays (`params`: ShapeDtypeStructs of the
-    trainer's parameters), as olmax.compile_decode compiles it: nothing is allocated. Its text-stop
+    trainer's parameters), as olmax.rollout.compile_decode compiles it: nothing is allocated. Its text-stop
     table has one state; a recipe's stop strings make it (16, vocab) int32, a few MB replicated."""
     width, steps = widths(longest, max_new_tokens)
     rows = prompts * n
@@ -313,7 +313,7 @@ def sample(
     whose decoded text completes one of its stop strings, that token kept.
     index: each ROW's position in the whole request, which keys its draws (default 0 .. len(prompts)*n - 1).
     limits: each row's own max_new_tokens (at most `max_new_tokens`). mesh: a mesh (the trainer's) on
-    which `params` are laid out by olmax.state.param_shardings; the rollout's arrays come back sharded
+    which `params` are laid out by olmax.model.olmo3.param_shardings; the rollout's arrays come back sharded
     over its batch axes. prompts_per_program: run the program on this many prompts (their n samples
     each) at a time, one after another, so its cache holds that many prompts' rows
     (GRPOConfig.sample_prompts; 0 = all at once); every chunk has the whole request's prompt width and

@@ -155,9 +155,9 @@ def generate_text(
     rendered with that OLMo 3 template and its generation prompt (olmax.data.chat, the text
     transformers' `apply_chat_template(..., add_generation_prompt=True)` gives on a `--chat` export);
     generation also stops at `<|im_end|>`, the end of a turn, and `text` is the reply alone."""
+    from olmax.checkpoint.inference import eval_mesh, load_checkpoint
     from olmax.data import chat as chat_templates
     from olmax.data.tokenizer import load_tokenizer
-    from olmax.evals.scoring import eval_mesh, load_checkpoint
 
     if not prompts:
         raise ValueError("no prompts given")

@@ -1,0 +1,31 @@
+"""The `dpo` section of the experiment config and what trainer.objective=dpo asks of the rest of it
+(olmax.config composes and calls them; docs/post-training.md, "DPO in `olmax train`")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from olmax.errors import ConfigError
+
+if TYPE_CHECKING:  # olmax.config imports this module
+    pass
+
+DPO_LOSS_TYPES = ("dpo_norm", "dpo")  # olmax.objectives.dpo
+
+
+@dataclass(frozen=True)
+class DPOConfig:
+    """Direct preference optimisation, used with trainer.objective=dpo (olmax.objectives.dpo). Defaults
+    are AI2's OLMo 3 DPO (open-instruct dpo_tune_cache.py)."""
+
+    loss_type: str = "dpo_norm"
+    """dpo_norm: the log-prob ratios averaged over each response's tokens (AI2's OLMo 3); dpo: summed."""
+    beta: float = 5.0
+    """Scale of the log-prob ratios inside the sigmoid (and of the logged rewards)."""
+
+    def __post_init__(self):
+        if self.loss_type not in DPO_LOSS_TYPES:
+            raise ConfigError(f"dpo.loss_type={self.loss_type!r} is not one of {', '.join(DPO_LOSS_TYPES)}")
+        if self.beta <= 0:
+            raise ConfigError(f"dpo.beta must be positive, got {self.beta}")

@@ -1,0 +1,162 @@
+"""Typed, frozen configuration for every part of olmax, composed into one `ExperimentConfig`.
+
+Configs are plain frozen dataclasses; olmax.config.io reads and writes them as YAML and applies dotted
+`key=value` overrides (OmegaConf, type-checked). Every check that needs neither devices
+nor data runs in the dataclasses' `__post_init__`, so a config that `olmax config` and
+`olmax train --dry-run` accept is one the trainer accepts too, up to the device count (the batch split
+over devices) and the data.
+Named presets live in `olmax.config.recipes`.
+
+Every field carries its help text as an attribute docstring: the string literal on the line(s) right
+under it. `config_io.field_help` reads them and `olmax config --explain` prints them; a new field needs one
+(tests/test_config.py fails for a field without it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from olmax.config.data import DataConfig
+from olmax.config.dpo import DPOConfig
+from olmax.config.grpo import GRPOConfig, RewardsConfig
+from olmax.config.mesh import MeshConfig
+from olmax.config.model import CONTEXT_BACKENDS, MASKING_BACKENDS, ModelConfig
+from olmax.config.optimizer import OptimizerConfig
+from olmax.config.run import CheckpointConfig, EvalConfig, WandbConfig
+from olmax.config.schedule import ScheduleConfig
+from olmax.config.trainer import TrainerConfig
+from olmax.errors import ConfigError, refuse
+
+
+def check_context(cfg: "ExperimentConfig", context: int) -> None:
+    """What a context axis of `context` devices needs of the rest of the config: the sequence splits
+    into `context` equal chunks, the output layer's chunks (trainer.loss_chunk) fit one of them, a
+    named backend has a context-parallel form, and a named splash backend's tiles fit its queries.
+    `auto` resolves to splash only when the platform is known: the trainer checks it then
+    (olmax.train.step.batch_layout)."""
+    seq_len, chunk = cfg.data.seq_len, cfg.trainer.loss_chunk
+    if cfg.model.attention not in ("auto", *CONTEXT_BACKENDS):
+        raise ConfigError(
+            f"model.attention={cfg.model.attention} has no context-parallel form (jax's cuDNN call cannot offset "
+            f"its causal mask to a chunk of the sequence): with mesh.context={context} use model.attention=auto "
+            f"(it runs xla instead of cudnn on GPUs) or one of {', '.join(CONTEXT_BACKENDS)}"
+        )
+    if seq_len % context:
+        raise ConfigError(
+            f"data.seq_len={seq_len} is not divisible by mesh.context={context}: the context axis splits every "
+            "sequence into that many equal chunks"
+        )
+    if chunk and (seq_len // context) % chunk:
+        raise ConfigError(
+            f"trainer.loss_chunk={chunk} does not divide one context chunk of the sequence "
+            f"(data.seq_len / mesh.context = {seq_len // context})"
+        )
+    if cfg.model.attention == "splash":
+        cfg.model.splash_blocks.tiles(seq_len, context)
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything a run needs; what `olmax train` resolves from a recipe or YAML file plus overrides."""
+
+    name: str = "olmo3_7b"
+    """Name of the experiment (a recipe sets its own name); saved with the config in every checkpoint."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The architecture and its numerics."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training data, tokenizer ids and the data order."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW, skip-step, clipping, z-loss."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The learning-rate schedule."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Batch size, micro-batching, steps, logging, init seed."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """How devices are arranged for data, FSDP and tensor parallelism."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Where and how often checkpoints are saved, and what the run starts from."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """In-loop held-out evaluation."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """The optional W&B writer."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """The DPO loss (trainer.objective=dpo)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """GRPO, the RL objective (trainer.objective=grpo): its loss and the RL loop's settings."""
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    """The verifiers the RL loop scores responses with."""
+
+    def __post_init__(self):
+        chunk, seq_len = self.trainer.loss_chunk, self.data.seq_len
+        if chunk and seq_len % chunk:
+            raise ConfigError(f"trainer.loss_chunk={chunk} does not divide data.seq_len={seq_len}")
+        if self.mesh.context > 1:  # -1 (the rest of the devices) is checked when the mesh is built
+            check_context(self, self.mesh.context)
+        if self.trainer.max_steps is None and self.schedule.t_max_epochs is None:
+            raise ConfigError(
+                "trainer.max_steps=null ends the run at the schedule's epoch horizon, which needs "
+                "schedule.t_max_epochs: set that, or trainer.max_steps to a number of steps"
+            )
+        model, data = self.model, self.data
+        if data.doc_masking and model.attention not in ("auto", *MASKING_BACKENDS):
+            raise ConfigError(
+                f"data.doc_masking=true needs attention masked within documents, which model.attention="
+                f"{model.attention} cannot do (jax's cuDNN call takes no segment ids); use model.attention=auto "
+                f"(it runs xla instead of cudnn on GPUs) or one of {', '.join(MASKING_BACKENDS)}"
+            )
+        if model.rope_positions == "document" and not data.doc_masking:
+            raise ConfigError(
+                "model.rope_positions=document restarts positions at each document, which needs the documents: "
+                "set data.doc_masking=true (or model.rope_positions=absolute)"
+            )
+        if self.trainer.objective == "dpo":
+            check_dpo(self)
+        elif self.trainer.objective == "grpo":
+            check_grpo(self)
+
+    @property
+    def rows_per_step(self) -> int:
+        """Sequences of data.seq_len in one optimizer step: trainer.global_batch, twice that for DPO (a pair is
+        a chosen and a rejected row; a GRPO row is one packed row)."""
+        return self.trainer.global_batch * (2 if self.trainer.objective == "dpo" else 1)
+
+
+def lm_only(cfg: ExperimentConfig, unit: str) -> list[tuple[bool, str, str]]:
+    """The LM data and loss options an objective on whole sequences (DPO's pairs, GRPO's rollouts; the
+    `unit`) refuses, as refuse() rules."""
+    data = cfg.data
+    return [
+        (data.instance_filter, "data.instance_filter=true", "the repetition filter is an LM-loss mask"),
+        (data.max_target_seq_len is not None, "data.max_target_seq_len", f"it chunks token streams, not {unit}"),
+        (cfg.optimizer.z_loss != 0.0, f"optimizer.z_loss={cfg.optimizer.z_loss}", "it regularises the LM loss"),
+        (cfg.mesh.context != 1, f"mesh.context={cfg.mesh.context}", "its log-probs are not split over a context axis"),
+    ]
+
+
+def check_dpo(cfg: ExperimentConfig) -> None:
+    """What trainer.objective=dpo does not take: its rows are whole sequences, one prompt and response
+    each, right-padded (open-instruct's DPO batches), read by the pair loader (olmax.data.pairs)."""
+    data = cfg.data
+    refused = [
+        (data.packing != "none", "data.packing=obfd", "each row is one pair's sequence, not packed documents"),
+        (data.doc_masking, "data.doc_masking=true", "a row holds one document, so causal attention is enough"),
+        (data.label_masks, "data.label_masks=true", "the pair loader always reads the label masks"),
+    ]
+    refuse(refused + lm_only(cfg, "pairs"), "trainer.objective=dpo does not take {knob}: {why}")
+
+
+def check_grpo(cfg: ExperimentConfig) -> None:
+    """What trainer.objective=grpo does not take. Its rows are the RL loop's packed prompt + response
+    sequences (open-instruct's pack_sequences), handed to the step whole: no LM data options apply."""
+    data, grpo = cfg.data, cfg.grpo
+    refused = [
+        (data.packing != "none", "data.packing=obfd", "the RL loop packs its rollouts itself"),
+        (data.label_masks, "data.label_masks=true", "the batch's response_mask says which tokens have a loss"),
+    ]
+    refuse(refused + lm_only(cfg, "rollouts"), "trainer.objective=grpo does not take {knob}: {why}")
+    longest = grpo.max_prompt_len + grpo.max_response_len
+    if longest > data.seq_len:  # open-instruct asserts pack_length >= max_prompt_token_length + response_length
+        raise ConfigError(
+            f"grpo.max_prompt_len + grpo.max_response_len = {longest} does not fit data.seq_len={data.seq_len}, "
+            "the packed row every prompt + response must fit"
+        )

@@ -1,0 +1,340 @@
+"""What olmax knows about each accelerator chip, in ONE table: peak FLOP/s and HBM per JAX device,
+JAX devices per chip, the name of its topologies, the XLA/libtpu flag profile its runs use and, for a
+GPU, XLA's target description of it (olmax/fit/gpu_targets). Plain Python (no jax import): the launcher
+reads it on a host without accelerators.
+
+Per JAX device throughout: a chip whose TensorCores show up as separate JAX devices (Ironwood, 2
+per chip) gets half the chip's peak and half its HBM per device.
+
+Flag profiles. The launcher passes a TPU chip's profile to every worker as LIBTPU_INIT_ARGS
+(olmax.launch.xpk) and `olmax compile-check --topology` compiles with the same flags (as compiler
+options), so what is checked is what runs. Sources:
+  --xla_tpu_scoped_vmem_limit_kib: the scoped VMEM a kernel may use (default 16 MiB on v5p). 64 MiB
+      is the value MaxText's TPU recipes set (benchmarks/maxtext_trillium_model_configs.py and
+      xla_flags_library.py); it lets splash attention's 2048-token blocks compile (docs/attention.md).
+  SparseCore collective offload (Ironwood): MaxText benchmarks/xla_flags_library.py,
+      ENABLE_SPARSECORE_OFFLOADING_FOR_RS_AG_AR plus its ENABLE_SPARSECORE_OFFLOADING_BASE_FLAGS: the
+      FSDP all-gathers, reduce-scatters and all-reduces run on the SparseCores instead of the
+      TensorCores (the flag set of the MaxText OLMo 3 run's 41% -> 44.5% MFU on Ironwood). One base
+      flag, --xla_sc_disjoint_spmem, is left out: libtpu 0.0.42.1 refuses it ("No such compile option").
+HBM per device of a TPU chip is the most a program may use, as libtpu 0.0.42.1's compiler enforces
+it: the largest program it accepts for one device of each topology ("Ran out of memory in memory
+space hbm. Used 94.75G of 94.75G hbm" one step above, on tpu7x). These are above the datasheets'
+GB / 2^30 (89.4, 88.5, 29.8 GiB). tests/test_compile_check.py compiles a program just under and
+just over each limit. On a real v5e the runtime reports the same figure (memory_stats()
+bytes_limit 16,909,336,064 = 15.75 GiB).
+
+A host's own TPU. `olmax train`, `demo`, `generate` and the other commands that run the model apply
+the profile of the TPU they find themselves (olmax.cli.common.runs_on -> tpu_profile_env), not only
+under the launcher: the chip is named by TPU_ACCELERATOR_TYPE, which a TPU VM sets ("v5litepod-4"),
+else by the PCI device id of its Google devices (vendor 0x1ae0), the ids jax 0.10.2 itself reads
+(jax/_src/hardware_utils.py, _TPU_PCI_DEVICE_IDS). Without the profile, splash attention's default
+tiles do not compile on v5e ("CompileTimeScopedVmemOom ... splash_mha_fwd_residuals").
+
+HBM bandwidth per JAX device (hbm_gbps, GB/s), for decode's bandwidth bound: Cloud TPU docs (v5e 819,
+v5p 2765, v6e 1640, Ironwood 7380 per chip, halved per TensorCore device), NVIDIA datasheets (H100 SXM
+3350, H200 4800, B200 8000).
+
+Every flag here is accepted by libtpu 0.0.42.1's compiler (tests/test_compile_check.py compiles with
+the tpu7x and v5p profiles; v6e's is v5p's).
+
+GPU profile (GPU_XLA_FLAGS, GPU_ENV): the Slurm launcher exports it to every trainer (XLA_FLAGS and
+the variables; olmax.launch.slurm) and `olmax compile-check --topology h100:NxG` compiles with the same
+XLA flags as compiler options. Sources:
+  --xla_gpu_enable_latency_hiding_scheduler: JAX's GPU performance tips (docs/gpu_performance_tips.md,
+      "XLA performance flags") and NVIDIA JAX-Toolbox's images, which set it by default: the scheduler
+      moves the FSDP all-gathers and reduce-scatters to overlap the layers' compute.
+  the rest, with their values: MaxText's H100 (A3) recipe, src/MaxText/configs/a3/llama_2_7b/4vm.sh
+      (Llama 2 7B, FSDP over 8 GPUs per node): collectives combined up to 512 MiB (all-reduce),
+      128 MiB (all-gather) and 64 MiB (reduce-scatter), and not split by dimension; all-gather,
+      reduce-scatter and all-reduce pipelined across the layer loop with double buffering; the
+      cuBLAS GEMMs rather than Triton's; XLA's own rematerialization pass off (the remat policy is
+      the model's: model.remat); the collectives on the highest-priority stream. Command buffers
+      (CUDA graphs) off: MaxText's --xla_gpu_graph_level=0, spelled as jaxlib 0.10.2 takes it
+      (--xla_gpu_enable_command_buffer= with no command types).
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.90: JAX preallocates 75% of a GPU's memory by default (JAX's "GPU
+      memory allocation" page); NVIDIA JAX-Toolbox's "Tips for High-Performance LLMs with JAX and XLA"
+      sets 0.9 (the rest for CUDA, cuDNN, cuBLAS and NCCL), as MaxText's GPU scripts do. It is also the
+      HBM budget of a GPU compile-check (GPU_MEM_FRACTION).
+  NCCL_LL128_BUFFSIZE=-2, NCCL_LL_BUFFSIZE=-2, NCCL_PROTO=SIMPLE,LL,LL128: JAX's GPU performance tips
+      ("NCCL flags", which it recommends for collectives within one node; they apply to the NVLink
+      collectives of every node).
+Every XLA flag here is accepted by jaxlib 0.10.2's GPU compiler (tests/test_compile_check_gpu.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from olmax.errors import ConfigError
+
+SCOPED_VMEM_64MIB = ("--xla_tpu_scoped_vmem_limit_kib=65536",)
+
+SPARSECORE_COLLECTIVE_OFFLOAD = (
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=false",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_reduce=false",
+    "--xla_tpu_enable_async_collective_fusion_fuse_reduce_scatter=false",
+    "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_reduce_scatter=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_all_reduce=true",
+    "--xla_tpu_use_tc_device_shape_on_sc=true",
+    "--xla_sc_enable_instruction_fusion=false",
+    "--xla_sc_disable_megacore_partitioning=true",
+)
+
+
+# The GPU profile (sources above). One for every GPU chip: the H100's and H200's are one design.
+GPU_XLA_FLAGS = (
+    "--xla_gpu_enable_latency_hiding_scheduler=true",
+    "--xla_gpu_enable_triton_gemm=false",
+    "--xla_gpu_enable_command_buffer=",
+    "--xla_gpu_enable_highest_priority_async_stream=true",
+    "--xla_gpu_all_reduce_combine_threshold_bytes=536870912",
+    "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
+    "--xla_gpu_reduce_scatter_combine_threshold_bytes=67108864",
+    "--xla_gpu_enable_pipelined_all_gather=true",
+    "--xla_gpu_enable_pipelined_reduce_scatter=true",
+    "--xla_gpu_enable_pipelined_all_reduce=true",
+    "--xla_gpu_enable_while_loop_double_buffering=true",
+    "--xla_gpu_enable_all_gather_combine_by_dim=false",
+    "--xla_gpu_enable_reduce_scatter_combine_by_dim=false",
+    "--xla_disable_hlo_passes=rematerialization",
+)
+GPU_MEM_FRACTION = 0.90
+GPU_ENV = (
+    ("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{GPU_MEM_FRACTION:.2f}"),
+    ("NCCL_LL128_BUFFSIZE", "-2"),
+    ("NCCL_LL_BUFFSIZE", "-2"),
+    ("NCCL_PROTO", "SIMPLE,LL,LL128"),
+)
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    platform: str  # the JAX platform: "tpu" or "gpu"
+    peak_tflops: float  # dense (not 2:4-sparse) bf16, per JAX device
+    hbm_limit_gib: float  # per JAX device: what a program may use (TPU: the limit its compiler enforces)
+    devices_per_chip: int
+    topology: Optional[str] = None  # the prefix of its topology names ("v5p" in "v5p:4x4x4", "h100" in "h100:2x8")
+    device_kind: Optional[str] = None  # jax.Device.device_kind of its devices
+    libtpu_flags: tuple[str, ...] = ()  # TPU: the flag profile (LIBTPU_INIT_ARGS)
+    xla_flags: tuple[str, ...] = ()  # GPU: the flag profile (XLA_FLAGS)
+    gpu_target: Optional[str] = None  # GPU: XLA's target description, a file of olmax/fit/gpu_targets
+    hbm_gbps: Optional[float] = None  # HBM bandwidth per JAX device, GB/s
+    tpu_type: Optional[str] = None  # TPU: the family of its TPU type names, "v5litepod" in "v5litepod-16"
+    pci_device_id: Optional[str] = None  # TPU: the PCI device id of its chips (vendor 0x1ae0)
+
+    @property
+    def hbm_headroom(self) -> float:
+        """The fraction of hbm_limit_gib a step's peak may use (HBM_HEADROOM, GPU_MEM_FRACTION)."""
+        return GPU_MEM_FRACTION if self.platform == "gpu" else HBM_HEADROOM
+
+
+def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str, hbm_gbps: float) -> Chip:
+    """An NVIDIA GPU: one JAX device, topologies "NAME:NxG", the GPU profile, XLA's target description
+    olmax/fit/gpu_targets/NAME.txtpb; its HBM is the memory the device reports (the target's device_memory_size)."""
+    return Chip(
+        name,
+        "gpu",
+        peak_tflops,
+        memory_bytes / 2**30,
+        1,
+        name,
+        device_kind,
+        xla_flags=GPU_XLA_FLAGS,
+        gpu_target=f"{name}.txtpb",
+        hbm_gbps=hbm_gbps,
+    )
+
+
+CHIPS: dict[str, Chip] = {
+    c.name: c
+    for c in (
+        # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3
+        _gpu("h100", 989.0, 84942979072, "NVIDIA H100 80GB HBM3", 3350.0),
+        # NVIDIA H200 SXM datasheet: the H100's tensor cores, 141 GB HBM3e
+        _gpu("h200", 989.0, 151397597184, "NVIDIA H200 141GB HBM3e", 4800.0),
+        # NVIDIA HGX B200 datasheet: 2.25 dense bf16 PFLOP/s per GPU (4.5 with sparsity), 180 GB HBM3e
+        _gpu("b200", 2250.0, 191514411008, "NVIDIA B200", 8000.0),
+        # Cloud TPU v5p docs: 459 TFLOP/s per chip; one JAX device per chip (megacore). HBM: below.
+        Chip(
+            "v5p", "tpu", 459.0, 95.74, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB, hbm_gbps=2765.0, pci_device_id="0x0062"
+        ),
+        # Cloud TPU v5e docs: 197 TFLOP/s per chip, one TensorCore per chip, 16 GB HBM at 819 GB/s; its
+        # TPU types are named v5litepod-N, its topologies (libtpu) v5e:AxB
+        Chip(
+            "v5e",
+            "tpu",
+            197.0,
+            15.75,
+            1,
+            "v5e",
+            "TPU v5 lite",
+            SCOPED_VMEM_64MIB,
+            hbm_gbps=819.0,
+            tpu_type="v5litepod",
+            pci_device_id="0x0063",
+        ),
+        # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s per chip, one TensorCore per chip
+        Chip(
+            "v6e",
+            "tpu",
+            918.0,
+            31.24,
+            1,
+            "v6e",
+            "TPU v6 lite",
+            SCOPED_VMEM_64MIB,
+            hbm_gbps=1640.0,
+            pci_device_id="0x006f",
+        ),
+        # Cloud TPU7x (Ironwood) docs: 2307 TFLOP/s per chip, two TensorCores = two JAX devices per chip
+        Chip(
+            "tpu7x",
+            "tpu",
+            2307.0 / 2,
+            94.74,
+            2,
+            "tpu7x",
+            "TPU7x",
+            SCOPED_VMEM_64MIB + SPARSECORE_COLLECTIVE_OFFLOAD,
+            hbm_gbps=7380.0 / 2,
+            pci_device_id="0x0076",
+        ),
+    )
+}
+ALIASES = {"ironwood": "tpu7x", "v5litepod": "v5e"}
+
+# A step fits a TPU chip when the TPU compiler accepts it and its peak (compile_check: per_device.peak_gib) is at
+# most this fraction of hbm_limit_gib. The rest covers what that peak leaves out of what the chip holds
+# (compile_check: per_device.hbm_gib, the compiler's heap, packing gaps included, and the program's
+# code). Measured on a v5e, the chip held 9% more than the peak for a 2 GiB step and 3% more for 11 and
+# 13 GiB ones, heap + code within 1% of it (docs/performance.md); the rest covers what no program
+# counts (the next batch being transferred, the runtime's own buffers).
+HBM_HEADROOM = 0.95
+
+
+def get_chip(name: str) -> Chip:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in CHIPS:
+        raise ConfigError(f"unknown chip {name!r}; known: {', '.join([*CHIPS, *ALIASES])}")
+    return CHIPS[key]
+
+
+def chip_of_topology(topology: str) -> Chip:
+    """The chip of a topology name: libtpu's for a TPU ("v5p:4x4x4" -> v5p), NODESxGPUS for a GPU
+    cluster ("h100:64x8" -> h100)."""
+    prefix, sep, shape = topology.partition(":")
+    for chip in CHIPS.values():
+        if chip.topology == prefix and sep and shape:
+            return chip
+    tpus = ", ".join(f"{c.topology}:AxB[xC]" for c in CHIPS.values() if c.topology and c.platform == "tpu")
+    gpus = ", ".join(f"{c.topology}:NxG" for c in CHIPS.values() if c.topology and c.platform == "gpu")
+    raise ConfigError(
+        f"unknown TPU topology {topology!r}, nor a GPU cluster; known forms: TPU {tpus} (e.g. v5p:4x4x4, tpu7x:2x2x1); "
+        f"GPU {gpus} (N nodes of G GPUs, e.g. h100:64x8)"
+    )
+
+
+def gpu_cluster(topology: str) -> tuple[Chip, int, int]:
+    """A GPU topology "h100:NxG" -> (chip, N nodes, G GPUs per node)."""
+    chip = chip_of_topology(topology)
+    shape = topology.partition(":")[2].split("x")
+    if chip.platform != "gpu" or len(shape) != 2 or not all(s.isdigit() and int(s) > 0 for s in shape):
+        raise ConfigError(f"GPU topology {topology!r} is not {chip.topology}:NxG (N nodes of G GPUs, e.g. h100:64x8)")
+    return chip, int(shape[0]), int(shape[1])
+
+
+# TPU type name -> JAX devices per unit of the number in the name. v4 and v5p count TensorCores
+# (2 per chip, one JAX device per chip); v5e and v6e count chips; tpu7x (Ironwood) counts
+# TensorCores, each its own JAX device (tpu7x-128 = 64 chips = 128 devices).
+DEVICES_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1, "tpu7x": 1}
+
+
+def tpu_type(topology: str) -> Optional[str]:
+    """The TPU type of one slice of a libtpu topology, as a TPU VM's TPU_ACCELERATOR_TYPE names it
+    (v5p:4x4x4 -> v5p-128, tpu7x:2x2x1 -> tpu7x-8); None for a name that is not a TPU's AxB[xC]."""
+    chip = chip_of_topology(topology)
+    shape = topology.partition(":")[2].split("x")
+    if chip.platform != "tpu" or not all(s.isdigit() for s in shape):
+        return None
+    devices = math.prod(int(s) for s in shape) * chip.devices_per_chip
+    family = chip.tpu_type or chip.topology
+    return f"{family}-{round(devices / DEVICES_PER_NAMED_UNIT[family])}"
+
+
+def chip_of_tpu_type(name: str) -> Optional[Chip]:
+    """The chip of a TPU type name as a TPU VM's TPU_ACCELERATOR_TYPE gives it ("v5litepod-4", "v5p-128")."""
+    family = name.rpartition("-")[0]
+    return next((c for c in CHIPS.values() if c.platform == "tpu" and (c.tpu_type or c.topology) == family), None)
+
+
+def chip_of_host(environ: Mapping[str, str], sysfs: str = "/sys") -> Optional[Chip]:
+    """The TPU chip this host has, found without starting the TPU runtime (see the module docstring):
+    TPU_ACCELERATOR_TYPE, else the PCI device ids of its Google devices. None: no TPU in the table."""
+    if environ.get("TPU_ACCELERATOR_TYPE"):
+        return chip_of_tpu_type(environ["TPU_ACCELERATOR_TYPE"])
+    ids = set()
+    for vendor in glob.glob(os.path.join(sysfs, "bus/pci/devices/*/vendor")):
+        with open(vendor) as f:
+            if f.read().strip() != "0x1ae0":
+                continue
+        with open(os.path.join(os.path.dirname(vendor), "device")) as f:
+            ids.add(f.read().strip())
+    return next((c for c in CHIPS.values() if c.pci_device_id in ids), None)
+
+
+def with_libtpu_flags(given: str, chip: Chip) -> str:
+    """LIBTPU_INIT_ARGS `given` plus the chip's profile: a flag the user already set keeps the user's value."""
+    named = {arg.removeprefix("--").partition("=")[0] for arg in given.split()}
+    extra = [f for f in chip.libtpu_flags if f.removeprefix("--").partition("=")[0] not in named]
+    return " ".join([*given.split(), *extra])
+
+
+def chip_of_device_kind(kind: str) -> Optional[Chip]:
+    """The chip whose devices report this device_kind, if the table has it."""
+    return next((c for c in CHIPS.values() if c.device_kind == kind), None)
+
+
+def compiler_options(chip: Chip) -> dict[str, object]:
+    """The chip's flag profile (libtpu's or XLA's) as `jax.stages.Lowered.compile(compiler_options=...)`
+    takes it. libtpu parses every value from its text; XLA's GPU compiler (jaxlib 0.10.2) refuses the
+    text "true" for a boolean option ("'true' is not a valid bool value") and takes a Python bool."""
+    options: dict[str, object] = {}
+    for flag in chip.libtpu_flags:
+        key, _, value = flag.removeprefix("--").partition("=")
+        options[key] = value
+    for flag in chip.xla_flags:
+        key, _, value = flag.removeprefix("--").partition("=")
+        options[key] = {"true": True, "false": False}.get(value, value)
+    return options
+
+
+def libtpu_init_args(chip: Chip) -> str:
+    """The chip's flag profile as the LIBTPU_INIT_ARGS environment variable takes it."""
+    return " ".join(chip.libtpu_flags)
+
+
+def gpu_env(chip: Optional[Chip] = None) -> list[tuple[str, str]]:
+    """A GPU chip's profile (without one: GPU_XLA_FLAGS, every GPU chip's) as the environment of its
+    trainer processes: XLA_FLAGS and GPU_ENV."""
+    return [("XLA_FLAGS", " ".join(chip.xla_flags if chip is not None else GPU_XLA_FLAGS)), *GPU_ENV]
+
+
+def chip_peak(name: str) -> float:
+    """Peak dense bf16 TFLOP/s per JAX device of a named chip (olmax.fit.chips)."""
+    return get_chip(name).peak_tflops
+
+
+def resolve_peak(peak: Optional[float], chip: Optional[str]) -> Optional[float]:
+    """The per-device peak from --peak or --chip (at most one of them)."""
+    if peak is not None and chip is not None:
+        raise ConfigError("give at most one of --peak and --chip")
+    if peak is not None and peak <= 0:
+        raise ConfigError(f"--peak must be positive, got {peak}")
+    return chip_peak(chip) if chip is not None else peak

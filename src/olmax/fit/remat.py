@@ -1,0 +1,132 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.remat import AUTO, AUTO_LADDER
+from olmax.errors import ConfigError
+from olmax.fit.chips import Chip, chip_of_device_kind
+from olmax.fit.compiler import GIB, CompileResult, CompilerRefused, DoesNotFit, budget_gib, compile_step
+from olmax.fit.remat_search import (
+    RECORD_FILE,
+    Candidate,
+    bisect,
+    cached,
+    describe_devices,
+    format_candidate,
+    format_choice,
+    new_record,
+    no_fit_message,
+    search_key,
+    store,
+    with_remat,
+)
+from olmax.rundir import paths as runpath
+
+
+@dataclass(frozen=True)
+class RematChoice:
+    """What `model.remat=auto` became for a step: `cfg` with it chosen; the search's record (None
+    where nothing was compiled to choose); the chosen step compiled by the search, if it was;
+    `source`, the file a cached record was read from."""
+
+    cfg: ExperimentConfig
+    record: Optional[dict] = None
+    compiled: Optional[CompileResult] = None
+    source: Optional[str] = None
+
+
+def choose_remat(
+    cfg: ExperimentConfig,
+    mesh,
+    chip: Optional[Chip],
+    where: str,
+    options: dict,
+    cache_dir: Optional[str] = None,
+    log: Callable[[str], None] = lambda line: None,
+    write_record: bool = True,
+) -> RematChoice:
+    """model.remat=auto chosen for `mesh` (olmax.fit.remat_search): the first candidate of the ladder
+    whose step the compiler accepts within the chip's budget, found by bisection, or the record of
+    an earlier search in cache_dir/remat_search.json; the search's record goes there (unless
+    write_record is false: a run's other processes). CPU devices have no budget: the most kept set,
+    nothing compiled. A step that fits under no policy is DoesNotFit, naming what would."""
+    budget = budget_gib(chip)
+    if budget is None:
+        device = mesh.devices.flat[0]
+        if device.platform != "cpu":  # an accelerator the chip table does not know: no budget to fit
+            raise ConfigError(
+                f"model.remat=auto needs the HBM of {device.device_kind} devices, which olmax.fit.chips does not "
+                "list; give model.remat (a policy or the tags to keep)"
+            )
+        log(f"model.remat=auto on {where}: no HBM budget on CPU devices, so {AUTO_LADDER[0]}, nothing compiled")
+        return RematChoice(with_remat(cfg, AUTO_LADDER[0], False))
+    key = search_key(cfg, mesh)
+    record = cached(cache_dir, key)
+    if record is not None:
+        source = runpath.join(cache_dir, RECORD_FILE)
+        log(format_choice(record, source))
+        return RematChoice(with_remat(cfg, record["remat"], record["remat_serial"]), record, source=source)
+    fitting: list[tuple] = []  # the latest candidate that fit, compiled: bisection's choice is its last
+
+    def compile(c: ExperimentConfig, m) -> Candidate:
+        t0 = time.perf_counter()
+        try:
+            out = compile_step(c, m, options, where)
+        except CompilerRefused as e:
+            if e.memory != "HBM":  # a kernel's tiles: the same for every candidate
+                raise
+            candidate = Candidate(c.model.remat, c.model.remat_serial, None, False, time.perf_counter() - t0, e.reason)
+        else:
+            peak = out.compiled.memory_analysis().peak_memory_in_bytes / GIB
+            candidate = Candidate(c.model.remat, c.model.remat_serial, peak, peak <= budget, time.perf_counter() - t0)
+            if candidate.fits:
+                fitting[:] = [out]
+        log(format_candidate(candidate))
+        return candidate
+
+    log(f"model.remat=auto on {where}: compiling candidates against a budget of {budget:.2f} GiB per device")
+    t0 = time.perf_counter()
+    best, tried = bisect(cfg, mesh, compile)
+    if best is None:
+        log("model.remat=auto: no candidate fits; checking what would (the error below says it)")
+        raise DoesNotFit(no_fit_message(cfg, mesh, where, tried, budget, compile))
+    record = new_record(key, best, tried, budget, time.perf_counter() - t0)
+    if write_record:
+        store(cache_dir, record)
+    log(format_choice(record))
+    return RematChoice(with_remat(cfg, best.remat, best.serial), record, fitting[0])
+
+
+def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> ExperimentConfig:
+    """`cfg` with model.remat=auto chosen for the run's devices (`choose_remat`), compiled with the
+    process's own flags as the step will be; the record of the search is RUN_DIR/remat_search.json, so
+    a restart reads it back instead of searching. Every process searches (or reads) alike, and all
+    take process 0's choice: one program runs the step's collectives. Any other model.remat: `cfg`."""
+    if cfg.model.remat != AUTO:
+        return cfg
+    devices = list(mesh.devices.flat)
+    primary = jax.process_index() == 0
+    choice = choose_remat(
+        cfg,
+        mesh,
+        chip_of_device_kind(devices[0].device_kind),
+        describe_devices(devices),
+        {},
+        run_dir,
+        log=lambda line: print(line, flush=True) if primary else None,
+        write_record=primary,
+    ).cfg
+    if jax.process_count() == 1:
+        return choice
+    picks = [(remat, serial) for remat in AUTO_LADDER for serial in (False, True)]
+    mine = picks.index((choice.model.remat, choice.model.remat_serial))
+    return with_remat(cfg, *picks[int(multihost_utils.broadcast_one_to_all(np.int32(mine)))])

@@ -1,0 +1,312 @@
+"""`model.remat=auto`: the least recompute that the target's compiler fits in device memory.
+
+The candidates are remat.AUTO_LADDER's sets, most kept first, each in the compiler's order of the
+backward pass and then the serial one (model.remat_serial), down to `full`. A candidate fits when
+the compiler accepts the step and its peak is within the chip's budget (Chip.hbm_headroom of
+hbm_limit_gib, compile-check's `fits`); the choice is the first that fits. The sets are nested, so
+the step's memory falls down the ladder, and a bisection over the sets finds the first one that
+fits in one of its orders: two or three of the six sets are compiled, a set's serial order only
+where its compiler's order does not fit. A step the TPU compiler refuses (out of HBM) stops at its
+buffer assignment, under a minute for the 7B; one it accepts runs to the end (5-12 minutes for the
+7B on a 2-core host), so a typical choice costs two or three whole compiles (docs/performance.md).
+
+The choice and every candidate's figures are a record, kept in a JSON file (RECORD_FILE: in the run
+directory for `olmax train`, in the cache directory for `olmax compile-check`) under a key of what
+decides them: the step's config, the devices, the mesh and the compiler's versions (search_key).
+A restart finds its record and compiles nothing more; a resume on other devices searches again.
+
+A step that fits under no policy is an error that names what would, with figures (no_fit_message).
+The compiling itself is olmax.fit.compile_check's (choose_remat); this module decides what to compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Callable, Optional
+
+import jax
+
+from olmax.config.experiment import ExperimentConfig
+from olmax.config.io import apply_overrides
+from olmax.config.remat import AUTO_LADDER
+from olmax.errors import ConfigError
+from olmax.model.sharding import make_mesh
+from olmax.rundir import paths as runpath
+from olmax.train.state import abstract_state, per_device_bytes
+from olmax.train.step import batch_layout
+
+RECORD_FILE = "remat_search.json"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One compiled candidate: model.remat and model.remat_serial, and what the compiler said."""
+
+    remat: str
+    serial: bool
+    peak_gib: Optional[float]  # None: the compiler refused the step
+    fits: bool
+    compile_s: float
+    refused: Optional[str] = None  # the compiler's reason, when it refused
+
+
+# compile(cfg, mesh) -> the Candidate of cfg's step (cfg.model.remat and remat_serial) on mesh
+Compile = Callable[[ExperimentConfig, object], Candidate]
+
+
+def with_remat(cfg: ExperimentConfig, remat: str, serial: bool) -> ExperimentConfig:
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat, remat_serial=serial))
+
+
+def bisect(cfg: ExperimentConfig, mesh, compile: Compile) -> tuple[Optional[Candidate], list[Candidate]]:
+    """(the first candidate of the ladder that fits, or None; every candidate compiled, in order).
+    Each probe of a set compiles the compiler's order and, if that does not fit, the serial one: the
+    two orders of one set are not ordered by memory (the 7B's seeds' set on Ironwood fits in the
+    compiler's order only, on v5p in the serial order only), the sets are."""
+    tried: list[Candidate] = []
+
+    def first_fitting_order(remat: str) -> Optional[Candidate]:
+        for serial in (False, True):
+            tried.append(compile(with_remat(cfg, remat, serial), mesh))
+            if tried[-1].fits:
+                return tried[-1]
+        return None
+
+    lo, hi, best = 0, len(AUTO_LADDER), None  # hi: the most kept set known to fit (none yet)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        fitting = first_fitting_order(AUTO_LADDER[mid])
+        if fitting is None:
+            lo = mid + 1
+        else:
+            hi, best = mid, fitting
+    return best, tried
+
+
+# The data fields the compiled step reads (the batch's shape and keys, which targets are masked)
+STEP_DATA_FIELDS = ("seq_len", "doc_masking", "instance_filter", "packing", "mask_pad_token", "pad_token_id")
+
+
+def step_fingerprint(cfg: ExperimentConfig) -> str:
+    """A digest of the config fields the compiled step depends on, but for the two `auto` chooses:
+    the model, optimizer, schedule, mesh, batch and the data fields of STEP_DATA_FIELDS."""
+    d = dataclasses.asdict(cfg)
+    model = {k: v for k, v in d["model"].items() if k not in ("remat", "remat_serial")}
+    step = {
+        "model": model,
+        "optimizer": d["optimizer"],
+        "schedule": d["schedule"],
+        "mesh": d["mesh"],
+        "trainer": {k: d["trainer"][k] for k in ("global_batch", "micro_batch_size", "loss_chunk", "max_steps")},
+        "data": {k: d["data"][k] for k in STEP_DATA_FIELDS},
+    }
+    return hashlib.sha256(json.dumps(step, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def describe_devices(devices) -> str:
+    """What a step is compiled for, the same for a TPU topology's abstract devices and a slice's own:
+    how many of which kind, the chips' grid, and the slices (TPU) or processes (GPU nodes)."""
+    first = devices[0]
+    words = [f"{len(devices)} x {first.device_kind}"]
+    coords = [getattr(d, "coords", None) for d in devices]
+    if all(c is not None for c in coords):
+        words.append("x".join(str(max(c[i] for c in coords) + 1) for i in range(len(coords[0]))))
+    slices = len({getattr(d, "slice_index", 0) or 0 for d in devices})
+    if slices > 1:
+        words.append(f"{slices} slices")
+    if first.platform == "gpu":
+        words.append(f"{len({d.process_index for d in devices})} nodes")
+    return ", ".join(words)
+
+
+def _version(package: str) -> Optional[str]:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def search_key(cfg: ExperimentConfig, mesh) -> dict:
+    """What decides a search's outcome: the step, the devices and their mesh, and the versions of
+    olmax, jax and the compiler's library (libtpu or the CUDA plugin)."""
+    devices = list(mesh.devices.flat)
+    compiler = {"tpu": "libtpu", "gpu": "jax-cuda12-plugin"}.get(devices[0].platform, "jaxlib")
+    return {
+        "step": step_fingerprint(cfg),
+        "devices": describe_devices(devices),
+        "mesh": dict(mesh.shape),
+        "versions": {p: _version(p) for p in ("olmax", "jax", compiler)},
+    }
+
+
+def _key_id(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _records(directory: str, file: str) -> dict:
+    text = runpath.read_text(directory, file)
+    return json.loads(text) if text else {}
+
+
+def cached(directory: Optional[str], key: dict, file: str = RECORD_FILE) -> Optional[dict]:
+    """The record of an earlier search with this key in DIRECTORY/FILE, or None."""
+    if directory is None:
+        return None
+    record = _records(directory, file).get(_key_id(key))
+    return record if record is not None and record["key"] == key else None
+
+
+def store(directory: Optional[str], record: dict, file: str = RECORD_FILE) -> None:
+    """Add the record to DIRECTORY/FILE (one entry per key: a later search replaces it)."""
+    if directory is None:
+        return
+    records = _records(directory, file)
+    records[_key_id(record["key"])] = record
+    runpath.makedirs(directory)
+    runpath.write_text(directory, file, json.dumps(records, indent=2, sort_keys=True) + "\n")
+
+
+def new_record(key: dict, best: Candidate, tried: list[Candidate], budget_gib: float, search_s: float) -> dict:
+    return {
+        "key": key,
+        "remat": best.remat,
+        "remat_serial": best.serial,
+        "candidates": [dataclasses.asdict(c) for c in tried],
+        "budget_gib": budget_gib,
+        "search_s": search_s,
+        "searched": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _order(serial: bool) -> str:
+    return "serial" if serial else "compiler's order"
+
+
+def _figure(c: Candidate) -> str:
+    if c.peak_gib is None:
+        return f"refused by the compiler ({c.refused})"
+    return f"peak {c.peak_gib:.2f} GiB, {'fits' if c.fits else 'over the budget'}"
+
+
+def format_candidate(c: Candidate) -> str:
+    return f"  {c.remat}, {_order(c.serial)}: {_figure(c)} [{c.compile_s:.0f} s]"
+
+
+def format_choice(record: dict, source: Optional[str] = None) -> str:
+    """The choice in one line; `source` names the file a cached record was read from."""
+    head = (
+        f"model.remat=auto on {record['key']['devices']} (budget {record['budget_gib']:.2f} GiB per device): "
+        f"{record['remat']}, {_order(record['remat_serial'])}"
+    )
+    if source is not None:
+        return f"{head}, as searched on {record['searched']} ({source})"
+    return f"{head}; {len(record['candidates'])} compiles in {record['search_s']:.0f} s"
+
+
+def format_search(record: dict, source: Optional[str] = None) -> list[str]:
+    """The choice and every candidate's figures."""
+    return [format_choice(record, source)] + [format_candidate(Candidate(**c)) for c in record["candidates"]]
+
+
+def _smaller_divisor(n: int, below: int) -> int:
+    """The largest divisor of n below `below`."""
+    return max(d for d in range(1, below) if n % d == 0)
+
+
+def no_fit_message(
+    cfg: ExperimentConfig, mesh, where: str, tried: list[Candidate], budget: float, compile: Compile
+) -> str:
+    """Why no policy fits (the leanest candidate's figures) and what would, with figures: a smaller
+    micro-batch (gradient accumulation keeps the global batch), a context or tensor axis, more
+    devices. The first suggestion that runs on these devices is compiled (recomputing whole blocks,
+    in the order that was leaner without it) and its figure given; the others are estimated: the
+    parameters and optimizer state per device exactly, the rest of the peak in proportion to the
+    tokens a device holds at a time."""
+    devices = list(mesh.devices.flat)
+    layout = batch_layout(cfg, mesh)
+    # tokens of one instance of the global batch (a DPO pair is two rows)
+    seq, context = cfg.data.seq_len * cfg.rows_per_step // cfg.trainer.global_batch, mesh.shape["context"]
+
+    def state_gib(c: ExperimentConfig, m) -> float:
+        with jax.set_mesh(m):
+            return per_device_bytes(abstract_state(c, m)) / 2**30
+
+    state = state_gib(cfg, mesh)
+    full = [c for c in tried if c.remat == AUTO_LADDER[-1] and c.peak_gib is not None]
+    least = min(full, key=lambda c: c.peak_gib) if full else None
+    tokens = layout.micro_batch * seq // context  # per device per forward/backward
+
+    def estimate(state_after: float, tokens_after: int) -> str:
+        if least is None:
+            return ""
+        return f"; about {state_after + (least.peak_gib - state) * tokens_after / tokens:.1f} GiB"
+
+    options: list[tuple[str, str]] = []  # (override, what it changes), each on these devices
+    if layout.micro_batch > 1:
+        m = _smaller_divisor(layout.per_device, layout.micro_batch)
+        options.append(
+            (
+                f"trainer.micro_batch_size={m}",
+                f"{layout.per_device // m} micro-batches of {m} per device instead of {layout.accum_steps} of "
+                f"{layout.micro_batch}, accumulated (the global batch stays {cfg.trainer.global_batch}): "
+                f"{m * seq // context} tokens per device at a time{estimate(state, m * seq // context)}",
+            )
+        )
+    fsdp = mesh.shape["fsdp"]
+    for axis in ("context", "tensor"):
+        size = mesh.shape[axis] * 2
+        # with no -1 axis to give up the devices (e.g. mesh.data=3 mesh.fsdp=32), fsdp gives them
+        tries = [[f"mesh.{axis}={size}"]]
+        if cfg.mesh.fsdp > 1 and fsdp % 2 == 0:
+            tries.append([f"mesh.{axis}={size}", f"mesh.fsdp={fsdp // 2}"])
+        for overrides in tries:
+            try:
+                changed = apply_overrides(cfg, overrides)
+                changed_mesh = make_mesh(changed.mesh, devices)
+                micro = batch_layout(changed, changed_mesh).micro_batch
+                state_after = state_gib(changed, changed_mesh)
+                break
+            except ConfigError:  # the axis does not divide the devices, the heads, the sequence or its chunks
+                continue
+        else:
+            continue
+        if axis == "context" and micro * seq // size < tokens:
+            after = micro * seq // size
+            what = f"each sequence over {size} devices, {after} tokens per device at a time"
+            options.append((" ".join(overrides), what + estimate(state_after, after)))
+        elif axis == "tensor":
+            what = (
+                f"heads and MLP over {size} devices ({cfg.model.n_heads // size} heads each); parameters and "
+                f"optimizer state {state_after:.2f} GiB per device"
+            )
+            options.append((" ".join(overrides), what))
+    figure = (
+        "the compiler refused it"
+        if least is None
+        else f"peak {least.peak_gib:.2f} GiB ({_order(least.serial)}) > the budget of {budget:.2f} GiB per device"
+    )
+    lines = [
+        f"{cfg.name} does not fit on {where} under any remat policy, down to recomputing whole blocks (full): "
+        f"{figure}; "
+        f"parameters and optimizer state take {state:.2f} GiB per device. What would fit:"
+    ]
+    for i, (override, what) in enumerate(options):
+        lines.append(f"- {override}: {what}")
+        if i == 0:
+            serial = least is not None and least.serial
+            checked = with_remat(apply_overrides(cfg, override.split()), AUTO_LADDER[-1], serial)
+            c = compile(checked, make_mesh(checked.mesh, devices))
+            lines[-1] += f"; checked with model.remat=full ({_order(serial)}): {_figure(c)}"
+    if cfg.trainer.global_batch % (2 * layout.batch_shards) == 0:
+        per_device = layout.per_device // 2
+        after = min(layout.micro_batch, per_device) * seq // context
+        lines.append(
+            f"- {2 * len(devices)} devices instead of {len(devices)}: {per_device} instances per device, "
+            f"parameters and optimizer state {state / 2:.2f} GiB per device{estimate(state / 2, after)}"
+        )
+    return "\n".join(lines)

@@ -1,2 +1,0 @@
-"""XLA's target descriptions of the GPUs olmax compiles for without one (olmax.chips, Chip.gpu_target;
-olmax.compile_check): package data, one text-format GpuTargetConfigProto per GPU, each citing its source."""

@@ -1,0 +1,147 @@
+"""The batches a run trains on, one kind per objective behind one interface, so the loop never asks
+which objective it runs:
+
+- lm:   the Grain loader (olmax.data.loader): this process's rows of OLMo-core's global batch;
+- dpo:  the preference pairs with their reference log-probs, from the cache beside them or from the
+        reference pass, run now (olmax.trainer.reference);
+- grpo: rollouts of the prompts, sampled with the parameters the step starts from, verified and packed
+        (olmax.rollout.batches), whole on every process.
+
+`StepBatches.next(params)` places the next batch on the mesh; `state()` is what a checkpoint keeps
+of the data position."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from olmax.config.experiment import ExperimentConfig
+from olmax.data.loader import make_loader
+from olmax.data.pairs import REFERENCE_FINGERPRINT, PairLoader, PairSource
+from olmax.data.tokenizer import load_tokenizer
+from olmax.model.sharding import place
+from olmax.objectives import dpo, grpo
+from olmax.rollout.batches import RolloutBatches, prompt_set
+from olmax.train.step import batch_layout, batch_sharding
+from olmax.trainer.reference import params_fingerprint, reference_logps_cache
+from olmax.trainer.start import Start, starting_params
+
+
+class StepBatches:
+    """A loader and the shardings of its arrays. `rollouts`: the loader samples with the parameters it
+    is given (RL) and its batch is whole on every process; otherwise each process reads its own rows."""
+
+    def __init__(self, loader, shardings: dict, *, rollouts: bool = False):
+        self.loader, self.shardings, self.rollouts = loader, shardings, rollouts
+        self.batches_per_epoch = loader.batches_per_epoch
+        self._batches = iter(loader)  # a generator: nothing is read or sampled before the first next()
+
+    def next(self, params) -> dict:
+        """The next global batch, placed. RL: `params` are the parameters the step starts from; a new
+        rollout is sampled with them (with grpo.async_steps=1 the one after the step's) and its old
+        log-probs computed."""
+        if self.rollouts:
+            self.loader.params = params
+        local = next(self._batches)
+        put = place if self.rollouts else jax.make_array_from_process_local_data
+        return {k: put(sharding, local[k]) for k, sharding in self.shardings.items() if k in local}
+
+    def metrics(self) -> dict:
+        """What the latest rollout measured (RL), for the step's metrics row."""
+        return self.loader.metrics() if self.rollouts else {}
+
+    def repeats(self) -> int:
+        """Instances seen before in this epoch (the loader's audit)."""
+        return self.loader.audit()["repeats_in_epoch"]
+
+    def state(self) -> dict:
+        return self.loader.state()
+
+    def close(self) -> None:
+        if self.rollouts:
+            self.loader.close()
+
+
+def objective_batches(
+    cfg: ExperimentConfig,
+    mesh,
+    start: Start,
+    pairs: Optional[PairSource],
+    run_dir: str,
+    allow_data_change: bool,
+) -> StepBatches:
+    """The run's batches from the start's data position (errors name the data, the batch split or the
+    cache that does not fit). `pairs`: DPO's preference pairs (olmax.trainer.reference.open_pairs)."""
+    batch_layout(cfg, mesh)  # refuses a batch the mesh cannot split before the data is prepared
+    rows = batch_sharding(cfg, mesh)
+    if cfg.trainer.objective == "grpo":  # every array is (rows, seq) token-aligned, placed as input_ids
+        shardings = {k: rows for k in (*grpo.BATCH_KEYS, "doc_lens")}
+        return StepBatches(_rollouts(cfg, mesh, start, run_dir, allow_data_change), shardings, rollouts=True)
+    if pairs is not None:
+        return StepBatches(
+            _pairs(cfg, mesh, start, pairs, allow_data_change), dpo.pair_batch_shardings(mesh, rows.spec[0])
+        )
+    loader = make_loader(
+        cfg.data,
+        cfg.trainer.global_batch,
+        dp_rank=jax.process_index(),
+        dp_size=jax.process_count(),
+        state=start.data_state,
+        allow_fingerprint_mismatch=allow_data_change,
+    )
+    # instance_mask: the repetition filter is on; doc_lens: data.doc_masking (attention within
+    # documents); label_mask: data.label_masks (the loss only where it is True)
+    mask = NamedSharding(mesh, PartitionSpec(rows.spec[0]))
+    return StepBatches(loader, {"input_ids": rows, "instance_mask": mask, "doc_lens": rows, "label_mask": rows})
+
+
+def _rollouts(cfg, mesh, start: Start, run_dir: str, allow_data_change: bool) -> RolloutBatches:
+    """The RL loop's rollouts (prompts -> sample -> verify -> pack). With grpo.beta > 0 the kl3 penalty's
+    reference is the starting parameters (a copy: the step donates the state's)."""
+    tok = load_tokenizer(cfg.data.tokenizer)
+    reference = None
+    if cfg.grpo.beta > 0:
+        reference = (
+            jax.tree.map(jnp.copy, start.state.params) if not start.resumed else starting_params(cfg, mesh, start)
+        )
+    return RolloutBatches(
+        cfg,
+        mesh,
+        prompt_set(cfg, tok),
+        tok,
+        reference=reference,
+        state=start.data_state,
+        allow_mismatch=allow_data_change,
+        record_dir=run_dir,
+    )
+
+
+def _pairs(cfg, mesh, start: Start, source: PairSource, allow_data_change: bool) -> PairLoader:
+    """DPO: the pairs with their reference log-probs. The reference pass runs on the starting
+    parameters, which a resumed run makes again only if the cache is missing (it is written before step
+    1); their fingerprint keys the cache: a resumed run's is the one its data state recorded at the start
+    (a data state from before the record has none: the starting parameters are made again)."""
+    if not start.resumed:
+        fingerprint = params_fingerprint(start.state.params)
+    else:
+        fingerprint = (start.data_state or {}).get(REFERENCE_FINGERPRINT) or params_fingerprint(
+            starting_params(cfg, mesh, start)
+        )
+    log = print if jax.process_index() == 0 else lambda _: None
+    reference = reference_logps_cache(
+        cfg, mesh, source, lambda: starting_params(cfg, mesh, start), fingerprint, log=log
+    )
+    return PairLoader(
+        cfg.data,
+        source,
+        reference,
+        cfg.trainer.global_batch,
+        dp_rank=jax.process_index(),
+        dp_size=jax.process_count(),
+        state=start.data_state,
+        allow_fingerprint_mismatch=allow_data_change,
+        reference_fingerprint=fingerprint,
+    )
