@@ -214,3 +214,47 @@ def test_cli_order_steps_outside_the_epoch_are_named(tmp_path):
     assert result.exit_code == 2 and "steps 3:3 is empty" in result.output
     result = order(8, "21:22")  # the last step exists
     assert result.exit_code == 0 and "step 21 (batch 20) rank 0" in result.output, result.output
+
+
+@pytest.mark.parametrize("packing", ["none", "obfd"])
+def test_cli_order_with_tokens_on_lm_data_has_no_label_mask(tmp_path, packing):
+    """Data without label masks (data.label_masks=false, LM shards chunked or packed): `--with-tokens`
+    prints each instance as {"id", "tokens", "doc_lens"} and the rest of the report as before, with no
+    label_mask key anywhere."""
+    import json
+
+    from olmax.data.loader import read_instance
+    from olmax.data.packing import PackedSource
+
+    paths = write_shards(tmp_path, SMALL, [1000, 2500])
+    rng = np.random.default_rng(1)
+    for p in paths:  # an EOS every 1..199 tokens: documents for the packer to find
+        tokens = np.fromfile(p, dtype=SMALL.dtype)
+        ends = np.cumsum(rng.integers(1, 200, size=len(tokens)))
+        tokens[ends[ends < len(tokens)]] = SMALL.eos_token_id
+        tokens.tofile(p)
+    out = tmp_path / "order.json"
+    args = ["data", "order", *[a for p in paths for a in ("--paths", p)], "--seq-len", "64", "--seed", "3"]
+    args += ["--vocab-size", "5000", "--eos-id", "4999", "--pad-id", "0", "--work-dir", str(tmp_path / "cache")]
+    args += ["--global-batch-instances", "4", "--dp-size", "2", "--steps", "1:3", "--with-tokens", "--json", str(out)]
+    args += [f"data.packing={packing}", "data.doc_masking=true"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "label_mask" not in out.read_text() and "label_mask" not in result.output
+    report = json.loads(out.read_text())
+    common = ["batches_per_epoch", "dp_size", "epoch", "files", "fingerprint", "global_batch_instances"]
+    assert sorted(report) == common + ["instances", "packing", "seed", "seq_len", "steps"]
+    where = ["bin", "documents", "group", "padding"] if packing == "obfd" else ["file", "offset"]
+    if packing == "obfd":
+        source = PackedSource(paths, 64, SMALL, tmp_path / "cache")
+    else:
+        source = TokenSource(paths, 64, SMALL)
+    for step in report["steps"]:
+        assert sorted(step) == ["batch", "ranks", "step"]
+        for rank in step["ranks"]:
+            assert sorted(rank) == sorted(["ids", "instances", "rank", *where])
+            assert [inst["id"] for inst in rank["instances"]] == rank["ids"]
+            for inst in rank["instances"]:
+                assert sorted(inst) == ["doc_lens", "id", "tokens"]
+                tokens, lens = read_instance(source, inst["id"], SMALL.eos_token_id, None)
+                assert inst["tokens"] == tokens.tolist() and inst["doc_lens"] == lens.tolist()

@@ -160,6 +160,7 @@ def test_data_order_reports_the_pairs_the_loader_delivers(pairs):
                     assert n <= 64 and (batch["input_ids"][k, side, n:] == cfg.data.pad_token_id).all()
                     assert inst[name]["tokens"] == batch["input_ids"][k, side, :n].tolist()
                     assert inst[name]["label_mask"] == batch["response_mask"][k, side, :n].tolist()
+                    assert {type(v) for v in inst[name]["label_mask"]} == {bool}  # true/false, as for SFT instances
     out = CliRunner().invoke(
         app, ["data", "order", "--recipe", "tiny", *_overrides(tmp, tmp / "pairs"), "--steps", "3:4"]
     )

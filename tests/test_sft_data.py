@@ -314,3 +314,98 @@ def test_olmo_core_reads_the_command_output_as_data_order(tmp_path, use_array_if
         # tokens) to the user-ended one and that to the last: truncated to SEQ, the last two are lost
         lost = sum(sum(m) for _, m in conversations[6:])
         assert (whole, len(segments), trained) == (5, 7, sum(sum(m) for _, m in conversations) - lost)
+
+
+def order_json(tmp_path, data_dir, *extra: str) -> tuple[dict, str]:
+    """`olmax data order --with-tokens --json` on label-masked chat parts: (the JSON, the printed text)."""
+    out = tmp_path / "order.json"
+    args = ["data", "order", "--paths", str(data_dir), "--seq-len", str(SEQ), "--work-dir", str(tmp_path / "ox")]
+    args += ["--with-tokens", "--json", str(out), *extra]
+    args += ["data.packing=obfd", "data.doc_masking=true", "data.label_masks=true"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text()), result.output
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("dp_size", [1, 2])
+def test_data_order_instances_with_label_masks_are_olmo_core_items(sft_dir, tmp_path, dp_size):
+    """Every step of an epoch of `olmax data order --with-tokens` on label-masked data, each rank, against
+    ai2-olmo-core 3.0.0: the ids are those of its data loader's batches for that rank, and each printed
+    instance is the item its NumpyPackedFSLDataset (label_mask_paths) gives for that id, WHOLE: the item
+    has input_ids, label_mask and doc_lens and nothing else, and tokens, doc_lens and label_mask (true/false per
+    token, docs/data.md) equal them. Source groups, a permuted file order and a seed make the order
+    nontrivial (the item's config "metadata" is left out)."""
+    from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyPackedFSLDatasetConfig, TokenizerConfig
+
+    seed, global_batch = 7, 4
+    ds = NumpyPackedFSLDatasetConfig(
+        tokenizer=TokenizerConfig.dolma2(),
+        paths=[f"{sft_dir}/token_ids_part_*.npy"],
+        label_mask_paths=[f"{sft_dir}/labels_mask_*.npy"],
+        expand_glob=True,
+        generate_doc_lengths=True,
+        sequence_length=SEQ,
+        source_group_size=2,
+        source_permutation_seed=123,
+        # its default adds "metadata", the config's label of each source (the glob), not read from the files
+        include_instance_metadata=False,
+        work_dir=str(tmp_path / "oc"),
+    ).build()
+    ds.prepare()
+    batches = len(ds) // global_batch
+    assert batches >= 3
+    report, printed = order_json(
+        tmp_path,
+        sft_dir,
+        *("--seed", str(seed), "--global-batch-instances", str(global_batch), "--dp-size", str(dp_size)),
+        *("--steps", f"1:{batches + 1}", "data.source_group_size=2", "data.source_permutation_seed=123"),
+    )
+    want = (ds.fingerprint, len(ds), batches)
+    assert (report["fingerprint"], report["instances"], report["batches_per_epoch"]) == want
+    assert "label_mask" not in printed  # the text lists ids and where they come from, never tokens
+    trained = 0
+    for rank in range(dp_size):
+        dl = NumpyDataLoaderBase.wrap_numpy_dataset(
+            ds,
+            global_batch_size=global_batch * SEQ,
+            collator=DataCollator(pad_token_id=ds.pad_token_id),
+            work_dir=str(tmp_path / f"oc-order{rank}"),
+            seed=seed,
+            dp_world_size=dp_size,
+            dp_rank=rank,
+        )
+        dl.reshuffle(epoch=1)
+        theirs = [batch["index"].tolist() for batch in dl]
+        ours = [step["ranks"][rank] for step in report["steps"]]
+        assert len(theirs) == len(ours) == batches
+        for row, ids in zip(ours, theirs):
+            assert row["rank"] == rank and row["ids"] == ids
+            assert [inst["id"] for inst in row["instances"]] == ids
+            for inst in row["instances"]:
+                item = ds[inst["id"]]
+                assert sorted(item) == ["doc_lens", "input_ids", "label_mask"]
+                assert sorted(inst) == ["doc_lens", "id", "label_mask", "tokens"]
+                mask = inst["label_mask"]
+                assert len(mask) == len(inst["tokens"]) == SEQ
+                assert all(type(v) is bool for v in mask), mask[:8]
+                assert inst["tokens"] == item["input_ids"].tolist()
+                assert inst["doc_lens"] == item["doc_lens"].tolist()
+                np.testing.assert_array_equal(np.array(mask, dtype=bool), item["label_mask"].numpy())
+                trained += sum(mask)
+        dl.reset()
+    assert 0 < trained < batches * global_batch * SEQ  # prompts and padding masked, replies trained
+
+
+def test_data_order_names_a_missing_label_mask_part(sft_dir, tmp_path):
+    """Label-masked data whose mask part is gone: `data order` exits 2 naming that file, as before."""
+    import shutil
+
+    data = tmp_path / "parts"
+    shutil.copytree(sft_dir, data)
+    (data / "labels_mask_part_0001.npy").unlink()
+    args = ["data", "order", "--paths", str(data), "--seq-len", str(SEQ), "--work-dir", str(tmp_path / "ox")]
+    args += ["--with-tokens", "data.packing=obfd", "data.doc_masking=true", "data.label_masks=true"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "data error" in result.output and "labels_mask_part_0001.npy" in result.output, result.output
