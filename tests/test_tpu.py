@@ -44,7 +44,7 @@ from olmax.train.state import abstract_state, init_train_state, state_shardings
 from olmax.train.step import batch_sharding, make_train_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from tpu_throughput import chip_holds  # noqa: E402 - the throughput table's measure of the same
+from chip_memory import chip_holds  # noqa: E402 - the throughput table's measure of the same
 
 pytestmark = pytest.mark.tpu
 

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""A checkpoint's parameters placed for inference: on a mesh of every device along `fsdp`
+(parameters sharded, so a 32B fits; the batch split over all), as the evaluations, `olmax generate`
+and the demos read them."""
 
 from __future__ import annotations
 

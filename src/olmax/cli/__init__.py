@@ -1,7 +1,10 @@
 """The `olmax` command line: parses arguments and dispatches to the library, nothing else.
 
 Every subcommand that reports figures takes `--json FILE` and writes them there too. The commands
-live by area in this package's modules; importing them registers them on `app`.
+live by area in this package's modules; importing them registers them on `app`. worker.py is what
+each host of a multi-host run executes (`python -m olmax.cli.worker ARGS`).
+
+May import: every package. Nothing imports cli.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def _root() -> None:
 
 
 # Options that several commands take, declared once so a flag means one thing with one help and one
-# type everywhere (tests/test_cli_options.py walks every command and holds them to it). Shorthands
+# type everywhere (tests/cli/test_cli_options.py walks every command and holds them to it). Shorthands
 # for one config field, named in their help, resolve through `resolve_experiment`.
 SeqLenOpt = typer.Option(None, "--seq-len", help="data.seq_len")
 

@@ -94,7 +94,7 @@ def train_cmd(
     import jax
 
     from olmax.fit.chips import resolve_peak
-    from olmax.rundir import paths as runpath
+    from olmax.rundir import paths
     from olmax.rundir.exits import RECORD_FILE, ExitStatus
     from olmax.rundir.progress import run_last_step
     from olmax.trainer.exits import record_exit, status_of
@@ -102,7 +102,7 @@ def train_cmd(
 
     try:
         if jax.process_index() == 0:  # the previous trainer's record would read as this one's (olmax status)
-            runpath.remove(run_dir, RECORD_FILE)
+            paths.remove(run_dir, RECORD_FILE)
         rows = train(
             cfg,
             run_dir,

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""The `data` section: the training data, the tokenizer ids that enter OLMo-core's data fingerprint,
+packing, label masks and the data order's seed (docs/data.md); olmax.data reads it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The `dpo` section of the experiment config and what trainer.objective=dpo asks of the rest of it
-(olmax.config composes and calls them; docs/post-training.md, "DPO in `olmax train`")."""
+"""The `dpo` section: the DPO loss (trainer.objective=dpo); what the objective asks of the other
+sections is olmax.config.experiment.check_dpo. docs/post-training/dpo.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""Typed, frozen configuration for every part of olmax, composed into one `ExperimentConfig`.
+"""`ExperimentConfig`: everything a run needs, composed of the sections (olmax.config.model, data,
+optimizer, schedule, trainer, mesh, run, dpo, grpo), and the checks that span sections: what a context
+axis needs of the sequence, and what the DPO and GRPO objectives refuse of the LM options.
 
-Configs are plain frozen dataclasses; olmax.config.io reads and writes them as YAML and applies dotted
-`key=value` overrides (OmegaConf, type-checked). Every check that needs neither devices
-nor data runs in the dataclasses' `__post_init__`, so a config that `olmax config` and
-`olmax train --dry-run` accept is one the trainer accepts too, up to the device count (the batch split
-over devices) and the data.
-Named presets live in `olmax.config.recipes`.
-
-Every field carries its help text as an attribute docstring: the string literal on the line(s) right
-under it. `config_io.field_help` reads them and `olmax config --explain` prints them; a new field needs one
-(tests/test_config.py fails for a field without it).
+Every check that needs neither devices nor data runs in the dataclasses' `__post_init__`, so a config
+that `olmax config` and `olmax train --dry-run` accept is one the trainer accepts too, up to the device
+count (the batch split over devices, olmax.config.layout) and the data. Every field carries its help
+text as an attribute docstring, the string literal right under it, which `olmax config --explain`
+prints (olmax.config.io.field_help; tests/config/test_config.py fails for a field without one).
 """
 
 from __future__ import annotations

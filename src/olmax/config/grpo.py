@@ -1,5 +1,6 @@
-"""The `grpo` section of the experiment config and what trainer.objective=grpo asks of the rest of it
-(olmax.config composes and calls them; docs/post-training.md, "GRPO in the train step").
+"""The `grpo` section (GRPO's loss and the RL loop's settings, trainer.objective=grpo) and the
+`rewards` section (the verifiers' settings); what the objective asks of the other sections is
+olmax.config.experiment.check_grpo. docs/post-training/grpo.md.
 
 Defaults are AI2's OlmoRL settings where the two OLMo 3 7B RL runs agree: open-instruct
 `scripts/train/olmo3/7b_think_rl.sh` (commit 42aa63c) and `7b_instruct_rl.sh` (9ade62d), the flags

@@ -1,5 +1,6 @@
 """Configs as text: YAML files, plain dicts, dotted `key=value` overrides, and the help text of
-every field (`olmax config --explain`). The configs themselves, and their checks, are olmax.config.
+every field (`olmax config --explain`). The configs themselves, and their checks, are the other
+modules of olmax.config.
 
 OmegaConf does the YAML round trip and the overrides with type checking: an unknown key or a value of
 the wrong type is an error that names the key, the type it takes and the value given.

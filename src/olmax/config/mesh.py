@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""The `mesh` section and what it means on N devices, in plain Python (the launcher reads it on a host
+without accelerators): the mesh axes, their sizes once -1 takes the rest of the devices, and how a
+job of one process per node splits them within and across nodes. The device mesh itself is built by
+olmax.model.sharding.make_mesh."""
 
 from __future__ import annotations
 

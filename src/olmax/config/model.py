@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""The `model` section: the OLMo 3 architecture and its numerics (precision, attention backend,
+rematerialisation), with the checks that need neither devices nor data, and the one answer to "is
+this the same model?" (ModelConfig.architecture_changes). docs/model.md."""
 
 from __future__ import annotations
 
@@ -10,34 +12,22 @@ from olmax.errors import ConfigError, check_choice, check_positive
 
 DTYPES = ("float32", "bfloat16", "float16")
 
-
 # `auto` picks by the platform the step compiles for (olmax.model.attention.resolve_backend).
 ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
-
-
 MASKING_BACKENDS = ("xla", "splash")  # those that take segment ids (attention within documents)
-
 
 # Those with a context-parallel form (keys and values gathered over `context` in a shard_map). jax's
 # cuDNN call aligns its causal mask at the first key, so a chunk of queries against the whole
 # sequence's keys cannot be written as one call (docs/attention.md, "Context parallelism").
 CONTEXT_BACKENDS = ("xla", "splash")
-
-
 ROPE_TYPES = ("default", "yarn")
-
-
 ROPE_POSITIONS = ("absolute", "document")
-
-
 YARN_LAYERS = ("global", "all")
-
 
 # "Is this the same model?" has one answer, ModelConfig.architecture_changes. A run that continues
 # from another run's weights (a resume, checkpoint.init_from, a warm start) may change:
 # - how the same weights are computed: precision, attention kernel, rematerialisation;
 RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "attention", "splash_blocks", "remat", "remat_serial")
-
 
 # - the context it is trained for, as AI2's long-context stage extends the stage-2 model with YaRN
 #   and a longer max_position (a resume of the same run lists these as config changes);
@@ -51,7 +41,6 @@ CONTEXT_FIELDS = (
     "max_position",
     "rope_positions",
 )
-
 
 # - the random init, which a continued run does not use.
 # Every other ModelConfig field is the architecture.

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""The `optimizer` section: AdamW as OLMo-core runs it (float32 moments, the weight-decay mask),
+skip-step, clipping and the z-loss weight; olmax.train.optim builds the optimizer from it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Named experiment presets. `get_recipe(name)` returns a frozen `ExperimentConfig`.
+"""Named experiment presets (`--recipe NAME`). `get_recipe(name)` returns a frozen `ExperimentConfig`;
+`resolve(recipe, config_file, overrides)` is the one path every command takes from its arguments to a
+config.
 
 Numbers are from OLMo-core 3.0.0's `TransformerConfig.olmo3_7B/32B` and the official OLMo 3 scripts
 (src/scripts/official/OLMo3/OLMo-3-1025-7B-{pretrain-1,pretrain-2,midtrain,long-context}.py and the

@@ -1,8 +1,8 @@
 """Rematerialisation: the activations a transformer block names with `checkpoint_name`
 (olmax.model.olmo3 tags them, olmax.model.attention tags attention's) and the policies, sets of
 those names, that `model.remat` selects: what a block keeps for its backward pass, the rest being
-recomputed; and the sets `model.remat=auto` chooses from (olmax.fit.remat_search; docs/model.md,
-docs/performance.md)."""
+recomputed; and the sets `model.remat=auto` chooses from (olmax.fit.remat; docs/model.md,
+docs/performance/remat.md). Names only, no jax: the model applies the policies (olmax.model.olmo3)."""
 
 from __future__ import annotations
 

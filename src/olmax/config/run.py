@@ -1,5 +1,5 @@
 """The sections of the experiment config for what a run keeps besides its state: checkpoints, the
-held-out evaluation in the loop and the W&B writer (olmax.config composes them)."""
+held-out evaluation in the loop and the W&B writer (olmax.config.experiment composes them)."""
 
 from __future__ import annotations
 

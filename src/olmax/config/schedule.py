@@ -1,5 +1,5 @@
 """The `schedule` section of the experiment config: which learning-rate schedule and its horizon
-(olmax.config composes it; olmax.train.schedules builds the schedule from it; docs/training.md)."""
+(olmax.train.schedules builds the schedule from it; docs/training.md)."""
 
 from __future__ import annotations
 

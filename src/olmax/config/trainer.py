@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""The `trainer` section: the objective, the global batch and its micro-batches, the steps, logging,
+the loss's normalisation and chunking, and the init seed."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ from typing import Optional
 from olmax.errors import ConfigError, check_choice, check_non_negative, check_positive
 
 OBJECTIVES = ("lm", "dpo", "grpo")
-
-
 LOSS_NORMALISATIONS = ("global", "per_rank")
 
 

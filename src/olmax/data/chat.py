@@ -143,7 +143,7 @@ class _Pieces:
     token, encodes the text before it alone, emits the token's id and goes on after it; no dolma2 added
     token holds `<` past its first character, so none overlaps a ChatML marker or EOS, each of those in
     a text is found as itself, and `encode(text)` is the pieces' ids joined by the markers' ids
-    (tests/test_data_chat.py checks this on texts built to break it)."""
+    (tests/data/test_data_chat.py checks this on texts built to break it)."""
 
     def __init__(self, tok: Dolma2Tokenizer, eos_token: str):
         # an EOS text that is no added token (a caller's choice) stays inside the pieces

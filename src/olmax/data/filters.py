@@ -8,7 +8,7 @@ the filter; the MaxText reproduction did.
 Method: for period p, positions i with x[i] == x[i + p] form runs; a run of L such positions is a
 stretch of L + p tokens with period p, i.e. floor((L + p) / p) back-to-back repeats. This is exact;
 OLMo-core's `find_periodic_sequences` finds the same stretches by comparing aligned rows of width p
-(tests/test_data_filters.py checks the decisions agree).
+(tests/data/test_data_filters.py checks the decisions agree).
 """
 
 from __future__ import annotations

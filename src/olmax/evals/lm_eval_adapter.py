@@ -6,7 +6,7 @@ Importing this module registers the model; lm-eval's own `lm_eval` script does n
     olmax eval tasks --ckpt CKPT --tasks arc_easy,hellaswag --data-dir evals/
 
 Requests are handled as lm-eval's own HF backend (`HFLM`) handles them, so that a checkpoint and its
-HF conversion score identically (tests/test_evals_lm_eval.py checks per-request log-likelihoods and
+HF conversion score identically (tests/evals/test_evals_lm_eval.py checks per-request log-likelihoods and
 accuracy against HFLM on a converted model):
 
 - loglikelihood: lm-eval's TemplateLM splits context and continuation into tokens; the input is

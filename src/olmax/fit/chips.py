@@ -20,7 +20,7 @@ options), so what is checked is what runs. Sources:
 HBM per device of a TPU chip is the most a program may use, as libtpu 0.0.42.1's compiler enforces
 it: the largest program it accepts for one device of each topology ("Ran out of memory in memory
 space hbm. Used 94.75G of 94.75G hbm" one step above, on tpu7x). These are above the datasheets'
-GB / 2^30 (89.4, 88.5, 29.8 GiB). tests/test_compile_check.py compiles a program just under and
+GB / 2^30 (89.4, 88.5, 29.8 GiB). tests/fit/test_compile_check.py compiles a program just under and
 just over each limit. On a real v5e the runtime reports the same figure (memory_stats()
 bytes_limit 16,909,336,064 = 15.75 GiB).
 
@@ -35,7 +35,7 @@ HBM bandwidth per JAX device (hbm_gbps, GB/s), for decode's bandwidth bound: Clo
 v5p 2765, v6e 1640, Ironwood 7380 per chip, halved per TensorCore device), NVIDIA datasheets (H100 SXM
 3350, H200 4800, B200 8000).
 
-Every flag here is accepted by libtpu 0.0.42.1's compiler (tests/test_compile_check.py compiles with
+Every flag here is accepted by libtpu 0.0.42.1's compiler (tests/fit/test_compile_check.py compiles with
 the tpu7x and v5p profiles; v6e's is v5p's).
 
 GPU profile (GPU_XLA_FLAGS, GPU_ENV): the Slurm launcher exports it to every trainer (XLA_FLAGS and
@@ -59,7 +59,7 @@ XLA flags as compiler options. Sources:
   NCCL_LL128_BUFFSIZE=-2, NCCL_LL_BUFFSIZE=-2, NCCL_PROTO=SIMPLE,LL,LL128: JAX's GPU performance tips
       ("NCCL flags", which it recommends for collectives within one node; they apply to the NVLink
       collectives of every node).
-Every XLA flag here is accepted by jaxlib 0.10.2's GPU compiler (tests/test_compile_check_gpu.py).
+Every XLA flag here is accepted by jaxlib 0.10.2's GPU compiler (tests/fit/test_compile_check_gpu.py).
 """
 
 from __future__ import annotations

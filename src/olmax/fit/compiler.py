@@ -1,4 +1,8 @@
-"""TODO docstring."""
+"""The real train step lowered and compiled for a target without its devices: a TPU topology (libtpu's
+topology description), a GPU cluster (XLA's GPU compiler from its target description) or JAX's own
+devices, with the chip's flag profile as compiler options; the compiler's memory figures, and its
+out-of-memory refusals as DoesNotFit. olmax.fit.compile_check reports on it, olmax.fit.remat chooses
+model.remat=auto with it, olmax.rollout.compile_decode compiles the rollout sampler with it."""
 
 from __future__ import annotations
 
@@ -24,21 +28,16 @@ from olmax.train.step import batch_sharding, make_train_step
 
 GIB = 2**30
 
-
 # How a Mosaic (Pallas TPU) kernel appears in compiled TPU HLO; the step's only ones are attention's.
 MOSAIC_CALL = 'custom_call_target="tpu_custom_call"'
-
 
 # A Mosaic call's instruction is named after its kernel (splash_mha_fwd_residuals.3 = ... custom-call):
 # the kernel's name, without the numbering XLA appends
 MOSAIC_KERNEL = re.compile(r"^\s*(?:ROOT )?%([A-Za-z_]+)[.\w]* = [^\n]*" + re.escape(MOSAIC_CALL), re.MULTILINE)
 
-
 # How cuDNN's fused attention appears in compiled GPU HLO: forward and backward calls
 # (__cudnn$fmhaSoftmax, __cudnn$fmhaSoftmaxBackward, ...).
 CUDNN_ATTENTION_CALL = 'custom_call_target="__cudnn$fmha'
-
-
 KERNEL_CALLS = {"tpu": MOSAIC_CALL, "gpu": CUDNN_ATTENTION_CALL}
 
 

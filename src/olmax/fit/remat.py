@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""model.remat=auto: the remat policy chosen for the devices a step compiles for, by compiling the
+candidates of the ladder (olmax.config.remat.AUTO_LADDER) in the order olmax.fit.remat_search decides,
+or read back from the record of an earlier search. `olmax train` calls `choose_for_devices` before its
+first step; `olmax compile-check` calls `choose_remat` for a TPU slice or GPU cluster."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from olmax.fit.remat_search import (
     store,
     with_remat,
 )
-from olmax.rundir import paths as runpath
+from olmax.rundir import paths
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def choose_remat(
     key = search_key(cfg, mesh)
     record = cached(cache_dir, key)
     if record is not None:
-        source = runpath.join(cache_dir, RECORD_FILE)
+        source = paths.join(cache_dir, RECORD_FILE)
         log(format_choice(record, source))
         return RematChoice(with_remat(cfg, record["remat"], record["remat_serial"]), record, source=source)
     fitting: list[tuple] = []  # the latest candidate that fit, compiled: bisection's choice is its last

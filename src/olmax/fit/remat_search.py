@@ -36,7 +36,7 @@ from olmax.config.io import apply_overrides
 from olmax.config.remat import AUTO_LADDER
 from olmax.errors import ConfigError
 from olmax.model.sharding import make_mesh
-from olmax.rundir import paths as runpath
+from olmax.rundir import paths
 from olmax.train.state import abstract_state, per_device_bytes
 from olmax.train.step import batch_layout
 
@@ -149,7 +149,7 @@ def _key_id(key: dict) -> str:
 
 
 def _records(directory: str, file: str) -> dict:
-    text = runpath.read_text(directory, file)
+    text = paths.read_text(directory, file)
     return json.loads(text) if text else {}
 
 
@@ -167,8 +167,8 @@ def store(directory: Optional[str], record: dict, file: str = RECORD_FILE) -> No
         return
     records = _records(directory, file)
     records[_key_id(record["key"])] = record
-    runpath.makedirs(directory)
-    runpath.write_text(directory, file, json.dumps(records, indent=2, sort_keys=True) + "\n")
+    paths.makedirs(directory)
+    paths.write_text(directory, file, json.dumps(records, indent=2, sort_keys=True) + "\n")
 
 
 def new_record(key: dict, best: Candidate, tried: list[Candidate], budget_gib: float, search_s: float) -> dict:

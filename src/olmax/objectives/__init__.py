@@ -1,3 +1,6 @@
-"""Training objectives other than next-token cross-entropy (olmax.train.loss): each a loss over the model's
-outputs plus its metrics, pure JAX, for use inside the one jitted train step. `dpo`: direct preference
-optimisation (docs/post-training.md, "DPO")."""
+"""Training objectives other than next-token cross-entropy (olmax.train.loss): DPO (dpo.py) and
+GRPO (grpo.py), each a loss over the model's outputs plus its metrics, pure JAX, for the one jitted
+train step.
+
+May import: olmax.model, olmax.config, olmax.errors.
+"""

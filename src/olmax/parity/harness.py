@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""The training-parity run's common ground (olmax.parity.training): its settings (Setup), what each
+side records (Run), and the token files both sides read: a Markov corpus with a spike batch, or in
+SFT the chat parts of olmax.parity.sft."""
 
 from __future__ import annotations
 
@@ -11,11 +13,7 @@ import numpy as np
 # ended by EOS; ids CORPUS_TOKENS..PAD-1 never occur and make the spike batch. The model's
 # embedding has PADDED_VOCAB rows, as AI2 builds OLMo 3 with the padded vocabulary (docs/reference.md, "Model").
 VOCAB, EOS, PAD = 300, 299, 298
-
-
 PADDED_VOCAB = 384
-
-
 CORPUS_TOKENS = 200
 
 

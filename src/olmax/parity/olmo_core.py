@@ -1,4 +1,17 @@
-"""TODO docstring."""
+"""OLMo-core's side of the training-parity run (olmax.parity.training), in ai2-olmo-core 3.0.0's own
+code: the tiny OLMo 3 it builds and initialises, its datasets and loader over the run's files, a
+hand-written loop that does per step what its TransformerTrainModule does, and (`run_olmo_core_ranks`)
+its own train module over several data-parallel ranks in processes of their own.
+
+Attention within documents (SFT): AI2 ran SFT with flash-attn's varlen kernel (`cu_doc_lens` from the
+batch's `doc_lens`, olmo_core/nn/transformer/model.py 3.0.0); flash-attn needs CUDA, and OLMo-core
+3.0.0's SDPA backend (`TorchAttentionBackend`, olmo_core/nn/attention/backend.py) refuses `cu_doc_lens`.
+`mask_within_documents_` swaps each block's backend for one that is that SDPA backend plus the varlen
+kernel's masking: a key is seen when it is in the query's document and inside the causal window the
+SDPA backend already builds. Everything else (RoPE restarted per document from `cu_doc_lens`, the loss)
+stays OLMo-core's own code.
+
+`python -m olmax.parity.olmo_core SPEC` is one rank of `run_olmo_core_ranks`. Needs the `parity` extra."""
 
 from __future__ import annotations
 

@@ -1,24 +1,11 @@
-"""The SFT parts of the training-parity run (olmax.parity.training, `Setup(sft=True)`): the chat
-data and OLMo-core's attention within documents on CPU.
-
-Data: synthetic conversations tokenized by `olmax.data.chat_files.tokenize_chat` (what `olmax tokenize
---chat instruct` runs: the OLMo 3 Instruct template, AI2's label masks, AI2's file layout), then their
-ids renumbered onto a vocabulary of VOCAB (EOS kept as the last id) so the tiny model's output layer
-stays small: the renumbered parts keep the layout (`token_ids_part_N.npy` in the smallest unsigned
-dtype OLMo-core picks for VOCAB, `labels_mask_part_N.npy`, `token_ids_part_N.csv.gz`), which both
-sides read, OLMo-core with `label_mask_paths`.
-
-Attention: AI2 ran SFT with flash-attn's varlen kernel (`cu_doc_lens` from the batch's `doc_lens`,
-olmo_core/nn/transformer/model.py 3.0.0); flash-attn needs CUDA, and OLMo-core 3.0.0's SDPA backend
-(`TorchAttentionBackend`, olmo_core/nn/attention/backend.py) refuses `cu_doc_lens`. `mask_within_documents_`
-swaps each block's backend for one that is that SDPA backend plus the varlen kernel's masking: a key is
-seen when it is in the query's document and inside the causal window the SDPA backend already builds.
-Everything else (RoPE restarted per document from `cu_doc_lens`, the loss) stays OLMo-core's own code.
-
-Ranks (`Setup(ranks=D)`, D > 1): `run_olmo_core_ranks` trains with OLMo-core's own
-`TransformerTrainModule` in D processes (torch.distributed, gloo, on CPU; FSDP in fp32), each rank
-reading its rows with OLMo-core's loader, so its per-rank loss normalisation is OLMo-core's code too;
-olmax runs trainer.loss_normalisation=per_rank with trainer.loss_ranks=D.
+"""The SFT data of the training-parity run (olmax.parity.training, `Setup(sft=True)`): synthetic
+conversations tokenized by `olmax.data.chat_files.tokenize_chat` (what `olmax tokenize --chat
+instruct` runs: the OLMo 3 Instruct template, AI2's label masks, AI2's file layout), then their ids
+renumbered onto a vocabulary of VOCAB (EOS kept as the last id) so the tiny model's output layer stays
+small: the renumbered parts keep the layout (`token_ids_part_N.npy` in the smallest unsigned dtype
+OLMo-core picks for VOCAB, `labels_mask_part_N.npy`, `token_ids_part_N.csv.gz`), which both sides
+read, OLMo-core with `label_mask_paths`. OLMo-core's attention within documents and its runs over
+several ranks are olmax.parity.olmo_core's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Training parity with ai2-olmo-core 3.0.0: the same tiny OLMo 3 trained in both, step by step.
 
 `compare_training(Setup(...), work_dir)` runs both and returns their per-step metrics and the figures
-that compare them; tests/test_train_parity.py asserts on them and benchmarks/train_parity.py runs it
+that compare them; tests/parity/test_train_parity.py asserts on them and benchmarks/train_parity.py runs it
 longer, with a plot. Needs the `parity` extra (torch, ai2-olmo-core), imported inside the functions.
 
 What is compared (docs/training.md, "Training parity with OLMo-core"):

@@ -35,7 +35,7 @@ compiler chose two layouts and transposed the whole cache at every layer of ever
 heads are laid out by the rules table when traced under a mesh (`cache_spec`).
 
 Each layer runs `olmax.model.olmo3.block`, the block training uses, with an `attend` that reads and
-writes the cache; tests/test_rollout_cache.py checks the logits of prefill and of every decoding
+writes the cache; tests/rollout/test_rollout_cache.py checks the logits of prefill and of every decoding
 step against `olmax.model.olmo3.forward` on each row's unpadded sequence, with a window shorter than
 the sequence (so the rings wrap) and a prefill longer than the window.
 """

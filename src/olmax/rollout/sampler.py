@@ -26,7 +26,7 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   last kept, however the model spelled it, as vLLM's stop strings).
 - Sharding: with `mesh`, the program is jitted with the parameters laid out as the trainer lays them
   out (olmax.model.olmo3.param_shardings, the rules table of olmax.model.sharding), the batch over (data, fsdp), and
-  the cache as olmax.rollout.cache.cache_spec says; tests/test_rollout_sampler.py checks that 8 CPU
+  the cache as olmax.rollout.cache.cache_spec says; tests/rollout/test_rollout_sampler.py checks that 8 CPU
   devices give the tokens and log-probs of one.
 
 A GRPO step's rows need not fit one program: `prompts_per_program` (grpo.sample_prompts) runs it on

@@ -30,7 +30,7 @@ from olmax.evals.jsonl import read_jsonl
 from olmax.extras import require
 from olmax.fit.flops import exact_step_flops
 from olmax.objectives.grpo import GRPO_METRICS
-from olmax.rundir import paths as runpath
+from olmax.rundir import paths
 
 # olmax train_step metric -> OLMo-core name
 STEP_METRIC_NAMES = {
@@ -92,12 +92,12 @@ class MetricsLog:
         """`write`: False on all but one process of a multi-host run (the metrics are global, so
         every process computes the same rows; one writes them)."""
         self._write = write
-        self._remote = runpath.clean(run_dir) if runpath.is_url(run_dir) else None
+        self._remote = paths.clean(run_dir) if paths.is_url(run_dir) else None
         if write:
             if self._remote is not None:
                 self._staging = tempfile.TemporaryDirectory(prefix="olmax-run-")
                 local = Path(self._staging.name)
-                previous = runpath.read_text(self._remote, METRICS_FILE)
+                previous = paths.read_text(self._remote, METRICS_FILE)
                 if previous is not None:
                     (local / METRICS_FILE).write_text(previous)
                 self._synced = time.monotonic()
@@ -155,9 +155,9 @@ class MetricsLog:
         if not self._write or self._remote is None:
             return
         self._tb.flush()
-        runpath.upload(self._local / METRICS_FILE, self._remote, METRICS_FILE)
+        paths.upload(self._local / METRICS_FILE, self._remote, METRICS_FILE)
         for event_file in sorted((self._local / TB_DIR).iterdir()):
-            runpath.upload(event_file, self._remote, f"{TB_DIR}/{event_file.name}")
+            paths.upload(event_file, self._remote, f"{TB_DIR}/{event_file.name}")
         self._synced = time.monotonic()
 
     def close(self) -> None:
@@ -206,11 +206,11 @@ class _WandbRun:
         """`local`: where W&B writes its files (the run directory, or the staging one of a gs:// run)."""
         wandb = require("wandb", f"wandb.mode={cfg.wandb.mode}")
         w: WandbConfig = cfg.wandb
-        run_id = runpath.read_text(run_dir, "wandb_id")
+        run_id = paths.read_text(run_dir, "wandb_id")
         if run_id is None:
             run_id = secrets.token_hex(4) + "\n"
-            runpath.write_text(run_dir, "wandb_id", run_id)
-        name = runpath.clean(run_dir).rstrip("/").rsplit("/", 1)[-1]
+            paths.write_text(run_dir, "wandb_id", run_id)
+        name = paths.clean(run_dir).rstrip("/").rsplit("/", 1)[-1]
         self._run = wandb.init(
             project=w.project,
             entity=w.entity,

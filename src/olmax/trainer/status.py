@@ -17,7 +17,7 @@ import json
 import statistics
 from typing import Optional
 
-from olmax.rundir import paths as runpath
+from olmax.rundir import paths
 from olmax.rundir.exits import ExitStatus, read_record
 from olmax.rundir.progress import read_run_config
 from olmax.trainer.metrics import LOSS_METRIC, RL_STATUS_METRICS
@@ -39,7 +39,7 @@ class MetricsReader:
     TAIL = 4096  # several rows: rewritten rows differ from the old ones at the same bytes
 
     def __init__(self, run_dir: str, window: int):
-        self.path, self.window = runpath.join(run_dir, "metrics.jsonl"), window
+        self.path, self.window = paths.join(run_dir, "metrics.jsonl"), window
         self._start()
 
     def _start(self) -> None:
@@ -48,16 +48,16 @@ class MetricsReader:
         self.skipped = 0  # steps whose update was skipped, over the whole file
 
     def refresh(self) -> None:
-        size = runpath.size(self.path)
+        size = paths.size(self.path)
         if size is None or size < self._offset:
             self._start()
         if size is None:
             return
         back = len(self._tail)
-        data = runpath.read_range(self.path, self._offset - back, size)
+        data = paths.read_range(self.path, self._offset - back, size)
         if data[:back] != self._tail:  # rewritten: what was read is no longer there
             self._start()
-            data = runpath.read_range(self.path, 0, size)
+            data = paths.read_range(self.path, 0, size)
         else:
             data = data[back:]
         # what was read, not `size`: a file replaced between the two calls may have ended sooner
@@ -79,7 +79,7 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
     from olmax.fit.chips import chip_peak
     from olmax.rundir.progress import run_checkpoint_dir
 
-    run_dir = runpath.clean(run_dir)
+    run_dir = paths.clean(run_dir)
     cfg = read_run_config(run_dir)
     reader.refresh()
     # None while a run that ends with its data's epochs has not opened the data yet (trainer.max_steps=null)
@@ -93,7 +93,7 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
         mfu = _median(rows, TFLOPS) / chip_peak(chip)
     loss = LOSS_METRIC[cfg.trainer.objective]
     losses = [r[loss] for r in rows if loss in r]
-    launcher = runpath.read_text(run_dir, "launch_state.json")
+    launcher = paths.read_text(run_dir, "launch_state.json")
     launcher = json.loads(launcher) if launcher else None
     return {
         "run_dir": run_dir,
