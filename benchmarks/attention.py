@@ -4,7 +4,7 @@ key band, flash-style custom VJP), forward and forward+backward, side by side in
 
     .venv/bin/python benchmarks/attention.py [--runs 5 --blocks 64,128,256 --json out.json]
 
-Shapes default to bench-small's attention (docs/performance.md): q (4, 1024, 8, 64), k and v with 8
+Shapes default to bench-small's attention (docs/performance/cpu.md): q (4, 1024, 8, 64), k and v with 8
 kv heads, fp32, one CPU device, window 512 and global. The timings of the variants are interleaved
 (plain, block a, block b, ..., plain, ...) so load from other jobs hits them alike; each figure is
 the median of --runs calls after one compiling call. Prints a table; asserts nothing.

@@ -16,7 +16,7 @@ Rows, each in its own process (peak RSS = that process's ru_maxrss), each in a t
   `load_params` (synchronous: save returns once written). Its full state (fp32 params + 2 fp32
   moments, 12 bytes per parameter, ~18 GB) does not fit beside the other jobs on a 23 GiB machine.
   (fp32 currently fails: `save_params` bounds Orbax's bytes in flight to 1 GB, and the stacked MLP
-  weights are one 1.07 GB array; docs/performance.md.)
+  weights are one 1.07 GB array; docs/performance/checkpoint-and-loader.md.)
 - `1b-full` (opt-in, needs ~40 GB of RAM): that model's full state, as `bench-small`.
 - `warm-start`: `olmax ckpt warm-start` (olmax.checkpoint.surgery.warm_start, keeping params and moments) of
   the bench-small full state on 8 CPU devices. The source checkpoint is written first in the same
@@ -31,7 +31,7 @@ noise, the 1B's parameters are drawn one array at a time.
 
 "restored ok" compares a float32 sum of every array before the save and after the restore.
 "block / step" is the steady-state blocking time as a fraction of one training step: `--step-time`
-seconds, by default olmax's bench-small step time from docs/performance.md's throughput table. Prints a
+seconds, by default olmax's bench-small step time from docs/performance/cpu.md's throughput table. Prints a
 table; asserts nothing.
 """
 
@@ -68,8 +68,8 @@ ROWS = {
 }
 WARM_DEVICES = 8
 DEFAULT_ROWS = ["bench-small", "1b-params-bf16", "1b-params"]
-# olmax's bench-small step on this CPU, docs/performance.md "Latest table" (2026-11-29 22:09-22:38, load ~2).
-STEP_TIME_S, STEP_TIME_SOURCE = 16.86, "olmax bench-small s/step, docs/performance.md table of 2026-11-29 22:09"
+# olmax's bench-small step on this CPU, docs/performance/cpu.md "Latest table" (2026-11-29 22:09-22:38, load ~2).
+STEP_TIME_S, STEP_TIME_SOURCE = 16.86, "olmax bench-small s/step, docs/performance/cpu.md table of 2026-11-29 22:09"
 
 
 def peak_rss_gib() -> float:

@@ -16,7 +16,7 @@ def chip_holds(step: Callable[[], None], before: dict, block: int = FILLER_BLOCK
     state, then one step, blocked on) still runs, less what was in use `before` (memory_stats() taken
     before the step was compiled). It counts whatever the runtime holds for the step, whenever it
     takes it: the TPU runtime reserves the compiler's preallocated temporary block whole when it loads
-    the program, which peak_bytes_in_use does not count (docs/performance.md, "compile-check's memory
+    the program, which peak_bytes_in_use does not count (docs/performance/memory-and-fit.md, "compile-check's memory
     against the chip"). Resolution: `block`."""
     import jax
     import jax.numpy as jnp

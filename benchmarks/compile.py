@@ -1,12 +1,12 @@
 """Time to lower and compile the 7B train step (scan over layer groups) on fake CPU devices, and
 what its per-device temporaries are made of; or, with --topology / --table, the TPU compiler's
-figures for the recipes on TPU slices (docs/performance.md, "TPU compile-check").
+figures for the recipes on TPU slices (docs/performance/recipes-on-slices.md, "TPU compile-check").
 
     .venv/bin/python benchmarks/compile.py --table [--rows 0,2] [--json rows.jsonl]
 
 --table compiles the recipes x topologies of ROWS one at a time, each in its own process (a 128- or
 512-device 7B compile holds several GiB and takes many minutes on 2 cores), with the recipes' own
-settings, and prints the markdown table docs/performance.md shows. One row:
+settings, and prints the markdown table docs/performance/recipes-on-slices.md shows. One row:
 
     .venv/bin/python benchmarks/compile.py --recipe olmo3_7b_stage1 --topology tpu7x:4x4x4 --set ''
 
@@ -14,7 +14,7 @@ settings, and prints the markdown table docs/performance.md shows. One row:
 --policy ...), olmax's step (twice: the backward pass's order left to the compiler, and serial,
 model.remat_serial) and, with --maxtext-python / $MAXTEXT_PYTHON, MaxText's own
 (maxtext_compile.py), and prints the compiler's heap, whether it fits and the recompute each policy
-costs (docs/performance.md, "A leaner backward and the remat sweep"):
+costs (docs/performance/remat.md, "A leaner backward and the remat sweep"):
 
     MAXTEXT_PYTHON=../maxtext-venv/bin/python .venv/bin/python benchmarks/compile.py --remat-sweep --sweep-rows 0
 
@@ -25,7 +25,7 @@ Runs olmax.fit.compile_check.compile_report (the real step, abstract arrays: not
 is allocated) with the overrides the 7B needs to fit a device: one instance per micro-batch, the
 output layer in chunks of 1024 positions, each block rematerialised. With --buffers N it also dumps
 XLA's buffer assignment and lists the N largest temporary allocations with the HLO value that
-owns each, which is how docs/performance.md attributes the temporaries. Goal: compile under 3 minutes.
+owns each, which is how docs/performance/memory-and-fit.md attributes the temporaries. Goal: compile under 3 minutes.
 
 XLA:CPU can only compile the `xla` attention backend, whose score blocks a GPU or TPU never holds
 (cuDNN and splash attention keep their tiles on chip). --fused-attention-memory swaps the attention
@@ -51,7 +51,7 @@ from typing import Optional
 DEFAULT_SET = ["trainer.micro_batch_size=1", "trainer.loss_chunk=1024", "model.remat=full"]
 GOAL_S = 180.0
 
-# (recipe, topology, slices, overrides): the figures docs/performance.md reports for the TPU slices.
+# (recipe, topology, slices, overrides): the figures docs/performance/recipes-on-slices.md reports for the TPU slices.
 ROWS = [
     ("olmo3_7b_stage1", "tpu7x:4x4x4", 1, ()),
     ("olmo3_7b_stage1", "v5p:4x4x4", 1, ()),

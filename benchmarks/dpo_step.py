@@ -26,7 +26,7 @@ steps in a fresh trainer (blocks interleaved so that a change of load hits both)
 steps of each block are dropped (olmax: the compile; TRL: first-call set-up). Reported: the median
 of the kept steps of all repeats, and the load average before and after. torch runs `--threads`
 threads (default 2, the cores here); XLA:CPU sizes its own pool to the machine. On shared cores torch's
-threads suffer more from other jobs than XLA's (docs/performance.md, "DPO step"): `taskset -c 0 ...
+threads suffer more from other jobs than XLA's (docs/performance/post-training.md, "DPO step"): `taskset -c 0 ...
 --threads 1` gives both sides one core. Prints a table; asserts nothing but the loss check.
 """
 

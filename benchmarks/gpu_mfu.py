@@ -10,7 +10,7 @@ fp32 parameters and Adam moments, bf16 compute, skip-step AdamW, clipping, z-los
 layer + loss), runs --warmup untimed steps (the first compiles) and then --steps timed ones, each
 ended by block_until_ready on its metrics. Every row runs in a process of its own, so each starts
 with the GPU's memory empty, its peak memory is its own, and a row that runs out of memory cannot
-disturb the next. Rows (docs/performance.md):
+disturb the next. Rows (docs/performance/gpu.md):
 - `7b-4l`: the OLMo 3 7B's layer shape (d_model 4096, 32 heads of 128, MLP 11008, vocab 100278
   padded to 100352) with 4 layers (3 windowed of 4096 + 1 global, as layers 0-3 of the 7B), one
   instance of 8192 tokens per step, no rematerialization.
@@ -76,7 +76,7 @@ DEFAULT_ROWS = ("7b-4l", "7b-4l-b2", "7b", "190m")
 # What every row runs with (a row's own overrides come after and win): `auto` attention (cuDNN on
 # the GPU), no rematerialisation (the 4-layer 7B at 2 x 8192 needs 26 GB for parameters, gradients
 # and Adam, and its activations stay under ~35 GiB by the XLA:CPU compile of the 7B
-# (docs/performance.md): within an H100's 80 GB), the output layer in chunks of 2048 positions
+# (docs/performance/gpu.md): within an H100's 80 GB), the output layer in chunks of 2048 positions
 # (0.8 GB of fp32 logits per chunk), one device.
 COMMON = [
     "model.attention=auto",

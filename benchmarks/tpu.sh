@@ -14,7 +14,7 @@
 # file:///opt/pypi/simple) and olmax itself, then runs, each step bounded and logged to OUT_DIR/<step>.log:
 #   demo        `olmax demo` (the command): the README's first command, on the chip
 #   tests       `pytest -m tpu tests/test_tpu.py`: the on-chip tests (docs/testing.md)
-#   throughput  benchmarks/tpu_throughput.py: training throughput and MFU (docs/performance.md)
+#   throughput  benchmarks/tpu_throughput.py: training throughput and MFU (docs/performance/tpu-v5e.md)
 #   decode      benchmarks/tpu_decode.py: sampler tokens/s against the HBM-bandwidth bound (docs/rollout.md)
 #   chat        `olmax demo chat`: SFT, DPO and RL of the tiny model on the shipped chat corpus, each
 #               scored on held-out prompts (a rerun resumes it: OLMAX_TPU_RUNS on a disk that stays)
@@ -25,11 +25,11 @@
 # take their headline rows only (throughput: the matmul rate and one 7B layer at a fixed fit; decode: the
 # 1B at 64 x 128), and each step is bounded (install 45 s, demo 65, tests 225, throughput 145, decode
 # 120: at most 600 s, one device call). On a v5e the whole default set took 375 s in one call (with RoPE's
-# rotation, as now, docs/performance.md; install 21 s, demo 51, tests 204, throughput 22 with a
+# rotation, as now, docs/performance/tpu-v5e.md; install 21 s, demo 51, tests 204, throughput 22 with a
 # compile cache that held its programs, where the 7B-layer row alone takes 61 s without one; decode 77,
 # its parameters' init 32 s of compiling). The whole tables take more calls: OLMAX_TPU_THROUGHPUT /
 # OLMAX_TPU_DECODE / OLMAX_TPU_MAXTEXT replace or add those steps' options and OLMAX_TPU_THROUGHPUT_S /
-# _DECODE_S / _MAXTEXT_S their bounds in seconds (docs/performance.md has each figure with the options
+# _DECODE_S / _MAXTEXT_S their bounds in seconds (docs/performance/tpu-v5e.md has each figure with the options
 # that produced it).
 set -uo pipefail
 cd "$(dirname "$0")/.."

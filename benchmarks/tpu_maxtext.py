@@ -1,5 +1,5 @@
 """MaxText's own trainer on the same TPU chip, shapes and tokens per step as the rows that
-tpu_throughput.py measured: the MaxText half of the side-by-side table (docs/performance.md).
+tpu_throughput.py measured: the MaxText half of the side-by-side table (docs/performance/tpu-v5e.md).
 
     python benchmarks/tpu_maxtext.py --olmax throughput.json [--olmax more.json] --json maxtext.json \
         --maxtext-python VENV/bin/python --maxtext-src DIR [--only 7b-layers --warmup 2 --steps 10]

@@ -4,7 +4,7 @@ the `bench-small` recipe, side by side in one run.
     .venv/bin/python benchmarks/train_throughput.py [--steps 10 --warmup 3 --only olmax --only matmul
                                                      --set trainer.loss_chunk=256 --json out.json]
 
-bench-small (docs/performance.md): vocab 100352 (padded dolma2), d_model 512, 8 layers, 8 heads of 64,
+bench-small (docs/performance/cpu.md): vocab 100352 (padded dolma2), d_model 512, 8 layers, 8 heads of 64,
 MLP 1536, sequence 1024, window 512 on layers 0-2 and 4-6, full attention on 3 and 7, batch 4, fp32
 parameters and compute, AdamW (lr 3e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 except the
 embedding), clipping at 1.0, z-loss 1e-5. olmax's own choices (the recipe's): two micro-batches of 2,
@@ -48,7 +48,7 @@ ROWS = ("matmul", "olmax", "olmo-core-compiled", "olmo-core-eager", "maxtext", "
 TORCH_THREADS = 2
 # Where benchmarks/maxtext_venv.sh puts its venv by default (beside the checkout).
 DEFAULT_MAXTEXT_VENV = Path(__file__).resolve().parents[2] / "maxtext-venv"
-# MaxText 0.2.5's bench-small step on the 2-core CPU machine of docs/performance.md, printed for
+# MaxText 0.2.5's bench-small step on the 2-core CPU machine of docs/performance/cpu.md, printed for
 # orientation when the maxtext row cannot run here; never mixed with this run's figures.
 MAXTEXT_ORIENTATION = {"s_per_step": 18.0, "tokens_per_s": 227.0, "peak_rss_gib": 9.4}
 
@@ -284,7 +284,7 @@ def maxtext_python() -> tuple[str | None, str]:
 
 
 def row_maxtext(args) -> dict:
-    """MaxText's own trainer on CPU (docs/performance.md), bench-small's shape. Per-step times are the
+    """MaxText's own trainer on CPU (docs/performance/cpu.md), bench-small's shape. Per-step times are the
     gaps between the timestamps of its `completed step: N` log lines: the `seconds:` it prints is
     the time to dispatch a step (JAX is asynchronous), which reads 0.08 s for a 35 s step early on."""
     import re
@@ -400,7 +400,7 @@ def print_table(results: dict, cfg, args) -> None:
         o = MAXTEXT_ORIENTATION
         print(
             f"{'maxtext (NOT this run)':20s} {o['s_per_step']:8.2f} {o['tokens_per_s']:9.0f} {o['peak_rss_gib']:13.2f}"
-            "   <- an earlier figure (docs/performance.md), not measured here"
+            "   <- an earlier figure (docs/performance/cpu.md), not measured here"
         )
     ours = results.get("olmax", {})
     for ref in ("olmo-core-compiled", "olmo-core-eager", "maxtext"):

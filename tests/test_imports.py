@@ -87,3 +87,11 @@ def test_layer_contracts_hold():
     lint = Path(sys.executable).with_name("lint-imports")
     out = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0 and " 0 broken" in out.stdout, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_the_architecture_page_draws_the_current_layers():
+    script = REPO / "scripts" / "layers.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--check", str(REPO / "docs" / "architecture.md")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr

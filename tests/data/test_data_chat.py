@@ -137,7 +137,7 @@ def test_render_equals_transformers_and_masks_equal_prefix_rule(name, tok, hf_to
 
 
 def test_template_facts(tok):
-    """The facts the templates carry (docs/post-training.md): ChatML ids, default system prompts, the
+    """The facts the templates carry (docs/post-training/chat-data.md): ChatML ids, default system prompts, the
     Think generation prompt, EOS after the last assistant turn, and the masked header."""
     eos = chat.check_chat_tokenizer(tok)
     assert tok.encode("<|im_start|>") == [100264] and tok.encode("<|im_end|>") == [100265]

@@ -93,7 +93,7 @@ def test_demo_chat_as_a_user_runs_it_each_stage_does_its_part(tmp_path):
     ones), about 20 minutes on 2 cores. SFT teaches the sums and the "What is ...?" questions' boxed
     answers; DPO lifts the preference accuracy on held-out pairs above 0.5 and keeps the sums; RL,
     rewarded by the math verifier, teaches the model to box every answer, so the held-out solve rate
-    rises far beyond the noise of 79 prompts (docs/post-training.md has the figures)."""
+    rises far beyond the noise of 79 prompts (docs/post-training/demo-chat.md has the figures)."""
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["OLMAX_CACHE"] = str(tmp_path / "cache")

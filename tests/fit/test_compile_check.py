@@ -185,7 +185,7 @@ def test_serial_backward_holds_one_block_at_a_time():
     on Ironwood, q/k/v kept. Left to itself, the TPU compiler recomputes several blocks of a group
     ahead and puts off their weight gradients, holding their activations together; with
     model.remat_serial each block's backward pass runs as one unit. The compiler's peak falls by
-    more than a fifth (its heap: 2.10 -> 1.32 GiB; on the 7B, docs/performance.md)."""
+    more than a fifth (its heap: 2.10 -> 1.32 GiB; on the 7B, docs/performance/remat.md)."""
     shape = [
         "model.n_layers=8",
         "model.d_model=1024",
@@ -414,7 +414,7 @@ def kept_at_least(r: dict, tags: list[str]) -> bool:
 
 
 # The recipes with model.remat=auto on their slices: each searches, compiles and fits. Where the
-# sweep (docs/performance.md) measured the ladder's sets on the slice, the choice follows from it:
+# sweep (docs/performance/remat.md) measured the ladder's sets on the slice, the choice follows from it:
 # the first set that fits in an order, the compiler's order first.
 @pytest.mark.slow
 def test_7b_stage1_fits_on_ironwood_4x4x4():
@@ -515,7 +515,7 @@ def test_a_dpo_step_counts_both_rows_of_each_pair():
 @pytest.mark.slow
 def test_32b_think_dpo_fits_on_ironwood_4x4x4():
     """The 32B Think DPO step, 128 pairs of 8,192 tokens, one per chip, keeps the seeds' set but mlp_gate
-    in the compiler's order, as `auto` chose (peak 79.41 GiB; docs/post-training.md, "DPO in `olmax
+    in the compiler's order, as `auto` chose (peak 79.41 GiB; docs/post-training/dpo.md, "DPO in `olmax
     train`", "Recipes")."""
     remat = "model.remat=" + ",".join(SEEDS_BUT_GATE)
     r = compile_report(apply_overrides(get_recipe("olmo3_32b_think_dpo"), [remat]), topology="tpu7x:4x4x4")
@@ -527,7 +527,7 @@ def test_32b_think_dpo_fits_on_ironwood_4x4x4():
 @pytest.mark.slow
 def test_32b_rl_fits_on_ironwood_4x4x4():
     """The 32B RL steps, 512 packed rows, 4 per chip in 4 micro-batches with splash's segmented kernels,
-    with the remat `auto` chose (docs/post-training.md, "GRPO in the train step", "Recipes"): Instruct's
+    with the remat `auto` chose (docs/post-training/rl-recipes.md, "GRPO in the train step", "Recipes"): Instruct's
     rows of 19,456 keep the seeds' set but mlp_gate (peak 84.27 GiB), Think's of 35,840 keep q/k/v
     (peak 83.11 GiB), both in the compiler's order."""
     for name, saved in (("olmo3_32b_instruct_rl", SEEDS_BUT_GATE), ("olmo3_32b_think_rl", SEEDS_SET[:3])):

@@ -240,7 +240,8 @@ def test_the_slurm_trainers_get_the_profile_compile_check_compiles_with(tmp_path
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in seen and "NCCL_PROTO" not in seen
 
 
-# Keep every named activation: the least rematerialisation there is short of none (docs/performance.md).
+# Keep every named activation: the least rematerialisation there is short of none
+# (docs/performance/recipes-on-slices.md).
 ALL_TAGS = "model.remat=layer_input,q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_up,mlp_down"
 
 
@@ -286,7 +287,7 @@ def test_7b_stage3_fits_ai2s_gpu_layout_with_context_8_and_xla_attention():
 
 @pytest.mark.slow
 def test_7b_rl_train_steps_fit_ai2s_learner_nodes():
-    """The RL train steps on AI2's learners (docs/post-training.md, "Recipes"), packed rows with
+    """The RL train steps on AI2's learners (docs/post-training/rl-recipes.md, "Recipes"), packed rows with
     documents masked (xla attention), the remat `auto` chose given: Instruct's 16 rows of 11,264 per GPU
     of one node keep every matmul output (peak 69.92 GiB of 71.20); Think's 32 rows of 35,840 per GPU of
     two nodes fit under no policy on fsdp alone, and with `mesh.tensor=2` recompute whole blocks in the
@@ -304,7 +305,7 @@ def test_7b_rl_train_steps_fit_ai2s_learner_nodes():
 @pytest.mark.slow
 def test_7b_think_sft_and_dpo_fit_ai2s_64_h100s():
     """The 7B Think SFT (32,768 tokens, documents masked: xla attention) and DPO (pairs of 16,384:
-    cuDNN) steps on AI2's 64 H100s, with the remat `auto` chose for them (docs/post-training.md)."""
+    cuDNN) steps on AI2's 64 H100s, with the remat `auto` chose for them (docs/post-training/dpo.md)."""
     sft = "model.remat=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down"
     r = compile_report(apply_overrides(get_recipe("olmo3_7b_think_sft"), [sft]), topology="h100:8x8")
     assert r["mesh"] == {"data": 1, "fsdp": 16, "context": 4, "tensor": 1} and r["per_device_batch"] == 2
@@ -318,7 +319,7 @@ def test_7b_think_sft_and_dpo_fit_ai2s_64_h100s():
 @pytest.mark.slow
 def test_32b_dpo_steps_fit_ai2s_h100_layouts():
     """The 32B DPO steps (pairs of 8,192 tokens: cuDNN) on the GPUs AI2's scripts name, with the remat
-    `auto` chose for them (docs/post-training.md, "DPO in `olmax train`", "Recipes"): Think's 128 pairs
+    `auto` chose for them (docs/post-training/dpo.md, "DPO in `olmax train`", "Recipes"): Think's 128 pairs
     on 16 nodes, one per GPU; Instruct's on 8 nodes, two per GPU as two micro-batches of one."""
     think = "model.remat=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_down"
     r = compile_report(
@@ -334,7 +335,7 @@ def test_32b_dpo_steps_fit_ai2s_h100_layouts():
 
 @pytest.mark.slow
 def test_32b_rl_train_steps_fit_ai2s_learners():
-    """The 32B RL train steps on AI2's learner GPUs (docs/post-training.md, "Recipes"), xla attention
+    """The 32B RL train steps on AI2's learner GPUs (docs/post-training/rl-recipes.md, "Recipes"), xla attention
     over the packed rows: Instruct's 512 rows of 19,456 on 32 GPUs keep q/k/v in the serial order (as
     `auto` chose); Think's rows of 35,840 on 96 GPUs, 576 rows (6 per GPU) in HSDP groups of 32 (96 does
     not divide d_model), fit only with a tensor axis of 2 and whole blocks recomputed."""

@@ -65,7 +65,7 @@ def choose(cfg, cache_dir=None, chip=V5P, **mesh):
     return choose_remat(cfg, mesh, chip, "8 cpu devices", {}, cache_dir)
 
 
-# Heaps in the shape of the 7B's sweep rows (docs/performance.md): the refusals and the seeds' set as
+# Heaps in the shape of the 7B's sweep rows (docs/performance/remat.md): the refusals and the seeds' set as
 # measured on each slice; the two sets the sweep did not compile, between their neighbours
 V5P_4X4X4 = table((REFUSED, REFUSED), (REFUSED, 88.97), (85.0, 78.0), (70.0, 62.0), (58.60, 43.76), (18.01, 19.96))
 IRONWOOD_4X4X4 = table((REFUSED, REFUSED), (86.10, 91.02), (80.0, 76.0), (66.0, 60.0), (58.12, 43.31), (34.39, 19.46))
@@ -186,7 +186,7 @@ def test_a_step_that_fits_nowhere_names_what_would(monkeypatch):
 
 def test_with_every_axis_fixed_the_mesh_suggestions_take_devices_from_fsdp(monkeypatch):
     """mesh.data=2 mesh.fsdp=4 has no -1 axis to give up devices for a tensor axis of 2: the suggestion
-    halves fsdp with it (as the 32B Think RL step on 96 GPUs needs: docs/post-training.md)."""
+    halves fsdp with it (as the 32B Think RL step on 96 GPUs needs: docs/post-training/rl-recipes.md)."""
     scripted(monkeypatch, lambda cfg: 95.0)
     cfg = auto_cfg("trainer.global_batch=64", "mesh.data=2", "mesh.fsdp=4")
     with pytest.raises(DoesNotFit) as e:

@@ -18,7 +18,7 @@ within 1e-4 relative (8.7e-8 / 2.1e-7, float32 rounding: OLMo-core started one u
 start drifts from itself by as much); the learning rate within 1e-9 (5e-11); no skipped step on either
 side; final parameters within 1e-3 of the overall norm (5.9e-7 / 6.2e-7) and every tensor within 5e-3
 of its largest entry (1.6e-4 / 1.2e-4). Without doc masking olmax is 2.9e-4 off at step 1. Over 300
-steps rounding grows past these bounds for OLMo-core against itself too (docs/post-training.md, "SFT
+steps rounding grows past these bounds for OLMo-core against itself too (docs/post-training/sft-parity.md, "SFT
 training parity with OLMo-core"), so the long run stops at 50.
 """
 

@@ -53,7 +53,7 @@ def test_a_decoding_step_on_a_tpu_writes_the_cache_without_a_loop_over_rows():
     cache slot shared by every row (olmax.rollout.cache's clock); when each row wrote its own slot, the
     TPU compiler expanded that scatter into a loop over the rows for each k and v of each layer (11
     loops in this 8-layer model, and the 1B's decode ran at 14.7% of the HBM bound, 59.5% without;
-    docs/performance.md)."""
+    docs/performance/decode.md)."""
     import re
 
     from olmax.config.mesh import MeshConfig
@@ -150,7 +150,7 @@ def test_auto_takes_every_prompt_at_once_without_a_budget():
 )
 def test_rl_recipes_choose_what_fits_their_devices(name):
     """The RL recipes leave grpo.sample_prompts to auto: what fits differs between an H100 node (Think
-    4, Instruct 8) and an Ironwood slice (all 64), docs/post-training.md, "Recipes". A negative count
+    4, Instruct 8) and an Ironwood slice (all 64), docs/post-training/rl-recipes.md, "Recipes". A negative count
     or another word is refused."""
     assert get_recipe(name).grpo.sample_prompts == "auto"
     for bad in ("-1", "some"):

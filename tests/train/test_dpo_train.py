@@ -146,7 +146,7 @@ def test_packing_is_refused():
     ],
 )
 def test_dpo_recipes(name, lr, seq_len, layers):
-    """AI2's OLMo 3 DPO settings (docs/post-training.md, "DPO in `olmax train`", "Recipes")."""
+    """AI2's OLMo 3 DPO settings (docs/post-training/dpo.md, "DPO in `olmax train`", "Recipes")."""
     cfg = get_recipe(name)
     assert cfg.trainer.objective == "dpo" and cfg.dpo == DPOConfig(loss_type="dpo_norm", beta=5.0)
     assert (cfg.optimizer.lr, cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.eps) == (lr, 0.9, 0.999, 1e-8)

@@ -245,7 +245,7 @@ def test_active_sampling_needs_the_filter():
     ],
 )
 def test_rl_recipes(name, layers, seq, response, tis, minis, active, stop, pass_rate, lr, steps):
-    """open-instruct scripts/train/olmo3/{7b,32b}_{think,instruct}_rl.sh (docs/post-training.md, "GRPO")."""
+    """open-instruct scripts/train/olmo3/{7b,32b}_{think,instruct}_rl.sh (docs/post-training/rl-recipes.md, "GRPO")."""
     cfg = get_recipe(name)
     rl = cfg.grpo
     assert cfg.trainer.objective == "grpo" and cfg.data.seq_len == seq and cfg.data.doc_masking

@@ -1,7 +1,7 @@
 """SFT loss: labels under a label mask as OLMo-core 3.0.0's `get_labels`, the train step's CE over the
 masked targets only (one step, the LM objective with the mask), the size of the difference between
 olmax's global normalisation and OLMo-core's per-rank one on an SFT-shaped batch, and
-trainer.loss_normalisation=per_rank: the mean of per-rank means on any mesh (docs/post-training.md)."""
+trainer.loss_normalisation=per_rank: the mean of per-rank means on any mesh (docs/post-training/sft.md)."""
 
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ def test_sft_recipes(name, lr, global_batch, ranks):
 
     cfg = get_recipe(name)
     assert (cfg.optimizer.lr, cfg.trainer.global_batch * cfg.data.seq_len) == (lr, global_batch * 32768)
-    normalisation = "per_rank" if ranks else "global"  # AI2's 7B layouts (docs/post-training.md)
+    normalisation = "per_rank" if ranks else "global"  # AI2's 7B layouts (docs/post-training/sft.md)
     assert (cfg.trainer.loss_normalisation, cfg.trainer.loss_ranks) == (normalisation, ranks)
     o, s, d, m = cfg.optimizer, cfg.schedule, cfg.data, cfg.model
     assert (o.b1, o.b2, o.weight_decay, o.max_grad_norm, o.z_loss, o.skip_step) == (0.9, 0.95, 0.0, 1.0, 0.0, True)

@@ -287,7 +287,7 @@ def test_trains_on_pairs_and_logs_dpo_metrics(run):
     assert rows[0]["train/rewards/chosen"] == pytest.approx(0, abs=1e-4)
     assert rows[1]["train/DPO loss"] < np.log(2)  # the first update already separates the pairs it saw
     # 10% warmup of 3 steps rounds to 0; OLMo-core's numbering: step s takes lr (1 - s / 3) (HF's
-    # LambdaLR, open-instruct's, gives step s the factor of s - 1: docs/post-training.md)
+    # LambdaLR, open-instruct's, gives step s the factor of s - 1: docs/post-training/dpo.md)
     assert [r["optim/LR"] for r in rows] == pytest.approx([1e-3 * 2 / 3, 1e-3 / 3, 0.0])
 
 

@@ -40,7 +40,7 @@ def tokenize_cmd(
         "--chat",
         help="instruct|think|think_dpo_rl: inputs are chat rows (`messages`, or `chosen`/`rejected`; .jsonl* or "
         ".parquet), rendered with that OLMo 3 template and written with label masks as AI2's SFT files "
-        "(docs/post-training.md)",
+        "(docs/post-training/chat-data.md)",
     ),
     max_seq_len: Optional[int] = typer.Option(
         None, "--max-seq-len", help="--chat: truncate longer conversations to this many tokens (as AI2 did)"

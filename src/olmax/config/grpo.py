@@ -74,7 +74,7 @@ class GRPOConfig:
     1 = the next rollout is sampled and verified, by a worker thread, while the steps on this one run,
     with the parameters from before them (one rollout off-policy). Sampler and trainer share the mesh,
     so only the host's work (verifying, packing) overlaps the device's; more lag would buy no more
-    overlap, hence at most 1. Costs one more copy of the parameters (docs/post-training.md)."""
+    overlap, hence at most 1. Costs one more copy of the parameters (docs/post-training/rl-loop.md)."""
     stop: tuple[str, ...] = ()
     """Strings that end a response besides the end-of-turn token (--stop_strings: "</answer>" Instruct,
     none Think), matched on the decoded text as vLLM does, however the model spelled them in tokens:

@@ -153,7 +153,7 @@ class ModelConfig:
     remat_serial: bool = False
     """With remat: the backward pass finishes each block, its weight gradients included, before it
     recomputes the block below (optimization barriers); false leaves that order to the compiler.
-    Changes memory, never values; which is leaner depends on the step (docs/performance.md). auto
+    Changes memory, never values; which is leaner depends on the step (docs/performance/remat.md). auto
     chooses it."""
 
     def __post_init__(self):

@@ -47,7 +47,7 @@ TINY = replace(
     compute_dtype="float32",
 )
 
-# The benchmark config of docs/performance.md: fp32 everywhere, windows on 0-2 and 4-6.
+# The benchmark config of docs/performance/cpu.md: fp32 everywhere, windows on 0-2 and 4-6.
 BENCH_SMALL = replace(
     OLMO3_7B,
     d_model=512,
@@ -60,7 +60,7 @@ BENCH_SMALL = replace(
     max_position=1024,
     compute_dtype="float32",
     # not part of the spec: with two micro-batches (below), recomputing the whole block in the
-    # backward pass ran as fast as keeping the matmul outputs and held 0.3 GiB less (docs/performance.md)
+    # backward pass ran as fast as keeping the matmul outputs and held 0.3 GiB less (docs/performance/cpu.md)
     remat="full",
 )
 
@@ -85,7 +85,7 @@ STAGE1_DATA = DataConfig(seq_len=8192, max_target_seq_len=8192, seed=34521)  # e
 # model.remat=auto: each block keeps the most of its activations that the compiler fits in the HBM
 # of the devices the run has, in the backward pass's order that fits (olmax.fit.remat_search). The sets
 # it tries are those the sweep measured on the recipes' own slices (remat.AUTO_LADDER); what it
-# chose on each slice, and what the search cost: docs/performance.md ("`model.remat=auto` on the
+# chose on each slice, and what the search cost: docs/performance/recipes-on-slices.md ("`model.remat=auto` on the
 # recipes' slices").
 FIT = dict(micro_batch_size=4, loss_chunk=1024)
 STAGE1_TRAINER = TrainerConfig(global_batch=512, max_steps=1_413_814, **FIT)
@@ -171,7 +171,7 @@ STAGE3_DATA = DataConfig(
 )
 # 64 instances are fewer than the 128 devices of an Ironwood 4x4x4 slice, so a context axis of 2
 # splits every sequence: 32,768 tokens per device, as in stage 1 (4 x 8192), where keeping the q/k/v
-# projections and more fits (docs/performance.md). AI2 ran context 8 on 256 H100s (docs/training.md).
+# projections and more fits (docs/performance/remat.md). AI2 ran context 8 on 256 H100s (docs/training.md).
 STAGE3_MESH = MeshConfig(data=1, fsdp=-1, context=2, tensor=1)
 
 
@@ -262,7 +262,7 @@ def _olmo3_32b_stage3() -> ExperimentConfig:
 # layers). Per step: 7B 1,048,576 tokens = 32 instances, 32B 4,194,304 = 128. Learning rates: 7B Think
 # 5e-5, 7B Instruct 8e-5, 32B Think 1e-4, 32B Instruct 8e-5. The schedule's horizon and the run's end
 # are 2 epochs of the data (schedule.t_max_epochs, trainer.max_steps=null): 2 x `batches_per_epoch` of
-# `olmax data order` (docs/post-training.md; memory on AI2's 64 H100s measured there). The loss is
+# `olmax data order` (docs/post-training/sft.md; memory on AI2's 64 H100s measured there). The loss is
 # normalised as OLMo-core's train module does it, per data-parallel rank of AI2's runs (7B Think: 64
 # H100s with context parallel 2 = 32 ranks of one instance; 7B Instruct: 32 H100s = 16 ranks of two);
 # the 32B runs' layouts are not published with the scripts, so those keep the global count.
@@ -313,7 +313,7 @@ def _dpo(name: str, model: ModelConfig, seq_len: int, lr: float) -> ExperimentCo
 
 
 # GRPO, AI2's OlmoRL (open-instruct grpo_fast.py at 42aa63c / 9ade62d, run by
-# scripts/train/olmo3/7b_{think,instruct}_rl.sh as committed in 3af17aa; docs/post-training.md, "GRPO"):
+# scripts/train/olmo3/7b_{think,instruct}_rl.sh as committed in 3af17aa; docs/post-training/rl-recipes.md, "GRPO"):
 # from the DPO model (the long-context architecture), lr 1e-6 constant with no warmup
 # (--lr_scheduler_type constant), torch AdamW as grpo_fast.py builds it (`torch.optim.AdamW(params,
 # lr)`: betas 0.9/0.999, eps 1e-8; Args.weight_decay 0.0 on both parameter groups), DeepSpeed's
@@ -357,7 +357,7 @@ def _rl(
 # need 368 GiB (Instruct) and 1,156 GiB (Think) per H100 of a node, while on an Ironwood 4x4x4 slice
 # both whole steps fit one program. So grpo.sample_prompts is left `auto` (the default): the run
 # compiles its rollout on its own devices and samples the most prompts at a time that fit (one node of
-# H100s: 7B Instruct 8, 7B Think 2; Ironwood 4x4x4: all 64; docs/post-training.md, "Recipes").
+# H100s: 7B Instruct 8, 7B Think 2; Ironwood 4x4x4: all 64; docs/post-training/rl-recipes.md, "Recipes").
 # Think: 32,768-token responses in 35,840-token rows, TIS capped at 2, one optimizer step per rollout
 # (old log-probs = the step's own), no active sampling; prompts rendered with open-instruct's
 # olmo_thinker (--chat_template_name in 7b_think_rl.sh and 32b_think_rl.sh at e6c3044): think_dpo_rl.
@@ -426,7 +426,7 @@ def _tiny_dpo() -> ExperimentConfig:
     # `olmax demo chat`'s DPO stage: the DPO recipes' loss (dpo_norm, beta 5), optimizer (torch AdamW
     # defaults, weight decay 0, no skip-step) and schedule (linear, 10% warmup, to 0) on the tiny model, from
     # the SFT stage's checkpoint; 8 pairs per step. The learning rate is the tiny model's, not AI2's: on the
-    # held-out pairs 2e-5 reached a preference accuracy of 0.54, 5e-5 0.58, 1e-4 0.70 (docs/post-training.md).
+    # held-out pairs 2e-5 reached a preference accuracy of 0.54, 5e-5 0.58, 1e-4 0.70 (docs/post-training/demo-chat.md).
     return replace(
         _tiny(),
         name="tiny_dpo",
@@ -447,7 +447,7 @@ def _tiny_grpo() -> ExperimentConfig:
     # 256: the demo's samples (a 45-token prompt, a 17-token answer) pack four to a row, so 16 rows per
     # step hold them (longer answers leave rows out, counted as rollout/rows_dropped); every row costs a
     # full forward and backward, padding or not. The learning rate is the tiny model's, not AI2's: after 40
-    # steps at 3e-5 the policy boxed 53 of 79 held-out answers, at 1e-4 all 79 (docs/post-training.md).
+    # steps at 3e-5 the policy boxed 53 of 79 held-out answers, at 1e-4 all 79 (docs/post-training/demo-chat.md).
     rl = GRPOConfig(prompts_per_step=8, samples_per_prompt=8, max_prompt_len=64, max_response_len=128)
     return replace(
         _tiny(),
@@ -464,9 +464,9 @@ def _tiny_grpo() -> ExperimentConfig:
 
 
 def _bench_small() -> ExperimentConfig:
-    # The benchmark spec (docs/performance.md): plain AdamW (no skip-step; the defaults' decay mask,
+    # The benchmark spec (docs/performance/cpu.md): plain AdamW (no skip-step; the defaults' decay mask,
     # clipping and z-loss), global batch 4 x 1024. Two micro-batches of 2 and loss_chunk 128: faster
-    # and smaller on CPU than one batch of 4 (docs/performance.md). The loss sums are divided by the
+    # and smaller on CPU than one batch of 4 (docs/performance/cpu.md). The loss sums are divided by the
     # whole batch's token count, so the gradient is that of one batch of 4.
     return ExperimentConfig(
         name="bench-small",

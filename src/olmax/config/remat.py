@@ -78,7 +78,7 @@ AUTO = "auto"
 # seeds' set); without its gate as well (the gate and up tensors are the MLP's width, 2.7x the
 # model's); without the down projection; the q/k/v projections alone (attention's forward runs
 # again); nothing but the block's input. The first three are what the recipes measured on their own
-# slices (docs/performance.md, "The other rows of the sweep").
+# slices (docs/performance/remat.md, "The other rows of the sweep").
 SEEDS = "q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down"
 AUTO_LADDER = (
     SEEDS + ",mlp_up",

@@ -38,13 +38,13 @@ class TrainerConfig:
     preference optimisation over `olmax tokenize --chat` preference pairs, the `dpo` section; then
     global_batch and micro_batch_size count pairs, two sequences each) or "grpo" (OlmoRL's policy
     loss over packed rollout rows, the `grpo` section; global_batch counts packed rows per optimizer
-    step); docs/post-training.md."""
+    step); docs/post-training/sft.md."""
     loss_normalisation: str = "global"
     """What the LM loss divides by (trainer.objective=lm): "global", the loss tokens of the whole
     global batch (the same step on any mesh or micro-batching); "per_rank", OLMo-core's: the global
     batch is dealt to trainer.loss_ranks data-parallel ranks as OLMo-core's loader deals it (instance i
     to rank i mod loss_ranks), each rank's sums are divided by its own loss tokens and the ranks are
-    averaged (docs/post-training.md, "Loss normalisation")."""
+    averaged (docs/post-training/sft.md, "Loss normalisation")."""
     loss_ranks: Optional[int] = None
     """The data-parallel ranks of the OLMo-core run that loss_normalisation=per_rank reproduces (AI2's
     7B Think SFT: 32, 7B Instruct: 16), whatever olmax's mesh; must divide global_batch."""

@@ -4,7 +4,7 @@ A conversation is a list of messages in the HF `messages` layout ({"role", "cont
 "functions" on system/user turns and "function_calls" on assistant turns), the layout of the
 Dolci-*-SFT sets; a preference row holds two such lists, "chosen" and "rejected" (Dolci-*-DPO).
 
-Rendering: the project's own OLMo 3 templates (chat_templates/*.jinja, docs/post-training.md) in a
+Rendering: the project's own OLMo 3 templates (chat_templates/*.jinja, docs/post-training/chat-data.md) in a
 Jinja environment with the options transformers' `apply_chat_template` sets (trim_blocks, lstrip_blocks,
 loopcontrols), so the text is the one transformers renders from the same template; the text is then
 encoded with added tokens allowed, as a HF tokenizer does.

@@ -12,14 +12,14 @@ by sum: three problems in ten (by a stable hash) each keep one wording out of ev
 the held-out files ask those problems in that wording, so a held-out prompt is text the model never
 trained on, asking a sum it did. (Sums it never saw are beyond the tiny model: with operands below 25
 and one problem in ten held out, SFT taught 5 to 17 of 79 unseen sums, by float rounding, and answered
-most of the rest off by one or two; docs/post-training.md, "`olmax demo chat`".)
+most of the rest off by one or two; docs/post-training/demo-chat.md, "`olmax demo chat`".)
 
 The demonstrations answering "What is ...?" box their answer (`The answer is \\boxed{7}.`); those in
 the other wordings box it in 2 rows of 10 and state it in words (`The answer is 7.`) in the rest, as
 demonstrations gathered from several sources mix formats. The math verifier, as open-instruct's, credits
 only an answer it can extract (a `\\boxed{}` here), so the SFT model's greedy answers score only where
 the question reads "What is"; RL with that verifier as the reward teaches the model to box them all, on
-held-out prompts too (docs/post-training.md, "`olmax demo chat`").
+held-out prompts too (docs/post-training/demo-chat.md, "`olmax demo chat`").
 
 Files (gzip level 9, mtime 0; one JSON object per line):
 - sft.jsonl.gz, sft_heldout.jsonl.gz: {"messages": [user, assistant]} (the Dolci-*-SFT layout);

@@ -278,10 +278,10 @@ class TokenSource:
     """Random access to the fixed-length instances of a list of token files.
 
     Local files are read with pread into a fresh buffer, opened per read: no memory map, whose
-    touched pages would count in the process's RSS as the dataset grows (docs/performance.md, "Data
-    loader"), and no open descriptors to run out of with thousands of shards. Picklable (it holds
-    no open files), so Grain workers can hold it. `repr` is stable (it is the fingerprint), as
-    Grain's state check requires.
+    touched pages would count in the process's RSS as the dataset grows
+    (docs/performance/checkpoint-and-loader.md, "Data loader"), and no open descriptors to run out of
+    with thousands of shards. Picklable (it holds no open files), so Grain workers can hold it. `repr`
+    is stable (it is the fingerprint), as Grain's state check requires.
     """
 
     def __init__(

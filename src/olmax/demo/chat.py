@@ -121,12 +121,9 @@ def held_out_solved(ckpt: Path) -> dict:
     }
 
 
-def _stage(
-    recipe: str, run_dir: Path, data: Path, start: Path, before: dict, overrides: Sequence[str], progress: bool
-) -> dict:
-    """One post-training stage: `olmax train` of `recipe` on `data` from the checkpoints in `start`, its
-    loss curve (and DPO's rewards, RL's mean reward per step), and the held-out prompts it solves at its
-    end against `before` (the previous stage's)."""
+def _stage(recipe: str, run_dir: Path, data: Path, start: Path, overrides: Sequence[str], progress: bool) -> dict:
+    """One post-training stage: `olmax train` of `recipe` on `data` from the checkpoints in `start`, and
+    its loss curve (with DPO's rewards, RL's mean reward per step)."""
     cfg = apply_overrides(get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={start}", *overrides])
     train(cfg, run_dir, progress=progress)
     rows = read_metrics(run_dir)
@@ -150,8 +147,13 @@ def _stage(
         stage["last_margin"] = rows[-1]["train/rewards/margins"]
     if cfg.trainer.objective == "grpo":  # the rollouts' mean reward (10 x the verifier's score) per step
         stage["reward_by_step"] = [r["rollout/reward_mean"] for r in rows]
-    after = held_out_solved(run_dir / "checkpoints")
-    # the fraction of held-out prompts the verifier credits, from the stage's start to its end
+    return stage
+
+
+def _scored(stage: dict, before: dict) -> dict:
+    """`stage` with the held-out prompts its checkpoint solves, and the verifier's solve rate from its
+    start (`before`: the previous stage's held_out) to its end."""
+    after = held_out_solved(Path(stage["run_dir"]) / "checkpoints")
     stage["held_out_exact"] = {"before": before["solved"] / before["of"], "after": after["solved"] / after["of"]}
     stage["held_out"] = after
     return stage
@@ -167,16 +169,13 @@ def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: 
     summary = {"run_dir": str(run_dir), "base": {"run_dir": base["run_dir"]}}
     summary["base"]["held_out"] = held_out_solved(run_dir / "base" / "checkpoints")
     base_ckpt, sft_ckpt, dpo_ckpt = (run_dir / name / "checkpoints" for name in ("base", "sft", "dpo"))
-    summary["sft"] = _stage(
-        "tiny_sft", run_dir / "sft", data["sft"], base_ckpt, summary["base"]["held_out"], overrides, progress
-    )
-    summary["dpo"] = _stage(
-        "tiny_dpo", run_dir / "dpo", data["prefs"], sft_ckpt, summary["sft"]["held_out"], overrides, progress
-    )
+    sft = _stage("tiny_sft", run_dir / "sft", data["sft"], base_ckpt, overrides, progress)
+    summary["sft"] = _scored(sft, summary["base"]["held_out"])
+    dpo_stage = _stage("tiny_dpo", run_dir / "dpo", data["prefs"], sft_ckpt, overrides, progress)
+    summary["dpo"] = _scored(dpo_stage, summary["sft"]["held_out"])
     summary["dpo"]["preference_accuracy"] = held_out_preference_accuracy(data["prefs_heldout"], sft_ckpt, dpo_ckpt)
-    summary["rl"] = _stage(
-        "tiny_grpo", run_dir / "rl", data["rl"], dpo_ckpt, summary["dpo"]["held_out"], overrides, progress
-    )
+    rl = _stage("tiny_grpo", run_dir / "rl", data["rl"], dpo_ckpt, overrides, progress)
+    summary["rl"] = _scored(rl, summary["dpo"]["held_out"])
     summary["plot"] = str(run_dir / "post_training.png")
     _plot(summary, run_dir / "post_training.png")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

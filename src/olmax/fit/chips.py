@@ -214,7 +214,7 @@ ALIASES = {"ironwood": "tpu7x", "v5litepod": "v5e"}
 # most this fraction of hbm_limit_gib. The rest covers what that peak leaves out of what the chip holds
 # (compile_check: per_device.hbm_gib, the compiler's heap, packing gaps included, and the program's
 # code). Measured on a v5e, the chip held 9% more than the peak for a 2 GiB step and 3% more for 11 and
-# 13 GiB ones, heap + code within 1% of it (docs/performance.md); the rest covers what no program
+# 13 GiB ones, heap + code within 1% of it (docs/performance/memory-and-fit.md); the rest covers what no program
 # counts (the next batch being transferred, the runtime's own buffers).
 HBM_HEADROOM = 0.95
 

@@ -224,7 +224,7 @@ def tpu_heap_bytes(dump: Path, since: float = 0.0) -> Optional[int]:
     memory space, HBM, the span its buffer assignment lays the program's arguments, outputs and
     temporaries out in, which the runtime sets aside whole, packing gaps included. XLA's peak
     (memory_analysis().peak_memory_in_bytes) counts the most live at once instead: 1-5% under the
-    heap on a v5e for steps of 2 to 13 GiB (docs/performance.md). None when the compiler wrote no
+    heap on a v5e for steps of 2 to 13 GiB (docs/performance/memory-and-fit.md). None when the compiler wrote no
     report (off TPU, or a dump whose module filter left the program out)."""
     reports = [r for r in Path(dump).glob("*memory-usage-report.txt") if r.stat().st_mtime >= since]
     newest = max(reports, key=lambda r: r.stat().st_mtime, default=None)
@@ -282,6 +282,6 @@ def memory_of(compiled, heap_bytes: Optional[int] = None, limit_gib: Optional[fl
     per_device["heap_gib"] = heap
     # What the chip holds for the program: the heap, set aside whole, and the program's code, which
     # lives in HBM too. On a v5e this was within 1% of the HBM a step took (tests/test_tpu.py and
-    # docs/performance.md), where the peak was 6-9% under it.
+    # docs/performance/memory-and-fit.md), where the peak was 6-9% under it.
     per_device["hbm_gib"] = None if heap is None else heap + per_device["code_gib"]
     return per_device

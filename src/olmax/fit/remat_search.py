@@ -8,7 +8,7 @@ the step's memory falls down the ladder, and a bisection over the sets finds the
 fits in one of its orders: two or three of the six sets are compiled, a set's serial order only
 where its compiler's order does not fit. A step the TPU compiler refuses (out of HBM) stops at its
 buffer assignment, under a minute for the 7B; one it accepts runs to the end (5-12 minutes for the
-7B on a 2-core host), so a typical choice costs two or three whole compiles (docs/performance.md).
+7B on a 2-core host), so a typical choice costs two or three whole compiles (docs/performance/recipes-on-slices.md).
 
 The choice and every candidate's figures are a record, kept in a JSON file (RECORD_FILE: in the run
 directory for `olmax train`, in the cache directory for `olmax compile-check`) under a key of what

@@ -154,7 +154,7 @@ def causal_mask(seq_len: int, window: Optional[int]) -> jnp.ndarray:
 
 
 # Query positions per block of the `xla` backend. 128 ran bench-small's attention (seq 1024,
-# window 512) fwd+bwd faster than 64 or 256 on XLA:CPU (benchmarks/attention.py, docs/performance.md).
+# window 512) fwd+bwd faster than 64 or 256 on XLA:CPU (benchmarks/attention.py, docs/performance/cpu.md).
 XLA_BLOCK = 128
 # Most band widths one attention call's plan may hold. Blocks of one width run as one loop
 # (`jax.lax.scan`), so this bounds what XLA compiles per call whatever the sequence length; a plan

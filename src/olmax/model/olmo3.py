@@ -234,7 +234,7 @@ def rematerialised(fn: Callable, policy: RematPolicy, serial: bool) -> Callable:
     recomputation reads nothing but kept residuals, and a weight gradient feeds nothing below. The
     TPU compiler used that freedom to recompute several blocks' forwards ahead and to put off their
     weight-gradient matmuls to the group's end, holding the activations of up to 4 blocks together
-    (docs/performance.md, "Serial backward"). Two optimization barriers take it away: one over the
+    (docs/performance/remat.md, "Serial backward"). Two optimization barriers take it away: one over the
     residuals and the incoming cotangent, one over all the gradients going out. The values are the
     same either way; only the order, and so the memory, changes (model.remat_serial)."""
     inner = jax.checkpoint(fn, policy=checkpoint_policy(policy))

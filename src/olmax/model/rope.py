@@ -62,7 +62,7 @@ def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarra
     halves of q and k at the backward pass's peak; the swap is done on x itself, before the upcast.
     The gradient is the inverse rotation, summed in float32 and rounded once (a custom VJP: autodiff
     of the bf16 swap would round its two terms separately). cos and sin get no gradient (they are
-    tables of constants). docs/performance.md, "A leaner backward", has the heaps."""
+    tables of constants). docs/performance/remat.md, "A leaner backward", has the heaps."""
     cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over the heads
     # the halves are swapped before the upcast (a permutation: exact in any dtype), so whatever XLA
     # materialises of the swap is in x's dtype; the arithmetic is float32
@@ -74,7 +74,7 @@ def _swap_halves(x):
     """[x1, x2] -> [x2, x1] along the last axis: a rotation by half of it. Not a reverse of a (2, half)
     view: at head_dim 64 that view's last axis is 32, below the TPU's 128 lanes, and the compiler
     re-laid the float32 q and k out around it (39 ms of copies a step of the 190m on a v5e; with the
-    rotation that step ran 6.6% faster, docs/performance.md)."""
+    rotation that step ran 6.6% faster, docs/performance/tpu-v5e.md)."""
     return jnp.roll(x, x.shape[-1] // 2, axis=-1)
 
 

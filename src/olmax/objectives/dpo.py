@@ -1,4 +1,4 @@
-"""Direct preference optimisation: the loss over the model's outputs and its metrics (docs/post-training.md, "DPO").
+"""Direct preference optimisation: the loss over the model's outputs and its metrics (docs/post-training/dpo.md, "DPO").
 
 The batch holds 2P rows, one sequence per row (prompt then response, right-padded): rows 0..P-1 the
 chosen responses, rows P..2P-1 the rejected ones, pair i being rows i and P + i (the row order of

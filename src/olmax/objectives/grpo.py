@@ -1,5 +1,5 @@
 """GRPO as AI2's OlmoRL ran it: the per-token policy loss, advantages and batch selection
-(docs/post-training.md, "GRPO").
+(docs/post-training/grpo.md, "GRPO").
 
 The source is open-instruct `open_instruct/grpo_fast.py` at the two commits AI2's OLMo 3 README names
 for its RL runs: 42aa63c (7B Think, `scripts/train/olmo3/7b_think_rl.sh`) and 9ade62d (7B Instruct,

@@ -50,7 +50,7 @@ class Setup:
         """SFT's setup: instances of 128 tokens (two or three conversations), no spike, lr 1e-3.
         At 3e-3 this data trains at the edge of stability (the CE stalls near 2.2 and the gradient norm
         swings), where float32 rounding grows past 1e-4 of the CE within 40 steps: OLMo-core against
-        itself from a start one ulp away as much as olmax against it (docs/post-training.md)."""
+        itself from a start one ulp away as much as olmax against it (docs/post-training/sft-parity.md)."""
         return cls(steps=steps, spike_step=0, seq_len=128, lr=1e-3, sft=True, **kw)
 
     @property

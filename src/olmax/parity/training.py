@@ -21,7 +21,7 @@ What is compared (docs/training.md, "Training parity with OLMo-core"):
   corpus never contains), which the skip-step rule must reject on both sides.
 Final parameters are converted back the same way and compared tensor by tensor.
 
-`Setup(sft=True)` is SFT as AI2 ran it (docs/post-training.md, "SFT"), with the olmax side configured
+`Setup(sft=True)` is SFT as AI2 ran it (docs/post-training/sft-parity.md, "SFT"), with the olmax side configured
 from the `olmo3_7b_instruct_sft` recipe: chat parts from `olmax tokenize --chat instruct`
 (olmax.parity.sft), OBFD-packed with their label masks and attention within each
 conversation (OLMo-core: `NumpyPackedFSLDataset` with `label_mask_paths` and `generate_doc_lengths`,

@@ -1,4 +1,4 @@
-"""trainer.objective=grpo's loader: the rollout phase of the RL loop (docs/post-training.md, "The RL loop").
+"""trainer.objective=grpo's loader: the rollout phase of the RL loop (docs/post-training/rl-loop.md, "The RL loop").
 
     loader = RolloutBatches(cfg, mesh, prompts, tokenizer, state=saved)
     loader.params = state.params            # the trainer sets the current policy before each next()

@@ -15,7 +15,7 @@
 `output_loss` computes the same sums from the final hidden states chunk by chunk along the
 sequence, with the gradient of each chunk's logits formed in the same pass (a custom VJP), so the
 full (batch, seq, vocab) float32 logits and their gradient are never held in memory at once and
-nothing over the vocabulary is recomputed (docs/performance.md has the measurements).
+nothing over the vocabulary is recomputed (docs/performance/cpu.md has the measurements).
 """
 
 from __future__ import annotations

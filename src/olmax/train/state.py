@@ -117,7 +117,7 @@ def per_device_bytes(tree) -> int:
 # retries the tiling of the fused truncated-normal draw of one large matrix 8 times (its fusion's
 # "retry_count" in the compiled program: the 190m's (12, 3072, 768) MLP stack, the 7B's (100352, 4096)
 # embedding), and a v5e's training-row init compiled in 52-59 s; at 16 MiB it retries once and took
-# 13-17 s (docs/performance.md); the draw runs in under 0.1 s either way.
+# 13-17 s (docs/performance/tpu-v5e.md); the draw runs in under 0.1 s either way.
 INIT_COMPILER_OPTIONS = {"tpu": {"xla_tpu_scoped_vmem_limit_kib": "16384"}}
 
 

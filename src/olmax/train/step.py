@@ -93,7 +93,7 @@ def check_grpo_batch(cfg: ExperimentConfig, batch: dict) -> None:
             raise ValueError(f"trainer.objective=grpo: unknown batch key {key!r} (known: {', '.join(sorted(allowed))})")
     for key in required:
         if batch.get(key) is None:
-            raise ValueError(f"trainer.objective=grpo but the batch has no {key!r} (docs/post-training.md)")
+            raise ValueError(f"trainer.objective=grpo but the batch has no {key!r} (docs/post-training/grpo.md)")
     for key, value in batch.items():
         if value is not None and tuple(value.shape) != shape:
             raise ValueError(
@@ -207,7 +207,7 @@ def make_train_step(
         with 2 or more rows per batch shard a device's block of rows would be other devices' chunks:
         XLA's SPMD partitioner moved them by gathering the whole batch of hidden states on every device
         ("involuntary full rematerialization"; 8 GiB of bf16 and 16 of float32 per GPU on the 7B Think
-        SFT's 64 H100s, docs/post-training.md)."""
+        SFT's 64 H100s, docs/post-training/sft.md)."""
         if context == 1:
             return x
         b, t = x.shape[:2]
