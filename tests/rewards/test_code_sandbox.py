@@ -6,22 +6,31 @@ ctypes, and through a re-imported socket module), another process of the same us
 (fork + setsid) that outlives the call, a fan-out of 64 processes, other processes listed in /proc. Each
 runs with isolation "none" first, where it must have its effect (so the test can see the effect it
 checks for), then with "namespaces", where it must have none. Honest programs, stdin/stdout tests and
-timeouts score the same under both. The tests skip, naming what the probe found, only where the namespace
+timeouts score the same under both. Then the classes a review found (memory outside the address space,
+output floods, the keyring, socket families, host information), whose attacks run only in the sandbox and
+must fail there, and its system call filter. The tests skip, naming what the probe found, only where the namespace
 sandbox does not work (it does on Linux with unprivileged user namespaces; CI runs them).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import platform
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import tracemalloc
 
 import pytest
 
 from olmax.rewards import code
+from olmax.rewards import code_seccomp as sc
+from olmax.rewards import verifiers as rewards
 
 sandboxed = pytest.mark.usefixtures("code_sandbox")  # skips, naming the probe's finding, where there is none
 
@@ -29,8 +38,8 @@ sandboxed = pytest.mark.usefixtures("code_sandbox")  # skips, naming the probe's
 OS = "__import__('o' + 's')"
 
 
-def _outcome(program: str, test: str, isolation: str, seconds: float = 2.0) -> str:
-    return code.run_tests(program, [test], seconds=seconds, isolation=isolation)[0]
+def _outcome(program: str, test: str, isolation: str, seconds: float = 2.0, memory_mb: int = code.MEMORY_MB) -> str:
+    return code.run_tests(program, [test], seconds=seconds, memory_mb=memory_mb, isolation=isolation)[0]
 
 
 def _marked(mark: str) -> list[int]:
@@ -275,8 +284,11 @@ def test_isolation_setting_and_refusal(monkeypatch):
             code.run_options(isolation, ["math", "Code"])
         assert "unshare(0x7c000000): Operation not permitted" in str(refused.value)
         assert "rewards.code.isolation=none" in str(refused.value)
+        with pytest.raises(code.SandboxUnavailable, match=r"unshare\(0x7c000000\).*rewards.code.isolation=none"):
+            code.check_host(isolation)  # the RL loop's refusal to start, naming what is missing and the opt-out
         with pytest.raises(code.SandboxUnavailable):
             code.verify(HONEST, ["assert add(1, 2) == 3"], isolation=isolation)
+    assert code.check_host("none") is None  # the opt-out needs none of it
     assert code.run_options("none", ["code_stdio"]) == {
         "code": {"isolation": "none"},
         "code_stdio": {"isolation": "none"},
@@ -327,3 +339,261 @@ def test_the_rl_loop_refuses_code_rewards_without_their_sandbox(tmp_path, monkey
     loader = RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
     assert loader.verifier_options == {"code": {"isolation": "none"}, "code_stdio": {"isolation": "none"}}
     assert "code verifier isolation: none" in capsys.readouterr().out
+
+
+# --- memory outside the limit, output floods, the keyring, socket families, host information (sandbox only)
+
+LIBC = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nL = ctypes.c_long\n"
+PRELUDE = f"import fcntl, mmap, struct, sys\nos = {OS}\n{LIBC}held, keep = 0, []\n"
+# memory outside the address space, held in a loop until `held` reaches GOAL: 256 MiB (4 x memory_mb 64), or
+# 65536 kernel objects (COUNTED, ~0.2-1 KiB each): memfd_create(2), svipc(7), mq_overview(7), shm_overview(7)
+MEMORY = {
+    "memfd_write": "fd = os.memfd_create('m'); keep.append(fd); held += os.write(fd, bytes(8 << 20))",
+    "memfd_fallocate": "fd = os.memfd_create('m'); keep += [fd]; os.posix_fallocate(fd, 0, 8 << 20); held += 8 << 20",
+    "memfd_mapped": "fd = libc.memfd_create(b'm', 0); assert fd >= 0; keep.append(fd); os.ftruncate(fd, 8 << 20)\n"
+                    "m = mmap.mmap(fd, 8 << 20); m.write(bytes(8 << 20)); m.close(); held += 8 << 20",
+    "sysv_shm": "libc.shmat.restype = ctypes.c_void_p; shm = libc.shmget(0, 8 << 20, 0o1600); assert shm >= 0\n"
+                "at = libc.shmat(shm, None, 0); assert at not in (None, ctypes.c_void_p(-1).value)\n"
+                "ctypes.memset(at, 1, 8 << 20); libc.shmdt(ctypes.c_void_p(at)); held += 8 << 20",
+    "sysv_msg": "q = libc.msgget(0, 0o1600); assert q >= 0\n"
+                "while held < GOAL and libc.msgsnd(q, b'\\x01' + bytes(8199), 8192, 0o4000) == 0: held += 8192",
+    "posix_mqueue": "rt = ctypes.CDLL('librt.so.1'); attr = (L * 8)(0, 10, 8192)\n"
+                    "q = rt.mq_open(b'/q%d' % len(keep), 0o4102, 0o600, attr); assert q >= 0; keep.append(q)\n"
+                    "while held < GOAL and rt.mq_send(q, bytes(8192), 8192, 0) == 0: held += 8192",
+    "dev_shm": "keep.append(open('/dev/shm/m%d' % len(keep), 'wb')); held += keep[-1].write(bytes(8 << 20))",
+    "tmpfs_bytes": "held += open('b%d' % held, 'wb').write(bytes(8 << 20))",
+    "tmpfs_inodes": "open('i%d' % held, 'w').close(); held += 1",
+    "tmpfs_links": "open('t', 'a').close(); os.link('t', 'l%d' % held); held += 1",
+    "tmpfs_xattrs": "open('t', 'a').close(); os.setxattr('t', 'user.x%d' % held, bytes(65536)); held += 65536",
+    "shared_mmap": "m = mmap.mmap(-1, GOAL)\nfor at in range(0, GOAL, 4096): m[at] = 1\nheld = GOAL",
+    # socket(7) SO_SNDBUF and pipe(7) F_SETPIPE_SZ buffers; fcntl(2) record locks (RLIMIT_LOCKS is not enforced)
+    "unix_buffers": "pair = (ctypes.c_int * 2)(); assert libc.socketpair(1, 1 | 0o4000, 0, pair) == 0\n"
+                    "while held < GOAL and (n := libc.write(pair[0], bytes(65536), 65536)) > 0: held += n",
+    "pipe_buffers": "r, w = os.pipe(); os.set_blocking(w, False); libc.fcntl(w, 1031, 1 << 20)\n"
+                    "while held < GOAL and (n := libc.write(w, bytes(65536), 65536)) > 0: held += n",
+    "record_locks": "keep.append(open('k%d' % held, 'w'))\n"
+                    "for at in range(0, 8192, 2): held += fcntl.lockf(keep[-1], 6, 1, at) or 1",  # LOCK_EX | LOCK_NB
+    "posix_timers": "t = ctypes.c_void_p(); assert libc.timer_create(1, None, ctypes.byref(t)) == 0; held += 1",
+}  # fmt: skip
+COUNTED = {"tmpfs_inodes", "tmpfs_links", "record_locks", "posix_timers"}
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", sorted(MEMORY))
+def test_memory_outside_the_address_space_is_bounded(attack):
+    body = "\n".join("    " + line for line in MEMORY[attack].split("\n"))
+    program = f"GOAL = {65536 if attack in COUNTED else 256 << 20}\n{PRELUDE}while held < GOAL:\n{body}\n"
+    assert _outcome(program, "assert held >= GOAL", "namespaces", seconds=10.0, memory_mb=64) == "fail"
+
+
+# (program, test, stdio, outcome): the report descriptor (3) overflows; stdout and stderr are discarded
+FLOODS = {
+    "report_newlines": ("os.write(3, b'\\n' * (64 << 20))", "pass", False, "overflow"),
+    "report_bytes": ("os.write(3, b'x' * (64 << 20))", "pass", False, "overflow"),
+    "report_lines": ("os.write(3, b'0' * 32 + b' 0 pass\\n' * (1 << 21))", "pass", False, "overflow"),
+    "report_from_the_test": ("", f"{OS}.write(3, b'\\n' * (64 << 20))", False, "overflow"),
+    "report_forever": ("while True:\n    os.write(3, b'x' * 65536)", "pass", False, "overflow"),
+    "stdout": ("os.write(1, b'\\n' * 2**26)\nfor _ in range(64): print('x' * 2**20)", "pass", False, "pass"),
+    "stderr": ("os.write(2, b'\\n' * 2**26)\nfor _ in range(64): sys.stderr.write('x' * 2**20)", "pass", False, "pass"),
+    "stdio_output": ("print('\\n' * (64 << 20))", {"input": "", "output": "1"}, True, "fail"),
+}  # fmt: skip
+
+
+@sandboxed
+@pytest.mark.parametrize("flood", sorted(FLOODS))
+def test_output_floods_cost_the_caller_a_fixed_amount(flood):
+    program, test, stdio, want = FLOODS[flood]
+    tracemalloc.start()
+    try:
+        got = code.run_tests(PRELUDE + program, [test], stdio=stdio, seconds=5.0, isolation="namespaces")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == [want] and peak < 1 << 20, (got, peak)  # the verifier reads a few KiB at most
+
+
+@sandboxed
+def test_an_overflow_scores_zero_and_says_why():
+    flood, tests = f"```python\n{OS}.write(3, bytes(1 << 20))\ndef add(a, b):\n    return a + b\n```", ["add(1, 2)"]
+    with pytest.raises(code.VerifierOverflow, match="more than"):
+        code.verify(flood, tests, isolation="namespaces")
+    assert rewards.call("code", flood, tests, {"isolation": "namespaces"}) == (0.0, rewards.ERROR)
+    assert code.verify(HONEST, tests * 50, isolation="namespaces") == 1.0  # 50 reports fit
+
+
+# keyrings(7): a key in the caller's session keyring (-3) is not the program's to read, list, change or add to
+KEY_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}  # add_key, request_key, keyctl
+KEY_ATTACKS = {
+    "search_and_read": "n = kc(11, L(kc(10, L(-3), b'user', DESC, L(0))), buf, L(99)); got = buf.raw[:n] == PAYLOAD",
+    "read_by_serial": "n = kc(11, L(SERIAL), buf, L(99)); got = n > 0 and buf.raw[:n] == PAYLOAD",
+    "list_session": "n = kc(11, L(-3), buf, L(96)); got = SERIAL in struct.unpack('24i', buf.raw[:96])",
+    "describe": "n = kc(6, L(SERIAL), buf, L(99)); got = n > 0 and DESC in buf.raw[:n]",
+    "request_key": "got = libc.syscall(CALLS[1], b'user', DESC, None, L(0)) == SERIAL",
+    "proc_keys": "got = DESC.decode() in open('/proc/keys').read()",
+    "revoke": "got = kc(3, L(SERIAL)) == 0",
+    "invalidate": "got = kc(21, L(SERIAL)) == 0",
+    "update": "got = kc(2, L(SERIAL), b'forged', L(6)) == 0",
+    "unlink": "got = kc(9, L(SERIAL), L(-3)) == 0",
+    "set_permissions": "got = kc(5, L(SERIAL), L(0)) == 0",
+    "add_key": "got = libc.syscall(CALLS[0], b'user', PLANTED, b'x', L(1), L(-3)) > 0",
+}  # fmt: skip
+
+
+@sandboxed
+@pytest.mark.skipif(platform.machine() not in KEY_CALLS, reason="keyring system call numbers are for x86_64, aarch64")
+@pytest.mark.parametrize("attack", sorted(KEY_ATTACKS))
+def test_the_callers_keys_are_out_of_reach(attack):
+    def _keyctl(*args) -> int:
+        return ctypes.c_long(libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))).value
+
+    (add_key, _, keyctl), buf, libc = KEY_CALLS[platform.machine()], ctypes.create_string_buffer(99), ctypes.CDLL(None)
+    description, planted, payload = b"olmax-key-%d" % os.getpid(), b"olmax-mark-%d" % os.getpid(), os.urandom(9)
+    serial = _keyctl(add_key, b"user", description, payload, len(payload), -3)
+    if serial < 0:
+        pytest.skip("no kernel keyring here: add_key failed")
+    try:
+        program = PRELUDE + (
+            f"libc.syscall.restype = L\nbuf, CALLS = ctypes.create_string_buffer(99), {KEY_CALLS[platform.machine()]}\n"
+            f"SERIAL, DESC, PAYLOAD, PLANTED = {serial}, {description!r}, {payload!r}, {planted!r}\n"
+            f"def kc(*args):\n    return libc.syscall({keyctl}, *args)\n{KEY_ATTACKS[attack]}\n"
+        )
+        assert _outcome(program, "assert got", "namespaces") == "fail"
+        # the caller's keyring as it was: its key found, readable, with its payload; nothing added
+        assert _keyctl(keyctl, 10, -3, b"user", description, 0) == serial
+        assert _keyctl(keyctl, 11, serial, buf, 99) == len(payload) and buf.raw[: len(payload)] == payload
+        assert _keyctl(keyctl, 10, -3, b"user", planted, 0) < 0
+    finally:
+        for key in (serial, _keyctl(keyctl, 10, -3, b"user", planted, 0)):
+            _keyctl(keyctl, 9, key, -3) if key > 0 else None  # KEYCTL_UNLINK
+
+
+# address_families(7) no program here needs; AF_VSOCK (the host's ports) and netlink reach outside the namespace
+SOCKETS = {
+    "vsock": [(40, 1, 0), (40, 2, 0), (40, 5, 0)],
+    "netlink": [(16, 3, 0), (16, 2, 0), (16, 3, 15), (16, 3, 9), (16, 3, 4), (16, 3, 16)],
+    "packet": [(17, 3, 0), (17, 2, 0), (17, 10, 0)],
+    "unix": [(1, 1, 0), (1, 2, 0), (1, 5, 0)],
+    "others": [(38, 5, 0), (15, 3, 2), (44, 3, 0), (30, 2, 0), (21, 5, 0), (29, 3, 1), (31, 3, 0), (42, 2, 0),
+               (43, 1, 0), (45, 2, 0), (3, 5, 0), (4, 2, 0), (5, 2, 0), (9, 5, 0), (46, 1, 0), (127, 1, 0)],
+}  # fmt: skip
+
+
+@sandboxed
+@pytest.mark.parametrize("group", sorted(SOCKETS))
+def test_socket_families_outside_the_namespace_are_refused(group):
+    program = PRELUDE + (
+        f"tried = {SOCKETS[group]!r}\nopened = [s for s in tried if libc.socket(*s) >= 0]\n"
+        "pairs = [s for s in tried if libc.socketpair(*s, (ctypes.c_int * 2)()) == 0]\n"
+        "for name in ('socket', '_socket'):\n    sys.modules.pop(name, None)\n"  # a fresh socket module
+        "fresh, by_module = __import__('importlib').import_module('_socket'), []\n"
+        "for s in tried:\n    try: by_module.append(fresh.socket(*s))\n    except OSError: pass\n"
+    )
+    assert _outcome(program, "assert opened == pairs == by_module == []", "namespaces") == "pass"
+
+
+def _host_secrets() -> list[str]:  # the kernel's command line, its mounts' sources, cgroups, the verifier's path
+    with open("/proc/cmdline") as f, open("/proc/self/mountinfo") as g, open("/proc/self/cgroup") as h:
+        secrets = [os.path.dirname(os.path.abspath(code.__file__)), f.read().strip()]
+        secrets += sorted({line.split(" - ")[1].split()[1] for line in g if " - " in line})
+        secrets += sorted({line.strip().split(":", 2)[2] for line in h})
+    return [s for s in secrets if len(s) >= 4 and (s.startswith("/") or " " in s)]
+
+
+# no /proc/cmdline, no mount listed (mountstats is its owner's alone: unreadable counts as hidden), a hostname
+# of the sandbox's, and nothing under /proc (all a program may read there) that holds a secret of the host's
+HOST = """
+def read(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return os.read(fd, 1 << 16).decode(errors='replace') + ('' if os.close(fd) else '')
+    except OSError: return ''
+cmdline, node = os.path.exists('/proc/cmdline'), os.uname().nodename
+mounts = [read(f'/proc/{p}/{f}') for p in ('self', '1', 'thread-self') for f in ('mountinfo', 'mounts', 'mountstats')]
+found = [(top + '/' + name, secret) for top, _, files in os.walk('/proc') for name in files
+         if os.path.isfile(top + '/' + name) for secret in SECRETS if secret in read(top + '/' + name)]
+"""
+
+
+@sandboxed
+def test_host_information_is_hidden():
+    program = f"{PRELUDE}SECRETS = {_host_secrets()!r}\n{HOST}"
+    test = f"assert not cmdline and mounts == [''] * 9 and node != {os.uname().nodename!r} and found == [], found"
+    assert _outcome(program, test, "namespaces", seconds=10.0) == "pass"
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "x86_64"])
+def test_the_filter_judges_each_call(machine):  # olmax.rewards.code_seccomp, through its BPF interpreter
+    program, nr, arch = sc.program(machine), sc.NUMBERS[machine], sc.AUDIT_ARCH[machine]
+    decide = functools.partial(sc.decide, program, arch)
+    eperm, enosys, eafnosupport = (sc.RET_ERRNO | e for e in (sc.EPERM, sc.ENOSYS, sc.EAFNOSUPPORT))
+    # another architecture's calls, and 32-bit ones (AUDIT_ARCH_I386, AUDIT_ARCH_ARM), kill the process
+    for other in (0x40000003, 0x40000028, *(a for m, a in sc.AUDIT_ARCH.items() if m != machine)):
+        assert sc.decide(program, other, nr["socket"], 2, 1, 0) == sc.RET_KILL_PROCESS
+    denied, special = set(sc.denied_names(machine)), {nr[n] for n in ("socket", "socketpair", "clone", "fcntl")}
+    assert set("memfd_create shmget msgget keyctl add_key request_key unshare io_uring_setup".split()) <= denied
+    by_number = {number: name for name, number in nr.items()}
+    for number in set(range(sc.CEILING)) - special - {nr["clone3"]}:
+        assert decide(number) == (eperm if by_number.get(number) in denied else sc.RET_ALLOW), number
+    for number in (sc.CEILING, 0x40000000 | 41, 0xFFFFFFFF, nr["clone3"]):  # unknown, x32, -1, clone3
+        assert decide(number) == enosys
+    for name, family in ((name, family) for name in ("socket", "socketpair") for family in range(64)):
+        want = sc.RET_ALLOW if family in (2, 10) else eafnosupport
+        assert decide(nr[name], family, 1, 0) == decide(nr[name], family | 1 << 32) == want  # an int: low half
+    assert decide(nr["clone"], 0x11) == decide(nr["clone"], 0x3D0F00) == sc.RET_ALLOW  # fork, a thread
+    for flag in (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000):  # CLONE_NEW*
+        assert decide(nr["clone"], flag | 0x11) == eperm
+    assert all(decide(nr["fcntl"], 3, cmd, 1 << 20) == eperm for cmd in (1031, 6, 7, 37, 38))  # F_SETPIPE_SZ, locks
+    assert all(decide(nr["fcntl"], 3, cmd) == sc.RET_ALLOW for cmd in (0, 1, 2, 3, 4, 5, 36, 1032))
+    with pytest.raises(sc.Unsupported, match="no system call filter for riscv64"):
+        sc.program("riscv64")
+    # the kernel's own numbering where its headers are installed (x86_64's table; the generic one is arm64's)
+    header = f"/usr/include/{'x86_64-linux-gnu/asm/unistd_64.h' if machine == 'x86_64' else 'asm-generic/unistd.h'}"
+    if not os.path.exists(header):
+        pytest.skip(f"no {header} here to check the numbers against")
+    with open(header) as f:
+        kernel = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR(?:3264)?_(\w+)\s+(\d+)", f.read())}
+    checked = {name: number for name, number in nr.items() if name in kernel}
+    assert checked == {name: kernel[name] for name in checked} and len(checked) >= len(nr) - 4  # - the newest
+
+
+# an honest program's standard library: threads, a temporary file (upstream's guard disables os.getcwd, which
+# gettempdir uses), sqlite, flock, pipes, memory, deep recursion
+STDLIB = """
+import decimal, hashlib, random, sqlite3, tempfile, time; from concurrent.futures import ThreadPoolExecutor
+sys.setrecursionlimit(10000); depth = lambda n: 0 if n == 0 else 1 + depth(n - 1)
+with ThreadPoolExecutor(4) as pool: squares = list(pool.map(lambda x: x * x, range(100)))
+with tempfile.TemporaryFile(dir='.') as f, sqlite3.connect(':memory:') as db:
+    size = f.write(bytes(1 << 20)) + (fcntl.flock(f, fcntl.LOCK_EX) or 0)
+    db.execute('create table t (x)').executemany('insert into t values (?)', [(i,) for i in range(100)])
+    total = db.execute('select sum(x) from t').fetchone()[0]
+pipes, buf, _ = [os.pipe() for _ in range(8)], bytearray(64 << 20), random.seed(1) or time.sleep(0.01)
+result = (depth(5000), sum(squares), size, total, len(buf),
+          hashlib.sha256(b'x').hexdigest()[:8], str(decimal.Decimal(1) / 8))
+"""
+# x86_64: push rbx; eax = 359 (i386 socket); ebx = 40 (AF_VSOCK); ecx = 1; edx = 0; int 0x80; pop rbx; ret
+INT80 = """page = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=7)
+page.write(bytes.fromhex('53b867010000bb28000000b90100000031d2cd805bc3'))
+opened = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))() >= 0"""
+
+
+@sandboxed
+def test_the_filter_is_in_force_and_honest_programs_run(monkeypatch):
+    # each call the filter refuses fails with EPERM in the sandbox, whatever the (zero) arguments
+    numbers = {name: sc.NUMBERS[platform.machine()][name] for name in sc.denied_names(platform.machine())}
+    program = PRELUDE + (
+        f"libc.syscall.restype = L\nrefused = []\nfor name, nr in {numbers!r}.items():\n    ctypes.set_errno(0)\n"
+        "    if libc.syscall(nr, 0, 0, 0, 0, 0, 0) == -1 and ctypes.get_errno() == 1:\n        refused.append(name)\n"
+    )
+    test = f"assert 'Seccomp:\\t2' in open('/proc/self/status').read() and sorted(refused) == {sorted(numbers)!r}"
+    assert _outcome(program, test, "namespaces") == "pass"
+    want = (5000, 328350, 1 << 20, 4950, 64 << 20, "2d711642", "0.125")
+    assert _outcome(PRELUDE + STDLIB, f"assert result == {want!r}, result", "namespaces") == "pass"
+    if platform.machine() == "x86_64":  # a 32-bit call (another table's numbers) kills; an x32 one is refused
+        assert _outcome(PRELUDE + INT80, "assert opened", "namespaces") != "pass"
+        x32 = PRELUDE + "opened = libc.syscall(0x40000000 + 41, 40, 1, 0) >= 0"  # x32's socket(AF_VSOCK, ...)
+        assert _outcome(x32, "assert not opened", "namespaces") == "pass"
+    assert code.check_host("namespaces") is None  # this host has every mechanism; a machine without a filter
+    monkeypatch.setattr(code.platform, "machine", lambda: "riscv64")  # has none, and the sandbox fails closed
+    monkeypatch.setattr(code, "probe", functools.cache(code.probe.__wrapped__))  # a probe of its own
+    with pytest.raises(code.SandboxUnavailable, match="seccomp: no system call filter for riscv64.*=none"):
+        code.check_host("auto")

@@ -24,29 +24,40 @@ Isolation (`isolation`, the setting `rewards.code.isolation`; docs/rewards.md). 
 runs in a child Python (`-I`: no PYTHON* variables, no user site, not the caller's directory on the path)
 with an empty environment, its stdout and stderr discarded, under these limits: address space
 `memory_mb` per process (RLIMIT_AS; an allocation past it is a MemoryError, so the test fails), CPU
-seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 16 MiB), and a wall-clock bound per test and for
-the whole run; Python's socket constructors and resolvers raise PermissionError.
+seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 16 MiB), open files (RLIMIT_NOFILE, 64), queued
+signals and POSIX timers (RLIMIT_SIGPENDING, 64), no POSIX message queue or core file, and a wall-clock
+bound per test and for the whole run; Python's socket constructors and resolvers raise PermissionError.
+The verifier reads at most `report_bytes` of the child's output (a few KiB): a program that writes more
+to the descriptor the child reports on is killed, its tests "overflow", reward 0 (VerifierOverflow).
 
 - namespaces (and auto, the default, where the probe finds them): a boundary, on Linux with
-  unprivileged user namespaces. The program runs in its own user, PID, network, IPC, UTS and mount
-  namespaces (olmax.rewards.code_sandbox), with no capability, not as root; it sees a root holding
-  only Python's installation and the loader's libraries, read-only, a /proc of its own processes, and
-  a 64 MiB tmpfs at /tmp; it has no network but a loopback of its own that is down; the sandbox holds at
-  most PROCESSES processes (RLIMIT_NPROC in its user namespace); and every process it started is gone
-  when `run_tests` returns (the PID namespace's init exits and the kernel kills the rest). Not
-  covered: the kernel itself (the program makes any system call; there is no seccomp filter, so a
-  kernel bug is within reach), memory across processes (RLIMIT_AS is per process: PROCESSES times
-  `memory_mb` at most, no cgroup), and the results: a program that finds the nonce in its own memory
-  can forge its tests' outcomes (a reward hack, not an escape). The probe (`probe`, once per process,
-  ~0.1 s) runs a trivial program in the sandbox; where it fails (gVisor's runsc answers unshare(2) with
-  ENOSYS, as on the TPU hosts this project borrows; a container without user namespaces, EPERM), auto and
-  namespaces raise SandboxUnavailable naming what it found, and the RL loop refuses to start.
+  unprivileged user namespaces. The program runs in its own user, PID, network, IPC, UTS, cgroup and
+  mount namespaces (olmax.rewards.code_sandbox), with no capability, not as root, under a seccomp filter
+  (olmax.rewards.code_seccomp); it sees a root holding only Python's installation and the loader's
+  libraries, read-only, a /proc of its own processes alone (no /proc/cmdline, no mounts listed in
+  /proc/self/mountinfo), a hostname of its own and a 64 MiB, 4096-inode tmpfs at /tmp; it has no network
+  but a loopback of its own that is down, and may open only AF_INET and AF_INET6 sockets; the sandbox holds
+  at most PROCESSES processes (RLIMIT_NPROC in its user namespace); and every process it started is gone
+  when `run_tests` returns (the PID namespace's init exits and the kernel kills the rest). Memory: the
+  filter refuses what holds memory outside an address space (memfd, System V and POSIX IPC, AF_UNIX
+  socket buffers, grown pipes, record locks, io_uring, BPF, keys, ...; code_seccomp), so a run holds at
+  most PROCESSES times `memory_mb` of address space, the scratch (size and inodes), pipes of 64 KiB per
+  pair of descriptors and the kernel's own per-process memory (page tables, which grow with the address
+  space); no memory cgroup. Not covered: the kernel itself (the calls the filter allows are most of them,
+  so a kernel bug in one is within reach), what the host shows a process anyway (kernel version, CPUs,
+  total memory and load, the sizes of the filesystems holding Python), and the results: a program that finds
+  the nonce in its own memory can forge its tests' outcomes (a reward hack, not an escape). The probe
+  (`probe`, once per process, ~0.2 s) runs a trivial program in the sandbox; where it fails (gVisor's runsc
+  answers unshare(2) with ENOSYS, as on the TPU hosts this project borrows; a container without user
+  namespaces, EPERM; a kernel before 5.8, which has no /proc subset=pid; a machine without a filter table),
+  auto and namespaces raise SandboxUnavailable naming what it found, and the RL loop refuses to start
+  (`check_host`).
 - none: no boundary. A fresh temporary directory and its own process session (setsid; its process
-  group is killed at the end); the program runs as the caller's user with the caller's files, processes
-  and network, and code that reaches the OS some other way (ctypes, os.exec*, re-loading a disabled
-  module) reads and writes files, opens sockets, signals processes and leaves daemons behind. Only for
-  a machine (or a container without network) that may lose what it runs, as upstream ran its code API
-  in a container.
+  group is killed at the end); the program runs as the caller's user with the caller's files, processes,
+  network and session keyring, and code that reaches the OS some other way (ctypes, os.exec*, re-loading a
+  disabled module) reads and writes files, opens sockets, signals processes, holds memory and leaves
+  daemons behind. Only for a machine (or a container without network) that may lose what it runs, as
+  upstream ran its code API in a container.
 """
 
 from __future__ import annotations
@@ -54,15 +65,19 @@ from __future__ import annotations
 import functools
 import json
 import os
+import platform
 import re
 import secrets
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
+from olmax.config.grpo import CODE_ISOLATIONS
 from olmax.errors import ConfigError
+from olmax.rewards import code_seccomp
 
 NAME = "code"
 STDIO_NAME = "code_stdio"
@@ -73,9 +88,14 @@ _FILE_BYTES = 16 << 20
 _STARTUP_SECONDS = 5.0  # slack for the child's interpreter start, on top of the tests' own bounds
 _TEARDOWN_SECONDS = 2.0  # past the child's own bound, for it to kill its namespace and exit
 _SCRATCH_BYTES = 64 << 20  # the namespace sandbox's writable /tmp
+_SCRATCH_INODES = 4096  # files, directories and links in it (tmpfs nr_inodes: ~1 KiB of kernel memory each)
 PROCESSES = 32  # processes the namespace sandbox may hold at once (RLIMIT_NPROC in its user namespace)
-AUTO, NAMESPACES, NONE = "auto", "namespaces", "none"
-ISOLATIONS = (AUTO, NAMESPACES, NONE)
+_OPEN_FILES = 64  # descriptors per process (RLIMIT_NOFILE): pipes of 64 KiB at most behind each pair
+_PENDING_SIGNALS = 64  # queued signals and POSIX timers per user (RLIMIT_SIGPENDING)
+REPORT_BYTES = 4096  # what the verifier reads of a child's output, and _REPORT_LINE_BYTES more per test
+_REPORT_LINE_BYTES = 64  # a report line is "<32 hex> <index> <outcome>\n": 52 bytes for 10**8 tests
+ISOLATIONS = CODE_ISOLATIONS  # rewards.code.isolation's values, as the config checks them
+AUTO, NAMESPACES, NONE = ISOLATIONS
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_sandbox.py")
 _KILL_SECONDS = 5.0  # the wait for the child's process group to die after the run
 
@@ -104,8 +124,32 @@ for _ in range({PROCESSES} + 8):
     made += 1
 assert {PROCESSES // 2} <= made < {PROCESSES}
 assert len([p for p in os.listdir("/proc") if p.isdigit()]) <= {PROCESSES}
-assert [line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]] == ["lo"]
+assert [line.split(":")[0].strip() for line in open("/proc/self/net/dev").readlines()[2:]] == ["lo"]
 """
+# the system call filter is in force: the kernel says so, and a call it refuses fails
+_PROBE_FILTER = """
+import os
+assert "Seccomp:\\t2" in open("/proc/self/status").read()
+try:
+    os.memfd_create("probe")
+except PermissionError:
+    pass
+else:
+    raise AssertionError("memfd_create was allowed")
+"""
+# the host is out of sight: no /proc/cmdline, no mount listed, a hostname of the sandbox's own
+_PROBE_HIDDEN = """
+import os
+assert not os.path.exists("/proc/cmdline") and open("/proc/self/mountinfo").read() == ""
+assert os.uname().nodename == "sandbox"
+"""
+_PROBES = (
+    (_PROBE_TEST, f"the process cap (RLIMIT_NPROC, {PROCESSES}) does not hold per user namespace here, /proc "
+     "shows other processes, or the network has more than loopback"),
+    (_PROBE_FILTER, "the system call filter (seccomp) is not in force"),
+    (_PROBE_HIDDEN, "the host shows through: /proc/cmdline (/proc subset=pid), the mounts in /proc/self/mountinfo "
+     "or the hostname (UTS namespace)"),
+)  # fmt: skip
 
 
 class SandboxError(RuntimeError):
@@ -118,6 +162,11 @@ class SandboxUnavailable(ConfigError):
 
 class VerifierTimeout(TimeoutError):
     """A program that ran past its time limit; `olmax.rewards.verifiers.score` counts it as "timeout"."""
+
+
+class VerifierOverflow(RuntimeError):
+    """A program that wrote past what the verifier reads of its child's output (`report_bytes`): killed,
+    every test "overflow", reward 0; `olmax.rewards.score` counts it as "error"."""
 
 
 def extract_program(response: str) -> str:
@@ -143,21 +192,32 @@ def refused(program: str) -> bool:
 
 @functools.cache
 def probe() -> str | None:
-    """None when the namespace sandbox works on this machine, else what the probe found (the step that
-    failed, with its errno, or the check that did not hold). Run once per process (~0.1 s): a trivial
-    program in the sandbox whose test fans out past PROCESSES and reads its own /proc and network."""
+    """None when the namespace sandbox works on this machine, else what the probe found: the step that
+    failed, naming the mechanism where the host may lack it ("namespaces (user, ...): unshare(...): Operation
+    not permitted", "/proc subset=pid (Linux 5.8): mount(...)", "seccomp: ..."), with its errno, or the check
+    that did not hold. Run once per process (~0.15 s): a trivial program in the sandbox whose tests fan out past
+    PROCESSES and read their own /proc and network, check that the system call filter is in force, and that
+    the host's command line, mounts and hostname are out of sight."""
     if sys.platform != "linux":
         return f"namespaces are Linux's, this is {sys.platform}"
     try:
-        outcomes = _run_child({**_job("", [_PROBE_TEST], False, 5.0, MEMORY_MB), "isolation": NAMESPACES})
+        outcomes = _run_child(_job("", [test for test, _ in _PROBES], False, 5.0, MEMORY_MB, NAMESPACES))
     except SandboxError as e:
         return str(e)
-    if outcomes != ["pass"]:
-        return (
-            f"the probe's test came back {outcomes[0]!r}: the process cap (RLIMIT_NPROC, {PROCESSES}) does not "
-            "hold per user namespace here, /proc shows other processes, or the network has more than loopback"
-        )
+    for outcome, (_, why) in zip(outcomes, _PROBES):
+        if outcome != "pass":
+            return f"the probe's test came back {outcome!r}: {why}"
     return None
+
+
+def check_host(isolation: str = AUTO) -> None:
+    """Refuse to start RL with code rewards on a host that lacks a mechanism `isolation` needs: raises
+    SandboxUnavailable (a ConfigError) whose message names what is missing, as the probe found it (user
+    namespaces, /proc subset=pid, seccomp or its filter for this machine, ...), and the opt-out,
+    rewards.code.isolation=none; an isolation that is not one of ISOLATIONS is a ConfigError too. Returns
+    for none (no mechanism needed) and where the sandbox works. For the start of a run whose prompts name
+    code or code_stdio, before any sampling (`run_options` makes the same check)."""
+    isolation_in_force(isolation)
 
 
 def isolation_in_force(isolation: str = AUTO) -> str:
@@ -183,8 +243,8 @@ def describe(isolation: str) -> str:
     if isolation == NONE:
         return "code verifier isolation: none (rewards.code.isolation=none: generated programs run as this user)"
     return (
-        "code verifier isolation: namespaces (user, PID, network, IPC, UTS and mount; a read-only root of "
-        f"Python alone, a {_SCRATCH_BYTES >> 20} MiB scratch tmpfs, at most {PROCESSES} processes)"
+        "code verifier isolation: namespaces (user, PID, network, IPC, UTS, cgroup and mount; a read-only root of "
+        f"Python alone, a {_SCRATCH_BYTES >> 20} MiB scratch tmpfs, at most {PROCESSES} processes; a seccomp filter)"
     )
 
 
@@ -207,18 +267,25 @@ def run_tests(
     memory_mb: int = MEMORY_MB,
     isolation: str = AUTO,
 ) -> list[str]:
-    """Each test's outcome, "pass", "fail" or "timeout", running `program` in the sandbox (module
-    docstring) under `isolation` (`isolation_in_force`). A test the child never reported (it was
-    killed at the overall bound) is "timeout"."""
+    """Each test's outcome, "pass", "fail", "timeout" or "overflow", running `program` in the sandbox
+    (module docstring) under `isolation` (`isolation_in_force`). A test the child never reported (it was
+    killed at the overall bound) is "timeout"; every test is "overflow" when the child's output went past
+    `report_bytes` (it was killed then)."""
     mode = isolation_in_force(isolation)
     if not tests:
         return []
     if refused(program):
         return ["fail"] * len(tests)
-    return _run_child({**_job(program, tests, stdio, seconds, memory_mb), "isolation": mode})
+    return _run_child(_job(program, tests, stdio, seconds, memory_mb, mode))
 
 
-def _job(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int) -> dict:
+def report_bytes(tests: int) -> int:
+    """The most the verifier reads of a child's output for a run of `tests` tests: room for every report
+    line and an error message. A child that writes more is killed, its tests "overflow"."""
+    return REPORT_BYTES + _REPORT_LINE_BYTES * tests
+
+
+def _job(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int, isolation: str) -> dict:
     return {
         "program": program,
         "tests": tests,
@@ -227,11 +294,75 @@ def _job(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int)
         "memory_mb": memory_mb,
         "file_bytes": _FILE_BYTES,
         "scratch_bytes": _SCRATCH_BYTES,
+        "scratch_inodes": _SCRATCH_INODES,
         "processes": PROCESSES,
+        "open_files": _OPEN_FILES,
+        "pending_signals": _PENDING_SIGNALS,
         "cpu_seconds": seconds * (len(tests) + 1),
         "bound": _run_bound(len(tests), seconds),
         "nonce": secrets.token_hex(16),
+        "isolation": isolation,
+        "filter": _filter() if isolation == NAMESPACES else "",
     }
+
+
+def _filter() -> str:
+    """This machine's system call filter (olmax.rewards.code_seccomp) in hex, for the job; SandboxError
+    where there is none (the sandbox does not run without it)."""
+    try:
+        return _filter_for(platform.machine())
+    except code_seccomp.Unsupported as e:
+        raise SandboxError(str(e)) from None
+
+
+@functools.cache
+def _filter_for(machine: str) -> str:
+    return code_seccomp.program(machine).hex()
+
+
+@functools.cache
+def _child_source() -> str:
+    # the child runs from its source (`python -I -c`), not its path: what the sandbox's /proc/<pid>/cmdline
+    # shows is then no path of the caller's (Python compiles a script's source on every run either way)
+    with open(_CHILD) as f:
+        return f.read()
+
+
+def _exchange(child: subprocess.Popen, job: bytes, limit: int, bound: float) -> tuple[bytes, str]:
+    """(the child's output, at most `limit` bytes; "eof", "timeout" or "overflow"): `job` written to its
+    stdin while its stdout is read, until it closes its stdout and exits, `bound` seconds pass, or it writes
+    more than `limit` bytes (then the caller kills it). Never holds more than `limit` + 1 bytes of it."""
+    deadline = time.monotonic() + bound
+    out, pending, state = bytearray(), memoryview(job), "timeout"
+    os.set_blocking(child.stdin.fileno(), False)
+    with selectors.DefaultSelector() as selector:
+        selector.register(child.stdout, selectors.EVENT_READ)
+        selector.register(child.stdin, selectors.EVENT_WRITE)
+        while state == "timeout" and time.monotonic() < deadline:
+            for key, _ in selector.select(deadline - time.monotonic()):
+                if key.fileobj is child.stdin:
+                    try:
+                        pending = pending[os.write(child.stdin.fileno(), pending[: 1 << 16]) :]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # the child is gone: what it wrote is still read
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(child.stdin)
+                        child.stdin.close()
+                    continue
+                chunk = os.read(child.stdout.fileno(), min(1 << 16, limit + 1 - len(out)))
+                out += chunk
+                if not chunk:
+                    state = "eof"
+                elif len(out) > limit:
+                    state = "overflow"
+    if state == "eof":  # as communicate() did: the run is over when the child has exited, within the bound
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            state = "timeout"
+    return bytes(out[:limit]), state
 
 
 def _run_child(job: dict) -> list[str]:
@@ -241,7 +372,7 @@ def _run_child(job: dict) -> list[str]:
     cwd = scratch.name if scratch else "/"
     env = {"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd} if scratch else {"PATH": os.defpath}
     child = subprocess.Popen(
-        [sys.executable, "-I", _CHILD],
+        [sys.executable, "-I", "-c", _child_source()],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -252,13 +383,17 @@ def _run_child(job: dict) -> list[str]:
     # a sandbox's keeper kills its namespace at the bound itself; past it, this is for one that cannot
     bound = job["bound"] + (_TEARDOWN_SECONDS if scratch is None else 0.0)
     try:
-        out, _ = child.communicate(json.dumps(job).encode(), timeout=bound)
-    except subprocess.TimeoutExpired:
-        out = b""
+        # the child's output is read up to a bound, never whole: a program can write to the descriptor
+        # the child reports on, and the verifier's memory is not the program's to fill
+        out, state = _exchange(child, json.dumps(job).encode(), report_bytes(len(tests)), bound)
     finally:
         _kill_group(child)
         if scratch:
             scratch.cleanup()
+    if state == "overflow":
+        return ["overflow"] * len(tests)
+    if state == "timeout":
+        out = b""
     outcomes = ["timeout"] * len(tests)
     for line in out.decode(errors="replace").splitlines():
         parts = line.split(maxsplit=2)
@@ -291,8 +426,9 @@ def _kill_group(child: subprocess.Popen) -> None:
     deadline = time.monotonic() + _KILL_SECONDS
     while child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    if child.stdout is not None:
-        child.stdout.close()
+    for pipe in (child.stdin, child.stdout):
+        if pipe is not None and not pipe.closed:
+            pipe.close()
 
 
 def reward(outcomes: list[str], threshold: float = THRESHOLD) -> float:
@@ -304,6 +440,11 @@ def reward(outcomes: list[str], threshold: float = THRESHOLD) -> float:
 def _verify(response, ground_truth, stdio, seconds, memory_mb, threshold, isolation) -> float:
     program, tests = extract_program(response), parse_tests(ground_truth)
     outcomes = run_tests(program, tests, stdio=stdio, seconds=seconds, memory_mb=memory_mb, isolation=isolation)
+    if "overflow" in outcomes:
+        raise VerifierOverflow(
+            f"the program wrote more than {report_bytes(len(tests))} bytes of output to the verifier (the "
+            "descriptor its child reports on): killed, reward 0"
+        )
     score = reward(outcomes, threshold)
     if score == 0.0 and "timeout" in outcomes:
         # still reward 0, but the RL loop counts programs that hang apart from wrong ones

@@ -1,31 +1,38 @@
-"""The code verifier's child process: olmax.rewards.code runs this file as `python -I <file>` with its
-job as JSON on stdin, and reads one line per test from its stdout ("<nonce> <index> pass|fail|timeout",
-or "<nonce> error <step>" when the sandbox could not be entered). Standard library only: under isolation
-namespaces nothing of the files it came from is in view once the sandbox is entered (not this one).
+"""The code verifier's child process: olmax.rewards.code runs this file's source as `python -I -c
+<source>` (so that no path of the caller's shows in the sandbox's /proc/<pid>/cmdline) with its job as
+JSON on stdin, and reads one line per test from its stdout ("<nonce> <index> pass|fail|timeout", or
+"<nonce> error <step>" when the sandbox could not be entered), up to a bound (`code.report_bytes`).
+Standard library only: under isolation namespaces nothing of the files it came from is in view once the
+sandbox is entered.
 
 Isolation none: the runner (`run_job`) runs in this process, as before the sandbox existed.
 
 Isolation namespaces (Linux): three processes.
-- The keeper (this process): enters new user, PID, network, IPC and UTS namespaces (unshare(2)), maps
-  only its own uid and gid into the user namespace, forks the init and waits for it, killing it at the
-  job's bound. It stays outside the PID namespace, where nothing of the program can address it.
+- The keeper (this process): enters new user, PID, network, IPC, UTS and cgroup namespaces (unshare(2);
+  the cgroup namespace shows the program its cgroups as "/", not the host's paths: cgroup_namespaces(7)),
+  maps only its own uid and gid into the user namespace, forks the init and waits for it, killing it at
+  the job's bound. It stays outside the PID namespace, where nothing of the program can address it.
 - The init (PID 1 of the new PID namespace): builds the root (below) in a mount namespace of its own,
-  pivots into it, forks the runner and reaps every process until the runner ends, then exits: the
-  kernel kills every process left in the namespace and waits for them (kernel/pid_namespace.c
+  pivots into it, moves itself into a copy of that namespace while its root stays in the original (so
+  that /proc/<pid>/mountinfo lists no mount: `_enter_root`), names the UTS namespace "sandbox" (it
+  starts with the host's name), forks the runner and reaps every process until the runner ends, then
+  exits: the kernel kills every process left in the namespace and waits for them (kernel/pid_namespace.c
   `zap_pid_ns_processes`) before the keeper's wait returns, so nothing the program started outlives
   the call, whatever it did with sessions and process groups. It keeps its capabilities and is not
   dumpable, so the program can neither trace nor signal it (PID 1 ignores signals from its namespace).
 - The runner: drops every capability (capset to empty, and no_new_privs, so that no exec wins one
   back), limits the processes of the sandbox's uid in its user namespace (RLIMIT_NPROC, counted per
-  user namespace since Linux 5.14), and runs the program and its tests under the other limits
-  (`run_job`).
+  user namespace since Linux 5.14), sets the other limits (`_guard`), installs the system call filter
+  last (olmax.rewards.code_seccomp, whose docstring says what it refuses and why), and runs the program
+  and its tests (`run_job`).
 
 The root: a tmpfs holding read-only binds of Python's installation (sys.prefix, sys.base_prefix and
 their exec twins), the loader's libraries (/lib*, /usr/lib*, /etc/ld.so.cache; symlinks among them made
-again as symlinks), /dev/null, /dev/zero and /dev/urandom, a /proc of the PID namespace, and a private
+again as symlinks), /dev/null, /dev/zero and /dev/urandom, a /proc of the PID namespace holding only
+the processes' directories (subset=pid: no /proc/cmdline, /proc/keys, /proc/sys, ...), and a private
 writable tmpfs at /tmp (/scratch where Python lies under /tmp; the working directory and HOME), bounded
-in size. The rest of the caller's filesystem is not there at all. Every bind and the root are remounted
-read-only, repeating the flags a
+in size and in inodes. The rest of the caller's filesystem is not there at all. Every bind and the root
+are remounted read-only, repeating the flags a
 user namespace may not clear (fs/namespace.c `can_change_locked_flags`), the caller's root is detached
 after the pivot (pivot_root(".", "."), then umount2 of "."), and no user namespace can be made below the
 sandbox's (user.max_user_namespaces = 0), so the program cannot win capabilities in one of its own.
@@ -55,12 +62,13 @@ import time
 from decimal import Decimal
 
 # <linux/sched.h>, <linux/mount.h>, <linux/prctl.h>, <linux/capability.h>
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+SECCOMP_MODE_FILTER = 2  # <linux/seccomp.h>
 CAPABILITY_VERSION_3 = 0x20080522
 NOBODY = 65534
 # statvfs flag -> the mount flag a read-only remount must repeat (a user namespace may not clear them)
@@ -69,13 +77,16 @@ LOCKED = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_
 LIBRARIES = ("/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64", "/etc/ld.so.cache")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom")
 STAGE = "/tmp"  # where the staging tmpfs is mounted, in the sandbox's mount namespace only (bubblewrap's choice)
+HOSTNAME = b"sandbox"  # the UTS namespace's, in place of the host's it starts with (uts_namespaces(7))
 
 
 class SetupError(OSError):
     """A step of entering the sandbox that failed; its message names the step and the errno."""
 
 
-def _call(name: str, *args) -> None:
+def _call(name: str, *args, what: str = "") -> None:
+    """libc's `name`(*args), raising SetupError on failure; `what` names the mechanism the call stands for,
+    for the steps a host may lack (the probe's finding, and the refusal to start, name it)."""
     import ctypes  # here, not above: isolation none does not pay for its import
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -83,7 +94,7 @@ def _call(name: str, *args) -> None:
         errno = ctypes.get_errno()
         shown = ", ".join(a.decode() if isinstance(a, bytes) else hex(a) if isinstance(a, int) else
                           "NULL" if a is None else "..." for a in args)  # fmt: skip
-        raise SetupError(errno, f"{name}({shown}): {os.strerror(errno)}")
+        raise SetupError(errno, f"{what + ': ' if what else ''}{name}({shown}): {os.strerror(errno)}")
 
 
 def _write(path: str, text: str) -> None:
@@ -179,24 +190,44 @@ def _unescape(field: str) -> str:
     return head + "".join(chr(int(part[:3], 8)) + part[3:] for part in rest)
 
 
-def _enter_root(scratch_bytes: int, scratch: str) -> None:
+def _enter_root(job: dict, scratch: str) -> int:
     """In the init, in a mount namespace of its own: /proc of the PID namespace and the scratch tmpfs
-    (owned by the sandbox's uid), then /new becomes the root and the caller's is detached."""
+    (owned by the sandbox's uid), then /new becomes the root and the caller's is detached. Returns a
+    descriptor of that mount namespace, which the init keeps open (the runner closes its copy)."""
     _call("unshare", CLONE_NEWNS)
     # pivot_root refuses a new root locked by a less privileged copy of the namespace (root stages it
     # in the caller's user namespace); a bind of it onto itself is this namespace's own (fs/namespace.c
     # `__do_loopback` unlocks the top), its read-only flag still locked
     _call("mount", b"/new", b"/new", None, MS_BIND | MS_REC, None)
-    _call("mount", b"proc", b"/new/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    size = f"mode=0700,size={scratch_bytes}".encode()
-    _call("mount", b"tmpfs", f"/new{scratch}".encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size)
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    _call("mount", b"proc", b"/new/proc", b"proc", flags, None)
     # no user namespace below this one: without it the program, holding no capability here, cannot
     # make a mount or network namespace of its own either (less of the kernel within its reach)
     _write("/new/proc/sys/user/max_user_namespaces", "0")
+    # the program's /proc holds the processes' directories alone (proc(5) "subset=pid", Linux 5.8): not
+    # the host's files at its top (cmdline, config.gz, kallsyms, keys, partitions, sysvipc, sys, ...)
+    _call("umount2", b"/new/proc", 0)
+    _call("mount", b"proc", b"/new/proc", b"proc", flags, b"subset=pid", what="/proc subset=pid (Linux 5.8)")
+    # nr_inodes: an inode (and a link, which tmpfs counts as one) is kernel memory the size does not count
+    size = f"mode=0700,size={job['scratch_bytes']},nr_inodes={job['scratch_inodes']}".encode()
+    _call("mount", b"tmpfs", f"/new{scratch}".encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size)
     os.chdir("/new")
     _call("pivot_root", b".", b".")
     _call("umount2", b".", MNT_DETACH)
+    # /proc/<pid>/mountinfo (and mounts, mountstats) lists the mounts of the process's mount namespace
+    # that its root reaches, with their sources: the host's devices, the host paths of the binds and
+    # their options (proc(5); fs/proc_namespace.c `show_mountinfo` skips a mount its root does not reach).
+    # So the sandbox's processes live in a copy of this namespace while their root stays in this one: the
+    # copy's mounts are all out of their root's reach and none is listed, while paths resolve through this
+    # namespace's mounts as before. The descriptor keeps this namespace (and its mounts) while the init lives.
+    keep = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    _call("unshare", CLONE_NEWNS, what="mount namespaces")
+    os.fchdir(root)
+    _call("chroot", b".")
+    os.close(root)
     os.chdir(scratch)
+    return keep
 
 
 def _drop_capabilities() -> None:
@@ -216,7 +247,8 @@ def enter(job: dict, report: int) -> None:
             _stage(scratch)
             _keep_going_as_nobody()
         uid, gid = os.getuid(), os.getgid()
-        _call("unshare", CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        spaces = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+        _call("unshare", spaces, what="namespaces (user, PID, network, IPC, UTS, cgroup)")
         proc = "/old/proc" if staged else "/proc"  # root's staging moved the caller's root to /old
         _write(f"{proc}/self/setgroups", "deny")
         _write(f"{proc}/self/uid_map", f"{uid} {uid} 1")
@@ -235,12 +267,14 @@ def enter(job: dict, report: int) -> None:
         _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if not staged:
             _stage(scratch)
-        _enter_root(job["scratch_bytes"], scratch)
+        keep = _enter_root(job, scratch)
+        _call("sethostname", HOSTNAME, len(HOSTNAME))
         _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     except OSError as e:
         _fail(job, report, e)
     runner = os.fork()
     if runner == 0:
+        os.close(keep)
         try:
             _drop_capabilities()
         except OSError as e:
@@ -279,12 +313,25 @@ class _NoSocket:
         _no_network()
 
 
+def _limit(kind: int, value: int) -> None:
+    hard = resource.getrlimit(kind)[1]  # an unprivileged process may not raise its hard limit
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(kind, (value, value))
+
+
 def _guard(job: dict) -> None:
     mem = job["memory_mb"] << 20
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     resource.setrlimit(resource.RLIMIT_FSIZE, (job["file_bytes"], job["file_bytes"]))
     cpu = int(job["cpu_seconds"]) + 1
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    # what a process may hold beside its address space, bounded by count (getrlimit(2)): descriptors (pipe
+    # and socket buffers are per descriptor), queued signals and POSIX timers (kernel memory each, counted
+    # as pending signals), POSIX message queues, and no core file
+    _limit(resource.RLIMIT_NOFILE, job["open_files"])
+    _limit(resource.RLIMIT_SIGPENDING, job["pending_signals"])
+    _limit(resource.RLIMIT_MSGQUEUE, 0)
+    _limit(resource.RLIMIT_CORE, 0)
     import _socket
     import socket
 
@@ -309,6 +356,19 @@ def _guard(job: dict) -> None:
     for name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
         sys.modules[name] = None
     signal.signal(signal.SIGALRM, _late)
+
+
+def _install_filter(program: bytes) -> None:
+    """seccomp(2) SECCOMP_MODE_FILTER with `program` (struct sock_filter entries, 8 bytes each): from here on,
+    in this process and every process it forks, each system call is judged by it. Needs no_new_privs, which
+    the runner set when it dropped its capabilities."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):  # <linux/filter.h> struct sock_fprog
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    fprog = SockFprog(len(program) // 8, program)
+    _call("prctl", PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0, what="seccomp")
 
 
 def _run(source: str, namespace: dict, seconds: float, stdin=None) -> tuple[int, str]:
@@ -351,6 +411,11 @@ def same_output(got, want) -> bool:
 def run_job(job: dict, report: int) -> None:
     """The program, then each test in a process forked from it, reported as "<nonce> <index> <outcome>"."""
     _guard(job)
+    if job.get("filter"):  # isolation namespaces: the system call filter, last (olmax.rewards.code_seccomp)
+        try:
+            _install_filter(bytes.fromhex(job["filter"]))
+        except OSError as e:
+            _fail(job, report, e)
     seconds = job["seconds"]
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     status = 0

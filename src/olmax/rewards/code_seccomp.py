@@ -1,0 +1,209 @@
+"""The code sandbox's system call filter: a seccomp(2) program (classic BPF, SECCOMP_MODE_FILTER) that the
+sandbox's runner installs last, after its own setup and just before the untrusted program runs
+(olmax.rewards.code_sandbox `run_job`; the bytes come from here through the job, so that the child, which
+imports nothing of olmax, only installs them).
+
+The namespaces bound what a program can name (files, processes, the network); the filter bounds what it may
+ask the kernel for. It is a deny list under a ceiling rather than an allow list: Python and its standard
+library make a wide set of calls that changes with the C library, and an allow list that missed one would
+fail honest programs, while every call it denies is one no honest program of the verifier makes (the
+guard already disables Python's sockets, subprocess and threads for them). What it refuses, and why:
+
+- memory that the address-space limit (RLIMIT_AS, the per-process bound) does not count: files in memory
+  (memfd_create(2), memfd_secret(2)), System V shared memory, message queues and semaphores (svipc(7): a
+  segment outlives its attachment, a queue holds what was sent), POSIX message queues (mq_overview(7)),
+  pages pinned in a pipe after they were unmapped (vmsplice(2)), io_uring's registered buffers, BPF maps,
+  perf ring buffers, userfaultfd and inotify/fanotify watches: each holds kernel or page memory of its own;
+- the kernel keyring (keyrings(7)): the sandbox inherits the caller's session keyring, and the caller's keys
+  are the possessor's to read, list, revoke or change (add_key(2), request_key(2), keyctl(2));
+- socket families other than AF_INET and AF_INET6 (address_families(7)): a network namespace isolates
+  those two (the namespace's loopback is down and the program cannot raise it), but not AF_VSOCK (the
+  host's port space: vsock(7)) and not every netlink family; AF_UNIX goes too, for socket buffers are memory
+  outside the address space (socket(7) SO_SNDBUF) and file descriptors can be kept in flight in them;
+  AF_PACKET needs a capability the program lacks, and the rest are kernel code no program here needs;
+- pipe buffers grown past their default (fcntl(2) F_SETPIPE_SZ): with RLIMIT_NOFILE that keeps every pipe at
+  64 KiB; and POSIX and open-file-description record locks (fcntl(2) F_SETLK, F_SETLKW, F_OFD_SETLK,
+  F_OFD_SETLKW): each lock on a byte range is kernel memory, any number of them per file (RLIMIT_LOCKS has
+  not been enforced since Linux 2.4.25: getrlimit(2)); flock(2), one lock per open file, stays. EPERM
+  rather than ENOLCK, which SQLite takes for a busy lock and retries until its timeout (5 s in Python's
+  sqlite3): a file database fails at once (":memory:" ones need no lock);
+- namespaces and mounts (unshare(2), setns(2), clone(2) with a CLONE_NEW* flag, mount(2) and the new mount
+  API, statmount/listmount, which show the mounts' sources): the sandbox's own setup is done;
+- other processes' memory (ptrace(2), process_vm_readv(2), pidfd_getfd(2)): within the sandbox, the runner
+  that reports the outcomes;
+- administration calls (modules, kexec, reboot, swap, clocks, quotas, file handles, x86 port I/O): each
+  needs a capability the program does not hold, refused so that a kernel bug behind one is out of reach;
+- clone3(2) with ENOSYS: its flags are in memory, which a filter cannot read (seccomp(2) "Caveats"); the C
+  library falls back to clone(2), whose flags the filter checks;
+- every number at or past CEILING (ENOSYS): a call added to a later kernel is refused until it is judged
+  here; on x86_64 that includes the x32 ABI's numbers (bit 30 set: arch/x86/include/uapi/asm/unistd.h).
+
+Before all of that the filter checks the architecture of the call (seccomp_data.arch) and kills the process
+on any other: system call numbers differ between architectures, so a filter that reads one table must not
+judge calls of another (seccomp(2), on the arch field; x86's 32-bit int 0x80 calls come with
+AUDIT_ARCH_I386, arm64's 32-bit ones with AUDIT_ARCH_ARM). A machine without a table here has no filter:
+`program` raises, and the sandbox refuses to run (fail closed). `decide` runs the filter on a call without a
+kernel (the tests read both machines' filters through it).
+"""
+
+from __future__ import annotations
+
+import struct
+
+# <linux/audit.h>: AUDIT_ARCH_X86_64 (EM_X86_64 | 64BIT | LE), AUDIT_ARCH_AARCH64 (EM_AARCH64 | 64BIT | LE)
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+CEILING = 470  # past file_setattr (469, Linux 6.17), the newest call judged here; both tables share 424 on
+# <linux/seccomp.h> return values, and the errnos they carry (errno-base.h, errno.h)
+RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
+# <linux/bpf_common.h>: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
+# BPF_RET|BPF_K
+LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+# struct seccomp_data {int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];}: the low half of args[i]
+# is at 16 + 8 i on a little-endian machine (both here; a big-endian arm64 reports another arch and is killed)
+NR, ARCH = 0, 4
+AF_INET, AF_INET6 = 2, 10
+# fcntl(2) commands refused: <linux/fcntl.h> F_SETPIPE_SZ (F_LINUX_SPECIFIC_BASE + 7), <asm-generic/fcntl.h>
+# F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW
+FCNTL_DENIED = (1031, 6, 7, 37, 38)
+# <linux/sched.h>: CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET
+CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+
+# the calls named below, by number: from 424 on one table for every architecture (scripts/syscall.tbl);
+# before it x86_64's arch/x86/entry/syscalls/syscall_64.tbl and, for aarch64, the generic
+# include/uapi/asm-generic/unistd.h (tests/test_code_sandbox.py checks both against the installed headers)
+_SHARED = {
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435, "pidfd_getfd": 438,
+    "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443, "memfd_secret": 447, "process_mrelease": 448,
+    "statmount": 457, "listmount": 458, "open_tree_attr": 467,
+}  # fmt: skip
+NUMBERS = {
+    "x86_64": {
+        **_SHARED,
+        "shmget": 29, "shmat": 30, "shmctl": 31, "socket": 41, "socketpair": 53, "clone": 56, "semget": 64,
+        "semop": 65, "semctl": 66, "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+        "fcntl": 72, "ptrace": 101, "syslog": 103, "uselib": 134, "ustat": 136, "sysfs": 139, "vhangup": 153,
+        "modify_ldt": 154, "pivot_root": 155, "_sysctl": 156, "adjtimex": 159, "chroot": 161, "acct": 163,
+        "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169,
+        "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176, "quotactl": 179, "nfsservctl": 180,
+        "lookup_dcookie": 212, "semtimedop": 220, "clock_settime": 227, "mq_open": 240, "mq_unlink": 241,
+        "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245, "kexec_load": 246,
+        "add_key": 248, "request_key": 249, "keyctl": 250, "inotify_init": 253, "unshare": 272, "vmsplice": 278,
+        "inotify_init1": 294, "perf_event_open": 298, "fanotify_init": 300, "name_to_handle_at": 303,
+        "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
+        "process_vm_writev": 311, "finit_module": 313, "memfd_create": 319, "kexec_file_load": 320, "bpf": 321,
+        "userfaultfd": 323,
+    },
+    "aarch64": {
+        **_SHARED,
+        "lookup_dcookie": 18, "fcntl": 25, "inotify_init1": 26, "umount2": 39, "mount": 40, "pivot_root": 41,
+        "nfsservctl": 42, "chroot": 51, "vhangup": 58, "quotactl": 60, "vmsplice": 75, "acct": 89, "unshare": 97,
+        "kexec_load": 104, "init_module": 105, "delete_module": 106, "clock_settime": 112, "syslog": 116,
+        "ptrace": 117, "reboot": 142, "settimeofday": 170, "adjtimex": 171, "mq_open": 180, "mq_unlink": 181,
+        "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185, "msgget": 186,
+        "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190, "semctl": 191, "semtimedop": 192,
+        "semop": 193, "shmget": 194, "shmctl": 195, "shmat": 196, "shmdt": 197, "socket": 198, "socketpair": 199,
+        "add_key": 217, "request_key": 218, "keyctl": 219, "clone": 220, "swapon": 224, "swapoff": 225,
+        "perf_event_open": 241, "fanotify_init": 262, "name_to_handle_at": 264, "open_by_handle_at": 265,
+        "clock_adjtime": 266, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271,
+        "finit_module": 273, "memfd_create": 279, "bpf": 280, "userfaultfd": 282, "kexec_file_load": 294,
+    },
+}  # fmt: skip
+
+# refused outright with EPERM, by reason (the module docstring); a name an architecture lacks is skipped
+DENIED = {
+    "memory outside the address space": (
+        "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv",
+        "msgctl", "semget", "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
+        "mq_timedreceive", "mq_notify", "mq_getsetattr", "vmsplice", "userfaultfd", "io_uring_setup",
+        "io_uring_enter", "io_uring_register", "bpf", "perf_event_open", "inotify_init", "inotify_init1",
+        "fanotify_init",
+    ),
+    "the kernel keyring": ("add_key", "request_key", "keyctl"),
+    "namespaces and mounts": (
+        "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
+        "fsconfig", "fsmount", "fspick", "mount_setattr", "open_tree_attr", "statmount", "listmount",
+    ),
+    "other processes": (
+        "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise", "process_mrelease",
+    ),
+    "administration": (
+        "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon",
+        "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "settimeofday", "clock_settime", "clock_adjtime",
+        "adjtimex", "lookup_dcookie", "name_to_handle_at", "open_by_handle_at", "vhangup", "nfsservctl", "iopl",
+        "ioperm", "modify_ldt", "uselib", "ustat", "sysfs", "_sysctl",
+    ),
+}  # fmt: skip
+SOCKET_FAMILIES = (AF_INET, AF_INET6)  # what socket(2) and socketpair(2) may open
+
+
+class Unsupported(OSError):
+    """No filter for this machine's system calls: the sandbox does not run without one."""
+
+
+def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    # struct sock_filter {__u16 code; __u8 jt; __u8 jf; __u32 k;} (<linux/filter.h>), native byte order
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def _arg(i: int) -> int:
+    return 16 + 8 * i  # the low 32 bits of seccomp_data.args[i]
+
+
+def program(machine: str) -> bytes:
+    """The filter for `machine` (platform.machine()) as the bytes of its struct sock_filter array (8 bytes
+    an instruction). Raises Unsupported naming the machine where there is no table for it."""
+    if machine not in NUMBERS:
+        raise Unsupported(f"seccomp: no system call filter for {machine} here (there is one for x86_64 and aarch64)")
+    nr = NUMBERS[machine]
+    out = [
+        _insn(LD, ARCH),
+        _insn(JEQ, AUDIT_ARCH[machine], 1, 0),
+        _insn(RET, RET_KILL_PROCESS),
+        _insn(LD, NR),
+        _insn(JGE, CEILING, 0, 1),
+        _insn(RET, RET_ERRNO | ENOSYS),
+        _insn(JEQ, nr["clone3"], 0, 1),
+        _insn(RET, RET_ERRNO | ENOSYS),
+    ]
+    for name in sorted({name for names in DENIED.values() for name in names if name in nr}):
+        out += [_insn(JEQ, nr[name], 0, 1), _insn(RET, RET_ERRNO | EPERM)]
+    # the calls allowed for some arguments: each block loads an argument and returns, so the number stays
+    # in the accumulator for the checks after a block that did not match
+    for name in ("socket", "socketpair"):  # int domain: the kernel reads the low 32 bits
+        out += [_insn(JEQ, nr[name], 0, 1 + len(SOCKET_FAMILIES) + 2), _insn(LD, _arg(0))]
+        out += [_insn(JEQ, family, len(SOCKET_FAMILIES) - i, 0) for i, family in enumerate(SOCKET_FAMILIES)]
+        out += [_insn(RET, RET_ERRNO | EAFNOSUPPORT), _insn(RET, RET_ALLOW)]
+    # clone's flags: the kernel reads their low 32 bits (kernel/fork.c: lower_32_bits(clone_flags))
+    out += [_insn(JEQ, nr["clone"], 0, 4), _insn(LD, _arg(0)), _insn(JSET, CLONE_NEW, 0, 1)]
+    out += [_insn(RET, RET_ERRNO | EPERM), _insn(RET, RET_ALLOW)]
+    # fcntl's command (unsigned int): each of FCNTL_DENIED jumps to the EPERM after the last
+    checks = [_insn(JEQ, cmd, len(FCNTL_DENIED) - 1 - i, 0) for i, cmd in enumerate(FCNTL_DENIED[:-1])]
+    checks.append(_insn(JEQ, FCNTL_DENIED[-1], 0, 1))
+    out += [_insn(JEQ, nr["fcntl"], 0, 1 + len(checks) + 2), _insn(LD, _arg(1)), *checks]
+    out += [_insn(RET, RET_ERRNO | EPERM), _insn(RET, RET_ALLOW)]
+    out.append(_insn(RET, RET_ALLOW))
+    return b"".join(out)
+
+
+def denied_names(machine: str) -> list[str]:
+    """The calls `program(machine)` refuses whatever their arguments (EPERM), sorted."""
+    return sorted({name for names in DENIED.values() for name in names if name in NUMBERS[machine]})
+
+
+def decide(program: bytes, arch: int, nr: int, *args: int) -> int:
+    """What the filter `program` returns for the call `nr`(*args) of architecture `arch` (a SECCOMP_RET_*
+    value, with its errno): the filter run by a classic BPF interpreter of the instructions `program`
+    uses, for tests and for reading the filter without a kernel."""
+    data = struct.pack("=IIQ6Q", nr & 0xFFFFFFFF, arch, 0, *(list(args) + [0] * 6)[:6])
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = struct.unpack_from("=HBBI", program, 8 * pc)
+        if code == RET:
+            return k
+        if code == LD:
+            acc, pc = struct.unpack_from("=I", data, k)[0], pc + 1
+            continue
+        taken = {JEQ: acc == k, JGE: acc >= k, JSET: bool(acc & k)}[code]
+        pc += 1 + (jt if taken else jf)
