@@ -30,7 +30,15 @@ from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params, param_shardings
 from olmax.model.sharding import make_mesh
 from olmax.train.state import init_train_state
-from olmax.trainer.reference import CACHE_DIR, COMPLETE, KEY_FILE, pair_logps, params_fingerprint, reference_logps_cache
+from olmax.trainer.reference import (
+    CACHE_DIR,
+    COMPLETE,
+    KEY_FILE,
+    open_pairs,
+    pair_logps,
+    params_fingerprint,
+    reference_logps_cache,
+)
 from olmax.trainer.run import train
 
 DEVICES = 4  # a pair per device and step: 12 pairs are 3 steps
@@ -243,6 +251,68 @@ def test_a_cache_with_another_key_exits_2(pairs, tmp_path):
     fingerprints = re.findall(r'"parameters": "([0-9a-f]{64})"', output)
     assert len(fingerprints) == 2 and fingerprints[0] == other != fingerprints[1]
     assert "random init, trainer.seed=1" in output and "random init, trainer.seed=0" in output
+
+
+@pytest.mark.parametrize(
+    "change, field, was, now",
+    [
+        ("model.compute_dtype=bfloat16", "model.compute_dtype", "float32", "bfloat16"),
+        ("model.sliding_window=8", "model.sliding_window", "4", "8"),
+        ("model.rope_theta=20000", "model.rope_theta", "10000", "20000"),
+        ("trainer.loss_chunk=32", "trainer.loss_chunk", "16", "32"),
+        ("model.attention=splash", "model.attention", "xla", "splash"),
+    ],
+)
+def test_a_cache_of_another_forward_is_refused(pairs, tmp_path, change, field, was, now):
+    """The reference log-probs depend on how the forward computes them as well as on the parameters and
+    the pairs: a cache computed under one setting of a field the forward reads is refused by a run over
+    the same pairs and start under another, naming the field and both values, before any parameters
+    load (open_pairs) and by the cache itself; the same settings read it again."""
+    tmp, cfg = pairs
+    shutil.copytree(tmp / "pairs", tmp_path / "pairs", ignore=shutil.ignore_patterns(CACHE_DIR))
+    first = _config(tmp_path, tmp_path / "pairs", "model.sliding_window=4", "model.rope_theta=10000")
+    source = PairSource(first.data)
+    cache = tmp_path / "pairs" / CACHE_DIR
+    cache.mkdir()
+    logps = np.arange(24, dtype=np.float32).reshape(12, 2)
+    np.save(cache / COMPLETE, logps)  # as a complete pass under `first` leaves it
+    fingerprint = params_fingerprint(_params(first, 0))
+    mesh = make_mesh(first.mesh, jax.devices()[:DEVICES])
+
+    def no_pass():
+        raise AssertionError("the cache is complete: no reference pass")
+
+    np.testing.assert_array_equal(reference_logps_cache(first, mesh, source, no_pass, fingerprint, log=print), logps)
+    other = apply_overrides(first, [change])
+    for refuse in (
+        lambda: open_pairs(other, mesh),
+        lambda: reference_logps_cache(other, mesh, source, no_pass, fingerprint, log=print),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            refuse()
+        message = " ".join(str(refused.value).split())
+        assert str(cache) in message and f"{field}={was}" in message and f"{field}={now}" in message, message
+    assert open_pairs(first, mesh) is not None
+    np.testing.assert_array_equal(reference_logps_cache(first, mesh, source, no_pass, fingerprint, log=print), logps)
+
+
+def test_a_cache_that_does_not_say_how_it_was_computed_is_refused(pairs, tmp_path):
+    """A cache whose key records the parameters and the pairs but not the forward (olmax before the
+    forward was keyed) may hold log-probs of another precision or window: refused, saying why, once the
+    parameters match (a cache of other parameters is refused first, naming both fingerprints)."""
+    tmp, cfg = pairs
+    shutil.copytree(tmp / "pairs", tmp_path / "pairs", ignore=shutil.ignore_patterns(CACHE_DIR))
+    cfg = _config(tmp_path, tmp_path / "pairs")
+    source = PairSource(cfg.data)
+    fingerprint = params_fingerprint(_params(cfg, 0))
+    cache = tmp_path / "pairs" / CACHE_DIR
+    cache.mkdir()
+    np.save(cache / COMPLETE, np.zeros((12, 2), np.float32))
+    (cache / KEY_FILE).write_text(json.dumps({"parameters": fingerprint, "data": source.fingerprint, "start": "?"}))
+    mesh = make_mesh(cfg.mesh, jax.devices()[:DEVICES])
+    assert open_pairs(cfg, mesh) is not None  # nothing to compare before the parameters load
+    with pytest.raises(ConfigError, match="computed before olmax recorded how the forward computes them"):
+        reference_logps_cache(cfg, mesh, source, lambda: None, fingerprint, log=print)
 
 
 @pytest.mark.slow

@@ -8,12 +8,15 @@ then frees the reference model).
 - Where: DIR/reference_logps/ for data.paths = [DIR]: `key.json` (what they were computed from),
   `chunk_START_END.npy` (pairs START..END-1 of the kept pairs, (n, 2) float32: chosen, rejected),
   written atomically one forward at a time, and `logps.npy`, all pairs, once the pass is complete.
-- Key: the starting parameters' content (`params_fingerprint`) and the pairs' fingerprint (both sides'
-  shard digests and data.seq_len, olmax.data.pairs); `start` in key.json says where the parameters came
+- Key: the starting parameters' content (`params_fingerprint`), the pairs' fingerprint (both sides'
+  shard digests and data.seq_len, olmax.data.pairs), and how the forward computes the log-probs
+  (`forward_key`: every model field that changes its values, the attention backend as it resolves on
+  the run's platform, the output layer's chunking); `start` in key.json says where the parameters came
   from (checkpoint.init_from and its step, or the random init of trainer.seed), for the reader only. A
-  cache with another key is refused (ConfigError: exit 2), naming the cache and both keys. Keyed by
-  content, not by path and step: SFT redone into the same directory with as many steps, or another
-  architecture under the same trainer.seed, is other parameters under the same name.
+  cache with another key is refused (ConfigError: exit 2), naming the cache and what differs: both
+  fingerprints, or each forward setting with its two values. Keyed by content, not by path and step:
+  SFT redone into the same directory with as many steps, or another architecture under the same
+  trainer.seed, is other parameters under the same name.
 - Resumable: a pass that stopped (killed, preempted) continues after the last contiguous chunk; the
   chunks need not have the same size (a resume may run on another mesh). Parameters made again for it
   must have the key's fingerprint.
@@ -24,6 +27,7 @@ then frees the reference model).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -41,6 +45,7 @@ from olmax.checkpoint.store import complete_steps
 from olmax.config.experiment import ExperimentConfig
 from olmax.data.pairs import PairSource
 from olmax.errors import ConfigError
+from olmax.model.attention import resolve_backend
 from olmax.model.olmo3 import param_shardings
 from olmax.objectives import dpo
 from olmax.train.step import batch_layout, batch_sharding
@@ -108,9 +113,32 @@ def _start(cfg: ExperimentConfig) -> str:
     return f"{init} step {max(steps) if steps else None}"
 
 
-def cache_key(cfg: ExperimentConfig, source: PairSource, fingerprint: str) -> dict:
-    """What the reference log-probs depend on: the starting parameters' content and the pairs."""
-    return {"parameters": fingerprint, "data": source.fingerprint, "start": _start(cfg)}
+# Model fields the reference log-probs do not depend on: the remat policy and the backward's order
+# change memory only, the init's scale is not used on the starting parameters, and the attention
+# backend and its tiles enter as they resolve (forward_key).
+NOT_FORWARD = ("remat", "remat_serial", "init_std", "attention", "splash_blocks")
+
+
+def forward_key(cfg: ExperimentConfig, platform: str) -> dict:
+    """How the reference pass computes the log-probs on devices of `platform`, by config field: every
+    model field but NOT_FORWARD (architecture, RoPE and YaRN, windows, precision), the attention backend
+    as it resolves there (each kernel its own numerics) and the splash tiles when it is splash, and
+    trainer.loss_chunk (the output layer's chunks: the order of its sums)."""
+    model = cfg.model
+    key = {f"model.{f.name}": getattr(model, f.name) for f in dataclasses.fields(model) if f.name not in NOT_FORWARD}
+    backend = resolve_backend(model.attention, platform, model.compute_dtype)
+    key["model.attention"] = backend
+    if backend == "splash":
+        key["model.splash_blocks"] = dataclasses.asdict(model.splash_blocks)
+    key["trainer.loss_chunk"] = cfg.trainer.loss_chunk
+    return json.loads(json.dumps(key))  # as key.json holds it (tuples as lists)
+
+
+def cache_key(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, fingerprint: str) -> dict:
+    """What the reference log-probs depend on: the starting parameters' content, the pairs, and how the
+    forward computes them on the mesh's devices."""
+    forward = forward_key(cfg, mesh.devices.flat[0].platform)
+    return {"parameters": fingerprint, "data": source.fingerprint, "forward": forward, "start": _start(cfg)}
 
 
 def _stored_key(source: PairSource) -> Optional[dict]:
@@ -127,21 +155,49 @@ def _refuse(source: PairSource, stored: dict, key: dict) -> None:
     )
 
 
-def check_cache_data(source: PairSource) -> None:
-    """A ConfigError when the cache holds another data fingerprint (asked before the trainer loads any
-    parameters, so such a cache costs no checkpoint read; the parameters are checked once loaded)."""
+def _refuse_forward(source: PairSource, stored: Optional[dict], forward: dict) -> None:
+    """A ConfigError naming each forward setting the cache was computed under that this run changes."""
+    directory = source.root / CACHE_DIR
+    if stored is None:
+        changed = "were computed before olmax recorded how the forward computes them (the model and loss settings)"
+    else:
+        fields = sorted(set(stored) | set(forward), key=lambda k: (k not in forward, k))
+        changed = "were computed with " + ", ".join(
+            f"{k}={_value(stored.get(k))} where this run has {k}={_value(forward.get(k))}"
+            for k in fields
+            if stored.get(k) != forward.get(k)
+        )
+    raise ConfigError(
+        f"the DPO reference log-probs in {directory} {changed}: delete {directory} to compute them again "
+        "(or point data.paths at a copy of the pairs without it)"
+    )
+
+
+def _value(v) -> str:
+    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+
+def check_cache(source: PairSource, forward: dict) -> None:
+    """A ConfigError when the cache holds another data fingerprint or was computed by another forward
+    (asked before the trainer loads any parameters, so such a cache costs no checkpoint read; the
+    parameters are checked once loaded)."""
     stored = _stored_key(source)
-    if stored is not None and stored.get("data") != source.fingerprint:
+    if stored is None:
+        return
+    if stored.get("data") != source.fingerprint:
         _refuse(source, {"data": stored.get("data")}, {"data": source.fingerprint})
+    # a cache from before the forward was recorded is refused once the parameters are checked too
+    if "forward" in stored and stored["forward"] != forward:
+        _refuse_forward(source, stored["forward"], forward)
 
 
-def open_pairs(cfg: ExperimentConfig) -> Optional[PairSource]:
-    """trainer.objective=dpo: the run's preference pairs (olmax.data.pairs), their reference cache's data
-    checked first (check_cache_data); None for the other objectives."""
+def open_pairs(cfg: ExperimentConfig, mesh: Mesh) -> Optional[PairSource]:
+    """trainer.objective=dpo: the run's preference pairs (olmax.data.pairs), their reference cache
+    checked first (check_cache); None for the other objectives."""
     if cfg.trainer.objective != "dpo":
         return None
     source = PairSource(cfg.data)
-    check_cache_data(source)
+    check_cache(source, forward_key(cfg, mesh.devices.flat[0].platform))
     return source
 
 
@@ -158,10 +214,12 @@ def reference_logps_cache(
     `start_params()` gives the starting parameters, sharded (called only when something is missing);
     `fingerprint` is theirs (`params_fingerprint`)."""
     directory = source.root / CACHE_DIR
-    key = cache_key(cfg, source, fingerprint)
+    key = cache_key(cfg, mesh, source, fingerprint)
     stored = _stored_key(source)
     if stored is not None and (stored.get("parameters"), stored.get("data")) != (key["parameters"], key["data"]):
         _refuse(source, stored, key)
+    if stored is not None and stored.get("forward") != key["forward"]:
+        _refuse_forward(source, stored.get("forward"), key["forward"])
     primary = jax.process_index() == 0
     if primary and stored is None:
         directory.mkdir(parents=True, exist_ok=True)

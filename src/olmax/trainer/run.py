@@ -61,7 +61,7 @@ def train(
     ckpts = RunCheckpoints(run_checkpoint_dir(cfg, run_dir), cfg, allow_config_change=allow_config_change)
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with exclusive(run_dir), jax.set_mesh(mesh), PreemptionNotice() as preempted:
-        pairs = open_pairs(cfg)
+        pairs = open_pairs(cfg, mesh)
         start = start_state(cfg, mesh, ckpts, run_dir, given)
         last = last_step(cfg, stop_at)  # None while the end is the data's epoch horizon (trainer.max_steps=null)
         if last is not None and start.step >= last:
