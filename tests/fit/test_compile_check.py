@@ -269,6 +269,66 @@ def test_bad_topology_and_mesh_are_clear_errors():
         make_mesh(MeshConfig(data=2, fsdp=3, tensor=1), topology_devices("tpu7x:2x2x1"))
 
 
+# Cloud TPU's accelerator types against the shapes Cloud TPU's docs list for each version's slices
+# (v5e and v6e: "v5e/v6e topologies"; v5p: "v5p topologies"; Ironwood: tpu7x-8 is 2x2x1, 4 chips of 2 cores).
+ACCELERATOR_TYPES = {
+    "v5litepod-1": "v5e:1x1",
+    "v5litepod-4": "v5e:2x2",
+    "v5litepod-8": "v5e:2x4",
+    "v5litepod-16": "v5e:4x4",
+    "v5litepod-32": "v5e:4x8",
+    "v5litepod-64": "v5e:8x8",
+    "v5litepod-128": "v5e:8x16",
+    "v5litepod-256": "v5e:16x16",
+    "v6e-1": "v6e:1x1",
+    "v6e-8": "v6e:2x4",
+    "v6e-256": "v6e:16x16",
+    "v5p-8": "v5p:2x2x1",
+    "v5p-16": "v5p:2x2x2",
+    "v5p-32": "v5p:2x2x4",
+    "v5p-64": "v5p:2x4x4",
+    "v5p-128": "v5p:4x4x4",
+    "v5p-256": "v5p:4x4x8",
+    "v5p-512": "v5p:4x8x8",
+    "v5p-1024": "v5p:8x8x8",
+    "tpu7x-8": "tpu7x:2x2x1",
+    "tpu7x-16": "tpu7x:2x2x2",
+    "tpu7x-128": "tpu7x:4x4x4",
+}
+
+
+def test_cloud_tpu_accelerator_types_name_the_same_slices():
+    """What users type for xpk and gcloud (v5litepod-16, v5p-128, v6e-256, tpu7x-128) names the slice
+    libtpu names AxB[xC], both ways; a size no slice has is a clear error listing the sizes; libtpu's
+    names and GPU clusters pass unchanged."""
+    for name, topology in ACCELERATOR_TYPES.items():
+        assert chips.libtpu_topology(name) == topology and chips.tpu_type(topology) == name
+        assert chips.chip_of_topology(name) is chips.chip_of_topology(topology)
+    assert chips.libtpu_topology("v5p:4x4x4") == "v5p:4x4x4" and chips.libtpu_topology("h100:64x8") == "h100:64x8"
+    with pytest.raises(ConfigError, match=r"v5p-100: no v5p slice has 100; v5p-N takes N in 8, 16, 32"):
+        chips.libtpu_topology("v5p-100")
+    with pytest.raises(ConfigError, match="unknown TPU topology 'v9z-8'.*v5litepod-N"):
+        chips.chip_of_topology("v9z-8")
+    named, libtpu = topology_devices("v5p-8"), topology_devices("v5p:2x2x1")
+    assert [(d.id, d.coords) for d in named] == [(d.id, d.coords) for d in libtpu]
+
+
+def test_compile_check_takes_an_accelerator_type(tmp_path):
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(
+        app, ["compile-check", "--recipe", "tiny", "--topology", "v5litepod-4", *SMALL_TPU, "--json", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    assert report["devices"] == 4 and report["chip"] == "v5e" and "v5e:2x2 (v5litepod-4) x 1 slice(s)" in r.output
+    r = CliRunner().invoke(app, ["compile-check", "--recipe", "tiny", "--topology", "v5litepod-2"])
+    assert r.exit_code == 2 and "no v5litepod slice has 2" in r.output
+
+
 NOT_FITTING = {
     "recipe": "olmo3_7b_stage1",
     "topology": "v6e:2x2",

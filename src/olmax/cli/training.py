@@ -219,8 +219,9 @@ def compile_check_cmd(
     topology: Optional[str] = typer.Option(
         None,
         "--topology",
-        help="TPU topology as libtpu names it (v5e:2x2, v5p:4x4x4, v6e:16x16, tpu7x:4x4x4), or a GPU cluster "
-        "as NODESxGPUS (h100:64x8, h200:1x8, b200:2x8): compile for it with the TPU or GPU compiler",
+        help="TPU topology as libtpu names it (v5e:2x2, v5p:4x4x4, v6e:16x16, tpu7x:4x4x4) or as Cloud TPU's "
+        "accelerator type (v5litepod-4, v5p-128, v6e-256, tpu7x-128), or a GPU cluster as NODESxGPUS (h100:64x8, "
+        "h200:1x8, b200:2x8): compile for it with the TPU or GPU compiler",
     ),
     num_slices: int = typer.Option(1, "--num-slices", help="slices of --topology (multislice, data parallel over DCN)"),
     devices: int = typer.Option(

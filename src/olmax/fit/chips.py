@@ -67,6 +67,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -227,17 +228,19 @@ def get_chip(name: str) -> Chip:
 
 
 def chip_of_topology(topology: str) -> Chip:
-    """The chip of a topology name: libtpu's for a TPU ("v5p:4x4x4" -> v5p), NODESxGPUS for a GPU
-    cluster ("h100:64x8" -> h100)."""
-    prefix, sep, shape = topology.partition(":")
+    """The chip of a topology name: libtpu's for a TPU ("v5p:4x4x4" -> v5p) or Cloud TPU's accelerator
+    type ("v5p-128", libtpu_topology), NODESxGPUS for a GPU cluster ("h100:64x8" -> h100)."""
+    prefix, sep, shape = libtpu_topology(topology).partition(":")
     for chip in CHIPS.values():
         if chip.topology == prefix and sep and shape:
             return chip
     tpus = ", ".join(f"{c.topology}:AxB[xC]" for c in CHIPS.values() if c.topology and c.platform == "tpu")
     gpus = ", ".join(f"{c.topology}:NxG" for c in CHIPS.values() if c.topology and c.platform == "gpu")
+    types = ", ".join(f"{c.tpu_type or c.topology}-N" for c in CHIPS.values() if c.platform == "tpu")
     raise ConfigError(
-        f"unknown TPU topology {topology!r}, nor a GPU cluster; known forms: TPU {tpus} (e.g. v5p:4x4x4, tpu7x:2x2x1); "
-        f"GPU {gpus} (N nodes of G GPUs, e.g. h100:64x8)"
+        f"unknown TPU topology {topology!r}, nor a GPU cluster; known forms: TPU {tpus} (e.g. v5p:4x4x4, tpu7x:2x2x1) "
+        f"or Cloud TPU's accelerator types {types} (e.g. v5litepod-16, v5p-128); GPU {gpus} (N nodes of G GPUs, "
+        "e.g. h100:64x8)"
     )
 
 
@@ -256,9 +259,57 @@ def gpu_cluster(topology: str) -> tuple[Chip, int, int]:
 DEVICES_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1, "tpu7x": 1}
 
 
+# Cloud TPU's accelerator types: FAMILY-N, as gcloud, xpk and a TPU VM's TPU_ACCELERATOR_TYPE name a slice.
+_TPU_TYPE = re.compile(r"^([a-z][a-z0-9]*)-([0-9]+)$")
+# Families whose slices are 3D tori (v5p, Ironwood); v5e and v6e slices are 2D (Cloud TPU docs, each
+# version's "topologies" table).
+TORUS_3D = ("v5p", "tpu7x")
+
+
+def slice_shape(chips: float, three_d: bool) -> Optional[tuple[int, ...]]:
+    """The chips of a slice as Cloud TPU lays them out, or None for a count no slice has. 2D (v5e, v6e):
+    1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16. 3D (v5p, Ironwood): 2x2x1 for 4 chips, then each
+    doubling doubles the last axis once, then the axes from the last to the first in turn (2x2x2,
+    2x2x4, 2x4x4, 4x4x4, 4x4x8, 4x8x8, 8x8x8, ...)."""
+    n = int(chips)
+    if n != chips or n < 1 or n & (n - 1):
+        return None
+    k = n.bit_length() - 1
+    if not three_d:
+        return (1, 1) if n == 1 else None if n == 2 or k > 8 else (2 ** (k // 2), 2 ** (k - k // 2))
+    if n < 4:
+        return None
+    shape = [2, 2, 1]
+    for i in range(k - 2):
+        axis = 2 if i == 0 else 2 - (i - 1) % 3
+        shape[axis] *= 2
+    return tuple(shape)
+
+
+def libtpu_topology(name: str) -> str:
+    """`name` as libtpu names a topology: Cloud TPU's accelerator type becomes its slice's shape
+    (v5litepod-16 -> v5e:4x4, v5p-128 -> v5p:4x4x4, v6e-256 -> v6e:16x16, tpu7x-128 -> tpu7x:4x4x4); any
+    other name (a libtpu topology, a GPU cluster, a name no chip has) comes back as given."""
+    match = _TPU_TYPE.match(name.lower())
+    chip = chip_of_tpu_type(name.lower()) if match else None
+    if chip is None:
+        return name
+    family, count = match.group(1), int(match.group(2))
+    shape = slice_shape(count * DEVICES_PER_NAMED_UNIT[family] / chip.devices_per_chip, family in TORUS_3D)
+    if shape is None:
+        sizes = [
+            n
+            for n in (2**i for i in range(15))
+            if slice_shape(n * DEVICES_PER_NAMED_UNIT[family] / chip.devices_per_chip, family in TORUS_3D)
+        ]
+        raise ConfigError(f"{name}: no {family} slice has {count}; {family}-N takes N in {', '.join(map(str, sizes))}")
+    return f"{chip.topology}:{'x'.join(map(str, shape))}"
+
+
 def tpu_type(topology: str) -> Optional[str]:
     """The TPU type of one slice of a libtpu topology, as a TPU VM's TPU_ACCELERATOR_TYPE names it
     (v5p:4x4x4 -> v5p-128, tpu7x:2x2x1 -> tpu7x-8); None for a name that is not a TPU's AxB[xC]."""
+    topology = libtpu_topology(topology)
     chip = chip_of_topology(topology)
     shape = topology.partition(":")[2].split("x")
     if chip.platform != "tpu" or not all(s.isdigit() for s in shape):

@@ -34,6 +34,7 @@ from olmax.config.experiment import ExperimentConfig
 from olmax.config.mesh import describe_node_split
 from olmax.config.remat import AUTO, REMAT_TAGS, remat_policy_of
 from olmax.errors import ConfigError
+from olmax.fit.chips import libtpu_topology, tpu_type
 from olmax.fit.compiler import (
     GIB,
     KERNEL_CALLS,
@@ -100,7 +101,9 @@ def compile_report(
     return {
         "recipe": cfg.name,
         "platform": platform,
-        "topology": topology,
+        # libtpu's name of the slice, and Cloud TPU's (the accelerator type) for a TPU
+        "topology": topology and libtpu_topology(topology),
+        "tpu_type": tpu_type(topology) if topology and platform == "tpu" else None,
         "num_slices": num_slices if topology is not None else 1,
         "devices": mesh.size,
         "device_kind": devices[0].device_kind,
@@ -177,10 +180,11 @@ def format_report(r: dict) -> str:
     d = r["per_device"]
     where = r["platform"]
     if r["topology"]:
+        named = f"{r['topology']} ({r['tpu_type']})" if r.get("tpu_type") else r["topology"]
         where = (
             f"{r['topology']}: {r['nodes']} node(s), {r['node_layout']}"
             if r["platform"] == "gpu"
-            else f"{r['topology']} x {r['num_slices']} slice(s)"
+            else f"{named} x {r['num_slices']} slice(s)"
         )
     lines = [
         f"{r['recipe']} on {r['devices']} {r['device_kind']} devices ({where}), mesh {r['mesh']}",

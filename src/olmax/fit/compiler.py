@@ -20,7 +20,14 @@ import jax
 from olmax.config.experiment import ExperimentConfig
 from olmax.errors import ConfigError
 from olmax.extras import require
-from olmax.fit.chips import Chip, chip_of_device_kind, chip_of_topology, compiler_options, gpu_cluster
+from olmax.fit.chips import (
+    Chip,
+    chip_of_device_kind,
+    chip_of_topology,
+    compiler_options,
+    gpu_cluster,
+    libtpu_topology,
+)
 from olmax.model.attention import cudnn_target
 from olmax.objectives import dpo, grpo
 from olmax.train.state import abstract_state
@@ -57,6 +64,7 @@ class CompilerRefused(DoesNotFit):
 def topology_devices(topology: str, num_slices: int = 1) -> list:
     """Abstract devices of `num_slices` slices of a libtpu topology ("v5p:4x4x4", "tpu7x:2x2x1"), or
     of a GPU cluster ("h100:64x8")."""
+    topology = libtpu_topology(topology)  # Cloud TPU's accelerator types too (v5p-128)
     if chip_of_topology(topology).platform == "gpu":  # a clear error for a name outside the chip table
         if num_slices != 1:
             raise ConfigError(f"--num-slices is for TPU slices; a GPU topology names its nodes: {topology}")
@@ -236,12 +244,15 @@ def target(topology: Optional[str] = None, num_slices: int = 1, devices=None) ->
     """What to compile for: (devices, chip or None, where in words) of a TPU topology or GPU cluster
     (`topology`), else of `devices` (default: JAX's)."""
     if topology is not None:
+        given, topology = topology, libtpu_topology(topology)
         devices = topology_devices(topology, num_slices)
         chip: Optional[Chip] = chip_of_topology(topology)
     else:
         devices = list(devices if devices is not None else jax.devices())
         chip = chip_of_device_kind(devices[0].device_kind)
     where = topology or f"{len(devices)} {devices[0].platform} devices"
+    if topology is not None and given != topology:
+        where = f"{topology} ({given})"
     if devices[0].platform == "gpu" and topology is not None:
         _, nodes, gpus = gpu_cluster(topology)
         where = f"{topology} ({nodes} nodes x {gpus} GPUs)"
