@@ -35,10 +35,12 @@ demo: setup
 test: setup-test
 	$(BIN)/python -m pytest -q -n 2 tests
 
-# ruff (configured in pyproject.toml): lint and formatting, checked, not rewritten
+# ruff (configured in pyproject.toml): lint and formatting, checked, not rewritten; import-linter: the
+# packages' layers and the other import contracts of pyproject.toml (docs/architecture.md)
 lint: setup-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 test-slow: setup-test
 	$(BIN)/python -m pytest -q -n 2 -m slow tests

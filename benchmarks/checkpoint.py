@@ -48,17 +48,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from shapes import SHAPE_1B
+
 RECIPE = "bench-small"
 # OLMo-2-1B's shape (d_model 2048, 16 layers of 16 heads x 128, MLP 8192) with OLMo 3's vocabulary.
-ONE_B = [
-    "model.d_model=2048",
-    "model.n_layers=16",
-    "model.n_heads=16",
-    "model.n_kv_heads=16",
-    "model.head_dim=128",
-    "model.mlp_hidden=8192",
-    "model.vocab_size=100278",
-]
+ONE_B = [*SHAPE_1B, "model.vocab_size=100278"]
 ROWS = {
     "bench-small": ("full", []),
     "1b-params": ("params", ONE_B),

@@ -50,18 +50,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
+from shapes import SHAPE_190M, TINY_SHAPE  # noqa: E402
+
 from olmax.fit.chips import CHIPS, get_chip, gpu_env  # noqa: E402 - plain Python, no jax import
 
 # name -> (overrides on top of olmo3_7b_stage1, instances per step). seq_len 8192 everywhere.
 SHAPE_7B_4L = ["model.n_layers=4"]
-SHAPE_190M = [
-    "model.d_model=768",
-    "model.n_layers=12",
-    "model.n_heads=12",
-    "model.n_kv_heads=12",
-    "model.head_dim=64",
-    "model.mlp_hidden=3072",
-]
 ROWS = {
     "7b-4l": (SHAPE_7B_4L, 1),
     "7b-4l-b2": (SHAPE_7B_4L, 2),
@@ -89,17 +83,7 @@ COMMON = [
     "mesh.tensor=1",
 ]
 # The rows' layer counts stay (190m: 3 scanned groups of 4 layers; 7b-4l: one; 7b: eight).
-DRY_RUN = [
-    "model.d_model=64",
-    "model.n_heads=4",
-    "model.n_kv_heads=4",
-    "model.head_dim=16",
-    "model.mlp_hidden=192",
-    "model.sliding_window=128",
-    "model.max_position=256",
-    "data.seq_len=256",
-    "trainer.loss_chunk=128",
-]
+DRY_RUN = [*TINY_SHAPE, "trainer.loss_chunk=128"]
 
 
 def row_config(name: str, dry_run: bool, extra: list[str]):

@@ -16,6 +16,8 @@
 #   tests       `pytest -m tpu tests/test_tpu.py`: the on-chip tests (docs/testing.md)
 #   throughput  benchmarks/tpu_throughput.py: training throughput and MFU (docs/performance/tpu-v5e.md)
 #   decode      benchmarks/tpu_decode.py: sampler tokens/s against the HBM-bandwidth bound (docs/rollout.md)
+#   start       benchmarks/start_time.py: `olmax train`'s time to its first step, cold and warm (the
+#               compilation cache; docs/performance/tpu-v5e.md), by default at the 190m row's shape
 #   chat        `olmax demo chat`: SFT, DPO and RL of the tiny model on the shipped chat corpus, each
 #               scored on held-out prompts (a rerun resumes it: OLMAX_TPU_RUNS on a disk that stays)
 #   maxtext     MaxText's own trainer on the chip at the fits the throughput step chose (after it, in
@@ -37,6 +39,9 @@ WHEELS=.whl-tpu
 TPU_HOST=(jax jaxlib libtpu numpy ml_dtypes scipy opt_einsum sympy mpmath)
 FROM_INDEX=(matplotlib contourpy fonttools kiwisolver pillow tensorstore)
 KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # every matmul output kept
+# `olmax train` at the throughput table's 190m row (2 x 8192 tokens of the demo corpus a step), remat=auto
+START_190M="--set data.paths=[demo] --set data.seq_len=8192 --set trainer.global_batch=2 --set mesh.fsdp=-1
+  --set model.remat=auto --set trainer.micro_batch_size=null"
 # MaxText for the side-by-side rows (benchmarks/tpu_maxtext.py): 0.2.4 names jax 0.10.2 and libtpu
 # 0.0.42.1, a TPU VM's; its needs that the VM's index lacks travel as wheels, the rest come from the index
 MAXTEXT=maxtext==0.2.4
@@ -146,10 +151,13 @@ run() {
         [ -d "$MT_VENV/maxtext" ] && step maxtext "${OLMAX_TPU_MAXTEXT_S:-300}" "$bin/python" benchmarks/tpu_maxtext.py --json "$OUT_DIR/maxtext.json" \
           --maxtext-python "$MT_VENV/bin/python" --maxtext-src "$MT_VENV" --olmax "$OUT_DIR/throughput.json" \
           ${OLMAX_TPU_MAXTEXT:-} ;;
+      start)  # time to the first step of `olmax train`, cold and warm; OLMAX_TPU_START: the script's options
+        step start "${OLMAX_TPU_START_S:-540}" "$bin/python" benchmarks/start_time.py --json "$OUT_DIR/start.json" \
+          ${OLMAX_TPU_START:---recipe olmo3_7b --shape 190m --rows cold,warm --runs 1 $START_190M} ;;
       chat)
         step chat 540 "$bin/olmax" demo chat --run-dir "$RUNS/chat"  # 230 s on a v5e
         cat "$RUNS/chat/summary.json" >>"$OUT_DIR/chat.log" 2>&1 ;;
-      *) echo "unknown step $s (install demo tests throughput decode maxtext chat)" >&2; return 2 ;;
+      *) echo "unknown step $s (install demo tests throughput decode maxtext start chat)" >&2; return 2 ;;
     esac
   done
 }

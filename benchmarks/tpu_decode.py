@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
-from tpu_throughput import SHAPE_1B, SHAPE_190M  # noqa: E402 - the training table's shapes (overrides)
+from shapes import SHAPE_1B, SHAPE_190M  # noqa: E402 - the training table's shapes (overrides)
 
 V5E_HBM_GBPS = 819.0  # Cloud TPU v5e docs: 819 GB/s HBM bandwidth per chip
 SMOKE_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, head_dim=16, mlp_hidden=192, vocab_size=2048, sliding_window=16)

@@ -59,7 +59,8 @@ from typing import NamedTuple, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
 from chip_memory import FILLER_BLOCK, chip_holds  # noqa: E402 - the chip's measure of a step's HBM
-from gpu_mfu import SHAPE_190M, timed_steps  # noqa: E402 - this folder's GPU table: plain Python, no jax import
+from gpu_mfu import timed_steps  # noqa: E402 - this folder's GPU table: plain Python, no jax import
+from shapes import SHAPE_1B, SHAPE_190M, TINY_SHAPE  # noqa: E402
 from tpu_profile import PROFILE_STEPS, side_by_side  # noqa: E402 - a trace's device time by op
 from tpu_profile import read as read_profile  # noqa: E402
 
@@ -75,26 +76,7 @@ COMMON = [
     "mesh.context=1",
     "mesh.tensor=1",
 ]
-SHAPE_1B = [
-    "model.d_model=2048",
-    "model.n_layers=16",
-    "model.n_heads=16",
-    "model.n_kv_heads=16",
-    "model.head_dim=128",
-    "model.mlp_hidden=8192",
-]
-SMOKE = [
-    "model.d_model=64",
-    "model.n_heads=4",
-    "model.n_kv_heads=4",
-    "model.head_dim=16",
-    "model.mlp_hidden=192",
-    "model.sliding_window=128",
-    "model.max_position=256",
-    "model.vocab_size=2048",
-    "data.seq_len=256",
-    "trainer.loss_chunk=128",
-]
+SMOKE = [*TINY_SHAPE, "model.vocab_size=2048", "trainer.loss_chunk=128"]
 SMOKE_MAX_LAYERS = 4
 SMOKE_HBM_GIB = 0.05
 

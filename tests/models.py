@@ -157,6 +157,13 @@ def tiny_eval_model(**fields) -> ModelConfig:
     return ModelConfig(**{**sizes, "sliding_window": 8, "compute_dtype": "float32", **fields})
 
 
+def small_model(**fields) -> ModelConfig:
+    """The export and chat tests' model: 2 layers of 4 query heads of 8 over 2 key/value heads, d_model 32,
+    MLP 64, window 8, over the full dolma2 vocabulary (its tokenizer's ids); `fields` change any of them."""
+    sizes = dict(vocab_size=100278, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64)
+    return ModelConfig(**{**sizes, "sliding_window": 8, **fields})
+
+
 # The one-layer model the train-step tests (LM, SFT, DPO, GRPO) run on one device and on eight.
 STEP_MODEL = ModelConfig(
     vocab_size=250,

@@ -17,3 +17,15 @@ STAGE1_LR = [
     (1_000_000, 8.9834077e-5),
     (1_668_931, 3e-5),
 ]
+
+# That schedule's settings (docs/reference.md): the cosine to 5e12 tokens, switched at step 596,048 to
+# HalfCosWithWarmup(warmup 597,046) to 7e12 tokens; warmup 2000 steps, alpha_f 0.1.
+STAGE1_SETTINGS = {
+    "name": "stitched_cosine",
+    "warmup_steps": 2000,
+    "alpha_f": 0.1,
+    "t_max_tokens": 5 * 10**12,
+    "switch_step": 596_048,
+    "half_cos_warmup": 597_046,
+    "final_t_max_tokens": 7 * 10**12,
+}

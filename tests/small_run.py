@@ -4,6 +4,7 @@ append their own overrides (later ones win)."""
 
 import atexit
 import shutil
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -47,3 +48,18 @@ def small_config(tmp_path, *extra):
     if not (work_dir / "demo").exists():
         shutil.copytree(tokenized_demo(), work_dir / "demo")
     return apply_overrides(get_recipe("tiny"), SMALL + [f"data.work_dir={work_dir}", *extra])
+
+
+# The metrics a resumed run logs bit for bit as the uninterrupted run does.
+EXACT_KEYS = [
+    "train/CE loss",
+    "train/Z loss",
+    "optim/total grad norm",
+    "optim/LR",
+    "optim/step skipped",
+    "throughput/total tokens",
+    "data/instances",
+]
+
+# `olmax` as a separate process of this interpreter: the argv before the command's words
+OLMAX = [sys.executable, "-m", "olmax.cli"]

@@ -22,7 +22,7 @@ import uuid
 import jax
 import numpy as np
 import pytest
-from small_run import SMALL, small_config
+from small_run import EXACT_KEYS, SMALL, small_config
 
 from olmax.checkpoint.store import (
     COMMIT_FILE,
@@ -35,15 +35,7 @@ from olmax.checkpoint.store import (
 )
 from olmax.model.olmo3 import init_params
 
-KEYS = [
-    "train/CE loss",
-    "train/Z loss",
-    "optim/total grad norm",
-    "optim/LR",
-    "optim/step skipped",
-    "throughput/total tokens",
-    "data/instances",
-]
+KEYS = EXACT_KEYS
 
 
 class FakeGCS:

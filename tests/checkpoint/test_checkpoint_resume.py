@@ -6,6 +6,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from small_run import EXACT_KEYS
 from small_run import SMALL as BASE
 
 from olmax.checkpoint.store import load_params
@@ -14,15 +15,7 @@ from olmax.config.recipes import get_recipe
 from olmax.trainer.run import train
 
 SMALL = BASE + ["trainer.max_steps=20", "checkpoint.every=4"]
-KEYS = [
-    "train/CE loss",
-    "train/Z loss",
-    "optim/total grad norm",
-    "optim/LR",
-    "optim/step skipped",
-    "throughput/total tokens",
-    "data/instances",
-]
+KEYS = EXACT_KEYS
 
 
 @pytest.mark.slow  # ~2 min on 2 cores: three short runs, two with worker processes

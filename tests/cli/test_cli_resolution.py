@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from models import tiny_eval_model
 from typer.testing import CliRunner
 
 from olmax.checkpoint.store import save_params
@@ -20,24 +21,13 @@ from olmax.cli.common import app, resolve_experiment
 from olmax.config.data import DataConfig
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.io import save_yaml
-from olmax.config.model import ModelConfig
 from olmax.config.run import EvalConfig
 from olmax.config.trainer import TrainerConfig
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params
 
 VOCAB, EOS, PAD = 300, 299, 298
-MODEL = ModelConfig(
-    vocab_size=VOCAB,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    mlp_hidden=64,
-    sliding_window=8,
-    compute_dtype="float32",
-)
+MODEL = tiny_eval_model(vocab_size=VOCAB)
 SHARDS = ("data/{TOKENIZER}/web/000000.npy", "data/{TOKENIZER}/code/000001.npy")
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from models import small_model
 from typer.testing import CliRunner
 
 from olmax.checkpoint.store import save_params
@@ -19,25 +20,14 @@ from olmax.cli.common import app
 from olmax.config.model import ModelConfig
 from olmax.convert.hf import convert_to_hf
 from olmax.convert.tensors import ConversionError
-from olmax.data.tokenizer import DOLMA2_VOCAB_SIZE, Dolma2Tokenizer
+from olmax.data.tokenizer import Dolma2Tokenizer
 from olmax.model.olmo3 import init_params
 
 # AI2's dolma2 tokenizer file (allenai_dolma2.json, 2.7 MB) with its vocabulary and merges replaced by
 # their digests (`summarised`); tests/fixtures/README.md says where the file comes from.
 DOLMA2_SUMMARY = Path(__file__).resolve().parents[1] / "fixtures" / "allenai_dolma2.summary.json"
 DEMO_HELDOUT = Path(__file__).resolve().parents[2] / "src" / "olmax" / "data" / "demo" / "heldout.jsonl.gz"
-CFG = ModelConfig(
-    vocab_size=DOLMA2_VOCAB_SIZE,
-    d_model=32,
-    n_layers=3,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=8,
-    mlp_hidden=64,
-    sliding_window=8,
-    max_position=128,
-    compute_dtype="float32",
-)
+CFG = small_model(n_layers=3, max_position=128, compute_dtype="float32")
 DOLMA2 = {"eos_token_id": 100257, "pad_token_id": 100277, "bos_token_id": None}
 
 

@@ -10,13 +10,12 @@ from dataclasses import replace
 import jax
 import numpy as np
 import pytest
-from models import make_hf_checkpoint, word_tokenizer
+from models import make_hf_checkpoint, small_model, word_tokenizer
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 from olmax.checkpoint.store import load_params, save_params
 from olmax.cli.common import app
-from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import init_params
 
 # What `--tokenizer none` writes: no tokenizer.json, tokenizer_config.json or special_tokens_map.json.
@@ -29,17 +28,7 @@ def convert(*args: str):
 
 
 def small_checkpoint(path, vocab_size: int, special_tokens: dict):
-    cfg = ModelConfig(
-        vocab_size=vocab_size,
-        d_model=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=8,
-        mlp_hidden=64,
-        sliding_window=8,
-        max_position=128,
-    )
+    cfg = small_model(vocab_size=vocab_size, max_position=128)
     params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     save_params(path, params, cfg, {"source": "test", "special_tokens": special_tokens})
     return params

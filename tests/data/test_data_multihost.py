@@ -4,13 +4,10 @@ batches they assemble hold every instance of the epoch exactly once, in OLMo-cor
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
-import portpicker
+from multihost import run_processes
 
 WORKER = textwrap.dedent("""
     import json, sys
@@ -52,31 +49,8 @@ def test_two_processes_deliver_each_instance_once(tmp_path):
         p = tmp_path / f"{i:06d}.npy"
         rng.integers(0, 5000, size=n).astype(np.uint16).tofile(p)
         paths.append(str(p))
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    port = portpicker.pick_unused_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     out = tmp_path / "out.json"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(script),
-                str(port),
-                str(pid),
-                ",".join(paths),
-                str(tmp_path / f"cache{pid}"),
-                str(out),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for pid in range(2)
-    ]
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run_processes(WORKER, tmp_path, lambda pid: [",".join(paths), str(tmp_path / f"cache{pid}"), str(out)])
 
     result = json.loads(out.read_text())
     from olmax.data.order import permutation

@@ -449,21 +449,10 @@ def test_remote_files_pack_by_their_metadata_as_olmo_core(tmp_path):
 def served(tmp_path):
     """(root, base URL): files under root served over HTTP with Range support (test_data_remote's server)."""
     pytest.importorskip("aiohttp")
-    import threading
+    from test_data_remote import serving
 
-    from test_data_remote import RangeServer
-
-    root = tmp_path / "served"
-    root.mkdir()
-    srv = RangeServer(root)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield root, srv.base
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(timeout=5)
+    with serving(tmp_path / "served") as srv:
+        yield srv.root, srv.base
 
 
 def metadata_of(path):

@@ -7,6 +7,7 @@ ranges, never whole files.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import threading
@@ -92,10 +93,10 @@ class RangeHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-@pytest.fixture
-def server(tmp_path):
-    root = tmp_path / "served"
-    root.mkdir()
+@contextlib.contextmanager
+def serving(root: Path):
+    """A RangeServer of the files under `root` on a thread, stopped on exit."""
+    root.mkdir(exist_ok=True)
     srv = RangeServer(root)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -106,6 +107,12 @@ def server(tmp_path):
         srv.server_close()
         thread.join(timeout=5)
         assert not thread.is_alive(), "the test HTTP server did not stop"
+
+
+@pytest.fixture
+def server(tmp_path):
+    with serving(tmp_path / "served") as srv:
+        yield srv
 
 
 def write_mix(root: Path, lengths, seed=0) -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from models import small_model
 from typer.testing import CliRunner
 
 from olmax.checkpoint.store import save_params
@@ -20,22 +21,11 @@ from olmax.config.model import ModelConfig
 from olmax.convert.hf import convert_to_hf
 from olmax.convert.tensors import ConversionError
 from olmax.data import chat
-from olmax.data.tokenizer import DOLMA2_VOCAB_SIZE
 from olmax.model.olmo3 import abstract_params
 from olmax.rollout.text import read_conversations
 
-CFG = ModelConfig(
-    vocab_size=DOLMA2_VOCAB_SIZE,
-    d_model=32,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=8,
-    mlp_hidden=64,
-    sliding_window=16,
-    max_position=256,  # the default system prompts alone are ~40 tokens
-    compute_dtype="float32",
-)
+# max_position 256: the default system prompts alone are ~40 tokens
+CFG = small_model(sliding_window=16, max_position=256, compute_dtype="float32")
 DOLMA2 = {"eos_token_id": 100257, "pad_token_id": 100277, "bos_token_id": None}
 IM_END = 100265
 # A user turn alone (the template's default system prompt), a given system prompt, multi-turn, and

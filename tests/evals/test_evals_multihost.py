@@ -6,16 +6,13 @@ devices, so no process holds the whole model; the per-token results come back re
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
 import numpy as np
-import portpicker
 import pytest
 from models import tiny_eval_model
+from multihost import run_processes
 
 from olmax.checkpoint.store import save_params
 from olmax.config.data import DataConfig
@@ -53,32 +50,9 @@ def test_two_processes_give_one_process_figures(tmp_path):
     save_params(tmp_path / "ckpt", jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0)), CFG, {})
     shard = tmp_path / "000000.npy"
     np.random.default_rng(0).integers(0, 4999, 12 * 16).astype(np.uint16).tofile(shard)
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    port = portpicker.pick_unused_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     out = tmp_path / "out.json"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(script),
-                str(port),
-                str(pid),
-                str(tmp_path / "ckpt"),
-                str(shard),
-                str(tmp_path / f"cache{pid}"),
-                str(out),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for pid in range(2)
-    ]
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    args = lambda pid: [str(tmp_path / "ckpt"), str(shard), str(tmp_path / f"cache{pid}"), str(out)]  # noqa: E731
+    run_processes(WORKER, tmp_path, args)
     reports = [json.loads((tmp_path / f"out.json.{pid}").read_text()) for pid in range(2)]
     assert reports[0] == reports[1] and reports[0]["devices"] == 4
     data_cfg = DataConfig(work_dir=str(tmp_path / "cache"), vocab_size=5000, eos_token_id=4999, pad_token_id=0)

@@ -4,6 +4,7 @@ that names what would fit. The real compiler's part is tests/fit/test_compile_ch
 
 import dataclasses
 import json
+import logging
 from types import SimpleNamespace
 
 import jax
@@ -217,3 +218,48 @@ def test_train_chooses_before_its_first_step_and_a_restart_reads_the_choice(monk
     train_module.train(cfg, run_dir, progress=False)
     assert len(done) == 5
     assert f"{SEEDS}, serial, as searched on" in capsys.readouterr().out
+
+
+def test_the_trainer_runs_the_program_the_search_compiled(monkeypatch, tmp_path):
+    """olmax train with model.remat=auto on devices with a budget: the search compiles the chosen step
+    and the trainer runs the program it compiled for the chosen set for every step, so that step is not
+    compiled again for the first step; the search's record goes to the run directory
+    and to the compilation cache's folder, from which a run in a new run directory reads it, searching
+    nothing. Without the reuse (the trainer's own jit) the step is compiled a second time."""
+    from olmax.fit import compile_cache
+    from olmax.trainer import loop
+    from olmax.trainer.run import train
+
+    shared = tmp_path / "compile-cache"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(shared))  # where the record is shared
+    assert compile_cache.cache_dir() == shared
+    monkeypatch.setattr(remat, "chip_of_device_kind", lambda kind: V5P)
+    compiles = []
+    real = remat.compile_step
+    monkeypatch.setattr(remat, "compile_step", lambda *a: compiles.append("search") or real(*a))
+    cfg = small_config(tmp_path, "model.remat=auto", "model.vocab_size=512", "trainer.max_steps=2")
+
+    def steps_compiled(run_dir) -> int:
+        """The train step's XLA compiles during a run (jax logs each when jax_log_compiles is on)."""
+        seen = []
+        handler = logging.Handler()
+        handler.emit = lambda record: seen.append(record.getMessage())
+        logger = logging.getLogger("jax")
+        logger.addHandler(handler)
+        cache = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)  # every program compiled, none read back
+        try:
+            with jax.log_compiles(True):
+                train(cfg, run_dir, progress=False)
+        finally:
+            jax.config.update("jax_enable_compilation_cache", cache)
+            logger.removeHandler(handler)
+        return sum("Finished XLA compilation of jit(step_fn)" in m for m in seen)
+
+    assert steps_compiled(tmp_path / "run") == len(compiles) > 0  # the search's compiles only
+    assert (tmp_path / "run" / RECORD_FILE).exists() and (shared / RECORD_FILE).exists()
+    compiles.clear()
+    assert steps_compiled(tmp_path / "new") == 1 and compiles == []  # the record read, the step compiled once
+    monkeypatch.setattr(loop, "_compiled_for", lambda compiled, args: False)
+    (shared / RECORD_FILE).unlink()
+    assert steps_compiled(tmp_path / "again") == len(compiles) + 1  # the search's, then the trainer's own

@@ -6,9 +6,9 @@ process, so every run is a subprocess."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+from small_run import OLMAX
 
 # The tiny recipe shrunk to run in about a minute on 2 shared cores (the full one takes several):
 # a narrower, shallower model on shorter sequences, no held-out evaluation; batch, data, schedule as is.
@@ -36,20 +36,8 @@ TOLERANCE = {
 
 def _olmax_train(run_dir, stop_at, devices, cache):
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "olmax.cli",
-        "train",
-        "--recipe",
-        "tiny",
-        "--run-dir",
-        str(run_dir),
-        "--stop-at",
-        str(stop_at),
-        f"data.work_dir={cache}",
-        *SHRINK,
-    ]
+    train = [*OLMAX, "train", "--recipe", "tiny", "--run-dir", str(run_dir), "--stop-at", str(stop_at)]
+    cmd = [*train, f"data.work_dir={cache}", *SHRINK]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from slurm_env import slurm_env
+from small_run import OLMAX
 from typer.testing import CliRunner
 
 from olmax.cli.common import app
@@ -61,19 +62,7 @@ def test_local_command_round_trips_through_a_shell(tmp_path):
     plan = make_plan("tiny", [TRICKY], run_dir, 2, stop_at=5)
     backend = make_backend("local", plan, {"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=8"})
     (command,) = backend.launch_steps()
-    assert command.argv == [
-        sys.executable,
-        "-m",
-        "olmax.cli",
-        "train",
-        "--recipe",
-        "tiny",
-        "--run-dir",
-        run_dir,
-        "--stop-at",
-        "5",
-        TRICKY,
-    ]
+    assert command.argv == [*OLMAX, "train", "--recipe", "tiny", "--run-dir", run_dir, "--stop-at", "5", TRICKY]
     assert command.env == {"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=2"}
     printed = dry_run(backend, plan, resume=False).splitlines()[-1]
     # what the shell would run: the environment assignment, then the argv unchanged
@@ -261,23 +250,8 @@ def test_two_workers_form_one_jax_distributed_job(tmp_path):
 def test_cli_dry_run_and_errors(tmp_path):
     runner = CliRunner()
     run_dir = str(tmp_path / "r")
-    result = runner.invoke(
-        app,
-        [
-            "launch",
-            "resume-until-done",
-            "--backend",
-            "local",
-            "--recipe",
-            "tiny",
-            "--total-devices",
-            "4",
-            "--run-dir",
-            run_dir,
-            "--dry-run",
-            TRICKY,
-        ],
-    )
+    local = ["launch", "resume-until-done", "--backend", "local", "--recipe", "tiny", "--total-devices", "4"]
+    result = runner.invoke(app, [*local, "--run-dir", run_dir, "--dry-run", TRICKY])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("# local: 4 devices (mesh data=1 x fsdp=4 x context=1 x tensor=1): global batch 8")

@@ -6,24 +6,13 @@ reference test (parity) checks `olmax generate` against transformers' `generate`
 import jax
 import numpy as np
 import pytest
-from models import random_params
+from models import random_params, small_model
 
-from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import forward
 from olmax.rollout.sampler import Sampling, generate, generate_in_batches
 from olmax.rollout.text import read_prompts
 
-CFG = ModelConfig(
-    vocab_size=300,
-    d_model=32,
-    n_layers=3,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=8,
-    mlp_hidden=64,
-    sliding_window=4,
-    compute_dtype="float32",
-)
+CFG = small_model(vocab_size=300, n_layers=3, sliding_window=4, compute_dtype="float32")
 
 
 @pytest.fixture(scope="module")

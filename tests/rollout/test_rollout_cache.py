@@ -8,24 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from models import random_params
+from models import random_params, small_model
 
-from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import forward
 from olmax.rollout.cache import cached_forward, init_cache
 
-CFG = ModelConfig(
-    vocab_size=300,
-    d_model=32,
-    n_layers=3,  # one scanned group of 2 (window 4, global) and a tail layer (the last: global)
-    global_every=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=8,
-    mlp_hidden=64,
-    sliding_window=4,
-    compute_dtype="float32",
-)
+# 3 layers: one scanned group of 2 (window 4, global) and a tail layer (the last: global)
+CFG = small_model(vocab_size=300, n_layers=3, global_every=2, sliding_window=4, compute_dtype="float32")
 
 
 def test_cached_steps_match_the_full_forward():

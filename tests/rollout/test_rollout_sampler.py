@@ -16,26 +16,14 @@ the public `generate` keying and stops: test_generate.py."""
 import jax
 import numpy as np
 import pytest
-from models import random_params
+from models import random_params, small_model
 
 from olmax.config.mesh import MeshConfig
-from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import forward, param_shardings
 from olmax.model.sharding import make_mesh
 from olmax.rollout.sampler import FINISH, Sampling, sample
 
-CFG = ModelConfig(
-    vocab_size=300,
-    d_model=32,
-    n_layers=2,
-    global_every=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=8,
-    mlp_hidden=64,
-    sliding_window=4,
-    compute_dtype="float32",
-)
+CFG = small_model(vocab_size=300, global_every=2, sliding_window=4, compute_dtype="float32")
 HOT = Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=5)
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from reference_values import STAGE1_LR
+from reference_values import STAGE1_LR, STAGE1_SETTINGS
 from small_run import small_config
 from typer.testing import CliRunner
 
@@ -24,15 +24,7 @@ from olmax.trainer.status import MetricsReader, run_status
 STAGE1_TOKENS_PER_STEP = 512 * 8192  # 4,194,304
 # AI2's stage 1 (docs/reference.md): the cosine up to step 596,047, the checkpoint -pretrain-2.py
 # resumes from; from step 596,048 HalfCosWithWarmup(warmup 597,046) to 7e12 tokens.
-STAGE1 = ScheduleConfig(
-    name="stitched_cosine",
-    warmup_steps=2000,
-    alpha_f=0.1,
-    t_max_tokens=5 * 10**12,
-    switch_step=596_048,
-    half_cos_warmup=597_046,
-    final_t_max_tokens=7 * 10**12,
-)
+STAGE1 = ScheduleConfig(**STAGE1_SETTINGS)
 
 
 def stage1_schedule():

@@ -8,12 +8,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
+from small_run import EXACT_KEYS, OLMAX
 from small_run import SMALL as BASE
 
 from olmax.checkpoint.store import TMP_SUFFIX, load_params
@@ -23,16 +23,7 @@ from olmax.launch.resume import LOCK_FILE
 from olmax.trainer.run import train
 
 SMALL = BASE + ["trainer.max_steps=12", "eval.every=0"]
-KEYS = [
-    "train/CE loss",
-    "train/Z loss",
-    "optim/total grad norm",
-    "optim/LR",
-    "optim/step skipped",
-    "throughput/total tokens",
-    "data/instances",
-    "data/repeats",
-]
+KEYS = [*EXACT_KEYS, "data/repeats"]
 # What each kill waits for: "save", a checkpoint write in progress (a new <step>.orbax-checkpoint-tmp);
 # "step", a random step at least 5 past the newest checkpoint (so one more commits), then a random part of a step;
 # "startup", a random moment in the first 3 s (imports, restore, compilation).
@@ -102,24 +93,9 @@ def test_kill_9_at_random_moments_then_resume_until_done_equals_an_uninterrupted
     t0 = time.time()
     launcher = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "olmax.cli",
-            "launch",
-            "resume-until-done",
-            "--backend",
-            "local",
-            "--recipe",
-            "tiny",
-            "--total-devices",
-            "8",
-            "--run-dir",
-            str(run_dir),
-            "--retry-backoff",
-            "0",
-            "--max-retries",
-            "10",
-            *overrides,
+            *OLMAX,
+            *("launch", "resume-until-done", "--backend", "local", "--recipe", "tiny", "--total-devices", "8"),
+            *("--run-dir", str(run_dir), "--retry-backoff", "0", "--max-retries", "10", *overrides),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

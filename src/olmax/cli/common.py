@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, MutableMapping, Optional
 import typer
 
 from olmax.errors import ConfigError
+from olmax.fit import compile_cache
 from olmax.rundir.exits import ExitStatus
 
 app = typer.Typer(
@@ -354,8 +355,9 @@ def runs_on(where: str):
     """Decorator of every command but `olmax launch` (whose trainers decide for themselves, on their
     own hosts), applied before the command's body imports JAX: `"cpu"` for a command that needs only
     the CPU, `"accelerator"` for one that runs the model (on the host's TPU or GPU if it has one).
-    Sets JAX_PLATFORMS (`jax_platforms`), the host's TPU flag profile (`tpu_profile_env`), drops orbax's
-    read-only notices and, on a host without a GPU, the CUDA plugin's (`load_cuda_plugin_quietly`)."""
+    Sets JAX_PLATFORMS (`jax_platforms`), the host's TPU flag profile (`tpu_profile_env`), the
+    persistent compilation cache (olmax.fit.compile_cache), drops orbax's read-only notices and, on a
+    host without a GPU, the CUDA plugin's (`load_cuda_plugin_quietly`)."""
     if where not in ("cpu", "accelerator"):
         raise ValueError(f"runs_on: where must be 'cpu' or 'accelerator', got {where!r}")
 
@@ -370,6 +372,7 @@ def runs_on(where: str):
             # XLA's C++ INFO log (the GPU compiler's notes on a compile without a GPU, the latency-hiding
             # scheduler's memory figures): warnings and errors still show
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+            compile_cache.enable()  # compiled programs kept for the next run on this host
             load_cuda_plugin_quietly()
             from absl import logging as absl_logging
 

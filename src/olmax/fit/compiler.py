@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax.config.experiment import ExperimentConfig
 from olmax.errors import ConfigError
 from olmax.extras import require
+from olmax.fit import compile_cache
 from olmax.fit.chips import (
     Chip,
     chip_of_device_kind,
@@ -65,6 +67,7 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
     """Abstract devices of `num_slices` slices of a libtpu topology ("v5p:4x4x4", "tpu7x:2x2x1"), or
     of a GPU cluster ("h100:64x8")."""
     topology = libtpu_topology(topology)  # Cloud TPU's accelerator types too (v5p-128)
+    compile_cache.disable()  # compiled for devices this process has not: nothing to keep or read back
     if chip_of_topology(topology).platform == "gpu":  # a clear error for a name outside the chip table
         if num_slices != 1:
             raise ConfigError(f"--num-slices is for TPU slices; a GPU topology names its nodes: {topology}")
@@ -179,6 +182,9 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str) -> Comp
         batch = {"input_ids": rows, **({"doc_lens": rows} if cfg.data.doc_masking else {})}
         if cfg.data.label_masks:
             batch["label_mask"] = jax.ShapeDtypeStruct(rows.shape, "bool", sharding=rows.sharding)
+        if cfg.data.instance_filter:  # the repetition filter's verdict per instance
+            rows_only = NamedSharding(mesh, PartitionSpec(rows.sharding.spec[0]))
+            batch["instance_mask"] = jax.ShapeDtypeStruct(rows.shape[:1], "bool", sharding=rows_only)
         if cfg.trainer.objective == "dpo":  # global_batch pairs of (chosen, rejected) rows
             pairs = (cfg.trainer.global_batch, 2, cfg.data.seq_len)
             shardings = dpo.pair_batch_shardings(mesh, rows.sharding.spec[0])

@@ -16,6 +16,7 @@ from jax.experimental import multihost_utils
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.remat import AUTO, AUTO_LADDER
 from olmax.errors import ConfigError
+from olmax.fit import compile_cache
 from olmax.fit.chips import Chip, chip_of_device_kind
 from olmax.fit.compiler import GIB, CompileResult, CompilerRefused, DoesNotFit, budget_gib, compile_step
 from olmax.fit.remat_search import (
@@ -56,12 +57,14 @@ def choose_remat(
     cache_dir: Optional[str] = None,
     log: Callable[[str], None] = lambda line: None,
     write_record: bool = True,
+    shared_dir: Optional[str] = None,
 ) -> RematChoice:
     """model.remat=auto chosen for `mesh` (olmax.fit.remat_search): the first candidate of the ladder
     whose step the compiler accepts within the chip's budget, found by bisection, or the record of
-    an earlier search in cache_dir/remat_search.json; the search's record goes there (unless
-    write_record is false: a run's other processes). CPU devices have no budget: the most kept set,
-    nothing compiled. A step that fits under no policy is DoesNotFit, naming what would."""
+    an earlier search in cache_dir/remat_search.json, else in shared_dir's (the compilation cache's
+    folder, which runs in other run directories on this host share); the search's record goes to both
+    (unless write_record is false: a run's other processes). CPU devices have no budget: the most kept
+    set, nothing compiled. A step that fits under no policy is DoesNotFit, naming what would."""
     budget = budget_gib(chip)
     if budget is None:
         device = mesh.devices.flat[0]
@@ -73,11 +76,14 @@ def choose_remat(
         log(f"model.remat=auto on {where}: no HBM budget on CPU devices, so {AUTO_LADDER[0]}, nothing compiled")
         return RematChoice(with_remat(cfg, AUTO_LADDER[0], False))
     key = search_key(cfg, mesh)
-    record = cached(cache_dir, key)
-    if record is not None:
-        source = paths.join(cache_dir, RECORD_FILE)
-        log(format_choice(record, source))
-        return RematChoice(with_remat(cfg, record["remat"], record["remat_serial"]), record, source=source)
+    for folder in (cache_dir, shared_dir):
+        record = cached(folder, key)
+        if record is not None:
+            source = paths.join(folder, RECORD_FILE)
+            log(format_choice(record, source))
+            if write_record and folder != cache_dir:
+                store(cache_dir, record)  # a resume of this run reads it from its run directory
+            return RematChoice(with_remat(cfg, record["remat"], record["remat_serial"]), record, source=source)
     fitting: list[tuple] = []  # the latest candidate that fit, compiled: bisection's choice is its last
 
     def compile(c: ExperimentConfig, m) -> Candidate:
@@ -105,19 +111,23 @@ def choose_remat(
     record = new_record(key, best, tried, budget, time.perf_counter() - t0)
     if write_record:
         store(cache_dir, record)
+        store(shared_dir, record)
     log(format_choice(record))
     return RematChoice(with_remat(cfg, best.remat, best.serial), record, fitting[0])
 
 
-def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> ExperimentConfig:
-    """`cfg` with model.remat=auto chosen for the run's devices (`choose_remat`), compiled with the
-    process's own flags as the step will be; the record of the search is RUN_DIR/remat_search.json, so
-    a restart reads it back instead of searching. Every process searches (or reads) alike, and all
-    take process 0's choice: one program runs the step's collectives. Any other model.remat: `cfg`."""
+def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> RematChoice:
+    """`choose_remat` for a run's own devices, compiled with the process's own flags as the step will
+    be: the record of the search goes to RUN_DIR/remat_search.json and to the compilation cache's folder
+    (olmax.fit.compile_cache), so a restart, or a run in a new run directory on the same devices, reads
+    it back instead of searching. The choice carries the step the search compiled for it, which the
+    trainer runs instead of compiling it again. Every process searches (or reads) alike, and all take
+    process 0's choice: one program runs the step's collectives. Any other model.remat: `cfg` as it is."""
     if cfg.model.remat != AUTO:
-        return cfg
+        return RematChoice(cfg)
     devices = list(mesh.devices.flat)
     primary = jax.process_index() == 0
+    shared = compile_cache.cache_dir()
     choice = choose_remat(
         cfg,
         mesh,
@@ -127,9 +137,11 @@ def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> ExperimentC
         run_dir,
         log=lambda line: print(line, flush=True) if primary else None,
         write_record=primary,
-    ).cfg
+        shared_dir=None if shared is None else str(shared),
+    )
     if jax.process_count() == 1:
         return choice
     picks = [(remat, serial) for remat in AUTO_LADDER for serial in (False, True)]
-    mine = picks.index((choice.model.remat, choice.model.remat_serial))
-    return with_remat(cfg, *picks[int(multihost_utils.broadcast_one_to_all(np.int32(mine)))])
+    mine = picks.index((choice.cfg.model.remat, choice.cfg.model.remat_serial))
+    chosen = int(multihost_utils.broadcast_one_to_all(np.int32(mine)))
+    return choice if chosen == mine else RematChoice(with_remat(cfg, *picks[chosen]))

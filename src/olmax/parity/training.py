@@ -4,7 +4,7 @@
 that compare them; tests/parity/test_train_parity.py asserts on them and benchmarks/train_parity.py runs it
 longer, with a plot. Needs the `parity` extra (torch, ai2-olmo-core), imported inside the functions.
 
-What is compared (docs/training.md, "Training parity with OLMo-core"):
+What is compared (docs/training-parity.md):
 - Model: a tiny OLMo 3 built and initialised by OLMo-core (`TransformerConfig.llama_like` with the
   reordered-norm block, QK-norm, windows [W, W, W, full], `init_weights`), its state dict converted
   with `olmax.convert.olmo_core.convert_from_olmo_core`, so both start from the same weights.

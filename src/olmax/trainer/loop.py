@@ -38,13 +38,15 @@ def run_loop(
     run_dir: str,
     last: int,
     *,
+    compiled=None,
     peak_tflops: Optional[float] = None,
     progress: bool = True,
 ) -> list[dict]:
     """Steps state.step + 1 .. `last`; returns the metrics rows logged. Closes the batches, the metrics
-    writers and the checkpoints when it ends, however it ends."""
+    writers and the checkpoints when it ends, however it ends. `compiled`: this config's step as
+    model.remat=auto's search compiled it (olmax.fit.remat), run instead of compiling it again."""
     start = int(state.step)
-    step_fn = make_train_step(cfg, mesh, epoch_batches=batches.batches_per_epoch)
+    step_fn = _step_program(make_train_step(cfg, mesh, epoch_batches=batches.batches_per_epoch), compiled, cfg)
     primary = jax.process_index() == 0  # metrics are global: process 0 writes and shows them
     log = MetricsLog(run_dir, cfg, mesh.size, peak_tflops, start_step=start, write=primary)
     evaluator = HeldoutEvaluator(cfg, mesh)
@@ -87,6 +89,35 @@ def run_loop(
         log.close()
         ckpts.close()
     return rows
+
+
+def _step_program(step_fn, compiled, cfg: ExperimentConfig):
+    """The step to run: `compiled` (the search's program of this very step) when the first step's
+    inputs are the ones it was compiled for, else the jitted `step_fn`, which compiles (or reads its
+    program from the persistent cache) on its first call. The search's program assumes no epoch horizon
+    (it counts trainer.max_steps batches per epoch), so a schedule over epochs compiles its own."""
+    if not isinstance(compiled, jax.stages.Compiled) or cfg.schedule.t_max_epochs is not None:
+        return step_fn
+    chosen = None
+
+    def step(state, batch):
+        nonlocal chosen
+        if chosen is None:
+            chosen = compiled if _compiled_for(compiled, (state, batch)) else step_fn
+        return chosen(state, batch)
+
+    return step
+
+
+def _compiled_for(compiled, args) -> bool:
+    """Whether `args` are what `compiled` takes: the same tree, shapes, dtypes and shardings."""
+    leaves, tree = jax.tree.flatten((args, {}))
+    if tree != compiled.in_tree:
+        return False
+    avals, shardings = jax.tree.leaves(compiled.in_avals), jax.tree.leaves(compiled.input_shardings)
+    return all(
+        (x.shape, x.dtype) == (a.shape, a.dtype) and x.sharding == s for x, a, s in zip(leaves, avals, shardings)
+    )
 
 
 def _log(pending, log: MetricsLog, rows: list, bar: Progress, t_last: float, extra=dict) -> None:

@@ -2,7 +2,7 @@
 call into the package that owns it:
 
 1. mesh      the devices laid out as mesh.* says (olmax.model.sharding)
-2. fit       model.remat=auto chosen for those devices (olmax.fit.remat)
+2. fit       model.remat=auto chosen for those devices (olmax.fit.remat), its step compiled once
 3. pairs     DPO only: the preference pairs, checked against their reference cache before any
              parameters load (olmax.trainer.reference)
 4. state     resumed from the newest complete checkpoint, or fresh: a random init, checkpoint.init_from
@@ -57,7 +57,8 @@ def train(
     run_dir = paths.clean(run_dir)
     paths.makedirs(run_dir)
     mesh = make_mesh(cfg.mesh, devices)
-    given, cfg = cfg, choose_for_devices(cfg, mesh, run_dir)
+    choice = choose_for_devices(cfg, mesh, run_dir)
+    given, cfg = cfg, choice.cfg
     ckpts = RunCheckpoints(run_checkpoint_dir(cfg, run_dir), cfg, allow_config_change=allow_config_change)
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with exclusive(run_dir), jax.set_mesh(mesh), PreemptionNotice() as preempted:
@@ -73,6 +74,17 @@ def train(
             last = last_step(cfg, stop_at)
             if not start.resumed and jax.process_index() == 0:  # for olmax status, the launcher and the CLI
                 paths.write_text(run_dir, "config.yaml", to_yaml(ends_with_epochs(given, batches.batches_per_epoch)))
+        compiled = choice.compiled.compiled if choice.compiled is not None and choice.cfg == cfg else None
         return run_loop(
-            cfg, mesh, start.state, batches, ckpts, preempted, run_dir, last, peak_tflops=peak_tflops, progress=progress
+            cfg,
+            mesh,
+            start.state,
+            batches,
+            ckpts,
+            preempted,
+            run_dir,
+            last,
+            compiled=compiled,
+            peak_tflops=peak_tflops,
+            progress=progress,
         )
