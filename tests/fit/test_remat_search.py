@@ -17,7 +17,7 @@ from small_run import SMALL, small_config
 from olmax.config.io import apply_overrides
 from olmax.config.recipes import get_recipe
 from olmax.config.remat import AUTO_LADDER
-from olmax.fit import chips, remat
+from olmax.fit import chips, remat, remat_search
 from olmax.fit.compiler import GIB, CompileResult, CompilerRefused, DoesNotFit
 from olmax.fit.remat import choose_remat
 from olmax.fit.remat_search import RECORD_FILE
@@ -45,6 +45,7 @@ def scripted(monkeypatch, peaks):
         return CompileResult(SimpleNamespace(memory_analysis=lambda: memory), 0.0, 0.0, None)
 
     monkeypatch.setattr(remat, "compile_step", compile_step)
+    monkeypatch.setattr(remat, "TOP_FIRST", 0.0)  # the bisection's order (a tiny model would start at the top)
     return compiled
 
 
@@ -263,3 +264,19 @@ def test_the_trainer_runs_the_program_the_search_compiled(monkeypatch, tmp_path)
     monkeypatch.setattr(loop, "_compiled_for", lambda compiled, args: False)
     (shared / RECORD_FILE).unlink()
     assert steps_compiled(tmp_path / "again") == len(compiles) + 1  # the search's, then the trainer's own
+
+
+def test_a_step_that_clearly_fits_compiles_the_most_kept_set_first(monkeypatch):
+    """The tally (state, float32 gradients, the most kept set's activations) of the tiny model is far
+    under a v5p's budget: the top set is compiled first and, fitting, is the choice after one compile;
+    where it does not fit after all, the bisection goes on below it."""
+    cfg = apply_overrides(get_recipe("tiny"), [*SMALL, "model.remat=auto"])
+    done = scripted(monkeypatch, lambda c: 1.0)
+    monkeypatch.setattr(remat, "TOP_FIRST", remat_search.TOP_FIRST)
+    assert choose(cfg).cfg.model.remat == EVERY_MATMUL and done == [(EVERY_MATMUL, False)]
+    done = scripted(monkeypatch, lambda c: REFUSED if c.model.remat == EVERY_MATMUL else 1.0)
+    monkeypatch.setattr(remat, "TOP_FIRST", remat_search.TOP_FIRST)
+    assert choose(cfg).cfg.model.remat == SEEDS
+    assert done == [(EVERY_MATMUL, False), (EVERY_MATMUL, True), (QKV_CTX_O, False), (NO_GATE, False), (SEEDS, False)]
+    mesh = make_mesh(cfg.mesh, jax.devices())
+    assert remat_search.tallied_bytes(cfg, mesh) < remat_search.TOP_FIRST * V5P.hbm_limit_gib * GIB

@@ -21,6 +21,7 @@ from olmax.fit.chips import Chip, chip_of_device_kind
 from olmax.fit.compiler import GIB, CompileResult, CompilerRefused, DoesNotFit, budget_gib, compile_step
 from olmax.fit.remat_search import (
     RECORD_FILE,
+    TOP_FIRST,
     Candidate,
     bisect,
     cached,
@@ -31,6 +32,7 @@ from olmax.fit.remat_search import (
     no_fit_message,
     search_key,
     store,
+    tallied_bytes,
     with_remat,
 )
 from olmax.rundir import paths
@@ -104,7 +106,8 @@ def choose_remat(
 
     log(f"model.remat=auto on {where}: compiling candidates against a budget of {budget:.2f} GiB per device")
     t0 = time.perf_counter()
-    best, tried = bisect(cfg, mesh, compile)
+    top_first = tallied_bytes(cfg, mesh) <= TOP_FIRST * budget * GIB
+    best, tried = bisect(cfg, mesh, compile, top_first=top_first)
     if best is None:
         log("model.remat=auto: no candidate fits; checking what would (the error below says it)")
         raise DoesNotFit(no_fit_message(cfg, mesh, where, tried, budget, compile))

@@ -6,9 +6,11 @@ the compiler accepts the step and its peak is within the chip's budget (Chip.hbm
 hbm_limit_gib, compile-check's `fits`); the choice is the first that fits. The sets are nested, so
 the step's memory falls down the ladder, and a bisection over the sets finds the first one that
 fits in one of its orders: two or three of the six sets are compiled, a set's serial order only
-where its compiler's order does not fit. A step the TPU compiler refuses (out of HBM) stops at its
-buffer assignment, under a minute for the 7B; one it accepts runs to the end (5-12 minutes for the
-7B on a 2-core host), so a typical choice costs two or three whole compiles (docs/performance/recipes-on-slices.md).
+where its compiler's order does not fit; a step that clearly fits keeping the most (a small model on
+a large chip, TOP_FIRST) tries that set first, and one compile decides. A step the TPU compiler
+refuses (out of HBM) stops at its buffer assignment, under a minute for the 7B; one it accepts runs to
+the end (5-12 minutes for the 7B on a 2-core host), so a typical choice costs two or three whole
+compiles (docs/performance/recipes-on-slices.md).
 
 The choice and every candidate's figures are a record, kept in a JSON file (RECORD_FILE: in the run
 directory for `olmax train`, in the cache directory for `olmax compile-check`) under a key of what
@@ -30,6 +32,7 @@ from importlib import metadata
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.io import apply_overrides
@@ -63,11 +66,50 @@ def with_remat(cfg: ExperimentConfig, remat: str, serial: bool) -> ExperimentCon
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat, remat_serial=serial))
 
 
-def bisect(cfg: ExperimentConfig, mesh, compile: Compile) -> tuple[Optional[Candidate], list[Candidate]]:
+# A step whose state and every activation the most kept set keeps take at most this fraction of the
+# budget (a small model on a large chip) tries that set first: one compile where the bisection, which
+# starts in the middle of the ladder, takes three. The tally leaves out what no tally sees (XLA's
+# temporaries: the output layer's logits chunk, the gradient sums in flight), hence the margin; a top
+# set that does not fit after all costs one compile more. The 190m shape at 2 x 8192 tokens on a v5e:
+# 8.1 GiB tallied, 10.8 GiB compiled, of a 15.0 GiB budget.
+TOP_FIRST = 0.6
+
+
+def tallied_bytes(cfg: ExperimentConfig, mesh) -> int:
+    """Per device: the train state, the float32 gradients being summed, and the block activations the
+    ladder's most kept set keeps (with each block's input) for one micro-batch: a lower bound of the
+    step's peak under that set."""
+    model, layout = cfg.model, batch_layout(cfg, mesh)
+    with jax.set_mesh(mesh):
+        state = abstract_state(cfg, mesh)
+    params = per_device_bytes(state.params) * 4 // jnp.dtype(model.param_dtype).itemsize  # float32 sums
+    heads, tensor = model.n_heads * model.head_dim, mesh.shape["tensor"]
+    widths = {
+        "layer_input": model.d_model,
+        "q_proj": heads // tensor,
+        "k_proj": model.n_kv_heads * model.head_dim // tensor,
+        "v_proj": model.n_kv_heads * model.head_dim // tensor,
+        "attn_context": heads // tensor,
+        "o_proj": model.d_model,
+        "mlp_gate": model.mlp_hidden // tensor,
+        "mlp_up": model.mlp_hidden // tensor,
+        "mlp_down": model.d_model,
+    }
+    kept = ("layer_input", *AUTO_LADDER[0].split(","))
+    rows = cfg.rows_per_step // cfg.trainer.global_batch  # a DPO pair is two rows
+    tokens = layout.micro_batch * rows * cfg.data.seq_len // mesh.shape["context"]
+    activations = tokens * model.n_layers * sum(widths[t] for t in kept) * jnp.dtype(model.compute_dtype).itemsize
+    return per_device_bytes(state) + params + activations
+
+
+def bisect(
+    cfg: ExperimentConfig, mesh, compile: Compile, *, top_first: bool = False
+) -> tuple[Optional[Candidate], list[Candidate]]:
     """(the first candidate of the ladder that fits, or None; every candidate compiled, in order).
     Each probe of a set compiles the compiler's order and, if that does not fit, the serial one: the
     two orders of one set are not ordered by memory (the 7B's seeds' set on Ironwood fits in the
-    compiler's order only, on v5p in the serial order only), the sets are."""
+    compiler's order only, on v5p in the serial order only), the sets are. `top_first`: probe the most
+    kept set before bisecting the rest (TOP_FIRST)."""
     tried: list[Candidate] = []
 
     def first_fitting_order(remat: str) -> Optional[Candidate]:
@@ -78,6 +120,11 @@ def bisect(cfg: ExperimentConfig, mesh, compile: Compile) -> tuple[Optional[Cand
         return None
 
     lo, hi, best = 0, len(AUTO_LADDER), None  # hi: the most kept set known to fit (none yet)
+    if top_first:
+        best = first_fitting_order(AUTO_LADDER[0])
+        if best is not None:
+            return best, tried
+        lo = 1
     while lo < hi:
         mid = (lo + hi) // 2
         fitting = first_fitting_order(AUTO_LADDER[mid])
