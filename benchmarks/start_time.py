@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="olmax-start-"))
     base = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",)}
     base["OLMAX_CACHE"] = str(work / "olmax-cache")  # the data cache, shared by every row
-    base["PYTHONPATH"] = str(ROOT / "src")
+    base["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     fill = [sys.executable, "-m", "olmax.cli", "data", "order", "--recipe", args.recipe, "--steps", "1:2", *args.set]
     subprocess.run(fill, env=base, check=True, stdout=subprocess.DEVNULL)  # the tokenized corpus, the data order
     rows = {}

@@ -29,6 +29,7 @@ from olmax.cli.common import (
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.io import apply_overrides, explain_fields, format_explain, save_yaml, to_yaml
 from olmax.errors import ConfigError
+from olmax.fit import compile_cache
 
 
 @app.command("config")
@@ -250,6 +251,7 @@ def compile_check_cmd(
         # itself needs only the CPU backend (and the CUDA plugin registers only beside it)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         introduce_libtpu(topology)
+        compile_cache.disable()  # compiled for devices this host has not: nothing it could load back
     from olmax.config.recipes import resolve
     from olmax.data.loader import work_dir_of
     from olmax.fit.compile_check import check_fits, compile_report, format_report

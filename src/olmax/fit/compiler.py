@@ -21,7 +21,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from olmax.config.experiment import ExperimentConfig
 from olmax.errors import ConfigError
 from olmax.extras import require
-from olmax.fit import compile_cache
 from olmax.fit.chips import (
     Chip,
     chip_of_device_kind,
@@ -67,7 +66,6 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
     """Abstract devices of `num_slices` slices of a libtpu topology ("v5p:4x4x4", "tpu7x:2x2x1"), or
     of a GPU cluster ("h100:64x8")."""
     topology = libtpu_topology(topology)  # Cloud TPU's accelerator types too (v5p-128)
-    compile_cache.disable()  # compiled for devices this process has not: nothing to keep or read back
     if chip_of_topology(topology).platform == "gpu":  # a clear error for a name outside the chip table
         if num_slices != 1:
             raise ConfigError(f"--num-slices is for TPU slices; a GPU topology names its nodes: {topology}")
