@@ -32,8 +32,9 @@ setup-test: $(VENV)/.test
 demo: setup
 	$(BIN)/olmax demo --run-dir runs/demo
 
+# worksteal: an idle worker takes tests queued for the other, so the run does not end on one busy core
 test: setup-test
-	$(BIN)/python -m pytest -q -n 2 tests
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal tests
 
 # ruff (configured in pyproject.toml): lint and formatting, checked, not rewritten; import-linter: the
 # packages' layers and the other import contracts of pyproject.toml (docs/architecture.md)
@@ -43,7 +44,7 @@ lint: setup-test
 	$(BIN)/lint-imports --no-cache
 
 test-slow: setup-test
-	$(BIN)/python -m pytest -q -n 2 -m slow tests
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m slow tests
 
 clean:
 	rm -rf $(VENV)

@@ -129,9 +129,10 @@ def test_auto_keeps_the_most_that_fits_and_its_record_is_reused(monkeypatch, tmp
 V5P_BUDGET_MIB = 17.4
 
 
+@pytest.mark.slow  # ~60 s in the suite; the default run compiles auto's choice on CPU devices (test_remat_search.py)
 def test_auto_on_v5p_takes_the_seeds_set_with_four_real_compiles(monkeypatch, tmp_path):
-    """The default run's real-compiler proof of model.remat=auto (the slow Ironwood test above is the
-    same claim): the middle set fits, so the seeds' set is tried and fits, and every matmul output is
+    """The TPU compiler's proof of model.remat=auto on v5p (the Ironwood test above is the same claim):
+    the middle set fits, so the seeds' set is tried and fits, and every matmul output is
     refused in both orders; the choice is the seeds' set in the compiler's order, and a second search
     for the same step and devices compiles nothing."""
     v5p = dataclasses.replace(chips.CHIPS["v5p"], hbm_limit_gib=V5P_BUDGET_MIB / 1024 / chips.HBM_HEADROOM)

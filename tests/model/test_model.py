@@ -89,10 +89,10 @@ SLOW = pytest.mark.slow
 @pytest.mark.parametrize(
     "policy,serial",
     [
-        ("full", False),
+        pytest.param("full", False, marks=SLOW),
         pytest.param("full", True, marks=SLOW),
         pytest.param("save_dots", False, marks=SLOW),
-        ("save_dots", True),
+        pytest.param("save_dots", True, marks=SLOW),
         ("save_attn_mlp_inputs", False),
         pytest.param("save_attn_mlp_inputs", True, marks=SLOW),
         pytest.param("offload_qkv_proj", False, marks=SLOW),

@@ -166,7 +166,7 @@ class VerifierTimeout(TimeoutError):
 
 class VerifierOverflow(RuntimeError):
     """A program that wrote past what the verifier reads of its child's output (`report_bytes`): killed,
-    every test "overflow", reward 0; `olmax.rewards.score` counts it as "error"."""
+    every test "overflow", reward 0; `olmax.rewards.verifiers.score` counts it as "error"."""
 
 
 def extract_program(response: str) -> str:
