@@ -233,7 +233,7 @@ def test_the_trainer_runs_the_program_the_search_compiled(monkeypatch, tmp_path)
 
     shared = tmp_path / "compile-cache"
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(shared))  # where the record is shared
-    assert compile_cache.cache_dir() == shared
+    assert compile_cache.cache_dir() == str(shared)
     monkeypatch.setattr(remat, "chip_of_device_kind", lambda kind: V5P)
     compiles = []
     real = remat.compile_step

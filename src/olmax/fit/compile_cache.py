@@ -6,7 +6,8 @@ and the jax/XLA versions, so a changed config, chip or version compiles anew.
 - Where: OLMAX_COMPILE_CACHE when set (a folder; `off` turns the cache off), else `jax/` in olmax's
   cache folder, $OLMAX_CACHE or ~/.cache/olmax (where data.work_dir keeps the data orders too). A
   JAX_COMPILATION_CACHE_DIR the user set stands and is used as it is. The folder is local to the host
-  whatever the run directory is (a gs:// run directory keeps no compiled programs).
+  whatever the run directory is (a gs:// run directory keeps no compiled programs); a gs:// folder
+  given here is shared by every host that names it (JAX then locks with a soft lock file).
 - Several processes: entries are written and read under the cache folder's file lock (JAX's LRU cache
   locks when its size is bounded: MAX_BYTES, least recently used entries evicted past it), so processes
   of one host sharing the folder never read a half-written entry.
@@ -24,33 +25,39 @@ import sys
 from pathlib import Path
 from typing import Mapping, MutableMapping, Optional
 
+from olmax.rundir import paths
+
 ENV = "OLMAX_COMPILE_CACHE"
 OFF = "off"
 MAX_BYTES = 20 * 2**30  # the cache's bound: a 7B step's executable is tens of MB, a host keeps hundreds
 
 
-def cache_dir(environ: Mapping[str, str] = os.environ) -> Optional[Path]:
-    """The folder of the compilation cache for this environment, or None when it is off."""
+def cache_dir(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The folder of the compilation cache for this environment, or None when it is off. A URL
+    (gs://...) is kept as written: JAX reads and writes it through etils' epath."""
     if environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return Path(environ["JAX_COMPILATION_CACHE_DIR"])
+        return environ["JAX_COMPILATION_CACHE_DIR"]
     given = environ.get(ENV)
     if given is not None:
-        return None if given.strip().lower() in (OFF, "") else Path(given).expanduser()
-    return Path(environ.get("OLMAX_CACHE") or Path("~/.cache/olmax").expanduser()) / "jax"
+        given = given.strip()
+        if given.lower() in (OFF, ""):
+            return None
+        return given if paths.is_url(given) else str(Path(given).expanduser())
+    return str(Path(environ.get("OLMAX_CACHE") or "~/.cache/olmax").expanduser() / "jax")
 
 
-def enable(environ: MutableMapping[str, str] = os.environ) -> Optional[Path]:
+def enable(environ: MutableMapping[str, str] = os.environ) -> Optional[str]:
     """Turn the cache on for this process (before or after jax is imported); returns its folder, or
     None when OLMAX_COMPILE_CACHE=off. A cache the user configured for JAX is left as it is."""
     folder = cache_dir(environ)
     if folder is None or "JAX_COMPILATION_CACHE_DIR" in environ:
         return folder
-    settings = {"JAX_COMPILATION_CACHE_DIR": str(folder), "JAX_COMPILATION_CACHE_MAX_SIZE": str(MAX_BYTES)}
+    settings = {"JAX_COMPILATION_CACHE_DIR": folder, "JAX_COMPILATION_CACHE_MAX_SIZE": str(MAX_BYTES)}
     for name, value in settings.items():
         environ[name] = value  # read by jax when it is imported
     if "jax" in sys.modules:  # already imported (a command called from Python): set it directly
         config = sys.modules["jax"].config
-        config.update("jax_compilation_cache_dir", str(folder))
+        config.update("jax_compilation_cache_dir", folder)
         config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return folder
 

@@ -130,7 +130,6 @@ def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> RematChoice
         return RematChoice(cfg)
     devices = list(mesh.devices.flat)
     primary = jax.process_index() == 0
-    shared = compile_cache.cache_dir()
     choice = choose_remat(
         cfg,
         mesh,
@@ -140,7 +139,7 @@ def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> RematChoice
         run_dir,
         log=lambda line: print(line, flush=True) if primary else None,
         write_record=primary,
-        shared_dir=None if shared is None else str(shared),
+        shared_dir=compile_cache.cache_dir(),
     )
     if jax.process_count() == 1:
         return choice
