@@ -218,9 +218,9 @@ def node_process() -> None:
 
 @pytest.mark.slow  # two JAX processes; the default run checks the node layout (compile-check test)
 def test_two_processes_build_the_node_mesh_and_step_like_one():
-    code = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_mesh_nodes as t; t.node_process()"
-    )
+    here = Path(__file__).resolve().parent
+    folders = [str(here), str(here.parent)]  # this module, and the tests' shared modules it imports
+    code = f"import sys; sys.path[:0] = {folders!r}; import test_mesh_nodes as t; t.node_process()"
     procs = slurm_tasks([sys.executable, "-c", code], local_devices=4)
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
