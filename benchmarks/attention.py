@@ -72,8 +72,8 @@ def model_rows(runs: int) -> list[dict]:
     from olmax.config.recipes import resolve
     from olmax.model.olmo3 import forward_hidden, init_params
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_train_state
-    from olmax.train.step import batch_sharding, make_train_step
+    from olmax.step.state import init_train_state
+    from olmax.step.train_step import batch_sharding, make_train_step
 
     cfg = resolve("bench-small", None, [])
     m = cfg.model

@@ -108,7 +108,7 @@ def full_state(cfg, tmp: Path) -> dict:
 
     from olmax.checkpoint.store import RunCheckpoints
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import abstract_state, init_train_state
+    from olmax.step.state import abstract_state, init_train_state
 
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
     with jax.set_mesh(mesh):
@@ -207,7 +207,7 @@ def warm(cfg, tmp: Path) -> dict:
     from olmax.checkpoint.store import RunCheckpoints
     from olmax.checkpoint.surgery import restore_state, warm_start
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_train_state
+    from olmax.step.state import init_train_state
 
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
     with jax.set_mesh(mesh):

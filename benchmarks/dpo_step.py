@@ -166,8 +166,8 @@ def olmax_step(args, policy, tmp: Path):
     from olmax.config.trainer import TrainerConfig
     from olmax.convert.hf import convert_from_hf
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_train_state
-    from olmax.train.step import make_train_step
+    from olmax.step.state import init_train_state
+    from olmax.step.train_step import make_train_step
 
     policy.save_pretrained(tmp / "hf")
     convert_from_hf(str(tmp / "hf"), tmp / "olmax")

@@ -5,7 +5,7 @@
     python benchmarks/gpu_mfu.py --dry-run         # the same code path on CPU at a tiny size
 
 Each row builds the step that `olmax compile-check --topology h200:1x1` compiles
-(olmax.train.step.make_train_step on a 1-device mesh, the state of olmax.train.state.init_train_state:
+(olmax.step.train_step.make_train_step on a 1-device mesh, the state of olmax.step.state.init_train_state:
 fp32 parameters and Adam moments, bf16 compute, skip-step AdamW, clipping, z-loss, the fused output
 layer + loss), runs --warmup untimed steps (the first compiles) and then --steps timed ones, each
 ended by block_until_ready on its metrics. Every row runs in a process of its own, so each starts
@@ -124,8 +124,8 @@ def run_row(name: str, args) -> dict:
     import numpy as np
 
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_train_state
-    from olmax.train.step import batch_sharding, make_train_step
+    from olmax.step.state import init_train_state
+    from olmax.step.train_step import batch_sharding, make_train_step
 
     backend, device = jax.default_backend(), jax.devices()[0]
     about = {

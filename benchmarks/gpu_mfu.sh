@@ -18,7 +18,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -n "${OLMAX_PYTHON:-}" ]]; then
     py="$OLMAX_PYTHON"
     if [[ -n "${OLMAX_WHEELS:-}" ]]; then
-        # e.g. omegaconf==2.4.0, the one olmax.train.step import a CUDA image may lack
+        # e.g. omegaconf==2.4.0, the one olmax.step.train_step import a CUDA image may lack
         "$py" -m pip install -q --no-index --no-deps --target /tmp/olmax-site "$OLMAX_WHEELS"/*.whl
         export PYTHONPATH="/tmp/olmax-site${PYTHONPATH:+:$PYTHONPATH}"
     fi

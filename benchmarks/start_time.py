@@ -8,7 +8,11 @@ fresh `olmax train` process in a new run directory:
 
 `olmax data order` first fills the data cache (the tokenized corpus, the data order: nothing
 compiled), so no row pays for it. "first step" is the seconds from the process's start to step 1's
-row in metrics.jsonl; "total" the whole process (the last checkpoint included). Prints a table;
+row in metrics.jsonl; "total" the whole process (the last checkpoint included); then where the first
+step's time went, from the `start/...` figures `olmax train` logs with its first row (olmax.trainer.run):
+process (imports, the CLI and the config, before train()), mesh (the devices' runtime starts), fit
+(model.remat=auto: the record or the search), state (the init or a checkpoint), data (the loader), loop
+(the step's program compiled or read back, and steps 1-2 run until step 1's row). Prints a table;
 asserts nothing.
 
     python benchmarks/start_time.py                                   # the tiny recipe on this host (CPU)
@@ -52,7 +56,9 @@ def run(args, run_dir: Path, env: dict) -> dict:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{output[-3000:]}")
     if first is None and metrics.exists():  # the row was written as the process ended
         first = total
-    return {"first_step_s": first, "total_s": total}
+    row = json.loads(metrics.read_text().splitlines()[0])
+    phases = {k.removeprefix("start/").removesuffix("_s"): v for k, v in row.items() if k.startswith("start/")}
+    return {"first_step_s": first, "total_s": total, **phases}
 
 
 def main(argv=None) -> int:
@@ -84,9 +90,11 @@ def main(argv=None) -> int:
             times.append(run(args, work / f"{name}-{i}", env))
         rows[name] = {k: statistics.median(t[k] for t in times) for k in times[0]}
     print(f"olmax train --recipe {args.recipe} {' '.join(args.set)}: seconds, median of {args.runs}", flush=True)
-    print(f"{'compile cache':<14} {'first step':>10} {'total':>8}")
+    phases = [k for k in ("process", "mesh", "fit", "state", "data", "loop") if all(k in r for r in rows.values())]
+    print(f"{'compile cache':<14} {'first step':>10} {'total':>8} " + " ".join(f"{p:>8}" for p in phases))
     for name, r in rows.items():
-        print(f"{name:<14} {r['first_step_s']:>10.1f} {r['total_s']:>8.1f}", flush=True)
+        cells = " ".join(f"{r[p]:>8.1f}" for p in phases)
+        print(f"{name:<14} {r['first_step_s']:>10.1f} {r['total_s']:>8.1f} {cells}", flush=True)
     if "warm" in rows:
         print(f"warm / cold first step: {rows['warm']['first_step_s'] / rows['cold']['first_step_s']:.2f}")
     if args.json:

@@ -17,7 +17,9 @@
 #   throughput  benchmarks/tpu_throughput.py: training throughput and MFU (docs/performance/tpu-v5e.md)
 #   decode      benchmarks/tpu_decode.py: sampler tokens/s against the HBM-bandwidth bound (docs/rollout.md)
 #   start       benchmarks/start_time.py: `olmax train`'s time to its first step, cold and warm (the
-#               compilation cache; docs/performance/tpu-v5e.md), by default at the 190m row's shape
+#               compilation cache; docs/performance/fast-start.md), by default at the 190m row's shape
+#   rollout     benchmarks/rollout_efficiency.py: the continuous-batching slot engine against pure decode
+#               at the same slots (docs/rollout-engine.md), by default the 190m and 1B shapes
 #   chat        `olmax demo chat`: SFT, DPO and RL of the tiny model on the shipped chat corpus, each
 #               scored on held-out prompts (a rerun resumes it: OLMAX_TPU_RUNS on a disk that stays)
 #   maxtext     MaxText's own trainer on the chip at the fits the throughput step chose (after it, in
@@ -42,6 +44,9 @@ KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # ev
 # `olmax train` at the throughput table's 190m row (2 x 8192 tokens of the demo corpus a step), remat=auto
 START_190M="--set data.paths=[demo] --set data.seq_len=8192 --set trainer.global_batch=2 --set mesh.fsdp=-1
   --set model.remat=auto --set trainer.micro_batch_size=null"
+# the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights
+ROLLOUT_190M="--model 190m --slots 64 --prompt-len 128 --max-new 2048 --prompts 32 --n 8 --runs 1 --no-static"
+ROLLOUT_1B="--model 1b --slots 32 --prompt-len 128 --max-new 2048 --prompts 16 --n 8 --runs 1 --no-static"
 # MaxText for the side-by-side rows (benchmarks/tpu_maxtext.py): 0.2.4 names jax 0.10.2 and libtpu
 # 0.0.42.1, a TPU VM's; its needs that the VM's index lacks travel as wheels, the rest come from the index
 MAXTEXT=maxtext==0.2.4
@@ -131,7 +136,7 @@ run() {
   RUNS=${OLMAX_TPU_RUNS:-/tmp/olmax-tpu-runs}
   MT_VENV=${OLMAX_TPU_MAXTEXT_VENV:-/tmp/maxtext-tpu}
   export PYTHONUNBUFFERED=1
-  local bin=$VENV/bin
+  local bin=$VENV/bin n_rollout=0
   for s in ${OLMAX_TPU_STEPS:-install demo tests throughput decode}; do
     case $s in
       install) step install 45 bash "$0" install "$VENV" ;;
@@ -154,10 +159,18 @@ run() {
       start)  # time to the first step of `olmax train`, cold and warm; OLMAX_TPU_START: the script's options
         step start "${OLMAX_TPU_START_S:-540}" "$bin/python" benchmarks/start_time.py --json "$OUT_DIR/start.json" \
           ${OLMAX_TPU_START:---recipe olmo3_7b --shape 190m --rows cold,warm --runs 1 $START_190M} ;;
+      rollout)  # OLMAX_TPU_ROLLOUT: the runs' options, ';'-separated (one benchmark process each)
+        local spec
+        IFS=';' read -ra specs <<<"${OLMAX_TPU_ROLLOUT:-$ROLLOUT_190M;$ROLLOUT_1B}"
+        for spec in "${specs[@]}"; do
+          step rollout "${OLMAX_TPU_ROLLOUT_S:-200}" "$bin/python" benchmarks/rollout_efficiency.py \
+            --json "$OUT_DIR/rollout-$((++n_rollout)).json" $spec
+          cat "$OUT_DIR/rollout.log" >>"$OUT_DIR/rollout-all.log"
+        done ;;
       chat)
         step chat 540 "$bin/olmax" demo chat --run-dir "$RUNS/chat"  # 230 s on a v5e
         cat "$RUNS/chat/summary.json" >>"$OUT_DIR/chat.log" 2>&1 ;;
-      *) echo "unknown step $s (install demo tests throughput decode maxtext start chat)" >&2; return 2 ;;
+      *) echo "unknown step $s (install demo tests throughput decode maxtext start rollout chat)" >&2; return 2 ;;
     esac
   done
 }

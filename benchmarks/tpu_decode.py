@@ -130,7 +130,7 @@ def run_row(model: str, shape: str, args, gbps: float) -> dict:
 
     from olmax.model.olmo3 import count_params, init_params
     from olmax.rollout.sampler import Sampling, sample, widths
-    from olmax.train.state import init_compiler_options
+    from olmax.step.state import init_compiler_options
 
     cfg = model_config(model, args)
     s = shape_of(shape, args)

@@ -8,8 +8,8 @@ compiler.
     python benchmarks/tpu_throughput.py --only 190m --chip-holds    # + the HBM the step takes on the chip
 
 Rows (ROWS), each the `olmo3_7b` recipe with dotted overrides, attention `auto` (splash on a TPU), the
-recipe's loss_chunk and AdamW with skip-step, olmax.train.state.init_train_state's state and
-olmax.train.step.make_train_step's step: `matmul` (a bf16 8192^3 matmul, the reference for "% of
+recipe's loss_chunk and AdamW with skip-step, olmax.step.state.init_train_state's state and
+olmax.step.train_step.make_train_step's step: `matmul` (a bf16 8192^3 matmul, the reference for "% of
 matmul rate"), `7b-layers` (OLMo 3 7B's layer shape and full vocabulary, as many layers as fit, fp32 or
 bf16 parameters, whichever fits more), `7b-layers-v8k` (the same, vocabulary 8192), `190m` (OLMo-core
 3.0.0's olmo3_190M shape, 2 x 8192 tokens a step) and `1b` (olmo3_1B's shape, layers cut to fit).
@@ -128,7 +128,14 @@ def the_chip(device, args):
         return None, peak, "none (CPU without --hbm-gib)"
     if chip is None:
         flags = SCOPED_VMEM_64MIB if device.platform == "tpu" else ()
-        chip = Chip(device.device_kind, device.platform, peak, limit_gib, 1, None, device.device_kind, flags)
+        chip = Chip(
+            name=device.device_kind,
+            platform=device.platform,
+            peak_tflops=peak,
+            hbm_limit_gib=limit_gib,
+            device_kind=device.device_kind,
+            libtpu_flags=flags,
+        )
     return dataclasses.replace(chip, hbm_limit_gib=limit_gib), peak, source
 
 
@@ -138,7 +145,7 @@ def the_chip(device, args):
 
 def state_bytes(model, accumulated: bool) -> int:
     """Bytes the step holds whatever its activations: parameters in model.param_dtype, two fp32 Adam
-    moments (olmax.train.optim) and the gradients: fp32 sums over micro-batches (olmax.train.step's
+    moments (olmax.step.optim) and the gradients: fp32 sums over micro-batches (olmax.step.train_step's
     accumulate), or with one micro-batch in the parameters' dtype (the compiler folds the fp32 sum
     into its consumers: the 7B's layer shape at 1 layer, bf16 parameters, 1 x 8192 tokens, compiled
     for v5e with every activation kept, peaked at 12.81 GiB against 13.35 counting fp32 gradients)."""
@@ -342,8 +349,8 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     from olmax.model.attention import resolve_backend
     from olmax.model.olmo3 import count_params
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_program
-    from olmax.train.step import batch_layout, batch_sharding
+    from olmax.step.state import init_program
+    from olmax.step.train_step import batch_layout, batch_sharding
 
     device = jax.devices()[0]
     t_row = time.perf_counter()
@@ -356,7 +363,7 @@ def run_row(name: str, args, chip, peak: float) -> dict:
     tokens = np.random.default_rng(0).integers(0, m.vocab_size, (cfg.trainer.global_batch, seq), dtype=np.int32)
     batch = {"input_ids": jax.device_put(tokens, batch_sharding(cfg, mesh))}
     with jax.set_mesh(mesh):
-        t0 = time.perf_counter()  # olmax.train.state's jitted init, its compile timed apart
+        t0 = time.perf_counter()  # olmax.step.state's jitted init, its compile timed apart
         init = init_program(cfg, mesh).lower(jax.random.key(0), None).compile()
         init_compile_s = time.perf_counter() - t0
         state = jax.block_until_ready(init(jax.random.key(0), None))

@@ -11,7 +11,7 @@ embedding), clipping at 1.0, z-loss 1e-5. olmax's own choices (the recipe's): tw
 loss_chunk 128, remat full.
 
 Every row runs in its own fresh subprocess, so its peak RSS (ru_maxrss of that process) is its own:
-- `olmax`: the production step (olmax.train.step.make_train_step) on one CPU device; XLA's CPU
+- `olmax`: the production step (olmax.step.train_step.make_train_step) on one CPU device; XLA's CPU
   client uses the cores available.
 - `olmo-core-compiled` / `olmo-core-eager`: the same shape built with OLMo-core's own config classes
   (`TransformerConfig.llama_like` with the reordered-norm block, QK-norm, windows [512, 512, 512, full])
@@ -90,8 +90,8 @@ def row_olmax(args) -> dict:
     import jax
 
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_train_state
-    from olmax.train.step import batch_sharding, make_train_step
+    from olmax.step.state import init_train_state
+    from olmax.step.train_step import batch_sharding, make_train_step
 
     cfg = experiment(args.set)
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
@@ -218,8 +218,8 @@ def row_profile(args) -> dict:
     import jax.numpy as jnp
 
     from olmax.model.olmo3 import forward_hidden, init_params, param_specs
-    from olmax.train.loss import make_labels, output_loss
-    from olmax.train.optim import Optimizer
+    from olmax.objectives.cross_entropy import make_labels, output_loss
+    from olmax.step.optim import Optimizer
 
     cfg = experiment(args.set)
     m, t = cfg.model, cfg.trainer

@@ -1,15 +1,18 @@
 """Draw the package's layers from the import contract in pyproject.toml (the `layers` contract that
 `make lint` checks): one box per layer, top layer first, siblings that may not import each other side
 by side, each package with its modules. docs/architecture.md holds the drawing; `--check FILE` exits 1
-when FILE does not hold the current one (tests/test_imports.py runs it).
+when FILE does not hold the current one (tests/test_imports.py runs it); `--write FILE` puts the current
+one in place of the drawing FILE holds (after adding, moving or renaming a module or a layer).
 
     python scripts/layers.py                             # print the drawing
     python scripts/layers.py --check docs/architecture.md
+    python scripts/layers.py --write docs/architecture.md
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import textwrap
 import tomllib
@@ -59,17 +62,36 @@ def drawing() -> str:
     return "\n".join(out) + "\n"
 
 
+# a drawing in a page: the box from its top-left corner to its bottom-right one, whole lines
+DRAWN = re.compile(r"^┌.*?┘\n", re.MULTILINE | re.DOTALL)
+
+
+def write(page: Path) -> None:
+    """Replace the drawing `page` holds with the current one (a ValueError when it holds none)."""
+    text = page.read_text()
+    if not DRAWN.search(text):
+        raise ValueError(f"{page} holds no drawing of the layers to replace")
+    page.write_text(DRAWN.sub(lambda _: drawing(), text, count=1))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", type=Path, help="exit 1 unless this file holds the current drawing")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", type=Path, help="exit 1 unless this file holds the current drawing")
+    action.add_argument("--write", type=Path, help="replace the drawing this file holds with the current one")
     args = parser.parse_args(argv)
     text = drawing()
+    if args.write is not None:
+        write(args.write)
+        return 0
     if args.check is None:
         sys.stdout.write(text)
         return 0
     if text not in args.check.read_text():
         print(
-            f"{args.check} does not hold the current drawing of the layers: python scripts/layers.py", file=sys.stderr
+            f"{args.check} does not hold the current drawing of the layers: "
+            f"python scripts/layers.py --write {args.check}",
+            file=sys.stderr,
         )
         return 1
     return 0

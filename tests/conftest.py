@@ -45,8 +45,7 @@ def pytest_configure(config):
         # The suite's programs are tiny, so compiling them costs more than running them: LLVM's
         # optimisation level 0 halves XLA's CPU compile time (a small train step: 7.0 s -> 3.6 s) and
         # buys nothing at these sizes. Every tolerance, and every assertion on the TPU and GPU programs
-        # the compile tests build, holds at either level, but for the five AdamW steps of DPO's parity
-        # test, which compile at the default level (tests/objectives/test_dpo.py says why).
+        # the compile tests build, holds at either level.
         os.environ.setdefault(
             "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
         )

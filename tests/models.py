@@ -186,8 +186,8 @@ ONE_STEP_ADAMW = OptimizerConfig(lr=1.0, b2=0.999, eps=1.0, weight_decay=0.0, z_
 def one_train_step(cfg, n_devices: int, params: dict, batch: dict) -> tuple[dict, dict]:
     """One olmax train step from `params` on the first n_devices devices: (parameters after, metrics)."""
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_train_state
-    from olmax.train.step import make_train_step
+    from olmax.step.state import init_train_state
+    from olmax.step.train_step import make_train_step
 
     mesh = make_mesh(cfg.mesh, jax.devices()[:n_devices])
     with jax.set_mesh(mesh):

@@ -1,7 +1,10 @@
 """The import graph: no cycle anywhere, between modules or between packages at any depth, counting every
 import (in functions and under TYPE_CHECKING too), and the layer contracts of pyproject.toml kept
-(import-linter, as `make lint` runs it). docs/architecture.md draws the layers."""
+(import-linter, as `make lint` runs it), and every package's docstring naming what it may import.
+docs/architecture.md draws the layers."""
 
+import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,8 @@ import pytest
 grimp = pytest.importorskip("grimp")  # the `dev` extra, with import-linter
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from layers import layers  # noqa: E402  the contract's layers, as scripts/layers.py reads them
 
 
 def _graph():
@@ -95,3 +100,37 @@ def test_the_architecture_page_draws_the_current_layers():
         [sys.executable, str(script), "--check", str(REPO / "docs" / "architecture.md")], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
+
+
+def _declared(package: str) -> set[str]:
+    """The packages (or modules) a package's docstring says it may import: its `May import:` sentence."""
+    text = ast.get_docstring(ast.parse((REPO / "src" / "olmax" / package / "__init__.py").read_text()))
+    sentence = re.search(r"May import: (.*?)\.(\s|$)", " ".join(text.split()))
+    assert sentence, f"olmax.{package}'s docstring has no `May import:` sentence"
+    return {m.removeprefix("olmax.") for m in re.findall(r"olmax\.[a-z_.]*[a-z_]", sentence[1])}
+
+
+def test_each_package_docstring_says_what_it_imports():
+    """Every package's `May import:` list holds what it imports (every import counted) and nothing the
+    layers contract forbids it: a layer below its own."""
+    layer_of = {p: i for i, layer in enumerate(layers()) for p in layer}
+    graph = _graph()
+    imported: dict[str, set[str]] = {}
+    for module in graph.modules:
+        if module.count(".") < 1:
+            continue
+        package = module.split(".")[1]
+        for target in graph.find_modules_directly_imported_by(module):
+            parts = target.split(".")
+            if len(parts) > 1 and parts[1] != package:
+                imported.setdefault(package, set()).add(".".join(parts[1:]))
+    for package in sorted(p for p in layer_of if (REPO / "src" / "olmax" / p / "__init__.py").exists()):
+        if package == "cli":  # the top: it may import every package
+            continue
+        declared = _declared(package)
+        undeclared = {
+            t for t in imported.get(package, ()) if not any(t == d or t.startswith(d + ".") for d in declared)
+        }
+        assert not undeclared, f"olmax.{package} imports {sorted(undeclared)}, which its docstring does not name"
+        above = {d for d in declared if layer_of[d.split(".")[0]] <= layer_of[package]}
+        assert not above, f"olmax.{package}'s docstring names {sorted(above)}, not below it in the layers contract"

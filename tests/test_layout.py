@@ -4,7 +4,8 @@
   collecting the suite works without the `parity` extra;
 - the package is packages by concern: at most three modules directly under src/olmax, every package
   says in its docstring what it holds and what it may import, no file of src/ or benchmarks/ is over 600
-  lines, and the tests mirror the packages (at most 15 files directly in tests/)."""
+  lines, no function of src/olmax over 100, and the tests mirror the packages (at most 15 files directly
+  in tests/)."""
 
 import ast
 from pathlib import Path
@@ -66,3 +67,14 @@ def test_tests_mirror_the_packages():
     folders = {p.name for p in Path(__file__).parent.iterdir() if p.is_dir() and list(p.glob("test_*.py"))}
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} | {"benchmarks"}
     assert folders <= packages, folders - packages
+
+
+def test_no_function_over_100_lines():
+    """A function a reader holds at once: none in src/olmax longer than 100 lines (docstring included)."""
+    long = {
+        f"{p.relative_to(ROOT)}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
+        for p in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 100
+    }
+    assert not long, long

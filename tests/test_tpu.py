@@ -40,8 +40,8 @@ from olmax.fit import compiler
 from olmax.model import attention as attn
 from olmax.model.olmo3 import init_params, param_shardings
 from olmax.model.sharding import make_mesh
-from olmax.train.state import abstract_state, init_train_state, state_shardings
-from olmax.train.step import batch_sharding, make_train_step
+from olmax.step.state import abstract_state, init_train_state, state_shardings
+from olmax.step.train_step import batch_sharding, make_train_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from chip_memory import chip_holds  # noqa: E402 - the throughput table's measure of the same
@@ -234,7 +234,7 @@ def cpu_run(tmp_path_factory):
 
 
 def _train(cfg, device, params, batches) -> np.ndarray:
-    """The production step (olmax.train.step) on a one-device mesh of `device`: CE per step."""
+    """The production step (olmax.step.train_step) on a one-device mesh of `device`: CE per step."""
     mesh = make_mesh(cfg.mesh, [device])
     ce = []
     with jax.default_device(device), jax.set_mesh(mesh):

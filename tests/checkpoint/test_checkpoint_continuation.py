@@ -17,8 +17,8 @@ from olmax.config.model import NOT_ARCHITECTURE, ModelConfig
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import param_specs
 from olmax.model.sharding import make_mesh
-from olmax.train.state import abstract_state, init_train_state
-from olmax.trainer.start import fresh_state
+from olmax.step.state import abstract_state, init_train_state
+from olmax.trainer.start import new_run_state
 
 # A stage-3-style start: YaRN on the global layers and a longer context, from stage-2 weights.
 CONTEXT_EXTENSION = [
@@ -54,7 +54,7 @@ def _start(tmp, init_from, *overrides):
     cfg = small_config(tmp, f"checkpoint.init_from={init_from}", *overrides)
     mesh = make_mesh(cfg.mesh)
     with jax.set_mesh(mesh):
-        return fresh_state(cfg, mesh)[0]
+        return new_run_state(cfg, mesh)[0]
 
 
 @pytest.mark.parametrize("source", ["params", "warm"])

@@ -28,9 +28,9 @@ from olmax.checkpoint.surgery import (
 from olmax.cli.common import app
 from olmax.config.io import apply_overrides
 from olmax.config.recipes import get_recipe
-from olmax.train.optim import AdamWState, OptState, SkipWindow
-from olmax.train.state import TrainState, abstract_state, state_shardings
-from olmax.trainer.start import fresh_state
+from olmax.step.optim import AdamWState, OptState, SkipWindow
+from olmax.step.state import TrainState, abstract_state, state_shardings
+from olmax.trainer.start import new_run_state
 
 # A small vocabulary keeps each checkpoint ~1 MB; the rest is the shared small run's model.
 TINY = [*SMALL, "model.vocab_size=256", "data.vocab_size=256", "checkpoint.keep=5"]
@@ -174,7 +174,7 @@ def test_whole_state_soup_averages_params_and_moments_and_keeps_the_first_counte
     assert {a["dtype"] for a in [*r["params"].values(), *r["opt_state"].values()]} >= {"float32"}
 
     # checkpoint.init_from=soup: the train state it holds, and the first checkpoint's data position
-    init, data_state = fresh_state(config(f"checkpoint.init_from={tmp / 'full'}"), fsdp_mesh())
+    init, data_state = new_run_state(config(f"checkpoint.init_from={tmp / 'full'}"), fsdp_mesh())
     for x, y in zip(jax.tree.leaves(jax.device_get(init)), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(x, y)
     assert data_state == {"batches": 6, "seed": 2}
@@ -204,7 +204,7 @@ def test_weighted_params_only_soup_loads_for_eval_and_training(runs):
     params, model, meta = load_checkpoint(tmp / "w", mesh)  # the eval and generate loader
     assert model == cfg.model and meta["step"] == 6
     assert_weighted_mean(jax.device_get(params), inputs, normalised, params_of)
-    init, data_state = fresh_state(config(f"checkpoint.init_from={tmp / 'w'}"), mesh)
+    init, data_state = new_run_state(config(f"checkpoint.init_from={tmp / 'w'}"), mesh)
     assert_weighted_mean(jax.device_get(init.params), inputs, normalised, params_of)
     assert int(init.step) == 0 and int(init.opt_state.adam.count) == 0 and data_state is None  # a fresh optimizer
 

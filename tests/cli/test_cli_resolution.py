@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from olmax.checkpoint.store import save_params
 from olmax.cli.common import app, resolve_experiment
+from olmax.config.checkpoint import EvalConfig
 from olmax.config.data import DataConfig
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.io import save_yaml
-from olmax.config.run import EvalConfig
 from olmax.config.trainer import TrainerConfig
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params

@@ -199,7 +199,7 @@ def test_cli_explains_fields():
 
 # The stage-1 LR check values (STAGE1_LR) go through the recipes' own schedules below (float32: 2e-6 relative).
 def _recipe_schedule(name, overrides=()):
-    from olmax.train.schedules import make_schedule
+    from olmax.step.schedules import make_schedule
 
     cfg = resolve(name, None, list(overrides))
     return cfg, make_schedule(
@@ -280,7 +280,7 @@ def test_32b_stage1_recipe(name):
     assert cfg.trainer.max_steps == 656_000  # stego32-highlr-filter3/step656000, both ingredients' load_path
     with pytest.raises(ConfigError, match="t_max_epochs=1 sets the horizon from the batches in an epoch"):
         _recipe_schedule(name)
-    from olmax.train.schedules import make_schedule
+    from olmax.step.schedules import make_schedule
 
     epoch = 700_000  # a stand-in batch count; the real one is OLMo-mix-0925-official's instances // 1024
     lr = make_schedule(
@@ -355,7 +355,7 @@ def test_an_fsdp_axis_that_does_not_divide_d_model_is_refused():
 
     from olmax.model.olmo3 import param_shardings
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import state_shardings
+    from olmax.step.state import state_shardings
 
     cfg = get_recipe("tiny")
     assert cfg.model.d_model == 128

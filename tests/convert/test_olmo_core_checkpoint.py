@@ -164,7 +164,7 @@ def test_next_step_after_warm_start_matches_olmo_core(olmo_core_run, tmp_path):
 
     from olmax.checkpoint.surgery import load_warm_start
     from olmax.model.sharding import make_mesh
-    from olmax.train.step import batch_sharding, make_train_step
+    from olmax.step.train_step import batch_sharding, make_train_step
 
     train_module, step_dir, cfg = olmo_core_run
     result = cli(

@@ -117,13 +117,13 @@ def test_auto_on_a_training_runs_checkpoint(tmp_path):
     from tokenizers import Tokenizer, models
 
     from olmax.checkpoint.store import RunCheckpoints
+    from olmax.config.checkpoint import CheckpointConfig
     from olmax.config.data import DataConfig
     from olmax.config.experiment import ExperimentConfig
     from olmax.config.mesh import MeshConfig
-    from olmax.config.run import CheckpointConfig
     from olmax.data.tokenize import FORMAT, MANIFEST
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_train_state
+    from olmax.step.state import init_train_state
 
     small = ModelConfig(
         vocab_size=300, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64, sliding_window=8

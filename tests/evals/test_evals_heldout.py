@@ -11,9 +11,9 @@ from models import tiny_eval_model
 
 from olmax.checkpoint.inference import eval_mesh
 from olmax.checkpoint.store import save_params
+from olmax.config.checkpoint import EvalConfig
 from olmax.config.data import DataConfig
 from olmax.config.experiment import ExperimentConfig
-from olmax.config.run import EvalConfig
 from olmax.config.trainer import TrainerConfig
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.heldout import HeldoutEvaluator, eval_loss, eval_name, load_instances

@@ -12,15 +12,15 @@ from typer.testing import CliRunner
 
 from olmax.checkpoint.store import RunCheckpoints, save_params
 from olmax.cli.common import app
+from olmax.config.checkpoint import CheckpointConfig
 from olmax.config.data import DataConfig
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.mesh import MeshConfig
-from olmax.config.run import CheckpointConfig
 from olmax.evals.scoring import eval_seq_len, trained_seq_len
 from olmax.evals.verify import verify
 from olmax.model.olmo3 import init_params
 from olmax.model.sharding import make_mesh
-from olmax.train.state import init_train_state
+from olmax.step.state import init_train_state
 
 CFG = tiny_eval_model(max_position=64)
 TRAINED = 32  # the run's data.seq_len: neither the config default (8192) nor max_position

@@ -440,7 +440,7 @@ from olmax.fit.compiler import topology_devices
 from olmax.config.io import apply_overrides
 from olmax.config.recipes import get_recipe
 from olmax.model.sharding import make_mesh
-from olmax.train.state import init_program
+from olmax.step.state import init_program
 cfg = apply_overrides(get_recipe("olmo3_7b"), [*SHAPE_190M, "mesh.fsdp=-1"])
 mesh = make_mesh(cfg.mesh, topology_devices("v5e:1x1"))
 key = jax.eval_shape(lambda: jax.random.key(0))

@@ -23,7 +23,7 @@ from olmax.fit.remat import choose_remat
 from olmax.fit.remat_search import RECORD_FILE
 from olmax.model.olmo3 import forward
 from olmax.model.sharding import make_mesh
-from olmax.train.step import make_train_step
+from olmax.step.train_step import make_train_step
 
 EVERY_MATMUL, SEEDS, NO_GATE, QKV_CTX_O, QKV, FULL = AUTO_LADDER
 V5P = chips.CHIPS["v5p"]  # budget 95% of 95.74 = 90.95 GiB
@@ -197,14 +197,27 @@ def test_with_every_axis_fixed_the_mesh_suggestions_take_devices_from_fsdp(monke
     assert "- mesh.tensor=2 mesh.fsdp=2: heads and MLP over 2 devices (1 heads each)" in message
 
 
-def test_train_chooses_before_its_first_step_and_a_restart_reads_the_choice(monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def record_folder(tmp_path, request):
+    """The compilation cache's folder as jax's config names it (where a run's search shares its record),
+    the test's own: a record of another test or session with the same key would be read instead."""
+    folder = tmp_path / "compile-cache"
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    request.addfinalizer(lambda: jax.config.update("jax_compilation_cache_dir", before))
+    return folder
+
+
+def test_train_chooses_before_its_first_step_and_a_restart_reads_the_choice(
+    monkeypatch, tmp_path, capsys, record_folder
+):
     """olmax train with model.remat=auto (the CPU devices given a v5p's budget): the search runs before
     the first step, its record goes to the run directory and its lines to the log; config.yaml keeps
     auto and the checkpoint the choice; the restart compiles no candidate."""
     from olmax.checkpoint.store import read_config
     from olmax.trainer import run as train_module
 
-    monkeypatch.setattr(remat, "chip_of_device_kind", lambda kind: V5P)
+    monkeypatch.setattr(remat, "chip_of_device", lambda device: V5P)
     done = scripted(monkeypatch, V5P_4X4X4)
     cfg = small_config(tmp_path, "model.remat=auto", "model.vocab_size=512", "trainer.max_steps=2")
     run_dir = tmp_path / "run"
@@ -221,7 +234,7 @@ def test_train_chooses_before_its_first_step_and_a_restart_reads_the_choice(monk
     assert f"{SEEDS}, serial, as searched on" in capsys.readouterr().out
 
 
-def test_the_trainer_runs_the_program_the_search_compiled(monkeypatch, tmp_path):
+def test_the_trainer_runs_the_program_the_search_compiled(monkeypatch, tmp_path, record_folder):
     """olmax train with model.remat=auto on devices with a budget: the search compiles the chosen step
     and the trainer runs the program it compiled for the chosen set for every step, so that step is not
     compiled again for the first step; the search's record goes to the run directory
@@ -231,10 +244,9 @@ def test_the_trainer_runs_the_program_the_search_compiled(monkeypatch, tmp_path)
     from olmax.trainer import loop
     from olmax.trainer.run import train
 
-    shared = tmp_path / "compile-cache"
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(shared))  # where the record is shared
-    assert compile_cache.cache_dir() == str(shared)
-    monkeypatch.setattr(remat, "chip_of_device_kind", lambda kind: V5P)
+    shared = record_folder
+    assert compile_cache.active_dir() == str(shared)
+    monkeypatch.setattr(remat, "chip_of_device", lambda device: V5P)
     compiles = []
     real = remat.compile_step
     monkeypatch.setattr(remat, "compile_step", lambda *a: compiles.append("search") or real(*a))

@@ -140,8 +140,8 @@ def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
     gradients reduce-scattered once."""
     from olmax.fit.chips import chip_of_topology, compiler_options
     from olmax.fit.compiler import MOSAIC_CALL, topology_devices
-    from olmax.train.state import abstract_state
-    from olmax.train.step import batch_sharding, make_train_step
+    from olmax.step.state import abstract_state
+    from olmax.step.train_step import batch_sharding, make_train_step
 
     overrides = ["model.n_layers=2", "model.vocab_size=512", "data.seq_len=256", "model.compute_dtype=bfloat16"]
     lowered = {}
@@ -205,7 +205,7 @@ def test_auto_on_a_tpu_checks_the_splash_tiles_of_a_context_chunk(tmp_path):
     """`auto` is splash only once the platform is known: the mesh of a TPU topology refuses a
     context chunk shorter than splash's smallest tile (128) before anything is traced."""
     from olmax.fit.compiler import topology_devices
-    from olmax.train.step import batch_layout
+    from olmax.step.train_step import batch_layout
 
     cfg = small_config(tmp_path, "mesh.fsdp=-1", "mesh.context=2")  # 64 tokens: chunks of 32
     batch_layout(cfg, make_mesh(cfg.mesh))  # xla on CPU: any chunk

@@ -27,7 +27,7 @@ from olmax.model import attention as attn
 from olmax.model.olmo3 import forward, init_params, rope_for
 from olmax.model.rope import rope_tables
 from olmax.model.sharding import make_mesh
-from olmax.train.step import make_train_step
+from olmax.step.train_step import make_train_step
 from olmax.trainer.run import train
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -236,8 +236,8 @@ def test_train_step_loss_is_each_documents_own(tmp_path):
         docs.append(np.diff(np.concatenate([[0], cuts, [seq]])).tolist())
     mesh = make_mesh(cfg.mesh)
     with jax.set_mesh(mesh):
-        from olmax.train.state import init_train_state
-        from olmax.train.step import batch_sharding
+        from olmax.step.state import init_train_state
+        from olmax.step.train_step import batch_sharding
 
         state = init_train_state(cfg, mesh, jax.random.key(0))
         params = jax.device_get(state.params)
@@ -267,8 +267,8 @@ def test_masked_splash_step_compiles_for_a_tpu_topology(tmp_path):
     the windowed and the global layer) takes two more operands than unmasked, the q and kv segment ids."""
     from olmax.fit.chips import chip_of_topology, compiler_options
     from olmax.fit.compiler import MOSAIC_CALL, topology_devices
-    from olmax.train.state import abstract_state
-    from olmax.train.step import batch_sharding
+    from olmax.step.state import abstract_state
+    from olmax.step.train_step import batch_sharding
 
     overrides = ["model.n_layers=2", "model.vocab_size=512", "data.seq_len=128", "model.compute_dtype=bfloat16"]
     lowered = {}

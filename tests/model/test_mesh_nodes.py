@@ -180,8 +180,8 @@ def _tokens(cfg) -> np.ndarray:
 
 def _one_step(cfg, mesh) -> dict:
     """One train step from the seed-0 initial state on the fixed batch; this process feeds its rows."""
-    from olmax.train.state import init_train_state
-    from olmax.train.step import batch_sharding, make_train_step
+    from olmax.step.state import init_train_state
+    from olmax.step.train_step import batch_sharding, make_train_step
 
     sharding = batch_sharding(cfg, mesh)
     tokens = _tokens(cfg)

@@ -18,9 +18,9 @@ from olmax.config.mesh import MeshConfig
 from olmax.config.recipes import get_recipe
 from olmax.model.olmo3 import forward_hidden, init_params, param_shardings
 from olmax.model.sharding import logical_to_spec, lookup_rows, make_mesh
-from olmax.train.loss import output_loss
-from olmax.train.state import abstract_state
-from olmax.train.step import batch_sharding, make_train_step
+from olmax.objectives.cross_entropy import output_loss
+from olmax.step.state import abstract_state
+from olmax.step.train_step import batch_sharding, make_train_step
 
 MESHES = {
     "dp2xfsdp4": MeshConfig(data=2, fsdp=4),

@@ -31,7 +31,10 @@ import numpy as np
 import pytest
 
 from olmax.config.model import ModelConfig
-from olmax.objectives import dpo, grpo
+from olmax.objectives import grpo
+from olmax.objectives import logps as logps_lib
+from olmax.objectives.grpo import GRPO
+from olmax.rollout import groups
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "grpo_trl_reference.json"
 PROCS, ACCUM, ROWS, T = 2, 2, 2, 7  # processes, accumulation steps, rows per micro-batch, completion tokens
@@ -39,11 +42,15 @@ TOL = 1e-5
 # (old log-probs given?, TIS cap, beta): the Instruct run's later mini-batches (old given, no TIS); the
 # Think run (one mini-batch, old = the log-probs themselves, TIS 2.0) with old given so that the ratios
 # clip; and beta > 0 with a reference (open-instruct's kl3, TRL's KL without its bias correction).
+# "inflight_tis": the continuous engine's in-flight updates, each completion's first tokens drawn by the
+# policy that is being trained (sampler = old within rounding) and the rest by one a step behind, whose
+# per-token log-probs TIS corrects token by token.
 CASES = {
     "instruct": dict(old=True, tis_cap=0.0, beta=0.0),
     "think_tis": dict(old=True, tis_cap=2.0, beta=0.0),
     "think_tis_old_none": dict(old=False, tis_cap=2.0, beta=0.0),
     "kl": dict(old=True, tis_cap=0.0, beta=0.05),
+    "inflight_tis": dict(old=True, tis_cap=2.0, beta=0.0, sampler="sampler_logps_two_versions"),
 }
 
 
@@ -57,7 +64,7 @@ def fixture_inputs(seed: int = 0) -> dict[str, np.ndarray]:
     lengths = rng.integers(2, T + 1, (PROCS, ACCUM, ROWS))
     adv = rng.normal(0, 5, (PROCS, ACCUM, ROWS))
     adv[0, 0, 1] = 0.0
-    return {
+    out = {
         "logps": (old + rng.normal(0, 0.3, shape)).astype(np.float32),
         "old_logps": old.astype(np.float32),
         "sampler_logps": (old + rng.normal(0, 0.7, shape)).astype(np.float32),
@@ -65,13 +72,19 @@ def fixture_inputs(seed: int = 0) -> dict[str, np.ndarray]:
         "mask": (np.arange(T) < lengths[..., None]).astype(np.float32),
         "advantages": adv.astype(np.float32),
     }
+    # drawn a version apart: tokens before each completion's switch by the current policy, after it by the
+    # previous one (the seed's stream goes on after the arrays above, which stay as they were)
+    switch = rng.integers(1, T, (PROCS, ACCUM, ROWS))[..., None]
+    same, behind = old + rng.normal(0, 1e-3, shape), old + rng.normal(-0.2, 0.8, shape)
+    out["sampler_logps_two_versions"] = np.where(np.arange(T) < switch, same, behind).astype(np.float32)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
 # olmax's side: the global micro-batch k holds every process's rows of step k
 
 
-def olmax_side(inputs: dict, old: bool, tis_cap: float, beta: float) -> dict:
+def olmax_side(inputs: dict, old: bool, tis_cap: float, beta: float, sampler: str = "sampler_logps") -> dict:
     """Per-token loss, the step's loss, metrics and d loss / d logps, all shaped like the fixture.
     olmax's arrays are token-aligned: column 0 stands for the prompt (no loss), the completion after."""
 
@@ -84,19 +97,20 @@ def olmax_side(inputs: dict, old: bool, tis_cap: float, beta: float) -> dict:
     settings = grpo.LossSettings(clip_low=0.2, clip_high=0.272, tis_cap=tis_cap, beta=beta)
     kw = dict(settings=settings, micro_batch_rows=ROWS, accum_steps=ACCUM)
     old_logps = token_aligned(inputs["old_logps"]) if old else None
-    sampler, ref = token_aligned(inputs["sampler_logps"]), token_aligned(inputs["ref_logps"])
+    sampler, ref = token_aligned(inputs[sampler]), token_aligned(inputs["ref_logps"])
     logps = token_aligned(inputs["logps"])
 
     def step(logps):
         """The step's loss and metrics, summed over its micro-batches, with each token's loss."""
-        losses, metrics, per_token = [], grpo.zero_metrics(), []
+        losses, per_token = [], []
+        metrics = {k: v for k, v in GRPO().zero_metrics().items() if k in grpo.GRPO_METRICS}
         for k in range(ACCUM):
             old_k = None if old_logps is None else old_logps[k]
             loss, m = grpo.loss_from_logps(
                 logps[k], mask[k], adv[k], old_logps=old_k, sampler_logps=sampler[k], ref_logps=ref[k], **kw
             )
             losses.append(loss)
-            metrics = grpo.combine_metrics(metrics, m)
+            metrics = GRPO().combine(metrics, m)
             terms = grpo.token_terms(
                 logps[k],
                 old_k,
@@ -129,7 +143,7 @@ def olmax_side(inputs: dict, old: bool, tis_cap: float, beta: float) -> dict:
 # TRL's side: its `_compute_loss` on a stand-in trainer, once per (process, accumulation step)
 
 
-def trl_side(inputs: dict, old: bool, tis_cap: float, beta: float) -> dict:
+def trl_side(inputs: dict, old: bool, tis_cap: float, beta: float, sampler: str = "sampler_logps") -> dict:
     import torch
     from trl import GRPOConfig
     from trl.trainer.grpo_trainer import GRPOTrainer
@@ -197,7 +211,7 @@ def trl_side(inputs: dict, old: bool, tis_cap: float, beta: float) -> dict:
             # TRL computes this ratio in `_generate_and_score_completions` (it needs vLLM's sampling); its
             # token_truncate lines, transcribed: exp((old - sampler) * mask), clamped to [clip_min, clip_max]
             full = t["mask"]
-            ratio = torch.exp((old_logps.detach() - t["sampler_logps"]) * full)
+            ratio = torch.exp((old_logps.detach() - t[sampler]) * full)
             batch["importance_sampling_ratio"] = torch.clamp(
                 ratio, min=args.vllm_importance_sampling_clip_min, max=args.vllm_importance_sampling_clip_max
             )
@@ -271,6 +285,9 @@ def test_matches_stored_trl_values():
         theirs = stored["cases"][name]
         ours = olmax_side(inputs, **case)
         assert_same(ours, theirs, name)
+        if case.get("sampler"):  # two versions: weights ~1 on the current policy's tokens, some capped after
+            weight = np.exp(inputs["old_logps"] - inputs[case["sampler"]])[inputs["mask"] > 0]
+            assert np.sum(np.abs(weight - 1) < 0.01) >= 10 and np.sum(weight > case["tis_cap"]) >= 3
         if case["old"]:  # the fixture's ratios reach both clip bounds
             assert theirs["clipfrac_low"] > 0 and theirs["clipfrac_high"] > 0
         else:
@@ -284,18 +301,18 @@ def test_matches_stored_trl_values():
 def test_advantages_and_zero_spread_by_hand():
     rewards = jnp.array([10.0, 0.0, 0.0, 10.0, 10.0, 10.0, 10.0, 10.0, 0.0, 0.0, 0.0, 5.0])
     np.testing.assert_allclose(
-        grpo.advantages(rewards, 4), [5, -5, -5, 5, 0, 0, 0, 0, -1.25, -1.25, -1.25, 3.75], rtol=1e-6
+        groups.advantages(rewards, 4), [5, -5, -5, 5, 0, 0, 0, 0, -1.25, -1.25, -1.25, 3.75], rtol=1e-6
     )
-    std = grpo.advantages(rewards, 4, normalise_std=True)  # population std: 5, 0, 2.165
+    std = groups.advantages(rewards, 4, normalise_std=True)  # population std: 5, 0, 2.165
     np.testing.assert_allclose(std[:8], [1, -1, -1, 1, 0, 0, 0, 0], rtol=1e-6)
     np.testing.assert_allclose(std[8:], np.array([-1.25, -1.25, -1.25, 3.75]) / np.sqrt(75 / 16), rtol=1e-6)
-    np.testing.assert_array_equal(grpo.zero_spread(rewards, 4), [False, True, False])
-    np.testing.assert_allclose(grpo.pass_rates(rewards, 4), [0.5, 1.0, 0.125])
+    np.testing.assert_array_equal(groups.zero_spread(rewards, 4), [False, True, False])
+    np.testing.assert_allclose(groups.pass_rates(rewards, 4, 10.0), [0.5, 1.0, 0.125])
     with pytest.raises(ValueError, match="groups"):
-        grpo.advantages(rewards, 5)
+        groups.advantages(rewards, 5)
     packed = jnp.array([[0, 1, 1, 0, 2, 2], [3, 3, 3, 0, 0, 0]])
     np.testing.assert_array_equal(
-        grpo.token_values(jnp.array([5.0, -5.0, 2.0]), packed), [[0, 5, 5, 0, -5, -5], [2, 2, 2, 0, 0, 0]]
+        groups.token_values(jnp.array([5.0, -5.0, 2.0]), packed), [[0, 5, 5, 0, -5, -5], [2, 2, 2, 0, 0, 0]]
     )
 
 
@@ -354,23 +371,25 @@ def test_select_groups_by_hand():
     # groups of 8 arriving in this order, solved counts 8, 3, 0, 7, 5, 8 (reward 10 per solve)
     solved = [8, 3, 0, 7, 5, 8]
     rewards = jnp.asarray(np.concatenate([10.0 * (np.arange(8) < s) for s in solved]), jnp.float32)
-    sel = grpo.select_groups(rewards, 8, 3, active=True, no_resampling_pass_rate=0.875)
+    sel = groups.select_groups(rewards, 8, 3, max_score=10.0, active=True, no_resampling_pass_rate=0.875)
     np.testing.assert_array_equal(sel.keep, [0, 1, 0, 1, 1, 0])  # refilled to 3 groups of non-zero spread
     assert (int(sel.consumed), bool(sel.full)) == (5, True)  # the 6th group waits for the next batch
     np.testing.assert_array_equal(sel.no_resample, [1, 0, 0, 1, 0, 0])  # 8/8 and 7/8 >= 0.875
     assert (int(sel.filtered_zero), int(sel.filtered_solved), int(sel.filtered_other)) == (1, 1, 0)
-    short = grpo.select_groups(rewards, 8, 4, active=True)
+    short = groups.select_groups(rewards, 8, 4, max_score=10.0, active=True)
     np.testing.assert_array_equal(short.keep, [0, 1, 0, 1, 1, 0])
     assert (int(short.consumed), bool(short.full)) == (6, False)
-    plain = grpo.select_groups(rewards, 8, 3, active=False, no_resampling_pass_rate=0.875)  # the Think run
+    plain = groups.select_groups(
+        rewards, 8, 3, max_score=10.0, active=False, no_resampling_pass_rate=0.875
+    )  # the Think run
     np.testing.assert_array_equal(plain.keep, [0, 1, 0, 0, 0, 0])  # exactly 3 read, the survivors kept
     assert int(plain.consumed) == 3
     np.testing.assert_array_equal(plain.no_resample, [1, 0, 0, 0, 0, 0])
-    ids, size = grpo.next_epoch_prompts(np.array([4, 9, 2, 7, 5, 1, 3]), np.array([9, 5]), batch_size=2)
+    ids, size = groups.next_epoch_prompts(np.array([4, 9, 2, 7, 5, 1, 3]), np.array([9, 5]), batch_size=2)
     np.testing.assert_array_equal(ids, [4, 2, 7, 1, 3])
     assert size == 4
     with pytest.raises(ValueError, match="needs the filter"):
-        grpo.select_groups(rewards, 8, 3, active=True, filter_zero_spread=False)
+        groups.select_groups(rewards, 8, 3, max_score=10.0, active=True, filter_zero_spread=False)
 
 
 def test_token_logps_over_the_real_vocabulary():
@@ -380,25 +399,26 @@ def test_token_logps_over_the_real_vocabulary():
     params = {"lm_head": jnp.asarray(rng.normal(0, 1, (d, cfg.padded_vocab_size)), jnp.float32)}
     hidden = jnp.asarray(rng.normal(0, 1, (rows, t, d)), jnp.float32)
     ids = jnp.asarray(rng.integers(0, 50, (rows, t)), jnp.int32)
-    logps = jax.jit(grpo.token_logps, static_argnums=3, static_argnames=("temperature", "chunk"))
+    logps = jax.jit(logps_lib.token_logps, static_argnums=3, static_argnames=("temperature", "chunk"))
     full = np.asarray(hidden, np.float64) @ np.asarray(params["lm_head"], np.float64)
-    for temperature, chunk in ((0.7, 0), (1.0, 4)):  # the whole sequence at once, and in chunks
-        logits = full[..., :50] / (temperature + 1e-7)
+    # the whole sequence at once and in chunks; the raw logits (DPO's, the reference pass's) without a temperature
+    for temperature, chunk in ((0.7, 0), (1.0, 4), (None, 4), (None, 0)):
+        logits = full[..., :50] / (temperature + 1e-7 if temperature is not None else 1.0)
         shifted = logits - logits.max(-1, keepdims=True)
         log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
         want = np.take_along_axis(log_softmax[:, :-1], np.asarray(ids)[:, 1:, None], -1)[..., 0]
         got = logps(params, hidden, ids, cfg, temperature=temperature, chunk=chunk)
         np.testing.assert_allclose(got[:, 1:], want, atol=1e-5)
         np.testing.assert_array_equal(got[:, 0], 0.0)
-    # at temperature 1 (the last `got`) the per-token log-probs sum to DPO's per-sequence ones over the
-    # same tokens: a response token t >= 1 of the mask (position 0 predicts nothing)
+    # DPO's per-sequence log-probs are the per-token ones summed over the response tokens t >= 1 of the
+    # mask (position 0 predicts nothing), counted so too
     mask = rng.random((rows, t)) < 0.6
-    seq = jax.jit(dpo.sequence_logps, static_argnums=4, static_argnames="chunk")(
-        params, hidden, ids, mask, cfg, chunk=4
-    )
-    np.testing.assert_allclose(np.sum(np.where(mask & (np.arange(t) > 0), got, 0.0), 1), seq.total, atol=2e-5)
+    seq = logps_lib.sequence_logps(got, mask)
+    scored = mask & (np.arange(t) > 0)
+    np.testing.assert_allclose(seq.total, np.sum(np.where(scored, got, 0.0), 1), atol=2e-5)
+    np.testing.assert_array_equal(seq.count, scored.sum(1))
     with pytest.raises(ValueError, match="does not divide"):
-        grpo.token_logps(params, hidden, ids, cfg, chunk=3)
+        logps_lib.token_logps(params, hidden, ids, cfg, chunk=3)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ sandboxed = pytest.mark.usefixtures("code_sandbox")  # skips, naming the probe's
 
 # upstream's guard refuses a program that says "import os", so the attacks reach the module another way
 OS = "__import__('o' + 's')"
+# a test's calls run in the program's process, its comparisons in the verifier's: what a test checks of the
+# sandbox, the program reads (open() of the test's own path alone is not a call into the program)
+READ = "def read(path):\n    return open(path).read()\n"
 
 
 def _outcome(program: str, test: str, isolation: str, seconds: float = 2.0, memory_mb: int = code.MEMORY_MB) -> str:
@@ -75,20 +78,19 @@ def test_files_of_the_caller_are_not_visible(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("run directory secret")
     for path, text in ((secret, "run directory secret"), (__file__, open(__file__).read())):
-        test = f"assert open({str(path)!r}).read() == {text!r}"
-        assert _outcome("", test, "none") == "pass"
-        assert _outcome("", test, "namespaces") == "fail"
+        test = f"assert read({str(path)!r}) == {text!r}"
+        assert _outcome(READ, test, "none") == "pass"
+        assert _outcome(READ, test, "namespaces") == "fail"
     # what the program sees is Python's installation, the loader's libraries, three devices, /proc and
     # its scratch: beside the installation, not even the directory that holds it
     tops = {p.strip("/").split("/")[0] for p in (sys.prefix, sys.base_prefix)}
     allowed = sorted({"dev", "etc", "proc", "tmp", "scratch", "lib", "lib32", "lib64", "usr"} | tops)
     seen = (
-        f"ls = {OS}.listdir\n"
         f"assert set(ls('/')) <= set({allowed!r}), ls('/')\n"
         "assert ls('/etc') == ['ld.so.cache'] and sorted(ls('/dev')) == ['null', 'urandom', 'zero']\n"
         f"assert ls({os.path.dirname(sys.prefix)!r}) == [{os.path.basename(sys.prefix)!r}]"
     )
-    assert _outcome("", seen, "namespaces") == "pass"
+    assert _outcome(f"ls = {OS}.listdir", seen, "namespaces") == "pass"
 
 
 @sandboxed
@@ -108,8 +110,8 @@ def test_writes_stay_in_the_scratch(tmp_path):
             os.remove(into_prefix)
     # the scratch is writable: the working directory (/tmp, or /scratch where Python itself lies under
     # /tmp: code_sandbox._scratch)
-    scratch = "open('a', 'w').write('x'); open('b', 'w').write('y')"
-    assert _outcome(scratch, "assert open('b').read() == 'y' and open('a').read() == 'x'", "namespaces") == "pass"
+    scratch = READ + "open('a', 'w').write('x'); open('b', 'w').write('y')"
+    assert _outcome(scratch, "assert read('b') == 'y' and read('a') == 'x'", "namespaces") == "pass"
 
 
 CTYPES_CONNECT = """
@@ -193,19 +195,21 @@ def test_no_process_outlives_the_call(tmp_path):
 
 FAN_OUT = """
 os = {os}
-made = 0
-for _ in range(64):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        os.setsid()
-        os.closerange(0, 1024)
-        {name}
-        __import__('time').sleep(30)
-        os._exit(0)
-    made += 1
+def fan_out():
+    made = 0
+    for _ in range(64):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            os.setsid()
+            os.closerange(0, 1024)
+            {name}
+            __import__('time').sleep(30)
+            os._exit(0)
+        made += 1
+    return made
 """
 
 
@@ -214,22 +218,22 @@ def test_fan_out_is_capped_and_gone():
     mark = f"olmaxf{os.getpid() % 100000}"
     program = FAN_OUT.format(os=OS, name=_name_self(mark))
     try:
-        assert _outcome("", program + "assert made == 64", "none") == "pass"
+        assert _outcome(program, "assert fan_out() == 64", "none") == "pass"
         assert _count_marked(mark, 64) == 64
     finally:
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)
-    # the cap stops the fan-out (run by the test, so that its assert runs after it)
-    assert _outcome("", program + f"assert 0 < made < {code.PROCESSES}", "namespaces") == "pass"
+    # the cap stops the fan-out (run by the test, in the test's process)
+    assert _outcome(program, f"assert 0 < fan_out() < {code.PROCESSES}", "namespaces") == "pass"
     assert _marked(mark) == []
 
 
 @sandboxed
 def test_proc_shows_only_the_sandbox():
-    listing = f"pids = sorted(int(p) for p in {OS}.listdir('/proc') if p.isdigit())\n"
+    listing = f"def pids():\n    return sorted(int(p) for p in {OS}.listdir('/proc') if p.isdigit())"
     # the sandbox's init, its runner and the process this test runs in
-    assert _outcome("", listing + f"assert {os.getpid()} not in pids and pids == [1, 2, 3]", "namespaces") == "pass"
-    assert _outcome("", listing + f"assert {os.getpid()} in pids", "none") == "pass"
+    assert _outcome(listing, f"assert {os.getpid()} not in pids() and pids() == [1, 2, 3]", "namespaces") == "pass"
+    assert _outcome(listing, f"assert {os.getpid()} in pids()", "none") == "pass"
 
 
 @sandboxed
@@ -239,11 +243,12 @@ def test_the_program_holds_no_privilege():
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "status = open('/proc/self/status').read()\n"
         "made = [libc.unshare(flag) for flag in (0x10000000, 0x40000000, 0x20000)]  # user, net, mount\n"
+        f"uid = {OS}.getuid()"
     )
     # no capability and none to win by exec, not root, and no namespace of its own to make
     test = (
         "assert 'CapEff:\\t0000000000000000' in status and 'CapPrm:\\t0000000000000000' in status\n"
-        "assert 'NoNewPrivs:\\t1' in status and __import__('o' + 's').getuid() != 0\n"
+        "assert 'NoNewPrivs:\\t1' in status and uid != 0\n"
         "assert made == [-1, -1, -1]"
     )
     assert _outcome(probe, test, "namespaces") == "pass"
@@ -320,7 +325,7 @@ def test_the_rl_loop_refuses_code_rewards_without_their_sandbox(tmp_path, monkey
     from olmax.data.chat_corpus import read_rows
     from olmax.data.tokenizer import load_tokenizer
     from olmax.model.sharding import make_mesh
-    from olmax.rollout.batches import RolloutBatches, prompt_set
+    from olmax.rollout.producer import RolloutProducer, prompt_set
 
     rows = tmp_path / "code.jsonl"
     tests = json.dumps(["assert True"])
@@ -334,9 +339,9 @@ def test_the_rl_loop_refuses_code_rewards_without_their_sandbox(tmp_path, monkey
     cfg = apply_overrides(get_recipe("tiny_grpo"), overrides)
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
     with pytest.raises(code.SandboxUnavailable, match="Function not implemented.*rewards.code.isolation=none"):
-        RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
+        RolloutProducer(cfg, mesh, prompt_set(cfg, tok), tok)
     cfg = apply_overrides(cfg, ["rewards.code.isolation=none"])
-    loader = RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
+    loader = RolloutProducer(cfg, mesh, prompt_set(cfg, tok), tok)
     assert loader.verifier_options == {"code": {"isolation": "none"}, "code_stdio": {"isolation": "none"}}
     assert "code verifier isolation: none" in capsys.readouterr().out
 
@@ -391,7 +396,7 @@ FLOODS = {
     "report_newlines": ("os.write(3, b'\\n' * (64 << 20))", "pass", False, "overflow"),
     "report_bytes": ("os.write(3, b'x' * (64 << 20))", "pass", False, "overflow"),
     "report_lines": ("os.write(3, b'0' * 32 + b' 0 pass\\n' * (1 << 21))", "pass", False, "overflow"),
-    "report_from_the_test": ("", f"{OS}.write(3, b'\\n' * (64 << 20))", False, "overflow"),
+    "report_from_the_test": ("def flood():\n    os.write(3, b'\\n' * (64 << 20))", "flood()", False, "overflow"),
     "report_forever": ("while True:\n    os.write(3, b'x' * 65536)", "pass", False, "overflow"),
     "stdout": ("os.write(1, b'\\n' * 2**26)\nfor _ in range(64): print('x' * 2**20)", "pass", False, "pass"),
     "stderr": ("os.write(2, b'\\n' * 2**26)\nfor _ in range(64): sys.stderr.write('x' * 2**20)", "pass", False, "pass"),
@@ -467,8 +472,10 @@ def test_the_callers_keys_are_out_of_reach(attack):
             _keyctl(keyctl, 9, key, -3) if key > 0 else None  # KEYCTL_UNLINK
 
 
-# address_families(7) no program here needs; AF_VSOCK (the host's ports) and netlink reach outside the namespace
+# address_families(7): none opens in the sandbox (AF_VSOCK reaches the host's ports and netlink the kernel's;
+# AF_INET and AF_INET6 sockets are kernel memory the limits do not bound, and there is no network to reach)
 SOCKETS = {
+    "inet": [(2, 1, 0), (2, 2, 0), (2, 3, 1), (10, 1, 0), (10, 2, 0), (2, 1 | 0o4000, 0), (2, 5, 132)],
     "vsock": [(40, 1, 0), (40, 2, 0), (40, 5, 0)],
     "netlink": [(16, 3, 0), (16, 2, 0), (16, 3, 15), (16, 3, 9), (16, 3, 4), (16, 3, 16)],
     "packet": [(17, 3, 0), (17, 2, 0), (17, 10, 0)],
@@ -525,20 +532,20 @@ def test_host_information_is_hidden():
 def test_the_filter_judges_each_call(machine):  # olmax.rewards.code_seccomp, through its BPF interpreter
     program, nr, arch = sc.program(machine), sc.NUMBERS[machine], sc.AUDIT_ARCH[machine]
     decide = functools.partial(sc.decide, program, arch)
-    eperm, enosys, eafnosupport = (sc.RET_ERRNO | e for e in (sc.EPERM, sc.ENOSYS, sc.EAFNOSUPPORT))
+    eperm, enosys = (sc.RET_ERRNO | e for e in (sc.EPERM, sc.ENOSYS))
     # another architecture's calls, and 32-bit ones (AUDIT_ARCH_I386, AUDIT_ARCH_ARM), kill the process
     for other in (0x40000003, 0x40000028, *(a for m, a in sc.AUDIT_ARCH.items() if m != machine)):
         assert sc.decide(program, other, nr["socket"], 2, 1, 0) == sc.RET_KILL_PROCESS
-    denied, special = set(sc.denied_names(machine)), {nr[n] for n in ("socket", "socketpair", "clone", "fcntl")}
+    denied, special = set(sc.denied_names(machine)), {nr[n] for n in ("clone", "fcntl")}
     assert set("memfd_create shmget msgget keyctl add_key request_key unshare io_uring_setup".split()) <= denied
+    assert set("socket socketpair io_setup io_submit io_pgetevents epoll_create1 epoll_ctl".split()) <= denied
     by_number = {number: name for name, number in nr.items()}
     for number in set(range(sc.CEILING)) - special - {nr["clone3"]}:
         assert decide(number) == (eperm if by_number.get(number) in denied else sc.RET_ALLOW), number
     for number in (sc.CEILING, 0x40000000 | 41, 0xFFFFFFFF, nr["clone3"]):  # unknown, x32, -1, clone3
         assert decide(number) == enosys
     for name, family in ((name, family) for name in ("socket", "socketpair") for family in range(64)):
-        want = sc.RET_ALLOW if family in (2, 10) else eafnosupport
-        assert decide(nr[name], family, 1, 0) == decide(nr[name], family | 1 << 32) == want  # an int: low half
+        assert decide(nr[name], family, 1, 0) == decide(nr[name], family | 1 << 32) == eperm  # every family
     assert decide(nr["clone"], 0x11) == decide(nr["clone"], 0x3D0F00) == sc.RET_ALLOW  # fork, a thread
     for flag in (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000):  # CLONE_NEW*
         assert decide(nr["clone"], flag | 0x11) == eperm
@@ -583,8 +590,9 @@ def test_the_filter_is_in_force_and_honest_programs_run(monkeypatch):
     program = PRELUDE + (
         f"libc.syscall.restype = L\nrefused = []\nfor name, nr in {numbers!r}.items():\n    ctypes.set_errno(0)\n"
         "    if libc.syscall(nr, 0, 0, 0, 0, 0, 0) == -1 and ctypes.get_errno() == 1:\n        refused.append(name)\n"
+        "status = open('/proc/self/status').read()"
     )
-    test = f"assert 'Seccomp:\\t2' in open('/proc/self/status').read() and sorted(refused) == {sorted(numbers)!r}"
+    test = f"assert 'Seccomp:\\t2' in status and sorted(refused) == {sorted(numbers)!r}"
     assert _outcome(program, test, "namespaces") == "pass"
     want = (5000, 328350, 1 << 20, 4950, 64 << 20, "2d711642", "0.125")
     assert _outcome(PRELUDE + STDLIB, f"assert result == {want!r}, result", "namespaces") == "pass"

@@ -84,11 +84,12 @@ def test_math_equivalence_and_a_rows_reward():
     assert math_verifier.verify("so \\boxed{x^2-1}", "(x-1)(x+1)") == 1.0
     assert math_verifier.verify("so \\boxed{x^2+1}", "(x-1)(x+1)") == 0.0
     # a Dolci row: lists of verifier names and ground truths, paired; 10 x the sum of the scores
-    total, parts = rewards.reward(["math", "MATH"], ["2", "3"], "\\boxed{2}", timeout=None)
+    total, parts = rewards.reward(["math", "MATH"], ["2", "3"], "\\boxed{2}", timeout=None, scale=10.0)
     assert (total, parts) == (10.0, [("math", 1.0, "ok"), ("MATH", 0.0, "ok")])
-    assert rewards.reward("math", "2", "\\boxed{2}", timeout=None)[0] == 10.0
+    assert rewards.reward("math", "2", "\\boxed{2}", timeout=None, scale=10.0)[0] == 10.0
+    assert rewards.reward("math", "2", "\\boxed{2}", timeout=None, scale=1.0)[0] == 1.0
     with pytest.raises(ValueError, match="2 verifier names but 1"):
-        rewards.reward(["math", "math"], ["2"], "\\boxed{2}", timeout=None)
+        rewards.reward(["math", "math"], ["2"], "\\boxed{2}", timeout=None, scale=10.0)
 
 
 # --- ifeval -----------------------------------------------------------------------------------------
@@ -334,7 +335,6 @@ def test_unknown_verifier_lists_the_known():
     with pytest.raises(rewards.UnknownVerifier):
         rewards.score("maths", "x", "y")
     assert rewards.verifier("MATH") is math_verifier.verify
-    assert rewards.REWARD_SCALE == 10.0
 
 
 def test_entry_point_verifiers_and_statuses(plugin_dist):

@@ -8,7 +8,7 @@
   `7}</answer>`, `x.</answer>`, `</answer>` + newline and `</ans` + `wer>` with other tokens each stop at
   the token completing the string (finish "stop"), the tokens after it are neither returned nor
   counted, and the text is cut right after `</answer>`; a row without it runs to its limit;
-- the RL loader's sampling call with grpo.stop (olmax.rollout.batches): the responses and their
+- the RL loader's sampling call with grpo.stop (olmax.rollout.producer): the responses and their
   log-probs end at that token and the verifiers get the cut text;
 - dolma2's tokenizer.json gives the pieces tiktoken's dolma2 gives.
 """
@@ -147,10 +147,10 @@ def test_dolma2_tokenizer_json_gives_the_same_pieces(tok, dolma2_json):
 
 
 def test_grpo_rollouts_end_at_the_stop_string(tok, scripted, tmp_path, monkeypatch):
-    """The RL loader's sampling call with grpo.stop: each response's tokens and log-probs end at the
-    token completing `</answer>`, and its verifiers score the text cut right after it."""
+    """The RL loader's sampling call with grpo.stop (the static stream's call: the sampler it scripts is
+    the static one): each response's tokens and log-probs end at the token completing `</answer>`, and its
+    verifiers score the text cut right after it."""
     import json
-    from collections import Counter
     from dataclasses import replace
 
     from small_run import SMALL
@@ -161,15 +161,15 @@ def test_grpo_rollouts_end_at_the_stop_string(tok, scripted, tmp_path, monkeypat
     from olmax.model.olmo3 import init_params
     from olmax.model.sharding import make_mesh
     from olmax.rewards import verifiers as rewards
-    from olmax.rollout.batches import RolloutBatches, prompt_set
+    from olmax.rollout.producer import RolloutProducer, prompt_set
 
     path = tmp_path / "rl.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in read_rows("rl")[:2]))
     overrides = [f"data.work_dir={tmp_path / 'cache'}", f"data.paths=[{path}]", "grpo.max_prompt_len=64"]
     overrides += ["grpo.max_response_len=16", "grpo.prompts_per_step=2", "grpo.samples_per_prompt=2"]
     cfg = apply_overrides(get_recipe("tiny_grpo"), SMALL + overrides + ["data.seq_len=96", "trainer.global_batch=4"])
-    cfg = replace(cfg, grpo=replace(cfg.grpo, stop=(STOP,)))
-    loader = RolloutBatches(cfg, make_mesh(cfg.mesh, jax.devices()[:1]), prompt_set(cfg, tok), tok)
+    cfg = replace(cfg, grpo=replace(cfg.grpo, stop=(STOP,), rollout_engine="static"))
+    loader = RolloutProducer(cfg, make_mesh(cfg.mesh, jax.devices()[:1]), prompt_set(cfg, tok), tok)
     # a group's samples draw their first token from the prompt's one prefill: the same first token
     spelled = ["A: <answer>7}</answer> and on", "A: x.</answer>\nmore", "A: </answer>\n\nmore", "A: no answer here"]
     ids = [tok.encode(t) for t in spelled]
@@ -178,13 +178,15 @@ def test_grpo_rollouts_end_at_the_stop_string(tok, scripted, tmp_path, monkeypat
     scripted(script, lengths, n=2)
     seen = []
 
-    def score(datasets, ground_truths, response, timeout=None, options=None):
+    def score(datasets, ground_truths, response, timeout=None, options=None, *, scale):
         seen.append(response)
         return 0.0, [(d, 0.0, rewards.OK) for d in datasets]
 
     monkeypatch.setattr(rewards, "reward", score)
     params = init_params(cfg.model, jax.random.key(0))
-    _, responses, logps, _, _ = loader._sample(params, np.arange(2), Counter())
+    read = [loader.stream.next_group(params, 0) for _ in range(2)]
+    responses = [r for g in read for r in g.responses]
+    logps = [lp for g in read for lp in g.logps]
     ends = [t.index(STOP) + len(STOP) for t in spelled[:3]]
     kept = [next(k for k in range(1, len(i) + 1) if STOP in tok.decode(i[:k])) for i in ids[:3]]
     assert [len(r) for r in responses] == [len(p) for p in logps] == [*kept, 16]

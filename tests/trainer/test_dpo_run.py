@@ -29,7 +29,7 @@ from olmax.data.pairs import PairLoader, PairSource, pair_order_report
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params, param_shardings
 from olmax.model.sharding import make_mesh
-from olmax.train.state import init_train_state
+from olmax.step.state import init_train_state
 from olmax.trainer.reference import (
     CACHE_DIR,
     COMPLETE,
@@ -410,3 +410,32 @@ def test_resume_continues_exactly(run):
     rest = train(cfg, tmp / "resumed", devices=jax.devices()[:DEVICES], progress=False)
     keys = ("train/DPO loss", "train/rewards/margins", "train/rewards/accuracy", "optim/total grad norm", "optim/LR")
     assert [{k: r[k] for k in keys} for r in first + rest] == [{k: r[k] for k in keys} for r in rows]
+
+
+def test_the_pairs_fingerprint_covers_their_label_masks(pairs, tmp_path):
+    """The reference pass sums over the label masks, so the pairs' fingerprint (which keys the reference
+    cache and a resume's data check) changes with a mask, the tokens the same: as written by `olmax
+    tokenize --chat` (the manifest's label_mask_sha256) and, for output written before it recorded them,
+    hashed from the mask files."""
+    import hashlib
+
+    from olmax.data.tokenize import MANIFEST
+
+    src, cfg = pairs
+    before = PairSource(cfg.data).fingerprint
+    copy = tmp_path / "pairs"
+    shutil.copytree(src / "pairs", copy, ignore=shutil.ignore_patterns("reference_logps"))
+    moved = replace(cfg.data, paths=(str(copy),))
+    assert PairSource(moved).fingerprint == before  # the same pairs elsewhere
+    manifest = json.loads((copy / "chosen" / MANIFEST).read_text())
+    shard = manifest["shards"][0]
+    mask = bytearray((copy / "chosen" / shard["label_mask"]).read_bytes())
+    mask[-1] ^= 1  # the last token of the chosen side: trained on, or not
+    (copy / "chosen" / shard["label_mask"]).write_bytes(bytes(mask))
+    shard["label_mask_sha256"] = hashlib.sha256(bytes(mask)).hexdigest()  # as a new tokenization records it
+    (copy / "chosen" / MANIFEST).write_text(json.dumps(manifest))
+    recorded = PairSource(moved).fingerprint
+    assert recorded != before
+    del shard["label_mask_sha256"]  # output from before the digest was recorded: the file is hashed
+    (copy / "chosen" / MANIFEST).write_text(json.dumps(manifest))
+    assert PairSource(moved).fingerprint == recorded

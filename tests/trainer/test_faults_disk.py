@@ -26,8 +26,8 @@ from olmax.config.io import apply_overrides
 from olmax.config.recipes import get_recipe
 from olmax.model.sharding import make_mesh
 from olmax.rundir.exits import ExitStatus
-from olmax.train.state import abstract_state, init_train_state
-from olmax.trainer.exits import status_of
+from olmax.step.state import abstract_state, init_train_state
+from olmax.trainer.failures import status_of
 
 SMALL = BASE + ["eval.every=0"]
 

@@ -1,4 +1,4 @@
-"""`olmax train` with trainer.objective=grpo: the rollout loader (olmax.rollout.batches) and the loop.
+"""`olmax train` with trainer.objective=grpo: the rollout loader (olmax.rollout.producer) and the loop.
 
 Fast: the prompt order is a per-epoch permutation that a saved state resumes, and prompts a rollout
 solved often enough leave it at the next epoch. Slow (a small random model; the rewards come from a
@@ -8,6 +8,7 @@ stopped after step 2 and resumed replays the same rollouts and losses and ends o
 """
 
 import json
+from collections import Counter
 
 import jax
 import numpy as np
@@ -21,10 +22,12 @@ from olmax.data.tokenizer import load_tokenizer
 from olmax.errors import ConfigError
 from olmax.model.sharding import make_mesh
 from olmax.rewards import verifiers as rewards
-from olmax.rollout.batches import RolloutBatches, prompt_set
+from olmax.rollout.producer import RolloutProducer, prompt_set
+from olmax.rollout.stream import Group
 
 VERIFIER = '''
 import hashlib
+from collections import Counter
 
 
 def coin(response, ground_truth, **_):
@@ -68,16 +71,19 @@ def test_prompt_order_resumes_and_leaves_solved_prompts_out(tmp_path, coin_verif
     tok = load_tokenizer("dolma2")
     prompts = prompt_set(cfg, tok)
     mesh = make_mesh(cfg.mesh, jax.devices()[:1])
-    loader = RolloutBatches(cfg, mesh, prompts, tok)
-    first = [loader._take() for _ in range(3)]
+    loader = RolloutProducer(cfg, mesh, prompts, tok)
+    first = [loader._take()[1] for _ in range(3)]
     loader.excluded = [int(i) for i in first[0][:5]]  # marked during the epoch: it keeps its order
-    again = RolloutBatches(cfg, mesh, prompts, tok, state=json.loads(json.dumps(loader.state())))
-    assert np.array_equal(again.order, loader.order) and np.array_equal(again._take(), loader._take())
-    seen = np.concatenate(first + [loader._take() for _ in range(len(loader.order) // 10 - 4)])
+    again = RolloutProducer(cfg, mesh, prompts, tok, state=json.loads(json.dumps(loader.state())))
+    assert np.array_equal(again.order, loader.order) and np.array_equal(again._take()[1], loader._take()[1])
+    seen = np.concatenate(first + [loader._take()[1] for _ in range(len(loader.order) // 10 - 4)])
     assert len(set(seen.tolist())) == len(seen)  # a permutation: no prompt twice in an epoch
     loader.excluded = [int(i) for i in seen[:25]]  # as select_groups' no_resample marks them
-    nxt = loader._take()
-    assert loader.epoch == 2 and not set(nxt.tolist()) & set(loader.excluded)
+    calls = loader.calls
+    call, nxt = loader._take()
+    assert (
+        call == calls and loader.calls == calls + 1 and loader.epoch == 2
+    )  # numbered across epochs and not set(nxt.tolist()) & set(loader.excluded)
     assert len(loader.order) == (len(prompts.prompts) - 25) // 10 * 10
 
 
@@ -87,20 +93,33 @@ def test_a_retry_keeps_the_no_resample_marks_of_the_reads_it_replaces(tmp_path, 
     (`accumulate_inference_batches`), so they leave the order at the next epoch with the later read's."""
     cfg = _config(tmp_path, "grpo.no_resampling_pass_rate=0.875")
     tok = load_tokenizer("dolma2")
-    loader = RolloutBatches(cfg, make_mesh(cfg.mesh, jax.devices()[:1]), prompt_set(cfg, tok), tok)
+    loader = RolloutProducer(cfg, make_mesh(cfg.mesh, jax.devices()[:1]), prompt_set(cfg, tok), tok)
     scale, reads = cfg.grpo.reward_scale, []
     rewards_of_read = [
         [scale] * 16,  # all four solved: no spread, nothing kept, a retry
         [scale] * 4 + [0.0, scale] * 6,  # the first solved (marked, dropped), the others kept
     ]
 
-    def fake_sample(params, ids, counts):
-        reads.append([int(i) for i in ids])
-        rw = np.asarray(rewards_of_read[len(reads) - 1], np.float32)
-        prompts = [loader.prompts.prompts[i].ids for i in ids for _ in range(4)]
-        return prompts, [[1, 2]] * 16, [[0.0, 0.0]] * 16, rw, [("coin", float(r > 0)) for r in rw]
+    class Scripted:
+        """The stream, each call's groups scored as `rewards_of_read` says."""
 
-    loader._sample = fake_sample
+        timing = Counter()
+
+        def next_group(self, params, version):
+            if not self.groups:
+                _, ids = loader._take()
+                reads.append([int(i) for i in ids])
+                rw = np.asarray(rewards_of_read[len(reads) - 1], np.float32).reshape(4, 4)
+                self.groups = [
+                    Group(int(i), [[1, 2]] * 4, [[0.0, 0.0]] * 4, [[0, 0]] * 4, 0, r, []) for i, r in zip(ids, rw)
+                ]
+            return self.groups.pop(0)
+
+        def end_step(self):
+            return len(self.groups)
+
+    loader.stream = Scripted()
+    loader.stream.groups = []
     rollout = loader._rollout(None)
     assert rollout.figures["rollout/retries"] == 1 and rollout.figures["rollout/groups_kept"] == 3
     assert loader.excluded == reads[0] + reads[1][:1]
@@ -116,15 +135,15 @@ def test_the_loop_refuses_what_it_cannot_sample_for(tmp_path, coin_verifier):
     ]:
         cfg = _config(tmp_path, *extra)
         with pytest.raises(ConfigError, match=message):
-            RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
+            RolloutProducer(cfg, mesh, prompt_set(cfg, tok), tok)
 
 
 def test_a_checkpoint_between_mini_batches_keeps_the_rollout_it_is_in(tmp_path, coin_verifier):
     """The rollout's parts not yet trained on (and, sampled ahead, the next rollout's) are saved as the
     checkpoint's data_arrays item and served after the resume, old log-probs included."""
     from olmax.checkpoint.store import RunCheckpoints
-    from olmax.rollout.batches import _done, _Rollout
-    from olmax.train.state import abstract_state, init_train_state
+    from olmax.rollout.producer import _done, _Rollout
+    from olmax.step.state import abstract_state, init_train_state
 
     cfg = _config(tmp_path, "grpo.mini_batches=2", "trainer.global_batch=8")
     tok = load_tokenizer("dolma2")
@@ -138,7 +157,7 @@ def test_a_checkpoint_between_mini_batches_keeps_the_rollout_it_is_in(tmp_path, 
             "old_logps": rng.normal(size=(8, 96)).astype(np.float32),
         }
 
-    loader = RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok)
+    loader = RolloutProducer(cfg, mesh, prompt_set(cfg, tok), tok)
     first, nxt = _Rollout([part(), part()], {"rollout/reward_mean": 2.5}), _Rollout([part(), part()], {})
     loader._queue.extend([_done(first), _done(nxt)])
     batches = iter(loader)
@@ -147,7 +166,7 @@ def test_a_checkpoint_between_mini_batches_keeps_the_rollout_it_is_in(tmp_path, 
     ckpts.save(1, init_train_state(cfg, mesh, jax.random.key(0)), loader.state(), mesh)
     ckpts.close()
     _, data_state = RunCheckpoints(tmp_path / "checkpoints", cfg).restore_latest(abstract_state(cfg, mesh))
-    again = iter(RolloutBatches(cfg, mesh, prompt_set(cfg, tok), tok, state=data_state))
+    again = iter(RolloutProducer(cfg, mesh, prompt_set(cfg, tok), tok, state=data_state))
     for want in (first.parts[1], *nxt.parts):
         got = next(again)
         assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
@@ -167,19 +186,27 @@ def coin_verifier(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_grpo_run_logs_its_figures_and_resumes_exactly(tmp_path, coin_verifier):
+@pytest.mark.parametrize("engine", ["grpo.max_staleness=0", "grpo.max_staleness=1", "grpo.rollout_engine=static"])
+def test_grpo_run_logs_its_figures_and_resumes_exactly(tmp_path, coin_verifier, engine):
+    """Three steps, and the same run stopped after step 2 and resumed: the same step 3 and parameters.
+    Synchronous (the static engine, or the continuous one with max_staleness 0) the sampler's log-probs
+    are the trainer's; with max_staleness 1 rows carry over a step, their earlier tokens' log-probs the
+    older parameters', and the resumed run re-prefills them as the straight one does at its checkpoint."""
     from olmax.checkpoint.store import load_params
     from olmax.trainer.run import train
 
-    straight = train(_config(tmp_path), tmp_path / "a", progress=False)
+    stale = engine == "grpo.max_staleness=1"
+    straight = train(_config(tmp_path, engine, "checkpoint.every=2"), tmp_path / "a", progress=False)
     assert [r["step"] for r in straight] == [1, 2, 3]
     for r in straight:
-        assert r["rollout/verifier/coin/ok"] == 16 and 0 < r["rollout/groups_kept"] <= 4
+        assert r["rollout/verifier/coin/ok"] >= 16 and 0 < r["rollout/groups_kept"] <= 4
         assert r["train/response tokens"] > 0 and r["rollout/rows_dropped"] == 0
-        assert r["debug/sampler_logp_diff_mean"] < 1e-5  # the sampler's log-probs are the trainer's
         assert np.isfinite(r["train/GRPO loss"]) and r["optim/total grad norm"] > 0
-    train(_config(tmp_path), tmp_path / "b", stop_at=2, progress=False)
-    resumed = train(_config(tmp_path), tmp_path / "b", progress=False)
+        assert 0 < r["rollout/slot_efficiency"] <= 1 and r["rollout/staleness_max"] <= int(stale)
+    gaps = [r["debug/sampler_logp_diff_mean"] for r in straight]
+    assert (max(gaps[1:]) > 1e-4) if stale else (max(gaps) < 1e-5), gaps  # the trainer's, when synchronous
+    train(_config(tmp_path, engine, "checkpoint.every=2"), tmp_path / "b", stop_at=2, progress=False)
+    resumed = train(_config(tmp_path, engine, "checkpoint.every=2"), tmp_path / "b", progress=False)
     assert [r["step"] for r in resumed] == [3]
     keys = [k for k in straight[-1] if k.startswith(("rollout/reward", "train/", "optim/", "policy/"))]
     assert {k: resumed[0][k] for k in keys} == {k: straight[-1][k] for k in keys}
@@ -189,22 +216,30 @@ def test_grpo_run_logs_its_figures_and_resumes_exactly(tmp_path, coin_verifier):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("async_steps, beta", [(0, 0.0), (1, 0.05)])
-def test_a_run_stopped_between_mini_batches_resumes_exactly(tmp_path, coin_verifier, async_steps, beta):
+@pytest.mark.parametrize(
+    "engine, beta",
+    [
+        ("grpo.max_staleness=0", 0.0),
+        ("grpo.rollout_engine=static grpo.async_steps=1", 0.05),
+        ("grpo.max_staleness=1", 0.0),
+    ],
+)
+def test_a_run_stopped_between_mini_batches_resumes_exactly(tmp_path, coin_verifier, engine, beta):
     """Two mini-batches per rollout, stopped after step 3 (the first of rollout 2) and resumed: the same
     step 4 and parameters as without the stop. Rollout 2 is sampled from the parameters after step 2, or
-    with grpo.async_steps=1 after step 0 (with rollout 1), so step 3's sampler log-probs are then stale.
+    with the static engine's grpo.async_steps=1 after step 0 (with rollout 1), or with the continuous
+    engine's max_staleness 1 partly before step 2, so step 3's sampler log-probs are then stale.
     With grpo.beta > 0 the KL to the starting parameters is 0 at step 1 and grows; the resumed run
     makes its reference again."""
     from olmax.checkpoint.store import load_params
     from olmax.trainer.run import train
 
     extra = ["grpo.mini_batches=2", "trainer.global_batch=8", "trainer.max_steps=4"]
-    extra += [f"grpo.async_steps={async_steps}", f"grpo.beta={beta}"]
+    extra += [*engine.split(), f"grpo.beta={beta}"]
     straight = train(_config(tmp_path, *extra), tmp_path / "a", progress=False)
     assert [r["step"] for r in straight] == [1, 2, 3, 4]
     gap = straight[2]["debug/sampler_logp_diff_mean"]
-    assert (gap > 1e-4) if async_steps else (gap < 1e-5), gap
+    assert (gap < 1e-5) if "staleness=0" in engine else (gap > 1e-4), gap
     kl = [r["loss/kl_avg"] for r in straight]
     assert (abs(kl[0]) < 1e-6 and kl[3] > 1e-5) if beta else kl == [0.0] * 4, kl
     train(_config(tmp_path, *extra), tmp_path / "b", stop_at=3, progress=False)

@@ -282,9 +282,6 @@ class RunCheckpoints:
         self._writing_step: Optional[int] = None  # the newest step handed to Orbax (async: maybe in flight)
         self._failed = False
 
-    def latest_step(self) -> Optional[int]:
-        return self._mngr.latest_step()
-
     def save(self, step: int, state, data_state: dict, mesh) -> None:
         cfg = self.cfg
         data_state = dict(data_state)
@@ -357,7 +354,7 @@ class RunCheckpoints:
 
     def restore(self, step: int, target):
         """(state, data-loader state) of `step`. `target` is the caller's abstract train state
-        (olmax.train.state.abstract_state: a TrainState of ShapeDtypeStructs with shardings); the state comes
+        (olmax.step.state.abstract_state: a TrainState of ShapeDtypeStructs with shardings); the state comes
         back in that layout, whatever mesh saved it (Orbax reshards on restore)."""
         saved = self._mngr.restore(
             step, args=ocp.args.Composite(**{EXPERIMENT: ocp.args.JsonRestore(), DATA: ocp.args.JsonRestore()})

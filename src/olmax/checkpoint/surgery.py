@@ -53,8 +53,8 @@ from olmax.config.mesh import MeshConfig
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import abstract_params, param_shardings
 from olmax.model.sharding import make_mesh
-from olmax.train.optim import AdamWState, OptState, skip_window_init
-from olmax.train.state import TrainState, abstract_state
+from olmax.step.optim import AdamWState, OptState, skip_window_init
+from olmax.step.state import TrainState, abstract_state
 
 KEEP_CHOICES = ("params", "moments")
 WARM_START = "warm_start"  # the meta key that marks a warm-start checkpoint (and says what it kept)

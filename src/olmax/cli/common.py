@@ -22,6 +22,7 @@ import typer
 
 from olmax.errors import ConfigError
 from olmax.fit import compile_cache
+from olmax.fit.chips import chip_names
 from olmax.rundir.exits import ExitStatus
 
 app = typer.Typer(
@@ -122,7 +123,9 @@ def max_batches_option(default: Optional[int]):
     return typer.Option(default, "--max-batches", help="at most this many batches per data spec")
 
 
-ChipOpt = typer.Option(None, "--chip", help="h100, h200, b200, v5e, v5p, v6e or ironwood: the per-device peak, for MFU")
+ChipOpt = typer.Option(
+    None, "--chip", help=f"{', '.join(chip_names())} (olmax.fit.chips): the per-device peak, for MFU"
+)
 
 
 TotalDevicesOpt = typer.Option(

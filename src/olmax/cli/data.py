@@ -168,6 +168,7 @@ def data_order_cmd(
     config defaults); the flags are shorthands for single fields. `olmax tokenize --chat` output is read as
     AI2's SFT reads it with data.packing=obfd data.label_masks=true data.doc_masking=true, plus
     data.use_array_if_local=false where tokenize printed a note (docs/data.md, "Chat parts")."""
+    from olmax.config.objective import data_kind
     from olmax.data.loader import order_report
     from olmax.data.pairs import pair_order_report
 
@@ -186,8 +187,8 @@ def data_order_cmd(
         },
         need_base=False,
     )
-    # preference pairs (trainer.objective=dpo) are ordered by their own loader
-    report_of = pair_order_report if exp.trainer.objective == "dpo" else order_report
+    # an objective on preference pairs (dpo) has them ordered by their own loader
+    report_of = pair_order_report if data_kind(exp.objective_config) == "pairs" else order_report
     report = report_of(
         exp.data,
         exp.trainer.global_batch,

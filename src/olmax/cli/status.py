@@ -1,4 +1,4 @@
-"""`olmax status RUN_DIR [--follow] [--json FILE]` (olmax.trainer.status)."""
+"""`olmax status RUN_DIR [--follow] [--json FILE]` (olmax.rundir.report)."""
 
 from __future__ import annotations
 
@@ -40,11 +40,13 @@ def status_cmd(
     import time
     from pathlib import Path
 
-    from olmax.trainer.status import MetricsReader, format_status, has_ended, run_status
+    from olmax.fit.chips import chip_peak
+    from olmax.rundir.report import MetricsReader, format_status, has_ended, run_status
 
     reader = MetricsReader(run_dir, window)
+    peak = chip_peak(chip) if chip is not None else None
     while True:
-        status = run_status(run_dir, reader, chip=chip)
+        status = run_status(run_dir, reader, peak_tflops=peak)
         if json_out == "-":
             typer.echo(json.dumps(status, sort_keys=True))
         else:

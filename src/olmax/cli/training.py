@@ -97,8 +97,8 @@ def train_cmd(
     from olmax.fit.chips import resolve_peak
     from olmax.rundir import paths
     from olmax.rundir.exits import RECORD_FILE, ExitStatus
-    from olmax.rundir.progress import run_last_step
-    from olmax.trainer.exits import record_exit, status_of
+    from olmax.rundir.progress import run_end_step
+    from olmax.trainer.failures import record_exit, status_of
     from olmax.trainer.run import train
 
     try:
@@ -120,13 +120,13 @@ def train_cmd(
         if status is ExitStatus.CRASHED:
             raise  # with its traceback; Python exits 1
         raise typer.Exit(status) from None
-    last = run_last_step(str(run_dir), cfg, stop_at)
+    last = run_end_step(str(run_dir), cfg, stop_at)
     status = ExitStatus.PREEMPTED if rows and last is not None and rows[-1]["step"] < last else ExitStatus.DONE
     record_exit(run_dir, status, f"stopped after step {rows[-1]['step']} of {last}" if rows else "")
     if rows:
-        from olmax.trainer.metrics import LOSS_METRIC
+        from olmax.trainer.metrics import loss_name
 
-        loss = LOSS_METRIC[cfg.trainer.objective]
+        loss = loss_name(cfg)
         typer.echo(
             f"steps {rows[0]['step']}..{rows[-1]['step']}: {loss.removeprefix('train/')} {rows[0][loss]:.4f} -> "
             f"{rows[-1][loss]:.4f}; logs and checkpoints in {run_dir}"

@@ -1,23 +1,24 @@
-"""The `dpo` section: the DPO loss (trainer.objective=dpo); what the objective asks of the other
-sections is olmax.config.experiment.check_dpo. docs/post-training/dpo.md."""
+"""The `dpo` section: the DPO loss (trainer.objective=dpo, olmax.objectives.dpo), trained on preference
+pairs (what such an objective refuses of the other sections is olmax.config.experiment.check_pairs).
+docs/post-training/dpo.md."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
+from olmax.config.objective import ObjectiveConfig
 from olmax.errors import ConfigError
-
-if TYPE_CHECKING:  # olmax.config imports this module
-    pass
 
 DPO_LOSS_TYPES = ("dpo_norm", "dpo")  # olmax.objectives.dpo
 
 
 @dataclass(frozen=True)
-class DPOConfig:
+class DPOConfig(ObjectiveConfig):
     """Direct preference optimisation, used with trainer.objective=dpo (olmax.objectives.dpo). Defaults
     are AI2's OLMo 3 DPO (open-instruct dpo_tune_cache.py)."""
+
+    data: ClassVar[str] = "pairs"
 
     loss_type: str = "dpo_norm"
     """dpo_norm: the log-prob ratios averaged over each response's tokens (AI2's OLMo 3); dpo: summed."""

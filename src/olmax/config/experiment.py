@@ -1,6 +1,8 @@
 """`ExperimentConfig`: everything a run needs, composed of the sections (olmax.config.model, data,
-optimizer, schedule, trainer, mesh, run, dpo, grpo), and the checks that span sections: what a context
-axis needs of the sequence, and what the DPO and GRPO objectives refuse of the LM options.
+optimizer, schedule, trainer, mesh, checkpoint, eval, wandb, and the objectives' own: dpo, grpo), and the
+checks that span sections: what a context axis needs of the sequence, and what an objective trained on
+pairs or rollouts refuses of the LM options (olmax.config.objective says what a config knows of an
+objective; `experiment_type` adds a plug-in objective's section).
 
 Every check that needs neither devices nor data runs in the dataclasses' `__post_init__`, so a config
 that `olmax config` and `olmax train --dry-run` accept is one the trainer accepts too, up to the device
@@ -11,15 +13,27 @@ prints (olmax.config.io.field_help; tests/config/test_config.py fails for a fiel
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
+from typing import Optional
 
+from olmax.config.checkpoint import CheckpointConfig, EvalConfig, WandbConfig
 from olmax.config.data import DataConfig
 from olmax.config.dpo import DPOConfig
 from olmax.config.grpo import GRPOConfig, RewardsConfig
 from olmax.config.mesh import MeshConfig
 from olmax.config.model import CONTEXT_BACKENDS, MASKING_BACKENDS, ModelConfig
+from olmax.config.objective import (
+    DEFAULT,
+    ROWS_PER_ITEM,
+    ObjectiveConfig,
+    data_kind,
+    plugin_names,
+    plugin_section,
+)
 from olmax.config.optimizer import OptimizerConfig
-from olmax.config.run import CheckpointConfig, EvalConfig, WandbConfig
 from olmax.config.schedule import ScheduleConfig
 from olmax.config.trainer import TrainerConfig
 from olmax.errors import ConfigError, refuse
@@ -30,7 +44,7 @@ def check_context(cfg: "ExperimentConfig", context: int) -> None:
     into `context` equal chunks, the output layer's chunks (trainer.loss_chunk) fit one of them, a
     named backend has a context-parallel form, and a named splash backend's tiles fit its queries.
     `auto` resolves to splash only when the platform is known: the trainer checks it then
-    (olmax.train.step.batch_layout)."""
+    (olmax.step.train_step.batch_layout)."""
     seq_len, chunk = cfg.data.seq_len, cfg.trainer.loss_chunk
     if cfg.model.attention not in ("auto", *CONTEXT_BACKENDS):
         raise ConfigError(
@@ -106,16 +120,104 @@ class ExperimentConfig:
                 "model.rope_positions=document restarts positions at each document, which needs the documents: "
                 "set data.doc_masking=true (or model.rope_positions=absolute)"
             )
-        if self.trainer.objective == "dpo":
-            check_dpo(self)
-        elif self.trainer.objective == "grpo":
-            check_grpo(self)
+        self._check_objective()
+
+    def _check_objective(self) -> None:
+        """trainer.objective names a built-in objective or a plug-in whose section this config holds;
+        then what its data kind refuses (DATA_CHECKS) and its section's own checks."""
+        name = self.trainer.objective
+        known = objective_names()
+        if name not in known:
+            raise ConfigError(
+                f"trainer.objective={name!r} is not one of {', '.join(known)} "
+                f"(a plug-in objective is an `olmax.objectives` entry point: docs/extending.md)"
+            )
+        section = self.objective_config
+        if section is None and (name in builtin_sections() or plugin_section(name) is not None):
+            raise ConfigError(
+                f"trainer.objective={name} needs its `{name}` section, which this {type(self).__name__} has not: "
+                f"build the config with olmax.config.experiment.experiment_type({name!r})"
+            )
+        check = DATA_CHECKS.get(data_kind(section))
+        if check is not None:
+            check(self)
+        if section is not None:
+            section.check(self)
+
+    @property
+    def objective_config(self) -> Optional[ObjectiveConfig]:
+        """The section of trainer.objective (cfg.dpo for dpo, ...), or None for an objective without one (lm)."""
+        section = getattr(self, self.trainer.objective, None)
+        return section if isinstance(section, ObjectiveConfig) else None
 
     @property
     def rows_per_step(self) -> int:
-        """Sequences of data.seq_len in one optimizer step: trainer.global_batch, twice that for DPO (a pair is
-        a chosen and a rejected row; a GRPO row is one packed row)."""
-        return self.trainer.global_batch * (2 if self.trainer.objective == "dpo" else 1)
+        """Sequences of data.seq_len in one optimizer step: trainer.global_batch items of the objective's
+        data (olmax.config.objective.ROWS_PER_ITEM: a preference pair is a chosen and a rejected row, a
+        token instance and a packed rollout row one)."""
+        return self.trainer.global_batch * ROWS_PER_ITEM[data_kind(self.objective_config)]
+
+    def __reduce__(self):
+        # pickled as its objective and fields, so a config with a plug-in's section (a class made at run
+        # time, experiment_type) unpickles in a process that has not made that class yet
+        return _rebuild, (self.trainer.objective, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+
+def _rebuild(objective: str, fields: dict) -> "ExperimentConfig":
+    return experiment_type(objective)(**fields)
+
+
+@functools.cache
+def builtin_sections() -> dict[str, type]:
+    """{objective: its section class} for the objectives whose section ExperimentConfig declares (a field
+    named as the objective, of an ObjectiveConfig type)."""
+    hints = typing.get_type_hints(ExperimentConfig)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(ExperimentConfig)
+        if isinstance(hints[f.name], type) and issubclass(hints[f.name], ObjectiveConfig)
+    }
+
+
+def objective_names() -> list[str]:
+    """What trainer.objective may name: lm, the built-in sections' objectives, the installed plug-ins."""
+    return [DEFAULT, *builtin_sections(), *(p for p in plugin_names() if p not in builtin_sections())]
+
+
+@functools.cache
+def experiment_type(objective: str) -> type[ExperimentConfig]:
+    """The config class of a run of `objective`: ExperimentConfig, plus a section named as the objective
+    when a plug-in declares one (its `config` class; olmax.config.objective)."""
+    if objective == DEFAULT or objective in builtin_sections():
+        return ExperimentConfig
+    section = plugin_section(objective)
+    if section is None:
+        return ExperimentConfig
+    if objective in {f.name for f in dataclasses.fields(ExperimentConfig)}:
+        raise ConfigError(f"the plug-in objective {objective!r} is named as a config section olmax already has")
+    cls = dataclasses.make_dataclass(
+        f"ExperimentConfig_{objective}",
+        [(objective, section, field(default_factory=section))],
+        bases=(ExperimentConfig,),
+        frozen=True,
+    )
+    cls.__doc__ = f"ExperimentConfig with the `{objective}` section of the plug-in objective {objective!r}."
+    return cls
+
+
+def as_experiment_type(cfg: ExperimentConfig, objective: str) -> ExperimentConfig:
+    """`cfg` as a config of `objective`'s class (experiment_type): its sections kept, a plug-in's section
+    added at its defaults. Checks are left to the caller's next replace or merge (the objective is not
+    set here)."""
+    cls = experiment_type(objective)
+    if type(cfg) is cls or not issubclass(cls, type(cfg)):
+        return cfg
+    kept = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    extra = {f.name: f.default_factory() for f in dataclasses.fields(cls) if f.name not in kept}
+    obj = object.__new__(cls)  # no __post_init__: cfg was checked, the new section is at its defaults
+    for name, value in {**kept, **extra}.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 def lm_only(cfg: ExperimentConfig, unit: str) -> list[tuple[bool, str, str]]:
@@ -130,30 +232,30 @@ def lm_only(cfg: ExperimentConfig, unit: str) -> list[tuple[bool, str, str]]:
     ]
 
 
-def check_dpo(cfg: ExperimentConfig) -> None:
-    """What trainer.objective=dpo does not take: its rows are whole sequences, one prompt and response
-    each, right-padded (open-instruct's DPO batches), read by the pair loader (olmax.data.pairs)."""
+def check_pairs(cfg: ExperimentConfig) -> None:
+    """What an objective on preference pairs (DPO) does not take: its rows are whole sequences, one prompt
+    and response each, right-padded (open-instruct's DPO batches), read by the pair loader (olmax.data.pairs)."""
     data = cfg.data
     refused = [
         (data.packing != "none", "data.packing=obfd", "each row is one pair's sequence, not packed documents"),
         (data.doc_masking, "data.doc_masking=true", "a row holds one document, so causal attention is enough"),
         (data.label_masks, "data.label_masks=true", "the pair loader always reads the label masks"),
     ]
-    refuse(refused + lm_only(cfg, "pairs"), "trainer.objective=dpo does not take {knob}: {why}")
+    message = f"trainer.objective={cfg.trainer.objective} does not take {{knob}}: {{why}}"
+    refuse(refused + lm_only(cfg, "pairs"), message)
 
 
-def check_grpo(cfg: ExperimentConfig) -> None:
-    """What trainer.objective=grpo does not take. Its rows are the RL loop's packed prompt + response
-    sequences (open-instruct's pack_sequences), handed to the step whole: no LM data options apply."""
-    data, grpo = cfg.data, cfg.grpo
+def check_rollouts(cfg: ExperimentConfig) -> None:
+    """What an objective on rollouts (GRPO) does not take. Its rows are the RL loop's packed prompt +
+    response sequences (open-instruct's pack_sequences), handed to the step whole: no LM data options apply."""
+    data = cfg.data
     refused = [
         (data.packing != "none", "data.packing=obfd", "the RL loop packs its rollouts itself"),
         (data.label_masks, "data.label_masks=true", "the batch's response_mask says which tokens have a loss"),
     ]
-    refuse(refused + lm_only(cfg, "rollouts"), "trainer.objective=grpo does not take {knob}: {why}")
-    longest = grpo.max_prompt_len + grpo.max_response_len
-    if longest > data.seq_len:  # open-instruct asserts pack_length >= max_prompt_token_length + response_length
-        raise ConfigError(
-            f"grpo.max_prompt_len + grpo.max_response_len = {longest} does not fit data.seq_len={data.seq_len}, "
-            "the packed row every prompt + response must fit"
-        )
+    message = f"trainer.objective={cfg.trainer.objective} does not take {{knob}}: {{why}}"
+    refuse(refused + lm_only(cfg, "rollouts"), message)
+
+
+# what every objective on a kind of data refuses (olmax.config.objective.ROWS_PER_ITEM's kinds)
+DATA_CHECKS = {"pairs": check_pairs, "rollouts": check_rollouts}

@@ -1,6 +1,7 @@
 """The `grpo` section (GRPO's loss and the RL loop's settings, trainer.objective=grpo) and the
-`rewards` section (the verifiers' settings); what the objective asks of the other sections is
-olmax.config.experiment.check_grpo. docs/post-training/grpo.md.
+`rewards` section (the verifiers' settings); GRPO trains on rollouts (what such an objective refuses of
+the other sections is olmax.config.experiment.check_rollouts; GRPOConfig.check adds the packed row's
+length). docs/post-training/grpo.md.
 
 Defaults are AI2's OlmoRL settings where the two OLMo 3 7B RL runs agree: open-instruct
 `scripts/train/olmo3/7b_think_rl.sh` (commit 42aa63c) and `7b_instruct_rl.sh` (9ade62d), the flags
@@ -12,21 +13,21 @@ value, said in the field's help; the recipes (olmax.config.recipes) set each run
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Union
+from typing import ClassVar, Optional, Union
 
 from olmax.config.data import CHAT_TEMPLATES
+from olmax.config.objective import ObjectiveConfig
 from olmax.config.remat import AUTO
 from olmax.errors import ConfigError
 
-if TYPE_CHECKING:  # olmax.config imports this module
-    pass
-
 
 @dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(ObjectiveConfig):
     """GRPO as open-instruct's grpo_fast.py ran it for OLMo 3, used with trainer.objective=grpo
     (olmax.objectives.grpo). The train step reads the loss knobs (temperature, clip_low, clip_high,
     tis_cap, beta); the rest are the RL loop's (sampling, rewards, batch selection)."""
+
+    data: ClassVar[str] = "rollouts"
 
     prompts_per_step: int = 64
     """Prompts sampled per rollout batch (open-instruct --num_unique_prompts_rollout; 64 in both runs)."""
@@ -68,13 +69,32 @@ class GRPOConfig:
     mini_batches: int = 1
     """Optimizer steps per rollout batch (--num_mini_batches: 1 Think, 4 Instruct). With more than one
     the loop computes old_logps of the whole batch before the first step (olmax.objectives.grpo)."""
+    rollout_engine: str = "continuous"
+    """How rollouts are decoded (docs/rollout.md): "continuous" = the slot engine (olmax.rollout.engine):
+    a fixed number of slots (grpo.slots) decode together, a row that stops leaves its slot and the next
+    waiting row takes it, groups are verified as they finish, and rows may carry into the next steps
+    under grpo.max_staleness; "static" = the static sampler: each step's prompts decoded as one batch
+    until its longest row stops."""
+    slots: Union[int, str] = "auto"
+    """The continuous engine's slots (rows decoded at once): a multiple of the mesh's data x fsdp devices;
+    auto = the rows of grpo.sample_prompts' prompts (all of a step's, prompts_per_step x
+    samples_per_prompt, where they fit the chip)."""
+    max_staleness: int = 1
+    """The continuous engine's in-flight updates: a step may train on rows sampled up to this many
+    parameter updates ago (open-instruct's --async_steps with --inflight_updates: 8 in the OLMo 3
+    scripts at 3af17aa). Admission control, not discarding: groups enter the engine only while at most
+    max_staleness + 1 steps' worth are unconsumed, so no row is dropped for being stale (dropping them
+    would bias training towards short answers); a row that spans an update keeps its earlier tokens' log-
+    probs (the sampler's, per token) for grpo.tis_cap to correct. 0 = synchronous: each step's rollouts
+    are sampled with the parameters it starts from, the same rollouts as the static engine."""
     async_steps: int = 0
-    """Rollouts sampled ahead (open-instruct --async_steps; the OLMo 3 Think script at 3af17aa ran 8 on
-    separate vLLM GPUs): 0 = synchronous, each rollout sampled with the parameters it is trained from;
-    1 = the next rollout is sampled and verified, by a worker thread, while the steps on this one run,
-    with the parameters from before them (one rollout off-policy). Sampler and trainer share the mesh,
-    so only the host's work (verifying, packing) overlaps the device's; more lag would buy no more
-    overlap, hence at most 1. Costs one more copy of the parameters (docs/post-training/rl-loop.md)."""
+    """The static engine's rollouts sampled ahead (open-instruct --async_steps; the OLMo 3 Think script at
+    3af17aa ran 8 on separate vLLM GPUs): 0 = synchronous, each rollout sampled with the parameters it is
+    trained from; 1 = the next rollout is sampled and verified, by a worker thread, while the steps on
+    this one run, with the parameters from before them (one rollout off-policy). Sampler and trainer share
+    the mesh, so only the host's work (verifying, packing) overlaps the device's; more lag would buy no
+    more overlap, hence at most 1. Costs one more copy of the parameters (docs/post-training/rl-loop.md).
+    The continuous engine's lag is grpo.max_staleness."""
     stop: tuple[str, ...] = ()
     """Strings that end a response besides the end-of-turn token (--stop_strings: "</answer>" Instruct,
     none Think), matched on the decoded text as vLLM does, however the model spelled them in tokens:
@@ -114,6 +134,17 @@ class GRPOConfig:
         for name in ("clip_high", "tis_cap", "beta"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise ConfigError(f"grpo.rollout_engine={self.rollout_engine!r} is not one of {', '.join(ROLLOUT_ENGINES)}")
+        if self.slots != AUTO and not (isinstance(self.slots, int) and self.slots >= 1):
+            raise ConfigError(f"grpo.slots must be auto or a positive integer, got {self.slots!r}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"grpo.max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
+        if self.rollout_engine == "continuous" and self.async_steps:
+            raise ConfigError(
+                f"grpo.async_steps={self.async_steps} is the static engine's lag; the continuous engine's is "
+                "grpo.max_staleness (or set grpo.rollout_engine=static)"
+            )
         if self.async_steps not in (0, 1):
             raise ConfigError(
                 f"grpo.async_steps must be 0 or 1, got {self.async_steps}: sampler and trainer share one mesh, "
@@ -130,6 +161,17 @@ class GRPOConfig:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"grpo.stop must be non-empty strings, got {list(self.stop)}")
 
+    def check(self, cfg) -> None:
+        longest = self.max_prompt_len + self.max_response_len
+        # open-instruct asserts pack_length >= max_prompt_token_length + response_length
+        if longest > cfg.data.seq_len:
+            raise ConfigError(
+                f"grpo.max_prompt_len + grpo.max_response_len = {longest} does not fit "
+                f"data.seq_len={cfg.data.seq_len}, the packed row every prompt + response must fit"
+            )
+
+
+ROLLOUT_ENGINES = ("continuous", "static")  # olmax.rollout.engine, olmax.rollout.sampler
 
 # What rewards.code.isolation may name (olmax.rewards.code runs each): the sandbox the machine can make
 # (auto), the namespace sandbox asked for by name, or none.

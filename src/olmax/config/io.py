@@ -20,15 +20,25 @@ from typing import NamedTuple, Optional, Sequence, TypeVar
 from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from olmax.config.experiment import ExperimentConfig
+from olmax.config.experiment import ExperimentConfig, as_experiment_type, experiment_type
 from olmax.errors import ConfigError
 
 
 @functools.cache
 def field_help(cls: type) -> dict[str, str]:
     """{field name: help text} of a config dataclass: the attribute docstring under each field, read
-    from the class's source. A field without one is absent from the result."""
-    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    from the class's source. A field without one is absent from the result. A class made at run time
+    (olmax.config.experiment.experiment_type) has no source: its bases' help, and for a field of its own
+    the first line of its type's docstring."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        helps = {k: v for base in cls.__bases__ if dataclasses.is_dataclass(base) for k, v in field_help(base).items()}
+        for f in dataclasses.fields(cls):
+            if f.name not in helps and isinstance(f.type, type) and f.type.__doc__:
+                helps[f.name] = " ".join(f.type.__doc__.strip().split("\n\n")[0].split())
+        return helps
+    (node,) = ast.parse(textwrap.dedent(source)).body
     helps = {}
     for stmt, after in zip(node.body, node.body[1:]):
         if (
@@ -137,6 +147,9 @@ def apply_overrides(cfg: C, overrides: Sequence[str]) -> C:
             raise ConfigError(f"override {item!r} is not of the form key=value")
     if not overrides:
         return cfg
+    named = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].strip() == "trainer.objective"]
+    if named and isinstance(cfg, ExperimentConfig):  # a plug-in objective brings its section
+        cfg = as_experiment_type(cfg, named[-1].strip())
     try:
         return _merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except ConfigError as e:
@@ -175,8 +188,15 @@ def load_yaml(path: str | Path, schema: type[C] = ExperimentConfig) -> C:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    return _merge(schema(), OmegaConf.load(path))
+    return from_dict(OmegaConf.load(path), schema)
 
 
-def from_dict(d: dict, schema: type[C] = ExperimentConfig) -> C:
-    return _merge(schema(), OmegaConf.create(d))
+def from_dict(d, schema: type[C] = ExperimentConfig) -> C:
+    """A config from a (nested) dict or DictConfig; for ExperimentConfig the class of its
+    trainer.objective (experiment_type: a plug-in objective's section)."""
+    conf = OmegaConf.create(d) if not isinstance(d, DictConfig) else d
+    if schema is ExperimentConfig:
+        objective = OmegaConf.select(conf, "trainer.objective")
+        if isinstance(objective, str):
+            schema = experiment_type(objective)
+    return _merge(schema(), conf)

@@ -1,5 +1,5 @@
 """What a config becomes on a mesh of devices, in plain Python (no jax): the global batch split over
-the batch shards into per-device rows and accumulated micro-batches. The train step (olmax.train.step)
+the batch shards into per-device rows and accumulated micro-batches. The train step (olmax.step.train_step)
 and the launcher (olmax.launch.plan, which lays a recipe out for N devices before anything is
 submitted) both take it from here, so they cannot disagree."""
 

@@ -1,5 +1,5 @@
 """The `optimizer` section: AdamW as OLMo-core runs it (float32 moments, the weight-decay mask),
-skip-step, clipping and the z-loss weight; olmax.train.optim builds the optimizer from it."""
+skip-step, clipping and the z-loss weight; olmax.step.optim builds the optimizer from it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from olmax.errors import ConfigError, check_non_negative, check_positive
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW with OLMo-core's skip-step rule, clipping and z-loss (olmax.train.optim, docs/training.md)."""
+    """AdamW with OLMo-core's skip-step rule, clipping and z-loss (olmax.step.optim, docs/training.md)."""
 
     lr: float = 3e-4
     """Peak learning rate; the schedule scales it."""

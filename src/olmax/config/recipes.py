@@ -13,6 +13,7 @@ import functools
 from dataclasses import replace
 from typing import Callable, Optional
 
+from olmax.config.checkpoint import CheckpointConfig, EvalConfig
 from olmax.config.data import DataConfig
 from olmax.config.dpo import DPOConfig
 from olmax.config.experiment import ExperimentConfig
@@ -21,7 +22,6 @@ from olmax.config.mesh import MeshConfig
 from olmax.config.model import ModelConfig, SplashBlocks
 from olmax.config.optimizer import OptimizerConfig
 from olmax.config.remat import AUTO
-from olmax.config.run import CheckpointConfig, EvalConfig
 from olmax.config.schedule import ScheduleConfig
 from olmax.config.trainer import TrainerConfig
 from olmax.errors import ConfigError

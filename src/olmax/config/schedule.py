@@ -1,5 +1,5 @@
 """The `schedule` section of the experiment config: which learning-rate schedule and its horizon
-(olmax.train.schedules builds the schedule from it; docs/training.md)."""
+(olmax.step.schedules builds the schedule from it; docs/training.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ SCHEDULES = ("cosine", "stitched_cosine", "wsd", "linear", "constant")
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """LR schedules, OLMo-core semantics and 1-based step numbering (olmax.train.schedules, docs/training.md)."""
+    """LR schedules, OLMo-core semantics and 1-based step numbering (olmax.step.schedules, docs/training.md)."""
 
     name: str = "cosine"
     """Schedule: cosine, stitched_cosine (AI2's stage 1), wsd (warmup-stable-decay), linear or constant."""

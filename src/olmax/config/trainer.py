@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from olmax.config.objective import DEFAULT
 from olmax.errors import ConfigError, check_choice, check_non_negative, check_positive
 
-OBJECTIVES = ("lm", "dpo", "grpo")
 LOSS_NORMALISATIONS = ("global", "per_rank")
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """The training loop (olmax.trainer.run, olmax.train.step)."""
+    """The training loop (olmax.trainer.run, olmax.step.train_step)."""
 
     global_batch: int = 512
     """Instances per optimizer step, over all devices; part of the recipe (it enters the data order)."""
@@ -33,12 +33,12 @@ class TrainerConfig:
     """A plain progress line every N steps when not on a terminal (metrics.jsonl has every step)."""
     seed: int = 0
     """Seed of the parameter initialisation (the data order has its own, data.seed)."""
-    objective: str = "lm"
+    objective: str = DEFAULT
     """What the step minimises: "lm" (next-token cross-entropy over data.paths), "dpo" (direct
     preference optimisation over `olmax tokenize --chat` preference pairs, the `dpo` section; then
-    global_batch and micro_batch_size count pairs, two sequences each) or "grpo" (OlmoRL's policy
+    global_batch and micro_batch_size count pairs, two sequences each), "grpo" (OlmoRL's policy
     loss over packed rollout rows, the `grpo` section; global_batch counts packed rows per optimizer
-    step); docs/post-training/sft.md."""
+    step) or an objective installed as an `olmax.objectives` entry point (docs/extending.md)."""
     loss_normalisation: str = "global"
     """What the LM loss divides by (trainer.objective=lm): "global", the loss tokens of the whole
     global batch (the same step on any mesh or micro-batching); "per_rank", OLMo-core's: the global
@@ -50,8 +50,8 @@ class TrainerConfig:
     7B Think SFT: 32, 7B Instruct: 16), whatever olmax's mesh; must divide global_batch."""
 
     def __post_init__(self):
-        # Whether the batch splits over the devices is the trainer's check (olmax.train.step.batch_layout).
-        check_choice("trainer.objective", self.objective, OBJECTIVES)
+        # Whether the batch splits over the devices is the trainer's check (olmax.step.train_step.batch_layout);
+        # which objectives exist, the whole config's (olmax.config.experiment: plug-ins add theirs).
         check_positive("trainer", self, "global_batch", "log_every")
         if self.max_steps is not None:
             check_positive("trainer", self, "max_steps")
@@ -68,7 +68,7 @@ class TrainerConfig:
                     f"trainer.loss_ranks={self.loss_ranks} is only used with trainer.loss_normalisation=per_rank"
                 )
             return
-        if self.objective != "lm":
+        if self.objective != DEFAULT:
             raise ConfigError(
                 f"trainer.loss_normalisation=per_rank is for trainer.objective=lm, not {self.objective} "
                 "(its loss has its own normalisation)"

@@ -2,5 +2,6 @@
 hf_tokenizer.py), OLMo-core state dicts and distributed checkpoints into olmax (olmo_core.py), on the
 tensors' one table of names and layouts (tensors.py). docs/conversion.md.
 
-May import: olmax.checkpoint, olmax.train, olmax.model, olmax.data and below.
+May import: olmax.checkpoint, olmax.step, olmax.model, olmax.data, olmax.config, olmax.extras,
+olmax.errors.
 """

@@ -344,7 +344,7 @@ def warm_start_from_olmo_core(
     (`train/rank0.pt`); the data position is not taken over (stage 2 reads its own data)."""
     from olmax.checkpoint.store import olmax_version
     from olmax.checkpoint.surgery import WARM_START, check_keep, require_new_output, write_warm_start
-    from olmax.train.optim import AdamWState, OptState, skip_window_init
+    from olmax.step.optim import AdamWState, OptState, skip_window_init
 
     check_keep(keep)
     require_new_output(dst)

@@ -114,6 +114,7 @@ class _PartWriter:
                 "documents": len(self.ids),
                 "trainable_tokens": int(mask.sum()),
                 "sha256": hashlib.sha256(ids.tobytes()).hexdigest(),
+                "label_mask_sha256": hashlib.sha256(mask.tobytes()).hexdigest(),
             }
         )
         self.ids, self.masks, self.tokens = [], [], 0

@@ -1,11 +1,13 @@
-"""Preference pairs for trainer.objective=dpo, read from `olmax tokenize --chat` preference output.
+"""Preference pairs for the objectives on pairs (trainer.objective=dpo), read from `olmax tokenize --chat`
+preference output.
 
     source = PairSource(data_cfg)            # data.paths = [DIR]; DIR/chosen/ and DIR/rejected/
     loader = PairLoader(data_cfg, source, reference, global_batch, state=saved)
     for batch in loader:                     # runs on across epochs
         batch["input_ids"]                   # (pairs, 2, seq_len) int32: [:, 0] chosen, [:, 1] rejected
         batch["response_mask"]               # (pairs, 2, seq_len) bool: the tokenizer's label masks
-        batch["reference_logps"]             # (pairs, 2) float32: the reference pass's (olmax.trainer.reference)
+        batch["reference_logps"]             # (pairs, 2) float32: the reference pass's (olmax.trainer.reference),
+                                             # when the objective has one (reference=None: absent)
         batch["index"]                       # (pairs,) int64: the pairs' ids
     loader.state()                           # JSON-able; resume with PairLoader(..., state=saved)
     pair_order_report(data_cfg, 128, range(1, 3))   # `olmax data order` on pairs: who trained on what
@@ -21,7 +23,8 @@
   (olmax.data.order.cached_permutation, OLMo-core's), global batches of trainer.global_batch pairs
   cut from it, the remainder dropped; a process that owns data-parallel ranks r..r+k-1 of D gets their
   pairs (olmax.data.order.rank_ids), as the LM loader does.
-- `state()` holds the fingerprint (both sides' shard digests and data.seq_len), seed, epoch and
+- `state()` holds the fingerprint (both sides' token and label-mask digests, the masks being what the
+  loss and the reference pass sum over, and data.seq_len), seed, epoch and
   batches processed: the state saved after step N resumes at batch N; a fingerprint mismatch raises
   DataStateError unless allowed. It also records the fingerprint of the parameters the reference
   log-probs came from (`reference_fingerprint`, olmax.trainer.reference.params_fingerprint): a
@@ -59,11 +62,14 @@ class _Side:
         manifest = json.loads((directory / MANIFEST).read_text())
         dtype = np.dtype(manifest["dtype"])
         self.digests = [shard["sha256"] for shard in manifest["shards"]]
+        self.mask_digests = []
         self.tokens, self.masks, self.docs = [], [], []
         for k, shard in enumerate(manifest["shards"]):
             self.tokens.append(np.memmap(directory / shard["path"], dtype=dtype, mode="r"))
             mask_name = shard.get("label_mask", shard["path"].replace(TOKEN_PART_PREFIX, MASK_PART_PREFIX))
             self.masks.append(np.memmap(directory / mask_name, dtype=np.bool_, mode="r"))
+            # written by `olmax tokenize --chat` since it records them; hashed here for older output
+            self.mask_digests.append(shard.get("label_mask_sha256") or _file_digest(directory / mask_name))
             offsets = directory / shard["path"].replace(".npy", ".csv.gz")
             with gzip.open(offsets, "rt") as f:
                 for line in f:
@@ -74,6 +80,14 @@ class _Side:
         part, start, end = self.docs[i]
         end = min(end, start + seq_len)
         return self.tokens[part][start:end], self.masks[part][start:end]
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class PairSource:
@@ -112,7 +126,9 @@ class PairSource:
                 counts[0],
                 self.seq_len,
             )
-        key = {"chosen": self.sides[0].digests, "rejected": self.sides[1].digests, "seq_len": self.seq_len}
+        key = {"seq_len": self.seq_len}
+        for side, name in zip(self.sides, SIDES):
+            key[name], key[f"{name}_masks"] = side.digests, side.mask_digests
         self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
     def __len__(self) -> int:
@@ -137,7 +153,7 @@ class PairLoader:
         self,
         data_cfg,
         source: PairSource,
-        reference: np.ndarray,
+        reference: Optional[np.ndarray],
         global_batch: int,
         dp_rank: int = 0,
         dp_size: int = 1,
@@ -147,7 +163,7 @@ class PairLoader:
         reference_fingerprint: Optional[str] = None,
     ):
         check_rank(global_batch, dp_rank, dp_size)
-        if reference.shape != (len(source), 2):
+        if reference is not None and reference.shape != (len(source), 2):
             raise ValueError(f"reference log-probs of shape {reference.shape} for {len(source)} pairs")
         self.cfg, self.source, self.reference = data_cfg, source, reference
         self.reference_fingerprint = reference_fingerprint
@@ -185,7 +201,10 @@ class PairLoader:
             input_ids, mask = self.source.rows(ids)
             self.batches_processed += 1
             self._delivered += len(ids)
-            yield {"input_ids": input_ids, "response_mask": mask, "reference_logps": self.reference[ids], "index": ids}
+            batch = {"input_ids": input_ids, "response_mask": mask, "index": ids}
+            if self.reference is not None:
+                batch["reference_logps"] = self.reference[ids]
+            yield batch
 
     def audit(self) -> dict:
         # a permutation per epoch: no pair comes twice within one

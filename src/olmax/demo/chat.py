@@ -41,9 +41,10 @@ from olmax.data.tokenize import MANIFEST
 from olmax.demo.pretrain import run_demo
 from olmax.model.sharding import make_mesh
 from olmax.objectives import dpo
+from olmax.objectives.logps import SequenceLogps, scored_tokens
 from olmax.rewards import verifiers as rewards
-from olmax.rundir.progress import run_last_step
-from olmax.trainer.metrics import LOSS_METRIC, read_metrics
+from olmax.rundir.progress import run_end_step
+from olmax.trainer.metrics import loss_name, read_metrics
 from olmax.trainer.reference import pair_logps
 from olmax.trainer.run import train
 
@@ -90,9 +91,8 @@ def held_out_preference_accuracy(pairs: Path, reference: Path, policy: Path) -> 
     def rows(x):  # (pairs, 2, ...) -> chosen rows then rejected rows, as a DPO batch holds them
         return jnp.asarray(np.concatenate([x[:, 0], x[:, 1]]))
 
-    count = jnp.sum(dpo.response_weights(rows(mask)), axis=1, dtype=jnp.float32)
-    policy = dpo.SequenceLogps(rows(pol), count)
-    terms = dpo.pair_terms(policy, rows(ref), loss_type=cfg.dpo.loss_type, beta=cfg.dpo.beta)
+    count = scored_tokens(rows(mask)).sum(axis=1, dtype=jnp.float32)
+    terms = dpo.pair_terms(SequenceLogps(rows(pol), count), rows(ref), loss_type=cfg.dpo.loss_type, beta=cfg.dpo.beta)
     return float(jnp.mean(terms.chosen_rewards > terms.rejected_rewards))
 
 
@@ -121,20 +121,23 @@ def held_out_solved(ckpt: Path) -> dict:
     }
 
 
-def _stage(recipe: str, run_dir: Path, data: Path, start: Path, overrides: Sequence[str], progress: bool) -> dict:
-    """One post-training stage: `olmax train` of `recipe` on `data` from the checkpoints in `start`, and
-    its loss curve (with DPO's rewards, RL's mean reward per step)."""
+def _stage(
+    recipe: str, run_dir: Path, data: Path, start: Path, overrides: Sequence[str], progress: bool, **shown: str
+) -> dict:
+    """One post-training stage: `olmax train` of `recipe` on `data` from the checkpoints in `start`, its
+    loss curve, and `shown`: {summary key: metric} of its rows (a name ending in _by_step: every step's,
+    else the last step's)."""
     cfg = apply_overrides(get_recipe(recipe), [f"data.paths=[{data}]", f"checkpoint.init_from={start}", *overrides])
     train(cfg, run_dir, progress=progress)
     rows = read_metrics(run_dir)
     reached = rows[-1]["step"] if rows else 0
-    last = run_last_step(str(run_dir), cfg)
+    last = run_end_step(str(run_dir), cfg)
     if reached < last:
         raise StageStopped(
             f"{run_dir.name} stage stopped at step {reached} of {last} (preempted?); "
             f"rerun `olmax demo chat --run-dir {run_dir.parent}` to resume it"
         )
-    loss = LOSS_METRIC[cfg.trainer.objective]
+    loss = loss_name(cfg)
     stage = {
         "run_dir": str(run_dir),
         "steps": rows[-1]["step"],
@@ -142,11 +145,8 @@ def _stage(recipe: str, run_dir: Path, data: Path, start: Path, overrides: Seque
         "last_loss": rows[-1][loss],
         "loss_curve": [r[loss] for r in rows],
     }
-    if cfg.trainer.objective == "dpo":
-        stage["last_accuracy"] = rows[-1]["train/rewards/accuracy"]
-        stage["last_margin"] = rows[-1]["train/rewards/margins"]
-    if cfg.trainer.objective == "grpo":  # the rollouts' mean reward (10 x the verifier's score) per step
-        stage["reward_by_step"] = [r["rollout/reward_mean"] for r in rows]
+    for key, metric in shown.items():
+        stage[key] = [r[metric] for r in rows] if key.endswith("_by_step") else rows[-1][metric]
     return stage
 
 
@@ -171,10 +171,30 @@ def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: 
     base_ckpt, sft_ckpt, dpo_ckpt = (run_dir / name / "checkpoints" for name in ("base", "sft", "dpo"))
     sft = _stage("tiny_sft", run_dir / "sft", data["sft"], base_ckpt, overrides, progress)
     summary["sft"] = _scored(sft, summary["base"]["held_out"])
-    dpo_stage = _stage("tiny_dpo", run_dir / "dpo", data["prefs"], sft_ckpt, overrides, progress)
+    dpo_stage = _stage(
+        "tiny_dpo",
+        run_dir / "dpo",
+        data["prefs"],
+        sft_ckpt,
+        overrides,
+        progress,
+        last_accuracy="train/rewards/accuracy",
+        last_margin="train/rewards/margins",
+    )
     summary["dpo"] = _scored(dpo_stage, summary["sft"]["held_out"])
     summary["dpo"]["preference_accuracy"] = held_out_preference_accuracy(data["prefs_heldout"], sft_ckpt, dpo_ckpt)
-    rl = _stage("tiny_grpo", run_dir / "rl", data["rl"], dpo_ckpt, overrides, progress)
+    # the rollouts' mean reward (grpo.reward_scale x the verifier's score) per step
+    rl = _stage(
+        "tiny_grpo",
+        run_dir / "rl",
+        data["rl"],
+        dpo_ckpt,
+        overrides,
+        progress,
+        reward_by_step="rollout/reward_mean",
+        slot_efficiency_by_step="rollout/slot_efficiency",
+        staleness_by_step="rollout/staleness_mean",
+    )
     summary["rl"] = _scored(rl, summary["dpo"]["held_out"])
     summary["plot"] = str(run_dir / "post_training.png")
     _plot(summary, run_dir / "post_training.png")
@@ -224,7 +244,9 @@ def format_chat_summary(s: dict) -> str:
     rl = s["rl"]
     lines.append(
         f"rl    {rl['steps']} steps, reward {rl['reward_by_step'][0]:.2f} -> {rl['reward_by_step'][-1]:.2f} "
-        f"(of {get_recipe('tiny_grpo').grpo.reward_scale:g}); {solved('rl')}"
+        f"(of {get_recipe('tiny_grpo').grpo.reward_scale:g}); {solved('rl')}; rollouts' slot efficiency "
+        f"{sum(rl['slot_efficiency_by_step']) / len(rl['slot_efficiency_by_step']):.2f}, staleness "
+        f"{sum(rl['staleness_by_step']) / len(rl['staleness_by_step']):.2f} steps (means over the steps)"
     )
     example = s["rl"]["held_out"]["examples"][0]
     lines += [

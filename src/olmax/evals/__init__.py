@@ -3,5 +3,6 @@
 lm-eval-harness adapter (lm_eval_adapter.py, tasks.py) and run-to-run comparison (compare.py, runs.py,
 plots.py); scoring.py holds the forward-only passes they share.
 
-May import: olmax.rollout, olmax.checkpoint and the layers below them; never parity.
+May import: olmax.rollout, olmax.checkpoint, olmax.objectives, olmax.model, olmax.data, olmax.config,
+olmax.extras. Never parity.
 """

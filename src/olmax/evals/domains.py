@@ -36,7 +36,7 @@ from olmax.checkpoint.inference import eval_mesh, load_checkpoint
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.jsonl import read_jsonl
 from olmax.evals.scoring import TokenScorer, eval_seq_len
-from olmax.train.loss import IGNORE
+from olmax.objectives.cross_entropy import IGNORE
 
 GROUPINGS = ("auto", "field", "file")
 MIN_BUCKET = 16

@@ -9,7 +9,7 @@ two checkpoints, or one run on 1 and on 64 devices therefore score exactly the s
 
 The figure is OLMo-core's evaluator loss: labels shifted left, the last position ignored, the sum of
 per-token cross-entropies over the padded vocabulary divided by the number of scored labels
-(olmax.train.loss). Per-token values are summed on the host in float64 in a fixed order, so the result
+(olmax.objectives.cross_entropy). Per-token values are summed on the host in float64 in a fixed order, so the result
 does not depend on the device count (tests/evals/test_evals_heldout.py checks 1 against 8 devices).
 
 In the training loop: `HeldoutEvaluator(exp_cfg, mesh)`; calling it with (step, params) every
@@ -38,7 +38,7 @@ from olmax.config.model import ModelConfig
 from olmax.data.loader import build_source, work_dir_of
 from olmax.data.tokenize import MANIFEST, tokenize_files
 from olmax.evals.scoring import OUTPUT_CHUNK, TokenScorer, eval_seq_len
-from olmax.train.loss import IGNORE
+from olmax.objectives.cross_entropy import IGNORE
 
 TEXT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 
@@ -97,7 +97,7 @@ def load_instances(
 
 
 def labels_for(tokens: np.ndarray) -> np.ndarray:
-    """OLMo-core's labels (olmax.train.loss.make_labels without masking), on the host."""
+    """OLMo-core's labels (olmax.objectives.cross_entropy.make_labels without masking), on the host."""
     return np.concatenate([tokens[:, 1:], np.full((tokens.shape[0], 1), IGNORE, np.int32)], axis=1)
 
 

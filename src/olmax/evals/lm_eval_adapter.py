@@ -57,9 +57,9 @@ from olmax.checkpoint.inference import eval_mesh, load_checkpoint
 from olmax.data import chat
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.scoring import TokenScorer, eval_seq_len
+from olmax.objectives.cross_entropy import IGNORE
 from olmax.rollout.sampler import Sampling, generate
 from olmax.rollout.text import stop_table
-from olmax.train.loss import IGNORE
 
 MIN_WIDTH = 16
 # transformers' continue_final_message marker (utils/chat_template_utils.py, 5.24): appended to the final

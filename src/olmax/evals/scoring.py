@@ -5,7 +5,7 @@ model's negative log-likelihood of the label and whether the label is the model'
 per-token values come back to the host, and every figure built from them is summed there in float64
 in a fixed order, so no figure depends on how a batch was split over devices.
 
-The NLL is olmax.train.loss's cross-entropy (`loss_sums`, applied per token on float32 logits). `vocab`
+The NLL is olmax.objectives.cross_entropy's cross-entropy (`loss_sums`, applied per token on float32 logits). `vocab`
 chooses the softmax support: the padded vocabulary (what training computes, and OLMo-core's
 in-loop evaluator) or the tokenizer's real vocabulary (what a HF model computes: the lm-eval adapter
 and the KL surface use it, so that a converted checkpoint gives the same numbers in both frameworks).
@@ -36,7 +36,7 @@ from olmax.checkpoint.store import read_experiment
 from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import forward_hidden, lm_head, param_shardings
 from olmax.model.sharding import logical_to_spec
-from olmax.train.loss import IGNORE, loss_sums
+from olmax.objectives.cross_entropy import IGNORE, loss_sums
 
 OUTPUT_CHUNK = 256  # sequence positions per output-layer chunk: 8 x 256 x 100k float32 logits are 0.8 GB
 
@@ -80,7 +80,7 @@ def map_seq_chunks(fn: Callable, chunk: int, *arrays):
 
 
 def per_token_nll(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
-    """(batch, seq) float32 cross-entropy of each label, 0 where ignored: olmax.train.loss per token."""
+    """(batch, seq) float32 cross-entropy of each label, 0 where ignored: olmax.objectives.cross_entropy per token."""
     ce, _ = jax.vmap(jax.vmap(loss_sums))(logits, labels)
     return ce
 

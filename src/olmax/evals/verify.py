@@ -34,6 +34,7 @@ sigma would flag one by chance in half of all comparisons of identical runs).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import replace
@@ -220,13 +221,8 @@ def verify(
         from olmax.evals.tasks import known_tasks
 
         known_tasks(tasks, include_path)
-    scorers: dict = {}  # one compiled forward pass per (model config, vocab choice)
-
-    def scorer(cfg, real_vocab: bool) -> TokenScorer:
-        key = (cfg, real_vocab)
-        if key not in scorers:
-            scorers[key] = TokenScorer(cfg, mesh, real_vocab=real_vocab)
-        return scorers[key]
+    # one compiled forward pass per (model config, vocab choice)
+    scorer = functools.cache(lambda cfg, real_vocab: TokenScorer(cfg, mesh, real_vocab=real_vocab))
 
     rows, instances = [], None
     for step, step_b in pairs:
@@ -245,11 +241,7 @@ def verify(
             n,
         )
         heldout["verdict"] = verdict(heldout["delta"], heldout["sigma"], sigmas)
-        kl = token_kl(params_a, cfg_a, params_b, cfg_b, instances, batch=batch, mesh=mesh)
-        kl = {
-            key: kl[key] for key in ("tokens", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "top1_agreement")
-        }
-        kl["verdict"] = WITHIN if kl["kl_mean"] <= kl_floor else DIFFERS
+        kl = _kl_summary(token_kl(params_a, cfg_a, params_b, cfg_b, instances, batch=batch, mesh=mesh), kl_floor)
         row = {"step": step, "step_b": step_b, "heldout": heldout, "kl": kl}
         if text_domains is not None:
             score = lambda p, c: document_scores(
@@ -263,20 +255,11 @@ def verify(
             row["domains"] = compare_domains(score(params_a, cfg_a), score(params_b, cfg_b), sigmas)
         del params_a, params_b
         if tasks:
-            from olmax.evals.tasks import run_tasks
-
-            run = lambda ckpt, at: run_tasks(
-                str(ckpt),
-                list(tasks),
-                data_dir=data_dir,
-                include_path=include_path,
-                tokenizer=tokenizer,
-                batch_size=batch,
-                limit=limit,
-                max_length=instances.shape[1],  # noqa: B023 - run runs within this iteration
-                step=at,
+            options = dict(data_dir=data_dir, include_path=include_path, tokenizer=tokenizer, batch_size=batch)
+            options.update(limit=limit, max_length=instances.shape[1])
+            row["tasks"] = compare_tasks(
+                _run_tasks(ckpt_a, step, tasks, options), _run_tasks(ckpt_b, step_b, tasks, options), sigmas
             )
-            row["tasks"] = compare_tasks(run(ckpt_a, step), run(ckpt_b, step_b), sigmas)
         rows.append(row)
 
     report = {
@@ -301,6 +284,21 @@ def verify(
     }
     write_report(report, Path(out))
     return report
+
+
+def _kl_summary(kl: dict, kl_floor: float) -> dict:
+    """The token-level KL figures verify reports, with their verdict against `kl_floor`."""
+    keys = ("tokens", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "top1_agreement")
+    out = {key: kl[key] for key in keys}
+    out["verdict"] = WITHIN if out["kl_mean"] <= kl_floor else DIFFERS
+    return out
+
+
+def _run_tasks(ckpt, step: int, tasks: Sequence[str], options: dict) -> dict:
+    """lm-eval's tasks on one checkpoint's step (olmax.evals.tasks)."""
+    from olmax.evals.tasks import run_tasks
+
+    return run_tasks(str(ckpt), list(tasks), step=step, **options)
 
 
 def _headline(surface_row: dict) -> dict:

@@ -114,13 +114,16 @@ GPU_ENV = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Chip:
+    """One accelerator chip, everything olmax knows of it (a new chip is one entry of CHIPS:
+    docs/extending.md, "A chip")."""
+
     name: str
     platform: str  # the JAX platform: "tpu" or "gpu"
     peak_tflops: float  # dense (not 2:4-sparse) bf16, per JAX device
     hbm_limit_gib: float  # per JAX device: what a program may use (TPU: the limit its compiler enforces)
-    devices_per_chip: int
+    devices_per_chip: int = 1
     topology: Optional[str] = None  # the prefix of its topology names ("v5p" in "v5p:4x4x4", "h100" in "h100:2x8")
     device_kind: Optional[str] = None  # jax.Device.device_kind of its devices
     libtpu_flags: tuple[str, ...] = ()  # TPU: the flag profile (LIBTPU_INIT_ARGS)
@@ -128,25 +131,36 @@ class Chip:
     gpu_target: Optional[str] = None  # GPU: XLA's target description, a file of olmax/fit/gpu_targets
     hbm_gbps: Optional[float] = None  # HBM bandwidth per JAX device, GB/s
     tpu_type: Optional[str] = None  # TPU: the family of its TPU type names, "v5litepod" in "v5litepod-16"
+    # TPU: JAX devices per unit of the number in its TPU type names (v5p counts TensorCores, 2 per chip
+    # and one JAX device per chip; v5e and v6e count chips; tpu7x counts TensorCores, each its own device)
+    type_unit_devices: Optional[float] = None
+    torus_dims: int = (
+        2  # TPU: its slices' torus, 2D (v5e, v6e) or 3D (v5p, Ironwood): each version's Cloud TPU topologies
+    )
     pci_device_id: Optional[str] = None  # TPU: the PCI device id of its chips (vendor 0x1ae0)
+    aliases: tuple[str, ...] = ()  # other names --chip takes
 
     @property
     def hbm_headroom(self) -> float:
         """The fraction of hbm_limit_gib a step's peak may use (HBM_HEADROOM, GPU_MEM_FRACTION)."""
         return GPU_MEM_FRACTION if self.platform == "gpu" else HBM_HEADROOM
 
+    @property
+    def type_family(self) -> Optional[str]:
+        """TPU: the family of its TPU type names (v5litepod for v5e, else the topology's prefix)."""
+        return (self.tpu_type or self.topology) if self.platform == "tpu" else None
+
 
 def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str, hbm_gbps: float) -> Chip:
     """An NVIDIA GPU: one JAX device, topologies "NAME:NxG", the GPU profile, XLA's target description
     olmax/fit/gpu_targets/NAME.txtpb; its HBM is the memory the device reports (the target's device_memory_size)."""
     return Chip(
-        name,
-        "gpu",
-        peak_tflops,
-        memory_bytes / 2**30,
-        1,
-        name,
-        device_kind,
+        name=name,
+        platform="gpu",
+        peak_tflops=peak_tflops,
+        hbm_limit_gib=memory_bytes / 2**30,
+        topology=name,
+        device_kind=device_kind,
         xla_flags=GPU_XLA_FLAGS,
         gpu_target=f"{name}.txtpb",
         hbm_gbps=hbm_gbps,
@@ -164,52 +178,71 @@ CHIPS: dict[str, Chip] = {
         _gpu("b200", 2250.0, 191514411008, "NVIDIA B200", 8000.0),
         # Cloud TPU v5p docs: 459 TFLOP/s per chip; one JAX device per chip (megacore). HBM: below.
         Chip(
-            "v5p", "tpu", 459.0, 95.74, 1, "v5p", "TPU v5", SCOPED_VMEM_64MIB, hbm_gbps=2765.0, pci_device_id="0x0062"
+            name="v5p",
+            platform="tpu",
+            peak_tflops=459.0,
+            hbm_limit_gib=95.74,
+            topology="v5p",
+            device_kind="TPU v5",
+            libtpu_flags=SCOPED_VMEM_64MIB,
+            hbm_gbps=2765.0,
+            type_unit_devices=0.5,
+            torus_dims=3,
+            pci_device_id="0x0062",
         ),
         # Cloud TPU v5e docs: 197 TFLOP/s per chip, one TensorCore per chip, 16 GB HBM at 819 GB/s; its
         # TPU types are named v5litepod-N, its topologies (libtpu) v5e:AxB
         Chip(
-            "v5e",
-            "tpu",
-            197.0,
-            15.75,
-            1,
-            "v5e",
-            "TPU v5 lite",
-            SCOPED_VMEM_64MIB,
+            name="v5e",
+            platform="tpu",
+            peak_tflops=197.0,
+            hbm_limit_gib=15.75,
+            topology="v5e",
+            device_kind="TPU v5 lite",
+            libtpu_flags=SCOPED_VMEM_64MIB,
             hbm_gbps=819.0,
             tpu_type="v5litepod",
+            type_unit_devices=1,
             pci_device_id="0x0063",
+            aliases=("v5litepod",),
         ),
         # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s per chip, one TensorCore per chip
         Chip(
-            "v6e",
-            "tpu",
-            918.0,
-            31.24,
-            1,
-            "v6e",
-            "TPU v6 lite",
-            SCOPED_VMEM_64MIB,
+            name="v6e",
+            platform="tpu",
+            peak_tflops=918.0,
+            hbm_limit_gib=31.24,
+            topology="v6e",
+            device_kind="TPU v6 lite",
+            libtpu_flags=SCOPED_VMEM_64MIB,
             hbm_gbps=1640.0,
+            type_unit_devices=1,
             pci_device_id="0x006f",
         ),
         # Cloud TPU7x (Ironwood) docs: 2307 TFLOP/s per chip, two TensorCores = two JAX devices per chip
         Chip(
-            "tpu7x",
-            "tpu",
-            2307.0 / 2,
-            94.74,
-            2,
-            "tpu7x",
-            "TPU7x",
-            SCOPED_VMEM_64MIB + SPARSECORE_COLLECTIVE_OFFLOAD,
+            name="tpu7x",
+            platform="tpu",
+            peak_tflops=2307.0 / 2,
+            hbm_limit_gib=94.74,
+            devices_per_chip=2,
+            topology="tpu7x",
+            device_kind="TPU7x",
+            libtpu_flags=SCOPED_VMEM_64MIB + SPARSECORE_COLLECTIVE_OFFLOAD,
             hbm_gbps=7380.0 / 2,
+            type_unit_devices=1,
+            torus_dims=3,
             pci_device_id="0x0076",
+            aliases=("ironwood",),
         ),
     )
 }
-ALIASES = {"ironwood": "tpu7x", "v5litepod": "v5e"}
+
+
+def chip_names() -> list[str]:
+    """Every name --chip takes: the table's, then their aliases."""
+    return [*CHIPS, *(a for c in CHIPS.values() for a in c.aliases)]
+
 
 # A step fits a TPU chip when the TPU compiler accepts it and its peak (compile_check: per_device.peak_gib) is at
 # most this fraction of hbm_limit_gib. The rest covers what that peak leaves out of what the chip holds
@@ -221,10 +254,11 @@ HBM_HEADROOM = 0.95
 
 
 def get_chip(name: str) -> Chip:
-    key = ALIASES.get(name.lower(), name.lower())
-    if key not in CHIPS:
-        raise ConfigError(f"unknown chip {name!r}; known: {', '.join([*CHIPS, *ALIASES])}")
-    return CHIPS[key]
+    key = name.lower()
+    chip = CHIPS.get(key) or next((c for c in CHIPS.values() if key in c.aliases), None)
+    if chip is None:
+        raise ConfigError(f"unknown chip {name!r}; known: {', '.join(chip_names())}")
+    return chip
 
 
 def chip_of_topology(topology: str) -> Chip:
@@ -236,7 +270,7 @@ def chip_of_topology(topology: str) -> Chip:
             return chip
     tpus = ", ".join(f"{c.topology}:AxB[xC]" for c in CHIPS.values() if c.topology and c.platform == "tpu")
     gpus = ", ".join(f"{c.topology}:NxG" for c in CHIPS.values() if c.topology and c.platform == "gpu")
-    types = ", ".join(f"{c.tpu_type or c.topology}-N" for c in CHIPS.values() if c.platform == "tpu")
+    types = ", ".join(f"{c.type_family}-N" for c in CHIPS.values() if c.platform == "tpu")
     raise ConfigError(
         f"unknown TPU topology {topology!r}, nor a GPU cluster; known forms: TPU {tpus} (e.g. v5p:4x4x4, tpu7x:2x2x1) "
         f"or Cloud TPU's accelerator types {types} (e.g. v5litepod-16, v5p-128); GPU {gpus} (N nodes of G GPUs, "
@@ -253,17 +287,8 @@ def gpu_cluster(topology: str) -> tuple[Chip, int, int]:
     return chip, int(shape[0]), int(shape[1])
 
 
-# TPU type name -> JAX devices per unit of the number in the name. v4 and v5p count TensorCores
-# (2 per chip, one JAX device per chip); v5e and v6e count chips; tpu7x (Ironwood) counts
-# TensorCores, each its own JAX device (tpu7x-128 = 64 chips = 128 devices).
-DEVICES_PER_NAMED_UNIT = {"v4": 0.5, "v5p": 0.5, "v5litepod": 1, "v6e": 1, "tpu7x": 1}
-
-
 # Cloud TPU's accelerator types: FAMILY-N, as gcloud, xpk and a TPU VM's TPU_ACCELERATOR_TYPE name a slice.
 _TPU_TYPE = re.compile(r"^([a-z][a-z0-9]*)-([0-9]+)$")
-# Families whose slices are 3D tori (v5p, Ironwood); v5e and v6e slices are 2D (Cloud TPU docs, each
-# version's "topologies" table).
-TORUS_3D = ("v5p", "tpu7x")
 
 
 def slice_shape(chips: float, three_d: bool) -> Optional[tuple[int, ...]]:
@@ -295,12 +320,12 @@ def libtpu_topology(name: str) -> str:
     if chip is None:
         return name
     family, count = match.group(1), int(match.group(2))
-    shape = slice_shape(count * DEVICES_PER_NAMED_UNIT[family] / chip.devices_per_chip, family in TORUS_3D)
+    shape = slice_shape(count * chip.type_unit_devices / chip.devices_per_chip, chip.torus_dims == 3)
     if shape is None:
         sizes = [
             n
             for n in (2**i for i in range(15))
-            if slice_shape(n * DEVICES_PER_NAMED_UNIT[family] / chip.devices_per_chip, family in TORUS_3D)
+            if slice_shape(n * chip.type_unit_devices / chip.devices_per_chip, chip.torus_dims == 3)
         ]
         raise ConfigError(f"{name}: no {family} slice has {count}; {family}-N takes N in {', '.join(map(str, sizes))}")
     return f"{chip.topology}:{'x'.join(map(str, shape))}"
@@ -315,14 +340,13 @@ def tpu_type(topology: str) -> Optional[str]:
     if chip.platform != "tpu" or not all(s.isdigit() for s in shape):
         return None
     devices = math.prod(int(s) for s in shape) * chip.devices_per_chip
-    family = chip.tpu_type or chip.topology
-    return f"{family}-{round(devices / DEVICES_PER_NAMED_UNIT[family])}"
+    return f"{chip.type_family}-{round(devices / chip.type_unit_devices)}"
 
 
 def chip_of_tpu_type(name: str) -> Optional[Chip]:
     """The chip of a TPU type name as a TPU VM's TPU_ACCELERATOR_TYPE gives it ("v5litepod-4", "v5p-128")."""
     family = name.rpartition("-")[0]
-    return next((c for c in CHIPS.values() if c.platform == "tpu" and (c.tpu_type or c.topology) == family), None)
+    return next((c for c in CHIPS.values() if c.type_family == family), None)
 
 
 def chip_of_host(environ: Mapping[str, str], sysfs: str = "/sys") -> Optional[Chip]:
@@ -350,6 +374,19 @@ def with_libtpu_flags(given: str, chip: Chip) -> str:
 def chip_of_device_kind(kind: str) -> Optional[Chip]:
     """The chip whose devices report this device_kind, if the table has it."""
     return next((c for c in CHIPS.values() if c.device_kind == kind), None)
+
+
+def chip_of_device(device) -> Optional[Chip]:
+    """The chip of a JAX device (a CPU has none: None). A TPU or GPU the table does not know is an error
+    naming its device_kind: its HBM bound and flag profile are unknown, so nothing that fits it can be
+    planned (add it: docs/extending.md, "A chip")."""
+    chip = chip_of_device_kind(device.device_kind)
+    if chip is None and device.platform in ("tpu", "gpu"):
+        raise ConfigError(
+            f"the {device.platform} device kind {device.device_kind!r} is not in olmax's chip table "
+            f"(olmax.fit.chips.CHIPS: {', '.join(CHIPS)}); add its entry (docs/extending.md, 'A chip')"
+        )
+    return chip
 
 
 def compiler_options(chip: Chip) -> dict[str, object]:

@@ -51,8 +51,8 @@ from olmax.fit.flops import exact_step_flops, recompute_flops
 from olmax.fit.remat import RematChoice, choose_remat
 from olmax.model.attention import resolve_backend
 from olmax.model.sharding import make_mesh
-from olmax.train.state import abstract_state, per_device_bytes
-from olmax.train.step import batch_layout
+from olmax.step.state import abstract_state, per_device_bytes
+from olmax.step.train_step import batch_layout
 
 
 def compile_report(

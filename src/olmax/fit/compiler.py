@@ -16,23 +16,21 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax.config.experiment import ExperimentConfig
 from olmax.errors import ConfigError
 from olmax.extras import require
 from olmax.fit.chips import (
     Chip,
-    chip_of_device_kind,
+    chip_of_device,
     chip_of_topology,
     compiler_options,
     gpu_cluster,
     libtpu_topology,
 )
 from olmax.model.attention import cudnn_target
-from olmax.objectives import dpo, grpo
-from olmax.train.state import abstract_state
-from olmax.train.step import batch_sharding, make_train_step
+from olmax.step.state import abstract_state
+from olmax.step.train_step import abstract_batch, make_train_step
 
 GIB = 2**30
 
@@ -139,19 +137,6 @@ def budget_gib(chip: Optional[Chip]) -> Optional[float]:
     return None if chip is None else chip.hbm_headroom * chip.hbm_limit_gib
 
 
-def grpo_batch(cfg: ExperimentConfig, rows: jax.ShapeDtypeStruct) -> dict:
-    """trainer.objective=grpo's batch as the RL loop hands it to the step, abstract: every array placed as
-    `rows` (the LM batch's input_ids); the log-prob arrays the config uses (sampler_logps with TIS,
-    ref_logps with beta, old_logps with several mini-batches per rollout), doc_lens with doc masking."""
-    rl = cfg.grpo
-    keys = {"input_ids": "int32", "response_mask": "bool", "advantages": "float32"}
-    wanted = {"old_logps": rl.mini_batches > 1, "sampler_logps": rl.tis_cap > 0, "ref_logps": rl.beta > 0}
-    keys.update({k: "float32" for k in grpo.BATCH_KEYS if wanted.get(k)})
-    if cfg.data.doc_masking:
-        keys["doc_lens"] = "int32"
-    return {k: jax.ShapeDtypeStruct(rows.shape, dtype, sharding=rows.sharding) for k, dtype in keys.items()}
-
-
 class CompileResult(NamedTuple):
     """A program compiled from abstract arrays: the compiled program, the seconds lowering and
     compiling took, and the TPU compiler's heap in bytes (tpu_heap_bytes; None off TPU)."""
@@ -172,27 +157,7 @@ def compile_step(cfg: ExperimentConfig, mesh, options: dict, where: str) -> Comp
     target = cudnn_target(capability) if capability else contextlib.nullcontext()
     with jax.set_mesh(mesh), target:
         state = abstract_state(cfg, mesh)
-        rows = jax.ShapeDtypeStruct(
-            (cfg.trainer.global_batch, cfg.data.seq_len), "int32", sharding=batch_sharding(cfg, mesh)
-        )
-        # the loader's batch: with doc masking its doc_lens ride along, shaped and placed as the tokens;
-        # with label masks (SFT) its label_mask too
-        batch = {"input_ids": rows, **({"doc_lens": rows} if cfg.data.doc_masking else {})}
-        if cfg.data.label_masks:
-            batch["label_mask"] = jax.ShapeDtypeStruct(rows.shape, "bool", sharding=rows.sharding)
-        if cfg.data.instance_filter:  # the repetition filter's verdict per instance
-            rows_only = NamedSharding(mesh, PartitionSpec(rows.sharding.spec[0]))
-            batch["instance_mask"] = jax.ShapeDtypeStruct(rows.shape[:1], "bool", sharding=rows_only)
-        if cfg.trainer.objective == "dpo":  # global_batch pairs of (chosen, rejected) rows
-            pairs = (cfg.trainer.global_batch, 2, cfg.data.seq_len)
-            shardings = dpo.pair_batch_shardings(mesh, rows.sharding.spec[0])
-            dtypes = {"input_ids": "int32", "response_mask": "bool", "reference_logps": "float32"}
-            batch = {
-                k: jax.ShapeDtypeStruct(pairs[: 2 if k == "reference_logps" else 3], dtypes[k], sharding=shardings[k])
-                for k in dtypes
-            }
-        if cfg.trainer.objective == "grpo":  # global_batch packed rollout rows (train_step.check_grpo_batch)
-            batch = grpo_batch(cfg, rows)
+        batch = abstract_batch(cfg, mesh)  # what this run's data carries: the objective's fields
         t0 = time.perf_counter()
         # No data is read here, so an epoch horizon (schedule.t_max_epochs) counts trainer.max_steps (or one)
         # batches per epoch: the horizon is a constant of the learning rate alone, no shape or buffer depends on it.
@@ -253,7 +218,7 @@ def target(topology: Optional[str] = None, num_slices: int = 1, devices=None) ->
         chip: Optional[Chip] = chip_of_topology(topology)
     else:
         devices = list(devices if devices is not None else jax.devices())
-        chip = chip_of_device_kind(devices[0].device_kind)
+        chip = chip_of_device(devices[0])
     where = topology or f"{len(devices)} {devices[0].platform} devices"
     if topology is not None and given != topology:
         where = f"{topology} ({given})"

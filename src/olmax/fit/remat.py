@@ -17,7 +17,8 @@ from olmax.config.experiment import ExperimentConfig
 from olmax.config.remat import AUTO, AUTO_LADDER
 from olmax.errors import ConfigError
 from olmax.fit import compile_cache
-from olmax.fit.chips import Chip, chip_of_device_kind
+from olmax.fit.chips import Chip, chip_of_device
+from olmax.fit.compile_cache import warn
 from olmax.fit.compiler import GIB, CompileResult, CompilerRefused, DoesNotFit, budget_gib, compile_step
 from olmax.fit.remat_search import (
     RECORD_FILE,
@@ -64,9 +65,10 @@ def choose_remat(
     """model.remat=auto chosen for `mesh` (olmax.fit.remat_search): the first candidate of the ladder
     whose step the compiler accepts within the chip's budget, found by bisection, or the record of
     an earlier search in cache_dir/remat_search.json, else in shared_dir's (the compilation cache's
-    folder, which runs in other run directories on this host share); the search's record goes to both
-    (unless write_record is false: a run's other processes). CPU devices have no budget: the most kept
-    set, nothing compiled. A step that fits under no policy is DoesNotFit, naming what would."""
+    folder, which runs in other run directories on this host share; one there that cannot be read or
+    kept is a warning); the search's record goes to both (unless write_record is false). CPU devices
+    have no budget: the most kept set, nothing compiled. A step that fits under no policy is
+    DoesNotFit, naming what would."""
     budget = budget_gib(chip)
     if budget is None:
         device = mesh.devices.flat[0]
@@ -78,14 +80,9 @@ def choose_remat(
         log(f"model.remat=auto on {where}: no HBM budget on CPU devices, so {AUTO_LADDER[0]}, nothing compiled")
         return RematChoice(with_remat(cfg, AUTO_LADDER[0], False))
     key = search_key(cfg, mesh)
-    for folder in (cache_dir, shared_dir):
-        record = cached(folder, key)
-        if record is not None:
-            source = paths.join(folder, RECORD_FILE)
-            log(format_choice(record, source))
-            if write_record and folder != cache_dir:
-                store(cache_dir, record)  # a resume of this run reads it from its run directory
-            return RematChoice(with_remat(cfg, record["remat"], record["remat_serial"]), record, source=source)
+    found = recorded_choice(cfg, key, cache_dir, shared_dir, log, write_record)
+    if found is not None:
+        return found
     fitting: list[tuple] = []  # the latest candidate that fit, compiled: bisection's choice is its last
 
     def compile(c: ExperimentConfig, m) -> Candidate:
@@ -114,9 +111,59 @@ def choose_remat(
     record = new_record(key, best, tried, budget, time.perf_counter() - t0)
     if write_record:
         store(cache_dir, record)
-        store(shared_dir, record)
+        store_shared(shared_dir, record)
     log(format_choice(record))
     return RematChoice(with_remat(cfg, best.remat, best.serial), record, fitting[0])
+
+
+def recorded_choice(
+    cfg: ExperimentConfig,
+    key: dict,
+    cache_dir: Optional[str],
+    shared_dir: Optional[str],
+    log: Callable[[str], None],
+    write_record: bool = True,
+) -> Optional[RematChoice]:
+    """The choice an earlier search with this key recorded in cache_dir, else in shared_dir (copied to
+    cache_dir then, unless not write_record), or None."""
+    for folder in (cache_dir, shared_dir):
+        record = cached(folder, key) if folder == cache_dir else shared_record(folder, key)
+        if record is not None:
+            source = paths.join(folder, RECORD_FILE)
+            log(format_choice(record, source))
+            if write_record and folder != cache_dir:
+                store(cache_dir, record)  # a resume of this run reads it from its run directory
+            return RematChoice(with_remat(cfg, record["remat"], record["remat_serial"]), record, source=source)
+    return None
+
+
+# The shared folder (the compilation cache's) is a convenience: a record that cannot be read or written
+# there (a folder made read-only or full since the start, a bucket without the permission, whatever
+# its filesystem raises) is a warning, and the run goes on with a search, or without keeping it.
+def shared_record(folder: Optional[str], key: dict) -> Optional[dict]:
+    try:
+        return cached(folder, key)
+    except Exception as e:
+        warn(f"the record of model.remat=auto in {folder} cannot be read ({e}); searching instead")
+        return None
+
+
+def store_shared(folder: Optional[str], record: dict) -> None:
+    try:
+        store(folder, record)
+    except Exception as e:
+        warn(f"the record of model.remat=auto cannot be kept in {folder} ({e}); a run in a new run directory searches")
+
+
+PICKS = [(remat, serial) for remat in AUTO_LADDER for serial in (False, True)]  # what a choice is
+
+
+def _process_0s_pick(cfg: Optional[ExperimentConfig]) -> Optional[tuple[str, bool]]:
+    """Process 0's (model.remat, model.remat_serial) in cfg, or None where it passes none, on every
+    process. Collective."""
+    mine = -1 if cfg is None else PICKS.index((cfg.model.remat, cfg.model.remat_serial))
+    chosen = int(multihost_utils.broadcast_one_to_all(np.int32(mine)))
+    return None if chosen < 0 else PICKS[chosen]
 
 
 def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> RematChoice:
@@ -124,26 +171,41 @@ def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> RematChoice
     be: the record of the search goes to RUN_DIR/remat_search.json and to the compilation cache's folder
     (olmax.fit.compile_cache), so a restart, or a run in a new run directory on the same devices, reads
     it back instead of searching. The choice carries the step the search compiled for it, which the
-    trainer runs instead of compiling it again. Every process searches (or reads) alike, and all take
-    process 0's choice: one program runs the step's collectives. Any other model.remat: `cfg` as it is."""
+    trainer runs instead of compiling it again. Any other model.remat: `cfg` as it is.
+
+    Several processes run one program, so all take process 0's choice. Process 0 alone reads and writes
+    the records (the other hosts' cache folders may hold none, or an older one) and first says whether
+    it has one: if so, every process takes it and none searches; if not, every process searches, as
+    process 0 does (each then holds the chosen step compiled), and takes process 0's choice."""
     if cfg.model.remat != AUTO:
         return RematChoice(cfg)
     devices = list(mesh.devices.flat)
+    chip, where = chip_of_device(devices[0]), describe_devices(devices)
+    shared = compile_cache.active_dir()
+    if jax.process_count() == 1:
+        return choose_remat(cfg, mesh, chip, where, {}, run_dir, log=_print, shared_dir=shared)
     primary = jax.process_index() == 0
+    found = None
+    if primary and budget_gib(chip) is not None:
+        found = recorded_choice(cfg, search_key(cfg, mesh), run_dir, shared, _print)
+    pick = _process_0s_pick(found.cfg if found else None)
+    if pick is not None:
+        return found if primary else RematChoice(with_remat(cfg, *pick))
     choice = choose_remat(
         cfg,
         mesh,
-        chip_of_device_kind(devices[0].device_kind),
-        describe_devices(devices),
+        chip,
+        where,
         {},
-        run_dir,
-        log=lambda line: print(line, flush=True) if primary else None,
+        run_dir if primary else None,
+        log=_print if primary else lambda line: None,
         write_record=primary,
-        shared_dir=compile_cache.cache_dir(),
+        shared_dir=shared if primary else None,
     )
-    if jax.process_count() == 1:
-        return choice
-    picks = [(remat, serial) for remat in AUTO_LADDER for serial in (False, True)]
-    mine = picks.index((choice.cfg.model.remat, choice.cfg.model.remat_serial))
-    chosen = int(multihost_utils.broadcast_one_to_all(np.int32(mine)))
-    return choice if chosen == mine else RematChoice(with_remat(cfg, *picks[chosen]))
+    pick = _process_0s_pick(choice.cfg)
+    mine = (choice.cfg.model.remat, choice.cfg.model.remat_serial)
+    return choice if pick == mine else RematChoice(with_remat(cfg, *pick))
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)

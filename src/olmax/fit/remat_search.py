@@ -14,8 +14,12 @@ compiles (docs/performance/recipes-on-slices.md).
 
 The choice and every candidate's figures are a record, kept in a JSON file (RECORD_FILE: in the run
 directory for `olmax train`, in the cache directory for `olmax compile-check`) under a key of what
-decides them: the step's config, the devices, the mesh and the compiler's versions (search_key).
-A restart finds its record and compiles nothing more; a resume on other devices searches again.
+decides them (search_key): the config fields that change the step's shapes, operations or memory
+(step_fields: the objective and its section, the batch, the sequence, the masks, the loss's
+normalisation, the model, the mesh; not the run's length, learning rate, seeds, logging or
+checkpoints), the devices, the compiler's flags, olmax's code and the versions of jax, jaxlib and the
+compiler. A restart finds its record and compiles nothing more; a resume on other devices, with other
+flags or other code searches again.
 
 A step that fits under no policy is an error that names what would, with figures (no_fit_message).
 The compiling itself is olmax.fit.compile_check's (choose_remat); this module decides what to compile.
@@ -25,23 +29,27 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 
+import olmax
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.io import apply_overrides
 from olmax.config.remat import AUTO_LADDER
 from olmax.errors import ConfigError
 from olmax.model.sharding import make_mesh
 from olmax.rundir import paths
-from olmax.train.state import abstract_state, per_device_bytes
-from olmax.train.step import batch_layout
+from olmax.step.state import abstract_state, per_device_bytes
+from olmax.step.train_step import batch_layout
 
 RECORD_FILE = "remat_search.json"
 
@@ -135,24 +143,99 @@ def bisect(
     return best, tried
 
 
-# The data fields the compiled step reads (the batch's shape and keys, which targets are masked)
-STEP_DATA_FIELDS = ("seq_len", "doc_masking", "instance_filter", "packing", "mask_pad_token", "pad_token_id")
+# What a record is keyed by (search_key): what changes the compiled step's shapes, operations or memory,
+# and nothing else, so that a record is never read for a step it does not describe (an LM record for a
+# DPO step of twice the rows would not fit) and a run that changes only what the step never sees
+# (its length, learning rate, seeds, logging, checkpoints) reads its record instead of searching again.
+# Every field of the sections the step is built from (olmax.step.train_step) is keyed, and the objective's
+# own section, but for UNKEYED: a field added to those sections later is keyed until it is listed here.
+STEP_SECTIONS = ("model", "data", "optimizer", "trainer", "mesh")
+UNKEYED = frozenset(
+    {
+        "model.remat",  # what the search chooses
+        "model.remat_serial",
+        "model.init_std",  # the init's, not the step's
+        # scalars the step only multiplies by: no shape, operation or buffer depends on them (the learning
+        # rate and its schedule, a section unkeyed as a whole, are of this kind too)
+        "optimizer.lr",
+        "optimizer.b1",
+        "optimizer.b2",
+        "optimizer.eps",
+        "optimizer.weight_decay",
+        "optimizer.max_grad_norm",  # always > 0: the clipping is in every step
+        "optimizer.skip_sigma",
+        # the run's length, logging and seeds
+        "trainer.max_steps",
+        "trainer.log_every",
+        "trainer.seed",
+        # where the data comes from and how the loader reads it: the step sees (global_batch, seq_len) rows
+        # and the masks the keyed data fields make
+        "data.paths",
+        "data.max_target_seq_len",
+        "data.seed",
+        "data.tokenizer",
+        "data.vocab_size",
+        "data.eos_token_id",
+        "data.bos_token_id",
+        "data.mix_base",
+        "data.mix_tokenizer_dir",
+        "data.work_dir",
+        "data.num_workers",
+        "data.source_group_size",
+        "data.source_permutation_seed",
+        "data.long_doc_strategy",
+        "data.use_array_if_local",
+    }
+)
+# The compiler's flags: XLA's and libtpu's (the chip profile olmax.cli.common.tpu_profile_env sets)
+COMPILER_FLAGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+
+
+def objective_section(cfg: ExperimentConfig):
+    """trainer.objective's config section (cfg.dpo, cfg.grpo, a plug-in's), None for one without (lm)."""
+    return cfg.objective_config
+
+
+def step_fields(cfg: ExperimentConfig) -> dict:
+    """The config fields the compiled step depends on (STEP_SECTIONS' but UNKEYED, the objective's
+    section), as plain values."""
+    fields = {
+        section: {
+            name: value
+            for name, value in dataclasses.asdict(getattr(cfg, section)).items()
+            if f"{section}.{name}" not in UNKEYED
+        }
+        for section in STEP_SECTIONS
+    }
+    section = objective_section(cfg)
+    fields["objective"] = None if section is None else dataclasses.asdict(section)
+    return fields
 
 
 def step_fingerprint(cfg: ExperimentConfig) -> str:
-    """A digest of the config fields the compiled step depends on, but for the two `auto` chooses:
-    the model, optimizer, schedule, mesh, batch and the data fields of STEP_DATA_FIELDS."""
-    d = dataclasses.asdict(cfg)
-    model = {k: v for k, v in d["model"].items() if k not in ("remat", "remat_serial")}
-    step = {
-        "model": model,
-        "optimizer": d["optimizer"],
-        "schedule": d["schedule"],
-        "mesh": d["mesh"],
-        "trainer": {k: d["trainer"][k] for k in ("global_batch", "micro_batch_size", "loss_chunk", "max_steps")},
-        "data": {k: d["data"][k] for k in STEP_DATA_FIELDS},
-    }
-    return hashlib.sha256(json.dumps(step, sort_keys=True).encode()).hexdigest()[:16]
+    """A digest of step_fields."""
+    return hashlib.sha256(json.dumps(step_fields(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def compiler_flags(environ: Mapping[str, str] = os.environ) -> dict[str, list[str]]:
+    """COMPILER_FLAGS' flags, each variable's sorted (their order does not matter to XLA)."""
+    return {name: sorted(environ.get(name, "").split()) for name in COMPILER_FLAGS}
+
+
+@functools.cache
+def source_digest() -> str:
+    """A digest of olmax's own code: its modules' paths and contents. olmax's version number stays
+    0.1.0 through every change, and an installed olmax has no git commit to read (nor does a commit
+    say what a work tree changed), so the code itself is hashed: 150 files, about 20 ms, once a process."""
+    return tree_digest(Path(olmax.__file__).parent)
+
+
+def tree_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(f"{path.relative_to(root).as_posix()}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def describe_devices(devices) -> str:
@@ -179,15 +262,17 @@ def _version(package: str) -> Optional[str]:
 
 
 def search_key(cfg: ExperimentConfig, mesh) -> dict:
-    """What decides a search's outcome: the step, the devices and their mesh, and the versions of
-    olmax, jax and the compiler's library (libtpu or the CUDA plugin)."""
+    """What decides a search's outcome: the step (step_fields), the devices and their mesh, the
+    compiler's flags, olmax's code (source_digest) and the versions of jax, jaxlib and the compiler's
+    library (libtpu on a TPU, the CUDA plugin on a GPU)."""
     devices = list(mesh.devices.flat)
-    compiler = {"tpu": "libtpu", "gpu": "jax-cuda12-plugin"}.get(devices[0].platform, "jaxlib")
+    packages = ["jax", "jaxlib", *{"tpu": ["libtpu"], "gpu": ["jax-cuda12-plugin"]}.get(devices[0].platform, [])]
     return {
         "step": step_fingerprint(cfg),
         "devices": describe_devices(devices),
         "mesh": dict(mesh.shape),
-        "versions": {p: _version(p) for p in ("olmax", "jax", compiler)},
+        "flags": compiler_flags(),
+        "versions": {"olmax": source_digest(), **{p: _version(p) for p in packages}},
     }
 
 

@@ -11,5 +11,5 @@ The launcher runs the trainer as a separate process (`python -m olmax.cli.worker
 jax: the batch layout is plain Python (olmax.config.layout), and the caller hands resume-until-done
 its list of complete checkpoints. docs/launcher.md.
 
-May import: olmax.fit.chips, olmax.rundir, olmax.config, olmax.errors; never jax, the trainer or cli.
+May import: olmax.fit.chips, olmax.rundir, olmax.config, olmax.errors. Never jax, the trainer or cli.
 """

@@ -22,7 +22,7 @@ from olmax.config.mesh import MESH_AXES, mesh_shape
 from olmax.config.recipes import resolve
 from olmax.errors import ConfigError, LaunchError
 from olmax.fit.chips import resolve_peak
-from olmax.rundir.progress import run_last_step
+from olmax.rundir.progress import run_end_step
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class LaunchPlan:
         """The step the run is done at, once a complete checkpoint of it exists: trainer.max_steps or
         --stop-at; with trainer.max_steps=null, the end of the data's epochs, which the trainer writes into
         RUN_DIR/config.yaml when it opens the data (None until then, without --stop-at)."""
-        return run_last_step(self.run_dir, self.resolve(), self.stop_at)
+        return run_end_step(self.run_dir, self.resolve(), self.stop_at)
 
     def resolve(self):
         """The experiment config the trainer will run."""

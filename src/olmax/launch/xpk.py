@@ -31,7 +31,7 @@ import subprocess
 from typing import Mapping, Optional
 
 from olmax.errors import LaunchError
-from olmax.fit.chips import DEVICES_PER_NAMED_UNIT, chip_of_tpu_type, libtpu_init_args
+from olmax.fit.chips import chip_of_tpu_type, libtpu_init_args
 from olmax.launch.env import XPK_VARS, positive_int, read_env
 from olmax.launch.outcome import Ended, Outcome, cancelled
 from olmax.launch.plan import Command, LaunchPlan
@@ -45,10 +45,10 @@ WORKLOAD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 
 def slice_devices(tpu_type: str) -> Optional[int]:
     """JAX devices of one slice of `tpu_type` (v5p-256 -> 128); None for a type not in the table."""
-    family, _, size = tpu_type.rpartition("-")
-    if family not in DEVICES_PER_NAMED_UNIT or not size.isdigit():
+    chip, size = chip_of_tpu_type(tpu_type), tpu_type.rpartition("-")[2]
+    if chip is None or not size.isdigit():
         return None
-    return int(int(size) * DEVICES_PER_NAMED_UNIT[family])
+    return int(int(size) * chip.type_unit_devices)
 
 
 class XpkBackend:

@@ -91,12 +91,15 @@ def make_mesh(cfg: MeshConfig, devices: Optional[Sequence[jax.Device]] = None) -
 
 
 def logical_to_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
-    """PartitionSpec for an array with these logical axes. A dimension that the mesh axes do not
-    divide stays replicated, and a mesh axis is used at most once per array."""
+    """PartitionSpec for an array with these logical axes (None: a dimension kept whole). A dimension that
+    the mesh axes do not divide stays replicated, and a mesh axis is used at most once per array."""
     rules = dict(LOGICAL_AXIS_RULES)
     used: set[str] = set()
     spec = []
     for name, size in zip(axes, shape):
+        if name is None:
+            spec.append(None)
+            continue
         if name not in rules:
             raise KeyError(f"logical axis {name!r} has no rule in LOGICAL_AXIS_RULES")
         target = rules[name]

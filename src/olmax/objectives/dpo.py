@@ -10,7 +10,9 @@ sequence's log-prob is the sum, over its response tokens, of log softmax(logits[
 Logits are taken over the real vocabulary (`cfg.vocab_size`, not the padded one): the log-probs of the
 HF model open-instruct trained (open-instruct `dpo_utils.py`, commit e6c3044).
 
-Losses, with r = policy log-prob - reference log-prob of a sequence and beta = 5 by default:
+The log-probs are olmax.objectives.logps's, shared with GRPO and the reference pass.
+
+Losses, with r = policy log-prob - reference log-prob of a sequence and beta = dpo.beta (5, AI2's):
 - `dpo`: -log sigmoid(beta (r_chosen - r_rejected)), r over summed log-probs (TRL `loss_type="sigmoid"`);
 - `dpo_norm`: the same with r divided by the sequence's response tokens, that is over log-probs
   averaged per token (open-instruct `dpo_tune_cache.py`'s `dpo_norm`, AI2's OLMo 3 DPO loss; TRL
@@ -22,27 +24,17 @@ summed ones for both losses). Accuracy counts pairs whose chosen reward is stric
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from olmax.config.dpo import DPO_LOSS_TYPES
+from olmax.config.dpo import DPO_LOSS_TYPES, DPOConfig
 from olmax.config.model import ModelConfig
-from olmax.model.olmo3 import forward_hidden, lm_head
+from olmax.objectives.base import BatchField, Objective, StepContext, pair_fields
+from olmax.objectives.logps import SequenceLogps, response_logps
 
-LOSS_TYPES = DPO_LOSS_TYPES
-BETA = 5.0  # open-instruct's DPO beta for OLMo 3
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy")
-# The train step's batch (olmax.data.pairs makes it): a pair axis first, so that splitting the batch
-# over devices and micro-batches, as the step splits instances, keeps both sides of a pair together.
-BATCH_KEYS = ("input_ids", "response_mask", "reference_logps")  # (P, 2, seq), (P, 2, seq), (P, 2)
-
-
-class SequenceLogps(NamedTuple):
-    total: jnp.ndarray  # (rows,) float32: summed log-probs of the response tokens
-    count: jnp.ndarray  # (rows,) float32: response tokens that have a log-prob
 
 
 class PairTerms(NamedTuple):
@@ -51,56 +43,11 @@ class PairTerms(NamedTuple):
     rejected_rewards: jnp.ndarray  # (pairs,) float32, no gradient
 
 
-def sequence_logps(
-    params: dict,
-    hidden: jnp.ndarray,
-    input_ids: jnp.ndarray,
-    response_mask: jnp.ndarray,
-    cfg: ModelConfig,
-    *,
-    chunk: int,
-) -> SequenceLogps:
-    """Per-row log-probs of the response tokens from the final-normed hidden states (rows, seq, d_model).
-
-    The output layer runs `chunk` positions at a time (0: the whole sequence) under jax.checkpoint, so a
-    backward pass holds one (rows, chunk, vocab) block of logits at a time and recomputes it."""
-    rows, t, d = hidden.shape
-    chunk = t if chunk <= 0 or chunk >= t else chunk
-    if t % chunk:
-        raise ValueError(f"trainer.loss_chunk={chunk} does not divide the sequence length {t}")
-    # position i predicts token i + 1; the last position predicts nothing
-    targets = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1).astype(jnp.int32)
-    weights = response_weights(response_mask)
-    head = {"lm_head": params["lm_head"]}
-
-    @jax.checkpoint
-    def one_chunk(head, h, y, m):
-        logits = lm_head(head, h, cfg)[..., : cfg.vocab_size]
-        target = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
-        return jnp.sum(jnp.where(m, target - jax.nn.logsumexp(logits, axis=-1), 0.0), axis=1)
-
-    def by_chunks(x):
-        return x.reshape(rows, t // chunk, chunk, *x.shape[2:]).swapaxes(0, 1)
-
-    def step(total, xs):
-        return total + one_chunk(head, *xs), None
-
-    zero = jnp.zeros((rows,), jnp.float32)
-    total, _ = jax.lax.scan(step, zero, (by_chunks(hidden), by_chunks(targets), by_chunks(weights)))
-    return SequenceLogps(total, jnp.sum(weights, axis=1, dtype=jnp.float32))
-
-
-def response_weights(response_mask: jnp.ndarray) -> jnp.ndarray:
-    """(rows, seq) bool: the positions whose log-prob counts, those predicting a response token (position
-    i predicts token i + 1, the last predicts nothing); their sum per row is SequenceLogps.count."""
-    return jnp.concatenate([response_mask[:, 1:], jnp.zeros_like(response_mask[:, :1])], axis=1).astype(bool)
-
-
 def policy_logps(
     params: dict, input_ids: jnp.ndarray, response_mask: jnp.ndarray, cfg: ModelConfig, *, chunk: int
 ) -> SequenceLogps:
     """One forward pass over all rows (chosen and rejected together) -> their response log-probs."""
-    return sequence_logps(params, forward_hidden(params, input_ids, cfg), input_ids, response_mask, cfg, chunk=chunk)
+    return response_logps(params, input_ids, response_mask, cfg, chunk=chunk)
 
 
 def reference_logps(
@@ -114,8 +61,8 @@ def reference_logps(
 def pair_terms(policy: SequenceLogps, reference: jnp.ndarray, *, loss_type: str, beta: float) -> PairTerms:
     """Per-pair losses and rewards from the policy's log-probs and the reference's summed log-probs
     (rows,), rows ordered chosen then rejected."""
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown DPO loss {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"unknown DPO loss {loss_type!r}; expected one of {', '.join(DPO_LOSS_TYPES)}")
     rows = policy.total.shape[0]
     if rows % 2:
         raise ValueError(f"a DPO batch holds chosen and rejected rows, so an even number; got {rows}")
@@ -146,12 +93,13 @@ def dpo_loss(
     cfg: ModelConfig,
     *,
     loss_type: str,
-    beta: float = BETA,
+    beta: float = DPOConfig.beta,
     chunk: int = 0,
 ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
     """(sum of the per-pair losses, metric sums) of one (micro-)batch: divide both by the global batch's
-    pair count, as olmax.train.loss divides by the global token count, to get the mean over pairs whatever the
-    micro-batching. `reference` (rows,) is the reference's summed log-probs (`reference_logps`)."""
+    pair count, as olmax.objectives.cross_entropy's sums are divided by the global token count, to get the
+    mean over pairs whatever the micro-batching. `reference` (rows,) is the reference's summed log-probs
+    (`reference_logps`)."""
     terms = pair_terms(
         policy_logps(params, input_ids, response_mask, cfg, chunk=chunk), reference, loss_type=loss_type, beta=beta
     )
@@ -166,7 +114,7 @@ def pair_axis_loss(
     cfg: ModelConfig,
     *,
     loss_type: str,
-    beta: float = BETA,
+    beta: float = DPOConfig.beta,
     chunk: int = 0,
 ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
     """`dpo_loss` of a batch with a pair axis: input_ids and response_mask (P, 2, seq), reference (P, 2),
@@ -184,23 +132,50 @@ def pair_axis_loss(
     return jnp.sum(terms.losses), metric_sums(terms)
 
 
-def check_pair_batch(batch: dict, pairs: int, seq_len: int) -> None:
-    """The step's DPO batch has BATCH_KEYS at (pairs, 2, seq_len) / (pairs, 2); else a ValueError naming them."""
-    shapes = {"input_ids": (pairs, 2, seq_len), "response_mask": (pairs, 2, seq_len), "reference_logps": (pairs, 2)}
-    for key, shape in shapes.items():
-        if key not in batch:
-            raise ValueError(f"trainer.objective=dpo but the batch has no {key!r}")
-        if tuple(batch[key].shape) != shape:
-            raise ValueError(
-                f"batch[{key!r}] has shape {tuple(batch[key].shape)}, expected {shape} "
-                "(trainer.global_batch pairs, chosen and rejected, data.seq_len)"
-            )
+class DPO(Objective):
+    """trainer.objective=dpo: the batch counts preference pairs, each a (2, seq) chosen/rejected pair of
+    rows; a micro-batch's loss is its pairs' summed losses divided by the global pair count."""
 
+    name = "dpo"
+    config = DPOConfig
+    reference_pass = True
+    # named as open-instruct logs them
+    metric_names = {"loss": "train/DPO loss", **{name: f"train/{name}" for name in METRICS}}
 
-def pair_batch_shardings(mesh: Mesh, batch_axes) -> dict[str, NamedSharding]:
-    """BATCH_KEYS' shardings: the pair axis over `batch_axes` (the step's, data x fsdp), the rest whole."""
-    return {
-        "input_ids": NamedSharding(mesh, PartitionSpec(batch_axes, None, None)),
-        "response_mask": NamedSharding(mesh, PartitionSpec(batch_axes, None, None)),
-        "reference_logps": NamedSharding(mesh, PartitionSpec(batch_axes, None)),
-    }
+    def fields(self, cfg) -> dict[str, BatchField]:
+        return pair_fields(cfg, reference=True)
+
+    def check_batch(self, cfg, batch: dict) -> None:
+        for key, f in self.fields(cfg).items():
+            if key not in batch:
+                raise ValueError(f"trainer.objective=dpo but the batch has no {key!r}")
+            if tuple(batch[key].shape) != f.shape:
+                raise ValueError(
+                    f"batch[{key!r}] has shape {tuple(batch[key].shape)}, expected {f.shape} "
+                    "(trainer.global_batch pairs, chosen and rejected, data.seq_len)"
+                )
+
+    def prepare(self, ctx: StepContext, batch: dict) -> tuple[dict, Any]:
+        return {
+            "input_ids": batch["input_ids"].astype(jnp.int32),
+            "response_mask": batch["response_mask"].astype(bool),
+            "reference_logps": batch["reference_logps"].astype(jnp.float32),
+        }, None
+
+    def micro_metrics(self) -> tuple[str, ...]:
+        return ("loss", *METRICS)
+
+    def micro_loss(self, ctx: StepContext, params: dict, micro: dict, shared: Any):
+        cfg = ctx.cfg
+        total, sums = pair_axis_loss(
+            params,
+            micro["input_ids"],
+            micro["response_mask"],
+            micro["reference_logps"],
+            cfg.model,
+            loss_type=cfg.dpo.loss_type,
+            beta=cfg.dpo.beta,
+            chunk=cfg.trainer.loss_chunk,
+        )
+        pairs = cfg.trainer.global_batch
+        return total / pairs, {"loss": total / pairs, **{k: v / pairs for k, v in sums.items()}}

@@ -1,12 +1,14 @@
-"""GRPO as AI2's OlmoRL ran it: the per-token policy loss, advantages and batch selection
-(docs/post-training/grpo.md, "GRPO").
+"""GRPO as AI2's OlmoRL ran it: the per-token policy loss and the objective the train step asks
+(docs/post-training/grpo.md, "GRPO"); the RL loop's advantages and group selection, host side, are
+olmax.rollout.groups.
 
 The source is open-instruct `open_instruct/grpo_fast.py` at the two commits AI2's OLMo 3 README names
 for its RL runs: 42aa63c (7B Think, `scripts/train/olmo3/7b_think_rl.sh`) and 9ade62d (7B Instruct,
 `7b_instruct_rl.sh`); grpo_fast.py differs between them only in checkpoint paths and a timeout. The
 scripts' flags (beta 0, temperature 1, clip 0.2 / 0.272, centred advantages, Think's TIS cap 2,
-Instruct's active sampling with pass rate 0.875) are this module's defaults; the code defaults at those
-commits were different (beta 0.05, temperature 0.7, clip_higher 0.2, std-normalised advantages).
+Instruct's active sampling with pass rate 0.875) are the `grpo` section's defaults (olmax.config.grpo);
+the code defaults at those commits were different (beta 0.05, temperature 0.7, clip_higher 0.2,
+std-normalised advantages).
 
 Layout: every per-token array is (rows, seq) and TOKEN-aligned, as open-instruct packs them: entry
 [b, t] belongs to token input_ids[b, t] (the sampler's log-prob of that token, the advantage of the
@@ -25,28 +27,19 @@ ranks average their gradients, i.e. the mean over micro-batches of the same step
 
 from __future__ import annotations
 
-from functools import partial
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from olmax.config.grpo import GRPOConfig
 from olmax.config.model import ModelConfig
-from olmax.model.olmo3 import forward_hidden, lm_head
+from olmax.model.attention import segment_ids as segment_ids_of
+from olmax.objectives.base import BatchField, Objective, StepContext
+from olmax.objectives.logps import policy_token_logps, scored_tokens
 
-# The OLMo 3 7B RL scripts' values (the Think and the Instruct run share all but TIS_CAP).
-TEMPERATURE = 1.0
-CLIP_LOW = 0.2
-CLIP_HIGH = 0.272
-TIS_CAP = 2.0  # Think only; Instruct runs without TIS (cap 0 = off, as open-instruct's flag)
-REWARD_SCALE = 10.0  # open-instruct `verification_reward`: the caller's rewards are 10 x the verifier score
-NO_RESAMPLING_PASS_RATE = 0.875  # Instruct's active sampling
-# open-instruct divides the training logits by temperature + 1e-7 (`forward`); kept so log-probs are its.
-TEMPERATURE_EPS = 1e-7
 TIS_LOG_CLAMP = 10.0  # open-instruct clamps logp_old - logp_sampler to +-10 before exp
 KL_LOG_CLAMP = 40.0  # and logp - logp_ref to +-40 before its KL estimators (before commit 5136b84)
-STD_EPS = 1e-8  # the std normalisation's epsilon (numpy population std, as open-instruct)
 
 # Metrics of one micro-batch, each already in the form that the train step's scan combines with
 # METRIC_REDUCTIONS: "sum" metrics are token means divided by the micro-batch count (summed over the
@@ -68,106 +61,9 @@ GRPO_METRICS = (
 METRIC_REDUCTIONS = {
     name: ("min" if name == "tis/weight_min" else "max" if name == "tis/weight_max" else "sum") for name in GRPO_METRICS
 }
-# The batch a GRPO train step needs: token-aligned (rows, seq) arrays, packed rows as open-instruct's.
+# The batch a GRPO train step takes: token-aligned (rows, seq) arrays, packed rows as open-instruct's
+# (and doc_lens with data.doc_masking): GRPO.fields says which it needs.
 BATCH_KEYS = ("input_ids", "response_mask", "advantages", "old_logps", "sampler_logps", "ref_logps")
-
-
-# ----------------------------------------------------------------------------------------------
-# Log-probs
-
-
-def token_logps(
-    params: dict,
-    hidden: jnp.ndarray,
-    input_ids: jnp.ndarray,
-    cfg: ModelConfig,
-    *,
-    temperature: float = TEMPERATURE,
-    chunk: int = 0,
-) -> jnp.ndarray:
-    """(rows, seq) float32 log-prob of every token given the ones before it, from the final-normed
-    hidden states (rows, seq, d_model): [b, t] = log softmax(logits[b, t - 1] / (temperature + 1e-7))
-    [input_ids[b, t]] over the real vocabulary (cfg.vocab_size); column 0 is 0.
-
-    As dpo.sequence_logps: the output layer runs `chunk` positions at a time (0: all) under
-    jax.checkpoint, so the backward pass holds one (rows, chunk, vocab) block of logits at a time."""
-    rows, t, _ = hidden.shape
-    chunk = t if chunk <= 0 or chunk >= t else chunk
-    if t % chunk:
-        raise ValueError(f"trainer.loss_chunk={chunk} does not divide the sequence length {t}")
-    targets = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1).astype(jnp.int32)
-    head = {"lm_head": params["lm_head"]}
-    scale = 1.0 / (temperature + TEMPERATURE_EPS)
-
-    @jax.checkpoint
-    def one_chunk(head, h, y):
-        logits = lm_head(head, h, cfg)[..., : cfg.vocab_size] * scale
-        target = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
-        return target - jax.nn.logsumexp(logits, axis=-1)
-
-    def by_chunks(x):
-        return x.reshape(rows, t // chunk, chunk, *x.shape[2:]).swapaxes(0, 1)
-
-    _, out = jax.lax.scan(lambda c, xs: (c, one_chunk(head, *xs)), None, (by_chunks(hidden), by_chunks(targets)))
-    predicted = out.swapaxes(0, 1).reshape(rows, t)  # [b, i]: log-prob of token i + 1
-    return jnp.concatenate([jnp.zeros((rows, 1), jnp.float32), predicted[:, :-1]], axis=1)
-
-
-def policy_token_logps(
-    params: dict,
-    input_ids: jnp.ndarray,
-    cfg: ModelConfig,
-    *,
-    temperature: float = TEMPERATURE,
-    chunk: int = 0,
-    segments: Optional[jnp.ndarray] = None,
-) -> jnp.ndarray:
-    """One forward pass -> `token_logps`. segments: the packed rows' sequence index per token
-    (forward_hidden's), so attention stays within each prompt + response."""
-    hidden = forward_hidden(params, input_ids, cfg, segments=segments)
-    return token_logps(params, hidden, input_ids, cfg, temperature=temperature, chunk=chunk)
-
-
-# ----------------------------------------------------------------------------------------------
-# Advantages and groups (rewards: (groups * group_size,), each group's samples consecutive)
-
-
-def _grouped(rewards: jnp.ndarray, group_size: int) -> jnp.ndarray:
-    if rewards.ndim != 1 or rewards.shape[0] % group_size:
-        raise ValueError(f"rewards must be (groups * {group_size},), got shape {tuple(rewards.shape)}")
-    return rewards.reshape(-1, group_size).astype(jnp.float32)
-
-
-@partial(jax.jit, static_argnames=("group_size", "normalise_std"))
-def advantages(rewards: jnp.ndarray, group_size: int, normalise_std: bool = False) -> jnp.ndarray:
-    """(n,) per sample: reward - its group's mean (open-instruct "centered", the OLMo 3 runs'); with
-    normalise_std also divided by the group's population std + 1e-8 (its "standard")."""
-    r = _grouped(rewards, group_size)
-    centred = r - jnp.mean(r, axis=1, keepdims=True)
-    if normalise_std:
-        centred = centred / (jnp.std(r, axis=1, keepdims=True) + STD_EPS)
-    return centred.reshape(-1)
-
-
-@partial(jax.jit, static_argnames="group_size")
-def zero_spread(rewards: jnp.ndarray, group_size: int) -> jnp.ndarray:
-    """(groups,) bool: True where every sample of the group has the same reward (open-instruct drops
-    these: `np.std(scores) == 0`, which for its groups of 8 is exactly this equality)."""
-    r = _grouped(rewards, group_size)
-    return jnp.all(r == r[:, :1], axis=1)
-
-
-@partial(jax.jit, static_argnames="group_size")
-def pass_rates(rewards: jnp.ndarray, group_size: int, max_score: float = REWARD_SCALE) -> jnp.ndarray:
-    """(groups,) mean reward / the largest possible reward (open-instruct's `percent_solved`)."""
-    return jnp.mean(_grouped(rewards, group_size), axis=1) / max_score
-
-
-def token_values(per_response: jnp.ndarray, response_index: jnp.ndarray) -> jnp.ndarray:
-    """Per-response values (n,) -> (rows, seq) per token: response_index [b, t] = k + 1 where token t of
-    packed row b is a token of response k, 0 elsewhere (open-instruct's packed `response_masks`)."""
-    lookup = jnp.concatenate([jnp.zeros((1,), jnp.float32), per_response.astype(jnp.float32)])
-    return lookup[response_index]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,10 +74,10 @@ class LossSettings(NamedTuple):
     """The loss's knobs, one value per run (static under jit): the PPO clip range, the truncated
     importance-sampling cap (0 = off) and the kl3 weight (0 = no reference)."""
 
-    clip_low: float = CLIP_LOW
-    clip_high: float = CLIP_HIGH
-    tis_cap: float = 0.0
-    beta: float = 0.0
+    clip_low: float = GRPOConfig.clip_low
+    clip_high: float = GRPOConfig.clip_high
+    tis_cap: float = GRPOConfig.tis_cap
+    beta: float = GRPOConfig.beta
 
     @classmethod
     def of(cls, rl) -> LossSettings:
@@ -305,18 +201,6 @@ def metrics(
     }
 
 
-def zero_metrics() -> dict[str, jnp.ndarray]:
-    """The identity of combine_metrics: where the train step's scan starts."""
-    start = {"sum": 0.0, "min": jnp.inf, "max": -jnp.inf}
-    return {k: jnp.asarray(start[METRIC_REDUCTIONS[k]], jnp.float32) for k in GRPO_METRICS}
-
-
-def combine_metrics(a: dict, b: dict) -> dict:
-    """Two micro-batches' metrics -> the step's so far (sum, min or max per METRIC_REDUCTIONS)."""
-    ops = {"sum": jnp.add, "min": jnp.minimum, "max": jnp.maximum}
-    return {k: ops[METRIC_REDUCTIONS[k]](a[k], b[k]) for k in GRPO_METRICS}
-
-
 def loss_from_logps(
     logps: jnp.ndarray,
     mask: jnp.ndarray,
@@ -347,12 +231,6 @@ def loss_from_logps(
     return loss, metrics(terms, mask, micro_batch_rows=micro_batch_rows, accum_steps=accum_steps, logps_gap=gap)
 
 
-def response_loss_mask(response_mask: jnp.ndarray) -> jnp.ndarray:
-    """Token-aligned response mask -> the tokens that have a loss: column 0 has no prediction."""
-    mask = jnp.asarray(response_mask, bool)  # a numpy mask too (the loop's, a test's)
-    return mask.at[:, 0].set(False)
-
-
 def grpo_loss(
     params: dict,
     input_ids: jnp.ndarray,
@@ -364,7 +242,7 @@ def grpo_loss(
     sampler_logps: Optional[jnp.ndarray] = None,
     ref_logps: Optional[jnp.ndarray] = None,
     segments: Optional[jnp.ndarray] = None,
-    temperature: float = TEMPERATURE,
+    temperature: float = GRPOConfig.temperature,
     settings: LossSettings = LossSettings(),
     micro_batch_rows: int = 1,
     accum_steps: int = 1,
@@ -377,7 +255,7 @@ def grpo_loss(
     logps = policy_token_logps(params, input_ids, cfg, temperature=temperature, chunk=chunk, segments=segments)
     return loss_from_logps(
         logps,
-        response_loss_mask(response_mask),
+        scored_tokens(response_mask),
         advantages,
         old_logps=old_logps,
         sampler_logps=sampler_logps,
@@ -389,75 +267,113 @@ def grpo_loss(
 
 
 # ----------------------------------------------------------------------------------------------
-# Which groups make the batch (host side, between rollouts)
+# The objective
 
 
-class Selection(NamedTuple):
-    keep: jnp.ndarray  # (groups,) bool: the group enters the batch
-    consumed: jnp.ndarray  # int: groups read from the stream (the rest wait for the next batch)
-    full: jnp.ndarray  # bool: the batch holds num_prompts groups
-    no_resample: jnp.ndarray  # (groups,) bool: the prompt is not sampled again (among the consumed)
-    filtered_zero: jnp.ndarray  # int: consumed groups dropped with every reward 0
-    filtered_solved: jnp.ndarray  # int: ... with every reward max_score
-    filtered_other: jnp.ndarray  # int: ... with another common reward
+class GRPO(Objective):
+    """trainer.objective=grpo: the global batch counts packed rollout rows (prompt + response sequences,
+    open-instruct's pack_sequences), split over devices and micro-batches as instances are. Each
+    micro-batch's loss is `grpo_loss` with one device's micro-batch as its token-mean group, divided by
+    the accumulation steps (open-instruct's aggregation), so the step's loss is the mean over (device,
+    micro-batch) groups of their token means. Metrics combine by METRIC_REDUCTIONS (sums, min, max)."""
 
-
-# jitted: the loop calls it with one configuration, so it compiles once and each call is one dispatch
-@partial(
-    jax.jit,
-    static_argnames=("group_size", "num_prompts", "active", "filter_zero_spread", "no_resampling_pass_rate"),
-)
-def select_groups(
-    rewards: jnp.ndarray,
-    group_size: int,
-    num_prompts: int,
-    *,
-    active: bool,
-    filter_zero_spread: bool = True,
-    no_resampling_pass_rate: Optional[float] = None,
-    max_score: float = REWARD_SCALE,
-) -> Selection:
-    """open-instruct's `accumulate_inference_batches` over the groups in the order they arrived
-    (rewards: (groups * group_size,)). Each group read: its prompt is marked not to be sampled again
-    when its pass rate is >= no_resampling_pass_rate (before filtering: a 7-of-8 group is marked and
-    still trained on); then, with filter_zero_spread, a group of equal rewards is dropped.
-    active=False reads exactly num_prompts groups and keeps the survivors (the Think run); active=True
-    reads until num_prompts groups survive (the Instruct run; `full` False: the stream ran out first,
-    read more and call again with the rest)."""
-    zero = zero_spread(rewards, group_size)
-    groups = zero.shape[0]
-    index = jnp.arange(groups)
-    survives = ~zero if filter_zero_spread else jnp.ones_like(zero)
-    if active:
-        if not filter_zero_spread:
-            raise ValueError("active sampling refills groups the zero-spread filter drops; it needs the filter")
-        rank = jnp.cumsum(survives)
-        full = rank[-1] >= num_prompts
-        consumed = jnp.where(full, jnp.argmax(rank >= num_prompts) + 1, groups)
-    else:
-        consumed = jnp.asarray(min(num_prompts, groups))
-        full = jnp.asarray(groups >= num_prompts)
-    read = index < consumed
-    keep = survives & read
-    no_resample = jnp.zeros_like(read)
-    if no_resampling_pass_rate is not None:
-        no_resample = read & (pass_rates(rewards, group_size, max_score) >= no_resampling_pass_rate)
-    first = _grouped(rewards, group_size)[:, 0]
-    dropped = read & ~survives
-    return Selection(
-        keep=keep,
-        consumed=consumed,
-        full=full,
-        no_resample=no_resample,
-        filtered_zero=jnp.sum(dropped & (first == 0)),
-        filtered_solved=jnp.sum(dropped & (first == max_score)),
-        filtered_other=jnp.sum(dropped & (first != 0) & (first != max_score)),
+    name = "grpo"
+    config = GRPOConfig
+    # named as open-instruct logs them; the rollout's own figures ("rollout/...") keep their names
+    metric_names = {
+        "loss": "train/GRPO loss",
+        "response_tokens": "train/response tokens",
+        **{name: name for name in GRPO_METRICS},
+    }
+    metric_reductions = METRIC_REDUCTIONS
+    status_metrics = (
+        "rollout/reward_mean",
+        "rollout/solve_rate",
+        "rollout/response_len_mean",
+        "rollout/zero_spread_frac",
+        "rollout/slot_efficiency",
+        "rollout/staleness_mean",
     )
 
+    def fields(self, cfg) -> dict[str, BatchField]:
+        """input_ids, response_mask and advantages always; sampler_logps needed with grpo.tis_cap > 0 (the RL
+        loop always gives it: its gap to the step's log-probs is a metric), ref_logps with grpo.beta > 0,
+        old_logps optional (the loop gives it with grpo.mini_batches > 1; absent: the step's own log-probs,
+        detached: one mini-batch per rollout), doc_lens with data.doc_masking (only then: without it the
+        packed sequences would attend to each other unasked)."""
+        rl, shape = cfg.grpo, (cfg.trainer.global_batch, cfg.data.seq_len)
+        dtypes = {"input_ids": "int32", "response_mask": "bool", "doc_lens": "int32"}
+        required = {"input_ids": True, "response_mask": True, "advantages": True, "doc_lens": True}
+        required.update(sampler_logps=rl.tis_cap > 0, ref_logps=rl.beta > 0, old_logps=False)
+        carried = {**required, "sampler_logps": True, "old_logps": rl.mini_batches > 1}
+        keys = [*BATCH_KEYS, *["doc_lens"] * cfg.data.doc_masking]
+        return {k: BatchField(shape, dtypes.get(k, "float32"), ("batch", "seq"), required[k], carried[k]) for k in keys}
 
-def next_epoch_prompts(prompt_ids: np.ndarray, excluded: np.ndarray, batch_size: int) -> tuple[np.ndarray, int]:
-    """The prompts the next epoch draws from (open-instruct's ShufflingIterator drops excluded prompts
-    only when an epoch ends, then reshuffles): (ids without the excluded ones, how many of them one epoch
-    serves: a multiple of batch_size, the rest left out as its `effective_size`)."""
-    kept = np.asarray(prompt_ids)[~np.isin(prompt_ids, excluded)]
-    return kept, len(kept) - len(kept) % batch_size
+    def check_batch(self, cfg, batch: dict) -> None:
+        fields = self.fields(cfg)
+        for key in batch:
+            if key not in fields:  # a misspelt old_logps would otherwise be silently unused
+                known = ", ".join(sorted(fields))
+                raise ValueError(f"trainer.objective=grpo: unknown batch key {key!r} (known: {known})")
+        for key, f in fields.items():
+            if f.required and batch.get(key) is None:
+                raise ValueError(f"trainer.objective=grpo but the batch has no {key!r} (docs/post-training/grpo.md)")
+        for key, value in batch.items():
+            if value is not None and tuple(value.shape) != fields[key].shape:
+                raise ValueError(
+                    f"batch[{key!r}] has shape {tuple(value.shape)}, "
+                    f"expected (trainer.global_batch, data.seq_len) = {fields[key].shape}"
+                )
+
+    def prepare(self, ctx: StepContext, batch: dict) -> tuple[dict, Any]:
+        f32, rl = jnp.float32, ctx.cfg.grpo
+        dtypes = {"input_ids": jnp.int32, "response_mask": bool, "segments": jnp.int32}
+        rows = {k: batch.get(k) for k in ("input_ids", "response_mask", "advantages", "old_logps", "sampler_logps")}
+        rows["ref_logps"] = batch.get("ref_logps") if rl.beta > 0 else None
+        if "doc_lens" in batch:  # attention within each packed prompt + response, as SFT's documents
+            rows["segments"] = segment_ids_of(batch["doc_lens"])
+        return {k: v.astype(dtypes.get(k, f32)) for k, v in rows.items() if v is not None}, None
+
+    def micro_metrics(self) -> tuple[str, ...]:
+        return ("loss", *GRPO_METRICS)
+
+    def micro_loss(self, ctx: StepContext, params: dict, micro: dict, shared: Any):
+        cfg, layout = ctx.cfg, ctx.layout
+        loss, metrics = grpo_loss(
+            params,
+            micro["input_ids"],
+            micro["response_mask"],
+            micro["advantages"],
+            cfg.model,
+            old_logps=micro.get("old_logps"),
+            sampler_logps=micro.get("sampler_logps"),
+            ref_logps=micro.get("ref_logps"),
+            segments=micro.get("segments"),
+            temperature=cfg.grpo.temperature,
+            settings=LossSettings.of(cfg.grpo),
+            # a micro-batch's rows are every batch shard's micro_batch rows in shard order: each group
+            # of micro_batch consecutive rows is one device's micro-batch, open-instruct's token-mean unit
+            micro_batch_rows=layout.micro_batch,
+            accum_steps=layout.accum_steps,
+            chunk=cfg.trainer.loss_chunk,
+        )
+        return loss, {"loss": loss, **metrics}
+
+    def finish(self, ctx: StepContext, grads: dict, sums: dict, batch: dict):
+        """Each device micro-batch's token mean was divided by all of them (batch shards x accumulation
+        steps); open-instruct divides by the micro-batches it has, none empty. The RL loop pads a step
+        with empty rows, so the step counts the micro-batches that hold a scored token and rescales."""
+        f32, layout = jnp.float32, ctx.layout
+        scored = scored_tokens(batch["response_mask"])
+        s, a, m = layout.batch_shards, layout.accum_steps, layout.micro_batch
+        held = jnp.any(scored.reshape(s, a, m * scored.shape[1]), axis=-1)
+        scale = (s * a) / jnp.maximum(jnp.sum(held, dtype=f32), 1.0)
+        grads = jax.tree.map(lambda g: g * scale, grads)
+        sums = {k: v * scale if self.metric_reductions.get(k, "sum") == "sum" else v for k, v in sums.items()}
+        for k in ("tis/weight_min", "tis/weight_max"):  # +-inf without a scored token: log the neutral weight
+            sums[k] = jnp.where(jnp.isfinite(sums[k]), sums[k], 1.0)
+        return grads, sums["loss"], {**sums, "response_tokens": jnp.sum(scored, dtype=f32)}
+
+    def hold(self, metrics: dict):
+        """A batch without a scored token (no rollout group had a reward spread) updates nothing."""
+        return metrics["response_tokens"] == 0

@@ -2,5 +2,6 @@
 and training parity with ai2-olmo-core 3.0.0, step by step (training.py, with OLMo-core's side in
 olmo_core.py, the shared setup in harness.py and the SFT data in sft.py). Needs the `parity` extra.
 
-May import: olmax.convert, olmax.checkpoint, olmax.train and the layers below them; never evals.
+May import: olmax.convert, olmax.checkpoint, olmax.step, olmax.model, olmax.data, olmax.config. Never
+evals.
 """

@@ -16,7 +16,7 @@ What is compared (docs/training-parity.md):
   backward of CE + z-loss, `get_total_norm` + `clip_grads_with_norm_` at 1.0, lr from
   `CosWithWarmup.get_lr(lr, step, t_max)` (1-based step), `latest_loss` = CE and `latest_grad_norm`
   = the pre-clip norm, then `SkipStepAdamW.step()` (weight decay 0.1 except `embeddings.weight`).
-  olmax runs its production step, `olmax.train.step.make_train_step`, on a mesh of all devices.
+  olmax runs its production step, `olmax.step.train_step.make_train_step`, on a mesh of all devices.
 - A loss spike: at `spike_step` both sides train on the same pathological batch (tokens the
   corpus never contains), which the skip-step rule must reject on both sides.
 Final parameters are converted back the same way and compared tensor by tensor.
@@ -142,8 +142,8 @@ def run_olmax(cfg, params: dict, setup: Setup) -> Run:
 
     from olmax.data.loader import make_loader
     from olmax.model.sharding import make_mesh
-    from olmax.train.state import init_train_state
-    from olmax.train.step import batch_sharding, make_train_step
+    from olmax.step.state import init_train_state
+    from olmax.step.train_step import batch_sharding, make_train_step
 
     mesh = make_mesh(cfg.mesh)
     run = Run()

@@ -6,10 +6,18 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
 
 - the program is the content of the last ``` block (```python or bare), stripped; the whole response
   when there is none;
-- `code` tests are Python statements (asserts) run after the program; `code_stdio` tests are
+- `code` tests are Python statements (asserts) that upstream runs after the program; `code_stdio` tests are
   `{"input": ..., "output": ...}` pairs: the program runs with the input on stdin and passes when its
   output matches as upstream's LiveCodeBench grader (`code_utils/testing_util.py`) compares: the same
   number of lines, each stripped, equal as text or as lists of Decimals;
+- the verdicts are this process's, never the program's (upstream let the test's own process report it):
+  each `code` test is split when loaded (olmax.rewards.code_tests): its calls into the program run in the
+  program's process, which returns their values only, written strictly (exact builtin types, bounded:
+  olmax.rewards.code_values); its comparisons and everything else run here, over those values. A stdio
+  program's output comes back as bytes and is compared here. No expected value enters a process that runs
+  the program, and its exit status means nothing, so a program that exits 0, replaces `exec` or the
+  runner, reads the runner's frames or returns an object equal to anything gains nothing (a test form
+  that cannot be split fails, counted and logged: code_tests);
 - each test runs in its own process, forked after the program ran (upstream re-runs the program in a
   fresh process per test: the same isolation of one test from another, without re-running the program),
   bounded by `seconds` (OLMo 3's scripts: `--code_max_execution_time 6`);
@@ -27,8 +35,9 @@ with an empty environment, its stdout and stderr discarded, under these limits: 
 seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 16 MiB), open files (RLIMIT_NOFILE, 64), queued
 signals and POSIX timers (RLIMIT_SIGPENDING, 64), no POSIX message queue or core file, and a wall-clock
 bound per test and for the whole run; Python's socket constructors and resolvers raise PermissionError.
-The verifier reads at most `report_bytes` of the child's output (a few KiB): a program that writes more
-to the descriptor the child reports on is killed, its tests "overflow", reward 0 (VerifierOverflow).
+The child reports on a descriptor as records (olmax.rewards.code_records: a test's values or output, at
+most RECORD_BYTES, one record held at a time): a program that writes anything else there, or more than
+`report_bytes` in all, is killed, its tests "overflow", reward 0 (VerifierOverflow).
 
 - namespaces (and auto, the default, where the probe finds them): a boundary, on Linux with
   unprivileged user namespaces. The program runs in its own user, PID, network, IPC, UTS, cgroup and
@@ -36,17 +45,19 @@ to the descriptor the child reports on is killed, its tests "overflow", reward 0
   (olmax.rewards.code_seccomp); it sees a root holding only Python's installation and the loader's
   libraries, read-only, a /proc of its own processes alone (no /proc/cmdline, no mounts listed in
   /proc/self/mountinfo), a hostname of its own and a 64 MiB, 4096-inode tmpfs at /tmp; it has no network
-  but a loopback of its own that is down, and may open only AF_INET and AF_INET6 sockets; the sandbox holds
-  at most PROCESSES processes (RLIMIT_NPROC in its user namespace); and every process it started is gone
-  when `run_tests` returns (the PID namespace's init exits and the kernel kills the rest). Memory: the
-  filter refuses what holds memory outside an address space (memfd, System V and POSIX IPC, AF_UNIX
-  socket buffers, grown pipes, record locks, io_uring, BPF, keys, ...; code_seccomp), so a run holds at
-  most PROCESSES times `memory_mb` of address space, the scratch (size and inodes), pipes of 64 KiB per
-  pair of descriptors and the kernel's own per-process memory (page tables, which grow with the address
-  space); no memory cgroup. Not covered: the kernel itself (the calls the filter allows are most of them,
+  but a loopback of its own that is down, and opens no socket; the sandbox holds at most PROCESSES processes
+  (RLIMIT_NPROC in its user namespace); a root caller's runs as a uid of its own (code_sandbox
+  `sandbox_uid`), so that the kernel's per-user accounts are not the caller's; and every process it started
+  is gone when `run_tests` returns (the PID namespace's init exits and the kernel kills the rest). Memory:
+  the filter refuses what holds memory outside an address space or past the process limits (memfd, System
+  V and POSIX IPC, sockets, grown pipes, record locks, io_uring, Linux AIO, epoll, BPF, keys, ...;
+  code_seccomp), so a run holds at most PROCESSES times `memory_mb` of address space, the scratch (size and
+  inodes), pipes of 64 KiB per pair of descriptors and the kernel's own per-process memory (page tables and
+  VMAs, which grow with the address space); where the host delegates a cgroup v2 subtree with the memory
+  controller, each run also gets a memory cgroup bounding all of it (code_cgroup; docs/rewards.md has the
+  figures). Not covered: the kernel itself (the calls the filter allows are most of them,
   so a kernel bug in one is within reach), what the host shows a process anyway (kernel version, CPUs,
-  total memory and load, the sizes of the filesystems holding Python), and the results: a program that finds
-  the nonce in its own memory can forge its tests' outcomes (a reward hack, not an escape). The probe
+  total memory and load, the sizes of the filesystems holding Python). The probe
   (`probe`, once per process, ~0.2 s) runs a trivial program in the sandbox; where it fails (gVisor's runsc
   answers unshare(2) with ENOSYS, as on the TPU hosts this project borrows; a container without user
   namespaces, EPERM; a kernel before 5.8, which has no /proc subset=pid; a machine without a filter table),
@@ -64,11 +75,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import platform
 import re
-import secrets
-import selectors
 import signal
 import subprocess
 import sys
@@ -77,7 +87,10 @@ import time
 
 from olmax.config.grpo import CODE_ISOLATIONS
 from olmax.errors import ConfigError
-from olmax.rewards import code_seccomp
+from olmax.rewards import code_cgroup, code_records, code_seccomp, code_tests
+from olmax.rewards.code_records import report_bytes
+
+logger = logging.getLogger(__name__)
 
 NAME = "code"
 STDIO_NAME = "code_stdio"
@@ -92,8 +105,10 @@ _SCRATCH_INODES = 4096  # files, directories and links in it (tmpfs nr_inodes: ~
 PROCESSES = 32  # processes the namespace sandbox may hold at once (RLIMIT_NPROC in its user namespace)
 _OPEN_FILES = 64  # descriptors per process (RLIMIT_NOFILE): pipes of 64 KiB at most behind each pair
 _PENDING_SIGNALS = 64  # queued signals and POSIX timers per user (RLIMIT_SIGPENDING)
-REPORT_BYTES = 4096  # what the verifier reads of a child's output, and _REPORT_LINE_BYTES more per test
-_REPORT_LINE_BYTES = 64  # a report line is "<32 hex> <index> <outcome>\n": 52 bytes for 10**8 tests
+_DEPTH = 100  # nesting of a value the runner writes back (olmax.rewards.code_values.DEPTH)
+# a run's memory cgroup, where one is delegated: the runner and one test process at `memory_mb` each (a fork
+# shares its pages until it writes them), the scratch, and the interpreters' and the kernel's own memory
+_CGROUP_SLACK = 64 << 20
 ISOLATIONS = CODE_ISOLATIONS  # rewards.code.isolation's values, as the config checks them
 AUTO, NAMESPACES, NONE = ISOLATIONS
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_sandbox.py")
@@ -106,49 +121,44 @@ REFUSED = ("threading", "multiprocess", "import os", "from os", "shutil", "impor
 _BLOCK = re.compile(r"```(?:python)?(.*?)```", re.DOTALL)
 
 
-# the probe's test: forks until refused (the children wait to be killed with the namespace), then checks
-# the count against the cap (counted in the sandbox's user namespace alone: before Linux 5.14 it counted
-# every process of the uid, so that a busy user would be refused every fork), and that /proc and the
-# network are the sandbox's own
-_PROBE_TEST = f"""
+# the probe's program: a fan-out until refused (the children wait to be killed with the namespace), checked
+# against the cap (counted in the sandbox's user namespace alone: before Linux 5.14 it counted every process
+# of the uid, so that a busy user would be refused every fork); what /proc, the network, the filter and the
+# host show
+_PROBE_PROGRAM = f"""
 import os, signal
-made = 0
-for _ in range({PROCESSES} + 8):
+def forks():
+    made = 0
+    for _ in range({PROCESSES} + 8):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            while True:
+                signal.pause()
+        made += 1
+    return made
+def processes():
+    return len([p for p in os.listdir("/proc") if p.isdigit()])
+def interfaces():
+    return [line.split(":")[0].strip() for line in open("/proc/self/net/dev").readlines()[2:]]
+def filtered():
     try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        while True:
-            signal.pause()
-    made += 1
-assert {PROCESSES // 2} <= made < {PROCESSES}
-assert len([p for p in os.listdir("/proc") if p.isdigit()]) <= {PROCESSES}
-assert [line.split(":")[0].strip() for line in open("/proc/self/net/dev").readlines()[2:]] == ["lo"]
-"""
-# the system call filter is in force: the kernel says so, and a call it refuses fails
-_PROBE_FILTER = """
-import os
-assert "Seccomp:\\t2" in open("/proc/self/status").read()
-try:
-    os.memfd_create("probe")
-except PermissionError:
-    pass
-else:
-    raise AssertionError("memfd_create was allowed")
-"""
-# the host is out of sight: no /proc/cmdline, no mount listed, a hostname of the sandbox's own
-_PROBE_HIDDEN = """
-import os
-assert not os.path.exists("/proc/cmdline") and open("/proc/self/mountinfo").read() == ""
-assert os.uname().nodename == "sandbox"
+        os.memfd_create("probe")
+    except PermissionError:
+        return "Seccomp:\\t2" in open("/proc/self/status").read()
+    return False
+def hidden():
+    return os.path.exists("/proc/cmdline"), open("/proc/self/mountinfo").read(), os.uname().nodename
 """
 _PROBES = (
-    (_PROBE_TEST, f"the process cap (RLIMIT_NPROC, {PROCESSES}) does not hold per user namespace here, /proc "
-     "shows other processes, or the network has more than loopback"),
-    (_PROBE_FILTER, "the system call filter (seccomp) is not in force"),
-    (_PROBE_HIDDEN, "the host shows through: /proc/cmdline (/proc subset=pid), the mounts in /proc/self/mountinfo "
-     "or the hostname (UTS namespace)"),
+    (f"assert {PROCESSES // 2} <= forks() < {PROCESSES} and processes() <= {PROCESSES} and interfaces() == ['lo']",
+     f"the process cap (RLIMIT_NPROC, {PROCESSES}) does not hold per user namespace here, /proc shows other "
+     "processes, or the network has more than loopback"),
+    ("assert filtered()", "the system call filter (seccomp) is not in force"),
+    ("assert hidden() == (False, '', 'sandbox')", "the host shows through: /proc/cmdline (/proc subset=pid), the "
+     "mounts in /proc/self/mountinfo or the hostname (UTS namespace)"),
 )  # fmt: skip
 
 
@@ -201,7 +211,8 @@ def probe() -> str | None:
     if sys.platform != "linux":
         return f"namespaces are Linux's, this is {sys.platform}"
     try:
-        outcomes = _run_child(_job("", [test for test, _ in _PROBES], False, 5.0, MEMORY_MB, NAMESPACES))
+        tests = [test for test, _ in _PROBES]
+        outcomes = _run_child(_PROBE_PROGRAM, tests, False, 5.0, MEMORY_MB, NAMESPACES)
     except SandboxError as e:
         return str(e)
     for outcome, (_, why) in zip(outcomes, _PROBES):
@@ -244,7 +255,8 @@ def describe(isolation: str) -> str:
         return "code verifier isolation: none (rewards.code.isolation=none: generated programs run as this user)"
     return (
         "code verifier isolation: namespaces (user, PID, network, IPC, UTS, cgroup and mount; a read-only root of "
-        f"Python alone, a {_SCRATCH_BYTES >> 20} MiB scratch tmpfs, at most {PROCESSES} processes; a seccomp filter)"
+        f"Python alone, a {_SCRATCH_BYTES >> 20} MiB scratch tmpfs, at most {PROCESSES} processes; a seccomp filter; "
+        f"{code_cgroup.delegated()[1]})"
     )
 
 
@@ -268,28 +280,31 @@ def run_tests(
     isolation: str = AUTO,
 ) -> list[str]:
     """Each test's outcome, "pass", "fail", "timeout" or "overflow", running `program` in the sandbox
-    (module docstring) under `isolation` (`isolation_in_force`). A test the child never reported (it was
-    killed at the overall bound) is "timeout"; every test is "overflow" when the child's output went past
-    `report_bytes` (it was killed then)."""
+    (module docstring) under `isolation` (`isolation_in_force`) and judging each test in this process
+    (olmax.rewards.code_tests) from what the program's process returned. A test whose form is refused
+    (code_tests) fails without running; one the child never reported is "timeout" when the run reached its
+    overall bound, else "fail"; every test is "overflow" when the child's output stopped being records
+    (olmax.rewards.code_records: it was killed then). Raises ValueError naming a test that is not one (a
+    `code` test that is not a string, a `code_stdio` one without input and output)."""
     mode = isolation_in_force(isolation)
     if not tests:
         return []
+    code_tests.check(tests, stdio)
     if refused(program):
         return ["fail"] * len(tests)
-    return _run_child(_job(program, tests, stdio, seconds, memory_mb, mode))
+    return _run_child(program, tests, stdio, seconds, memory_mb, mode)
 
 
-def report_bytes(tests: int) -> int:
-    """The most the verifier reads of a child's output for a run of `tests` tests: room for every report
-    line and an error message. A child that writes more is killed, its tests "overflow"."""
-    return REPORT_BYTES + _REPORT_LINE_BYTES * tests
-
-
-def _job(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int, isolation: str) -> dict:
+def _job(program: str, tests: list, plans: list | None, seconds: float, memory_mb: int, isolation: str) -> dict:
+    """What the child gets: the program, and of each test only what runs in the program's process (a
+    `code` test's steps, None for a refused one; a stdio test's input). Never an expected value."""
+    if plans is None:
+        parts = {"stdio": True, "inputs": [str(test["input"]) for test in tests]}
+    else:
+        parts = {"stdio": False, "steps": [None if p.form == code_tests.REFUSED else p.steps for p in plans]}
     return {
         "program": program,
-        "tests": tests,
-        "stdio": stdio,
+        **parts,
         "seconds": seconds,
         "memory_mb": memory_mb,
         "file_bytes": _FILE_BYTES,
@@ -298,9 +313,10 @@ def _job(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int,
         "processes": PROCESSES,
         "open_files": _OPEN_FILES,
         "pending_signals": _PENDING_SIGNALS,
+        "record_bytes": code_records.RECORD_BYTES,
+        "depth": _DEPTH,
         "cpu_seconds": seconds * (len(tests) + 1),
         "bound": _run_bound(len(tests), seconds),
-        "nonce": secrets.token_hex(16),
         "isolation": isolation,
         "filter": _filter() if isolation == NAMESPACES else "",
     }
@@ -328,47 +344,35 @@ def _child_source() -> str:
         return f.read()
 
 
-def _exchange(child: subprocess.Popen, job: bytes, limit: int, bound: float) -> tuple[bytes, str]:
-    """(the child's output, at most `limit` bytes; "eof", "timeout" or "overflow"): `job` written to its
-    stdin while its stdout is read, until it closes its stdout and exits, `bound` seconds pass, or it writes
-    more than `limit` bytes (then the caller kills it). Never holds more than `limit` + 1 bytes of it."""
-    deadline = time.monotonic() + bound
-    out, pending, state = bytearray(), memoryview(job), "timeout"
-    os.set_blocking(child.stdin.fileno(), False)
-    with selectors.DefaultSelector() as selector:
-        selector.register(child.stdout, selectors.EVENT_READ)
-        selector.register(child.stdin, selectors.EVENT_WRITE)
-        while state == "timeout" and time.monotonic() < deadline:
-            for key, _ in selector.select(deadline - time.monotonic()):
-                if key.fileobj is child.stdin:
-                    try:
-                        pending = pending[os.write(child.stdin.fileno(), pending[: 1 << 16]) :]
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:  # the child is gone: what it wrote is still read
-                        pending = pending[:0]
-                    if not pending:
-                        selector.unregister(child.stdin)
-                        child.stdin.close()
-                    continue
-                chunk = os.read(child.stdout.fileno(), min(1 << 16, limit + 1 - len(out)))
-                out += chunk
-                if not chunk:
-                    state = "eof"
-                elif len(out) > limit:
-                    state = "overflow"
-    if state == "eof":  # as communicate() did: the run is over when the child has exited, within the bound
-        try:
-            child.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            state = "timeout"
-    return bytes(out[:limit]), state
+def _cgroup(isolation: str, memory_mb: int) -> str:
+    """A memory cgroup for a run under isolation namespaces where the host delegates one
+    (olmax.rewards.code_cgroup), else "" (and a warning if making it failed)."""
+    parent = code_cgroup.delegated()[0] if isolation == NAMESPACES else None
+    if parent is None:
+        return ""
+    try:
+        return code_cgroup.make(parent, (2 * memory_mb << 20) + _SCRATCH_BYTES + _CGROUP_SLACK, PROCESSES + 3)
+    except OSError as e:
+        logger.warning("code sandbox: no memory cgroup for this run under %s (%s)", parent, e.strerror)
+        return ""
 
 
-def _run_child(job: dict) -> list[str]:
-    tests, nonce = job["tests"], job["nonce"]
+def _run_child(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int, isolation: str) -> list[str]:
+    plans = None if stdio else [code_tests.plan(test) for test in tests]
+    outcomes: list = [None if stdio or p.form != code_tests.REFUSED else "fail" for p in plans or tests]
+    if all(outcomes):
+        return outcomes
+
+    def on_record(kind: str, index: int, payload: bytes) -> None:
+        if kind == "error":
+            raise SandboxError(payload.decode(errors="replace"))
+        if outcomes[index] is None:  # the test's own record (the runner's "t" after a kill comes second)
+            test = tests[index] if stdio else plans[index]
+            outcomes[index] = (code_tests.judge_output if stdio else code_tests.judge)(test, kind, payload)
+
+    job = _job(program, tests, plans, seconds, memory_mb, isolation) | {"cgroup": _cgroup(isolation, memory_mb)}
     # without namespaces the program's files go to a fresh directory of the caller's (deleted after)
-    scratch = tempfile.TemporaryDirectory(prefix="olmax-code-") if job["isolation"] == NONE else None
+    scratch = tempfile.TemporaryDirectory(prefix="olmax-code-") if isolation == NONE else None
     cwd = scratch.name if scratch else "/"
     env = {"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd} if scratch else {"PATH": os.defpath}
     child = subprocess.Popen(
@@ -383,25 +387,20 @@ def _run_child(job: dict) -> list[str]:
     # a sandbox's keeper kills its namespace at the bound itself; past it, this is for one that cannot
     bound = job["bound"] + (_TEARDOWN_SECONDS if scratch is None else 0.0)
     try:
-        # the child's output is read up to a bound, never whole: a program can write to the descriptor
-        # the child reports on, and the verifier's memory is not the program's to fill
-        out, state = _exchange(child, json.dumps(job).encode(), report_bytes(len(tests)), bound)
+        # the child's output is read as records, one at a time, never whole: a program can write to the
+        # descriptor the child reports on, and the verifier's memory is not the program's to fill
+        state = code_records.exchange(
+            child, json.dumps(job).encode(), code_records.Records(len(tests), on_record), bound
+        )
     finally:
         _kill_group(child)
         if scratch:
             scratch.cleanup()
+        if job["cgroup"]:
+            code_cgroup.remove(job["cgroup"])
     if state == "overflow":
         return ["overflow"] * len(tests)
-    if state == "timeout":
-        out = b""
-    outcomes = ["timeout"] * len(tests)
-    for line in out.decode(errors="replace").splitlines():
-        parts = line.split(maxsplit=2)
-        if len(parts) == 3 and parts[0] == nonce and parts[1] == "error":
-            raise SandboxError(parts[2])
-        if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit() and int(parts[1]) < len(tests):
-            outcomes[int(parts[1])] = parts[2]
-    return outcomes
+    return [outcome or ("timeout" if state == "timeout" else "fail") for outcome in outcomes]
 
 
 def _run_bound(tests: int, seconds: float) -> float:
@@ -442,8 +441,8 @@ def _verify(response, ground_truth, stdio, seconds, memory_mb, threshold, isolat
     outcomes = run_tests(program, tests, stdio=stdio, seconds=seconds, memory_mb=memory_mb, isolation=isolation)
     if "overflow" in outcomes:
         raise VerifierOverflow(
-            f"the program wrote more than {report_bytes(len(tests))} bytes of output to the verifier (the "
-            "descriptor its child reports on): killed, reward 0"
+            "the program wrote to the descriptor the verifier reads its child's records on (more than "
+            f"{report_bytes(len(tests))} bytes, or what is no record): killed, reward 0"
         )
     score = reward(outcomes, threshold)
     if score == 0.0 and "timeout" in outcomes:

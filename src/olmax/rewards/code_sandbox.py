@@ -1,9 +1,12 @@
 """The code verifier's child process: olmax.rewards.code runs this file's source as `python -I -c
 <source>` (so that no path of the caller's shows in the sandbox's /proc/<pid>/cmdline) with its job as
-JSON on stdin, and reads one line per test from its stdout ("<nonce> <index> pass|fail|timeout", or
-"<nonce> error <step>" when the sandbox could not be entered), up to a bound (`code.report_bytes`).
-Standard library only: under isolation namespaces nothing of the files it came from is in view once the
-sandbox is entered.
+JSON on stdin: the program, and of each test only what runs in the program's process (a `code` test's
+steps, olmax.rewards.code_tests; a stdio test's input; never an expected value). It writes one record per
+test to its stdout (`_send`: "v" the values the test's calls returned, "o" a stdio program's output, "t"
+out of time, "x" the program failed; "error" when the sandbox could not be entered), which the verifier
+reads up to bounds (olmax.rewards.code_records) and judges itself: no record says pass or fail, and no exit
+status is read as one. Standard library only: under isolation namespaces nothing of the files it came from
+is in view once the sandbox is entered.
 
 Isolation none: the runner (`run_job`) runs in this process, as before the sandbox existed.
 
@@ -39,10 +42,16 @@ sandbox's (user.max_user_namespaces = 0), so the program cannot win capabilities
 
 Root is handled apart: RLIMIT_NPROC counts no process of root's (kernel/fork.c `copy_process` exempts
 INIT_USER), so the keeper of a root caller builds the root first, in a mount namespace of its own while it
-can still read every path Python needs (a Python under /root, mode 0700, is common), then becomes nobody
-before entering the user namespace. The init then binds that root onto itself, which makes it its own
-namespace's (pivot_root refuses a mount locked by a more privileged namespace; fs/namespace.c
-`__do_loopback` unlocks the top of a bind), its read-only flags still locked.
+can still read every path Python needs (a Python under /root, mode 0700, is common), then takes a uid of
+the sandbox's own (`sandbox_uid`) before entering the user namespace. The init then binds that root onto
+itself, which makes it its own namespace's (pivot_root refuses a mount locked by a more privileged
+namespace; fs/namespace.c `__do_loopback` unlocks the top of a bind), its read-only flags still locked. An
+unprivileged caller can map only its own uid into a user namespace (user_namespaces(7)), so its sandbox
+shares the caller's per-user kernel accounts: the filter refuses what fills those (epoll, inotify, AIO,
+keys; olmax.rewards.code_seccomp), and pipes are bounded by count (RLIMIT_NOFILE x PROCESSES).
+
+Where the verifier made a memory cgroup for the run (olmax.rewards.code_cgroup: one is delegated), the
+keeper moves itself into it first, so that every process of the run is charged there.
 
 bubblewrap builds its sandboxes the same way (containers/bubblewrap `bubblewrap.c`: tmpfs at /tmp,
 pivot_root, binds from the old root, pivot again, detach). Doing it here with ctypes needs no package
@@ -59,7 +68,6 @@ import signal
 import struct
 import sys
 import time
-from decimal import Decimal
 
 # <linux/sched.h>, <linux/mount.h>, <linux/prctl.h>, <linux/capability.h>
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
@@ -71,6 +79,11 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 2
 SECCOMP_MODE_FILTER = 2  # <linux/seccomp.h>
 CAPABILITY_VERSION_3 = 0x20080522
 NOBODY = 65534
+# a root caller's sandbox runs as SANDBOX_UIDS + its keeper's pid (pid_max is at most 2**22): a uid of its own,
+# high above any a system allocates, so that the kernel's per-user accounts (struct user_struct, keyed by
+# the uid: epoll watches, pipe buffers, locked memory, the user keyring) are neither the caller's nor nobody's
+# nor another sandbox's
+SANDBOX_UIDS = 0x7F000000
 # statvfs flag -> the mount flag a read-only remount must repeat (a user namespace may not clear them)
 LOCKED = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
           (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))  # fmt: skip
@@ -176,11 +189,20 @@ def _mounts_under(tops: list) -> list:
     return sorted({p for p in points if any(p == t or p.startswith(t + "/") for t in tops)})
 
 
-def _keep_going_as_nobody() -> None:
+def sandbox_uid() -> int:
+    """The uid a root caller's sandbox runs as: SANDBOX_UIDS + this process's pid where every uid can be
+    taken (root of the initial user namespace: uid_map "0 0 4294967295"), else nobody (root of a container's
+    user namespace, where only its mapped uids exist)."""
+    with open("/proc/self/uid_map") as f:
+        whole = f.read().split() == ["0", "0", "4294967295"]
+    return SANDBOX_UIDS + os.getpid() if whole else NOBODY
+
+
+def _keep_going_as(uid: int) -> None:
     # root's processes are not counted by RLIMIT_NPROC (kernel/fork.c `copy_process` exempts INIT_USER)
     os.setgroups([])
-    os.setresgid(NOBODY, NOBODY, NOBODY)
-    os.setresuid(NOBODY, NOBODY, NOBODY)
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
     _call("prctl", PR_SET_DUMPABLE, 1, 0, 0, 0)  # the uid change made it 0: /proc/self/uid_map would be root's
 
 
@@ -239,13 +261,16 @@ def _drop_capabilities() -> None:
 
 def enter(job: dict, report: int) -> None:
     """Enter the sandbox (module docstring). Returns in the runner only; the keeper and the init exit
-    here. A failed step is reported as "<nonce> error <step>" and ends the process."""
+    here. A failed step is reported as an "error" record naming it, and ends the process."""
     try:
+        if job.get("cgroup"):  # the run's memory cgroup (olmax.rewards.code_cgroup), for every process below
+            _write(f"{job['cgroup']}/cgroup.procs", "0")  # "0": the writer itself
         scratch = _scratch()
         staged = os.geteuid() == 0
         if staged:  # root stages the root now, while it can read every path Python needs
+            own = sandbox_uid()  # read before the staging moves the caller's /proc to /old
             _stage(scratch)
-            _keep_going_as_nobody()
+            _keep_going_as(own)
         uid, gid = os.getuid(), os.getgid()
         spaces = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
         _call("unshare", spaces, what="namespaces (user, PID, network, IPC, UTS, cgroup)")
@@ -254,7 +279,7 @@ def enter(job: dict, report: int) -> None:
         _write(f"{proc}/self/uid_map", f"{uid} {uid} 1")
         _write(f"{proc}/self/gid_map", f"{gid} {gid} 1")
     except OSError as e:
-        _fail(job, report, e)
+        _fail(report, e)
     init = os.fork()
     if init:
         # the job's bound: the init, and with it every process in the namespace, is killed at it
@@ -271,14 +296,14 @@ def enter(job: dict, report: int) -> None:
         _call("sethostname", HOSTNAME, len(HOSTNAME))
         _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     except OSError as e:
-        _fail(job, report, e)
+        _fail(report, e)
     runner = os.fork()
     if runner == 0:
         os.close(keep)
         try:
             _drop_capabilities()
         except OSError as e:
-            _fail(job, report, e)
+            _fail(report, e)
         os.environ.update(HOME=scratch, TMPDIR=scratch)
         resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
         return
@@ -288,8 +313,8 @@ def enter(job: dict, report: int) -> None:
     os._exit(0)
 
 
-def _fail(job: dict, report: int, error: OSError) -> None:
-    os.write(report, f"{job['nonce']} error {error.strerror or error}\n".encode())
+def _fail(report: int, error: OSError) -> None:
+    _send(report, "error", 0, str(error.strerror or error).encode())
     os._exit(1)
 
 
@@ -372,7 +397,7 @@ def _install_filter(program: bytes) -> None:
 
 
 def _run(source: str, namespace: dict, seconds: float, stdin=None) -> tuple[int, str]:
-    """(0 pass, 1 fail, 2 timeout; the program's stdout when stdin is given)."""
+    """(0 ran, 1 raised, 2 out of time; the program's stdout when stdin is given)."""
     out = io.StringIO()
     if stdin is not None:
         sys.stdin, sys.stdout = io.StringIO(stdin), out
@@ -389,70 +414,169 @@ def _run(source: str, namespace: dict, seconds: float, stdin=None) -> tuple[int,
     return code, out.getvalue()
 
 
-def _lines(text) -> list:
-    return [line.strip() for line in str(text).strip().split("\n")]
+class _TooBig(Exception):
+    """A value past the record's room or the nesting bound."""
 
 
-def same_output(got, want) -> bool:
-    """Line by line, each stripped; a line that differs as text may still hold the same numbers."""
-    got, want = _lines(got), _lines(want)
-    if len(got) != len(want):
-        return False
-    for a, b in zip(got, want):
-        if a != b:
+def _encode(value, room: list, depth: int):
+    """`value` as JSON data that olmax.rewards.code_values.decode reads back: None, bool, str, and ints that fit
+    in 64 bits as themselves; other builtin values, Fractions and Decimals as [tag, ...]. A subclass of one of
+    those is written as its base type's content, read through the base type's own methods (an IntEnum as its
+    int, a Counter as a dict): the verifier compares that content, never the subclass. Any other type: ["o",
+    its name]."""
+    room[0] -= 16
+    if room[0] < 0 or depth < 0:
+        raise _TooBig()
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        text = str.__str__(value)
+        room[0] -= len(json.dumps(text))
+        return text
+    if isinstance(value, int):
+        number = int.__index__(value)
+        if -(1 << 63) <= number < 1 << 63:
+            return number
+        room[0] -= number.bit_length() // 4
+        if room[0] < 0:
+            raise _TooBig()
+        return ["i", hex(number)]
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, complex):
+        number = complex.__complex__(value)
+        return ["c", number.real, number.imag]
+    if isinstance(value, (bytes, bytearray)):
+        room[0] -= 2 * len(value)
+        return ["b", bytes.hex(value)] if isinstance(value, bytes) else ["B", bytearray.hex(value)]
+    numbers = sys.modules.get("fractions"), sys.modules.get("decimal")  # loaded only if the program did
+    if numbers[0] and isinstance(value, numbers[0].Fraction):
+        return ["q", _encode(value.numerator, room, depth), _encode(value.denominator, room, depth)]
+    if numbers[1] and isinstance(value, numbers[1].Decimal):
+        text = numbers[1].Decimal.__str__(value)
+        room[0] -= len(text)
+        return ["D", text]
+    if type(value) is range and all(-(1 << 63) <= n < 1 << 63 for n in (value.start, value.stop, value.step)):
+        return ["r", value.start, value.stop, value.step]
+    for base, tag in ((list, "l"), (tuple, "t"), (set, "s"), (frozenset, "S")):
+        if isinstance(value, base):
+            return [tag, *(_encode(item, room, depth - 1) for item in base.__iter__(value))]
+    if isinstance(value, dict):
+        return ["d", *(_encode(part, room, depth - 1) for pair in dict.items(value) for part in pair)]
+    return ["o", _type_name(value)]
+
+
+def _type_name(value) -> str:
+    try:
+        return str(type(value).__qualname__)[:100]
+    except Exception:
+        return "object"
+
+
+def encode(value, room: list, depth: int):
+    """A call's value for its test's record (`_encode`), or ["o", ...] when it does not fit in what is left
+    of the record's `room` (a one-item list, in bytes, spent by this call) or nests past `depth` (a cyclic
+    value does): then only its type travels, and the room it took is given back."""
+    before = room[0]
+    try:
+        return _encode(value, room, depth)
+    except Exception:  # _TooBig, a RecursionError, or a program's object that fails to be read
+        room[0] = before
+        return ["o", f"{_type_name(value)} past the size or nesting bound"]
+
+
+def _steps(job: dict, steps: list, namespace: dict) -> tuple[str, bytes]:
+    """A test's steps in this (forked) process under its time limit: "exec" ones run (0, or ["x"] and stop,
+    when one raises), "eval" ones return their value (`encode`; ["e"] when it raised). The record: kind "v"
+    with every result, "t" with those before the limit, "x" when they would not fit in a record."""
+    results, room = [], [job["record_bytes"]]
+    signal.setitimer(signal.ITIMER_REAL, job["seconds"])
+    try:
+        for mode, source in steps:
             try:
-                if [Decimal(x) for x in a.split()] != [Decimal(x) for x in b.split()]:
-                    return False
-            except Exception:
-                return False
-    return True
+                value = exec(source, namespace) if mode == "exec" else eval(source, namespace)
+            except _Late:
+                raise
+            except BaseException:  # upstream: a test that raises fails
+                results.append(["x"] if mode == "exec" else ["e"])
+                if mode == "exec":
+                    break
+                continue
+            results.append(0 if mode == "exec" else encode(value, room, job["depth"]))
+        kind = "v"
+    except _Late:
+        kind = "t"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    payload = json.dumps(results, separators=(",", ":")).encode()
+    return (kind, payload) if len(payload) <= job["record_bytes"] else ("x", b"")
+
+
+def _output(job: dict, namespace: dict, stdin: str) -> tuple[str, bytes]:
+    """A stdio test in this (forked) process: kind "o" with the program's output, "t" past the time limit,
+    "x" when it raised or wrote more than a record holds."""
+    code, out = _run(job["program"], dict(namespace), job["seconds"], stdin=stdin)
+    if code:
+        return "xt"[code - 1], b""
+    data = out.encode("utf-8", "surrogatepass")
+    return ("o", data) if len(data) <= job["record_bytes"] else ("x", b"")
+
+
+def _send(report: int, kind: str, index: int, payload: bytes = b"") -> None:
+    """One record: "<kind> <index> <length>\n" and `length` bytes."""
+    data = memoryview(f"{kind} {index} {len(payload)}\n".encode() + payload)
+    while data:
+        data = data[os.write(report, data) :]
+
+
+def _fork_test(job: dict, index: int, report: int, make) -> None:
+    """Test `index` in a process forked from this one, which sends the record `make()` returns; a test
+    still running past its limit (a program that catches the limit's exception) is killed, "t"."""
+    try:
+        pid = os.fork()
+    except OSError:  # the program used up the process count: the test cannot run
+        _send(report, "x", index)
+        return
+    if pid == 0:
+        try:
+            kind, payload = make()
+            _send(report, kind, index, payload)
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + job["seconds"] + 0.2
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            _send(report, "t", index)
+            return
+        time.sleep(0.002)
 
 
 def run_job(job: dict, report: int) -> None:
-    """The program, then each test in a process forked from it, reported as "<nonce> <index> <outcome>"."""
+    """The program, then each test in a process forked from it; each sends its record (`_send`) of what
+    the program returned or wrote. No record says pass or fail: the verifier decides (code_tests.judge)."""
     _guard(job)
     if job.get("filter"):  # isolation namespaces: the system call filter, last (olmax.rewards.code_seccomp)
         try:
             _install_filter(bytes.fromhex(job["filter"]))
         except OSError as e:
-            _fail(job, report, e)
-    seconds = job["seconds"]
+            _fail(report, e)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    status = 0
-    if not job["stdio"]:
-        status, _ = _run(job["program"], namespace, seconds)
-    for index, test in enumerate(job["tests"]):
-        if status:
-            os.write(report, f"{job['nonce']} {index} {('pass', 'fail', 'timeout')[status]}\n".encode())
+    if job["stdio"]:
+        for index, stdin in enumerate(job["inputs"]):
+            _fork_test(job, index, report, lambda stdin=stdin: _output(job, namespace, stdin))
+        return
+    status, _ = _run(job["program"], namespace, job["seconds"])
+    for index, steps in enumerate(job["steps"]):
+        if steps is None:  # refused when loaded: the verifier fails it without a record
             continue
-        try:
-            pid = os.fork()
-        except OSError:  # the program used up the process count: the test cannot run
-            os.write(report, f"{job['nonce']} {index} fail\n".encode())
-            continue
-        if pid == 0:
-            if job["stdio"]:
-                code, out = _run(job["program"], dict(namespace), seconds, stdin=str(test["input"]))
-                if code == 0 and not same_output(out, test["output"]):
-                    code = 1
-            else:
-                code, _ = _run(test, namespace, seconds)
-            os._exit(code)
-        # the bound for a test that catches its time limit's exception; the timer fires first otherwise
-        deadline = time.monotonic() + seconds + 0.2
-        while True:
-            done, wait_status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                code = os.waitstatus_to_exitcode(wait_status)
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                code = 2
-                break
-            time.sleep(0.002)
-        result = {0: "pass", 2: "timeout"}.get(code, "fail")
-        os.write(report, f"{job['nonce']} {index} {result}\n".encode())
+        if status:  # the program itself raised or ran out of time: every test fails
+            _send(report, "xt"[status - 1], index)
+        elif not steps:  # nothing to run (`pass`)
+            _send(report, "v", index, b"[]")
+        else:
+            _fork_test(job, index, report, lambda steps=steps: _steps(job, steps, namespace))
 
 
 def main() -> None:

@@ -16,11 +16,21 @@ guard already disables Python's sockets, subprocess and threads for them). What 
   perf ring buffers, userfaultfd and inotify/fanotify watches: each holds kernel or page memory of its own;
 - the kernel keyring (keyrings(7)): the sandbox inherits the caller's session keyring, and the caller's keys
   are the possessor's to read, list, revoke or change (add_key(2), request_key(2), keyctl(2));
-- socket families other than AF_INET and AF_INET6 (address_families(7)): a network namespace isolates
-  those two (the namespace's loopback is down and the program cannot raise it), but not AF_VSOCK (the
-  host's port space: vsock(7)) and not every netlink family; AF_UNIX goes too, for socket buffers are memory
-  outside the address space (socket(7) SO_SNDBUF) and file descriptors can be kept in flight in them;
-  AF_PACKET needs a capability the program lacks, and the rest are kernel code no program here needs;
+- sockets, all of them (socket(2), socketpair(2)): the sandbox has no network to reach (its namespace's
+  loopback is down, and the guard already refuses Python's socket API), and a socket is kernel memory the
+  process limits do not bound: a TCP socket mapped with mmap (TCP zerocopy receive) outlives its close(),
+  with a reuseport cBPF program and TCP_MD5SIG keys attached (a review held ~270 MiB of kernel memory so,
+  1,000 sockets under memory_mb=64 and RLIMIT_NOFILE 64); AF_VSOCK reaches the host's port space
+  (vsock(7)), netlink the kernel's, AF_UNIX buffers are memory outside the address space (socket(7)
+  SO_SNDBUF) and carry descriptors in flight. Without socket(2) no socket exists in the sandbox (nothing
+  passes one in: no AF_UNIX, no pidfd_getfd, no io_uring), so setsockopt(2) and mmap of one need no rule;
+- kernel objects that no process limit counts and that outlive the descriptors bounding the rest: Linux
+  AIO contexts (io_setup(2) and the calls on them: the host-wide fs.aio-max-nr, 65,536, taken whole by one
+  sandbox, so that another user's io_setup got EAGAIN; a pending IOCB_CMD_POLL keeps its file, a pipe's
+  64 KiB, past close(), 4,000 of them 87 MiB), and epoll (epoll_create(2), epoll_ctl(2): each watch is
+  kernel memory, counted only against the user's fs.epoll.max_user_watches, 5.5 M here, +1.1 GiB; a
+  program at the sandbox's uid spent it for every process of that uid, which then got ENOSPC). Python's
+  asyncio and selectors need neither here (asyncio's self-pipe is a socketpair, already refused);
 - pipe buffers grown past their default (fcntl(2) F_SETPIPE_SZ): with RLIMIT_NOFILE that keeps every pipe at
   64 KiB; and POSIX and open-file-description record locks (fcntl(2) F_SETLK, F_SETLKW, F_OFD_SETLK,
   F_OFD_SETLKW): each lock on a byte range is kernel memory, any number of them per file (RLIMIT_LOCKS has
@@ -55,14 +65,13 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 CEILING = 470  # past file_setattr (469, Linux 6.17), the newest call judged here; both tables share 424 on
 # <linux/seccomp.h> return values, and the errnos they carry (errno-base.h, errno.h)
 RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
-EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
+EPERM, ENOSYS = 1, 38
 # <linux/bpf_common.h>: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
 # BPF_RET|BPF_K
 LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
 # struct seccomp_data {int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];}: the low half of args[i]
 # is at 16 + 8 i on a little-endian machine (both here; a big-endian arm64 reports another arch and is killed)
 NR, ARCH = 0, 4
-AF_INET, AF_INET6 = 2, 10
 # fcntl(2) commands refused: <linux/fcntl.h> F_SETPIPE_SZ (F_LINUX_SPECIFIC_BASE + 7), <asm-generic/fcntl.h>
 # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW
 FCNTL_DENIED = (1031, 6, 7, 37, 38)
@@ -82,6 +91,8 @@ NUMBERS = {
     "x86_64": {
         **_SHARED,
         "shmget": 29, "shmat": 30, "shmctl": 31, "socket": 41, "socketpair": 53, "clone": 56, "semget": 64,
+        "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209, "io_cancel": 210,
+        "epoll_create": 213, "epoll_ctl": 233, "epoll_create1": 291, "io_pgetevents": 333,
         "semop": 65, "semctl": 66, "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
         "fcntl": 72, "ptrace": 101, "syslog": 103, "uselib": 134, "ustat": 136, "sysfs": 139, "vhangup": 153,
         "modify_ldt": 154, "pivot_root": 155, "_sysctl": 156, "adjtimex": 159, "chroot": 161, "acct": 163,
@@ -97,6 +108,8 @@ NUMBERS = {
     },
     "aarch64": {
         **_SHARED,
+        "io_setup": 0, "io_destroy": 1, "io_submit": 2, "io_cancel": 3, "io_getevents": 4, "epoll_create1": 20,
+        "epoll_ctl": 21, "io_pgetevents": 292,
         "lookup_dcookie": 18, "fcntl": 25, "inotify_init1": 26, "umount2": 39, "mount": 40, "pivot_root": 41,
         "nfsservctl": 42, "chroot": 51, "vhangup": 58, "quotactl": 60, "vmsplice": 75, "acct": 89, "unshare": 97,
         "kexec_load": 104, "init_module": 105, "delete_module": 106, "clock_settime": 112, "syslog": 116,
@@ -120,6 +133,11 @@ DENIED = {
         "io_uring_enter", "io_uring_register", "bpf", "perf_event_open", "inotify_init", "inotify_init1",
         "fanotify_init",
     ),
+    "kernel objects past the process limits": (
+        "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents", "epoll_create",
+        "epoll_create1", "epoll_ctl",
+    ),
+    "sockets": ("socket", "socketpair"),
     "the kernel keyring": ("add_key", "request_key", "keyctl"),
     "namespaces and mounts": (
         "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
@@ -135,7 +153,6 @@ DENIED = {
         "ioperm", "modify_ldt", "uselib", "ustat", "sysfs", "_sysctl",
     ),
 }  # fmt: skip
-SOCKET_FAMILIES = (AF_INET, AF_INET6)  # what socket(2) and socketpair(2) may open
 
 
 class Unsupported(OSError):
@@ -171,10 +188,6 @@ def program(machine: str) -> bytes:
         out += [_insn(JEQ, nr[name], 0, 1), _insn(RET, RET_ERRNO | EPERM)]
     # the calls allowed for some arguments: each block loads an argument and returns, so the number stays
     # in the accumulator for the checks after a block that did not match
-    for name in ("socket", "socketpair"):  # int domain: the kernel reads the low 32 bits
-        out += [_insn(JEQ, nr[name], 0, 1 + len(SOCKET_FAMILIES) + 2), _insn(LD, _arg(0))]
-        out += [_insn(JEQ, family, len(SOCKET_FAMILIES) - i, 0) for i, family in enumerate(SOCKET_FAMILIES)]
-        out += [_insn(RET, RET_ERRNO | EAFNOSUPPORT), _insn(RET, RET_ALLOW)]
     # clone's flags: the kernel reads their low 32 bits (kernel/fork.c: lower_32_bits(clone_flags))
     out += [_insn(JEQ, nr["clone"], 0, 4), _insn(LD, _arg(0)), _insn(JSET, CLONE_NEW, 0, 1)]
     out += [_insn(RET, RET_ERRNO | EPERM), _insn(RET, RET_ALLOW)]

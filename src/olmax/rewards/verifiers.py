@@ -16,9 +16,10 @@ timeout the verifier runs in a worker process (spawned once, kept, and replaced 
 crash: sympy can hang on adversarial LaTeX, and a hung thread cannot be stopped); `timeout=None` runs it
 in the caller's process (no bound on time, for tests and trusted verifiers).
 
-The reward the RL loop adds is `REWARD_SCALE * score`: open-instruct's `--verification_reward`, 10.0 by
-default in `open_instruct/grpo_fast.py` (42aa63c and 9ade62d), and the OLMo 3 scripts leave it there.
-`reward(datasets, ground_truths, response)` is that sum over a row's (verifier, ground truth) pairs.
+The reward the RL loop adds is `scale * score`, scale being grpo.reward_scale (open-instruct's
+`--verification_reward`, 10.0 by default in `open_instruct/grpo_fast.py` at 42aa63c and 9ade62d, which the
+OLMo 3 scripts leave there; olmax.config.grpo keeps that default). `reward(datasets, ground_truths,
+response, scale=...)` is that sum over a row's (verifier, ground truth) pairs (`total`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from math import isfinite
 
 from olmax.errors import ConfigError
 
-REWARD_SCALE = 10.0
 ENTRY_POINT_GROUP = "olmax.verifiers"
 
 # name -> "module:function"; imported on first use, so that asking for `code` never imports sympy
@@ -227,17 +227,25 @@ def call_bound(name: str | Verifier, ground_truth, timeout: float, options: dict
         return timeout
 
 
+def total(parts: list[tuple[str, float, str]], scale: float) -> float:
+    """A row's reward from its (name, score, status) pairs: `scale` x the sum of the scores (every
+    built-in's weight is 1, as open-instruct's)."""
+    return scale * sum(value for _, value, _ in parts)
+
+
 def reward(
     datasets: str | list[str],
     ground_truths,
     response: str,
     timeout: float | None = 30.0,
     options: dict[str, dict] | None = None,
+    *,
+    scale: float,
 ) -> tuple[float, list[tuple[str, float, str]]]:
     """One response's reward from its row, as open-instruct's `apply_verifiable_reward`
     (`open_instruct/model_utils.py`, 42aa63c): a row's `dataset` and `ground_truth` are a string each or
     two lists of one length (the Dolci-*-RL sets store lists), paired item by item; the reward is
-    REWARD_SCALE x the sum of the pairs' scores (every built-in's weight is 1). Returns (reward,
+    `total`: scale (grpo.reward_scale) x the sum of the pairs' scores. Returns (reward,
     [(name, score, status) per pair]). `options` maps a verifier name to its keyword arguments. Unlike
     upstream, which logs and skips a pair whose verifier it does not know, an unknown name raises."""
     names = [datasets] if isinstance(datasets, str) else list(datasets)
@@ -250,7 +258,7 @@ def reward(
     for name, truth in zip(names, truths):
         value, status = score(name, response, truth, timeout, (options or {}).get(name.lower()))
         parts.append((name, value, status))
-    return REWARD_SCALE * sum(value for _, value, _ in parts), parts
+    return total(parts, scale), parts
 
 
 def shutdown() -> None:

@@ -133,22 +133,34 @@ def _prefill_attention(ring_k, ring_v, group, first, window: Optional[int]):
     return attend
 
 
+def _rows_of(ring, group, rows: int):
+    """The first `rows` rows (B, KV, S, D) of a ring array ((n_groups,) batch, KV, S, D), of `group`'s
+    layer when it holds a group: one slice, read where the attention uses it, as the group's index is."""
+    if group is None:
+        return ring if rows == ring.shape[0] else jax.lax.slice_in_dim(ring, 0, rows, axis=0)
+    if rows == ring.shape[1]:
+        return jax.lax.dynamic_index_in_dim(ring, group, keepdims=False)
+    return jax.lax.dynamic_slice(ring, (group, 0, 0, 0, 0), (1, rows, *ring.shape[2:]))[0]
+
+
 def _decode_attention(ring_k, ring_v, group, time, first):
     """The `attend` of one layer of a decoding step at `time` (module doc): the new key and value go
     into slot time % S of every row (of `group`'s layer when the ring array holds a group), then the
     query attends to the ring, each slot holding the newest time <= `time` that falls on it, visible
-    from first[b] on. Returns (output, {"k", "v"}: the updated ring arrays)."""
+    from first[b] on. A step of fewer rows than the cache holds runs on its first rows (the slot
+    engine's narrowed decoding, olmax.rollout.slots). Returns (output, {"k", "v"}: the updated ring arrays)."""
 
     def attend(q, k, v):
         size = ring_k.shape[-2]
         lead = () if group is None else (group,)
 
-        def put(ring, new):  # new (B, 1, KV, D) into slot `time % size` of (..., B, KV, S, D)
-            new = new.astype(ring.dtype).transpose(0, 2, 1, 3).reshape((1,) * len(lead) + ring.shape[-4:-2] + (1, -1))
+        def put(ring, new):  # new (b, 1, KV, D) into slot `time % size` of rows 0..b-1 of (..., B, KV, S, D)
+            shape = (1,) * len(lead) + (new.shape[0], ring.shape[-3], 1, -1)
+            new = new.astype(ring.dtype).transpose(0, 2, 1, 3).reshape(shape)
             return _constrain(jax.lax.dynamic_update_slice(ring, new, (*lead, 0, 0, jnp.remainder(time, size), 0)))
 
         rings = put(ring_k, k), put(ring_v, v)
-        keys, values = (r if group is None else jax.lax.dynamic_index_in_dim(r, group, keepdims=False) for r in rings)
+        keys, values = (_rows_of(r, group, q.shape[0]) for r in rings)
         slot_time = time - jnp.remainder(time - jnp.arange(size), size)
         visible = (slot_time[None, :] >= first[:, None])[:, None, :]
         return _attend(q, keys, values, visible), {"k": rings[0], "v": rings[1]}
@@ -172,10 +184,14 @@ def cached_forward(
     no padding). `length`, the RoPE table's length, defaults to the longest ring (a full layer's: the
     cache length). last_only: the logits of the call's last token only, (B, 1, padded vocab): a
     prefill needs no more, and the whole (B, T, vocab) block would be T times the memory. fresh: the
-    cache is empty and the call is a prefill from time 0; otherwise it is one decoding step (T = 1)."""
+    cache is empty and the call is a prefill from time 0; otherwise it is one decoding step (T = 1), of
+    the cache's rows or of its first B rows."""
     b, t = tokens.shape
     if not fresh and t != 1:
         raise ValueError(f"a call on a filled cache is one decoding step of one token per row, got {t} tokens")
+    held = (*cache["group"], *cache["tail"])[0]["k"].shape[-4]
+    if b > held or (fresh and b != held):
+        raise ValueError(f"{b} rows of tokens on a cache of {held} rows (a decoding step may take its first rows)")
     first = jnp.zeros((b,), jnp.int32) if first is None else first
     rings = [c["k"].shape[-2] for c in (*cache["group"], *cache["tail"])]
     length = max(max(rings), t) if length is None else length

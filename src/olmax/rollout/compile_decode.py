@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
 import time
 from typing import Callable, Optional
@@ -31,9 +32,10 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from olmax.config.experiment import ExperimentConfig
+from olmax.config.objective import data_kind
 from olmax.config.remat import AUTO
 from olmax.errors import ConfigError
-from olmax.fit.chips import chip_of_device_kind
+from olmax.fit.chips import chip_of_device
 from olmax.fit.compile_check import held_words
 from olmax.fit.compiler import (
     GIB,
@@ -50,7 +52,7 @@ from olmax.fit.remat_search import cached, describe_devices, search_key, store
 from olmax.model.sharding import LOGICAL_AXIS_RULES, make_mesh
 from olmax.rollout.cache import cache_spec, init_cache
 from olmax.rollout.sampler import lower_rollout, widths
-from olmax.train.state import abstract_state, per_device_bytes
+from olmax.step.state import abstract_state, per_device_bytes
 
 SEARCH_FILE = "sample_prompts_search.json"
 
@@ -105,7 +107,7 @@ def decode_report(
     the batch axes split (each candidate compiled and logged; above the chunk only where its rows
     are not split). `options`: the compiler's (default: the chip's flag profile, as a run sets it; a
     run's own process passes {} to compile with its flags)."""
-    if cfg.trainer.objective != "grpo":
+    if data_kind(cfg.objective_config) != "rollouts":
         raise ConfigError(
             f"--decode compiles the GRPO rollout sampler: {cfg.name} has trainer.objective="
             f"{cfg.trainer.objective}, not grpo"
@@ -127,48 +129,14 @@ def decode_report(
     rl, chunk = cfg.grpo, chunk_of(cfg)
     width, steps = widths(rl.max_prompt_len, rl.max_response_len)
 
-    def attempt(prompts: int) -> dict:
-        """One chunk size compiled: its figures, or the compiler's refusal."""
-        t0 = time.perf_counter()
-        try:
-            compiled, lower_s, compile_s, heap = compile_decode(cfg, mesh, params, prompts, options, where)
-        except CompilerRefused as e:
-            if e.memory != "HBM":  # a kernel's tiles: no chunk size changes that
-                raise
-            out = {"sample_prompts": prompts, "per_device": None, "fits": False, "refused": e.reason}
-            out.update(lower_s=None, compile_s=time.perf_counter() - t0)
-        else:
-            per_device = memory_of(compiled, heap, None if chip is None else chip.hbm_limit_gib)
-            fits = None if budget is None else per_device["peak_gib"] <= budget
-            out = {"sample_prompts": prompts, "per_device": per_device, "fits": fits, "refused": None}
-            out.update(lower_s=lower_s, compile_s=compile_s)
-        peak = out["per_device"] and out["per_device"]["peak_gib"]
-        log(
-            f"rollout of {prompts} prompts x {rl.samples_per_prompt} samples: "
-            + (f"refused ({out['refused']})" if peak is None else f"peak {peak:.2f} GiB")
-            + ("" if out["fits"] is None else f", {'fits' if out['fits'] else 'does not fit'}")
-            + f" ({out['compile_s']:.0f} s)"
-        )
-        return out
-
+    attempt = functools.partial(_attempt, cfg, mesh, params, options, where, chip, budget, log)
     if budget is not None:
         log(
             f"compiling {cfg.name}'s rollout on {where} against a budget of {budget:.2f} GiB per device "
             f"(the chip's {budget + opt_state_gib:.2f} less the optimizer state's {opt_state_gib:.2f})"
         )
     first = attempt(chunk)
-    search: list[dict] = []
-    largest = None
-    if first["fits"] is False:  # bisect over the split chunks: fewer rows per device, less memory
-        sizes = split_chunks(cfg, mesh, rl.prompts_per_step)
-        if chunk in sizes:  # split and over the budget: so is every larger chunk
-            sizes = sizes[: sizes.index(chunk)]
-        lo, hi = -1, len(sizes)  # sizes[lo] fits (or none known to), sizes[hi] does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            search.append(attempt(sizes[mid]))
-            lo, hi = (mid, hi) if search[-1]["fits"] else (lo, mid)
-        largest = sizes[lo] if lo >= 0 else None
+    search, largest = _search(cfg, mesh, chunk, attempt) if first["fits"] is False else ([], None)
     rows = chunk * rl.samples_per_prompt
     auto = rl.sample_prompts == AUTO
     return {
@@ -208,6 +176,46 @@ def decode_report(
         # nothing fits); None when the config gave a number
         "auto_sample_prompts": None if not auto else 0 if first["fits"] is not False else largest,
     }
+
+
+def _attempt(cfg, mesh, params, options, where, chip, budget, log, prompts: int) -> dict:
+    """One chunk size compiled: its figures, or the compiler's refusal."""
+    t0 = time.perf_counter()
+    try:
+        compiled, lower_s, compile_s, heap = compile_decode(cfg, mesh, params, prompts, options, where)
+    except CompilerRefused as e:
+        if e.memory != "HBM":  # a kernel's tiles: no chunk size changes that
+            raise
+        out = {"sample_prompts": prompts, "per_device": None, "fits": False, "refused": e.reason}
+        out.update(lower_s=None, compile_s=time.perf_counter() - t0)
+    else:
+        per_device = memory_of(compiled, heap, None if chip is None else chip.hbm_limit_gib)
+        fits = None if budget is None else per_device["peak_gib"] <= budget
+        out = {"sample_prompts": prompts, "per_device": per_device, "fits": fits, "refused": None}
+        out.update(lower_s=lower_s, compile_s=compile_s)
+    peak = out["per_device"] and out["per_device"]["peak_gib"]
+    log(
+        f"rollout of {prompts} prompts x {cfg.grpo.samples_per_prompt} samples: "
+        + (f"refused ({out['refused']})" if peak is None else f"peak {peak:.2f} GiB")
+        + ("" if out["fits"] is None else f", {'fits' if out['fits'] else 'does not fit'}")
+        + f" ({out['compile_s']:.0f} s)"
+    )
+    return out
+
+
+def _search(cfg, mesh, chunk: int, attempt) -> tuple[list[dict], Optional[int]]:
+    """A chunk over the budget: bisect over the split chunks (fewer rows per device, less memory) for the
+    largest that fits; (every attempt, that size or None)."""
+    sizes = split_chunks(cfg, mesh, cfg.grpo.prompts_per_step)
+    if chunk in sizes:  # split and over the budget: so is every larger chunk
+        sizes = sizes[: sizes.index(chunk)]
+    search: list[dict] = []
+    lo, hi = -1, len(sizes)  # sizes[lo] fits (or none known to), sizes[hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        search.append(attempt(sizes[mid]))
+        lo, hi = (mid, hi) if search[-1]["fits"] else (lo, mid)
+    return search, sizes[lo] if lo >= 0 else None
 
 
 def check_decode_fits(r: dict) -> None:
@@ -295,7 +303,7 @@ def choose_sample_prompts(
     devices = list(mesh.devices.flat)
     where = describe_devices(devices)
     chosen_cfg = lambda n: dataclasses.replace(cfg, grpo=dataclasses.replace(rl, sample_prompts=n))
-    if chip_of_device_kind(devices[0].device_kind) is None:
+    if chip_of_device(devices[0]) is None:
         log(f"grpo.sample_prompts=auto on {where}: no HBM budget known, so all prompts in one program")
         return chosen_cfg(0)
     shapes = ("prompts_per_step", "samples_per_prompt", "max_prompt_len", "max_response_len")

@@ -91,6 +91,15 @@ def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], 
     draws with fold_in(key, index[r]), index[r] being its position in the whole request."""
     if rule is None:
         return _argmax(logits)
+    return choose_with_keys(logits, jax.vmap(lambda i: jax.random.fold_in(key, i))(index), rule)
+
+
+def choose_with_keys(logits: jnp.ndarray, keys: Optional[jnp.ndarray], rule: Optional[jnp.ndarray]) -> jnp.ndarray:
+    """`_choose` with each row's own PRNG key, keys (B,) (None when greedy): the slot engine's rows are
+    at different new-token counts t in one step, so each brings its own fold_in(fold_in(key(seed), t), i)
+    (olmax.rollout.engine); `_choose` builds the same keys for a batch whose rows share t."""
+    if rule is None:
+        return _argmax(logits)
     temperature, top_k, top_p = rule[0], rule[1].astype(jnp.int32), rule[2]
     logits = logits / temperature
 
@@ -112,7 +121,6 @@ def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], 
     # 100k tokens, which was 5/6 of a sampled step on a CPU. u is in (0, 1], so the first entry whose
     # cumulative mass reaches u * total has probability > 0 (float32 sums: the distribution is exact
     # to ~1e-7 of the mass).
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
     u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
     mass = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)
     return jnp.argmax(mass >= u[:, None] * mass[:, -1:], axis=-1).astype(jnp.int32)

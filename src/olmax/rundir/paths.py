@@ -67,6 +67,22 @@ def read_text(run_dir: str | os.PathLike, name: str) -> Optional[str]:
         return None
 
 
+def list_dir(directory: str | os.PathLike) -> list[str]:
+    """The names directly under `directory` (local or a URL); [] when it does not exist."""
+    text = os.fspath(directory)
+    if not is_url(text):
+        try:
+            return sorted(os.listdir(text))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    fs, p = _fs(text)
+    fs.invalidate_cache(p)
+    try:
+        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(p, detail=False))
+    except FileNotFoundError:
+        return []
+
+
 def size(path: str) -> Optional[int]:
     """Bytes in the file at `path` (a joined path), or None when it does not exist."""
     if not is_url(path):

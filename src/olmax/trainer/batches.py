@@ -1,11 +1,12 @@
-"""The batches a run trains on, one kind per objective behind one interface, so the loop never asks
-which objective it runs:
+"""The batches a run trains on, one kind per kind of data an objective declares (olmax.objectives.base:
+`data`, `reference_pass`), behind one interface, so the loop never asks which objective it runs:
 
-- lm:   the Grain loader (olmax.data.loader): this process's rows of OLMo-core's global batch;
-- dpo:  the preference pairs with their reference log-probs, from the cache beside them or from the
-        reference pass, run now (olmax.trainer.reference);
-- grpo: rollouts of the prompts, sampled with the parameters the step starts from, verified and packed
-        (olmax.rollout.batches), whole on every process.
+- tokens:   the Grain loader (olmax.data.loader): this process's rows of OLMo-core's global batch;
+- pairs:    the preference pairs (olmax.data.pairs), with the reference model's log-probs when the
+            objective asks for a reference pass (DPO), from the cache beside them or from the
+            reference pass, run now (olmax.trainer.reference);
+- rollouts: rollouts of the prompts, sampled with the parameters the step starts from, verified and
+            packed (olmax.rollout.producer), whole on every process.
 
 `StepBatches.next(params)` places the next batch on the mesh; `state()` is what a checkpoint keeps
 of the data position."""
@@ -16,16 +17,15 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 
 from olmax.config.experiment import ExperimentConfig
 from olmax.data.loader import make_loader
 from olmax.data.pairs import REFERENCE_FINGERPRINT, PairLoader, PairSource
 from olmax.data.tokenizer import load_tokenizer
 from olmax.model.sharding import place
-from olmax.objectives import dpo, grpo
-from olmax.rollout.batches import RolloutBatches, prompt_set
-from olmax.train.step import batch_layout, batch_sharding
+from olmax.objectives.registry import objective_of
+from olmax.rollout.producer import RolloutProducer, prompt_set
+from olmax.step.train_step import batch_layout, batch_shardings
 from olmax.trainer.reference import params_fingerprint, reference_logps_cache
 from olmax.trainer.start import Start, starting_params
 
@@ -76,14 +76,12 @@ def objective_batches(
     """The run's batches from the start's data position (errors name the data, the batch split or the
     cache that does not fit). `pairs`: DPO's preference pairs (olmax.trainer.reference.open_pairs)."""
     batch_layout(cfg, mesh)  # refuses a batch the mesh cannot split before the data is prepared
-    rows = batch_sharding(cfg, mesh)
-    if cfg.trainer.objective == "grpo":  # every array is (rows, seq) token-aligned, placed as input_ids
-        shardings = {k: rows for k in (*grpo.BATCH_KEYS, "doc_lens")}
+    objective = objective_of(cfg)
+    shardings = batch_shardings(cfg, mesh, objective)
+    if objective.data == "rollouts":  # every array is (rows, seq) token-aligned, placed as input_ids
         return StepBatches(_rollouts(cfg, mesh, start, run_dir, allow_data_change), shardings, rollouts=True)
-    if pairs is not None:
-        return StepBatches(
-            _pairs(cfg, mesh, start, pairs, allow_data_change), dpo.pair_batch_shardings(mesh, rows.spec[0])
-        )
+    if objective.data == "pairs":
+        return StepBatches(_pairs(cfg, mesh, start, pairs, allow_data_change, objective.reference_pass), shardings)
     loader = make_loader(
         cfg.data,
         cfg.trainer.global_batch,
@@ -92,13 +90,10 @@ def objective_batches(
         state=start.data_state,
         allow_fingerprint_mismatch=allow_data_change,
     )
-    # instance_mask: the repetition filter is on; doc_lens: data.doc_masking (attention within
-    # documents); label_mask: data.label_masks (the loss only where it is True)
-    mask = NamedSharding(mesh, PartitionSpec(rows.spec[0]))
-    return StepBatches(loader, {"input_ids": rows, "instance_mask": mask, "doc_lens": rows, "label_mask": rows})
+    return StepBatches(loader, shardings)
 
 
-def _rollouts(cfg, mesh, start: Start, run_dir: str, allow_data_change: bool) -> RolloutBatches:
+def _rollouts(cfg, mesh, start: Start, run_dir: str, allow_data_change: bool) -> RolloutProducer:
     """The RL loop's rollouts (prompts -> sample -> verify -> pack). With grpo.beta > 0 the kl3 penalty's
     reference is the starting parameters (a copy: the step donates the state's)."""
     tok = load_tokenizer(cfg.data.tokenizer)
@@ -107,7 +102,7 @@ def _rollouts(cfg, mesh, start: Start, run_dir: str, allow_data_change: bool) ->
         reference = (
             jax.tree.map(jnp.copy, start.state.params) if not start.resumed else starting_params(cfg, mesh, start)
         )
-    return RolloutBatches(
+    return RolloutProducer(
         cfg,
         mesh,
         prompt_set(cfg, tok),
@@ -119,25 +114,13 @@ def _rollouts(cfg, mesh, start: Start, run_dir: str, allow_data_change: bool) ->
     )
 
 
-def _pairs(cfg, mesh, start: Start, source: PairSource, allow_data_change: bool) -> PairLoader:
-    """DPO: the pairs with their reference log-probs. The reference pass runs on the starting
-    parameters, which a resumed run makes again only if the cache is missing (it is written before step
-    1); their fingerprint keys the cache: a resumed run's is the one its data state recorded at the start
-    (a data state from before the record has none: the starting parameters are made again)."""
-    if not start.resumed:
-        fingerprint = params_fingerprint(start.state.params)
-    else:
-        fingerprint = (start.data_state or {}).get(REFERENCE_FINGERPRINT) or params_fingerprint(
-            starting_params(cfg, mesh, start)
-        )
-    log = print if jax.process_index() == 0 else lambda _: None
-    reference = reference_logps_cache(
-        cfg, mesh, source, lambda: starting_params(cfg, mesh, start), fingerprint, log=log
-    )
+def _pairs(cfg, mesh, start: Start, source: PairSource, allow_data_change: bool, reference: bool) -> PairLoader:
+    """The preference pairs, with their reference log-probs when `reference` (DPO)."""
+    logps, fingerprint = _reference(cfg, mesh, start, source) if reference else (None, None)
     return PairLoader(
         cfg.data,
         source,
-        reference,
+        logps,
         cfg.trainer.global_batch,
         dp_rank=jax.process_index(),
         dp_size=jax.process_count(),
@@ -145,3 +128,20 @@ def _pairs(cfg, mesh, start: Start, source: PairSource, allow_data_change: bool)
         allow_fingerprint_mismatch=allow_data_change,
         reference_fingerprint=fingerprint,
     )
+
+
+def _reference(cfg, mesh, start: Start, source: PairSource):
+    """(the pairs' reference log-probs, the fingerprint of the parameters they come from). The reference
+    pass runs on the starting parameters, which a resumed run makes again only if the cache is missing
+    (it is written before step 1); their fingerprint keys the cache: a resumed run's is the one its data
+    state recorded at the start (a data state from before the record has none: the starting parameters
+    are made again)."""
+    if not start.resumed:
+        fingerprint = params_fingerprint(start.state.params)
+    else:
+        fingerprint = (start.data_state or {}).get(REFERENCE_FINGERPRINT) or params_fingerprint(
+            starting_params(cfg, mesh, start)
+        )
+    log = print if jax.process_index() == 0 else lambda _: None
+    logps = reference_logps_cache(cfg, mesh, source, lambda: starting_params(cfg, mesh, start), fingerprint, log=log)
+    return logps, fingerprint

@@ -1,5 +1,5 @@
 """The training loop, thin on purpose: every step takes the next batch, runs the jitted step
-(olmax.train.step) and logs the previous step's metrics, read only after this step is dispatched (no
+(olmax.step.train_step) and logs the previous step's metrics, read only after this step is dispatched (no
 host sync); held-out evaluation (olmax.evals.heldout) and checkpoints (olmax.checkpoint.store) run at
 their steps, with the step time measured before them. SIGTERM (a preemption notice) ends the run at
 the next step boundary with a checkpoint."""
@@ -21,11 +21,12 @@ from olmax.checkpoint.store import RunCheckpoints
 from olmax.config.experiment import ExperimentConfig
 from olmax.errors import ConfigError
 from olmax.evals.heldout import HeldoutEvaluator
+from olmax.fit import compile_cache
 from olmax.rundir import paths
-from olmax.train.state import TrainState
-from olmax.train.step import make_train_step
+from olmax.step.state import TrainState
+from olmax.step.train_step import make_train_step
 from olmax.trainer.batches import StepBatches
-from olmax.trainer.metrics import LOSS_METRIC, MetricsLog, Progress
+from olmax.trainer.metrics import MetricsLog, Progress, loss_name
 
 
 def run_loop(
@@ -41,10 +42,14 @@ def run_loop(
     compiled=None,
     peak_tflops: Optional[float] = None,
     progress: bool = True,
+    start_times: Optional[dict] = None,
 ) -> list[dict]:
     """Steps state.step + 1 .. `last`; returns the metrics rows logged. Closes the batches, the metrics
     writers and the checkpoints when it ends, however it ends. `compiled`: this config's step as
-    model.remat=auto's search compiled it (olmax.fit.remat), run instead of compiling it again."""
+    model.remat=auto's search compiled it (olmax.fit.remat), run instead of compiling it again.
+    `start_times`: seconds the run's start took, by phase, logged with the first row (`start/...`,
+    with `start/loop_s`: from here to that row, the step's compile or cache load and first run)."""
+    loop_t0 = time.perf_counter()
     start = int(state.step)
     step_fn = _step_program(make_train_step(cfg, mesh, epoch_batches=batches.batches_per_epoch), compiled, cfg)
     primary = jax.process_index() == 0  # metrics are global: process 0 writes and shows them
@@ -56,9 +61,16 @@ def run_loop(
         cfg.rows_per_step * cfg.data.seq_len,
         enabled=progress and primary,
         every=cfg.trainer.log_every,
-        loss=LOSS_METRIC[cfg.trainer.objective],
+        loss=loss_name(cfg),
     )
     rows = []
+    first = dict(start_times or {})  # the start's figures, for the first row only
+
+    def once() -> dict:
+        out = {**first, "start/loop_s": time.perf_counter() - loop_t0} if first else {}
+        first.clear()
+        return out
+
     try:
         pending = None  # the previous step's metrics, read after the next step is dispatched (no host sync)
         t_last = time.perf_counter()
@@ -66,15 +78,17 @@ def run_loop(
             state, metrics = step_fn(state, batches.next(state.params))
             metrics = {**metrics, **batches.metrics()}
             if pending is not None:
-                _log(pending, log, rows, bar, t_last)
+                _log(pending, log, rows, bar, t_last, extra=once)
                 t_last = time.perf_counter()
+                if step == start + 2:  # the first step is compiled and has run: every host keeps its program
+                    compile_cache.share_with_hosts()
             pending = (step, metrics, batches.repeats())
             stop = preempted.reached(step)
             eval_due = evaluator.due(step)
             ckpt_due = step % cfg.checkpoint.every == 0 or step == last or stop or cfg.checkpoint.is_landmark(step)
             if eval_due or ckpt_due:
                 # step time is measured before evaluation and checkpointing, which it excludes
-                _log(pending, log, rows, bar, t_last, extra=lambda: evaluator(step, state.params))  # noqa: B023
+                _log(pending, log, rows, bar, t_last, extra=lambda: {**once(), **evaluator(step, state.params)})  # noqa: B023
                 pending = None
                 if ckpt_due:
                     ckpts.save(step, state, batches.state(), mesh)

@@ -23,45 +23,24 @@ from typing import Optional
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
+from olmax.config.checkpoint import WandbConfig
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.io import to_dict
-from olmax.config.run import WandbConfig
 from olmax.evals.jsonl import read_jsonl
 from olmax.extras import require
 from olmax.fit.flops import exact_step_flops
-from olmax.objectives.grpo import GRPO_METRICS
+from olmax.objectives.registry import objective_of
 from olmax.rundir import paths
+from olmax.rundir.report import METRICS_FILE, write_metric_names
 
-# olmax train_step metric -> OLMo-core name
+# the step's own metrics (every objective's) -> OLMo-core's names; each objective names its own
+# (olmax.objectives: metric_names), and the rollout's figures ("rollout/...") keep theirs
 STEP_METRIC_NAMES = {
-    "ce_loss": "train/CE loss",
-    "z_loss": "train/Z loss",
     "lr": "optim/LR",
     "grad_norm": "optim/total grad norm",
     "skipped": "optim/step skipped",
 }
-# trainer.objective=dpo's step metrics (olmax.objectives.dpo.METRICS), named as open-instruct logs them
-DPO_METRIC_NAMES = {
-    "loss": "train/DPO loss",
-    **{name: f"train/{name}" for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy")},
-}
-# trainer.objective=grpo's step metrics (olmax.objectives.grpo.GRPO_METRICS, named as open-instruct logs
-# them); the rollout's figures (olmax.rollout.batches, "rollout/...") are logged under their own names
-GRPO_METRIC_NAMES = {
-    "loss": "train/GRPO loss",
-    "response_tokens": "train/response tokens",
-    **{name: name for name in GRPO_METRICS},
-}
-METRICS_FILE, TB_DIR = "metrics.jsonl", "tensorboard"
-# the loss a row shows, per trainer.objective (progress bar, `olmax train`'s last line, `olmax status`)
-LOSS_METRIC = {"lm": STEP_METRIC_NAMES["ce_loss"], "dpo": DPO_METRIC_NAMES["loss"], "grpo": GRPO_METRIC_NAMES["loss"]}
-# the RL figures `olmax status` shows (olmax.rollout.batches)
-RL_STATUS_METRICS = (
-    "rollout/reward_mean",
-    "rollout/solve_rate",
-    "rollout/response_len_mean",
-    "rollout/zero_spread_frac",
-)
+TB_DIR = "tensorboard"
 # extra TensorBoard aliases some OLMo-core dashboards use
 TB_ALIASES = {"optim/step skipped": "optim/step_skipped", "throughput/total tokens": "perf/total_tokens"}
 
@@ -109,8 +88,10 @@ class MetricsLog:
             self._jsonl = open(path, "a")
             self._tb = SummaryWriter(str(local / TB_DIR))
             self._wandb = _WandbRun(cfg, run_dir, local) if cfg.wandb.mode != "disabled" else None
-        objective_names = {"dpo": DPO_METRIC_NAMES, "grpo": GRPO_METRIC_NAMES}.get(cfg.trainer.objective, {})
-        self._names = {**STEP_METRIC_NAMES, **objective_names}
+        objective = objective_of(cfg)
+        self._names = {**STEP_METRIC_NAMES, **objective.metric_names}
+        if write:  # what `olmax status` shows of the rows, without importing the objective
+            write_metric_names(run_dir, loss_name(cfg), objective.status_metrics)
         rows = cfg.rows_per_step
         step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, rows)
         self._tflop_per_device_step = step_flops.total / n_devices / 1e12
@@ -170,6 +151,13 @@ class MetricsLog:
         if self._remote is not None:
             self.sync()
             self._staging.cleanup()
+
+
+def loss_name(cfg: ExperimentConfig) -> str:
+    """The logged name of the loss a row shows for cfg's objective (progress bar, `olmax train`'s last
+    line, `olmax status`)."""
+    objective = objective_of(cfg)
+    return objective.metric_names[objective.loss_metric]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -243,9 +231,9 @@ class Progress:
         enabled: bool = True,
         every: int = 1,
         terminal: Optional[bool] = None,
-        loss: str = LOSS_METRIC["lm"],
+        loss: str = "train/CE loss",
     ):
-        """`loss`: the row's loss to show (LOSS_METRIC of the run's objective)."""
+        """`loss`: the row's loss to show (`loss_name` of the run's objective)."""
         self._start, self._last, self._tokens, self._every = start, last, tokens_per_step, max(every, 1)
         self._loss = loss
         self._terminal = sys.stderr.isatty() if terminal is None else terminal

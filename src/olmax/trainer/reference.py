@@ -1,6 +1,7 @@
-"""The DPO reference pass: every kept pair's reference log-probs, computed once from the run's starting
-parameters and cached beside the tokenized pairs (open-instruct `dpo_tune_cache.py` caches them so too,
-then frees the reference model).
+"""The reference pass of an objective on pairs that asks for one (DPO: olmax.objectives.base's
+`reference_pass`): every kept pair's reference log-probs (olmax.objectives.logps, summed over each
+response), computed once from the run's starting parameters and cached beside the tokenized pairs
+(open-instruct `dpo_tune_cache.py` caches them so too, then frees the reference model).
 
     fingerprint = params_fingerprint(start)                                    # the run's start, by content
     reference = reference_logps_cache(cfg, mesh, source, start_params, fingerprint, log=print)   # (pairs, 2)
@@ -9,7 +10,7 @@ then frees the reference model).
   `chunk_START_END.npy` (pairs START..END-1 of the kept pairs, (n, 2) float32: chosen, rejected),
   written atomically one forward at a time, and `logps.npy`, all pairs, once the pass is complete.
 - Key: the starting parameters' content (`params_fingerprint`), the pairs' fingerprint (both sides'
-  shard digests and data.seq_len, olmax.data.pairs), and how the forward computes the log-probs
+  token and label-mask digests and data.seq_len, olmax.data.pairs), and how the forward computes the log-probs
   (`forward_key`: every model field that changes its values, the attention backend as it resolves on
   the run's platform, the output layer's chunking); `start` in key.json says where the parameters came
   from (checkpoint.init_from and its step, or the random init of trainer.seed), for the reader only. A
@@ -47,8 +48,10 @@ from olmax.data.pairs import PairSource
 from olmax.errors import ConfigError
 from olmax.model.attention import resolve_backend
 from olmax.model.olmo3 import param_shardings
-from olmax.objectives import dpo
-from olmax.train.step import batch_layout, batch_sharding
+from olmax.objectives.base import pair_fields
+from olmax.objectives.logps import response_logps
+from olmax.objectives.registry import objective_of
+from olmax.step.train_step import batch_layout, field_sharding
 
 CACHE_DIR, KEY_FILE, COMPLETE = "reference_logps", "key.json", "logps.npy"
 _CHUNK = re.compile(r"chunk_(\d+)_(\d+)\.npy$")
@@ -192,12 +195,14 @@ def check_cache(source: PairSource, forward: dict) -> None:
 
 
 def open_pairs(cfg: ExperimentConfig, mesh: Mesh) -> Optional[PairSource]:
-    """trainer.objective=dpo: the run's preference pairs (olmax.data.pairs), their reference cache
-    checked first (check_cache); None for the other objectives."""
-    if cfg.trainer.objective != "dpo":
+    """An objective on pairs: the run's preference pairs (olmax.data.pairs), their reference cache checked
+    first (check_cache) when the objective has a reference pass (DPO); None for the other objectives."""
+    objective = objective_of(cfg)
+    if objective.data != "pairs":
         return None
     source = PairSource(cfg.data)
-    check_cache(source, forward_key(cfg, mesh.devices.flat[0].platform))
+    if objective.reference_pass:
+        check_cache(source, forward_key(cfg, mesh.devices.flat[0].platform))
     return source
 
 
@@ -269,15 +274,16 @@ def _compute(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict
     a line at every tenth of the pairs (the pass over AI2's 7B data is hours)."""
     layout = batch_layout(cfg, mesh)
     per_forward = layout.batch_shards * layout.micro_batch
-    shardings = dpo.pair_batch_shardings(mesh, batch_sharding(cfg, mesh).spec[0])
+    fields = pair_fields(cfg, reference=False)
+    shardings = {k: field_sharding(f, mesh) for k, f in fields.items()}
     seq_len, model, chunk = cfg.data.seq_len, cfg.model, cfg.trainer.loss_chunk
 
     def forward(params, input_ids, response_mask):
         rows = input_ids.shape[0] * 2
-        flat = dpo.reference_logps(
+        flat = response_logps(
             params, input_ids.reshape(rows, seq_len), response_mask.reshape(rows, seq_len), model, chunk=chunk
-        )
-        return flat.reshape(rows // 2, 2)
+        ).total
+        return jax.lax.stop_gradient(flat.reshape(rows // 2, 2))
 
     step = jax.jit(
         forward,

@@ -19,7 +19,7 @@ from olmax.config.io import to_yaml
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import param_shardings
 from olmax.rundir import paths
-from olmax.train.state import TrainState, abstract_state, init_train_state
+from olmax.step.state import TrainState, abstract_state, init_train_state
 
 
 class Start(NamedTuple):
@@ -39,13 +39,13 @@ def start_state(cfg: ExperimentConfig, mesh, ckpts: RunCheckpoints, run_dir: str
     restored = ckpts.restore_latest(abstract_state(cfg, mesh))
     if restored is not None:
         return Start(*restored, resumed=True)
-    state, data_state = fresh_state(cfg, mesh)
+    state, data_state = new_run_state(cfg, mesh)
     if jax.process_index() == 0:
         paths.write_text(run_dir, "config.yaml", to_yaml(given))
     return Start(state, data_state, resumed=False)
 
 
-def fresh_state(cfg: ExperimentConfig, mesh) -> tuple[TrainState, Optional[dict]]:
+def new_run_state(cfg: ExperimentConfig, mesh) -> tuple[TrainState, Optional[dict]]:
     """(state, data-loader state) of a new run directory: step 0 of a random init, of the parameters of
     checkpoint.init_from with a fresh optimizer, or the state (and data position) of a warm start."""
     key = jax.random.key(cfg.trainer.seed)
@@ -65,7 +65,7 @@ def fresh_state(cfg: ExperimentConfig, mesh) -> tuple[TrainState, Optional[dict]
 def starting_params(cfg: ExperimentConfig, mesh, start: Start) -> dict:
     """The parameters the run started from: the state's own at step 0, made again for a resumed run
     (the objectives that keep a reference policy, DPO and GRPO's KL penalty, need them)."""
-    return start.state.params if not start.resumed else fresh_state(cfg, mesh)[0].params
+    return start.state.params if not start.resumed else new_run_state(cfg, mesh)[0].params
 
 
 def ends_with_epochs(cfg: ExperimentConfig, batches_per_epoch: int) -> ExperimentConfig:

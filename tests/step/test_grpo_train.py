@@ -25,13 +25,16 @@ from olmax.config.recipes import get_recipe
 from olmax.config.schedule import ScheduleConfig
 from olmax.config.trainer import TrainerConfig
 from olmax.errors import ConfigError
-from olmax.fit.compiler import compile_step, grpo_batch
+from olmax.fit.compiler import compile_step
 from olmax.model.attention import segment_ids
 from olmax.model.olmo3 import init_params
 from olmax.model.sharding import make_mesh
 from olmax.objectives import grpo
-from olmax.train.state import init_train_state, optimizer, state_shardings
-from olmax.train.step import batch_sharding, make_policy_logps, make_train_step
+from olmax.objectives.logps import policy_token_logps, scored_tokens
+from olmax.rollout import groups
+from olmax.rollout.policy_logps import make_policy_logps
+from olmax.step.state import init_train_state, optimizer, state_shardings
+from olmax.step.train_step import abstract_batch, batch_sharding, make_train_step
 
 ROWS, SEQ = 16, 16
 BASE = ExperimentConfig(
@@ -70,7 +73,7 @@ def _rows():
         lens.append(SEQ - at)  # the padding: a segment of its own, as the loader's doc_lens
         doc_lens[b, : len(lens)] = lens
     rewards = rng.choice([0.0, 10.0], n)
-    per_token = grpo.token_values(jnp.asarray(rewards - rewards.mean()) * rng.uniform(0.5, 2.0, n), response_index)
+    per_token = groups.token_values(jnp.asarray(rewards - rewards.mean()) * rng.uniform(0.5, 2.0, n), response_index)
     return {
         "input_ids": ids,
         "response_mask": mask,
@@ -160,7 +163,7 @@ def test_step_equals_grpo_loss(name):
         assert metrics[key] == pytest.approx(float(expected[key]), rel=1e-5, abs=1e-6), key
     # open-instruct's aggregation: a token mean per device micro-batch, not over the whole batch
     assert abs(metrics["loss"] - global_mean) > 100 * 1e-5 * abs(global_mean)
-    scored = int(grpo.response_loss_mask(batch["response_mask"]).sum())
+    scored = int(scored_tokens(batch["response_mask"]).sum())
     assert metrics["response_tokens"] == scored and metrics["tokens"] == ROWS * SEQ
     assert metrics["skipped"] == 0.0 and metrics["lr"] == 1.0
     # the checks are not vacuous: weights truncated with TIS; ratios clipped with old log-probs given,
@@ -191,7 +194,12 @@ def test_policy_logps_are_the_steps_forward():
         got = make_policy_logps(cfg, mesh)(placed, {k: batch[k] for k in ("input_ids", "doc_lens")})
     assert got.sharding == batch_sharding(cfg, mesh)
     segments = segment_ids(batch["doc_lens"])
-    want = jax.jit(lambda p: grpo.policy_token_logps(p, batch["input_ids"], cfg.model, segments=segments, chunk=8))
+    temperature = cfg.grpo.temperature
+    want = jax.jit(
+        lambda p: policy_token_logps(
+            p, batch["input_ids"], cfg.model, segments=segments, chunk=8, temperature=temperature
+        )
+    )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want(params)), rtol=0, atol=1e-6)
 
 
@@ -265,15 +273,16 @@ def test_rl_recipes(name, layers, seq, response, tis, minis, active, stop, pass_
 
 
 def test_tiny_grpo_compiles_on_8_devices():
-    """compile_step builds the GRPO batch (abstract arrays placed as the step places them): tiny_grpo
+    """compile_step builds the GRPO batch (the objective's fields, placed as the step places them): tiny_grpo
     with TIS, a KL term and 4 mini-batches, so every log-prob array of the batch is in it."""
     overrides = ["grpo.tis_cap=2.0", "grpo.beta=0.05", "grpo.mini_batches=4", "model.n_layers=2"]
     overrides.append("trainer.global_batch=8")
     cfg = apply_overrides(get_recipe("tiny_grpo"), overrides)
     mesh = make_mesh(cfg.mesh, jax.devices()[:8])
     placed = batch_sharding(cfg, mesh)  # rows over data x fsdp, as the LM batch
-    batch = grpo_batch(cfg, jax.ShapeDtypeStruct((64, 256), "int32", sharding=placed))
+    batch = abstract_batch(cfg, mesh)
     assert set(batch) == {*grpo.BATCH_KEYS, "doc_lens"}
-    assert all(b.shape == (64, 256) and b.sharding == placed for b in batch.values())
+    shape = (cfg.trainer.global_batch, cfg.data.seq_len)
+    assert all(b.shape == shape and b.sharding == placed for b in batch.values())
     compiled = compile_step(cfg, mesh, {}, "8 cpu devices").compiled
     assert compiled.memory_analysis().argument_size_in_bytes > 0

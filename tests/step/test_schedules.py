@@ -17,9 +17,9 @@ from olmax.data.loader import build_source
 from olmax.errors import ConfigError
 from olmax.rundir.exits import ExitStatus, read_record
 from olmax.rundir.progress import read_run_config
-from olmax.train.schedules import make_schedule, steps_for_tokens
+from olmax.rundir.report import MetricsReader, run_status
+from olmax.step.schedules import make_schedule, steps_for_tokens
 from olmax.trainer.run import train
-from olmax.trainer.status import MetricsReader, run_status
 
 STAGE1_TOKENS_PER_STEP = 512 * 8192  # 4,194,304
 # AI2's stage 1 (docs/reference.md): the cosine up to step 596,047, the checkpoint -pretrain-2.py
@@ -224,9 +224,9 @@ def test_stage1_across_the_resume_as_olmo_core_ran_it():
             self.global_train_tokens_seen += self.global_batch_size
 
     assert STAGE1 == STAGE1_SCHEDULE
-    batch, lr, resume_step, last_step = 8192 * 512, 3e-4, 596_047, 1_413_814
+    batch, lr, resume_step, end_step = 8192 * 512, 3e-4, 596_047, 1_413_814
     watch = set(range(1, 2101)) | set(range(595_900, 597_200))
-    watch |= {int(s) for s in np.linspace(1, last_step, 2001)} | {1_668_931}
+    watch |= {int(s) for s in np.linspace(1, end_step, 2001)} | {1_668_931}
 
     def optimizer():
         model = torch.nn.Module()
@@ -257,7 +257,7 @@ def test_stage1_across_the_resume_as_olmo_core_ran_it():
     clock2 = TrainerClock(Duration.tokens(int(7e12)), batch, clock1.global_step, clock1.global_train_tokens_seen)
     half = HalfCosWithWarmup(warmup=int(5e12) // batch // 2 + 2000 // 2)
     assert (half.warmup, clock2.max_steps) == (597_046, 1_668_931)
-    part2 = run(clock2, half, optim2, last_step)
+    part2 = run(clock2, half, optim2, end_step)
 
     ref = {**part1, **part2}
     assert all(a == b for a, b in ref.values())  # both param groups follow the one schedule

@@ -1,7 +1,7 @@
 """The training state and where it lives: `TrainState`, its shardings, its abstract shape.
 
 Everything that creates, restores, checks or compiles a train state asks here: the step
-(olmax.train.step), the checkpointer (olmax.checkpoint.store takes the abstract state below as its restore
+(olmax.step.train_step), the checkpointer (olmax.checkpoint.store takes the abstract state below as its restore
 target), checkpoint surgery, compile-check and scoring. Layouts come from the model's `param_specs`
 through the ONE rules table in olmax.model.sharding: both optimizer moments follow their parameter; the
 step and the skip-step window are replicated.
@@ -20,7 +20,7 @@ from olmax.config.experiment import ExperimentConfig
 from olmax.config.model import ModelConfig
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params, param_shardings, param_specs
-from olmax.train.optim import AdamWState, Optimizer, OptState, SkipWindow
+from olmax.step.optim import AdamWState, Optimizer, OptState, SkipWindow
 
 
 class TrainState(NamedTuple):
@@ -68,7 +68,7 @@ def optimizer(cfg: ExperimentConfig) -> Optimizer:
     return Optimizer(cfg.optimizer, param_specs(cfg.model))
 
 
-def _fresh_state(cfg: ExperimentConfig, key: jax.Array, params: Optional[dict]) -> TrainState:
+def _step_zero(cfg: ExperimentConfig, key: jax.Array, params: Optional[dict]) -> TrainState:
     if params is None:
         params = init_params(cfg.model, key)
     params = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.model.param_dtype)), params)
@@ -77,10 +77,10 @@ def _fresh_state(cfg: ExperimentConfig, key: jax.Array, params: Optional[dict]) 
 
 def init_program(cfg: ExperimentConfig, mesh: Mesh):
     """The jitted init of a fresh TrainState on `mesh`, `(key, params or None) -> TrainState`, created
-    sharded and compiled with the init's own compiler options (olmax.train.state.init_compiler_options)."""
+    sharded and compiled with the init's own compiler options (olmax.step.state.init_compiler_options)."""
     platform = mesh.devices.flat[0].platform
     return jax.jit(
-        lambda key, params: _fresh_state(cfg, key, params),
+        lambda key, params: _step_zero(cfg, key, params),
         out_shardings=state_shardings(cfg, mesh),
         compiler_options=init_compiler_options(platform),
     )
@@ -100,7 +100,7 @@ def abstract_state(cfg: ExperimentConfig, mesh: Mesh) -> TrainState:
     It is the restore target of a checkpoint (Orbax reads each device's shard into that layout) and
     the argument that compile-check lowers the step with."""
     # the key is made inside eval_shape: on an AOT topology no concrete array may be placed anywhere
-    shapes = jax.eval_shape(lambda: _fresh_state(cfg, jax.random.key(0), None))
+    shapes = jax.eval_shape(lambda: _step_zero(cfg, jax.random.key(0), None))
     return jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, state_shardings(cfg, mesh)
     )

@@ -27,8 +27,8 @@ from olmax.fit.chips import chip_of_topology, compiler_options
 from olmax.fit.compiler import topology_devices
 from olmax.model.olmo3 import dense, rounded
 from olmax.model.sharding import make_mesh
-from olmax.train.state import abstract_state
-from olmax.train.step import batch_sharding, make_train_step
+from olmax.step.state import abstract_state
+from olmax.step.train_step import batch_sharding, make_train_step
 
 TOPOLOGY = "v5p:2x2x2"
 VOCAB = 512  # no block weight has a dimension of this size

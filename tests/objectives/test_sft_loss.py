@@ -25,9 +25,10 @@ from olmax.data.order import batch_ids, rank_ids
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import forward_hidden, init_params, lm_head
 from olmax.model.sharding import make_mesh
-from olmax.train.loss import IGNORE, loss_denominator, loss_sums, make_labels
-from olmax.train.state import init_train_state
-from olmax.train.step import loss_rank_of_rows, make_train_step
+from olmax.objectives.cross_entropy import IGNORE, loss_denominator, loss_sums, make_labels
+from olmax.objectives.lm import loss_rank_of_rows
+from olmax.step.state import init_train_state
+from olmax.step.train_step import make_train_step
 
 PAD = 3
 

@@ -23,9 +23,9 @@ from olmax.config.trainer import TrainerConfig
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params
 from olmax.model.sharding import make_mesh
-from olmax.train.schedules import make_schedule
-from olmax.train.state import init_train_state, state_shardings
-from olmax.train.step import batch_layout, batch_sharding, make_train_step
+from olmax.step.schedules import make_schedule
+from olmax.step.state import init_train_state, state_shardings
+from olmax.step.train_step import batch_layout, batch_sharding, make_train_step
 
 N_STEPS = 3
 PAD = 3

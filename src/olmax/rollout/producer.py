@@ -1,10 +1,10 @@
 """trainer.objective=grpo's loader: the rollout phase of the RL loop (docs/post-training/rl-loop.md, "The RL loop").
 
-    loader = RolloutBatches(cfg, mesh, prompts, tokenizer, state=saved)
+    loader = RolloutProducer(cfg, mesh, prompts, tokenizer, state=saved)
     loader.params = state.params            # the trainer sets the current policy before each next()
     batch = next(iter(loader))              # the step's packed rows (train_step.check_grpo_batch)
     loader.metrics()                        # the latest rollout's figures, logged with its steps
-    loader.state()                          # JSON-able; resume with RolloutBatches(..., state=saved)
+    loader.state()                          # JSON-able; resume with RolloutProducer(..., state=saved)
 
 One rollout batch, as open-instruct's grpo_fast.py makes one (commit 42aa63c):
 1. prompts: the next grpo.prompts_per_step prompts of the epoch's order (a permutation by
@@ -14,13 +14,13 @@ One rollout batch, as open-instruct's grpo_fast.py makes one (commit 42aa63c):
    grpo.max_response_len tokens, stopping at EOS, `<|im_end|>` or the token whose text completes a
    grpo.stop string, however it is spelled (olmax.rollout.text.stop_table, as vLLM's stop strings);
 3. verify: each response's text (its stop token left out, cut right after a stop string) is scored
-   by its row's verifiers (olmax.rewards.verifiers.reward: grpo.reward_scale x the score; a verifier that
+   by its row's verifiers (olmax.rewards.verifiers.total: grpo.reward_scale x the score; a verifier that
    hangs, fails or returns garbage scores 0 and is counted);
-4. select: olmax.objectives.grpo.select_groups drops groups of equal rewards; with active sampling
+4. select: olmax.rollout.groups.select_groups drops groups of equal rewards; with active sampling
    more prompts are sampled until prompts_per_step groups survive; prompts solved at least
    grpo.no_resampling_pass_rate of the time leave the order at the next epoch;
 5. pack: the kept samples into rows of data.seq_len (olmax.rollout.pack, open-instruct's layout),
-   advantages reward - group mean (olmax.objectives.grpo.advantages), one value per response token;
+   advantages reward - group mean (olmax.rollout.groups.advantages), one value per response token;
 6. serve: the rows in grpo.mini_batches consecutive parts, one per optimizer step, each padded with
    empty rows to trainer.global_batch rows (the step counts only micro-batches that hold a response
    token, as open-instruct has no empty ones). With several mini-batches the old log-probs of every
@@ -65,6 +65,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -75,24 +76,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from olmax.config.experiment import ExperimentConfig
+from olmax.config.mesh import BATCH_AXES
+from olmax.config.remat import AUTO
 from olmax.data.loader import DataStateError, work_dir_of
 from olmax.data.order import cached_permutation
 from olmax.data.prompts import PromptSet
 from olmax.errors import refuse
-from olmax.model.sharding import gather, merge_strided, place
-from olmax.objectives import grpo
+from olmax.model.sharding import gather, place
 from olmax.rewards import code
 from olmax.rewards import verifiers as rewards
+from olmax.rollout import groups
 from olmax.rollout.compile_decode import choose_sample_prompts
 from olmax.rollout.pack import pack_rollouts
-from olmax.rollout.sampler import Sampling, sample
-from olmax.rollout.text import cut_at_stop, stop_table
+from olmax.rollout.scoring import Scorer
+from olmax.rollout.stream import EngineStream, Group, StaticStream, sampling_figures, zero_spread
+from olmax.rollout.text import stop_table
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 2  # 1 kept no batches: a resume between mini-batches sampled a new rollout
 EMPTY_RETRIES = 8
-VERIFY_TIMEOUT_S = 30.0  # per call; a code call gets more when its tests may take more (rewards.call_bound)
 
 
 class _Rollout(NamedTuple):
@@ -102,7 +105,7 @@ class _Rollout(NamedTuple):
     figures: dict
 
 
-class RolloutBatches:
+class RolloutProducer:
     def __init__(
         self,
         cfg: ExperimentConfig,
@@ -117,7 +120,8 @@ class RolloutBatches:
     ):
         """`reference`: the reference policy's parameters (the run's starting ones), with grpo.beta > 0.
         `record_dir`: where grpo.sample_prompts=auto keeps its choice (the run directory)."""
-        from olmax.train.step import batch_sharding, make_policy_logps
+        from olmax.rollout.policy_logps import make_policy_logps
+        from olmax.step.train_step import batch_sharding
 
         primary = jax.process_index() == 0
         cfg = choose_sample_prompts(
@@ -131,12 +135,18 @@ class RolloutBatches:
         self.verifier_options = code.run_options(cfg.rewards.code.isolation, prompts.verifiers())
         if self.verifier_options and primary:
             print(code.describe(self.verifier_options[code.NAME]["isolation"]), flush=True)
-        self.eos_ids = (tok.info.eos_token_id, tok.encode("<|im_end|>")[0])
-        self.stops = stop_table(tok, self.rl.stop) if self.rl.stop else None
+        eos_ids = (tok.info.eos_token_id, tok.encode("<|im_end|>")[0])
+        stops = stop_table(tok, self.rl.stop) if self.rl.stop else None
+        scorer = Scorer(tok, eos_ids, self.rl.stop, self.rl.reward_scale, self.verifier_options)
+        if self.rl.rollout_engine == "static":
+            self.stream = StaticStream(cfg, mesh, prompts, scorer, self._take, eos_ids, stops)
+        else:
+            self.stream = EngineStream(cfg, mesh, prompts, scorer, self._take, eos_ids, stops, engine_slots(cfg, mesh))
         key = [[p.ids, p.verifiers, p.ground_truths] for p in prompts.prompts]
         self.fingerprint = hashlib.sha256(json.dumps([prompts.template, key]).encode()).hexdigest()
         self.batches_per_epoch = max(1, len(prompts.prompts) // self.rl.prompts_per_step) * self.rl.mini_batches
-        self.epoch, self.cursor, self.calls, self.excluded = 1, 0, 0, []
+        self.epoch, self.cursor, self.calls, self.produced, self.excluded = 1, 0, 0, 0, []
+        self.decoded: Counter = Counter()  # useful tokens and slot steps since this process started
         self.epoch_excluded: list[int] = []  # the exclusions this epoch's order was drawn without
         # rollouts produced (or being produced) and not yet wholly served, oldest first; the first is
         # being served, `_served` of its parts already
@@ -161,20 +171,22 @@ class RolloutBatches:
     def _epoch_order(self) -> None:
         ids = np.arange(len(self.prompts.prompts))
         excluded = np.asarray(self.epoch_excluded, np.int64)
-        kept, usable = grpo.next_epoch_prompts(ids, excluded, self.rl.prompts_per_step)
+        kept, usable = groups.next_epoch_prompts(ids, excluded, self.rl.prompts_per_step)
         if usable == 0:  # fewer prompts left than one rollout takes: all of them come back
             kept, usable = ids, len(ids) - len(ids) % self.rl.prompts_per_step
         perm = cached_permutation(work_dir_of(self.cfg.data) / "orders", len(kept), self.cfg.data.seed, self.epoch)
         self.order = kept[np.asarray(perm)][: max(usable, self.rl.prompts_per_step)]
 
-    def _take(self) -> np.ndarray:
+    def _take(self) -> tuple[int, np.ndarray]:
+        """The next call of prompts: (its number, which keys its draws; grpo.prompts_per_step prompt ids)."""
         if self.cursor + self.rl.prompts_per_step > len(self.order):
             # exclusions made during an epoch take effect at the next (open-instruct's ShufflingIterator)
             self.epoch, self.cursor, self.epoch_excluded = self.epoch + 1, 0, list(self.excluded)
             self._epoch_order()
         ids = self.order[self.cursor : self.cursor + self.rl.prompts_per_step]
         self.cursor += self.rl.prompts_per_step
-        return ids
+        self.calls += 1
+        return self.calls - 1, ids
 
     def state(self) -> dict:
         """JSON, but for "arrays": the queued rollouts' batches, which the checkpoint keeps as their own
@@ -191,11 +203,17 @@ class RolloutBatches:
             "epoch_excluded": [int(i) for i in self.epoch_excluded],
             "served": self._served,
             "queued": [r.figures for r in queued],
+            "produced": self.produced,
         }
-        if queued:
-            state["arrays"] = {
-                f"rollout_{i}": {f"part_{k}": part for k, part in enumerate(r.parts)} for i, r in enumerate(queued)
-            }
+        arrays = {f"rollout_{i}": {f"part_{k}": part for k, part in enumerate(r.parts)} for i, r in enumerate(queued)}
+        if isinstance(self.stream, EngineStream):  # rows in flight: its open groups and unfinished rows
+            state["stream"], rows = self.stream.state()
+            # Orbax keeps no zero-size array: the empty ones are left out (EngineStream.restore fills them)
+            rows = {name: {k: v for k, v in part.items() if v.size} for name, part in rows.items()}
+            if any(rows.values()):
+                arrays["stream"] = rows
+        if arrays:
+            state["arrays"] = arrays
         return state
 
     def _restore(self, state: dict, allow_mismatch: bool) -> None:
@@ -216,6 +234,14 @@ class RolloutBatches:
         self._served = state["served"] if self._queue else 0
         if state["served"] and not self._queue:  # version 1 kept no batches
             log.warning("resumed between the mini-batches of a rollout: its remaining ones come from a new rollout")
+        self.produced = state.get("produced", 0)
+        if "stream" in state:
+            if not isinstance(self.stream, EngineStream):
+                raise DataStateError(
+                    "the checkpoint holds rows of the continuous rollout engine in flight, but this run has "
+                    "grpo.rollout_engine=static: resume with grpo.rollout_engine=continuous"
+                )
+            self.stream.restore(state["stream"], arrays.get("stream"))
 
     def audit(self) -> dict:
         return {"repeats_in_epoch": 0}  # a permutation per epoch
@@ -227,6 +253,8 @@ class RolloutBatches:
         """Stop producing: a rollout in production is finished, none is started."""
         if self._worker is not None:
             self._worker.shutdown(cancel_futures=True)
+        if isinstance(self.stream, EngineStream):
+            self.stream.close()
 
     # ------------------------------------------------------------------------------------------
     # the rollout
@@ -271,117 +299,71 @@ class RolloutBatches:
         with jax.set_mesh(self.mesh):  # the worker thread's own mesh context, as the trainer's
             return self._rollout(params)
 
-    def _sample(self, params, ids: np.ndarray, counts: Counter):
-        """(prompt ids per sample, responses, log-probs, rewards (samples,), scores) of one sampling call."""
-        rl, group = self.rl, self.rl.samples_per_prompt
-        sampling = Sampling(temperature=rl.temperature, seed=self.cfg.data.seed * 1_000_003 + self.calls)
-        self.calls += 1
-        jax.block_until_ready(params)  # the previous step's update, dispatched asynchronously, is not rollout time
-        t0 = time.perf_counter()
-        out = sample(
-            params,
-            self.cfg.model,
-            [self.prompts.prompts[i].ids for i in ids],
-            rl.max_response_len,
-            n=group,
-            sampling=sampling,
-            eos_ids=self.eos_ids,
-            stop_text=self.stops,
-            mesh=self.mesh,
-            prompts_per_program=rl.sample_prompts,
-        )
-        tokens, logps, lengths, finish = (gather(x) for x in out)
-        counts["sample_s"] += time.perf_counter() - t0
-        counts["generated"] += int(lengths.sum())
-        counts["truncated"] += int(np.sum(finish == 0))
-        rows = [self.prompts.prompts[ids[r // group]] for r in range(len(ids) * group)]
-        part_scores, statuses = self._verify(rows, tokens, lengths, counts)
-        prompts, responses, lps, rewards_, scores = [], [], [], [], []
-        for r, p in enumerate(rows):
-            parts = [
-                (name, float(part_scores[r, j]), rewards.STATUSES[statuses[r, j]]) for j, name in enumerate(p.verifiers)
-            ]
-            value = rl.reward_scale * sum(score for _, score, _ in parts)  # open-instruct's verification_reward
-            for name, score, status in parts:
-                counts[f"verifier/{name}/{status}"] += 1
-                scores.append((name, score))
-            prompts.append(p.ids)
-            responses.append(tokens[r, : lengths[r]].tolist())
-            lps.append(logps[r, : lengths[r]].tolist())
-            rewards_.append(value)
-        return prompts, responses, lps, np.asarray(rewards_, np.float32), scores
-
-    def _verify(self, rows: list, tokens: np.ndarray, lengths: np.ndarray, counts: Counter):
-        """(scores, status indices into rewards.STATUSES), each (samples, most verifiers of a row): every
-        process verifies its share of the samples (sample r on process r mod the process count, as
-        open-instruct spreads verification over its workers) and the shares are merged on all of them."""
-        width = max(len(p.verifiers) for p in rows)
-        part_scores = np.zeros((len(rows), width), np.float64)
-        statuses = np.zeros((len(rows), width), np.int32)
-        t0 = time.perf_counter()
-        for r in range(jax.process_index(), len(rows), jax.process_count()):
-            resp = tokens[r, : lengths[r]].tolist()
-            text = cut_at_stop(self.tok.decode(resp[:-1] if resp and resp[-1] in self.eos_ids else resp), self.rl.stop)
-            p = rows[r]
-            _, parts = rewards.reward(
-                list(p.verifiers), list(p.ground_truths), text, VERIFY_TIMEOUT_S, self.verifier_options
-            )
-            for j, (_, score, status) in enumerate(parts):
-                part_scores[r, j], statuses[r, j] = score, rewards.STATUSES.index(status)
-            counts["verified_here"] += 1
-        counts["verify_s"] += time.perf_counter() - t0
-        return merge_strided(part_scores), merge_strided(statuses)
-
-    def _rollout(self, params) -> _Rollout:
-        rl, group = self.rl, self.rl.samples_per_prompt
-        counts: Counter = Counter()
-        samples: list = [[], [], [], np.zeros(0, np.float32)]
-        prompt_ids: list = []
-        scores: list = []
+    def _read(self, params, version: int) -> tuple[list[Group], object, int]:
+        """The groups one rollout reads from the stream and their selection (groups.select_groups over
+        them in order): grpo.prompts_per_step groups, read again (up to EMPTY_RETRIES times) while none
+        survives; with active sampling, groups until prompts_per_step survive. Returns (the groups of the
+        read that counts, its selection, retries)."""
+        rl, n, want = self.rl, self.rl.samples_per_prompt, self.rl.prompts_per_step
+        read: list[Group] = []
         retries = 0
-        for _ in range(EMPTY_RETRIES + 1):
-            ids = self._take()
-            p, r, lp, rw, sc = self._sample(params, ids, counts)
-            samples = [samples[0] + p, samples[1] + r, samples[2] + lp, np.concatenate([samples[3], rw])]
-            prompt_ids += [int(i) for i in ids]
-            scores += sc
-            sel = grpo.select_groups(
-                samples[3],
-                group,
-                rl.prompts_per_step,
+        while True:
+            if rl.active_sampling:  # one group at a time: the stream decodes only what the batch needs
+                while np.sum(~zero_spread(read, n)) < want and len(read) < (EMPTY_RETRIES + 1) * want:
+                    read.append(self.stream.next_group(params, version))
+            else:
+                read += [self.stream.next_group(params, version) for _ in range(want)]
+            sel = groups.select_groups(
+                np.concatenate([g.rewards for g in read]),
+                n,
+                want,
                 active=rl.active_sampling,
                 filter_zero_spread=rl.filter_zero_spread,
                 no_resampling_pass_rate=rl.no_resampling_pass_rate,
                 max_score=rl.reward_scale,
             )
-            keep = np.asarray(sel.keep)
-            if keep.any() and (not rl.active_sampling or bool(sel.full)):
-                break
+            if rl.active_sampling:  # the calls' worth of groups read beyond the first, as a static read counts them
+                return read, sel, -(-len(read) // want) - 1 + int(not bool(sel.full))
+            if np.asarray(sel.keep).any():
+                return read, sel, retries
             retries += 1
-            if not rl.active_sampling and retries <= EMPTY_RETRIES:
-                # one read of prompts_per_step groups, which the retry replaces; but its groups were read,
-                # and the prompts it marked stay marked (open-instruct marks every group it reads,
-                # accumulate_inference_batches)
-                self._mark(sel, prompt_ids)
-                samples, prompt_ids, scores, counts = [[], [], [], np.zeros(0, np.float32)], [], [], Counter()
-        self._mark(sel, prompt_ids)
-        read = int(sel.consumed)
-        # active sampling stops reading at the group that filled the batch; the prompts of the last read
-        # after it were sampled for nothing and go back to the order (the cursor is within their epoch)
-        self.cursor -= len(prompt_ids) - read
-        counts["retries"], counts["empty"] = retries, int(not keep.any())
-        adv = np.asarray(grpo.advantages(samples[3][: read * group], group, normalise_std=rl.normalise_std))
-        kept = [s for s in range(read * group) if keep[s // group]]
+            if retries > EMPTY_RETRIES:
+                return read, sel, retries
+            # one read of prompts_per_step groups, which the retry replaces; but its groups were read, and
+            # the prompts it marked stay marked (open-instruct marks every group it reads,
+            # accumulate_inference_batches)
+            self._mark(sel, [g.prompt_id for g in read])
+            read = []
+
+    def _rollout(self, params) -> _Rollout:
+        rl, n = self.rl, self.rl.samples_per_prompt
+        version = self.produced
+        jax.block_until_ready(params)  # the previous step's update, dispatched asynchronously, is not rollout time
+        read, sel, retries = self._read(params, version)
+        self.produced += 1
+        # the stream's prompts no step read go back to the order (the cursor is within their epoch)
+        self.cursor -= self.stream.end_step()
+        self._mark(sel, [g.prompt_id for g in read])
+        keep = np.asarray(sel.keep)
+        consumed = int(sel.consumed)
+        read = read[:consumed]
+        rewards_ = np.concatenate([g.rewards for g in read])
+        adv = np.asarray(groups.advantages(rewards_, n, normalise_std=rl.normalise_std))
+        kept = [(g, s) for i, g in enumerate(read) if keep[i] for s in range(n)]
         packed = pack_rollouts(
-            [samples[0][s] for s in kept],
-            [samples[1][s] for s in kept],
-            [samples[2][s] for s in kept],
+            [self.prompts.prompts[g.prompt_id].ids for g, _ in kept],
+            [g.responses[s] for g, s in kept],
+            [g.logps[s] for g, s in kept],
             self.cfg.data.seq_len,
             self.cfg.data.pad_token_id,
         )
-        token_adv = np.asarray(grpo.token_values(adv[kept], packed.response_index))
+        kept_adv = adv[[i * n + s for i, g in enumerate(read) if keep[i] for s in range(n)]]
+        token_adv = np.asarray(groups.token_values(kept_adv, packed.response_index))
+        counts, self.stream.timing = self.stream.timing, Counter()
+        self.decoded.update({k: counts[k] for k in ("useful_tokens", "slot_steps")})
+        counts.update(retries=retries, empty=int(not keep.any()))
         parts = self._parts(packed, token_adv, counts)
-        return _Rollout(parts, self._figures(samples, read, sel, scores, counts, packed.rows))
+        return _Rollout(parts, self._figures(read, sel, counts, packed.rows, version))
 
     def _mark(self, sel, prompt_ids: list) -> None:
         """Exclude from the next epochs the prompts `sel` marked no-resample (solved often enough)."""
@@ -414,34 +396,46 @@ class RolloutBatches:
             out.append(batch)
         return out
 
-    def _figures(self, samples, read: int, sel, scores, counts: Counter, rows: int) -> dict:
-        rl, group = self.rl, self.rl.samples_per_prompt
-        rw = samples[3][: read * group]
-        lengths = np.asarray([len(r) for r in samples[1][: read * group]])
-        figures = {
+    def _figures(self, read: list[Group], sel, counts: Counter, rows: int, version: int) -> dict:
+        rl, n = self.rl, self.rl.samples_per_prompt
+        rw = np.concatenate([g.rewards for g in read])
+        lengths = np.asarray([len(r) for g in read for r in g.responses])
+        figures_ = {
             "rollout/reward_mean": float(rw.mean()),
             "rollout/solve_rate": float(np.mean(rw >= rl.reward_scale)),
             "rollout/response_len_mean": float(lengths.mean()),
             "rollout/response_len_max": float(lengths.max()),
-            "rollout/truncated_frac": counts["truncated"] / max(1, len(samples[1])),
-            "rollout/zero_spread_frac": float(np.mean(np.asarray(grpo.zero_spread(rw, group)))),
+            "rollout/truncated_frac": sum(g.truncated for g in read) / max(1, len(lengths)),
+            "rollout/zero_spread_frac": float(np.mean(zero_spread(read, n))),
             "rollout/groups_kept": float(np.sum(np.asarray(sel.keep))),
             "rollout/rows": float(rows),
             "rollout/rows_dropped": float(counts["rows_dropped"]),
             "rollout/retries": float(counts["retries"]),
             "rollout/empty_batch": float(counts["empty"]),
-            "rollout/tokens_per_s": counts["generated"] / max(counts["sample_s"], 1e-9),
+            "rollout/tokens_per_s": counts["useful_tokens"] / max(counts["sample_s"], 1e-9),
             "rollout/sample_s": counts["sample_s"],
             "rollout/verify_s": counts["verify_s"],
             "rollout/verified_here": float(counts["verified_here"]),  # this process's share of the samples
             "rollout/epoch": float(self.epoch),
+            **sampling_figures(read, self.decoded, version),
         }
         by_name: dict = {}
-        for name, score in scores:
+        for name, score in (pair for g in read for pair in g.scores):
             by_name.setdefault(name, []).append(score)
-        figures.update({f"rollout/score/{name}": float(np.mean(v)) for name, v in by_name.items()})
-        figures.update({f"rollout/{k}": float(v) for k, v in counts.items() if k.startswith("verifier/")})
-        return figures
+        figures_.update({f"rollout/score/{name}": float(np.mean(v)) for name, v in by_name.items()})
+        figures_.update({f"rollout/{k}": float(v) for k, v in counts.items() if k.startswith("verifier/")})
+        return figures_
+
+
+def engine_slots(cfg: ExperimentConfig, mesh) -> int:
+    """grpo.slots as given, or auto: the rows of grpo.sample_prompts' prompts (as choose_sample_prompts
+    resolved it for these devices; 0: every prompt of a step), a multiple of the data x fsdp devices."""
+    rl = cfg.grpo
+    if rl.slots != AUTO:
+        return rl.slots
+    split = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    rows = (rl.sample_prompts or rl.prompts_per_step) * rl.samples_per_prompt
+    return -(-rows // split) * split
 
 
 def _done(rollout: _Rollout) -> Future:
@@ -458,7 +452,8 @@ def prompt_set(cfg: ExperimentConfig, tok) -> PromptSet:
 
 
 def _check_loop(cfg: ExperimentConfig, n_prompts: int) -> None:
-    """What the RL loop needs of the config beyond check_grpo (which holds for any GRPO batch)."""
+    """What the RL loop needs of the config beyond check_rollouts and GRPOConfig.check (which hold for any
+    GRPO batch)."""
     data, rl = cfg.data, cfg.grpo
     needs = [
         # several samples share a packed row: each must see only itself, at the positions the sampler gave it

@@ -24,7 +24,7 @@ from olmax.config.trainer import TrainerConfig
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params
 from olmax.objectives import dpo
-from olmax.train.state import optimizer
+from olmax.step.state import optimizer
 
 PAIRS, SEQ = 8, 16
 BASE = ExperimentConfig(

@@ -8,8 +8,8 @@ import numpy as np
 from olmax.config.io import apply_overrides
 from olmax.config.recipes import get_recipe
 from olmax.model.sharding import make_mesh
-from olmax.train.state import init_train_state
-from olmax.train.step import batch_sharding, make_train_step
+from olmax.step.state import init_train_state
+from olmax.step.train_step import batch_sharding, make_train_step
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded once per XLA compilation
 

@@ -3,7 +3,9 @@ directory (a local path or a gs:// URL) and its checkpoints. Reads only; safe ne
 
 - RUN_DIR/config.yaml         total steps, tokens per step, the model (for MFU), the checkpoint directory
 - RUN_DIR/metrics.jsonl       step, tokens, step time, loss, skipped steps, MFU (olmax.trainer.metrics)
-- the checkpoint directory    the newest complete checkpoint and its data fingerprint (olmax.checkpoint.surgery.inspect)
+- RUN_DIR/metric_names.json   which of a row's metrics is the objective's loss, and its rollout figures
+                              (olmax.objectives: loss_metric, status_metrics), written by the trainer
+- the checkpoint directory    the newest complete checkpoint and its data fingerprint (olmax.rundir.progress)
 - RUN_DIR/launch_state.json   attempts, retries, preemptions, the last failure (olmax.launch.resume)
 - RUN_DIR/exit_status.json    how the last trainer ended (olmax.rundir.exits)
 
@@ -19,11 +21,26 @@ from typing import Optional
 
 from olmax.rundir import paths
 from olmax.rundir.exits import ExitStatus, read_record
-from olmax.rundir.progress import read_run_config
-from olmax.trainer.metrics import LOSS_METRIC, RL_STATUS_METRICS
+from olmax.rundir.progress import newest_checkpoint, read_run_config, run_checkpoint_dir
 
+METRICS_FILE, NAMES_FILE = "metrics.jsonl", "metric_names.json"
 STEP_TIME, SKIPPED = "time/step", "optim/step skipped"
 TFLOPS, MFU, TOKENS = "throughput/device/TFLOPs", "throughput/device/MFU", "throughput/total tokens"
+
+
+def write_metric_names(run_dir: str, loss: str, shown: tuple[str, ...]) -> None:
+    """RUN_DIR/metric_names.json: the logged name of the run's loss and the figures status shows."""
+    paths.write_text(run_dir, NAMES_FILE, json.dumps({"loss": loss, "status": list(shown)}) + "\n")
+
+
+def read_metric_names(run_dir: str, row: dict) -> dict:
+    """The names metric_names.json holds; for a run directory from before it was written, the row's
+    `train/... loss` (not the z-loss) and no rollout figures."""
+    text = paths.read_text(run_dir, NAMES_FILE)
+    if text:
+        return json.loads(text)
+    losses = [k for k in row if k.startswith("train/") and k.endswith(" loss") and k != "train/Z loss"]
+    return {"loss": losses[0] if losses else "train/CE loss", "status": []}
 
 
 class MetricsReader:
@@ -74,11 +91,10 @@ class MetricsReader:
             self.rows = (self.rows + [row])[-self.window :]
 
 
-def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = None) -> dict:
-    """The status of the run in `run_dir` (figures in the module docstring); None where unknown."""
-    from olmax.fit.chips import chip_peak
-    from olmax.rundir.progress import run_checkpoint_dir
-
+def run_status(run_dir: str, reader: MetricsReader, *, peak_tflops: Optional[float] = None) -> dict:
+    """The status of the run in `run_dir` (figures in the module docstring); None where unknown.
+    `peak_tflops`: the chip's peak per device (olmax.fit.chips), for the MFU of a run whose trainer was
+    not given one."""
     run_dir = paths.clean(run_dir)
     cfg = read_run_config(run_dir)
     reader.refresh()
@@ -89,9 +105,10 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
     step_time = _median(rows, STEP_TIME)
     tokens_per_step = cfg.rows_per_step * cfg.data.seq_len
     mfu = _median(rows, MFU)
-    if mfu is None and chip is not None and _median(rows, TFLOPS) is not None:
-        mfu = _median(rows, TFLOPS) / chip_peak(chip)
-    loss = LOSS_METRIC[cfg.trainer.objective]
+    if mfu is None and peak_tflops is not None and _median(rows, TFLOPS) is not None:
+        mfu = _median(rows, TFLOPS) / peak_tflops
+    names = read_metric_names(run_dir, last)
+    loss = names["loss"]
     losses = [r[loss] for r in rows if loss in r]
     launcher = paths.read_text(run_dir, "launch_state.json")
     launcher = json.loads(launcher) if launcher else None
@@ -112,7 +129,7 @@ def run_status(run_dir: str, reader: MetricsReader, *, chip: Optional[str] = Non
         "loss_smoothed": statistics.fmean(losses) if losses else None,
         "window": len(rows),
         # RL runs: the latest rollout's figures, and how many steps in a row had no reward at all
-        "rl": {k: last[k] for k in RL_STATUS_METRICS if k in last} or None,
+        "rl": {k: last[k] for k in names["status"] if k in last} or None,
         "zero_reward_steps": _zero_reward_run(rows),
         "skipped_steps": reader.skipped,
         **_checkpoint(run_checkpoint_dir(cfg, run_dir)),
@@ -156,17 +173,11 @@ def _median(rows: list[dict], key: str) -> Optional[float]:
 
 
 def _checkpoint(directory) -> dict:
-    from olmax.checkpoint.store import CheckpointError
-    from olmax.checkpoint.surgery import inspect
-
-    try:
-        report = inspect(directory)
-    except CheckpointError:
-        return {"checkpoint": None, "checkpoint_dir": str(directory), "data_fingerprint": None}
+    step, data = newest_checkpoint(directory)
     return {
-        "checkpoint": report["step"],
+        "checkpoint": step,
         "checkpoint_dir": str(directory),
-        "data_fingerprint": (report["data"] or {}).get("fingerprint"),
+        "data_fingerprint": (data or {}).get("fingerprint"),
     }
 
 

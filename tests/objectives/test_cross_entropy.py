@@ -8,7 +8,7 @@ import pytest
 from models import STEP_MODEL
 
 from olmax.model.olmo3 import forward_hidden, init_params, lm_head
-from olmax.train.loss import IGNORE, loss_denominator, loss_sums, make_labels, output_loss
+from olmax.objectives.cross_entropy import IGNORE, loss_denominator, loss_sums, make_labels, output_loss
 
 PAD = 7
 

@@ -8,7 +8,7 @@ import pytest
 
 from olmax.config.optimizer import OptimizerConfig
 from olmax.errors import ConfigError
-from olmax.train.optim import Optimizer, clip_by_global_norm, decay_mask
+from olmax.step.optim import Optimizer, clip_by_global_norm, decay_mask
 
 
 def _params(dtype=np.float32, seed=0):

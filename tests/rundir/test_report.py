@@ -4,6 +4,8 @@ trainer, locally and through fsspec)."""
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,11 +13,14 @@ from small_run import small_config
 from typer.testing import CliRunner
 
 import olmax.trainer.run
+from olmax.checkpoint.store import complete_steps
+from olmax.checkpoint.surgery import inspect
 from olmax.cli.common import app
+from olmax.fit.chips import chip_peak
 from olmax.launch.resume import LaunchState
 from olmax.rundir.exits import ExitStatus, read_record, write_record
+from olmax.rundir.report import MetricsReader, run_status
 from olmax.trainer.run import train
-from olmax.trainer.status import MetricsReader, run_status
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +37,7 @@ def run(tmp_path_factory):
 
 def test_status_of_a_real_run(run):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    s = run_status(str(run), MetricsReader(str(run), window=3), chip="v5p")
+    s = run_status(str(run), MetricsReader(str(run), window=3), peak_tflops=chip_peak("v5p"))
     assert (s["step"], s["total_steps"], s["tokens"], s["total_tokens"]) == (5, 6, 5 * 8 * 64, 6 * 8 * 64)
     times = sorted(r["time/step"] for r in rows[-3:])
     assert s["step_time_s"] == times[1] and s["tokens_per_s"] == pytest.approx(8 * 64 / times[1])
@@ -54,6 +59,41 @@ def test_status_of_a_real_run(run):
     assert json.loads(printed.output.splitlines()[-1])["checkpoint"] == 5
     missing = CliRunner().invoke(app, ["status", str(run.parent / "nothing")])
     assert missing.exit_code == 2 and "nothing/config.yaml does not exist" in missing.output
+
+
+# a Python that cannot import jax, jaxlib or orbax: any import of them fails
+NO_JAX = """
+import sys
+class NoJax:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("jax", "jaxlib", "orbax"):
+            raise ModuleNotFoundError(f"{name} is blocked: this command must not import it")
+sys.meta_path.insert(0, NoJax())
+from olmax.cli import main
+sys.argv = ["olmax", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status", "{run}", "--json", "-"],
+        ["status", "{run}", "--chip", "v5p"],
+        ["config", "--recipe", "tiny_dpo", "trainer.global_batch=4"],
+        ["launch", "--backend", "local", "--recipe", "tiny", "--total-devices", "8", "--run-dir", "{run}", "--dry-run"],
+    ],
+)
+def test_commands_that_read_files_import_no_jax(run, command):
+    """`olmax status` (and the config and launch plans) read files only: they run where jax cannot be
+    imported, and status reads the newest checkpoint as Orbax lists it, without Orbax."""
+    args = [a.format(run=run) for a in command]
+    out = subprocess.run([sys.executable, "-c", NO_JAX, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    if args[-1] == "-":
+        shown = json.loads(out.stdout.splitlines()[-1])
+        assert shown["checkpoint"] == complete_steps(run / "checkpoints")[-1] == 5
+        assert shown["data_fingerprint"] == inspect(run / "checkpoints")["data"]["fingerprint"]
 
 
 def test_follow_stops_once_the_run_has_ended(run, tmp_path, monkeypatch):

@@ -1,0 +1,268 @@
+"""Continuous batching's throughput: the slot engine (olmax.rollout.engine) against pure decode at the
+same slot count, and the static sampler (olmax.rollout.sampler.sample) on the same rows.
+
+    .venv/bin/python benchmarks/rollout_efficiency.py              # tiny model on the CPU, about two minutes
+    # one TPU v5e (15.7 GiB): the header prints the engine's KV cache, which must fit beside the weights
+    python benchmarks/rollout_efficiency.py --model 190m --slots 128 --prompt-len 128 --max-new 2048 \
+        --prompts 64 --n 8 --runs 1 --no-static            # KV 9.6 GiB
+    python benchmarks/rollout_efficiency.py --model 190m --slots 64 --prompt-len 128 --max-new 4096 \
+        --prompts 32 --n 8 --runs 1 --no-static            # KV 9.1 GiB
+    python benchmarks/rollout_efficiency.py --model 1b --slots 32 --prompt-len 128 --max-new 2048 \
+        --prompts 16 --n 8 --runs 1 --no-static            # KV 8.5 GiB (64 slots: 17 GiB, too many)
+
+The static sampler's cache is the next power of two of prompt + max new (4096 for 128 + 2048), so its
+rows of 128 slots would not fit where the engine's exact cache does: leave it out there (--no-static),
+or run it at fewer slots.
+
+Rows: --prompts random prompts of --prompt-len tokens, --n samples each (GRPO's groups), every row's
+length forced by its own limit (EOS off): `uniform`, U(0.1, 1) x --max-new; `lognormal`, median 0.3 x
+--max-new (sigma --sigma), clipped to 1 .. --max-new. Temperature 1 (GRPO's sampling). Figures, each
+the median of --runs runs after a warm-up run (the compiles):
+
+- engine tok/s: the rows' tokens / the wall time of running the engine until the last row stops
+  (inserts, prefills, decoding, reading back); slot efficiency: useful tokens / slot steps (slots x
+  decode steps, but for the narrowed steps of the drain, EngineConfig.narrow);
+  insert share: the insert programs' time (prefill and copies into the slots, host side included) /
+  the wall time. A closed batch ends with a drain: no row waits, the slots empty one by one;
+- fed: the same over the chunks during which rows waited for a slot (the engine's steady state, what
+  a stream of prompts keeps it in), and their share of the decode steps;
+- pure decode tok/s: the ceiling, the same decode program with every slot busy and no insert: --slots
+  rows of --max-new tokens, tokens / the decode programs' time;
+- static tok/s: `sample` over the same rows, --slots rows per program (prompts_per_program = slots / n,
+  as grpo.sample_prompts runs it), and its slot efficiency: tokens / (rows per program x its longest row).
+
+Models (bench shapes as benchmarks/tpu_decode.py names them): `tiny` (the `tiny` recipe's model: 4
+layers, d_model 128, window 64, the 100k dolma2 vocabulary; float32), `190m` and `1b` (OLMo-core
+3.0.0's olmo3_190M and olmo3_1B shapes, benchmarks/shapes.py, with the 7B's windows and vocabulary;
+--dtype, default bfloat16). Random weights. --set model.X=Y changes the model. Prints a table; asserts
+nothing; --json writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
+
+from shapes import SHAPE_1B, SHAPE_190M  # noqa: E402 - the training table's shapes (overrides)
+
+SPREADS = ("uniform", "lognormal")
+
+
+def model_config(name: str, dtype: str, overrides: list[str]):
+    from olmax.config.experiment import ExperimentConfig
+    from olmax.config.io import apply_overrides
+    from olmax.config.recipes import OLMO3_7B, TINY
+
+    on = lambda model, extra: apply_overrides(dataclasses.replace(ExperimentConfig(), model=model), extra).model
+    model = on(TINY if name == "tiny" else OLMO3_7B, {"tiny": [], "190m": SHAPE_190M, "1b": SHAPE_1B}[name])
+    model = dataclasses.replace(model, param_dtype=dtype, compute_dtype=dtype, remat="none")
+    return on(model, overrides)
+
+
+def row_lengths(spread: str, rows: int, max_new: int, sigma: float, seed: int):
+    """Each row's forced length (module doc)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if spread == "uniform":
+        x = rng.uniform(0.1, 1.0, rows)
+    else:
+        x = 0.3 * np.exp(sigma * rng.standard_normal(rows))
+    return np.clip(np.round(x * max_new), 1, max_new).astype(np.int32)
+
+
+def timed(fn, runs: int) -> tuple[float, object]:
+    """(median seconds of `runs` calls after a warm-up call, the last call's result)."""
+    fn()
+    times, out = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def bench_engine(params, cfg, prompts, limits, args, cache_len: int) -> dict:
+    """The engine on the rows, closed (until the last row stops) and fed (the chunks during which rows
+    were waiting for a slot: what a stream of prompts, an asynchronous RL loop's, would see)."""
+    from olmax.rollout.engine import Counters, SlotEngine
+    from olmax.rollout.sampler import Sampling
+
+    def run():
+        engine = SlotEngine(
+            cfg,
+            slots=args.slots,
+            cache_len=cache_len,
+            sampling=Sampling(temperature=1.0, seed=1),
+            chunk_steps=args.chunk_steps,
+            narrow=args.narrow,
+            refill_at=args.refill_at,
+        )
+        for i, p in enumerate(prompts):
+            engine.add(p, args.n, first_index=i * args.n, limits=limits[i * args.n : (i + 1) * args.n])
+        fed, tokens = Counters(args.slots), 0
+        t0 = time.perf_counter()
+        while engine.pending() or engine.active():
+            chunk = engine.run_chunk(params)
+            tokens += sum(len(f.tokens) for f in chunk.finished)
+            fed = fed + chunk.counters if engine.pending() else fed  # rows waited all through its decoding
+        took = time.perf_counter() - t0
+        assert tokens == int(limits.sum())  # EOS off: every row to its limit
+        return took, engine.totals, fed
+
+    run()  # warm-up: every program the workload needs compiles
+    results = sorted((run() for _ in range(args.runs)), key=lambda r: r[0])
+    wall, t, fed = results[len(results) // 2]
+    fed_s = fed.insert_s + fed.decode_s + fed.host_s
+    return {
+        "tok_s": int(limits.sum()) / wall,
+        "wall_s": wall,
+        "slot_efficiency": t.slot_efficiency,
+        "insert_share": t.insert_s / wall,
+        "decode_steps": t.decode_steps,
+        "prefills": t.prefills,
+        "fed_tok_s": fed.useful_tokens / fed_s if fed_s else float("nan"),
+        "fed_slot_efficiency": fed.slot_efficiency,
+        "fed_step_share": fed.decode_steps / t.decode_steps,
+    }
+
+
+def bench_pure(params, cfg, prompt, args, cache_len: int) -> dict:
+    """Every slot busy for --max-new steps, no insert after the first: the decode programs' tokens/s."""
+    from olmax.rollout.engine import SlotEngine
+    from olmax.rollout.sampler import Sampling
+
+    def run():
+        engine = SlotEngine(
+            cfg,
+            slots=args.slots,
+            cache_len=cache_len,
+            sampling=Sampling(temperature=1.0, seed=1),
+            chunk_steps=args.chunk_steps,
+        )
+        engine.add(prompt, args.slots, limits=args.max_new)
+        engine.run(params)
+        t = engine.totals
+        assert t.slot_efficiency == 1.0
+        return t.useful_tokens / t.decode_s
+
+    run()
+    return {"tok_s": statistics.median(run() for _ in range(args.runs))}
+
+
+def bench_static(params, cfg, prompts, limits, args) -> dict:
+    import jax
+
+    from olmax.rollout.sampler import Sampling, sample
+
+    per = args.slots // args.n
+    call = lambda: jax.block_until_ready(
+        sample(
+            params,
+            cfg,
+            prompts,
+            args.max_new,
+            n=args.n,
+            sampling=Sampling(temperature=1.0, seed=1),
+            limits=limits,
+            prompts_per_program=per,
+        )
+    )
+    wall, _ = timed(call, args.runs)
+    programs = [limits[i : i + args.slots] for i in range(0, len(limits), args.slots)]
+    steps = sum(int(p.max()) for p in programs)
+    return {"tok_s": int(limits.sum()) / wall, "slot_efficiency": int(limits.sum()) / (args.slots * steps)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", choices=("tiny", "190m", "1b"))
+    p.add_argument("--dtype", help="parameters and compute (default float32 for tiny, else bfloat16)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model.* override")
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--prompts", type=int, default=8, help="prompts (groups)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--max-new", type=int, default=64, help="the longest row")
+    p.add_argument("--cache-len", type=int, default=0, help="the engine's (0: prompt + max new, to a multiple of 128)")
+    p.add_argument("--chunk-steps", type=int, default=32)
+    p.add_argument("--refill-at", type=int, default=0, help="EngineConfig.refill_at (0: automatic)")
+    p.add_argument("--narrow", type=int, default=2, help="EngineConfig.narrow (0: the drain decodes every slot)")
+    p.add_argument("--spreads", default=",".join(SPREADS))
+    p.add_argument("--sigma", type=float, default=0.8, help="lognormal's sigma")
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--no-static", action="store_true", help="leave the static sampler out")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    if args.slots % args.n:
+        p.error(f"--slots ({args.slots}) must be a multiple of --n ({args.n}) for the static sampler's programs")
+    from olmax.cli.common import tpu_profile_env
+
+    tpu_profile_env()  # a TPU's flag profile, as the olmax commands set it (nothing on a CPU host)
+    import jax
+    import numpy as np
+
+    from olmax.model.olmo3 import init_params
+    from olmax.rollout.cache import slots as ring_slots
+
+    cfg = model_config(args.model, args.dtype or ("float32" if args.model == "tiny" else "bfloat16"), args.set)
+    cache_len = args.cache_len or -(-(args.prompt_len + args.max_new) // 128) * 128
+    params = jax.block_until_ready(jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0)))
+    prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.prompts, args.prompt_len)).tolist()
+    per_slot = sum(ring_slots(cfg, i, cache_len) for i in range(cfg.n_layers)) * 2 * cfg.n_kv_heads * cfg.head_dim
+    kv_gib = args.slots * per_slot * np.dtype(cfg.compute_dtype).itemsize / 2**30
+    device = jax.devices()[0]
+    head = (
+        f"# {time.strftime('%Y-%m-%d %H:%M %Z')}, {device.device_kind} ({device.platform}), {platform.machine()}, "
+        f"load {os.getloadavg()[0]:.1f}; model {args.model} ({cfg.param_dtype}), {args.slots} slots, "
+        f"{args.prompts} x {args.n} rows, prompt {args.prompt_len}, max new {args.max_new}, cache {cache_len} "
+        f"({kv_gib:.3g} GiB of KV), "
+        f"chunk {args.chunk_steps}, refill_at {args.refill_at or 'auto'}, narrow {args.narrow}; median of {args.runs}"
+    )
+    print(head, flush=True)
+    pure = bench_pure(params, cfg, prompts[0], args, cache_len)
+    rows = []
+    for spread in args.spreads.split(","):
+        limits = row_lengths(spread, args.prompts * args.n, args.max_new, args.sigma, seed=1)
+        row = {"spread": spread, "mean_len": float(limits.mean()), "pure_tok_s": pure["tok_s"]}
+        row.update({f"engine_{k}": v for k, v in bench_engine(params, cfg, prompts, limits, args, cache_len).items()})
+        if not args.no_static:
+            row.update({f"static_{k}": v for k, v in bench_static(params, cfg, prompts, limits, args).items()})
+        rows.append(row)
+        print(f"  {spread}: done", flush=True)
+    print(
+        "| spread | mean len | engine tok/s | pure decode tok/s | engine / pure | slot efficiency | insert+prefill "
+        "share | fed: tok/s, / pure, slot efficiency (share of steps) | static tok/s | static slot efficiency "
+        "| engine / static |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        pure_tok_s, static = r["pure_tok_s"], r.get("static_tok_s")
+        print(
+            f"| {r['spread']} | {r['mean_len']:.0f} | {r['engine_tok_s']:.0f} | {pure_tok_s:.0f} "
+            f"| {r['engine_tok_s'] / pure_tok_s:.2f} | {r['engine_slot_efficiency']:.2f} "
+            f"| {100 * r['engine_insert_share']:.1f}% | {r['engine_fed_tok_s']:.0f}, "
+            f"{r['engine_fed_tok_s'] / pure_tok_s:.2f}, {r['engine_fed_slot_efficiency']:.2f} "
+            f"({100 * r['engine_fed_step_share']:.0f}%) | "
+            + (
+                f"{static:.0f} | {r['static_slot_efficiency']:.2f} | {r['engine_tok_s'] / static:.2f}x |"
+                if static
+                else "- | - | - |"
+            )
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "head": head, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

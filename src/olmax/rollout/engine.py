@@ -1,0 +1,481 @@
+"""A continuous-batching rollout engine: a fixed number of slots decode together, rows that stop leave
+their slot and waiting rows take it, so a batch no longer costs its longest row (the static sampler,
+olmax.rollout.sampler, decodes until every row of a batch has stopped).
+
+    engine = SlotEngine(model_cfg, mesh, slots=64, cache_len=4096, sampling=Sampling(temperature=1.0, seed=s),
+                        eos_ids=eos, stop_text=table)
+    engine.add(prompt_ids, n=8, first_index=8 * i, limits=max_response_len)   # one group: 8 rows
+    while engine.pending() or engine.active():
+        chunk = engine.run_chunk(params, version)   # params may change between chunks
+        for row in chunk.finished: ...              # tokens, log-probs, each token's policy version
+    engine.totals.slot_efficiency                   # useful tokens / slot steps decoded
+
+The scheme is JetStream's prefill / insert / generate over a fixed set of decode slots and vLLM's
+continuous batching, on olmax's ring KV cache with its shared clock (olmax.rollout.slots has the
+device side and why the visibility mask stays exact). A call of `run_chunk`:
+
+1. insert: the waiting rows take the free slots, oldest first; the rows of one group (one `add`)
+   inserted together share ONE prefill of their prompt, as the static sampler repeats a prompt's cache
+   rows to its n samples (a group split by too few free slots is prefilled once per part);
+2. decode: one jitted `jax.lax.while_loop` runs up to `chunk_steps` steps, or until `refill_at` slots
+   are free while rows wait, or until no row is left: the host is involved once per chunk, not per token.
+   Once no row waits (the drain at the end of a batch) the rows left move to the first slots and only
+   those are decoded (`narrow`: a half-, then a quarter-width program), so a drain's step costs less;
+3. collect: the chunk's tokens come back as (width, chunk_steps) arrays (a row's tokens of a chunk are
+   contiguous: rows enter only between chunks); the rows that stopped are returned and their slots freed.
+
+Same tokens as the static sampler. Request row i's t-th new token is drawn with
+fold_in(fold_in(key(seed), t), i), t the ROW's own count of new tokens (not the clock), i its index in
+the whole request (`first_index` + its sample number), so for the same seed, index and settings the
+engine gives the static sampler's tokens whatever the slots, the order of insertion or the other rows
+(tests/rollout/test_rollout_engine.py), and its log-probs (log_softmax(logits / T) over the real
+vocabulary) within float32 rounding. The stops are the sampler's: a per-row limit, EOS ids (kept),
+stop strings on the text (olmax.rollout.text.stop_table, one automaton state per row).
+
+Policy versions (in-flight weight updates, as AI2's OlmoRL and PipelineRL run them): `run_chunk` takes
+the parameters and their version; each token is tagged with the version of the parameters whose
+logits it was drawn from, which is what its log-prob is under. A row that spans an update keeps the
+keys and values of its earlier tokens, computed by the older parameters (they are not recomputed),
+and the first token of a chunk is drawn from logits the previous chunk computed.
+
+Preemption: `snapshot()` gives the unfinished rows (waiting or in a slot) as host numpy arrays, their
+prompts, tokens so far with log-probs and versions, limits, keys and stop-automaton states;
+`restore(snapshot)` (on a new engine) queues them first, and each is prefilled again as its prompt +
+its tokens so far and continues at its own t, so the tokens are those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from olmax.config.mesh import BATCH_AXES
+from olmax.config.model import ModelConfig
+from olmax.errors import ConfigError
+from olmax.model.sharding import gather, place
+from olmax.rollout.sampler import FINISH, Sampling, _bucket, _eos_table, _text_table
+from olmax.rollout.slots import programs
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's shape: every program's static sizes."""
+
+    slots: int
+    """Rows decoded at once: the batch of every decoding step and of the KV cache. On a mesh, a
+    multiple of the batch axes (data x fsdp), over which the slots are split as the sampler's rows."""
+    cache_len: int
+    """Positions per slot on every full-attention layer's ring (a window layer holds min(window,
+    cache_len)): a row's prompt + its max new tokens must fit."""
+    chunk_steps: int = 32
+    """Most decoding steps per call of the decode program: the host sees the slots once per chunk."""
+    narrow: int = 2
+    """Halvings of the decoding width allowed while no row waits (the drain at the end of a batch):
+    with at most slots / 2^k rows left they move to the first slots / 2^k slots, and only those are
+    decoded, at a fraction of a full step's cost (a program per width). 0: every step decodes every
+    slot. Off on a mesh that splits the slots (a prefix of the slots would sit on some devices only)."""
+    prefill_batch: int = 0
+    """Most sequences prefilled by one insert program (0: slots // 8, at least 1). Its transient
+    memory is that many rows of the cache, at the engine's ring sizes; a group's rows share one."""
+    refill_at: int = 0
+    """A chunk ends early once this many slots are free while rows wait (at most the waiting rows).
+    Fewer means fewer idle slots and more chunks, inserts and prefills (a group split over two inserts
+    is prefilled twice). 0: slots // 8, at least 1 and at most the oldest waiting group's rows (64 and
+    128 slots take a group of 8 whole; 16 slots take rows two by two)."""
+
+    def __post_init__(self):
+        knobs = (
+            ("slots", 1),
+            ("cache_len", 2),
+            ("chunk_steps", 1),
+            ("narrow", 0),
+            ("prefill_batch", 0),
+            ("refill_at", 0),
+        )
+        for name, least in knobs:
+            if getattr(self, name) < least:
+                raise ConfigError(f"engine {name} must be at least {least}, got {getattr(self, name)}")
+        if self.refill_at > self.slots:
+            raise ConfigError(f"engine refill_at={self.refill_at} exceeds slots={self.slots}")
+
+
+class Finished(NamedTuple):
+    """One row that stopped."""
+
+    index: int  # its position in the whole request (keys its draws)
+    group: int  # the `add` call it came from
+    prompt: np.ndarray  # int32 prompt tokens
+    tokens: np.ndarray  # int32 new tokens, the stopping EOS / stop string's last token included
+    logprobs: np.ndarray  # float32 log_softmax(logits / T)[token], as the static sampler's
+    versions: np.ndarray  # int32 the policy version each token was drawn under (module doc)
+    finish: str  # one of olmax.rollout.sampler.FINISH
+
+
+@dataclass(frozen=True)
+class Counters:
+    """What decoding cost; totals add up over chunks (`+`)."""
+
+    slots: int
+    decode_steps: int = 0  # steps of the decode loop
+    slot_steps: int = 0  # slots decoded, summed over the steps (slots x steps but in a narrowed drain)
+    busy_slot_steps: int = 0  # slots holding a decoding row, summed over the steps
+    useful_tokens: int = 0  # new tokens returned (or kept for unfinished rows)
+    inserted_rows: int = 0
+    prefills: int = 0  # sequences prefilled (a group's rows inserted together share one)
+    moved_rows: int = 0  # rows moved to the first slots for a narrower decoding (EngineConfig.narrow)
+    insert_s: float = 0.0  # the insert and move programs (prefill, copies of rows), host side included
+    decode_s: float = 0.0  # the decode programs and reading their tokens back
+    host_s: float = 0.0  # the rest: bookkeeping of finished rows
+
+    def __add__(self, other: "Counters") -> "Counters":
+        sums = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)}
+        return Counters(**{**sums, "slots": self.slots})
+
+    @property
+    def slot_efficiency(self) -> float:
+        """Useful tokens / slot steps (slots x decode steps, but for a narrowed drain's steps): the share
+        of the row-steps computed that made a token (the static sampler's is its rows' mean length over
+        its longest)."""
+        return self.useful_tokens / max(1, self.slot_steps)
+
+
+class Chunk(NamedTuple):
+    finished: list[Finished]
+    counters: Counters
+
+
+@dataclass
+class _Row:
+    """A row on the host: what it needs to be (re)inserted and what it has made so far."""
+
+    group: int
+    index: int
+    prompt: np.ndarray
+    limit: int
+    key: np.ndarray  # the key data of its seed
+    text: int = 0  # the stop automaton's state after `tokens` (read from the slot by `snapshot`)
+    tokens: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    versions: list = field(default_factory=list)
+    logits_version: int = 0  # the version of the logits its next token is drawn from, while in a slot
+
+
+class SlotEngine:
+    """See the module doc. `mesh`: the trainer's mesh, on which `params` are laid out by
+    olmax.model.olmo3.param_shardings (None: one device). `sampling`: temperature, top-k, top-p, and the
+    seed of rows added without their own. `eos_ids`, `stop_text`: the static sampler's stops."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        mesh=None,
+        *,
+        slots: int,
+        cache_len: int,
+        sampling: Sampling = Sampling(),
+        chunk_steps: int = 32,
+        narrow: int = 2,
+        prefill_batch: int = 0,
+        refill_at: int = 0,
+        eos_ids: Sequence[int] = (),
+        stop_text: Optional[np.ndarray] = None,
+    ):
+        self.config = EngineConfig(slots, cache_len, chunk_steps, narrow, prefill_batch, refill_at)
+        split = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
+        if slots % split:
+            raise ConfigError(
+                f"engine slots={slots} must be a multiple of the mesh's batch axes {BATCH_AXES} ({split} "
+                "devices), over which the slots are split"
+            )
+        self.cfg, self.mesh, self.sampling = cfg, mesh, sampling
+        self._key_words = self._key_data(0).shape[0]
+        halvings = 0 if split > 1 else narrow
+        self._widths = tuple(slots >> k for k in range(halvings + 1) if slots % (1 << k) == 0)
+        self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.temperature > 0, self._key_words, mesh)
+        tables = (
+            np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32),
+            _eos_table(eos_ids),
+            _text_table(stop_text, cfg.vocab_size),  # (16, vocab) with stop strings: placed once, not per chunk
+        )
+        self._tables = tuple(jax.device_put(t) if mesh is None else self._place(t) for t in tables)
+        with self._on_mesh():
+            self._state = self._programs.init()
+        self._head: tuple = (None, None)  # (the parameters' output layer, cut to the real vocabulary)
+        self._waiting: deque[_Row] = deque()
+        self._slots: list[Optional[_Row]] = [None] * slots
+        self._groups = 0
+        self.totals = Counters(slots)
+
+    # ------------------------------------------------------------------------------------------
+    # requests
+
+    def add(
+        self,
+        prompt: Sequence[int],
+        n: int = 1,
+        *,
+        first_index: int = 0,
+        limits: int | Sequence[int],
+        seed: Optional[int] = None,
+    ) -> int:
+        """Queue one group: `n` rows of `prompt`, request indices first_index .. first_index + n - 1
+        (the static sampler's rows of prompt i are i*n .. i*n + n - 1), each with its own max new tokens
+        (`limits`: one for all, or one per row), drawn with `seed` (default: the engine's
+        sampling.seed). Returns the group's id (Finished.group)."""
+        prompt = np.asarray(prompt, np.int32)
+        if prompt.ndim != 1 or prompt.size == 0:
+            raise ConfigError(f"a prompt is a non-empty list of token ids, got shape {prompt.shape}")
+        if prompt.min() < 0 or prompt.max() >= self.cfg.vocab_size:
+            raise ConfigError(f"prompt token ids must be in 0..{self.cfg.vocab_size - 1} (model.vocab_size)")
+        if n < 1:
+            raise ConfigError(f"n (rows of the group) must be at least 1, got {n}")
+        limits = np.broadcast_to(np.asarray(limits, np.int64), (n,)) if np.ndim(limits) == 0 else np.asarray(limits)
+        if limits.shape != (n,) or limits.min() < 1:
+            raise ConfigError(f"limits needs one max new tokens >= 1 per row ({n}), got {limits}")
+        if prompt.size + int(limits.max()) > self.config.cache_len:
+            raise ConfigError(
+                f"a prompt of {prompt.size} tokens + limits up to {int(limits.max())} new tokens is longer than "
+                f"the engine's cache_len={self.config.cache_len}"
+            )
+        group, self._groups = self._groups, self._groups + 1
+        key = self._key_data(self.sampling.seed if seed is None else seed)
+        for k in range(n):
+            self._waiting.append(_Row(group, first_index + k, prompt, int(limits[k]), key))
+        return group
+
+    def pending(self) -> int:
+        """Rows waiting for a slot."""
+        return len(self._waiting)
+
+    def active(self) -> int:
+        """Rows in a slot (decoding)."""
+        return sum(r is not None for r in self._slots)
+
+    # ------------------------------------------------------------------------------------------
+    # decoding
+
+    def run_chunk(self, params, version: int = 0) -> Chunk:
+        """Insert waiting rows into the free slots, decode one chunk with `params` (of policy `version`),
+        return the rows that stopped in it and what it cost (module doc). Nothing to do: an empty chunk."""
+        t0 = time.perf_counter()
+        params = self._params(params)
+        inserted, prefills = self._insert(params, version)
+        moved = 0 if self._waiting else self._compact()
+        t1 = time.perf_counter()
+        if not self.active():
+            return Chunk([], Counters(self.config.slots, insert_s=t1 - t0))
+        last = max(b for b, r in enumerate(self._slots) if r is not None)
+        width = min(w for w in self._widths if w > last)
+        free_target = self._free_target(width)
+        with self._on_mesh():
+            run = self._programs.chunk(width)
+            self._state, out = run(params, self._state, *self._tables, self._place(np.int32(free_target)))
+        tokens, logprobs, count, active, finish = self._fetch(
+            out.tokens, out.logprobs, self._state.count, self._state.active, self._state.finish
+        )
+        steps, busy = int(out.steps), int(out.busy)
+        t2 = time.perf_counter()
+        finished, useful = [], 0
+        for b, row in enumerate(self._slots):
+            if row is None:
+                continue
+            k = int(count[b]) - len(row.tokens)
+            useful += k
+            row.tokens += tokens[b, :k].tolist()
+            row.logprobs += logprobs[b, :k].tolist()
+            row.versions += [row.logits_version] + [version] * (k - 1) if k else []
+            row.logits_version = version if k else row.logits_version
+            if not active[b]:
+                finished.append(self._finished(row, FINISH[int(finish[b])]))
+                self._slots[b] = None
+        counters = Counters(
+            self.config.slots,
+            steps,
+            width * steps,
+            busy,
+            useful,
+            inserted,
+            prefills,
+            moved,
+            t1 - t0,
+            t2 - t1,
+            time.perf_counter() - t2,
+        )
+        self.totals = self.totals + counters
+        return Chunk(finished, counters)
+
+    def run(self, params, version: int = 0) -> list[Finished]:
+        """Chunks until no row waits or decodes; every row that stopped, in request-index order."""
+        out: list[Finished] = []
+        while self._waiting or self.active():
+            out += self.run_chunk(params, version).finished
+        return sorted(out, key=lambda r: r.index)
+
+    def _free_target(self, width: int) -> int:
+        """The free slots at which a chunk decoding `width` slots ends: with rows waiting,
+        EngineConfig.refill_at (or its automatic value, there), at most the waiting rows; in a drain,
+        as soon as the next narrower width holds the rows left; else never (slots + 1)."""
+        slots = self.config.slots
+        if not self._waiting:
+            narrower = [w for w in self._widths if w < width]
+            return slots - max(narrower) if narrower else slots + 1
+        group = self._waiting[0].group
+        auto = max(1, min(slots // 8, sum(1 for r in self._waiting if r.group == group)))
+        return min(self.config.refill_at or auto, len(self._waiting))
+
+    def _insert(self, params, version: int) -> tuple[int, int]:
+        """The waiting rows into the free slots: (rows inserted, sequences prefilled). A group's fresh rows
+        share one prefill; a row with tokens (restored) is its own sequence. At most
+        EngineConfig.prefill_batch sequences per insert program."""
+        free = [b for b, r in enumerate(self._slots) if r is None]
+        rows = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
+        by_seq: dict = {}
+        for row, b in zip(rows, free):
+            by_seq.setdefault((row.group, -1) if not row.tokens else (row.group, row.index), []).append((row, b))
+            row.logits_version = version
+            self._slots[b] = row
+        parts = list(by_seq.values())
+        batch = self.config.prefill_batch or max(1, self.config.slots // 8)
+        for first in range(0, len(parts), batch):
+            self._insert_program(params, parts[first : first + batch])
+        return len(rows), len(parts)
+
+    def _insert_program(self, params, parts: list) -> None:
+        """One insert program: each part's sequence (its first row's prompt + tokens) prefilled once and
+        copied into its rows' slots."""
+        sequences = [np.concatenate([p[0][0].prompt, np.asarray(p[0][0].tokens, np.int32)]) for p in parts]
+        width = _bucket(max(len(s) for s in sequences))
+        prompts = np.zeros((_bucket(len(sequences), 1), width), np.int32)
+        lengths = np.ones(len(prompts), np.int32)  # the bucket's padding prompts: one token, never copied
+        for i, s in enumerate(sequences):  # left-padded (olmax.rollout.cache: the rows share one clock)
+            prompts[i, width - len(s) :], lengths[i] = s, len(s)
+        slots = self.config.slots
+        src, dst = np.zeros(slots, np.int32), np.full(slots, slots, np.int32)  # unused entries: slot B, dropped
+        index, limit, count, text = (np.zeros(slots, np.int32) for _ in range(4))
+        key = np.zeros((slots, self._key_words), np.uint32)
+        entries = [(i, row, b) for i, part in enumerate(parts) for row, b in part]
+        for r, (i, row, b) in enumerate(entries):
+            src[r], dst[r], index[r], limit[r], key[r] = i, b, row.index, row.limit, row.key
+            count[r], text[r] = len(row.tokens), row.text
+        args = (prompts, lengths, src, dst, np.int32(len(entries)), index, limit, count, text, key)
+        with self._on_mesh():
+            self._state = self._programs.insert(params, self._state, *(self._place(a) for a in args))
+        jax.block_until_ready(self._state.clock)  # the insert's time apart from the decoding's
+
+    def _compact(self) -> int:
+        """Move the rows in a slot past the narrowest decoding width that holds them all into free slots
+        below it (EngineConfig.narrow). Returns the rows moved."""
+        occupied = [b for b, r in enumerate(self._slots) if r is not None]
+        width = min(w for w in self._widths if w >= len(occupied))
+        movers = [b for b in occupied if b >= width]
+        if not movers:
+            return 0
+        holes = [b for b in range(width) if self._slots[b] is None]
+        src, dst = np.zeros(self.config.slots, np.int32), np.zeros(self.config.slots, np.int32)
+        for r, (a, b) in enumerate(zip(movers, holes)):
+            src[r], dst[r] = a, b
+            self._slots[b], self._slots[a] = self._slots[a], None
+        args = (src, dst, np.int32(len(movers)))
+        with self._on_mesh():
+            self._state = self._programs.compact(self._state, *(self._place(a) for a in args))
+        jax.block_until_ready(self._state.clock)
+        return len(movers)
+
+    # ------------------------------------------------------------------------------------------
+    # preemption
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The unfinished rows (in a slot first, then waiting) as host arrays; ragged fields are
+        concatenated with their lengths beside them. `restore` takes it back."""
+        text = self._fetch(self._state.text)[0]
+        for b, row in enumerate(self._slots):
+            if row is not None:
+                row.text = int(text[b])
+        rows = [r for r in self._slots if r is not None] + list(self._waiting)
+        cat = lambda name, dtype: np.asarray([x for r in rows for x in getattr(r, name)], dtype)
+        return {
+            "group": np.asarray([r.group for r in rows], np.int64),
+            "index": np.asarray([r.index for r in rows], np.int64),
+            "limit": np.asarray([r.limit for r in rows], np.int64),
+            "key": np.asarray([r.key for r in rows], np.uint32).reshape(len(rows), self._key_words),
+            "text": np.asarray([r.text for r in rows], np.int64),
+            "prompt_lens": np.asarray([len(r.prompt) for r in rows], np.int64),
+            "prompts": cat("prompt", np.int32),
+            "token_lens": np.asarray([len(r.tokens) for r in rows], np.int64),
+            "tokens": cat("tokens", np.int32),
+            "logprobs": cat("logprobs", np.float32),
+            "versions": cat("versions", np.int32),
+        }
+
+    def restore(self, snapshot: dict[str, np.ndarray], next_group: int = 0) -> None:
+        """Queue a snapshot's rows ahead of the waiting ones; each re-enters a slot prefilled with its
+        prompt + its tokens so far and goes on at its own t (module doc). The rows keep their groups'
+        ids; the next `add` gets at least `next_group` (and an id past every restored row's)."""
+        cuts = lambda lens: np.cumsum(np.concatenate([[0], lens]))
+        p, t = cuts(snapshot["prompt_lens"]), cuts(snapshot["token_lens"])
+        rows = []
+        for i in range(len(snapshot["index"])):
+            row = _Row(
+                int(snapshot["group"][i]),
+                int(snapshot["index"][i]),
+                np.asarray(snapshot["prompts"][p[i] : p[i + 1]], np.int32),
+                int(snapshot["limit"][i]),
+                np.asarray(snapshot["key"][i], np.uint32),
+                int(snapshot["text"][i]),
+                *(snapshot[k][t[i] : t[i + 1]].tolist() for k in ("tokens", "logprobs", "versions")),
+            )
+            if len(row.prompt) + row.limit > self.config.cache_len:
+                raise ConfigError(
+                    f"restored row {row.index} needs {len(row.prompt) + row.limit} positions, "
+                    f"more than the engine's cache_len={self.config.cache_len}"
+                )
+            rows.append(row)
+        self._waiting.extendleft(reversed(rows))
+        self._groups = max([self._groups, next_group] + [r.group + 1 for r in rows])
+
+    # ------------------------------------------------------------------------------------------
+    # helpers
+
+    def _finished(self, row: _Row, finish: str) -> Finished:
+        return Finished(
+            row.index,
+            row.group,
+            row.prompt,
+            np.asarray(row.tokens, np.int32),
+            np.asarray(row.logprobs, np.float32),
+            np.asarray(row.versions, np.int32),
+            finish,
+        )
+
+    def _params(self, params: dict) -> dict:
+        """The parameters as the programs take them: on one device the output layer's weight cut to the
+        real vocabulary, once per parameters (sampler._loop cuts it once per rollout), so that no step
+        computes the padding's logits; on a mesh, where that axis is split, as they are."""
+        if self.mesh is not None:
+            return params
+        if self._head[0] is not params["lm_head"]:
+            self._head = (params["lm_head"], params["lm_head"][:, : self.cfg.vocab_size])
+        return {**params, "lm_head": self._head[1]}
+
+    @staticmethod
+    def _key_data(seed: int) -> np.ndarray:
+        return np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
+
+    def _on_mesh(self):
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    def _place(self, x):
+        """A host array as the programs take it: replicated over the mesh (every process holds it whole)."""
+        return x if self.mesh is None else place(NamedSharding(self.mesh, PartitionSpec()), np.asarray(x))
+
+    def _fetch(self, *arrays) -> list[np.ndarray]:
+        return [np.asarray(a) if self.mesh is None else gather(a) for a in arrays]

@@ -1,0 +1,339 @@
+"""The slot engine's device side (olmax.rollout.engine has the host side and the design): the state of
+a fixed number of slots on one KV cache, and its jitted programs: `insert` (prefill prompts once,
+copy their cache rows into free slots), `chunk` (decode up to K steps in a `jax.lax.while_loop`, on
+all the slots or on the first `width` of them) and `compact` (move rows to the first slots).
+
+Every shape is static: the slots, the cache length, the chunk's K; a prefill's prompt count and width
+are bucketed to powers of two (one insert program per bucket pair). The slots share ONE clock, as the
+static sampler's rows do (olmax.rollout.cache): a decoding step at time c writes ring slot c % S of
+every slot's row, one in-place update at a scalar index.
+
+Inserting a sequence of L tokens at clock c puts its tokens at times c - L .. c - 1 of its slot's row
+(first = c - L), so the row's next token is fed at time c with every other slot's. The prefill runs on
+a fresh cache of the engine's ring sizes at times 0 .. T - 1 (T: the bucketed width, the sequence
+left-padded), which puts time tau in ring slot tau % S; the engine's row wants it in slot
+(c - T + tau) % S, so each row copied from the prefill's rings is rolled by (c - T) mod S.
+A prefill longer than a window ring keeps the newest time of each ring slot (cache._fill), which is
+the time that slot holds at clock c.
+
+Visibility. A decoding step at clock c attends from each row to the ring slots whose time is in
+first .. c (cache._decode_attention: slot s holds time c - ((c - s) mod S), the newest <= c that falls
+there; visible when that time >= first). That is exact for a row exactly when every time in
+first .. c of its row was written by the row itself, i.e. c - first < S on every full-attention
+layer (a window ring only ever holds times within its window): prompt + new tokens <= the cache length,
+which `add` checks. The clock grows past S, so full-attention rings wrap like window rings, and the
+time a ring slot holds is computed from the clock, not its index. A slot's previous occupant left its
+keys at times before the new row's first, which the mask hides; the insert overwrites the whole ring
+row anyway, and every time from first on is the new row's own (the prefill's, then one per step).
+Free slots within the decoded width keep being computed, their outputs discarded, with first = c, so
+their positions stay in the RoPE table.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.layout import Format, Layout
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from olmax.config.model import ModelConfig
+from olmax.model.olmo3 import abstract_params, param_shardings
+from olmax.rollout.cache import cache_spec, cached_forward, init_cache
+from olmax.rollout.sampler import _batch_sharding, _eos_table, _text_table, choose_with_keys, token_logprobs
+
+
+class SlotState(NamedTuple):
+    """The engine's device state, one entry per slot (B slots) but for the clock."""
+
+    cache: dict  # olmax.rollout.cache's layout, batch = the slots
+    logits: jax.Array  # (B, vocab) float32: the logits each slot's next token is chosen from
+    first: jax.Array  # (B,) int32: the row's first token's time on the shared clock
+    count: jax.Array  # (B,) int32: new tokens so far, the row's own t (keys its draws)
+    limit: jax.Array  # (B,) int32: the row's max new tokens
+    index: jax.Array  # (B,) int32: the row's position in the whole request (keys its draws)
+    key: jax.Array  # (B, key words) uint32: the key data of the row's seed
+    text: jax.Array  # (B,) int32: the row's text-stop automaton state (olmax.rollout.text.stop_table)
+    active: jax.Array  # (B,) bool: a row is decoding in the slot
+    finish: jax.Array  # (B,) int32: olmax.rollout.sampler.FINISH code of a row that stopped
+    clock: jax.Array  # () int32: the time of the next decoding step's tokens
+
+
+PER_SLOT = tuple(f for f in SlotState._fields if f not in ("cache", "clock"))
+
+
+def init_state(cfg: ModelConfig, slots: int, cache_len: int, key_words: int) -> SlotState:
+    """Empty slots on a zero cache, clock 0."""
+    ints = lambda: jnp.zeros((slots,), jnp.int32)
+    return SlotState(
+        cache=init_cache(cfg, slots, cache_len),
+        logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
+        first=ints(),
+        count=ints(),
+        limit=ints(),
+        index=ints(),
+        key=jnp.zeros((slots, key_words), jnp.uint32),
+        text=ints(),
+        active=jnp.zeros((slots,), bool),
+        finish=ints(),
+        clock=jnp.int32(0),
+    )
+
+
+def insert_program(cfg: ModelConfig, cache_len: int):
+    """insert(params, state, prompts (P, T) left-padded, lengths (P,), src, dst, rows, index, limit,
+    count, text, key) -> state. Entries r < rows put prompt src[r]'s prefill into slot dst[r] with
+    those per-row values (the arrays are one entry per slot; the entries past `rows` have dst = B,
+    which the scatters drop). A prompt's prefill runs once whatever the number of slots it fills."""
+    vocab = cfg.vocab_size
+
+    def insert(params, state: SlotState, prompts, lengths, src, dst, rows, index, limit, count, text, key):
+        p, width = prompts.shape
+        fresh = init_cache(cfg, p, cache_len)  # the engine's ring sizes, so a row copies whole
+        logits, fresh = cached_forward(
+            params, fresh, prompts, 0, cfg, width - lengths, max(cache_len, width), last_only=True, fresh=True
+        )
+        clock = state.clock
+
+        def put(r, cache):  # one row at a time, in place: a gather of every inserted row would be a cache's worth
+            def row(ring, new):
+                axis = ring.ndim - 4  # the batch axis, after a group's layer axis
+                one = jax.lax.dynamic_slice_in_dim(new, src[r], 1, axis)
+                # time tau sits in ring slot tau % S; the engine's row wants it at (clock - width + tau) % S
+                one = jnp.roll(one, jnp.remainder(clock - width, ring.shape[-2]), axis=ring.ndim - 2)
+                return jax.lax.dynamic_update_slice_in_dim(ring, one, dst[r], axis)
+
+            return jax.tree.map(row, cache, fresh)
+
+        cache = jax.lax.fori_loop(0, rows, put, state.cache)
+        put_small = lambda old, new: old.at[dst].set(new, mode="drop")
+        return state._replace(
+            cache=cache,
+            logits=put_small(state.logits, logits[:, 0, :vocab][src]),
+            first=put_small(state.first, clock - lengths[src]),
+            count=put_small(state.count, count),
+            limit=put_small(state.limit, limit),
+            index=put_small(state.index, index),
+            key=put_small(state.key, key),
+            text=put_small(state.text, text),
+            active=put_small(state.active, jnp.ones(dst.shape, bool)),
+            finish=put_small(state.finish, jnp.zeros(dst.shape, jnp.int32)),
+        )
+
+    return insert
+
+
+class ChunkOut(NamedTuple):
+    """What a decode chunk returns beside the state: each slot's tokens of this chunk, columns 0 .. k-1
+    for a row that made k (rows enter only between chunks, so a row's chunk tokens are contiguous)."""
+
+    tokens: jax.Array  # (width, K) int32, 0 where a slot made no token
+    logprobs: jax.Array  # (width, K) float32
+    steps: jax.Array  # () int32: decoding steps run
+    busy: jax.Array  # () int32: slots decoding, summed over the steps
+
+
+def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, sample: bool, width: int):
+    """chunk(params, state, rule, eos_ids, texts, free_target) -> (state, ChunkOut): decoding steps,
+    at most `steps`, while a row is active and fewer than free_target slots are free. Each step is the
+    static sampler's loop body (sampler._loop: choose, record, stop, feed) with each row's own t.
+    Only the first `width` slots are decoded (the others must be free): a step of fewer rows reads
+    and computes less, which the engine uses once no row waits (EngineConfig.narrow)."""
+    vocab = cfg.vocab_size
+
+    def chunk(params, state: SlotState, rule, eos_ids, texts, free_target):
+        slots = state.first.shape[0]
+        whole, narrow = state, width < slots
+        if narrow:
+            state = state._replace(**{f: getattr(state, f)[:width] for f in PER_SLOT})
+        temperature = rule[0] if sample else jnp.float32(1.0)
+
+        def keys(st: SlotState):
+            # request row i's t-th token: fold_in(fold_in(key(seed), t), i), as sampler._choose keys it
+            draw = lambda data, t, i: jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(data), t), i)
+            return jax.vmap(draw)(st.key, st.count, st.index)
+
+        def body(carry):
+            j, busy, st, tokens, logprobs = carry
+            live = st.active
+            token = choose_with_keys(st.logits, keys(st) if sample else None, rule if sample else None)
+            logp = token_logprobs(st.logits, token, temperature)
+            tokens = tokens.at[:, j].set(jnp.where(live, token, 0))
+            logprobs = logprobs.at[:, j].set(jnp.where(live, logp, 0.0))
+            count = st.count + live
+            eos = live & jnp.any(token[:, None] == eos_ids[None, :], axis=1)
+            after = texts[st.text, token]  # the text-stop automaton's next state; -1: a stop string ended
+            stop = live & (after < 0)
+            full = live & (count >= st.limit)
+            finish = jnp.where(eos, 1, jnp.where(stop, 2, jnp.where(full, 0, st.finish)))
+            first = jnp.where(live, st.first, st.clock)  # a free slot at position 0 (module doc)
+            logits, cache = cached_forward(params, st.cache, token[:, None], st.clock, cfg, first, cache_len)
+            st = st._replace(
+                cache=cache,
+                logits=logits[:, 0, :vocab],
+                count=count,
+                text=jnp.where(live, jnp.maximum(after, 0), st.text),
+                finish=finish,
+                active=live & ~(eos | stop | full),
+                clock=st.clock + 1,
+            )
+            return j + 1, busy + jnp.sum(live, dtype=jnp.int32), st, tokens, logprobs
+
+        def cond(carry):
+            j, _, st, _, _ = carry
+            running = jnp.sum(st.active, dtype=jnp.int32)
+            return (j < steps) & (running > 0) & (slots - running < free_target)
+
+        start = (
+            jnp.int32(0),
+            jnp.int32(0),
+            state,
+            jnp.zeros((width, steps), jnp.int32),
+            jnp.zeros((width, steps), jnp.float32),
+        )
+        j, busy, state, tokens, logprobs = jax.lax.while_loop(cond, body, start)
+        if narrow:
+            widen = lambda f: jax.lax.dynamic_update_slice_in_dim(getattr(whole, f), getattr(state, f), 0, 0)
+            state = state._replace(**{f: widen(f) for f in PER_SLOT})
+        return state, ChunkOut(tokens, logprobs, j, busy)
+
+    return chunk
+
+
+def compact_program():
+    """compact(state, src, dst, moves) -> state: entries r < moves move the row in slot src[r] to the
+    free slot dst[r] (one row at a time in place, as `insert` copies rows), so that the rows left in a
+    drain fill the first slots and a narrower chunk decodes them (EngineConfig.narrow)."""
+
+    def compact(state: SlotState, src, dst, moves):
+        def move(r, cache):
+            def row(ring):
+                axis = ring.ndim - 4
+                one = jax.lax.dynamic_slice_in_dim(ring, src[r], 1, axis)
+                return jax.lax.dynamic_update_slice_in_dim(ring, one, dst[r], axis)
+
+            return jax.tree.map(row, cache)
+
+        slots = state.first.shape[0]
+        real = jnp.arange(src.shape[0]) < moves
+        to, left = jnp.where(real, dst, slots), jnp.where(real, src, slots)  # slot B: dropped
+        small = {}
+        for f in PER_SLOT:
+            x = getattr(state, f)
+            moved = x[src]
+            if f == "active":
+                x = x.at[left].set(False, mode="drop")
+            small[f] = x.at[to].set(moved, mode="drop")
+        return state._replace(cache=jax.lax.fori_loop(0, moves, move, state.cache), **small)
+
+    return compact
+
+
+def state_shardings(state: SlotState, mesh) -> SlotState:
+    """The state's layout on `mesh`: the cache as olmax.rollout.cache lays it out, every per-slot array
+    over the batch axes (as the static sampler splits its rows), the clock replicated."""
+    batch = lambda x: _batch_sharding(mesh, *x.shape)
+    return SlotState(
+        cache=jax.tree.map(lambda x: NamedSharding(mesh, cache_spec(x.shape, mesh)), state.cache),
+        **{name: batch(getattr(state, name)) for name in PER_SLOT},
+        clock=NamedSharding(mesh, PartitionSpec()),
+    )
+
+
+class Programs(NamedTuple):
+    init: Callable
+    insert: Callable
+    compact: Callable
+    chunk: Callable  # decoding width -> its chunk program
+
+
+def programs(
+    cfg: ModelConfig, slots: int, cache_len: int, steps: int, sample: bool, key_words: int, mesh=None
+) -> Programs:
+    """The engine's programs, each jitted once per shape (and compiled at its first call; engines of one
+    shape share them). The state is donated, so the cache is updated in place. With a mesh the
+    parameters are laid out as the trainer lays them out (olmax.model.olmo3.param_shardings) and the
+    state by `state_shardings`; the host's small arrays are replicated."""
+    shape = (cfg, slots, cache_len, key_words, mesh)
+    return Programs(
+        _jitted(*shape, "init"),
+        _jitted(*shape, "insert"),
+        _jitted(*shape, "compact"),
+        lambda width: _jitted(*shape, "chunk", steps, sample, width),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=False, width=0):
+    """One of the programs (`programs`), jitted."""
+    init = functools.partial(init_state, cfg, slots, cache_len, key_words)
+    if name == "init":
+        fn, donate = init, ()
+    elif name == "insert":
+        fn, donate = insert_program(cfg, cache_len), (1,)
+    elif name == "compact":
+        fn, donate = compact_program(), (0,)
+    else:
+        fn, donate = chunk_program(cfg, cache_len, steps, sample, width), (1,)
+    state = cache_formats(cfg, slots, cache_len, key_words, mesh)
+    if mesh is None and state is None:
+        return jax.jit(fn, donate_argnums=donate)
+    params, rep, batch = _layouts(cfg, mesh)
+    state = state or state_shardings(jax.eval_shape(init), mesh)
+    ins, outs = {
+        "init": ((), state),
+        "insert": ((params, state, *[rep] * 10), state),
+        "compact": ((state, rep, rep, rep), state),
+        "chunk": (
+            (params, state, rep, rep, rep, rep),
+            (state, ChunkOut(batch(width, steps), batch(width, steps), rep, rep)),
+        ),
+    }[name]
+    return jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=donate)
+
+
+def _layouts(cfg: ModelConfig, mesh):
+    """(the parameters' shardings, a replicated one, the batch's by shape) on `mesh`, or on the one
+    default device without a mesh."""
+    if mesh is None:
+        one = SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda _: one, abstract_params(cfg)), one, lambda *shape: one
+    return param_shardings(cfg, mesh), NamedSharding(mesh, PartitionSpec()), functools.partial(_batch_sharding, mesh)
+
+
+@functools.lru_cache(maxsize=None)
+def cache_formats(cfg, slots, cache_len, key_words, mesh) -> Optional[SlotState]:
+    """On a TPU: the state's layouts, the cache's being those the decoding loop wants. The TPU compiler
+    lays a ring that the loop reads and writes out otherwise than row-major (each layer's keys and
+    values their own order of slots, kv heads and ring slots); a program that takes the cache as an
+    argument in another layout copies it whole on the way in and out (twice the cache's memory: a 190m
+    at 64 slots of 2176 positions needed 16.5 GiB for its 4.8 GiB of rings) and rewrites it every chunk.
+    So the chunk program is compiled once with the cache's layout left to the compiler, and every
+    program (init, insert, compact, each chunk width) takes and makes the cache in that layout. None
+    elsewhere: the CPU keeps row-major."""
+    devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
+    if devices[0].platform != "tpu":
+        return None
+    params, rep, batch = _layouts(cfg, mesh)
+    abstract = jax.eval_shape(functools.partial(init_state, cfg, slots, cache_len, key_words))
+    state = state_shardings(abstract, mesh) if mesh is not None else jax.tree.map(lambda _: rep, abstract)
+    auto = state._replace(cache=jax.tree.map(lambda s: Format(Layout.AUTO, s), state.cache))
+    program = jax.jit(  # one decoding step a chunk, sampled: the loop's layout is the same for any chunk
+        chunk_program(cfg, cache_len, 1, True, slots),
+        in_shardings=(params, auto, rep, rep, rep, rep),
+        out_shardings=(auto, ChunkOut(batch(slots, 1), batch(slots, 1), rep, rep)),
+        donate_argnums=1,
+    )
+    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    args = (
+        jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_params(cfg), params),
+        jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, state),
+        jax.ShapeDtypeStruct((3,), jnp.float32),
+        ints(*_eos_table((0,)).shape),  # the tables' sizes do not change the cache's layout
+        ints(*_text_table(None, cfg.vocab_size).shape),
+        ints(),
+    )
+    chosen = program.lower(*args).compile().input_formats[0][1]
+    return state._replace(cache=chosen.cache)

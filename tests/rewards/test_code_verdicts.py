@@ -1,0 +1,414 @@
+"""The code verifier's verdicts are out of the program's reach (olmax.rewards.code_tests, code_values).
+
+Each attack is a program that does not solve its task (`add(a, b)`, or echoing a number for stdio) and tries
+to score anyway, through the call the RL loop makes (`verifiers.call`, default isolation): by ending its
+test's process with exit status 0, by stopping the tests from running, by changing how the runner reads an
+exit status, by reading the report channel or the expected answers out of the runner, by returning a value
+that compares equal to anything, or by replacing the stdio comparison. Every one scored 1.0 (RL reward 10)
+on the verifier before the split; each must score 0. Honest programs, over the test forms the datasets use,
+score 1.0 as before. Then the planner's split (nothing of an expected value enters the program's process),
+its forms and refusals, and the evaluator's bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+
+import pytest
+
+from olmax.rewards import code, code_tests, code_values
+from olmax.rewards import verifiers as rewards
+
+sandboxed = pytest.mark.usefixtures("code_sandbox")
+
+OS = "__import__('o' + 's')"
+TESTS = ["assert add(1, 2) == 3", "assert add(2, 5) == 7", "assert add(-4, 4) == 0"]
+SCALE = 10.0  # grpo.reward_scale, open-instruct's --verification_reward
+STDIO = [{"input": "3\n", "output": "6\n"}, {"input": "10\n", "output": "20\n"}]  # print twice the input
+# the runner's own frames, found from the program (at load or from the function under test)
+FRAMES = "import sys\ndef frames():\n    f = sys._getframe()\n    while f:\n        yield f\n        f = f.f_back\n"
+
+
+def _score(program: str, tests=TESTS, stdio: bool = False) -> float:
+    name = code.STDIO_NAME if stdio else code.NAME
+    score, _ = rewards.call(name, f"```python\n{program}\n```", json.dumps(tests))
+    return score
+
+
+# the test's process ends with status 0 before its assert can fail
+EXITS = {
+    "os_exit": f"def add(a, b):\n    {OS}._exit(0)",
+    "libc_exit": "import ctypes\ndef add(a, b):\n    ctypes.CDLL(None)._exit(0)",
+    "exec_python": f"import sys\ndef add(a, b):\n    {OS}.execv(sys.executable, [sys.executable, '-c', ''])",
+    "alarm_handler": "import signal\ndef add(a, b):\n"
+                     f"    signal.signal(signal.SIGALRM, lambda *_: {OS}._exit(0))\n"
+                     "    signal.setitimer(signal.ITIMER_REAL, 0.01)\n    while True:\n        pass",
+    "audit_hook": f"import sys\nsys.addaudithook(lambda event, args: {OS}._exit(0) if event == 'exec' else None)\n"
+                  "def add(a, b):\n    return 0",
+    "thread": f"import _thread, time\ndef add(a, b):\n    _thread.start_new_thread({OS}._exit, (0,))\n"
+              "    time.sleep(2)",
+    "in_eq": f"class E:\n    def __eq__(self, other):\n        {OS}._exit(0)\ndef add(a, b):\n    return E()",
+}  # fmt: skip
+# the tests never run: exec, or the runner's function that runs them, replaced
+NO_RUN = {
+    "builtins_exec": "import builtins\nbuiltins.exec = lambda *args, **kwargs: None\ndef add(a, b):\n    return 0",
+    "runner_exec": "import sys\nsys.modules['__main__'].exec = lambda *args, **kwargs: None\ndef add(a, b):\n"
+                   "    return 0",
+    "runner_run": "import sys\nsys.modules['__main__']._run = lambda *args, **kwargs: (0, '')\ndef add(a, b):\n"
+                  "    return 0",
+}  # fmt: skip
+# how the runner reads a test's exit status, replaced
+WAIT = {
+    "waitstatus_to_exitcode": f"{OS}.waitstatus_to_exitcode = lambda status: 0\ndef add(a, b):\n    return 0",
+    "waitpid": f"o = {OS}\nreal = o.waitpid\no.waitpid = lambda pid, flags: (real(pid, flags)[0], 0)\n"
+               "def add(a, b):\n    return 0",
+}  # fmt: skip
+# the runner's report descriptor and nonce, or the expected answers, read out of the runner's process
+READ_OUT = {
+    "nonce_from_frames": FRAMES + "for f in frames():\n    if 'job' in f.f_locals and 'report' in f.f_locals:\n"
+                         "        job, fd = f.f_locals['job'], f.f_locals['report']\n"
+                         f"        for i in range({len(TESTS)}):\n"
+                         f"            {OS}.write(fd, f\"{{job['nonce']}} {{i}} pass\\n\".encode())\n"
+                         f"        {OS}._exit(0)\n",
+    "nonce_from_gc": "import gc\nfor o in gc.get_objects():\n    if isinstance(o, dict) and 'nonce' in o:\n"
+                     f"        for i in range({len(TESTS)}):\n"
+                     f"            {OS}.write(3, f\"{{o['nonce']}} {{i}} pass\\n\".encode())\n"
+                     f"        {OS}._exit(0)\n",
+    "test_constants": "import sys\ndef add(a, b):\n    consts = sys._getframe(1).f_code.co_consts\n"
+                      "    return [c for c in consts if type(c) is int][-1]",
+    "test_text_from_gc": "import gc, re\ndef add(a, b):\n    for o in gc.get_objects():\n"
+                         "        for s in (o.values() if isinstance(o, dict) else o if isinstance(o, list) else ()):\n"
+                         "            m = isinstance(s, str) and re.search(rf'add\\({a}, {b}\\) == (-?\\d+)', s)\n"
+                         "            if m:\n                return int(m.group(1))\n    return 0",
+    "test_text_from_frames": FRAMES + "import re\ndef add(a, b):\n    for f in frames():\n"
+                             "        for s in f.f_locals.values():\n"
+                             "            m = isinstance(s, str) and re.search(rf'add\\({a}, {b}\\) == (-?\\d+)', s)\n"
+                             "            if m:\n                return int(m.group(1))\n    return 0",
+}  # fmt: skip
+# a value that compares equal to anything (or makes the comparison come out so)
+EQUAL = {
+    "eq_true": "class A:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return A()",
+    "int_subclass": "class I(int):\n    __eq__ = lambda self, other: True\n    __hash__ = int.__hash__\n"
+                    "def add(a, b):\n    return I(0)",
+    "str_subclass": "class S(str):\n    __eq__ = lambda self, other: True\n    __hash__ = str.__hash__\n"
+                    "def add(a, b):\n    return S('')",
+    "list_subclass_lying_repr": "class L(list):\n    __eq__ = lambda self, other: True\n"
+                                "    __repr__ = lambda self: '3'\ndef add(a, b):\n    return L()",
+    "dict_subclass": "class D(dict):\n    __eq__ = lambda self, other: True\ndef add(a, b):\n    return D()",
+    "nan_float_subclass": "class F(float):\n    __eq__ = lambda self, other: True\n    __hash__ = float.__hash__\n"
+                          "def add(a, b):\n    return F('nan')",
+}  # fmt: skip
+# the same cheat for the other comparison forms: (program, tests)
+OTHER_FORMS = {
+    "ne_false": ("class N:\n    __ne__ = lambda self, other: False\ndef add(a, b):\n    return N()",
+                 [f"assert not add({a}, {b}) != {a + b}" for a, b in ((1, 2), (2, 5))]),
+    "sub_zero": ("class Z:\n    __sub__ = __rsub__ = lambda self, other: 0\ndef add(a, b):\n    return Z()",
+                 [f"assert abs(add({a}, {b}) - {a + b}) < 1e-9" for a, b in ((1, 2), (2, 5))]),
+    "ordering": ("class O:\n    __le__ = __ge__ = __lt__ = __gt__ = lambda self, other: True\n"
+                 "def add(a, b):\n    return O()", ["assert 3 <= add(1, 2) <= 3"]),
+    "isclose_float": ("import math\nclass C(float):\n    pass\nmath.isclose = lambda *args, **kwargs: True\n"
+                      "def add(a, b):\n    return C(0)", ["import math\nassert math.isclose(add(1, 2), 3)"]),
+    "in_tuple": ("class T:\n    __eq__ = lambda self, other: True\n    __hash__ = object.__hash__\n"
+                 "def add(a, b):\n    return T()", ["assert add(1, 2) in (3, 4)"]),
+}  # fmt: skip
+# a stdio program that does not double its input: exits 0, replaces the runner's comparison, or reads the
+# expected output out of the runner
+STDIO_ATTACKS = {
+    "exit": f"{OS}._exit(0)",
+    "same_output": "import sys\nsys.modules['__main__'].same_output = lambda got, want: True\nprint(0)",
+    "lines": "import sys\nsys.modules['__main__']._lines = lambda text: []\nprint(0)",
+    "compare_code": "import sys\nm = sys.modules['__main__']\n"
+                    "m.same_output.__code__ = (lambda got, want: True).__code__\nprint(0)",
+    "output_from_frames": FRAMES + "import io\nfor f in frames():\n    test = f.f_locals.get('test')\n"
+                          "    if isinstance(test, dict) and 'output' in test:\n        print(test['output'])\n"
+                          "        break\nelse:\n    print(0)",
+    # (a dict of strings alone is not tracked by gc: the list holding it is)
+    "output_from_gc": "import gc, sys\nstdin = sys.stdin.read()\nfound = [d['output'] for o in gc.get_objects()\n"
+                      "         if isinstance(o, list) for d in o if isinstance(d, dict) and d.get('input') == stdin]\n"
+                      "print(found[0] if found else 0)",
+}  # fmt: skip
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", sorted(EXITS))
+def test_exit_status_zero_is_no_pass(attack):
+    assert _score(EXITS[attack]) == 0.0
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", sorted(NO_RUN))
+def test_tests_that_never_run_do_not_pass(attack):
+    assert _score(NO_RUN[attack]) == 0.0
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", sorted(WAIT))
+def test_the_runners_exit_status_reading_is_irrelevant(attack):
+    assert _score(WAIT[attack]) == 0.0
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", sorted(READ_OUT))
+def test_nothing_to_forge_or_copy_in_the_runner(attack):
+    assert _score(READ_OUT[attack]) == 0.0
+
+
+@sandboxed
+def test_records_the_program_writes_carry_no_verdict():
+    """Against this verifier's own report: a program that writes records for every test (no values, values
+    of its choice) and ends before the real ones gets what its values earn, never a pass it did not make."""
+    empty = f"for i in range({len(TESTS)}):\n    {OS}.write(3, f'v {{i}} 2\\n[]'.encode())\n{OS}._exit(0)"
+    chosen = f"for i in range({len(TESTS)}):\n    {OS}.write(3, f'v {{i}} 3\\n[3]'.encode())\n{OS}._exit(0)"
+    assert _score(empty) == 0.0 and code.run_tests(chosen, TESTS) == ["pass", "fail", "fail"]
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", sorted(EQUAL))
+def test_values_that_equal_anything_equal_nothing(attack):
+    assert _score(EQUAL[attack]) == 0.0
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", sorted(OTHER_FORMS))
+def test_other_comparison_forms_cannot_be_cheated(attack):
+    program, tests = OTHER_FORMS[attack]
+    assert _score(program, tests) == 0.0
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", sorted(STDIO_ATTACKS))
+def test_stdio_verdicts_are_the_verifiers(attack):
+    assert _score(STDIO_ATTACKS[attack], STDIO, stdio=True) == 0.0
+
+
+@sandboxed
+def test_the_rl_loops_call_scores_every_attack_zero():
+    """The RL loop's call (a row's reward, 10 x the score, through the verifier worker): one attack of each
+    class (the tests above run every one in this process)."""
+    attacks = [(table[sorted(table)[0]], TESTS, "code") for table in (EXITS, NO_RUN, WAIT, READ_OUT, EQUAL)]
+    attacks += [(*OTHER_FORMS["sub_zero"], "code"), (STDIO_ATTACKS["same_output"], STDIO, "code_stdio")]
+    for program, tests, name in attacks:
+        response = f"```python\n{program}\n```"
+        reward, parts = rewards.reward([name], [json.dumps(tests)], response, timeout=30.0, scale=SCALE)
+        assert reward == 0.0, (program, parts)
+    honest = "```python\ndef add(a, b):\n    return a + b\n```"
+    assert rewards.reward(["code"], [json.dumps(TESTS)], honest, timeout=30.0, scale=SCALE)[0] == SCALE
+
+
+# honest programs over the test forms of the data sets: all score 1.0, as they did when tests ran in the
+# program's process
+HONEST = {
+    "counter_vs_dict": ("from collections import Counter\ndef count(s):\n    return Counter(s)",
+                        ["assert count('abca') == {'a': 2, 'b': 1, 'c': 1}", "assert count('') == {}"]),
+    "namedtuple_vs_tuple": ("from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef mid(a, b):\n"
+                            "    return P((a[0] + b[0]) / 2, (a[1] + b[1]) / 2)",
+                            ["assert mid((0, 0), (2, 4)) == (1.0, 2.0)", "assert mid((0, 0), (2, 4)).y == 2"]),
+    "generator_through_list": ("def evens(n):\n    yield from range(0, n, 2)",
+                               ["assert list(evens(5)) == [0, 2, 4]", "assert sorted(evens(3), reverse=True) == [2, 0]",
+                                "assert next(evens(9)) == 0", "assert evens(1) != [0]"]),
+    "class_method": ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+                     "        for i, n in enumerate(nums):\n            if target - n in seen:\n"
+                     "                return [seen[target - n], i]\n            seen[n] = i",
+                     ["assert Solution().twoSum([2, 7, 11, 15], 9) == [0, 1]",
+                      "s = Solution()\nnums = [3, 2, 4]\nassert s.twoSum(nums, 6) == [1, 2], 'wrong'"]),
+    "tolerances": ("def area(r):\n    return 3.141592653589793 * r * r",
+                   ["assert abs(area(1) - 3.14159) < 1e-5", "import math\nassert math.isclose(area(2), 12.566370614)",
+                    "from math import isclose\nassert isclose(area(0), 0.0, abs_tol=1e-12)",
+                    "assert round(area(1), 2) == 3.14"]),
+    "truth_and_none": ("def is_even(n):\n    return n % 2 == 0\ndef nothing():\n    pass",
+                       ["assert is_even(4)", "assert not is_even(3)", "assert nothing() is None",
+                        "assert is_even(2) is True and is_even(1) is False", "assert is_even(3) or is_even(2)"]),
+    "containers": ("def split(s):\n    return s.split(), set(s), tuple(s), {'n': len(s)}, s.encode()",
+                   ["assert split('a b') == (['a', 'b'], {'a', ' ', 'b'}, ('a', ' ', 'b'), {'n': 3}, b'a b')",
+                    "assert split('ab')[3]['n'] == 2", "assert len(split('abc')[0]) == 1",
+                    "assert ' '.join(split('x y')[0]) == 'x y'", "assert split('a')[4].decode() == 'a'"]),
+    "numbers": ("from fractions import Fraction\ndef half(x):\n    return Fraction(x, 2)\n"
+                "def big(n):\n    return 3 ** n",
+                ["assert half(3) == Fraction(3, 2)", "assert half(4) == 2", "assert big(200) == 3 ** 200",
+                 "assert big(2) + big(2) == 18", "assert big(3) % 5 == 2", "assert -big(1) == -3"]),
+    "statements": ("calls = []\ndef log(x):\n    calls.append(x)\n    return len(calls)",
+                   ["log(1)", "for i in range(3):\n    log(i)", "x = log(5)\nassert x == 1",
+                    "assert [log(i) for i in range(2)] == [1, 2]", "assert calls == []"]),
+    "comparisons_over_calls": ("def inc(x):\n    return x + 1\ndef dec(x):\n    return x - 1",
+                               ["assert inc(1) == dec(3)", "assert inc(1) < inc(2) <= 3", "assert inc(dec(5)) == 5",
+                                "assert inc(1) in [1, 2, 3]", "assert inc(0) if True else False",
+                                "assert type(inc(1)) == int and isinstance(dec(1), int)"]),
+}  # fmt: skip
+
+
+@sandboxed
+@pytest.mark.parametrize("case", sorted(HONEST))
+def test_honest_programs_over_the_data_sets_forms_still_pass(case):
+    program, tests = HONEST[case]
+    assert code.run_tests(program, tests) == ["pass"] * len(tests)
+    assert all(code_tests.plan(test).form != code_tests.REFUSED for test in tests)
+
+
+@sandboxed
+def test_stdio_and_timeouts_score_as_before():
+    doubles = "n = int(input())\nprint(n * 2)"
+    assert _score(doubles, STDIO, stdio=True) == 1.0
+    assert _score("print(' 6.0 ')", STDIO[:1], stdio=True) == 1.0  # upstream: lines stripped, Decimals compared
+    assert _score("print(6)\nprint(7)", STDIO[:1], stdio=True) == 0.0
+    start = time.monotonic()
+    outcomes = code.run_tests(
+        "def add(a, b):\n    while True:\n        pass", TESTS[:1] + ["assert 1 == 2"], seconds=0.3
+    )
+    assert outcomes == ["timeout", "fail"] and time.monotonic() - start < 3
+    # a later call that hangs after an assert that already failed: that assert's verdict stands
+    assert code.run_tests(
+        "def f(x):\n    while x:\n        pass\n    return x", ["assert f(0) == 1\nf(1)"], seconds=0.3
+    ) == ["fail"]
+
+
+# the planner: what reaches the program's process is the calls and their inputs, never the expected side
+MARK = 987654321
+
+
+@pytest.mark.parametrize(
+    "test, steps",
+    [
+        (f"assert f(1, 2) == {MARK}", ["f(1, 2)"]),
+        (f"assert f(1) == [{MARK}, 2]", ["f(1)"]),
+        (f"assert abs(f(0.5) - {MARK}.5) < 1e-9", ["f(0.5)"]),
+        (f"import math\nassert math.isclose(f(2), {MARK})", ["import math", "f(2)"]),
+        (f"assert sorted(f(x)) == sorted([{MARK}, 1])", ["sorted(f(x))"]),
+        (f"expected = {MARK}\nassert f(3) == expected", ["f(3)"]),
+        (f"nums = [2, 7]\nassert two_sum(nums, 9) == [{MARK}]", ["nums = [2, 7]", "two_sum(nums, 9)"]),
+        (f"assert Solution().go([1], k=2) == {{'a': {MARK}}}", ["Solution().go([1], k=2)"]),
+        (f"assert not f(1) != {MARK}", ["f(1)"]),
+        (f"assert f(1) in ({MARK}, {MARK + 1})", ["f(1)"]),
+        (f"assert f(1) == g({MARK})", ["f(1)", f"g({MARK})"]),  # an input of the program's g, by the test's choice
+        (f"assert len(f(1)) == {MARK} and f(1)[0] > {MARK}", ["len(f(1))", "f(1)[0]"]),
+        (f"assert f(1) == '{MARK}'.upper()", ["f(1)"]),
+        (
+            f"from fractions import Fraction\nassert f(1) == Fraction({MARK}, 3)",
+            ["from fractions import Fraction", "f(1)"],
+        ),
+    ],
+)
+def test_the_expected_side_stays_with_the_verifier(test, steps):
+    made = code_tests.plan(test)
+    assert made.form == code_tests.ASSERTS and [source for _, source in made.steps] == steps
+
+
+@pytest.mark.parametrize(
+    "test, why",
+    [
+        ("for a, b in [(1, 2)]:\n    assert f(a) == b", "inside a For"),
+        ("if f(1) != 2:\n    raise AssertionError", "inside a If"),
+        ("assert all(f(i) == 2 * i for i in range(3))", "comparison inside a comprehension"),
+        ("assert f(1) == [i * 2 for i in range(3)]", "comprehension of the test's own values"),
+        ("assert f(1) == list(map(int, '12'))", "map() over the test's own values"),
+        ("assert f(1) == 'a b'.replace(' ', '')", "attribute .replace"),
+        ("assert f(1) == (lambda: 3)()", "Lambda"),
+        ("assert f(1) == f'{2}'", "JoinedStr"),
+        ("r = f(1) + 1\nassert g(r) == 3", "passed to the program"),
+        ("assert f(1) == [*range(3)]", "Starred"),
+        ("assert f(1 ==", "SyntaxError"),
+        ("from math import *\nassert f(1) == pi", "import *"),
+    ],
+)
+def test_forms_that_cannot_be_split_are_refused_and_fail(test, why, caplog):
+    made = code_tests.plan(test)
+    assert made.form == code_tests.REFUSED and why in made.why and made.steps == ()
+    code_tests.plan.cache_clear()
+    with caplog.at_level("WARNING", logger="olmax.rewards.code_tests"):
+        code_tests.plan(test)
+    assert "refused" in caplog.text
+
+
+def test_survey_counts_the_forms_and_bad_tests_name_themselves():
+    tests = ["assert f(1) == 2", "f(1)", "while True:\n    pass", "for x in y:\n    assert x"]
+    assert code_tests.survey(tests) == {"asserts": 1, "statements": 2, "refused": 1}
+    with pytest.raises(ValueError, match="code test 1 is a dict, not a string"):
+        code.run_tests("", ["assert True", {"input": "", "output": ""}], isolation="none")
+    with pytest.raises(ValueError, match="code_stdio test 0 is not an object with input and output"):
+        code.run_tests("", ["print(1)"], stdio=True, isolation="none")
+
+
+def _replay(test: str, *values) -> str:
+    made = code_tests.plan(test)
+    return code_tests.judge(made, "v", json.dumps(list(values)).encode())
+
+
+def test_the_verifier_judges_records_strictly():
+    # a record that is not the runner's (a JSON object, an unknown tag, a set of lists) fails the test
+    assert _replay("assert f(1) == {}", {"a": 1}) == "fail"
+    assert _replay("assert f(1) == 3", ["zz", 3]) == "fail"
+    assert _replay("assert f(1) == {(1,)}", ["s", ["l", 1]]) == "fail"
+    assert _replay("assert f(1) == 3", 3) == "pass" and _replay("assert f(1) == 3", ["e"]) == "fail"
+    # a value of a type that does not travel equals nothing, has no truth value and no order
+    assert _replay("assert f(1) != 3", ["o", "A"]) == "pass" and _replay("assert f(1)", ["o", "A"]) == "fail"
+    assert _replay("assert f(1) < 3", ["o", "A"]) == "fail"
+    # a call that raised fails the test only where its value is needed (or's second half is)
+    assert _replay("assert f(1) is None or f(1)[0] == 1", None, ["e"]) == "pass"
+    # big ints, floats (NaN included), Fractions, bytes, ranges come back exactly
+    assert _replay("assert f(1) == 3 ** 100", ["i", hex(3**100)]) == "pass"
+    assert _replay("assert f(1) != f(1)", float("nan"), float("nan")) == "pass"
+    assert _replay("assert f(1) == b'ab' and f(2) == range(3)", ["b", "6162"], ["r", 0, 3, 1]) == "pass"
+    # a result the runner did not reach (out of time): "timeout", unless a verdict already came
+    made = code_tests.plan("assert f(1) == 1\nassert f(2) == 2")
+    assert code_tests.judge(made, "t", b"[1]") == "timeout" and code_tests.judge(made, "t", b"[0]") == "fail"
+
+
+COLLIDING = [["i", hex(k * (2**61 - 1))] for k in range(1, 20_000)]  # hash(n) is n mod 2**61 - 1
+
+
+@pytest.mark.parametrize(
+    "test, value",
+    [
+        ("assert len([0] * f(1)) == 3", 10**12),  # a repetition the program's number would make huge
+        ("assert 'x' * f(1) == 'xxx'", 10**12),
+        ("assert 2 ** f(1) > 0", 10**12),
+        ("assert 1 << f(1) > 0", 10**12),
+        ("assert list(range(f(1))) == [0]", 10**12),
+        ("assert bytes(f(1)) == b''", 10**12),
+        ("assert sum(f(1), []) == []", ["l", *[["l", 0]] * 1000]),
+        ("assert '%*d' % (f(1), 1) == ''", 10**9),
+        ("assert f(1) // 7 == 1", ["i", hex(1 << 200_000)]),  # division, quadratic in the digits
+        ("assert f(1) == {0}", ["s", *COLLIDING]),  # keys that all hash alike: a quadratic set
+        ("assert set(f(1) + [0]) == {0}", ["l", *COLLIDING]),
+        ("assert int(f(1)) > 0", ["D", "1e999999"]),  # a Decimal that is a million-digit int
+    ],
+)
+def test_the_evaluator_bounds_what_a_program_value_can_make(test, value):
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        outcome = _replay(test, value)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    elapsed = time.perf_counter() - start  # under tracemalloc, on a shared machine: the bound is against minutes
+    assert outcome == "fail" and peak < 8 << 20 and elapsed < 2.0, (outcome, peak, elapsed)
+
+
+@sandboxed
+@pytest.mark.parametrize(
+    "program",
+    [
+        "def add(a, b):\n    return [0] * (60 << 20)",  # past the record's bound
+        "def add(a, b):\n    return 1 << 40_000_000",
+        "def add(a, b):\n    x = []\n    for _ in range(100_000):\n        x = [x]\n    return x",  # nested past DEPTH
+        "def add(a, b):\n    x = []\n    x.append(x)\n    return x",  # cyclic
+        "def add(a, b):\n    return {'k' * i: 'v' * i for i in range(4000)}",
+    ],
+)
+def test_huge_deep_and_cyclic_values_fail_within_bounds(program):
+    tracemalloc.start()
+    try:
+        outcomes = code.run_tests(program, TESTS[:1], seconds=10.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert outcomes == ["fail"] and peak < 64 << 20, (outcomes, peak)
+
+
+def test_same_output_is_upstreams():
+    cases = [("6\n", "6"), (" 0.50 \n2", "0.5\n2.0"), ("1 2", "1  2"), ("a", "b"), ("1\n2", "1"), ("", ""),
+             ("1e3", "1000"), ("x 1", "x 1.0"), ("nan", "nan"), ("1\n\n", "1")]  # fmt: skip
+    assert [code_values.same_output(a, b) for a, b in cases] == [True, True, True, False, False, True, True, False,
+                                                               True, True]  # fmt: skip
