@@ -230,37 +230,36 @@ def main(argv=None) -> int:
     )
     print(head, flush=True)
     pure = bench_pure(params, cfg, prompts[0], args, cache_len)
-    rows = []
-    for spread in args.spreads.split(","):
-        limits = row_lengths(spread, args.prompts * args.n, args.max_new, args.sigma, seed=1)
-        row = {"spread": spread, "mean_len": float(limits.mean()), "pure_tok_s": pure["tok_s"]}
-        row.update({f"engine_{k}": v for k, v in bench_engine(params, cfg, prompts, limits, args, cache_len).items()})
-        if not args.no_static:
-            row.update({f"static_{k}": v for k, v in bench_static(params, cfg, prompts, limits, args).items()})
-        rows.append(row)
-        print(f"  {spread}: done", flush=True)
     print(
         "| spread | mean len | engine tok/s | pure decode tok/s | engine / pure | slot efficiency | insert+prefill "
         "share | fed: tok/s, / pure, slot efficiency (share of steps) | static tok/s | static slot efficiency "
         "| engine / static |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        pure_tok_s, static = r["pure_tok_s"], r.get("static_tok_s")
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for spread in args.spreads.split(","):  # each row printed and written as it is done (a bounded run)
+        limits = row_lengths(spread, args.prompts * args.n, args.max_new, args.sigma, seed=1)
+        r = {"spread": spread, "mean_len": float(limits.mean()), "pure_tok_s": pure["tok_s"]}
+        r.update({f"engine_{k}": v for k, v in bench_engine(params, cfg, prompts, limits, args, cache_len).items()})
+        if not args.no_static:
+            r.update({f"static_{k}": v for k, v in bench_static(params, cfg, prompts, limits, args).items()})
+        rows.append(r)
+        static = r.get("static_tok_s")
         print(
-            f"| {r['spread']} | {r['mean_len']:.0f} | {r['engine_tok_s']:.0f} | {pure_tok_s:.0f} "
-            f"| {r['engine_tok_s'] / pure_tok_s:.2f} | {r['engine_slot_efficiency']:.2f} "
+            f"| {r['spread']} | {r['mean_len']:.0f} | {r['engine_tok_s']:.0f} | {pure['tok_s']:.0f} "
+            f"| {r['engine_tok_s'] / pure['tok_s']:.2f} | {r['engine_slot_efficiency']:.2f} "
             f"| {100 * r['engine_insert_share']:.1f}% | {r['engine_fed_tok_s']:.0f}, "
-            f"{r['engine_fed_tok_s'] / pure_tok_s:.2f}, {r['engine_fed_slot_efficiency']:.2f} "
+            f"{r['engine_fed_tok_s'] / pure['tok_s']:.2f}, {r['engine_fed_slot_efficiency']:.2f} "
             f"({100 * r['engine_fed_step_share']:.0f}%) | "
             + (
                 f"{static:.0f} | {r['static_slot_efficiency']:.2f} | {r['engine_tok_s'] / static:.2f}x |"
                 if static
                 else "- | - | - |"
-            )
+            ),
+            flush=True,
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "head": head, "rows": rows}, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "head": head, "rows": rows}, indent=1))
     return 0
 
 

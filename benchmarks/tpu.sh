@@ -31,7 +31,8 @@
 # 120: at most 600 s, one device call). On a v5e the whole default set took 375 s in one call (with RoPE's
 # rotation, as now, docs/performance/tpu-v5e.md; install 21 s, demo 51, tests 204, throughput 22 with a
 # compile cache that held its programs, where the 7B-layer row alone takes 61 s without one; decode 77,
-# its parameters' init 32 s of compiling). The whole tables take more calls: OLMAX_TPU_THROUGHPUT /
+# its parameters' init 32 s of compiling); on a fresh machine without that cache, 461 s (2026-12-07: install
+# 30, demo 53, tests 200, throughput 99, decode 79). The whole tables take more calls: OLMAX_TPU_THROUGHPUT /
 # OLMAX_TPU_DECODE / OLMAX_TPU_MAXTEXT replace or add those steps' options and OLMAX_TPU_THROUGHPUT_S /
 # _DECODE_S / _MAXTEXT_S their bounds in seconds (docs/performance/tpu-v5e.md has each figure with the options
 # that produced it).
@@ -44,9 +45,10 @@ KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # ev
 # `olmax train` at the throughput table's 190m row (2 x 8192 tokens of the demo corpus a step), remat=auto
 START_190M="--set data.paths=[demo] --set data.seq_len=8192 --set trainer.global_batch=2 --set mesh.fsdp=-1
   --set model.remat=auto --set trainer.micro_batch_size=null"
-# the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights
-ROLLOUT_190M="--model 190m --slots 64 --prompt-len 128 --max-new 2048 --prompts 32 --n 8 --runs 1 --no-static"
-ROLLOUT_1B="--model 1b --slots 32 --prompt-len 128 --max-new 2048 --prompts 16 --n 8 --runs 1 --no-static"
+# the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights (each
+# not yet done within 265 s on the chip, most of it compiling: docs/rollout-engine.md, OLMAX_TPU_ROLLOUT_S)
+ROLLOUT_190M="--model 190m --slots 64 --prompt-len 128 --max-new 2048 --prompts 16 --n 8 --runs 1 --no-static"
+ROLLOUT_1B="--model 1b --slots 32 --prompt-len 128 --max-new 2048 --prompts 8 --n 8 --runs 1 --no-static"
 # MaxText for the side-by-side rows (benchmarks/tpu_maxtext.py): 0.2.4 names jax 0.10.2 and libtpu
 # 0.0.42.1, a TPU VM's; its needs that the VM's index lacks travel as wheels, the rest come from the index
 MAXTEXT=maxtext==0.2.4

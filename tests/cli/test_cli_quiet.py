@@ -141,6 +141,7 @@ def test_the_cuda_plugins_no_driver_notices_are_dropped():
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 @no_accelerator
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 def test_compile_check_for_a_tpu_slice_is_quiet(tmp_path):

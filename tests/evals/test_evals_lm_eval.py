@@ -158,6 +158,7 @@ def test_a_request_stops_at_its_own_until_strings_only(models):
     assert got[0] == text
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_same_accuracy_on_a_local_task(models):
     import pyarrow as pa
 

@@ -46,6 +46,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_two_processes_give_one_process_figures(tmp_path):
     save_params(tmp_path / "ckpt", jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0)), CFG, {})
     shard = tmp_path / "000000.npy"

@@ -82,6 +82,7 @@ def test_eval_loss_defaults_to_the_trained_length(setup):
     assert r.exit_code == 2 and "sequence length 128 exceeds the max_position 64" in r.output
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_eval_kl_and_domains_default_to_the_trained_length(setup):
     r = cli(
         setup,

@@ -41,6 +41,7 @@ def offline(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_unreachable_task_data_is_a_clear_error(ckpt, offline):
     r = CliRunner().invoke(app, ["eval", "tasks", "--ckpt", ckpt, "--tasks", "arc_easy", "--limit", "2"])
     assert r.exit_code == 2, r.output

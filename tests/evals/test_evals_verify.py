@@ -98,6 +98,7 @@ def test_identical_checkpoints_are_within_noise(runs):
     assert r["rows"][0]["domains"]["domains"]["code"]["a"] == pytest.approx(dom["domains"]["code"]["loss"], rel=1e-9)
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_perturbed_b_differs(runs):
     r = run(runs, "c", "perturbed")
     assert r["verdicts"]["heldout"] == DIFFERS and r["verdicts"]["kl"] == DIFFERS

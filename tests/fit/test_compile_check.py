@@ -59,6 +59,7 @@ def _check_memory_fields(r):
     assert d["aliased_gib"] > 0 and d["arguments_gib"] >= r["params_gib"] + r["opt_state_gib"] - 1e-9
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_small_model_on_ironwood_uses_splash_and_the_chip_profile():
     cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["model.remat=attn_context,q_proj"])
     r = compile_report(cfg, topology="tpu7x:2x2x1")
@@ -236,6 +237,7 @@ def test_the_flag_profile_reaches_the_compiler(monkeypatch):
         compile_report(cfg, topology="v5p:2x2x1")
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_a_users_xla_dump_is_kept_and_its_newest_report_read(tmp_path):
     """With XLA_FLAGS' --xla_dump_to set, compile-check writes the TPU compiler's reports there (a
     per-compile dump folder would replace the user's: XLA takes one) and reads the heap from the

@@ -142,6 +142,7 @@ def test_a_context_axis_on_gpu_runs_xla_attention_and_refuses_a_named_cudnn():
     ]
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_the_loss_takes_each_devices_context_chunks_without_moving_hidden_states(capfd):
     """The 7B Think SFT's layout on 64 H100s (fsdp 16 x context 4, 2 rows per batch shard, documents
     masked), its model shrunk to one layer of d_model 256 at 1,024 tokens: the train step turns each

@@ -315,6 +315,7 @@ def _grad_flops(cfg, tokens, remat: str) -> int:
     return _dot_flops(jax.make_jaxpr(grad)(olmo3.abstract_params(cfg)).jaxpr)
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_recompute_flops_are_the_matmuls_the_backward_pass_runs_again():
     """What each policy adds to the gradient's matmuls over no remat equals recompute_flops: every
     weight matmul whose output is not kept, and attention's forward unless `attn_context` is kept (the

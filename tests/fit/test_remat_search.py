@@ -122,6 +122,7 @@ def test_the_record_is_reused_for_the_same_step_and_devices_only(monkeypatch, tm
     assert len(done) == 3 * searched and len(json.loads((tmp_path / RECORD_FILE).read_text())) == 3
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_auto_changes_memory_never_numerics(monkeypatch):
     """What auto chooses differs from the given config in model.remat and model.remat_serial alone,
     and the model it gives computes the loss and gradients the model without remat does."""

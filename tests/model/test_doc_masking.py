@@ -220,6 +220,7 @@ def test_packed_training_run_with_doc_masking(tmp_path):
     assert all(np.isfinite(losses)), losses
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_train_step_loss_is_each_documents_own(tmp_path):
     """The step's CE on a batch with doc_lens (8 devices, micro-batches of 2, so the segment ids go
     through the accumulation scan) equals the CE of the same labels with every document's logits from

@@ -183,6 +183,7 @@ def _assert_per_rank_step(layouts: dict) -> tuple:
     return by_hand
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_per_rank_loss_is_the_mean_of_rank_means():
     """trainer.loss_normalisation=per_rank: the step's CE and gradient norm are those of the loss by
     hand (_per_rank_by_hand), on 1 device with 4 micro-batches and on 8 devices; the global

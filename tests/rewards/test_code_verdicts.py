@@ -383,7 +383,7 @@ def test_the_evaluator_bounds_what_a_program_value_can_make(test, value):
     finally:
         tracemalloc.stop()
     elapsed = time.perf_counter() - start  # under tracemalloc, on a shared machine: the bound is against minutes
-    assert outcome == "fail" and peak < 8 << 20 and elapsed < 2.0, (outcome, peak, elapsed)
+    assert outcome == "fail" and peak < 8 << 20 and elapsed < 20.0, (outcome, peak, elapsed)
 
 
 @sandboxed

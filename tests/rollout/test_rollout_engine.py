@@ -98,6 +98,7 @@ def test_the_static_samplers_rollout(setup, sampling):
     assert all((f.versions == 0).all() for f in finished)
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_sharded_engine_equals_the_static_sampler(setup):
     params, prompts, limits, stops = setup
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, context=1, tensor=2))
@@ -211,3 +212,49 @@ def test_errors_name_the_field():
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, context=1, tensor=2))
     with pytest.raises(ConfigError, match="slots=6 must be a multiple of the mesh's batch axes"):
         SlotEngine(CFG, mesh, slots=6, cache_len=24)
+
+
+def test_the_insert_program_on_a_tpu_copies_no_whole_cache():
+    """The insert compiled for a v5e chip by libtpu on this host takes and gives the cache in the
+    decoding loop's layout (olmax.rollout.slots.cache_formats) and writes its rows into it with no
+    copy of a whole ring array: a loop over the rows made the compiler copy the cache into the loop's
+    own layout and back, twice its memory (a 190m at 64 slots ran out of the chip's 15.75 GiB)."""
+    import re
+
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from olmax.fit import compiler
+    from olmax.model.olmo3 import abstract_params
+    from olmax.rollout import slots as engine_slots
+
+    cfg = small_model(
+        vocab_size=1024, d_model=256, n_layers=4, global_every=2, n_heads=4, n_kv_heads=4, head_dim=64,
+        mlp_hidden=512, sliding_window=64, compute_dtype="bfloat16", param_dtype="bfloat16",
+    )  # fmt: skip
+    slots, cache_len, key_words = 32, 512, 2
+    devices, chip, _ = compiler.target("v5e:1x1")
+    mesh = make_mesh(MeshConfig(), devices)
+    with jax.set_mesh(mesh):
+        state = engine_slots.cache_formats(cfg, slots, cache_len, key_words, mesh)
+        abstract = jax.eval_shape(lambda: engine_slots.init_state(cfg, slots, cache_len, key_words))
+        typed = lambda tree, shardings: jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+        )
+        rep = NamedSharding(mesh, PartitionSpec())
+        ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)
+        entries = 16  # two prompts' groups of 8, prompts of 32 tokens: narrower than every ring
+        args = (
+            ints(2, 32),
+            ints(2),
+            *[ints(entries)] * 6,
+            jax.ShapeDtypeStruct((entries, key_words), jnp.uint32, sharding=rep),
+        )
+        program = engine_slots.programs(cfg, slots, cache_len, 8, True, key_words, mesh).insert
+        lowered = program.lower(typed(abstract_params(cfg), param_shardings(cfg, mesh)), typed(abstract, state), *args)
+        compiled, _ = compiler.compile_lowered(lowered, compiler.target_options(chip, "tpu"), "insert", "tpu")
+    rings = {tuple(x.shape) for x in jax.tree.leaves(abstract.cache)}
+    shape = lambda line: tuple(int(d) for d in re.search(r"= \w+\[([\d,]*)\]", line).group(1).split(","))
+    copies = [line for line in compiled.as_text().splitlines() if re.search(r"= bf16\[[\d,]+\]\{.*\} copy\(", line)]
+    assert not [c for c in copies if shape(c) in rings]
+    memory = compiled.memory_analysis()
+    assert memory.temp_size_in_bytes < 0.25 * memory.output_size_in_bytes

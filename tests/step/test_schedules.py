@@ -109,6 +109,7 @@ def test_a_run_with_an_epoch_horizon_follows_the_cosine_of_its_epoch(tmp_path):
         assert logged != pytest.approx(curve(other * tokens), rel=1e-6), other
 
 
+@pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
 def test_a_run_to_the_end_of_its_epochs_stops_there_and_resumes_to_it(tmp_path):
     """trainer.max_steps=null, the SFT and DPO recipes' end: the run stops after schedule.t_max_epochs x
     the whole global batches in an epoch (OLMo-core's Duration.epochs), counted once the data is open;

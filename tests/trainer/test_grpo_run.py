@@ -289,3 +289,16 @@ def test_two_processes_roll_out_and_train(tmp_path, coin_verifier):
         # old log-probs (the rollout's first step's parameters) against the sampler's
         assert r["debug/sampler_logp_diff_mean"] < 1e-5, r
     assert rows[3]["rollout/reward_mean"] == rows[2]["rollout/reward_mean"]  # the kept rollout, not a new one
+
+
+def test_the_code_rows_tests_are_counted_by_form_at_load():
+    """What the RL loop prints when its prompts have code rows: how their tests will be judged."""
+    from olmax.data.prompts import Prompt, PromptSet
+    from olmax.rollout.producer import code_test_forms
+
+    tests = ["assert f(1) == 2", "assert not f(0)", "f(3)", "for i in range(3): assert f(i) > 0"]
+    rows = (Prompt((1,), ("code",), (tests,), "a:1"), Prompt((2,), ("math",), ("2",), "a:2"))
+    assert code_test_forms(PromptSet(rows, {}, "instruct")) == (
+        "code tests: 2 asserts judged outside the program, 1 statements (pass when they complete), "
+        "1 refused (always fail; docs/rewards.md)"
+    )

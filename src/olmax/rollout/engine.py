@@ -84,8 +84,9 @@ class EngineConfig:
     decoded, at a fraction of a full step's cost (a program per width). 0: every step decodes every
     slot. Off on a mesh that splits the slots (a prefix of the slots would sit on some devices only)."""
     prefill_batch: int = 0
-    """Most sequences prefilled by one insert program (0: slots // 8, at least 1). Its transient
-    memory is that many rows of the cache, at the engine's ring sizes; a group's rows share one."""
+    """Most sequences prefilled by one insert program (0: slots // 8, at least 1); a group's rows
+    share one. A program also copies at most an eighth of the cache's row-slots (its rows x the
+    bucketed prompt width): its transient memory beside the cache."""
     refill_at: int = 0
     """A chunk ends early once this many slots are free while rows wait (at most the waiting rows).
     Fewer means fewer idle slots and more chunks, inserts and prefills (a group split over two inserts
@@ -344,10 +345,28 @@ class SlotEngine:
             row.logits_version = version
             self._slots[b] = row
         parts = list(by_seq.values())
-        batch = self.config.prefill_batch or max(1, self.config.slots // 8)
-        for first in range(0, len(parts), batch):
-            self._insert_program(params, parts[first : first + batch])
+        for program in self._insert_batches(parts):
+            self._insert_program(params, program)
         return len(rows), len(parts)
+
+    def _insert_batches(self, parts: list) -> list[list]:
+        """The parts split into insert programs, in order: at most EngineConfig.prefill_batch sequences
+        each, and rows x the bucketed width within an eighth of the cache's row-slots (the copy's
+        transient memory, olmax.rollout.slots.insert_program) but for a part alone."""
+        most = self.config.prefill_batch or max(1, self.config.slots // 8)
+        budget = self.config.slots * self.config.cache_len // 8
+        programs: list[list] = []
+        rows = width = 0
+        for part in parts:
+            length = _bucket(len(part[0][0].prompt) + len(part[0][0].tokens))
+            wider = max(width, length)
+            if programs and len(programs[-1]) < most and (rows + len(part)) * wider <= budget:
+                programs[-1].append(part)
+                rows, width = rows + len(part), wider
+            else:
+                programs.append([part])
+                rows, width = len(part), length
+        return programs
 
     def _insert_program(self, params, parts: list) -> None:
         """One insert program: each part's sequence (its first row's prompt + tokens) prefilled once and
@@ -358,15 +377,15 @@ class SlotEngine:
         lengths = np.ones(len(prompts), np.int32)  # the bucket's padding prompts: one token, never copied
         for i, s in enumerate(sequences):  # left-padded (olmax.rollout.cache: the rows share one clock)
             prompts[i, width - len(s) :], lengths[i] = s, len(s)
-        slots = self.config.slots
-        src, dst = np.zeros(slots, np.int32), np.full(slots, slots, np.int32)  # unused entries: slot B, dropped
-        index, limit, count, text = (np.zeros(slots, np.int32) for _ in range(4))
-        key = np.zeros((slots, self._key_words), np.uint32)
         entries = [(i, row, b) for i, part in enumerate(parts) for row, b in part]
+        size = _bucket(len(entries), 1)  # one program per bucket, as for the prompts
+        src, dst = np.zeros(size, np.int32), np.full(size, self.config.slots, np.int32)  # padding: slot B, dropped
+        index, limit, count, text = (np.zeros(size, np.int32) for _ in range(4))
+        key = np.zeros((size, self._key_words), np.uint32)
         for r, (i, row, b) in enumerate(entries):
             src[r], dst[r], index[r], limit[r], key[r] = i, b, row.index, row.limit, row.key
             count[r], text[r] = len(row.tokens), row.text
-        args = (prompts, lengths, src, dst, np.int32(len(entries)), index, limit, count, text, key)
+        args = (prompts, lengths, src, dst, index, limit, count, text, key)
         with self._on_mesh():
             self._state = self._programs.insert(params, self._state, *(self._place(a) for a in args))
         jax.block_until_ready(self._state.clock)  # the insert's time apart from the decoding's

@@ -83,7 +83,7 @@ from olmax.data.order import cached_permutation
 from olmax.data.prompts import PromptSet
 from olmax.errors import refuse
 from olmax.model.sharding import gather, place
-from olmax.rewards import code
+from olmax.rewards import code, code_tests
 from olmax.rewards import verifiers as rewards
 from olmax.rollout import groups
 from olmax.rollout.compile_decode import choose_sample_prompts
@@ -135,6 +135,7 @@ class RolloutProducer:
         self.verifier_options = code.run_options(cfg.rewards.code.isolation, prompts.verifiers())
         if self.verifier_options and primary:
             print(code.describe(self.verifier_options[code.NAME]["isolation"]), flush=True)
+            print(code_test_forms(prompts), flush=True)
         eos_ids = (tok.info.eos_token_id, tok.encode("<|im_end|>")[0])
         stops = stop_table(tok, self.rl.stop) if self.rl.stop else None
         scorer = Scorer(tok, eos_ids, self.rl.stop, self.rl.reward_scale, self.verifier_options)
@@ -425,6 +426,21 @@ class RolloutProducer:
         figures_.update({f"rollout/score/{name}": float(np.mean(v)) for name, v in by_name.items()})
         figures_.update({f"rollout/{k}": float(v) for k, v in counts.items() if k.startswith("verifier/")})
         return figures_
+
+
+def code_test_forms(prompts: PromptSet) -> str:
+    """One line: how the code rows' tests will be judged (olmax.rewards.code_tests: an assert's verdict
+    outside the program; a statement passes when it completes; a refused form always fails)."""
+    counts: Counter = Counter()
+    for p in prompts.prompts:
+        for name, truth in zip(p.verifiers, p.ground_truths):
+            if name.lower() == code.NAME:
+                counts.update(code_tests.survey(code.parse_tests(truth)))
+    return (
+        f"code tests: {counts[code_tests.ASSERTS]} asserts judged outside the program, "
+        f"{counts[code_tests.STATEMENTS]} statements (pass when they complete), "
+        f"{counts[code_tests.REFUSED]} refused (always fail; docs/rewards.md)"
+    )
 
 
 def engine_slots(cfg: ExperimentConfig, mesh) -> int:

@@ -4,17 +4,17 @@ copy their cache rows into free slots), `chunk` (decode up to K steps in a `jax.
 all the slots or on the first `width` of them) and `compact` (move rows to the first slots).
 
 Every shape is static: the slots, the cache length, the chunk's K; a prefill's prompt count and width
-are bucketed to powers of two (one insert program per bucket pair). The slots share ONE clock, as the
+and its rows are bucketed to powers of two (one insert program per bucket triple). The slots share ONE clock, as the
 static sampler's rows do (olmax.rollout.cache): a decoding step at time c writes ring slot c % S of
 every slot's row, one in-place update at a scalar index.
 
 Inserting a sequence of L tokens at clock c puts its tokens at times c - L .. c - 1 of its slot's row
 (first = c - L), so the row's next token is fed at time c with every other slot's. The prefill runs on
-a fresh cache of the engine's ring sizes at times 0 .. T - 1 (T: the bucketed width, the sequence
-left-padded), which puts time tau in ring slot tau % S; the engine's row wants it in slot
-(c - T + tau) % S, so each row copied from the prefill's rings is rolled by (c - T) mod S.
-A prefill longer than a window ring keeps the newest time of each ring slot (cache._fill), which is
-the time that slot holds at clock c.
+a fresh cache at times 0 .. T - 1 (T: the bucketed width, the sequence left-padded) whose rings have
+min(S, T) slots (S: the engine's ring), which puts time tau in ring slot tau % min(S, T); the engine's
+row wants it in slot (c - T + tau) % S, where each row's min(S, T) slots are written. A prefill longer
+than a ring keeps the newest time of each ring slot (cache._fill), which is the time that slot holds
+at clock c.
 
 Visibility. A decoding step at clock c attends from each row to the ring slots whose time is in
 first .. c (cache._decode_attention: slot s holds time c - ((c - s) mod S), the newest <= c that falls
@@ -23,8 +23,8 @@ first .. c of its row was written by the row itself, i.e. c - first < S on every
 layer (a window ring only ever holds times within its window): prompt + new tokens <= the cache length,
 which `add` checks. The clock grows past S, so full-attention rings wrap like window rings, and the
 time a ring slot holds is computed from the clock, not its index. A slot's previous occupant left its
-keys at times before the new row's first, which the mask hides; the insert overwrites the whole ring
-row anyway, and every time from first on is the new row's own (the prefill's, then one per step).
+keys at times before the new row's first, which the mask hides, and every time from first on is the
+new row's own (the prefill's, then one per step).
 Free slots within the decoded width keep being computed, their outputs discarded, with first = c, so
 their positions stay in the RoPE table.
 """
@@ -83,31 +83,38 @@ def init_state(cfg: ModelConfig, slots: int, cache_len: int, key_words: int) -> 
 
 
 def insert_program(cfg: ModelConfig, cache_len: int):
-    """insert(params, state, prompts (P, T) left-padded, lengths (P,), src, dst, rows, index, limit,
-    count, text, key) -> state. Entries r < rows put prompt src[r]'s prefill into slot dst[r] with
-    those per-row values (the arrays are one entry per slot; the entries past `rows` have dst = B,
-    which the scatters drop). A prompt's prefill runs once whatever the number of slots it fills."""
+    """insert(params, state, prompts (P, T) left-padded, lengths (P,), src, dst, index, limit, count,
+    text, key) -> state. Entry r puts prompt src[r]'s prefill into slot dst[r] with those per-row
+    values (E entries, E bucketed: the padding entries have dst = B, which the scatters drop). A
+    prompt's prefill runs once whatever the number of slots it fills.
+
+    The rows go into the cache by ONE scatter per ring array, of E x min(S, T) ring slots (its
+    transient memory: the gathered rows). A loop over the rows updating the cache in place would be
+    less, but on a TPU the loop's carry takes a layout of the compiler's choosing, not the decoding's
+    (cache_formats), and the cache is copied whole into it and back: 16.5 GiB for a 190m at 64 slots."""
     vocab = cfg.vocab_size
 
-    def insert(params, state: SlotState, prompts, lengths, src, dst, rows, index, limit, count, text, key):
+    def insert(params, state: SlotState, prompts, lengths, src, dst, index, limit, count, text, key):
         p, width = prompts.shape
-        fresh = init_cache(cfg, p, cache_len)  # the engine's ring sizes, so a row copies whole
+        # rings of min(the engine's, width) slots: a prefill needs no more, and p rows of the engine's
+        # whole rings (cache_len slots each) would be p rows of the cache as transient memory
+        fresh = init_cache(cfg, p, min(cache_len, width))
         logits, fresh = cached_forward(
             params, fresh, prompts, 0, cfg, width - lengths, max(cache_len, width), last_only=True, fresh=True
         )
         clock = state.clock
 
-        def put(r, cache):  # one row at a time, in place: a gather of every inserted row would be a cache's worth
-            def row(ring, new):
-                axis = ring.ndim - 4  # the batch axis, after a group's layer axis
-                one = jax.lax.dynamic_slice_in_dim(new, src[r], 1, axis)
-                # time tau sits in ring slot tau % S; the engine's row wants it at (clock - width + tau) % S
-                one = jnp.roll(one, jnp.remainder(clock - width, ring.shape[-2]), axis=ring.ndim - 2)
-                return jax.lax.dynamic_update_slice_in_dim(ring, one, dst[r], axis)
+        def put(ring, new):
+            axis = ring.ndim - 4  # the batch axis, after a group's layer axis
+            rows_new = jnp.take(new, src, axis=axis)  # (..., E, KV, R, D)
+            # fresh slot j holds a time tau = j (mod R, its slots: R = S when the prefill wrapped); the
+            # engine's row wants tau at (clock - width + tau) % S. The row's other slots keep what they
+            # held: times before its first, which the mask hides (module doc)
+            at = jnp.remainder(clock - width + jnp.arange(new.shape[-2]), ring.shape[-2])
+            index = (slice(None),) * axis + (dst[:, None], slice(None), at[None, :])
+            return ring.at[index].set(jnp.moveaxis(rows_new, (axis, -2), (0, 1)), mode="drop")
 
-            return jax.tree.map(row, cache, fresh)
-
-        cache = jax.lax.fori_loop(0, rows, put, state.cache)
+        cache = jax.tree.map(put, state.cache, fresh)
         put_small = lambda old, new: old.at[dst].set(new, mode="drop")
         return state._replace(
             cache=cache,
@@ -284,7 +291,7 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=F
     state = state or state_shardings(jax.eval_shape(init), mesh)
     ins, outs = {
         "init": ((), state),
-        "insert": ((params, state, *[rep] * 10), state),
+        "insert": ((params, state, *[rep] * 9), state),
         "compact": ((state, rep, rep, rep), state),
         "chunk": (
             (params, state, rep, rep, rep, rep),
