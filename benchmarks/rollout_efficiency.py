@@ -202,6 +202,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--no-static", action="store_true", help="leave the static sampler out")
     p.add_argument("--json")
+    p.add_argument("--compile-cache", help="JAX's persistent compilation cache directory (reused by the next run)")
     args = p.parse_args(argv)
     if args.slots % args.n:
         p.error(f"--slots ({args.slots}) must be a multiple of --n ({args.n}) for the static sampler's programs")
@@ -209,6 +210,10 @@ def main(argv=None) -> int:
 
     tpu_profile_env()  # a TPU's flag profile, as the olmax commands set it (nothing on a CPU host)
     import jax
+
+    if args.compile_cache:  # a second run on the same host compiles nothing (JAX's persistent cache)
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     import numpy as np
 
     from olmax.model.olmo3 import init_params

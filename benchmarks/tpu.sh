@@ -46,7 +46,8 @@ KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # ev
 START_190M="--set data.paths=[demo] --set data.seq_len=8192 --set trainer.global_batch=2 --set mesh.fsdp=-1
   --set model.remat=auto --set trainer.micro_batch_size=null"
 # the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights (each
-# not yet done within 265 s on the chip, most of it compiling: docs/rollout-engine.md, OLMAX_TPU_ROLLOUT_S)
+# not yet done within 265 s on the chip, most of it compiling: docs/rollout-engine.md, OLMAX_TPU_ROLLOUT_S;
+# the compiles are kept in $RUNS/jax-cache, so a second call on the still-warm machine skips them)
 ROLLOUT_190M="--model 190m --slots 64 --prompt-len 128 --max-new 2048 --prompts 16 --n 8 --runs 1 --no-static"
 ROLLOUT_1B="--model 1b --slots 32 --prompt-len 128 --max-new 2048 --prompts 8 --n 8 --runs 1 --no-static"
 # MaxText for the side-by-side rows (benchmarks/tpu_maxtext.py): 0.2.4 names jax 0.10.2 and libtpu
@@ -166,7 +167,7 @@ run() {
         IFS=';' read -ra specs <<<"${OLMAX_TPU_ROLLOUT:-$ROLLOUT_190M;$ROLLOUT_1B}"
         for spec in "${specs[@]}"; do
           step rollout "${OLMAX_TPU_ROLLOUT_S:-200}" "$bin/python" benchmarks/rollout_efficiency.py \
-            --json "$OUT_DIR/rollout-$((++n_rollout)).json" $spec
+            --json "$OUT_DIR/rollout-$((++n_rollout)).json" --compile-cache "$RUNS/jax-cache" $spec
           cat "$OUT_DIR/rollout.log" >>"$OUT_DIR/rollout-all.log"
         done ;;
       chat)
