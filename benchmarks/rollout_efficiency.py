@@ -183,6 +183,26 @@ def bench_static(params, cfg, prompts, limits, args) -> dict:
     return {"tok_s": int(limits.sum()) / wall, "slot_efficiency": int(limits.sum()) / (args.slots * steps)}
 
 
+COMPILES = {"programs": 0, "seconds": 0.0}  # XLA compiles in this process (a persistent cache's hits are none)
+
+
+def count_compiles() -> None:
+    """Count the backend compiles (jax/_src/dispatch.py's event, jax 0.10.2): on a TPU host they, not the
+    decoding, can take most of a run, and the rows say how much."""
+    import jax
+
+    def add(event: str, seconds: float, **_) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            COMPILES["programs"] += 1
+            COMPILES["seconds"] += seconds
+
+    jax.monitoring.register_event_duration_secs_listener(add)
+
+
+def compiled_so_far(what: str) -> str:
+    return f"# {what}: {COMPILES['programs']} programs compiled so far, {COMPILES['seconds']:.0f} s"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", choices=("tiny", "190m", "1b"))
@@ -211,6 +231,7 @@ def main(argv=None) -> int:
     tpu_profile_env()  # a TPU's flag profile, as the olmax commands set it (nothing on a CPU host)
     import jax
 
+    count_compiles()
     if args.compile_cache:  # a second run on the same host compiles nothing (JAX's persistent cache)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -235,6 +256,7 @@ def main(argv=None) -> int:
     )
     print(head, flush=True)
     pure = bench_pure(params, cfg, prompts[0], args, cache_len)
+    print(compiled_so_far("pure decode done"), flush=True)
     print(
         "| spread | mean len | engine tok/s | pure decode tok/s | engine / pure | slot efficiency | insert+prefill "
         "share | fed: tok/s, / pure, slot efficiency (share of steps) | static tok/s | static slot efficiency "
@@ -249,6 +271,7 @@ def main(argv=None) -> int:
         if not args.no_static:
             r.update({f"static_{k}": v for k, v in bench_static(params, cfg, prompts, limits, args).items()})
         rows.append(r)
+        r["compiles_so_far"] = dict(COMPILES)
         static = r.get("static_tok_s")
         print(
             f"| {r['spread']} | {r['mean_len']:.0f} | {r['engine_tok_s']:.0f} | {pure['tok_s']:.0f} "
@@ -265,6 +288,7 @@ def main(argv=None) -> int:
         )
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), "head": head, "rows": rows}, indent=1))
+    print(compiled_so_far("all rows done"))
     return 0
 
 
