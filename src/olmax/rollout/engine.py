@@ -349,12 +349,17 @@ class SlotEngine:
             self._insert_program(params, program)
         return len(rows), len(parts)
 
+    @property
+    def _copy_budget(self) -> int:
+        """Ring slots (rows x bucketed width) one insert program copies at most: an eighth of the cache's."""
+        return self.config.slots * self.config.cache_len // 8
+
     def _insert_batches(self, parts: list) -> list[list]:
         """The parts split into insert programs, in order: at most EngineConfig.prefill_batch sequences
         each, and rows x the bucketed width within an eighth of the cache's row-slots (the copy's
         transient memory, olmax.rollout.slots.insert_program) but for a part alone."""
         most = self.config.prefill_batch or max(1, self.config.slots // 8)
-        budget = self.config.slots * self.config.cache_len // 8
+        budget = self._copy_budget
         programs: list[list] = []
         rows = width = 0
         for part in parts:
@@ -378,7 +383,10 @@ class SlotEngine:
         for i, s in enumerate(sequences):  # left-padded (olmax.rollout.cache: the rows share one clock)
             prompts[i, width - len(s) :], lengths[i] = s, len(s)
         entries = [(i, row, b) for i, part in enumerate(parts) for row, b in part]
-        size = _bucket(len(entries), 1)  # one program per bucket, as for the prompts
+        # the entries padded to what the copy budget allows at this width (and no more than the slots),
+        # so the rows inserted do not add a program shape: each compiles for tens of seconds on a TPU
+        # host, and a padding entry costs only its share of the scatter
+        size = max(len(entries), min(self.config.slots, self._copy_budget // width))
         src, dst = np.zeros(size, np.int32), np.full(size, self.config.slots, np.int32)  # padding: slot B, dropped
         index, limit, count, text = (np.zeros(size, np.int32) for _ in range(4))
         key = np.zeros((size, self._key_words), np.uint32)

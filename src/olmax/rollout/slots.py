@@ -4,9 +4,10 @@ copy their cache rows into free slots), `chunk` (decode up to K steps in a `jax.
 all the slots or on the first `width` of them) and `compact` (move rows to the first slots).
 
 Every shape is static: the slots, the cache length, the chunk's K; a prefill's prompt count and width
-and its rows are bucketed to powers of two (one insert program per bucket triple). The slots share ONE clock, as the
-static sampler's rows do (olmax.rollout.cache): a decoding step at time c writes ring slot c % S of
-every slot's row, one in-place update at a scalar index.
+are bucketed to powers of two and its rows padded to a number set by the width (one insert program
+per bucket pair). The slots share ONE clock, as the static sampler's rows do (olmax.rollout.cache): a
+decoding step at time c writes ring slot c % S of every slot's row, one in-place update at a scalar
+index.
 
 Inserting a sequence of L tokens at clock c puts its tokens at times c - L .. c - 1 of its slot's row
 (first = c - L), so the row's next token is fed at time c with every other slot's. The prefill runs on
@@ -85,7 +86,7 @@ def init_state(cfg: ModelConfig, slots: int, cache_len: int, key_words: int) -> 
 def insert_program(cfg: ModelConfig, cache_len: int):
     """insert(params, state, prompts (P, T) left-padded, lengths (P,), src, dst, index, limit, count,
     text, key) -> state. Entry r puts prompt src[r]'s prefill into slot dst[r] with those per-row
-    values (E entries, E bucketed: the padding entries have dst = B, which the scatters drop). A
+    values (E entries, padded: the padding entries have dst = B, which the scatters drop). A
     prompt's prefill runs once whatever the number of slots it fills.
 
     The rows go into the cache by ONE scatter per ring array, of E x min(S, T) ring slots (its
