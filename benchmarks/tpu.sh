@@ -22,6 +22,9 @@
 #               at the same slots (docs/rollout-engine.md), by default the 190m and 1B shapes
 #   chat        `olmax demo chat`: SFT, DPO and RL of the tiny model on the shipped chat corpus, each
 #               scored on held-out prompts (a rerun resumes it: OLMAX_TPU_RUNS on a disk that stays)
+#   chat-static after chat: its RL stage again from the same DPO checkpoint with static rollouts
+#               (grpo.rollout_engine=static; the continuous stage kept as rl-continuous); each of the two
+#               logs its RL stage's steps and sampling seconds, slot efficiency and staleness
 #   maxtext     MaxText's own trainer on the chip at the fits the throughput step chose (after it, in
 #               the same call): benchmarks/tpu_maxtext.py, installed from .whl-tpu/maxtext/ (its source,
 #               made Python 3.11-ready by `wheels`, and the wheels of its needs the VM's index lacks)
@@ -172,10 +175,28 @@ run() {
         done ;;
       chat)
         step chat 540 "$bin/olmax" demo chat --run-dir "$RUNS/chat"  # 230 s on a v5e
-        cat "$RUNS/chat/summary.json" >>"$OUT_DIR/chat.log" 2>&1 ;;
-      *) echo "unknown step $s (install demo tests throughput decode maxtext start rollout chat)" >&2; return 2 ;;
+        cat "$RUNS/chat/summary.json" >>"$OUT_DIR/chat.log" 2>&1
+        rl_stage "$bin/python" "$RUNS/chat/rl" >>"$OUT_DIR/chat.log" ;;
+      chat-static)  # after chat: its RL stage again from the same DPO checkpoint, static rollouts
+        rm -rf "$RUNS/chat/rl-continuous" && mv "$RUNS/chat/rl" "$RUNS/chat/rl-continuous"
+        step chat-static 400 "$bin/olmax" demo chat --run-dir "$RUNS/chat" grpo.rollout_engine=static
+        rl_stage "$bin/python" "$RUNS/chat/rl" >>"$OUT_DIR/chat-static.log" ;;
+      *) echo "unknown step $s (install demo tests throughput decode maxtext start rollout chat chat-static)" >&2; return 2 ;;
     esac
   done
+}
+
+# PYTHON RL_RUN_DIR: an RL stage's wall time from its metrics (its steps and its sampling, summed) with
+# its slot efficiency and staleness (means over the steps)
+rl_stage() {
+  "$1" - "$2/metrics.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+total = lambda k: sum(r.get(k, 0.0) for r in rows)
+print(f"RL stage: {len(rows)} steps, time/step summed {total('time/step'):.1f} s, rollout/sample_s summed "
+      f"{total('rollout/sample_s'):.1f} s, slot efficiency {total('rollout/slot_efficiency') / len(rows):.2f}, "
+      f"staleness {total('rollout/staleness_mean') / len(rows):.2f}")
+EOF
 }
 
 case ${1:-} in

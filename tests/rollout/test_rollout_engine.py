@@ -224,8 +224,8 @@ def test_the_insert_program_on_a_tpu_copies_no_whole_cache():
     from jax.sharding import NamedSharding, PartitionSpec
 
     from olmax.fit import compiler
-    from olmax.model.olmo3 import abstract_params
     from olmax.rollout import slots as engine_slots
+    from olmax.rollout.cache import init_cache
 
     cfg = small_model(
         vocab_size=1024, d_model=256, n_layers=4, global_every=2, n_heads=4, n_kv_heads=4, head_dim=64,
@@ -243,14 +243,19 @@ def test_the_insert_program_on_a_tpu_copies_no_whole_cache():
         rep = NamedSharding(mesh, PartitionSpec())
         ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)
         entries = 16  # two prompts' groups of 8, prompts of 32 tokens: narrower than every ring
+        fresh = jax.eval_shape(lambda: init_cache(cfg, 2, 32))
         args = (
-            ints(2, 32),
-            ints(2),
-            *[ints(entries)] * 6,
+            jax.ShapeDtypeStruct((2, cfg.vocab_size), jnp.float32, sharding=rep),
+            jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), fresh),
+            ints(),
+            ints(entries),
+            ints(entries),
+            ints(slots),  # each slot's entry
+            *[ints(entries)] * 5,
             jax.ShapeDtypeStruct((entries, key_words), jnp.uint32, sharding=rep),
         )
         program = engine_slots.programs(cfg, slots, cache_len, 8, True, key_words, mesh).insert
-        lowered = program.lower(typed(abstract_params(cfg), param_shardings(cfg, mesh)), typed(abstract, state), *args)
+        lowered = program.lower(typed(abstract, state), *args)
         compiled, _ = compiler.compile_lowered(lowered, compiler.target_options(chip, "tpu"), "insert", "tpu")
     rings = {tuple(x.shape) for x in jax.tree.leaves(abstract.cache)}
     shape = lambda line: tuple(int(d) for d in re.search(r"= \w+\[([\d,]*)\]", line).group(1).split(","))

@@ -63,7 +63,7 @@ from olmax.config.model import ModelConfig
 from olmax.errors import ConfigError
 from olmax.model.sharding import gather, place
 from olmax.rollout.sampler import FINISH, Sampling, _bucket, _eos_table, _text_table
-from olmax.rollout.slots import programs
+from olmax.rollout.slots import MOVES, programs
 
 
 @dataclass(frozen=True)
@@ -388,14 +388,16 @@ class SlotEngine:
         # host, and a padding entry costs only its share of the scatter
         size = max(len(entries), min(self.config.slots, self._copy_budget // width))
         src, dst = np.zeros(size, np.int32), np.full(size, self.config.slots, np.int32)  # padding: slot B, dropped
-        index, limit, count, text = (np.zeros(size, np.int32) for _ in range(4))
+        length, index, limit, count, text = (np.zeros(size, np.int32) for _ in range(5))
         key = np.zeros((size, self._key_words), np.uint32)
+        pick = np.full(self.config.slots, -1, np.int32)  # each slot's entry
         for r, (i, row, b) in enumerate(entries):
-            src[r], dst[r], index[r], limit[r], key[r] = i, b, row.index, row.limit, row.key
-            count[r], text[r] = len(row.tokens), row.text
-        args = (prompts, lengths, src, dst, index, limit, count, text, key)
+            src[r], dst[r], length[r], index[r], limit[r], key[r] = i, b, lengths[i], row.index, row.limit, row.key
+            count[r], text[r], pick[b] = len(row.tokens), row.text, r
+        args = (np.int32(width), src, dst, pick, length, index, limit, count, text, key)
         with self._on_mesh():
-            self._state = self._programs.insert(params, self._state, *(self._place(a) for a in args))
+            logits, fresh = self._programs.prefill(params, self._place(prompts), self._place(lengths))
+            self._state = self._programs.insert(self._state, logits, fresh, *(self._place(a) for a in args))
         jax.block_until_ready(self._state.clock)  # the insert's time apart from the decoding's
 
     def _compact(self) -> int:
@@ -407,13 +409,18 @@ class SlotEngine:
         if not movers:
             return 0
         holes = [b for b in range(width) if self._slots[b] is None]
-        src, dst = np.zeros(self.config.slots, np.int32), np.zeros(self.config.slots, np.int32)
-        for r, (a, b) in enumerate(zip(movers, holes)):
-            src[r], dst[r] = a, b
+        pairs = list(zip(movers, holes))
+        for a, b in pairs:
             self._slots[b], self._slots[a] = self._slots[a], None
-        args = (src, dst, np.int32(len(movers)))
-        with self._on_mesh():
-            self._state = self._programs.compact(self._state, *(self._place(a) for a in args))
+        for at in range(0, len(pairs), MOVES):  # MOVES a program
+            part = pairs[at : at + MOVES]
+            src, dst = np.zeros(MOVES, np.int32), np.zeros(MOVES, np.int32)  # padding: slot 0 onto itself
+            pick, vacate = np.full(self.config.slots, -1, np.int32), np.zeros(self.config.slots, bool)
+            for r, (a, b) in enumerate(part):
+                src[r], dst[r], pick[b], vacate[a] = a, b, a, True
+            args = (src, dst, pick, vacate)
+            with self._on_mesh():
+                self._state = self._programs.compact(self._state, *(self._place(a) for a in args))
         jax.block_until_ready(self._state.clock)
         return len(movers)
 

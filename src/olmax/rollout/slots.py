@@ -83,26 +83,40 @@ def init_state(cfg: ModelConfig, slots: int, cache_len: int, key_words: int) -> 
     )
 
 
-def insert_program(cfg: ModelConfig, cache_len: int):
-    """insert(params, state, prompts (P, T) left-padded, lengths (P,), src, dst, index, limit, count,
-    text, key) -> state. Entry r puts prompt src[r]'s prefill into slot dst[r] with those per-row
-    values (E entries, padded: the padding entries have dst = B, which the scatters drop). A
-    prompt's prefill runs once whatever the number of slots it fills.
-
-    The rows go into the cache by ONE scatter per ring array, of E x min(S, T) ring slots (its
-    transient memory: the gathered rows). A loop over the rows updating the cache in place would be
-    less, but on a TPU the loop's carry takes a layout of the compiler's choosing, not the decoding's
-    (cache_formats), and the cache is copied whole into it and back: 16.5 GiB for a 190m at 64 slots."""
+def prefill_program(cfg: ModelConfig, cache_len: int):
+    """prefill(params, prompts (P, T) left-padded, lengths (P,)) -> (logits (P, vocab) float32 of each
+    prompt's last token, the prompts' cache on rings of min(S, T) slots): the prompts run once, however
+    many slots each fills (`insert_program` copies them in). A prefill needs no more than T slots a
+    ring, and P rows of the engine's whole rings would be P rows of the cache as transient memory."""
     vocab = cfg.vocab_size
 
-    def insert(params, state: SlotState, prompts, lengths, src, dst, index, limit, count, text, key):
+    def prefill(params, prompts, lengths):
         p, width = prompts.shape
-        # rings of min(the engine's, width) slots: a prefill needs no more, and p rows of the engine's
-        # whole rings (cache_len slots each) would be p rows of the cache as transient memory
         fresh = init_cache(cfg, p, min(cache_len, width))
         logits, fresh = cached_forward(
             params, fresh, prompts, 0, cfg, width - lengths, max(cache_len, width), last_only=True, fresh=True
         )
+        return logits[:, 0, :vocab], fresh
+
+    return prefill
+
+
+def insert_program():
+    """insert(state, logits, fresh, width, src, dst, pick, length, index, limit, count, text, key) ->
+    state: entry r puts prefilled sequence src[r] (of `prefill_program`'s logits and rings, its prompts
+    `width` wide, the sequence `length[r]` long) into slot dst[r] with those per-row values (E entries,
+    padded: the padding entries have dst = B, which the scatter drops); pick (B,) names each slot's
+    entry (-1: the slot keeps its row).
+
+    The rows go into the cache by ONE scatter per ring array, of E x min(S, T) ring slots (its
+    transient memory: the gathered rows). A loop over the rows updating the cache in place would be
+    less, but on a TPU the loop's carry takes a layout of the compiler's choosing, not the decoding's
+    (cache_formats), and the cache is copied whole into it and back: 16.5 GiB for a 190m at 64 slots.
+    The per-slot arrays are chosen per slot (`pick`), not scattered: compiled for a v5e (libtpu on a
+    2-core host), a scatter of rows into the (slots, vocab) logits took 80-130 s, a choice 5 s; and
+    the prefill is a program of its own, so that its rings keep their own layout."""
+
+    def insert(state: SlotState, logits, fresh, width, src, dst, pick, length, index, limit, count, text, key):
         clock = state.clock
 
         def put(ring, new):
@@ -116,18 +130,19 @@ def insert_program(cfg: ModelConfig, cache_len: int):
             return ring.at[index].set(jnp.moveaxis(rows_new, (axis, -2), (0, 1)), mode="drop")
 
         cache = jax.tree.map(put, state.cache, fresh)
-        put_small = lambda old, new: old.at[dst].set(new, mode="drop")
+        new, entry = pick >= 0, jnp.maximum(pick, 0)
+        fill = lambda old, per_entry: jnp.where(new.reshape(new.shape + (1,) * (old.ndim - 1)), per_entry[entry], old)
         return state._replace(
             cache=cache,
-            logits=put_small(state.logits, logits[:, 0, :vocab][src]),
-            first=put_small(state.first, clock - lengths[src]),
-            count=put_small(state.count, count),
-            limit=put_small(state.limit, limit),
-            index=put_small(state.index, index),
-            key=put_small(state.key, key),
-            text=put_small(state.text, text),
-            active=put_small(state.active, jnp.ones(dst.shape, bool)),
-            finish=put_small(state.finish, jnp.zeros(dst.shape, jnp.int32)),
+            logits=fill(state.logits, logits[src[entry]]),
+            first=fill(state.first, clock - length),
+            count=fill(state.count, count),
+            limit=fill(state.limit, limit),
+            index=fill(state.index, index),
+            key=fill(state.key, key),
+            text=fill(state.text, text),
+            active=state.active | new,
+            finish=jnp.where(new, 0, state.finish),
         )
 
     return insert
@@ -210,33 +225,33 @@ def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, sample: bool, wi
     return chunk
 
 
+MOVES = 8  # rows one compact program moves (its moves unrolled): the engine calls it again for more
+
+
 def compact_program():
-    """compact(state, src, dst, moves) -> state: entries r < moves move the row in slot src[r] to the
-    free slot dst[r] (one row at a time in place: a move reads whole rows, so a scatter's gathered
-    rows would be up to half the cache; compiled for a v5e this loop keeps the decoding's layout, with
-    0.21 GiB of temporaries for a 190m at 32 slots of 2176), so that the rows left in a drain fill the
-    first slots and a narrower chunk decodes them (EngineConfig.narrow)."""
+    """compact(state, src, dst, pick, vacate) -> state: move the row in slot src[r] to the free slot
+    dst[r] (MOVES entries; the padding ones copy slot 0 onto itself), so that the rows left in a drain
+    fill the first slots and a narrower chunk decodes them (EngineConfig.narrow); pick (B,) names each
+    slot's source slot (-1: unchanged) for the per-slot arrays, vacate (B,) the slots left.
 
-    def compact(state: SlotState, src, dst, moves):
-        def move(r, cache):
-            def row(ring):
-                axis = ring.ndim - 4
+    Each move of the cache is a dynamic slice and update of whole rows, unrolled: in place, no
+    temporaries beside the cache. Compiled for a v5e (libtpu on a 2-core host, a 190m at 64 slots of
+    2176), 4 moves unrolled took 1.1 s, the same moves in a fori_loop with the per-slot arrays
+    scattered 90 s, and a gather of the cache's rows minutes (insert_program on the per-slot arrays)."""
+
+    def compact(state: SlotState, src, dst, pick, vacate):
+        def row(ring):
+            axis = ring.ndim - 4
+            for r in range(MOVES):
                 one = jax.lax.dynamic_slice_in_dim(ring, src[r], 1, axis)
-                return jax.lax.dynamic_update_slice_in_dim(ring, one, dst[r], axis)
+                ring = jax.lax.dynamic_update_slice_in_dim(ring, one, dst[r], axis)
+            return ring
 
-            return jax.tree.map(row, cache)
-
-        slots = state.first.shape[0]
-        real = jnp.arange(src.shape[0]) < moves
-        to, left = jnp.where(real, dst, slots), jnp.where(real, src, slots)  # slot B: dropped
-        small = {}
-        for f in PER_SLOT:
-            x = getattr(state, f)
-            moved = x[src]
-            if f == "active":
-                x = x.at[left].set(False, mode="drop")
-            small[f] = x.at[to].set(moved, mode="drop")
-        return state._replace(cache=jax.lax.fori_loop(0, moves, move, state.cache), **small)
+        moved, source = pick >= 0, jnp.maximum(pick, 0)
+        fill = lambda x: jnp.where(moved.reshape(moved.shape + (1,) * (x.ndim - 1)), x[source], x)
+        small = {f: fill(getattr(state, f)) for f in PER_SLOT}
+        small["active"] = small["active"] & ~vacate
+        return state._replace(cache=jax.tree.map(row, state.cache), **small)
 
     return compact
 
@@ -254,6 +269,7 @@ def state_shardings(state: SlotState, mesh) -> SlotState:
 
 class Programs(NamedTuple):
     init: Callable
+    prefill: Callable
     insert: Callable
     compact: Callable
     chunk: Callable  # decoding width -> its chunk program
@@ -269,6 +285,7 @@ def programs(
     shape = (cfg, slots, cache_len, key_words, mesh)
     return Programs(
         _jitted(*shape, "init"),
+        _jitted(*shape, "prefill"),
         _jitted(*shape, "insert"),
         _jitted(*shape, "compact"),
         lambda width: _jitted(*shape, "chunk", steps, sample, width),
@@ -281,8 +298,10 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=F
     init = functools.partial(init_state, cfg, slots, cache_len, key_words)
     if name == "init":
         fn, donate = init, ()
+    elif name == "prefill":
+        fn, donate = prefill_program(cfg, cache_len), ()
     elif name == "insert":
-        fn, donate = insert_program(cfg, cache_len), (1,)
+        fn, donate = insert_program(), (0,)
     elif name == "compact":
         fn, donate = compact_program(), (0,)
     else:
@@ -294,8 +313,9 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=F
     state = state or state_shardings(jax.eval_shape(init), mesh)
     ins, outs = {
         "init": ((), state),
-        "insert": ((params, state, *[rep] * 9), state),
-        "compact": ((state, rep, rep, rep), state),
+        "prefill": ((params, rep, rep), (rep, jax.tree.map(lambda _: rep, jax.eval_shape(init).cache))),
+        "insert": ((state, *[rep] * 12), state),
+        "compact": ((state, *[rep] * 4), state),
         "chunk": (
             (params, state, rep, rep, rep, rep),
             (state, ChunkOut(batch(width, steps), batch(width, steps), rep, rep)),
