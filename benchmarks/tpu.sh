@@ -48,9 +48,10 @@ KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # ev
 # `olmax train` at the throughput table's 190m row (2 x 8192 tokens of the demo corpus a step), remat=auto
 START_190M="--set data.paths=[demo] --set data.seq_len=8192 --set trainer.global_batch=2 --set mesh.fsdp=-1
   --set model.remat=auto --set trainer.micro_batch_size=null"
-# the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights (each
-# not yet done within 265 s on the chip, most of it compiling: docs/rollout-engine.md, OLMAX_TPU_ROLLOUT_S;
-# the compiles are kept in $RUNS/jax-cache, so a second call on the still-warm machine skips them)
+# the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights. Their
+# compiles are kept in $RUNS/jax-cache, so a second call on the still-warm machine skips them: on
+# 2026-12-07 the 190m ran out of a 275 s bound in its first call and took 394 s in its second
+# (docs/rollout-engine.md; OLMAX_TPU_ROLLOUT_S raises the bound, OLMAX_TPU_ROLLOUT picks one shape)
 ROLLOUT_190M="--model 190m --slots 64 --prompt-len 128 --max-new 2048 --prompts 16 --n 8 --runs 1 --no-static"
 ROLLOUT_1B="--model 1b --slots 32 --prompt-len 128 --max-new 2048 --prompts 8 --n 8 --runs 1 --no-static"
 # MaxText for the side-by-side rows (benchmarks/tpu_maxtext.py): 0.2.4 names jax 0.10.2 and libtpu
