@@ -376,14 +376,14 @@ COLLIDING = [["i", hex(k * (2**61 - 1))] for k in range(1, 20_000)]  # hash(n) i
 )
 def test_the_evaluator_bounds_what_a_program_value_can_make(test, value):
     tracemalloc.start()
-    start = time.perf_counter()
+    start = time.thread_time()  # this thread's CPU time: other jobs on a shared host do not add to it
     try:
         outcome = _replay(test, value)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    elapsed = time.perf_counter() - start  # under tracemalloc, on a shared machine: the bound is against minutes
-    assert outcome == "fail" and peak < 8 << 20 and elapsed < 20.0, (outcome, peak, elapsed)
+    cpu = time.thread_time() - start  # the slowest case takes ~0.6 s under tracemalloc; unbounded, minutes
+    assert outcome == "fail" and peak < 8 << 20 and cpu < 2.0, (outcome, peak, cpu)
 
 
 @sandboxed
