@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from remat_sets import SEEDS_SET
 
 from olmax.config.io import apply_overrides
 from olmax.config.mesh import MeshConfig
 from olmax.config.recipes import get_recipe
-from olmax.config.remat import REMAT_TAGS
 from olmax.errors import ConfigError
 from olmax.fit import chips
 from olmax.fit import remat as remat_module
@@ -468,107 +468,6 @@ def test_init_compiles_under_the_default_scoped_vmem():
     assert int(out.stdout.split()[-1]) <= 1
 
 
-# What the MaxText OLMo 3 run kept (its write-up), in the block's order; the same but the MLP's gate;
-# every matmul output (nothing recomputed): the first three sets of model.remat=auto's ladder
-SEEDS_SET = ["q_proj", "k_proj", "v_proj", "attn_context", "o_proj", "mlp_gate", "mlp_down"]
-SEEDS_BUT_GATE = [t for t in SEEDS_SET if t != "mlp_gate"]
-EVERY_MATMUL = [t for t in REMAT_TAGS if t != "layer_input"]
-
-
-def kept_at_least(r: dict, tags: list[str]) -> bool:
-    """auto chose a set of the ladder that keeps every one of `tags` (those sets are nested)."""
-    return set(tags) <= set(r["saved"]) and r["remat_search"]
-
-
-# The recipes with model.remat=auto on their slices: each searches, compiles and fits. Where the
-# sweep (docs/performance/remat.md) measured the ladder's sets on the slice, the choice follows from it:
-# the first set that fits in an order, the compiler's order first.
-@pytest.mark.slow
-def test_7b_stage1_fits_on_ironwood_4x4x4():
-    """The seeds' layout (4 instances per device in one forward/backward): every matmul output is
-    refused in both orders, the seeds' set fits in the compiler's order (peak 84.65 GiB)."""
-    r = compile_report(get_recipe("olmo3_7b_stage1"), topology="tpu7x:4x4x4")
-    assert (r["devices"], r["per_device_batch"], r["micro_batch"], r["accum_steps"]) == (128, 4, 4, 1)
-    assert r["saved"] == SEEDS_SET and not r["remat_serial"]
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
-
-
-@pytest.mark.slow
-def test_7b_stage1_on_v5p_4x4x4_fits_with_no_override():
-    """The stage-1 recipe on 64 v5p chips: 8 instances per device as 2 micro-batches of 4. The seeds'
-    set is refused in the compiler's order (98.4 GiB of temporaries) and fits in the serial one (peak
-    88.01 GiB); every matmul output is refused in both."""
-    r = compile_report(get_recipe("olmo3_7b_stage1"), topology="v5p:4x4x4")
-    assert (r["devices"], r["per_device_batch"], r["micro_batch"], r["accum_steps"]) == (64, 8, 4, 2)
-    assert r["remat_serial"] and r["saved"] == SEEDS_SET and r["fits"]
-    refused = {(c["remat"], c["serial"]) for c in r["remat_search"] if c["peak_gib"] is None}
-    assert {(",".join(SEEDS_SET), False), (",".join(SEEDS_SET + ["mlp_up"]), True)} <= refused
-
-
-@pytest.mark.slow
-def test_7b_stage3_fits_on_ironwood_4x4x4_over_a_context_axis():
-    """AI2's stage 3 (packed, masked within documents, 64 instances of 65,536 tokens) on 128 devices:
-    one instance per data x fsdp shard, each sequence split over the recipe's context axis of 2, so
-    32,768 tokens per device as in stage 1, where the seeds' set fits in the compiler's order (peak
-    85.60 GiB; every matmul output is refused); the masked splash kernels are in the step."""
-    r = compile_report(get_recipe("olmo3_7b_stage3"), topology="tpu7x:4x4x4")
-    assert r["mesh"] == {"data": 1, "fsdp": 64, "context": 2, "tensor": 1}
-    assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
-    assert r["saved"] == SEEDS_SET and not r["remat_serial"]
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
-
-
-@pytest.mark.slow
-def test_7b_think_sft_and_dpo_fit_on_ironwood_4x4x4():
-    """The post-training steps on 128 Ironwood chips: SFT's 32 instances of 32,768 tokens, one per
-    context group of 4, keep every matmul output (peak 35.33 GiB) with splash's segmented kernels
-    (documents masked); DPO's 128 pairs of 16,384, one per device, keep the seeds' set (peak 84.67 GiB;
-    every matmul output is refused in both orders) with the unsegmented kernels."""
-    r = compile_report(get_recipe("olmo3_7b_think_sft"), topology="tpu7x:4x4x4")
-    assert r["mesh"] == {"data": 1, "fsdp": 32, "context": 4, "tensor": 1} and r["per_device_batch"] == 1
-    assert r["saved"] == EVERY_MATMUL and not r["remat_serial"] and r["fits"]
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0
-    r = compile_report(get_recipe("olmo3_7b_think_dpo"), topology="tpu7x:4x4x4")
-    assert r["mesh"]["fsdp"] == 128 and r["per_device_batch"] == 1
-    assert r["saved"] == SEEDS_SET and not r["remat_serial"] and r["fits"]
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0
-
-
-@pytest.mark.slow
-def test_32b_stage1_fits_on_v5p_8x8x8():
-    """AI2's 1024 instances of 8192 tokens on the 512-chip slice: two per device in one forward/backward
-    (the recipe's micro-batch of up to 4); the seeds' set is refused in either order, without mlp_gate
-    it fits in the compiler's order (peak 74.41 GiB); the epoch horizon compiles without data."""
-    r = compile_report(get_recipe("olmo3_32b_stage1"), topology="v5p:8x8x8")
-    assert r["mesh"] == {"data": 1, "fsdp": 512, "context": 1, "tensor": 1}
-    assert (r["per_device_batch"], r["micro_batch"], r["accum_steps"], r["seq_len"]) == (2, 2, 1, 8192)
-    assert r["saved"] == SEEDS_BUT_GATE and not r["remat_serial"]
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
-
-
-@pytest.mark.slow
-def test_32b_stage2_fits_on_v5p_8x8x8():
-    """Either midtraining ingredient: 512 instances of 8192 tokens, one per device of the 512-chip slice,
-    every matmul output kept in the compiler's order (peak 90.65 GiB of the 90.95 budget, 2026-12-02)."""
-    r = compile_report(get_recipe("olmo3_32b_stage2"), topology="v5p:8x8x8")
-    assert r["mesh"] == {"data": 1, "fsdp": 512, "context": 1, "tensor": 1}
-    assert (r["per_device_batch"], r["micro_batch"], r["accum_steps"], r["seq_len"]) == (1, 1, 1, 8192)
-    assert r["saved"] == EVERY_MATMUL and not r["remat_serial"]
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
-
-
-@pytest.mark.slow
-def test_32b_stage3_fits_on_v5p_8x8x8_over_a_context_axis():
-    """128 instances of 65,536 tokens on 512 devices: one instance per fsdp shard, split over the
-    recipe's context axis of 4 (16,384 tokens per device), at least the seeds' set but mlp_gate kept
-    (79.5 GiB of heap in the compiler's order, 65.0 serial), doc_lens in every splash call."""
-    r = compile_report(get_recipe("olmo3_32b_stage3"), topology="v5p:8x8x8")
-    assert r["mesh"] == {"data": 1, "fsdp": 128, "context": 4, "tensor": 1}
-    assert kept_at_least(r, SEEDS_BUT_GATE)
-    assert (r["per_device_batch"], r["micro_batch"], r["seq_len"]) == (1, 1, 65536)
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0 and r["fits"]
-
-
 def test_a_dpo_step_counts_both_rows_of_each_pair():
     """A DPO step of global_batch pairs runs 2 x global_batch sequences: the FLOPs compile-check reports
     (and the MFU it implies) are those of both rows, as the trainer's metrics count them."""
@@ -577,29 +476,3 @@ def test_a_dpo_step_counts_both_rows_of_each_pair():
     assert cfg.rows_per_step == 2 * cfg.trainer.global_batch
     want = exact_step_flops(cfg.model, cfg.data.seq_len, 2 * cfg.trainer.global_batch).total / 8
     assert r["model_flops_per_device"] == pytest.approx(want, rel=1e-12)
-
-
-@pytest.mark.slow
-def test_32b_think_dpo_fits_on_ironwood_4x4x4():
-    """The 32B Think DPO step, 128 pairs of 8,192 tokens, one per chip, keeps the seeds' set but mlp_gate
-    in the compiler's order, as `auto` chose (peak 79.41 GiB; docs/post-training/dpo.md, "DPO in `olmax
-    train`", "Recipes")."""
-    remat = "model.remat=" + ",".join(SEEDS_BUT_GATE)
-    r = compile_report(apply_overrides(get_recipe("olmo3_32b_think_dpo"), [remat]), topology="tpu7x:4x4x4")
-    assert r["mesh"]["fsdp"] == 128 and r["per_device_batch"] == 1
-    assert r["saved"] == SEEDS_BUT_GATE and not r["remat_serial"] and r["fits"]
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0
-
-
-@pytest.mark.slow
-def test_32b_rl_fits_on_ironwood_4x4x4():
-    """The 32B RL steps, 512 packed rows, 4 per chip in 4 micro-batches with splash's segmented kernels,
-    with the remat `auto` chose (docs/post-training/rl-recipes.md, "GRPO in the train step", "Recipes"): Instruct's
-    rows of 19,456 keep the seeds' set but mlp_gate (peak 84.27 GiB), Think's of 35,840 keep q/k/v
-    (peak 83.11 GiB), both in the compiler's order."""
-    for name, saved in (("olmo3_32b_instruct_rl", SEEDS_BUT_GATE), ("olmo3_32b_think_rl", SEEDS_SET[:3])):
-        remat = "model.remat=" + ",".join(saved)
-        r = compile_report(apply_overrides(get_recipe(name), [remat]), topology="tpu7x:4x4x4")
-        assert r["mesh"]["fsdp"] == 128 and (r["per_device_batch"], r["micro_batch"]) == (4, 1)
-        assert r["saved"] == saved and not r["remat_serial"] and r["fits"]
-        assert r["attention"] == "splash" and r["attention_kernel_calls"] > 0
