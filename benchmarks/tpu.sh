@@ -19,7 +19,7 @@
 #   start       benchmarks/start_time.py: `olmax train`'s time to its first step, cold and warm (the
 #               compilation cache; docs/performance/fast-start.md), by default at the 190m row's shape
 #   rollout     benchmarks/rollout_efficiency.py: the continuous-batching slot engine against pure decode
-#               at the same slots (docs/rollout-engine.md), by default the 190m and 1B shapes
+#               at the same slots (docs/rollout-engine.md), by default the 190m shape (the 1B: below)
 #   chat        `olmax demo chat`: SFT, DPO and RL of the tiny model on the shipped chat corpus, each
 #               scored on held-out prompts (a rerun resumes it: OLMAX_TPU_RUNS on a disk that stays)
 #   chat-static after chat: its RL stage again from the same DPO checkpoint with static rollouts
@@ -48,10 +48,10 @@ KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # ev
 # `olmax train` at the throughput table's 190m row (2 x 8192 tokens of the demo corpus a step), remat=auto
 START_190M="--set data.paths=[demo] --set data.seq_len=8192 --set trainer.global_batch=2 --set mesh.fsdp=-1
   --set model.remat=auto --set trainer.micro_batch_size=null"
-# the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights. Their
-# compiles are kept in $RUNS/jax-cache, so a second call on the still-warm machine skips them: on
-# 2026-12-07 the 190m ran out of a 275 s bound in its first call and took 394 s in its second
-# (docs/rollout-engine.md; OLMAX_TPU_ROLLOUT_S raises the bound, OLMAX_TPU_ROLLOUT picks one shape)
+# the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights, one a
+# call by default (2026-12-07: the 190m took 391 s on a fresh machine, 101 s of it compiling; its
+# compiles are kept in $RUNS/jax-cache, which a second call on the still-warm machine reads). The 1B:
+# OLMAX_TPU_ROLLOUT=1b in a call of its own (docs/rollout-engine.md; OLMAX_TPU_ROLLOUT_S: the bound)
 ROLLOUT_190M="--model 190m --slots 64 --prompt-len 128 --max-new 2048 --prompts 16 --n 8 --runs 1 --no-static"
 ROLLOUT_1B="--model 1b --slots 32 --prompt-len 128 --max-new 2048 --prompts 8 --n 8 --runs 1 --no-static"
 # MaxText for the side-by-side rows (benchmarks/tpu_maxtext.py): 0.2.4 names jax 0.10.2 and libtpu
@@ -166,11 +166,12 @@ run() {
       start)  # time to the first step of `olmax train`, cold and warm; OLMAX_TPU_START: the script's options
         step start "${OLMAX_TPU_START_S:-540}" "$bin/python" benchmarks/start_time.py --json "$OUT_DIR/start.json" \
           ${OLMAX_TPU_START:---recipe olmo3_7b --shape 190m --rows cold,warm --runs 1 $START_190M} ;;
-      rollout)  # OLMAX_TPU_ROLLOUT: the runs' options, ';'-separated (one benchmark process each)
+      rollout)  # OLMAX_TPU_ROLLOUT: the runs' options or shape names (190m, 1b), ';'-separated, a process each
         local spec
-        IFS=';' read -ra specs <<<"${OLMAX_TPU_ROLLOUT:-$ROLLOUT_190M;$ROLLOUT_1B}"
+        IFS=';' read -ra specs <<<"${OLMAX_TPU_ROLLOUT:-$ROLLOUT_190M}"
         for spec in "${specs[@]}"; do
-          step rollout "${OLMAX_TPU_ROLLOUT_S:-200}" "$bin/python" benchmarks/rollout_efficiency.py \
+          case $spec in 190m) spec=$ROLLOUT_190M ;; 1b) spec=$ROLLOUT_1B ;; esac
+          step rollout "${OLMAX_TPU_ROLLOUT_S:-520}" "$bin/python" benchmarks/rollout_efficiency.py \
             --json "$OUT_DIR/rollout-$((++n_rollout)).json" --compile-cache "$RUNS/jax-cache" $spec
           cat "$OUT_DIR/rollout.log" >>"$OUT_DIR/rollout-all.log"
         done ;;

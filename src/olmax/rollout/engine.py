@@ -85,8 +85,8 @@ class EngineConfig:
     slot. Off on a mesh that splits the slots (a prefix of the slots would sit on some devices only)."""
     prefill_batch: int = 0
     """Most sequences prefilled by one insert program (0: slots // 8, at least 1); a group's rows
-    share one. A program also copies at most an eighth of the cache's row-slots (its rows x the
-    bucketed prompt width): its transient memory beside the cache."""
+    share one. A program also prefills at most an eighth of the cache's row-slots (its sequences x
+    the bucketed prompt width): the fresh rings' transient memory beside the cache."""
     refill_at: int = 0
     """A chunk ends early once this many slots are free while rows wait (at most the waiting rows).
     Fewer means fewer idle slots and more chunks, inserts and prefills (a group split over two inserts
@@ -170,6 +170,15 @@ class _Row:
     logits_version: int = 0  # the version of the logits its next token is drawn from, while in a slot
 
 
+def fits(compiled, device) -> bool:
+    """Whether a compiled program's temporaries fit in the memory `device` has free now (always on a
+    device that reports none: the CPU)."""
+    stats = device.memory_stats()
+    if not stats or "bytes_limit" not in stats:
+        return True
+    return compiled.memory_analysis().temp_size_in_bytes <= stats["bytes_limit"] - stats["bytes_in_use"]
+
+
 class SlotEngine:
     """See the module doc. `mesh`: the trainer's mesh, on which `params` are laid out by
     olmax.model.olmo3.param_shardings (None: one device). `sampling`: temperature, top-k, top-p, and the
@@ -202,6 +211,7 @@ class SlotEngine:
         halvings = 0 if split > 1 else narrow
         self._widths = tuple(slots >> k for k in range(halvings + 1) if slots % (1 << k) == 0)
         self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.temperature > 0, self._key_words, mesh)
+        self._narrowed: dict = {}  # width -> its compiled decode program, None where it does not fit (_chunk)
         tables = (
             np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32),
             _eos_table(eos_ids),
@@ -276,10 +286,11 @@ class SlotEngine:
             return Chunk([], Counters(self.config.slots, insert_s=t1 - t0))
         last = max(b for b, r in enumerate(self._slots) if r is not None)
         width = min(w for w in self._widths if w > last)
-        free_target = self._free_target(width)
         with self._on_mesh():
-            run = self._programs.chunk(width)
-            self._state, out = run(params, self._state, *self._tables, self._place(np.int32(free_target)))
+            while (run := self._chunk(width, params)) is None:  # that narrowing does not fit: a wider one
+                self._widths = tuple(w for w in self._widths if w > width)
+                width = min(self._widths)
+            self._state, out = run(params, self._state, *self._tables, self._place(np.int32(self._free_target(width))))
         tokens, logprobs, count, active, finish = self._fetch(
             out.tokens, out.logprobs, self._state.count, self._state.active, self._state.finish
         )
@@ -321,6 +332,21 @@ class SlotEngine:
             out += self.run_chunk(params, version).finished
         return sorted(out, key=lambda r: r.index)
 
+    def _chunk(self, width: int, params):
+        """The decode program of `width` slots; a narrowed one (EngineConfig.narrow) compiled ahead and
+        kept only where the memory it needs beside its arguments is free on the device now, else None.
+        The TPU compiler may lay a narrowed program's rings out otherwise than the cache's layout and
+        copy them: for a 1B at 32 slots of 2176 positions the width-8 program needed 4.4 GB of the
+        chip's 4.1 GB left, where widths 32 and 16 and the 190m's 64 to 8 copy nothing."""
+        if width == self.config.slots:
+            return self._programs.chunk(width)
+        if width not in self._narrowed:
+            args = (params, self._state, *self._tables, self._place(np.int32(0)))
+            compiled = self._programs.chunk(width).lower(*args).compile()
+            device = list(self.mesh.devices.flat)[0] if self.mesh is not None else jax.devices()[0]
+            self._narrowed[width] = compiled if fits(compiled, device) else None
+        return self._narrowed[width]
+
     def _free_target(self, width: int) -> int:
         """The free slots at which a chunk decoding `width` slots ends: with rows waiting,
         EngineConfig.refill_at (or its automatic value, there), at most the waiting rows; in a drain,
@@ -349,28 +375,23 @@ class SlotEngine:
             self._insert_program(params, program)
         return len(rows), len(parts)
 
-    @property
-    def _copy_budget(self) -> int:
-        """Ring slots (rows x bucketed width) one insert program copies at most: an eighth of the cache's."""
-        return self.config.slots * self.config.cache_len // 8
-
     def _insert_batches(self, parts: list) -> list[list]:
         """The parts split into insert programs, in order: at most EngineConfig.prefill_batch sequences
-        each, and rows x the bucketed width within an eighth of the cache's row-slots (the copy's
-        transient memory, olmax.rollout.slots.insert_program) but for a part alone."""
+        each, and sequences x the bucketed width within an eighth of the cache's row-slots (the prefill's
+        fresh rings and activations beside the cache) but for a part alone."""
         most = self.config.prefill_batch or max(1, self.config.slots // 8)
-        budget = self._copy_budget
+        budget = self.config.slots * self.config.cache_len // 8
         programs: list[list] = []
-        rows = width = 0
+        width = 0
         for part in parts:
             length = _bucket(len(part[0][0].prompt) + len(part[0][0].tokens))
             wider = max(width, length)
-            if programs and len(programs[-1]) < most and (rows + len(part)) * wider <= budget:
+            if programs and len(programs[-1]) < most and (len(programs[-1]) + 1) * wider <= budget:
                 programs[-1].append(part)
-                rows, width = rows + len(part), wider
+                width = wider
             else:
                 programs.append([part])
-                rows, width = len(part), length
+                width = length
         return programs
 
     def _insert_program(self, params, parts: list) -> None:
@@ -382,19 +403,15 @@ class SlotEngine:
         lengths = np.ones(len(prompts), np.int32)  # the bucket's padding prompts: one token, never copied
         for i, s in enumerate(sequences):  # left-padded (olmax.rollout.cache: the rows share one clock)
             prompts[i, width - len(s) :], lengths[i] = s, len(s)
-        entries = [(i, row, b) for i, part in enumerate(parts) for row, b in part]
-        # the entries padded to what the copy budget allows at this width (and no more than the slots),
-        # so the rows inserted do not add a program shape: each compiles for tens of seconds on a TPU
-        # host, and a padding entry costs only its share of the scatter
-        size = max(len(entries), min(self.config.slots, self._copy_budget // width))
-        src, dst = np.zeros(size, np.int32), np.full(size, self.config.slots, np.int32)  # padding: slot B, dropped
-        length, index, limit, count, text = (np.zeros(size, np.int32) for _ in range(5))
-        key = np.zeros((size, self._key_words), np.uint32)
-        pick = np.full(self.config.slots, -1, np.int32)  # each slot's entry
-        for r, (i, row, b) in enumerate(entries):
-            src[r], dst[r], length[r], index[r], limit[r], key[r] = i, b, lengths[i], row.index, row.limit, row.key
-            count[r], text[r], pick[b] = len(row.tokens), row.text, r
-        args = (np.int32(width), src, dst, pick, length, index, limit, count, text, key)
+        slots = self.config.slots
+        src = np.full(slots, -1, np.int32)  # each slot's sequence (-1: the slot keeps its row)
+        length, index, limit, count, text = (np.zeros(slots, np.int32) for _ in range(5))
+        key = np.zeros((slots, self._key_words), np.uint32)
+        for i, part in enumerate(parts):
+            for row, b in part:
+                src[b], length[b], index[b], limit[b], key[b] = i, lengths[i], row.index, row.limit, row.key
+                count[b], text[b] = len(row.tokens), row.text
+        args = (np.int32(width), src, length, index, limit, count, text, key)
         with self._on_mesh():
             logits, fresh = self._programs.prefill(params, self._place(prompts), self._place(lengths))
             self._state = self._programs.insert(self._state, logits, fresh, *(self._place(a) for a in args))

@@ -51,11 +51,12 @@ def pass_rates(rewards: jnp.ndarray, group_size: int, max_score: float) -> jnp.n
     return jnp.mean(_grouped(rewards, group_size), axis=1) / max_score
 
 
-def token_values(per_response: jnp.ndarray, response_index: jnp.ndarray) -> jnp.ndarray:
+def token_values(per_response: np.ndarray, response_index: np.ndarray) -> np.ndarray:
     """Per-response values (n,) -> (rows, seq) per token: response_index [b, t] = k + 1 where token t of
-    packed row b is a token of response k, 0 elsewhere (open-instruct's packed `response_masks`)."""
-    lookup = jnp.concatenate([jnp.zeros((1,), jnp.float32), per_response.astype(jnp.float32)])
-    return lookup[response_index]
+    packed row b is a token of response k, 0 elsewhere (open-instruct's packed `response_masks`). On the
+    host: the packed rows change in number every rollout, and a device op would compile for each."""
+    lookup = np.concatenate([np.zeros(1, np.float32), np.asarray(per_response, np.float32)])
+    return lookup[np.asarray(response_index)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ belonging to token t:
 - input_ids: the tokens, `pad_id` after the last sample;
 - response_mask: True on response tokens (the only ones with a loss);
 - response_index: 1 + the sample's index in the rollout batch on its response tokens, 0 elsewhere
-  (open-instruct's packed `response_masks`; olmax.objectives.grpo.token_values spreads per-sample
+  (open-instruct's packed `response_masks`; olmax.rollout.groups.token_values spreads per-sample
   advantages with it);
 - sampler_logps: the sampler's log-prob of each response token, 0 elsewhere (open-instruct puts NaN
   on prompt tokens and masks them; a number keeps the arrays finite under jit);

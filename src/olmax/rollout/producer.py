@@ -359,7 +359,7 @@ class RolloutProducer:
             self.cfg.data.pad_token_id,
         )
         kept_adv = adv[[i * n + s for i, g in enumerate(read) if keep[i] for s in range(n)]]
-        token_adv = np.asarray(groups.token_values(kept_adv, packed.response_index))
+        token_adv = groups.token_values(kept_adv, packed.response_index)
         counts, self.stream.timing = self.stream.timing, Counter()
         self.decoded.update({k: counts[k] for k in ("useful_tokens", "slot_steps")})
         counts.update(retries=retries, empty=int(not keep.any()))

@@ -4,8 +4,8 @@ copy their cache rows into free slots), `chunk` (decode up to K steps in a `jax.
 all the slots or on the first `width` of them) and `compact` (move rows to the first slots).
 
 Every shape is static: the slots, the cache length, the chunk's K; a prefill's prompt count and width
-are bucketed to powers of two and its rows padded to a number set by the width (one insert program
-per bucket pair). The slots share ONE clock, as the static sampler's rows do (olmax.rollout.cache): a
+are bucketed to powers of two (one prefill and one insert program per bucket pair), and the insert
+takes its rows' values per slot. The slots share ONE clock, as the static sampler's rows do (olmax.rollout.cache): a
 decoding step at time c writes ring slot c % S of every slot's row, one in-place update at a scalar
 index.
 
@@ -37,7 +37,7 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.layout import Format, Layout
+from jax.experimental.layout import Format, Layout, with_layout_constraint
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from olmax.config.model import ModelConfig
@@ -101,40 +101,53 @@ def prefill_program(cfg: ModelConfig, cache_len: int):
     return prefill
 
 
-def insert_program():
-    """insert(state, logits, fresh, width, src, dst, pick, length, index, limit, count, text, key) ->
-    state: entry r puts prefilled sequence src[r] (of `prefill_program`'s logits and rings, its prompts
-    `width` wide, the sequence `length[r]` long) into slot dst[r] with those per-row values (E entries,
-    padded: the padding entries have dst = B, which the scatter drops); pick (B,) names each slot's
-    entry (-1: the slot keeps its row).
+def insert_program(layouts=None):
+    """insert(state, logits, fresh, width, src, length, index, limit, count, text, key) -> state: each
+    slot b with src[b] >= 0 takes prefilled sequence src[b] (of `prefill_program`'s logits and rings,
+    its prompts `width` wide, the sequence length[b] long) with its per-row values; slots with
+    src[b] = -1 keep their rows. Every argument after `width` is per slot (B,).
 
-    The rows go into the cache by ONE scatter per ring array, of E x min(S, T) ring slots (its
-    transient memory: the gathered rows). A loop over the rows updating the cache in place would be
-    less, but on a TPU the loop's carry takes a layout of the compiler's choosing, not the decoding's
-    (cache_formats), and the cache is copied whole into it and back: 16.5 GiB for a 190m at 64 slots.
-    The per-slot arrays are chosen per slot (`pick`), not scattered: compiled for a v5e (libtpu on a
-    2-core host), a scatter of rows into the (slots, vocab) logits took 80-130 s, a choice 5 s; and
-    the prefill is a program of its own, so that its rings keep their own layout."""
+    A sequence of width T lands at ring positions clock - width .. clock - width + R - 1 (mod S; R =
+    min(S, T), the fresh rings' slots), the same positions for every slot. So each ring array is
+    rewritten in the span of R positions from there: read as a slab of every slot's rows (the span
+    from its start up to the ring's end, then the span's wrapped part from position 0), the new rows
+    chosen into it per slot, and written back in place. On a TPU the ring position is the cache's
+    major axis (cache_formats), so a slab is contiguous and the cost is the slab's, not the cache's:
+    compiled for a v5e, a scatter of the rows at (slot, position) pairs instead transposed every ring
+    array whole (90 ms an insert for a 190m at 64 slots of 2176 positions, 4 decoding steps). The
+    per-slot arrays are chosen per slot too: a scatter of rows into the (slots, vocab) logits took the
+    v5e compiler 80-130 s. The prefill is a program of its own, so that its rings keep their own
+    layout."""
 
-    def insert(state: SlotState, logits, fresh, width, src, dst, pick, length, index, limit, count, text, key):
+    def insert(state: SlotState, logits, fresh, width, src, length, index, limit, count, text, key):
         clock = state.clock
+        new = src >= 0
 
-        def put(ring, new):
-            axis = ring.ndim - 4  # the batch axis, after a group's layer axis
-            rows_new = jnp.take(new, src, axis=axis)  # (..., E, KV, R, D)
-            # fresh slot j holds a time tau = j (mod R, its slots: R = S when the prefill wrapped); the
-            # engine's row wants tau at (clock - width + tau) % S. The row's other slots keep what they
-            # held: times before its first, which the mask hides (module doc)
-            at = jnp.remainder(clock - width + jnp.arange(new.shape[-2]), ring.shape[-2])
-            index = (slice(None),) * axis + (dst[:, None], slice(None), at[None, :])
-            return ring.at[index].set(jnp.moveaxis(rows_new, (axis, -2), (0, 1)), mode="drop")
+        def put(ring, prefilled, layout):
+            axis, at = ring.ndim - 4, ring.ndim - 2  # the slots' axis (after a group's layer axis), positions'
+            size, r = ring.shape[at], prefilled.shape[at]
+            start = jnp.remainder(clock - width, size)
+            rows = jnp.take(prefilled, jnp.maximum(src, 0), axis=axis)  # each slot's new row
+            rows = jnp.concatenate([rows, rows], axis=at)  # any rotation of them is a slice
+            chosen = new.reshape((1,) * axis + (-1, 1, 1, 1))
+            # fresh slot j holds time tau = j (mod R) and the row wants tau at (clock - width + tau) % S, so
+            # position i of a slab from `first` takes fresh slot i - shift, where that is within 0 .. R - 1:
+            # the span up to the ring's end, then its wrapped part
+            low = jnp.minimum(start, size - r)
+            i = jnp.arange(r)
+            for first, shift in ((low, start - low), (0, start - size)):
+                spanned = chosen & ((i >= shift) & (i < shift + r)).reshape(-1, 1)
+                moved = jax.lax.dynamic_slice_in_dim(rows, jnp.remainder(-shift, r), r, at)
+                slab = jax.lax.dynamic_slice_in_dim(ring, first, r, at)
+                if layout is not None:  # the ring's own (cache_formats): else the compiler relaid k rings out whole
+                    moved, slab = with_layout_constraint(moved, layout), with_layout_constraint(slab, layout)
+                ring = jax.lax.dynamic_update_slice_in_dim(ring, jnp.where(spanned, moved, slab), first, at)
+            return ring
 
-        cache = jax.tree.map(put, state.cache, fresh)
-        new, entry = pick >= 0, jnp.maximum(pick, 0)
-        fill = lambda old, per_entry: jnp.where(new.reshape(new.shape + (1,) * (old.ndim - 1)), per_entry[entry], old)
+        fill = lambda old, per_slot: jnp.where(new.reshape(new.shape + (1,) * (old.ndim - 1)), per_slot, old)
         return state._replace(
-            cache=cache,
-            logits=fill(state.logits, logits[src[entry]]),
+            cache=jax.tree.map(put, state.cache, fresh, layouts or jax.tree.map(lambda _: None, fresh)),
+            logits=fill(state.logits, logits[jnp.maximum(src, 0)]),
             first=fill(state.first, clock - length),
             count=fill(state.count, count),
             limit=fill(state.limit, limit),
@@ -301,7 +314,8 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=F
     elif name == "prefill":
         fn, donate = prefill_program(cfg, cache_len), ()
     elif name == "insert":
-        fn, donate = insert_program(), (0,)
+        formats = cache_formats(cfg, slots, cache_len, key_words, mesh)
+        fn, donate = insert_program(formats and jax.tree.map(lambda f: f.layout, formats.cache)), (0,)
     elif name == "compact":
         fn, donate = compact_program(), (0,)
     else:
@@ -314,7 +328,7 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=F
     ins, outs = {
         "init": ((), state),
         "prefill": ((params, rep, rep), (rep, jax.tree.map(lambda _: rep, jax.eval_shape(init).cache))),
-        "insert": ((state, *[rep] * 12), state),
+        "insert": ((state, *[rep] * 10), state),
         "compact": ((state, *[rep] * 4), state),
         "chunk": (
             (params, state, rep, rep, rep, rep),
