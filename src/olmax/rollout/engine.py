@@ -82,7 +82,8 @@ class EngineConfig:
     """Halvings of the decoding width allowed while no row waits (the drain at the end of a batch):
     with at most slots / 2^k rows left they move to the first slots / 2^k slots, and only those are
     decoded, at a fraction of a full step's cost (a program per width). 0: every step decodes every
-    slot. Off on a mesh that splits the slots (a prefix of the slots would sit on some devices only)."""
+    slot. Off on a mesh that splits the slots (a prefix of the slots would sit on some devices only) and
+    over several processes (each would judge by its own free memory whether a narrowed program fits)."""
     prefill_batch: int = 0
     """Most sequences prefilled by one insert program (0: slots // 8, at least 1); a group's rows
     share one. A program also prefills at most an eighth of the cache's row-slots (its sequences x
@@ -208,7 +209,7 @@ class SlotEngine:
             )
         self.cfg, self.mesh, self.sampling = cfg, mesh, sampling
         self._key_words = self._key_data(0).shape[0]
-        halvings = 0 if split > 1 else narrow
+        halvings = 0 if split > 1 or jax.process_count() > 1 else narrow
         self._widths = tuple(slots >> k for k in range(halvings + 1) if slots % (1 << k) == 0)
         self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.temperature > 0, self._key_words, mesh)
         self._narrowed: dict = {}  # width -> its compiled decode program, None where it does not fit (_chunk)
