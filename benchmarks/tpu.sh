@@ -30,8 +30,8 @@
 #               made Python 3.11-ready by `wheels`, and the wheels of its needs the VM's index lacks)
 # OLMAX_TPU_STEPS picks steps (default "install demo tests throughput decode"). By default the two tables
 # take their headline rows only (throughput: the matmul rate and one 7B layer at a fixed fit; decode: the
-# 1B at 64 x 128), and each step is bounded (install 45 s, demo 65, tests 225, throughput 145, decode
-# 120: at most 600 s, one device call). On a v5e the whole default set took 375 s in one call (with RoPE's
+# 1B at 64 x 128), and each step is bounded (install 45 s, demo 65, tests 270, throughput 120, decode
+# 100: at most 600 s, one device call). On a v5e the whole default set took 375 s in one call (with RoPE's
 # rotation, as now, docs/performance/tpu-v5e.md; install 21 s, demo 51, tests 204, throughput 22 with a
 # compile cache that held its programs, where the 7B-layer row alone takes 61 s without one; decode 77,
 # its parameters' init 32 s of compiling); on a fresh machine without that cache, 461 s (2026-12-07: install
@@ -150,13 +150,13 @@ run() {
       demo)
         step demo 65 "$bin/olmax" demo --run-dir "$RUNS/demo"
         cat "$RUNS/demo/summary.json" >>"$OUT_DIR/demo.log" 2>&1 ;;
-      tests) step tests 225 "$bin/python" -m pytest -m tpu -q -s -p no:cacheprovider -rs tests/test_tpu.py ;;
+      tests) step tests 270 "$bin/python" -m pytest -m tpu -q -s -p no:cacheprovider -rs tests/test_tpu.py ;;
       throughput)  # OLMAX_TPU_THROUGHPUT: the script's options (rows, a fit), e.g. "--only 190m"
-        step throughput "${OLMAX_TPU_THROUGHPUT_S:-145}" "$bin/python" benchmarks/tpu_throughput.py \
+        step throughput "${OLMAX_TPU_THROUGHPUT_S:-120}" "$bin/python" benchmarks/tpu_throughput.py \
           --json "$OUT_DIR/throughput.json" --compile-cache "$RUNS/jax-cache" \
           ${OLMAX_TPU_THROUGHPUT:---only matmul --only 7b-layers --fit 7b-layers:1:bfloat16:$KEEP_ALL} ;;
       decode)  # OLMAX_TPU_DECODE: the script's options, e.g. "--models 1b,190m,tiny --stop-after 400"
-        step decode "${OLMAX_TPU_DECODE_S:-120}" "$bin/python" benchmarks/tpu_decode.py --json "$OUT_DIR/decode.json" \
+        step decode "${OLMAX_TPU_DECODE_S:-100}" "$bin/python" benchmarks/tpu_decode.py --json "$OUT_DIR/decode.json" \
           --compile-cache "$RUNS/jax-cache" ${OLMAX_TPU_DECODE:---models 1b --shapes b64} ;;
       maxtext)  # MaxText's trainer at the fits of this run's throughput rows; OLMAX_TPU_MAXTEXT: more options
         [ -d "$MT_VENV/maxtext" ] || step maxtext-install 150 bash "$0" maxtext-install "$MT_VENV"

@@ -10,7 +10,8 @@ process at a time; no -n): `python -m pytest -m tpu tests/test_tpu.py` on a TPU 
 - the `tiny` recipe's production train step on the chip follows the CPU's over 20 steps of the demo
   corpus from the same initialisation (cross-entropy per step, at default and highest matmul precision);
 - a training checkpoint written from the chip restores on the CPU bit for bit, and the reverse;
-- greedy `olmax generate` on the chip writes the CPU's tokens.
+- greedy `olmax generate` on the chip writes the CPU's tokens;
+- the slot engine (olmax.rollout.engine) on the chip gives the static sampler's greedy tokens there.
 
 Precision: at default precision the TPU multiplies float32 matrices in one bfloat16 pass (~3 digits),
 under `jax.default_matmul_precision("highest")` to ~7 digits; each tolerance below says which it allows for.
@@ -343,3 +344,35 @@ def test_greedy_generate_on_the_chip_is_the_cpus(tmp_path):
     assert [r["ids"] for r in chip_rows] == [r["ids"] for r in cpu_rows]
     assert [r["text"] for r in chip_rows] == [r["text"] for r in cpu_rows]
     assert all(len(r["ids"]) == 32 or r["finish"] == "eos" for r in cpu_rows)
+
+
+def test_slot_engine_on_the_chip_gives_the_static_samplers_tokens():
+    """The slot engine's TPU-only paths: every program in the decoding loop's layout
+    (olmax.rollout.slots.cache_formats), the insert's slabs under that layout's constraint, the drain's
+    narrowed programs compiled ahead and kept where they fit (olmax.rollout.engine.fits), compact. 4
+    slots for 6 ragged prompts x 3 greedy samples of up to 12 tokens on a 3-layer float32 model whose
+    rings wrap, against the static sampler on the chip; under "highest" precision, a peaked output
+    layer (argmaxes with wide margins), so the tokens must be the same and the log-probs close."""
+    from models import random_params, small_model
+
+    from olmax.rollout.engine import SlotEngine
+    from olmax.rollout.sampler import Sampling, sample
+
+    cfg = small_model(vocab_size=300, n_layers=3, global_every=2, sliding_window=4, compute_dtype="float32")
+    params = random_params(cfg, jax.random.key(2))
+    params["lm_head"] = params["lm_head"] * 20
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (3, 9, 5, 12, 7, 1)]
+    limits = rng.integers(1, 13, len(prompts) * 3)
+    limits[-3:] = (12, 2, 1)  # the last group's first row stops last: the drain narrows
+    with jax.default_matmul_precision("highest"):
+        want = sample(params, cfg, prompts, 12, n=3, sampling=Sampling(), limits=limits)
+        engine = SlotEngine(cfg, slots=4, cache_len=24, sampling=Sampling(), chunk_steps=5, narrow=2)
+        for i, p in enumerate(prompts):
+            engine.add(p, 3, first_index=3 * i, limits=limits[3 * i : 3 * i + 3])
+        finished = engine.run(params)
+    tokens, logprobs, lengths = (np.asarray(x) for x in (want.tokens, want.logprobs, want.lengths))
+    for f in finished:
+        np.testing.assert_array_equal(f.tokens, tokens[f.index, : lengths[f.index]])
+        np.testing.assert_allclose(f.logprobs, logprobs[f.index, : lengths[f.index]], atol=1e-4, rtol=0)
+    assert engine.totals.moved_rows > 0 and int(engine._state.clock) > 24
