@@ -433,10 +433,10 @@ class SlotEngine:
         for at in range(0, len(pairs), MOVES):  # MOVES a program
             part = pairs[at : at + MOVES]
             src, dst = np.zeros(MOVES, np.int32), np.zeros(MOVES, np.int32)  # padding: slot 0 onto itself
-            pick, vacate = np.full(self.config.slots, -1, np.int32), np.zeros(self.config.slots, bool)
+            vacate = np.zeros(self.config.slots, bool)
             for r, (a, b) in enumerate(part):
-                src[r], dst[r], pick[b], vacate[a] = a, b, a, True
-            args = (src, dst, pick, vacate)
+                src[r], dst[r], vacate[a] = a, b, True
+            args = (src, dst, vacate)
             with self._on_mesh():
                 self._state = self._programs.compact(self._state, *(self._place(a) for a in args))
         jax.block_until_ready(self._state.clock)

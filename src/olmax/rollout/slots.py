@@ -145,9 +145,14 @@ def insert_program(layouts=None):
             return ring
 
         fill = lambda old, per_slot: jnp.where(new.reshape(new.shape + (1,) * (old.ndim - 1)), per_slot, old)
+        # each slot's logits by one select per prefilled sequence (a few): compiled for a v5e, a gather of
+        # rows of the (sequences, vocab) logits took twice as long (5.9 s against 3.1 at 8 sequences)
+        chosen_logits = state.logits
+        for p in range(logits.shape[0]):
+            chosen_logits = jnp.where((src == p)[:, None], logits[p], chosen_logits)
         return state._replace(
             cache=jax.tree.map(put, state.cache, fresh, layouts or jax.tree.map(lambda _: None, fresh)),
-            logits=fill(state.logits, logits[jnp.maximum(src, 0)]),
+            logits=chosen_logits,
             first=fill(state.first, clock - length),
             count=fill(state.count, count),
             limit=fill(state.limit, limit),
@@ -242,29 +247,27 @@ MOVES = 8  # rows one compact program moves (its moves unrolled): the engine cal
 
 
 def compact_program():
-    """compact(state, src, dst, pick, vacate) -> state: move the row in slot src[r] to the free slot
-    dst[r] (MOVES entries; the padding ones copy slot 0 onto itself), so that the rows left in a drain
-    fill the first slots and a narrower chunk decodes them (EngineConfig.narrow); pick (B,) names each
-    slot's source slot (-1: unchanged) for the per-slot arrays, vacate (B,) the slots left.
+    """compact(state, src, dst, vacate) -> state: move the row in slot src[r] to the free slot dst[r]
+    (MOVES entries; the padding ones copy slot 0 onto itself), so that the rows left in a drain fill
+    the first slots and a narrower chunk decodes them (EngineConfig.narrow); vacate (B,) marks the
+    slots left.
 
-    Each move of the cache is a dynamic slice and update of whole rows, unrolled: in place, no
-    temporaries beside the cache. Compiled for a v5e (libtpu on a 2-core host, a 190m at 64 slots of
-    2176), 4 moves unrolled took 1.1 s, the same moves in a fori_loop with the per-slot arrays
-    scattered 90 s, and a gather of the cache's rows minutes (insert_program on the per-slot arrays)."""
+    Each move, of the cache's rings and of every per-slot array alike, is a dynamic slice and update of
+    one slot's row, unrolled: in place, no temporaries. Compiled for a v5e (libtpu on a 2-core host),
+    the 190m's 4 moves took 1.1 s, the same moves in a fori_loop with the per-slot arrays scattered
+    90 s, a gather of the cache's rows minutes; at the demo's shape (64 slots, the 100k vocabulary) the
+    per-slot arrays chosen by a gather of their rows took 18 s (the logits'), by the moves 0.5 s."""
 
-    def compact(state: SlotState, src, dst, pick, vacate):
-        def row(ring):
-            axis = ring.ndim - 4
+    def compact(state: SlotState, src, dst, vacate):
+        def rows(x, axis):
             for r in range(MOVES):
-                one = jax.lax.dynamic_slice_in_dim(ring, src[r], 1, axis)
-                ring = jax.lax.dynamic_update_slice_in_dim(ring, one, dst[r], axis)
-            return ring
+                one = jax.lax.dynamic_slice_in_dim(x, src[r], 1, axis)
+                x = jax.lax.dynamic_update_slice_in_dim(x, one, dst[r], axis)
+            return x
 
-        moved, source = pick >= 0, jnp.maximum(pick, 0)
-        fill = lambda x: jnp.where(moved.reshape(moved.shape + (1,) * (x.ndim - 1)), x[source], x)
-        small = {f: fill(getattr(state, f)) for f in PER_SLOT}
+        small = {f: rows(getattr(state, f), 0) for f in PER_SLOT}
         small["active"] = small["active"] & ~vacate
-        return state._replace(cache=jax.tree.map(row, state.cache), **small)
+        return state._replace(cache=jax.tree.map(lambda ring: rows(ring, ring.ndim - 4), state.cache), **small)
 
     return compact
 
@@ -329,7 +332,7 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=F
         "init": ((), state),
         "prefill": ((params, rep, rep), (rep, jax.tree.map(lambda _: rep, jax.eval_shape(init).cache))),
         "insert": ((state, *[rep] * 10), state),
-        "compact": ((state, *[rep] * 4), state),
+        "compact": ((state, *[rep] * 3), state),
         "chunk": (
             (params, state, rep, rep, rep, rep),
             (state, ChunkOut(batch(width, steps), batch(width, steps), rep, rep)),
@@ -364,8 +367,11 @@ def cache_formats(cfg, slots, cache_len, key_words, mesh) -> Optional[SlotState]
     abstract = jax.eval_shape(functools.partial(init_state, cfg, slots, cache_len, key_words))
     state = state_shardings(abstract, mesh) if mesh is not None else jax.tree.map(lambda _: rep, abstract)
     auto = state._replace(cache=jax.tree.map(lambda s: Format(Layout.AUTO, s), state.cache))
-    program = jax.jit(  # one decoding step a chunk, sampled: the loop's layout is the same for any chunk
-        chunk_program(cfg, cache_len, 1, True, slots),
+    # one greedy decoding step: the loop's layout is the same for any chunk, sampled or not (the same
+    # layouts for the tiny, 190m and 1B shapes compiled for a v5e), and without top-k / top-p's sort
+    # over the vocabulary it compiles in 3-4 s rather than 14-16
+    program = jax.jit(
+        chunk_program(cfg, cache_len, 1, False, slots),
         in_shardings=(params, auto, rep, rep, rep, rep),
         out_shardings=(auto, ChunkOut(batch(slots, 1), batch(slots, 1), rep, rep)),
         donate_argnums=1,
