@@ -1,13 +1,14 @@
 """The slot engine's device side (olmax.rollout.engine has the host side and the design): the state of
-a fixed number of slots on one KV cache, and its jitted programs: `insert` (prefill prompts once,
-copy their cache rows into free slots), `chunk` (decode up to K steps in a `jax.lax.while_loop`, on
-all the slots or on the first `width` of them) and `compact` (move rows to the first slots).
+a fixed number of slots on one KV cache, and its jitted programs: `prefill` (prompts once, on rings
+of their own), `insert` (their rows into free slots), `chunk` (decode up to K steps in a
+`jax.lax.while_loop`, on all the slots or on the first `width` of them) and `compact` (move rows to
+the first slots).
 
 Every shape is static: the slots, the cache length, the chunk's K; a prefill's prompt count and width
 are bucketed to powers of two (one prefill and one insert program per bucket pair), and the insert
-takes its rows' values per slot. The slots share ONE clock, as the static sampler's rows do (olmax.rollout.cache): a
-decoding step at time c writes ring slot c % S of every slot's row, one in-place update at a scalar
-index.
+takes its rows' values per slot. The slots share ONE clock, as the static sampler's rows do
+(olmax.rollout.cache): a decoding step at time c writes ring slot c % S of every slot's row, one
+in-place update at a scalar index.
 
 Inserting a sequence of L tokens at clock c puts its tokens at times c - L .. c - 1 of its slot's row
 (first = c - L), so the row's next token is fed at time c with every other slot's. The prefill runs on
@@ -312,18 +313,17 @@ def programs(
 def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=False, width=0):
     """One of the programs (`programs`), jitted."""
     init = functools.partial(init_state, cfg, slots, cache_len, key_words)
+    state = cache_formats(cfg, slots, cache_len, key_words, mesh)
     if name == "init":
         fn, donate = init, ()
     elif name == "prefill":
         fn, donate = prefill_program(cfg, cache_len), ()
     elif name == "insert":
-        formats = cache_formats(cfg, slots, cache_len, key_words, mesh)
-        fn, donate = insert_program(formats and jax.tree.map(lambda f: f.layout, formats.cache)), (0,)
+        fn, donate = insert_program(state and jax.tree.map(lambda f: f.layout, state.cache)), (0,)
     elif name == "compact":
         fn, donate = compact_program(), (0,)
     else:
         fn, donate = chunk_program(cfg, cache_len, steps, sample, width), (1,)
-    state = cache_formats(cfg, slots, cache_len, key_words, mesh)
     if mesh is None and state is None:
         return jax.jit(fn, donate_argnums=donate)
     params, rep, batch = _layouts(cfg, mesh)
