@@ -274,7 +274,7 @@ def test_the_insert_and_decode_programs_on_a_tpu_copy_no_whole_ring():
             *[ints(slots)] * 6,  # each slot's sequence and its row's values
             jax.ShapeDtypeStruct((slots, key_words), jnp.uint32, sharding=rep),
         )
-        program = engine_slots.programs(cfg, slots, cache_len, 8, True, key_words, mesh).insert
+        program = engine_slots.programs(cfg, slots, cache_len, 8, "sample", key_words, mesh).insert
         lowered = program.lower(typed(abstract, state), *args)
         compiled, _ = compiler.compile_lowered(lowered, compiler.target_options(chip, "tpu"), "insert", "tpu")
         tables = (
@@ -284,7 +284,7 @@ def test_the_insert_and_decode_programs_on_a_tpu_copy_no_whole_ring():
             ints(),
         )
         params = typed(abstract_params(cfg), param_shardings(cfg, mesh))
-        chunk = engine_slots.programs(cfg, slots, cache_len, 8, True, key_words, mesh).chunk(slots)
+        chunk = engine_slots.programs(cfg, slots, cache_len, 8, "sample", key_words, mesh).chunk(slots)
         lowered = chunk.lower(params, typed(abstract, state), *tables)
         decode, _ = compiler.compile_lowered(lowered, compiler.target_options(chip, "tpu"), "chunk", "tpu")
     rings = {tuple(x.shape) for x in jax.tree.leaves(abstract.cache)}

@@ -103,3 +103,31 @@ def test_prompts_in_chunks_give_the_one_programs_rollout(setup):
             np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(whole, name)))
         np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(whole.logprobs), atol=1e-5, rtol=0)
     assert np.asarray(whole.tokens).shape == (8, 12)
+
+
+def test_temperature_only_sampling_compiles_no_sort(setup):
+    """Sampling.draw: GRPO's temperature-only sampling is compiled without top-k / top-p's sort over the
+    vocabulary (most of a sampled program's compile on a TPU), and draws the tokens that the program
+    with the cut compiled in draws when the cut keeps every token (top_k = the vocabulary)."""
+    from olmax.rollout.sampler import _compiled, _eos_table, _text_table
+
+    params, prompts, _ = setup
+    plain, cut = Sampling(temperature=0.8, seed=5), Sampling(temperature=0.8, top_k=CFG.vocab_size, seed=5)
+    assert (plain.draw, cut.draw, Sampling().draw) == ("sample", "truncate", "greedy")
+    args = (
+        np.zeros((2, 16), np.int32),
+        np.ones(2, np.int32),
+        np.full(8, 4, np.int32),
+        np.arange(8, dtype=np.int32),
+        np.asarray(jax.random.key_data(jax.random.key(0))),
+        np.asarray([0.8, 0, 1], np.float32),
+        _eos_table(()),
+        _text_table(None, CFG.vocab_size),
+    )
+    sorts = {
+        d: "stablehlo.sort" in _compiled(CFG, 4, 16, d).lower(params, *args).as_text() for d in ("sample", "truncate")
+    }
+    assert sorts == {"sample": False, "truncate": True}
+    a, b = (sample(params, CFG, prompts, 12, n=4, sampling=s) for s in (plain, cut))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))

@@ -211,7 +211,7 @@ class SlotEngine:
         self._key_words = self._key_data(0).shape[0]
         halvings = 0 if split > 1 or jax.process_count() > 1 else narrow
         self._widths = tuple(slots >> k for k in range(halvings + 1) if slots % (1 << k) == 0)
-        self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.temperature > 0, self._key_words, mesh)
+        self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.draw, self._key_words, mesh)
         self._narrowed: dict = {}  # width -> its compiled decode program, None where it does not fit (_chunk)
         tables = (
             np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32),

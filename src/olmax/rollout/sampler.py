@@ -70,6 +70,17 @@ class Sampling:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError(f"sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0, got {self}")
 
+    @property
+    def draw(self) -> str:
+        """The choice the programs are compiled for: "greedy" (temperature 0), "sample" (a draw from the
+        tempered distribution, GRPO's) or "truncate" (top-k / top-p cut it first). The settings' values
+        are the programs' arguments (new values need no recompilation), this kind is not: truncating
+        sorts the vocabulary, and the sort of 64 rows of dolma2's 100k logits is 11 s of the 14 s the
+        TPU compiler (libtpu, for a v5e) takes for a sampled decoding loop of the demo's tiny model."""
+        if self.temperature == 0:
+            return "greedy"
+        return "truncate" if self.top_k > 0 or self.top_p < 1 else "sample"
+
 
 class Rollout(NamedTuple):
     """What `sample` returns, one row per sample (prompt i's n samples are rows i*n .. i*n + n - 1).
@@ -85,16 +96,19 @@ def _bucket(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << (n - 1).bit_length())
 
 
-def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], index: jnp.ndarray) -> jnp.ndarray:
+def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], index: jnp.ndarray, truncate: bool):
     """The next token of each row from float32 logits (B, V) over the real vocabulary. `rule` is None
-    (greedy) or (temperature, top_k, top_p) as an array, so new settings need no recompilation; row r
-    draws with fold_in(key, index[r]), index[r] being its position in the whole request."""
+    (greedy) or (temperature, top_k, top_p) as an array, so new values need no recompilation (`truncate`:
+    whether top-k / top-p may cut, Sampling.draw); row r draws with fold_in(key, index[r]), index[r]
+    being its position in the whole request."""
     if rule is None:
         return _argmax(logits)
-    return choose_with_keys(logits, jax.vmap(lambda i: jax.random.fold_in(key, i))(index), rule)
+    return choose_with_keys(logits, jax.vmap(lambda i: jax.random.fold_in(key, i))(index), rule, truncate)
 
 
-def choose_with_keys(logits: jnp.ndarray, keys: Optional[jnp.ndarray], rule: Optional[jnp.ndarray]) -> jnp.ndarray:
+def choose_with_keys(
+    logits: jnp.ndarray, keys: Optional[jnp.ndarray], rule: Optional[jnp.ndarray], truncate: bool
+) -> jnp.ndarray:
     """`_choose` with each row's own PRNG key, keys (B,) (None when greedy): the slot engine's rows are
     at different new-token counts t in one step, so each brings its own fold_in(fold_in(key(seed), t), i)
     (olmax.rollout.engine); `_choose` builds the same keys for a batch whose rows share t."""
@@ -103,7 +117,7 @@ def choose_with_keys(logits: jnp.ndarray, keys: Optional[jnp.ndarray], rule: Opt
     temperature, top_k, top_p = rule[0], rule[1].astype(jnp.int32), rule[2]
     logits = logits / temperature
 
-    def truncate(logits):  # top-k, then top-p, over the sorted logits
+    def cut(logits):  # top-k, then top-p, over the sorted logits
         ordered = jnp.sort(logits, axis=-1)[:, ::-1]
         kth = jnp.where(top_k > 0, ordered[:, jnp.maximum(top_k, 1) - 1], -jnp.inf)[:, None]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
@@ -113,9 +127,10 @@ def choose_with_keys(logits: jnp.ndarray, keys: Optional[jnp.ndarray], rule: Opt
         kept = jnp.where((before < top_p) | (top_p >= 1), ordered, jnp.inf)  # the first is always kept
         return jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), -jnp.inf, logits)
 
-    # the sort is most of a sampled step's time on a CPU (a 64 x 4096 sort: ~80 ms, the model ~7 ms):
-    # plain temperature sampling, GRPO's, skips it
-    logits = jax.lax.cond((top_k > 0) | (top_p < 1), truncate, lambda x: x, logits)
+    # the sort is most of a sampled step's time on a CPU (a 64 x 4096 sort: ~80 ms, the model ~7 ms) and
+    # of its compiling on a TPU (Sampling.draw): plain temperature sampling, GRPO's, has none
+    if truncate:
+        logits = jax.lax.cond((top_k > 0) | (top_p < 1), cut, lambda x: x, logits)
     # one uniform draw per row and the inverse of the cumulative distribution: jax.random.categorical
     # (Gumbel-max) draws a random number per vocabulary entry, 6.4M per step for 64 rows of dolma2's
     # 100k tokens, which was 5/6 of a sampled step on a CPU. u is in (0, 1], so the first entry whose
@@ -166,14 +181,15 @@ def _eos_table(ids: Sequence[int]) -> np.ndarray:
     return np.asarray(ids + [_NEVER] * (_bucket(max(1, len(ids)), 4) - len(ids)), np.int32)
 
 
-def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cut_head: bool):
-    """The rollout as one function of arrays (module doc): prefill, the n-fold repeat, the while loop.
+def _loop(cfg: ModelConfig, n: int, steps: int, draw: str, logprobs: bool, cut_head: bool):
+    """The rollout as one function of arrays (module doc): prefill, the n-fold repeat, the while loop;
+    `draw`: Sampling.draw.
     Without `logprobs` (generation) no log-softmax is computed and the log-probs are zero. cut_head:
     the output layer's weight is cut to the real vocabulary once, before the loop, so that no step
     computes the padding's logits and then copies the real ones out of them (a tenth of a greedy
     step of the demo model on a CPU); not on a mesh, where that axis is sharded and the cut would
     move the weight between devices."""
-    vocab = cfg.vocab_size
+    vocab, sample = cfg.vocab_size, draw != "greedy"
 
     def run(params, prompts, lengths, limits, index, key_data, rule, eos_ids, texts):
         key = jax.random.wrap_key_data(key_data)  # a host array, placed like the other arguments
@@ -192,7 +208,7 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cu
         temperature = rule[0] if sample else jnp.float32(1.0)
 
         def pick(logits, t):
-            token = _choose(logits, jax.random.fold_in(key, t), rule if sample else None, index)
+            token = _choose(logits, jax.random.fold_in(key, t), rule if sample else None, index, draw == "truncate")
             if not logprobs:
                 return token, jnp.zeros(token.shape, jnp.float32)
             return token, token_logprobs(logits, token, temperature)
@@ -242,12 +258,12 @@ def _loop(cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool, cu
 
 @functools.lru_cache(maxsize=None)
 def _compiled(
-    cfg: ModelConfig, n: int, steps: int, sample: bool, logprobs: bool = True, mesh=None, rows: int = 0, width: int = 0
+    cfg: ModelConfig, n: int, steps: int, draw: str, logprobs: bool = True, mesh=None, rows: int = 0, width: int = 0
 ):
-    """The jitted rollout, once per config, group size, loop width, greedy/sampled and with/without
-    log-probs; with a mesh, laid out on it (parameters as the trainer shards them, the batch over the
-    batch axes)."""
-    run = _loop(cfg, n, steps, sample, logprobs, cut_head=mesh is None)
+    """The jitted rollout, once per config, group size, loop width, kind of choice (Sampling.draw) and
+    with/without log-probs; with a mesh, laid out on it (parameters as the trainer shards them, the batch
+    over the batch axes)."""
+    run = _loop(cfg, n, steps, draw, logprobs, cut_head=mesh is None)
     if mesh is None:
         return jax.jit(run)
     from olmax.model.olmo3 import param_shardings
@@ -296,7 +312,7 @@ def lower_rollout(params, cfg: ModelConfig, prompts: int, n: int, longest: int, 
         ints(*_text_table(None, cfg.vocab_size).shape),
     )
     with jax.set_mesh(mesh):
-        return _compiled(cfg, n, steps, True, True, mesh, rows, width).lower(params, *args)
+        return _compiled(cfg, n, steps, "sample", True, mesh, rows, width).lower(params, *args)
 
 
 def sample(
@@ -355,7 +371,7 @@ def sample(
     for first in range(0, len(prompts), chunk):
         p = min(chunk, len(prompts) - first)  # the last chunk may be short: its own program
         shape = (p * n, width) if mesh is not None else ()
-        run = _compiled(cfg, n, steps, sampling.temperature > 0, logprobs, mesh, *shape)
+        run = _compiled(cfg, n, steps, sampling.draw, logprobs, mesh, *shape)
         on = slice(first * n, (first + p) * n)
         args = (tokens[first : first + p], lengths[first : first + p], limits[on], index[on], *tables)
         if mesh is None:

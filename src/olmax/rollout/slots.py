@@ -177,13 +177,14 @@ class ChunkOut(NamedTuple):
     busy: jax.Array  # () int32: slots decoding, summed over the steps
 
 
-def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, sample: bool, width: int):
+def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, draw: str, width: int):
     """chunk(params, state, rule, eos_ids, texts, free_target) -> (state, ChunkOut): decoding steps,
     at most `steps`, while a row is active and fewer than free_target slots are free. Each step is the
     static sampler's loop body (sampler._loop: choose, record, stop, feed) with each row's own t.
     Only the first `width` slots are decoded (the others must be free): a step of fewer rows reads
-    and computes less, which the engine uses once no row waits (EngineConfig.narrow)."""
-    vocab = cfg.vocab_size
+    and computes less, which the engine uses once no row waits (EngineConfig.narrow). `draw`:
+    olmax.rollout.sampler.Sampling.draw."""
+    vocab, sample, truncate = cfg.vocab_size, draw != "greedy", draw == "truncate"
 
     def chunk(params, state: SlotState, rule, eos_ids, texts, free_target):
         slots = state.first.shape[0]
@@ -200,7 +201,7 @@ def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, sample: bool, wi
         def body(carry):
             j, busy, st, tokens, logprobs = carry
             live = st.active
-            token = choose_with_keys(st.logits, keys(st) if sample else None, rule if sample else None)
+            token = choose_with_keys(st.logits, keys(st) if sample else None, rule if sample else None, truncate)
             logp = token_logprobs(st.logits, token, temperature)
             tokens = tokens.at[:, j].set(jnp.where(live, token, 0))
             logprobs = logprobs.at[:, j].set(jnp.where(live, logp, 0.0))
@@ -293,7 +294,7 @@ class Programs(NamedTuple):
 
 
 def programs(
-    cfg: ModelConfig, slots: int, cache_len: int, steps: int, sample: bool, key_words: int, mesh=None
+    cfg: ModelConfig, slots: int, cache_len: int, steps: int, draw: str, key_words: int, mesh=None
 ) -> Programs:
     """The engine's programs, each jitted once per shape (and compiled at its first call; engines of one
     shape share them). The state is donated, so the cache is updated in place. With a mesh the
@@ -305,12 +306,12 @@ def programs(
         _jitted(*shape, "prefill"),
         _jitted(*shape, "insert"),
         _jitted(*shape, "compact"),
-        lambda width: _jitted(*shape, "chunk", steps, sample, width),
+        lambda width: _jitted(*shape, "chunk", steps, draw, width),
     )
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=False, width=0):
+def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, draw="greedy", width=0):
     """One of the programs (`programs`), jitted."""
     init = functools.partial(init_state, cfg, slots, cache_len, key_words)
     state = cache_formats(cfg, slots, cache_len, key_words, mesh)
@@ -323,7 +324,7 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, sample=F
     elif name == "compact":
         fn, donate = compact_program(), (0,)
     else:
-        fn, donate = chunk_program(cfg, cache_len, steps, sample, width), (1,)
+        fn, donate = chunk_program(cfg, cache_len, steps, draw, width), (1,)
     if mesh is None and state is None:
         return jax.jit(fn, donate_argnums=donate)
     params, rep, batch = _layouts(cfg, mesh)
@@ -368,10 +369,10 @@ def cache_formats(cfg, slots, cache_len, key_words, mesh) -> Optional[SlotState]
     state = state_shardings(abstract, mesh) if mesh is not None else jax.tree.map(lambda _: rep, abstract)
     auto = state._replace(cache=jax.tree.map(lambda s: Format(Layout.AUTO, s), state.cache))
     # one greedy decoding step: the loop's layout is the same for any chunk, sampled or not (the same
-    # layouts for the tiny, 190m and 1B shapes compiled for a v5e), and without top-k / top-p's sort
-    # over the vocabulary it compiles in 3-4 s rather than 14-16
+    # layouts for the tiny, 190m and 1B shapes compiled for a v5e), and it compiles in 3-4 s, where a
+    # sampled chunk takes 6-7 s (14-16 with top-k / top-p's sort over the vocabulary)
     program = jax.jit(
-        chunk_program(cfg, cache_len, 1, False, slots),
+        chunk_program(cfg, cache_len, 1, "greedy", slots),
         in_shardings=(params, auto, rep, rep, rep, rep),
         out_shardings=(auto, ChunkOut(batch(slots, 1), batch(slots, 1), rep, rep)),
         donate_argnums=1,
