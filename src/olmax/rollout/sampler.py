@@ -294,10 +294,11 @@ def widths(longest: int, max_new_tokens: int) -> tuple[int, int]:
 
 
 def lower_rollout(params, cfg: ModelConfig, prompts: int, n: int, longest: int, max_new_tokens: int, mesh):
-    """The sampled rollout program of `sample` for `prompts` prompts of at most `longest` tokens, n
-    samples each, on `mesh`, lowered from abstract arrays (`params`: ShapeDtypeStructs of the
-    trainer's parameters), as olmax.rollout.compile_decode compiles it: nothing is allocated. Its text-stop
-    table has one state; a recipe's stop strings make it (16, vocab) int32, a few MB replicated."""
+    """The sampled rollout program of `sample`, GRPO's temperature-only draw (Sampling.draw "sample"),
+    for `prompts` prompts of at most `longest` tokens, n samples each, on `mesh`, lowered from abstract
+    arrays (`params`: ShapeDtypeStructs of the trainer's parameters), as olmax.rollout.compile_decode
+    compiles it: nothing is allocated. Its text-stop table has one state; a recipe's stop strings make
+    it (16, vocab) int32, a few MB replicated."""
     width, steps = widths(longest, max_new_tokens)
     rows = prompts * n
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
