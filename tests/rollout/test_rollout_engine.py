@@ -194,10 +194,11 @@ def test_a_narrowing_that_does_not_fit_decodes_wider(setup, monkeypatch):
             engine.add(prompts[g], 2, first_index=2 * g, limits=limit)
         return engine, engine.run(params)
 
-    _, want = run(0)
+    wide, want = run(0)
     monkeypatch.setattr(engine_module, "fits", lambda compiled, device: False)
     engine, got = run(1)
-    assert engine._widths == (4,) and engine.totals.slot_steps == 64
+    assert engine._widths == (4,) and engine.totals.slot_steps == wide.totals.slot_steps == 64
+    assert engine.totals.decode_steps == wide.totals.decode_steps
     for f, w in zip(got, want):
         np.testing.assert_array_equal(f.tokens, w.tokens)
 
