@@ -35,10 +35,10 @@
 # rotation, as now, docs/performance/tpu-v5e.md; install 21 s, demo 51, tests 204, throughput 22 with a
 # compile cache that held its programs, where the 7B-layer row alone takes 61 s without one; decode 77,
 # its parameters' init 32 s of compiling); on a fresh machine without that cache, 475 s (2026-12-07, the
-# engine's on-chip test included: install 32, demo 55, tests 213, throughput 105, decode 70). The whole tables take more calls: OLMAX_TPU_THROUGHPUT /
-# OLMAX_TPU_DECODE / OLMAX_TPU_MAXTEXT replace or add those steps' options and OLMAX_TPU_THROUGHPUT_S /
-# _DECODE_S / _MAXTEXT_S their bounds in seconds (docs/performance/tpu-v5e.md has each figure with the options
-# that produced it).
+# engine's on-chip test included: install 32, demo 55, tests 213, throughput 105, decode 70). The whole
+# tables take more calls: OLMAX_TPU_THROUGHPUT / OLMAX_TPU_DECODE / OLMAX_TPU_MAXTEXT replace or add those
+# steps' options and OLMAX_TPU_THROUGHPUT_S / _DECODE_S / _MAXTEXT_S their bounds in seconds
+# (docs/performance/tpu-v5e.md has each figure with the options that produced it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.whl-tpu
@@ -49,8 +49,8 @@ KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # ev
 START_190M="--set data.paths=[demo] --set data.seq_len=8192 --set trainer.global_batch=2 --set mesh.fsdp=-1
   --set model.remat=auto --set trainer.micro_batch_size=null"
 # the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights, one a
-# call by default (2026-12-07: the 190m took 391 s on a fresh machine, 101 s of it compiling, the 1B 308 s; their
-# compiles are kept in $RUNS/jax-cache, which a second call on the still-warm machine reads). The 1B:
+# call by default (2026-12-07: the 190m took 391 s on a fresh machine, 101 s of it compiling, the 1B
+# 308 s; their compiles are kept in $RUNS/jax-cache, which a second call on the still-warm machine reads). The 1B:
 # OLMAX_TPU_ROLLOUT=1b in a call of its own (docs/rollout-engine.md; OLMAX_TPU_ROLLOUT_S: the bound)
 ROLLOUT_190M="--model 190m --slots 64 --prompt-len 128 --max-new 2048 --prompts 16 --n 8 --runs 1 --no-static"
 ROLLOUT_1B="--model 1b --slots 32 --prompt-len 128 --max-new 2048 --prompts 8 --n 8 --runs 1 --no-static"
