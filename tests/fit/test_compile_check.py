@@ -277,7 +277,8 @@ def test_bad_topology_and_mesh_are_clear_errors():
 
 
 # Cloud TPU's accelerator types against the shapes Cloud TPU's docs list for each version's slices
-# (v5e and v6e: "v5e/v6e topologies"; v5p: "v5p topologies"; Ironwood: tpu7x-8 is 2x2x1, 4 chips of 2 cores).
+# (v5e and v6e: "v5e/v6e topologies"; v4 and v5p: "v4 topologies", "v5p topologies"; Ironwood: tpu7x-8 is
+# 2x2x1, 4 chips of 2 cores).
 ACCELERATOR_TYPES = {
     "v5litepod-1": "v5e:1x1",
     "v5litepod-4": "v5e:2x2",
@@ -290,6 +291,9 @@ ACCELERATOR_TYPES = {
     "v6e-1": "v6e:1x1",
     "v6e-8": "v6e:2x4",
     "v6e-256": "v6e:16x16",
+    "v4-8": "v4:2x2x1",
+    "v4-16": "v4:2x2x2",
+    "v4-128": "v4:4x4x4",
     "v5p-8": "v5p:2x2x1",
     "v5p-16": "v5p:2x2x2",
     "v5p-32": "v5p:2x2x4",
@@ -351,7 +355,7 @@ NOT_FITTING = {
 }
 
 
-@pytest.mark.parametrize("topology", ["tpu7x:2x2x1", "v5p:2x2x1", "v6e:2x2", "v5e:1x1"])
+@pytest.mark.parametrize("topology", ["tpu7x:2x2x1", "v5p:2x2x1", "v6e:2x2", "v5e:1x1", "v4:2x2x1"])
 def test_the_chip_tables_hbm_limit_is_the_tpu_compilers(topology):
     """One device's program of an argument and two temporaries of the same size, its peak 3 of them:
     the compiler accepts it 8 MiB under the table's limit and runs out of HBM 8 MiB over it."""

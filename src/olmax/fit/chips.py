@@ -6,12 +6,24 @@ reads it on a host without accelerators.
 Per JAX device throughout: a chip whose TensorCores show up as separate JAX devices (Ironwood, 2
 per chip) gets half the chip's peak and half its HBM per device.
 
+Device model. The table's devices are the ones a run of the chip has (jax.devices() on its VM), and
+`olmax compile-check --topology` compiles for the same: libtpu's topology description must give them.
+It does for v5e, v5p, v6e and Ironwood by default; for v4 libtpu 0.0.42.1 describes one device per
+TensorCore ("v4:2x2x1": 8 devices of one core each), where a v4 VM runs one megacore device per chip
+(4 devices of two cores: JAX's ChipVersion table, "v4: megacore support"; a v4-32 VM lists one device
+per chip coordinate), so v4's entry asks libtpu for its "megacore" chip config (libtpu_chip_config).
+olmax.fit.compiler.topology_devices refuses a description whose devices differ from the entry's (kind,
+devices per chip), naming both, and tests/fit/test_chips.py compares them for every chip.
+
 Flag profiles. The launcher passes a TPU chip's profile to every worker as LIBTPU_INIT_ARGS
 (olmax.launch.xpk) and `olmax compile-check --topology` compiles with the same flags (as compiler
 options), so what is checked is what runs. Sources:
   --xla_tpu_scoped_vmem_limit_kib: the scoped VMEM a kernel may use (default 16 MiB on v5p). 64 MiB
       is the value MaxText's TPU recipes set (benchmarks/maxtext_trillium_model_configs.py and
       xla_flags_library.py); it lets splash attention's 2048-token blocks compile (docs/attention.md).
+  v4 has no profile: its VMEM holds 16 MiB in all, which no scoped limit raises (splash's default
+      tiles at 8192 tokens: "Used 27.00M of 16.00M vmem" with a 32 or 64 MiB limit as without one, on
+      libtpu 0.0.42.1), so on v4 splash needs smaller model.splash_blocks.
   SparseCore collective offload (Ironwood): MaxText benchmarks/xla_flags_library.py,
       ENABLE_SPARSECORE_OFFLOADING_FOR_RS_AG_AR plus its ENABLE_SPARSECORE_OFFLOADING_BASE_FLAGS: the
       FSDP all-gathers, reduce-scatters and all-reduces run on the SparseCores instead of the
@@ -20,9 +32,9 @@ options), so what is checked is what runs. Sources:
 HBM per device of a TPU chip is the most a program may use, as libtpu 0.0.42.1's compiler enforces
 it: the largest program it accepts for one device of each topology ("Ran out of memory in memory
 space hbm. Used 94.75G of 94.75G hbm" one step above, on tpu7x). These are above the datasheets'
-GB / 2^30 (89.4, 88.5, 29.8 GiB). tests/fit/test_compile_check.py compiles a program just under and
-just over each limit. On a real v5e the runtime reports the same figure (memory_stats()
-bytes_limit 16,909,336,064 = 15.75 GiB).
+GB / 2^30 (89.4, 88.5, 29.8 GiB) for v5p, Ironwood and v6e, and below the GiB of v4's (32) and v5e's
+(16). tests/fit/test_compile_check.py compiles a program just under and just over each limit. On a
+real v5e the runtime reports the same figure (memory_stats() bytes_limit 16,909,336,064 = 15.75 GiB).
 
 A host's own TPU. `olmax train`, `demo`, `generate` and the other commands that run the model apply
 the profile of the TPU they find themselves (olmax.cli.common.runs_on -> tpu_profile_env), not only
@@ -31,8 +43,8 @@ else by the PCI device id of its Google devices (vendor 0x1ae0), the ids jax 0.1
 (jax/_src/hardware_utils.py, _TPU_PCI_DEVICE_IDS). Without the profile, splash attention's default
 tiles do not compile on v5e ("CompileTimeScopedVmemOom ... splash_mha_fwd_residuals").
 
-HBM bandwidth per JAX device (hbm_gbps, GB/s), for decode's bandwidth bound: Cloud TPU docs (v5e 819,
-v5p 2765, v6e 1640, Ironwood 7380 per chip, halved per TensorCore device), NVIDIA datasheets (H100 SXM
+HBM bandwidth per JAX device (hbm_gbps, GB/s), for decode's bandwidth bound: Cloud TPU docs (v4 1200,
+v5e 819, v5p 2765, v6e 1640, Ironwood 7380 per chip, halved per TensorCore device), NVIDIA datasheets (H100 SXM
 3350, H200 4800, B200 8000).
 
 Every flag here is accepted by libtpu 0.0.42.1's compiler (tests/fit/test_compile_check.py compiles with
@@ -131,14 +143,18 @@ class Chip:
     gpu_target: Optional[str] = None  # GPU: XLA's target description, a file of olmax/fit/gpu_targets
     hbm_gbps: Optional[float] = None  # HBM bandwidth per JAX device, GB/s
     tpu_type: Optional[str] = None  # TPU: the family of its TPU type names, "v5litepod" in "v5litepod-16"
-    # TPU: JAX devices per unit of the number in its TPU type names (v5p counts TensorCores, 2 per chip
+    # TPU: JAX devices per unit of the number in its TPU type names (v4, v5p count TensorCores, 2 per chip
     # and one JAX device per chip; v5e and v6e count chips; tpu7x counts TensorCores, each its own device)
     type_unit_devices: Optional[float] = None
     torus_dims: int = (
-        2  # TPU: its slices' torus, 2D (v5e, v6e) or 3D (v5p, Ironwood): each version's Cloud TPU topologies
+        2  # TPU: its slices' torus, 2D (v5e, v6e) or 3D (v4, v5p, Ironwood): each version's Cloud TPU topologies
     )
     pci_device_id: Optional[str] = None  # TPU: the PCI device id of its chips (vendor 0x1ae0)
+    # TPU: the chip config libtpu's topology description is asked for (its `chip_config_name`), where its
+    # default is not the device model a run of the chip has (see "Device model" in the module doc)
+    libtpu_chip_config: Optional[str] = None
     aliases: tuple[str, ...] = ()  # other names --chip takes
+    source: str = ""  # where its peak and devices per chip come from (docs/flops.md's table)
 
     @property
     def hbm_headroom(self) -> float:
@@ -151,7 +167,7 @@ class Chip:
         return (self.tpu_type or self.topology) if self.platform == "tpu" else None
 
 
-def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str, hbm_gbps: float) -> Chip:
+def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str, hbm_gbps: float, source: str) -> Chip:
     """An NVIDIA GPU: one JAX device, topologies "NAME:NxG", the GPU profile, XLA's target description
     olmax/fit/gpu_targets/NAME.txtpb; its HBM is the memory the device reports (the target's device_memory_size)."""
     return Chip(
@@ -164,19 +180,52 @@ def _gpu(name: str, peak_tflops: float, memory_bytes: int, device_kind: str, hbm
         xla_flags=GPU_XLA_FLAGS,
         gpu_target=f"{name}.txtpb",
         hbm_gbps=hbm_gbps,
+        source=source,
     )
 
 
 CHIPS: dict[str, Chip] = {
     c.name: c
     for c in (
-        # NVIDIA H100 SXM datasheet: 989 dense bf16 TFLOP/s (1979 with sparsity), 80 GB HBM3
-        _gpu("h100", 989.0, 84942979072, "NVIDIA H100 80GB HBM3", 3350.0),
-        # NVIDIA H200 SXM datasheet: the H100's tensor cores, 141 GB HBM3e
-        _gpu("h200", 989.0, 151397597184, "NVIDIA H200 141GB HBM3e", 4800.0),
-        # NVIDIA HGX B200 datasheet: 2.25 dense bf16 PFLOP/s per GPU (4.5 with sparsity), 180 GB HBM3e
-        _gpu("b200", 2250.0, 191514411008, "NVIDIA B200", 8000.0),
-        # Cloud TPU v5p docs: 459 TFLOP/s per chip; one JAX device per chip (megacore). HBM: below.
+        _gpu(
+            "h100",
+            989.0,
+            84942979072,
+            "NVIDIA H100 80GB HBM3",
+            3350.0,
+            "NVIDIA H100 SXM datasheet: 989 TFLOPS bf16 dense (1979 is the 2:4-sparse figure), 80 GB HBM3",
+        ),
+        _gpu(
+            "h200",
+            989.0,
+            151397597184,
+            "NVIDIA H200 141GB HBM3e",
+            4800.0,
+            "NVIDIA H200 SXM datasheet: the H100's tensor cores, 989 dense; 141 GB HBM3e",
+        ),
+        _gpu(
+            "b200",
+            2250.0,
+            191514411008,
+            "NVIDIA B200",
+            8000.0,
+            "NVIDIA HGX B200 datasheet: 2.25 PFLOPS bf16 dense per GPU (4.5 with 2:4 sparsity), 180 GB HBM3e",
+        ),
+        Chip(
+            name="v4",
+            platform="tpu",
+            peak_tflops=275.0,
+            hbm_limit_gib=30.74,
+            topology="v4",
+            device_kind="TPU v4",
+            hbm_gbps=1200.0,
+            type_unit_devices=0.5,
+            torus_dims=3,
+            pci_device_id="0x005e",
+            libtpu_chip_config="megacore",
+            source="Cloud TPU v4 docs: 275 TFLOPs bf16 per chip, 32 GiB HBM2 at 1200 GB/s; two TensorCores, "
+            "one JAX device per chip (megacore)",
+        ),
         Chip(
             name="v5p",
             platform="tpu",
@@ -189,9 +238,8 @@ CHIPS: dict[str, Chip] = {
             type_unit_devices=0.5,
             torus_dims=3,
             pci_device_id="0x0062",
+            source="Cloud TPU v5p docs: 459 TFLOPs bf16 per chip; two TensorCores, one JAX device per chip (megacore)",
         ),
-        # Cloud TPU v5e docs: 197 TFLOP/s per chip, one TensorCore per chip, 16 GB HBM at 819 GB/s; its
-        # TPU types are named v5litepod-N, its topologies (libtpu) v5e:AxB
         Chip(
             name="v5e",
             platform="tpu",
@@ -205,8 +253,9 @@ CHIPS: dict[str, Chip] = {
             type_unit_devices=1,
             pci_device_id="0x0063",
             aliases=("v5litepod",),
+            source="Cloud TPU v5e docs: 197 TFLOPs bf16 per chip, one TensorCore, 16 GB HBM at 819 GB/s; its TPU "
+            "types are named v5litepod-N",
         ),
-        # Cloud TPU v6e (Trillium) docs: 918 TFLOP/s per chip, one TensorCore per chip
         Chip(
             name="v6e",
             platform="tpu",
@@ -218,8 +267,8 @@ CHIPS: dict[str, Chip] = {
             hbm_gbps=1640.0,
             type_unit_devices=1,
             pci_device_id="0x006f",
+            source="Cloud TPU v6e (Trillium) docs: 918 TFLOPs bf16 per chip, one TensorCore",
         ),
-        # Cloud TPU7x (Ironwood) docs: 2307 TFLOP/s per chip, two TensorCores = two JAX devices per chip
         Chip(
             name="tpu7x",
             platform="tpu",
@@ -234,6 +283,8 @@ CHIPS: dict[str, Chip] = {
             torus_dims=3,
             pci_device_id="0x0076",
             aliases=("ironwood",),
+            source="Cloud TPU7x (Ironwood) docs: 2307 TFLOPs bf16 per chip (4614 FP8); two TensorCores, each its "
+            "own JAX device",
         ),
     )
 }
@@ -426,3 +477,45 @@ def resolve_peak(peak: Optional[float], chip: Optional[str]) -> Optional[float]:
     if peak is not None and peak <= 0:
         raise ConfigError(f"--peak must be positive, got {peak}")
     return chip_peak(chip) if chip is not None else peak
+
+
+# -- the table as the docs show it (tests/test_docs.py holds docs/flops.md and docs/launcher.md to these) --
+
+# The flag sets of the TPU profiles, by what they do
+PROFILE_NAMES = {
+    SCOPED_VMEM_64MIB: "scoped VMEM 64 MiB",
+    SPARSECORE_COLLECTIVE_OFFLOAD: "SparseCore collective offload",
+}
+
+
+def profile_words(chip: Chip) -> str:
+    """A TPU chip's flag profile by the names of its flag sets ("none" for libtpu's defaults)."""
+    names = [name for flags, name in PROFILE_NAMES.items() if set(flags) <= set(chip.libtpu_flags)]
+    return ", ".join(names) or "none"
+
+
+def peak_table() -> str:
+    """The peak per JAX device of every chip, as docs/flops.md's Markdown table."""
+    rows = ["| chip | per device | devices per chip | source |", "|---|---|---|---|"]
+    for c in CHIPS.values():
+        named = " ".join([f"`{c.name}`", *(f"(`{a}`)" for a in c.aliases)])
+        rows.append(f"| {named} | {c.peak_tflops:g} | {c.devices_per_chip} | {c.source} |")
+    return "\n".join(rows)
+
+
+def tpu_type_table() -> str:
+    """Cloud TPU's types of every TPU chip (what `--total-devices` is checked against and the profile the
+    launcher passes), as docs/launcher.md's Markdown table."""
+    rows = [
+        "| TPU type | chip | chips | JAX devices | flag profile (LIBTPU_INIT_ARGS) |",
+        "|---|---|---|---|---|",
+    ]
+    for c in CHIPS.values():
+        if c.platform != "tpu":
+            continue
+        per_n = c.type_unit_devices / c.devices_per_chip
+        chips = "N" if per_n == 1 else f"N/{round(1 / per_n)}"
+        devices = "N" if c.type_unit_devices == 1 else f"N/{round(1 / c.type_unit_devices)}"
+        each = f" ({c.devices_per_chip} a chip)" if c.devices_per_chip > 1 else ""
+        rows.append(f"| {c.type_family}-N | {c.name} | {chips} | {devices}{each} | {profile_words(c)} |")
+    return "\n".join(rows)

@@ -6,6 +6,7 @@ model.remat=auto with it, olmax.rollout.compile_decode compiles the rollout samp
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
@@ -80,12 +81,33 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
     # libtpu assumes hosts of 2x2x1 chips; a slice smaller than that (v5e:1x1, a v5litepod-1) is one host
     # of exactly its own chips, as TPU VMs of those types are
     shape = [int(d) for d in topology.partition(":")[2].split("x") if d.isdigit()]
-    small = {"chips_per_host_bounds": (*shape, 1, 1)[:3]} if shape and min(shape[:2]) < 2 else {}
+    options = {"chips_per_host_bounds": (*shape, 1, 1)[:3]} if shape and min(shape[:2]) < 2 else {}
+    chip = chip_of_topology(topology)
+    if chip.libtpu_chip_config:  # the device model a run of the chip has (olmax.fit.chips, "Device model")
+        options["chip_config_name"] = chip.libtpu_chip_config
     try:
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, num_slices=num_slices, **small)
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, num_slices=num_slices, **options)
     except Exception as e:  # libtpu's own message says what is wrong with the name
         raise ConfigError(f"libtpu does not know the topology {topology!r}: {str(e).splitlines()[0]}") from None
-    return list(desc.devices)
+    devices = list(desc.devices)
+    check_device_model(chip, topology, devices)
+    return devices
+
+
+def check_device_model(chip: Chip, topology: str, devices: list) -> None:
+    """ConfigError, naming both, where libtpu's devices of `topology` are not the chip table's: another
+    device kind, or another number of devices a chip (those that share a chip's coordinates in a slice).
+    A program compiled for them would not be the one a run of the chip compiles."""
+    per_chip = collections.Counter((getattr(d, "slice_index", 0), tuple(d.coords)) for d in devices)
+    kinds, counts = {d.device_kind for d in devices}, set(per_chip.values())
+    if kinds != {chip.device_kind} or counts != {chip.devices_per_chip}:
+        raise ConfigError(
+            f"libtpu describes {topology} as {len(devices)} {'/'.join(sorted(kinds))} devices, "
+            f"{'/'.join(map(str, sorted(counts)))} a chip, where olmax's chip table has {chip.devices_per_chip} "
+            f"{chip.device_kind} device(s) a chip, as a run of {chip.name} has them: a program compiled for "
+            f"libtpu's devices is not the one that runs (olmax.fit.chips.CHIPS[{chip.name!r}]: its device_kind, "
+            "devices_per_chip or libtpu_chip_config; docs/extending.md, 'A chip')"
+        )
 
 
 def gpu_devices(topology: str) -> list:
