@@ -15,9 +15,12 @@ from olmax.config.checkpoint import EvalConfig
 from olmax.config.data import DataConfig
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.trainer import TrainerConfig
+from olmax.data.sources import DataSourceError
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.heldout import HeldoutEvaluator, eval_loss, eval_name, load_instances
 from olmax.model.olmo3 import forward, init_params
+from olmax.rundir.exits import ExitStatus
+from olmax.trainer.failures import status_of
 
 CFG = tiny_eval_model()
 TEXTS = [f"Document {i}: the quick brown fox jumps over {i * 7} lazy dogs, then rests." for i in range(12)]
@@ -111,5 +114,7 @@ def test_errors_and_names(setup):
     assert eval_name("/x/c4.val.jsonl.gz") == "c4.val"
     with pytest.raises(ValueError, match="not one batch"):
         load_instances([setup["data"]], setup["data_cfg"], batch=1000)
-    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+    # a missing eval file is the user's to fix: `olmax train` exits 2 on it (trainer.failures)
+    with pytest.raises(DataSourceError, match="data file /nonexistent/missing.jsonl does not exist") as missing:
         load_instances(["/nonexistent/missing.jsonl"], setup["data_cfg"], batch=1)
+    assert status_of(missing.value) is ExitStatus.USER_ERROR

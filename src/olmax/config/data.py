@@ -19,7 +19,9 @@ class DataConfig:
 
     paths: tuple[str, ...] = ()
     """Training data: token shards (local, gs://, http(s)://), globs, `olmax tokenize` output dirs,
-    OLMo-core mix files (*.txt), or the shipped demo corpus "demo" (train split) / "demo:heldout"."""
+    OLMo-core mix files (*.txt), local jsonl text (*.jsonl, *.jsonl.gz, *.jsonl.zst with a `text` field;
+    tokenized with data.tokenizer into data.work_dir on first use), or the shipped demo corpus "demo"
+    (train split) / "demo:heldout"."""
     seq_len: int = 8192
     """Tokens per training instance."""
     max_target_seq_len: Optional[int] = None
@@ -28,7 +30,8 @@ class DataConfig:
     seed: int = 34521
     """Seed of the data order: epoch e is shuffled with PCG64(seed + e), as OLMo-core."""
     tokenizer: str = "dolma2"
-    """Tokenizer that jsonl eval sets (eval.data) are tokenized with: "dolma2" or a tokenizer.json path."""
+    """Tokenizer that jsonl text in data.paths and eval.data is tokenized with: "dolma2" or a tokenizer.json
+    path (its ids must match vocab_size and the token ids below)."""
     vocab_size: int = 100278
     """The tokenizer's vocabulary (not the padded embedding): picks the shards' dtype, bounds the token
     check, enters the fingerprint."""
@@ -43,7 +46,8 @@ class DataConfig:
     mix_tokenizer_dir: str = "allenai/dolma3-tokenizer"
     """What {TOKENIZER} becomes in mix-file paths."""
     work_dir: str = ""
-    """Cache of order memmaps and tokenized demo/eval text; "" = $OLMAX_CACHE or ~/.cache/olmax."""
+    """Cache of order memmaps and tokenized text (demo, jsonl in data.paths and eval.data); "" = $OLMAX_CACHE
+    or ~/.cache/olmax."""
     mask_pad_token: bool = False
     """Leave pad-token labels out of the loss. OLMo-core does not; the MaxText stage-2 run did."""
     instance_filter: bool = False

@@ -8,11 +8,9 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 from pathlib import Path
 
-from olmax.data.tokenize import MANIFEST, read_manifest, tokenize_files
+from olmax.data.tokenize import tokenize_once
 
 DEMO_DIR = Path(__file__).with_name("demo")
 SPLITS = ("train", "heldout")
@@ -34,14 +32,4 @@ def demo_shards(spec: str, cache_dir: str | Path) -> list[str]:
     text = demo_text(SPECS[spec])
     digest = hashlib.sha256(text.read_bytes()).hexdigest()[:16]
     target = Path(cache_dir) / "demo" / digest / SPECS[spec]
-    if not (target / MANIFEST).is_file():
-        # Tokenize into a private directory and rename it into place, so concurrent first uses
-        # (several processes on one host) never see a half-written split.
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tokenize_files([text], tmp, tokenizer="dolma2", workers=0, show_progress=False)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return [str(target / s["path"]) for s in read_manifest(target)["shards"]]
+    return [str(target / s["path"]) for s in tokenize_once([text], target, "dolma2")["shards"]]

@@ -52,7 +52,7 @@ from olmax.data.chat_files import eos_reading_notes
 from olmax.data.filters import instance_mask
 from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
 from olmax.data.packing import PackedSource, doc_lengths, padded_doc_lens, permute_paths
-from olmax.data.sources import TokenSource, check_manifest_tokenizers, label_mask_paths, resolve_paths
+from olmax.data.sources import TokenSource, label_mask_paths, resolve_paths
 from olmax.data.tokenizer import TokenizerFields
 
 log = logging.getLogger(__name__)
@@ -86,14 +86,19 @@ Source = TokenSource | PackedSource
 
 
 def build_source(data_cfg, paths: Optional[Sequence[str]] = None) -> Source:
-    """The instances of `data_cfg.paths` (or `paths`), checked against the configured tokenizer: chunks
-    of each file (data.packing=none) or packed documents (obfd), the files in the permuted order when
+    """The instances of `data_cfg.paths` (or `paths`; jsonl text among them tokenized with data.tokenizer
+    on first use), checked against the configured tokenizer: chunks of each file (data.packing=none) or
+    packed documents (obfd), the files in the permuted order when
     data.source_permutation_seed is set (OLMo-core permutes the paths of every dataset kind); with
     data.label_masks each file's label mask beside it (sources.label_mask_paths)."""
     specs = list(paths if paths is not None else data_cfg.paths)
-    check_manifest_tokenizers(specs, tokenizer_fields(data_cfg))
     files = resolve_paths(
-        specs, mix_base=data_cfg.mix_base, tokenizer_dir=data_cfg.mix_tokenizer_dir, cache_dir=work_dir_of(data_cfg)
+        specs,
+        mix_base=data_cfg.mix_base,
+        tokenizer_dir=data_cfg.mix_tokenizer_dir,
+        cache_dir=work_dir_of(data_cfg),
+        tokenizer=data_cfg.tokenizer,
+        tok=tokenizer_fields(data_cfg),
     )
     files = permute_paths(files, data_cfg.source_permutation_seed)
     if data_cfg.packing == "obfd" and data_cfg.use_array_if_local is not False:

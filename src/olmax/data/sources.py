@@ -1,10 +1,16 @@
 """Token shard files -> fixed-length instances, exactly as OLMo-core's `NumpyFSLDataset` cuts them.
 
 Sources (`resolve_paths`): explicit shard paths or URLs, globs (sorted, per pattern), a directory
-written by `olmax tokenize` (its manifest lists the shards), or an OLMo-core mix file
-(`label,relative/path/with/{TOKENIZER}/000000.npy` per line) joined to a base that is a local
-directory, `gs://` or `http(s)://`. Remote files are read by byte range through fsspec; nothing
-downloads a whole shard.
+written by `olmax tokenize` (its manifest lists the shards), an OLMo-core mix file
+(`label,relative/path/with/{TOKENIZER}/000000.npy` per line, always a `.txt`) joined to a base that is
+a local directory, `gs://` or `http(s)://`, or local jsonl text (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`,
+one `text` field a line), tokenized with data.tokenizer into the cache on first use by the code of
+`olmax tokenize` (olmax.data.tokenize.cached_text), as eval.data's text is. Remote files are read by
+byte range through fsspec; nothing downloads a whole shard.
+
+A token file is checked when it is opened: not empty, no .npy header, a whole number of tokens, ids
+within the vocabulary in its first 4096 tokens, and not text (`looks_like_text`): a jsonl or plain text
+given as tokens is refused as text rather than as a size or an id that happens not to fit.
 
 Instances (`TokenSource`): each file is cut on its own into `seq_len`-token instances, the remainder
 of a file is dropped, and global instance ids run file by file. With `max_target_seq_len` (OLMo-core's
@@ -30,7 +36,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from olmax.data.demo import demo_shards, is_demo_spec
-from olmax.data.tokenize import MANIFEST, read_manifest
+from olmax.data.tokenize import MANIFEST, cached_text, is_text, read_manifest
 from olmax.data.tokenizer import TokenizerFields
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -67,7 +73,9 @@ def read_mix_file(path: str, base: Optional[str], tokenizer_dir: str = DOLMA3_TO
         parts = line.split(",")
         if len(parts) != 2 or "{TOKENIZER}" not in parts[1]:
             raise DataSourceError(
-                f"mix file {path} line {line_no}: expected `label,relative/path/{{TOKENIZER}}/...`, got {line!r}"
+                f"mix file {path} line {line_no}: expected `label,relative/path/{{TOKENIZER}}/...`, got "
+                f"{line[:80]!r} (a .txt in data.paths is an OLMo-core mix file; plain text goes in as .jsonl with "
+                "a `text` field, tokenized on first use, or through `olmax tokenize FILE.txt --out DIR` and DIR)"
             )
         paths.append(base + parts[1].replace("{TOKENIZER}", tokenizer_dir))
     if not paths:
@@ -108,9 +116,13 @@ def resolve_paths(
     mix_base: Optional[str] = None,
     tokenizer_dir: str = DOLMA3_TOKENIZER_DIR,
     cache_dir: Optional[str | Path] = None,
+    tokenizer: str = "dolma2",
+    tok: Optional[TokenizerFields] = None,
 ) -> list[str]:
-    """Expand shard paths, globs, manifest directories, mix files (`*.txt`) and the demo corpus
-    (`demo`, `demo:heldout`, tokenized into `cache_dir` on first use) into shard paths."""
+    """Expand shard paths, globs, manifest directories, mix files (`*.txt`), jsonl text (tokenized with
+    `tokenizer`) and the demo corpus (`demo`, `demo:heldout`) into shard paths; text is tokenized into
+    `cache_dir` on first use. With `tok`, every `olmax tokenize` folder, given or made from text, must
+    have been made with that tokenizer."""
     if not specs:
         raise DataSourceError("no data paths given (data.paths is empty)")
     paths: list[str] = []
@@ -121,29 +133,59 @@ def resolve_paths(
                 raise DataSourceError(f"data path {spec!r} needs a cache directory to tokenize into")
             paths.extend(demo_shards(spec, cache_dir))
         elif "*" in spec:
-            paths.extend(_glob(spec))
+            for match in _glob(spec):
+                paths.extend(text_shards(match, cache_dir, tokenizer, tok) if is_text(match) else [match])
+        elif is_text(spec):
+            paths.extend(text_shards(spec, cache_dir, tokenizer, tok))
         elif spec.endswith(".txt"):
             paths.extend(read_mix_file(spec, mix_base, tokenizer_dir))
         elif not is_url(spec) and Path(spec).is_dir():
             manifest = read_manifest(spec)
+            if tok is not None:
+                check_made_with(spec, manifest, tok)
             paths.extend(str(Path(spec) / s["path"]) for s in manifest["shards"])
         else:
             paths.append(spec)
     return paths
 
 
+def text_shards(
+    path: str, cache_dir: Optional[str | Path], tokenizer: str, tok: Optional[TokenizerFields]
+) -> list[str]:
+    """The token shards of a local jsonl text file, tokenized into `cache_dir` on first use."""
+    if is_url(path):
+        raise DataSourceError(
+            f"data path {path}: text is tokenized on first use from a local file only; tokenize it with "
+            "`olmax tokenize` and give the output folder (or give a local copy)"
+        )
+    if not Path(path).is_file():
+        raise DataSourceError(f"data file {path} does not exist")
+    if cache_dir is None:
+        raise DataSourceError(f"data path {path!r} needs a cache directory to tokenize into")
+    folder = cached_text(path, cache_dir, tokenizer)
+    manifest = read_manifest(folder)
+    if tok is not None:
+        check_made_with(f"{path} (data.tokenizer={tokenizer})", manifest, tok)
+    return [str(folder / s["path"]) for s in manifest["shards"]]
+
+
+def check_made_with(what: str, manifest: dict, tok: TokenizerFields) -> None:
+    """Refuse `olmax tokenize` output (`what`, its manifest) made with another tokenizer than the
+    configured one."""
+    made = manifest["tokenizer"]
+    for field in ("vocab_size", "eos_token_id", "pad_token_id", "bos_token_id"):
+        if made.get(field) != getattr(tok, field):
+            raise DataSourceError(
+                f"{what} was tokenized with {made.get('name')} ({field}={made.get(field)}), but the data "
+                f"config says {field}={getattr(tok, field)}"
+            )
+
+
 def check_manifest_tokenizers(specs: Sequence[str], tok: TokenizerFields) -> None:
-    """Refuse `olmax tokenize` output made with another tokenizer than the configured one."""
+    """Refuse the `olmax tokenize` folders among `specs` made with another tokenizer than the configured one."""
     for spec in specs:
-        if is_url(str(spec)) or not (Path(spec) / MANIFEST).is_file():
-            continue
-        made = read_manifest(spec)["tokenizer"]
-        for field in ("vocab_size", "eos_token_id", "pad_token_id", "bos_token_id"):
-            if made.get(field) != getattr(tok, field):
-                raise DataSourceError(
-                    f"{spec} was tokenized with {made.get('name')} ({field}={made.get(field)}), but the data "
-                    f"config says {field}={getattr(tok, field)}"
-                )
+        if not is_url(str(spec)) and (Path(spec) / MANIFEST).is_file():
+            check_made_with(str(spec), read_manifest(spec), tok)
 
 
 # -- reading files --------------------------------------------------------------------------------
@@ -208,6 +250,22 @@ def read_array(path: str, dtype, start: int, count: int, what: str) -> np.ndarra
             f"{start}..{start + count} (truncated after it was indexed?)"
         )
     return out
+
+
+def looks_like_text(head: bytes) -> Optional[str]:
+    """The first characters of `head` (a file's first bytes) when they read as text: UTF-8 with no NUL
+    byte, every character printable or a line break or tab; None otherwise. No token file does: a uint32
+    id below 2^24 has a zero byte, and a uint16 id below 0x2000 (most of a text's tokens) a control byte."""
+    sample = head[:1024]
+    if not sample or b"\0" in sample:
+        return None
+    try:
+        text = sample.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(sample) - 3:  # invalid, not a character cut at the sample's end
+            return None
+        text = sample[: e.start].decode("utf-8")
+    return text[:60] if all(c.isprintable() or c in "\t\n\r" for c in text) else None
 
 
 TOKEN_PART_PREFIX = "token_ids_part_"  # AI2's SFT layout (open-instruct's convert_sft_data_for_olmocore.py)
@@ -349,6 +407,13 @@ class TokenSource:
         if size == 0:
             raise DataSourceError(f"data file {path} is empty")
         head = read_bytes(path, 0, min(size, SAMPLE_TOKENS * itemsize))
+        text = looks_like_text(head)
+        if text is not None:
+            raise DataSourceError(
+                f"data file {path}: this looks like text: {text!r}; data.paths reads token files (jsonl text "
+                "goes in as .jsonl, .jsonl.gz or .jsonl.zst, tokenized on first use; other text through "
+                "`olmax tokenize`)"
+            )
         if head.startswith(NPY_MAGIC):
             raise DataSourceError(
                 f"data file {path} is a .npy file with a header; olmax and OLMo-core read raw, headerless "

@@ -14,6 +14,10 @@ when everything is done.
 
 Workers: documents are read in the main process, encoded in a pool of `workers` processes (batches
 of lines, results consumed in order, at most a few batches in flight) and written by the main process.
+
+On first use (`cached_text`): jsonl text named in data.paths or eval.data is tokenized by this code
+into the olmax cache, in a folder keyed by the file's content and the tokenizer, and read from there
+as any `olmax tokenize` output (olmax.data.sources); the shipped demo corpus likewise (olmax.data.demo).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -39,7 +45,10 @@ PROGRESS = "progress.json"
 FORMAT = "olmax-tokens-v1"
 DEFAULT_SHARD_TOKENS = 1 << 26  # 64 Mi tokens: 256 MiB per uint32 shard
 _LINES_PER_BATCH = 512
-_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt")
+# Text that data.paths and eval.data take as it is (tokenized on first use); a .txt there is an OLMo-core
+# mix file, so plain text goes through `olmax tokenize` (which takes it as one document) or into jsonl.
+TEXT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+_SUFFIXES = (*TEXT_SUFFIXES, ".txt")
 
 
 class TokenizeError(ValueError):
@@ -362,3 +371,49 @@ def read_manifest(directory: str | Path) -> dict:
     if manifest.get("format") != FORMAT:
         raise TokenizeError(f"{path}: unknown format {manifest.get('format')!r}")
     return manifest
+
+
+def is_text(spec: str) -> bool:
+    """Whether a data path names jsonl text (TEXT_SUFFIXES), which is tokenized on first use."""
+    return str(spec).endswith(TEXT_SUFFIXES)
+
+
+def tokenize_once(inputs: Sequence[Path], target: Path, tokenizer: str) -> dict:
+    """The manifest of `target`, tokenizing `inputs` into it first unless it holds a finished
+    tokenization. Tokenized in a private folder and renamed into place, so concurrent first uses (the
+    processes of one host) never see half a folder."""
+    if not (target / MANIFEST).is_file():
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tokenize_files(inputs, tmp, tokenizer=tokenizer, workers=0, show_progress=False)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return read_manifest(target)
+
+
+def _file_digest(path: Path, h) -> None:
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+
+
+def cached_text(path: str | Path, cache_dir: str | Path, tokenizer: str) -> Path:
+    """The `olmax tokenize` folder of the jsonl text file `path`, made in `cache_dir/text/` on first use
+    (tokenize_once) and named by the file's content and the tokenizer (its name, and a tokenizer.json's
+    content), so a changed file or tokenizer is never read stale."""
+    src = Path(path)
+    if not src.is_file():
+        raise TokenizeError(f"data file {path} does not exist")
+    h = hashlib.sha256(f"tokenizer={tokenizer}\n".encode())
+    if tokenizer != "dolma2" and Path(tokenizer).is_file():
+        _file_digest(Path(tokenizer), h)
+    _file_digest(src, h)
+    stem = src.name
+    for suffix in TEXT_SUFFIXES:
+        stem = stem.removesuffix(suffix)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.") or "text"
+    target = Path(cache_dir) / "text" / f"{name}-{h.hexdigest()[:16]}"
+    tokenize_once([src], target, tokenizer)
+    return target

@@ -1,11 +1,11 @@
 """Held-out loss: forward-only cross-entropy on fixed, identical batches (docs/verification.md).
 
 The eval set is the first `max_batches * batch` instances, in file order and unshuffled, of
-pre-tokenized data (token shards, `olmax tokenize` directories, globs, mix files, `demo:heldout`:
-anything `data.paths` accepts) or of jsonl text (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`), which is first
-tokenized with the configured tokenizer (dolma2) by `olmax.data.tokenize` into the olmax cache, so
-text and shards are cut into instances by the same code the training loader uses. Two runs,
-two checkpoints, or one run on 1 and on 64 devices therefore score exactly the same tokens.
+anything `data.paths` accepts: token shards, `olmax tokenize` directories, globs, mix files,
+`demo:heldout`, or jsonl text (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`), which is first tokenized with
+data.tokenizer (dolma2) into the olmax cache (olmax.data.tokenize.cached_text), so text and shards
+are read and cut into instances by the code the training loader uses. Two runs, two checkpoints, or
+one run on 1 and on 64 devices therefore score exactly the same tokens.
 
 The figure is OLMo-core's evaluator loss: labels shifted left, the last position ignored, the sum of
 per-token cross-entropies over the padded vocabulary divided by the number of scored labels
@@ -19,13 +19,9 @@ In the training loop: `HeldoutEvaluator(exp_cfg, mesh)`; calling it with (step, 
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
 import re
-import shutil
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -35,16 +31,10 @@ from olmax.checkpoint.inference import eval_mesh, load_checkpoint
 from olmax.config.data import DataConfig
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.model import ModelConfig
-from olmax.data.loader import build_source, work_dir_of
-from olmax.data.tokenize import MANIFEST, tokenize_files
+from olmax.data.loader import build_source
+from olmax.data.tokenize import TEXT_SUFFIXES
 from olmax.evals.scoring import OUTPUT_CHUNK, TokenScorer, eval_seq_len
 from olmax.objectives.cross_entropy import IGNORE
-
-TEXT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
-
-
-def is_text(spec: str) -> bool:
-    return spec.endswith(TEXT_SUFFIXES)
 
 
 def eval_name(spec: str) -> str:
@@ -56,26 +46,6 @@ def eval_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-") or "heldout"
 
 
-def tokenized_text(path: str, data_cfg: DataConfig) -> str:
-    """The `olmax tokenize` directory of a jsonl text file, made in the olmax cache on first use and
-    keyed by the file's content and the tokenizer, so a changed file is never scored stale."""
-    src = Path(path)
-    if not src.is_file():
-        raise FileNotFoundError(f"eval data file {path} does not exist")
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
-    target = work_dir_of(data_cfg) / "eval" / f"{eval_name(path)}-{data_cfg.tokenizer}-{digest}"
-    if not (target / MANIFEST).is_file():
-        # Tokenize privately and rename into place, so concurrent first uses never see half a directory.
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tokenize_files([src], tmp, tokenizer=data_cfg.tokenizer, workers=0, show_progress=False)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
-
-
 def load_instances(
     specs: Sequence[str], data_cfg: DataConfig, *, batch: int, max_batches: Optional[int] = None
 ) -> np.ndarray:
@@ -83,8 +53,7 @@ def load_instances(
     The tail that does not fill a whole batch is dropped, as the training loader drops it."""
     if batch <= 0:
         raise ValueError(f"eval batch size must be positive, got {batch}")
-    paths = [tokenized_text(s, data_cfg) if is_text(s) else s for s in specs]
-    source = build_source(data_cfg, paths)
+    source = build_source(data_cfg, specs)
     n_batches = len(source) // batch
     if max_batches is not None:
         n_batches = min(n_batches, max_batches)
