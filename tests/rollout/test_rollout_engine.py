@@ -107,7 +107,7 @@ def test_sharded_engine_equals_the_static_sampler(setup):
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, context=1, tensor=2))
     sharded = jax.device_put(params, param_shardings(CFG, mesh))  # as the trainer lays them out
     engine, finished = run_engine(sharded, prompts, limits, stops, HOT, slots=8, mesh=mesh)
-    assert engine._state.cache["group"][0]["k"].sharding.spec[1] == ("data", "fsdp")
+    assert engine._state.cache["group"][0].sharding.spec[1] == ("data", "fsdp")
     assert engine.totals.slot_steps == 8 * engine.totals.decode_steps  # no narrowing over split slots
     want = sample(params, CFG, prompts, NEW, n=N, sampling=HOT, limits=limits, **stops)
     assert_same_rollout(finished, want)

@@ -21,23 +21,36 @@ Because the clock is shared, a decoding step writes ONE slot, the same in every 
 update at a scalar index. (With rows at their own positions each row writes its own slot, a scatter
 that the TPU compiler runs as a loop over rows, twice per layer per token; docs/rollout.md.) The new
 key and value are written before they are attended: the slot they take held time - S, which a
-sliding-window layer no longer sees (S = window) and a full layer never held (S = cache length), so
-the step reads the ring alone, once. A prefill longer than S keeps, in each slot, the newest of its
-times that falls there; its queries attend to the call's own keys, not the ring, so it is exact.
+sliding-window layer no longer sees (S = window) and a full layer never held (S = cache length).
+A step then reads only the times each row holds (olmax.rollout.decode_attention: on a TPU a Pallas
+kernel that fetches the ring's live blocks, elsewhere the whole ring masked). A prefill longer than S
+keeps, in each slot, the newest of its times that falls there; its queries attend to the call's own
+keys, not the ring, so it is exact.
 
-The cache mirrors the forward pass's scan over groups of `global_every` layers (olmax.model.olmo3):
-`cache["group"]` holds one {"k", "v"} per position in the group, each (n_groups, batch, kv_heads, S_j,
-head_dim) with that position's S_j (a group's layers have different windows, so different shapes);
-`cache["tail"]` one (batch, kv_heads, S, head_dim) pair per layer of the final partial group. The
-slots come after the kv heads because that is how the attention's two matrix products read them
-(batched over batch and kv heads, the slots the free dimension): with the slots first the TPU
-compiler chose two layouts and transposed the whole cache at every layer of every step. Batch and kv
-heads are laid out by the rules table when traced under a mesh (`cache_spec`).
+Each layer's cache is ONE array holding a head's key and value side by side, (..., kv_heads, S,
+2 * head_dim): a TPU pads an array's last axis to 128 lanes, so separate key and value arrays of a
+64-wide head took twice their bytes (and a decoding step read twice its KV). The cache mirrors the
+forward pass's scan over groups of `global_every` layers (olmax.model.olmo3): `cache["group"]` holds
+one array per position in the group, (n_groups, batch, kv_heads, S_j, 2 * head_dim) with that
+position's S_j (a group's layers have different windows, so different shapes); `cache["tail"]` one
+(batch, kv_heads, S, 2 * head_dim) array per layer of the final partial group. The slots come after
+the kv heads because that is how the attention's two matrix products read them (batched over batch
+and kv heads, the slots the free dimension): with the slots first the TPU compiler chose two layouts
+and transposed the whole cache at every layer of every step. Batch and kv heads are laid out by the
+rules table when traced under a mesh (`cache_spec`).
+
+Paged (olmax.rollout.pages, the slot engine's KV by what its rows hold): a ring's slots are cut into
+blocks of `page` (decode_attention.page_size) and each row's block j lives in the page its table
+names, the arrays being pools of pages, (n_groups, pages, kv_heads, page, 2 * head_dim); a decoding
+step takes the tables (`pages`: ring slots -> (batch, S / page) page ids) and writes each row's new
+key and value into its own page (a scatter of one slot per row). Only decoding steps run on a paged
+cache; a prefill fills rings of its own, which the engine copies into pages.
 
 Each layer runs `olmax.model.olmo3.block`, the block training uses, with an `attend` that reads and
 writes the cache; tests/rollout/test_rollout_cache.py checks the logits of prefill and of every decoding
 step against `olmax.model.olmo3.forward` on each row's unpadded sequence, with a window shorter than
-the sequence (so the rings wrap) and a prefill longer than the window.
+the sequence (so the rings wrap) and a prefill longer than the window, on rings and on pages, with
+the XLA attention and the TPU kernel (interpreted).
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import block, final_norm, lm_head
 from olmax.model.rope import rope_tables
 from olmax.model.sharding import logical_to_spec
+from olmax.rollout import decode_attention
 
 
 def slots(cfg: ModelConfig, layer: int, length: int) -> int:
@@ -61,20 +75,32 @@ def slots(cfg: ModelConfig, layer: int, length: int) -> int:
     return length if window is None else min(window, length)
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int) -> dict:
-    """An empty cache for `batch` rows of at most `length` positions (layout in the module doc)."""
+def ring_sizes(cfg: ModelConfig, length: int) -> list[int]:
+    """The distinct ring slots of a cache of `length` positions, largest (the full layers') first."""
+    return sorted({slots(cfg, i, length) for i in range(cfg.n_layers)}, reverse=True)
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int, pool: Optional[dict[int, int]] = None) -> dict:
+    """An empty cache for `batch` rows of at most `length` positions (layout in the module doc); with
+    `pool` (ring slots -> pages), paged: each layer's array a pool of that many pages of its ring's
+    blocks instead of `batch` rings."""
     dtype = jnp.dtype(cfg.compute_dtype)
     period = cfg.global_every
     n_groups, tail = divmod(cfg.n_layers, period)
-    pair = lambda *lead, size: {k: jnp.zeros((*lead, cfg.n_kv_heads, size, cfg.head_dim), dtype) for k in "kv"}
+
+    def array(layer: int, *lead):
+        size = slots(cfg, layer, length)
+        entries, span = (batch, size) if pool is None else (pool[size], decode_attention.page_size(size))
+        return jnp.zeros((*lead, entries, cfg.n_kv_heads, span, 2 * cfg.head_dim), dtype)
+
     return {
-        "group": tuple(pair(n_groups, batch, size=slots(cfg, j, length)) for j in range(period)) if n_groups else (),
-        "tail": tuple(pair(batch, size=slots(cfg, n_groups * period + j, length)) for j in range(tail)),
+        "group": tuple(array(j, n_groups) for j in range(period)) if n_groups else (),
+        "tail": tuple(array(n_groups * period + j) for j in range(tail)),
     }
 
 
 def cache_spec(shape: tuple[int, ...], mesh) -> PartitionSpec:
-    """The layout of one cache array ((n_groups,) batch, kv_heads, slots, head_dim) on `mesh`: batch over
+    """The layout of one cache array ((n_groups,) batch, kv_heads, slots, 2 * head_dim) on `mesh`: batch over
     the batch axes (data, fsdp) and kv heads over `tensor`, each where it divides (the rules table)."""
     batch, kv = logical_to_spec(("batch", "kv_heads"), (shape[-4], shape[-3]), mesh)
     return PartitionSpec(*([None] * (len(shape) - 4)), batch, kv, None, None)
@@ -100,8 +126,8 @@ def _attend(q, keys, values, visible):
 
 
 def _fill(ring, new):
-    """An empty ring (B, KV, S, D) holding times 0 .. T-1 of `new` (B, T, KV, D): slot s takes the newest
-    of them that falls on it (all static: the same slots in every row)."""
+    """An empty ring (B, KV, S, 2D) holding times 0 .. T-1 of `new` (B, T, KV, 2D): slot s takes the
+    newest of them that falls on it (all static: the same slots in every row)."""
     size, t = ring.shape[2], new.shape[1]
     new = new.astype(ring.dtype).transpose(0, 2, 1, 3)
     if t <= size:
@@ -109,61 +135,50 @@ def _fill(ring, new):
     return new[:, :, (t - 1) - np.remainder(t - 1 - np.arange(size), size)]
 
 
-def _prefill_attention(ring_k, ring_v, group, first, window: Optional[int]):
+def _prefill_attention(ring, group, first, window: Optional[int]):
     """The `attend` of olmax.model.olmo3.block for one layer of a prefill (module doc): the call's own
     keys only, causal, within the window, padding (times before first[b]) never seen; the keys and
     values go into the ring, of `group` when the ring array holds a group of layers (else None).
-    Returns (output, {"k", "v"}: the updated ring arrays)."""
+    Returns (output, the updated ring array)."""
 
     def attend(q, k, v):
         times = jnp.arange(q.shape[1])
         ahead = times[:, None] - times[None, :]  # query minus key time
         visible = ((ahead >= 0) & (window is None or ahead < window))[None] & (times >= first[:, None])[:, None, :]
-        heads_first = lambda x, ring: x.astype(ring.dtype).transpose(0, 2, 1, 3)  # (B, KV, T, D), as the ring
-        out = _attend(q, heads_first(k, ring_k), heads_first(v, ring_v), visible)
-
-        def put(ring, new):
-            if group is None:
-                return _constrain(_fill(ring, new))
-            filled = _fill(jax.lax.dynamic_index_in_dim(ring, group, keepdims=False), new)
-            return _constrain(jax.lax.dynamic_update_index_in_dim(ring, filled, group, 0))
-
-        return out, {"k": put(ring_k, k), "v": put(ring_v, v)}
+        heads_first = lambda x: x.astype(ring.dtype).transpose(0, 2, 1, 3)  # (B, KV, T, D), as the ring
+        out = _attend(q, heads_first(k), heads_first(v), visible)
+        new = jnp.concatenate([k, v], axis=-1)
+        if group is None:
+            return out, _constrain(_fill(ring, new))
+        filled = _fill(jax.lax.dynamic_index_in_dim(ring, group, keepdims=False), new)
+        return out, _constrain(jax.lax.dynamic_update_index_in_dim(ring, filled, group, 0))
 
     return attend
 
 
-def _rows_of(ring, group, rows: int):
-    """The first `rows` rows (B, KV, S, D) of a ring array ((n_groups,) batch, KV, S, D), of `group`'s
-    layer when it holds a group: one slice, read where the attention uses it, as the group's index is."""
-    if group is None:
-        return ring if rows == ring.shape[0] else jax.lax.slice_in_dim(ring, 0, rows, axis=0)
-    if rows == ring.shape[1]:
-        return jax.lax.dynamic_index_in_dim(ring, group, keepdims=False)
-    return jax.lax.dynamic_slice(ring, (group, 0, 0, 0, 0), (1, rows, *ring.shape[2:]))[0]
-
-
-def _decode_attention(ring_k, ring_v, group, time, first):
+def _decode_attention(ring, group, time, first, size: int, table, implementation: str):
     """The `attend` of one layer of a decoding step at `time` (module doc): the new key and value go
-    into slot time % S of every row (of `group`'s layer when the ring array holds a group), then the
-    query attends to the ring, each slot holding the newest time <= `time` that falls on it, visible
-    from first[b] on. A step of fewer rows than the cache holds runs on its first rows (the slot
-    engine's narrowed decoding, olmax.rollout.slots). Returns (output, {"k", "v"}: the updated ring arrays)."""
+    into slot time % size of every row (of `group`'s layer when the array holds a group; into each
+    row's page when `table` pages it), then the query attends to the times each row holds
+    (olmax.rollout.decode_attention). A step of fewer rows than the cache holds runs on its first rows
+    (the slot engine's narrowed decoding, olmax.rollout.slots). Returns (output, the updated array)."""
 
     def attend(q, k, v):
-        size = ring_k.shape[-2]
         lead = () if group is None else (group,)
-
-        def put(ring, new):  # new (b, 1, KV, D) into slot `time % size` of rows 0..b-1 of (..., B, KV, S, D)
-            shape = (1,) * len(lead) + (new.shape[0], ring.shape[-3], 1, -1)
-            new = new.astype(ring.dtype).transpose(0, 2, 1, 3).reshape(shape)
-            return _constrain(jax.lax.dynamic_update_slice(ring, new, (*lead, 0, 0, jnp.remainder(time, size), 0)))
-
-        rings = put(ring_k, k), put(ring_v, v)
-        keys, values = (_rows_of(r, group, q.shape[0]) for r in rings)
-        slot_time = time - jnp.remainder(time - jnp.arange(size), size)
-        visible = (slot_time[None, :] >= first[:, None])[:, None, :]
-        return _attend(q, keys, values, visible), {"k": rings[0], "v": rings[1]}
+        new = jnp.concatenate([k, v], axis=-1)[:, 0].astype(ring.dtype)  # (b, KV, 2D)
+        slot = jnp.remainder(time, size)
+        if table is None:  # one slot, the same in every row: an update at a scalar index
+            shape = (1,) * len(lead) + (new.shape[0], new.shape[1], 1, new.shape[2])
+            written = jax.lax.dynamic_update_slice(ring, new.reshape(shape), (*lead, 0, 0, slot, 0))
+        else:
+            page = ring.shape[-2]
+            ids = table[:, slot // page]
+            written = ring.at[(*lead, ids, slice(None), slot % page)].set(new)
+        written = _constrain(written)
+        out = decode_attention.attend(
+            q[:, 0], written, first, time, ring=size, group=group, table=table, implementation=implementation
+        )
+        return out[:, None], written
 
     return attend
 
@@ -178,6 +193,8 @@ def cached_forward(
     length: Optional[int] = None,
     last_only: bool = False,
     fresh: bool = False,
+    pages: Optional[dict] = None,
+    attention: str = "auto",
 ):
     """-> (float32 logits (B, T, padded vocab), updated cache). See the module doc. `time`: the time of
     tokens[:, 0] in every row (0 for a prefill); `first` (B,): each row's first real time (default 0:
@@ -185,16 +202,20 @@ def cached_forward(
     cache length). last_only: the logits of the call's last token only, (B, 1, padded vocab): a
     prefill needs no more, and the whole (B, T, vocab) block would be T times the memory. fresh: the
     cache is empty and the call is a prefill from time 0; otherwise it is one decoding step (T = 1), of
-    the cache's rows or of its first B rows."""
+    the cache's rows or of its first B rows. pages: a paged cache's tables (ring slots -> (B, S / page)
+    page ids; module doc), None for rings. attention: the decoding step's implementation
+    (olmax.rollout.decode_attention: auto, xla, pallas or interpret)."""
     b, t = tokens.shape
     if not fresh and t != 1:
         raise ValueError(f"a call on a filled cache is one decoding step of one token per row, got {t} tokens")
-    held = (*cache["group"], *cache["tail"])[0]["k"].shape[-4]
+    if fresh and pages is not None:
+        raise ValueError("a prefill fills rings of its own: a paged cache takes decoding steps only")
+    held = (*cache["group"], *cache["tail"])[0].shape[-4] if pages is None else max(x.shape[0] for x in pages.values())
     if b > held or (fresh and b != held):
         raise ValueError(f"{b} rows of tokens on a cache of {held} rows (a decoding step may take its first rows)")
     first = jnp.zeros((b,), jnp.int32) if first is None else first
-    rings = [c["k"].shape[-2] for c in (*cache["group"], *cache["tail"])]
-    length = max(max(rings), t) if length is None else length
+    cache_len = max(x.shape[-2] for x in (*cache["group"], *cache["tail"])) if pages is None else max(pages)
+    length = max(cache_len, t) if length is None else length
     # a padding token's position would be negative: 0 instead (it is never attended, its output unused)
     positions = jnp.maximum(time + jnp.arange(t)[None, :] - first[:, None], 0)
     # (plain, YaRN-scaled) tables at these positions; each layer picks its own (ModelConfig.layer_rope_scaled)
@@ -202,11 +223,13 @@ def cached_forward(
     x = params["embed"][tokens].astype(jnp.dtype(cfg.compute_dtype))
 
     def layer(x, i, p, ring, group):
-        """Layer i (its window and RoPE) with weights p on `ring` ({"k", "v"}; of `group` when grouped)."""
+        """Layer i (its window and RoPE) with weights p on its cache array `ring` (of `group` when grouped)."""
         if fresh:
-            attend = _prefill_attention(ring["k"], ring["v"], group, first, cfg.layer_window(i))
+            attend = _prefill_attention(ring, group, first, cfg.layer_window(i))
         else:
-            attend = _decode_attention(ring["k"], ring["v"], group, time, first)
+            size = slots(cfg, i, cache_len)
+            table = None if pages is None else pages[size][:b]
+            attend = _decode_attention(ring, group, time, first, size, table, attention)
         return block(cfg, p, x, *ropes[cfg.layer_rope_scaled(i)], attend)
 
     # Each layer's weights and ring are read where they are used, by a dynamic index into the stacked

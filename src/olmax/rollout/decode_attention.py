@@ -1,0 +1,290 @@
+"""A decoding step's attention that reads only the keys and values each row holds (olmax.rollout.cache).
+
+Every row of a decoding step at clock c sees the times lo .. c of its ring, lo = max(first, c - S + 1)
+(S the ring's slots: a window layer's ring holds only its window; a full layer's holds the row whole,
+c - first < S). The rest of the ring is either the future (a static rollout's rings are as long as
+its longest row), padding, or an earlier occupant's keys: reading it costs HBM bandwidth, which is
+what a decoding step is bound by. On a 190m at 64 slots of 2176 positions the whole rings were 5.5x
+the positions its rows held on average (docs/rollout-engine.md).
+
+The ring is read in blocks of `page` slots (`page_size`: the largest power of two up to PAGE that
+divides S). A row's live times fill the block holding slot c % S and, going back, the blocks before
+it, cyclically: `live_blocks` counts them. Each block is one of the cache's arrays' pages: in the
+ring layout (N = the rows, L = S) block j of row b is slots j*page .. (j+1)*page - 1 of row b; in
+the paged layout (N = pages, L = page: olmax.rollout.pages) it is the page the row's table names.
+Both are (entry, offset) = (p // (L / page), p % (L / page) * page) of a page id p, the ring layout's
+ids being b * (S / page) + j, so one kernel reads both.
+
+Two implementations, the same function:
+  pallas  a Pallas TPU kernel (`_kernel`): the rows' live blocks in one loop, each block one DMA of
+          all kv heads' (page, 2 * head_dim) rows from HBM, a few in flight while the previous is
+          computed (BUFFERS), an online softmax per row; the blocks to read come from the rows'
+          lengths and page tables by scalar prefetch (jax.experimental.pallas' PrefetchScalarGridSpec),
+          as MaxText 0.2.4's ragged attention and vLLM-TPU's ragged paged attention skip dead blocks.
+          Runs on any platform in Pallas' TPU interpret mode (`interpret`), which the tests use.
+  xla     the whole ring, masked (the reference, and the path of a CPU or GPU, where nothing reads
+          faster than the fused einsum): a paged cache is gathered into rings first.
+
+Keys and values of a head sit side by side in one row of 2 * head_dim lanes (cache.py), so a 64-wide
+head fills the TPU's 128 lanes instead of being padded to them. Where head_dim is not a multiple of
+128 the kernel multiplies the whole row by the query extended with zeros (the value half scores 0)
+and keeps the value half of the output: no lane is sliced inside the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec
+
+from olmax.model.attention import target_platform
+from olmax.model.sharding import logical_to_spec
+
+PAGE = 128  # most slots per block (a DMA of 12 heads' 128 lanes of bf16: 384 KiB)
+BUFFERS = 3  # blocks in VMEM: two in flight while the third is computed
+ROWS_PER_CALL = 64  # rows per grid step (their queries and outputs in VMEM)
+IMPLEMENTATIONS = ("auto", "xla", "pallas", "interpret")
+
+
+def page_size(ring: int) -> int:
+    """The block of a ring of `ring` slots: the largest power of two up to PAGE that divides it."""
+    return min(PAGE, ring & -ring)
+
+
+def live_blocks(first, clock, ring: int, page: int):
+    """(lo, count) per row: the oldest visible time max(first, clock - ring + 1) and how many blocks,
+    from the one holding slot clock % ring backwards, hold times lo .. clock."""
+    lo = jnp.maximum(first, clock - ring + 1)
+    start = clock - jnp.remainder(clock, page)  # the time of the current block's first slot
+    return lo, jnp.minimum(ring // page, 1 + (jnp.maximum(start - lo, 0) + page - 1) // page)
+
+
+def ring_table(rows: int, ring: int, page: int):
+    """The ring layout's page ids: block j of row b is id b * (ring / page) + j."""
+    blocks = ring // page
+    return jnp.arange(rows, dtype=jnp.int32)[:, None] * blocks + jnp.arange(blocks, dtype=jnp.int32)[None, :]
+
+
+def resolve(implementation: str, pool, page: int) -> str:
+    """`auto`: the kernel where it compiles to whole tiles on a TPU (a block of at least a packed
+    sublane tile's rows: 16 for bfloat16, 8 for float32), else xla."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"decode attention {implementation!r}: one of {', '.join(IMPLEMENTATIONS)}")
+    if implementation != "auto":
+        return implementation
+    tile = 32 // jnp.dtype(pool.dtype).itemsize
+    return "pallas" if target_platform() == "tpu" and page % tile == 0 else "xla"
+
+
+def attend(q, pool, first, clock, *, ring: int, group=None, table=None, implementation: str = "auto"):
+    """Attention of one decoding step. q (B, H, D): the step's queries (rotated); pool: one layer's
+    cache array, (N, KV, L, 2D) or (n_groups, N, KV, L, 2D) with `group` its layer's index, already
+    holding the step's key and value at slot clock % ring; first (B,): each row's first time; table:
+    None for the ring layout (N = B or more rows, L = ring), else (B, ring / L) page ids into a paged
+    pool (L = the page). Returns (B, H, D) in q's dtype."""
+    pool = pool if group is not None else pool[None]
+    group = jnp.int32(0) if group is None else group
+    page = pool.shape[-2] if table is not None else page_size(ring)
+    implementation = resolve(implementation, pool, page)
+    if implementation == "xla":
+        return _xla(q, pool, group, first, clock, ring, table)
+    lo, count = live_blocks(first, clock, ring, page)
+    interpret = pltpu.InterpretParams() if implementation == "interpret" else False
+    call = functools.partial(_pallas, ring=ring, page=page, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return call(q, pool, table, lo, count, clock, group)
+    if table is not None:
+        raise ValueError("a paged cache is for one device (olmax.rollout.pages); on a mesh every row has its ring")
+    # a Mosaic kernel is not partitioned by XLA: each device runs it on its rows and kv heads (and
+    # numbers its rings' blocks itself, `_pallas`)
+    batch, heads = logical_to_spec(("batch", "kv_heads"), (q.shape[0], pool.shape[2]), mesh)
+    rows, replicated = PartitionSpec(batch), PartitionSpec()
+    specs = (PartitionSpec(batch, heads), PartitionSpec(None, batch, heads), rows, rows, replicated, replicated)
+    return jax.shard_map(
+        lambda q, pool, lo, count, clock, group: call(q, pool, None, lo, count, clock, group),
+        mesh=mesh,
+        in_specs=specs,
+        out_specs=specs[0],
+        check_vma=False,
+    )(q, pool, lo, count, clock, group)
+
+
+def _xla(q, pool, group, first, clock, ring: int, table):
+    """The whole ring of every row, masked: times lo .. clock visible (module doc)."""
+    b, h, d = q.shape
+    arrays = jax.lax.dynamic_index_in_dim(pool, group, keepdims=False)
+    if table is None:
+        rings = arrays if arrays.shape[0] == b else jax.lax.slice_in_dim(arrays, 0, b, axis=0)
+    else:  # (B, blocks, KV, page, 2D) -> (B, KV, ring, 2D)
+        gathered = jnp.take(arrays, table, axis=0)
+        rings = gathered.transpose(0, 2, 1, 3, 4).reshape(b, arrays.shape[1], ring, 2 * d)
+    kv = rings.shape[1]
+    slot_time = clock - jnp.remainder(clock - jnp.arange(ring), ring)
+    lo = jnp.maximum(first, clock - ring + 1)
+    visible = slot_time[None, :] >= lo[:, None]
+    scores = jnp.einsum(
+        "bkgd,bksd->bkgs", q.reshape(b, kv, h // kv, d), rings[..., :d], preferred_element_type=jnp.float32
+    ) * (d**-0.5)
+    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(rings.dtype)
+    return jnp.einsum("bkgs,bksd->bkgd", probs, rings[..., d:]).reshape(b, h, d).astype(q.dtype)
+
+
+def _pallas(q, pool, table, lo, count, clock, group, *, ring: int, page: int, interpret):
+    """The kernel over rows in grid steps of at most ROWS_PER_CALL (their queries and outputs in VMEM);
+    table None: the ring layout's ids, numbered here (on a mesh: this device's rows)."""
+    b, h, d = q.shape
+    kv, width = pool.shape[2], pool.shape[-1]
+    table = ring_table(b, ring, page) if table is None else table
+    split = d % 128 != 0  # the value half is kept from whole rows (module doc)
+    dtype, q = q.dtype, q.astype(pool.dtype)
+    if split:
+        q = jnp.concatenate([q, jnp.zeros_like(q)], axis=-1)
+    tile = min(b, ROWS_PER_CALL)
+    while b % tile:
+        tile -= 1
+    steps = b // tile
+    totals = jnp.sum(count.reshape(steps, tile), axis=1).astype(jnp.int32)
+    meta = jnp.stack([jnp.asarray(clock, jnp.int32), jnp.asarray(group, jnp.int32)])
+    out_width = width if split else d
+    kernel = functools.partial(
+        _kernel, ring=ring, page=page, per_entry=pool.shape[-2] // page, group_size=h // kv, head_dim=d, split=split
+    )
+    out = pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=5,
+            grid=(steps,),
+            in_specs=[
+                pl.BlockSpec((tile, h, q.shape[-1]), lambda i, *_: (i, 0, 0)),
+                pl.BlockSpec(memory_space=pl.ANY),
+            ],
+            out_specs=pl.BlockSpec((tile, h, out_width), lambda i, *_: (i, 0, 0)),
+            scratch_shapes=[
+                pltpu.MemorySpace.VMEM((BUFFERS, kv, page, width), pool.dtype),
+                pltpu.SemaphoreType.DMA((BUFFERS,)),
+            ],
+        ),
+        out_shape=jax.ShapeDtypeStruct((b, h, out_width), jnp.float32),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=interpret,
+    )(meta, totals, lo.astype(jnp.int32), count.astype(jnp.int32), table.astype(jnp.int32), q, pool)
+    return (out[..., d:] if split else out).astype(dtype)
+
+
+def _kernel(
+    meta_ref,  # SMEM (2,): clock, the layer's index in its group
+    totals_ref,  # SMEM (grid steps,): blocks to read in each step's rows
+    lo_ref,  # SMEM (B,): each row's oldest visible time
+    count_ref,  # SMEM (B,): each row's blocks, from the current one back
+    table_ref,  # SMEM (B, ring / page): page ids
+    q_ref,  # VMEM (tile, H, W): this step's rows' queries, W = 2D (zero value half) or D
+    pool_ref,  # HBM (n_groups, N, KV, L, 2D)
+    o_ref,  # VMEM (tile, H, W) float32
+    buf,  # VMEM (BUFFERS, KV, page, 2D)
+    sem,  # DMA semaphores (BUFFERS,)
+    *,
+    ring: int,
+    page: int,
+    per_entry: int,
+    group_size: int,
+    head_dim: int,
+    split: bool,
+):
+    """One grid step: its rows' live blocks in order (row by row, each row's from the current block
+    back), BUFFERS - 1 DMAs ahead of the block computed, with an online softmax per row."""
+    clock, group = meta_ref[0], meta_ref[1]
+    tile, heads, _ = q_ref.shape
+    kv_heads = heads // group_size
+    base = pl.program_id(0) * tile
+    total = totals_ref[pl.program_id(0)]
+    blocks = ring // page
+    current = jax.lax.div(jax.lax.rem(clock, ring), page)
+    neg = jnp.finfo(jnp.float32).min
+
+    def ring_block(k):  # row's k-th block back from the current one
+        return jax.lax.rem(current - k + blocks, blocks)
+
+    def copy(r, k, slot):  # the DMA of local row r's k-th block into buffer `slot`
+        p = table_ref[base + r, ring_block(k)]
+        src = pool_ref.at[group, jax.lax.div(p, per_entry), :, pl.ds(jax.lax.rem(p, per_entry) * page, page), :]
+        return pltpu.make_async_copy(src, buf.at[slot], sem.at[slot])
+
+    def advance(r, k):  # the block after (r, k): the row's next, or the next row's first
+        last = k + 1 >= count_ref[base + jnp.minimum(r, tile - 1)]
+        return jnp.where(last, r + 1, r), jnp.where(last, 0, k + 1)
+
+    ahead = (jnp.int32(0), jnp.int32(0))
+    for d in range(BUFFERS - 1):
+
+        @pl.when(d < total)
+        def _(d=d, at=ahead):
+            copy(*at, d).start()
+
+        ahead = advance(*ahead)
+
+    def body(i, carry):
+        ahead, (r, k), m, total_p, acc = carry
+        slot = jax.lax.rem(i, BUFFERS)
+        copy(r, k, slot).wait()
+        nxt = i + BUFFERS - 1
+
+        @pl.when(nxt < total)
+        def _():
+            copy(*ahead, jax.lax.rem(nxt, BUFFERS)).start()
+
+        ahead = tuple(jnp.where(nxt < total, a, b) for a, b in zip(advance(*ahead), ahead))
+        rows = buf[slot]  # (KV, page, 2D)
+        q = q_ref[r]  # (H, W)
+        fresh = k == 0
+        m = jnp.where(fresh, neg, m)
+        total_p = jnp.where(fresh, 0.0, total_p)
+        acc = jnp.where(fresh, 0.0, acc)
+        keys = rows if split else rows[..., :head_dim]
+        values = rows if split else rows[..., head_dim:]
+        per_head = lambda x, h: x[h * group_size : (h + 1) * group_size]
+        contract_last = (((1,), (1,)), ((), ()))
+        scores = jnp.concatenate(
+            [
+                jax.lax.dot_general(per_head(q, h), keys[h], contract_last, preferred_element_type=jnp.float32)
+                for h in range(kv_heads)
+            ],
+            axis=0,
+        ) * (head_dim**-0.5)  # (H, page)
+        position = ring_block(k) * page + jax.lax.broadcasted_iota(jnp.int32, (1, page), 1)
+        visible = clock - jax.lax.rem(clock - position + ring, ring) >= lo_ref[base + r]
+        scores = jnp.where(visible, scores, neg)
+        m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))
+        probs = jnp.where(visible, jnp.exp(scores - m_new), 0.0)
+        scale = jnp.exp(m - m_new)
+        total_p = scale * total_p + jnp.sum(probs, axis=-1, keepdims=True)
+        probs = probs.astype(rows.dtype)
+        mixed = jnp.concatenate(
+            [
+                jnp.dot(per_head(probs, h), values[h], preferred_element_type=jnp.float32)
+                for h in range(kv_heads)
+            ],
+            axis=0,
+        )
+        acc = scale * acc + mixed
+
+        @pl.when(k + 1 >= count_ref[base + r])
+        def _():
+            o_ref[r] = acc / total_p
+
+        return ahead, advance(r, k), m_new, total_p, acc
+
+    width = o_ref.shape[-1]
+    start = (
+        ahead,
+        (jnp.int32(0), jnp.int32(0)),
+        jnp.full((heads, 1), neg, jnp.float32),
+        jnp.zeros((heads, 1), jnp.float32),
+        jnp.zeros((heads, width), jnp.float32),
+    )
+    jax.lax.fori_loop(0, total, body, start)
