@@ -141,7 +141,7 @@ def test_a_mix_file_with_a_base_is_read_by_eval_loss_and_data_order(setup):
         "299",
         "--pad-id",
         "298",
-        "--global-batch-instances",
+        "--global-batch",
         "8",
         "--work-dir",
         setup["cache"],
@@ -191,7 +191,7 @@ def test_a_shorthand_flag_and_its_override_resolve_alike(setup):
         "32",
         "--seed",
         "7",
-        "--global-batch-instances",
+        "--global-batch",
         "4",
         tmp / "flags.json",
     )

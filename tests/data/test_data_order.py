@@ -193,7 +193,7 @@ def test_cli_order_steps_outside_the_epoch_are_named(tmp_path):
 
     def order(batch: int, steps: str):
         args = ["data", "order", "--paths", str(tmp_path / "part-000.npy"), "--seq-len", "16", "--seed", "34521"]
-        return CliRunner().invoke(app, args + tok + ["--global-batch-instances", str(batch), "--steps", steps])
+        return CliRunner().invoke(app, args + tok + ["--global-batch", str(batch), "--steps", steps])
 
     for steps in ("1:3", "0:2", "5000:5002"):
         result = order(512, steps)
@@ -214,6 +214,10 @@ def test_cli_order_steps_outside_the_epoch_are_named(tmp_path):
     assert result.exit_code == 2 and "steps 3:3 is empty" in result.output
     result = order(8, "21:22")  # the last step exists
     assert result.exit_code == 0 and "step 21 (batch 20) rank 0" in result.output, result.output
+    # the flag's old name said instances, where a DPO batch counts pairs: refused, naming the new one
+    args = ["data", "order", "--paths", str(tmp_path / "part-000.npy"), "--global-batch-instances", "8"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--global-batch-instances is now --global-batch" in result.output
 
 
 @pytest.mark.parametrize("packing", ["none", "obfd"])
@@ -236,13 +240,13 @@ def test_cli_order_with_tokens_on_lm_data_has_no_label_mask(tmp_path, packing):
     out = tmp_path / "order.json"
     args = ["data", "order", *[a for p in paths for a in ("--paths", p)], "--seq-len", "64", "--seed", "3"]
     args += ["--vocab-size", "5000", "--eos-id", "4999", "--pad-id", "0", "--work-dir", str(tmp_path / "cache")]
-    args += ["--global-batch-instances", "4", "--dp-size", "2", "--steps", "1:3", "--with-tokens", "--json", str(out)]
+    args += ["--global-batch", "4", "--dp-size", "2", "--steps", "1:3", "--with-tokens", "--json", str(out)]
     args += [f"data.packing={packing}", "data.doc_masking=true"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "label_mask" not in out.read_text() and "label_mask" not in result.output
     report = json.loads(out.read_text())
-    common = ["batches_per_epoch", "dp_size", "epoch", "files", "fingerprint", "global_batch_instances"]
+    common = ["batches_per_epoch", "dp_size", "epoch", "files", "fingerprint", "global_batch"]
     assert sorted(report) == common + ["instances", "packing", "seed", "seq_len", "steps"]
     where = ["bin", "documents", "group", "padding"] if packing == "obfd" else ["file", "offset"]
     if packing == "obfd":

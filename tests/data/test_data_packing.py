@@ -367,7 +367,7 @@ def test_data_order_with_tokens(tmp_path):
     out = tmp_path / "order.json"
     args = ["data", "order", *[a for p in paths for a in ("--paths", p)], "--seq-len", str(SEQ)]
     args += ["--vocab-size", "5000", "--eos-id", "4999", "--pad-id", "0", "--work-dir", str(tmp_path / "w")]
-    args += ["--global-batch-instances", "4", "--dp-size", "2", "--with-tokens", "--json", str(out)]
+    args += ["--global-batch", "4", "--dp-size", "2", "--with-tokens", "--json", str(out)]
     args += ["data.packing=obfd", "data.doc_masking=true"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

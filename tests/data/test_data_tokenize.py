@@ -195,7 +195,7 @@ def test_cli_tokenize_then_order(tmp_path):
             "16",
             "--seed",
             "3",
-            "--global-batch-instances",
+            "--global-batch",
             "8",
             "--dp-size",
             "2",

@@ -116,7 +116,7 @@ def test_batch_and_order_carry_the_label_mask(sft_dir, tmp_path):
 
     out = tmp_path / "order.json"
     args = ["data", "order", "--paths", str(sft_dir), "--seq-len", str(SEQ), "--work-dir", str(tmp_path / "w")]
-    args += ["--global-batch-instances", "4", "--dp-size", "2", "--with-tokens", "--json", str(out)]
+    args += ["--global-batch", "4", "--dp-size", "2", "--with-tokens", "--json", str(out)]
     args += ["data.packing=obfd", "data.doc_masking=true", "data.label_masks=true"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -283,7 +283,7 @@ def test_olmo_core_reads_the_command_output_as_data_order(tmp_path, use_array_if
     n = len(ds)
     order = tmp_path / "order.json"
     args = ["data", "order", "--paths", str(out), "--seq-len", str(SEQ), "--work-dir", str(tmp_path / "ox")]
-    args += ["--global-batch-instances", str(n), "--with-tokens", "--json", str(order)]
+    args += ["--global-batch", str(n), "--with-tokens", "--json", str(order)]
     args += ["data.packing=obfd", "data.doc_masking=true", "data.label_masks=true"]
     if use_array_if_local is not None:
         args.append(f"data.use_array_if_local={str(use_array_if_local).lower()}")
@@ -358,7 +358,7 @@ def test_data_order_instances_with_label_masks_are_olmo_core_items(sft_dir, tmp_
     report, printed = order_json(
         tmp_path,
         sft_dir,
-        *("--seed", str(seed), "--global-batch-instances", str(global_batch), "--dp-size", str(dp_size)),
+        *("--seed", str(seed), "--global-batch", str(global_batch), "--dp-size", str(dp_size)),
         *("--steps", f"1:{batches + 1}", "data.source_group_size=2", "data.source_permutation_seed=123"),
     )
     want = (ds.fingerprint, len(ds), batches)

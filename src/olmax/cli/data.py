@@ -96,7 +96,9 @@ app.add_typer(data_app, name="data")
 # Shorthand flags of the data commands: each sets one config field (docs/config.md, "Resolution"), so
 # `--seq-len 2048` is `data.seq_len=2048`; left out, the field keeps the recipe's or config's value.
 PathsOpt = typer.Option(
-    None, "--paths", help="data.paths: shards, globs, tokenize output dirs, mix files or demo (repeat the flag)"
+    None,
+    "--paths",
+    help="data.paths: shards, globs, tokenize output dirs, mix files, jsonl text or demo (repeat the flag)",
 )
 
 
@@ -141,7 +143,12 @@ def data_order_cmd(
     seq_len: Optional[int] = SeqLenOpt,
     seed: Optional[int] = typer.Option(None, "--seed", help="data.seed"),
     global_batch: Optional[int] = typer.Option(
-        None, "--global-batch-instances", help="trainer.global_batch: instances per global batch"
+        None,
+        "--global-batch",
+        help="trainer.global_batch: items per global batch (token instances; pairs with trainer.objective=dpo)",
+    ),
+    renamed_global_batch: Optional[int] = typer.Option(
+        None, "--global-batch-instances", hidden=True, help="refused: now --global-batch"
     ),
     epoch: int = typer.Option(1, "--epoch", help="epochs count from 1"),
     dp_size: int = typer.Option(1, "--dp-size", help="data-parallel ranks the global batch is split over"),
@@ -172,6 +179,11 @@ def data_order_cmd(
     from olmax.data.loader import order_report
     from olmax.data.pairs import pair_order_report
 
+    if renamed_global_batch is not None:  # its old name, which said instances where a DPO batch counts pairs
+        raise typer.BadParameter(
+            "--global-batch-instances is now --global-batch (trainer.global_batch, which counts items: token "
+            "instances, or pairs with trainer.objective=dpo)"
+        )
     try:
         a, b = (int(x) for x in steps.split(":"))
     except ValueError:

@@ -5,10 +5,14 @@ submitted) both take it from here, so they cannot disagree."""
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Mapping, NamedTuple
 
 from olmax.config.experiment import ExperimentConfig, check_context
 from olmax.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class BatchLayout(NamedTuple):
@@ -33,10 +37,22 @@ def split_batch(cfg: ExperimentConfig, shape: Mapping[str, int]) -> BatchLayout:
             f"({shape['data']} x {shape['fsdp']} = {shards})"
         )
     per_device = gb // shards
-    micro = min(cfg.trainer.micro_batch_size or per_device, per_device)  # at most the per-device batch
+    asked = cfg.trainer.micro_batch_size
+    if asked is not None and asked > per_device:  # a recipe's micro-batch on more devices than it was set for
+        _warn_clamped(asked, per_device, gb, shards)
+    micro = min(asked or per_device, per_device)
     if per_device % micro:
         raise ConfigError(
             f"trainer.micro_batch_size={micro} does not divide the per-device batch of "
             f"{per_device} (trainer.global_batch={gb} over {shards} batch shards)"
         )
     return BatchLayout(shards, per_device, micro, per_device // micro)
+
+
+@functools.cache  # once a process: the layout is asked for by the fit, the trainer and the reference pass
+def _warn_clamped(asked: int, per_device: int, global_batch: int, shards: int) -> None:
+    log.warning(
+        "trainer.micro_batch_size=%d is more than the per-device batch of %d items (trainer.global_batch=%d "
+        "over %d batch shards): each device runs its %d at once, with no accumulation",
+        *(asked, per_device, global_batch, shards, per_device),
+    )

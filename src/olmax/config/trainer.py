@@ -17,10 +17,14 @@ class TrainerConfig:
     """The training loop (olmax.trainer.run, olmax.step.train_step)."""
 
     global_batch: int = 512
-    """Instances per optimizer step, over all devices; part of the recipe (it enters the data order)."""
+    """Items per optimizer step, over all devices; part of the recipe (it enters the data order). An item
+    is one unit of the objective's data: a token instance of data.seq_len (lm), a preference pair, two
+    rows (dpo), a packed rollout row (grpo); a step trains on global_batch x rows per item sequences
+    (docs/config.md, "Items and rows")."""
     micro_batch_size: Optional[int] = None
-    """Instances per batch shard (data x fsdp device) in one forward/backward, at most the per-device batch;
-    None = the whole per-device batch at once. Gradient accumulation steps = per-device batch / micro_batch_size."""
+    """Items per batch shard (data x fsdp device) in one forward/backward; None = the whole per-device
+    batch at once. More than the per-device batch runs the per-device batch, with a warning naming both.
+    Gradient accumulation steps = per-device batch / micro_batch_size."""
     loss_chunk: int = 0
     """Sequence positions per chunk of the output layer + cross-entropy, so the full fp32 logits are never
     materialised (recomputed in the backward pass); 0 = one chunk. Must divide data.seq_len."""
@@ -35,10 +39,9 @@ class TrainerConfig:
     """Seed of the parameter initialisation (the data order has its own, data.seed)."""
     objective: str = DEFAULT
     """What the step minimises: "lm" (next-token cross-entropy over data.paths), "dpo" (direct
-    preference optimisation over `olmax tokenize --chat` preference pairs, the `dpo` section; then
-    global_batch and micro_batch_size count pairs, two sequences each), "grpo" (OlmoRL's policy
-    loss over packed rollout rows, the `grpo` section; global_batch counts packed rows per optimizer
-    step) or an objective installed as an `olmax.objectives` entry point (docs/extending.md)."""
+    preference optimisation over `olmax tokenize --chat` preference pairs, the `dpo` section; its items
+    are pairs), "grpo" (OlmoRL's policy loss over packed rollout rows, the `grpo` section; its items
+    are packed rows) or an objective installed as an `olmax.objectives` entry point (docs/extending.md)."""
     loss_normalisation: str = "global"
     """What the LM loss divides by (trainer.objective=lm): "global", the loss tokens of the whole
     global batch (the same step on any mesh or micro-batching); "per_rank", OLMo-core's: the global

@@ -461,7 +461,7 @@ def order_report(
         "batches_per_epoch": total,
         "seed": data_cfg.seed,
         "epoch": epoch,
-        "global_batch_instances": global_batch,
+        "global_batch": global_batch,
         "seq_len": data_cfg.seq_len,
         "packing": data_cfg.packing,
         "dp_size": dp_size,

@@ -13,7 +13,8 @@ TensorCore ("v4:2x2x1": 8 devices of one core each), where a v4 VM runs one mega
 (4 devices of two cores: JAX's ChipVersion table, "v4: megacore support"; a v4-32 VM lists one device
 per chip coordinate), so v4's entry asks libtpu for its "megacore" chip config (libtpu_chip_config).
 olmax.fit.compiler.topology_devices refuses a description whose devices differ from the entry's (kind,
-devices per chip), naming both, and tests/fit/test_chips.py compares them for every chip.
+devices per chip), naming both, and tests/fit/test_chips.py compares them for every chip. On a v5e VM
+the runtime's device was libtpu's for v5e:1x1 ("TPU v5 lite", coordinates (0, 0, 0), core 0 of one).
 
 Flag profiles. The launcher passes a TPU chip's profile to every worker as LIBTPU_INIT_ARGS
 (olmax.launch.xpk) and `olmax compile-check --topology` compiles with the same flags (as compiler
