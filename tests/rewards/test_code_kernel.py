@@ -198,7 +198,7 @@ def test_a_root_callers_sandbox_has_a_uid_of_its_own():
         return found
 
     seen: set = set()
-    run = lambda: code.run_tests(MARKED.replace("NAME", repr(mark)), ["assert True"], memory_mb=64)  # noqa: E731
+    run = lambda: code.run_tests(MARKED.replace("NAME", repr(mark)), ["assert held >= 0"], memory_mb=64)  # noqa: E731
     outcome, _ = _during(run, lambda: seen.update(uids()) or 0)
     assert outcome == ["pass"] and len(seen) == 1, seen
     (uid,) = seen

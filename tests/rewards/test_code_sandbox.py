@@ -27,7 +27,7 @@ import tracemalloc
 
 import pytest
 
-from olmax.rewards import code
+from olmax.rewards import code, code_records
 from olmax.rewards import verifiers as rewards
 
 sandboxed = pytest.mark.usefixtures("code_sandbox")  # skips, naming the probe's finding, where there is none
@@ -40,6 +40,9 @@ READ = "def read(path):\n    return open(path).read()\n"
 
 
 def _outcome(program: str, test: str, isolation: str, seconds: float = 2.0, memory_mb: int = code.MEMORY_MB) -> str:
+    # `loaded`: a name of the program's for a test that checks only that the program loaded (a test that
+    # names nothing of the program's is refused)
+    program += "\nloaded = True"
     return code.run_tests(program, [test], seconds=seconds, memory_mb=memory_mb, isolation=isolation)[0]
 
 
@@ -95,13 +98,13 @@ def test_files_of_the_caller_are_not_visible(tmp_path):
 def test_writes_stay_in_the_scratch(tmp_path):
     outside = tmp_path / "written.txt"
     write = f"open({str(outside)!r}, 'w').write('x')"
-    assert _outcome(write, "assert True", "none") == "pass" and outside.exists()
+    assert _outcome(write, "assert loaded", "none") == "pass" and outside.exists()
     outside.unlink()
-    assert _outcome(write, "assert True", "namespaces") == "fail" and not outside.exists()
+    assert _outcome(write, "assert loaded", "namespaces") == "fail" and not outside.exists()
     # Python's own files are read-only, even to a program that makes the file writable first
     into_prefix = os.path.join(sys.prefix, "olmax-sandbox-probe.txt")
     try:
-        assert _outcome(f"open({into_prefix!r}, 'w').write('x')", "assert True", "namespaces") == "fail"
+        assert _outcome(f"open({into_prefix!r}, 'w').write('x')", "assert loaded", "namespaces") == "fail"
         assert not os.path.exists(into_prefix)
     finally:
         if os.path.exists(into_prefix):
@@ -148,11 +151,11 @@ def test_other_processes_cannot_be_signalled():
     kill = "{os}.kill({pid}, 9)"
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        assert _outcome(kill.format(os=OS, pid=sleeper.pid), "assert True", "none") == "pass"
+        assert _outcome(kill.format(os=OS, pid=sleeper.pid), "assert loaded", "none") == "pass"
         assert sleeper.wait(timeout=2) == -signal.SIGKILL  # killed from the program without the sandbox
         sleeper = subprocess.Popen(["sleep", "30"])
         # with it the pid is not in the program's PID namespace: the kill raises, and the sleeper lives
-        assert _outcome(kill.format(os=OS, pid=sleeper.pid), "assert True", "namespaces") == "fail"
+        assert _outcome(kill.format(os=OS, pid=sleeper.pid), "assert loaded", "namespaces") == "fail"
         with pytest.raises(subprocess.TimeoutExpired):
             sleeper.wait(timeout=0.1)
     finally:
@@ -180,12 +183,12 @@ def test_no_process_outlives_the_call(tmp_path):
     mark = f"olmaxd{os.getpid() % 100000}"
     left = tmp_path / "left.txt"
     try:
-        _outcome(_daemon(mark, left, 5.0), "assert True", "none")  # killed below
+        _outcome(_daemon(mark, left, 5.0), "assert loaded", "none")  # killed below
         assert _count_marked(mark, 1) == 1  # without the sandbox the daemon is still there
     finally:
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)
-    _outcome(_daemon(mark, left, 0.5), "assert True", "namespaces")
+    _outcome(_daemon(mark, left, 0.5), "assert loaded", "namespaces")
     assert _marked(mark) == []  # gone when the call returned, not later
     time.sleep(0.8)  # past the daemon's 0.5 s: had it lived, it would show, and so might its file
     assert _marked(mark) == [] and not left.exists()
@@ -389,15 +392,21 @@ def test_memory_outside_the_address_space_is_bounded(attack):
     assert _outcome(program, "assert held >= GOAL", "namespaces", seconds=10.0, memory_mb=64) == "fail"
 
 
-# (program, test, stdio, outcome): the report descriptor (3) overflows; stdout and stderr are discarded
+# (program, test, stdio, outcome): the program's descriptors other than 0, 1 and 2 are its own channel to the
+# tests' process, whatever their numbers: flooding one fails its own test and reaches nothing else;
+# stdout and stderr are discarded (a stdio test's stdout is a file its test reads up to a bound)
 FLOODS = {
-    "report_newlines": ("os.write(3, b'\\n' * (64 << 20))", "pass", False, "overflow"),
-    "report_bytes": ("os.write(3, b'x' * (64 << 20))", "pass", False, "overflow"),
-    "report_lines": ("os.write(3, b'0' * 32 + b' 0 pass\\n' * (1 << 21))", "pass", False, "overflow"),
-    "report_from_the_test": ("def flood():\n    os.write(3, b'\\n' * (64 << 20))", "flood()", False, "overflow"),
-    "report_forever": ("while True:\n    os.write(3, b'x' * 65536)", "pass", False, "overflow"),
-    "stdout": ("os.write(1, b'\\n' * 2**26)\nfor _ in range(64): print('x' * 2**20)", "pass", False, "pass"),
-    "stderr": ("os.write(2, b'\\n' * 2**26)\nfor _ in range(64): sys.stderr.write('x' * 2**20)", "pass", False, "pass"),
+    "descriptor_newlines": ("os.write(3, b'\\n' * (64 << 20))", "assert loaded", False, "fail"),
+    "descriptor_bytes": ("os.write(4, b'x' * (64 << 20))", "assert loaded", False, "fail"),
+    "descriptor_records": ("for fd in range(3, 16):\n    try:\n        os.write(fd, b'p 0 0\\n' * (1 << 16))\n"
+                           "    except OSError:\n        pass", "assert loaded", False, "fail"),
+    "from_the_test": ("def flood():\n    for fd in range(3, 16):\n        try:\n"
+                      "            os.write(fd, b'\\n' * (8 << 20))\n        except OSError:\n            pass",
+                      "assert flood() is None", False, "fail"),
+    "forever": ("def flood():\n    while True:\n        os.write(4, b'x' * 65536)", "flood()", False, "fail"),
+    "stdout": ("os.write(1, b'\\n' * 2**26)\nfor _ in range(64): print('x' * 2**20)", "assert loaded", False, "pass"),
+    "stderr": ("os.write(2, b'\\n' * 2**26)\nfor _ in range(64): sys.stderr.write('x' * 2**20)", "assert loaded", False,
+               "pass"),
     "stdio_output": ("print('\\n' * (64 << 20))", {"input": "", "output": "1"}, True, "fail"),
 }  # fmt: skip
 
@@ -408,20 +417,37 @@ def test_output_floods_cost_the_caller_a_fixed_amount(flood):
     program, test, stdio, want = FLOODS[flood]
     tracemalloc.start()
     try:
-        got = code.run_tests(PRELUDE + program, [test], stdio=stdio, seconds=5.0, isolation="namespaces")
+        got = code.run_tests(PRELUDE + program + "\nloaded = True", [test], stdio=stdio, seconds=5.0,
+                             isolation="namespaces")  # fmt: skip
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert got == [want] and peak < 1 << 20, (got, peak)  # the verifier reads a few KiB at most
+    assert got == [want] and peak < 1 << 20, (got, peak)  # the verifier reads a few hundred bytes a test
 
 
 @sandboxed
-def test_an_overflow_scores_zero_and_says_why():
-    flood, tests = f"```python\n{OS}.write(3, bytes(1 << 20))\ndef add(a, b):\n    return a + b\n```", ["add(1, 2)"]
-    with pytest.raises(code.VerifierOverflow, match="more than"):
-        code.verify(flood, tests, isolation="namespaces")
-    assert rewards.call("code", flood, tests, {"isolation": "namespaces"}) == (0.0, rewards.ERROR)
-    assert code.verify(HONEST, tests * 50, isolation="namespaces") == 1.0  # 50 reports fit
+def test_the_report_is_out_of_the_programs_reach(monkeypatch):
+    """The runner alone holds the descriptor the verifier reads: the program's process holds 0, 1, 2 and
+    its channel, and records it writes anywhere earn nothing. A stream that is not records (which only a
+    broken runner could write) is an overflow: every test fails, and the call says why."""
+    forge = ("for fd in range(3, 64):\n    try:\n        os.write(fd, b''.join(b'p %d 0\\n' % i for i in range(50)))\n"
+             "    except OSError:\n        pass\ndef add(a, b):\n    return 0\n")  # fmt: skip
+    tests = ["assert add(1, 2) == 3"] * 3
+    assert code.run_tests(PRELUDE + forge, tests, isolation="namespaces") == ["fail"] * 3
+    listing = PRELUDE + "fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))"  # (and listdir's own)
+    assert code.run_tests(listing, ["assert len(fds) == 6 and fds[:3] == [0, 1, 2], fds"]) == ["pass"]
+    assert code.verify(HONEST, tests * 17, isolation="namespaces") == 1.0  # 51 records fit
+    seen = []
+    records = code_records.Records(2, lambda *record: seen.append(record))
+    records.feed(b"p 0 0\np 1 4\nwhy?")
+    assert seen == [("p", 0, b""), ("p", 1, b"why?")] and not records.bad
+    for junk in (b"p 0 0\n", b"x 1 0\n", b"p 1 600\n", b"pass\n" * 20):  # a second record, a kind, a length, a line
+        records.feed(junk)
+        assert records.bad
+        records.bad = ""
+    monkeypatch.setattr(code, "run_tests", lambda *args, **kwargs: ["overflow"] * 3)
+    with pytest.raises(code.VerifierOverflow, match="not records"):
+        code.verify(HONEST, tests)
 
 
 # keyrings(7): a key in the caller's session keyring (-3) is not the program's to read, list, change or add to

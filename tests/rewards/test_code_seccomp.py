@@ -30,15 +30,40 @@ def _outcome(program: str, test: str) -> str:
     return code.run_tests(program, [test], seconds=2.0, memory_mb=code.MEMORY_MB, isolation="namespaces")[0]
 
 
+# a memory window (code_seccomp.Window) as code_runner.memory_window makes one: 1 GiB of room below libraries
+WINDOW = sc.Window(0x7F0000000000, 0x7F0080000000, 1 << 30)
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "x86_64"])
+def test_the_memory_window_bounds_where_mappings_go(machine):
+    """mmap with an address, munmap and mremap's addresses inside the window only, and no more than its
+    length at once; mmap without an address anywhere (the kernel places it below what the process holds)."""
+    program, nr = sc.program(machine, WINDOW), sc.NUMBERS[machine]
+    decide = functools.partial(sc.decide, program, sc.AUDIT_ARCH[machine])
+    eperm, inside, page = sc.RET_ERRNO | sc.EPERM, WINDOW.low + (123 << 12), 4096
+    for addr in (0, WINDOW.low, inside, WINDOW.high - page):
+        assert decide(nr["mmap"], addr, page, 3, 0x22) == sc.RET_ALLOW, hex(addr)
+    for addr in (1 << 16, WINDOW.low - page, WINDOW.high, 1 << 40, (1 << 47) - page, WINDOW.low + (1 << 32)):
+        assert decide(nr["mmap"], addr, page, 3, 0x32) == decide(nr["munmap"], addr, page) == eperm, hex(addr)
+        assert decide(nr["mremap"], addr, page, 2 * page, 1) == eperm, hex(addr)
+    for length in (WINDOW.length + 1, 1 << 32, (1 << 32) + page):
+        assert decide(nr["munmap"], inside, length) == decide(nr["mmap"], inside, length, 3, 0x32) == eperm
+    assert decide(nr["munmap"], inside, WINDOW.length) == decide(nr["munmap"], WINDOW.low, page) == sc.RET_ALLOW
+    assert decide(nr["mremap"], inside, page, 2 * page, 1) == sc.RET_ALLOW  # MREMAP_MAYMOVE: the kernel chooses
+    assert decide(nr["mremap"], inside, page, 2 * page, 3, inside + (1 << 20)) == sc.RET_ALLOW  # MREMAP_FIXED
+    assert decide(nr["mremap"], inside, page, 2 * page, 3, 1 << 40) == eperm
+    assert decide(nr["remap_file_pages"], inside, page) == eperm
+
+
 @pytest.mark.parametrize("machine", ["aarch64", "x86_64"])
 def test_the_filter_judges_each_call(machine):  # olmax.rewards.code_seccomp, through its BPF interpreter
-    program, nr, arch = sc.program(machine), sc.NUMBERS[machine], sc.AUDIT_ARCH[machine]
+    program, nr, arch = sc.program(machine, WINDOW), sc.NUMBERS[machine], sc.AUDIT_ARCH[machine]
     decide = functools.partial(sc.decide, program, arch)
     eperm, enosys = (sc.RET_ERRNO | e for e in (sc.EPERM, sc.ENOSYS))
     # another architecture's calls, and 32-bit ones (AUDIT_ARCH_I386, AUDIT_ARCH_ARM), kill the process
     for other in (0x40000003, 0x40000028, *(a for m, a in sc.AUDIT_ARCH.items() if m != machine)):
         assert sc.decide(program, other, nr["socket"], 2, 1, 0) == sc.RET_KILL_PROCESS
-    denied, special = set(sc.denied_names(machine)), {nr[n] for n in ("clone", "fcntl")}
+    denied, special = set(sc.denied_names(machine)), {nr[n] for n in ("clone", "fcntl", "mmap", "munmap", "mremap")}
     assert set("memfd_create shmget msgget keyctl add_key request_key unshare io_uring_setup".split()) <= denied
     assert set("socket socketpair io_setup io_submit io_pgetevents epoll_create1 epoll_ctl".split()) <= denied
     by_number = {number: name for name, number in nr.items()}
@@ -53,8 +78,9 @@ def test_the_filter_judges_each_call(machine):  # olmax.rewards.code_seccomp, th
         assert decide(nr["clone"], flag | 0x11) == eperm
     assert all(decide(nr["fcntl"], 3, cmd, 1 << 20) == eperm for cmd in (1031, 6, 7, 37, 38))  # F_SETPIPE_SZ, locks
     assert all(decide(nr["fcntl"], 3, cmd) == sc.RET_ALLOW for cmd in (0, 1, 2, 3, 4, 5, 36, 1032))
+    assert "remap_file_pages" in denied
     with pytest.raises(sc.Unsupported, match="no system call filter for riscv64"):
-        sc.program("riscv64")
+        sc.program("riscv64", WINDOW)
     # the kernel's own numbering where its headers are installed (x86_64's table; the generic one is arm64's)
     header = f"/usr/include/{'x86_64-linux-gnu/asm/unistd_64.h' if machine == 'x86_64' else 'asm-generic/unistd.h'}"
     if not os.path.exists(header):

@@ -1,13 +1,13 @@
-"""The code verifier's verdicts are out of the program's reach (olmax.rewards.code_tests, code_values).
+"""The code verifier's verdicts are out of the program's reach (olmax.rewards.code_harness, code_program).
 
 Each attack is a program that does not solve its task (`add(a, b)`, or echoing a number for stdio) and tries
 to score anyway, through the call the RL loop makes (`verifiers.call`, default isolation): by ending its
 test's process with exit status 0, by stopping the tests from running, by changing how the runner reads an
 exit status, by reading the report channel or the expected answers out of the runner, by returning a value
 that compares equal to anything, or by replacing the stdio comparison. Every one scored 1.0 (RL reward 10)
-on the verifier before the split; each must score 0. Honest programs, over the test forms the datasets use,
-score 1.0 as before. Then the planner's split (nothing of an expected value enters the program's process),
-its forms and refusals, and the evaluator's bounds.
+on the verifier that ran tests in the program's process (before c5425a3); each must score 0. Honest
+programs, over the test forms the datasets use, score 1.0. Then what reaches the program's process (never an
+expected value), the forms that run as written, and the channel's strictness and bounds.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tracemalloc
 
 import pytest
 
-from olmax.rewards import code, code_tests, code_values
+from olmax.rewards import code, code_harness, code_tests, code_values
 from olmax.rewards import verifiers as rewards
 
 sandboxed = pytest.mark.usefixtures("code_sandbox")
@@ -157,11 +157,13 @@ def test_nothing_to_forge_or_copy_in_the_runner(attack):
 
 @sandboxed
 def test_records_the_program_writes_carry_no_verdict():
-    """Against this verifier's own report: a program that writes records for every test (no values, values
-    of its choice) and ends before the real ones gets what its values earn, never a pass it did not make."""
-    empty = f"for i in range({len(TESTS)}):\n    {OS}.write(3, f'v {{i}} 2\\n[]'.encode())\n{OS}._exit(0)"
-    chosen = f"for i in range({len(TESTS)}):\n    {OS}.write(3, f'v {{i}} 3\\n[3]'.encode())\n{OS}._exit(0)"
-    assert _score(empty) == 0.0 and code.run_tests(chosen, TESTS) == ["pass", "fail", "fail"]
+    """Against this verifier's report: a program that writes records (verdicts, the earlier protocol's
+    values) on every descriptor and ends before the tests get nothing; only the runner holds the report."""
+    records = "b''.join(f'{kind} {i} {len(body)}\\n{body}'.encode() for i in range(3) for kind, body in "
+    records += "(('p', ''), ('v', '[3]'), ('pass', '')))"
+    forge = f"r = {records}\nfor fd in range(3, 64):\n    try:\n        {OS}.write(fd, r)\n"
+    forge += f"    except OSError:\n        pass\n{OS}._exit(0)"
+    assert _score(forge) == 0.0 and code.run_tests(forge, TESTS) == ["fail"] * 3
 
 
 @sandboxed
@@ -207,7 +209,7 @@ HONEST = {
                             ["assert mid((0, 0), (2, 4)) == (1.0, 2.0)", "assert mid((0, 0), (2, 4)).y == 2"]),
     "generator_through_list": ("def evens(n):\n    yield from range(0, n, 2)",
                                ["assert list(evens(5)) == [0, 2, 4]", "assert sorted(evens(3), reverse=True) == [2, 0]",
-                                "assert next(evens(9)) == 0", "assert evens(1) != [0]"]),
+                                "assert next(evens(9)) == 0", "assert 4 in evens(9)"]),
     "class_method": ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
                      "        for i, n in enumerate(nums):\n            if target - n in seen:\n"
                      "                return [seen[target - n], i]\n            seen[n] = i",
@@ -263,136 +265,162 @@ def test_stdio_and_timeouts_score_as_before():
     ) == ["fail"]
 
 
-# the planner: what reaches the program's process is the calls and their inputs, never the expected side
+# what reaches the program's process: a program that searches everything it can read there (every object
+# gc knows, its frames, every argument it is given) for a marker only the expected side holds, and returns
+# it when found, would pass each of these tests had the marker reached it
 MARK = 987654321
+LEAK = f"""import gc, sys
+def leak(*args, **kwargs):
+    seen = [args, kwargs, *gc.get_objects()]
+    frame = sys._getframe().f_back
+    while frame:
+        seen.append(frame.f_locals)
+        frame = frame.f_back
+    text = repr(seen)
+    found = [n for n in (int('{MARK:x}', 16), int('{MARK // 1000:x}', 16)) if str(n) in text]
+    return int('{MARK:x}', 16) if found else 0
+f = g = two_sum = leak
+class Solution:
+    def go(self, *args, **kwargs):
+        return leak(args, kwargs)
+"""  # (the marker is made at run time: the program's own text, in its memory, must not hold it)
+EXPECTED_SIDES = [
+    f"assert f(1, 2) == {MARK}",
+    f"assert f(1) == [{MARK}, 2][0]",
+    f"assert abs(f(0.5) - {MARK}) < 1e-9",
+    f"import math\nassert math.isclose(f(2), {MARK})",
+    f"expected = {MARK}\nassert f(3) == expected",
+    f"cases = [(1, {MARK}), (2, {MARK})]\nfor a, b in cases:\n    assert f(a) == b",
+    f"cases = {{1: {MARK}}}\nassert all(f(k) == v for k, v in cases.items())",
+    f"x, want = 3, {MARK}\nassert f(x) == want",
+    f"def check(candidate):\n    assert candidate(1) == {MARK}\ncheck(f)",
+    f"assert Solution().go([1], k=2) == {MARK}",
+    f"assert f(1) in ({MARK}, {MARK + 1})",
+    f"if f(1) != {MARK}:\n    raise AssertionError",
+    f"bad = [i for i in range(3) if f(i) != {MARK}]\nassert not bad",
+    f"try:\n    assert f(1) == {MARK}\nexcept ZeroDivisionError:\n    pass",
+    f"assert sorted([f(1)]) == sorted([{MARK}])",
+    f"from fractions import Fraction\nassert f(1) == Fraction({MARK}, 1)",
+    f"assert f(1) == int('{MARK}')",
+    f"assert f(1) == (lambda: {MARK})()",
+]
 
 
-@pytest.mark.parametrize(
-    "test, steps",
-    [
-        (f"assert f(1, 2) == {MARK}", ["f(1, 2)"]),
-        (f"assert f(1) == [{MARK}, 2]", ["f(1)"]),
-        (f"assert abs(f(0.5) - {MARK}.5) < 1e-9", ["f(0.5)"]),
-        (f"import math\nassert math.isclose(f(2), {MARK})", ["import math", "f(2)"]),
-        (f"assert sorted(f(x)) == sorted([{MARK}, 1])", ["sorted(f(x))"]),
-        (f"expected = {MARK}\nassert f(3) == expected", ["f(3)"]),
-        (f"nums = [2, 7]\nassert two_sum(nums, 9) == [{MARK}]", ["nums = [2, 7]", "two_sum(nums, 9)"]),
-        (f"assert Solution().go([1], k=2) == {{'a': {MARK}}}", ["Solution().go([1], k=2)"]),
-        (f"assert not f(1) != {MARK}", ["f(1)"]),
-        (f"assert f(1) in ({MARK}, {MARK + 1})", ["f(1)"]),
-        (f"assert f(1) == g({MARK})", ["f(1)", f"g({MARK})"]),  # an input of the program's g, by the test's choice
-        (f"assert len(f(1)) == {MARK} and f(1)[0] > {MARK}", ["len(f(1))", "f(1)[0]"]),
-        (f"assert f(1) == '{MARK}'.upper()", ["f(1)"]),
-        (
-            f"from fractions import Fraction\nassert f(1) == Fraction({MARK}, 3)",
-            ["from fractions import Fraction", "f(1)"],
-        ),
-    ],
-)
-def test_the_expected_side_stays_with_the_verifier(test, steps):
-    made = code_tests.plan(test)
-    assert made.form == code_tests.ASSERTS and [source for _, source in made.steps] == steps
+@sandboxed
+def test_the_expected_side_never_reaches_the_program():
+    assert code.run_tests(LEAK, EXPECTED_SIDES) == ["fail"] * len(EXPECTED_SIDES)
+    # the search finds what it is given: a marker passed as an argument, by the test's choice, comes back
+    given = [f"assert f({MARK}) == {MARK}", f"assert g([{MARK // 1000}]) == {MARK}"]
+    assert code.run_tests(LEAK, given) == ["pass"] * 2
 
 
-@pytest.mark.parametrize(
-    "test, why",
-    [
-        ("for a, b in [(1, 2)]:\n    assert f(a) == b", "inside a For"),
-        ("if f(1) != 2:\n    raise AssertionError", "inside a If"),
-        ("assert all(f(i) == 2 * i for i in range(3))", "comparison inside a comprehension"),
-        ("assert f(1) == [i * 2 for i in range(3)]", "comprehension of the test's own values"),
-        ("assert f(1) == list(map(int, '12'))", "map() over the test's own values"),
-        ("assert f(1) == 'a b'.replace(' ', '')", "attribute .replace"),
-        ("assert f(1) == (lambda: 3)()", "Lambda"),
-        ("assert f(1) == f'{2}'", "JoinedStr"),
-        ("r = f(1) + 1\nassert g(r) == 3", "passed to the program"),
-        ("assert f(1) == [*range(3)]", "Starred"),
-        ("assert f(1 ==", "SyntaxError"),
-        ("from math import *\nassert f(1) == pi", "import *"),
-    ],
-)
-def test_forms_that_cannot_be_split_are_refused_and_fail(test, why, caplog):
-    made = code_tests.plan(test)
-    assert made.form == code_tests.REFUSED and why in made.why and made.steps == ()
-    code_tests.plan.cache_clear()
+# the forms the earlier verifier refused (a comparison inside a loop, if, try or comprehension; a lambda,
+# f-string, map or str method of the test's; a value computed from the program's passed back; * unpacking;
+# import *): each runs as written now, an honest program passes and a wrong one fails
+ONCE_REFUSED = [
+    "for a, b in [(1, 2), (3, 4)]:\n    assert inc(a) == b",
+    "if inc(1) != 2:\n    raise AssertionError",
+    "assert all(inc(i) == i + 1 for i in range(3))",
+    "assert [inc(i) for i in range(3)] == [i + 1 for i in range(3)]",
+    "assert inc(1) == max(map(int, '12'))",
+    "assert str(inc(1)) == ' 2'.replace(' ', '')",
+    "assert inc(2) == (lambda: 3)()",
+    "assert f'{inc(1)}' == '2'",
+    "r = inc(1) + 1\nassert inc(r) == 4",
+    "assert [inc(x) for x in [*range(2)]] == [1, 2]",
+    "from math import *\nassert inc(0) == floor(pi) - 2",
+    "try:\n    inc('a')\nexcept TypeError:\n    pass\nelse:\n    raise AssertionError('no TypeError')",
+]
+
+
+@sandboxed
+def test_forms_once_refused_run_as_written():
+    honest, wrong = "def inc(x):\n    return x + 1", "def inc(x):\n    return x + 2 if isinstance(x, int) else x"
+    assert all(code_tests.plan(test).form == code_tests.RUN for test in ONCE_REFUSED)
+    assert code.run_tests(honest, ONCE_REFUSED) == ["pass"] * len(ONCE_REFUSED)
+    assert code.run_tests(wrong, ONCE_REFUSED) == ["fail"] * len(ONCE_REFUSED)
+
+
+def test_survey_counts_the_forms_and_bad_tests_name_themselves(caplog):
+    tests = ["assert f(1) == 2", "f(1)", "for x in y:\n    assert x", "assert True", "pass", "assert f(1 =="]
     with caplog.at_level("WARNING", logger="olmax.rewards.code_tests"):
-        code_tests.plan(test)
-    assert "refused" in caplog.text
-
-
-def test_survey_counts_the_forms_and_bad_tests_name_themselves():
-    tests = ["assert f(1) == 2", "f(1)", "while True:\n    pass", "for x in y:\n    assert x"]
-    assert code_tests.survey(tests) == {"asserts": 1, "statements": 2, "refused": 1}
+        assert code_tests.survey(tests) == {"run": 3, "refused": 3}
+    assert "names nothing a program could define" in caplog.text and "does not parse" in caplog.text
+    humaneval = {"test": "def check(candidate):\n    assert candidate(1) == 2", "entry_point": "inc"}
+    assert code_tests.plan(humaneval).form == code_tests.RUN and "check(inc)" in code_tests.plan(humaneval).source
     with pytest.raises(ValueError, match="code test 1 is a dict, not a string"):
-        code.run_tests("", ["assert True", {"input": "", "output": ""}], isolation="none")
+        code.run_tests("", ["assert f(1)", {"input": "", "output": ""}], isolation="none")
+    with pytest.raises(ValueError, match="code test 0's entry_point is no expression"):
+        code.run_tests("", [{"test": "", "entry_point": "1 +"}], isolation="none")
     with pytest.raises(ValueError, match="code_stdio test 0 is not an object with input and output"):
         code.run_tests("", ["print(1)"], stdio=True, isolation="none")
+    # a test that errors by itself fails and says where; one refused at load says why
+    reasons = code.judge("def f(x):\n    return x", ["assert f(1) == 1\nassert g(2)", "assert True"], isolation="none")
+    assert reasons[0][0] == "fail" and "line 2" in reasons[0][1] and "NameError" in reasons[0][1]
+    assert reasons[1] == ("fail", "it names nothing a program could define")
 
 
-def _replay(test: str, *values) -> str:
-    made = code_tests.plan(test)
-    return code_tests.judge(made, "v", json.dumps(list(values)).encode())
+def _codec():
+    return code_harness.Codec({}, -1, -1)
 
 
-def test_the_verifier_judges_records_strictly():
-    # a record that is not the runner's (a JSON object, an unknown tag, a set of lists) fails the test
-    assert _replay("assert f(1) == {}", {"a": 1}) == "fail"
-    assert _replay("assert f(1) == 3", ["zz", 3]) == "fail"
-    assert _replay("assert f(1) == {(1,)}", ["s", ["l", 1]]) == "fail"
-    assert _replay("assert f(1) == 3", 3) == "pass" and _replay("assert f(1) == 3", ["e"]) == "fail"
-    # a value of a type that does not travel equals nothing, has no truth value and no order
-    assert _replay("assert f(1) != 3", ["o", "A"]) == "pass" and _replay("assert f(1)", ["o", "A"]) == "fail"
-    assert _replay("assert f(1) < 3", ["o", "A"]) == "fail"
-    # a call that raised fails the test only where its value is needed (or's second half is)
-    assert _replay("assert f(1) is None or f(1)[0] == 1", None, ["e"]) == "pass"
-    # big ints, floats (NaN included), Fractions, bytes, ranges come back exactly
-    assert _replay("assert f(1) == 3 ** 100", ["i", hex(3**100)]) == "pass"
-    assert _replay("assert f(1) != f(1)", float("nan"), float("nan")) == "pass"
-    assert _replay("assert f(1) == b'ab' and f(2) == range(3)", ["b", "6162"], ["r", 0, 3, 1]) == "pass"
-    # a result the runner did not reach (out of time): "timeout", unless a verdict already came
-    made = code_tests.plan("assert f(1) == 1\nassert f(2) == 2")
-    assert code_tests.judge(made, "t", b"[1]") == "timeout" and code_tests.judge(made, "t", b"[0]") == "fail"
+def test_the_channel_reads_strictly():
+    codec = _codec()
+    for junk in (b"{}", b"[1]", b'[["zz"], []]', b'[["@", 5], []]', b'[1, [[2, "l"]]]', b'[1, [[3, "?"]]]',
+                 b'[["f", ["@", 3]], [[3, "l"]]]', b'[["i", "xyz"], []]', b"[" * 100_000, b"not json"):  # fmt: skip
+        with pytest.raises(code_values.ChannelError):
+            codec.decode(junk)
+    # a program's object is a handle: it equals only itself and has no truth value, order or hash
+    one, two = codec.decode(b'[["t", ["H", 1, "A"], ["H", 2, "A"], ["H", 1, "A"]], []]')[:2]
+    assert one is codec.decode(b'[["H", 1, "A"], []]') and one == one and one != two
+    for use in (lambda: one == 3, lambda: one != 3, lambda: one < 3, lambda: bool(one), lambda: hash(one),
+                lambda: 3 in [one], lambda: {one}):  # fmt: skip
+        with pytest.raises(code_harness.Refused):
+            use()
+    # data comes back as this side's own types
+    value = codec.decode(b'[["t", ["i", "ff"], ["b", "YWI="], ["q", 1, 3], ["D", "0.1"], ["dt", "date", 2024, 2, 29],'
+                         b' ["c", 1.0, -2.0], ["r", 0, 9, 3], ["f", 1, 2], ["dk", "a"]], []]')  # fmt: skip
+    assert value == (255, b"ab", __import__("fractions").Fraction(1, 3), __import__("decimal").Decimal("0.1"),
+                     __import__("datetime").date(2024, 2, 29), 1 - 2j, range(0, 9, 3), frozenset({1, 2}),
+                     {"a": None}.keys())  # fmt: skip
 
 
-COLLIDING = [["i", hex(k * (2**61 - 1))] for k in range(1, 20_000)]  # hash(n) is n mod 2**61 - 1
+COLLIDING = ", ".join(f'["i", "{k * (2**61 - 1):x}"]' for k in range(1, 20_000))  # hash(n) is n mod 2**61 - 1
 
 
 @pytest.mark.parametrize(
-    "test, value",
+    "message",
     [
-        ("assert len([0] * f(1)) == 3", 10**12),  # a repetition the program's number would make huge
-        ("assert 'x' * f(1) == 'xxx'", 10**12),
-        ("assert 2 ** f(1) > 0", 10**12),
-        ("assert 1 << f(1) > 0", 10**12),
-        ("assert list(range(f(1))) == [0]", 10**12),
-        ("assert bytes(f(1)) == b''", 10**12),
-        ("assert sum(f(1), []) == []", ["l", *[["l", 0]] * 1000]),
-        ("assert '%*d' % (f(1), 1) == ''", 10**9),
-        ("assert f(1) // 7 == 1", ["i", hex(1 << 200_000)]),  # division, quadratic in the digits
-        ("assert f(1) == {0}", ["s", *COLLIDING]),  # keys that all hash alike: a quadratic set
-        ("assert set(f(1) + [0]) == {0}", ["l", *COLLIDING]),
-        ("assert int(f(1)) > 0", ["D", "1e999999"]),  # a Decimal that is a million-digit int
+        f'[["f", {COLLIDING}], []]',  # keys that all hash alike: a quadratic set
+        f'[["@", 1], [[1, "d", {", ".join(f"{k}, 0" for k in COLLIDING.split(", "))}]]]',
+        '[["t", ' + ", ".join(['["t"'] * 200) + "]" * 201 + ", []]",  # nested past DEPTH
+        '[["b", "' + "A" * ((16 << 20) + 4) + '"], []]',  # past MESSAGE_BYTES
+        '[["@", 1], [[1, "l", ' + ", ".join(["0"] * ((1 << 22) + 1)) + "]]]",  # past ELEMENTS
     ],
+    ids=["colliding_set", "colliding_dict", "deep", "bytes", "elements"],
 )
-def test_the_evaluator_bounds_what_a_program_value_can_make(test, value):
-    tracemalloc.start()
+def test_the_channel_bounds_what_a_program_value_can_make(message):
     start = time.thread_time()  # this thread's CPU time: other jobs on a shared host do not add to it
+    with pytest.raises(code_values.ChannelError):
+        _codec().decode(message.encode())
+    cpu = time.thread_time() - start
+    tracemalloc.start()
     try:
-        outcome = _replay(test, value)
+        with pytest.raises(code_values.ChannelError):
+            _codec().decode(message.encode())
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    cpu = time.thread_time() - start  # the slowest case takes ~0.6 s under tracemalloc; unbounded, minutes
-    assert outcome == "fail" and peak < 8 << 20 and cpu < 2.0, (outcome, peak, cpu)
+    assert cpu < 2.0 and peak < 3 * len(message) + (64 << 20), (cpu, peak)
 
 
 @sandboxed
 @pytest.mark.parametrize(
     "program",
     [
-        "def add(a, b):\n    return [0] * (60 << 20)",  # past the record's bound
+        "def add(a, b):\n    return [0] * (60 << 20)",  # past the channel's elements
         "def add(a, b):\n    return 1 << 40_000_000",
-        "def add(a, b):\n    x = []\n    for _ in range(100_000):\n        x = [x]\n    return x",  # nested past DEPTH
+        "def add(a, b):\n    x = []\n    for _ in range(100_000):\n        x = [x]\n    return x",  # deep, but shared
         "def add(a, b):\n    x = []\n    x.append(x)\n    return x",  # cyclic
         "def add(a, b):\n    return {'k' * i: 'v' * i for i in range(4000)}",
     ],
@@ -404,11 +432,12 @@ def test_huge_deep_and_cyclic_values_fail_within_bounds(program):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert outcomes == ["fail"] and peak < 64 << 20, (outcomes, peak)
+    assert outcomes == ["fail"] and peak < 1 << 20, (outcomes, peak)  # the verifier sees a verdict, no value
 
 
 def test_same_output_is_upstreams():
     cases = [("6\n", "6"), (" 0.50 \n2", "0.5\n2.0"), ("1 2", "1  2"), ("a", "b"), ("1\n2", "1"), ("", ""),
-             ("1e3", "1000"), ("x 1", "x 1.0"), ("nan", "nan"), ("1\n\n", "1")]  # fmt: skip
-    assert [code_values.same_output(a, b) for a, b in cases] == [True, True, True, False, False, True, True, False,
-                                                               True, True]  # fmt: skip
+             ("1e3", "1000"), ("x 1", "x 1.0"), ("nan", "nan"), ("1\n\n", "1"), ("1 2 3", "1 2"),
+             ("1", "1 2")]  # fmt: skip
+    assert [code_harness.same_output(a, b) for a, b in cases] == [True, True, True, False, False, True, True, False,
+                                                                 True, True, False, False]  # fmt: skip

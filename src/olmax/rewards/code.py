@@ -10,17 +10,20 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
   `{"input": ..., "output": ...}` pairs: the program runs with the input on stdin and passes when its
   output matches as upstream's LiveCodeBench grader (`code_utils/testing_util.py`) compares: the same
   number of lines, each stripped, equal as text or as lists of Decimals;
-- the verdicts are this process's, never the program's (upstream let the test's own process report it):
-  each `code` test is split when loaded (olmax.rewards.code_tests): its calls into the program run in the
-  program's process, which returns their values only, written strictly (exact builtin types, bounded:
-  olmax.rewards.code_values); its comparisons and everything else run here, over those values. A stdio
-  program's output comes back as bytes and is compared here. No expected value enters a process that runs
-  the program, and its exit status means nothing, so a program that exits 0, replaces `exec` or the
-  runner, reads the runner's frames or returns an object equal to anything gains nothing (a test form
-  that cannot be split fails, counted and logged: code_tests);
-- each test runs in its own process, forked after the program ran (upstream re-runs the program in a
-  fresh process per test: the same isolation of one test from another, without re-running the program),
-  bounded by `seconds` (OLMo 3's scripts: `--code_max_execution_time 6`);
+- the verdicts are never the program's process's (upstream let the test run in the program's process and
+  took its exit status): each test runs as written in a process of its own (olmax.rewards.code_harness),
+  and the program in another that holds the program alone (olmax.rewards.code_program), re-run for each
+  test as upstream re-runs it. Every use the test makes of a name the program defined is a request on
+  one channel between the two (olmax.rewards.code_values): arguments and results cross as data (builtin
+  values and containers, the standard library's data types, instances of the tests' own classes rebuilt
+  by those classes), arguments the program mutated are written back into the test's objects after each
+  call, and any other object of the program's stays there as a handle that has no truth value, order or
+  hash and equals only itself. No expected value, other test's input or test code reaches the program's
+  process; the tests' process alone says pass or fail, and a stdio program's output is compared there
+  too. A program that fails to load fails every test; a test that uses no name of the program's is
+  refused (code_tests counts those it can tell at load);
+- each test has `seconds` (OLMo 3's scripts: `--code_max_execution_time 6`) for the program's load and
+  its own run;
 - a program containing `threading`, `multiprocess`, `import os`, `from os`, `shutil`, `import torch`,
   `from torch`, `import sklearn` or `from sklearn` is not run and fails every test (upstream's
   `should_execute`); a program that runs meets upstream's `reliability_guard` (`exit()`, destructive
@@ -28,16 +31,15 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
 - reward = pass rate when it is at least `threshold` (OLMo 3's scripts:
   `--code_pass_rate_reward_threshold 0.99`), else 0; upstream's optional runtime penalty was off.
 
-Isolation (`isolation`, the setting `rewards.code.isolation`; docs/rewards.md). Either way the program
-runs in a child Python (`-I`: no PYTHON* variables, no user site, not the caller's directory on the path)
-with an empty environment, its stdout and stderr discarded, under these limits: address space
-`memory_mb` per process (RLIMIT_AS; an allocation past it is a MemoryError, so the test fails), CPU
-seconds (RLIMIT_CPU), written file size (RLIMIT_FSIZE, 16 MiB), open files (RLIMIT_NOFILE, 64), queued
-signals and POSIX timers (RLIMIT_SIGPENDING, 64), no POSIX message queue or core file, and a wall-clock
-bound per test and for the whole run; Python's socket constructors and resolvers raise PermissionError.
-The child reports on a descriptor as records (olmax.rewards.code_records: a test's values or output, at
-most RECORD_BYTES, one record held at a time): a program that writes anything else there, or more than
-`report_bytes` in all, is killed, its tests "overflow", reward 0 (VerifierOverflow).
+Isolation (`isolation`, the setting `rewards.code.isolation`; docs/rewards-code-sandbox.md). Either way the
+program and the tests run in a child Python (`-I`: no PYTHON* variables, no user site, not the caller's
+directory on the path) with an environment of PATH and the BLAS thread counts alone, their stdout and
+stderr discarded, each test's two processes under these limits: address space `memory_mb` per process
+(RLIMIT_AS; an allocation past it is a MemoryError), CPU seconds (RLIMIT_CPU), written file size
+(RLIMIT_FSIZE, 16 MiB), open files (RLIMIT_NOFILE, 64), queued signals and POSIX timers
+(RLIMIT_SIGPENDING, 64), no POSIX message queue or core file, and a wall-clock bound per test and for the
+whole run; Python's socket constructors and resolvers raise PermissionError. The child reports one record
+per test (olmax.rewards.code_records), written by its runner alone.
 
 - namespaces (and auto, the default, where the probe finds them): a boundary, on Linux with
   unprivileged user namespaces. The program runs in its own user, PID, network, IPC, UTS, cgroup and
@@ -51,13 +53,14 @@ most RECORD_BYTES, one record held at a time): a program that writes anything el
   is gone when `run_tests` returns (the PID namespace's init exits and the kernel kills the rest). Memory:
   the filter refuses what holds memory outside an address space or past the process limits (memfd, System
   V and POSIX IPC, sockets, grown pipes, record locks, io_uring, Linux AIO, epoll, BPF, keys, ...;
-  code_seccomp), so a run holds at most PROCESSES times `memory_mb` of address space, the scratch (size and
-  inodes), pipes of 64 KiB per pair of descriptors and the kernel's own per-process memory (page tables and
-  VMAs, which grow with the address space); where the host delegates a cgroup v2 subtree with the memory
-  controller, each run also gets a memory cgroup bounding all of it (code_cgroup; docs/rewards.md has the
-  figures). Not covered: the kernel itself (the calls the filter allows are most of them,
-  so a kernel bug in one is within reach), what the host shows a process anyway (kernel version, CPUs,
-  total memory and load, the sizes of the filesystems holding Python). The probe
+  code_seccomp), and keeps each process's mappings in a window of its address space, so that its page
+  tables are bounded too: a run holds at most PROCESSES times `memory_mb` of address space and the page
+  tables of that window, the scratch (size and inodes), pipes of 64 KiB per pair of descriptors and the
+  kernel's own per-process memory (VMAs); where the host delegates a cgroup v2 subtree with the memory
+  controller, each run also gets a memory cgroup bounding all of it (code_cgroup;
+  docs/rewards-code-sandbox.md has the figures). Not covered: the kernel itself (the calls the filter
+  allows are most of them, so a kernel bug in one is within reach), what the host shows a process anyway
+  (kernel version, CPUs, total memory and load, the sizes of the filesystems holding Python). The probe
   (`probe`, once per process, ~0.2 s) runs a trivial program in the sandbox; where it fails (gVisor's runsc
   answers unshare(2) with ENOSYS, as on the TPU hosts this project borrows; a container without user
   namespaces, EPERM; a kernel before 5.8, which has no /proc subset=pid; a machine without a filter table),
@@ -73,13 +76,16 @@ most RECORD_BYTES, one record held at a time): a program that writes anything el
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import logging
+import marshal
 import os
 import platform
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -87,7 +93,7 @@ import time
 
 from olmax.config.grpo import CODE_ISOLATIONS
 from olmax.errors import ConfigError
-from olmax.rewards import code_cgroup, code_records, code_seccomp, code_tests
+from olmax.rewards import code_cgroup, code_records, code_runner, code_seccomp, code_tests
 from olmax.rewards.code_records import report_bytes
 
 logger = logging.getLogger(__name__)
@@ -98,21 +104,45 @@ SECONDS = 6.0  # per test
 THRESHOLD = 0.99
 MEMORY_MB = 1024
 _FILE_BYTES = 16 << 20
-_STARTUP_SECONDS = 5.0  # slack for the child's interpreter start, on top of the tests' own bounds
+_STARTUP_SECONDS = 5.0  # slack for the child's interpreter start and imports, on top of the tests' own bounds
 _TEARDOWN_SECONDS = 2.0  # past the child's own bound, for it to kill its namespace and exit
+# each test: its limit, the stdio margin and the runner's slack before it kills the test's processes
+_PER_TEST = code_runner.STDIO_MARGIN + code_runner.SLACK
 _SCRATCH_BYTES = 64 << 20  # the namespace sandbox's writable /tmp
 _SCRATCH_INODES = 4096  # files, directories and links in it (tmpfs nr_inodes: ~1 KiB of kernel memory each)
 PROCESSES = 32  # processes the namespace sandbox may hold at once (RLIMIT_NPROC in its user namespace)
 _OPEN_FILES = 64  # descriptors per process (RLIMIT_NOFILE): pipes of 64 KiB at most behind each pair
 _PENDING_SIGNALS = 64  # queued signals and POSIX timers per user (RLIMIT_SIGPENDING)
-_DEPTH = 100  # nesting of a value the runner writes back (olmax.rewards.code_values.DEPTH)
-# a run's memory cgroup, where one is delegated: the runner and one test process at `memory_mb` each (a fork
-# shares its pages until it writes them), the scratch, and the interpreters' and the kernel's own memory
+# a run's memory cgroup, where one is delegated: a test's two processes at `memory_mb` each (the runner's
+# pages are shared with their forks until written), the scratch, and the interpreters' and the kernel's own
 _CGROUP_SLACK = 64 << 20
 ISOLATIONS = CODE_ISOLATIONS  # rewards.code.isolation's values, as the config checks them
 AUTO, NAMESPACES, NONE = ISOLATIONS
-_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_sandbox.py")
 _KILL_SECONDS = 5.0  # the wait for the child's process group to die after the run
+# the child's modules, in the order the bootstrap makes them (each imports only those before it)
+_CHILD_MODULES = ("code_values", "code_seccomp", "code_program", "code_harness", "code_runner", "code_sandbox")
+# what the child runs first: its modules from stdin (a length line, then their marshalled code), then main
+_BOOTSTRAP = (
+    "import marshal, sys, types\n"
+    "stream = sys.stdin.buffer\n"
+    "for name, code in marshal.loads(stream.read(int(stream.readline()))):\n"
+    "    module = sys.modules[name] = types.ModuleType(name)\n"
+    "    parent, _, leaf = name.rpartition('.')\n"
+    "    if parent:\n"
+    "        setattr(sys.modules[parent], leaf, module)\n"
+    "    exec(code, module.__dict__)\n"
+    "sys.modules['olmax.rewards.code_sandbox'].main(stream)\n"
+)
+# modules the child imports once before the tests where the program or a test imports them: the standard
+# library's but those that act on import or load a GUI, and the packages tests commonly use
+_NOT_PRELOADED = frozenset(("antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__hello__",
+                            "__phello__", "webbrowser", "pydoc", "pdb", "ensurepip", "venv", "lib2to3"))  # fmt: skip
+_PRELOADED_PACKAGES = frozenset(("numpy", "pytest"))
+# the child's environment: one BLAS thread (numpy's OpenBLAS would start one per core, each counted against
+# PROCESSES), and OPENBLAS_MAIN_FREE set, which numpy (2.x `_core/__init__.py`) otherwise sets with
+# os.putenv on import, a call upstream's guard disables
+_ENVIRONMENT = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "OPENBLAS_MAIN_FREE": "1"}  # fmt: skip
 
 # upstream refuses to run a program containing any of these (code_utils.py `should_execute`)
 REFUSED = ("threading", "multiprocess", "import os", "from os", "shutil", "import torch", "from torch",
@@ -175,8 +205,9 @@ class VerifierTimeout(TimeoutError):
 
 
 class VerifierOverflow(RuntimeError):
-    """A program that wrote past what the verifier reads of its child's output (`report_bytes`): killed,
-    every test "overflow", reward 0; `olmax.rewards.verifiers.score` counts it as "error"."""
+    """A child whose report was not records, or past what the verifier reads (`report_bytes`): killed,
+    every test "overflow", reward 0; `olmax.rewards.verifiers.score` counts it as "error". Only the
+    sandbox's runner writes the report (no process of the program's holds it)."""
 
 
 def extract_program(response: str) -> str:
@@ -215,9 +246,9 @@ def probe() -> str | None:
         outcomes = _run_child(_PROBE_PROGRAM, tests, False, 5.0, MEMORY_MB, NAMESPACES)
     except SandboxError as e:
         return str(e)
-    for outcome, (_, why) in zip(outcomes, _PROBES):
+    for (outcome, reason), (_, why) in zip(outcomes, _PROBES):
         if outcome != "pass":
-            return f"the probe's test came back {outcome!r}: {why}"
+            return f"the probe's test came back {outcome!r} ({reason}): {why}"
     return None
 
 
@@ -279,69 +310,86 @@ def run_tests(
     memory_mb: int = MEMORY_MB,
     isolation: str = AUTO,
 ) -> list[str]:
-    """Each test's outcome, "pass", "fail", "timeout" or "overflow", running `program` in the sandbox
-    (module docstring) under `isolation` (`isolation_in_force`) and judging each test in this process
-    (olmax.rewards.code_tests) from what the program's process returned. A test whose form is refused
-    (code_tests) fails without running; one the child never reported is "timeout" when the run reached its
-    overall bound, else "fail"; every test is "overflow" when the child's output stopped being records
-    (olmax.rewards.code_records: it was killed then). Raises ValueError naming a test that is not one (a
-    `code` test that is not a string, a `code_stdio` one without input and output)."""
+    """Each test's outcome, "pass", "fail", "timeout" or "overflow", running `program` and each test in
+    processes of their own in the sandbox (module docstring) under `isolation` (`isolation_in_force`):
+    `judge`'s outcomes."""
+    return [outcome for outcome, _ in judge(program, tests, stdio=stdio, seconds=seconds, memory_mb=memory_mb,
+                                            isolation=isolation)]  # fmt: skip
+
+
+def judge(
+    program: str,
+    tests: list,
+    *,
+    stdio: bool = False,
+    seconds: float = SECONDS,
+    memory_mb: int = MEMORY_MB,
+    isolation: str = AUTO,
+) -> list[tuple[str, str]]:
+    """Each test's (outcome, reason): the outcome "pass", "fail", "timeout" or "overflow"; the reason what
+    the tests' process said of a test that did not pass (an assert that failed and its line, what the test
+    raised, a use of a program object it refused, the program's failure to load, ...). A test refused at
+    load (code_tests) fails without running; one the child never reported is "timeout" when the run
+    reached its overall bound, else "fail"; every test is "overflow" when the child's output stopped being
+    records (olmax.rewards.code_records: it was killed then). Raises ValueError naming a test that is not
+    one (a `code` test that is not a string or HumanEval object, a `code_stdio` one without input and
+    output)."""
     mode = isolation_in_force(isolation)
     if not tests:
         return []
     code_tests.check(tests, stdio)
     if refused(program):
-        return ["fail"] * len(tests)
+        return [("fail", "upstream does not run a program that names " + next(w for w in REFUSED if w in program))
+                ] * len(tests)  # fmt: skip
     return _run_child(program, tests, stdio, seconds, memory_mb, mode)
 
 
-def _job(program: str, tests: list, plans: list | None, seconds: float, memory_mb: int, isolation: str) -> dict:
-    """What the child gets: the program, and of each test only what runs in the program's process (a
-    `code` test's steps, None for a refused one; a stdio test's input). Never an expected value."""
-    if plans is None:
-        parts = {"stdio": True, "inputs": [str(test["input"]) for test in tests]}
-    else:
-        parts = {"stdio": False, "steps": [None if p.form == code_tests.REFUSED else p.steps for p in plans]}
-    return {
-        "program": program,
-        **parts,
-        "seconds": seconds,
-        "memory_mb": memory_mb,
-        "file_bytes": _FILE_BYTES,
-        "scratch_bytes": _SCRATCH_BYTES,
-        "scratch_inodes": _SCRATCH_INODES,
-        "processes": PROCESSES,
-        "open_files": _OPEN_FILES,
-        "pending_signals": _PENDING_SIGNALS,
-        "record_bytes": code_records.RECORD_BYTES,
-        "depth": _DEPTH,
-        "cpu_seconds": seconds * (len(tests) + 1),
-        "bound": _run_bound(len(tests), seconds),
-        "isolation": isolation,
-        "filter": _filter() if isolation == NAMESPACES else "",
-    }
+def _specs(tests: list, stdio: bool) -> tuple[list, list, set]:
+    """(what the tests' processes read of each test to run, indices of the tests that run, the modules the
+    tests import)."""
+    if stdio:
+        return [{"input": str(t["input"]), "output": str(t["output"])} for t in tests], list(range(len(tests))), set()
+    plans = [code_tests.plan(test) for test in tests]
+    runs = [i for i, p in enumerate(plans) if p.form == code_tests.RUN]
+    return [plans[i].spec() for i in runs], runs, {name for i in runs for name in plans[i].imports}
 
 
-def _filter() -> str:
-    """This machine's system call filter (olmax.rewards.code_seccomp) in hex, for the job; SandboxError
-    where there is none (the sandbox does not run without it)."""
+def tests_file(specs: list):
+    """A file holding `specs` for the child (code_runner `read_spec`): their count, their offsets, then
+    each as JSON. Unnamed; the child gets its descriptor, and only each test's own process reads it."""
+    blobs = [json.dumps(spec).encode() for spec in specs]
+    offsets, at = [], 8 * (len(blobs) + 2)
+    for blob in blobs:
+        offsets.append(at)
+        at += len(blob)
+    handle = tempfile.TemporaryFile()
+    handle.write(struct.pack(f"<{len(blobs) + 2}Q", len(blobs), *offsets, at) + b"".join(blobs))
+    handle.flush()
+    return handle
+
+
+def _preload(program: str, imports: set) -> list:
+    """The modules the child imports before the tests (_PRELOADED_PACKAGES, the standard library's but
+    _NOT_PRELOADED) that the program or the tests import."""
     try:
-        return _filter_for(platform.machine())
-    except code_seccomp.Unsupported as e:
-        raise SandboxError(str(e)) from None
+        imports = imports | code_tests.imported(ast.parse(program))
+    except (SyntaxError, ValueError, RecursionError):
+        pass
+    allowed = (set(sys.stdlib_module_names) - _NOT_PRELOADED) | _PRELOADED_PACKAGES
+    return sorted(name for name in imports if name in allowed and not name.startswith("_"))
 
 
 @functools.cache
-def _filter_for(machine: str) -> str:
-    return code_seccomp.program(machine).hex()
-
-
-@functools.cache
-def _child_source() -> str:
-    # the child runs from its source (`python -I -c`), not its path: what the sandbox's /proc/<pid>/cmdline
-    # shows is then no path of the caller's (Python compiles a script's source on every run either way)
-    with open(_CHILD) as f:
-        return f.read()
+def _payload() -> bytes:
+    """The child's modules, compiled here once and marshalled (the bootstrap makes them modules)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    modules = [("olmax", compile("", "<olmax>", "exec")), ("olmax.rewards", compile("", "<olmax.rewards>", "exec"))]
+    for name in _CHILD_MODULES:
+        with open(os.path.join(here, f"{name}.py")) as f:
+            # a name of the module's own, not its path: nothing of the caller's files shows in the sandbox
+            modules.append((f"olmax.rewards.{name}", compile(f.read(), f"<olmax {name}>", "exec", dont_inherit=True)))
+    blob = marshal.dumps(modules)
+    return f"{len(blob)}\n".encode() + blob
 
 
 def _cgroup(isolation: str, memory_mb: int) -> str:
@@ -357,40 +405,74 @@ def _cgroup(isolation: str, memory_mb: int) -> str:
         return ""
 
 
+_OUTCOMES = {"p": "pass", "f": "fail", "r": "fail", "t": "timeout"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _log_refusal(reason: str, test: str) -> None:
+    # once per (reason, test): the RL loop verifies each prompt's tests once per sample
+    logger.warning("code test refused (never passes): %s: %.200r", reason, test)
+
+
 def _run_child(program: str, tests: list, stdio: bool, seconds: float, memory_mb: int, isolation: str) -> list[str]:
-    plans = None if stdio else [code_tests.plan(test) for test in tests]
-    outcomes: list = [None if stdio or p.form != code_tests.REFUSED else "fail" for p in plans or tests]
-    if all(outcomes):
+    if isolation == NAMESPACES:
+        try:
+            code_seccomp.check_machine(platform.machine())
+        except code_seccomp.Unsupported as e:
+            raise SandboxError(str(e)) from None
+    specs, runs, imports = _specs(tests, stdio)
+    outcomes: list = [("fail", code_tests.plan(test).why) for test in tests] if not stdio else [None] * len(tests)
+    if not runs:
         return outcomes
+    for index in runs:
+        outcomes[index] = None
 
     def on_record(kind: str, index: int, payload: bytes) -> None:
         if kind == "error":
             raise SandboxError(payload.decode(errors="replace"))
-        if outcomes[index] is None:  # the test's own record (the runner's "t" after a kill comes second)
-            test = tests[index] if stdio else plans[index]
-            outcomes[index] = (code_tests.judge_output if stdio else code_tests.judge)(test, kind, payload)
+        reason = payload.decode(errors="replace")
+        outcomes[runs[index]] = (_OUTCOMES[kind], reason)
+        if kind == "r":
+            _log_refusal(reason, code_tests.source_of(tests[runs[index]]))
 
-    job = _job(program, tests, plans, seconds, memory_mb, isolation) | {"cgroup": _cgroup(isolation, memory_mb)}
+    job = {
+        "program": program,
+        "stdio": stdio,
+        "tests": len(specs),
+        "seconds": seconds,
+        "memory_mb": memory_mb,
+        "file_bytes": _FILE_BYTES,
+        "scratch_bytes": _SCRATCH_BYTES,
+        "scratch_inodes": _SCRATCH_INODES,
+        "processes": PROCESSES,
+        "open_files": _OPEN_FILES,
+        "pending_signals": _PENDING_SIGNALS,
+        "preload": _preload(program, imports),
+        "bound": _run_bound(len(specs), seconds),
+        "isolation": isolation,
+        "cgroup": _cgroup(isolation, memory_mb),
+    }
     # without namespaces the program's files go to a fresh directory of the caller's (deleted after)
     scratch = tempfile.TemporaryDirectory(prefix="olmax-code-") if isolation == NONE else None
     cwd = scratch.name if scratch else "/"
-    env = {"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd} if scratch else {"PATH": os.defpath}
-    child = subprocess.Popen(
-        [sys.executable, "-I", "-c", _child_source()],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
+    env = {"PATH": os.defpath, **_ENVIRONMENT, **({"HOME": cwd, "TMPDIR": cwd} if scratch else {})}
+    with tests_file(specs) as held:
+        job["tests_fd"] = held.fileno()
+        child = subprocess.Popen(
+            [sys.executable, "-I", "-c", _BOOTSTRAP],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            pass_fds=(held.fileno(),),
+        )
     # a sandbox's keeper kills its namespace at the bound itself; past it, this is for one that cannot
     bound = job["bound"] + (_TEARDOWN_SECONDS if scratch is None else 0.0)
     try:
-        # the child's output is read as records, one at a time, never whole: a program can write to the
-        # descriptor the child reports on, and the verifier's memory is not the program's to fill
         state = code_records.exchange(
-            child, json.dumps(job).encode(), code_records.Records(len(tests), on_record), bound
+            child, _payload() + json.dumps(job).encode(), code_records.Records(len(specs), on_record), bound
         )
     finally:
         _kill_group(child)
@@ -399,13 +481,14 @@ def _run_child(program: str, tests: list, stdio: bool, seconds: float, memory_mb
         if job["cgroup"]:
             code_cgroup.remove(job["cgroup"])
     if state == "overflow":
-        return ["overflow"] * len(tests)
-    return [outcome or ("timeout" if state == "timeout" else "fail") for outcome in outcomes]
+        return [("overflow", "the child's output is not records")] * len(tests)
+    missing = ("timeout", "the run reached its bound") if state == "timeout" else ("fail", "the child ended first")
+    return [outcome or missing for outcome in outcomes]
 
 
 def _run_bound(tests: int, seconds: float) -> float:
-    # the program, then each test, `seconds` each, after the child's start
-    return seconds * (tests + 1) + _STARTUP_SECONDS
+    # each test, `seconds` and the runner's margins, after the child's start
+    return (seconds + _PER_TEST) * tests + _STARTUP_SECONDS
 
 
 def time_bound(ground_truth, *, seconds: float = SECONDS, **_) -> float:
@@ -441,7 +524,7 @@ def _verify(response, ground_truth, stdio, seconds, memory_mb, threshold, isolat
     outcomes = run_tests(program, tests, stdio=stdio, seconds=seconds, memory_mb=memory_mb, isolation=isolation)
     if "overflow" in outcomes:
         raise VerifierOverflow(
-            "the program wrote to the descriptor the verifier reads its child's records on (more than "
+            "the sandbox's report to the verifier was not records (more than "
             f"{report_bytes(len(tests))} bytes, or what is no record): killed, reward 0"
         )
     score = reward(outcomes, threshold)

@@ -1,13 +1,14 @@
 """The code verifier's side of its child's report: the records, read as they arrive, up to bounds.
 
-The sandbox's runner (olmax.rewards.code_sandbox `_send`) writes, for each test, a record
-"<kind> <index> <length>\\n" and `length` bytes: "v" (the values of a `code` test's calls), "o" (a stdio
-program's output), "t" (out of time), "x" (the program failed), or one "error 0 <length>" (the sandbox
-could not be entered). The program can write to the same descriptor, so nothing here is trusted beyond its
-form: a record only carries data the verifier judges itself (olmax.rewards.code_tests), and the reader
-holds at most one record (HEADER_BYTES + RECORD_BYTES) at a time. Anything else on the descriptor (a
-header that is not one, an unknown kind, a record past RECORD_BYTES, a third record for one test, more
-than `report_bytes` in all) is an overflow: the child is killed and every test fails.
+The sandbox's runner (olmax.rewards.code_runner `record`) writes, for each test, one record "<kind> <index>
+<length>\\n" and `length` bytes of reason: "p" (passed), "f" (failed), "r" (refused: it used no name of
+the program's), "t" (out of time), or one "error 0 <length>" (the sandbox could not be entered). Only the
+runner holds the descriptor (no process of the program's or of a test's does), and it writes each record
+in one write(2) of at most PIPE_BUF bytes: a runner killed midway leaves whole records. Still, nothing
+here trusts more than the form: the reader holds at most one record (HEADER_BYTES + RECORD_BYTES) at a
+time, and anything else (a header that is not one, an unknown kind, a record past RECORD_BYTES, a second
+record for one test, more than `report_bytes` in all) is an overflow: the child is killed and every test
+fails.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import subprocess
 import time
 
 HEADER_BYTES = 64  # "<kind> <index> <length>\n"
-RECORD_BYTES = 8 << 20  # one test's record: its calls' values, or its program's output
-_KINDS = frozenset((b"v", b"o", b"t", b"x", b"error"))
-_PER_TEST = 2  # the test's process's record, and the runner's "t" after killing it
+RECORD_BYTES = 512  # one test's record: its verdict's reason (code_harness.REASON_CHARS, and room)
+_KINDS = frozenset((b"p", b"f", b"r", b"t", b"error"))
+_PER_TEST = 1
 
 
 def report_bytes(tests: int) -> int:

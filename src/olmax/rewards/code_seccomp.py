@@ -43,6 +43,15 @@ guard already disables Python's sockets, subprocess and threads for them). What 
   that reports the outcomes;
 - administration calls (modules, kexec, reboot, swap, clocks, quotas, file handles, x86 port I/O): each
   needs a capability the program does not hold, refused so that a kernel bug behind one is out of reach;
+- page tables spread over the address space: a mapping, an unmapping or a move (mmap(2) with an address,
+  munmap(2), mremap(2) with MREMAP_FIXED) anywhere but in the process's memory window (`Window`: from its
+  lowest mapping of libraries and anonymous memory, less room to grow by 1.5 times its address-space
+  limit, up to its highest one), or of more than that limit at once; and remap_file_pages(2), outright.
+  RLIMIT_AS counts the pages mapped, not the page tables the kernel makes for them: one page touched at
+  each of 65,000 addresses a GiB apart (by address hints, or by unmapping all but one page of each
+  mapping so that the next lands further down) held ~8 KiB of page tables each, +509 MiB in one process.
+  Inside the window, at most one 4 KiB table per 2 MiB of it. mmap(2) without an address is allowed
+  (the kernel places it just below what the process holds);
 - clone3(2) with ENOSYS: its flags are in memory, which a filter cannot read (seccomp(2) "Caveats"); the C
   library falls back to clone(2), whose flags the filter checks;
 - every number at or past CEILING (ENOSYS): a call added to a later kernel is refused until it is judged
@@ -68,13 +77,14 @@ RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 EPERM, ENOSYS = 1, 38
 # <linux/bpf_common.h>: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
 # BPF_RET|BPF_K
-LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+LD, JEQ, JGT, JGE, JSET, RET = 0x20, 0x15, 0x25, 0x35, 0x45, 0x06
 # struct seccomp_data {int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];}: the low half of args[i]
 # is at 16 + 8 i on a little-endian machine (both here; a big-endian arm64 reports another arch and is killed)
 NR, ARCH = 0, 4
 # fcntl(2) commands refused: <linux/fcntl.h> F_SETPIPE_SZ (F_LINUX_SPECIFIC_BASE + 7), <asm-generic/fcntl.h>
 # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW
 FCNTL_DENIED = (1031, 6, 7, 37, 38)
+MREMAP_FIXED = 2  # <linux/mman.h>
 # <linux/sched.h>: CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
@@ -87,6 +97,9 @@ _SHARED = {
     "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443, "memfd_secret": 447, "process_mrelease": 448,
     "statmount": 457, "listmount": 458, "open_tree_attr": 467,
 }  # fmt: skip
+# the calls whose addresses the memory window bounds, and the one refused for it
+_MEMORY = {"x86_64": {"mmap": 9, "munmap": 11, "mremap": 25, "remap_file_pages": 216},
+           "aarch64": {"mmap": 222, "munmap": 215, "mremap": 216, "remap_file_pages": 234}}  # fmt: skip
 NUMBERS = {
     "x86_64": {
         **_SHARED,
@@ -104,7 +117,7 @@ NUMBERS = {
         "inotify_init1": 294, "perf_event_open": 298, "fanotify_init": 300, "name_to_handle_at": 303,
         "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
         "process_vm_writev": 311, "finit_module": 313, "memfd_create": 319, "kexec_file_load": 320, "bpf": 321,
-        "userfaultfd": 323,
+        "userfaultfd": 323, **_MEMORY["x86_64"],
     },
     "aarch64": {
         **_SHARED,
@@ -121,6 +134,7 @@ NUMBERS = {
         "perf_event_open": 241, "fanotify_init": 262, "name_to_handle_at": 264, "open_by_handle_at": 265,
         "clock_adjtime": 266, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271,
         "finit_module": 273, "memfd_create": 279, "bpf": 280, "userfaultfd": 282, "kexec_file_load": 294,
+        **_MEMORY["aarch64"],
     },
 }  # fmt: skip
 
@@ -137,6 +151,7 @@ DENIED = {
         "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents", "epoll_create",
         "epoll_create1", "epoll_ctl",
     ),
+    "page tables outside the memory window": ("remap_file_pages",),
     "sockets": ("socket", "socketpair"),
     "the kernel keyring": ("add_key", "request_key", "keyctl"),
     "namespaces and mounts": (
@@ -159,20 +174,93 @@ class Unsupported(OSError):
     """No filter for this machine's system calls: the sandbox does not run without one."""
 
 
+class Window:
+    """The addresses [low, high) a process may map at (mmap with an address), unmap or move, and the most
+    bytes one such call may cover (`length`): code_runner.memory_window makes one from the process's maps."""
+
+    __slots__ = ("low", "high", "length")
+
+    def __init__(self, low: int, high: int, length: int):
+        if not 0 < low < high < 1 << 64 or not 0 < length < 1 << 64:
+            raise ValueError(f"not a memory window: {low:#x}-{high:#x}, {length} bytes")
+        self.low, self.high, self.length = low, high, length
+
+
 def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     # struct sock_filter {__u16 code; __u8 jt; __u8 jf; __u32 k;} (<linux/filter.h>), native byte order
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def _arg(i: int) -> int:
-    return 16 + 8 * i  # the low 32 bits of seccomp_data.args[i]
+def _arg(i: int, high: bool = False) -> int:
+    return 16 + 8 * i + (4 if high else 0)  # the low (or high) 32 bits of seccomp_data.args[i]
 
 
-def program(machine: str) -> bytes:
-    """The filter for `machine` (platform.machine()) as the bytes of its struct sock_filter array (8 bytes
-    an instruction). Raises Unsupported naming the machine where there is no table for it."""
+def _assemble(items: list) -> list:
+    """Instructions from (code, k, jt, jf) with jumps given as label names (or 0: the next one), and
+    ("label", name) marks; classic BPF jumps forward only, at most 255 instructions."""
+    places, at = {}, 0
+    for item in items:
+        if item[0] == "label":
+            places[item[1]] = at
+        else:
+            at += 1
+    out, at = [], 0
+    for item in items:
+        if item[0] == "label":
+            continue
+        code, k, jt, jf = item
+        jt, jf = (places[j] - at - 1 if isinstance(j, str) else j for j in (jt, jf))
+        assert 0 <= jt < 256 and 0 <= jf < 256, (jt, jf)
+        out.append(_insn(code, k, jt, jf))
+        at += 1
+    return out
+
+
+def _within(i: int, window: Window, tag: str) -> list:
+    """Continue when args[i] (64 bits) is in [window.low, window.high), else jump to "deny"."""
+    low, high = (window.low >> 32, window.low & 0xFFFFFFFF), (window.high >> 32, window.high & 0xFFFFFFFF)
+    return [(LD, _arg(i, True), 0, 0), (JGT, low[0], f"{tag}up", 0), (JEQ, low[0], 0, "deny"),
+            (LD, _arg(i), 0, 0), (JGE, low[1], f"{tag}up", "deny"), ("label", f"{tag}up"),
+            (LD, _arg(i, True), 0, 0), (JGT, high[0], "deny", 0), (JEQ, high[0], 0, f"{tag}in"),
+            (LD, _arg(i), 0, 0), (JGE, high[1], "deny", f"{tag}in"), ("label", f"{tag}in")]  # fmt: skip
+
+
+def _at_most(i: int, limit: int, tag: str) -> list:
+    """Continue when args[i] (64 bits) is at most `limit`, else jump to "deny"."""
+    return [(LD, _arg(i, True), 0, 0), (JGT, limit >> 32, "deny", 0), (JEQ, limit >> 32, 0, f"{tag}ok"),
+            (LD, _arg(i), 0, 0), (JGT, limit & 0xFFFFFFFF, "deny", f"{tag}ok"), ("label", f"{tag}ok")]  # fmt: skip
+
+
+def _memory(nr: dict, window: Window) -> list:
+    """The blocks for mmap, munmap and mremap (module docstring: page tables): each starts by comparing
+    the call's number, which stays in the accumulator for the next block where it does not match."""
+    blocks = {
+        # an address of 0 lets the kernel choose, below what the process holds
+        "mmap": [(LD, _arg(0, True), 0, 0), (JEQ, 0, 0, "hinted"), (LD, _arg(0), 0, 0), (JEQ, 0, "allow", 0),
+                 ("label", "hinted"), *_within(0, window, "a"), *_at_most(1, window.length, "b")],
+        "munmap": [*_within(0, window, "a"), *_at_most(1, window.length, "b")],
+        "mremap": [*_within(0, window, "a"), *_at_most(1, window.length, "b"), (LD, _arg(3), 0, 0),
+                   (JSET, MREMAP_FIXED, 0, "allow"), *_within(4, window, "c")],
+    }  # fmt: skip
+    out = []
+    for name, body in blocks.items():
+        code = _assemble([*body, (RET, RET_ALLOW, 0, 0), ("label", "deny"), (RET, RET_ERRNO | EPERM, 0, 0),
+                          ("label", "allow"), (RET, RET_ALLOW, 0, 0)])  # fmt: skip
+        out += [_insn(JEQ, nr[name], 0, len(code)), *code]
+    return out
+
+
+def check_machine(machine: str) -> None:
+    """Raise Unsupported naming `machine` where there is no filter for it (the sandbox fails closed)."""
     if machine not in NUMBERS:
         raise Unsupported(f"seccomp: no system call filter for {machine} here (there is one for x86_64 and aarch64)")
+
+
+def program(machine: str, window: Window) -> bytes:
+    """The filter for `machine` (platform.machine()) and a process's memory `window`, as the bytes of its
+    struct sock_filter array (8 bytes an instruction). Raises Unsupported naming the machine where there
+    is no table for it."""
+    check_machine(machine)
     nr = NUMBERS[machine]
     out = [
         _insn(LD, ARCH),
@@ -196,6 +284,7 @@ def program(machine: str) -> bytes:
     checks.append(_insn(JEQ, FCNTL_DENIED[-1], 0, 1))
     out += [_insn(JEQ, nr["fcntl"], 0, 1 + len(checks) + 2), _insn(LD, _arg(1)), *checks]
     out += [_insn(RET, RET_ERRNO | EPERM), _insn(RET, RET_ALLOW)]
+    out += _memory(nr, window)
     out.append(_insn(RET, RET_ALLOW))
     return b"".join(out)
 
@@ -218,5 +307,5 @@ def decide(program: bytes, arch: int, nr: int, *args: int) -> int:
         if code == LD:
             acc, pc = struct.unpack_from("=I", data, k)[0], pc + 1
             continue
-        taken = {JEQ: acc == k, JGE: acc >= k, JSET: bool(acc & k)}[code]
+        taken = {JEQ: acc == k, JGT: acc > k, JGE: acc >= k, JSET: bool(acc & k)}[code]
         pc += 1 + (jt if taken else jf)

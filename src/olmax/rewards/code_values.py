@@ -1,357 +1,659 @@
-"""What comes back from the program's process, and the verifier's own evaluation of a test over it.
+"""Values on the channel between a test's process and its program's: frames, and the data they carry.
 
-The program's process returns data only (olmax.rewards.code_tests says which parts of a test run there): the
-values of the calls into the program, each written as JSON by the sandbox's runner (`code_sandbox.encode`),
-and a stdio program's output. This module reads those values back into Python's own types and evaluates
-the rest of each test over them in the verifier's process, so that no code of the program's (a method, a
-dunder, a patched builtin) takes part in a comparison:
+The tests run in a process of their own (olmax.rewards.code_harness), the program in another
+(olmax.rewards.code_program); every use of a program name from the tests is a request on a pair of pipes
+between the two, and the program's answer. This module writes and reads what crosses: frames (`send`,
+`receive`: a kind byte and a length, then that many bytes) whose payload is a message of JSON text
+(`Codec.encode`, `Codec.decode`), read within budgets (`MESSAGE_BYTES`, `ELEMENTS`, `DEPTH`,
+`COLLISIONS`, `DECODE_SECONDS`), so that no value a program sends can hold the tests' process for long or
+make it hold much.
 
-- `decode`: a value as the runner wrote it, into exact builtin types only (None, bool, int, float,
-  complex, str, bytes, bytearray, range, list, tuple, dict, set, frozenset) and the standard library's
-  Fraction and Decimal, nested at most DEPTH deep; a value of any other type comes back as an `Opaque`
-  placeholder, equal to nothing but itself, without
-  truth value or order. A subclass of a builtin type was written as its base type's content (an IntEnum
-  as its int, a Counter or OrderedDict as a dict, a namedtuple as a tuple): its own methods, `__eq__`
-  included, are not used.
-- `evaluate`: a small evaluator of Python expressions over those values and the test's own literals:
-  literals and displays, arithmetic, comparisons, `and`/`or`/`not`, conditional expressions, subscripts
-  and slices, calls of the builtins in NAMES and of `math`'s functions in MATH_ATTRIBUTES, and the
-  read-only methods in METHODS (`" ".join(...)`, `d.items()`, ...), and `fractions.Fraction` and
-  `decimal.Decimal`. Nothing else: no attribute or name
-  outside those tables, no comprehension, lambda or string formatting. Results are bounded (ITEMS elements
-  or characters, KEYS keys of a set or dict, BITS bits of a number, DECIMAL_DIGITS of a Decimal), checked
-  before an operation that could pass the bound (`*`, `**`, `<<`, `range`, `bytes(n)`, `set(...)`) or take
-  time quadratic in it (big-number division, colliding keys), so that a test over a program's value cannot
-  make the verifier hold more than that, nor spend more than a fraction of a second.
-- `same_output`: a stdio test's comparison, upstream's (`open_instruct/code_utils/testing_util.py`, the
-  LiveCodeBench grader, at 42aa63c and 9ade62d): the same number of lines, each stripped, equal as text or as
-  whitespace-separated Decimals.
+What crosses is data, rebuilt on the receiving side by that side's own classes, never code:
+
+- None, bool, int, float, complex, str, bytes, range, slice, tuple, frozenset, Fraction, Decimal, the
+  datetime types (fixed-offset time zones), numpy's arrays and scalars of numbers and booleans, dict views;
+- mutable objects, shared by reference so that identity and mutation survive the crossing: list, dict, set,
+  bytearray, Counter, OrderedDict, defaultdict (a factory named by module and name), deque, and instances of
+  classes the TESTS define (their attributes; the program's side holds a stand-in of the class:
+  code_program). Each such object has a number ("ref") for the whole test, the same on both sides; every
+  message carries the current content of every shared object ("defs"), so that what the program mutated is
+  written back into the tests' own objects after each call, and what the tests mutated is seen by the
+  program at the next;
+- namedtuples and Enum members by class name; an object either side can import by module and name
+  ("g": `len`, `collections.Counter`, `math.sqrt`), which the receiving side resolves itself (the tests'
+  side only within PURE_MODULES, else as a handle);
+- anything else of the program's (its functions, classes, instances, generators) as a handle: a number
+  the tests' side holds as a proxy (code_harness.Remote), whose use is a request.
+
+A subclass of a builtin data type that is not one of the above crosses as its base type's content, read
+through the base type's own methods (an IntEnum of the program's as its int): its own methods are not
+called on the receiving side.
+
+Standard library only: this module also runs inside the sandbox (olmax.rewards.code_sandbox).
 """
 
 from __future__ import annotations
 
-import ast
-import builtins
-import decimal
-import fractions
-import math
-import operator
-from decimal import Decimal
-from fractions import Fraction
+import binascii
+import importlib
+import json
+import os
+import struct
+import sys
+import time
 
-DEPTH = 100  # nesting of a value the verifier reads back (a cyclic or deeper value comes back Opaque)
-ITEMS = 1 << 24  # elements, characters or bytes of any value the evaluator makes
-# bits of any int (or Fraction's part) it reads or makes: CPython divides and takes gcds in time quadratic in
-# the digits, 0.1 s at this size (79,000 decimal digits), minutes at the record's 8 MiB
-BITS = 1 << 18
-# members of a set or keys of a dict it reads or makes: ints, floats and tuples hash the same in every
-# process, so a program can send keys that all collide, and building the set is quadratic in their number
-KEYS = 1 << 12
-DECIMAL_DIGITS = 10_000  # digits and exponent of a Decimal (int(Decimal("1e999999")) is a million digits)
-_SIZED = (str, bytes, bytearray, list, tuple, dict, set, frozenset)
-
-
-class Unsupported(ValueError):
-    """A part of a test the verifier does not evaluate itself (the message names it)."""
-
-
-class LeafFailed(Exception):
-    """The test needs the value of a call into the program that raised, or that had no value to return."""
+HEADER = struct.Struct("<cI")  # a frame: kind, payload length
+MESSAGE_BYTES = 16 << 20  # one message's JSON text
+ELEMENTS = 1 << 22  # values in one message, nested ones included
+DEPTH = 100  # nesting of immutable values (a shared object is a reference: a linked list of any length is flat)
+COLLISIONS = 16  # keys of one set or dict that may share a hash (ints and tuples hash alike in every process)
+DECODE_SECONDS = 2.0  # CPU-side bound on decoding one message
+_BIG = 1 << 63  # ints past +-2^63 travel as hex: JSON readers differ past 2^53, Python's stops at 4300 digits
+_CHECK_EVERY = 4096  # elements between checks of the decode deadline
+# what the tests' side resolves by module and name as its own (else a handle): modules whose functions only
+# compute over their arguments, and Python's builtins but those that reach code, files or the interpreter
+PURE_MODULES = frozenset(("array", "bisect", "cmath", "collections", "copy", "dataclasses", "datetime", "decimal",
+                          "enum", "fractions", "functools", "heapq", "itertools", "json", "math", "numbers",
+                          "numpy", "operator", "random", "re", "statistics", "string", "textwrap", "typing",
+                          "unicodedata"))  # fmt: skip
+IMPURE_BUILTINS = frozenset(("__import__", "breakpoint", "compile", "delattr", "eval", "exec", "exit", "getattr",
+                             "globals", "help", "input", "locals", "memoryview", "open", "quit", "setattr",
+                             "vars"))  # fmt: skip
 
 
-class Missing(Exception):
-    """The test needs the value of a call the program's process never reached (it ran out of time)."""
+class ChannelError(Exception):
+    """What arrived is not a message of this protocol, or is past a budget (the message says which)."""
 
 
-class Opaque:
-    """A value of a type that does not travel (a generator, a function, an instance of the program's own
-    class, a value past the size bound): equal only to itself, unordered, and without a truth value."""
-
-    __slots__ = ("kind",)
-
-    def __init__(self, kind: str):
-        self.kind = kind
-
-    def __bool__(self):
-        raise TypeError(f"a {self.kind} from the program has no truth value outside its process")
-
-    def __repr__(self) -> str:
-        return f"<{self.kind} from the program>"
+class Closed(ChannelError):
+    """The other side closed its end (its process ended)."""
 
 
-# the builtins a test may call or name outside the program's process, always Python's own (a program that
-# defines its own `sorted` does not change what a test's `sorted` is; `_guard_call` bounds range, bytes, pow,
-# sum and type), and the module math
-_BUILTINS = ("abs", "all", "any", "bin", "bool", "bytes", "chr", "complex", "dict", "divmod", "enumerate",
-             "float", "frozenset", "hex", "int", "isinstance", "len", "list", "max", "min", "oct", "ord", "pow",
-             "range", "repr", "reversed", "round", "set", "sorted", "str", "sum", "tuple", "type", "zip")  # fmt: skip
-NAMES = {name: getattr(builtins, name) for name in _BUILTINS} | {"math": math, "fractions": fractions,
-                                                                  "decimal": decimal}  # fmt: skip
-# their results are data (not an iterator or a type): with only program values as arguments, the call runs in
-# the program's process, as part of the value it returns (`len(f(x))`, `sorted(f(x))`, `list(f(x))`)
-DATA_FUNCTIONS = frozenset(("abs", "all", "any", "bool", "dict", "float", "frozenset", "int", "len", "list",
-                            "max", "min", "repr", "round", "set", "sorted", "str", "sum", "tuple"))  # fmt: skip
-# math's functions of bounded cost (not factorial, comb, perm, prod: their results grow without bound)
-MATH_ATTRIBUTES = frozenset(("isclose", "isnan", "isinf", "isfinite", "fabs", "floor", "ceil", "trunc", "sqrt",
-                             "isqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "atan", "atan2",
-                             "hypot", "copysign", "fsum", "gcd", "pi", "e", "tau", "inf", "nan"))  # fmt: skip
-_TEXT = ("count", "endswith", "find", "join", "lower", "lstrip", "rfind", "rsplit", "rstrip", "split",
-         "splitlines", "startswith", "strip", "upper")  # fmt: skip
-METHODS = {
-    str: frozenset((*_TEXT, "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper")),
-    bytes: frozenset((*_TEXT, "decode", "hex")),
-    list: frozenset(("count", "index")),
-    tuple: frozenset(("count", "index")),
-    dict: frozenset(("get", "items", "keys", "values")),
-    set: frozenset(("issubset", "issuperset", "isdisjoint", "union", "intersection", "difference")),
-    frozenset: frozenset(("issubset", "issuperset", "isdisjoint", "union", "intersection", "difference")),
-}
-# what a test may take from the modules in NAMES (math's, and the two number types)
-MODULES = {"math": MATH_ATTRIBUTES, "fractions": frozenset(("Fraction",)), "decimal": frozenset(("Decimal",))}
-KNOWN_ATTRIBUTES = frozenset().union(*MODULES.values(), *METHODS.values())
-
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-           ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.BitOr: operator.or_,
-           ast.BitXor: operator.xor, ast.BitAnd: operator.and_}  # fmt: skip
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
-_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
-            ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}  # fmt: skip
+class Unsendable(TypeError):
+    """A value that cannot cross (a function of the tests', a value past the budgets)."""
 
 
-def decode(node, depth: int = 0):
-    """A value from the runner's JSON (`code_sandbox.encode`): exact builtin types and Opaque only. Raises
-    ValueError on anything the runner does not write (a JSON object, an unknown tag, a non-hashable key)."""
-    if node is None or type(node) in (bool, int, float, str):
-        return node
-    if type(node) is not list or not node or type(node[0]) is not str or depth >= DEPTH:
-        raise ValueError(f"not a value the runner writes: {str(node)[:80]}")
-    tag, rest = node[0], node[1:]
-    if tag in ("s", "S", "d") and len(rest) > 2 * KEYS:
-        raise ValueError(f"a set or dict of more than {KEYS} keys")
-    if tag in ("l", "t", "s", "S"):
-        items = [decode(item, depth + 1) for item in rest]
-        try:
-            return {"l": list, "t": tuple, "s": set, "S": frozenset}[tag](items)
-        except TypeError as e:  # an unhashable member of a set
-            raise ValueError(str(e)) from None
-    if tag == "d" and len(rest) % 2 == 0:
-        pairs = [decode(item, depth + 1) for item in rest]
-        try:
-            return dict(zip(pairs[::2], pairs[1::2]))
-        except TypeError as e:
-            raise ValueError(str(e)) from None
-    if tag == "o" and len(rest) == 1 and type(rest[0]) is str:
-        return Opaque(rest[0][:100])
-    if tag == "q" and len(rest) == 2:
-        return _fraction(rest, depth)
-    if not rest or not all(type(part) in (str, int, float) for part in rest):
-        raise ValueError(f"not a value the runner writes: tag {tag[:8]!r}")
-    if tag == "i" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= BITS // 4 + 3:
-        return int(rest[0], 16)  # base 16: linear, and no limit on digits
-    if tag in ("b", "B") and len(rest) == 1 and type(rest[0]) is str:
-        return (bytes if tag == "b" else bytearray).fromhex(rest[0])
-    if tag == "c" and len(rest) == 2 and all(type(part) is float for part in rest):
-        return complex(*rest)
-    if tag == "r" and len(rest) == 3 and all(type(part) is int for part in rest) and rest[2] != 0:
-        return range(*rest)
-    if tag == "D" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 2 * DECIMAL_DIGITS:
-        try:
-            return _check_decimal(Decimal(rest[0]))
-        except (ArithmeticError, Unsupported):
-            raise ValueError(f"not a Decimal the verifier reads: {rest[0][:40]!r}") from None
-    raise ValueError(f"not a value the runner writes: tag {tag[:8]!r}")
+def send(fd: int, kind: bytes, payload: bytes) -> None:
+    """One frame: HEADER, then `payload`."""
+    for data in (HEADER.pack(kind, len(payload)), payload):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
 
 
-def _fraction(rest: list, depth: int) -> Fraction:
-    numerator, denominator = (decode(part, depth + 1) for part in rest)
-    if type(numerator) is not int or type(denominator) is not int or denominator <= 0:
-        raise ValueError("not a Fraction")
-    return Fraction(numerator, denominator)
+def _exactly(fd: int, size: int) -> bytes:
+    parts, have = [], 0
+    while have < size:
+        chunk = os.read(fd, min(size - have, 1 << 20))
+        if not chunk:
+            raise Closed("the other side closed the channel")
+        parts.append(chunk)
+        have += len(chunk)
+    return b"".join(parts)
 
 
-def _check_decimal(value):
-    if isinstance(value, Decimal) and value.is_finite():
-        if len(value.as_tuple().digits) > DECIMAL_DIGITS or abs(value.adjusted()) > DECIMAL_DIGITS:
-            raise Unsupported(f"a Decimal past {DECIMAL_DIGITS} digits or exponent")
-    return value
+def receive(fd: int, limit: int = MESSAGE_BYTES) -> tuple[bytes, bytes]:
+    """(kind, payload) of the next frame; ChannelError for one past `limit` bytes (nothing of it is read)."""
+    kind, length = HEADER.unpack(_exactly(fd, HEADER.size))
+    if length > limit:
+        raise ChannelError(f"a message of {length} bytes, past the bound of {limit}")
+    return kind, _exactly(fd, length)
 
 
-def truth(value) -> bool:
-    """bool(value), for a decoded value (an Opaque raises TypeError)."""
-    return bool(value)
+def _b64(data) -> str:
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
-def _bits(value) -> int:
-    if type(value) in (int, bool):
-        return abs(value).bit_length()
-    return max(value.numerator.bit_length(), value.denominator.bit_length()) if type(value) is Fraction else 0
+def _unb64(text) -> bytes:
+    if type(text) is not str:
+        raise ChannelError("bytes that are not base64 text")
+    try:
+        return binascii.a2b_base64(text)
+    except binascii.Error as e:
+        raise ChannelError(f"bytes that are not base64: {e}") from None
 
 
-def _check_power(base, exponent) -> None:
-    if type(exponent) in (int, bool) and exponent > 0 and _bits(base) > 1 and _bits(base) * exponent > BITS:
-        raise Unsupported(f"a power past {BITS} bits")
+def _ints(*values) -> None:
+    if not all(type(v) is int for v in values):
+        raise ChannelError("a field that is not an int")
 
 
-def _check_product(a, b) -> None:
-    for seq, times in ((a, b), (b, a)):
-        if isinstance(seq, _SIZED) and type(times) in (int, bool) and len(seq) * times > ITEMS:
-            raise Unsupported(f"a repetition past {ITEMS} elements")
-    if type(a) in (int, bool) and type(b) in (int, bool) and a.bit_length() + b.bit_length() > BITS:
-        raise Unsupported(f"an int product past {BITS} bits")
-
-
-def _bounded(value):
-    if isinstance(value, _SIZED) and len(value) > (KEYS if isinstance(value, (set, frozenset, dict)) else ITEMS):
-        raise Unsupported(f"a {type(value).__name__} of {len(value)} elements")
-    if _bits(value) > BITS:
-        raise Unsupported(f"a number past {BITS} bits")
-    return _check_decimal(value)
-
-
-def _binary(op: type, a, b):
-    if op in (ast.FloorDiv, ast.Mod, ast.Div) and max(_bits(a), _bits(b)) > BITS // 4:
-        raise Unsupported(f"a division of numbers past {BITS // 4} bits")  # quadratic in their digits
-    if op is ast.Mult:
-        _check_product(a, b)
-    elif op is ast.Pow:
-        _check_power(a, b)
-    elif op is ast.LShift and type(b) in (int, bool) and b > BITS:
-        raise Unsupported(f"a shift past {BITS} bits")
-    elif op is ast.Mod and isinstance(a, (str, bytes, bytearray)):
-        raise Unsupported("%-formatting")  # a width or precision can ask for any length
-    if op not in _BINARY:
-        raise Unsupported(f"the operator {op.__name__}")
-    return _bounded(_BINARY[op](a, b))
-
-
-def _attribute(value, name: str):
-    if value in (math, fractions, decimal) and name in MODULES[value.__name__]:
-        return getattr(value, name)
-    owner = value if isinstance(value, type) else type(value)
-    if owner in METHODS and name in METHODS[owner]:
-        return getattr(value, name)
-    raise Unsupported(f"the attribute .{name} of a {type(value).__name__}")
-
-
-def _guard_call(function, args: list, kwargs: dict) -> None:
-    """Refuse the calls of NAMES whose cost is not bounded by their arguments' size."""
-    if function is range and len(range(*args)) > ITEMS:
-        raise Unsupported(f"a range of more than {ITEMS} numbers")
-    if function is bytes and args and type(args[0]) in (int, bool) and args[0] > ITEMS:
-        raise Unsupported(f"bytes({args[0]}): more than {ITEMS}")
-    if function is pow and len(args) == 2:
-        _check_power(*args)
-    if function in (divmod, pow) and max(map(_bits, args), default=0) > BITS // 4:
-        raise Unsupported(f"{function.__name__}() of numbers past {BITS // 4} bits")
-    # a sequence start makes sum quadratic in the values' size (list + list + ...)
-    start = args[1] if len(args) > 1 else kwargs.get("start", 0)
-    if function is sum and type(start) not in (int, float, complex, bool):
-        raise Unsupported(f"sum() with a start of type {type(start).__name__}")
-    if function is type and (len(args) != 1 or kwargs):
-        raise Unsupported("type() with more than one argument (a new class)")
-    # a Fraction of "1e-999999999" is an int of that many digits (a Decimal's exponent is bounded)
-    if function is Fraction and any(isinstance(arg, str) and "e" in arg.lower() for arg in args):
-        raise Unsupported("a Fraction of a string with an exponent")
-    # keys that all collide make a set or dict quadratic to build: KEYS at most (`_call` passes a list)
-    if function in (set, frozenset, dict) and args and len(args[0]) > KEYS:
-        raise Unsupported(f"a {function.__name__} of more than {KEYS} keys")
-
-
-def _call(node: ast.Call, scope: dict):
-    function = evaluate(node.func, scope)
-    args = [evaluate(arg, scope) for arg in node.args]
-    if function in (set, frozenset, dict) and args and not isinstance(args[0], _SIZED + (range,)):
-        args[0] = list(args[0])  # an iterator's length, for the bound on keys
-    kwargs = {keyword.arg: evaluate(keyword.value, scope) for keyword in node.keywords}
-    _guard_call(function, args, kwargs)
-    return _bounded(function(*args, **kwargs))
-
-
-def _compare(node: ast.Compare, scope: dict) -> bool:
-    left = evaluate(node.left, scope)
-    for op, right_node in zip(node.ops, node.comparators):
-        right = evaluate(right_node, scope)
-        if not truth(_COMPARE[type(op)](left, right)):
-            return False
-        left = right
-    return True
-
-
-def _bool_op(node: ast.BoolOp, scope: dict):
-    value = None
-    for part in node.values:
-        value = evaluate(part, scope)
-        if truth(value) == isinstance(node.op, ast.Or):
-            return value
-    return value
-
-
-def _display(node, scope: dict):
-    if isinstance(node, (ast.Dict, ast.Set)) and len(node.keys if isinstance(node, ast.Dict) else node.elts) > KEYS:
-        raise Unsupported(f"a display of more than {KEYS} keys")
-    if isinstance(node, ast.Dict):
-        return {evaluate(k, scope): evaluate(v, scope) for k, v in zip(node.keys, node.values)}
-    items = [evaluate(element, scope) for element in node.elts]
-    return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
-
-
-def evaluate(node: ast.expr, scope: dict):
-    """The value of the expression `node` over `scope` (the test's names and the program's values, decoded;
-    NAMES for the rest). Raises Unsupported for a form outside the evaluator's tables, LeafFailed or Missing
-    where the expression needs a program value that is not there, and what Python raises otherwise."""
-    kind = type(node)
-    if kind is ast.Constant:
-        return node.value
-    if kind is ast.Name:
-        if node.id in scope:
-            value = scope[node.id]
-            if isinstance(value, (LeafFailed, Missing)):
-                raise value
-            return value
-        if node.id in NAMES:
-            return NAMES[node.id]
-        raise NameError(f"name {node.id!r} is not defined outside the program's process")
-    if kind is ast.Compare:
-        return _compare(node, scope)
-    if kind is ast.BoolOp:
-        return _bool_op(node, scope)
-    if kind is ast.UnaryOp:
-        operand = evaluate(node.operand, scope)
-        return not truth(operand) if isinstance(node.op, ast.Not) else _UNARY[type(node.op)](operand)
-    if kind is ast.BinOp:
-        return _binary(type(node.op), evaluate(node.left, scope), evaluate(node.right, scope))
-    if kind is ast.IfExp:
-        return evaluate(node.body if truth(evaluate(node.test, scope)) else node.orelse, scope)
-    if kind is ast.Call:
-        return _call(node, scope)
-    if kind is ast.Attribute:
-        return _attribute(evaluate(node.value, scope), node.attr)
-    if kind is ast.Subscript:
-        return evaluate(node.value, scope)[evaluate(node.slice, scope)]
-    if kind is ast.Slice:
-        return slice(*(None if part is None else evaluate(part, scope) for part in (node.lower, node.upper, node.step)))
-    if kind in (ast.List, ast.Tuple, ast.Set, ast.Dict):
-        return _bounded(_display(node, scope))
-    raise Unsupported(f"a {kind.__name__} outside the program's process")
-
-
-def _lines(text) -> list:
-    return [line.strip() for line in str(text).strip().split("\n")]
-
-
-def same_output(got, want) -> bool:
-    """Upstream's stdio comparison: line by line, each stripped; a line that differs as text may still hold
-    the same numbers (whitespace-separated Decimals). The line counts are compared first, before either
-    text is split, so a long wrong output costs no list of its lines."""
-    if str(got).strip().count("\n") != str(want).strip().count("\n"):
-        return False
-    for a, b in zip(_lines(got), _lines(want)):
-        if a != b:
+def check_keys(keys) -> None:
+    """Refuse keys of which more than COLLISIONS share a hash: a set or dict of such keys takes time quadratic
+    in their number to build (ints, floats and tuples hash the same in every process, so a program can make
+    them collide; strings are hashed with this process's own random key)."""
+    if len(keys) > COLLISIONS:
+        counts: dict = {}
+        for key in keys:
             try:
-                if [Decimal(x) for x in a.split()] != [Decimal(x) for x in b.split()]:
-                    return False
-            except Exception:
-                return False
-    return True
+                h = hash(key)
+            except TypeError as e:
+                raise ChannelError(f"a key that cannot be one: {e}") from None
+            counts[h] = counts.get(h, 0) + 1
+            if counts[h] > COLLISIONS:
+                raise ChannelError(f"more than {COLLISIONS} keys of one set or dict share a hash")
+
+
+def importable(obj) -> tuple[str, str] | None:
+    """(module, qualified name) under which `obj` (a module, class or function) is found again by import,
+    else None: a module's own name with "" for a module."""
+    if type(obj).__name__ == "module":
+        name = getattr(obj, "__name__", None)
+        return (name, "") if type(name) is str and sys.modules.get(name) is obj else None
+    owner = getattr(obj, "__objclass__", None)  # a method descriptor (str.upper) names its class
+    module = getattr(owner if owner is not None else obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if type(module) is not str or type(qualname) is not str or module == "__main__" or "<" in qualname:
+        return None
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return (module, qualname) if found is obj else None
+
+
+def resolve(module: str, qualname: str):
+    """The object `importable` named, imported in this process (ChannelError where it is not there)."""
+    try:
+        found = importlib.import_module(module)
+        for part in filter(None, qualname.split(".")):
+            found = getattr(found, part)
+    except Exception as e:
+        raise ChannelError(f"{module}.{qualname} cannot be imported here: {type(e).__name__}") from None
+    return found
+
+
+def _numpy():
+    return sys.modules.get("numpy")  # only where the sender or the program already imported it
+
+
+_NUMPY_KINDS = frozenset("biufc")
+_SCALAR_TYPES = (str, float, bool, type(None))
+
+
+class Codec:
+    """One side's view of the channel for one test: the shared objects (`refs`, by number; `ids`, by
+    id() of this side's object), and the subclass's rules for what is not data (`other`, `instance_class`,
+    `resolve_global`, `handle`). Refs this side makes are `parity` modulo 2 (the tests' side even, the
+    program's odd), so that a message can never name one of the other side's that does not exist."""
+
+    parity = 0
+
+    def __init__(self):
+        self.refs: dict[int, object] = {}
+        self.ids: dict[int, int] = {}
+        self._next = 2 + self.parity
+
+    # --- encoding -------------------------------------------------------------------------------------
+
+    def encode(self, value, limit: int = MESSAGE_BYTES) -> bytes:
+        """`value` and the content of every shared object, as one message's JSON text. Unsendable where it
+        cannot cross or is past the budgets."""
+        self._pending: list = []
+        self._defined: set = set()
+        self._count = 0
+        out = self._enc(value, 0)
+        for ref, obj in list(self.refs.items()):  # every shared object, as it is now
+            if ref not in self._defined:
+                self._defined.add(ref)
+                self._pending.append((obj, ref))
+        defs = []
+        while self._pending:
+            obj, ref = self._pending.pop()
+            defs.append(self._def(obj, ref))
+        text = json.dumps([out, defs], separators=(",", ":"))
+        if len(text) > limit:
+            raise Unsendable(f"a message of {len(text)} bytes, past the bound of {limit}")
+        return text.encode("ascii")
+
+    def _counted(self, n: int = 1) -> None:
+        self._count += n
+        if self._count > ELEMENTS:
+            raise Unsendable(f"a value of more than {ELEMENTS} elements")
+
+    def share(self, obj) -> int:
+        """The ref of `obj`, a new one if it has none; its content goes into the message being encoded."""
+        ref = self.ids.get(id(obj))
+        if ref is None or self.refs.get(ref) is not obj:
+            ref = self._next
+            self._next += 2
+            self.ids[id(obj)] = ref
+            self.refs[ref] = obj
+        if ref not in self._defined:
+            self._defined.add(ref)
+            self._pending.append((obj, ref))
+        return ref
+
+    def _enc(self, value, depth: int):  # noqa: C901 (one case per type)
+        self._counted()
+        kind = type(value)
+        if value is None or kind is bool or kind is str or kind is float:
+            return value
+        if kind is int:
+            return value if -_BIG <= value < _BIG else ["i", hex(value)]
+        if depth > DEPTH:
+            raise Unsendable(f"a value nested past {DEPTH}")
+        if kind in _SHARED:
+            return ["@", self.share(value)]
+        if kind is tuple:
+            return ["t", *(self._enc(item, depth + 1) for item in value)]
+        if kind is frozenset:
+            return ["f", *(self._enc(item, depth + 1) for item in value)]
+        if kind is complex:
+            return ["c", value.real, value.imag]
+        if kind is bytes:
+            self._counted(len(value) >> 6)
+            return ["b", _b64(value)]
+        if kind is range or kind is slice:
+            parts = (value.start, value.stop, value.step)
+            return ["r" if kind is range else "sl", *(self._enc(part, depth + 1) for part in parts)]
+        special = _special(value)
+        if special is not None:
+            return special(self, value, depth)
+        return self.other(value, depth)
+
+    def other(self, value, depth: int):
+        """The encoding of a value that is no data type above (the sides' own rules)."""
+        raise Unsendable(f"a {type(value).__name__} cannot cross to the program")
+
+    def _def(self, obj, ref: int) -> list:
+        kind = _SHARED.get(type(obj))
+        if kind is None:
+            return self.instance_def(obj, ref)
+        if kind == "B":
+            self._counted(len(obj) >> 6)
+            return [ref, "B", _b64(obj)]
+        if kind in ("d", "C", "O", "dd"):
+            items = list(dict.items(obj))
+            self._counted(2 * len(items))
+            head = [ref, kind]
+            if kind == "dd":  # a factory that is a class found by import (int, list, set); else none
+                factory = obj.default_factory
+                head.append(self._enc(factory, 0) if isinstance(factory, type) and importable(factory) else None)
+            return head + [self._enc(part, 1) for pair in items for part in pair]
+        self._counted(len(obj))  # before any copy of a list past the budget
+        items = list(obj)
+        head = [ref, kind] if kind != "Q" else [ref, kind, obj.maxlen]
+        if all(type(item) in _SCALAR_TYPES or (type(item) is int and -_BIG <= item < _BIG) for item in items):
+            return head + items  # the common case, a list of numbers or strings: as they are
+        self._count -= len(items)
+        return head + [self._enc(item, 1) for item in items]
+
+    def instance_def(self, obj, ref: int) -> list:
+        """The definition of a shared instance of a class of the tests' (the sides' own rules)."""
+        raise Unsendable(f"a {type(obj).__name__} cannot cross")
+
+    def attributes(self, obj, ref: int, name: str) -> list:
+        """[ref, "I", class name, attribute, value, ...]: an instance's attributes (its __dict__, or its slots)."""
+        fields = getattr(obj, "__dict__", None)
+        pairs = list(fields.items()) if isinstance(fields, dict) else []
+        for slot in _slots(type(obj)):
+            if hasattr(obj, slot):
+                pairs.append((slot, object.__getattribute__(obj, slot)))
+        self._counted(2 * len(pairs))
+        return [ref, "I", name, *(part for key, item in pairs for part in (key, self._enc(item, 1)))]
+
+    # --- decoding -------------------------------------------------------------------------------------
+
+    def decode(self, payload: bytes):
+        """The value of a message (encode's), after writing every shared object's content into this side's
+        object of that ref (made new for a ref this side has not seen). ChannelError for anything else."""
+        if len(payload) > MESSAGE_BYTES:
+            raise ChannelError(f"a message of {len(payload)} bytes, past the bound of {MESSAGE_BYTES}")
+        self._deadline = time.process_time() + DECODE_SECONDS
+        self._count = 0
+        try:
+            message = json.loads(payload)
+        except (ValueError, RecursionError) as e:
+            raise ChannelError(f"a message that is not JSON: {str(e)[:80]}") from None
+        if type(message) is not list or len(message) != 2 or type(message[1]) is not list:
+            raise ChannelError("a message that is not [value, definitions]")
+        value, defs = message
+        shells = []
+        for entry in defs:  # every shared object first, so that references among them resolve
+            if type(entry) is not list or len(entry) < 2 or type(entry[0]) is not int or type(entry[1]) is not str:
+                raise ChannelError("a definition that is not [ref, kind, ...]")
+            shells.append((self._shell(entry), entry))
+        # content: instances and sequences first, then sets and dicts, whose keys may hash an instance's fields
+        for last in (False, True):
+            for obj, entry in shells:
+                if (entry[1] in _KEYED) == last:
+                    self._fill(obj, entry)
+        return self._dec(value, 0)
+
+    def _tick(self, n: int = 1) -> None:
+        self._count += n
+        if self._count > ELEMENTS:
+            raise ChannelError(f"a message of more than {ELEMENTS} values")
+        if self._count % _CHECK_EVERY < n and time.process_time() > self._deadline:
+            raise ChannelError(f"a message that took more than {DECODE_SECONDS} s to read")
+
+    def _shell(self, entry: list):
+        ref, kind = entry[0], entry[1]
+        known = self.refs.get(ref)
+        if known is not None:
+            same = (
+                _SHARED.get(type(known)) == kind
+                if kind != "I"
+                else (_SHARED.get(type(known)) is None and len(entry) > 2 and type(known).__name__ == entry[2])
+            )
+            if not same:
+                raise ChannelError(f"shared object {ref} changed its type")
+            return known
+        if ref % 2 == self.parity:
+            raise ChannelError(f"a shared object {ref} this side never made")
+        if kind == "I":
+            if len(entry) < 3 or type(entry[2]) is not str:
+                raise ChannelError("an instance without its class")
+            obj = self.new_instance(entry[2])
+        elif kind in _MAKERS:
+            obj = _MAKERS[kind]()
+        else:
+            raise ChannelError(f"an unknown kind of shared object {kind[:8]!r}")
+        self.refs[ref] = obj
+        self.ids[id(obj)] = ref
+        return obj
+
+    def new_instance(self, name: str):
+        """An instance, without content, of the class of the tests' called `name` (the sides' own rules)."""
+        raise ChannelError(f"an instance of {name[:40]!r}, which this side does not know")
+
+    def _fill(self, obj, entry: list) -> None:  # noqa: C901 (one case per kind)
+        kind, rest = entry[1], entry[2:]
+        self._tick(len(rest))
+        if kind == "I":
+            self.set_attributes(obj, rest[1:])
+        elif kind == "B":
+            obj[:] = _unb64(rest[0] if len(rest) == 1 else None)
+        elif kind in ("l", "s", "Q"):
+            if kind == "Q":
+                if not rest or (rest[0] is not None and (type(rest[0]) is not int or rest[0] < 0)):
+                    raise ChannelError("a deque without its maxlen")
+                maxlen, rest = rest[0], rest[1:]
+            if all(type(item) in _SCALAR_TYPES or type(item) is int for item in rest):
+                items = rest  # the common case, numbers or strings as they are
+            else:
+                items = [self._dec(item, 1) for item in rest]
+            if kind == "l":
+                obj[:] = items
+            elif kind == "s":
+                check_keys(items)
+                obj.clear()
+                try:
+                    obj.update(items)
+                except TypeError as e:
+                    raise ChannelError(f"a key that cannot be one: {e}") from None
+            else:
+                obj.__init__(items, maxlen)
+        else:  # d, C, O, dd
+            if kind == "dd":
+                if not rest:
+                    raise ChannelError("a defaultdict without its factory")
+                factory, rest = self._dec(rest[0], 1), rest[1:]
+                if factory is not None and not isinstance(factory, type):
+                    raise ChannelError("a defaultdict whose factory is not a class")
+                obj.default_factory = factory
+            if len(rest) % 2:
+                raise ChannelError("a dict with a key and no value")
+            pairs = [self._dec(item, 1) for item in rest]
+            keys = pairs[::2]
+            check_keys(keys)
+            try:
+                if kind == "O":  # OrderedDict's own order, kept by its own methods
+                    obj.clear()
+                    obj.update(zip(keys, pairs[1::2]))
+                else:  # (Counter.update would add counts)
+                    dict.clear(obj)
+                    dict.update(obj, zip(keys, pairs[1::2]))
+            except TypeError as e:
+                raise ChannelError(f"a dict key that cannot be one: {e}") from None
+
+    def set_attributes(self, obj, pairs: list) -> None:
+        """Write an instance's attributes from [name, value, ...] (the sides' own rules)."""
+        raise ChannelError("instances do not cross here")
+
+    def _dec(self, node, depth: int):  # noqa: C901 (one case per tag)
+        self._tick()
+        kind = type(node)
+        if node is None or kind is bool or kind is int or kind is float or kind is str:
+            return node
+        if kind is not list or not node or type(node[0]) is not str:
+            raise ChannelError(f"not a value: {str(node)[:60]}")
+        if depth > DEPTH:
+            raise ChannelError(f"a value nested past {DEPTH}")
+        tag, rest = node[0], node[1:]
+        if tag == "@":
+            if len(rest) != 1 or type(rest[0]) is not int or rest[0] not in self.refs:
+                raise ChannelError("a reference to no shared object")
+            return self.refs[rest[0]]
+        if tag == "t":
+            return tuple(self._dec(item, depth + 1) for item in rest)
+        if tag == "f":
+            items = [self._dec(item, depth + 1) for item in rest]
+            check_keys(items)
+            try:
+                return frozenset(items)
+            except TypeError as e:
+                raise ChannelError(f"a key that cannot be one: {e}") from None
+        if tag == "i" and len(rest) == 1 and type(rest[0]) is str:
+            self._tick(len(rest[0]) >> 6)
+            try:
+                return int(rest[0], 16)
+            except ValueError:
+                raise ChannelError("an int that is not hex") from None
+        if tag == "c" and len(rest) == 2 and all(type(part) in (int, float) for part in rest):
+            return complex(*rest)
+        if tag == "b" and len(rest) == 1:
+            self._tick(len(rest[0]) >> 6 if type(rest[0]) is str else 0)
+            return _unb64(rest[0])
+        if tag in ("r", "sl") and len(rest) == 3:
+            parts = [self._dec(part, depth + 1) for part in rest]
+            try:
+                return range(*parts) if tag == "r" else slice(*parts)
+            except (TypeError, ValueError) as e:
+                raise ChannelError(f"not a range: {e}") from None
+        if tag in _READERS:
+            return _READERS[tag](self, rest, depth)
+        return self.tagged(tag, rest, depth)
+
+    def tagged(self, tag: str, rest: list, depth: int):
+        """A value of a tag of the sides' own (handles, classes by name), or ChannelError."""
+        raise ChannelError(f"an unknown tag {tag[:8]!r}")
+
+    def dec(self, node, depth: int):
+        """A nested value (for the sides' own tags)."""
+        return self._dec(node, depth)
+
+
+def _slots(cls) -> list:
+    names = []
+    for klass in getattr(cls, "__mro__", ())[:-1]:
+        slots = klass.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [s for s in slots if s not in ("__dict__", "__weakref__")]
+    return names
+
+
+# --- the standard library's data types -----------------------------------------------------------------
+
+
+def _mutable_types() -> dict:
+    import collections
+
+    return {list: "l", dict: "d", set: "s", bytearray: "B", collections.Counter: "C",
+            collections.OrderedDict: "O", collections.defaultdict: "dd", collections.deque: "Q"}  # fmt: skip
+
+
+_SHARED = _mutable_types()
+_KEYED = frozenset(("s", "d", "C", "O", "dd"))
+_MAKERS = {kind: cls for cls, kind in _SHARED.items()}
+
+
+def _special(value):
+    """The encoder of a value of the standard library's (or numpy's) data types, or None."""
+    kind = type(value)
+    if kind in _VIEWS:
+        return _write_view
+    module = kind.__module__
+    if module == "numpy":
+        np = _numpy()
+        return _write_numpy if np is not None and isinstance(value, (np.ndarray, np.generic)) else None
+    if module in ("fractions", "decimal", "datetime"):
+        return _WRITERS.get(kind.__qualname__)
+    return None
+
+
+def _write_fraction(codec, value, depth):
+    return ["q", codec._enc(value.numerator, depth + 1), codec._enc(value.denominator, depth + 1)]
+
+
+def _write_decimal(codec, value, depth):
+    return ["D", str(value)]
+
+
+def _offset(codec, tz, depth):
+    if tz is None:
+        return None
+    import datetime
+
+    if type(tz) is not datetime.timezone:
+        raise Unsendable("a time zone other than a fixed offset")
+    delta = tz.utcoffset(None)
+    return ["tz", delta.days, delta.seconds, delta.microseconds, tz.tzname(None)]
+
+
+def _write_datetime(codec, value, depth):
+    kind = type(value).__name__
+    if kind == "timedelta":
+        return ["dt", kind, value.days, value.seconds, value.microseconds]
+    if kind == "timezone":
+        return ["dt", kind, _offset(codec, value, depth)]
+    fields = {"date": ("year", "month", "day"), "time": ("hour", "minute", "second", "microsecond"),
+              "datetime": ("year", "month", "day", "hour", "minute", "second", "microsecond")}[kind]  # fmt: skip
+    tz = [] if kind == "date" else [_offset(codec, value.tzinfo, depth), value.fold]
+    return ["dt", kind, *(getattr(value, name) for name in fields), *tz]
+
+
+def _write_numpy(codec, value, depth):
+    np = _numpy()
+    if value.dtype.kind not in _NUMPY_KINDS or value.dtype.hasobject:
+        raise Unsendable(f"a numpy value of dtype {value.dtype}")
+    data = np.ascontiguousarray(value).tobytes()
+    codec._counted(len(data) >> 6)
+    if isinstance(value, np.ndarray):
+        return ["N", value.dtype.str, list(value.shape), _b64(data)]
+    return ["n", value.dtype.str, _b64(data)]
+
+
+def _write_view(codec, value, depth):
+    tag = _VIEWS[type(value)]
+    items = list(value) if tag != "di" else [part for pair in value for part in pair]
+    return [tag, *(codec._enc(item, depth + 1) for item in items)]
+
+
+_WRITERS = {"Fraction": _write_fraction, "Decimal": _write_decimal, "date": _write_datetime,
+            "time": _write_datetime, "datetime": _write_datetime, "timedelta": _write_datetime,
+            "timezone": _write_datetime}  # fmt: skip
+_VIEWS = {type({}.keys()): "dk", type({}.values()): "dv", type({}.items()): "di"}
+
+
+def _read_fraction(codec, rest, depth):
+    import fractions
+
+    parts = [codec.dec(part, depth + 1) for part in rest]
+    if len(parts) != 2 or any(type(part) is not int for part in parts) or parts[1] <= 0:
+        raise ChannelError("not a Fraction")
+    return fractions.Fraction(*parts)
+
+
+def _read_decimal(codec, rest, depth):
+    import decimal
+
+    if len(rest) != 1 or type(rest[0]) is not str or len(rest[0]) > 10_000:
+        raise ChannelError("not a Decimal")
+    try:
+        return decimal.Decimal(rest[0])
+    except decimal.InvalidOperation:
+        raise ChannelError("not a Decimal") from None
+
+
+def _read_zone(node):
+    import datetime
+
+    if node is None:
+        return None
+    if type(node) is not list or len(node) != 5 or node[0] != "tz" or type(node[4]) not in (str, type(None)):
+        raise ChannelError("not a time zone")
+    _ints(*node[1:4])
+    try:
+        return datetime.timezone(datetime.timedelta(node[1], node[2], node[3]), node[4])
+    except (ValueError, OverflowError) as e:
+        raise ChannelError(f"not a time zone: {e}") from None
+
+
+def _read_datetime(codec, rest, depth):
+    import datetime
+
+    if not rest or rest[0] not in ("date", "time", "datetime", "timedelta", "timezone"):
+        raise ChannelError("not a datetime value")
+    kind, fields = rest[0], rest[1:]
+    try:
+        if kind == "timezone":
+            return _read_zone(fields[0] if len(fields) == 1 else [])
+        if kind in ("date", "timedelta"):
+            _ints(*fields)
+            return getattr(datetime, kind)(*fields)
+        *numbers, zone, fold = fields
+        _ints(*numbers, fold)
+        return getattr(datetime, kind)(*numbers, tzinfo=_read_zone(zone), fold=fold)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ChannelError(f"not a datetime value: {e}") from None
+
+
+def _read_numpy(codec, rest, depth, array: bool):
+    np = _numpy() or importlib.import_module("numpy")
+    if len(rest) != (3 if array else 2) or type(rest[0]) is not str:
+        raise ChannelError("not a numpy value")
+    try:
+        dtype = np.dtype(rest[0])
+    except TypeError:
+        raise ChannelError("not a numpy dtype") from None
+    if dtype.kind not in _NUMPY_KINDS or dtype.hasobject or dtype.fields is not None:
+        raise ChannelError(f"a numpy dtype {dtype} that does not cross")
+    data = _unb64(rest[-1])
+    codec._tick(len(data) >> 6)
+    shape = rest[1] if array else []
+    if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+        raise ChannelError("not a numpy shape")
+    size = 1
+    for n in shape:
+        size *= n
+    if size * dtype.itemsize != len(data):
+        raise ChannelError("a numpy value whose bytes do not fit its shape")
+    try:
+        value = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+    except ValueError as e:
+        raise ChannelError(f"not a numpy value: {e}") from None
+    return value if array else value[()]
+
+
+def _read_view(tag: str):
+    def read(codec, rest, depth):
+        items = [codec.dec(item, depth + 1) for item in rest]
+        if tag == "dv":
+            return dict(enumerate(items)).values()
+        keys = items if tag == "dk" else items[::2]
+        if tag == "di" and len(items) % 2:
+            raise ChannelError("dict items without a value")
+        check_keys(keys)
+        try:
+            made = dict.fromkeys(keys) if tag == "dk" else dict(zip(keys, items[1::2]))
+        except TypeError as e:
+            raise ChannelError(f"a dict key that cannot be one: {e}") from None
+        return made.keys() if tag == "dk" else made.items()
+
+    return read
+
+
+_READERS = {"q": _read_fraction, "D": _read_decimal, "dt": _read_datetime,
+            "N": lambda codec, rest, depth: _read_numpy(codec, rest, depth, True),
+            "n": lambda codec, rest, depth: _read_numpy(codec, rest, depth, False),
+            **{tag: _read_view(tag) for tag in ("dk", "dv", "di")}}  # fmt: skip

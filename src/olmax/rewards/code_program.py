@@ -1,0 +1,414 @@
+"""The program's side of a code test: the program alone in a process, answering the tests' requests.
+
+A process of this kind is forked for each test by the sandbox's runner (olmax.rewards.code_runner) from a
+process that holds the program and nothing of any test, and is confined before it runs anything
+(limits, upstream's guard, the system call filter). Then, for a `code` test (`serve`):
+
+1. the program runs, as upstream runs it before each test (a fresh process per test: no test sees what
+   another gave the program, and a program that fails to load fails every test);
+2. the names it defined go to the tests' process (code_harness), each as data, as an object either side
+   imports by name, or as a handle (its functions, classes, instances);
+3. it answers requests: call a handle, get or set an attribute or item, len, iter, next, str, repr,
+   format. Arguments arrive as data (olmax.rewards.code_values): builtin values, shared containers, and
+   instances of the tests' classes, which here are stand-ins (`Codec.stand_in`) holding their
+   attributes; constructing one or calling one of its methods is a request back to the tests' process,
+   where the tests' own class runs. Each answer carries the result (data, or a handle) and the current
+   content of every shared object, which the tests' side writes back into its own objects.
+
+Nothing of the tests' code, their expected values or another test's inputs reaches this process; what
+it answers is data that the tests' process judges. For a `code_stdio` test (`stdio`), this process only
+supervises: it writes the test's input to a file that becomes the program's descriptor 0, runs the
+program in a child whose descriptor 1 is another file, and sends the tests' process the program's exit
+status and what it wrote, however it ended (an exit, os._exit, a crash, the time limit).
+
+Standard library only (this module runs inside the sandbox).
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import select
+import sys
+import time
+
+from olmax.rewards import code_values as cv
+
+NAMES = 10_000  # globals of a program reported to the tests (the rest are not reachable from them)
+SMALL = 10_000  # elements of a program's global sent as data (a larger one is a handle)
+INPUT_BYTES = 64 << 20  # a stdio test's input
+OUTPUT_BYTES = 16 << 20  # what a stdio program's output is read up to (RLIMIT_FSIZE stops it there too)
+_EXCEPTION_BASES = frozenset(name for name, value in vars(builtins).items()
+                             if isinstance(value, type) and issubclass(value, BaseException))  # fmt: skip
+_BUILTIN_BASES = (bool, int, float, complex, str, bytes, bytearray, tuple, frozenset, list, dict, set)
+
+
+class Codec(cv.Codec):
+    """The program's side: its non-data objects become handles; the tests' classes are stand-ins here."""
+
+    parity = 1
+
+    def __init__(self, namespace: dict, fd_in: int, fd_out: int):
+        super().__init__()
+        self.namespace, self.fd_in, self.fd_out = namespace, fd_in, fd_out
+        self.handles: dict[int, object] = {}
+        self.handle_ids: dict[int, int] = {}
+        self.stand_ins: dict[str, type] = {}  # the tests' classes, by name
+        self.enums: dict[str, type] = {}  # the tests' Enums, by name
+        self.tuples: dict[tuple, type] = {}  # namedtuple stand-ins, by (name, fields)
+
+    def handle(self, obj) -> int:
+        number = self.handle_ids.get(id(obj))
+        if number is None or self.handles[number] is not obj:
+            number = len(self.handles) + 1
+            self.handles[number] = obj
+            self.handle_ids[id(obj)] = number
+        return number
+
+    def other(self, value, depth: int):  # noqa: C901 (one case per kind of object)
+        kind = type(value)
+        if kind is _Handle:
+            return ["H", self.handle(value.value), type(value.value).__name__[:100]]
+        if self.enums.get(kind.__name__) is kind:  # a member of the tests' Enum
+            return ["e", kind.__name__, value.name]
+        if self.stand_ins.get(kind.__name__) is kind:
+            return ["@", self.share(value)]
+        if isinstance(value, tuple) and isinstance(getattr(kind, "_fields", None), tuple):
+            return ["nt", kind.__name__, list(kind._fields), *(self._enc(item, depth + 1) for item in value)]
+        special = cv._special(value)
+        if special is not None:
+            return special(self, value, depth)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return self.exception_class(value)
+        for base in _BUILTIN_BASES:  # a subclass of a data type: its base type's content, by its base's methods
+            if isinstance(value, base) and kind is not base:
+                return self._enc(_content(value, base), depth)
+        found = cv.importable(value)
+        if found is not None:
+            return ["g", *found, self.handle(value)]
+        return ["H", self.handle(value), str(getattr(kind, "__qualname__", "object"))[:100]]
+
+    def exception_class(self, cls: type) -> list:
+        found = cv.importable(cls) or ("", "")
+        bases = [c.__name__ for c in cls.__mro__ if c.__module__ == "builtins" and c.__name__ in _EXCEPTION_BASES]
+        return ["x", self.handle(cls), cls.__name__[:100], *found, bases]
+
+    def instance_def(self, obj, ref: int) -> list:
+        return self.attributes(obj, ref, type(obj).__name__)
+
+    def new_instance(self, name: str):
+        return object.__new__(self.stand_in(name))
+
+    def set_attributes(self, obj, pairs: list) -> None:
+        if len(pairs) % 2:
+            raise cv.ChannelError("an attribute without a value")
+        fields = {}
+        for name, node in zip(pairs[::2], pairs[1::2]):
+            if type(name) is not str or not name.isidentifier() or name.startswith("__"):
+                raise cv.ChannelError("an attribute that is not a plain name")
+            fields[name] = self.dec(node, 1)
+        obj.__dict__.clear()
+        obj.__dict__.update(fields)
+
+    def tagged(self, tag: str, rest: list, depth: int):
+        if tag == "H" and len(rest) == 1 and rest[0] in self.handles:
+            return self.handles[rest[0]]
+        if tag == "g" and len(rest) >= 2 and type(rest[0]) is str and type(rest[1]) is str:
+            return cv.resolve(rest[0], rest[1])
+        if tag == "nt" and len(rest) >= 2 and type(rest[1]) is list:
+            return self.named_tuple(rest[0], rest[1])._make(self.dec(item, depth + 1) for item in rest[2:])
+        if tag == "e" and len(rest) == 2 and rest[0] in self.enums:
+            try:
+                return self.enums[rest[0]][rest[1]]
+            except (KeyError, TypeError):
+                raise cv.ChannelError(f"no member {str(rest[1])[:40]} of {rest[0]}") from None
+        raise cv.ChannelError(f"an unknown value {tag[:8]!r}")
+
+    # --- the tests' classes, here ----------------------------------------------------------------------
+
+    def named_tuple(self, name, fields) -> type:
+        if type(name) is not str or not all(type(f) is str and f.isidentifier() for f in fields):
+            raise cv.ChannelError("a namedtuple whose name or fields are not names")
+        key = (name, tuple(fields))
+        if key not in self.tuples:
+            import collections
+
+            self.tuples[key] = collections.namedtuple(name, fields)
+        return self.tuples[key]
+
+    def stand_in(self, name: str, methods: tuple = (), fields: tuple | None = None, frozen: bool = False) -> type:
+        """The class standing in for the tests' class `name`: its instances hold attributes; constructing
+        one runs the tests' __init__ in their process, as calling one of `methods` runs that method there
+        (`callback`). A dataclass's stand-in compares (and, frozen, hashes) by its `fields`."""
+        if name in self.stand_ins:
+            return self.stand_ins[name]
+        if not name.isidentifier():
+            raise cv.ChannelError("a class whose name is not a name")
+        codec = self
+
+        def __init__(self, *args, **kwargs):
+            codec.callback("new", name, self, args, kwargs)
+
+        body = {"__init__": __init__, "__module__": "__main__", "__qualname__": name}
+        for method in methods:
+            body[method] = _method(codec, method)
+        if fields is not None:
+            body["__eq__"] = lambda a, b: type(a) is type(b) and all(
+                getattr(a, f, None) == getattr(b, f, None) for f in fields)  # fmt: skip
+            body["__hash__"] = (lambda a: hash(tuple(getattr(a, f, None) for f in fields))) if frozen else None
+        self.stand_ins[name] = type(name, (), body)
+        return self.stand_ins[name]
+
+    def announce(self, entries) -> None:
+        """The tests' classes their process announced (code_harness `Codec.announce`): each made here and
+        bound among the program's globals, where the tests' definition would have replaced the program's."""
+        for entry in entries:
+            if type(entry) is not tuple or len(entry) < 3 or type(entry[1]) is not str:
+                raise cv.ChannelError("an announcement that is not (kind, name, ...)")
+            kind, name = entry[0], entry[1]
+            if kind == "class" and len(entry) == 5:
+                made = self.stand_in(name, entry[2], entry[3], bool(entry[4]))
+            elif kind == "namedtuple":
+                made = self.named_tuple(name, list(entry[2]))
+            elif kind == "enum" and len(entry) == 4 and entry[2] in ("Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"):
+                import enum
+
+                made = self.enums[name] = getattr(enum, entry[2])(name, list(entry[3]))
+            else:
+                raise cv.ChannelError(f"an unknown announcement {str(kind)[:20]}")
+            self.namespace[name] = made
+
+    def callback(self, op: str, name: str, target, args: tuple, kwargs: dict):
+        """Ask the tests' process to run its class's __init__ (op "new") or method `name` on the stand-in
+        `target`; serve its requests meanwhile. Returns what it returned, or raises what it raised."""
+        cv.send(self.fd_out, b"C", self.encode((op, name, target, args, tuple(kwargs.items()))))
+        while True:
+            kind, payload = cv.receive(self.fd_in)
+            if kind == b"R":
+                self.answer(payload)
+                continue
+            if kind != b"K":
+                raise cv.ChannelError("an answer that is not one")
+            value = self.decode(payload)
+            if type(value) is tuple and len(value) == 2 and value[0] == "ok":
+                return value[1]
+            error = getattr(builtins, str(value[1]) if type(value) is tuple and len(value) == 3 else "", None)
+            cls = error if isinstance(error, type) and issubclass(error, Exception) else RuntimeError
+            raise cls(str(value[2])[:1000] if type(value) is tuple and len(value) == 3 else "")
+
+    # --- requests ----------------------------------------------------------------------------------------
+
+    def answer(self, payload: bytes) -> None:
+        """One request: (announcements, op, target, operands...) -> ("ok", result) or ("raise", class,
+        args, text), with every shared object's content."""
+        request = self.decode(payload)
+        if type(request) is not tuple or len(request) < 3 or type(request[1]) is not str:
+            raise cv.ChannelError("a request that is not (announcements, op, target, ...)")
+        self.announce(request[0])
+        op, target, operands = request[1], request[2], request[3:]
+        if op not in _OPS:
+            raise cv.ChannelError(f"an unknown request {op[:20]!r}")
+        try:
+            result = _OPS[op](target, *operands)
+            message = self.encode(("ok", result))
+        except cv.Unsendable as e:
+            message = self.encode(("raise", ValueError, (str(e),), str(e)))
+        except BaseException as e:  # noqa: BLE001 (what the program raised, for the tests to see)
+            message = self.raised(e)
+        cv.send(self.fd_out, b"A", message)
+
+    def raised(self, error: BaseException) -> bytes:
+        text = _text(error)
+        try:
+            return self.encode(("raise", type(error), tuple(error.args), text))
+        except cv.Unsendable:
+            return self.encode(("raise", type(error), (), text))
+
+
+class _Handle:
+    """A value that crosses as a handle whatever it is (a program's large global)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _method(codec: Codec, name: str):
+    def method(self, *args, **kwargs):
+        return codec.callback("call", name, self, args, kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _content(value, base: type):
+    """A subclass instance's content as its base type, read through the base type's own methods."""
+    if base in (list, tuple, set, frozenset):
+        return base(base.__iter__(value))
+    if base is dict:
+        return dict(dict.items(value))
+    if base is bytearray:
+        return bytearray(bytes(memoryview(value)))
+    return {bool: bool, int: int.__index__, float: float.__float__, complex: complex.__complex__,
+            str: str.__str__, bytes: bytes}[base](value)  # fmt: skip
+
+
+def _text(error: BaseException) -> str:
+    try:
+        return f"{type(error).__name__}: {str(error)[:500]}"
+    except Exception:  # a program's __str__ that fails
+        return type(error).__name__
+
+
+def _call(target, args: tuple = (), kwargs: tuple = ()):
+    return target(*args, **dict(kwargs))
+
+
+_OPS = {
+    "call": _call,
+    "getattr": getattr,
+    "setattr": setattr,
+    "delattr": delattr,
+    "getitem": lambda target, key: target[key],
+    "setitem": lambda target, key, value: target.__setitem__(key, value),
+    "delitem": lambda target, key: target.__delitem__(key),
+    "len": len,
+    "iter": iter,
+    "next": next,
+    "str": str,
+    "repr": repr,
+    "format": format,
+}
+
+
+def _small(value, budget: list) -> bool:
+    """Whether `value` is at most budget[0] elements (spent; text and bytes count one per 64), looking into
+    builtin containers only."""
+    budget[0] -= 1 + (len(value) >> 6 if type(value) in (str, bytes, bytearray) else 0)
+    if budget[0] < 0:
+        return False
+    if type(value) in (list, tuple, set, frozenset):
+        return all(_small(item, budget) for item in value)
+    if isinstance(value, dict):
+        return all(_small(k, budget) and _small(v, budget) for k, v in dict.items(value))
+    return True
+
+
+def load(program: str, namespace: dict) -> BaseException | None:
+    """Run the program in `namespace`: None, or what it raised."""
+    try:
+        exec(compile(program, "<program>", "exec", dont_inherit=True), namespace)
+    except BaseException as e:  # noqa: BLE001 (SystemExit and the rest: the program failed to load)
+        return e
+    return None
+
+
+def serve(program: str, fd_in: int, fd_out: int) -> None:
+    """A `code` test's program side (module docstring): load, report the names ("N") or the failure ("L"),
+    then answer requests until the tests' process closes the channel."""
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    failed = load(program, namespace)
+    if failed is not None:
+        cv.send(fd_out, b"L", _text(failed).encode("utf-8", "replace")[:1000])
+        return
+    codec = Codec(namespace, fd_in, fd_out)
+    names = [(name, value) for name, value in list(namespace.items())[: NAMES + 2]
+             if not (name.startswith("__") and name.endswith("__"))]  # fmt: skip
+    # a global that is data crosses as data (shared, if mutable) where it is small; else as a handle
+    names = [(name, value if _small(value, [SMALL]) else _Handle(value)) for name, value in names]
+    try:
+        report = codec.encode(tuple(names))
+    except cv.Unsendable as e:  # tens of thousands of small globals
+        cv.send(fd_out, b"L", f"its globals are past the channel's bounds: {e}".encode()[:1000])
+        return
+    cv.send(fd_out, b"N", report)
+    while True:
+        try:
+            kind, payload = cv.receive(fd_in)
+        except cv.Closed:
+            return
+        if kind != b"R":
+            return
+        codec.answer(payload)
+
+
+def wait_child(pid: int, seconds: float) -> int | None:
+    """The exit status of child `pid`, or None past `seconds` (then it is killed)."""
+    deadline = time.monotonic() + seconds
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        handle = None
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return None
+        if handle is not None:
+            select.select([handle], [], [], left)
+        else:
+            time.sleep(min(left, 0.002))
+
+
+def _file(data: bytes) -> tuple[int, int]:
+    """(a read-only descriptor of a file holding `data`, a read-write one of an empty file): both in the
+    working directory (the test's scratch), their names removed at once."""
+    fds = []
+    for content, mode in ((data, os.O_RDONLY), (b"", os.O_RDWR)):
+        name = f".olmax-{os.getpid()}-{len(fds)}"
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        fds.append(os.open(name, mode) if mode == os.O_RDONLY else fd)
+        if mode == os.O_RDONLY:
+            os.close(fd)
+        os.unlink(name)
+    return fds[0], fds[1]
+
+
+def receive_input(fd_in: int) -> tuple[int, int]:
+    """A stdio test's input from the tests' process ("I"), as the files `stdio` gives the program."""
+    kind, data = cv.receive(fd_in, INPUT_BYTES)
+    if kind != b"I":
+        raise cv.ChannelError("a stdio test without its input")
+    return _file(data)
+
+
+def stdio(program: str, files: tuple[int, int], channel: tuple[int, int], seconds: float, guard) -> None:
+    """A `code_stdio` test's program side (module docstring): the program in a child with `files` as its
+    descriptors 0 and 1, after `guard()`; then "O" on the channel's second descriptor: its status (0: it
+    ended, by an exit status of 0 or None too; 1: it raised or exited otherwise; 2: out of time) and its
+    output."""
+    stdin, stdout = files
+    child = os.fork()
+    if child == 0:
+        status = 1
+        try:
+            os.dup2(stdin, 0)
+            os.dup2(stdout, 1)
+            for fd in (stdin, stdout, *channel):
+                os.close(fd)
+            guard()
+            sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+            sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
+            raised = load(program, {"__name__": "__main__", "__builtins__": builtins})
+            status = 0 if raised is None or isinstance(raised, SystemExit) and raised.code in (None, 0) else 1
+            try:
+                sys.stdout.flush()
+            except BaseException:  # noqa: BLE001 (a program that closed or replaced its stdout)
+                pass
+        finally:
+            os._exit(status)
+    status = wait_child(child, seconds)
+    code = 2 if status is None else 0 if os.waitstatus_to_exitcode(status) == 0 else 1
+    size = os.lseek(stdout, 0, os.SEEK_END)
+    os.lseek(stdout, 0, os.SEEK_SET)
+    output = os.read(stdout, min(size, OUTPUT_BYTES + 1)) if size else b""
+    cv.send(channel[1], b"O", bytes([code]) + output)

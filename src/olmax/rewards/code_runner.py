@@ -1,0 +1,316 @@
+"""The code sandbox's runner: each test in two processes of its own, the tests' and the program's.
+
+The runner (under isolation namespaces, the sandbox's init, PID 1 of its PID namespace:
+olmax.rewards.code_sandbox) holds the program and the job's limits, and never runs the program, a test or
+anything either sends. For each test, in order (`run`):
+
+1. it makes the channel (two pipes) and a pipe for the verdict, and forks
+   - the tests' process: it reads its one test from the tests' file (which the verifier wrote and no
+     process of the program's holds), confines itself (`confine`) and runs the test
+     (olmax.rewards.code_harness), writing its verdict;
+   - the program's process: it confines itself, applies upstream's guard (`guard`) and runs the program
+     (olmax.rewards.code_program), answering the tests' process;
+2. it waits for the tests' process, up to the test's limit and SLACK (then kills it: "t"), reads its
+   verdict, and kills every other process of the test: under namespaces every process of the PID
+   namespace but itself (kill(2) of -1 by its init), else the program's process group;
+3. it empties the scratch directory (nothing one test's program wrote is there for the next);
+4. it writes the test's record for the verifier (`record`): "<kind> <index> <length>\\n<reason>", in one
+   write(2) of at most PIPE_BUF bytes, so that a record is whole or absent even if the runner is killed.
+   Kinds: "p" passed, "f" failed, "r" refused (the test used no name of the program's), "t" out of time;
+   "error" when the sandbox could not be entered.
+
+A program that fails to load (raises, or runs out of time before the tests' process gets its names) fails
+every test: the rest are recorded with the same verdict without running.
+
+Confinement, in both processes: rlimits (address space `memory_mb`, CPU seconds, file size, descriptors,
+pending signals, no POSIX message queue, no core file); Python's socket API refused; under namespaces, no
+capability (capset to empty, no_new_privs) and the system call filter (olmax.rewards.code_seccomp) for
+the process's memory window (`memory_window`), last. Both processes are not dumpable (the runner is not,
+and they inherit it), so that no process of the sandbox's user reads another's memory or descriptors
+through /proc.
+
+Standard library only (this module runs inside the sandbox).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import signal
+import struct
+import sys
+
+from olmax.rewards import code_harness, code_program, code_seccomp
+
+SLACK = 1.0  # seconds past a test's limit before the runner kills its processes
+STDIO_MARGIN = 0.25  # the tests' process waits this much longer than the program's side for a stdio output
+_INDEX = struct.Struct("<Q")  # the tests' file: count, count + 1 offsets, then each test's JSON
+# <linux/prctl.h>, <linux/seccomp.h>, <linux/capability.h>
+PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 4, 22, 38
+SECCOMP_MODE_FILTER = 2
+CAPABILITY_VERSION_3 = 0x20080522
+_MAPS_APART = ("[heap]", "[stack]", "[vdso]", "[vvar]", "[vvar_vclock]", "[vsyscall]")
+
+
+class SetupError(OSError):
+    """A step of entering or confining the sandbox that failed; its message names the step and the errno."""
+
+
+def call(name: str, *args, what: str = "") -> None:
+    """libc's `name`(*args), raising SetupError on failure; `what` names the mechanism the call stands for,
+    for the steps a host may lack (the probe's finding, and the refusal to start, name it)."""
+    import ctypes  # here, not above: isolation none does not pay for its import
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        errno = ctypes.get_errno()
+        shown = ", ".join(a.decode() if isinstance(a, bytes) else hex(a) if isinstance(a, int) else
+                          "NULL" if a is None else "..." for a in args)  # fmt: skip
+        raise SetupError(errno, f"{what + ': ' if what else ''}{name}({shown}): {os.strerror(errno)}")
+
+
+def drop_capabilities() -> None:
+    call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    # struct __user_cap_header_struct {version, pid = 0: this thread}, then effective, permitted and
+    # inheritable sets (low and high words): all empty
+    call("capset", struct.pack("Ii", CAPABILITY_VERSION_3, 0), bytes(24))
+
+
+def install_filter(program: bytes) -> None:
+    """seccomp(2) SECCOMP_MODE_FILTER with `program` (struct sock_filter entries, 8 bytes each): from here on,
+    in this process and every process it forks, each system call is judged by it. Needs no_new_privs."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):  # <linux/filter.h> struct sock_fprog
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    fprog = SockFprog(len(program) // 8, program)
+    call("prctl", PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0, what="seccomp")
+
+
+def memory_window(memory_bytes: int) -> code_seccomp.Window:
+    """This process's memory window (code_seccomp): from its lowest mapping of libraries and anonymous
+    memory, less 1.5 x `memory_bytes` (room for what an address space of that limit maps below it), to its
+    highest; the executable, its heap and the stack lie apart. Its children, forked after, share it."""
+    exe = os.readlink("/proc/self/exe")
+    low, high = None, 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            path = fields[5].strip() if len(fields) > 5 else ""
+            if path in _MAPS_APART or path == exe:
+                continue
+            start, end = (int(part, 16) for part in fields[0].split("-"))
+            low, high = start if low is None else min(low, start), max(high, end)
+    return code_seccomp.Window(max(low - memory_bytes * 3 // 2, 1 << 16), high, memory_bytes)
+
+
+def _limit(kind: int, value: int) -> None:
+    hard = resource.getrlimit(kind)[1]  # an unprivileged process may not raise its hard limit
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(kind, (value, value))
+
+
+def _no_network(*args, **kwargs):
+    raise PermissionError("network access is disabled in the olmax code sandbox")
+
+
+class _NoSocket:
+    def __new__(cls, *args, **kwargs):
+        _no_network()
+
+
+def confine(job: dict, filter_program: bytes | None) -> None:
+    """The limits of a test's process (module docstring), the filter last."""
+    if filter_program is not None:
+        drop_capabilities()
+    mem = job["memory_mb"] << 20
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["file_bytes"], job["file_bytes"]))
+    cpu = int(job["seconds"]) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    # what a process may hold beside its address space, bounded by count (getrlimit(2)): descriptors (pipe
+    # buffers are per descriptor), queued signals and POSIX timers, POSIX message queues, and no core file
+    _limit(resource.RLIMIT_NOFILE, job["open_files"])
+    _limit(resource.RLIMIT_SIGPENDING, job["pending_signals"])
+    _limit(resource.RLIMIT_MSGQUEUE, 0)
+    _limit(resource.RLIMIT_CORE, 0)
+    import _socket
+    import socket
+
+    for module in (socket, _socket):
+        for name in ("socket", "SocketType", "socketpair", "fromfd", "create_connection", "create_server",
+                     "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):  # fmt: skip
+            if hasattr(module, name):
+                setattr(module, name, _NoSocket if name in ("socket", "SocketType") else _no_network)
+    if filter_program is not None:
+        install_filter(filter_program)
+
+
+def guard() -> None:
+    """Upstream's `reliability_guard` (human-eval's, as open-instruct's code_utils.py applies it), in the
+    program's process: destructive os, shutil and subprocess calls, exit() and a few modules disabled, so
+    that programs behave (and fail) as they did in AI2's runs."""
+    import builtins
+    import shutil
+    import subprocess
+
+    builtins.exit = builtins.quit = None
+    for name in ("system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "forkpty", "killpg",
+                 "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod", "chown",
+                 "chroot", "lchflags", "lchmod", "lchown", "getcwd", "chdir"):  # fmt: skip
+        setattr(os, name, None)
+    shutil.rmtree = shutil.move = shutil.chown = None
+    subprocess.Popen = None
+    for name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
+        sys.modules[name] = None
+
+
+def record(report: int, kind: str, index: int, payload: bytes = b"") -> None:
+    """One record for the verifier, in one write (module docstring)."""
+    data = f"{kind} {index} {len(payload)}\n".encode() + payload
+    while data:
+        data = data[os.write(report, data) :]
+
+
+def read_spec(fd: int, index: int) -> dict:
+    """Test `index` of the tests' file (the verifier's `code.tests_file`)."""
+    count = _INDEX.unpack(os.pread(fd, 8, 0))[0]
+    if index >= count:
+        raise ValueError(f"no test {index} of {count}")
+    start, end = struct.unpack("<2Q", os.pread(fd, 16, 8 + 8 * index))
+    return json.loads(os.pread(fd, end - start, start))
+
+
+def _keep_only(needed: set) -> None:
+    """Close every descriptor from 3 on but `needed` (what the runner holds for others)."""
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd") if n.isdigit()):
+        if fd > 2 and fd not in needed:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _tests(job: dict, index: int, tests_fd: int, channel: tuple, verdict: int, filter_program) -> None:
+    spec = read_spec(tests_fd, index)
+    os.close(tests_fd)
+    confine(job, filter_program)
+    seconds = job["seconds"] + (STDIO_MARGIN if job["stdio"] else 0.0)
+    os.write(verdict, code_harness.run(spec, *channel, seconds, code_program.OUTPUT_BYTES))
+
+
+def _program(job: dict, channel: tuple, filter_program) -> None:
+    if job["isolation"] != "namespaces":
+        os.setpgid(0, 0)
+    if job["stdio"]:
+        files = code_program.receive_input(channel[0])
+        confine(job, filter_program)
+        code_program.stdio(job["program"], files, channel, job["seconds"], guard)
+    else:
+        confine(job, filter_program)
+        guard()
+        code_program.serve(job["program"], *channel)
+
+
+def _fork(work, needed: set) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            _keep_only(needed)
+            work()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _clear(scratch: str) -> None:
+    """Remove what a test's program left in the scratch directory."""
+    import shutil
+
+    for entry in os.scandir(scratch):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+
+
+def _end(program: int, namespaces: bool) -> None:
+    """Kill every process of the test but the runner, and reap them."""
+    if namespaces:
+        os.kill(-1, signal.SIGKILL)  # from the PID namespace's init: every other process in it
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
+    try:
+        os.killpg(program, signal.SIGKILL)
+    except OSError:
+        pass
+    os.waitpid(program, 0)
+
+
+def one(job: dict, index: int, tests_fd: int, filter_program) -> tuple[str, bytes]:
+    """Test `index` (module docstring): its verdict's kind and reason, and "L" in the kind where the program
+    failed to load."""
+    to_program, to_tests, verdict = os.pipe(), os.pipe(), os.pipe()
+    tests = _fork(lambda: _tests(job, index, tests_fd, (to_tests[0], to_program[1]), verdict[1], filter_program),
+                  {tests_fd, to_tests[0], to_program[1], verdict[1]})  # fmt: skip
+    program = _fork(lambda: _program(job, (to_program[0], to_tests[1]), filter_program),
+                    {to_program[0], to_tests[1]})  # fmt: skip
+    if job["isolation"] != "namespaces":
+        try:
+            os.setpgid(program, program)
+        except OSError:  # it has already done so, or is gone
+            pass
+    for fd in (*to_program, *to_tests, verdict[1]):
+        os.close(fd)
+    status = code_program.wait_child(tests, job["seconds"] + STDIO_MARGIN + SLACK)
+    said = os.read(verdict[0], code_harness.REASON_CHARS + 8) if status is not None else b""
+    os.close(verdict[0])
+    _end(program, job["isolation"] == "namespaces")
+    _clear(".")
+    kind, _, reason = said.partition(b" ")
+    if status is None:
+        return "t", b"past the time limit (killed)"
+    if kind not in (b"p", b"f", b"r", b"t", b"fL", b"tL"):
+        return "f", b"the tests' process ended without a verdict"
+    return kind.decode(), reason
+
+
+def run(job: dict, report: int, tests_fd: int) -> None:
+    """Every test of the job (module docstring), its record written as it ends."""
+    for name in job["preload"]:  # modules the program or the tests import, once here rather than per test
+        try:
+            __import__(name)
+        except BaseException:  # noqa: BLE001 (the program's or test's import fails there, as it would)
+            pass
+    import _socket  # noqa: F401 (confine and guard use them in every test)
+    import shutil  # noqa: F401
+    import socket  # noqa: F401
+    import subprocess  # noqa: F401
+
+    namespaces = job["isolation"] == "namespaces"
+    filter_program = None
+    if namespaces:
+        window = memory_window(job["memory_mb"] << 20)
+        filter_program = code_seccomp.program(platform.machine(), window)
+        resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
+    elif sys.platform == "linux":
+        call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
+    failed = None
+    for index in range(job["tests"]):
+        if failed is not None:
+            record(report, failed, index, b"the program failed to load (an earlier test)")
+            continue
+        kind, reason = one(job, index, tests_fd, filter_program)
+        if kind.endswith("L"):
+            kind = failed = kind[0]
+        record(report, kind, index, reason)
