@@ -429,17 +429,17 @@ class RolloutProducer:
 
 
 def code_test_forms(prompts: PromptSet) -> str:
-    """One line: how the code rows' tests will be judged (olmax.rewards.code_tests: an assert's verdict
-    outside the program; a statement passes when it completes; a refused form always fails)."""
+    """One line: how the code rows' tests will be judged (olmax.rewards.code_tests: each runs as written in
+    a process of its own; one that does not parse or names nothing a program could define is refused)."""
     counts: Counter = Counter()
     for p in prompts.prompts:
         for name, truth in zip(p.verifiers, p.ground_truths):
             if name.lower() == code.NAME:
                 counts.update(code_tests.survey(code.parse_tests(truth)))
     return (
-        f"code tests: {counts[code_tests.ASSERTS]} asserts judged outside the program, "
-        f"{counts[code_tests.STATEMENTS]} statements (pass when they complete), "
-        f"{counts[code_tests.REFUSED]} refused (always fail; docs/rewards.md)"
+        f"code tests: {counts[code_tests.RUN]} run against the program from a process of their own, "
+        f"{counts[code_tests.REFUSED]} refused at load (do not parse, or name nothing a program could define: "
+        "always fail; docs/rewards-code.md)"
     )
 
 
