@@ -407,7 +407,8 @@ class TokenSource:
         if size == 0:
             raise DataSourceError(f"data file {path} is empty")
         head = read_bytes(path, 0, min(size, SAMPLE_TOKENS * itemsize))
-        text = looks_like_text(head)
+        # uint8 ids (a vocabulary of at most 256, byte-level) may be text's own bytes: not checked
+        text = looks_like_text(head) if itemsize > 1 else None
         if text is not None:
             raise DataSourceError(
                 f"data file {path}: this looks like text: {text!r}; data.paths reads token files (jsonl text "
