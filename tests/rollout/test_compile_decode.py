@@ -48,9 +48,9 @@ def test_rollout_on_cpu_devices_reports_its_shapes_and_memory():
 
 
 def test_a_decoding_step_on_a_tpu_writes_the_cache_without_a_loop_over_rows():
-    """The rollout compiled for a v5e chip by libtpu on this host has its three loops only: the token
-    loop and the prefill's and the decoding step's scans over layer groups. A decoding step writes one
-    cache slot shared by every row (olmax.rollout.cache's clock); when each row wrote its own slot, the
+    """The rollout compiled for a v5e chip by libtpu on this host has its four loops only: the token
+    loop, the prefill's and the decoding step's scans over layer groups and the draw's walk. A decoding
+    step writes one cache slot shared by every row (olmax.rollout.cache's clock); when each row wrote its own slot, the
     TPU compiler expanded that scatter into a loop over the rows for each k and v of each layer (11
     loops in this 8-layer model, and the 1B's decode ran at 14.7% of the HBM bound, 59.5% without;
     docs/performance/decode.md)."""
@@ -82,7 +82,8 @@ def test_a_decoding_step_on_a_tpu_writes_the_cache_without_a_loop_over_rows():
         lambda s, d: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=d), shapes, param_shardings(cfg, mesh)
     )
     compiled = lower_rollout(params, cfg, 16, 1, 32, 32, mesh).compile(compiler.target_options(chip, "tpu"))
-    assert len(re.findall(r" while\(", compiled.as_text())) == 3
+    # and the draw's walk down its tree (olmax.rollout.draw; a vocabulary of one block: one tree)
+    assert len(re.findall(r" while\(", compiled.as_text())) == 3 + 1
 
 
 def test_smaller_chunks_are_those_whose_rows_the_batch_axes_split():

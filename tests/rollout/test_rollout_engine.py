@@ -48,15 +48,17 @@ def setup():
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (3, 9, 5, 12, 7, 1)]
     limits = rng.integers(1, NEW + 1, len(prompts) * N)
     limits[:N] = NEW  # the first group runs to the end: its tokens choose the stops below
-    limits[-N:] = (NEW, 2, 1)  # the last group's first row is the last to stop: the drain narrows
+    limits[-N:] = (1, 2, NEW)  # the last group's last row (its highest slot) stops last: the drain narrows
     # (the engines here narrow once, to 2 of 4 slots: one program fewer to compile than the default's two;
     # and prefill up to 4 prompts at once, in programs of 1, 2 and 4 prompts)
     # no stops yet: an automaton that never ends, the same program as the one with the stops below
     automaton = np.zeros((2, CFG.vocab_size), np.int32)  # olmax.rollout.text.stop_table's form
     free = sample(params, CFG, prompts, NEW, n=N, sampling=HOT, limits=limits, stop_text=automaton)
     tokens = np.asarray(free.tokens)
-    eos = int(tokens[0, 6])  # row 0 ends at its 7th token (or earlier, where that id comes first)
     pair = tokens[1, 3:5].tolist()  # a stop string spelled by row 1's 4th and 5th tokens
+    # row 0 ends at the first of its 5th to 9th tokens that row 1 does not draw before its stop string
+    # (or earlier, where that id comes first)
+    eos = next(int(t) for t in tokens[0, 4:9] if t not in tokens[1, :5])
     automaton[:, pair[0]] = 1
     automaton[1, pair[1]] = -1
     stops = dict(eos_ids=[eos], stop_text=automaton)

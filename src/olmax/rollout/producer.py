@@ -334,6 +334,9 @@ class RolloutProducer:
             # the prompts it marked stay marked (open-instruct marks every group it reads,
             # accumulate_inference_batches)
             self._mark(sel, [g.prompt_id for g in read])
+            # and the read is over for the stream: its groups no longer count against admission (the
+            # engine's) and a call's prompts it did not reach go back to the order, as at a step's end
+            self.cursor -= self.stream.end_step()
             read = []
 
     def _rollout(self, params) -> _Rollout:

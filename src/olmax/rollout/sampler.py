@@ -11,10 +11,11 @@ generate_until (`generate`, `generate_in_batches`). docs/rollout.md describes it
   rows). Temperature 0: the argmax (greedy), as transformers' `generate(do_sample=False)`. Temperature
   > 0: the logits are divided by the temperature, then top-k keeps the k largest and top-p the smallest
   set of most likely tokens whose probabilities reach p (always at least one), in that order, as
-  transformers' logits processors do; the token is drawn from what remains. The draw for request row
-  i's t-th new token (t = 0, 1, ...) uses the key fold_in(fold_in(key(seed), t), i), where i is the row's
-  position in the WHOLE request (`index`), not in a batch: the same seed, prompts and settings give the
-  same tokens whatever the batch size, and the samples of one prompt get their own draws.
+  transformers' logits processors do; the token is drawn from what remains, each with its softmax
+  probability to float32 rounding (olmax.rollout.draw). The draw for request row i's t-th new token
+  (t = 0, 1, ...) uses the key fold_in(fold_in(key(seed), t), i), where i is the row's position in the
+  WHOLE request (`index`), not in a batch: the same seed, prompts and settings give the same tokens
+  whatever the batch size, and the samples of one prompt get their own draws.
 - Log-probs: every chosen token's log-probability in float32 under log_softmax(logits / T) over the
   real vocabulary, T the temperature (1 when greedy), BEFORE top-k / top-p truncation: the policy's
   own probability, which the trainer recomputes from `olmax.model.olmo3.forward` (tests prove the two
@@ -52,6 +53,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from olmax.config.model import ModelConfig
 from olmax.model.sharding import logical_to_spec, place
 from olmax.rollout.cache import cached_forward, init_cache
+from olmax.rollout.draw import draw
 
 FINISH = ("length", "eos", "stop")  # Rollout.finish codes: FINISH[code]
 _NEVER = -1  # the EOS table's padding: no token has this id
@@ -131,14 +133,9 @@ def choose_with_keys(
     # of its compiling on a TPU (Sampling.draw): plain temperature sampling, GRPO's, has none
     if truncate:
         logits = jax.lax.cond((top_k > 0) | (top_p < 1), cut, lambda x: x, logits)
-    # one uniform draw per row and the inverse of the cumulative distribution: jax.random.categorical
-    # (Gumbel-max) draws a random number per vocabulary entry, 6.4M per step for 64 rows of dolma2's
-    # 100k tokens, which was 5/6 of a sampled step on a CPU. u is in (0, 1], so the first entry whose
-    # cumulative mass reaches u * total has probability > 0 (float32 sums: the distribution is exact
-    # to ~1e-7 of the mass).
-    u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
-    mass = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)
-    return jnp.argmax(mass >= u[:, None] * mass[:, -1:], axis=-1).astype(jnp.int32)
+    # the tree draw of olmax.rollout.draw: 17 random words a row, each token drawn with its softmax
+    # probability to float32 rounding (jax.random.categorical's Gumbel-max would draw 100k a row)
+    return draw(logits, keys)
 
 
 def _argmax(logits: jnp.ndarray, block: int = 128) -> jnp.ndarray:
