@@ -197,7 +197,7 @@ def test_no_process_outlives_the_call(tmp_path):
 FAN_OUT = """
 os = {os}
 def fan_out():
-    made = 0
+    made, (r, w) = 0, os.pipe()
     for _ in range(64):
         try:
             pid = os.fork()
@@ -205,12 +205,14 @@ def fan_out():
             break
         if pid == 0:
             os.setsid()
+            os.write(w, b'x')  # in a session of its own now: the fan-out returns once all are
             os.closerange(0, 1024)
             {name}
             __import__('time').sleep(30)
             os._exit(0)
         made += 1
-    return made
+    os.close(w)
+    return len(b''.join(iter(lambda: os.read(r, 64), b'')))
 """
 
 
@@ -448,6 +450,7 @@ def test_the_report_is_out_of_the_programs_reach(monkeypatch):
     monkeypatch.setattr(code, "run_tests", lambda *args, **kwargs: ["overflow"] * 3)
     with pytest.raises(code.VerifierOverflow, match="not records"):
         code.verify(HONEST, tests)
+    assert rewards.call("code", HONEST, tests) == (0.0, rewards.ERROR)
 
 
 # keyrings(7): a key in the caller's session keyring (-3) is not the program's to read, list, change or add to

@@ -18,9 +18,10 @@ no process of the program's ever holds, and:
   test passes when it raises nothing; a test that used no name of the program's is refused, never
   passed; a test during which the program's process ended or sent what is no answer fails, whatever the
   test caught.
-- `code_stdio` tests (`run_stdio`): the input goes to the program's side, which runs the program with it
-  as descriptor 0 and returns its exit status and output; the output is compared here, upstream's way
-  (`same_output`), line by line without holding more than one line's tokens.
+- `code_stdio` tests (`run_stdio`): the input is written to a file that becomes the program's descriptor 0
+  (olmax.rewards.code_runner hands it over); its output, a file, is read back here after the program
+  ended and compared here, upstream's way (`same_output`), line by line without holding more than one
+  line's tokens.
 
 Standard library only (this module runs inside the sandbox).
 """
@@ -527,13 +528,10 @@ def same_output(got: str, want: str) -> bool:
     return all(a == b or _same_numbers(a, b) for a, b in zip(_lines(got), _lines(want)))
 
 
-def run_stdio(spec: dict, fd_in: int, fd_out: int, output_bytes: int) -> tuple[str, str, bool]:
-    """A `code_stdio` test: its input to the program's side, its output compared here."""
-    cv.send(fd_out, b"I", spec["input"].encode("utf-8", "surrogatepass"))
-    kind, payload = cv.receive(fd_in, output_bytes + 2)
-    if kind != b"O" or not payload:
-        return "f", "the program's side sent no output", False
-    status, output = payload[0], payload[1:]
+def run_stdio(spec: dict, exchange, output_bytes: int) -> tuple[str, str, bool]:
+    """A `code_stdio` test: `exchange(input bytes)` runs the program on it and returns (its status, its
+    output up to `output_bytes` + 1), compared here."""
+    status, output = exchange(spec["input"].encode("utf-8", "surrogatepass"))
     if status == 2:
         return "t", "the program ran past its time", False
     if status != 0:
@@ -544,9 +542,10 @@ def run_stdio(spec: dict, fd_in: int, fd_out: int, output_bytes: int) -> tuple[s
     return ("p", "", False) if same_output(text, spec["output"]) else ("f", "the output differs", False)
 
 
-def run(spec: dict, fd_in: int, fd_out: int, seconds: float, output_bytes: int) -> bytes:
+def run(spec: dict, seconds: float, channel: tuple = (), exchange=None, output_bytes: int = 0) -> bytes:
     """One test under its time limit, as the verdict the runner reads: "<kind>[L] <reason>" (L: the program
-    failed to load)."""
+    failed to load). A `code` test talks to the program's process over `channel` (the descriptors to read
+    from it and to write to it); a stdio test runs it by `exchange` (`run_stdio`)."""
     late, loaded = [], []
 
     def expire(signum, frame):
@@ -557,15 +556,17 @@ def run(spec: dict, fd_in: int, fd_out: int, seconds: float, output_bytes: int) 
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         if "input" in spec:
-            kind, reason, load = run_stdio(spec, fd_in, fd_out, output_bytes)
+            kind, reason, load = run_stdio(spec, exchange, output_bytes)
         else:
-            kind, reason, load = run_code(spec, fd_in, fd_out, loaded)
+            kind, reason, load = run_code(spec, *channel, loaded)
     except Late:
         kind, reason, load = "t", "past the time limit", "input" not in spec and not loaded
     except ProgramGone as e:
         kind, reason, load = "f", str(e), False
     except cv.ChannelError as e:
         kind, reason, load = "f", f"the channel failed: {e}", False
+    except Exception as e:  # noqa: BLE001 (this process's own failure: the test fails, saying so)
+        kind, reason, load = "f", f"the tests' process failed: {type(e).__name__}: {str(e)[:150]}", False
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     if late:

@@ -16,10 +16,10 @@ process that holds the program and nothing of any test, and is confined before i
    content of every shared object, which the tests' side writes back into its own objects.
 
 Nothing of the tests' code, their expected values or another test's inputs reaches this process; what
-it answers is data that the tests' process judges. For a `code_stdio` test (`stdio`), this process only
-supervises: it writes the test's input to a file that becomes the program's descriptor 0, runs the
-program in a child whose descriptor 1 is another file, and sends the tests' process the program's exit
-status and what it wrote, however it ended (an exit, os._exit, a crash, the time limit).
+it answers is data that the tests' process judges. For a `code_stdio` test (`run_stdio`), the program
+runs with the test's input as its descriptor 0 (a file the tests' process wrote) and a file as its
+descriptor 1, which the tests' process reads after it ended, however it ended (an exit, os._exit, a
+crash, the time limit).
 
 Standard library only (this module runs inside the sandbox).
 """
@@ -28,17 +28,12 @@ from __future__ import annotations
 
 import builtins
 import io
-import os
-import select
 import sys
-import time
 
 from olmax.rewards import code_values as cv
 
 NAMES = 10_000  # globals of a program reported to the tests (the rest are not reachable from them)
 SMALL = 10_000  # elements of a program's global sent as data (a larger one is a handle)
-INPUT_BYTES = 64 << 20  # a stdio test's input
-OUTPUT_BYTES = 16 << 20  # what a stdio program's output is read up to (RLIMIT_FSIZE stops it there too)
 _EXCEPTION_BASES = frozenset(name for name, value in vars(builtins).items()
                              if isinstance(value, type) and issubclass(value, BaseException))  # fmt: skip
 _BUILTIN_BASES = (bool, int, float, complex, str, bytes, bytearray, tuple, frozenset, list, dict, set)
@@ -334,81 +329,17 @@ def serve(program: str, fd_in: int, fd_out: int) -> None:
         codec.answer(payload)
 
 
-def wait_child(pid: int, seconds: float) -> int | None:
-    """The exit status of child `pid`, or None past `seconds` (then it is killed)."""
-    deadline = time.monotonic() + seconds
+def run_stdio(program: str) -> int:
+    """A `code_stdio` test's program: the program with descriptors 0 and 1 as the runner set them (the
+    test's input, a file; an empty file for its output), as a script reading sys.stdin (or open(0), or
+    sys.stdin.buffer) and printing. Returns the exit status: 0 when it ended, or exited with 0 or None
+    (its output flushed then too), else 1."""
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
+    raised = load(program, {"__name__": "__main__", "__builtins__": builtins})
+    status = 0 if raised is None or isinstance(raised, SystemExit) and raised.code in (None, 0) else 1
     try:
-        handle = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        handle = None
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        left = deadline - time.monotonic()
-        if left <= 0:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            return None
-        if handle is not None:
-            select.select([handle], [], [], left)
-        else:
-            time.sleep(min(left, 0.002))
-
-
-def _file(data: bytes) -> tuple[int, int]:
-    """(a read-only descriptor of a file holding `data`, a read-write one of an empty file): both in the
-    working directory (the test's scratch), their names removed at once."""
-    fds = []
-    for content, mode in ((data, os.O_RDONLY), (b"", os.O_RDWR)):
-        name = f".olmax-{os.getpid()}-{len(fds)}"
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        view = memoryview(content)
-        while view:
-            view = view[os.write(fd, view) :]
-        fds.append(os.open(name, mode) if mode == os.O_RDONLY else fd)
-        if mode == os.O_RDONLY:
-            os.close(fd)
-        os.unlink(name)
-    return fds[0], fds[1]
-
-
-def receive_input(fd_in: int) -> tuple[int, int]:
-    """A stdio test's input from the tests' process ("I"), as the files `stdio` gives the program."""
-    kind, data = cv.receive(fd_in, INPUT_BYTES)
-    if kind != b"I":
-        raise cv.ChannelError("a stdio test without its input")
-    return _file(data)
-
-
-def stdio(program: str, files: tuple[int, int], channel: tuple[int, int], seconds: float, guard) -> None:
-    """A `code_stdio` test's program side (module docstring): the program in a child with `files` as its
-    descriptors 0 and 1, after `guard()`; then "O" on the channel's second descriptor: its status (0: it
-    ended, by an exit status of 0 or None too; 1: it raised or exited otherwise; 2: out of time) and its
-    output."""
-    stdin, stdout = files
-    child = os.fork()
-    if child == 0:
-        status = 1
-        try:
-            os.dup2(stdin, 0)
-            os.dup2(stdout, 1)
-            for fd in (stdin, stdout, *channel):
-                os.close(fd)
-            guard()
-            sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
-            sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
-            raised = load(program, {"__name__": "__main__", "__builtins__": builtins})
-            status = 0 if raised is None or isinstance(raised, SystemExit) and raised.code in (None, 0) else 1
-            try:
-                sys.stdout.flush()
-            except BaseException:  # noqa: BLE001 (a program that closed or replaced its stdout)
-                pass
-        finally:
-            os._exit(status)
-    status = wait_child(child, seconds)
-    code = 2 if status is None else 0 if os.waitstatus_to_exitcode(status) == 0 else 1
-    size = os.lseek(stdout, 0, os.SEEK_END)
-    os.lseek(stdout, 0, os.SEEK_SET)
-    output = os.read(stdout, min(size, OUTPUT_BYTES + 1)) if size else b""
-    cv.send(channel[1], b"O", bytes([code]) + output)
+        sys.stdout.flush()
+    except BaseException:  # noqa: BLE001 (a program that closed or replaced its stdout)
+        pass
+    return status

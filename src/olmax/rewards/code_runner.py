@@ -38,13 +38,16 @@ import json
 import os
 import platform
 import resource
+import select
 import signal
 import struct
 import sys
+import time
 
 from olmax.rewards import code_harness, code_program, code_seccomp
 
 SLACK = 1.0  # seconds past a test's limit before the runner kills its processes
+OUTPUT_BYTES = 16 << 20  # what a stdio program's output is read up to (RLIMIT_FSIZE stops it there too)
 STDIO_MARGIN = 0.25  # the tests' process waits this much longer than the program's side for a stdio output
 _INDEX = struct.Struct("<Q")  # the tests' file: count, count + 1 offsets, then each test's JSON
 # <linux/prctl.h>, <linux/seccomp.h>, <linux/capability.h>
@@ -122,14 +125,14 @@ class _NoSocket:
         _no_network()
 
 
-def confine(job: dict, filter_program: bytes | None) -> None:
-    """The limits of a test's process (module docstring), the filter last."""
+def confine(job: dict, filter_program: bytes | None, cpu_seconds: float) -> None:
+    """The limits of a process of the tests' or the program's (module docstring), the filter last."""
     if filter_program is not None:
         drop_capabilities()
     mem = job["memory_mb"] << 20
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     resource.setrlimit(resource.RLIMIT_FSIZE, (job["file_bytes"], job["file_bytes"]))
-    cpu = int(job["seconds"]) + 1
+    cpu = int(cpu_seconds) + 1
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     # what a process may hold beside its address space, bounded by count (getrlimit(2)): descriptors (pipe
     # buffers are per descriptor), queued signals and POSIX timers, POSIX message queues, and no core file
@@ -194,25 +197,68 @@ def _keep_only(needed: set) -> None:
                 pass
 
 
-def _tests(job: dict, index: int, tests_fd: int, channel: tuple, verdict: int, filter_program) -> None:
-    spec = read_spec(tests_fd, index)
-    os.close(tests_fd)
-    confine(job, filter_program)
+def _tests(job: dict, tests_fd: int, control, filter_program) -> None:
+    """The tests' process: confined once, then each test the runner hands it (its index, and the channel's
+    two ends for it, over `control`), its verdict sent back there, until the runner closes `control`."""
+    import socket
+
     seconds = job["seconds"] + (STDIO_MARGIN if job["stdio"] else 0.0)
-    os.write(verdict, code_harness.run(spec, *channel, seconds, code_program.OUTPUT_BYTES))
+    confine(job, filter_program, (seconds + SLACK) * job["tests"])
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 64, 2)
+        if not message:
+            return
+        try:
+            spec = read_spec(tests_fd, _INDEX.unpack(message)[0])
+            if job["stdio"]:
+                verdict = code_harness.run(spec, seconds, exchange=lambda data: _exchange(control, data),
+                                           output_bytes=OUTPUT_BYTES)  # fmt: skip
+            else:
+                verdict = code_harness.run(spec, seconds, channel=tuple(fds))
+            control.sendall(verdict)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _exchange(control, data: bytes) -> tuple[int, bytes]:
+    """The tests' process's side of a stdio test: the input as an unnamed file in the scratch directory,
+    handed to the runner; the program's status and its output file back (read here, up to OUTPUT_BYTES + 1)."""
+    import socket
+
+    fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        socket.send_fds(control, [b"I"], [fd])
+    finally:
+        os.close(fd)
+    message, fds, _, _ = socket.recv_fds(control, 8, 1)
+    if len(message) != 1 or len(fds) != 1:
+        raise code_harness.ProgramGone("the runner sent no output")
+    try:
+        size = os.fstat(fds[0]).st_size
+        return message[0], os.pread(fds[0], min(size, OUTPUT_BYTES + 1), 0)
+    finally:
+        os.close(fds[0])
 
 
 def _program(job: dict, channel: tuple, filter_program) -> None:
+    """The program's process: `channel` its two descriptors, or for stdio its input and output files."""
     if job["isolation"] != "namespaces":
         os.setpgid(0, 0)
     if job["stdio"]:
-        files = code_program.receive_input(channel[0])
-        confine(job, filter_program)
-        code_program.stdio(job["program"], files, channel, job["seconds"], guard)
-    else:
-        confine(job, filter_program)
-        guard()
-        code_program.serve(job["program"], *channel)
+        os.dup2(channel[0], 0)
+        os.dup2(channel[1], 1)
+        for fd in channel:
+            os.close(fd)
+    confine(job, filter_program, job["seconds"])
+    guard()
+    if job["stdio"]:
+        os._exit(code_program.run_stdio(job["program"]))
+    code_program.serve(job["program"], *channel)
 
 
 def _fork(work, needed: set) -> int:
@@ -257,32 +303,154 @@ def _end(program: int, namespaces: bool) -> None:
     os.waitpid(program, 0)
 
 
-def one(job: dict, index: int, tests_fd: int, filter_program) -> tuple[str, bytes]:
-    """Test `index` (module docstring): its verdict's kind and reason, and "L" in the kind where the program
-    failed to load."""
-    to_program, to_tests, verdict = os.pipe(), os.pipe(), os.pipe()
-    tests = _fork(lambda: _tests(job, index, tests_fd, (to_tests[0], to_program[1]), verdict[1], filter_program),
-                  {tests_fd, to_tests[0], to_program[1], verdict[1]})  # fmt: skip
-    program = _fork(lambda: _program(job, (to_program[0], to_tests[1]), filter_program),
-                    {to_program[0], to_tests[1]})  # fmt: skip
+class _Tests:
+    """The tests' process of the run, started when needed (and again after one was killed)."""
+
+    def __init__(self, job: dict, tests_fd: int, filter_program):
+        import socket
+
+        # made here, before any filter: the tests' process receives each test's channel on it (SCM_RIGHTS)
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = _fork(lambda: _tests(job, tests_fd, theirs, filter_program), {tests_fd, theirs.fileno()})
+        theirs.close()
+
+    def stop(self) -> None:
+        self.control.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (OSError, ChildProcessError):
+            pass
+
+
+def _end(program: int, tests: _Tests | None, namespaces: bool) -> bool:
+    """Kill every process of the test but the runner and the tests' process, and reap them; False when the
+    tests' process is gone too."""
+    alive = tests is not None
+    if namespaces:  # every other process of the PID namespace, as many times as it takes (they may fork)
+        while True:
+            others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, tests and tests.pid)]
+            if not others:
+                return alive
+            for pid in others:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            while (reaped := _reap()) is not None:
+                alive = alive and reaped != tests.pid
+            time.sleep(0.0002)
+    if program is not None:
+        try:
+            os.killpg(program, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(program, 0)
+        except ChildProcessError:  # (wait_child reaped it)
+            pass
+    return alive
+
+
+def wait_child(pid: int, seconds: float) -> int | None:
+    """The exit status of child `pid`, or None past `seconds` (then it is killed and reaped)."""
+    deadline = time.monotonic() + seconds
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        handle = None
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            if handle is not None:
+                select.select([handle], [], [], left)
+            else:
+                time.sleep(min(left, 0.002))
+    finally:
+        if handle is not None:
+            os.close(handle)
+
+
+def _reap() -> int | None:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return pid or None
+
+
+def _receive(tests: _Tests, deadline: float, fds: int = 0):
+    """(message, descriptors) from the tests' process by `deadline`: None past it, b"" when it is gone."""
+    import socket
+
+    while time.monotonic() < deadline:
+        if select.select([tests.control], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            try:
+                message, received, _, _ = socket.recv_fds(tests.control, code_harness.REASON_CHARS + 8, fds)
+            except OSError:
+                return b"", []
+            return message, received
+    return None, []
+
+
+def _start(job: dict, files: tuple, filter_program) -> int:
+    program = _fork(lambda: _program(job, files, filter_program), set(files))
     if job["isolation"] != "namespaces":
         try:
             os.setpgid(program, program)
         except OSError:  # it has already done so, or is gone
             pass
-    for fd in (*to_program, *to_tests, verdict[1]):
-        os.close(fd)
-    status = code_program.wait_child(tests, job["seconds"] + STDIO_MARGIN + SLACK)
-    said = os.read(verdict[0], code_harness.REASON_CHARS + 8) if status is not None else b""
-    os.close(verdict[0])
-    _end(program, job["isolation"] == "namespaces")
+    return program
+
+
+def one(job: dict, index: int, tests: _Tests, filter_program) -> tuple[str, bytes, bool]:
+    """Test `index` (module docstring): its verdict's kind and reason ("L" in the kind where the program
+    failed to load), and whether the tests' process is still there for the next."""
+    import socket
+
+    deadline = time.monotonic() + job["seconds"] + STDIO_MARGIN + SLACK
+    program = None
+    try:
+        if job["stdio"]:  # the input file from the tests' process, the program run on it, its output back
+            socket.send_fds(tests.control, [_INDEX.pack(index)], [])
+            said, received = _receive(tests, deadline, 1)
+            if said == b"I" and len(received) == 1:
+                output = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)
+                program = _start(job, (received[0], output), filter_program)
+                status = wait_child(program, job["seconds"])
+                code = 2 if status is None else 0 if os.waitstatus_to_exitcode(status) == 0 else 1
+                socket.send_fds(tests.control, [bytes([code])], [output])
+                os.close(output)
+                said, _ = _receive(tests, deadline)
+            for fd in received:
+                os.close(fd)
+        else:  # the channel: a pipe each way, the program's ends to its process, the others to the tests'
+            to_program, to_tests = os.pipe(), os.pipe()
+            program = _start(job, (to_program[0], to_tests[1]), filter_program)
+            socket.send_fds(tests.control, [_INDEX.pack(index)], [to_tests[0], to_program[1]])
+            for fd in (*to_program, *to_tests):
+                os.close(fd)
+            said, _ = _receive(tests, deadline)
+    except OSError:
+        said = b""
+    alive = bool(said)
+    if not alive:
+        tests.stop()
+    alive = _end(program, tests if alive else None, job["isolation"] == "namespaces") and alive
     _clear(".")
+    if said is None:
+        return "t", b"past the time limit (killed)", alive
     kind, _, reason = said.partition(b" ")
-    if status is None:
-        return "t", b"past the time limit (killed)"
     if kind not in (b"p", b"f", b"r", b"t", b"fL", b"tL"):
-        return "f", b"the tests' process ended without a verdict"
-    return kind.decode(), reason
+        return "f", b"the tests' process ended without a verdict", alive
+    return kind.decode(), reason, alive
 
 
 def run(job: dict, report: int, tests_fd: int) -> None:
@@ -305,12 +473,15 @@ def run(job: dict, report: int, tests_fd: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
     elif sys.platform == "linux":
         call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
-    failed = None
+    failed, tests = None, None
     for index in range(job["tests"]):
         if failed is not None:
             record(report, failed, index, b"the program failed to load (an earlier test)")
             continue
-        kind, reason = one(job, index, tests_fd, filter_program)
+        tests = tests or _Tests(job, tests_fd, filter_program)
+        kind, reason, alive = one(job, index, tests, filter_program)
+        if not alive:
+            tests = None
         if kind.endswith("L"):
             kind = failed = kind[0]
         record(report, kind, index, reason)
