@@ -334,10 +334,14 @@ class Codec(cv.Codec):
             raise ProgramGone(self.gone)
         self.requests += 1
         try:
-            payload = self.encode((self.announce(), op, target, *operands))
+            entries = self.announce()
+            classes = self.encode(entries) if entries else b""
+            payload = self.encode((op, target, *operands))
         except cv.Unsendable as e:
             raise Refused(str(e)) from None
         try:
+            if classes:  # first, so that the program's side has the classes the request's values name
+                cv.send(self.fd_out, b"c", classes)
             cv.send(self.fd_out, b"R", payload)
             while True:
                 kind, payload = cv.receive(self.fd_in)
@@ -460,6 +464,7 @@ def run_code(spec: dict, fd_in: int, fd_out: int, loaded: list) -> tuple[str, st
     """A `code` test (module docstring): (verdict, reason, whether the program failed to load). Verdicts:
     "p" passed, "f" failed, "r" refused (it used no name of the program's), "t" out of time (raised here
     as Late by the caller's timer). `loaded` gets True once the program's names are in."""
+    cv.send(fd_out, b"P", " ".join(spec["classes"]).encode("ascii", "replace"))
     kind, payload = cv.receive(fd_in)
     if kind == b"L":
         return "f", f"the program failed to load: {payload.decode('utf-8', 'replace')[:200]}", True

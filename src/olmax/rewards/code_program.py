@@ -133,27 +133,29 @@ class Codec(cv.Codec):
         return self.tuples[key]
 
     def stand_in(self, name: str, methods: tuple = (), fields: tuple | None = None, frozen: bool = False) -> type:
-        """The class standing in for the tests' class `name`: its instances hold attributes; constructing
-        one runs the tests' __init__ in their process, as calling one of `methods` runs that method there
-        (`callback`). A dataclass's stand-in compares (and, frozen, hashes) by its `fields`."""
-        if name in self.stand_ins:
-            return self.stand_ins[name]
+        """The class standing in for the tests' class `name` (one per name: an announcement completes the
+        one bound before the program ran): its instances hold attributes; constructing one runs the tests'
+        __init__ in their process, as calling one of `methods` runs that method there (`callback`). A
+        dataclass's stand-in compares (and, frozen, hashes) by its `fields`."""
         if not name.isidentifier():
             raise cv.ChannelError("a class whose name is not a name")
         codec = self
+        if name not in self.stand_ins:
 
-        def __init__(self, *args, **kwargs):
-            codec.callback("new", name, self, args, kwargs)
+            def __init__(self, *args, **kwargs):
+                codec.callback("new", name, self, args, kwargs)
 
-        body = {"__init__": __init__, "__module__": "__main__", "__qualname__": name}
+            body = {"__init__": __init__, "__module__": "__main__", "__qualname__": name}
+            self.stand_ins[name] = type(name, (), body)
+        made = self.stand_ins[name]
         for method in methods:
-            body[method] = _method(codec, method)
+            if type(method) is str and method.isidentifier():
+                setattr(made, method, _method(codec, method))
         if fields is not None:
-            body["__eq__"] = lambda a, b: type(a) is type(b) and all(
+            made.__eq__ = lambda a, b: type(a) is type(b) and all(
                 getattr(a, f, None) == getattr(b, f, None) for f in fields)  # fmt: skip
-            body["__hash__"] = (lambda a: hash(tuple(getattr(a, f, None) for f in fields))) if frozen else None
-        self.stand_ins[name] = type(name, (), body)
-        return self.stand_ins[name]
+            made.__hash__ = (lambda a: hash(tuple(getattr(a, f, None) for f in fields))) if frozen else None
+        return made
 
     def announce(self, entries) -> None:
         """The tests' classes their process announced (code_harness `Codec.announce`): each made here and
@@ -180,8 +182,8 @@ class Codec(cv.Codec):
         cv.send(self.fd_out, b"C", self.encode((op, name, target, args, tuple(kwargs.items()))))
         while True:
             kind, payload = cv.receive(self.fd_in)
-            if kind == b"R":
-                self.answer(payload)
+            if kind in (b"R", b"c"):
+                self.answer(payload) if kind == b"R" else self.announce(self.decode(payload))
                 continue
             if kind != b"K":
                 raise cv.ChannelError("an answer that is not one")
@@ -195,15 +197,16 @@ class Codec(cv.Codec):
     # --- requests ----------------------------------------------------------------------------------------
 
     def answer(self, payload: bytes) -> None:
-        """One request: (announcements, op, target, operands...) -> ("ok", result) or ("raise", class,
-        args, text), with every shared object's content."""
-        request = self.decode(payload)
-        if type(request) is not tuple or len(request) < 3 or type(request[1]) is not str:
-            raise cv.ChannelError("a request that is not (announcements, op, target, ...)")
-        self.announce(request[0])
-        op, target, operands = request[1], request[2], request[3:]
-        if op not in _OPS:
-            raise cv.ChannelError(f"an unknown request {op[:20]!r}")
+        """One request: (op, target, operands...) -> ("ok", result) or ("raise", class, args, text), with
+        every shared object's content. A request this side cannot read is answered as a TypeError."""
+        try:
+            request = self.decode(payload)
+            if type(request) is not tuple or len(request) < 2 or request[0] not in _OPS:
+                raise cv.ChannelError("a request that is not (op, target, ...)")
+        except cv.ChannelError as e:
+            cv.send(self.fd_out, b"A", self.encode(("raise", TypeError, (str(e),), str(e))))
+            return
+        op, target, operands = request[0], request[1], request[2:]
         try:
             result = _OPS[op](target, *operands)
             message = self.encode(("ok", result))
@@ -301,14 +304,19 @@ def load(program: str, namespace: dict) -> BaseException | None:
 
 
 def serve(program: str, fd_in: int, fd_out: int) -> None:
-    """A `code` test's program side (module docstring): load, report the names ("N") or the failure ("L"),
-    then answer requests until the tests' process closes the channel."""
+    """A `code` test's program side (module docstring): the names of the tests' classes ("P"), bound as
+    stand-ins; load; report the names ("N") or the failure ("L"); then answer requests until the tests'
+    process closes the channel."""
     namespace = {"__name__": "__main__", "__builtins__": builtins}
+    codec = Codec(namespace, fd_in, fd_out)
+    kind, payload = cv.receive(fd_in, 1 << 16)
+    for name in payload.decode("ascii", "replace").split() if kind == b"P" else ():
+        if name.isidentifier():
+            namespace[name] = codec.stand_in(name)
     failed = load(program, namespace)
     if failed is not None:
         cv.send(fd_out, b"L", _text(failed).encode("utf-8", "replace")[:1000])
         return
-    codec = Codec(namespace, fd_in, fd_out)
     names = [(name, value) for name, value in list(namespace.items())[: NAMES + 2]
              if not (name.startswith("__") and name.endswith("__"))]  # fmt: skip
     # a global that is data crosses as data (shared, if mutable) where it is small; else as a handle
@@ -324,9 +332,12 @@ def serve(program: str, fd_in: int, fd_out: int) -> None:
             kind, payload = cv.receive(fd_in)
         except cv.Closed:
             return
-        if kind != b"R":
+        if kind == b"c":
+            codec.announce(codec.decode(payload))
+        elif kind == b"R":
+            codec.answer(payload)
+        else:
             return
-        codec.answer(payload)
 
 
 def run_stdio(program: str) -> int:

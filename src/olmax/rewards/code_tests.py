@@ -10,7 +10,9 @@ cached per text) only reads, with `ast` and `symtable`:
   in the tests' process, whatever the program bound to it (a test's `math.isclose` is math's);
 - whether all of its free names are Python's builtins: then a builtin's name the program defines is the
   task's (a task named `sum`), and only then does the program's definition take its place;
-- the modules it imports, which the sandbox imports once before the tests (code_runner).
+- the modules it imports, which the sandbox imports once before the tests (code_runner);
+- the names of the classes it defines at its top: the program's process binds a stand-in of each before
+  the program runs, as upstream harnesses define them before it (LeetCode's `TreeNode` in an annotation).
 
 Forms (`survey` counts them; the RL loop prints the counts of its code rows when it loads them):
 
@@ -44,17 +46,18 @@ class Plan:
     names, the free names it uses only as `X.attr` (`modules`), whether its free names are all builtins
     (`builtin_task`), and the modules it imports (`imports`)."""
 
-    __slots__ = ("form", "why", "source", "free", "modules", "builtin_task", "imports")
+    __slots__ = ("form", "why", "source", "free", "modules", "builtin_task", "imports", "classes")
 
     def __init__(self, form: str, why: str = "", source: str = "", free=(), modules=(), builtin_task=False,
-                 imports=()):  # fmt: skip
+                 imports=(), classes=()):  # fmt: skip
         self.form, self.why, self.source = form, why, source
         self.free, self.modules, self.builtin_task, self.imports = tuple(free), tuple(modules), builtin_task, imports
+        self.classes = tuple(classes)
 
     def spec(self) -> dict:
         """What the tests' process reads of it (code_runner `read_spec`)."""
         return {"source": self.source, "free": list(self.free), "modules": list(self.modules),
-                "builtin_task": self.builtin_task}  # fmt: skip
+                "builtin_task": self.builtin_task, "classes": list(self.classes)}  # fmt: skip
 
 
 def source_of(test) -> str:
@@ -112,7 +115,9 @@ def _plan(source: str) -> Plan:
         logger.warning("code test refused (fails without running): %s: %.200r", why, source)
         return Plan(REFUSED, why, source)
     modules = {name for name in _attribute_bases(tree, free) if name in sys.stdlib_module_names}
-    return Plan(RUN, "", source, sorted(free), sorted(modules), free <= _BUILTINS, tuple(sorted(imported(tree))))
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    return Plan(RUN, "", source, sorted(free), sorted(modules), free <= _BUILTINS, tuple(sorted(imported(tree))),
+                classes)  # fmt: skip
 
 
 def plan(test) -> Plan:
