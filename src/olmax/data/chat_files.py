@@ -15,7 +15,8 @@ per part its mask file and, under `chat`, the template and the counts of truncat
 
 Inputs: `.jsonl` / `.jsonl.gz` / `.jsonl.zst` or `.parquet`, one conversation per row: a `messages`
 list (SFT) or `chosen` and `rejected` lists (preference). Preference rows go to `chosen/` and
-`rejected/`, two such directories whose document i is pair i.
+`rejected/`, two such directories whose document i is pair i. A row's numbers and booleans beside its
+conversation (a `label`, a `weight`) are kept per document in `item_fields.npz` (olmax.data.item_fields).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from olmax.data.chat import (
     preference_examples,
     sft_example,
 )
+from olmax.data.item_fields import FieldWriter
 from olmax.data.sources import MASK_PART_PREFIX, TOKEN_PART_PREFIX, is_url
 from olmax.data.tokenize import FORMAT, MANIFEST, TokenizeError, _open_decompressed, read_manifest
 from olmax.data.tokenizer import Encoder, TokenizerError, load_tokenizer
@@ -165,6 +167,7 @@ def tokenize_chat(
     # does neither (docs/data.md, "Chat parts").
     counts = {"rows": 0, "written": 0, "truncated": 0, "without_final_eos": 0, "eos_inside": 0, "skipped": {}}
     writers: dict[str, _PartWriter] = {}
+    fields = FieldWriter()
     kind: Optional[str] = None
     for path in paths:
         for n, row in chat_rows(path):
@@ -191,6 +194,7 @@ def tokenize_chat(
                 counts["skipped"][s.reason] = counts["skipped"].get(s.reason, 0) + 1
                 continue
             counts["written"] += 1
+            fields.add(row)
             counts["truncated"] += any(ex.truncated for ex in examples.values())
             counts["without_final_eos"] += any(ex.ids[-1] != tok.info.eos_token_id for ex in examples.values())
             counts["eos_inside"] += any((ex.ids[:-1] == tok.info.eos_token_id).any() for ex in examples.values())
@@ -202,6 +206,7 @@ def tokenize_chat(
     for sub, w in writers.items():
         w.flush()
         manifests[sub] = _manifest(w, tok, paths, template, max_seq_len, counts)
+        manifests[sub]["chat"].update(fields.write(out / sub))
         _write_atomic(out / sub / MANIFEST, (json.dumps(manifests[sub], indent=1) + "\n").encode())
     return manifests
 
