@@ -1,5 +1,6 @@
-"""docs/extending.md stays true: every file it names exists, and the plug-in objective it shows is the
-module tests/objectives/test_plugin_objective.py installs and trains with."""
+"""docs/extending.md stays true: every file it names exists, every name it gives is there, and the plug-in
+objectives it shows are the modules tests/objectives/test_plugin_objective.py (SimPO) and
+tests/objectives/test_kto_plugin.py (KTO, with its own kind of data) install and train with."""
 
 import re
 from pathlib import Path
@@ -8,10 +9,15 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "extending.md"
 
 
-def plugin_example() -> str:
-    """The page's plug-in objective module (the python block that starts `# olmax_simpo.py`)."""
-    (block,) = re.findall(r"```python\n(# olmax_simpo\.py.*?)```", PAGE.read_text(), re.DOTALL)
+def plugin_module(name: str) -> str:
+    """The page's plug-in module `name` (the python block that starts `# NAME`)."""
+    (block,) = re.findall(rf"```python\n(# {re.escape(name)}.*?)```", PAGE.read_text(), re.DOTALL)
     return block
+
+
+def plugin_example() -> str:
+    """The page's SimPO module."""
+    return plugin_module("olmax_simpo.py")
 
 
 def test_every_file_the_page_names_exists():
@@ -26,15 +32,22 @@ def test_every_file_the_page_names_exists():
 
 
 def test_the_named_attributes_exist():
-    from olmax.config import experiment, objective
+    from olmax.config import data_kind, objective
+    from olmax.data import item_fields, pairs
     from olmax.fit import chips
-    from olmax.objectives import base, registry
+    from olmax.objectives import base, logps, registry
     from olmax.rewards import verifiers
 
     assert {"BUILTINS"} <= set(vars(registry)) and "BUILTINS" in vars(verifiers)
-    assert {"ROWS_PER_ITEM", "ObjectiveConfig"} <= set(vars(objective)) and "DATA_CHECKS" in vars(experiment)
-    assert {"CHIPS", "chip_of_device"} <= set(vars(chips)) and "pair_fields" in vars(base)
+    assert {"ObjectiveConfig"} <= set(vars(objective)) and {"DataKind", "BUILTINS"} <= set(vars(data_kind))
+    assert {"ItemSource", "PairSource", "PairLoader", "ChatDocuments"} <= set(vars(pairs))
+    assert "FIELDS_FILE" in vars(item_fields) and "statistic_logps" in vars(logps)
+    assert {"CHIPS", "chip_of_device"} <= set(vars(chips)) and "item_fields" in vars(base)
     fields = set(chips.Chip.__dataclass_fields__)
     assert {"tpu_type", "type_unit_devices", "torus_dims", "aliases", "device_kind"} <= fields
     for method in ("fields", "check_batch", "prepare", "micro_loss", "micro_metrics", "finish", "hold"):
         assert callable(getattr(base.Objective, method))
+    for attribute in ("data_fields", "unlogged_metrics", "reference_pass", "metric_names"):
+        assert hasattr(base.Objective, attribute)
+    assert callable(data_kind.DataKind.source) and callable(data_kind.DataKind.check)
+    assert {"rows", "name"} <= set(data_kind.DataKind.__annotations__) | set(vars(data_kind.DataKind))

@@ -1,5 +1,5 @@
 """The `dpo` section: the DPO loss (trainer.objective=dpo, olmax.objectives.dpo), trained on preference
-pairs (what such an objective refuses of the other sections is olmax.config.experiment.check_pairs).
+pairs (what such an objective refuses of the other sections is olmax.config.data_kind.check_sequences).
 docs/post-training/dpo.md."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`ExperimentConfig`: everything a run needs, composed of the sections (olmax.config.model, data,
 optimizer, schedule, trainer, mesh, checkpoint, eval, wandb, and the objectives' own: dpo, grpo), and the
-checks that span sections: what a context axis needs of the sequence, and what an objective trained on
-pairs or rollouts refuses of the LM options (olmax.config.objective says what a config knows of an
-objective; `experiment_type` adds a plug-in objective's section).
+checks that span sections: what a context axis needs of the sequence, and what the objective's kind of
+data refuses of the other options (olmax.config.objective says what a config knows of an objective,
+olmax.config.data_kind of its data; `experiment_type` adds a plug-in objective's section).
 
 Every check that needs neither devices nor data runs in the dataclasses' `__post_init__`, so a config
 that `olmax config` and `olmax train --dry-run` accept is one the trainer accepts too, up to the device
@@ -21,22 +21,16 @@ from typing import Optional
 
 from olmax.config.checkpoint import CheckpointConfig, EvalConfig, WandbConfig
 from olmax.config.data import DataConfig
+from olmax.config.data_kind import kind_named
 from olmax.config.dpo import DPOConfig
 from olmax.config.grpo import GRPOConfig, RewardsConfig
 from olmax.config.mesh import MeshConfig
 from olmax.config.model import CONTEXT_BACKENDS, MASKING_BACKENDS, ModelConfig
-from olmax.config.objective import (
-    DEFAULT,
-    ROWS_PER_ITEM,
-    ObjectiveConfig,
-    data_kind,
-    plugin_names,
-    plugin_section,
-)
+from olmax.config.objective import DEFAULT, ObjectiveConfig, data_kind, plugin_names, plugin_section
 from olmax.config.optimizer import OptimizerConfig
 from olmax.config.schedule import ScheduleConfig
 from olmax.config.trainer import TrainerConfig
-from olmax.errors import ConfigError, refuse
+from olmax.errors import ConfigError
 
 
 def check_context(cfg: "ExperimentConfig", context: int) -> None:
@@ -124,7 +118,7 @@ class ExperimentConfig:
 
     def _check_objective(self) -> None:
         """trainer.objective names a built-in objective or a plug-in whose section this config holds;
-        then what its data kind refuses (DATA_CHECKS) and its section's own checks."""
+        then what its kind of data refuses (olmax.config.data_kind) and its section's own checks."""
         name = self.trainer.objective
         known = objective_names()
         if name not in known:
@@ -138,9 +132,7 @@ class ExperimentConfig:
                 f"trainer.objective={name} needs its `{name}` section, which this {type(self).__name__} has not: "
                 f"build the config with olmax.config.experiment.experiment_type({name!r})"
             )
-        check = DATA_CHECKS.get(data_kind(section))
-        if check is not None:
-            check(self)
+        kind_named(data_kind(section)).check(self)
         if section is not None:
             section.check(self)
 
@@ -153,9 +145,9 @@ class ExperimentConfig:
     @property
     def rows_per_step(self) -> int:
         """Sequences of data.seq_len in one optimizer step: trainer.global_batch items of the objective's
-        data (olmax.config.objective.ROWS_PER_ITEM: a preference pair is a chosen and a rejected row, a
-        token instance and a packed rollout row one)."""
-        return self.trainer.global_batch * ROWS_PER_ITEM[data_kind(self.objective_config)]
+        data, each of its kind's `rows` (olmax.config.data_kind: a preference pair is a chosen and a
+        rejected row, a token instance and a packed rollout row one)."""
+        return self.trainer.global_batch * kind_named(data_kind(self.objective_config)).rows
 
     def __reduce__(self):
         # pickled as its objective and fields, so a config with a plug-in's section (a class made at run
@@ -218,44 +210,3 @@ def as_experiment_type(cfg: ExperimentConfig, objective: str) -> ExperimentConfi
     for name, value in {**kept, **extra}.items():
         object.__setattr__(obj, name, value)
     return obj
-
-
-def lm_only(cfg: ExperimentConfig, unit: str) -> list[tuple[bool, str, str]]:
-    """The LM data and loss options an objective on whole sequences (DPO's pairs, GRPO's rollouts; the
-    `unit`) refuses, as refuse() rules."""
-    data = cfg.data
-    return [
-        (data.instance_filter, "data.instance_filter=true", "the repetition filter is an LM-loss mask"),
-        (data.max_target_seq_len is not None, "data.max_target_seq_len", f"it chunks token streams, not {unit}"),
-        (cfg.optimizer.z_loss != 0.0, f"optimizer.z_loss={cfg.optimizer.z_loss}", "it regularises the LM loss"),
-        (cfg.mesh.context != 1, f"mesh.context={cfg.mesh.context}", "its log-probs are not split over a context axis"),
-    ]
-
-
-def check_pairs(cfg: ExperimentConfig) -> None:
-    """What an objective on preference pairs (DPO) does not take: its rows are whole sequences, one prompt
-    and response each, right-padded (open-instruct's DPO batches), read by the pair loader (olmax.data.pairs)."""
-    data = cfg.data
-    refused = [
-        (data.packing != "none", "data.packing=obfd", "each row is one pair's sequence, not packed documents"),
-        (data.doc_masking, "data.doc_masking=true", "a row holds one document, so causal attention is enough"),
-        (data.label_masks, "data.label_masks=true", "the pair loader always reads the label masks"),
-    ]
-    message = f"trainer.objective={cfg.trainer.objective} does not take {{knob}}: {{why}}"
-    refuse(refused + lm_only(cfg, "pairs"), message)
-
-
-def check_rollouts(cfg: ExperimentConfig) -> None:
-    """What an objective on rollouts (GRPO) does not take. Its rows are the RL loop's packed prompt +
-    response sequences (open-instruct's pack_sequences), handed to the step whole: no LM data options apply."""
-    data = cfg.data
-    refused = [
-        (data.packing != "none", "data.packing=obfd", "the RL loop packs its rollouts itself"),
-        (data.label_masks, "data.label_masks=true", "the batch's response_mask says which tokens have a loss"),
-    ]
-    message = f"trainer.objective={cfg.trainer.objective} does not take {{knob}}: {{why}}"
-    refuse(refused + lm_only(cfg, "rollouts"), message)
-
-
-# what every objective on a kind of data refuses (olmax.config.objective.ROWS_PER_ITEM's kinds)
-DATA_CHECKS = {"pairs": check_pairs, "rollouts": check_rollouts}

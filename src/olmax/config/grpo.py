@@ -1,6 +1,6 @@
 """The `grpo` section (GRPO's loss and the RL loop's settings, trainer.objective=grpo) and the
 `rewards` section (the verifiers' settings); GRPO trains on rollouts (what such an objective refuses of
-the other sections is olmax.config.experiment.check_rollouts; GRPOConfig.check adds the packed row's
+the other sections is olmax.config.data_kind.check_rollouts; GRPOConfig.check adds the packed row's
 length). docs/post-training/grpo.md.
 
 Defaults are AI2's OlmoRL settings where the two OLMo 3 7B RL runs agree: open-instruct
@@ -80,13 +80,20 @@ class GRPOConfig(ObjectiveConfig):
     auto = the rows of grpo.sample_prompts' prompts (all of a step's, prompts_per_step x
     samples_per_prompt, where they fit the chip)."""
     max_staleness: int = 1
-    """The continuous engine's in-flight updates: a step may train on rows sampled up to this many
-    parameter updates ago (open-instruct's --async_steps with --inflight_updates: 8 in the OLMo 3
-    scripts at 3af17aa). Admission control, not discarding: groups enter the engine only while at most
-    max_staleness + 1 steps' worth are unconsumed, so no row is dropped for being stale (dropping them
-    would bias training towards short answers); a row that spans an update keeps its earlier tokens' log-
-    probs (the sampler's, per token) for grpo.tis_cap to correct. 0 = synchronous: each step's rollouts
-    are sampled with the parameters it starts from, the same rollouts as the static engine."""
+    """The continuous engine's in-flight updates: a rollout may train on tokens drawn up to this many
+    rollouts ago (a rollout is grpo.mini_batches optimizer steps; open-instruct's --async_steps with
+    --inflight_updates: 8 in the OLMo 3 scripts at 3af17aa, whose rollouts are one step each).
+    Admission control, not discarding: groups enter the engine only while at most max_staleness + 1
+    rollouts' worth are unconsumed, and each is read within max_staleness rollouts of entering, so no
+    row is dropped for being stale (dropping them would bias training towards short answers); a row
+    that spans an update keeps its earlier tokens' log-probs (the sampler's, per token) for
+    grpo.tis_cap to correct. 0 = synchronous: each rollout is sampled with the parameters it starts
+    from, the same rollouts as the static engine."""
+    read_order: str = "prompt"
+    """The order in which the continuous engine's groups are read: "prompt" = the order the prompts were
+    taken (a step waits for its oldest group); "completion" = the order in which their rows finished,
+    as open-instruct's OlmoRL takes them from its vLLM engines (a group admitted max_staleness rollouts
+    ago is read next all the same). The static engine reads in prompt order."""
     async_steps: int = 0
     """The static engine's rollouts sampled ahead (open-instruct --async_steps; the OLMo 3 Think script at
     3af17aa ran 8 on separate vLLM GPUs): 0 = synchronous, each rollout sampled with the parameters it is
@@ -138,6 +145,13 @@ class GRPOConfig(ObjectiveConfig):
             raise ConfigError(f"grpo.rollout_engine={self.rollout_engine!r} is not one of {', '.join(ROLLOUT_ENGINES)}")
         if self.slots != AUTO and not (isinstance(self.slots, int) and self.slots >= 1):
             raise ConfigError(f"grpo.slots must be auto or a positive integer, got {self.slots!r}")
+        if self.read_order not in READ_ORDERS:
+            raise ConfigError(f"grpo.read_order={self.read_order!r} is not one of {', '.join(READ_ORDERS)}")
+        if self.read_order != "prompt" and self.rollout_engine == "static":
+            raise ConfigError(
+                f"grpo.read_order={self.read_order} is the continuous engine's; the static engine's groups all "
+                "finish together and are read in prompt order (or set grpo.rollout_engine=continuous)"
+            )
         if self.max_staleness < 0:
             raise ConfigError(f"grpo.max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
         if self.rollout_engine == "continuous" and self.async_steps:
@@ -172,6 +186,7 @@ class GRPOConfig(ObjectiveConfig):
 
 
 ROLLOUT_ENGINES = ("continuous", "static")  # olmax.rollout.engine, olmax.rollout.sampler
+READ_ORDERS = ("prompt", "completion")  # olmax.rollout.stream
 
 # What rewards.code.isolation may name (olmax.rewards.code runs each): the sandbox the machine can make
 # (auto), the namespace sandbox asked for by name, or none.

@@ -3,16 +3,17 @@
 An objective (olmax.objectives: `lm`, `dpo`, `grpo`, or a plug-in) is one class there, which declares
 everything the step, the trainer, the fit and the metrics ask of it. The part a config needs before any
 device exists lives on its SECTION, a frozen dataclass subclassing `ObjectiveConfig` (olmax.config.dpo,
-olmax.config.grpo, or a plug-in's own): `data`, which kind of batches it trains on, hence the rows an
-item of trainer.global_batch holds and the LM options it refuses (olmax.config.experiment), and
+olmax.config.grpo, or a plug-in's own): `data`, the kind of data it trains on (olmax.config.data_kind:
+the rows an item of trainer.global_batch holds and what every objective on that data refuses), and
 `check`, the checks across sections that are its own. An objective without options (lm) has no
 section: it trains on tokens and checks nothing more.
 
 Plug-ins: a distribution declares `[project.entry-points."olmax.objectives"] simpo = "pkg.mod:SimPO"`;
 `trainer.objective=simpo` then names it. Its section (the objective's `config` attribute) becomes a
 section of the config named as the objective (`simpo.beta=...` overrides it): olmax.config.experiment's
-`experiment_type`. Reading such a config loads the plug-in's module (it may import jax); the built-in
-objectives never do. docs/extending.md, "An objective".
+`experiment_type`. Its data may be a plug-in kind too (an `olmax.data_kinds` entry point). Reading such
+a config loads the plug-in's module (it may import jax); the built-in objectives never do.
+docs/extending.md, "An objective".
 """
 
 from __future__ import annotations
@@ -21,20 +22,17 @@ import functools
 import importlib.metadata
 from typing import ClassVar, Optional
 
+from olmax.config.data_kind import kind_named
 from olmax.errors import ConfigError
 
 ENTRY_POINT_GROUP = "olmax.objectives"
 DEFAULT = "lm"  # next-token cross-entropy: no section of its own
-# The batches an objective may train on, and the rows (sequences of data.seq_len) one item of
-# trainer.global_batch holds: a token instance, a preference pair (chosen and rejected), a packed
-# rollout row. The trainer makes each kind (olmax.trainer.batches).
-ROWS_PER_ITEM = {"tokens": 1, "pairs": 2, "rollouts": 1}
 
 
 class ObjectiveConfig:
-    """Base of an objective's config section (mixed into a frozen dataclass). `data`: which batches it
-    trains on (ROWS_PER_ITEM's keys); `check(cfg)`: its checks of the other sections, run by
-    ExperimentConfig.__post_init__ after the ones every objective on `data` gets."""
+    """Base of an objective's config section (mixed into a frozen dataclass). `data`: the kind of data it
+    trains on (a name olmax.config.data_kind knows); `check(cfg)`: its checks of the other sections, run
+    by ExperimentConfig.__post_init__ after the ones every objective on `data` gets."""
 
     data: ClassVar[str] = "tokens"
 
@@ -77,9 +75,12 @@ def plugin_section(name: str) -> Optional[type]:
 
 
 def data_kind(section) -> str:
-    """The batches an objective with this section (an instance or its class; None: no section) trains on."""
+    """The name of the data an objective with this section (an instance or its class; None: no section)
+    trains on, checked to be a known kind (olmax.config.data_kind)."""
     kind = ObjectiveConfig.data if section is None else section.data
-    if kind not in ROWS_PER_ITEM:
+    try:
+        kind_named(kind)
+    except ConfigError as e:
         name = section.__name__ if isinstance(section, type) else type(section).__name__
-        raise ConfigError(f"{name}.data={kind!r} is not one of {', '.join(ROWS_PER_ITEM)} (olmax.config.objective)")
+        raise ConfigError(f"{name}.data: {e}") from None
     return kind

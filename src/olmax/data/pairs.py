@@ -1,34 +1,43 @@
-"""Preference pairs for the objectives on pairs (trainer.objective=dpo), read from `olmax tokenize --chat`
-preference output.
+"""Items of rows read from `olmax tokenize --chat` output, for the objectives whose data is such items:
+preference pairs (trainer.objective=dpo; the data kind `pairs`) and a plug-in data kind's items
+(olmax.config.data_kind), with the per-item fields their rows carry (olmax.data.item_fields).
 
-    source = PairSource(data_cfg)            # data.paths = [DIR]; DIR/chosen/ and DIR/rejected/
-    loader = PairLoader(data_cfg, source, reference, global_batch, state=saved)
+    source = PairSource(data_cfg, objective="dpo")   # data.paths = [DIR]; DIR/chosen/ and DIR/rejected/
+    loader = PairLoader(data_cfg, source, reference, global_batch, state=saved, fields={"weight": "float32"})
     for batch in loader:                     # runs on across epochs
-        batch["input_ids"]                   # (pairs, 2, seq_len) int32: [:, 0] chosen, [:, 1] rejected
-        batch["response_mask"]               # (pairs, 2, seq_len) bool: the tokenizer's label masks
-        batch["reference_logps"]             # (pairs, 2) float32: the reference pass's (olmax.trainer.reference),
+        batch["input_ids"]                   # (items, rows, seq_len) int32: a pair's [:, 0] chosen, [:, 1] rejected
+        batch["response_mask"]               # (items, rows, seq_len) bool: the tokenizer's label masks
+        batch["reference_logps"]             # (items, rows) float32: the reference pass's (olmax.trainer.reference),
                                              # when the objective has one (reference=None: absent)
-        batch["index"]                       # (pairs,) int64: the pairs' ids
+        batch["weight"]                      # (items,) each item's value of a field its rows carry
+        batch["index"]                       # (items,) int64: the items' ids
     loader.state()                           # JSON-able; resume with PairLoader(..., state=saved)
     pair_order_report(data_cfg, 128, range(1, 3))   # `olmax data order` on pairs: who trained on what
 
-- Document i of `chosen/` and of `rejected/` is pair i (tokenize writes them so). Each side is one row:
-  its tokens, cut to data.seq_len, right-padded with data.pad_token_id (masked out). Cutting a longer
-  side is what open-instruct does: its DPO tokenizes every side with `max_seq_length` truncation
-  (`preference_tulu_tokenize_and_truncate_v1`, which runs `sft_tulu_tokenize_and_truncate_v1` per
-  side), then drops pairs where a side has no trained token left (`preference_tulu_filter_v1`;
-  open-instruct `open_instruct/dataset_transformation.py`, commit e6c3044). PairSource drops those
-  pairs too; tokenizing with `--max-seq-len` equal to data.seq_len makes both steps happen there.
-- The order: epoch e is the permutation of the kept pairs by PCG64(data.seed + e)
-  (olmax.data.order.cached_permutation, OLMo-core's), global batches of trainer.global_batch pairs
+- An item source (`ItemSource`) says how many items there are, the rows of any of them, each item's
+  value of a per-item field, and its fingerprint; `ChatDocuments` reads one tokenized chat directory
+  for it. PairSource is the preference pairs': document i of `chosen/` and of `rejected/` is pair i
+  (tokenize writes them so). Each side is one row: its tokens, cut to data.seq_len, right-padded with
+  data.pad_token_id (masked out). Cutting a longer side is what open-instruct does: its DPO tokenizes
+  every side with `max_seq_length` truncation (`preference_tulu_tokenize_and_truncate_v1`, which runs
+  `sft_tulu_tokenize_and_truncate_v1` per side), then drops pairs where a side has no trained token
+  left (`preference_tulu_filter_v1`; open-instruct `open_instruct/dataset_transformation.py`, commit
+  e6c3044). PairSource drops those pairs too; tokenizing with `--max-seq-len` equal to data.seq_len
+  makes both steps happen there. A pair's fields are its row's, read from chosen/.
+- The order: epoch e is the permutation of the items by PCG64(data.seed + e)
+  (olmax.data.order.cached_permutation, OLMo-core's), global batches of trainer.global_batch items
   cut from it, the remainder dropped; a process that owns data-parallel ranks r..r+k-1 of D gets their
-  pairs (olmax.data.order.rank_ids), as the LM loader does.
-- `state()` holds the fingerprint (both sides' token and label-mask digests, the masks being what the
-  loss and the reference pass sum over, and data.seq_len), seed, epoch and
-  batches processed: the state saved after step N resumes at batch N; a fingerprint mismatch raises
-  DataStateError unless allowed. It also records the fingerprint of the parameters the reference
-  log-probs came from (`reference_fingerprint`, olmax.trainer.reference.params_fingerprint): a
-  resumed run checks the cache against its own start without loading the starting parameters again.
+  items (olmax.data.order.rank_ids), as the LM loader does. A source whose `group` is g > 1 keeps runs
+  of g consecutive items together: the order shuffles whole runs (OLMo-core's chunked order), so an
+  item's rows may be built from the other items of its run and still be in its global batch (KTO's
+  mismatched completions, which TRL takes from the batch it samples sequentially).
+- `state()` holds the source's fingerprint (for pairs: both sides' token and label-mask digests, the
+  masks being what the loss and the reference pass sum over, the rows' fields, and data.seq_len),
+  seed, epoch and batches processed: the state saved after step N resumes at batch N; a fingerprint
+  mismatch raises DataStateError unless allowed. It also records the fingerprint of the parameters
+  the reference log-probs came from (`reference_fingerprint`,
+  olmax.trainer.reference.params_fingerprint): a resumed run checks the cache against its own start
+  without loading the starting parameters again.
 """
 
 from __future__ import annotations
@@ -38,10 +47,11 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Mapping, Optional
 
 import numpy as np
 
+from olmax.data.item_fields import fields_digest, read_field
 from olmax.data.loader import DataStateError, tokenizer_fields, work_dir_of
 from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
 from olmax.data.sources import MASK_PART_PREFIX, TOKEN_PART_PREFIX, check_manifest_tokenizers
@@ -55,31 +65,57 @@ STATE_VERSION = 1
 REFERENCE_FINGERPRINT = "reference_fingerprint"
 
 
-class _Side:
-    """One side's documents: token and mask memmaps per part, (part, start, end) per document."""
+class ChatDocuments:
+    """One `olmax tokenize --chat` directory's documents: token and mask memmaps per part, (part, start,
+    end) per document, and the per-item fields of their rows."""
 
-    def __init__(self, directory: Path):
-        manifest = json.loads((directory / MANIFEST).read_text())
-        dtype = np.dtype(manifest["dtype"])
-        self.digests = [shard["sha256"] for shard in manifest["shards"]]
+    def __init__(self, directory: str | Path, data_cfg):
+        self.root = Path(directory)
+        if not (self.root / MANIFEST).is_file():
+            raise ConfigError(f"{self.root} is not `olmax tokenize --chat` output: no {self.root / MANIFEST}")
+        check_manifest_tokenizers([str(self.root)], tokenizer_fields(data_cfg))
+        self.manifest = json.loads((self.root / MANIFEST).read_text())
+        dtype = np.dtype(self.manifest["dtype"])
+        self.digests = [shard["sha256"] for shard in self.manifest["shards"]]
         self.mask_digests = []
         self.tokens, self.masks, self.docs = [], [], []
-        for k, shard in enumerate(manifest["shards"]):
-            self.tokens.append(np.memmap(directory / shard["path"], dtype=dtype, mode="r"))
+        for k, shard in enumerate(self.manifest["shards"]):
+            self.tokens.append(np.memmap(self.root / shard["path"], dtype=dtype, mode="r"))
             mask_name = shard.get("label_mask", shard["path"].replace(TOKEN_PART_PREFIX, MASK_PART_PREFIX))
-            self.masks.append(np.memmap(directory / mask_name, dtype=np.bool_, mode="r"))
+            self.masks.append(np.memmap(self.root / mask_name, dtype=np.bool_, mode="r"))
             # written by `olmax tokenize --chat` since it records them; hashed here for older output
-            self.mask_digests.append(shard.get("label_mask_sha256") or _file_digest(directory / mask_name))
-            offsets = directory / shard["path"].replace(".npy", ".csv.gz")
+            self.mask_digests.append(shard.get("label_mask_sha256") or _file_digest(self.root / mask_name))
+            offsets = self.root / shard["path"].replace(".npy", ".csv.gz")
             with gzip.open(offsets, "rt") as f:
                 for line in f:
                     start, end = (int(x) for x in line.split(",")[:2])
                     self.docs.append((k, start, end))
+        self.fields_digest = fields_digest(self.root)
 
-    def read(self, i: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def read(self, i: int, seq_len: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        """Document i's (tokens, label mask), cut to `seq_len` tokens when given."""
         part, start, end = self.docs[i]
-        end = min(end, start + seq_len)
+        if seq_len is not None:
+            end = min(end, start + seq_len)
         return self.tokens[part][start:end], self.masks[part][start:end]
+
+    def completion(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Document i as (prompt tokens, completion tokens, the completion's label mask): the completion
+        starts at the last run of trained tokens (a conversation's final assistant turn)."""
+        tokens, mask = self.read(i)
+        trained = np.flatnonzero(mask)
+        if not len(trained):
+            return tokens, tokens[:0], mask[:0]
+        untrained = np.flatnonzero(~mask[: trained[-1]])
+        start = untrained[-1] + 1 if len(untrained) else 0
+        return tokens[:start], tokens[start:], mask[start:]
+
+    def field(self, name: str, dtype: str) -> np.ndarray:
+        """Every document's value of the per-item field `name`, as `dtype` (olmax.data.item_fields)."""
+        return read_field(self.root, self.manifest, name, dtype, len(self))
 
 
 def _file_digest(path: Path) -> str:
@@ -90,27 +126,56 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-class PairSource:
-    """The pairs of data.paths[0] that keep a trained token on both sides within data.seq_len."""
+class ItemSource:
+    """What PairLoader and the reference pass read (module doc): `len(source)` items of `rows_per_item`
+    rows each, `item` naming one in messages ("pair"), `group` consecutive items kept in one batch,
+    `root` the directory the reference log-probs are cached under (ROOT/reference_logps), and
+    `fingerprint`, which keys the loader's state and that cache (it must change with anything `rows`
+    or `field` returns)."""
 
-    def __init__(self, data_cfg):
+    item: str = "item"
+    rows_per_item: int = 2
+    group: int = 1
+    root: Path
+    fingerprint: str
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids (n, rows_per_item, seq_len) int32, response_mask (n, rows_per_item, seq_len) bool)
+        of items `ids`: each row a sequence right-padded with data.pad_token_id, its mask False there."""
+        raise NotImplementedError
+
+    def field(self, name: str, dtype: str) -> np.ndarray:
+        """(len(self),) every item's value of the per-item field `name`, as `dtype`."""
+        raise NotImplementedError
+
+
+class PairSource(ItemSource):
+    """The pairs of data.paths[0] that keep a trained token on both sides within data.seq_len.
+    `objective`: the objective that reads them, named in errors."""
+
+    item = "pair"
+
+    def __init__(self, data_cfg, objective: Optional[str] = None):
+        who = f"trainer.objective={objective}" if objective else "an objective on preference pairs"
         if len(data_cfg.paths) != 1:
             raise ConfigError(
-                "trainer.objective=dpo reads one `olmax tokenize --chat` preference directory (holding chosen/ "
-                f"and rejected/), so data.paths needs exactly one entry; got {list(data_cfg.paths)}"
+                f"{who} reads one `olmax tokenize --chat` preference directory (holding chosen/ and "
+                f"rejected/), so data.paths needs exactly one entry; got {list(data_cfg.paths)}"
             )
         self.root = Path(data_cfg.paths[0])
         dirs = [self.root / side for side in SIDES]
         missing = [str(d) for d in dirs if not (d / MANIFEST).is_file()]
         if missing:
             raise ConfigError(
-                f"data.paths={self.root} is not `olmax tokenize --chat` preference output: no {', '.join(missing)}"
-                f"/{MANIFEST}"
+                f"data.paths={self.root} is not `olmax tokenize --chat` preference output ({who} reads one): no "
+                f"{', '.join(missing)}/{MANIFEST}"
             )
-        check_manifest_tokenizers([str(d) for d in dirs], tokenizer_fields(data_cfg))
         self.seq_len, self.pad_id = data_cfg.seq_len, data_cfg.pad_token_id
-        self.sides = [_Side(d) for d in dirs]
-        counts = [len(s.docs) for s in self.sides]
+        self.sides = [ChatDocuments(d, data_cfg) for d in dirs]
+        counts = [len(s) for s in self.sides]
         if counts[0] != counts[1]:
             raise ConfigError(
                 f"{self.root}: chosen/ has {counts[0]} documents and rejected/ {counts[1]}; pairs need both"
@@ -129,6 +194,8 @@ class PairSource:
         key = {"seq_len": self.seq_len}
         for side, name in zip(self.sides, SIDES):
             key[name], key[f"{name}_masks"] = side.digests, side.mask_digests
+        if self.sides[0].fields_digest:  # the fields a pair's objective may read (tokenized before: none)
+            key["fields"] = self.sides[0].fields_digest
         self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
     def __len__(self) -> int:
@@ -145,14 +212,20 @@ class PairSource:
                 mask[row, side, : len(trained)] = trained
         return input_ids, mask
 
+    def field(self, name: str, dtype: str) -> np.ndarray:
+        return self.sides[0].field(name, dtype)[self.pairs]
+
 
 class PairLoader:
-    """Batches of pairs in the seeded order, across epochs, with resume state (module doc)."""
+    """Batches of an item source's items (preference pairs, or a plug-in data kind's) in the seeded
+    order, across epochs, with resume state (module doc). `fields`: {name: dtype} of the per-item fields
+    the objective declares (olmax.objectives.base.Objective.data_fields), read once and given with each
+    batch; `objective` names it in errors."""
 
     def __init__(
         self,
         data_cfg,
-        source: PairSource,
+        source: ItemSource,
         reference: Optional[np.ndarray],
         global_batch: int,
         dp_rank: int = 0,
@@ -161,31 +234,53 @@ class PairLoader:
         state: Optional[dict] = None,
         allow_fingerprint_mismatch: bool = False,
         reference_fingerprint: Optional[str] = None,
+        fields: Optional[Mapping[str, str]] = None,
+        objective: Optional[str] = None,
     ):
         check_rank(global_batch, dp_rank, dp_size)
-        if reference is not None and reference.shape != (len(source), 2):
-            raise ValueError(f"reference log-probs of shape {reference.shape} for {len(source)} pairs")
+        who = f"trainer.objective={objective}: " if objective else ""
+        if reference is not None and reference.shape != (len(source), source.rows_per_item):
+            raise ValueError(
+                f"reference log-probs of shape {reference.shape} for {len(source)} {source.item}s of "
+                f"{source.rows_per_item} rows"
+            )
+        if global_batch % source.group:
+            raise ConfigError(
+                f"{who}trainer.global_batch={global_batch} is not a multiple of the {source.group} {source.item}s "
+                "its data keeps together in one batch"
+            )
+        try:
+            self.fields = {name: source.field(name, dtype) for name, dtype in (fields or {}).items()}
+        except ConfigError as e:
+            raise ConfigError(f"{who}{e}") from None
         self.cfg, self.source, self.reference = data_cfg, source, reference
         self.reference_fingerprint = reference_fingerprint
         self.global_batch, self.ranks, self.dp_size = global_batch, range(dp_rank, dp_rank + local_ranks), dp_size
-        self.batches_per_epoch = num_batches(len(source), global_batch)
+        self.batches_per_epoch = num_batches(len(source) // source.group * source.group, global_batch)
         if self.batches_per_epoch == 0:
-            raise ConfigError(f"{len(source)} pairs make no global batch of {global_batch} (trainer.global_batch)")
+            raise ConfigError(
+                f"{who}{len(source)} {source.item}s make no global batch of {global_batch} (trainer.global_batch)"
+            )
         self.seed, self.epoch, self.batches_processed = data_cfg.seed, 1, 0
         if state is not None:
             self._restore(state, allow_fingerprint_mismatch)
         self._delivered = 0
 
+    @property
+    def kind(self) -> str:
+        """What the state calls this loader's items ("pairs")."""
+        return f"{self.source.item}s"
+
     def _restore(self, state: dict, allow_mismatch: bool) -> None:
-        if state.get("version") != STATE_VERSION or state.get("kind") != "pairs":
-            raise DataStateError(f"the checkpoint's data state is not a pair loader's: {state}")
+        if state.get("version") != STATE_VERSION or state.get("kind") != self.kind:
+            raise DataStateError(f"the checkpoint's data state is not a loader of {self.kind}: {state}")
         if state["fingerprint"] != self.source.fingerprint:
             if not allow_mismatch:
                 raise DataStateError(
-                    f"the preference pairs differ from the checkpoint's (fingerprint {state['fingerprint'][:12]} -> "
+                    f"the {self.kind} differ from the checkpoint's (fingerprint {state['fingerprint'][:12]} -> "
                     f"{self.source.fingerprint[:12]}); pass --allow-data-change to continue anyway"
                 )
-            log.warning("preference data fingerprint mismatch allowed")
+            log.warning("%s: data fingerprint mismatch allowed", self.kind)
         self.seed, self.epoch = state["seed"], state["epoch"]
         # as the LM loader: position by rows, so a changed batch size resumes where the data left off
         self.batches_processed = state["pairs_processed"] // self.global_batch
@@ -194,7 +289,9 @@ class PairLoader:
         while True:
             if self.batches_processed >= self.batches_per_epoch:
                 self.epoch, self.batches_processed = self.epoch + 1, 0
-            order = cached_permutation(work_dir_of(self.cfg) / "orders", len(self.source), self.seed, self.epoch)
+            order = cached_permutation(
+                work_dir_of(self.cfg) / "orders", len(self.source), self.seed, self.epoch, self.source.group
+            )
             ids = np.concatenate(
                 [rank_ids(order, self.batches_processed, self.global_batch, r, self.dp_size) for r in self.ranks]
             ).astype(np.int64)
@@ -202,23 +299,24 @@ class PairLoader:
             self.batches_processed += 1
             self._delivered += len(ids)
             batch = {"input_ids": input_ids, "response_mask": mask, "index": ids}
+            batch.update({name: values[ids] for name, values in self.fields.items()})
             if self.reference is not None:
                 batch["reference_logps"] = self.reference[ids]
             yield batch
 
     def audit(self) -> dict:
-        # a permutation per epoch: no pair comes twice within one
+        # a permutation per epoch: no item comes twice within one
         return {"instances_delivered": self._delivered, "repeats_in_epoch": 0}
 
     def state(self) -> dict:
         return {
             "version": STATE_VERSION,
-            "kind": "pairs",
+            "kind": self.kind,
             "fingerprint": self.source.fingerprint,
             "seed": self.seed,
             "epoch": self.epoch,
             "batches_processed": self.batches_processed,
-            "pairs_processed": self.batches_processed * self.global_batch,
+            "pairs_processed": self.batches_processed * self.global_batch,  # items (the name older states use)
             "global_batch": self.global_batch,
             "seq_len": self.cfg.seq_len,
             REFERENCE_FINGERPRINT: self.reference_fingerprint,

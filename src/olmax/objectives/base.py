@@ -4,10 +4,12 @@ An objective is one class (lm.py, dpo.py, grpo.py, or a plug-in's: olmax.objecti
 declares, in one place:
 
 - `config`: its config section (olmax.config.objective.ObjectiveConfig; None for none), which also
-  says which batches it trains on (`data`: tokens, pairs or rollouts) and so what the trainer prepares
-  (the Grain loader, the preference pairs, the RL loop's rollouts) and the rows an item holds;
-  `reference_pass`: the pairs come with a reference model's summed response log-probs, which the
-  trainer computes once and caches (olmax.trainer.reference);
+  says the kind of data it trains on (`data`: tokens, pairs, rollouts or a plug-in kind,
+  olmax.config.data_kind) and so what the trainer prepares (the Grain loader, items such as the
+  preference pairs, the RL loop's rollouts) and the rows an item holds; `reference_pass`: each item's
+  rows come with a reference model's summed response log-probs, which the trainer computes once and
+  caches (olmax.trainer.reference); `data_fields`: the per-item values its data carries from the
+  files (a KTO label, a weight: olmax.data.item_fields), given with each batch;
 - `fields(cfg)`: the batch it takes, each field's shape, dtype and logical axes (placed on the mesh
   by the ONE rules table, olmax.model.sharding), whether it must be there and whether the run's data
   carries it; `check_batch` refuses another batch with an error naming the key;
@@ -16,9 +18,10 @@ declares, in one place:
   `micro_loss` is one micro-batch's loss and metric sums, whose gradients the step accumulates;
   `finish` makes the step's gradients, the loss the skip rule watches and the metrics; `hold`, when an
   update must not happen (an RL step with no token to learn from);
-- its metrics: `metric_names` (step metric -> logged name), `loss_metric` (the one a row shows as the
-  loss), `metric_reductions` (how micro-batches combine: sum, min or max), `status_metrics` (the
-  rollout figures `olmax status` shows).
+- its metrics: `metric_names` (step metric -> logged name), `unlogged_metrics` (those the step returns
+  for its callers only; any other metric `finish` returns is an error at the first step,
+  olmax.trainer.metrics), `loss_metric` (the one a row shows as the loss), `metric_reductions` (how
+  micro-batches combine: sum, min or max), `status_metrics` (the rollout figures `olmax status` shows).
 
 The step (olmax.step.train_step) knows nothing else of an objective: it checks, places, splits,
 accumulates and updates, the same for every objective.
@@ -49,17 +52,22 @@ class BatchField(NamedTuple):
     carried: bool = True
 
 
-def pair_fields(cfg, *, reference: bool) -> dict[str, BatchField]:
-    """The batch of an objective on preference pairs (olmax.data.pairs.PairLoader makes it): a pair axis
-    first, so that splitting the batch over devices and micro-batches, as the step splits instances,
-    keeps both sides of a pair together; `reference`: with the reference pass's log-probs."""
-    pairs, seq = cfg.trainer.global_batch, cfg.data.seq_len
+def item_fields(cfg, *, reference: bool, data_fields: Optional[dict[str, str]] = None) -> dict[str, BatchField]:
+    """The batch of an objective on items of rows read from files (olmax.data.pairs.PairLoader makes it:
+    preference pairs, a plug-in kind's items): an item axis first, so that splitting the batch over
+    devices and micro-batches, as the step splits instances, keeps an item's rows together (its kind's
+    `rows`: 2 for a pair, chosen then rejected); `reference`: with the reference pass's log-probs;
+    `data_fields`: {name: dtype} of per-item values from the files (the objective's `data_fields`)."""
+    items, seq = cfg.trainer.global_batch, cfg.data.seq_len
+    rows = cfg.rows_per_step // items
     fields = {
-        "input_ids": BatchField((pairs, 2, seq), "int32", ("batch", None, None)),
-        "response_mask": BatchField((pairs, 2, seq), "bool", ("batch", None, None)),
+        "input_ids": BatchField((items, rows, seq), "int32", ("batch", None, None)),
+        "response_mask": BatchField((items, rows, seq), "bool", ("batch", None, None)),
     }
     if reference:
-        fields["reference_logps"] = BatchField((pairs, 2), "float32", ("batch", None))
+        fields["reference_logps"] = BatchField((items, rows), "float32", ("batch", None))
+    for name, dtype in (data_fields or {}).items():
+        fields[name] = BatchField((items,), dtype, ("batch",))
     return fields
 
 
@@ -78,14 +86,16 @@ class Objective:
     name: ClassVar[str]
     config: ClassVar[Optional[type]] = None
     reference_pass: ClassVar[bool] = False
+    data_fields: ClassVar[dict[str, str]] = {}  # {name: dtype}: per-item values its data's files carry
     metric_names: ClassVar[dict[str, str]] = {}
+    unlogged_metrics: ClassVar[tuple[str, ...]] = ()
     loss_metric: ClassVar[str] = "loss"
     metric_reductions: ClassVar[dict[str, str]] = {}  # absent: "sum"
     status_metrics: ClassVar[tuple[str, ...]] = ()
 
     @property
     def data(self) -> str:
-        """The batches it trains on (olmax.config.objective.ROWS_PER_ITEM's kinds)."""
+        """The name of the kind of data it trains on (olmax.config.data_kind)."""
         return data_kind(self.config)
 
     def fields(self, cfg: ExperimentConfig) -> dict[str, BatchField]:

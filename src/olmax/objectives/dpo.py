@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from olmax.config.dpo import DPO_LOSS_TYPES, DPOConfig
 from olmax.config.model import ModelConfig
-from olmax.objectives.base import BatchField, Objective, StepContext, pair_fields
+from olmax.objectives.base import BatchField, Objective, StepContext, item_fields
 from olmax.objectives.logps import SequenceLogps, response_logps
 
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy")
@@ -143,7 +143,7 @@ class DPO(Objective):
     metric_names = {"loss": "train/DPO loss", **{name: f"train/{name}" for name in METRICS}}
 
     def fields(self, cfg) -> dict[str, BatchField]:
-        return pair_fields(cfg, reference=True)
+        return item_fields(cfg, reference=True)
 
     def check_batch(self, cfg, batch: dict) -> None:
         for key, f in self.fields(cfg).items():

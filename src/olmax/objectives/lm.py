@@ -76,6 +76,7 @@ class LM(Objective):
 
     name = "lm"
     metric_names = {"ce_loss": "train/CE loss", "z_loss": "train/Z loss"}  # OLMo-core's W&B names
+    unlogged_metrics = ("loss",)  # CE + Z, for the step's callers: the writers log its two parts
     loss_metric = "ce_loss"
 
     def fields(self, cfg) -> dict[str, BatchField]:

@@ -9,6 +9,11 @@ from the logits at position t - 1; column 0 has none (0). Logits are taken over 
 
 The output layer runs `chunk` positions at a time (0: the whole sequence) under jax.checkpoint, so a
 backward pass holds one (rows, chunk, vocab) block of logits at a time and recomputes it.
+
+Rows that only feed a statistic (KTO's KL estimate from mismatched completions, which TRL 1.16's
+KTOTrainer computes under torch.no_grad) take `statistic_logps`: a forward of their own whose result
+is stopped, so the step's gradient never reaches it and XLA builds no backward pass for those rows.
+Run together with the trained rows in one forward, they would go through the backward pass.
 """
 
 from __future__ import annotations
@@ -101,3 +106,11 @@ def response_logps(
 ) -> SequenceLogps:
     """One forward pass over whole sequences (one prompt + response a row) -> their response log-probs."""
     return sequence_logps(policy_token_logps(params, input_ids, cfg, chunk=chunk), response_mask)
+
+
+def statistic_logps(
+    params: dict, input_ids: jnp.ndarray, response_mask: jnp.ndarray, cfg: ModelConfig, *, chunk: int
+) -> SequenceLogps:
+    """`response_logps` of rows that only feed a statistic: their own forward, its result under
+    stop_gradient, so no backward pass runs over them (module doc)."""
+    return jax.lax.stop_gradient(response_logps(params, input_ids, response_mask, cfg, chunk=chunk))

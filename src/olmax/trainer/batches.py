@@ -1,12 +1,15 @@
-"""The batches a run trains on, one kind per kind of data an objective declares (olmax.objectives.base:
-`data`, `reference_pass`), behind one interface, so the loop never asks which objective it runs:
+"""The batches a run trains on, one way per kind of data an objective declares (olmax.objectives.base:
+`data`, `reference_pass`, `data_fields`; olmax.config.data_kind), behind one interface, so the loop
+never asks which objective it runs:
 
 - tokens:   the Grain loader (olmax.data.loader): this process's rows of OLMo-core's global batch;
-- pairs:    the preference pairs (olmax.data.pairs), with the reference model's log-probs when the
-            objective asks for a reference pass (DPO), from the cache beside them or from the
-            reference pass, run now (olmax.trainer.reference);
 - rollouts: rollouts of the prompts, sampled with the parameters the step starts from, verified and
-            packed (olmax.rollout.producer), whole on every process.
+            packed (olmax.rollout.producer), whole on every process;
+- any other kind (pairs, a plug-in's): its items read from files (olmax.data.pairs: the preference
+            pairs, or the plug-in kind's `source`), with the per-item fields the objective declares,
+            and with the reference model's log-probs when the objective asks for a reference pass
+            (DPO), from the cache beside them or from the reference pass, run now
+            (olmax.trainer.reference).
 
 `StepBatches.next(params)` places the next batch on the mesh; `state()` is what a checkpoint keeps
 of the data position."""
@@ -20,9 +23,11 @@ import jax.numpy as jnp
 
 from olmax.config.experiment import ExperimentConfig
 from olmax.data.loader import make_loader
-from olmax.data.pairs import REFERENCE_FINGERPRINT, PairLoader, PairSource
+from olmax.data.pairs import REFERENCE_FINGERPRINT, ItemSource, PairLoader
 from olmax.data.tokenizer import load_tokenizer
+from olmax.errors import ConfigError
 from olmax.model.sharding import place
+from olmax.objectives.base import Objective
 from olmax.objectives.registry import objective_of
 from olmax.rollout.producer import RolloutProducer, prompt_set
 from olmax.step.train_step import batch_layout, batch_shardings
@@ -69,19 +74,20 @@ def objective_batches(
     cfg: ExperimentConfig,
     mesh,
     start: Start,
-    pairs: Optional[PairSource],
+    pairs: Optional[ItemSource],
     run_dir: str,
     allow_data_change: bool,
 ) -> StepBatches:
     """The run's batches from the start's data position (errors name the data, the batch split or the
-    cache that does not fit). `pairs`: DPO's preference pairs (olmax.trainer.reference.open_pairs)."""
+    cache that does not fit). `pairs`: the items of an objective on items read from files, such as DPO's
+    preference pairs (olmax.trainer.reference.open_pairs); None for tokens and rollouts."""
     batch_layout(cfg, mesh)  # refuses a batch the mesh cannot split before the data is prepared
     objective = objective_of(cfg)
     shardings = batch_shardings(cfg, mesh, objective)
     if objective.data == "rollouts":  # every array is (rows, seq) token-aligned, placed as input_ids
         return StepBatches(_rollouts(cfg, mesh, start, run_dir, allow_data_change), shardings, rollouts=True)
-    if objective.data == "pairs":
-        return StepBatches(_pairs(cfg, mesh, start, pairs, allow_data_change, objective.reference_pass), shardings)
+    if objective.data != "tokens":
+        return StepBatches(_items(cfg, mesh, start, pairs, allow_data_change, objective), shardings)
     loader = make_loader(
         cfg.data,
         cfg.trainer.global_batch,
@@ -114,9 +120,17 @@ def _rollouts(cfg, mesh, start: Start, run_dir: str, allow_data_change: bool) ->
     )
 
 
-def _pairs(cfg, mesh, start: Start, source: PairSource, allow_data_change: bool, reference: bool) -> PairLoader:
-    """The preference pairs, with their reference log-probs when `reference` (DPO)."""
-    logps, fingerprint = _reference(cfg, mesh, start, source) if reference else (None, None)
+def _items(cfg, mesh, start: Start, source: ItemSource, allow_data_change: bool, objective: Objective) -> PairLoader:
+    """The items (preference pairs, a plug-in kind's), with their reference log-probs when the objective
+    has a reference pass (DPO) and the per-item fields it declares."""
+    fields = objective.fields(cfg)
+    unplaced = [name for name in objective.data_fields if name not in fields]
+    if unplaced:  # the loader would read them and the step never see them
+        raise ConfigError(
+            f"trainer.objective={objective.name} declares the data field(s) {', '.join(unplaced)} that its "
+            "fields() does not hold (olmax.objectives.base.item_fields(cfg, data_fields=...) adds them)"
+        )
+    logps, fingerprint = _reference(cfg, mesh, start, source) if objective.reference_pass else (None, None)
     return PairLoader(
         cfg.data,
         source,
@@ -127,11 +141,13 @@ def _pairs(cfg, mesh, start: Start, source: PairSource, allow_data_change: bool,
         state=start.data_state,
         allow_fingerprint_mismatch=allow_data_change,
         reference_fingerprint=fingerprint,
+        fields=objective.data_fields,
+        objective=objective.name,
     )
 
 
-def _reference(cfg, mesh, start: Start, source: PairSource):
-    """(the pairs' reference log-probs, the fingerprint of the parameters they come from). The reference
+def _reference(cfg, mesh, start: Start, source: ItemSource):
+    """(the items' reference log-probs, the fingerprint of the parameters they come from). The reference
     pass runs on the starting parameters, which a resumed run makes again only if the cache is missing
     (it is written before step 1); their fingerprint keys the cache: a resumed run's is the one its data
     state recorded at the start (a data state from before the record has none: the starting parameters

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from olmax.config.checkpoint import WandbConfig
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.io import to_dict
+from olmax.errors import ConfigError
 from olmax.evals.jsonl import read_jsonl
 from olmax.extras import require
 from olmax.fit.flops import exact_step_flops
@@ -34,12 +35,15 @@ from olmax.rundir import paths
 from olmax.rundir.report import METRICS_FILE, write_metric_names
 
 # the step's own metrics (every objective's) -> OLMo-core's names; each objective names its own
-# (olmax.objectives: metric_names), and the rollout's figures ("rollout/...") keep theirs
+# (olmax.objectives: metric_names, and unlogged_metrics for those it returns for the step's callers
+# only), and the rollout's figures ("rollout/...") keep theirs. Any other metric is refused at the first
+# step: a metric a plug-in returns but does not name would otherwise vanish from every log.
 STEP_METRIC_NAMES = {
     "lr": "optim/LR",
     "grad_norm": "optim/total grad norm",
     "skipped": "optim/step skipped",
 }
+STEP_UNLOGGED = ("tokens",)  # the loop counts the run's tokens from it (throughput/total tokens)
 TB_DIR = "tensorboard"
 # extra TensorBoard aliases some OLMo-core dashboards use
 TB_ALIASES = {"optim/step skipped": "optim/step_skipped", "throughput/total tokens": "perf/total_tokens"}
@@ -89,7 +93,9 @@ class MetricsLog:
             self._tb = SummaryWriter(str(local / TB_DIR))
             self._wandb = _WandbRun(cfg, run_dir, local) if cfg.wandb.mode != "disabled" else None
         objective = objective_of(cfg)
+        self._objective = objective.name
         self._names = {**STEP_METRIC_NAMES, **objective.metric_names}
+        self._unlogged = {*STEP_UNLOGGED, *objective.unlogged_metrics}
         if write:  # what `olmax status` shows of the rows, without importing the objective
             write_metric_names(run_dir, loss_name(cfg), objective.status_metrics)
         rows = cfg.rows_per_step
@@ -102,7 +108,17 @@ class MetricsLog:
     def record(
         self, step: int, step_metrics: dict, *, total_tokens: int, step_time: float, repeats: int, extra: dict
     ) -> dict:
-        """One step's row. `repeats`: instances this process saw twice within an epoch (must be 0)."""
+        """One step's row. `repeats`: instances this process saw twice within an epoch (must be 0). A
+        ConfigError for a metric neither named nor unlogged (module comment above STEP_METRIC_NAMES)."""
+        unnamed = sorted(
+            k for k in step_metrics if k not in self._names and k not in self._unlogged and not k.startswith("rollout/")
+        )
+        if unnamed:
+            raise ConfigError(
+                f"trainer.objective={self._objective} returns the metric(s) {', '.join(map(repr, unnamed))} at step "
+                f"{step} without a logged name: give each one in the objective's metric_names (or list it in "
+                "unlogged_metrics when only the step's callers read it)"
+            )
         row = {"step": step}
         row.update({self._names[k]: float(v) for k, v in step_metrics.items() if k in self._names})
         row.update({k: float(v) for k, v in step_metrics.items() if k.startswith("rollout/")})

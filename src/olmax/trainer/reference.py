@@ -1,16 +1,20 @@
-"""The reference pass of an objective on pairs that asks for one (DPO: olmax.objectives.base's
-`reference_pass`): every kept pair's reference log-probs (olmax.objectives.logps, summed over each
-response), computed once from the run's starting parameters and cached beside the tokenized pairs
-(open-instruct `dpo_tune_cache.py` caches them so too, then frees the reference model).
+"""The reference pass of an objective on items read from files that asks for one (olmax.objectives.base's
+`reference_pass`: DPO on preference pairs, a plug-in such as KTO on its own kind of items): every kept
+item's rows' reference log-probs (olmax.objectives.logps, summed over each response), computed once from
+the run's starting parameters and cached beside the tokenized data (open-instruct `dpo_tune_cache.py`
+caches them so too, then frees the reference model; TRL's `precompute_ref_log_probs` likewise).
+Messages name the running objective ("DPO reference pass: ...").
 
+    source = open_pairs(cfg, mesh)                                            # the run's items (None: no items)
     fingerprint = params_fingerprint(start)                                    # the run's start, by content
-    reference = reference_logps_cache(cfg, mesh, source, start_params, fingerprint, log=print)   # (pairs, 2)
+    reference = reference_logps_cache(cfg, mesh, source, start_params, fingerprint, log=print)   # (items, rows)
 
-- Where: DIR/reference_logps/ for data.paths = [DIR]: `key.json` (what they were computed from),
-  `chunk_START_END.npy` (pairs START..END-1 of the kept pairs, (n, 2) float32: chosen, rejected),
-  written atomically one forward at a time, and `logps.npy`, all pairs, once the pass is complete.
-- Key: the starting parameters' content (`params_fingerprint`), the pairs' fingerprint (both sides'
-  token and label-mask digests and data.seq_len, olmax.data.pairs), and how the forward computes the log-probs
+- Where: ROOT/reference_logps/ for the source's root (DIR for data.paths = [DIR]): `key.json` (what they
+  were computed from), `chunk_START_END.npy` (items START..END-1 of the kept items, (n, rows) float32: a
+  pair's chosen, rejected), written atomically one forward at a time, and `logps.npy`, all items, once
+  the pass is complete.
+- Key: the starting parameters' content (`params_fingerprint`), the items' fingerprint (for pairs both
+  sides' token and label-mask digests and data.seq_len, olmax.data.pairs), and how the forward computes the log-probs
   (`forward_key`: every model field that changes its values, the attention backend as it resolves on
   the run's platform, the output layer's chunking); `start` in key.json says where the parameters came
   from (checkpoint.init_from and its step, or the random init of trainer.seed), for the reader only. A
@@ -21,7 +25,7 @@ response), computed once from the run's starting parameters and cached beside th
 - Resumable: a pass that stopped (killed, preempted) continues after the last contiguous chunk; the
   chunks need not have the same size (a resume may run on another mesh). Parameters made again for it
   must have the key's fingerprint.
-- Sharded as the step: each forward takes one micro-batch of pairs per batch shard (data x fsdp), the
+- Sharded as the step: each forward takes one micro-batch of items per batch shard (data x fsdp), the
   parameters in their training layout; the log-probs come back replicated, so every process has them
   and process 0 writes them.
 """
@@ -43,12 +47,13 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.checkpoint.store import complete_steps
+from olmax.config.data_kind import kind_named
 from olmax.config.experiment import ExperimentConfig
-from olmax.data.pairs import PairSource
+from olmax.data.pairs import ItemSource, PairSource
 from olmax.errors import ConfigError
 from olmax.model.attention import resolve_backend
 from olmax.model.olmo3 import param_shardings
-from olmax.objectives.base import pair_fields
+from olmax.objectives.base import item_fields
 from olmax.objectives.logps import response_logps
 from olmax.objectives.registry import objective_of
 from olmax.step.train_step import batch_layout, field_sharding
@@ -137,28 +142,33 @@ def forward_key(cfg: ExperimentConfig, platform: str) -> dict:
     return json.loads(json.dumps(key))  # as key.json holds it (tuples as lists)
 
 
-def cache_key(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, fingerprint: str) -> dict:
-    """What the reference log-probs depend on: the starting parameters' content, the pairs, and how the
+def _title(cfg: ExperimentConfig) -> str:
+    """The running objective as messages name it ("DPO")."""
+    return cfg.trainer.objective.upper()
+
+
+def cache_key(cfg: ExperimentConfig, mesh: Mesh, source: ItemSource, fingerprint: str) -> dict:
+    """What the reference log-probs depend on: the starting parameters' content, the items, and how the
     forward computes them on the mesh's devices."""
     forward = forward_key(cfg, mesh.devices.flat[0].platform)
     return {"parameters": fingerprint, "data": source.fingerprint, "forward": forward, "start": _start(cfg)}
 
 
-def _stored_key(source: PairSource) -> Optional[dict]:
+def _stored_key(source: ItemSource) -> Optional[dict]:
     path = source.root / CACHE_DIR / KEY_FILE
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _refuse(source: PairSource, stored: dict, key: dict) -> None:
+def _refuse(cfg: ExperimentConfig, source: ItemSource, stored: dict, key: dict) -> None:
     directory = source.root / CACHE_DIR
     raise ConfigError(
-        f"the DPO reference log-probs in {directory} were computed for {json.dumps(stored)}, but this run needs "
-        f"them for {json.dumps(key)}: delete {directory} to compute them again (or point data.paths at a "
-        "copy of the pairs without it)"
+        f"the {_title(cfg)} reference log-probs in {directory} were computed for {json.dumps(stored)}, but this "
+        f"run needs them for {json.dumps(key)}: delete {directory} to compute them again (or point data.paths at a "
+        f"copy of the {source.item}s without it)"
     )
 
 
-def _refuse_forward(source: PairSource, stored: Optional[dict], forward: dict) -> None:
+def _refuse_forward(cfg: ExperimentConfig, source: ItemSource, stored: Optional[dict], forward: dict) -> None:
     """A ConfigError naming each forward setting the cache was computed under that this run changes."""
     directory = source.root / CACHE_DIR
     if stored is None:
@@ -171,8 +181,8 @@ def _refuse_forward(source: PairSource, stored: Optional[dict], forward: dict) -
             if stored.get(k) != forward.get(k)
         )
     raise ConfigError(
-        f"the DPO reference log-probs in {directory} {changed}: delete {directory} to compute them again "
-        "(or point data.paths at a copy of the pairs without it)"
+        f"the {_title(cfg)} reference log-probs in {directory} {changed}: delete {directory} to compute them "
+        f"again (or point data.paths at a copy of the {source.item}s without it)"
     )
 
 
@@ -180,7 +190,7 @@ def _value(v) -> str:
     return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
 
 
-def check_cache(source: PairSource, forward: dict) -> None:
+def check_cache(cfg: ExperimentConfig, source: ItemSource, forward: dict) -> None:
     """A ConfigError when the cache holds another data fingerprint or was computed by another forward
     (asked before the trainer loads any parameters, so such a cache costs no checkpoint read; the
     parameters are checked once loaded)."""
@@ -188,51 +198,62 @@ def check_cache(source: PairSource, forward: dict) -> None:
     if stored is None:
         return
     if stored.get("data") != source.fingerprint:
-        _refuse(source, {"data": stored.get("data")}, {"data": source.fingerprint})
+        _refuse(cfg, source, {"data": stored.get("data")}, {"data": source.fingerprint})
     # a cache from before the forward was recorded is refused once the parameters are checked too
     if "forward" in stored and stored["forward"] != forward:
-        _refuse_forward(source, stored["forward"], forward)
+        _refuse_forward(cfg, source, stored["forward"], forward)
 
 
-def open_pairs(cfg: ExperimentConfig, mesh: Mesh) -> Optional[PairSource]:
-    """An objective on pairs: the run's preference pairs (olmax.data.pairs), their reference cache checked
-    first (check_cache) when the objective has a reference pass (DPO); None for the other objectives."""
+def open_pairs(cfg: ExperimentConfig, mesh: Mesh) -> Optional[ItemSource]:
+    """An objective on items read from files: the run's items (olmax.data.pairs: the preference pairs, or
+    a plug-in data kind's `source`), their reference cache checked first (check_cache) when the objective
+    has a reference pass (DPO, KTO); None for an objective on tokens or rollouts, whose batches the
+    trainer makes otherwise (olmax.trainer.batches)."""
     objective = objective_of(cfg)
-    if objective.data != "pairs":
+    kind = kind_named(objective.data)
+    if kind.name in ("tokens", "rollouts"):
         return None
-    source = PairSource(cfg.data)
+    source = PairSource(cfg.data, objective=objective.name) if kind.name == "pairs" else kind.source(cfg)
+    if source.rows_per_item != kind.rows:
+        raise ConfigError(
+            f"the data kind {kind.name!r} declares {kind.rows} rows an item, but its source gives "
+            f"{source.rows_per_item}"
+        )
     if objective.reference_pass:
-        check_cache(source, forward_key(cfg, mesh.devices.flat[0].platform))
+        check_cache(cfg, source, forward_key(cfg, mesh.devices.flat[0].platform))
     return source
 
 
 def reference_logps_cache(
     cfg: ExperimentConfig,
     mesh: Mesh,
-    source: PairSource,
+    source: ItemSource,
     start_params: Callable[[], dict],
     fingerprint: str,
     *,
     log=print,
 ) -> np.ndarray:
-    """(pairs, 2) float32 reference log-probs of the kept pairs, from the cache or computed into it.
+    """(items, rows) float32 reference log-probs of the kept items, from the cache or computed into it.
     `start_params()` gives the starting parameters, sharded (called only when something is missing);
     `fingerprint` is theirs (`params_fingerprint`)."""
     directory = source.root / CACHE_DIR
     key = cache_key(cfg, mesh, source, fingerprint)
     stored = _stored_key(source)
     if stored is not None and (stored.get("parameters"), stored.get("data")) != (key["parameters"], key["data"]):
-        _refuse(source, stored, key)
+        _refuse(cfg, source, stored, key)
     if stored is not None and stored.get("forward") != key["forward"]:
-        _refuse_forward(source, stored.get("forward"), key["forward"])
+        _refuse_forward(cfg, source, stored.get("forward"), key["forward"])
     primary = jax.process_index() == 0
     if primary and stored is None:
         directory.mkdir(parents=True, exist_ok=True)
         _write_atomic(directory / KEY_FILE, (json.dumps(key, indent=1) + "\n").encode())
     if (directory / COMPLETE).is_file():
         logps = np.load(directory / COMPLETE)
-        if logps.shape != (len(source), 2):
-            raise ConfigError(f"{directory / COMPLETE} holds {logps.shape[0]} pairs, the data {len(source)}")
+        if logps.shape != (len(source), source.rows_per_item):
+            raise ConfigError(
+                f"{directory / COMPLETE} holds {logps.shape} log-probs, the data {len(source)} {source.item}s of "
+                f"{source.rows_per_item} rows"
+            )
         return logps
     chunks = _contiguous_chunks(directory)
     done = chunks[-1][1] if chunks else 0
@@ -240,11 +261,14 @@ def reference_logps_cache(
         done = int(multihost_utils.broadcast_one_to_all(np.int32(done)))
         chunks = [c for c in chunks if c[1] <= done]
         if (chunks[-1][1] if chunks else 0) != done:
-            raise RuntimeError(f"{directory}: this process sees other chunks than process 0 (up to pair {done})")
+            raise RuntimeError(
+                f"{directory}: this process sees other chunks than process 0 (up to {source.item} {done})"
+            )
+    title, item = _title(cfg), source.item
     if done:
-        log(f"DPO reference pass: resuming at pair {done:,} of {len(source):,} ({directory})")
+        log(f"{title} reference pass: resuming at {item} {done:,} of {len(source):,} ({directory})")
     else:
-        log(f"DPO reference pass over {len(source):,} pairs into {directory}")
+        log(f"{title} reference pass over {len(source):,} {item}s into {directory}")
     parts = [np.load(directory / f"chunk_{s:09d}_{e:09d}.npy") for s, e in chunks]
     if done < len(source):
         params = start_params()
@@ -263,27 +287,28 @@ def reference_logps_cache(
     return logps
 
 
-def pair_logps(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict) -> np.ndarray:
-    """(pairs, 2) float32 summed response log-probs of every kept pair under `params`, as the reference
+def pair_logps(cfg: ExperimentConfig, mesh: Mesh, source: ItemSource, params: dict) -> np.ndarray:
+    """(items, rows) float32 summed response log-probs of every kept item under `params`, as the reference
     pass computes them but not cached: for scoring a checkpoint on pairs it did not train on."""
     return np.concatenate(_compute(cfg, mesh, source, params, 0, None, lambda _: None)).astype(np.float32)
 
 
-def _compute(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict, start: int, directory, log) -> list:
-    """Pairs start.. in forwards of (batch shards x micro-batch) pairs, each chunk written as it comes;
-    a line at every tenth of the pairs (the pass over AI2's 7B data is hours)."""
+def _compute(cfg: ExperimentConfig, mesh: Mesh, source: ItemSource, params: dict, start: int, directory, log) -> list:
+    """Items start.. in forwards of (batch shards x micro-batch) items, each chunk written as it comes;
+    a line at every tenth of the items (the pass over AI2's 7B data is hours)."""
     layout = batch_layout(cfg, mesh)
     per_forward = layout.batch_shards * layout.micro_batch
-    fields = pair_fields(cfg, reference=False)
+    fields = item_fields(cfg, reference=False)
     shardings = {k: field_sharding(f, mesh) for k, f in fields.items()}
     seq_len, model, chunk = cfg.data.seq_len, cfg.model, cfg.trainer.loss_chunk
 
     def forward(params, input_ids, response_mask):
-        rows = input_ids.shape[0] * 2
+        items, per_item = input_ids.shape[:2]
+        rows = items * per_item
         flat = response_logps(
             params, input_ids.reshape(rows, seq_len), response_mask.reshape(rows, seq_len), model, chunk=chunk
         ).total
-        return jax.lax.stop_gradient(flat.reshape(rows // 2, 2))
+        return jax.lax.stop_gradient(flat.reshape(items, per_item))
 
     step = jax.jit(
         forward,
@@ -293,7 +318,7 @@ def _compute(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict
     parts = []
     for begin in range(start, len(source), per_forward):
         end = min(begin + per_forward, len(source))
-        # the last forward is filled up with its last pair again (a fixed shape: one compilation)
+        # the last forward is filled up with its last item again (a fixed shape: one compilation)
         ids = np.minimum(np.arange(begin, begin + per_forward), end - 1)
         input_ids, mask = source.rows(ids)
         arrays = [
@@ -305,12 +330,12 @@ def _compute(cfg: ExperimentConfig, mesh: Mesh, source: PairSource, params: dict
             _write_npy(directory / f"chunk_{begin:09d}_{end:09d}.npy", out)
         parts.append(out)
         if end * 10 // len(source) > begin * 10 // len(source) and end < len(source):
-            log(f"DPO reference pass: {end:,} of {len(source):,} pairs")
+            log(f"{_title(cfg)} reference pass: {end:,} of {len(source):,} {source.item}s")
     return parts
 
 
 def _contiguous_chunks(directory: Path) -> list[tuple[int, int]]:
-    """(start, end) of the chunk files that cover pairs 0.. without a gap, in order."""
+    """(start, end) of the chunk files that cover items 0.. without a gap, in order."""
     spans = {}
     for path in directory.glob("chunk_*.npy") if directory.is_dir() else ():
         match = _CHUNK.search(path.name)
