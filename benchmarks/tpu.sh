@@ -189,14 +189,14 @@ run() {
 }
 
 # PYTHON RL_RUN_DIR: an RL stage's wall time from its metrics (its steps and its sampling, summed) with
-# its slot efficiency and staleness (means over the steps)
+# its slot efficiency (the stage's decoding, at its last step) and staleness (the mean over the steps)
 rl_stage() {
   "$1" - "$2/metrics.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 total = lambda k: sum(r.get(k, 0.0) for r in rows)
 print(f"RL stage: {len(rows)} steps, time/step summed {total('time/step'):.1f} s, rollout/sample_s summed "
-      f"{total('rollout/sample_s'):.1f} s, slot efficiency {total('rollout/slot_efficiency') / len(rows):.2f}, "
+      f"{total('rollout/sample_s'):.1f} s, slot efficiency {rows[-1].get('rollout/slot_efficiency_run', 0.0):.2f}, "
       f"staleness {total('rollout/staleness_mean') / len(rows):.2f}")
 EOF
 }

@@ -135,6 +135,41 @@ def test_a_restored_snapshot_ends_as_the_uninterrupted_run(setup):
     assert all((f.versions == 7).all() for f in finished)
 
 
+def test_a_snapshot_inside_a_stop_string_keeps_its_automaton_state(setup):
+    """Row 1 spells the stop string (setup's pair) with its 4th and 5th tokens: snapshotted after its 4th,
+    half of the string matched, the restored row stops at its 5th, as the uninterrupted run does."""
+    params, prompts, limits, stops = setup
+    want = sample(params, CFG, prompts[:1], NEW, n=N, sampling=HOT, limits=limits[:N], **stops)
+    first = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=4, narrow=0, **stops)
+    first.add(prompts[0], N, limits=limits[:N])
+    done = first.run_chunk(params).finished
+    snap = first.snapshot()
+    row = list(snap["index"]).index(1)
+    assert snap["token_lens"][row] == 4 and snap["text"][row] == 1  # in the middle of the stop string
+    second = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=4, narrow=0, **stops)
+    second.restore(snap)
+    finished = sorted(done + second.run(params), key=lambda f: f.index)
+    assert_same_rollout(finished, want)
+    assert finished[1].finish == "stop" and len(finished[1].tokens) == 5
+
+
+def test_a_narrowed_program_is_kept_only_where_it_fits_the_free_memory():
+    """engine.fits: a program's temporaries against the device's limit less what is in use now."""
+
+    class Device:
+        def __init__(self, stats):
+            self.memory_stats = lambda: stats
+
+    class Compiled:
+        def __init__(self, temp):
+            self.memory_analysis = lambda: type("Memory", (), {"temp_size_in_bytes": temp})()
+
+    tpu = Device({"bytes_limit": 100, "bytes_in_use": 60})
+    assert engine_module.fits(Compiled(40), tpu) and not engine_module.fits(Compiled(41), tpu)
+    assert engine_module.fits(Compiled(41), Device({"bytes_limit": 100, "bytes_in_use": 0}))
+    assert engine_module.fits(Compiled(10**12), Device(None))  # a CPU reports no memory: always
+
+
 def test_each_token_carries_the_version_that_drew_it(setup):
     """4 rows of 12 tokens, 5 steps per chunk; the parameters change after the first chunk. Token 5 (the
     second chunk's first) is drawn from logits the first chunk computed: version 0, the old policy's
@@ -174,7 +209,11 @@ def test_counters_follow_the_schedule(setup):
         t = engine.totals
         assert steps == [4, 4, 5, 3]
         assert (t.decode_steps, t.useful_tokens, t.busy_slot_steps, t.inserted_rows, t.prefills) == (16, 48, 48, 8, 4)
-        assert (t.slot_steps, t.slot_efficiency, t.moved_rows) == (slot_steps, 48 / slot_steps, 0)
+        assert (t.slot_steps, t.moved_rows) == (slot_steps, 0)
+        # a narrowed step reads the weights whole: its 2 idle slots count at the weights' share of a step
+        share = engine._weight_share(params)
+        assert 0.5 < share < 1 and t.slot_efficiency == 48 / t.read_slot_steps
+        assert t.read_slot_steps == pytest.approx(64 - (64 - slot_steps) * (1 - share), rel=1e-12)
     engine.add(prompts[0], 2, limits=4)
     engine.add(prompts[1], 2, first_index=2, limits=8)
     first = engine.run_chunk(params).counters

@@ -161,3 +161,81 @@ def test_a_stream_saved_mid_flight_goes_on_as_the_one_not_stopped(setup):
     for _ in range(2 * PROMPTS):
         _same(going.next_group(params, 1), resumed.next_group(params, 1))
     going.close(), stopped.close(), resumed.close()
+
+
+class FickleScorer(ParityScorer):
+    """The parity reward the first time a response is scored, 0 after (a verifier that answers otherwise
+    on a second call: an LLM judge, a program near its time limit). `seen` counts the calls, shared by
+    the scorers of a run and of its resumption, as a judge outside the process would count them."""
+
+    def __init__(self, seen: Counter):
+        self.seen = seen
+
+    def __call__(self, rows, responses) -> Scored:
+        scored = super().__call__(rows, responses)
+        again = np.asarray([self.seen[tuple(r)] > 0 for r in responses])
+        self.seen.update(tuple(r) for r in responses)
+        return scored._replace(rewards=np.where(again, 0.0, scored.rewards).astype(np.float32))
+
+
+def test_a_resumed_stream_scores_nothing_again(setup):
+    """The checkpoint keeps the scores of the groups scored and not yet read: the resumed stream reads the
+    rewards the first scoring gave, as the stream that went on does."""
+    params, prompts = setup
+    cfg = _experiment(max_staleness=2)
+    judge = Counter()  # the stopped run's and its resumption's
+    going = EngineStream(cfg, None, prompts, FickleScorer(Counter()), Calls(), EOS, None, slots=32)
+    stopped = EngineStream(cfg, None, prompts, FickleScorer(judge), Calls(), EOS, None, slots=32)
+    for _ in range(PROMPTS):
+        going.next_group(params, 0), stopped.next_group(params, 0)
+    going.end_step(), stopped.end_step()
+    going.state()
+    json_state, arrays = stopped.state()
+    # groups scored and not read, with rewards a second scoring would have made 0
+    assert any(entry[5] is not None and any(entry[5][0]) for entry in json_state["open"])
+    resumed = EngineStream(cfg, None, prompts, FickleScorer(judge), Calls(), EOS, None, slots=32)
+    resumed.take.count = stopped.take.count
+    resumed.restore(json_state, arrays)
+    read = [(going.next_group(params, 1), resumed.next_group(params, 1)) for _ in range(2 * PROMPTS)]
+    for a, b in read:
+        _same(a, b)
+    going.close(), stopped.close(), resumed.close()
+
+
+def test_groups_read_in_completion_order_stay_within_the_staleness(setup):
+    """grpo.read_order=completion: each read takes the open group whose rows stopped first, unless the
+    oldest open group entered max_staleness rollouts ago; every group is read once, none is dropped, and
+    a saved and restored stream goes on as the one that was not stopped."""
+    params, prompts = setup
+    cfg = _experiment(max_staleness=2, read_order="completion")
+    streams = [EngineStream(cfg, None, prompts, ParityScorer(), Calls(), EOS, None, slots=8) for _ in range(2)]
+    going, stopped = streams
+    read = []
+    for step in range(5):
+        for _ in range(PROMPTS):
+            group = going.next_group(params, step)
+            read.append(group)
+            assert all(step - 2 <= v <= step for r in group.versions for v in r)
+            if step < 2:
+                assert stopped.next_group(params, step).responses == group.responses
+        going.end_step()
+        if step < 2:
+            stopped.end_step()
+        if step == 1:
+            going.state()
+            json_state, arrays = stopped.state()
+            resumed = EngineStream(cfg, None, prompts, ParityScorer(), Calls(), EOS, None, slots=8)
+            resumed.take.count = stopped.take.count
+            resumed.restore(json_state, arrays)
+            streams.append(resumed)
+        if step >= 2:
+            for group in read[-PROMPTS:]:
+                _same(group, resumed.next_group(params, step))
+            resumed.end_step()
+    ids = [g.prompt_id for g in read]
+    assert ids != [i % 16 for i in range(len(ids))]  # overtaken: not the prompts' order
+    # every group once: the admitted ones are a prefix of the prompt order, less what is still open
+    admitted = [i % 16 for i in range(len(ids) + len(going.open))]
+    assert sorted(ids + [a.prompt_id for a in going.open]) == sorted(admitted)
+    for stream in streams:
+        stream.close()

@@ -125,6 +125,49 @@ def test_a_retry_keeps_the_no_resample_marks_of_the_reads_it_replaces(tmp_path, 
     assert loader.excluded == reads[0] + reads[1][:1]
 
 
+@pytest.mark.parametrize("async_steps, want", [(0, [0.0, 0.0, 0.0]), (1, [0.0, 1.0, 1.0])])
+def test_staleness_counts_the_rollouts_between_drawing_and_training(tmp_path, coin_verifier, async_steps, want):
+    """rollout/staleness_*: the parameters' version a token was drawn under against the one its rollout
+    trains from. Static rollouts sampled one ahead (grpo.async_steps=1) draw rollout r+1 with the
+    parameters rollout r trains from (the first two with the initial ones): staleness 1 from the second."""
+    import jax.numpy as jnp
+
+    cfg = _config(tmp_path, "grpo.rollout_engine=static", f"grpo.async_steps={async_steps}")
+    tok = load_tokenizer("dolma2")
+    loader = RolloutProducer(cfg, make_mesh(cfg.mesh, jax.devices()[:1]), prompt_set(cfg, tok), tok)
+
+    class Tagging:
+        """The stream, each group's tokens tagged with the version it is read with, rewards with a spread."""
+
+        timing = Counter()
+
+        def next_group(self, params, version):
+            _, ids = loader._take() if not hasattr(self, "ids") or not self.ids else (None, self.ids)
+            self.ids = list(ids[1:])
+            return Group(
+                int(ids[0]),
+                [[1, 2]] * 4,
+                [[0.0, 0.0]] * 4,
+                [[version] * 2] * 4,
+                0,
+                np.asarray([0.0, 10.0] * 2, np.float32),
+                [],
+            )
+
+        def end_step(self):
+            return 0
+
+    loader.stream = Tagging()
+    loader.params = {"w": jnp.zeros(2)}
+    batches = iter(loader)
+    stale = []
+    for _ in range(3):
+        next(batches)
+        stale.append((loader.metrics()["rollout/staleness_mean"], loader.metrics()["rollout/staleness_max"]))
+    assert stale == [(w, w) for w in want]
+    loader.close()
+
+
 def test_the_loop_refuses_what_it_cannot_sample_for(tmp_path, coin_verifier):
     tok = load_tokenizer("dolma2")
     mesh = make_mesh(get_recipe("tiny_grpo").mesh, jax.devices()[:1])
@@ -183,6 +226,48 @@ def coin_verifier(tmp_path, monkeypatch):
     rewards.shutdown()  # the next worker is spawned with this sys.path
     yield
     rewards.shutdown()
+
+
+@pytest.fixture
+def zero_verifier(tmp_path, monkeypatch):
+    """A verifier plugin (an `olmax.verifiers` entry point) that fails every response."""
+    (tmp_path / "olmax_zero.py").write_text("def zero(response, ground_truth, **_):\n    return 0.0\n")
+    dist = tmp_path / "olmax_zero-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: olmax-zero\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[olmax.verifiers]\nzero = olmax_zero:zero\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rewards.shutdown()
+    path = tmp_path / "zero.jsonl"
+    path.write_text("".join(json.dumps({**r, "dataset": "zero"}) + "\n" for r in read_rows("rl")[:64]))
+    yield path
+    rewards.shutdown()
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "grpo.max_staleness=1",  # the default engine; the others are in the slow set (a run each)
+        pytest.param("grpo.max_staleness=0", marks=pytest.mark.slow),
+        pytest.param("grpo.rollout_engine=static", marks=pytest.mark.slow),
+        pytest.param("grpo.rollout_engine=static grpo.async_steps=1", marks=pytest.mark.slow),
+        pytest.param("grpo.max_staleness=1 grpo.active_sampling=true", marks=pytest.mark.slow),
+    ],
+)
+def test_a_read_with_no_signal_retries_then_applies_an_empty_batch(tmp_path, zero_verifier, engine):
+    """Every response fails (a broken verifier, a weak model's first steps): no group has a reward spread,
+    so each step reads its prompts again EMPTY_RETRIES times, then gets an empty batch, which the train
+    step does not apply (the step counts and logs it, nothing moves); on every engine and staleness."""
+    from olmax.rollout.producer import EMPTY_RETRIES
+    from olmax.trainer.run import train
+
+    cfg = _config(tmp_path, *engine.split(), f"data.paths=[{zero_verifier}]", "grpo.max_response_len=4")
+    rows = train(apply_overrides(cfg, ["trainer.max_steps=1"]), tmp_path / "run", progress=False)
+    assert [r["step"] for r in rows] == [1]
+    for r in rows:
+        assert r["rollout/empty_batch"] == 1 and r["rollout/groups_kept"] == 0, r
+        assert r["rollout/retries"] == EMPTY_RETRIES and r["train/response tokens"] == 0
+        assert r["rollout/verifier/zero/ok"] == (EMPTY_RETRIES + 1) * 16
 
 
 @pytest.mark.slow

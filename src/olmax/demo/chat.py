@@ -192,7 +192,7 @@ def run_chat_demo(run_dir: str | Path, overrides: Sequence[str] = (), progress: 
         overrides,
         progress,
         reward_by_step="rollout/reward_mean",
-        slot_efficiency_by_step="rollout/slot_efficiency",
+        slot_efficiency="rollout/slot_efficiency_run",  # the whole stage's decoding, at its last step
         staleness_by_step="rollout/staleness_mean",
     )
     summary["rl"] = _scored(rl, summary["dpo"]["held_out"])
@@ -245,8 +245,8 @@ def format_chat_summary(s: dict) -> str:
     lines.append(
         f"rl    {rl['steps']} steps, reward {rl['reward_by_step'][0]:.2f} -> {rl['reward_by_step'][-1]:.2f} "
         f"(of {get_recipe('tiny_grpo').grpo.reward_scale:g}); {solved('rl')}; rollouts' slot efficiency "
-        f"{sum(rl['slot_efficiency_by_step']) / len(rl['slot_efficiency_by_step']):.2f}, staleness "
-        f"{sum(rl['staleness_by_step']) / len(rl['staleness_by_step']):.2f} steps (means over the steps)"
+        f"{rl['slot_efficiency']:.2f}, staleness {sum(rl['staleness_by_step']) / len(rl['staleness_by_step']):.2f} "
+        "rollouts (the mean over the steps)"
     )
     example = s["rl"]["held_out"]["examples"][0]
     lines += [

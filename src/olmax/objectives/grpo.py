@@ -291,7 +291,7 @@ class GRPO(Objective):
         "rollout/solve_rate",
         "rollout/response_len_mean",
         "rollout/zero_spread_frac",
-        "rollout/slot_efficiency",
+        "rollout/slot_efficiency_run",
         "rollout/staleness_mean",
     )
 

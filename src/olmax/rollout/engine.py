@@ -137,6 +137,9 @@ class Counters:
     insert_s: float = 0.0  # the insert and move programs (prefill, copies of rows), host side included
     decode_s: float = 0.0  # the decode programs and reading their tokens back
     host_s: float = 0.0  # the rest: bookkeeping of finished rows
+    # slot steps by what a step reads: a narrowed step of width w reads the weights whole and w slots'
+    # keys and values, so it counts w + (slots - w) x the weights' share of a full step's bytes
+    read_slot_steps: float = 0.0
 
     def __add__(self, other: "Counters") -> "Counters":
         sums = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)}
@@ -144,10 +147,10 @@ class Counters:
 
     @property
     def slot_efficiency(self) -> float:
-        """Useful tokens / slot steps (slots x decode steps, but for a narrowed drain's steps): the share
-        of the row-steps computed that made a token (the static sampler's is its rows' mean length over
-        its longest)."""
-        return self.useful_tokens / max(1, self.slot_steps)
+        """Useful tokens / slot steps counted by what they read (read_slot_steps: slots x decode steps,
+        a narrowed drain's step at its cost): the share of the decoding's reads that made a token (the
+        static sampler's is its rows' mean length over its longest)."""
+        return self.useful_tokens / max(1e-9, self.read_slot_steps)
 
 
 class Chunk(NamedTuple):
@@ -222,6 +225,7 @@ class SlotEngine:
         with self._on_mesh():
             self._state = self._programs.init()
         self._head: tuple = (None, None)  # (the parameters' output layer, cut to the real vocabulary)
+        self._share: Optional[float] = None  # _weight_share
         self._waiting: deque[_Row] = deque()
         self._slots: list[Optional[_Row]] = [None] * slots
         self._groups = 0
@@ -322,6 +326,7 @@ class SlotEngine:
             t1 - t0,
             t2 - t1,
             time.perf_counter() - t2,
+            read_slot_steps=steps * (width + (self.config.slots - width) * self._weight_share(params)),
         )
         self.totals = self.totals + counters
         return Chunk(finished, counters)
@@ -468,6 +473,17 @@ class SlotEngine:
             "versions": cat("versions", np.int32),
         }
 
+    def reset(self) -> None:
+        """Back to a new engine's state, its compiled programs kept: no row, an empty cache at clock 0.
+        The old cache is released before the new one is made, so one is alive at a time where the cache
+        is sized near the device's memory (olmax.rollout.stream restarts its engine so at a checkpoint)."""
+        self._state = None
+        with self._on_mesh():
+            self._state = self._programs.init()
+        self._waiting.clear()
+        self._slots = [None] * self.config.slots
+        self._groups = 0
+
     def restore(self, snapshot: dict[str, np.ndarray], next_group: int = 0) -> None:
         """Queue a snapshot's rows ahead of the waiting ones; each re-enters a slot prefilled with its
         prompt + its tokens so far and goes on at its own t (module doc). The rows keep their groups'
@@ -507,6 +523,14 @@ class SlotEngine:
             np.asarray(row.versions, np.int32),
             finish,
         )
+
+    def _weight_share(self, params: dict) -> float:
+        """The weights' share of a full-width decoding step's bytes (weights + every slot's cache), as
+        Counters.read_slot_steps counts a narrowed step; once per parameters' shapes."""
+        if self._share is None:
+            weights = sum(x.nbytes for x in jax.tree.leaves(params))
+            self._share = weights / (weights + sum(x.nbytes for x in jax.tree.leaves(self._state.cache)))
+        return self._share
 
     def _params(self, params: dict) -> dict:
         """The parameters as the programs take them: on one device the output layer's weight cut to the

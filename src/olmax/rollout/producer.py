@@ -147,7 +147,8 @@ class RolloutProducer:
         self.fingerprint = hashlib.sha256(json.dumps([prompts.template, key]).encode()).hexdigest()
         self.batches_per_epoch = max(1, len(prompts.prompts) // self.rl.prompts_per_step) * self.rl.mini_batches
         self.epoch, self.cursor, self.calls, self.produced, self.excluded = 1, 0, 0, 0, []
-        self.decoded: Counter = Counter()  # useful tokens and slot steps since this process started
+        self.started = 0  # rollouts whose first step has begun: the version of the current parameters
+        self.decoded: Counter = Counter()  # useful tokens and slot steps of the run so far
         self.epoch_excluded: list[int] = []  # the exclusions this epoch's order was drawn without
         # rollouts produced (or being produced) and not yet wholly served, oldest first; the first is
         # being served, `_served` of its parts already
@@ -205,6 +206,8 @@ class RolloutProducer:
             "served": self._served,
             "queued": [r.figures for r in queued],
             "produced": self.produced,
+            "started": self.started,
+            "decoded": {k: self.decoded[k] for k in ("useful_tokens", "slot_steps")},
         }
         arrays = {f"rollout_{i}": {f"part_{k}": part for k, part in enumerate(r.parts)} for i, r in enumerate(queued)}
         if isinstance(self.stream, EngineStream):  # rows in flight: its open groups and unfinished rows
@@ -236,6 +239,9 @@ class RolloutProducer:
         if state["served"] and not self._queue:  # version 1 kept no batches
             log.warning("resumed between the mini-batches of a rollout: its remaining ones come from a new rollout")
         self.produced = state.get("produced", 0)
+        # a checkpoint of before `started` was kept: the queued rollouts were not begun but the one served from
+        self.started = state.get("started", self.produced - len(self._queue) + int(self._served > 0))
+        self.decoded = Counter(state.get("decoded", {}))
         if "stream" in state:
             if not isinstance(self.stream, EngineStream):
                 raise DataStateError(
@@ -279,14 +285,16 @@ class RolloutProducer:
         every part the old log-probs under the current parameters (several mini-batches) and the
         reference policy's (grpo.beta > 0). Returns the seconds waited for it."""
         while len(self._queue) < 1 + self.rl.async_steps:
+            # the current parameters are version `started`: the rollout about to begin trains from them
             if self._worker is None:
-                self._queue.append(_done(self._rollout(self.params)))
+                self._queue.append(_done(self._rollout(self.params, self.started)))
             else:  # the next step donates the parameters: the worker samples from its own copy
                 params = jax.tree.map(jnp.copy, self.params)
-                self._queue.append(self._worker.submit(self._produce, params))
+                self._queue.append(self._worker.submit(self._produce, params, self.started))
         t0 = time.perf_counter()
         rollout = self._queue[0].result()
         waited = time.perf_counter() - t0
+        self.started += 1
         wanted = {"old_logps": self.params} if self.rl.mini_batches > 1 else {}
         wanted.update({"ref_logps": self.reference} if self.reference is not None else {})
         for batch in rollout.parts:  # before the first update; a resumed rollout has them already
@@ -296,9 +304,9 @@ class RolloutProducer:
                     batch[key] = gather(self._logps(params, placed))
         return waited
 
-    def _produce(self, params) -> _Rollout:
+    def _produce(self, params, params_version: int) -> _Rollout:
         with jax.set_mesh(self.mesh):  # the worker thread's own mesh context, as the trainer's
-            return self._rollout(params)
+            return self._rollout(params, params_version)
 
     def _read(self, params, version: int) -> tuple[list[Group], object, int]:
         """The groups one rollout reads from the stream and their selection (groups.select_groups over
@@ -324,11 +332,8 @@ class RolloutProducer:
                 max_score=rl.reward_scale,
             )
             if rl.active_sampling:  # the calls' worth of groups read beyond the first, as a static read counts them
-                return read, sel, -(-len(read) // want) - 1 + int(not bool(sel.full))
-            if np.asarray(sel.keep).any():
-                return read, sel, retries
-            retries += 1
-            if retries > EMPTY_RETRIES:
+                return read, sel, min(EMPTY_RETRIES, -(-len(read) // want) - 1 + int(not bool(sel.full)))
+            if np.asarray(sel.keep).any() or retries == EMPTY_RETRIES:
                 return read, sel, retries
             # one read of prompts_per_step groups, which the retry replaces; but its groups were read, and
             # the prompts it marked stay marked (open-instruct marks every group it reads,
@@ -337,13 +342,15 @@ class RolloutProducer:
             # and the read is over for the stream: its groups no longer count against admission (the
             # engine's) and a call's prompts it did not reach go back to the order, as at a step's end
             self.cursor -= self.stream.end_step()
-            read = []
+            read, retries = [], retries + 1
 
-    def _rollout(self, params) -> _Rollout:
+    def _rollout(self, params, params_version: int) -> _Rollout:
+        """The next rollout, sampled with `params` of version `params_version` (rollouts begun before
+        them); it trains from version `produced` (one more than params_version with async_steps=1)."""
         rl, n = self.rl, self.rl.samples_per_prompt
         version = self.produced
         jax.block_until_ready(params)  # the previous step's update, dispatched asynchronously, is not rollout time
-        read, sel, retries = self._read(params, version)
+        read, sel, retries = self._read(params, params_version)
         self.produced += 1
         # the stream's prompts no step read go back to the order (the cursor is within their epoch)
         self.cursor -= self.stream.end_step()
@@ -364,10 +371,15 @@ class RolloutProducer:
         kept_adv = adv[[i * n + s for i, g in enumerate(read) if keep[i] for s in range(n)]]
         token_adv = groups.token_values(kept_adv, packed.response_index)
         counts, self.stream.timing = self.stream.timing, Counter()
-        self.decoded.update({k: counts[k] for k in ("useful_tokens", "slot_steps")})
+        decoded = Counter({k: counts[k] for k in ("useful_tokens", "slot_steps")})
+        self.decoded.update(decoded)
         counts.update(retries=retries, empty=int(not keep.any()))
         parts = self._parts(packed, token_adv, counts)
-        return _Rollout(parts, self._figures(read, sel, counts, packed.rows, version))
+        figures = {
+            **self._figures(read, sel, counts, packed.rows),
+            **sampling_figures(read, decoded, self.decoded, version),
+        }
+        return _Rollout(parts, figures)
 
     def _mark(self, sel, prompt_ids: list) -> None:
         """Exclude from the next epochs the prompts `sel` marked no-resample (solved often enough)."""
@@ -400,7 +412,7 @@ class RolloutProducer:
             out.append(batch)
         return out
 
-    def _figures(self, read: list[Group], sel, counts: Counter, rows: int, version: int) -> dict:
+    def _figures(self, read: list[Group], sel, counts: Counter, rows: int) -> dict:
         rl, n = self.rl, self.rl.samples_per_prompt
         rw = np.concatenate([g.rewards for g in read])
         lengths = np.asarray([len(r) for g in read for r in g.responses])
@@ -421,7 +433,6 @@ class RolloutProducer:
             "rollout/verify_s": counts["verify_s"],
             "rollout/verified_here": float(counts["verified_here"]),  # this process's share of the samples
             "rollout/epoch": float(self.epoch),
-            **sampling_figures(read, self.decoded, version),
         }
         by_name: dict = {}
         for name, score in (pair for g in read for pair in g.scores):

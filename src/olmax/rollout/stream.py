@@ -38,7 +38,7 @@ from olmax.model.sharding import gather
 from olmax.rollout import groups
 from olmax.rollout.engine import Finished, SlotEngine
 from olmax.rollout.sampler import FINISH, Sampling, sample
-from olmax.rollout.scoring import Scorer
+from olmax.rollout.scoring import Scored, Scorer
 
 
 class Group(NamedTuple):
@@ -98,9 +98,12 @@ class StaticStream:
         )
         tokens, logps, lengths, finish = (gather(x) for x in out)
         self.timing["sample_s"] += time.perf_counter() - t0
-        longest = int(lengths.max())  # a static batch decodes until its longest row has stopped
-        self.timing["decode_steps"] += longest
-        self.timing["slot_steps"] += longest * len(tokens)
+        # each program (grpo.sample_prompts' prompts' rows) decodes until its longest row has stopped
+        per = (rl.sample_prompts or len(ids)) * n
+        for start in range(0, len(tokens), per):
+            longest = int(lengths[start : start + per].max())
+            self.timing["decode_steps"] += longest
+            self.timing["slot_steps"] += longest * len(tokens[start : start + per])
         self.timing["useful_tokens"] += int(lengths.sum())
         rows = [self.prompts.prompts[i] for i in ids for _ in range(n)]
         responses = [tokens[r, : lengths[r]].tolist() for r in range(len(rows))]
@@ -141,6 +144,7 @@ class _Admitted:
     rows: dict = field(default_factory=dict)  # sample -> Finished
     scored: Optional[Future] = None
     group: Optional[Group] = None
+    completed: Optional[int] = None  # the how-manieth group of the stream it was whose rows all stopped
 
     def resolved(self) -> bool:
         return self.scored is not None and self.scored.done()
@@ -175,6 +179,7 @@ class EngineStream:
         self.step_read: list[Group] = []  # read since the step began: they count as the step's until it ends
         self.call: Optional[tuple[int, np.ndarray, int]] = None  # (number, prompt ids, next position)
         self.timing: Counter = Counter()
+        self._completions = 0  # groups whose rows have all stopped, so far (_Admitted.completed)
         # one process scores on a worker while the device decodes; several in order, on this thread
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="scoring") if jax.process_count() == 1 else None
 
@@ -211,29 +216,41 @@ class EngineStream:
     # reading
 
     def next_group(self, params, version: int) -> Group:
-        """The next group in admission order, decoding and scoring until it is scored."""
+        """The next group (`_next`), decoding and scoring until it is scored. Once its rows have all
+        stopped the read waits for its verifier rather than decode on: the chunks decoded before a step
+        ends draw with its parameters, so their number must not depend on how fast a verifier answers."""
         while True:
             self._admit(version)
             self._collect()
-            head = self.open[0]
-            if head.group is not None:
-                self.open.popleft()
+            head = self._next(version)
+            if head is not None and head.group is not None:
+                self.open.remove(head)
                 self.step_read.append(head.group)
                 return head.group
-            if self.engine.pending() or self.engine.active():
-                t0 = time.perf_counter()
-                chunk = self.engine.run_chunk(params, version)
-                c = chunk.counters
-                self.timing.update(
-                    sample_s=time.perf_counter() - t0,
-                    insert_s=c.insert_s,
-                    decode_steps=c.decode_steps,
-                    slot_steps=c.slot_steps,
-                    useful_tokens=c.useful_tokens,
-                )
-                self._route(chunk.finished)
-            else:  # every row has stopped: the head's scores are all that is left to wait for
+            if head is not None and head.scored is not None:
                 head.scored.result()
+                continue
+            t0 = time.perf_counter()
+            chunk = self.engine.run_chunk(params, version)
+            c = chunk.counters
+            self.timing.update(
+                sample_s=time.perf_counter() - t0,
+                insert_s=c.insert_s,
+                decode_steps=c.decode_steps,
+                slot_steps=c.read_slot_steps,  # a narrowed step by what it reads (Counters)
+                useful_tokens=c.useful_tokens,
+            )
+            self._route(chunk.finished)
+
+    def _next(self, version: int) -> Optional[_Admitted]:
+        """The group the next read takes, once scored: in grpo.read_order "prompt" the oldest open one;
+        in "completion" the open one whose rows all stopped first (None: none has yet), but the oldest
+        once it was admitted max_staleness rollouts ago, so no group waits longer than in prompt order."""
+        oldest = self.open[0]
+        if self.rl.read_order == "prompt" or version - oldest.version >= self.rl.max_staleness:
+            return oldest
+        done = [a for a in self.open if a.completed is not None]
+        return min(done, key=lambda a: a.completed) if done else None
 
     def end_step(self) -> int:
         """The step has read its groups. Synchronous (max_staleness 0): the call's prompts not admitted go
@@ -252,6 +269,7 @@ class EngineStream:
             admitted = by_engine[row.group]
             admitted.rows[row.index - admitted.position * n] = row
             if len(admitted.rows) == n:
+                admitted.completed, self._completions = self._completions, self._completions + 1
                 self._score(admitted)
 
     def _score(self, admitted: _Admitted) -> None:
@@ -280,11 +298,13 @@ class EngineStream:
     # state (a checkpoint keeps the open groups and the engine's unfinished rows)
 
     def state(self) -> tuple[dict, dict]:
-        """(JSON, arrays) of what the stream holds: the open groups' finished rows (scored again on
-        restore), the engine's unfinished rows, the current call. The rows in flight then leave their
-        slots and wait to be prefilled again, here as in a run resumed from this state, so a run that
-        stops here and one that goes on decode the same tokens (a row's earlier keys and values are
-        recomputed by the parameters of that moment in both)."""
+        """(JSON, arrays) of what the stream holds: the open groups, their finished rows and, for those
+        scored, their rewards and scores (a resume scores nothing again: a verifier may answer otherwise
+        on a second call, an LLM judge or a program near its time limit), the engine's unfinished rows,
+        the current call. The rows in flight then leave their slots and wait to be prefilled again, here
+        as in a run resumed from this state, so a run that stops here and one that goes on decode the
+        same tokens (a row's earlier keys and values are recomputed by the parameters of that moment in
+        both)."""
         for a in self.open:
             if a.scored is not None:
                 a.scored.result()
@@ -293,8 +313,9 @@ class EngineStream:
         if self.step_read:
             raise RuntimeError("a stream's state is taken between steps (after end_step)")
         json_state = {
-            "open": [[a.call, a.position, a.prompt_id, a.engine_group, a.version] for a in self.open],
+            "open": [_open_entry(a) for a in self.open],
             "call": None if self.call is None else [self.call[0], [int(i) for i in self.call[1]], self.call[2]],
+            "completions": self._completions,
         }
         snapshot = self.engine.snapshot()
         self._restart(snapshot)
@@ -304,21 +325,40 @@ class EngineStream:
         """Back to a `state()`'s (JSON, arrays); arrays left out (none in flight, or empty) are empty."""
         empty = {"finished": _pack_rows([]), "engine": self.engine.snapshot()}
         arrays = {name: {**part, **((arrays or {}).get(name) or {})} for name, part in empty.items()}
-        self.open = deque(_Admitted(*entry) for entry in state["open"])
+        self.open = deque(_Admitted(*entry[:5]) for entry in state["open"])
         if state["call"] is not None:
             self.call = (state["call"][0], np.asarray(state["call"][1], np.int64), state["call"][2])
+        self._completions = state.get("completions", 0)
         by_engine = {a.engine_group: a for a in self.open}
         for group, index, row in _unpack_rows(arrays["finished"]):
             by_engine[group].rows[index] = row
-        for a in self.open:
-            if len(a.rows) == self.rl.samples_per_prompt:
+        for a, entry in zip(self.open, state["open"]):
+            saved = entry[5] if len(entry) > 5 else None  # a checkpoint of before scores were kept: none
+            a.completed = entry[6] if len(entry) > 6 else None
+            if saved is not None:  # counted in the figures of the rollout that scored it, not again
+                a.scored = Future()
+                rewards, scores = saved
+                a.scored.set_result(
+                    Scored(np.asarray(rewards, np.float32), [[tuple(p) for p in r] for r in scores], Counter())
+                )
+            elif len(a.rows) == self.rl.samples_per_prompt:
                 self._score(a)
         self._restart(arrays["engine"])
 
     def _restart(self, snapshot: dict) -> None:
-        """A new engine holding `snapshot`'s rows, waiting; its next groups numbered after every open one's."""
-        self.engine = SlotEngine(self.cfg.model, self.mesh, **self._engine_args)
+        """The engine as a new one holding `snapshot`'s rows, waiting (its cache released before a fresh
+        one is made: one is alive at a time); its next groups numbered after every open one's."""
+        self.engine.reset()
         self.engine.restore(snapshot, next_group=max([a.engine_group + 1 for a in self.open], default=0))
+
+
+def _open_entry(a: _Admitted) -> list:
+    """An open group in the stream's JSON state: where it came from, and its scores once scored."""
+    scored = None
+    if a.scored is not None:
+        result = a.scored.result()
+        scored = [result.rewards.tolist(), [[list(pair) for pair in pairs] for pairs in result.scores]]
+    return [a.call, a.position, a.prompt_id, a.engine_group, a.version, scored, a.completed]
 
 
 def _zero_spread(group: Group) -> bool:
@@ -367,11 +407,12 @@ def _unpack_rows(saved: dict[str, np.ndarray]):
         yield row.group, int(saved["sample"][i]), row
 
 
-def sampling_figures(read: list[Group], decoded: Counter, version: int) -> dict:
+def sampling_figures(read: list[Group], decoded: Counter, run: Counter, version: int) -> dict:
     """The rollout figures of how the groups a step read were sampled: staleness (rollouts between the
-    parameters that drew a token and the ones the rollout trains from) and slot efficiency, useful tokens
-    / (slots x decode steps) of all the decoding so far (`decoded`, since the process started: with
-    in-flight updates a step may find its groups decoded while the steps before it ran)."""
+    parameters that drew a token and version, the ones the rollout trains from) and slot efficiency,
+    useful tokens / slot steps, of the decoding done while this rollout was read (`decoded`; none where
+    its groups were decoded while earlier steps ran) and of the run's so far (`run`, kept across a
+    resume)."""
     stale = np.asarray([version - v for g in read for r in g.versions for v in r], np.float64)
     out = {
         "rollout/staleness_mean": float(stale.mean()) if stale.size else 0.0,
@@ -379,8 +420,13 @@ def sampling_figures(read: list[Group], decoded: Counter, version: int) -> dict:
     }
     if decoded.get("slot_steps"):
         out["rollout/slot_efficiency"] = decoded["useful_tokens"] / decoded["slot_steps"]
+    if run.get("slot_steps"):
+        out["rollout/slot_efficiency_run"] = run["useful_tokens"] / run["slot_steps"]
     return out
 
 
 def zero_spread(read: list[Group], n: int) -> np.ndarray:
+    """(groups,) bool: the groups of `read` whose rewards are all equal (none read: empty)."""
+    if not read:
+        return np.zeros(0, bool)
     return np.asarray(groups.zero_spread(np.concatenate([g.rewards for g in read]), n))
