@@ -18,7 +18,7 @@ import tracemalloc
 
 import pytest
 
-from olmax.rewards import code, code_harness, code_tests, code_values
+from olmax.rewards import code, code_channel, code_harness, code_stdio, code_tests
 from olmax.rewards import verifiers as rewards
 
 sandboxed = pytest.mark.usefixtures("code_sandbox")
@@ -368,7 +368,7 @@ def test_the_channel_reads_strictly():
     codec = _codec()
     for junk in (b"{}", b"[1]", b'[["zz"], []]', b'[["@", 5], []]', b'[1, [[2, "l"]]]', b'[1, [[3, "?"]]]',
                  b'[["f", ["@", 3]], [[3, "l"]]]', b'[["i", "xyz"], []]', b"[" * 100_000, b"not json"):  # fmt: skip
-        with pytest.raises(code_values.ChannelError):
+        with pytest.raises(code_channel.ChannelError):
             codec.decode(junk)
     # a program's object is a handle: it equals only itself and has no truth value, order or hash
     one, two = codec.decode(b'[["t", ["H", 1, "A"], ["H", 2, "A"], ["H", 1, "A"]], []]')[:2]
@@ -401,12 +401,12 @@ COLLIDING = ", ".join(f'["i", "{k * (2**61 - 1):x}"]' for k in range(1, 20_000))
 )
 def test_the_channel_bounds_what_a_program_value_can_make(message):
     start = time.thread_time()  # this thread's CPU time: other jobs on a shared host do not add to it
-    with pytest.raises(code_values.ChannelError):
+    with pytest.raises(code_channel.ChannelError):
         _codec().decode(message.encode())
     cpu = time.thread_time() - start
     tracemalloc.start()
     try:
-        with pytest.raises(code_values.ChannelError):
+        with pytest.raises(code_channel.ChannelError):
             _codec().decode(message.encode())
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -439,5 +439,5 @@ def test_same_output_is_upstreams():
     cases = [("6\n", "6"), (" 0.50 \n2", "0.5\n2.0"), ("1 2", "1  2"), ("a", "b"), ("1\n2", "1"), ("", ""),
              ("1e3", "1000"), ("x 1", "x 1.0"), ("nan", "nan"), ("1\n\n", "1"), ("1 2 3", "1 2"),
              ("1", "1 2")]  # fmt: skip
-    assert [code_harness.same_output(a, b) for a, b in cases] == [True, True, True, False, False, True, True, False,
+    assert [code_stdio.same_output(a, b) for a, b in cases] == [True, True, True, False, False, True, True, False,
                                                                  True, True, False, False]  # fmt: skip

@@ -14,7 +14,7 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
   took its exit status): each test runs as written in a process of its own (olmax.rewards.code_harness),
   and the program in another that holds the program alone (olmax.rewards.code_program), re-run for each
   test as upstream re-runs it. Every use the test makes of a name the program defined is a request on
-  one channel between the two (olmax.rewards.code_values): arguments and results cross as data (builtin
+  one channel between the two (olmax.rewards.code_channel, code_values): arguments and results cross as data (builtin
   values and containers, the standard library's data types, instances of the tests' own classes rebuilt
   by those classes), arguments the program mutated are written back into the test's objects after each
   call, and any other object of the program's stays there as a handle that has no truth value, order or
@@ -120,7 +120,8 @@ ISOLATIONS = CODE_ISOLATIONS  # rewards.code.isolation's values, as the config c
 AUTO, NAMESPACES, NONE = ISOLATIONS
 _KILL_SECONDS = 5.0  # the wait for the child's process group to die after the run
 # the child's modules, in the order the bootstrap makes them (each imports only those before it)
-_CHILD_MODULES = ("code_values", "code_seccomp", "code_program", "code_harness", "code_runner", "code_sandbox")
+_CHILD_MODULES = ("code_channel", "code_values", "code_seccomp", "code_program", "code_stdio", "code_harness",
+                  "code_runner", "code_sandbox")  # fmt: skip
 # what the child runs first: its modules from stdin (a length line, then their marshalled code), then main
 _BOOTSTRAP = (
     "import marshal, sys, types\n"

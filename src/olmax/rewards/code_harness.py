@@ -18,10 +18,9 @@ no process of the program's ever holds, and:
   test passes when it raises nothing; a test that used no name of the program's is refused, never
   passed; a test during which the program's process ended or sent what is no answer fails, whatever the
   test caught.
-- `code_stdio` tests (`run_stdio`): the input is written to a file that becomes the program's descriptor 0
+- `code_stdio` tests: the input is written to a file that becomes the program's descriptor 0
   (olmax.rewards.code_runner hands it over); its output, a file, is read back here after the program
-  ended and compared here, upstream's way (`same_output`), line by line without holding more than one
-  line's tokens.
+  ended and compared here, upstream's way (olmax.rewards.code_stdio).
 
 Standard library only (this module runs inside the sandbox).
 """
@@ -29,11 +28,11 @@ Standard library only (this module runs inside the sandbox).
 from __future__ import annotations
 
 import builtins
-import decimal
-import re
 import signal
 import sys
 
+from olmax.rewards import code_channel as ch
+from olmax.rewards import code_stdio
 from olmax.rewards import code_values as cv
 
 REASON_CHARS = 300  # of a verdict's reason
@@ -147,10 +146,19 @@ def _builtin_exception(name) -> type | None:
     return found if isinstance(found, type) and issubclass(found, BaseException) else None
 
 
-def _pure(module: str, qualname: str) -> bool:
-    if module == "builtins":
-        return qualname.split(".")[0] not in cv.IMPURE_BUILTINS
-    return module.split(".")[0] in cv.PURE_MODULES
+def _own(module: str, qualname: str):
+    """This process's own object of that name where it is a pure one (code_channel.PURE_MODULES, Python's
+    builtins but IMPURE_BUILTINS) and is found there under that very name (not `random._os.system`: an
+    attribute path to another module's object); else None (it stays a handle of the program's)."""
+    pure = qualname.split(".")[0] not in ch.IMPURE_BUILTINS if module == "builtins" else (
+        module.split(".")[0] in ch.PURE_MODULES)  # fmt: skip
+    if not pure or any(part.startswith("_") for part in qualname.split(".") if part):
+        return None
+    try:
+        found = ch.resolve(module, qualname)
+    except ch.ChannelError:
+        return None
+    return found if ch.importable(found) == (module, qualname) else None
 
 
 class Codec(cv.Codec):
@@ -175,7 +183,7 @@ class Codec(cv.Codec):
 
     def proxy(self, number, kind) -> Remote:
         if type(number) is not int or type(kind) is not str:
-            raise cv.ChannelError("a handle that is not (number, kind)")
+            raise ch.ChannelError("a handle that is not (number, kind)")
         if number not in self.proxies:
             self.proxies[number] = Remote(self, number, kind[:100])
         return self.proxies[number]
@@ -199,15 +207,15 @@ class Codec(cv.Codec):
         special = cv._special(value)
         if special is not None:
             return special(self, value, depth)
-        found = cv.importable(value)
+        found = ch.importable(value)
         if found is not None:
             return ["g", *found]
-        raise cv.Unsendable(f"a {kind.__name__} of the test's cannot be passed to the program (only data crosses)")
+        raise ch.Unsendable(f"a {kind.__name__} of the test's cannot be passed to the program (only data crosses)")
 
     def register(self, cls: type) -> None:
         known = self.classes.setdefault(cls.__name__, cls)
         if known is not cls:
-            raise cv.Unsendable(f"two classes of the test's are named {cls.__name__}")
+            raise ch.Unsendable(f"two classes of the test's are named {cls.__name__}")
 
     def instance_def(self, obj, ref: int) -> list:
         return self.attributes(obj, ref, type(obj).__name__)
@@ -215,19 +223,19 @@ class Codec(cv.Codec):
     def new_instance(self, name: str):
         cls = self.classes.get(name)
         if cls is None or not self.test_class(cls):
-            raise cv.ChannelError(f"an instance of {name[:40]!r}, which is no class of the test's")
+            raise ch.ChannelError(f"an instance of {name[:40]!r}, which is no class of the test's")
         return object.__new__(cls)
 
     def set_attributes(self, obj, pairs: list) -> None:
         if len(pairs) % 2:
-            raise cv.ChannelError("an attribute without a value")
+            raise ch.ChannelError("an attribute without a value")
         cls, fields = type(obj), {}
         for name, node in zip(pairs[::2], pairs[1::2]):
             if type(name) is not str or not name.isidentifier() or name.startswith("__"):
-                raise cv.ChannelError("an attribute that is not a plain name")
+                raise ch.ChannelError("an attribute that is not a plain name")
             inherited = getattr(cls, name, None)
             if callable(inherited) or hasattr(type(inherited), "__get__") and not isinstance(inherited, (int, str)):
-                raise cv.ChannelError(f"the program set {name}, a method or property of the test's {cls.__name__}")
+                raise ch.ChannelError(f"the program set {name}, a method or property of the test's {cls.__name__}")
             fields[name] = self.dec(node, 1)
         if isinstance(getattr(obj, "__dict__", None), dict):
             obj.__dict__.clear()
@@ -240,12 +248,8 @@ class Codec(cv.Codec):
         if tag == "H" and len(rest) == 2:
             return self.proxy(*rest)
         if tag == "g" and len(rest) == 3 and type(rest[0]) is str and type(rest[1]) is str:
-            if _pure(rest[0], rest[1]):
-                try:
-                    return cv.resolve(rest[0], rest[1])
-                except cv.ChannelError:
-                    pass
-            return self.proxy(rest[2], rest[1] or rest[0])
+            found = _own(rest[0], rest[1])
+            return self.proxy(rest[2], rest[1] or rest[0]) if found is None else found
         if tag == "x" and len(rest) == 5 and type(rest[1]) is str and type(rest[4]) is list:
             return self.error_class(*rest)
         if tag == "nt" and len(rest) >= 2 and type(rest[0]) is str and type(rest[1]) is list:
@@ -254,24 +258,20 @@ class Codec(cv.Codec):
             try:
                 return self.classes[rest[0]][rest[1]]
             except (KeyError, TypeError):
-                raise cv.ChannelError(f"no member {str(rest[1])[:40]} of {rest[0]}") from None
-        raise cv.ChannelError(f"an unknown value {tag[:8]!r}")
+                raise ch.ChannelError(f"no member {str(rest[1])[:40]} of {rest[0]}") from None
+        raise ch.ChannelError(f"an unknown value {tag[:8]!r}")
 
     def error_class(self, number, name: str, module, qualname, bases: list) -> type:
         """An exception class of the program's, here: the same class where it is a pure one of the
         standard library's (json.JSONDecodeError), else a class of this side deriving from the first of its
         builtin bases (so that `except ValueError` catches it), one per class of the program's."""
-        if type(module) is str and type(qualname) is str and module and _pure(module, qualname):
-            try:
-                found = cv.resolve(module, qualname)
-                if isinstance(found, type) and issubclass(found, BaseException):
-                    return found
-            except cv.ChannelError:
-                pass
+        found = _own(module, qualname) if type(module) is str and type(qualname) is str and module else None
+        if isinstance(found, type) and issubclass(found, BaseException):
+            return found
         if number not in self.errors:
             base = next(filter(None, map(_builtin_exception, bases)), Exception)
             if not name.isidentifier():
-                raise cv.ChannelError("an exception class whose name is not a name")
+                raise ch.ChannelError("an exception class whose name is not a name")
             self.errors[number] = type(name, (base,), {"__module__": "__main__", "__qualname__": name})
         return self.errors[number]
 
@@ -280,7 +280,7 @@ class Codec(cv.Codec):
         if isinstance(known, type) and getattr(known, "_fields", None) == tuple(fields):
             return known
         if not name.isidentifier() or not all(type(f) is str and f.isidentifier() for f in fields):
-            raise cv.ChannelError("a namedtuple whose name or fields are not names")
+            raise ch.ChannelError("a namedtuple whose name or fields are not names")
         key = (name, tuple(fields))
         if key not in self.tuples:
             import collections
@@ -337,25 +337,25 @@ class Codec(cv.Codec):
             entries = self.announce()
             classes = self.encode(entries) if entries else b""
             payload = self.encode((op, target, *operands))
-        except cv.Unsendable as e:
+        except ch.Unsendable as e:
             raise Refused(str(e)) from None
         try:
             if classes:  # first, so that the program's side has the classes the request's values name
-                cv.send(self.fd_out, b"c", classes)
-            cv.send(self.fd_out, b"R", payload)
+                ch.send(self.fd_out, b"c", classes)
+            ch.send(self.fd_out, b"R", payload)
             while True:
-                kind, payload = cv.receive(self.fd_in)
+                kind, payload = ch.receive(self.fd_in)
                 if kind == b"C":
                     self.callback(payload)
                     continue
                 if kind != b"A":
-                    raise cv.ChannelError("what arrived is no answer")
+                    raise ch.ChannelError("what arrived is no answer")
                 answer = self.decode(payload)
                 break
         except Late:
             raise
-        except (cv.ChannelError, OSError, Exception) as e:
-            self.gone = "the program's process ended" if isinstance(e, (cv.Closed, BrokenPipeError)) else (
+        except (ch.ChannelError, OSError, Exception) as e:
+            self.gone = "the program's process ended" if isinstance(e, (ch.Closed, BrokenPipeError)) else (
                 f"the program's answer could not be read: {type(e).__name__}: {str(e)[:120]}")  # fmt: skip
             raise ProgramGone(self.gone) from None
         if type(answer) is tuple and len(answer) == 2 and answer[0] == "ok":
@@ -369,7 +369,7 @@ class Codec(cv.Codec):
         """The program constructed one of the tests' classes, or called a method of one: run here."""
         call = self.decode(payload)
         if type(call) is not tuple or len(call) != 5 or call[0] not in ("new", "call") or type(call[3]) is not tuple:
-            raise cv.ChannelError("a callback that is not (op, name, target, args, kwargs)")
+            raise ch.ChannelError("a callback that is not (op, name, target, args, kwargs)")
         op, name, target, args, kwargs = call
         cls = type(target)
         try:
@@ -387,7 +387,7 @@ class Codec(cv.Codec):
         except Exception as e:  # what the tests' code raised, for the program to see
             error = type(e).__name__ if _builtin_exception(type(e).__name__) is type(e) else "RuntimeError"
             answer = self.encode(("raise", error, str(e)[:500]))
-        cv.send(self.fd_out, b"K", answer)
+        ch.send(self.fd_out, b"K", answer)
 
 
 def _rebuild(cls, args, text) -> BaseException:
@@ -422,7 +422,39 @@ def _tests_builtins(source: str) -> dict:
     made = dict(vars(builtins))
     for name in ("eval", "exec", "compile"):
         made[name] = _guarded(made[name], source)
+    if "pickle" in source or "marshal" in source:
+        _restrict_unpickling()
     return made
+
+
+# what a test's unpickling may build: data types (the program's bytes would otherwise name any callable)
+_UNPICKLED = {"builtins": {"list", "dict", "set", "frozenset", "tuple", "bytes", "bytearray", "int", "float",
+                           "complex", "str", "bool", "range", "slice"},
+              "collections": {"OrderedDict", "Counter", "defaultdict", "deque"}, "copyreg": {"_reconstructor"},
+              "datetime": {"date", "time", "datetime", "timedelta", "timezone"}, "decimal": {"Decimal"},
+              "fractions": {"Fraction"}}  # fmt: skip
+
+
+def _restrict_unpickling() -> None:
+    """pickle.loads and pickle.load build data types only, and marshal.loads refuses, in this process: a test
+    that unpickles what the program returned would otherwise run what the program chose, here."""
+    import marshal
+    import pickle
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if name in _UNPICKLED.get(module, ()):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"{module}.{name} is no data type the tests' process unpickles")
+
+    pickle.Unpickler = Unpickler
+    pickle.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
+    pickle.loads = lambda data, **kwargs: Unpickler(__import__("io").BytesIO(data), **kwargs).load()
+
+    def refuse(*args, **kwargs):
+        raise ValueError("marshal.loads is refused in the tests' process (it makes code objects)")
+
+    marshal.loads = marshal.load = refuse
 
 
 def _where(error: BaseException) -> str:
@@ -440,11 +472,11 @@ def _bind(namespace: dict, names, spec: dict) -> set:
     (then it is the task's: a `sum` the program defines); a free name the test uses only as `X.attr` that
     is a module of the standard library is this side's module (the test's own `math.isclose` is math's)."""
     if type(names) is not tuple:
-        raise cv.ChannelError("the program's names are not a tuple")
+        raise ch.ChannelError("the program's names are not a tuple")
     bound = set()
     for entry in names:
         if type(entry) is not tuple or len(entry) != 2 or type(entry[0]) is not str:
-            raise cv.ChannelError("a name that is not (name, value)")
+            raise ch.ChannelError("a name that is not (name, value)")
         name, value = entry
         if hasattr(builtins, name) and not spec["builtin_task"]:
             continue
@@ -464,8 +496,8 @@ def run_code(spec: dict, fd_in: int, fd_out: int, loaded: list) -> tuple[str, st
     """A `code` test (module docstring): (verdict, reason, whether the program failed to load). Verdicts:
     "p" passed, "f" failed, "r" refused (it used no name of the program's), "t" out of time (raised here
     as Late by the caller's timer). `loaded` gets True once the program's names are in."""
-    cv.send(fd_out, b"P", " ".join(spec["classes"]).encode("ascii", "replace"))
-    kind, payload = cv.receive(fd_in)
+    ch.send(fd_out, b"P", " ".join(spec["classes"]).encode("ascii", "replace"))
+    kind, payload = ch.receive(fd_in)
     if kind == b"L":
         return "f", f"the program failed to load: {payload.decode('utf-8', 'replace')[:200]}", True
     namespace = {"__name__": "__main__", "__builtins__": _tests_builtins(spec["source"])}
@@ -474,7 +506,7 @@ def run_code(spec: dict, fd_in: int, fd_out: int, loaded: list) -> tuple[str, st
         return "f", "the program's process sent no names", True
     try:
         bound = _bind(namespace, codec.decode(payload), spec)
-    except cv.ChannelError as e:
+    except ch.ChannelError as e:
         return "f", f"the program's names could not be read: {e}", True
     loaded.append(True)
     try:
@@ -495,63 +527,10 @@ def run_code(spec: dict, fd_in: int, fd_out: int, loaded: list) -> tuple[str, st
     return "p", "", False
 
 
-# --- stdio ---------------------------------------------------------------------------------------------------
-
-_TOKEN = re.compile(r"\S+")
-
-
-def _lines(text: str):
-    """The stripped lines of `text` stripped, one at a time."""
-    start = 0
-    while True:
-        end = text.find("\n", start)
-        yield text[start : end if end >= 0 else None].strip()
-        if end < 0:
-            return
-        start = end + 1
-
-
-def _same_numbers(a: str, b: str) -> bool:
-    left, right = _TOKEN.finditer(a), _TOKEN.finditer(b)
-    try:
-        for x in left:
-            y = next(right, None)
-            if y is None or decimal.Decimal(x.group()) != decimal.Decimal(y.group()):
-                return False
-        return next(right, None) is None
-    except (decimal.InvalidOperation, ValueError):
-        return False
-
-
-def same_output(got: str, want: str) -> bool:
-    """Upstream's stdio comparison (open-instruct `code_utils/testing_util.py`, LiveCodeBench's grader, at
-    42aa63c and 9ade62d): the same number of lines, each stripped, equal as text or as whitespace-separated
-    Decimals. The line counts are compared before anything is split; a line differing as text is read as
-    numbers one token at a time."""
-    got, want = str(got).strip(), str(want).strip()
-    if got.count("\n") != want.count("\n"):
-        return False
-    return all(a == b or _same_numbers(a, b) for a, b in zip(_lines(got), _lines(want)))
-
-
-def run_stdio(spec: dict, exchange, output_bytes: int) -> tuple[str, str, bool]:
-    """A `code_stdio` test: `exchange(input bytes)` runs the program on it and returns (its status, its
-    output up to `output_bytes` + 1), compared here."""
-    status, output = exchange(spec["input"].encode("utf-8", "surrogatepass"))
-    if status == 2:
-        return "t", "the program ran past its time", False
-    if status != 0:
-        return "f", "the program raised or exited with an error", False
-    if len(output) > output_bytes:
-        return "f", f"the program wrote more than {output_bytes} bytes", False
-    text = output.decode("utf-8", "replace")
-    return ("p", "", False) if same_output(text, spec["output"]) else ("f", "the output differs", False)
-
-
 def run(spec: dict, seconds: float, channel: tuple = (), exchange=None, output_bytes: int = 0) -> bytes:
     """One test under its time limit, as the verdict the runner reads: "<kind>[L] <reason>" (L: the program
     failed to load). A `code` test talks to the program's process over `channel` (the descriptors to read
-    from it and to write to it); a stdio test runs it by `exchange` (`run_stdio`)."""
+    from it and to write to it); a stdio test runs it by `exchange` (code_stdio `judge`)."""
     late, loaded = [], []
 
     def expire(signum, frame):
@@ -562,14 +541,14 @@ def run(spec: dict, seconds: float, channel: tuple = (), exchange=None, output_b
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         if "input" in spec:
-            kind, reason, load = run_stdio(spec, exchange, output_bytes)
+            kind, reason, load = code_stdio.judge(spec, exchange, output_bytes)
         else:
             kind, reason, load = run_code(spec, *channel, loaded)
     except Late:
         kind, reason, load = "t", "past the time limit", "input" not in spec and not loaded
     except ProgramGone as e:
         kind, reason, load = "f", str(e), False
-    except cv.ChannelError as e:
+    except ch.ChannelError as e:
         kind, reason, load = "f", f"the channel failed: {e}", False
     except Exception as e:  # noqa: BLE001 (this process's own failure: the test fails, saying so)
         kind, reason, load = "f", f"the tests' process failed: {type(e).__name__}: {str(e)[:150]}", False

@@ -30,6 +30,7 @@ import builtins
 import io
 import sys
 
+from olmax.rewards import code_channel as ch
 from olmax.rewards import code_values as cv
 
 NAMES = 10_000  # globals of a program reported to the tests (the rest are not reachable from them)
@@ -79,13 +80,13 @@ class Codec(cv.Codec):
         for base in _BUILTIN_BASES:  # a subclass of a data type: its base type's content, by its base's methods
             if isinstance(value, base) and kind is not base:
                 return self._enc(_content(value, base), depth)
-        found = cv.importable(value)
+        found = ch.importable(value)
         if found is not None:
             return ["g", *found, self.handle(value)]
         return ["H", self.handle(value), str(getattr(kind, "__qualname__", "object"))[:100]]
 
     def exception_class(self, cls: type) -> list:
-        found = cv.importable(cls) or ("", "")
+        found = ch.importable(cls) or ("", "")
         bases = [c.__name__ for c in cls.__mro__ if c.__module__ == "builtins" and c.__name__ in _EXCEPTION_BASES]
         return ["x", self.handle(cls), cls.__name__[:100], *found, bases]
 
@@ -97,11 +98,11 @@ class Codec(cv.Codec):
 
     def set_attributes(self, obj, pairs: list) -> None:
         if len(pairs) % 2:
-            raise cv.ChannelError("an attribute without a value")
+            raise ch.ChannelError("an attribute without a value")
         fields = {}
         for name, node in zip(pairs[::2], pairs[1::2]):
             if type(name) is not str or not name.isidentifier() or name.startswith("__"):
-                raise cv.ChannelError("an attribute that is not a plain name")
+                raise ch.ChannelError("an attribute that is not a plain name")
             fields[name] = self.dec(node, 1)
         obj.__dict__.clear()
         obj.__dict__.update(fields)
@@ -110,21 +111,21 @@ class Codec(cv.Codec):
         if tag == "H" and len(rest) == 1 and rest[0] in self.handles:
             return self.handles[rest[0]]
         if tag == "g" and len(rest) >= 2 and type(rest[0]) is str and type(rest[1]) is str:
-            return cv.resolve(rest[0], rest[1])
+            return ch.resolve(rest[0], rest[1])
         if tag == "nt" and len(rest) >= 2 and type(rest[1]) is list:
             return self.named_tuple(rest[0], rest[1])._make(self.dec(item, depth + 1) for item in rest[2:])
         if tag == "e" and len(rest) == 2 and rest[0] in self.enums:
             try:
                 return self.enums[rest[0]][rest[1]]
             except (KeyError, TypeError):
-                raise cv.ChannelError(f"no member {str(rest[1])[:40]} of {rest[0]}") from None
-        raise cv.ChannelError(f"an unknown value {tag[:8]!r}")
+                raise ch.ChannelError(f"no member {str(rest[1])[:40]} of {rest[0]}") from None
+        raise ch.ChannelError(f"an unknown value {tag[:8]!r}")
 
     # --- the tests' classes, here ----------------------------------------------------------------------
 
     def named_tuple(self, name, fields) -> type:
         if type(name) is not str or not all(type(f) is str and f.isidentifier() for f in fields):
-            raise cv.ChannelError("a namedtuple whose name or fields are not names")
+            raise ch.ChannelError("a namedtuple whose name or fields are not names")
         key = (name, tuple(fields))
         if key not in self.tuples:
             import collections
@@ -138,7 +139,7 @@ class Codec(cv.Codec):
         __init__ in their process, as calling one of `methods` runs that method there (`callback`). A
         dataclass's stand-in compares (and, frozen, hashes) by its `fields`."""
         if not name.isidentifier():
-            raise cv.ChannelError("a class whose name is not a name")
+            raise ch.ChannelError("a class whose name is not a name")
         codec = self
         if name not in self.stand_ins:
 
@@ -162,7 +163,7 @@ class Codec(cv.Codec):
         bound among the program's globals, where the tests' definition would have replaced the program's."""
         for entry in entries:
             if type(entry) is not tuple or len(entry) < 3 or type(entry[1]) is not str:
-                raise cv.ChannelError("an announcement that is not (kind, name, ...)")
+                raise ch.ChannelError("an announcement that is not (kind, name, ...)")
             kind, name = entry[0], entry[1]
             if kind == "class" and len(entry) == 5:
                 made = self.stand_in(name, entry[2], entry[3], bool(entry[4]))
@@ -173,20 +174,20 @@ class Codec(cv.Codec):
 
                 made = self.enums[name] = getattr(enum, entry[2])(name, list(entry[3]))
             else:
-                raise cv.ChannelError(f"an unknown announcement {str(kind)[:20]}")
+                raise ch.ChannelError(f"an unknown announcement {str(kind)[:20]}")
             self.namespace[name] = made
 
     def callback(self, op: str, name: str, target, args: tuple, kwargs: dict):
         """Ask the tests' process to run its class's __init__ (op "new") or method `name` on the stand-in
         `target`; serve its requests meanwhile. Returns what it returned, or raises what it raised."""
-        cv.send(self.fd_out, b"C", self.encode((op, name, target, args, tuple(kwargs.items()))))
+        ch.send(self.fd_out, b"C", self.encode((op, name, target, args, tuple(kwargs.items()))))
         while True:
-            kind, payload = cv.receive(self.fd_in)
+            kind, payload = ch.receive(self.fd_in)
             if kind in (b"R", b"c"):
                 self.answer(payload) if kind == b"R" else self.announce(self.decode(payload))
                 continue
             if kind != b"K":
-                raise cv.ChannelError("an answer that is not one")
+                raise ch.ChannelError("an answer that is not one")
             value = self.decode(payload)
             if type(value) is tuple and len(value) == 2 and value[0] == "ok":
                 return value[1]
@@ -202,25 +203,25 @@ class Codec(cv.Codec):
         try:
             request = self.decode(payload)
             if type(request) is not tuple or len(request) < 2 or request[0] not in _OPS:
-                raise cv.ChannelError("a request that is not (op, target, ...)")
-        except cv.ChannelError as e:
-            cv.send(self.fd_out, b"A", self.encode(("raise", TypeError, (str(e),), str(e))))
+                raise ch.ChannelError("a request that is not (op, target, ...)")
+        except ch.ChannelError as e:
+            ch.send(self.fd_out, b"A", self.encode(("raise", TypeError, (str(e),), str(e))))
             return
         op, target, operands = request[0], request[1], request[2:]
         try:
             result = _OPS[op](target, *operands)
             message = self.encode(("ok", result))
-        except cv.Unsendable as e:
+        except ch.Unsendable as e:
             message = self.encode(("raise", ValueError, (str(e),), str(e)))
         except BaseException as e:  # noqa: BLE001 (what the program raised, for the tests to see)
             message = self.raised(e)
-        cv.send(self.fd_out, b"A", message)
+        ch.send(self.fd_out, b"A", message)
 
     def raised(self, error: BaseException) -> bytes:
         text = _text(error)
         try:
             return self.encode(("raise", type(error), tuple(error.args), text))
-        except cv.Unsendable:
+        except ch.Unsendable:
             return self.encode(("raise", type(error), (), text))
 
 
@@ -309,13 +310,13 @@ def serve(program: str, fd_in: int, fd_out: int) -> None:
     process closes the channel."""
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     codec = Codec(namespace, fd_in, fd_out)
-    kind, payload = cv.receive(fd_in, 1 << 16)
+    kind, payload = ch.receive(fd_in, 1 << 16)
     for name in payload.decode("ascii", "replace").split() if kind == b"P" else ():
         if name.isidentifier():
             namespace[name] = codec.stand_in(name)
     failed = load(program, namespace)
     if failed is not None:
-        cv.send(fd_out, b"L", _text(failed).encode("utf-8", "replace")[:1000])
+        ch.send(fd_out, b"L", _text(failed).encode("utf-8", "replace")[:1000])
         return
     names = [(name, value) for name, value in list(namespace.items())[: NAMES + 2]
              if not (name.startswith("__") and name.endswith("__"))]  # fmt: skip
@@ -323,14 +324,14 @@ def serve(program: str, fd_in: int, fd_out: int) -> None:
     names = [(name, value if _small(value, [SMALL]) else _Handle(value)) for name, value in names]
     try:
         report = codec.encode(tuple(names))
-    except cv.Unsendable as e:  # tens of thousands of small globals
-        cv.send(fd_out, b"L", f"its globals are past the channel's bounds: {e}".encode()[:1000])
+    except ch.Unsendable as e:  # tens of thousands of small globals
+        ch.send(fd_out, b"L", f"its globals are past the channel's bounds: {e}".encode()[:1000])
         return
-    cv.send(fd_out, b"N", report)
+    ch.send(fd_out, b"N", report)
     while True:
         try:
-            kind, payload = cv.receive(fd_in)
-        except cv.Closed:
+            kind, payload = ch.receive(fd_in)
+        except ch.Closed:
             return
         if kind == b"c":
             codec.announce(codec.decode(payload))

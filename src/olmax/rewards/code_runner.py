@@ -214,6 +214,11 @@ def _tests(job: dict, tests_fd: int, control, filter_program) -> None:
     """The tests' process: confined once, then each test the runner hands it (its index, and the channel's
     two ends for it, over `control`), its verdict sent back there, until the runner closes `control`."""
     seconds = job["seconds"] + (STDIO_MARGIN if job["stdio"] else 0.0)
+    # the program's processes share its user and PID namespace: the signals it could send to interrupt a
+    # test midway are ignored (SIGSTOP and SIGKILL end in the runner's kill: a timeout, or a lost verdict)
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):  # fmt: skip
+        signal.signal(number, signal.SIG_IGN)
     confine(job, filter_program, (seconds + SLACK) * job["tests"])
     while True:
         message, fds, _, _ = socket.recv_fds(control, 64, 2)
