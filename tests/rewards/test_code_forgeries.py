@@ -225,3 +225,47 @@ def test_no_program_holds_the_verifier_long_or_large():
 @sandboxed
 def test_every_holder_fails_within_its_limits():
     _held(sorted(HOLDERS))
+
+
+# code of the program's choosing in the tests' process, where the verdict is made: an object it names by
+# module and name that is not its own there, a string a test evaluates, bytes a test unpickles
+CHOSEN_CODE = {
+    "approx_as_the_task": ("from pytest import approx as add", ["assert add(1, 2) == 3"]),
+    "mock_any_as_the_task": ("import unittest.mock\nadd = unittest.mock.ANY", ["assert add(1, 2) == 3"]),
+    "attribute_path_to_another_module": ("import random\nadd = random._inst.__class__", ["assert add(1, 2) == 3"]),
+    "evaluated_result": ("def expr(a, b):\n    return \"__import__('sys').modules['builtins'].__dict__.update(\"\n"
+                         "           \"AssertionError=type('A', (Exception,), {})) or 0\"",
+                         ["assert eval(expr(1, 2)) == 3"]),
+    "unpickled_result": ("import pickle\nclass P:\n    def __reduce__(self):\n        return (eval, ('3',))\n"
+                         "def blob(a, b):\n    return pickle.dumps(P())",
+                         ["import pickle\nassert pickle.loads(blob(1, 2)) == 3"]),
+}  # fmt: skip
+
+
+@sandboxed
+@pytest.mark.parametrize("name", sorted(CHOSEN_CODE))
+def test_no_code_of_the_programs_runs_where_the_verdict_is_made(name):
+    program, tests = CHOSEN_CODE[name]
+    assert verifiers.call("code", f"```python\n{program}\n```", json.dumps(tests))[0] == 0.0
+
+
+@sandboxed
+def test_the_tests_process_is_out_of_the_programs_reach():
+    """The program's process shares the tests' process's user and PID namespace: the signals it could
+    interrupt a test with are ignored there, and its memory and descriptors are not the program's to read
+    (it is not dumpable). A SIGKILL ends its test (failed), and the next test runs in a new one."""
+    from olmax.rewards import code
+
+    others = f"[int(p) for p in {OS}.listdir('/proc') if p.isdigit() and int(p) not in (1, {OS}.getpid())]"
+    signals = (f"def f():\n    for pid in {others}:\n        for number in (2, 15, 1, 3, 10, 12, 20):\n"
+               f"            {OS}.kill(pid, number)\n    return 1")  # fmt: skip
+    assert code.run_tests(signals, ["assert f() == 1", "assert f() == 1"]) == ["pass", "pass"]
+    reads = (f"def f():\n    got = []\n    for pid in {others}:\n        for path in ('mem', 'fd', 'environ'):\n"
+             f"            try:\n                got.append(len({OS}.listdir(f'/proc/{{pid}}/fd')) if path == 'fd' "
+             f"else len(open(f'/proc/{{pid}}/{{path}}', 'rb').read(64)))\n"
+             f"            except OSError:\n                pass\n    return got")  # fmt: skip
+    assert code.run_tests(reads, ["assert f() == []"]) == ["pass"]
+    kill = f"def f():\n    for pid in {others}:\n        {OS}.kill(pid, 9)\n    return 1"
+    assert code.run_tests(kill, ["assert f() == 1", "assert 1 + f() == 2"]) == ["fail", "fail"]
+    assert code.run_tests(kill.replace("return 1", "return 1\ndef g():\n    return 2"),
+                          ["assert f() == 1", "assert g() == 2"]) == ["fail", "pass"]  # fmt: skip
