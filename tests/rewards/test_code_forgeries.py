@@ -233,6 +233,10 @@ CHOSEN_CODE = {
     "approx_as_the_task": ("from pytest import approx as add", ["assert add(1, 2) == 3"]),
     "mock_any_as_the_task": ("import unittest.mock\nadd = unittest.mock.ANY", ["assert add(1, 2) == 3"]),
     "attribute_path_to_another_module": ("import random\nadd = random._inst.__class__", ["assert add(1, 2) == 3"]),
+    # the program's process reports what it likes: here, that every name is `random._os.system`
+    "lying_import_names": ("import sys\nsys.modules['olmax.rewards.code_channel'].importable = "
+                           "lambda obj: ('random', '_os.system')\ndef add(a, b):\n    return 0",
+                           ["assert add(1, 2) == 3", "assert add(0, 0) == 0 and add is not None"]),
     "evaluated_result": ("def expr(a, b):\n    return \"__import__('sys').modules['builtins'].__dict__.update(\"\n"
                          "           \"AssertionError=type('A', (Exception,), {})) or 0\"",
                          ["assert eval(expr(1, 2)) == 3"]),
