@@ -3,7 +3,7 @@
 `olmax convert --to-hf`.
 
     .venv/bin/python benchmarks/rollout.py [--models demo,small --seqs 64 --prompt 32 --new 64 --json out.json]
-        [--command-new 128]
+        [--command-new 128] [--draw-vocab 100278]
 
 Both sample at temperature 1 (top-k and top-p off) from the same 64 sequences' prompts with EOS off,
 so every sequence generates exactly --new tokens; tokens/s counts those new tokens. olmax runs as GRPO
@@ -30,6 +30,12 @@ layers with a 128-token vocabulary, through olmax.rollout.sampler.generate), and
 alone ((64, 128) x (128, vocab) and the greedy choice, the sampler's, in a jitted loop of as many
 steps): the floor of any exact fp32 greedy step of this model, so transformers' ms / that floor
 bounds the ratio any implementation can reach here.
+
+The draw's row (--draw-vocab: the vocabulary, 0 for none; no transformers, so it runs where torch is
+absent, as on a TPU VM): ms per call of the sampled token's draw alone over --seqs rows of random logits,
+jitted, median of 20 calls alternating: olmax's tree draw (olmax.rollout.draw), the float32 inverse
+CDF it replaced (one uniform against a cumulative sum: the reference, kept here) and
+jax.random.categorical (a Gumbel per vocabulary entry).
 """
 
 from __future__ import annotations
@@ -210,6 +216,36 @@ def bench_command(seqs: int, new: int, runs: int) -> dict:
     }
 
 
+def _inverse_cdf(logits, keys):
+    """The draw olmax used before olmax.rollout.draw: one float32 uniform per row against the float32
+    cumulative softmax (2e-3 total variation over dolma2's vocabulary); the speed reference."""
+    u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+    mass = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)
+    return jnp.argmax(mass >= u[:, None] * mass[:, -1:], axis=-1).astype(jnp.int32)
+
+
+def bench_draw(seqs: int, vocab: int, calls: int = 20) -> dict:
+    """ms per call of each draw over (seqs, vocab) logits (module doc), alternating, medians."""
+    from olmax.rollout.draw import draw
+
+    logits = jax.random.normal(jax.random.key(0), (seqs, vocab)) * 3.0
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(1), i))(jnp.arange(seqs))
+    draws = {
+        "tree": jax.jit(draw),
+        "inverse CDF": jax.jit(_inverse_cdf),
+        "categorical": jax.jit(lambda x, k: jax.vmap(jax.random.categorical)(k, x)),
+    }
+    times: dict = {name: [] for name in draws}
+    for f in draws.values():
+        f(logits, keys).block_until_ready()  # compiled
+    for _ in range(calls):
+        for name, f in draws.items():
+            t0 = time.perf_counter()
+            f(logits, keys).block_until_ready()
+            times[name].append(1000 * (time.perf_counter() - t0))
+    return {"seqs": seqs, "vocab": vocab, **{name: round(statistics.median(t), 2) for name, t in times.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="demo,small")
@@ -219,11 +255,23 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--command-new", type=int, default=128, help="new tokens of the command's row (0: no row)")
+    ap.add_argument("--draw-vocab", type=int, default=100278, help="the draw's row: its vocabulary (0: no row)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    drawn = bench_draw(args.seqs, args.draw_vocab) if args.draw_vocab else None
+    if drawn is not None:
+        print(f"# {platform.machine()} {jax.devices()[0].platform}")
+        print("| draw, ms per call | rows | vocab | tree (olmax) | inverse CDF (before) | categorical (Gumbel) |")
+        print("|---|---|---|---|---|---|")
+        print(
+            f"| temperature 1 | {drawn['seqs']} | {drawn['vocab']} | {drawn['tree']} | {drawn['inverse CDF']} "
+            f"| {drawn['categorical']} |"
+        )
+    models = [m for m in args.models.split(",") if m]
+    if not models and not args.command_new:
+        return
     import torch
 
-    models = [m for m in args.models.split(",") if m]
     rows = [bench(m, args.seqs, args.group, args.prompt, args.new, args.runs) for m in models]
     command = bench_command(args.seqs, args.command_new, args.runs) if args.command_new else None
     print(f"# {platform.machine()} {jax.devices()[0].platform}, torch threads {torch.get_num_threads()}, fp32")
@@ -255,7 +303,7 @@ def main() -> None:
             f"| {step['output layer']} | {bound:.1f}x |"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"sample": rows, "command": command}, indent=1))
+        Path(args.json).write_text(json.dumps({"sample": rows, "command": command, "draw": drawn}, indent=1))
 
 
 if __name__ == "__main__":

@@ -335,6 +335,10 @@ def _rl(
     name: str, model: ModelConfig, seq_len: int, rl: GRPOConfig, episodes: int, lr: float = 1e-6
 ) -> ExperimentConfig:
     rollout = rl.prompts_per_step * rl.samples_per_prompt
+    # AI2's lag: the four scripts run `--async_steps 8 --inflight_updates true`, the learner taking the
+    # groups its vLLM engines finish, in the order they finish (open-instruct grpo_fast.py at 42aa63c):
+    # tokens up to 8 rollouts old, corrected by TIS where the run caps it
+    rl = replace(rl, rollout_engine="continuous", max_staleness=8, read_order="completion")
     return ExperimentConfig(
         name=name,
         model=replace(_long_context(model), rope_positions="document", splash_blocks=RL_SPLASH),
