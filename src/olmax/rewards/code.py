@@ -110,7 +110,8 @@ _TEARDOWN_SECONDS = 2.0  # past the child's own bound, for it to kill its namesp
 _PER_TEST = code_runner.STDIO_MARGIN + code_runner.SLACK
 _SCRATCH_BYTES = 64 << 20  # the namespace sandbox's writable /tmp
 _SCRATCH_INODES = 4096  # files, directories and links in it (tmpfs nr_inodes: ~1 KiB of kernel memory each)
-PROCESSES = 32  # processes the namespace sandbox may hold at once (RLIMIT_NPROC in its user namespace)
+PROCESSES = 16  # processes the namespace sandbox may hold at once (RLIMIT_NPROC in its user namespace): each
+# may hold up to vm.max_map_count VMAs and its memory window's page tables, which only a cgroup would bound
 _OPEN_FILES = 64  # descriptors per process (RLIMIT_NOFILE): pipes of 64 KiB at most behind each pair
 _PENDING_SIGNALS = 64  # queued signals and POSIX timers per user (RLIMIT_SIGPENDING)
 # a run's memory cgroup, where one is delegated: a test's two processes at `memory_mb` each (the runner's
