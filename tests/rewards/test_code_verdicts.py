@@ -18,7 +18,7 @@ import tracemalloc
 
 import pytest
 
-from olmax.rewards import code, code_channel, code_harness, code_stdio, code_tests
+from olmax.rewards import code, code_channel, code_harness, code_stdio, code_tests, code_values
 from olmax.rewards import verifiers as rewards
 
 sandboxed = pytest.mark.usefixtures("code_sandbox")
@@ -395,11 +395,13 @@ COLLIDING = ", ".join(f'["i", "{k * (2**61 - 1):x}"]' for k in range(1, 20_000))
         f'[["@", 1], [[1, "d", {", ".join(f"{k}, 0" for k in COLLIDING.split(", "))}]]]',
         '[["t", ' + ", ".join(['["t"'] * 200) + "]" * 201 + ", []]",  # nested past DEPTH
         '[["b", "' + "A" * ((16 << 20) + 4) + '"], []]',  # past MESSAGE_BYTES
-        '[["@", 1], [[1, "l", ' + ", ".join(["0"] * ((1 << 22) + 1)) + "]]]",  # past ELEMENTS
+        '[["@", 1], [[1, "l", ' + ", ".join(["0"] * 1001) + "]]]",  # past ELEMENTS (made 1000 here)
+        '[["@", 1], [[1, "l", ' + ", ".join(['["t", 0]'] * 501) + "]]]",
     ],
-    ids=["colliding_set", "colliding_dict", "deep", "bytes", "elements"],
+    ids=["colliding_set", "colliding_dict", "deep", "bytes", "elements", "nested_elements"],
 )
-def test_the_channel_bounds_what_a_program_value_can_make(message):
+def test_the_channel_bounds_what_a_program_value_can_make(message, monkeypatch):
+    monkeypatch.setattr(code_values, "ELEMENTS", 1000)  # the mechanism, at a size a test reads quickly
     start = time.thread_time()  # this thread's CPU time: other jobs on a shared host do not add to it
     with pytest.raises(code_channel.ChannelError):
         _codec().decode(message.encode())
