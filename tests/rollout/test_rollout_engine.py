@@ -315,6 +315,7 @@ def test_the_insert_and_decode_programs_on_a_tpu_copy_no_whole_ring():
             ints(),
             *[ints(slots)] * 6,  # each slot's sequence and its row's values
             jax.ShapeDtypeStruct((slots, key_words), jnp.uint32, sharding=rep),
+            None,  # no page tables: every slot its ring
         )
         program = engine_slots.programs(cfg, slots, cache_len, 8, "sample", key_words, mesh).insert
         lowered = program.lower(typed(abstract, state), *args)
@@ -324,6 +325,7 @@ def test_the_insert_and_decode_programs_on_a_tpu_copy_no_whole_ring():
             ints(*_eos_table((0,)).shape),
             ints(*_text_table(None, cfg.vocab_size).shape),
             ints(),
+            None,
         )
         params = typed(abstract_params(cfg), param_shardings(cfg, mesh))
         chunk = engine_slots.programs(cfg, slots, cache_len, 8, "sample", key_words, mesh).chunk(slots)

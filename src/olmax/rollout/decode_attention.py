@@ -265,10 +265,7 @@ def _kernel(
         total_p = scale * total_p + jnp.sum(probs, axis=-1, keepdims=True)
         probs = probs.astype(rows.dtype)
         mixed = jnp.concatenate(
-            [
-                jnp.dot(per_head(probs, h), values[h], preferred_element_type=jnp.float32)
-                for h in range(kv_heads)
-            ],
+            [jnp.dot(per_head(probs, h), values[h], preferred_element_type=jnp.float32) for h in range(kv_heads)],
             axis=0,
         )
         acc = scale * acc + mixed

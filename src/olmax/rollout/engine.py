@@ -62,6 +62,7 @@ from olmax.config.mesh import BATCH_AXES
 from olmax.config.model import ModelConfig
 from olmax.errors import ConfigError
 from olmax.model.sharding import gather, place
+from olmax.rollout.pages import Pages, pool_sizes
 from olmax.rollout.sampler import FINISH, Sampling, _bucket, _eos_table, _text_table
 from olmax.rollout.slots import MOVES, programs
 
@@ -93,6 +94,11 @@ class EngineConfig:
     Fewer means fewer idle slots and more chunks, inserts and prefills (a group split over two inserts
     is prefilled twice). 0: slots // 8, at least 1 and at most the oldest waiting group's rows (64 and
     128 slots take a group of 8 whole; 16 slots take rows two by two)."""
+    kv_gib: float = 0.0
+    """GiB of device memory for the KV cache, paged (olmax.rollout.pages): rows take pages of it as they
+    grow and give them back when they stop, so more slots fit than whole rings would (a row that finds
+    none left waits, preempted, to be prefilled again). 0: every slot holds its whole ring. One device
+    only (not on a mesh)."""
 
     def __post_init__(self):
         knobs = (
@@ -108,6 +114,8 @@ class EngineConfig:
                 raise ConfigError(f"engine {name} must be at least {least}, got {getattr(self, name)}")
         if self.refill_at > self.slots:
             raise ConfigError(f"engine refill_at={self.refill_at} exceeds slots={self.slots}")
+        if self.kv_gib < 0:
+            raise ConfigError(f"engine kv_gib must be at least 0, got {self.kv_gib}")
 
 
 class Finished(NamedTuple):
@@ -137,6 +145,7 @@ class Counters:
     insert_s: float = 0.0  # the insert and move programs (prefill, copies of rows), host side included
     decode_s: float = 0.0  # the decode programs and reading their tokens back
     host_s: float = 0.0  # the rest: bookkeeping of finished rows
+    preempted_rows: int = 0  # rows that gave their pages back to wait again (EngineConfig.kv_gib)
     # slot steps by what a step reads: a narrowed step of width w reads the weights whole and w slots'
     # keys and values, so it counts w + (slots - w) x the weights' share of a full step's bytes
     read_slot_steps: float = 0.0
@@ -172,6 +181,7 @@ class _Row:
     logprobs: list = field(default_factory=list)
     versions: list = field(default_factory=list)
     logits_version: int = 0  # the version of the logits its next token is drawn from, while in a slot
+    first: int = 0  # its first token's time on the shared clock, while in a slot
 
 
 def fits(compiled, device) -> bool:
@@ -202,8 +212,9 @@ class SlotEngine:
         refill_at: int = 0,
         eos_ids: Sequence[int] = (),
         stop_text: Optional[np.ndarray] = None,
+        kv_gib: float = 0.0,
     ):
-        self.config = EngineConfig(slots, cache_len, chunk_steps, narrow, prefill_batch, refill_at)
+        self.config = EngineConfig(slots, cache_len, chunk_steps, narrow, prefill_batch, refill_at, kv_gib)
         split = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
         if slots % split:
             raise ConfigError(
@@ -214,7 +225,12 @@ class SlotEngine:
         self._key_words = self._key_data(0).shape[0]
         halvings = 0 if split > 1 or jax.process_count() > 1 else narrow
         self._widths = tuple(slots >> k for k in range(halvings + 1) if slots % (1 << k) == 0)
-        self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.draw, self._key_words, mesh)
+        if kv_gib and mesh is not None:
+            raise ConfigError("engine kv_gib (a paged KV cache) is for one device, not a mesh")
+        self._pages = Pages(pool_sizes(cfg, slots, cache_len, kv_gib), slots) if kv_gib else None
+        self._clock = 0  # the device state's clock, as the host follows it (paged: the blocks rows reach)
+        pool = None if self._pages is None else tuple(sorted(self._pages.sizes.items()))
+        self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.draw, self._key_words, mesh, pool)
         self._narrowed: dict = {}  # width -> its compiled decode program, None where it does not fit (_chunk)
         tables = (
             np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32),
@@ -284,22 +300,25 @@ class SlotEngine:
         return the rows that stopped in it and what it cost (module doc). Nothing to do: an empty chunk."""
         t0 = time.perf_counter()
         params = self._params(params)
+        preempted = self._grow()
         inserted, prefills = self._insert(params, version)
         moved = 0 if self._waiting else self._compact()
         t1 = time.perf_counter()
         if not self.active():
-            return Chunk([], Counters(self.config.slots, insert_s=t1 - t0))
+            return Chunk([], Counters(self.config.slots, insert_s=t1 - t0, preempted_rows=preempted))
         last = max(b for b, r in enumerate(self._slots) if r is not None)
         width = min(w for w in self._widths if w > last)
         with self._on_mesh():
             while (run := self._chunk(width, params)) is None:  # that narrowing does not fit: a wider one
                 self._widths = tuple(w for w in self._widths if w > width)
                 width = min(self._widths)
-            self._state, out = run(params, self._state, *self._tables, self._place(np.int32(self._free_target(width))))
+            free_target = self._place(np.int32(self._free_target(width)))
+            self._state, out = run(params, self._state, *self._tables, free_target, self._page_tables())
         tokens, logprobs, count, active, finish = self._fetch(
             out.tokens, out.logprobs, self._state.count, self._state.active, self._state.finish
         )
         steps, busy = int(out.steps), int(out.busy)
+        self._clock += steps
         t2 = time.perf_counter()
         finished, useful = [], 0
         for b, row in enumerate(self._slots):
@@ -314,6 +333,8 @@ class SlotEngine:
             if not active[b]:
                 finished.append(self._finished(row, FINISH[int(finish[b])]))
                 self._slots[b] = None
+                if self._pages is not None:
+                    self._pages.release(b)
         counters = Counters(
             self.config.slots,
             steps,
@@ -326,6 +347,7 @@ class SlotEngine:
             t1 - t0,
             t2 - t1,
             time.perf_counter() - t2,
+            preempted,
             read_slot_steps=steps * (width + (self.config.slots - width) * self._weight_share(params)),
         )
         self.totals = self.totals + counters
@@ -347,7 +369,7 @@ class SlotEngine:
         if width == self.config.slots:
             return self._programs.chunk(width)
         if width not in self._narrowed:
-            args = (params, self._state, *self._tables, self._place(np.int32(0)))
+            args = (params, self._state, *self._tables, self._place(np.int32(0)), self._page_tables())
             compiled = self._programs.chunk(width).lower(*args).compile()
             device = list(self.mesh.devices.flat)[0] if self.mesh is not None else jax.devices()[0]
             self._narrowed[width] = compiled if fits(compiled, device) else None
@@ -355,12 +377,16 @@ class SlotEngine:
 
     def _free_target(self, width: int) -> int:
         """The free slots at which a chunk decoding `width` slots ends: with rows waiting,
-        EngineConfig.refill_at (or its automatic value, there), at most the waiting rows; in a drain,
-        as soon as the next narrower width holds the rows left; else never (slots + 1)."""
+        EngineConfig.refill_at (or its automatic value, there), at most the waiting rows, or, where rows
+        wait beside free slots (paged: their pages were short), as soon as one more row stops; in a
+        drain, as soon as the next narrower width holds the rows left; else never (slots + 1)."""
         slots = self.config.slots
         if not self._waiting:
             narrower = [w for w in self._widths if w < width]
             return slots - max(narrower) if narrower else slots + 1
+        idle = sum(r is None for r in self._slots)
+        if idle:
+            return idle + 1
         group = self._waiting[0].group
         auto = max(1, min(slots // 8, sum(1 for r in self._waiting if r.group == group)))
         return min(self.config.refill_at or auto, len(self._waiting))
@@ -368,9 +394,16 @@ class SlotEngine:
     def _insert(self, params, version: int) -> tuple[int, int]:
         """The waiting rows into the free slots: (rows inserted, sequences prefilled). A group's fresh rows
         share one prefill; a row with tokens (restored) is its own sequence. At most
-        EngineConfig.prefill_batch sequences per insert program."""
+        EngineConfig.prefill_batch sequences per insert program; paged, only rows that find their pages
+        (`_span`), oldest first."""
         free = [b for b, r in enumerate(self._slots) if r is None]
-        rows = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
+        rows: list[_Row] = []
+        while self._waiting and len(rows) < len(free):
+            row, b = self._waiting[0], free[len(rows)]
+            row.first = self._clock - len(row.prompt) - len(row.tokens)
+            if self._pages is not None and not self._pages.reserve(b, *self._span(row)):
+                break
+            rows.append(self._waiting.popleft())
         by_seq: dict = {}
         for row, b in zip(rows, free):
             by_seq.setdefault((row.group, -1) if not row.tokens else (row.group, row.index), []).append((row, b))
@@ -380,6 +413,45 @@ class SlotEngine:
         for program in self._insert_batches(parts):
             self._insert_program(params, program)
         return len(rows), len(parts)
+
+    def _span(self, row: _Row) -> tuple[int, int]:
+        """The times a row in a slot may hold by the end of the next chunk: from its first to the next
+        chunk's last step, or its last token's."""
+        last = row.first + len(row.prompt) + row.limit - 1
+        return row.first, min(self._clock + self.config.chunk_steps - 1, last)
+
+    def _grow(self) -> int:
+        """Paged: pages for every row in a slot to decode the next chunk; while they do not fit, the rows
+        that took their pages last give them back and wait at the front of the queue, to be prefilled
+        again as prompt + tokens so far (olmax.rollout.pages). Returns the rows preempted."""
+        if self._pages is None:
+            return 0
+        held = [b for b, r in enumerate(self._slots) if r is not None]
+        victims: list[int] = []
+        for b in held:
+            while b not in victims and not self._pages.reserve(b, *self._span(self._slots[b])):
+                victim = self._pages.newest([v for v in held if v not in victims])
+                victims.append(victim)
+                self._pages.release(victim)
+        if victims:
+            text = self._fetch(self._state.text)[0]
+            rows = []
+            for b in victims:
+                rows.append(self._slots[b])
+                rows[-1].text, self._slots[b] = int(text[b]), None
+            self._waiting.extendleft(sorted(rows, key=lambda r: r.index, reverse=True))
+            vacate = np.zeros(self.config.slots, bool)
+            vacate[victims] = True
+            none = np.zeros(MOVES, np.int32)  # no moves: slot 0 onto itself
+            with self._on_mesh():
+                self._state = self._programs.compact(self._state, *(self._place(a) for a in (none, none, vacate)))
+        return len(victims)
+
+    def _page_tables(self):
+        """The page tables as the programs take them (copies: the host changes its own), None for rings."""
+        if self._pages is None:
+            return None
+        return {s: jax.device_put(np.array(t)) for s, t in self._pages.tables.items()}
 
     def _insert_batches(self, parts: list) -> list[list]:
         """The parts split into insert programs, in order: at most EngineConfig.prefill_batch sequences
@@ -420,7 +492,8 @@ class SlotEngine:
         args = (np.int32(width), src, length, index, limit, count, text, key)
         with self._on_mesh():
             logits, fresh = self._programs.prefill(params, self._place(prompts), self._place(lengths))
-            self._state = self._programs.insert(self._state, logits, fresh, *(self._place(a) for a in args))
+            placed = (self._place(a) for a in args)
+            self._state = self._programs.insert(self._state, logits, fresh, *placed, self._page_tables())
         jax.block_until_ready(self._state.clock)  # the insert's time apart from the decoding's
 
     def _compact(self) -> int:
@@ -435,6 +508,8 @@ class SlotEngine:
         pairs = list(zip(movers, holes))
         for a, b in pairs:
             self._slots[b], self._slots[a] = self._slots[a], None
+            if self._pages is not None:
+                self._pages.move(a, b)
         for at in range(0, len(pairs), MOVES):  # MOVES a program
             part = pairs[at : at + MOVES]
             src, dst = np.zeros(MOVES, np.int32), np.zeros(MOVES, np.int32)  # padding: slot 0 onto itself
@@ -480,9 +555,13 @@ class SlotEngine:
         self._state = None
         with self._on_mesh():
             self._state = self._programs.init()
+        if self._pages is not None:
+            for b, row in enumerate(self._slots):
+                if row is not None:
+                    self._pages.release(b)
         self._waiting.clear()
         self._slots = [None] * self.config.slots
-        self._groups = 0
+        self._clock, self._groups = 0, 0
 
     def restore(self, snapshot: dict[str, np.ndarray], next_group: int = 0) -> None:
         """Queue a snapshot's rows ahead of the waiting ones; each re-enters a slot prefilled with its

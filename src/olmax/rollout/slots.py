@@ -29,6 +29,13 @@ keys at times before the new row's first, which the mask hides, and every time f
 new row's own (the prefill's, then one per step).
 Free slots within the decoded width keep being computed, their outputs discarded, with first = c, so
 their positions stay in the RoPE table.
+
+Paged (`pool`: ring slots -> pages, olmax.rollout.pages): the cache's arrays are pools of pages and the
+host's page tables say where each slot's ring blocks are. The programs take the tables as an argument:
+the insert writes each new row's span into its pages (a page at a time: the pages each slot's span
+touches are read, the new positions chosen into them, and written back, the slots that take no row
+writing to the trash page), a decoding step writes and reads through them (olmax.rollout.cache), and
+compact moves no cache at all: the host moves the rows' tables.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import abstract_params, param_shardings
 from olmax.rollout.cache import cache_spec, cached_forward, init_cache
+from olmax.rollout.decode_attention import page_size
+from olmax.rollout.pages import TRASH
 from olmax.rollout.sampler import _batch_sharding, _eos_table, _text_table, choose_with_keys, token_logprobs
 
 
@@ -66,11 +75,11 @@ class SlotState(NamedTuple):
 PER_SLOT = tuple(f for f in SlotState._fields if f not in ("cache", "clock"))
 
 
-def init_state(cfg: ModelConfig, slots: int, cache_len: int, key_words: int) -> SlotState:
-    """Empty slots on a zero cache, clock 0."""
+def init_state(cfg: ModelConfig, slots: int, cache_len: int, key_words: int, pool=None) -> SlotState:
+    """Empty slots on a zero cache (paged with `pool`: ring slots -> pages, as pairs), clock 0."""
     ints = lambda: jnp.zeros((slots,), jnp.int32)
     return SlotState(
-        cache=init_cache(cfg, slots, cache_len),
+        cache=init_cache(cfg, slots, cache_len, None if pool is None else dict(pool)),
         logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
         first=ints(),
         count=ints(),
@@ -102,11 +111,12 @@ def prefill_program(cfg: ModelConfig, cache_len: int):
     return prefill
 
 
-def insert_program(layouts=None):
-    """insert(state, logits, fresh, width, src, length, index, limit, count, text, key) -> state: each
-    slot b with src[b] >= 0 takes prefilled sequence src[b] (of `prefill_program`'s logits and rings,
-    its prompts `width` wide, the sequence length[b] long) with its per-row values; slots with
-    src[b] = -1 keep their rows. Every argument after `width` is per slot (B,).
+def insert_program(layouts=None, paged: bool = False):
+    """insert(state, logits, fresh, width, src, length, index, limit, count, text, key, pages) -> state:
+    each slot b with src[b] >= 0 takes prefilled sequence src[b] (of `prefill_program`'s logits and
+    rings, its prompts `width` wide, the sequence length[b] long) with its per-row values; slots with
+    src[b] = -1 keep their rows. Every argument after `width` but `pages` is per slot (B,); pages: the
+    page tables of a paged cache (`paged`; module doc), else None.
 
     A sequence of width T lands at ring positions clock - width .. clock - width + R - 1 (mod S; R =
     min(S, T), the fresh rings' slots), the same positions for every slot. So each ring array is
@@ -120,9 +130,28 @@ def insert_program(layouts=None):
     v5e compiler 80-130 s. The prefill is a program of its own, so that its rings keep their own
     layout."""
 
-    def insert(state: SlotState, logits, fresh, width, src, length, index, limit, count, text, key):
+    def insert(state: SlotState, logits, fresh, width, src, length, index, limit, count, text, key, pages):
         clock = state.clock
         new = src >= 0
+
+        def put_pages(pool, prefilled, table):
+            """`put` on a pool of pages: block by block of the span, each slot's page of it (the trash
+            page for slots that take no row) read, the new positions chosen in, written back."""
+            axis = pool.ndim - 4  # the pages' axis (after a group's layer axis)
+            page, blocks = pool.shape[-2], table.shape[1]
+            size, r = page * blocks, prefilled.shape[-2]
+            start = jnp.remainder(clock - width, size)
+            rows = jnp.take(prefilled, jnp.maximum(src, 0), axis=axis)  # each slot's new row
+            for i in range(min(blocks, -(-r // page) + 1)):
+                j = jnp.remainder(start // page + i, blocks)
+                # fresh slot f holds the time the row wants at ring position start + f (see `put`)
+                f = jnp.remainder(j * page + jnp.arange(page) - start, size)
+                ids = jnp.where(new, table[:, j], TRASH)
+                index = (slice(None),) * axis + (ids,)
+                moved = jnp.take(rows, jnp.minimum(f, r - 1), axis=axis + 2)
+                chosen = new.reshape(-1, 1, 1, 1) & (f < r).reshape(-1, 1)
+                pool = pool.at[index].set(jnp.where(chosen, moved, pool[index]))
+            return pool
 
         def put(ring, prefilled, layout):
             axis, at = ring.ndim - 4, ring.ndim - 2  # the slots' axis (after a group's layer axis), positions'
@@ -151,8 +180,12 @@ def insert_program(layouts=None):
         chosen_logits = state.logits
         for p in range(logits.shape[0]):
             chosen_logits = jnp.where((src == p)[:, None], logits[p], chosen_logits)
+        if paged:
+            cache = _per_ring(put_pages, state.cache, fresh, pages)
+        else:
+            cache = jax.tree.map(put, state.cache, fresh, layouts or jax.tree.map(lambda _: None, fresh))
         return state._replace(
-            cache=jax.tree.map(put, state.cache, fresh, layouts or jax.tree.map(lambda _: None, fresh)),
+            cache=cache,
             logits=chosen_logits,
             first=fill(state.first, clock - length),
             count=fill(state.count, count),
@@ -177,16 +210,27 @@ class ChunkOut(NamedTuple):
     busy: jax.Array  # () int32: slots decoding, summed over the steps
 
 
+def _per_ring(fn, cache, fresh, pages):
+    """fn(pool, prefilled, table) over a paged cache's arrays, each with the table of its ring's size
+    (blocks x page = the ring's slots)."""
+
+    def one(pool, prefilled):
+        table = next(t for s, t in pages.items() if t.shape[1] * pool.shape[-2] == s)
+        return fn(pool, prefilled, table)
+
+    return jax.tree.map(one, cache, fresh)
+
+
 def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, draw: str, width: int):
-    """chunk(params, state, rule, eos_ids, texts, free_target) -> (state, ChunkOut): decoding steps,
+    """chunk(params, state, rule, eos_ids, texts, free_target, pages) -> (state, ChunkOut): decoding steps,
     at most `steps`, while a row is active and fewer than free_target slots are free. Each step is the
     static sampler's loop body (sampler._loop: choose, record, stop, feed) with each row's own t.
     Only the first `width` slots are decoded (the others must be free): a step of fewer rows reads
     and computes less, which the engine uses once no row waits (EngineConfig.narrow). `draw`:
-    olmax.rollout.sampler.Sampling.draw."""
+    olmax.rollout.sampler.Sampling.draw. pages: a paged cache's tables (module doc), else None."""
     vocab, sample, truncate = cfg.vocab_size, draw != "greedy", draw == "truncate"
 
-    def chunk(params, state: SlotState, rule, eos_ids, texts, free_target):
+    def chunk(params, state: SlotState, rule, eos_ids, texts, free_target, pages):
         slots = state.first.shape[0]
         whole, narrow = state, width < slots
         if narrow:
@@ -212,7 +256,9 @@ def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, draw: str, width
             full = live & (count >= st.limit)
             finish = jnp.where(eos, 1, jnp.where(stop, 2, jnp.where(full, 0, st.finish)))
             first = jnp.where(live, st.first, st.clock)  # a free slot at position 0 (module doc)
-            logits, cache = cached_forward(params, st.cache, token[:, None], st.clock, cfg, first, cache_len)
+            logits, cache = cached_forward(
+                params, st.cache, token[:, None], st.clock, cfg, first, cache_len, pages=pages
+            )
             st = st._replace(
                 cache=cache,
                 logits=logits[:, 0, :vocab],
@@ -248,11 +294,12 @@ def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, draw: str, width
 MOVES = 8  # rows one compact program moves (its moves unrolled): the engine calls it again for more
 
 
-def compact_program():
+def compact_program(paged: bool = False):
     """compact(state, src, dst, vacate) -> state: move the row in slot src[r] to the free slot dst[r]
     (MOVES entries; the padding ones copy slot 0 onto itself), so that the rows left in a drain fill
     the first slots and a narrower chunk decodes them (EngineConfig.narrow); vacate (B,) marks the
-    slots left.
+    slots left (and, without moves, the slots of rows the engine preempts). A paged cache stays where
+    it is: the host moves the rows' page tables.
 
     Each move, of the cache's rings and of every per-slot array alike, is a dynamic slice and update of
     one slot's row, unrolled: in place, no temporaries. Compiled for a v5e (libtpu on a 2-core host),
@@ -269,7 +316,8 @@ def compact_program():
 
         small = {f: rows(getattr(state, f), 0) for f in PER_SLOT}
         small["active"] = small["active"] & ~vacate
-        return state._replace(cache=jax.tree.map(lambda ring: rows(ring, ring.ndim - 4), state.cache), **small)
+        cache = state.cache if paged else jax.tree.map(lambda ring: rows(ring, ring.ndim - 4), state.cache)
+        return state._replace(cache=cache, **small)
 
     return compact
 
@@ -285,6 +333,13 @@ def state_shardings(state: SlotState, mesh) -> SlotState:
     )
 
 
+def page_tables(cfg: ModelConfig, slots: int, cache_len: int, pool) -> Optional[dict]:
+    """The chunk and insert programs' `pages` argument as abstract arrays (None for rings)."""
+    if pool is None:
+        return None
+    return {s: jax.ShapeDtypeStruct((slots, s // page_size(s)), jnp.int32) for s, _ in pool}
+
+
 class Programs(NamedTuple):
     init: Callable
     prefill: Callable
@@ -294,13 +349,14 @@ class Programs(NamedTuple):
 
 
 def programs(
-    cfg: ModelConfig, slots: int, cache_len: int, steps: int, draw: str, key_words: int, mesh=None
+    cfg: ModelConfig, slots: int, cache_len: int, steps: int, draw: str, key_words: int, mesh=None, pool=None
 ) -> Programs:
     """The engine's programs, each jitted once per shape (and compiled at its first call; engines of one
     shape share them). The state is donated, so the cache is updated in place. With a mesh the
     parameters are laid out as the trainer lays them out (olmax.model.olmo3.param_shardings) and the
-    state by `state_shardings`; the host's small arrays are replicated."""
-    shape = (cfg, slots, cache_len, key_words, mesh)
+    state by `state_shardings`; the host's small arrays are replicated. pool: a paged cache's pools
+    (ring slots -> pages, as sorted pairs; olmax.rollout.pages.pool_sizes), None for rings."""
+    shape = (cfg, slots, cache_len, key_words, mesh, pool)
     return Programs(
         _jitted(*shape, "init"),
         _jitted(*shape, "prefill"),
@@ -311,18 +367,19 @@ def programs(
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, draw="greedy", width=0):
+def _jitted(cfg, slots, cache_len, key_words, mesh, pool, name: str, steps=0, draw="greedy", width=0):
     """One of the programs (`programs`), jitted."""
-    init = functools.partial(init_state, cfg, slots, cache_len, key_words)
-    state = cache_formats(cfg, slots, cache_len, key_words, mesh)
+    init = functools.partial(init_state, cfg, slots, cache_len, key_words, pool)
+    state = cache_formats(cfg, slots, cache_len, key_words, mesh, pool)
+    paged = pool is not None
     if name == "init":
         fn, donate = init, ()
     elif name == "prefill":
         fn, donate = prefill_program(cfg, cache_len), ()
     elif name == "insert":
-        fn, donate = insert_program(state and jax.tree.map(lambda f: f.layout, state.cache)), (0,)
+        fn, donate = insert_program(state and jax.tree.map(lambda f: f.layout, state.cache), paged), (0,)
     elif name == "compact":
-        fn, donate = compact_program(), (0,)
+        fn, donate = compact_program(paged), (0,)
     else:
         fn, donate = chunk_program(cfg, cache_len, steps, draw, width), (1,)
     if mesh is None and state is None:
@@ -332,10 +389,10 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, name: str, steps=0, draw="gr
     ins, outs = {
         "init": ((), state),
         "prefill": ((params, rep, rep), (rep, jax.tree.map(lambda _: rep, jax.eval_shape(init).cache))),
-        "insert": ((state, *[rep] * 10), state),
+        "insert": ((state, *[rep] * 11), state),
         "compact": ((state, *[rep] * 3), state),
         "chunk": (
-            (params, state, rep, rep, rep, rep),
+            (params, state, rep, rep, rep, rep, rep),
             (state, ChunkOut(batch(width, steps), batch(width, steps), rep, rep)),
         ),
     }[name]
@@ -352,7 +409,7 @@ def _layouts(cfg: ModelConfig, mesh):
 
 
 @functools.lru_cache(maxsize=None)
-def cache_formats(cfg, slots, cache_len, key_words, mesh) -> Optional[SlotState]:
+def cache_formats(cfg, slots, cache_len, key_words, mesh, pool=None) -> Optional[SlotState]:
     """On a TPU: the state's layouts, the cache's being those the decoding loop wants. The TPU compiler
     lays a ring that the loop reads and writes out otherwise than row-major (each layer's keys and
     values their own order of slots, kv heads and ring slots); a program that takes the cache as an
@@ -365,7 +422,7 @@ def cache_formats(cfg, slots, cache_len, key_words, mesh) -> Optional[SlotState]
     if devices[0].platform != "tpu":
         return None
     params, rep, batch = _layouts(cfg, mesh)
-    abstract = jax.eval_shape(functools.partial(init_state, cfg, slots, cache_len, key_words))
+    abstract = jax.eval_shape(functools.partial(init_state, cfg, slots, cache_len, key_words, pool))
     state = state_shardings(abstract, mesh) if mesh is not None else jax.tree.map(lambda _: rep, abstract)
     auto = state._replace(cache=jax.tree.map(lambda s: Format(Layout.AUTO, s), state.cache))
     # one greedy decoding step: the loop's layout is the same for any chunk, sampled or not (the same
@@ -373,7 +430,7 @@ def cache_formats(cfg, slots, cache_len, key_words, mesh) -> Optional[SlotState]
     # sampled chunk takes 6-7 s (14-16 with top-k / top-p's sort over the vocabulary)
     program = jax.jit(
         chunk_program(cfg, cache_len, 1, "greedy", slots),
-        in_shardings=(params, auto, rep, rep, rep, rep),
+        in_shardings=(params, auto, rep, rep, rep, rep, rep),
         out_shardings=(auto, ChunkOut(batch(slots, 1), batch(slots, 1), rep, rep)),
         donate_argnums=1,
     )
@@ -385,6 +442,7 @@ def cache_formats(cfg, slots, cache_len, key_words, mesh) -> Optional[SlotState]
         ints(*_eos_table((0,)).shape),  # the tables' sizes do not change the cache's layout
         ints(*_text_table(None, cfg.vocab_size).shape),
         ints(),
+        page_tables(cfg, slots, cache_len, pool),
     )
     chosen = program.lower(*args).compile().input_formats[0][1]
     return state._replace(cache=chosen.cache)
