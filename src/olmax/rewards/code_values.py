@@ -20,7 +20,7 @@ What crosses is data, rebuilt on the receiving side by that side's own classes, 
   program at the next;
 - namedtuples and Enum members by class name; an object either side can import by module and name
   ("g": `len`, `collections.Counter`, `math.sqrt`), which the receiving side resolves itself (the tests'
-  side only within PURE_MODULES, else as a handle);
+  side only within code_channel.PURE_MODULES and under the object's own name, else as a handle);
 - anything else of the program's (its functions, classes, instances, generators) as a handle: a number
   the tests' side holds as a proxy (code_harness.Remote), whose use is a request.
 
