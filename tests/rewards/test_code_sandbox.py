@@ -234,8 +234,8 @@ def test_fan_out_is_capped_and_gone():
 @sandboxed
 def test_proc_shows_only_the_sandbox():
     listing = f"def pids():\n    return sorted(int(p) for p in {OS}.listdir('/proc') if p.isdigit())"
-    # the sandbox's init, its runner and the process this test runs in
-    assert _outcome(listing, f"assert {os.getpid()} not in pids() and pids() == [1, 2, 3]", "namespaces") == "pass"
+    # the program's process alone, PID 1 of a PID namespace of its own (not the runner nor the tests' process)
+    assert _outcome(listing, f"assert {os.getpid()} not in pids() and pids() == [1]", "namespaces") == "pass"
     assert _outcome(listing, f"assert {os.getpid()} in pids()", "none") == "pass"
 
 
@@ -436,8 +436,9 @@ def test_the_report_is_out_of_the_programs_reach(monkeypatch):
              "    except OSError:\n        pass\ndef add(a, b):\n    return 0\n")  # fmt: skip
     tests = ["assert add(1, 2) == 3"] * 3
     assert code.run_tests(PRELUDE + forge, tests, isolation="namespaces") == ["fail"] * 3
-    listing = PRELUDE + "fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))"  # (and listdir's own)
-    assert code.run_tests(listing, ["assert len(fds) == 6 and fds[:3] == [0, 1, 2], fds"]) == ["pass"]
+    # 0, 1, 2, the channel's two ends, its mount namespace's (code_runner.hide_mounts) and listdir's own
+    listing = PRELUDE + "fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))"
+    assert code.run_tests(listing, ["assert len(fds) == 7 and fds[:3] == [0, 1, 2], fds"]) == ["pass"]
     assert code.verify(HONEST, tests * 17, isolation="namespaces") == 1.0  # 51 records fit
     seen = []
     records = code_records.Records(2, lambda *record: seen.append(record))

@@ -50,16 +50,19 @@ import struct
 import sys
 import time
 
-from olmax.rewards import code_harness, code_program, code_seccomp
+from olmax.rewards import code_channel, code_harness, code_program, code_seccomp
 
 SLACK = 1.0  # seconds past a test's limit before the runner kills its processes
-# what the runner uses of the calls `guard` disables for the tests and the program
+# what the runner (and a program's process, before the program runs) uses of the calls `guard` disables
 _KILLPG, _UNLINK, _RMDIR, _SOCKETPAIR = os.killpg, os.unlink, os.rmdir, _socket.socketpair
+_CHDIR, _FCHDIR = os.chdir, os.fchdir
 OUTPUT_BYTES = 16 << 20  # what a stdio program's output is read up to (RLIMIT_FSIZE stops it there too)
 STDIO_MARGIN = 0.25  # the tests' process waits this much longer than the program's side for a stdio output
 _INDEX = struct.Struct("<Q")  # the tests' file: count, count + 1 offsets, then each test's JSON
 # <linux/prctl.h>, <linux/seccomp.h>, <linux/capability.h>
 PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 4, 22, 38
+CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000  # <linux/sched.h>
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8  # <linux/mount.h>
 SECCOMP_MODE_FILTER = 2
 CAPABILITY_VERSION_3 = 0x20080522
 _MAPS_APART = ("[heap]", "[stack]", "[vdso]", "[vvar]", "[vvar_vclock]", "[vsyscall]")
@@ -105,6 +108,57 @@ def install_filter(program: bytes) -> None:
     call("prctl", PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), fprog, 0, 0, what="seccomp")
 
 
+def hide_mounts() -> int:
+    """Move into a copy of this mount namespace while the root stays in this one. /proc/<pid>/mountinfo
+    (and mounts, mountstats) lists the mounts of a process's mount namespace that its root reaches, with
+    their sources: the host's devices, the host paths of the binds and their options (proc(5);
+    fs/proc_namespace.c `show_mountinfo` skips a mount its root does not reach). The copy's mounts are all
+    out of the root's reach, so none is listed, while paths resolve through this namespace's as before.
+    Returns a descriptor of this namespace, which the caller keeps open: a namespace no process is in and
+    no descriptor holds is taken down, its mounts with it (the root would be left bare)."""
+    keep = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    call("unshare", CLONE_NEWNS, what="mount namespaces")
+    _FCHDIR(root)
+    call("chroot", b".")
+    os.close(root)
+    return keep
+
+
+class Place:
+    """Where a run's processes are confined under isolation namespaces: the system call filter, and
+    descriptors of the sandbox's mount namespace (`mounts`, the one its root lies in), of its root
+    directory (`root`) and of the runner's PID namespace (`pids`), from which each program's process gets
+    namespaces of its own (`own_namespaces`). All None under isolation none."""
+
+    __slots__ = ("filter", "mounts", "root", "pids")
+
+    def __init__(self, filter_program: bytes | None = None, mounts: int | None = None, pids: int | None = None):
+        self.filter, self.mounts, self.pids = filter_program, mounts, pids
+        self.root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if mounts is not None else None
+
+
+def own_namespaces(job: dict, place: Place) -> None:
+    """In a program's process, PID 1 of a PID namespace of its own and still holding its capabilities there:
+    a mount namespace of its own, copied from the sandbox's, with a fresh scratch tmpfs and a /proc of its
+    PID namespace alone, its mounts hidden (`hide_mounts`). Nothing one test's program leaves (a file, the
+    inode and process numbers it used up) is there for the next, and no other process of the sandbox (the
+    runner, the tests' process) is in its view or within reach of its signals."""
+    # into the sandbox's mount namespace, at its root (setns(2) leaves the namespace's first root, not the
+    # one the init pivoted to), then a copy of it of its own
+    call("setns", place.mounts, CLONE_NEWNS, what="mount namespaces")
+    _FCHDIR(place.root)
+    call("chroot", b".")
+    os.close(place.mounts)
+    os.close(place.root)
+    call("unshare", CLONE_NEWNS, what="mount namespaces")
+    size = f"mode=0700,size={job['scratch_bytes']},nr_inodes={job['scratch_inodes']}".encode()
+    call("mount", b"tmpfs", job["scratch"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size)
+    call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"subset=pid")
+    hide_mounts()  # (its descriptor stays open for the process's life; setns(2) is refused by the filter)
+    _CHDIR(job["scratch"])
+
+
 def memory_window(memory_bytes: int) -> code_seccomp.Window:
     """This process's memory window (code_seccomp): from its lowest mapping of libraries and anonymous
     memory, less 1.5 x `memory_bytes` (room for what an address space of that limit maps below it), to its
@@ -140,7 +194,7 @@ class _NoSocket:
 def confine(job: dict, filter_program: bytes | None, cpu_seconds: float) -> None:
     """The limits of a process of the tests' or the program's (module docstring), the filter last (the
     runner has applied `guard` to what they inherit)."""
-    if filter_program is not None:
+    if filter_program is not None:  # isolation namespaces
         drop_capabilities()
     mem = job["memory_mb"] << 20
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -210,7 +264,7 @@ def _keep_only(needed: set) -> None:
                 pass
 
 
-def _tests(job: dict, tests_fd: int, control, filter_program) -> None:
+def _tests(job: dict, tests_fd: int, control, place: Place) -> None:
     """The tests' process: confined once, then each test the runner hands it (its index, and the channel's
     two ends for it, over `control`), its verdict sent back there, until the runner closes `control`."""
     seconds = job["seconds"] + (STDIO_MARGIN if job["stdio"] else 0.0)
@@ -219,7 +273,7 @@ def _tests(job: dict, tests_fd: int, control, filter_program) -> None:
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
                    signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):  # fmt: skip
         signal.signal(number, signal.SIG_IGN)
-    confine(job, filter_program, (seconds + SLACK) * job["tests"])
+    confine(job, place.filter, (seconds + SLACK) * job["tests"])
     while True:
         message, fds, _, _ = socket.recv_fds(control, 64, 2)
         if not message:
@@ -259,16 +313,23 @@ def _exchange(control, data: bytes) -> tuple[int, bytes]:
         os.close(fds[0])
 
 
-def _program(job: dict, channel: tuple, filter_program) -> None:
+def _program(job: dict, channel: tuple, place: Place) -> None:
     """The program's process: `channel` its two descriptors, or for stdio its input and output files."""
-    if job["isolation"] != "namespaces":
-        os.setpgid(0, 0)
+    try:
+        if place.mounts is not None:
+            own_namespaces(job, place)
+        else:
+            os.setpgid(0, 0)
+    except OSError as e:  # said on the channel, as a program that failed to load (the test names the step)
+        if not job["stdio"]:
+            code_channel.send(channel[1], b"L", f"the program's process could not be set up: {e}".encode()[:1000])
+        os._exit(1)
     if job["stdio"]:
         os.dup2(channel[0], 0)
         os.dup2(channel[1], 1)
         for fd in channel:
             os.close(fd)
-    confine(job, filter_program, job["seconds"])
+    confine(job, place.filter, job["seconds"])
     if job["stdio"]:
         os._exit(code_program.run_stdio(job["program"]))
     code_program.serve(job["program"], *channel)
@@ -303,10 +364,10 @@ def _clear(scratch: str) -> None:
 class _Tests:
     """The tests' process of the run, started when needed (and again after one was killed)."""
 
-    def __init__(self, job: dict, tests_fd: int, filter_program):
+    def __init__(self, job: dict, tests_fd: int, place: Place):
         # made here, before any filter: the tests' process receives each test's channel on it (SCM_RIGHTS)
         self.control, theirs = _SOCKETPAIR(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.pid = _fork(lambda: _tests(job, tests_fd, theirs, filter_program), {tests_fd, theirs.fileno()})
+        self.pid = _fork(lambda: _tests(job, tests_fd, theirs, place), {tests_fd, theirs.fileno()})
         theirs.close()
 
     def stop(self) -> None:
@@ -399,17 +460,25 @@ def _receive(tests: _Tests, deadline: float, fds: int = 0):
     return None, []
 
 
-def _start(job: dict, files: tuple, filter_program) -> int:
-    program = _fork(lambda: _program(job, files, filter_program), set(files))
-    if job["isolation"] != "namespaces":
+def _start(job: dict, files: tuple, place: Place) -> int:
+    """The program's process of a test, under namespaces PID 1 of a PID namespace of its own (the runner's
+    next child goes there, after which the runner's children are its own namespace's again: setns(2) to
+    its own resets that, and so allows the next unshare)."""
+    if place.pids is None:
+        program = _fork(lambda: _program(job, files, place), set(files))
         try:
             os.setpgid(program, program)
         except OSError:  # it has already done so, or is gone
             pass
-    return program
+        return program
+    call("unshare", CLONE_NEWPID, what="PID namespaces")
+    try:
+        return _fork(lambda: _program(job, files, place), {*files, place.mounts, place.root})
+    finally:
+        call("setns", place.pids, CLONE_NEWPID, what="PID namespaces")
 
 
-def one(job: dict, index: int, tests: _Tests, filter_program) -> tuple[str, bytes, bool]:
+def one(job: dict, index: int, tests: _Tests, place: Place) -> tuple[str, bytes, bool]:
     """Test `index` (module docstring): its verdict's kind and reason ("L" in the kind where the program
     failed to load), and whether the tests' process is still there for the next."""
     deadline = time.monotonic() + job["seconds"] + STDIO_MARGIN + SLACK
@@ -420,7 +489,7 @@ def one(job: dict, index: int, tests: _Tests, filter_program) -> tuple[str, byte
             said, received = _receive(tests, deadline, 1)
             if said == b"I" and len(received) == 1:
                 output = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)
-                program = _start(job, (received[0], output), filter_program)
+                program = _start(job, (received[0], output), place)
                 status = wait_child(program, job["seconds"])
                 code = 2 if status is None else 0 if os.waitstatus_to_exitcode(status) == 0 else 1
                 socket.send_fds(tests.control, [bytes([code])], [output])
@@ -430,7 +499,7 @@ def one(job: dict, index: int, tests: _Tests, filter_program) -> tuple[str, byte
                 os.close(fd)
         else:  # the channel: a pipe each way, the program's ends to its process, the others to the tests'
             to_program, to_tests = os.pipe(), os.pipe()
-            program = _start(job, (to_program[0], to_tests[1]), filter_program)
+            program = _start(job, (to_program[0], to_tests[1]), place)
             socket.send_fds(tests.control, [_INDEX.pack(index)], [to_tests[0], to_program[1]])
             for fd in (*to_program, *to_tests):
                 os.close(fd)
@@ -441,7 +510,8 @@ def one(job: dict, index: int, tests: _Tests, filter_program) -> tuple[str, byte
     if not alive:
         tests.stop()
     alive = _end(program, tests if alive else None, job["isolation"] == "namespaces") and alive
-    _clear(".")
+    if place.mounts is None:  # (under namespaces each program's process had a scratch of its own)
+        _clear(".")
     if said is None:
         return "t", b"past the time limit (killed)", alive
     kind, _, reason = said.partition(b" ")
@@ -450,18 +520,20 @@ def one(job: dict, index: int, tests: _Tests, filter_program) -> tuple[str, byte
     return kind.decode(), reason, alive
 
 
-def run(job: dict, report: int, tests_fd: int) -> None:
-    """Every test of the job (module docstring), its record written as it ends."""
+def run(job: dict, report: int, tests_fd: int, mounts: int | None = None) -> None:
+    """Every test of the job (module docstring), its record written as it ends; `mounts`, under isolation
+    namespaces, a descriptor of the sandbox's mount namespace (code_sandbox `enter`)."""
     for name in job["preload"]:  # modules the program or the tests import, once here rather than per test
         try:
             __import__(name)
         except BaseException:  # noqa: BLE001 (the program's or test's import fails there, as it would)
             pass
     namespaces = job["isolation"] == "namespaces"
-    filter_program = None
+    place = Place()
     if namespaces:
         window = memory_window(job["memory_mb"] << 20)
-        filter_program = code_seccomp.program(platform.machine(), window)
+        pids = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        place = Place(code_seccomp.program(platform.machine(), window), mounts, pids)
         resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
     elif sys.platform == "linux":
         call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -474,8 +546,8 @@ def run(job: dict, report: int, tests_fd: int) -> None:
         if failed is not None:
             record(report, failed, index, b"the program failed to load (an earlier test)")
             continue
-        tests = tests or _Tests(job, tests_fd, filter_program)
-        kind, reason, alive = one(job, index, tests, filter_program)
+        tests = tests or _Tests(job, tests_fd, place)
+        kind, reason, alive = one(job, index, tests, place)
         if not alive:
             tests = None
         if kind.endswith("L"):

@@ -214,25 +214,18 @@ def _enter_root(job: dict, scratch: str) -> int:
     os.chdir("/new")
     call("pivot_root", b".", b".")
     call("umount2", b".", MNT_DETACH)
-    # /proc/<pid>/mountinfo (and mounts, mountstats) lists the mounts of the process's mount namespace
-    # that its root reaches, with their sources: the host's devices, the host paths of the binds and
-    # their options (proc(5); fs/proc_namespace.c `show_mountinfo` skips a mount its root does not reach).
-    # So the sandbox's processes live in a copy of this namespace while their root stays in this one: the
-    # copy's mounts are all out of their root's reach and none is listed, while paths resolve through this
-    # namespace's mounts as before. The descriptor keeps this namespace (and its mounts) while the init lives.
-    keep = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    call("unshare", CLONE_NEWNS, what="mount namespaces")
-    os.fchdir(root)
-    call("chroot", b".")
-    os.close(root)
+    # the sandbox's processes live in a copy of this namespace while their root stays in this one, so that
+    # /proc/<pid>/mountinfo lists none of its mounts (code_runner.hide_mounts). The descriptor keeps this
+    # namespace (and its mounts) while the init lives; each program's process makes its own from it.
+    keep = code_runner.hide_mounts()
     os.chdir(scratch)
     return keep
 
 
-def enter(job: dict, report: int) -> None:
-    """Enter the sandbox (module docstring). Returns in the init, the runner; the keeper exits here. A
-    failed step is reported as an "error" record naming it, and ends the process."""
+def enter(job: dict, report: int) -> int:
+    """Enter the sandbox (module docstring). Returns in the init, the runner, a descriptor of the sandbox's
+    mount namespace (`_enter_root`); the keeper exits here. A failed step is reported as an "error" record
+    naming it, and ends the process."""
     try:
         if job.get("cgroup"):  # the run's memory cgroup (olmax.rewards.code_cgroup), for every process below
             _write(f"{job['cgroup']}/cgroup.procs", "0")  # "0": the writer itself
@@ -263,12 +256,14 @@ def enter(job: dict, report: int) -> None:
         call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if not staged:
             _stage(scratch)
-        _enter_root(job, scratch)
+        mounts = _enter_root(job, scratch)
         call("sethostname", HOSTNAME, len(HOSTNAME))
         call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     except OSError as e:
         _fail(report, e)
     os.environ.update(HOME=scratch, TMPDIR=scratch)
+    job["scratch"] = scratch
+    return mounts
 
 
 def _fail(report: int, error: OSError) -> None:
@@ -284,6 +279,5 @@ def main(stream) -> None:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
-    if job["isolation"] == "namespaces":
-        enter(job, report)
-    code_runner.run(job, report, job["tests_fd"])
+    mounts = enter(job, report) if job["isolation"] == "namespaces" else None
+    code_runner.run(job, report, job["tests_fd"], mounts)
