@@ -3,13 +3,13 @@ against the model's own mask and against the matmuls XLA compiles for a real tra
 
 import json
 import math
-import re
 from dataclasses import replace
 
 import jax
 import jax.extend
 import jax.numpy as jnp
 import pytest
+from hlo_dots import hlo_dot_flops
 from typer.testing import CliRunner
 
 from olmax.cli.common import app
@@ -111,21 +111,6 @@ XLA_CFG = replace(
 XLA_BATCH, XLA_SEQ = 2, 64
 
 
-def _hlo_dot_flops(hlo: str) -> int:
-    """Sum 2 * |output| * |contracted dims| over every dot instruction of an HLO module's text."""
-    shapes = {}
-    for m in re.finditer(r"%(\S+) = \w+\[([\d,]*)\]", hlo):
-        shapes[m.group(1)] = [int(d) for d in m.group(2).split(",") if d]
-    total, n_dots = 0, 0
-    for m in re.finditer(r"= \w+\[([\d,]*)\]\S* dot\(%([^,\s]+), [^)]*\).*?lhs_contracting_dims=\{([\d,]*)\}", hlo):
-        out = [int(d) for d in m.group(1).split(",") if d]
-        lhs = shapes[m.group(2)]
-        total += 2 * math.prod(out) * math.prod(lhs[int(i)] for i in m.group(3).split(","))
-        n_dots += 1
-    assert n_dots == hlo.count(" dot("), "unparsed dot instructions"
-    return total
-
-
 @pytest.fixture(scope="module")
 def compiled_train_step():
     cfg = XLA_CFG
@@ -150,7 +135,7 @@ def _as_executed(cfg) -> int:
 def test_exact_weight_count_equals_xlas_compiled_matmuls(compiled_train_step):
     hlo = compiled_train_step.as_text()
     assert "custom-call" not in hlo  # every matmul is a plain dot, so the sum below sees them all
-    assert _hlo_dot_flops(hlo) == _as_executed(XLA_CFG)
+    assert hlo_dot_flops(hlo) == _as_executed(XLA_CFG)
 
 
 def test_exact_count_against_xlas_cost_analysis(compiled_train_step):

@@ -195,12 +195,22 @@ def flops_cmd(
     from olmax.fit.flops import flops_report, format_report, per_device_batch_of
 
     exp = resolve_experiment(recipe, config, overrides, {"data.seq_len": seq_len})
+    rows, statistic = exp.rows_per_step, exp.statistic_rows_per_step
     if per_device_batch is None:
-        per_device_batch = per_device_batch_of(exp.rows_per_step, total_devices)
+        per_device_batch = per_device_batch_of(rows, total_devices)
+    # rows that only feed a statistic (kto's KL rows): the same share of a device's whole items, a forward each
+    forward_only, part = divmod(per_device_batch * statistic, rows)
+    if part:
+        raise ConfigError(
+            f"a per-device batch of {per_device_batch} sequences splits the items of trainer.objective="
+            f"{exp.trainer.objective} ({rows // exp.trainer.global_batch} rows each, "
+            f"{statistic // exp.trainer.global_batch} only feeding a statistic): give one of whole items"
+        )
     report = flops_report(
         exp.model,
         seq_len=exp.data.seq_len,
-        per_device_batch=per_device_batch,
+        per_device_batch=per_device_batch - forward_only,
+        forward_only_batch=forward_only,
         devices=total_devices,
         peak_tflops=resolve_peak(peak, chip),
         step_time=step_time,

@@ -26,7 +26,14 @@ from olmax.config.dpo import DPOConfig
 from olmax.config.grpo import GRPOConfig, RewardsConfig
 from olmax.config.mesh import MeshConfig
 from olmax.config.model import CONTEXT_BACKENDS, MASKING_BACKENDS, ModelConfig
-from olmax.config.objective import DEFAULT, ObjectiveConfig, data_kind, plugin_names, plugin_section
+from olmax.config.objective import (
+    DEFAULT,
+    ObjectiveConfig,
+    data_kind,
+    plugin_names,
+    plugin_section,
+    statistic_rows,
+)
 from olmax.config.optimizer import OptimizerConfig
 from olmax.config.schedule import ScheduleConfig
 from olmax.config.trainer import TrainerConfig
@@ -132,7 +139,14 @@ class ExperimentConfig:
                 f"trainer.objective={name} needs its `{name}` section, which this {type(self).__name__} has not: "
                 f"build the config with olmax.config.experiment.experiment_type({name!r})"
             )
-        kind_named(data_kind(section)).check(self)
+        kind = kind_named(data_kind(section))
+        kind.check(self)
+        statistic = statistic_rows(section)
+        if not (isinstance(statistic, int) and 0 <= statistic < kind.rows):
+            raise ConfigError(
+                f"trainer.objective={name} declares statistic_rows={statistic!r} of the {kind.rows} rows an item "
+                f"of {kind.name!r} holds: 0 or more, and at least one row trained"
+            )
         if section is not None:
             section.check(self)
 
@@ -148,6 +162,12 @@ class ExperimentConfig:
         data, each of its kind's `rows` (olmax.config.data_kind: a preference pair is a chosen and a
         rejected row, a token instance and a packed rollout row one)."""
         return self.trainer.global_batch * kind_named(data_kind(self.objective_config)).rows
+
+    @property
+    def statistic_rows_per_step(self) -> int:
+        """Of rows_per_step, the rows that only feed a statistic (the section's `statistic_rows` an item,
+        olmax.config.objective): a forward each and no backward, as olmax.fit.flops counts them."""
+        return self.trainer.global_batch * statistic_rows(self.objective_config)
 
     def __reduce__(self):
         # pickled as its objective and fields, so a config with a plug-in's section (a class made at run

@@ -31,10 +31,13 @@ DEFAULT = "lm"  # next-token cross-entropy: no section of its own
 
 class ObjectiveConfig:
     """Base of an objective's config section (mixed into a frozen dataclass). `data`: the kind of data it
-    trains on (a name olmax.config.data_kind knows); `check(cfg)`: its checks of the other sections, run
-    by ExperimentConfig.__post_init__ after the ones every objective on `data` gets."""
+    trains on (a name olmax.config.data_kind knows); `statistic_rows`: how many of the rows of each item
+    only feed a statistic (olmax.objectives.logps.statistic_logps: KTO's KL rows), which the FLOPs count
+    as a forward without a backward (olmax.fit.flops); `check(cfg)`: its checks of the other sections,
+    run by ExperimentConfig.__post_init__ after the ones every objective on `data` gets."""
 
     data: ClassVar[str] = "tokens"
+    statistic_rows: ClassVar[int] = 0
 
     def check(self, cfg) -> None:
         """Checks across sections of this objective's own (ConfigError naming the field)."""
@@ -72,6 +75,12 @@ def plugin_section(name: str) -> Optional[type]:
             "olmax.config.objective.ObjectiveConfig"
         )
     return section
+
+
+def statistic_rows(section) -> int:
+    """The rows of each item that only feed a statistic, for an objective with this section (an instance
+    or its class; None: no section, none)."""
+    return ObjectiveConfig.statistic_rows if section is None else section.statistic_rows
 
 
 def data_kind(section) -> str:

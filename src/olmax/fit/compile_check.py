@@ -87,8 +87,9 @@ def compile_report(
     hlo = compiled.as_text()
     policy = remat_policy_of(cfg.model.remat)
     nodes = len({d.process_index for d in devices}) if platform == "gpu" else None
-    seq_len = cfg.data.seq_len
-    model_flops = exact_step_flops(cfg.model, seq_len, cfg.rows_per_step).total / mesh.size
+    seq_len, statistic = cfg.data.seq_len, cfg.statistic_rows_per_step
+    trained = cfg.rows_per_step - statistic  # the others only feed a statistic: a forward each, no recompute
+    model_flops = exact_step_flops(cfg.model, seq_len, trained, forward_only=statistic).total / mesh.size
     backend = resolve_backend(
         cfg.model.attention,
         platform,
@@ -97,7 +98,7 @@ def compile_report(
         context=mesh.shape.get("context", 1) > 1,
     )
     saved = None if policy is None else policy.save
-    recompute = recompute_flops(cfg.model, seq_len, cfg.rows_per_step, saved, backend=backend) / mesh.size
+    recompute = recompute_flops(cfg.model, seq_len, trained, saved, backend=backend) / mesh.size
     return {
         "recipe": cfg.name,
         "platform": platform,

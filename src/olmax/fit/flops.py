@@ -13,6 +13,11 @@ SiLU, the loss) is left out; for the 7B it is well under 1% of the total.
   compute all padded logits), and each layer's attention over exactly the (query, key) pairs its
   mask allows: T(T+1)/2 on a global layer, about T*W on a layer with a window of W.
 
+Rows that only feed a statistic (`forward_only`: KTO's KL rows, olmax.objectives.logps.statistic_logps,
+their forward under stop_gradient) run a forward and no backward: 1 of a trained row's 3 passes (2N of
+6N a token), in both conventions; XLA's count of a KTO step says the same
+(tests/objectives/test_kto_plugin.py).
+
 `docs/flops.md` writes both formulas out and gives the 7B figures.
 """
 
@@ -86,25 +91,34 @@ def _check_shape(seq_len: int, batch: int) -> None:
         raise ConfigError(f"per_device_batch must be positive, got {batch}")
 
 
-def maxtext_step_flops(cfg: ModelConfig, seq_len: int, batch: int) -> StepFlops:
-    """MaxText's convention: unpadded vocab, every layer global causal with T^2/2 pairs."""
+def _passes(batch: int, forward_only: int) -> int:
+    """Forward passes of matmul work: 3 a trained row, 1 a row that only feeds a statistic (module doc)."""
+    if forward_only < 0:
+        raise ConfigError(f"forward-only rows must be 0 or more, got {forward_only}")
+    return TRAIN_PASSES * batch + forward_only
+
+
+def maxtext_step_flops(cfg: ModelConfig, seq_len: int, batch: int, forward_only: int = 0) -> StepFlops:
+    """MaxText's convention: unpadded vocab, every layer global causal with T^2/2 pairs. `batch` rows
+    trained, `forward_only` more that only feed a statistic."""
     _check_shape(seq_len, batch)
-    tokens = batch * seq_len
-    weights = TRAIN_PASSES * tokens * _weight_flops_per_token(cfg, cfg.vocab_size)
+    passes = _passes(batch, forward_only)
+    weights = passes * seq_len * _weight_flops_per_token(cfg, cfg.vocab_size)
     # T^2/2 pairs per layer as MaxText writes it: half the square, without the diagonal's extra T/2
     # (the per-pair count is even, so the halving is exact in integers).
-    square = batch * seq_len * seq_len * _attention_flops_per_pair(cfg)
-    attention = TRAIN_PASSES * cfg.n_layers * square // 2
+    square = seq_len * seq_len * _attention_flops_per_pair(cfg)
+    attention = passes * cfg.n_layers * square // 2
     return StepFlops(weights=weights, attention=attention)
 
 
-def exact_step_flops(cfg: ModelConfig, seq_len: int, batch: int) -> StepFlops:
-    """The matmuls olmax's model performs: padded vocab, each layer's exact causal/window pairs."""
+def exact_step_flops(cfg: ModelConfig, seq_len: int, batch: int, forward_only: int = 0) -> StepFlops:
+    """The matmuls olmax's model performs: padded vocab, each layer's exact causal/window pairs. `batch`
+    rows trained, `forward_only` more that only feed a statistic."""
     _check_shape(seq_len, batch)
-    tokens = batch * seq_len
-    weights = TRAIN_PASSES * tokens * _weight_flops_per_token(cfg, cfg.padded_vocab_size)
+    passes = _passes(batch, forward_only)
+    weights = passes * seq_len * _weight_flops_per_token(cfg, cfg.padded_vocab_size)
     pairs = sum(attended_pairs(seq_len, cfg.layer_window(i)) for i in range(cfg.n_layers))
-    attention = TRAIN_PASSES * batch * pairs * _attention_flops_per_pair(cfg)
+    attention = passes * pairs * _attention_flops_per_pair(cfg)
     return StepFlops(weights=weights, attention=attention)
 
 
@@ -128,23 +142,27 @@ def flops_report(
     *,
     seq_len: int,
     per_device_batch: int,
+    forward_only_batch: int = 0,
     devices: int = 1,
     peak_tflops: Optional[float] = None,
     step_time: Optional[float] = None,
 ) -> dict:
     """Parameters, tokens and TFLOP per device per step in both conventions; with a step time the
-    achieved TFLOP/s, and with a peak as well the MFU (model FLOPs / (step time * peak))."""
+    achieved TFLOP/s, and with a peak as well the MFU (model FLOPs / (step time * peak)).
+    `per_device_batch` rows trained on each device, `forward_only_batch` more that only feed a
+    statistic (a forward each; their tokens count)."""
     if devices <= 0:
         raise ConfigError(f"devices must be positive, got {devices}")
     if step_time is not None and step_time <= 0:
         raise ConfigError(f"step time must be positive, got {step_time}")
-    maxtext = maxtext_step_flops(cfg, seq_len, per_device_batch)
-    exact = exact_step_flops(cfg, seq_len, per_device_batch)
-    tokens_per_device = per_device_batch * seq_len
+    maxtext = maxtext_step_flops(cfg, seq_len, per_device_batch, forward_only_batch)
+    exact = exact_step_flops(cfg, seq_len, per_device_batch, forward_only_batch)
+    tokens_per_device = (per_device_batch + forward_only_batch) * seq_len
     report = {
         "params": count_params(cfg),
         "seq_len": seq_len,
         "per_device_batch": per_device_batch,
+        "forward_only_per_device_batch": forward_only_batch,
         "devices": devices,
         "tokens_per_device_step": tokens_per_device,
         "tokens_per_step": tokens_per_device * devices,
@@ -176,10 +194,12 @@ def flops_report(
 
 def format_report(report: dict) -> str:
     """A short human-readable table of a `flops_report`."""
+    forward_only = report["forward_only_per_device_batch"]
+    forward_only = f" + {forward_only} forward-only" if forward_only else ""
     lines = [
         f"params                        {report['params']:,}",
         f"tokens per step               {report['tokens_per_step']:,} "
-        f"({report['per_device_batch']} x {report['seq_len']} on each of {report['devices']} devices)",
+        f"({report['per_device_batch']}{forward_only} x {report['seq_len']} on each of {report['devices']} devices)",
         f"TFLOP per device per step     maxtext {report['tflops_per_device_step_maxtext']:.3f}   "
         f"exact {report['tflops_per_device_step_exact']:.3f}   "
         f"(exact {100 * report['exact_below_maxtext']:.2f}% lower)",

@@ -98,8 +98,9 @@ class MetricsLog:
         self._unlogged = {*STEP_UNLOGGED, *objective.unlogged_metrics}
         if write:  # what `olmax status` shows of the rows, without importing the objective
             write_metric_names(run_dir, loss_name(cfg), objective.status_metrics)
-        rows = cfg.rows_per_step
-        step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, rows)
+        rows, statistic = cfg.rows_per_step, cfg.statistic_rows_per_step
+        # rows that only feed a statistic run a forward, no backward (olmax.fit.flops)
+        step_flops = exact_step_flops(cfg.model, cfg.data.seq_len, rows - statistic, forward_only=statistic)
         self._tflop_per_device_step = step_flops.total / n_devices / 1e12
         self._tokens_per_device_step = rows * cfg.data.seq_len / n_devices
         self._peak = peak_tflops
