@@ -220,6 +220,16 @@ def test_cli_order_steps_outside_the_epoch_are_named(tmp_path):
     assert result.exit_code == 2 and "--global-batch-instances is now --global-batch" in result.output
 
 
+def test_cli_order_refuses_rollouts_by_their_kind():
+    """GRPO's rows are sampled by the RL loop at each step: no order of data.paths says what a step
+    trains on, so `olmax data order` names the kind instead of ordering the prompts as token files."""
+    from olmax.errors import ConfigError
+
+    result = CliRunner().invoke(app, ["data", "order", "--recipe", "tiny_grpo"])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert "trainer.objective=grpo trains on the data kind 'rollouts'" in str(result.exception)
+
+
 @pytest.mark.parametrize("packing", ["none", "obfd"])
 def test_cli_order_with_tokens_on_lm_data_has_no_label_mask(tmp_path, packing):
     """Data without label masks (data.label_masks=false, LM shards chunked or packed): `--with-tokens`

@@ -155,6 +155,7 @@ def test_data_order_reports_the_pairs_the_loader_delivers(pairs):
     reference = np.zeros((12, 2), np.float32)
     report = pair_order_report(cfg.data, 4, range(1, 4), dp_size=2, with_tokens=True)
     assert (report["kind"], report["instances"], report["batches_per_epoch"]) == ("pairs", 12, 3)
+    assert report["global_batch"] == 4  # the token order report's word for it
     assert report["fingerprint"] == source.fingerprint
     for r in (0, 1):
         loader = PairLoader(cfg.data, source, reference, 4, dp_rank=r, dp_size=2)

@@ -22,6 +22,7 @@ from olmax.cli.common import (
     runs_on,
     write_json,
 )
+from olmax.errors import ConfigError
 
 _fail_on_bad_data = exits_on("data error", data_errors)
 
@@ -164,12 +165,13 @@ def data_order_cmd(
         False,
         "--with-tokens",
         help="add each instance's tokens, doc_lens and (data.label_masks) label_mask to the JSON (rank's `instances`); "
-        "for DPO pairs, each side's tokens and label_mask",
+        "for DPO pairs, each side's tokens and label_mask; for a plug-in kind's items, each row's",
     ),
     json_out: Optional[Path] = JsonOpt,
 ):
     """Which instances (file, token offset; or packed group, bin, documents, padding) each data-parallel rank
-    saw at each step, as OLMo-core orders them; with trainer.objective=dpo, which preference pairs.
+    saw at each step, as OLMo-core orders them; for an objective on items read from files (dpo's preference
+    pairs, a plug-in data kind's items), which items.
 
     The data and global batch are the experiment's (--recipe/--config and overrides; without either, the
     config defaults); the flags are shorthands for single fields. `olmax tokenize --chat` output is read as
@@ -177,7 +179,7 @@ def data_order_cmd(
     data.use_array_if_local=false where tokenize printed a note (docs/data.md, "Chat parts")."""
     from olmax.config.objective import data_kind
     from olmax.data.loader import order_report
-    from olmax.data.pairs import pair_order_report
+    from olmax.data.pairs import item_source, pair_order_report
 
     if renamed_global_batch is not None:  # its old name, which said instances where a DPO batch counts pairs
         raise typer.BadParameter(
@@ -199,18 +201,20 @@ def data_order_cmd(
         },
         need_base=False,
     )
-    # an objective on preference pairs (dpo) has them ordered by their own loader
-    report_of = pair_order_report if data_kind(exp.objective_config) == "pairs" else order_report
-    report = report_of(
-        exp.data,
-        exp.trainer.global_batch,
-        range(a, b),
-        epoch=epoch,
-        dp_size=dp_size,
-        dp_rank=dp_rank,
-        with_tokens=with_tokens,
-    )
-    unit = "pairs" if report_of is pair_order_report else "instances"
+    kind = data_kind(exp.objective_config)
+    if kind == "rollouts":  # sampled by the RL loop at each step: no order of the files says what a step trains on
+        raise ConfigError(
+            f"olmax data order: trainer.objective={exp.trainer.objective} trains on the data kind 'rollouts', "
+            "sampled and packed by the RL loop at each step; it reports the order of token instances and of "
+            "items read from files (pairs, a plug-in kind's)"
+        )
+    orders = dict(epoch=epoch, dp_size=dp_size, dp_rank=dp_rank, with_tokens=with_tokens)
+    if kind == "tokens":
+        report = order_report(exp.data, exp.trainer.global_batch, range(a, b), **orders)
+    else:  # items read from files, in the loader's order: the pairs, or the plug-in kind's source
+        source = item_source(exp)
+        report = pair_order_report(exp.data, exp.trainer.global_batch, range(a, b), **orders, source=source)
+    unit = report.get("kind", "instances")
     dropped = f" ({report['dropped']} dropped: a side with no trained token)" if report.get("dropped") else ""
     typer.echo(
         f"fingerprint {report['fingerprint']}  {unit} {report['instances']}{dropped}  "
@@ -218,23 +222,23 @@ def data_order_cmd(
     )
     for step in report["steps"]:
         for rank in step["ranks"]:
-            if report_of is pair_order_report:  # kept-pair id, then its document in chosen/ and rejected/
-                shown = ", ".join(f"{i}@doc{d}" for i, d in list(zip(rank["ids"], rank["documents"]))[:4])
-            elif "documents" in rank:  # packed: group/bin, then documents and padding tokens
-                shown = ", ".join(
-                    f"{i}@group{g}/bin{b} ({d} docs, {p} pad)"
-                    for i, g, b, d, p in list(
-                        zip(rank["ids"], rank["group"], rank["bin"], rank["documents"], rank["padding"])
-                    )[:4]
-                )
-            else:
-                shown = ", ".join(
-                    f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}"
-                    for i, f, o in list(zip(rank["ids"], rank["file"], rank["offset"]))[:4]
-                )
             more = f", ... ({len(rank['ids'])} {unit})" if len(rank["ids"]) > 4 else ""
+            shown = _first_four(kind, report, rank)
             typer.echo(f"step {step['step']} (batch {step['batch']}) rank {rank['rank']}: {shown}{more}")
     write_json(json_out, report)
+
+
+def _first_four(kind: str, report: dict, rank: dict) -> str:
+    """A rank's first four ids of a step in `olmax data order`'s lines, with where each comes from."""
+    if kind == "pairs":  # kept-pair id, then its document in chosen/ and rejected/
+        return ", ".join(f"{i}@doc{d}" for i, d in list(zip(rank["ids"], rank["documents"]))[:4])
+    if kind != "tokens":  # a plug-in kind's item ids (its source's numbering)
+        return ", ".join(str(i) for i in rank["ids"][:4])
+    if "documents" in rank:  # packed: group/bin, then documents and padding tokens
+        packed = zip(rank["ids"], rank["group"], rank["bin"], rank["documents"], rank["padding"])
+        return ", ".join(f"{i}@group{g}/bin{b} ({d} docs, {p} pad)" for i, g, b, d, p in list(packed)[:4])
+    chunks = zip(rank["ids"], rank["file"], rank["offset"])
+    return ", ".join(f"{i}@{report['files'][f].rsplit('/', 1)[-1]}:{o}" for i, f, o in list(chunks)[:4])
 
 
 @data_app.command("check")

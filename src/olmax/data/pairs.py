@@ -51,6 +51,8 @@ from typing import Iterator, Mapping, Optional
 
 import numpy as np
 
+from olmax.config.data_kind import kind_named
+from olmax.config.objective import data_kind
 from olmax.data.item_fields import fields_digest, read_field
 from olmax.data.loader import DataStateError, tokenizer_fields, work_dir_of
 from olmax.data.order import cached_permutation, check_rank, check_steps, num_batches, rank_ids
@@ -323,6 +325,24 @@ class PairLoader:
         }
 
 
+def item_source(cfg) -> ItemSource:
+    """The items the objective of `cfg` (an ExperimentConfig) reads from files: the preference pairs
+    for the data kind `pairs`, a plug-in kind's `source(cfg)` for any other (olmax.config.data_kind). A
+    ConfigError for `tokens` and `rollouts`, whose batches are not items (olmax.trainer.batches), and
+    for a source whose items hold other than the rows its kind declares."""
+    kind = kind_named(data_kind(cfg.objective_config))
+    objective = cfg.trainer.objective
+    if kind.name in ("tokens", "rollouts"):
+        raise ConfigError(f"trainer.objective={objective} trains on {kind.name}, not on items read from files")
+    source = PairSource(cfg.data, objective=objective) if kind.name == "pairs" else kind.source(cfg)
+    if source.rows_per_item != kind.rows:
+        raise ConfigError(
+            f"the data kind {kind.name!r} declares {kind.rows} rows an item, but its source gives "
+            f"{source.rows_per_item}"
+        )
+    return source
+
+
 def pair_order_report(
     data_cfg,
     global_batch: int,
@@ -331,15 +351,21 @@ def pair_order_report(
     dp_size: int = 1,
     dp_rank: Optional[int] = None,
     with_tokens: bool = False,
+    source: Optional[ItemSource] = None,
 ) -> dict:
-    """`olmax data order` for trainer.objective=dpo: the pairs each data-parallel rank trained on at each
-    step, in PairLoader's order. `ids` count the kept pairs (a batch's `index`); `documents` are their
-    document numbers in chosen/ and rejected/. With `with_tokens`, each rank also lists
-    `instances: [{"id", "document", "chosen": {"tokens", "label_mask"}, "rejected": {...}}]`, each side
-    cut to data.seq_len as trained, without the padding. Steps count from 1: step s trains on batch s - 1."""
-    source = PairSource(data_cfg)
-    check_steps(steps, len(source), global_batch, epoch, data_cfg.seq_len)
-    order = cached_permutation(work_dir_of(data_cfg) / "orders", len(source), data_cfg.seed, epoch)
+    """`olmax data order` for an objective on items: the items of `source` (default: the preference
+    pairs of data.paths) each data-parallel rank trained on at each step, in PairLoader's order. `ids`
+    count the source's items (a batch's `index`); pairs also list their `documents` in chosen/ and
+    rejected/. With `with_tokens`, each rank also lists `instances`: for pairs `{"id", "document",
+    "chosen": {"tokens", "label_mask"}, "rejected": {...}}`, each side cut to data.seq_len as trained,
+    without the padding; for a plug-in kind's items `{"id", "rows": [{"tokens", "label_mask"}, ...]}`,
+    each row as the loader gives it, padded to data.seq_len with data.pad_token_id. Steps count from 1:
+    step s trains on batch s - 1."""
+    source = PairSource(data_cfg) if source is None else source
+    pairs = source if isinstance(source, PairSource) else None
+    kept = len(source) // source.group * source.group  # the order shuffles whole runs of `group` items
+    check_steps(steps, kept, global_batch, epoch, data_cfg.seq_len)
+    order = cached_permutation(work_dir_of(data_cfg) / "orders", len(source), data_cfg.seed, epoch, source.group)
     ranks = range(dp_size) if dp_rank is None else [dp_rank]
     report_steps = []
     for step in steps:
@@ -347,29 +373,46 @@ def pair_order_report(
         for r in ranks:
             check_rank(global_batch, r, dp_size)
             ids = rank_ids(order, step - 1, global_batch, r, dp_size).astype(np.int64)
-            row: dict = {"rank": r, "ids": ids.tolist(), "documents": source.pairs[ids].tolist()}
+            row: dict = {"rank": r, "ids": ids.tolist()}
+            if pairs is not None:
+                row["documents"] = pairs.pairs[ids].tolist()
             if with_tokens:
-                row["instances"] = []
-                for i in ids:
-                    doc = int(source.pairs[i])
-                    inst: dict = {"id": int(i), "document": doc}
-                    for name, side in zip(SIDES, source.sides):
-                        tokens, trained = side.read(doc, source.seq_len)
-                        inst[name] = {"tokens": tokens.tolist(), "label_mask": trained.tolist()}
-                    row["instances"].append(inst)
+                row["instances"] = _pair_tokens(pairs, ids) if pairs is not None else _item_rows(source, ids)
             per_rank.append(row)
         report_steps.append({"step": step, "batch": step - 1, "ranks": per_rank})
-    return {
-        "kind": "pairs",
+    report = {
+        "kind": f"{source.item}s",
         "fingerprint": source.fingerprint,
         "instances": len(source),
-        "dropped": source.dropped,
-        "batches_per_epoch": num_batches(len(source), global_batch),
+        "batches_per_epoch": num_batches(kept, global_batch),
         "seed": data_cfg.seed,
         "epoch": epoch,
-        "global_batch_instances": global_batch,
+        "global_batch": global_batch,
         "seq_len": data_cfg.seq_len,
         "dp_size": dp_size,
-        "files": [str(source.root / side) for side in SIDES],
+        "files": [str(source.root / side) for side in SIDES] if pairs is not None else [str(source.root)],
         "steps": report_steps,
     }
+    if pairs is not None:
+        report["dropped"] = pairs.dropped
+    return report
+
+
+def _pair_tokens(source: PairSource, ids: np.ndarray) -> list[dict]:
+    out = []
+    for i in ids:
+        doc = int(source.pairs[i])
+        inst: dict = {"id": int(i), "document": doc}
+        for name, side in zip(SIDES, source.sides):
+            tokens, trained = side.read(doc, source.seq_len)
+            inst[name] = {"tokens": tokens.tolist(), "label_mask": trained.tolist()}
+        out.append(inst)
+    return out
+
+
+def _item_rows(source: ItemSource, ids: np.ndarray) -> list[dict]:
+    input_ids, mask = source.rows(ids)
+    return [
+        {"id": int(i), "rows": [{"tokens": t.tolist(), "label_mask": m.tolist()} for t, m in zip(rows, masks)]}
+        for i, rows, masks in zip(ids, input_ids, mask)
+    ]

@@ -47,9 +47,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from olmax.checkpoint.store import complete_steps
-from olmax.config.data_kind import kind_named
 from olmax.config.experiment import ExperimentConfig
-from olmax.data.pairs import ItemSource, PairSource
+from olmax.data.pairs import ItemSource, item_source
 from olmax.errors import ConfigError
 from olmax.model.attention import resolve_backend
 from olmax.model.olmo3 import param_shardings
@@ -210,15 +209,9 @@ def open_pairs(cfg: ExperimentConfig, mesh: Mesh) -> Optional[ItemSource]:
     has a reference pass (DPO, KTO); None for an objective on tokens or rollouts, whose batches the
     trainer makes otherwise (olmax.trainer.batches)."""
     objective = objective_of(cfg)
-    kind = kind_named(objective.data)
-    if kind.name in ("tokens", "rollouts"):
+    if objective.data in ("tokens", "rollouts"):
         return None
-    source = PairSource(cfg.data, objective=objective.name) if kind.name == "pairs" else kind.source(cfg)
-    if source.rows_per_item != kind.rows:
-        raise ConfigError(
-            f"the data kind {kind.name!r} declares {kind.rows} rows an item, but its source gives "
-            f"{source.rows_per_item}"
-        )
+    source = item_source(cfg)
     if objective.reference_pass:
         check_cache(cfg, source, forward_key(cfg, mesh.devices.flat[0].platform))
     return source
