@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import jax
@@ -420,6 +421,42 @@ def test_kto_trains_from_labelled_rows_and_compiles_without_data(kto):
     assert np.load(reference).shape == (16, 2)  # both rows' reference log-probs, cached beside the data
 
 
+def test_data_order_reports_the_items_of_the_plugins_data_kind(kto):
+    """`olmax data order` asks the objective's data kind for its items: with trainer.objective=kto, the
+    plug-in source's completions, each rank's ids at each step the loader's batch `index` (whole runs of
+    kto.kl_group in a batch) and, with tokens, each row the loader gives."""
+    from small_run import SMALL
+    from typer.testing import CliRunner
+
+    from olmax.cli import app
+    from olmax.config.io import apply_overrides
+    from olmax.config.recipes import get_recipe
+    from olmax.data.pairs import PairLoader, item_source
+
+    run = SMALL + KTO_RUN + [f"data.paths=[{_labelled_rows(kto)}]", f"data.work_dir={kto / 'cache'}"]
+    out = kto / "order.json"
+    args = ["data", "order", "--recipe", "tiny", *run, "--steps", "1:3", "--dp-size", "2", "--with-tokens"]
+    r = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "completions 16  batches/epoch 2" in r.output
+    report = json.loads(out.read_text())
+    assert (report["kind"], report["instances"], report["global_batch"]) == ("completions", 16, 8)
+    cfg = apply_overrides(get_recipe("tiny"), run)
+    source = item_source(cfg)
+    assert report["fingerprint"] == source.fingerprint
+    for rank in (0, 1):
+        for step, batch in zip(report["steps"], PairLoader(cfg.data, source, None, 8, dp_rank=rank, dp_size=2)):
+            row = step["ranks"][rank]
+            assert row["ids"] == batch["index"].tolist()
+            assert [[r["tokens"] for r in item["rows"]] for item in row["instances"]] == batch["input_ids"].tolist()
+            assert [[r["label_mask"] for r in item["rows"]] for item in row["instances"]] == (
+                batch["response_mask"].tolist()
+            )
+    for step in report["steps"]:
+        ids = sorted(i for row in step["ranks"] for i in row["ids"])
+        assert ids == sorted(4 * g + k for g in {i // 4 for i in ids} for k in range(4))  # whole runs
+
+
 def test_statistic_rows_run_forward_only():
     """The FLOPs XLA counts for the gradient of a loss over 4 trained rows, alone and scaled by a statistic
     of 4 more rows (statistic_logps, as KTO's KL estimate enters its loss): those rows add about one
@@ -437,6 +474,62 @@ def test_statistic_rows_run_forward_only():
     flops = {k: jax.jit(jax.grad(f)).lower(params).compile().cost_analysis()["flops"] for k, f in losses.items()}
     added = flops["scaled by the statistic"] - flops["trained"]
     assert 0.2 * flops["trained"] < added < 0.5 * flops["trained"], flops
+
+
+def test_the_flops_count_a_statistic_row_as_a_forward(kto, tmp_path, monkeypatch):
+    """kto's section declares one of an item's two rows a statistic row. compile-check, `olmax flops` and
+    the trainer's MFU count it as a forward, so a KTO step is 4/6 of the DPO step of the same items (2N
+    of a trained row's 6N a token), not the DPO step's count. XLA agrees: in the matmuls of the two
+    compiled steps (their HLO's dots, no loop left) a statistic row costs a quarter to a third of a
+    trained row (one forward, against a trained row's forward and backward, 3x, plus the output layer
+    it recomputes, at most 4x); through the backward pass it would cost as much."""
+    from hlo_dots import hlo_dot_flops
+    from small_run import SMALL
+    from typer.testing import CliRunner
+
+    import olmax.fit.compile_check
+    from olmax.cli import app
+    from olmax.config.io import apply_overrides
+    from olmax.config.recipes import get_recipe
+    from olmax.fit.compile_check import compile_report
+    from olmax.fit.compiler import compile_step
+    from olmax.fit.flops import exact_step_flops
+    from olmax.trainer.metrics import MetricsLog
+
+    run = SMALL + ["model.vocab_size=512", "trainer.global_batch=4", "optimizer.z_loss=0", "data.paths=[/no/data]"]
+    run += ["optimizer.skip_step=false", "eval.every=0"]  # a smaller program to compile
+    kto_cfg = apply_overrides(get_recipe("tiny"), run + ["trainer.objective=kto", "kto.kl_group=4"])
+    dpo_cfg = apply_overrides(get_recipe("tiny"), run + ["trainer.objective=dpo"])
+    assert (kto_cfg.rows_per_step, kto_cfg.statistic_rows_per_step, dpo_cfg.statistic_rows_per_step) == (8, 4, 0)
+    hlo = {}
+
+    def keeping_the_program(cfg, *args):
+        result = compile_step(cfg, *args)
+        hlo[cfg.trainer.objective] = result.compiled.as_text()
+        return result
+
+    monkeypatch.setattr(olmax.fit.compile_check, "compile_step", keeping_the_program)
+    one = jax.devices()[:1]
+    model = {c.trainer.objective: compile_report(c, one)["model_flops_per_device"] for c in (kto_cfg, dpo_cfg)}
+    assert not any(" while(" in text for text in hlo.values())  # every dot counted once
+    trained = Fraction(hlo_dot_flops(hlo["dpo"]), 8)  # a row of DPO's 4 pairs
+    statistic = (hlo_dot_flops(hlo["kto"]) - 4 * trained) / 4  # KTO's 4 trained rows and 4 statistic rows
+    assert Fraction(1, 4) <= statistic / trained <= Fraction(1, 3), float(statistic / trained)
+
+    counted = exact_step_flops(kto_cfg.model, kto_cfg.data.seq_len, 4, forward_only=4).total
+    assert model["kto"] == pytest.approx(counted, rel=1e-12)
+    assert model["kto"] == pytest.approx(model["dpo"] * 4 / 6, rel=1e-12)
+    out = tmp_path / "flops.json"
+    args = ["flops", "--recipe", "tiny", *run, "trainer.objective=kto", "--total-devices", "4", "--json", str(out)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["tflops_per_device_step_exact"] * 1e12 == pytest.approx(counted / 4, rel=1e-12)
+    r = CliRunner().invoke(app, [*args[:-4], "--total-devices", "8"])  # a row a device: half an item
+    assert r.exit_code == 2 and "of 1 sequences splits the items of trainer.objective=kto (2 rows each" in r.output
+    log = MetricsLog(tmp_path, kto_cfg, n_devices=4, write=False)
+    named = {"loss": 0.5, "kl": 0.0, "rewards/chosen": 0.1, "rewards/rejected": 0.2, "lr": 1e-3, "grad_norm": 1.0}
+    row = log.record(1, named, total_tokens=1, step_time=1.0, repeats=0, extra={})
+    assert row["throughput/device/TFLOPs"] * 1e12 == pytest.approx(counted / 4, rel=1e-12)
 
 
 def test_a_metric_returned_without_a_name_stops_the_first_step(kto, tmp_path):
