@@ -1,20 +1,23 @@
-"""The code sandbox's runner: each test in two processes of its own, the tests' and the program's.
+"""The code sandbox's runner: each test run by the tests' process against a program's process of its own.
 
 The runner (under isolation namespaces, the sandbox's init, PID 1 of its PID namespace:
 olmax.rewards.code_sandbox) holds the program and the job's limits, and never runs the program, a test or
-anything either sends. For each test, in order (`run`):
+anything either sends. It applies once what every process it forks inherits (`guard`), starts the tests'
+process (one for the run: `_Tests`; it reads each test from the tests' file, which the verifier wrote and
+no process of the program's holds, and runs it: olmax.rewards.code_harness), and for each test, in order
+(`one`):
 
-1. it makes the channel (two pipes) and a pipe for the verdict, and forks
-   - the tests' process: it reads its one test from the tests' file (which the verifier wrote and no
-     process of the program's holds), confines itself (`confine`) and runs the test
-     (olmax.rewards.code_harness), writing its verdict;
-   - the program's process: it confines itself and runs the program (olmax.rewards.code_program),
-     answering the tests' process;
-2. it waits for the tests' process, up to the test's limit and SLACK (then kills it: "t"), reads its
-   verdict, and kills every other process of the test: under namespaces every process of the PID
-   namespace but itself (kill(2) of -1 by its init), else the program's process group;
-3. it empties the scratch directory (nothing one test's program wrote is there for the next);
-4. it writes the test's record for the verifier (`record`): "<kind> <index> <length>\\n<reason>", in one
+1. for a `code` test it makes the channel (a pipe each way), forks the program's process with its ends
+   (`_start`: under namespaces PID 1 of a PID namespace of its own, which makes a mount namespace, a
+   scratch tmpfs and a /proc of its own: `own_namespaces`), and hands the tests' process the test's index
+   and the other ends over a socket made before any filter (SCM_RIGHTS); for a stdio test the tests'
+   process hands it the input as a file, the program's process gets it as descriptor 0 and an empty file
+   as descriptor 1, and the runner hands that file back once the program ended (its status with it);
+2. it waits for the tests' verdict, up to the test's limit and SLACK (then kills the tests' process, "t",
+   and starts another for the next test), and kills every other process of the test: under namespaces
+   every process of the PID namespace but itself and the tests' process, else the program's process group
+   (whose scratch directory it then empties);
+3. it writes the test's record for the verifier (`record`): "<kind> <index> <length>\\n<reason>", in one
    write(2) of at most PIPE_BUF bytes, so that a record is whole or absent even if the runner is killed.
    Kinds: "p" passed, "f" failed, "r" refused (the test used no name of the program's), "t" out of time;
    "error" when the sandbox could not be entered.
@@ -22,13 +25,12 @@ anything either sends. For each test, in order (`run`):
 A program that fails to load (raises, or runs out of time before the tests' process gets its names) fails
 every test: the rest are recorded with the same verdict without running.
 
-Confinement, in both processes: what the runner applied once before forking them (`guard`: Python's
-socket API refused, upstream's reliability guard, as upstream applies it to the process that runs the
-program and its tests); rlimits (address space `memory_mb`, CPU seconds, file size, descriptors, pending
-signals, no POSIX message queue, no core file); under namespaces, no capability (capset to empty,
-no_new_privs) and the system call filter (olmax.rewards.code_seccomp) for the process's memory window
-(`memory_window`), last. Both processes are not dumpable (the runner is not,
-and they inherit it), so that no process of the sandbox's user reads another's memory or descriptors
+Confinement, in both kinds of process: `guard` (Python's socket API refused; upstream's reliability guard,
+as upstream applies it to the process that runs the program and its tests); rlimits (address space
+`memory_mb`, CPU seconds, file size, descriptors, pending signals, no POSIX message queue, no core file);
+under namespaces, no capability (capset to empty, no_new_privs) and the system call filter
+(olmax.rewards.code_seccomp) for the run's memory window (`memory_window`), last. Neither the runner nor
+the tests' process is dumpable, so that no process of the sandbox's user reads their memory or descriptors
 through /proc.
 
 Standard library only (this module runs inside the sandbox).
