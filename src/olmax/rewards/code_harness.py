@@ -1,19 +1,20 @@
 """The tests' side of a code test: the test run as written, in a process of its own, which alone decides.
 
-The sandbox's runner (olmax.rewards.code_runner) forks one such process per test, confined as the
-program's is (limits, no network, the system call filter) and out of its reach (not dumpable: no other
-process of its user reads its memory or descriptors). It reads its one test from the tests' file, which
-no process of the program's ever holds, and:
+The sandbox's runner (olmax.rewards.code_runner) forks one such process for a run (and another after
+it killed one), confined as the program's are (limits, no network, the system call filter) and out of
+their reach (under namespaces not in their view; not dumpable either way). For each test the runner hands
+it, it reads that test from the tests' file, which no process of the program's ever holds, and runs it in
+a fresh namespace:
 
 - `code` tests (`run_code`): the program's process (olmax.rewards.code_program) reports the names the
   program defined; each becomes a global of the test's own namespace, as it would be had the test run
   after the program in one module (upstream's harness), except that a use of one is a request on the
-  channel (olmax.rewards.code_values): a function or class of the program's is a `Remote`, calling it
-  sends its arguments as data and gets data back (or another Remote), with every shared object written
-  back; an object either side can import by name (`collections.Counter`, a module) is this process's own
-  copy where it only computes (code_values.PURE_MODULES). Everything else of the test (imports, helper
-  functions and classes, loops, comprehensions, try/except, `pytest.raises`, HumanEval's
-  `check(candidate)`, the expected values) runs here and nowhere else. A Remote has no truth value, order
+  channel (olmax.rewards.code_channel, code_values): a function or class of the program's is a `Remote`,
+  calling it sends its arguments as data and gets data back (or another Remote), with every shared
+  object written back; an object either side can import by name (`collections.Counter`, a module) is this
+  process's own copy where it only computes (code_channel.PURE_MODULES, `_own`). Everything else of
+  the test (imports, helper functions and classes, loops, comprehensions, try/except, `pytest.raises`,
+  HumanEval's `check(candidate)`, the expected values) runs here and nowhere else. A Remote has no truth value, order
   or hash, and equals only itself: those would be the program's own methods answering for it. The
   test passes when it raises nothing; a test that used no name of the program's is refused, never
   passed; a test during which the program's process ended or sent what is no answer fails, whatever the
