@@ -45,8 +45,9 @@ per test (olmax.rewards.code_records), written by its runner alone.
   unprivileged user namespaces. The program runs in its own user, PID, network, IPC, UTS, cgroup and
   mount namespaces (olmax.rewards.code_sandbox), with no capability, not as root, under a seccomp filter
   (olmax.rewards.code_seccomp); it sees a root holding only Python's installation and the loader's
-  libraries, read-only, a /proc of its own processes alone (no /proc/cmdline, no mounts listed in
-  /proc/self/mountinfo), a hostname of its own and a 64 MiB, 4096-inode tmpfs at /tmp; it has no network
+  libraries, read-only; each test's program process is PID 1 of a PID namespace of its own, with a /proc
+  of its own processes alone (no /proc/cmdline, no mounts listed in /proc/self/mountinfo) and a 64 MiB,
+  4096-inode tmpfs at /tmp of its own, under a hostname of the sandbox's; it has no network
   but a loopback of its own that is down, and opens no socket; the sandbox holds at most PROCESSES processes
   (RLIMIT_NPROC in its user namespace); a root caller's runs as a uid of its own (code_sandbox
   `sandbox_uid`), so that the kernel's per-user accounts are not the caller's; and every process it started
