@@ -289,7 +289,7 @@ def test_code_memory_hog_and_network_fail(code_sandbox):
     assert code.verify(net, ["assert add(1, 2) == 3"]) == 0.0
     # a program that opens a socket at import fails every test, even one that asserts nothing
     raw = "```python\nimport socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n```"
-    assert code.run_tests(code.extract_program(raw), ["assert True"]) == ["fail"]
+    assert code.run_tests(code.extract_program(raw), ["assert s is not None"]) == ["fail"]
 
 
 # --- registry and score -----------------------------------------------------------------------------

@@ -381,9 +381,9 @@ def test_the_code_rows_tests_are_counted_by_form_at_load():
     from olmax.data.prompts import Prompt, PromptSet
     from olmax.rollout.producer import code_test_forms
 
-    tests = ["assert f(1) == 2", "assert not f(0)", "f(3)", "for i in range(3): assert f(i) > 0"]
+    tests = ["assert f(1) == 2", "assert not f(0)", "f(3)", "for i in range(3): assert f(i) > 0", "assert 1 + 1 == 2"]
     rows = (Prompt((1,), ("code",), (tests,), "a:1"), Prompt((2,), ("math",), ("2",), "a:2"))
     assert code_test_forms(PromptSet(rows, {}, "instruct")) == (
-        "code tests: 2 asserts judged outside the program, 1 statements (pass when they complete), "
-        "1 refused (always fail; docs/rewards.md)"
+        "code tests: 4 run against the program from a process of their own, 1 refused at load (do not "
+        "parse, or name nothing a program could define: always fail; docs/rewards-code.md)"
     )

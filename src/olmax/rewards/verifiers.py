@@ -211,8 +211,9 @@ def score(
 def call_bound(name: str | Verifier, ground_truth, timeout: float, options: dict | None = None) -> float:
     """The seconds `score` gives one call: `timeout`, or more when the verifier's module says the call
     may need more (its `time_bound(ground_truth, **options)`), plus CALL_MARGIN_S. The code verifier's
-    sandbox bounds each test by itself (6 s by default) and so needs 6 x (tests + 1) + 12 s at most: a
-    fixed bound below that scores a correct program with many tests 0 as a timeout. (open-instruct
+    sandbox bounds each test by itself (6 s by default) and so needs about (6 + 1.25) x tests + 12 s at
+    most (olmax.rewards.code.time_bound): a fixed bound below that scores a correct program with many
+    tests 0 as a timeout. (open-instruct
     bounded its code API's HTTP call at max(30, min(300, 10 x code_max_execution_time)), 60 s in the
     OLMo 3 scripts whatever the number of tests: `CodeVerifier.async_call`, ground_truth_utils.py at
     42aa63c and 9ade62d; here the sandbox's own bounds decide.) A ground truth the verifier cannot read
