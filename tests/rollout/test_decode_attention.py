@@ -1,6 +1,7 @@
 """Decode attention over live KV (olmax.rollout.decode_attention): the Pallas kernel in TPU interpret mode
 and the XLA path against attention computed by time, from each row's keys and values listed by time
-(not by ring slot): a row at clock c sees times max(first, c - S + 1) .. c.
+(not by ring slot): a row at clock c sees times max(first, c - S + 1) .. c, the step's own key and
+value (time c) written into the cache by the call, which changes nothing else.
 
 Rings of 32 slots read in blocks of 8, clocks before and after the rings wrap, rows that hold one
 time, a few, or a whole ring, and rows whose first time is before 0 (left padding from a prefill);
@@ -44,13 +45,15 @@ def make_case(rng, clock, heads, kv_heads, d, ring=RING):
     keys = rng.standard_normal((ROWS, span, kv_heads, d)).astype(np.float32)
     values = rng.standard_normal((ROWS, span, kv_heads, d)).astype(np.float32)
     first = np.asarray([clock, clock - 1, clock - 9, clock - ring - 5, min(clock - 20, -3)])
-    rings = np.zeros((ROWS, kv_heads, ring, 2 * d), np.float32)
-    for t in range(clock - ring + 1, clock + 1):
+    # the ring before the step: times up to clock - 1, and at slot clock % ring what it held (noise)
+    rings = rng.standard_normal((ROWS, kv_heads, ring, 2 * d)).astype(np.float32)
+    for t in range(clock - ring + 1, clock):
         rings[:, :, t % ring, :d] = keys[:, t - SHIFT]
         rings[:, :, t % ring, d:] = values[:, t - SHIFT]
+    new = np.concatenate([keys[:, clock - SHIFT], values[:, clock - SHIFT]], axis=-1)  # the step's (B, KV, 2D)
     q = rng.standard_normal((ROWS, heads, d)).astype(np.float32)
     lo = np.maximum(first, clock - ring + 1)
-    return q, keys, values, first.astype(np.int32), rings, by_time(q, keys, values, lo, clock)
+    return q, new, first.astype(np.int32), rings, by_time(q, keys, values, lo, clock)
 
 
 def paged(rings, rng, page):
@@ -65,20 +68,29 @@ def paged(rings, rng, page):
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 8), (4, 2, 128)], ids=["mha-d8", "gqa-d128"])
 @pytest.mark.parametrize("implementation", ["xla", "interpret"])
-def test_attention_sees_each_rows_live_times(heads, kv_heads, d, implementation):
+def test_attention_writes_the_step_and_sees_each_rows_live_times(heads, kv_heads, d, implementation):
     rng = np.random.default_rng(0)
     step = jax.jit(attend, static_argnames=("ring", "implementation"))
     for clock in (5, 37, 70):
-        q, _, _, first, rings, want = make_case(rng, clock, heads, kv_heads, d)
-        run = lambda q, pool, first, clock=clock, **k: np.asarray(
-            step(jnp.asarray(q), jnp.asarray(pool), jnp.asarray(first), jnp.int32(clock), ring=RING,
-                 implementation=implementation, **k)
-        )  # fmt: skip
+        q, new, first, rings, want = make_case(rng, clock, heads, kv_heads, d)
+        slot = clock % RING
+
+        def run(q, new, pool, first, clock=clock, **k):
+            args = (jnp.asarray(x) for x in (q, new, pool, first))
+            out, written = step(*args, jnp.int32(clock), ring=RING, implementation=implementation, **k)
+            return np.asarray(out), np.asarray(written)
+
         # the first 3 rows of a 5-row ring array, as the second layer of a group of 2 (the first: noise)
         stacked = np.stack([rng.standard_normal(rings.shape).astype(np.float32), rings])
-        np.testing.assert_allclose(run(q[:3], stacked, first[:3], group=jnp.int32(1)), want[:3], atol=2e-5, rtol=0)
+        out, written = run(q[:3], new[:3], stacked, first[:3], group=jnp.int32(1))
+        np.testing.assert_allclose(out, want[:3], atol=2e-5, rtol=0)
+        stacked[1, :3, :, slot] = new[:3]  # the step's keys and values written, nothing else
+        np.testing.assert_array_equal(written, stacked)
         pool, table = paged(rings, rng, page_size(RING))
-        np.testing.assert_allclose(run(q, pool, first, table=jnp.asarray(table)), want, atol=2e-5, rtol=0)
+        out, written = run(q, new, pool, first, table=jnp.asarray(table))
+        np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+        pool[table[:, slot // page_size(RING)], :, slot % page_size(RING)] = new
+        np.testing.assert_array_equal(written, pool)
 
 
 def test_live_blocks_count_the_blocks_a_row_needs():

@@ -159,26 +159,17 @@ def _prefill_attention(ring, group, first, window: Optional[int]):
 def _decode_attention(ring, group, time, first, size: int, table, implementation: str):
     """The `attend` of one layer of a decoding step at `time` (module doc): the new key and value go
     into slot time % size of every row (of `group`'s layer when the array holds a group; into each
-    row's page when `table` pages it), then the query attends to the times each row holds
-    (olmax.rollout.decode_attention). A step of fewer rows than the cache holds runs on its first rows
-    (the slot engine's narrowed decoding, olmax.rollout.slots). Returns (output, the updated array)."""
+    row's page when `table` pages it), and the query attends to the times each row holds
+    (olmax.rollout.decode_attention, which writes them). A step of fewer rows than the cache holds runs
+    on its first rows (the slot engine's narrowed decoding, olmax.rollout.slots). Returns (output, the
+    updated array)."""
 
     def attend(q, k, v):
-        lead = () if group is None else (group,)
-        new = jnp.concatenate([k, v], axis=-1)[:, 0].astype(ring.dtype)  # (b, KV, 2D)
-        slot = jnp.remainder(time, size)
-        if table is None:  # one slot, the same in every row: an update at a scalar index
-            shape = (1,) * len(lead) + (new.shape[0], new.shape[1], 1, new.shape[2])
-            written = jax.lax.dynamic_update_slice(ring, new.reshape(shape), (*lead, 0, 0, slot, 0))
-        else:
-            page = ring.shape[-2]
-            ids = table[:, slot // page]
-            written = ring.at[(*lead, ids, slice(None), slot % page)].set(new)
-        written = _constrain(written)
-        out = decode_attention.attend(
-            q[:, 0], written, first, time, ring=size, group=group, table=table, implementation=implementation
+        new = jnp.concatenate([k, v], axis=-1)[:, 0]  # (b, KV, 2D)
+        out, written = decode_attention.attend(
+            q[:, 0], new, ring, first, time, ring=size, group=group, table=table, implementation=implementation
         )
-        return out[:, None], written
+        return out[:, None], _constrain(written)
 
     return attend
 

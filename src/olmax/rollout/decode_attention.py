@@ -69,54 +69,73 @@ def ring_table(rows: int, ring: int, page: int):
     return jnp.arange(rows, dtype=jnp.int32)[:, None] * blocks + jnp.arange(blocks, dtype=jnp.int32)[None, :]
 
 
+def tiles(dtype, page: int) -> bool:
+    """Whether blocks of `page` slots are whole TPU tiles of `dtype` (a multiple of a packed sublane
+    tile's rows: 16 for bfloat16, 8 for float32): what the kernel's DMAs need."""
+    return page % (32 // jnp.dtype(dtype).itemsize) == 0
+
+
 def resolve(implementation: str, pool, page: int) -> str:
-    """`auto`: the kernel where it compiles to whole tiles on a TPU (a block of at least a packed
-    sublane tile's rows: 16 for bfloat16, 8 for float32), else xla."""
+    """`auto`: the kernel on a TPU where the blocks are whole tiles (`tiles`), else xla."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"decode attention {implementation!r}: one of {', '.join(IMPLEMENTATIONS)}")
     if implementation != "auto":
         return implementation
-    tile = 32 // jnp.dtype(pool.dtype).itemsize
-    return "pallas" if target_platform() == "tpu" and page % tile == 0 else "xla"
+    return "pallas" if target_platform() == "tpu" and tiles(pool.dtype, page) else "xla"
 
 
-def attend(q, pool, first, clock, *, ring: int, group=None, table=None, implementation: str = "auto"):
-    """Attention of one decoding step. q (B, H, D): the step's queries (rotated); pool: one layer's
-    cache array, (N, KV, L, 2D) or (n_groups, N, KV, L, 2D) with `group` its layer's index, already
-    holding the step's key and value at slot clock % ring; first (B,): each row's first time; table:
-    None for the ring layout (N = B or more rows, L = ring), else (B, ring / L) page ids into a paged
-    pool (L = the page). Returns (B, H, D) in q's dtype."""
-    pool = pool if group is not None else pool[None]
-    group = jnp.int32(0) if group is None else group
+def attend(q, new, pool, first, clock, *, ring: int, group=None, table=None, implementation: str = "auto"):
+    """One decoding step's attention. q (B, H, D): the step's queries (rotated); new (B, KV, 2D): its
+    keys and values, written at slot clock % ring of every row before they are attended; pool: one
+    layer's cache array, (N, KV, L, 2D) or (n_groups, N, KV, L, 2D) with `group` its layer's index;
+    first (B,): each row's first time; table: None for the ring layout (N = B or more rows, L = ring),
+    else (B, ring / L) page ids into a paged pool (L = the page). Returns ((B, H, D) in q's dtype, the
+    pool with the new keys and values)."""
+    grouped = group is not None
+    pool = pool if grouped else pool[None]
+    group = jnp.asarray(0 if group is None else group, jnp.int32)
     page = pool.shape[-2] if table is not None else page_size(ring)
     implementation = resolve(implementation, pool, page)
+    new = new.astype(pool.dtype)
     if implementation == "xla":
-        return _xla(q, pool, group, first, clock, ring, table)
+        out, pool = _xla(q, new, pool, group, first, clock, ring, table)
+        return out, pool if grouped else pool[0]
     lo, count = live_blocks(first, clock, ring, page)
     interpret = pltpu.InterpretParams() if implementation == "interpret" else False
     call = functools.partial(_pallas, ring=ring, page=page, interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return call(q, pool, table, lo, count, clock, group)
+        out, pool = call(q, new, pool, table, lo, count, clock, group)
+        return out, pool if grouped else pool[0]
     if table is not None:
         raise ValueError("a paged cache is for one device (olmax.rollout.pages); on a mesh every row has its ring")
     # a Mosaic kernel is not partitioned by XLA: each device runs it on its rows and kv heads (and
     # numbers its rings' blocks itself, `_pallas`)
     batch, heads = logical_to_spec(("batch", "kv_heads"), (q.shape[0], pool.shape[2]), mesh)
     rows, replicated = PartitionSpec(batch), PartitionSpec()
-    specs = (PartitionSpec(batch, heads), PartitionSpec(None, batch, heads), rows, rows, replicated, replicated)
-    return jax.shard_map(
-        lambda q, pool, lo, count, clock, group: call(q, pool, None, lo, count, clock, group),
+    per_row, arrays = PartitionSpec(batch, heads), PartitionSpec(None, batch, heads)
+    out, pool = jax.shard_map(
+        lambda q, new, pool, lo, count, clock, group: call(q, new, pool, None, lo, count, clock, group),
         mesh=mesh,
-        in_specs=specs,
-        out_specs=specs[0],
+        in_specs=(per_row, per_row, arrays, rows, rows, replicated, replicated),
+        out_specs=(per_row, arrays),
         check_vma=False,
-    )(q, pool, lo, count, clock, group)
+    )(q, new, pool, lo, count, clock, group)
+    return out, pool if grouped else pool[0]
 
 
-def _xla(q, pool, group, first, clock, ring: int, table):
-    """The whole ring of every row, masked: times lo .. clock visible (module doc)."""
+def _xla(q, new, pool, group, first, clock, ring: int, table):
+    """The new keys and values written (one slot, the same in every row: an update at a scalar index;
+    paged, a scatter of one slot per row), then the whole ring of every row, masked: times lo .. clock
+    visible (module doc)."""
     b, h, d = q.shape
+    slot = jnp.remainder(clock, ring)
+    if table is None:
+        update = new.reshape(1, b, new.shape[1], 1, 2 * d)
+        pool = jax.lax.dynamic_update_slice(pool, update, (group, 0, 0, slot, 0))
+    else:
+        page = pool.shape[-2]
+        pool = pool.at[group, table[:, slot // page], :, slot % page].set(new)
     arrays = jax.lax.dynamic_index_in_dim(pool, group, keepdims=False)
     if table is None:
         rings = arrays if arrays.shape[0] == b else jax.lax.slice_in_dim(arrays, 0, b, axis=0)
@@ -132,12 +151,14 @@ def _xla(q, pool, group, first, clock, ring: int, table):
     ) * (d**-0.5)
     scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(rings.dtype)
-    return jnp.einsum("bkgs,bksd->bkgd", probs, rings[..., d:]).reshape(b, h, d).astype(q.dtype)
+    out = jnp.einsum("bkgs,bksd->bkgd", probs, rings[..., d:]).reshape(b, h, d).astype(q.dtype)
+    return out, pool
 
 
-def _pallas(q, pool, table, lo, count, clock, group, *, ring: int, page: int, interpret):
-    """The kernel over rows in grid steps of at most ROWS_PER_CALL (their queries and outputs in VMEM);
-    table None: the ring layout's ids, numbered here (on a mesh: this device's rows)."""
+def _pallas(q, new, pool, table, lo, count, clock, group, *, ring: int, page: int, interpret):
+    """The kernel over rows in grid steps of at most ROWS_PER_CALL (their queries, new keys and values
+    and outputs in VMEM), the pool written in place; table None: the ring layout's ids, numbered here
+    (on a mesh: this device's rows)."""
     b, h, d = q.shape
     kv, width = pool.shape[2], pool.shape[-1]
     table = ring_table(b, ring, page) if table is None else table
@@ -152,29 +173,40 @@ def _pallas(q, pool, table, lo, count, clock, group, *, ring: int, page: int, in
     totals = jnp.sum(count.reshape(steps, tile), axis=1).astype(jnp.int32)
     meta = jnp.stack([jnp.asarray(clock, jnp.int32), jnp.asarray(group, jnp.int32)])
     out_width = width if split else d
+    # the rows of a tile (`tiles`), what a write rewrites; a block shorter than that is written whole
+    # (interpret mode only: on a TPU such blocks take the xla path)
+    sublanes = min(32 // jnp.dtype(pool.dtype).itemsize, page)
     kernel = functools.partial(
-        _kernel, ring=ring, page=page, per_entry=pool.shape[-2] // page, group_size=h // kv, head_dim=d, split=split
+        _kernel,
+        ring=ring,
+        page=page,
+        per_entry=pool.shape[-2] // page,
+        group_size=h // kv,
+        head_dim=d,
+        split=split,
+        sublanes=sublanes,
     )
-    out = pl.pallas_call(
+    per_step = lambda *shape: pl.BlockSpec((tile, *shape), lambda i, *_: (i,) + (0,) * len(shape))
+    out, pool = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=5,
             grid=(steps,),
-            in_specs=[
-                pl.BlockSpec((tile, h, q.shape[-1]), lambda i, *_: (i, 0, 0)),
-                pl.BlockSpec(memory_space=pl.ANY),
-            ],
-            out_specs=pl.BlockSpec((tile, h, out_width), lambda i, *_: (i, 0, 0)),
+            in_specs=[per_step(h, q.shape[-1]), per_step(kv, width), pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=[per_step(h, out_width), pl.BlockSpec(memory_space=pl.ANY)],
             scratch_shapes=[
                 pltpu.MemorySpace.VMEM((BUFFERS, kv, page, width), pool.dtype),
                 pltpu.SemaphoreType.DMA((BUFFERS,)),
+                pltpu.MemorySpace.VMEM((2, kv, sublanes, width), pool.dtype),
+                pltpu.SemaphoreType.DMA((2,)),
             ],
         ),
-        out_shape=jax.ShapeDtypeStruct((b, h, out_width), jnp.float32),
+        out_shape=[jax.ShapeDtypeStruct((b, h, out_width), jnp.float32), jax.ShapeDtypeStruct(pool.shape, pool.dtype)],
+        input_output_aliases={7: 1},  # the pool (after the 5 scalar arrays, q and new) is written in place
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
         interpret=interpret,
-    )(meta, totals, lo.astype(jnp.int32), count.astype(jnp.int32), table.astype(jnp.int32), q, pool)
-    return (out[..., d:] if split else out).astype(dtype)
+    )(meta, totals, lo.astype(jnp.int32), count.astype(jnp.int32), table.astype(jnp.int32), q, new, pool)
+    return (out[..., d:] if split else out).astype(dtype), pool
 
 
 def _kernel(
@@ -184,10 +216,14 @@ def _kernel(
     count_ref,  # SMEM (B,): each row's blocks, from the current one back
     table_ref,  # SMEM (B, ring / page): page ids
     q_ref,  # VMEM (tile, H, W): this step's rows' queries, W = 2D (zero value half) or D
-    pool_ref,  # HBM (n_groups, N, KV, L, 2D)
+    new_ref,  # VMEM (tile, KV, 2D): their new keys and values
+    pool_ref,  # HBM (n_groups, N, KV, L, 2D), aliased to pool_out
     o_ref,  # VMEM (tile, H, W) float32
+    pool_out,  # HBM: the pool, written in place
     buf,  # VMEM (BUFFERS, KV, page, 2D)
     sem,  # DMA semaphores (BUFFERS,)
+    written,  # VMEM (2, KV, sublanes, 2D): the last two rows' rewritten tiles, on their way to HBM
+    wsem,  # DMA semaphores (2,)
     *,
     ring: int,
     page: int,
@@ -195,9 +231,12 @@ def _kernel(
     group_size: int,
     head_dim: int,
     split: bool,
+    sublanes: int,
 ):
     """One grid step: its rows' live blocks in order (row by row, each row's from the current block
-    back), BUFFERS - 1 DMAs ahead of the block computed, with an online softmax per row."""
+    back), BUFFERS - 1 DMAs ahead of the block computed, with an online softmax per row. A row's first
+    block is its current one: the new key and value go into it in VMEM before it is attended, and the
+    tile of `sublanes` slots holding them goes back to HBM (a DMA, waited for two rows later)."""
     clock, group = meta_ref[0], meta_ref[1]
     tile, heads, _ = q_ref.shape
     kv_heads = heads // group_size
@@ -210,10 +249,21 @@ def _kernel(
     def ring_block(k):  # row's k-th block back from the current one
         return jax.lax.rem(current - k + blocks, blocks)
 
-    def copy(r, k, slot):  # the DMA of local row r's k-th block into buffer `slot`
+    def block(r, k, start, size):  # slots start .. start + size - 1 of local row r's k-th block, in HBM
         p = table_ref[base + r, ring_block(k)]
-        src = pool_ref.at[group, jax.lax.div(p, per_entry), :, pl.ds(jax.lax.rem(p, per_entry) * page, page), :]
-        return pltpu.make_async_copy(src, buf.at[slot], sem.at[slot])
+        return jax.lax.div(p, per_entry), pl.ds(jax.lax.rem(p, per_entry) * page + start, size)
+
+    def copy(r, k, slot):  # the DMA of local row r's k-th block into buffer `slot`
+        entry, slots = block(r, k, 0, page)
+        return pltpu.make_async_copy(pool_ref.at[group, entry, :, slots, :], buf.at[slot], sem.at[slot])
+
+    at = jax.lax.rem(clock, page)  # the new key's slot in the current block (the same in every row)
+    tile_start = pl.multiple_of(at - jax.lax.rem(at, sublanes), sublanes)
+
+    def write(r):  # the DMA of local row r's rewritten tile back into its current block
+        entry, slots = block(r, 0, tile_start, sublanes)
+        w = jax.lax.rem(r, 2)
+        return pltpu.make_async_copy(written.at[w], pool_out.at[group, entry, :, slots, :], wsem.at[w])
 
     def advance(r, k):  # the block after (r, k): the row's next, or the next row's first
         last = k + 1 >= count_ref[base + jnp.minimum(r, tile - 1)]
@@ -239,9 +289,23 @@ def _kernel(
             copy(*ahead, jax.lax.rem(nxt, BUFFERS)).start()
 
         ahead = tuple(jnp.where(nxt < total, a, b) for a, b in zip(advance(*ahead), ahead))
+        fresh = k == 0
+
+        @pl.when(fresh)
+        def _():
+            @pl.when(r >= 2)
+            def _():
+                write(r - 2).wait()  # its buffer is this row's
+
+            tile = buf[slot, :, pl.ds(tile_start, sublanes), :]
+            row = jax.lax.broadcasted_iota(jnp.int32, (1, sublanes, 1), 1) == at - tile_start
+            tile = jnp.where(row, new_ref[r][:, None, :], tile)
+            buf[slot, :, pl.ds(tile_start, sublanes), :] = tile
+            written[jax.lax.rem(r, 2)] = tile
+            write(r).start()
+
         rows = buf[slot]  # (KV, page, 2D)
         q = q_ref[r]  # (H, W)
-        fresh = k == 0
         m = jnp.where(fresh, neg, m)
         total_p = jnp.where(fresh, 0.0, total_p)
         acc = jnp.where(fresh, 0.0, acc)
@@ -285,3 +349,5 @@ def _kernel(
         jnp.zeros((heads, width), jnp.float32),
     )
     jax.lax.fori_loop(0, total, body, start)
+    for r in range(max(0, tile - 2), tile):  # every row wrote once; the last two writes are in flight
+        write(r).wait()

@@ -456,9 +456,12 @@ class SlotEngine:
     def _insert_batches(self, parts: list) -> list[list]:
         """The parts split into insert programs, in order: at most EngineConfig.prefill_batch sequences
         each, and sequences x the bucketed width within an eighth of the cache's row-slots (the prefill's
-        fresh rings and activations beside the cache) but for a part alone."""
+        fresh rings and activations beside the cache) but for a part alone; paged, within a sixteenth of
+        the pool's positions (a 1B's 9 GiB pool: one 4096-wide prefill of a preempted row, 1.6 GiB)."""
         most = self.config.prefill_batch or max(1, self.config.slots // 8)
         budget = self.config.slots * self.config.cache_len // 8
+        if self._pages is not None:
+            budget = min(budget, self._pages.positions() // 16)
         programs: list[list] = []
         width = 0
         for part in parts:

@@ -84,6 +84,11 @@ class Pages:
         self._since: dict[int, int] = {}  # slot -> when its row took its first pages (`newest`)
         self._taken = 0
 
+    def positions(self) -> int:
+        """Positions the full rings' pool holds (its pages but the trash page)."""
+        full = max(self.sizes)
+        return (self.sizes[full] - 1) * self._page[full]
+
     def free(self, size: int) -> int:
         """Pages left in a ring size's pool."""
         return len(self._free[size])

@@ -32,10 +32,11 @@ their positions stay in the RoPE table.
 
 Paged (`pool`: ring slots -> pages, olmax.rollout.pages): the cache's arrays are pools of pages and the
 host's page tables say where each slot's ring blocks are. The programs take the tables as an argument:
-the insert writes each new row's span into its pages (a page at a time: the pages each slot's span
-touches are read, the new positions chosen into them, and written back, the slots that take no row
-writing to the trash page), a decoding step writes and reads through them (olmax.rollout.cache), and
-compact moves no cache at all: the host moves the rows' tables.
+the insert writes each new row's span into its pages (a loop over the slots that take a row: the
+pages each one's span touches are read, the new positions chosen into them, and written back; a
+block the row does not hold names the trash page, which takes its padding), a decoding step writes
+and reads through them (olmax.rollout.cache), and compact moves no cache at all: the host moves the
+rows' tables.
 """
 
 from __future__ import annotations
@@ -51,8 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import abstract_params, param_shardings
 from olmax.rollout.cache import cache_spec, cached_forward, init_cache
-from olmax.rollout.decode_attention import page_size
-from olmax.rollout.pages import TRASH
+from olmax.rollout.decode_attention import page_size, tiles
 from olmax.rollout.sampler import _batch_sharding, _eos_table, _text_table, choose_with_keys, token_logprobs
 
 
@@ -134,24 +134,33 @@ def insert_program(layouts=None, paged: bool = False):
         clock = state.clock
         new = src >= 0
 
-        def put_pages(pool, prefilled, table):
-            """`put` on a pool of pages: block by block of the span, each slot's page of it (the trash
-            page for slots that take no row) read, the new positions chosen in, written back."""
+        def put_pages(pool, prefilled, table, layout):
+            """`put` on a pool of pages: for each slot that takes a row (a loop over them alone), the
+            pages its span touches, block by block: read, the new positions chosen in, written back, the
+            pool kept in its own layout (else the compiler laid the loop's pool out otherwise and copied
+            it whole on the way in and out: 2.5 GiB a group for a 1B's 10 GiB pool)."""
+            pin = (lambda x: x) if layout is None else (lambda x: with_layout_constraint(x, layout))
             axis = pool.ndim - 4  # the pages' axis (after a group's layer axis)
             page, blocks = pool.shape[-2], table.shape[1]
             size, r = page * blocks, prefilled.shape[-2]
             start = jnp.remainder(clock - width, size)
-            rows = jnp.take(prefilled, jnp.maximum(src, 0), axis=axis)  # each slot's new row
-            for i in range(min(blocks, -(-r // page) + 1)):
-                j = jnp.remainder(start // page + i, blocks)
-                # fresh slot f holds the time the row wants at ring position start + f (see `put`)
-                f = jnp.remainder(j * page + jnp.arange(page) - start, size)
-                ids = jnp.where(new, table[:, j], TRASH)
-                index = (slice(None),) * axis + (ids,)
-                moved = jnp.take(rows, jnp.minimum(f, r - 1), axis=axis + 2)
-                chosen = new.reshape(-1, 1, 1, 1) & (f < r).reshape(-1, 1)
-                pool = pool.at[index].set(jnp.where(chosen, moved, pool[index]))
-            return pool
+            targets = jnp.argsort(~new, stable=True)  # the slots that take a row first
+
+            def one(n, pool):
+                b = targets[n]
+                row = jax.lax.dynamic_index_in_dim(prefilled, src[b], axis, keepdims=True)
+                for i in range(min(blocks, -(-r // page) + 1)):
+                    j = jnp.remainder(start // page + i, blocks)
+                    # fresh slot f holds the time the row wants at ring position start + f (see `put`)
+                    f = jnp.remainder(j * page + jnp.arange(page) - start, size)
+                    at = (0,) * axis + (table[b, j], 0, 0, 0)
+                    current = jax.lax.dynamic_slice(pool, at, (*pool.shape[:axis], 1, *pool.shape[axis + 1 :]))
+                    moved = jnp.take(row, jnp.minimum(f, r - 1), axis=axis + 2)
+                    chosen = jnp.where((f < r).reshape(-1, 1), moved, current)
+                    pool = pin(jax.lax.dynamic_update_slice(pool, chosen, at))
+                return pool
+
+            return jax.lax.fori_loop(0, jnp.sum(new, dtype=jnp.int32), lambda n, pool: one(n, pin(pool)), pool)
 
         def put(ring, prefilled, layout):
             axis, at = ring.ndim - 4, ring.ndim - 2  # the slots' axis (after a group's layer axis), positions'
@@ -180,10 +189,11 @@ def insert_program(layouts=None, paged: bool = False):
         chosen_logits = state.logits
         for p in range(logits.shape[0]):
             chosen_logits = jnp.where((src == p)[:, None], logits[p], chosen_logits)
+        layouts_or_none = layouts or jax.tree.map(lambda _: None, fresh)
         if paged:
-            cache = _per_ring(put_pages, state.cache, fresh, pages)
+            cache = _per_ring(put_pages, state.cache, fresh, pages, layouts_or_none)
         else:
-            cache = jax.tree.map(put, state.cache, fresh, layouts or jax.tree.map(lambda _: None, fresh))
+            cache = jax.tree.map(put, state.cache, fresh, layouts_or_none)
         return state._replace(
             cache=cache,
             logits=chosen_logits,
@@ -210,15 +220,15 @@ class ChunkOut(NamedTuple):
     busy: jax.Array  # () int32: slots decoding, summed over the steps
 
 
-def _per_ring(fn, cache, fresh, pages):
-    """fn(pool, prefilled, table) over a paged cache's arrays, each with the table of its ring's size
-    (blocks x page = the ring's slots)."""
+def _per_ring(fn, cache, fresh, pages, layouts):
+    """fn(pool, prefilled, table, layout) over a paged cache's arrays, each with the table of its ring's
+    size (blocks x page = the ring's slots)."""
 
-    def one(pool, prefilled):
+    def one(pool, prefilled, layout):
         table = next(t for s, t in pages.items() if t.shape[1] * pool.shape[-2] == s)
-        return fn(pool, prefilled, table)
+        return fn(pool, prefilled, table, layout)
 
-    return jax.tree.map(one, cache, fresh)
+    return jax.tree.map(one, cache, fresh, layouts)
 
 
 def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, draw: str, width: int):
@@ -416,15 +426,21 @@ def cache_formats(cfg, slots, cache_len, key_words, mesh, pool=None) -> Optional
     argument in another layout copies it whole on the way in and out (twice the cache's memory: a 190m
     at 64 slots of 2176 positions needed 16.5 GiB for its 4.8 GiB of rings) and rewrites it every chunk.
     So the chunk program is compiled once with the cache's layout left to the compiler, and every
-    program (init, insert, compact, each chunk width) takes and makes the cache in that layout. None
-    elsewhere: the CPU keeps row-major."""
+    program (init, insert, compact, each chunk width) takes and makes the cache in that layout, but for
+    the arrays the decode kernel reads (olmax.rollout.decode_attention), which keep the kernel's
+    row-major layout. None elsewhere: the CPU keeps row-major."""
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
     if devices[0].platform != "tpu":
         return None
     params, rep, batch = _layouts(cfg, mesh)
     abstract = jax.eval_shape(functools.partial(init_state, cfg, slots, cache_len, key_words, pool))
     state = state_shardings(abstract, mesh) if mesh is not None else jax.tree.map(lambda _: rep, abstract)
-    auto = state._replace(cache=jax.tree.map(lambda s: Format(Layout.AUTO, s), state.cache))
+    # an array the decode kernel reads keeps the default layout, the kernel's: the compiler would else
+    # lay a paged pool out for its scatter and copy it whole for the kernel at every layer of every step
+    read = lambda x: tiles(x.dtype, page_size(x.shape[-2]))
+    auto = state._replace(
+        cache=jax.tree.map(lambda s, x: s if read(x) else Format(Layout.AUTO, s), state.cache, abstract.cache)
+    )
     # one greedy decoding step: the loop's layout is the same for any chunk, sampled or not (the same
     # layouts for the tiny, 190m and 1B shapes compiled for a v5e), and it compiles in 3-4 s, where a
     # sampled chunk takes 6-7 s (14-16 with top-k / top-p's sort over the vocabulary)
