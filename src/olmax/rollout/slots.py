@@ -42,6 +42,7 @@ rows' tables.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -49,10 +50,11 @@ import jax.numpy as jnp
 from jax.experimental.layout import Format, Layout, with_layout_constraint
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from olmax.config.mesh import BATCH_AXES
 from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import abstract_params, param_shardings
 from olmax.rollout.cache import cache_spec, cached_forward, init_cache
-from olmax.rollout.decode_attention import page_size, tiles
+from olmax.rollout.decode_attention import page_size, ring_table, tiles
 from olmax.rollout.sampler import _batch_sharding, _eos_table, _text_table, choose_with_keys, token_logprobs
 
 
@@ -111,67 +113,67 @@ def prefill_program(cfg: ModelConfig, cache_len: int):
     return prefill
 
 
-def insert_program(layouts=None, paged: bool = False):
+def insert_program(layouts=None, split: bool = False):
     """insert(state, logits, fresh, width, src, length, index, limit, count, text, key, pages) -> state:
     each slot b with src[b] >= 0 takes prefilled sequence src[b] (of `prefill_program`'s logits and
     rings, its prompts `width` wide, the sequence length[b] long) with its per-row values; slots with
     src[b] = -1 keep their rows. Every argument after `width` but `pages` is per slot (B,); pages: the
-    page tables of a paged cache (`paged`; module doc), else None.
+    page tables of a paged cache (module doc), else None.
 
     A sequence of width T lands at ring positions clock - width .. clock - width + R - 1 (mod S; R =
-    min(S, T), the fresh rings' slots), the same positions for every slot. So each ring array is
-    rewritten in the span of R positions from there: read as a slab of every slot's rows (the span
-    from its start up to the ring's end, then the span's wrapped part from position 0), the new rows
-    chosen into it per slot, and written back in place. On a TPU the ring position is the cache's
-    major axis (cache_formats), so a slab is contiguous and the cost is the slab's, not the cache's:
-    compiled for a v5e, a scatter of the rows at (slot, position) pairs instead transposed every ring
-    array whole (90 ms an insert for a 190m at 64 slots of 2176 positions, 4 decoding steps). The
-    per-slot arrays are chosen per slot too: a scatter of rows into the (slots, vocab) logits took the
-    v5e compiler 80-130 s. The prefill is a program of its own, so that its rings keep their own
-    layout."""
+    min(S, T), the fresh rings' slots), the same positions for every slot. So for each slot that takes
+    a row (a loop over those alone), each ring array is rewritten in the blocks of the ring
+    (olmax.rollout.decode_attention.page_size) that span touches: each block read, the new positions
+    chosen into it, and written back in place, in the cache's own layout (pinned: a loop whose cache
+    the compiler laid out otherwise copied it whole on the way in and out). A block is one of the ring
+    layout's (row b, slots j * page ..) or the page a paged row's table names. Where a mesh splits the
+    slots (`split`), a row's index into them would make every device gather the whole cache (XLA's
+    partitioner, on 8 CPU devices), so each ring array is rewritten there as a slab of every slot's rows
+    instead (the span from its start up to the ring's end, then its wrapped part from position 0), the
+    new rows chosen into it per slot. Compiled for a v5e, a scatter of the rows at (slot, position)
+    pairs instead transposed every ring array whole (90 ms an insert for a 190m at 64 slots of 2176
+    positions, 4 decoding steps). The per-slot arrays are chosen per slot too: a scatter of rows into
+    the (slots, vocab) logits took the v5e compiler 80-130 s. The prefill is a program of its own, so
+    that its rings keep their own layout."""
 
     def insert(state: SlotState, logits, fresh, width, src, length, index, limit, count, text, key, pages):
         clock = state.clock
         new = src >= 0
+        targets = jnp.argsort(~new, stable=True)  # the slots that take a row first
 
-        def put_pages(pool, prefilled, table, layout):
-            """`put` on a pool of pages: for each slot that takes a row (a loop over them alone), the
-            pages its span touches, block by block: read, the new positions chosen in, written back, the
-            pool kept in its own layout (else the compiler laid the loop's pool out otherwise and copied
-            it whole on the way in and out: 2.5 GiB a group for a 1B's 10 GiB pool)."""
+        def put(array, prefilled, layout):
             pin = (lambda x: x) if layout is None else (lambda x: with_layout_constraint(x, layout))
-            axis = pool.ndim - 4  # the pages' axis (after a group's layer axis)
-            page, blocks = pool.shape[-2], table.shape[1]
-            size, r = page * blocks, prefilled.shape[-2]
+            axis = array.ndim - 4  # the rows' (or pages') axis, after a group's layer axis
+            size, table = _blocks_of(array, pages)
+            page = page_size(size)
+            blocks, per_entry, r = size // page, array.shape[-2] // page, prefilled.shape[-2]
             start = jnp.remainder(clock - width, size)
-            targets = jnp.argsort(~new, stable=True)  # the slots that take a row first
+            shape = (*array.shape[:axis], 1, *array.shape[axis + 1 : -2], page, array.shape[-1])
 
-            def one(n, pool):
-                b = targets[n]
+            def one(n, array):
+                array, b = pin(array), targets[n]
                 row = jax.lax.dynamic_index_in_dim(prefilled, src[b], axis, keepdims=True)
                 for i in range(min(blocks, -(-r // page) + 1)):
                     j = jnp.remainder(start // page + i, blocks)
-                    # fresh slot f holds the time the row wants at ring position start + f (see `put`)
+                    # fresh slot f holds time f (mod R), which the row wants at ring position start + f
                     f = jnp.remainder(j * page + jnp.arange(page) - start, size)
-                    at = (0,) * axis + (table[b, j], 0, 0, 0)
-                    current = jax.lax.dynamic_slice(pool, at, (*pool.shape[:axis], 1, *pool.shape[axis + 1 :]))
+                    p = table[b, j]
+                    at = (0,) * axis + (p // per_entry, 0, (p % per_entry) * page, 0)
+                    current = jax.lax.dynamic_slice(array, at, shape)
                     moved = jnp.take(row, jnp.minimum(f, r - 1), axis=axis + 2)
-                    chosen = jnp.where((f < r).reshape(-1, 1), moved, current)
-                    pool = pin(jax.lax.dynamic_update_slice(pool, chosen, at))
-                return pool
+                    array = pin(jax.lax.dynamic_update_slice(array, jnp.where((f < r)[:, None], moved, current), at))
+                return array
 
-            return jax.lax.fori_loop(0, jnp.sum(new, dtype=jnp.int32), lambda n, pool: one(n, pin(pool)), pool)
+            return jax.lax.fori_loop(0, jnp.sum(new, dtype=jnp.int32), one, array)
 
-        def put(ring, prefilled, layout):
+        def put_slab(ring, prefilled, layout):
             axis, at = ring.ndim - 4, ring.ndim - 2  # the slots' axis (after a group's layer axis), positions'
             size, r = ring.shape[at], prefilled.shape[at]
             start = jnp.remainder(clock - width, size)
             rows = jnp.take(prefilled, jnp.maximum(src, 0), axis=axis)  # each slot's new row
             rows = jnp.concatenate([rows, rows], axis=at)  # any rotation of them is a slice
             chosen = new.reshape((1,) * axis + (-1, 1, 1, 1))
-            # fresh slot j holds time tau = j (mod R) and the row wants tau at (clock - width + tau) % S, so
-            # position i of a slab from `first` takes fresh slot i - shift, where that is within 0 .. R - 1:
-            # the span up to the ring's end, then its wrapped part
+            # position i of a slab from `first` takes fresh slot i - shift, where that is within 0 .. R - 1
             low = jnp.minimum(start, size - r)
             i = jnp.arange(r)
             for first, shift in ((low, start - low), (0, start - size)):
@@ -189,13 +191,9 @@ def insert_program(layouts=None, paged: bool = False):
         chosen_logits = state.logits
         for p in range(logits.shape[0]):
             chosen_logits = jnp.where((src == p)[:, None], logits[p], chosen_logits)
-        layouts_or_none = layouts or jax.tree.map(lambda _: None, fresh)
-        if paged:
-            cache = _per_ring(put_pages, state.cache, fresh, pages, layouts_or_none)
-        else:
-            cache = jax.tree.map(put, state.cache, fresh, layouts_or_none)
+        layout = layouts or jax.tree.map(lambda _: None, fresh)
         return state._replace(
-            cache=cache,
+            cache=jax.tree.map(put_slab if split else put, state.cache, fresh, layout),
             logits=chosen_logits,
             first=fill(state.first, clock - length),
             count=fill(state.count, count),
@@ -210,6 +208,16 @@ def insert_program(layouts=None, paged: bool = False):
     return insert
 
 
+def _blocks_of(array, pages):
+    """(the ring's slots, each row's block ids) of a cache array: the ring layout's own
+    (decode_attention.ring_table), or, paged, the table of the ring size whose blocks its pages hold."""
+    if pages is None:
+        size = array.shape[-2]
+        return size, ring_table(array.shape[-4], size, page_size(size))
+    size = next(s for s, t in pages.items() if t.shape[1] * array.shape[-2] == s)
+    return size, pages[size]
+
+
 class ChunkOut(NamedTuple):
     """What a decode chunk returns beside the state: each slot's tokens of this chunk, columns 0 .. k-1
     for a row that made k (rows enter only between chunks, so a row's chunk tokens are contiguous)."""
@@ -218,17 +226,6 @@ class ChunkOut(NamedTuple):
     logprobs: jax.Array  # (width, K) float32
     steps: jax.Array  # () int32: decoding steps run
     busy: jax.Array  # () int32: slots decoding, summed over the steps
-
-
-def _per_ring(fn, cache, fresh, pages, layouts):
-    """fn(pool, prefilled, table, layout) over a paged cache's arrays, each with the table of its ring's
-    size (blocks x page = the ring's slots)."""
-
-    def one(pool, prefilled, layout):
-        table = next(t for s, t in pages.items() if t.shape[1] * pool.shape[-2] == s)
-        return fn(pool, prefilled, table, layout)
-
-    return jax.tree.map(one, cache, fresh, layouts)
 
 
 def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, draw: str, width: int):
@@ -387,7 +384,8 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, pool, name: str, steps=0, dr
     elif name == "prefill":
         fn, donate = prefill_program(cfg, cache_len), ()
     elif name == "insert":
-        fn, donate = insert_program(state and jax.tree.map(lambda f: f.layout, state.cache), paged), (0,)
+        split = mesh is not None and math.prod(mesh.shape[a] for a in BATCH_AXES) > 1
+        fn, donate = insert_program(state and jax.tree.map(lambda f: f.layout, state.cache), split), (0,)
     elif name == "compact":
         fn, donate = compact_program(paged), (0,)
     else:
