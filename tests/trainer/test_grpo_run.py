@@ -120,7 +120,7 @@ def test_a_retry_keeps_the_no_resample_marks_of_the_reads_it_replaces(tmp_path, 
 
     loader.stream = Scripted()
     loader.stream.groups = []
-    rollout = loader._rollout(None)
+    rollout = loader._rollout(None, 0)
     assert rollout.figures["rollout/retries"] == 1 and rollout.figures["rollout/groups_kept"] == 3
     assert loader.excluded == reads[0] + reads[1][:1]
 
@@ -270,28 +270,50 @@ def test_a_read_with_no_signal_retries_then_applies_an_empty_batch(tmp_path, zer
         assert r["rollout/verifier/zero/ok"] == (EMPTY_RETRIES + 1) * 16
 
 
+# rows caught mid-response at the checkpoint: 16 slots for three steps' worth of groups, so rows enter
+# as others stop, and a stop string a random model often spells ("q") for rows of many lengths
+MID_RESPONSE = "grpo.max_staleness=2 grpo.slots=16 grpo.stop=[q] grpo.tis_cap=2.0"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["grpo.max_staleness=0", "grpo.max_staleness=1", "grpo.rollout_engine=static"])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "grpo.max_staleness=0",
+        "grpo.max_staleness=1",
+        MID_RESPONSE,
+        "grpo.max_staleness=1 grpo.read_order=completion grpo.active_sampling=true",
+        "grpo.rollout_engine=static",
+    ],
+)
 def test_grpo_run_logs_its_figures_and_resumes_exactly(tmp_path, coin_verifier, engine):
     """Three steps, and the same run stopped after step 2 and resumed: the same step 3 and parameters.
     Synchronous (the static engine, or the continuous one with max_staleness 0) the sampler's log-probs
-    are the trainer's; with max_staleness 1 rows carry over a step, their earlier tokens' log-probs the
-    older parameters', and the resumed run re-prefills them as the straight one does at its checkpoint."""
-    from olmax.checkpoint.store import load_params
+    are the trainer's; with max_staleness >= 1 rows carry over a step, their earlier tokens' log-probs the
+    older parameters', and the resumed run re-prefills them as the straight one does at its checkpoint
+    (MID_RESPONSE: rows with tokens are in flight there, their tokens' TIS weights in the loss)."""
+    from olmax.checkpoint.store import RunCheckpoints, load_params
+    from olmax.step.state import abstract_state
     from olmax.trainer.run import train
 
-    stale = engine == "grpo.max_staleness=1"
-    straight = train(_config(tmp_path, engine, "checkpoint.every=2"), tmp_path / "a", progress=False)
+    engine = engine.split()
+    stale = max([int(e.split("=")[1]) for e in engine if e.startswith("grpo.max_staleness=")], default=0)
+    straight = train(_config(tmp_path, *engine, "checkpoint.every=2"), tmp_path / "a", progress=False)
     assert [r["step"] for r in straight] == [1, 2, 3]
     for r in straight:
         assert r["rollout/verifier/coin/ok"] >= 16 and 0 < r["rollout/groups_kept"] <= 4
         assert r["train/response tokens"] > 0 and r["rollout/rows_dropped"] == 0
         assert np.isfinite(r["train/GRPO loss"]) and r["optim/total grad norm"] > 0
-        assert 0 < r["rollout/slot_efficiency"] <= 1 and r["rollout/staleness_max"] <= int(stale)
+        assert 0 < r["rollout/slot_efficiency_run"] <= 1 and r["rollout/staleness_max"] <= stale
     gaps = [r["debug/sampler_logp_diff_mean"] for r in straight]
     assert (max(gaps[1:]) > 1e-4) if stale else (max(gaps) < 1e-5), gaps  # the trainer's, when synchronous
-    train(_config(tmp_path, engine, "checkpoint.every=2"), tmp_path / "b", stop_at=2, progress=False)
-    resumed = train(_config(tmp_path, engine, "checkpoint.every=2"), tmp_path / "b", progress=False)
+    cfg = _config(tmp_path, *engine, "checkpoint.every=2")
+    train(cfg, tmp_path / "b", stop_at=2, progress=False)
+    if engine == MID_RESPONSE.split():
+        mesh = make_mesh(cfg.mesh, jax.devices()[:1])
+        _, data = RunCheckpoints(tmp_path / "b" / "checkpoints", cfg).restore_latest(abstract_state(cfg, mesh))
+        assert data["arrays"]["stream"]["engine"]["token_lens"].max() > 0  # rows caught mid-response
+    resumed = train(cfg, tmp_path / "b", progress=False)
     assert [r["step"] for r in resumed] == [3]
     keys = [k for k in straight[-1] if k.startswith(("rollout/reward", "train/", "optim/", "policy/"))]
     assert {k: resumed[0][k] for k in keys} == {k: straight[-1][k] for k in keys}
@@ -387,3 +409,38 @@ def test_the_code_rows_tests_are_counted_by_form_at_load():
         "code tests: 4 run against the program from a process of their own, 1 refused at load (do not "
         "parse, or name nothing a program could define: always fail; docs/rewards-code.md)"
     )
+
+
+def test_the_engines_resident_cache_is_what_it_allocates_and_the_fit_counts_it():
+    """olmax.rollout.producer.engine_state_bytes (what the fit of the train step reserves beside it) is
+    the state a SlotEngine of the loop's slots allocates; compile-check adds it to the step's peak."""
+    from olmax.fit.compile_check import check_fits
+    from olmax.fit.compiler import DoesNotFit
+    from olmax.rollout.engine import SlotEngine
+    from olmax.rollout.producer import engine_slots, engine_state_bytes
+
+    cfg = apply_overrides(get_recipe("tiny_grpo"), SMALL + ["data.seq_len=256", "grpo.sample_prompts=0"])
+    mesh = make_mesh(cfg.mesh, jax.devices()[:1])
+    rl = cfg.grpo
+    engine = SlotEngine(
+        cfg.model, mesh, slots=engine_slots(cfg, mesh), cache_len=rl.max_prompt_len + rl.max_response_len
+    )
+    allocated = sum(x.nbytes for x in jax.tree.leaves(engine._state))
+    assert engine_state_bytes(cfg, mesh) == allocated > 0
+    assert engine_state_bytes(apply_overrides(cfg, ["grpo.rollout_engine=static"]), mesh) == 0
+    report = {
+        "recipe": "olmo3_7b_think_rl",
+        "topology": "v5p:2x2x1",
+        "devices": 4,
+        "platform": "tpu",
+        "per_device": {"peak_gib": 80.0},
+        "resident_gib": 12.5,
+        "hbm_limit_gib": 95.74,
+        "hbm_headroom": 0.95,
+        "chip": "v5p",
+        "micro_batch": 1,
+        "remat": "full",
+        "fits": False,
+    }
+    with pytest.raises(DoesNotFit, match=r"peak 80.0 GiB \+ 12.5 GiB resident \(the RL engine's cache: grpo.slots\)"):
+        check_fits(report)

@@ -277,7 +277,19 @@ def compile_check_cmd(
         return
     # model.remat=auto's searches are kept with the other caches (data.work_dir), by what decides them
     cache = str(work_dir_of(cfg.data))
-    report = compile_report(cfg, topology=topology, num_slices=num_slices, cache_dir=cache, log=typer.echo)
+    # an RL recipe's continuous engine keeps its cache beside the step, for the slots grpo.sample_prompts
+    # gives it on these devices (auto: searched by compiling the sampler, as `olmax train` does)
+    from olmax.rollout.compile_decode import choose_sample_prompts
+    from olmax.rollout.producer import engine_state_bytes
+
+    def resident(c, mesh) -> int:
+        if not engine_state_bytes(c, mesh):
+            return 0
+        return engine_state_bytes(choose_sample_prompts(c, mesh, cache, log=typer.echo, chip_flags=True), mesh)
+
+    report = compile_report(
+        cfg, topology=topology, num_slices=num_slices, cache_dir=cache, log=typer.echo, resident=resident
+    )
     typer.echo(format_report(report))
     write_json(json_out, report)
     check_fits(report)

@@ -62,11 +62,13 @@ def compile_report(
     num_slices: int = 1,
     cache_dir: Optional[str] = None,
     log: Callable[[str], None] = lambda line: None,
+    resident: Optional[Callable] = None,
 ) -> dict:
     """Compile cfg's step for a TPU topology or GPU cluster (`topology`) or for `devices` (default:
     JAX's) and report what the compiler says. model.remat=auto is chosen first (choose_remat, which
     logs each candidate as it is compiled; cache_dir: where its record is kept and looked for, None =
-    nowhere)."""
+    nowhere). `resident(cfg, mesh)`: bytes per device that stay beside the step (the RL loop's
+    continuous engine), counted against the budget."""
     devices, chip, where = target(topology, num_slices, devices)
     platform = devices[0].platform
     try:
@@ -75,9 +77,10 @@ def compile_report(
     except ConfigError as e:  # the batch or mesh does not divide this target: say which target
         raise ConfigError(f"{cfg.name} on {where}: {e}") from None
     options = target_options(chip, platform)
+    resident_bytes = 0 if resident is None else resident(cfg, mesh)
     choice, auto = RematChoice(cfg), cfg.model.remat == AUTO
     if auto:
-        choice = choose_remat(cfg, mesh, chip, where, options, cache_dir, log)
+        choice = choose_remat(cfg, mesh, chip, where, options, cache_dir, log, resident_bytes=resident_bytes)
         cfg = choice.cfg
     compiled, lower_s, compile_s, heap = choice.compiled or compile_step(cfg, mesh, options, where)
     with jax.set_mesh(mesh):
@@ -139,8 +142,10 @@ def compile_report(
         "per_device": per_device,
         "hbm_limit_gib": None if chip is None else chip.hbm_limit_gib,
         "hbm_headroom": None if chip is None else chip.hbm_headroom,
+        # what stays on each device beside the step (the RL loop's continuous engine's cache)
+        "resident_gib": resident_bytes / GIB,
         # the compiler accepted it (or compile_report raised DoesNotFit), with headroom to spare
-        "fits": None if budget is None else per_device["peak_gib"] <= budget,
+        "fits": None if budget is None else per_device["peak_gib"] + resident_bytes / GIB <= budget,
         # the fused attention kernels in the step: Mosaic (splash) on TPU, cuDNN's on GPU
         "attention_kernel_calls": hlo.count(KERNEL_CALLS[platform]) if platform in KERNEL_CALLS else 0,
         # GPU: the cuDNN calls by kind (forward, backward); each is one call site of the compiled program,
@@ -161,9 +166,11 @@ def check_fits(r: dict) -> None:
     """DoesNotFit, naming the figures, when the report's per-device peak exceeds the HBM budget."""
     if r["fits"] is False:
         where = r["topology"] or f"{r['devices']} {r['platform']} devices"
+        resident = r.get("resident_gib") or 0.0
+        beside = f" + {resident:.1f} GiB resident (the RL engine's cache: grpo.slots)" if resident else ""
         raise DoesNotFit(
             f"{r['recipe']} does not fit on {where}: per-device peak "
-            f"{r['per_device']['peak_gib']:.1f} GiB > {r['hbm_headroom']:.0%} of the "
+            f"{r['per_device']['peak_gib']:.1f} GiB{beside} > {r['hbm_headroom']:.0%} of the "
             f"{r['hbm_limit_gib']:.2f} GiB HBM limit per device of {r['chip']} (micro_batch={r['micro_batch']}, "
             f"remat={r['remat']}); try trainer.micro_batch_size or model.remat (auto: the least recompute that fits)"
         )
@@ -211,9 +218,11 @@ def format_report(r: dict) -> str:
             else f"model.remat=auto: chosen from {len(search)} compiles in {r['remat_search_s']:.0f} s"
         )
     if r["hbm_limit_gib"] is not None:
+        resident = r.get("resident_gib") or 0.0
         lines.append(
             f"HBM limit {r['hbm_limit_gib']:.2f} GiB per device ({r['chip']}): peak "
-            f"{'fits' if r['fits'] else 'DOES NOT FIT'} (budget {r['hbm_headroom']:.0%})"
+            + (f"+ {resident:.2f} GiB resident (the RL engine's cache) " if resident else "")
+            + f"{'fits' if r['fits'] else 'DOES NOT FIT'} (budget {r['hbm_headroom']:.0%})"
         )
     hlo = r["hlo_flops_per_device"]
     model, hardware = r["model_flops_per_device"], r["hardware_flops_per_device"]

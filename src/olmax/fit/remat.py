@@ -61,6 +61,7 @@ def choose_remat(
     log: Callable[[str], None] = lambda line: None,
     write_record: bool = True,
     shared_dir: Optional[str] = None,
+    resident_bytes: int = 0,
 ) -> RematChoice:
     """model.remat=auto chosen for `mesh` (olmax.fit.remat_search): the first candidate of the ladder
     whose step the compiler accepts within the chip's budget, found by bisection, or the record of
@@ -68,8 +69,12 @@ def choose_remat(
     folder, which runs in other run directories on this host share; one there that cannot be read or
     kept is a warning); the search's record goes to both (unless write_record is false). CPU devices
     have no budget: the most kept set, nothing compiled. A step that fits under no policy is
-    DoesNotFit, naming what would."""
+    DoesNotFit, naming what would. `resident_bytes` per device stay on the devices beside the step (the
+    RL loop's continuous engine: its KV cache) and come off the budget."""
     budget = budget_gib(chip)
+    if budget is not None and resident_bytes:
+        log(f"model.remat=auto: {resident_bytes / GIB:.2f} GiB per device stay resident beside the step")
+        budget -= resident_bytes / GIB
     if budget is None:
         device = mesh.devices.flat[0]
         if device.platform != "cpu":  # an accelerator the chip table does not know: no budget to fit
@@ -166,7 +171,7 @@ def _process_0s_pick(cfg: Optional[ExperimentConfig]) -> Optional[tuple[str, boo
     return None if chosen < 0 else PICKS[chosen]
 
 
-def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> RematChoice:
+def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str, resident_bytes: int = 0) -> RematChoice:
     """`choose_remat` for a run's own devices, compiled with the process's own flags as the step will
     be: the record of the search goes to RUN_DIR/remat_search.json and to the compilation cache's folder
     (olmax.fit.compile_cache), so a restart, or a run in a new run directory on the same devices, reads
@@ -176,14 +181,17 @@ def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> RematChoice
     Several processes run one program, so all take process 0's choice. Process 0 alone reads and writes
     the records (the other hosts' cache folders may hold none, or an older one) and first says whether
     it has one: if so, every process takes it and none searches; if not, every process searches, as
-    process 0 does (each then holds the chosen step compiled), and takes process 0's choice."""
+    process 0 does (each then holds the chosen step compiled), and takes process 0's choice.
+    `resident_bytes`: what stays on each device beside the step (choose_remat)."""
     if cfg.model.remat != AUTO:
         return RematChoice(cfg)
     devices = list(mesh.devices.flat)
     chip, where = chip_of_device(devices[0]), describe_devices(devices)
     shared = compile_cache.active_dir()
     if jax.process_count() == 1:
-        return choose_remat(cfg, mesh, chip, where, {}, run_dir, log=_print, shared_dir=shared)
+        return choose_remat(
+            cfg, mesh, chip, where, {}, run_dir, log=_print, shared_dir=shared, resident_bytes=resident_bytes
+        )
     primary = jax.process_index() == 0
     found = None
     if primary and budget_gib(chip) is not None:
@@ -201,6 +209,7 @@ def choose_for_devices(cfg: ExperimentConfig, mesh, run_dir: str) -> RematChoice
         log=_print if primary else lambda line: None,
         write_record=primary,
         shared_dir=shared if primary else None,
+        resident_bytes=resident_bytes,
     )
     pick = _process_0s_pick(choice.cfg)
     mine = (choice.cfg.model.remat, choice.cfg.model.remat_serial)

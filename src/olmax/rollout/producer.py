@@ -62,6 +62,7 @@ the rollout in production.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -86,11 +87,13 @@ from olmax.model.sharding import gather, place
 from olmax.rewards import code, code_tests
 from olmax.rewards import verifiers as rewards
 from olmax.rollout import groups
+from olmax.rollout import slots as engine_programs
 from olmax.rollout.compile_decode import choose_sample_prompts
 from olmax.rollout.pack import pack_rollouts
 from olmax.rollout.scoring import Scorer
 from olmax.rollout.stream import EngineStream, Group, StaticStream, sampling_figures, zero_spread
 from olmax.rollout.text import stop_table
+from olmax.step.state import per_device_bytes
 
 log = logging.getLogger(__name__)
 
@@ -466,6 +469,37 @@ def engine_slots(cfg: ExperimentConfig, mesh) -> int:
     split = math.prod(mesh.shape[a] for a in BATCH_AXES)
     rows = (rl.sample_prompts or rl.prompts_per_step) * rl.samples_per_prompt
     return -(-rows // split) * split
+
+
+def resident_engine(cfg: ExperimentConfig, mesh, record_dir=None) -> tuple[ExperimentConfig, int]:
+    """What the continuous engine keeps on the devices while the trainer steps: (cfg with
+    grpo.sample_prompts=auto chosen for these devices, as the loop will sample, olmax.rollout.
+    compile_decode.choose_sample_prompts; the bytes per device of the engine's state, its KV cache for
+    grpo.slots rows above all). (cfg, 0) without that engine. The fit of the train step counts the bytes
+    (olmax.fit.remat.choose_for_devices)."""
+    rl = cfg.grpo
+    if cfg.trainer.objective != "grpo" or rl.rollout_engine != "continuous":
+        return cfg, 0
+    primary = jax.process_index() == 0
+    cfg = choose_sample_prompts(cfg, mesh, record_dir, log=lambda line: print(line, flush=True) if primary else None)
+    return cfg, engine_state_bytes(cfg, mesh)
+
+
+def engine_state_bytes(cfg: ExperimentConfig, mesh) -> int:
+    """Per device, the bytes of the continuous engine's state for cfg's grpo.slots (its KV cache above
+    all); grpo.sample_prompts still auto counts every prompt of a step, the most slots=auto may take.
+    0 without that engine."""
+    rl = cfg.grpo
+    if cfg.trainer.objective != "grpo" or rl.rollout_engine != "continuous":
+        return 0
+    if rl.sample_prompts == AUTO:
+        cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(rl, sample_prompts=0))
+    slots, cache_len = engine_slots(cfg, mesh), rl.max_prompt_len + rl.max_response_len
+    key_words = jax.random.key_data(jax.random.key(0)).shape[0]
+    state = jax.eval_shape(lambda: engine_programs.init_state(cfg.model, slots, cache_len, key_words))
+    shardings = engine_programs.state_shardings(state, mesh)
+    typed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+    return per_device_bytes(typed)
 
 
 def _done(rollout: _Rollout) -> Future:

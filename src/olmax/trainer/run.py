@@ -2,7 +2,8 @@
 call into the package that owns it:
 
 1. mesh      the devices laid out as mesh.* says (olmax.model.sharding)
-2. fit       model.remat=auto chosen for those devices (olmax.fit.remat), its step compiled once
+2. fit       model.remat=auto chosen for those devices (olmax.fit.remat), its step compiled once, beside
+             what the RL loop's continuous engine keeps on them (olmax.rollout.producer.resident_engine)
 3. pairs     DPO only: the preference pairs, checked against their reference cache before any
              parameters load (olmax.trainer.reference)
 4. state     resumed from the newest complete checkpoint, or fresh: a random init, checkpoint.init_from
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -28,6 +30,7 @@ from olmax.config.experiment import ExperimentConfig
 from olmax.config.io import to_yaml
 from olmax.fit.remat import choose_for_devices
 from olmax.model.sharding import make_mesh
+from olmax.rollout.producer import resident_engine
 from olmax.rundir import paths
 from olmax.rundir.progress import end_step, run_checkpoint_dir
 from olmax.trainer.batches import objective_batches
@@ -60,8 +63,10 @@ def train(
     run_dir = paths.clean(run_dir)
     paths.makedirs(run_dir)
     mesh = clock.mark("mesh", make_mesh(cfg.mesh, devices))  # the devices' runtime starts here
-    choice = clock.mark("fit", choose_for_devices(cfg, mesh, run_dir))
-    given, cfg = cfg, choice.cfg
+    # the RL loop's continuous engine keeps its cache on the devices beside the step: the fit counts it
+    rollout_cfg, resident = resident_engine(cfg, mesh, run_dir)
+    choice = clock.mark("fit", choose_for_devices(cfg, mesh, run_dir, resident))
+    given, cfg = cfg, replace(choice.cfg, grpo=rollout_cfg.grpo)
     ckpts = RunCheckpoints(run_checkpoint_dir(cfg, run_dir), cfg, allow_config_change=allow_config_change)
     # Under the mesh so that kernels which cannot be partitioned by XLA (splash) run per shard.
     with exclusive(run_dir), jax.set_mesh(mesh), PreemptionNotice() as preempted:
