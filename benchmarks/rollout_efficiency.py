@@ -9,10 +9,14 @@ same slot count, and the static sampler (olmax.rollout.sampler.sample) on the sa
         --prompts 32 --n 8 --runs 1 --no-static            # KV 9.1 GiB
     python benchmarks/rollout_efficiency.py --model 1b --slots 32 --prompt-len 128 --max-new 2048 \
         --prompts 16 --n 8 --runs 1 --no-static            # KV 8.5 GiB (64 slots: 17 GiB, too many)
+    python benchmarks/rollout_efficiency.py --model 1b --slots 64 --prompt-len 128 --max-new 2048 \
+        --prompts 16 --n 8 --runs 1 --no-static --kv-gib 9  # paged: 9 GiB of pages for 64 slots
 
 The static sampler's cache is the next power of two of prompt + max new (4096 for 128 + 2048), so its
 rows of 128 slots would not fit where the engine's exact cache does: leave it out there (--no-static),
-or run it at fewer slots.
+or run it at fewer slots. --kv-gib G pages the engine's KV (EngineConfig.kv_gib, olmax.rollout.pages):
+G GiB of pages that rows take as they grow, so that slots whose whole rings would not fit do; a row
+that finds none is preempted and prefilled again later (the rows' `preempted` column).
 
 Rows: --prompts random prompts of --prompt-len tokens, --n samples each (GRPO's groups), every row's
 length forced by its own limit (EOS off): `uniform`, U(0.1, 1) x --max-new; `lognormal`, median 0.3 x
@@ -29,7 +33,11 @@ the median of --runs runs after a warm-up run (the compiles):
 - pure decode tok/s: the ceiling, the same decode program with every slot busy and no insert: --slots
   rows of --max-new tokens, tokens / the decode programs' time;
 - static tok/s: `sample` over the same rows, --slots rows per program (prompts_per_program = slots / n,
-  as grpo.sample_prompts runs it), and its slot efficiency: tokens / (rows per program x its longest row).
+  as grpo.sample_prompts runs it), and its slot efficiency: tokens / (rows per program x its longest row);
+- live bound: each run's HBM-bandwidth bound (benchmarks/decode_bound.py): its decoding steps' weights
+  plus the keys and values its rows hold at each of their tokens, at the chip's bandwidth (olmax.fit.
+  chips; a v5e's 819 GB/s elsewhere, where the ratio means nothing); pure decode's and the engine's
+  tok/s against their own (fed: the fed chunks' steps and tokens, each token's KV the run's mean).
 
 Models (bench shapes as benchmarks/tpu_decode.py names them): `tiny` (the `tiny` recipe's model: 4
 layers, d_model 128, window 64, the 100k dolma2 vocabulary; float32), `190m` and `1b` (OLMo-core
@@ -52,6 +60,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
+import numpy as np  # noqa: E402
+from decode_bound import bound_tokens_per_s, hbm_gbps, kv_bytes, weight_bytes  # noqa: E402 - the live-KV bound
 from shapes import SHAPE_1B, SHAPE_190M  # noqa: E402 - the training table's shapes (overrides)
 
 SPREADS = ("uniform", "lognormal")
@@ -91,7 +101,7 @@ def timed(fn, runs: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def bench_engine(params, cfg, prompts, limits, args, cache_len: int) -> dict:
+def bench_engine(params, cfg, prompts, limits, args, cache_len: int, gbps: float) -> dict:
     """The engine on the rows, closed (until the last row stops) and fed (the chunks during which rows
     were waiting for a slot: what a stream of prompts, an asynchronous RL loop's, would see)."""
     from olmax.rollout.engine import Counters, SlotEngine
@@ -106,6 +116,7 @@ def bench_engine(params, cfg, prompts, limits, args, cache_len: int) -> dict:
             chunk_steps=args.chunk_steps,
             narrow=args.narrow,
             refill_at=args.refill_at,
+            kv_gib=args.kv_gib,
         )
         for i, p in enumerate(prompts):
             engine.add(p, args.n, first_index=i * args.n, limits=limits[i * args.n : (i + 1) * args.n])
@@ -123,7 +134,16 @@ def bench_engine(params, cfg, prompts, limits, args, cache_len: int) -> dict:
     results = sorted((run() for _ in range(args.runs)), key=lambda r: r[0])
     wall, t, fed = results[len(results) // 2]
     fed_s = fed.insert_s + fed.decode_s + fed.host_s
+    prompt_lens = np.full(len(limits), args.prompt_len)
+    bound = bound_tokens_per_s(cfg, t.decode_steps, args.slots, prompt_lens, limits, gbps)
+    per_token = kv_bytes(cfg, prompt_lens, limits) / limits.sum()  # the fed chunks' tokens: the run's mean
+    fed_bound = fed.useful_tokens / max(
+        1e-12, (fed.decode_steps * weight_bytes(cfg, args.slots) + fed.useful_tokens * per_token) / (gbps * 1e9)
+    )
     return {
+        "bound_tok_s": bound,
+        "fed_bound_tok_s": fed_bound,
+        "preempted": t.preempted_rows,
         "tok_s": int(limits.sum()) / wall,
         "wall_s": wall,
         "slot_efficiency": t.slot_efficiency,
@@ -136,8 +156,9 @@ def bench_engine(params, cfg, prompts, limits, args, cache_len: int) -> dict:
     }
 
 
-def bench_pure(params, cfg, prompt, args, cache_len: int) -> dict:
-    """Every slot busy for --max-new steps, no insert after the first: the decode programs' tokens/s."""
+def bench_pure(params, cfg, prompt, args, cache_len: int, gbps: float) -> dict:
+    """Every slot busy for --max-new steps, no insert after the first: the decode programs' tokens/s (paged,
+    rows the pool cannot hold wait preempted; their re-inserts are not decode time)."""
     from olmax.rollout.engine import SlotEngine
     from olmax.rollout.sampler import Sampling
 
@@ -148,15 +169,20 @@ def bench_pure(params, cfg, prompt, args, cache_len: int) -> dict:
             cache_len=cache_len,
             sampling=Sampling(temperature=1.0, seed=1),
             chunk_steps=args.chunk_steps,
+            kv_gib=args.kv_gib,
         )
         engine.add(prompt, args.slots, limits=args.max_new)
         engine.run(params)
         t = engine.totals
-        assert t.slot_efficiency == 1.0
-        return t.useful_tokens / t.decode_s
+        assert t.slot_efficiency == 1.0 or t.preempted_rows
+        return t.useful_tokens / t.decode_s, t
 
     run()
-    return {"tok_s": statistics.median(run() for _ in range(args.runs))}
+    results = sorted((run() for _ in range(args.runs)), key=lambda r: r[0])
+    tok_s, t = results[len(results) // 2]
+    lengths = np.full(args.slots, args.max_new)
+    bound = bound_tokens_per_s(cfg, t.decode_steps, args.slots, np.full(args.slots, len(prompt)), lengths, gbps)
+    return {"tok_s": tok_s, "bound_tok_s": bound, "preempted": t.preempted_rows, "steps": t.decode_steps}
 
 
 def bench_static(params, cfg, prompts, limits, args) -> dict:
@@ -217,6 +243,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-steps", type=int, default=32)
     p.add_argument("--refill-at", type=int, default=0, help="EngineConfig.refill_at (0: automatic)")
     p.add_argument("--narrow", type=int, default=2, help="EngineConfig.narrow (0: the drain decodes every slot)")
+    p.add_argument("--kv-gib", type=float, default=0.0, help="EngineConfig.kv_gib: paged KV (0: whole rings)")
+    p.add_argument("--hbm-gbps", type=float, help="the live bound's bandwidth (default: the chip table's)")
     p.add_argument("--spreads", default=",".join(SPREADS))
     p.add_argument("--sigma", type=float, default=0.8, help="lognormal's sigma")
     p.add_argument("--runs", type=int, default=2)
@@ -235,8 +263,6 @@ def main(argv=None) -> int:
     if args.compile_cache:  # a second run on the same host compiles nothing (JAX's persistent cache)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    import numpy as np
-
     from olmax.model.olmo3 import init_params
     from olmax.rollout.cache import slots as ring_slots
 
@@ -250,27 +276,36 @@ def main(argv=None) -> int:
     per_slot = sum(ring_slots(cfg, i, cache_len) for i in range(cfg.n_layers)) * 2 * cfg.n_kv_heads * cfg.head_dim
     kv_gib = args.slots * per_slot * np.dtype(cfg.compute_dtype).itemsize / 2**30
     device = jax.devices()[0]
+    gbps = hbm_gbps(device.device_kind, args.hbm_gbps)
+    paged = f"paged: {args.kv_gib:g} GiB of pages" if args.kv_gib else "whole rings"
     head = (
         f"# {time.strftime('%Y-%m-%d %H:%M %Z')}, {device.device_kind} ({device.platform}), {platform.machine()}, "
         f"load {os.getloadavg()[0]:.1f}; model {args.model} ({cfg.param_dtype}), {args.slots} slots, "
         f"{args.prompts} x {args.n} rows, prompt {args.prompt_len}, max new {args.max_new}, cache {cache_len} "
-        f"({kv_gib:.3g} GiB of KV), "
-        f"chunk {args.chunk_steps}, refill_at {args.refill_at or 'auto'}, narrow {args.narrow}; median of {args.runs}"
+        f"({kv_gib:.3g} GiB of KV in whole rings; {paged}), "
+        f"chunk {args.chunk_steps}, refill_at {args.refill_at or 'auto'}, narrow {args.narrow}; median of {args.runs}; "
+        f"live bounds at {gbps:g} GB/s"
     )
     print(head, flush=True)
-    pure = bench_pure(params, cfg, prompts[0], args, cache_len)
+    pure = bench_pure(params, cfg, prompts[0], args, cache_len, gbps)
+    print(
+        f"# pure decode: {pure['tok_s']:.0f} tok/s, {pure['tok_s'] / pure['bound_tok_s']:.2f} of its live bound "
+        f"({pure['bound_tok_s']:.0f}), {pure['steps']} steps, {pure['preempted']} rows preempted"
+    )
     print(compiled_so_far("pure decode done"), flush=True)
     print(
-        "| spread | mean len | engine tok/s | pure decode tok/s | engine / pure | slot efficiency | insert+prefill "
-        "share | fed: tok/s, / pure, slot efficiency (share of steps) | static tok/s | static slot efficiency "
-        "| engine / static |"
+        "| spread | mean len | engine tok/s | pure decode tok/s | engine / pure | engine / live bound "
+        "| slot efficiency | insert+prefill share | fed: tok/s, / pure, / live bound, slot efficiency (share of "
+        "steps) | preempted | static tok/s | static slot efficiency | engine / static |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
     for spread in args.spreads.split(","):  # each row printed and written as it is done (a bounded run)
         limits = row_lengths(spread, args.prompts * args.n, args.max_new, args.sigma, seed=1)
         r = {"spread": spread, "mean_len": float(limits.mean()), "pure_tok_s": pure["tok_s"]}
-        r.update({f"engine_{k}": v for k, v in bench_engine(params, cfg, prompts, limits, args, cache_len).items()})
+        engine = bench_engine(params, cfg, prompts, limits, args, cache_len, gbps)
+        r.update({f"engine_{k}": v for k, v in engine.items()})
+        r.update({"pure_bound_tok_s": pure["bound_tok_s"], "pure_preempted": pure["preempted"]})
         if not args.no_static:
             r.update({f"static_{k}": v for k, v in bench_static(params, cfg, prompts, limits, args).items()})
         rows.append(r)
@@ -278,10 +313,12 @@ def main(argv=None) -> int:
         static = r.get("static_tok_s")
         print(
             f"| {r['spread']} | {r['mean_len']:.0f} | {r['engine_tok_s']:.0f} | {pure['tok_s']:.0f} "
-            f"| {r['engine_tok_s'] / pure['tok_s']:.2f} | {r['engine_slot_efficiency']:.2f} "
-            f"| {100 * r['engine_insert_share']:.1f}% | {r['engine_fed_tok_s']:.0f}, "
-            f"{r['engine_fed_tok_s'] / pure['tok_s']:.2f}, {r['engine_fed_slot_efficiency']:.2f} "
-            f"({100 * r['engine_fed_step_share']:.0f}%) | "
+            f"| {r['engine_tok_s'] / pure['tok_s']:.2f} | {r['engine_tok_s'] / r['engine_bound_tok_s']:.2f} "
+            f"| {r['engine_slot_efficiency']:.2f} | {100 * r['engine_insert_share']:.1f}% "
+            f"| {r['engine_fed_tok_s']:.0f}, "
+            f"{r['engine_fed_tok_s'] / pure['tok_s']:.2f}, {r['engine_fed_tok_s'] / r['engine_fed_bound_tok_s']:.2f}, "
+            f"{r['engine_fed_slot_efficiency']:.2f} ({100 * r['engine_fed_step_share']:.0f}%) "
+            f"| {r['engine_preempted']} | "
             + (
                 f"{static:.0f} | {r['static_slot_efficiency']:.2f} | {r['engine_tok_s'] / static:.2f}x |"
                 if static

@@ -26,13 +26,15 @@ and one loop iteration). ms/step = (median whole - median one-token) / (new - 1)
 iteration; decode tokens/s = rows / that; end-to-end tokens/s = rows x new / median whole call
 (prefill included).
 
-Bound: per decode step the chip must read every weight once (all layers and the LM head, in
-model.param_dtype; of the embedding only the rows' own entries) and each row's KV cache at the
-average context, prompt + (new + 1) / 2 positions (a windowed layer at most its window), at the
-HBM bandwidth (olmax.fit.chips' hbm_gbps for the chip, else --hbm-gbps, default 819 GB/s: Cloud TPU v5e
-docs): bound tokens/s = rows / ((weight bytes + KV bytes) / bandwidth). `ring GB` is the KV the
-sampler actually reads per step: its ring attention scores every slot of every layer's ring (the
-whole bucketed cache length on a global layer; olmax.rollout.cache), not only the filled ones.
+Bound: the live-KV bound of benchmarks/decode_bound.py: per decode step the chip must read every
+weight once (all layers and the LM head, in model.param_dtype; of the embedding only the rows' own
+entries) and the keys and values each row holds, at the average context prompt + (new + 1) / 2
+positions (a windowed layer at most its window), at the HBM bandwidth (olmax.fit.chips' hbm_gbps for
+the chip, else --hbm-gbps, default 819 GB/s: Cloud TPU v5e docs): bound tokens/s = rows / ((weight
+bytes + KV bytes) / bandwidth). `ring GB` is what a step that scored every slot of every layer's ring
+would read (the whole bucketed cache length on a global layer; the sampler's XLA attention does,
+olmax.rollout.cache); on a TPU the decode kernel reads only the blocks the rows hold
+(olmax.rollout.decode_attention).
 Target: decode tokens/s >= 50% of the bound at 64 rows for the 1b. --stop-after S starts no row
 after S seconds; --json is rewritten after every row; --compile-cache DIR keeps the compiled programs
 for the next run on the same host. Prints a table; asserts nothing.
@@ -57,9 +59,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # olmax from this checkout
 
+from decode_bound import bound_tokens_per_s, hbm_gbps, kv_bytes, ring_bytes, weight_bytes  # noqa: E402
 from shapes import SHAPE_1B, SHAPE_190M  # noqa: E402 - the training table's shapes (overrides)
 
-V5E_HBM_GBPS = 819.0  # Cloud TPU v5e docs: 819 GB/s HBM bandwidth per chip
 SMOKE_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, head_dim=16, mlp_hidden=192, vocab_size=2048, sliding_window=16)
 MODELS = ("tiny", "190m", "1b")
 SHAPES = ("b64", "grpo")
@@ -99,28 +101,18 @@ def shape_of(name: str, args) -> dict:
 
 
 def bound(cfg, rows: int, prompt_len: int, new: int, cache_len: int, gbps: float) -> dict:
-    """The HBM-bandwidth bound of one decode step (module doc), and the KV the sampler's rings read."""
-    import numpy as np
-
-    from olmax.model.olmo3 import count_params
-    from olmax.rollout.cache import slots
-
-    p_bytes, c_bytes = np.dtype(cfg.param_dtype).itemsize, np.dtype(cfg.compute_dtype).itemsize
-    embed = cfg.padded_vocab_size * cfg.d_model
-    weights = (count_params(cfg) - embed + rows * cfg.d_model) * p_bytes
-    per_position = 2 * cfg.n_kv_heads * cfg.head_dim * c_bytes  # one layer's key and value
-    context = prompt_len + (new + 1) / 2
-    seen = sum(min(context, cfg.layer_window(i) or context) for i in range(cfg.n_layers))
-    kv = rows * per_position * seen
-    ring = rows * per_position * sum(slots(cfg, i, cache_len) for i in range(cfg.n_layers))
+    """The live-KV bound of one decode step at the run's average context (module doc), and the KV a
+    step scoring whole rings would read."""
+    weights = weight_bytes(cfg, rows)
+    kv = kv_bytes(cfg, [prompt_len] * rows, [new] * rows) / new  # per step
     step_s = (weights + kv) / (gbps * 1e9)
     return {
         "weights_gb": weights / 1e9,
         "kv_gb": kv / 1e9,
-        "ring_gb": ring / 1e9,
-        "avg_context": context,
+        "ring_gb": ring_bytes(cfg, rows, cache_len) / 1e9,
+        "avg_context": prompt_len + (new + 1) / 2,
         "bound_step_ms": step_s * 1e3,
-        "bound_tokens_per_s": rows / step_s,
+        "bound_tokens_per_s": bound_tokens_per_s(cfg, new, rows, [prompt_len] * rows, [new] * rows, gbps),
     }
 
 
@@ -208,8 +200,8 @@ def table(rows: list[dict], gbps: float) -> str:
             f"{r['weights_gb']:10.3f} {r['kv_gb']:6.3f} {r['ring_gb']:7.3f} {r['first_call_s']:13.1f}"
         )
     lines.append(
-        f"bound: (weights + KV at the average context) / {gbps:g} GB/s per decode step; ratio = decode tok/s / bound; "
-        "ring = the KV the sampler's rings read per step; e2e counts the prefill too"
+        f"live bound: (weights + the KV the rows hold, at the average context) / {gbps:g} GB/s per decode step; "
+        "ratio = decode tok/s / bound; ring = a step reading whole rings; e2e counts the prefill too"
     )
     return "\n".join(lines)
 
@@ -248,15 +240,12 @@ def main(argv=None) -> int:
 
     import jax
 
-    from olmax.fit.chips import chip_of_device_kind
-
     if args.compile_cache:  # a second run on the same host compiles nothing (JAX's persistent cache)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
     device = jax.devices()[0]
-    chip = chip_of_device_kind(device.device_kind)
-    gbps = args.hbm_gbps or getattr(chip, "hbm_gbps", None) or V5E_HBM_GBPS
+    gbps = hbm_gbps(device.device_kind, args.hbm_gbps)
     env = {
         "device": device.device_kind,
         "platform": device.platform,

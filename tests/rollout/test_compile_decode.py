@@ -202,3 +202,22 @@ def test_cli_decode_exits_2_naming_the_chunk_that_fits(tmp_path, monkeypatch):
     )
     assert r.exit_code == 2 and "needs 1155.6 GiB per device" in r.output and "grpo.sample_prompts=2 fits" in r.output
     assert json.loads(out.read_text())["largest_fitting_sample_prompts"] == 2
+
+
+def test_the_kv_cache_is_counted_as_a_tpu_holds_it():
+    """A v5e holds each cache array's last two axes in whole tiles (128 lanes, 16 rows of bfloat16): a head's
+    key and value side by side (olmax.rollout.cache) fill the lanes at head_dim 64, so the cache takes its
+    bytes, where a head_dim of 32 (64 lanes a row) takes twice its bytes; on CPU devices, its bytes."""
+    from olmax.config.mesh import MeshConfig
+    from olmax.fit import compiler
+    from olmax.rollout.compile_decode import kv_cache_gib
+
+    devices, _, _ = compiler.target("v5e:1x1")
+    mesh = make_mesh(MeshConfig(), devices)
+    cpu = make_mesh(MeshConfig(), jax.devices()[:1])
+    for head_dim, padding in ((64, 1), (32, 2)):
+        cfg = apply_overrides(get_recipe("tiny_grpo"), [*SMALL, f"model.head_dim={head_dim}"])
+        rows, heads = 8, cfg.model.n_kv_heads
+        logical = rows * heads * (256 + 64) * 2 * head_dim * 2  # the global layer's 256 slots, the window's 64
+        assert kv_cache_gib(cfg, cpu, rows, 256) * GIB == logical
+        assert kv_cache_gib(cfg, mesh, rows, 256) * GIB == padding * logical

@@ -4,6 +4,9 @@ from abstract arrays, as olmax.fit.compile_check does the train step: the parame
 trainer lays them out, the KV cache as olmax.rollout.cache.cache_spec says, the program's shapes the
 recipe's rollout shapes (grpo.sample_prompts prompts x grpo.samples_per_prompt rows, prompts of
 grpo.max_prompt_len tokens, responses of grpo.max_response_len, bucketed as the sampler buckets them).
+On a TPU its decoding steps' attention is the Pallas kernel that reads the blocks each row holds
+(olmax.rollout.decode_attention), compiled with the rest, and the report's KV cache is counted as the
+TPU holds it, in whole tiles (`kv_cache_gib`).
 
 It reports the compiler's per-device memory against the chip's budget (olmax.fit.compiler.budget_gib) less
 the optimizer state, which stays on the devices while the trainer samples, and, when the configured
@@ -88,9 +91,22 @@ def compile_decode(cfg: ExperimentConfig, mesh, params, prompts: int, options: d
 
 
 def kv_cache_gib(cfg: ExperimentConfig, mesh, rows: int, length: int) -> float:
-    """GiB per device of the KV cache of `rows` rows of `length` positions, laid out by cache_spec."""
+    """GiB per device of the KV cache of `rows` rows of `length` positions, laid out by cache_spec, as the
+    devices hold it: on a TPU each array's last two axes in whole tiles (128 lanes; 8 sublanes of 32-bit
+    values, 16 of 16-bit), which is why a head's key and value share one row (olmax.rollout.cache: a
+    64-wide head's 2 x 64 fill the lanes, where separate keys and values took twice their bytes)."""
+    tpu = mesh.devices.flat[0].platform == "tpu"
+
+    def held(a):
+        shard = a.sharding.shard_shape(a.shape)
+        if tpu:
+            sublanes = 32 // a.dtype.itemsize
+            shard = (*shard[:-2], -(-shard[-2] // sublanes) * sublanes, -(-shard[-1] // 128) * 128)
+        return math.prod(shard) * a.dtype.itemsize
+
     place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, cache_spec(a.shape, mesh)))
-    return per_device_bytes(jax.tree.map(place, jax.eval_shape(lambda: init_cache(cfg.model, rows, length)))) / GIB
+    cache = jax.tree.map(place, jax.eval_shape(lambda: init_cache(cfg.model, rows, length)))
+    return sum(held(a) for a in jax.tree.leaves(cache)) / GIB
 
 
 def decode_report(

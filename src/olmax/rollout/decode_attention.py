@@ -69,10 +69,13 @@ def ring_table(rows: int, ring: int, page: int):
     return jnp.arange(rows, dtype=jnp.int32)[:, None] * blocks + jnp.arange(blocks, dtype=jnp.int32)[None, :]
 
 
-def tiles(dtype, page: int) -> bool:
-    """Whether blocks of `page` slots are whole TPU tiles of `dtype` (a multiple of a packed sublane
-    tile's rows: 16 for bfloat16, 8 for float32): what the kernel's DMAs need."""
-    return page % (32 // jnp.dtype(dtype).itemsize) == 0
+def tiles(dtype, page: int, width: int) -> bool:
+    """Whether blocks of `page` slots of rows `width` wide (2 x head_dim) are whole TPU tiles of `dtype`:
+    rows of whole 128 lanes, blocks of whole sublane tiles (16 rows of bfloat16, 8 of float32). The
+    kernel's DMAs and its in-place writes need them; the TPU compiler lays a cache of narrower rows out
+    otherwise (a 16-wide float32 ring with its slots across the lanes), which an aliased Mosaic operand
+    cannot take."""
+    return width % 128 == 0 and page % (32 // jnp.dtype(dtype).itemsize) == 0
 
 
 def resolve(implementation: str, pool, page: int) -> str:
@@ -81,7 +84,7 @@ def resolve(implementation: str, pool, page: int) -> str:
         raise ValueError(f"decode attention {implementation!r}: one of {', '.join(IMPLEMENTATIONS)}")
     if implementation != "auto":
         return implementation
-    return "pallas" if target_platform() == "tpu" and tiles(pool.dtype, page) else "xla"
+    return "pallas" if target_platform() == "tpu" and tiles(pool.dtype, page, pool.shape[-1]) else "xla"
 
 
 def attend(q, new, pool, first, clock, *, ring: int, group=None, table=None, implementation: str = "auto"):

@@ -435,7 +435,7 @@ def cache_formats(cfg, slots, cache_len, key_words, mesh, pool=None) -> Optional
     state = state_shardings(abstract, mesh) if mesh is not None else jax.tree.map(lambda _: rep, abstract)
     # an array the decode kernel reads keeps the default layout, the kernel's: the compiler would else
     # lay a paged pool out for its scatter and copy it whole for the kernel at every layer of every step
-    read = lambda x: tiles(x.dtype, page_size(x.shape[-2]))
+    read = lambda x: tiles(x.dtype, page_size(x.shape[-2]), x.shape[-1])
     auto = state._replace(
         cache=jax.tree.map(lambda s, x: s if read(x) else Format(Layout.AUTO, s), state.cache, abstract.cache)
     )
