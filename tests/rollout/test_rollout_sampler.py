@@ -130,4 +130,6 @@ def test_temperature_only_sampling_compiles_no_sort(setup):
     assert sorts == {"sample": False, "truncate": True}
     a, b = (sample(params, CFG, prompts, 12, n=4, sampling=s) for s in (plain, cut))
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
-    np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))
+    # the uncut draw scores its token from its own sums (olmax.rollout.draw.draw_scored), the cutting one
+    # by log_softmax: the same log-probs to float32 rounding of a sum over the vocabulary
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5, rtol=0)

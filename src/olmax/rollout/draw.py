@@ -111,6 +111,15 @@ def walk(w: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
 def draw(logits: jnp.ndarray, keys: jnp.ndarray) -> jnp.ndarray:
     """A token (B,) int32 from each row of `logits` (B, V) (already divided by the temperature, -inf
     where cut), row r with keys[r] (module doc)."""
+    return draw_scored(logits, keys)[0]
+
+
+def draw_scored(logits: jnp.ndarray, keys: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """`draw`'s token (B,) and its log-prob (B,) float32 under log_softmax(logits), from the same pass:
+    the max and the block sums the draw needs are the log-softmax's (logits - max - log(sum)), so an
+    uncut draw and its log-prob read the row twice, not four times."""
     w = leaves(logits)
     depth = (w.shape[1] * w.shape[2]).bit_length() - 1
-    return walk(w, jax.vmap(lambda k: jax.random.bits(k, (2 * max(depth, 1),), jnp.uint32))(keys))
+    token = walk(w, jax.vmap(lambda k: jax.random.bits(k, (2 * max(depth, 1),), jnp.uint32))(keys))
+    chosen = jnp.take_along_axis(logits, token[:, None], axis=1)[:, 0]
+    return token, chosen - jnp.max(logits, axis=-1) - jnp.log(w.sum(axis=(1, 2)))

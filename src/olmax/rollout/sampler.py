@@ -53,7 +53,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from olmax.config.model import ModelConfig
 from olmax.model.sharding import logical_to_spec, place
 from olmax.rollout.cache import cached_forward, init_cache
-from olmax.rollout.draw import draw
+from olmax.rollout.draw import draw, draw_scored
 
 FINISH = ("length", "eos", "stop")  # Rollout.finish codes: FINISH[code]
 _NEVER = -1  # the EOS table's padding: no token has this id
@@ -98,22 +98,26 @@ def _bucket(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << (n - 1).bit_length())
 
 
-def _choose(logits: jnp.ndarray, key: jnp.ndarray, rule: Optional[jnp.ndarray], index: jnp.ndarray, truncate: bool):
-    """The next token of each row from float32 logits (B, V) over the real vocabulary. `rule` is None
-    (greedy) or (temperature, top_k, top_p) as an array, so new values need no recompilation (`truncate`:
-    whether top-k / top-p may cut, Sampling.draw); row r draws with fold_in(key, index[r]), index[r]
-    being its position in the whole request."""
-    if rule is None:
-        return _argmax(logits)
-    return choose_with_keys(logits, jax.vmap(lambda i: jax.random.fold_in(key, i))(index), rule, truncate)
+def choose_scored(
+    logits: jnp.ndarray, keys: Optional[jnp.ndarray], rule: Optional[jnp.ndarray], truncate: bool
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """`choose_with_keys`'s tokens and their log-probs (token_logprobs: under log_softmax(logits / T),
+    before any cut, T 1 when greedy). A sampled draw that cuts nothing (GRPO's) scores its token from
+    the draw's own pass over the row (olmax.rollout.draw.draw_scored)."""
+    if rule is not None and not truncate:
+        return draw_scored(logits / rule[0], keys)
+    token = choose_with_keys(logits, keys, rule, truncate)
+    return token, token_logprobs(logits, token, jnp.float32(1.0) if rule is None else rule[0])
 
 
 def choose_with_keys(
     logits: jnp.ndarray, keys: Optional[jnp.ndarray], rule: Optional[jnp.ndarray], truncate: bool
 ) -> jnp.ndarray:
-    """`_choose` with each row's own PRNG key, keys (B,) (None when greedy): the slot engine's rows are
-    at different new-token counts t in one step, so each brings its own fold_in(fold_in(key(seed), t), i)
-    (olmax.rollout.engine); `_choose` builds the same keys for a batch whose rows share t."""
+    """The next token of each row from float32 logits (B, V) over the real vocabulary. `rule` is None
+    (greedy) or (temperature, top_k, top_p) as an array, so new values need no recompilation (`truncate`:
+    whether top-k / top-p may cut, Sampling.draw). keys (B,) (None when greedy): row r's PRNG key,
+    fold_in(fold_in(key(seed), t), i) for its t-th new token and its position i in the whole request
+    (the slot engine's rows are at different t in one step: each brings its own; olmax.rollout.engine)."""
     if rule is None:
         return _argmax(logits)
     temperature, top_k, top_p = rule[0], rule[1].astype(jnp.int32), rule[2]
@@ -202,13 +206,13 @@ def _loop(cfg: ModelConfig, n: int, steps: int, draw: str, logprobs: bool, cut_h
             cache = jax.tree.map(lambda c: jnp.repeat(c, n, axis=c.ndim - 4), cache)
             last, first = jnp.repeat(last, n, axis=0), jnp.repeat(first, n)
         rows = last.shape[0]
-        temperature = rule[0] if sample else jnp.float32(1.0)
 
         def pick(logits, t):
-            token = _choose(logits, jax.random.fold_in(key, t), rule if sample else None, index, draw == "truncate")
+            keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(key, t), i))(index) if sample else None
             if not logprobs:
+                token = choose_with_keys(logits, keys, rule if sample else None, draw == "truncate")
                 return token, jnp.zeros(token.shape, jnp.float32)
-            return token, token_logprobs(logits, token, temperature)
+            return choose_scored(logits, keys, rule if sample else None, draw == "truncate")
 
         def record(state, t, token, logp):
             out, lps, done, finish, count, text = state

@@ -55,7 +55,7 @@ from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import abstract_params, param_shardings
 from olmax.rollout.cache import cache_spec, cached_forward, init_cache
 from olmax.rollout.decode_attention import page_size, ring_table, tiles
-from olmax.rollout.sampler import _batch_sharding, _eos_table, _text_table, choose_with_keys, token_logprobs
+from olmax.rollout.sampler import _batch_sharding, _eos_table, _text_table, choose_scored
 
 
 class SlotState(NamedTuple):
@@ -242,18 +242,16 @@ def chunk_program(cfg: ModelConfig, cache_len: int, steps: int, draw: str, width
         whole, narrow = state, width < slots
         if narrow:
             state = state._replace(**{f: getattr(state, f)[:width] for f in PER_SLOT})
-        temperature = rule[0] if sample else jnp.float32(1.0)
 
         def keys(st: SlotState):
-            # request row i's t-th token: fold_in(fold_in(key(seed), t), i), as sampler._choose keys it
+            # request row i's t-th token: fold_in(fold_in(key(seed), t), i), as the static sampler keys it
             draw = lambda data, t, i: jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(data), t), i)
             return jax.vmap(draw)(st.key, st.count, st.index)
 
         def body(carry):
             j, busy, st, tokens, logprobs = carry
             live = st.active
-            token = choose_with_keys(st.logits, keys(st) if sample else None, rule if sample else None, truncate)
-            logp = token_logprobs(st.logits, token, temperature)
+            token, logp = choose_scored(st.logits, keys(st) if sample else None, rule if sample else None, truncate)
             tokens = tokens.at[:, j].set(jnp.where(live, token, 0))
             logprobs = logprobs.at[:, j].set(jnp.where(live, logp, 0.0))
             count = st.count + live
