@@ -11,7 +11,10 @@ process at a time; no -n): `python -m pytest -m tpu tests/test_tpu.py` on a TPU 
   corpus from the same initialisation (cross-entropy per step, at default and highest matmul precision);
 - a training checkpoint written from the chip restores on the CPU bit for bit, and the reverse;
 - greedy `olmax generate` on the chip writes the CPU's tokens;
-- the slot engine (olmax.rollout.engine) on the chip gives the static sampler's greedy tokens there.
+- the slot engine (olmax.rollout.engine) on the chip gives the static sampler's greedy tokens there;
+- the decode kernel (olmax.rollout.decode_attention, Mosaic) = its XLA path on the chip, outputs and the
+  cache it writes, on rings and on a paged pool; the slot engine on a paged cache whose rows are
+  preempted, decoding through the kernel, gives the static sampler's greedy tokens.
 
 Precision: at default precision the TPU multiplies float32 matrices in one bfloat16 pass (~3 digits),
 under `jax.default_matmul_precision("highest")` to ~7 digits; each tolerance below says which it allows for.
@@ -376,3 +379,86 @@ def test_slot_engine_on_the_chip_gives_the_static_samplers_tokens():
         np.testing.assert_array_equal(f.tokens, tokens[f.index, : lengths[f.index]])
         np.testing.assert_allclose(f.logprobs, logprobs[f.index, : lengths[f.index]], atol=1e-4, rtol=0)
     assert engine.totals.moved_rows > 0 and int(engine._state.clock) > 24
+
+
+# ---------------------------------------------------------------------------------------------------
+# decode attention over the KV each row holds (olmax.rollout.decode_attention)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(12, 12, 64), (8, 2, 128)], ids=["mha-64", "gqa-128"])
+def test_decode_kernel_on_the_chip_is_the_xla_path(dtype, heads, kv_heads, head_dim):
+    """The Mosaic kernel against the XLA path (the whole ring, masked) on the chip: rings of 384 slots read
+    in 3 blocks of 128, 8 rows holding one time, a few, a block and a half, or the whole ring (first
+    times before 0 too), clocks before and after the rings wrap, on the ring layout and on a paged pool
+    (the blocks at shuffled page ids, the rest noise); head_dim 64 (a head's key and value read as one
+    128-lane row) and 128 (sliced at the lane tile). The cache each writes (the step's keys and values
+    at slot clock % 384 of every row) is the same bit for bit; the outputs agree to float32 rounding
+    under "highest" precision, and to two bfloat16 steps in bfloat16 (both round the probabilities to
+    bfloat16 before the values' product, summing in float32 in their own orders)."""
+    from olmax.rollout.decode_attention import attend
+
+    ring, page, rows = 384, 128, 8
+    rng = np.random.default_rng(0)
+    cast = lambda x: jnp.asarray(x, jnp.dtype(dtype))
+    step = jax.jit(attend, static_argnames=("ring", "implementation"))
+    tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == "float32" else dict(atol=2e-2, rtol=2e-2)
+    with jax.default_matmul_precision("highest"):
+        for clock in (200, 700, 1000):
+            first = np.asarray([clock, clock - 1, clock - 7, clock - 130, clock - 200, clock - 383, clock - 900, -5])
+            first = np.minimum(first, clock).astype(np.int32)
+            q = cast(rng.standard_normal((rows, heads, head_dim)))
+            new = cast(rng.standard_normal((rows, kv_heads, 2 * head_dim)))
+            rings = rng.standard_normal((rows, kv_heads, ring, 2 * head_dim)).astype(np.float32)
+            ids = rng.permutation(2 * rows * 3)[: rows * 3].reshape(rows, 3).astype(np.int32)
+            pool = rng.standard_normal((2 * rows * 3, kv_heads, page, 2 * head_dim)).astype(np.float32)
+            pool[ids] = rings.reshape(rows, kv_heads, 3, page, 2 * head_dim).transpose(0, 2, 1, 3, 4)
+            for cache, table in ((rings, None), (pool, ids)):
+                table = None if table is None else jnp.asarray(table)
+                out = {}
+                for implementation in ("xla", "pallas"):
+                    args = (q, new, cast(cache), jnp.asarray(first), jnp.int32(clock))
+                    out[implementation] = step(*args, ring=ring, table=table, implementation=implementation)
+                np.testing.assert_allclose(
+                    np.asarray(out["pallas"][0], np.float32), np.asarray(out["xla"][0], np.float32), **tolerance
+                )
+                np.testing.assert_array_equal(np.asarray(out["pallas"][1]), np.asarray(out["xla"][1]))
+
+
+def test_paged_slot_engine_on_the_chip_decodes_through_the_kernel():
+    """The slot engine on the chip with its KV paged (EngineConfig.kv_gib) into a pool too small for its
+    rows, so that rows are preempted and prefilled again, against the static sampler there: a float32
+    model whose rings read through the kernel (head_dim 64: 128-lane rows; rings of 256 and a window of
+    128, blocks of 128), 6 ragged prompts x 3 greedy samples of up to 100 tokens on 4 slots, the clock
+    past the cache length; "highest" precision and a peaked output layer (argmaxes with wide margins):
+    the same tokens, log-probs within 1e-4."""
+    from models import random_params, small_model
+
+    from olmax.rollout.decode_attention import tiles
+    from olmax.rollout.engine import SlotEngine
+    from olmax.rollout.pages import page_bytes
+    from olmax.rollout.sampler import Sampling, sample
+
+    cfg = small_model(
+        vocab_size=512, d_model=128, n_layers=3, global_every=2, n_heads=4, n_kv_heads=2, head_dim=64,
+        mlp_hidden=256, sliding_window=128, compute_dtype="float32",
+    )  # fmt: skip
+    assert tiles(jnp.float32, 128, 2 * cfg.head_dim)  # the kernel's path on the chip
+    params = random_params(cfg, jax.random.key(2))
+    params["lm_head"] = params["lm_head"] * 20
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (3, 40, 17, 28, 9, 33)]
+    limits = rng.integers(20, 101, len(prompts) * 3)
+    costs = page_bytes(cfg, 256)
+    gib = (5 * costs[256] + 6 * costs[128]) / 2**30  # 4 pages of 128 positions for 4 slots of 256
+    with jax.default_matmul_precision("highest"):
+        want = sample(params, cfg, prompts, 100, n=3, sampling=Sampling(), limits=limits)
+        engine = SlotEngine(cfg, slots=4, cache_len=256, sampling=Sampling(), chunk_steps=16, kv_gib=gib)
+        for i, p in enumerate(prompts):
+            engine.add(p, 3, first_index=3 * i, limits=limits[3 * i : 3 * i + 3])
+        finished = engine.run(params)
+    tokens, logprobs, lengths = (np.asarray(x) for x in (want.tokens, want.logprobs, want.lengths))
+    for f in finished:
+        np.testing.assert_array_equal(f.tokens, tokens[f.index, : lengths[f.index]])
+        np.testing.assert_allclose(f.logprobs, logprobs[f.index, : lengths[f.index]], atol=1e-4, rtol=0)
+    assert engine.totals.preempted_rows > 0 and int(engine._state.clock) > 256

@@ -5,7 +5,8 @@
   and refuse one that cannot hold one row;
 - the engine on a pool of about half its slots' rings gives the static sampler's tokens and log-probs
   (1e-5, float32), with the rows that do not fit preempted and prefilled again, slots reused and the
-  rings wrapped (the model and rows of tests/rollout/test_rollout_engine.py).
+  rings wrapped (the rows of tests/rollout/test_rollout_engine.py; its model with a window of 8, whose
+  ring's one block is the full rings' block size: each array takes its own ring's tables).
 """
 
 import jax
@@ -18,7 +19,8 @@ from olmax.rollout.engine import SlotEngine
 from olmax.rollout.pages import TRASH, Pages, page_bytes, pool_sizes
 from olmax.rollout.sampler import FINISH, Sampling, sample
 
-CFG = small_model(vocab_size=300, n_layers=3, global_every=2, sliding_window=4, compute_dtype="float32")
+# the window's ring (8 slots) and the full rings (24) in blocks of 8: one page size for both pools
+CFG = small_model(vocab_size=300, n_layers=3, global_every=2, sliding_window=8, compute_dtype="float32")
 HOT = Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=5)
 N, NEW, CACHE = 3, 12, 24
 
@@ -45,12 +47,12 @@ def test_a_row_takes_the_blocks_of_the_times_it_holds():
 
 
 def test_pools_fit_the_memory_given():
-    costs = page_bytes(CFG, CACHE)  # ring 24 (two global layers) in pages of 8, ring 4 (the window layer)
-    assert costs == {24: 2 * 8 * 2 * 16 * 4, 4: 4 * 2 * 16 * 4}
+    costs = page_bytes(CFG, CACHE)  # ring 24 (two global layers) in pages of 8, ring 8 (the window layer)
+    assert costs == {24: 2 * 8 * 2 * 16 * 4, 8: 8 * 2 * 16 * 4}
     sizes = pool_sizes(CFG, 4, CACHE, 7 * costs[24] / 2**30)
     assert sizes[24] < 7 and sum(n * costs[s] for s, n in sizes.items()) <= 7 * costs[24]
-    assert sizes[4] == min(4 + 1, (sizes[24] - 1) * 8 // 4 + 4 + 1)
-    assert pool_sizes(CFG, 4, CACHE, 1.0) == {24: 4 * 3 + 1, 4: 4 + 1}  # whole rings: no more
+    assert sizes[8] == min(4 + 1, (sizes[24] - 1) * 8 // 8 + 4 + 1)
+    assert pool_sizes(CFG, 4, CACHE, 1.0) == {24: 4 * 3 + 1, 8: 4 + 1}  # whole rings: no more
     with pytest.raises(ConfigError, match="fewer than one row"):
         pool_sizes(CFG, 4, CACHE, 2 * costs[24] / 2**30)
 
@@ -64,7 +66,7 @@ def test_a_paged_engine_gives_the_static_samplers_rollout():
     limits[:N] = NEW
     want = sample(params, CFG, prompts, NEW, n=N, sampling=HOT, limits=limits)
     costs = page_bytes(CFG, CACHE)
-    gib = (7 * costs[24] + 5 * costs[4]) / 2**30  # 6 pages of 8 positions for 4 slots of 24
+    gib = (7 * costs[24] + 5 * costs[8]) / 2**30  # 6 pages of 8 positions for 4 slots of 24
     engine = SlotEngine(
         CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=1, prefill_batch=4, kv_gib=gib
     )

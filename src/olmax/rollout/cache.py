@@ -80,6 +80,16 @@ def ring_sizes(cfg: ModelConfig, length: int) -> list[int]:
     return sorted({slots(cfg, i, length) for i in range(cfg.n_layers)}, reverse=True)
 
 
+def ring_tree(cfg: ModelConfig, length: int) -> dict:
+    """Each cache array's ring slots, in the cache's structure (`init_cache`)."""
+    period = cfg.global_every
+    n_groups, tail = divmod(cfg.n_layers, period)
+    return {
+        "group": tuple(slots(cfg, j, length) for j in range(period)) if n_groups else (),
+        "tail": tuple(slots(cfg, n_groups * period + j, length) for j in range(tail)),
+    }
+
+
 def init_cache(cfg: ModelConfig, batch: int, length: int, pool: Optional[dict[int, int]] = None) -> dict:
     """An empty cache for `batch` rows of at most `length` positions (layout in the module doc); with
     `pool` (ring slots -> pages), paged: each layer's array a pool of that many pages of its ring's
@@ -88,15 +98,12 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, pool: Optional[dict[in
     period = cfg.global_every
     n_groups, tail = divmod(cfg.n_layers, period)
 
-    def array(layer: int, *lead):
-        size = slots(cfg, layer, length)
+    def array(size: int, *lead):
         entries, span = (batch, size) if pool is None else (pool[size], decode_attention.page_size(size))
         return jnp.zeros((*lead, entries, cfg.n_kv_heads, span, 2 * cfg.head_dim), dtype)
 
-    return {
-        "group": tuple(array(j, n_groups) for j in range(period)) if n_groups else (),
-        "tail": tuple(array(n_groups * period + j) for j in range(tail)),
-    }
+    rings = ring_tree(cfg, length)
+    return {"group": tuple(array(s, n_groups) for s in rings["group"]), "tail": tuple(array(s) for s in rings["tail"])}
 
 
 def cache_spec(shape: tuple[int, ...], mesh) -> PartitionSpec:

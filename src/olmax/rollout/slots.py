@@ -53,7 +53,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from olmax.config.mesh import BATCH_AXES
 from olmax.config.model import ModelConfig
 from olmax.model.olmo3 import abstract_params, param_shardings
-from olmax.rollout.cache import cache_spec, cached_forward, init_cache
+from olmax.rollout.cache import cache_spec, cached_forward, init_cache, ring_tree
 from olmax.rollout.decode_attention import page_size, ring_table, tiles
 from olmax.rollout.sampler import _batch_sharding, _eos_table, _text_table, choose_scored
 
@@ -113,12 +113,13 @@ def prefill_program(cfg: ModelConfig, cache_len: int):
     return prefill
 
 
-def insert_program(layouts=None, split: bool = False):
+def insert_program(rings: dict, layouts=None, split: bool = False):
     """insert(state, logits, fresh, width, src, length, index, limit, count, text, key, pages) -> state:
     each slot b with src[b] >= 0 takes prefilled sequence src[b] (of `prefill_program`'s logits and
     rings, its prompts `width` wide, the sequence length[b] long) with its per-row values; slots with
     src[b] = -1 keep their rows. Every argument after `width` but `pages` is per slot (B,); pages: the
-    page tables of a paged cache (module doc), else None.
+    page tables of a paged cache (module doc), else None. rings: each cache array's ring slots
+    (olmax.rollout.cache.ring_tree).
 
     A sequence of width T lands at ring positions clock - width .. clock - width + R - 1 (mod S; R =
     min(S, T), the fresh rings' slots), the same positions for every slot. So for each slot that takes
@@ -141,11 +142,11 @@ def insert_program(layouts=None, split: bool = False):
         new = src >= 0
         targets = jnp.argsort(~new, stable=True)  # the slots that take a row first
 
-        def put(array, prefilled, layout):
+        def put(array, prefilled, layout, size):
             pin = (lambda x: x) if layout is None else (lambda x: with_layout_constraint(x, layout))
             axis = array.ndim - 4  # the rows' (or pages') axis, after a group's layer axis
-            size, table = _blocks_of(array, pages)
             page = page_size(size)
+            table = ring_table(array.shape[axis], size, page) if pages is None else pages[size]
             blocks, per_entry, r = size // page, array.shape[-2] // page, prefilled.shape[-2]
             start = jnp.remainder(clock - width, size)
             shape = (*array.shape[:axis], 1, *array.shape[axis + 1 : -2], page, array.shape[-1])
@@ -166,9 +167,9 @@ def insert_program(layouts=None, split: bool = False):
 
             return jax.lax.fori_loop(0, jnp.sum(new, dtype=jnp.int32), one, array)
 
-        def put_slab(ring, prefilled, layout):
+        def put_slab(ring, prefilled, layout, size):
             axis, at = ring.ndim - 4, ring.ndim - 2  # the slots' axis (after a group's layer axis), positions'
-            size, r = ring.shape[at], prefilled.shape[at]
+            r = prefilled.shape[at]
             start = jnp.remainder(clock - width, size)
             rows = jnp.take(prefilled, jnp.maximum(src, 0), axis=axis)  # each slot's new row
             rows = jnp.concatenate([rows, rows], axis=at)  # any rotation of them is a slice
@@ -193,7 +194,7 @@ def insert_program(layouts=None, split: bool = False):
             chosen_logits = jnp.where((src == p)[:, None], logits[p], chosen_logits)
         layout = layouts or jax.tree.map(lambda _: None, fresh)
         return state._replace(
-            cache=jax.tree.map(put_slab if split else put, state.cache, fresh, layout),
+            cache=jax.tree.map(put_slab if split else put, state.cache, fresh, layout, rings),
             logits=chosen_logits,
             first=fill(state.first, clock - length),
             count=fill(state.count, count),
@@ -206,16 +207,6 @@ def insert_program(layouts=None, split: bool = False):
         )
 
     return insert
-
-
-def _blocks_of(array, pages):
-    """(the ring's slots, each row's block ids) of a cache array: the ring layout's own
-    (decode_attention.ring_table), or, paged, the table of the ring size whose blocks its pages hold."""
-    if pages is None:
-        size = array.shape[-2]
-        return size, ring_table(array.shape[-4], size, page_size(size))
-    size = next(s for s, t in pages.items() if t.shape[1] * array.shape[-2] == s)
-    return size, pages[size]
 
 
 class ChunkOut(NamedTuple):
@@ -383,7 +374,8 @@ def _jitted(cfg, slots, cache_len, key_words, mesh, pool, name: str, steps=0, dr
         fn, donate = prefill_program(cfg, cache_len), ()
     elif name == "insert":
         split = mesh is not None and math.prod(mesh.shape[a] for a in BATCH_AXES) > 1
-        fn, donate = insert_program(state and jax.tree.map(lambda f: f.layout, state.cache), split), (0,)
+        layouts = state and jax.tree.map(lambda f: f.layout, state.cache)
+        fn, donate = insert_program(ring_tree(cfg, cache_len), layouts, split), (0,)
     elif name == "compact":
         fn, donate = compact_program(paged), (0,)
     else:
