@@ -270,9 +270,13 @@ def test_a_read_with_no_signal_retries_then_applies_an_empty_batch(tmp_path, zer
         assert r["rollout/verifier/zero/ok"] == (EMPTY_RETRIES + 1) * 16
 
 
+# Rows of many lengths: a stop string a random model often spells. A random model's rows all run to the
+# length limit otherwise, and a step's rows then stop together and none carries into the next step
+# (a read decodes nothing once its groups have stopped: olmax.rollout.stream).
+VARIED = "grpo.stop=[q]"
 # rows caught mid-response at the checkpoint: 16 slots for three steps' worth of groups, so rows enter
-# as others stop, and a stop string a random model often spells ("q") for rows of many lengths
-MID_RESPONSE = "grpo.max_staleness=2 grpo.slots=16 grpo.stop=[q] grpo.tis_cap=2.0"
+# as others stop
+MID_RESPONSE = f"grpo.max_staleness=2 grpo.slots=16 {VARIED} grpo.tis_cap=2.0"
 
 
 @pytest.mark.slow
@@ -280,9 +284,11 @@ MID_RESPONSE = "grpo.max_staleness=2 grpo.slots=16 grpo.stop=[q] grpo.tis_cap=2.
     "engine",
     [
         "grpo.max_staleness=0",
-        "grpo.max_staleness=1",
-        MID_RESPONSE,
-        "grpo.max_staleness=1 grpo.read_order=completion grpo.active_sampling=true",
+        pytest.param(f"grpo.max_staleness=1 {VARIED}", id="staleness-1"),
+        pytest.param(MID_RESPONSE, id="mid-response"),
+        pytest.param(
+            f"grpo.max_staleness=1 grpo.read_order=completion grpo.active_sampling=true {VARIED}", id="completion"
+        ),
         "grpo.rollout_engine=static",
     ],
 )
@@ -328,7 +334,7 @@ def test_grpo_run_logs_its_figures_and_resumes_exactly(tmp_path, coin_verifier, 
     [
         ("grpo.max_staleness=0", 0.0),
         ("grpo.rollout_engine=static grpo.async_steps=1", 0.05),
-        ("grpo.max_staleness=1", 0.0),
+        pytest.param(f"grpo.max_staleness=1 {VARIED}", 0.0, id="staleness-1"),
     ],
 )
 def test_a_run_stopped_between_mini_batches_resumes_exactly(tmp_path, coin_verifier, engine, beta):
