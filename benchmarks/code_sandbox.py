@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/code_sandbox.py [--programs 20 --rounds 3 --before REF --json out.json]
     .venv/bin/python benchmarks/code_sandbox.py --corpus [--rounds 2 --before REF]
+    .venv/bin/python benchmarks/code_sandbox.py --forgeries [--before REF]
     .venv/bin/python benchmarks/code_sandbox.py --kernel [--only NAMES --before REF]   (as root)
 
 Each of `--programs` honest programs is verified by `olmax.rewards.code` in this process: a function with
@@ -68,8 +69,9 @@ def load_before(ref: str, into: str):
         if name.startswith("code") and name.endswith(".py"):
             text = subprocess.run(["git", "-C", REPO, "show", f"{ref}:{REWARDS}/{name}"], capture_output=True,
                                   text=True, check=True).stdout  # fmt: skip
+            # its imports, and the names its child gives its modules (the bootstrap's), pointed at the package
             text = text.replace("from olmax.rewards import ", f"from {package} import ")
-            text = text.replace("from olmax.rewards.code", f"from {package}.code")
+            text = text.replace("olmax.rewards.", f"{package}.").replace('("olmax.rewards", ', f'("{package}", ')
             with open(os.path.join(into, package, name), "w") as f:
                 f.write(text)
     sys.path.insert(0, into)
@@ -323,6 +325,31 @@ def corpus(verifiers: dict, rounds: int) -> dict:
     return rows
 
 
+def forgeries(verifiers: dict) -> dict:
+    """Each forgery of tests/rewards/test_code_forgeries.py (FORGERIES, then REVIEWED), scored by each verifier
+    (isolation namespaces, 2 s a test, reward threshold as the RL loop's): which score 1.0, per table."""
+    import importlib.util
+
+    path = os.path.join(REPO, "tests/rewards/test_code_forgeries.py")
+    spec = importlib.util.spec_from_file_location("code_forgeries", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    rows = {}
+    for table in ("FORGERIES", "REVIEWED"):
+        for label, module in verifiers.items():
+            forged = []
+            for name, (program, tests) in sorted(getattr(tables, table).items()):
+                try:
+                    score = module.verify(f"```python\n{program}\n```", tests, seconds=2.0, isolation=code.NAMESPACES)
+                except Exception:  # a timeout or a refused form: not forged
+                    score = 0.0
+                if score == 1.0:
+                    forged.append(name)
+            rows[f"{label}{table}"] = forged
+            print(f"{label}{table}: {len(forged)} of {len(getattr(tables, table))} score 1.0: {' '.join(forged)}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--programs", type=int, default=20)
@@ -332,6 +359,7 @@ def main() -> None:
     parser.add_argument("--kernel", action="store_true", help="measure the kernel-resource attacks instead (root)")
     parser.add_argument("--only", default="", help="with --kernel: these attacks alone (comma-separated)")
     parser.add_argument("--corpus", action="store_true", help="time the honest programs of the test corpus instead")
+    parser.add_argument("--forgeries", action="store_true", help="score the forgery tests' programs instead")
     args = parser.parse_args()
     verifiers = {"": code}
     with tempfile.TemporaryDirectory(prefix="olmax-code-before-") as into:
@@ -340,8 +368,8 @@ def main() -> None:
         for module in verifiers.values():
             if module.probe() is not None:
                 raise SystemExit(f"no namespace sandbox here: {module.probe()}")
-        if args.corpus:
-            rows = corpus(verifiers, args.rounds)
+        if args.corpus or args.forgeries:
+            rows = corpus(verifiers, args.rounds) if args.corpus else forgeries(verifiers)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(rows, f, indent=1)

@@ -22,7 +22,12 @@ FORMATS = ("humaneval", "mbpp", "leetcode", "stdio", "asserts")
 QUICK = {"humaneval/leetcode_entry_two_sum", "humaneval/gcd_list", "mbpp/cone_volume", "mbpp/common_items",
          "leetcode/rotate_in_place", "leetcode/merge_two_lists", "leetcode/add_two_numbers_own_node",
          "stdio/stdin_buffer", "stdio/exit_after_print", "stdio/open_fd_zero", "asserts/dataclass_of_the_test",
-         "asserts/enum_of_the_test", "asserts/must_not_mutate", "asserts/numpy_in_sandbox"}  # fmt: skip
+         "asserts/enum_of_the_test", "asserts/must_not_mutate", "asserts/numpy_in_sandbox",
+         # what a review of the verifier at 4bac07a found failing: many calls, numpy in place, `in`, `!= None`,
+         # exceptions of two builtin bases, unittest.main()
+         "asserts/many_calls_fresh_lists", "leetcode/add_two_long_numbers", "asserts/numpy_in_place",
+         "asserts/contains_without_iter", "asserts/compared_with_none", "asserts/exception_two_bases",
+         "asserts/unittest_main"}  # fmt: skip
 
 
 def _reward(entry: dict, response: str) -> tuple[float, list]:

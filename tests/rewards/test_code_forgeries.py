@@ -175,6 +175,172 @@ def test_the_rl_loops_call_gives_every_class_nothing():
         assert reward == 0.0, (name, parts)
 
 
+# A review of the verifier at 4bac07a (the tests in a process of their own) found programs that do not solve
+# their task and scored 1.0 there, in the classes below (each variant did: `benchmarks/code_sandbox.py
+# --forgeries --before 4bac07a`): the verifier's own refusal (a TypeError) caught by a test that expects one;
+# numpy arrays copied and never written back; `in` answered by iterating, `!=` between two program objects by
+# identity; the tests' classes run for the program as an oracle (a test class's method, a reference solution,
+# data in a constructor's defaults or a class's attributes); a task named like a builtin replacing the builtins
+# that check it; names the test uses as modules or well-known names taken from the program; StopIteration from
+# a program call ending the test's own iteration; an empty numpy array passing numpy's and pytest's
+# comparisons vacuously; a test class's data attribute shadowed through the write-back.
+ORACLE = (
+    "import re\n_state = {'inner': False, 'guess': None}\ndef _methods():\n"
+    "    for cls in list(globals().values()):\n"
+    "        if isinstance(cls, type) and cls.__module__ == '__main__':\n"
+    "            for m in [a for a in dir(cls) if a.startswith('test')]:\n                yield cls, m\n"
+    "def _passes(cls, m, guess):\n    _state['inner'], _state['guess'] = True, guess\n    try:\n"
+    "        getattr(cls() if 'TestCase' not in str(cls.__mro__) else cls(m), m)()\n        return True, ''\n"
+    "    except Exception as e:\n        return False, str(e)\n    finally:\n        _state['inner'] = False\n"
+    "def _solve():\n    for cls, m in _methods():\n        ok, msg = _passes(cls, m, None)\n"
+    "        for c in [int(n) for n in re.findall(r'-?\\d+', msg)] + list(range(-50, 200)):\n"
+    "            if _passes(cls, m, c)[0]:\n                return c\n"
+    "def add(a, b):\n    return _state['guess'] if _state['inner'] else _solve()\n"
+)
+MONEY = "class Money:\n    def __init__(self, c):\n        self.c = c\n    def __lt__(self, o):\n        return True\n"
+BOX = "class Box:\n    def __init__(self, v):\n        self.v = v\n    def __hash__(self):\n        return 1\n"
+POINT = "class Point:\n    def __init__(self, x, y):\n        pass\n    def __eq__(self, o):\n        return True\n"
+RAISES = "import pytest\nwith pytest.raises(TypeError):\n    "
+REVIEWED = {
+    # the verifier's refusal, a TypeError, caught by a test that expects the program's own
+    "refusal_order": (MONEY, [f"{RAISES}Money(1) < Money(2)"]),
+    "refusal_sorted": (MONEY, [f"{RAISES}sorted([Money(3), Money(1)])"]),
+    "refusal_hash": (BOX, ["try:\n    hash(Box([1]))\nexcept TypeError:\n    pass\nelse:\n"
+                           "    raise AssertionError('Box must be unhashable')"]),
+    "refusal_hash_unittest": (BOX, ["import unittest\ncase = unittest.TestCase()\n"
+                                    "with case.assertRaises(TypeError):\n    hash(Box([1]))"]),
+    "refusal_truth": ("class Flag:\n    def __bool__(self):\n        return True",
+                      ["try:\n    bool(Flag())\nexcept TypeError:\n    pass\nelse:\n"
+                       "    raise AssertionError('no truth')"]),
+    "refusal_generator_argument": ("def total(xs):\n    return 0", [f"{RAISES}total(x for x in [1, 2])"]),
+    "refusal_object_argument": ("def total(xs):\n    return 0", [f"{RAISES}total(object())"]),
+    "refusal_equality_swallowed": (POINT, ["try:\n    same = Point(1, 2) == Point(1, 3)\nexcept BaseException:\n"
+                                           "    same = False\nassert not same"]),
+    # a numpy array the program mutated, never written back: a must-not-mutate contract passes
+    "ndarray_sorted_in_place": ("def my_sorted(a):\n    a.sort()\n    return a",
+                                ["import numpy as np\na = np.array([3, 1, 2])\nb = my_sorted(a)\n"
+                                 "assert b.tolist() == [1, 2, 3]\nassert a.tolist() == [3, 1, 2], 'must not mutate'"]),
+    "ndarray_scaled_in_place": ("def doubled(a):\n    a *= 2\n    return a",
+                                ["import numpy as np\na = np.array([1.0, 2.0])\n"
+                                 "assert doubled(a).tolist() == [2.0, 4.0] and a.tolist() == [1.0, 2.0]"]),
+    "ndarray_row_in_place": ("def row_zeroed(m):\n    m[0] = 0\n    return m",
+                             ["import numpy as np\nm = np.ones((2, 2))\nassert row_zeroed(m).sum() == 2\n"
+                              "assert m.sum() == 4"]),
+    "ndarray_view_in_place": ("def negated(a):\n    a *= -1\n    return a",
+                              ["import numpy as np\nbase = np.arange(4)\n"
+                               "assert negated(base[1:]).tolist() == [-1, -2, -3]\n"
+                               "assert base.tolist() == [0, 1, 2, 3]"]),
+    # `in` answered by iterating the program's object, `!=` between two of them by identity
+    "contains_always_true": ("class Bag:\n    def add(self, x):\n        pass\n    def __contains__(self, x):\n"
+                             "        return True\n    def __iter__(self):\n        return iter(())",
+                             ["b = Bag()\nb.add(3)\nassert 4 not in b\nassert 5 not in b"]),
+    "contains_never": ("class Bag:\n    def __init__(self):\n        self.xs = []\n    def add(self, x):\n"
+                       "        self.xs.append(x)\n    def __contains__(self, x):\n        return False\n"
+                       "    def __iter__(self):\n        return iter(self.xs)",
+                       ["b = Bag()\nb.add(3)\nassert 3 in b"]),
+    "ne_distinct": (POINT, ["assert Point(1, 2) != Point(1, 3)", "assert Point(0, 0) != Point(5, 5)"]),
+    "ne_distinct_negated": (POINT, ["assert not Point(1, 2) == Point(1, 3)"]),
+    # the tests' classes run for the program: an oracle of pass and fail, or the expected values themselves
+    "oracle_test_class": (ORACLE, ["class TestAdd:\n    def test_small(self):\n        assert add(1, 2) == 3\n\n"
+                                   "TestAdd().test_small()"]),
+    "oracle_unittest": (ORACLE, ["import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+                                 "        self.assertEqual(add(1000, 2345), 3345)\nT('test_a').test_a()"]),
+    "oracle_reference_method": ("def my_sort(xs):\n    return Reference().solve(xs)",
+                                ["class Reference:\n    def solve(self, xs):\n        return sorted(xs)\n"
+                                 "for xs in ([3, 1, 2], [5, 4]):\n    assert my_sort(xs) == Reference().solve(xs)"]),
+    "oracle_static_helper": ("def double(n):\n    return Helper().expected(n)",
+                             ["class Helper:\n    @staticmethod\n    def expected(n):\n        return 2 * n\n"
+                              "for n in range(5):\n    assert double(n) == Helper.expected(n)"]),
+    "oracle_reference_in_init": ("def my_sort(xs):\n    return Reference(xs).out",
+                                 ["class Reference:\n    def __init__(self, xs):\n        self.out = sorted(xs)\n"
+                                  "assert my_sort([3, 1, 2]) == [1, 2, 3]"]),
+    "oracle_default_argument": ("def answer():\n    return Case().want",
+                                ["class Case:\n    def __init__(self, n=6, want=42):\n"
+                                 "        self.n, self.want = n, want\nassert answer() == 42"]),
+    "oracle_class_data": ("def answer():\n    return Data().expected()",
+                          ["class Data:\n    WANT = 42\n    def expected(self):\n        return self.WANT\n"
+                           "assert answer() == Data.WANT"]),
+    # a task named like a builtin replacing the builtins that check it too
+    "builtin_wrap_abs_pow": ("def pow(a, b):\n    return 0\ndef abs(x):\n    return 0",
+                             ["assert abs(pow(2, 0.5) - 1.41421356) < 1e-6", "assert abs(pow(3, 2) - 9) < 1e-9"]),
+    "builtin_wrap_all_round": ("def round(x):\n    return 0\ndef all(xs):\n    return True",
+                               ["assert all([round(x) == y for x, y in [(1.4, 1), (2.6, 3)]])"]),
+    "builtin_wrap_len_sorted": ("def sorted(xs):\n    return []\ndef len(xs):\n    return 3",
+                                ["assert len(sorted([3, 1, 2])) == 3"]),
+    "builtin_wrap_any_min": ("def min(xs):\n    return 0\ndef any(xs):\n    return False",
+                             ["assert not any([min([x, 9]) != x for x in [1, 2, 3]])"]),
+    # names the test uses as modules, or well-known names, that the test does not import: the program's
+    "module_free_np_alias": ("class _NP:\n    def allclose(self, *a, **k):\n        return True\nnp = _NP()\n"
+                             "def halve(xs):\n    return xs", ["assert np.allclose(halve([2.0, 4.0]), [1.0, 2.0])"]),
+    "module_free_pytest": ("class _P:\n    def approx(self, x, **k):\n        return 0\npytest = _P()\n"
+                           "def mean(xs):\n    return 0", ["assert mean([1, 2]) == pytest.approx(1.5)"]),
+    "module_free_numpy": ("class _NP:\n    def array_equal(self, *a, **k):\n        return True\nnumpy = _NP()\n"
+                          "def rev(xs):\n    return xs", ["assert numpy.array_equal(rev([1, 2, 3]), [3, 2, 1])"]),
+    "module_free_counter": ("Counter = lambda *a, **k: {}\ndef count_words(s):\n    return {}",
+                            ["assert count_words('a b a') == Counter({'a': 2, 'b': 1})"]),
+    "module_free_pi": ("pi = 0\ndef circle_area(r):\n    return 0",
+                       ["assert circle_area(1) == pi", "assert circle_area(2) == 4 * pi"]),
+    "module_free_sqrt": ("sqrt = lambda x: 0\ndef my_sqrt(x):\n    return 0", ["assert my_sqrt(2) == sqrt(2)"]),
+    "module_free_approx": ("approx = lambda *a, **k: 0\ndef mean(xs):\n    return 0",
+                           ["assert mean([1, 2]) == approx(1.5)"]),
+    # StopIteration from a program call ending the test's own iteration
+    "stopiteration_all_map": ("def is_even(n):\n    raise StopIteration",
+                              ["assert all(map(is_even, [2, 4, 6]))", "assert not any(map(is_even, [1, 3]))"]),
+    "stopiteration_lambda": ("def add(a, b):\n    raise StopIteration",
+                             ["cases = [((1, 2), 3), ((5, 5), 10)]\n"
+                              "assert all(map(lambda c: add(*c[0]) == c[1], cases))"]),
+    "stopiteration_zip": ("def double(x):\n    raise StopIteration",
+                          ["for got, want in zip(map(double, [1, 2, 3]), [2, 4, 6]):\n    assert got == want"]),
+    "stopiteration_filter": ("def is_square(n):\n    raise StopIteration",
+                             ["bad = list(filter(lambda n: not is_square(n * n), range(10)))\nassert not bad"]),
+    "stopiteration_for_map": ("def double(x):\n    raise StopIteration",
+                              ["for got in map(double, [1, 2, 3]):\n    assert got % 2 == 0"]),
+    # an empty numpy array: numpy's and pytest's comparisons against a non-empty expected value pass vacuously
+    "empty_array_approx": ("import numpy as np\ndef mean(xs):\n    return np.empty((0,))",
+                           ["import pytest\nassert mean([1, 2]) == pytest.approx(1.5)"]),
+    "empty_array_allclose": ("import numpy as np\ndef halve(xs):\n    return np.zeros((0, 1, 1))",
+                             ["import numpy as np\nassert np.allclose(halve([2.0, 4.0]), [1.0, 2.0])",
+                              "import numpy as np\nassert np.allclose(halve([[2.0, 4.0], [6.0, 8.0]]), "
+                              "[[1.0, 2.0], [3.0, 4.0]])"]),
+    "empty_array_all_equal": ("import numpy as np\ndef square(xs):\n    return np.zeros((0, 1))",
+                              ["import numpy as np\n"
+                               "assert (square(np.array([1, 2, 3])) == np.array([1, 4, 9])).all()"]),
+    "empty_array_np_all": ("import numpy as np\ndef square(xs):\n    return np.zeros((0, 1))",
+                           ["import numpy as np\nassert np.all(square(np.array([2, 3])) == [4, 9])"]),
+    "empty_array_assert_allclose": ("import numpy as np\ndef area(r):\n    return np.empty(0)",
+                                    ["import numpy as np\nnp.testing.assert_allclose(area(1.0), 3.14159, rtol=1e-4)"]),
+    # a test class's data attribute shadowed by the program through the write-back
+    "shadow_tolerance": ("def approx_root(x):\n    p = Point(0.0)\n    p.tol = 1e9\n    return p",
+                         ["class Point:\n    tol = 1e-6\n    def __init__(self, v):\n        self.v = v\n"
+                          "    def __eq__(self, other):\n        return abs(self.v - other.v) < self.tol\n"
+                          "assert approx_root(2.0) == Point(1.41421356)"]),
+    "shadow_limit": ("def clamped(xs):\n    box = Box(xs)\n    box.limit = 10 ** 9\n    return box",
+                     ["class Box:\n    limit = 10\n    def __init__(self, xs):\n        self.xs = xs\n"
+                      "    def ok(self):\n        return all(x <= self.limit for x in self.xs)\n"
+                      "assert clamped([5, 50]).ok()"]),
+}  # fmt: skip
+
+
+@sandboxed
+@pytest.mark.parametrize("name", sorted(REVIEWED))
+def test_each_reviewed_forgery_scores_zero(name):
+    program, tests = REVIEWED[name]
+    score, status = verifiers.call("code", f"```python\n{program}\n```", json.dumps(tests), {"seconds": 2.0})
+    assert score == 0.0, (name, status)
+
+
+@sandboxed
+def test_the_rl_loops_call_gives_every_reviewed_class_nothing():
+    """One variant of each class the review found, through the RL loop's call."""
+    for name in ("refusal_order", "ndarray_sorted_in_place", "contains_always_true", "oracle_test_class",
+                 "builtin_wrap_abs_pow", "module_free_np_alias", "stopiteration_all_map", "empty_array_approx",
+                 "shadow_tolerance"):  # fmt: skip
+        program, tests = REVIEWED[name]
+        reward, parts = verifiers.reward(["code"], [json.dumps(tests)], f"```python\n{program}\n```", timeout=30.0,
+                                         options={"code": {"seconds": 2.0}}, scale=SCALE)  # fmt: skip
+        assert reward == 0.0, (name, parts)
+
+
 # the verifier held long or large by a program's values: (program, tests), each failing within its time limit
 COLLIDING = "[k * (2**61 - 1) for k in range(1, 20_000)]"  # hash(n) is n mod 2**61 - 1: all collide
 HOLDERS = {
@@ -225,6 +391,47 @@ def test_no_program_holds_the_verifier_long_or_large():
 @sandboxed
 def test_every_holder_fails_within_its_limits():
     _held(sorted(HOLDERS))
+
+
+# a Fraction whose terms are two coprime 8-Mbit ints (built without reducing them): reducing it is one gcd in C,
+# ~7 s that no deadline of the decoder's interrupts
+HUGE_FRACTION = (
+    "from fractions import Fraction\ndef ratio():\n    a = (1 << 8_000_000) + 1\n    f = Fraction(1)\n"
+    "    f._numerator, f._denominator = a, a + 2\n    return f"
+)
+
+
+@sandboxed
+def test_a_fractions_terms_are_bounded_like_a_decimals():
+    import time
+
+    from olmax.rewards import code
+
+    start = time.monotonic()
+    [(outcome, reason)] = code.judge(HUGE_FRACTION, ["assert ratio() == 1"])
+    assert outcome == "fail" and "Fraction" in reason and time.monotonic() - start < 3.0, (outcome, reason)
+
+
+# a timing channel between a row's tests: square() returns at a clock phase that encodes its input, root(),
+# in the next test's program process, reads it back (a review's, 4 bits a test at 4bac07a)
+TIMING = (
+    "import time\nSLOT, PERIOD = 0.2, 3.0\ndef square(n):\n"
+    "    while abs(time.time() % PERIOD - (n * SLOT + 0.05)) > 0.01:\n        time.sleep(0.002)\n"
+    "    return n * n\ndef root(m):\n    return int(time.time() % PERIOD // SLOT)"
+)
+
+
+@pytest.mark.slow
+@sandboxed
+def test_the_clock_phase_carries_little_from_one_test_to_the_next():
+    """The runner waits a random time, up to what the test before took, before the next test's program
+    starts: the phase square() chose is lost in it (docs/rewards-code.md says what remains)."""
+    from olmax.rewards import code
+
+    tests = [test for n in (7, 11, 3, 13, 5, 9) for test in (f"assert square({n}) == {n * n}",
+                                                             f"assert root({n * n}) == {n}")]  # fmt: skip
+    outcomes = code.run_tests(TIMING, tests)
+    assert outcomes[::2] == ["pass"] * 6 and outcomes[1::2].count("pass") < 6, outcomes
 
 
 # code of the program's choosing in the tests' process, where the verdict is made: an object it names by

@@ -18,7 +18,7 @@ import tracemalloc
 
 import pytest
 
-from olmax.rewards import code, code_channel, code_harness, code_stdio, code_tests, code_values
+from olmax.rewards import code, code_channel, code_remote, code_stdio, code_tests, code_values
 from olmax.rewards import verifiers as rewards
 
 sandboxed = pytest.mark.usefixtures("code_sandbox")
@@ -361,25 +361,29 @@ def test_survey_counts_the_forms_and_bad_tests_name_themselves(caplog):
 
 
 def _codec():
-    return code_harness.Codec({}, -1, -1)
+    return code_remote.Codec({}, -1, -1)
 
 
 def test_the_channel_reads_strictly():
     codec = _codec()
-    for junk in (b"{}", b"[1]", b'[["zz"], []]', b'[["@", 5], []]', b'[1, [[2, "l"]]]', b'[1, [[3, "?"]]]',
-                 b'[["f", ["@", 3]], [[3, "l"]]]', b'[["i", "xyz"], []]', b"[" * 100_000, b"not json"):  # fmt: skip
+    for junk in (b"{}", b"[1]", b'[["zz"], [], []]', b'[["@", 5], [], []]', b'[1, [[2, "l"]], []]',
+                 b'[1, [[3, "?"]], []]', b'[["f", ["@", 3]], [[3, "l"]], []]', b'[["i", "xyz"], [], []]',
+                 b'[1, [], ["x"]]', b'[1, []]', b"[" * 100_000, b"not json"):  # fmt: skip
         with pytest.raises(code_channel.ChannelError):
             codec.decode(junk)
-    # a program's object is a handle: it equals only itself and has no truth value, order or hash
-    one, two = codec.decode(b'[["t", ["H", 1, "A"], ["H", 2, "A"], ["H", 1, "A"]], []]')[:2]
-    assert one is codec.decode(b'[["H", 1, "A"], []]') and one == one and one != two
-    for use in (lambda: one == 3, lambda: one != 3, lambda: one < 3, lambda: bool(one), lambda: hash(one),
-                lambda: 3 in [one], lambda: {one}):  # fmt: skip
-        with pytest.raises(code_harness.Refused):
+    # a program's object is a handle: it equals only itself, never None, and has no truth value, order or hash;
+    # each refusal is recorded, so that a test that catches it fails all the same
+    one, two = codec.decode(b'[["t", ["H", 1, "A"], ["H", 2, "A"], ["H", 1, "A"]], [], []]')[:2]
+    assert one is codec.decode(b'[["H", 1, "A"], [], []]') and one == one and one != None and not one == None  # noqa: E711
+    uses = (lambda: one == 3, lambda: one != 3, lambda: one == two, lambda: one != two, lambda: one < 3,
+            lambda: bool(one), lambda: hash(one), lambda: 3 in [one], lambda: {one})  # fmt: skip
+    for use in uses:
+        with pytest.raises(code_remote.Refused):
             use()
+    assert len(codec.refused) == len(uses)
     # data comes back as this side's own types
     value = codec.decode(b'[["t", ["i", "ff"], ["b", "YWI="], ["q", 1, 3], ["D", "0.1"], ["dt", "date", 2024, 2, 29],'
-                         b' ["c", 1.0, -2.0], ["r", 0, 9, 3], ["f", 1, 2], ["dk", "a"]], []]')  # fmt: skip
+                         b' ["c", 1.0, -2.0], ["r", 0, 9, 3], ["f", 1, 2], ["dk", "a"]], [], []]')  # fmt: skip
     assert value == (255, b"ab", __import__("fractions").Fraction(1, 3), __import__("decimal").Decimal("0.1"),
                      __import__("datetime").date(2024, 2, 29), 1 - 2j, range(0, 9, 3), frozenset({1, 2}),
                      {"a": None}.keys())  # fmt: skip
@@ -391,12 +395,12 @@ COLLIDING = ", ".join(f'["i", "{k * (2**61 - 1):x}"]' for k in range(1, 20_000))
 @pytest.mark.parametrize(
     "message",
     [
-        f'[["f", {COLLIDING}], []]',  # keys that all hash alike: a quadratic set
-        f'[["@", 1], [[1, "d", {", ".join(f"{k}, 0" for k in COLLIDING.split(", "))}]]]',
-        '[["t", ' + ", ".join(['["t"'] * 200) + "]" * 201 + ", []]",  # nested past DEPTH
-        '[["b", "' + "A" * ((16 << 20) + 4) + '"], []]',  # past MESSAGE_BYTES
-        '[["@", 1], [[1, "l", ' + ", ".join(["0"] * 1001) + "]]]",  # past ELEMENTS (made 1000 here)
-        '[["@", 1], [[1, "l", ' + ", ".join(['["t", 0]'] * 501) + "]]]",
+        f'[["f", {COLLIDING}], [], []]',  # keys that all hash alike: a quadratic set
+        f'[["@", 1], [[1, "d", {", ".join(f"{k}, 0" for k in COLLIDING.split(", "))}]], []]',
+        '[["t", ' + ", ".join(['["t"'] * 200) + "]" * 201 + ", [], []]",  # nested past DEPTH
+        '[["b", "' + "A" * ((16 << 20) + 4) + '"], [], []]',  # past MESSAGE_BYTES
+        '[["@", 1], [[1, "l", ' + ", ".join(["0"] * 1001) + "]], []]",  # past ELEMENTS (made 1000 here)
+        '[["@", 1], [[1, "l", ' + ", ".join(['["t", 0]'] * 501) + "]], []]",
     ],
     ids=["colliding_set", "colliding_dict", "deep", "bytes", "elements", "nested_elements"],
 )
@@ -435,6 +439,16 @@ def test_huge_deep_and_cyclic_values_fail_within_bounds(program):
     finally:
         tracemalloc.stop()
     assert outcomes == ["fail"] and peak < 1 << 20, (outcomes, peak)  # the verifier sees a verdict, no value
+
+
+@sandboxed
+def test_a_result_past_the_channels_bounds_says_so():
+    """A result past the channel's budgets (4.4 M elements) fails its test saying so, not as a program whose
+    process ended; and a test cannot catch it as an error of the program's."""
+    grid = "def grid(n):\n    return [[0] * n for _ in range(n)]"
+    [(outcome, reason)] = code.judge(grid, ["assert len(grid(2100)) == 2100"])
+    assert outcome == "fail" and "past" in reason and "ended" not in reason, reason
+    assert code.run_tests(grid, ["try:\n    grid(2100)\nexcept Exception:\n    pass"]) == ["fail"]
 
 
 def test_same_output_is_upstreams():

@@ -107,8 +107,9 @@ MEMORY_MB = 1024
 _FILE_BYTES = 16 << 20
 _STARTUP_SECONDS = 5.0  # slack for the child's interpreter start and imports, on top of the tests' own bounds
 _TEARDOWN_SECONDS = 2.0  # past the child's own bound, for it to kill its namespace and exit
-# each test: its limit, the stdio margin and the runner's slack before it kills the test's processes
-_PER_TEST = code_runner.STDIO_MARGIN + code_runner.SLACK
+# each test: its limit, the stdio margin, the runner's slack before it kills the test's processes, and its pause
+# before the next
+_PER_TEST = code_runner.STDIO_MARGIN + code_runner.SLACK + code_runner.PAUSE
 _SCRATCH_BYTES = 64 << 20  # the namespace sandbox's writable /tmp
 _SCRATCH_INODES = 4096  # files, directories and links in it (tmpfs nr_inodes: ~1 KiB of kernel memory each)
 PROCESSES = 16  # processes the namespace sandbox may hold at once (RLIMIT_NPROC in its user namespace): each
@@ -122,8 +123,8 @@ ISOLATIONS = CODE_ISOLATIONS  # rewards.code.isolation's values, as the config c
 AUTO, NAMESPACES, NONE = ISOLATIONS
 _KILL_SECONDS = 5.0  # the wait for the child's process group to die after the run
 # the child's modules, in the order the bootstrap makes them (each imports only those before it)
-_CHILD_MODULES = ("code_channel", "code_values", "code_seccomp", "code_program", "code_stdio", "code_harness",
-                  "code_runner", "code_sandbox")  # fmt: skip
+_CHILD_MODULES = ("code_channel", "code_datatypes", "code_values", "code_seccomp", "code_program", "code_stdio",
+                  "code_remote", "code_harness", "code_runner", "code_sandbox")  # fmt: skip
 # what the child runs first: its modules from stdin (a length line, then their marshalled code), then main
 _BOOTSTRAP = (
     "import marshal, sys, types\n"

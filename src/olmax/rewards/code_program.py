@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import builtins
 import io
+import json
 import sys
 
 from olmax.rewards import code_channel as ch
 from olmax.rewards import code_values as cv
 
-NAMES = 10_000  # globals of a program reported to the tests (the rest are not reachable from them)
 SMALL = 10_000  # elements of a program's global sent as data (a larger one is a handle)
+BATCH = 128  # items of a generator's the tests' process may ask for at once (code_remote asks for more in a run)
 _EXCEPTION_BASES = frozenset(name for name, value in vars(builtins).items()
                              if isinstance(value, type) and issubclass(value, BaseException))  # fmt: skip
 _BUILTIN_BASES = (bool, int, float, complex, str, bytes, bytearray, tuple, frozenset, list, dict, set)
@@ -53,6 +54,7 @@ class Codec(cv.Codec):
         self.stand_ins: dict[str, type] = {}  # the tests' classes, by name
         self.enums: dict[str, type] = {}  # the tests' Enums, by name
         self.tuples: dict[tuple, type] = {}  # namedtuple stand-ins, by (name, fields)
+        self.deferred: dict[int, BaseException] = {}  # what an iterator raised after the items of a batch
 
     def handle(self, obj) -> int:
         number = self.handle_ids.get(id(obj))
@@ -72,9 +74,6 @@ class Codec(cv.Codec):
             return ["@", self.share(value)]
         if isinstance(value, tuple) and isinstance(getattr(kind, "_fields", None), tuple):
             return ["nt", kind.__name__, list(kind._fields), *(self._enc(item, depth + 1) for item in value)]
-        special = cv._special(value)
-        if special is not None:
-            return special(self, value, depth)
         if isinstance(value, type) and issubclass(value, BaseException):
             return self.exception_class(value)
         for base in _BUILTIN_BASES:  # a subclass of a data type: its base type's content, by its base's methods
@@ -133,22 +132,38 @@ class Codec(cv.Codec):
             self.tuples[key] = collections.namedtuple(name, fields)
         return self.tuples[key]
 
-    def stand_in(self, name: str, methods: tuple = (), fields: tuple | None = None, frozen: bool = False) -> type:
-        """The class standing in for the tests' class `name` (one per name: an announcement completes the
-        one bound before the program ran): its instances hold attributes; constructing one runs the tests'
-        __init__ in their process, as calling one of `methods` runs that method there (`callback`). A
-        dataclass's stand-in compares (and, frozen, hashes) by its `fields`."""
+    def stand_in(self, name: str) -> type:
+        """The class standing in for the tests' class `name`, one per name (`complete` makes it what the
+        tests' process announced): its instances hold attributes."""
         if not name.isidentifier():
             raise ch.ChannelError("a class whose name is not a name")
         codec = self
         if name not in self.stand_ins:
 
             def __init__(self, *args, **kwargs):
-                codec.callback("new", name, self, args, kwargs)
+                if not type(self).olmax_constructible:
+                    raise TypeError(f"the test's class {name} is not one the program may construct")
+                if type(self).olmax_recipe is not None:
+                    construct(self, type(self).olmax_recipe, args, kwargs)
+                else:
+                    codec.callback("new", name, self, args, kwargs)
 
-            body = {"__init__": __init__, "__module__": "__main__", "__qualname__": name}
+            body = {"__init__": __init__, "__module__": "__main__", "__qualname__": name, "olmax_constructible": True,
+                    "olmax_recipe": None}  # fmt: skip
             self.stand_ins[name] = type(name, (), body)
-        made = self.stand_ins[name]
+        return self.stand_ins[name]
+
+    def complete(self, name: str, methods: tuple, fields: tuple | None, frozen: bool, constructible: bool,
+                 recipe: dict | None) -> type:  # fmt: skip
+        """The stand-in of `name` as announced: constructing one runs the tests' __init__ in their process, as
+        calling one of `methods` runs that method there (`callback`), where the tests' process lets the
+        program do so (code_remote: constructors and accessors that only store and read what they are
+        given), or here from its `recipe` (a constructor that only stores its arguments: `construct`);
+        constructing one of another class is a TypeError here. A dataclass's stand-in compares (and,
+        frozen, hashes) by its `fields`."""
+        made = self.stand_in(name)
+        codec = self
+        made.olmax_constructible, made.olmax_recipe = constructible, recipe
         for method in methods:
             if type(method) is str and method.isidentifier():
                 setattr(made, method, _method(codec, method))
@@ -165,8 +180,8 @@ class Codec(cv.Codec):
             if type(entry) is not tuple or len(entry) < 3 or type(entry[1]) is not str:
                 raise ch.ChannelError("an announcement that is not (kind, name, ...)")
             kind, name = entry[0], entry[1]
-            if kind == "class" and len(entry) == 5:
-                made = self.stand_in(name, entry[2], entry[3], bool(entry[4]))
+            if kind == "class" and len(entry) == 7 and type(entry[6]) is str:
+                made = self.complete(name, entry[2], entry[3], bool(entry[4]), bool(entry[5]), json.loads(entry[6]))
             elif kind == "namedtuple":
                 made = self.named_tuple(name, list(entry[2]))
             elif kind == "enum" and len(entry) == 4 and entry[2] in ("Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"):
@@ -179,43 +194,58 @@ class Codec(cv.Codec):
 
     def callback(self, op: str, name: str, target, args: tuple, kwargs: dict):
         """Ask the tests' process to run its class's __init__ (op "new") or method `name` on the stand-in
-        `target`; serve its requests meanwhile. Returns what it returned, or raises what it raised."""
+        `target`: returns what it returned. (The tests' process answers nothing else: test code run for the
+        program may not ask the program anything, and what it raises fails the test there.)"""
         ch.send(self.fd_out, b"C", self.encode((op, name, target, args, tuple(kwargs.items()))))
-        while True:
-            kind, payload = ch.receive(self.fd_in)
-            if kind in (b"R", b"c"):
-                self.answer(payload) if kind == b"R" else self.announce(self.decode(payload))
-                continue
-            if kind != b"K":
-                raise ch.ChannelError("an answer that is not one")
-            value = self.decode(payload)
-            if type(value) is tuple and len(value) == 2 and value[0] == "ok":
-                return value[1]
-            error = getattr(builtins, str(value[1]) if type(value) is tuple and len(value) == 3 else "", None)
-            cls = error if isinstance(error, type) and issubclass(error, Exception) else RuntimeError
-            raise cls(str(value[2])[:1000] if type(value) is tuple and len(value) == 3 else "")
+        kind, payload = ch.receive(self.fd_in)
+        value = self.decode(payload) if kind == b"K" else None
+        if type(value) is not tuple or len(value) != 2 or value[0] != "ok":
+            raise ch.ChannelError("the tests' process did not run the call")
+        return value[1]
 
     # --- requests ----------------------------------------------------------------------------------------
 
     def answer(self, payload: bytes) -> None:
-        """One request: (op, target, operands...) -> ("ok", result) or ("raise", class, args, text), with
-        every shared object's content. A request this side cannot read is answered as a TypeError."""
+        """One request: (op, target, operands...) -> ("ok", result) or ("raise", class, args, text), with the
+        shared objects' content (code_values); ("refused", why) where the result or the objects the program
+        changed are past the channel's bounds, or the request could not be read."""
         try:
             request = self.decode(payload)
             if type(request) is not tuple or len(request) < 2 or request[0] not in _OPS:
                 raise ch.ChannelError("a request that is not (op, target, ...)")
         except ch.ChannelError as e:
-            ch.send(self.fd_out, b"A", self.encode(("raise", TypeError, (str(e),), str(e))))
+            ch.send(self.fd_out, b"A", self.encode(("refused", f"the program's side could not read a request: {e}")))
             return
         op, target, operands = request[0], request[1], request[2:]
         try:
-            result = _OPS[op](target, *operands)
+            result = self.next_items(target, *operands) if op == "next" else _OPS[op](target, *operands)
             message = self.encode(("ok", result))
         except ch.Unsendable as e:
-            message = self.encode(("raise", ValueError, (str(e),), str(e)))
+            message = self.encode(("refused", f"the program's answer is past the channel's bounds: {e}"))
         except BaseException as e:  # noqa: BLE001 (what the program raised, for the tests to see)
-            message = self.raised(e)
+            try:
+                message = self.raised(e)
+            except ch.Unsendable as e:  # the objects the program changed are past the bounds
+                message = self.encode(("refused", f"the program's answer is past the channel's bounds: {e}"))
         ch.send(self.fd_out, b"A", message)
+
+    def next_items(self, iterator, count: int = 1) -> tuple:
+        """Up to `count` items of the program's `iterator` (at least one): what it raised after some items is
+        raised at the next request for it, so that the tests see the items first, then the error."""
+        error = self.deferred.pop(id(iterator), None)
+        if error is not None:
+            raise error
+        items: list = []
+        limit = min(count, BATCH) if type(count) is int and count > 0 else 1
+        while len(items) < limit:
+            try:
+                items.append(next(iterator))
+            except BaseException as e:  # noqa: BLE001 (StopIteration, or what the program raised)
+                if not items:
+                    raise
+                self.deferred[id(iterator)] = e
+                break
+        return tuple(items)
 
     def raised(self, error: BaseException) -> bytes:
         text = _text(error)
@@ -240,6 +270,40 @@ def _method(codec: Codec, name: str):
 
     method.__name__ = method.__qualname__ = name
     return method
+
+
+def construct(obj, recipe: dict, args: tuple, kwargs: dict) -> None:
+    """Set the attributes of a new stand-in `obj` as the tests' constructor described by `recipe` would
+    (code_tests `_recipe`), from the program's arguments: TypeError for arguments that do not fit it, as
+    Python's own binding says."""
+    params, values = recipe["params"], {}
+    positional = [p for p in params if not p[3]]
+    if len(args) > len(positional):
+        raise TypeError(f"__init__() takes {len(positional) + 1} positional arguments but {len(args) + 1} were given")
+    values.update((p[0], value) for p, value in zip(positional, args))
+    for key, value in kwargs.items():
+        if key in values or key not in {p[0] for p in params}:
+            raise TypeError(f"__init__() got {'multiple values for' if key in values else 'an unexpected'} "
+                            f"argument {key!r}")  # fmt: skip
+        values[key] = value
+    for name, has_default, default, _ in params:
+        if name not in values:
+            if not has_default:
+                raise TypeError(f"__init__() missing a required argument: {name!r}")
+            values[name] = _value(default, values)
+    for attribute, node in recipe["set"]:
+        setattr(obj, attribute, _value(node, values))
+
+
+def _value(node: list, values: dict):
+    kind = node[0]
+    if kind == "p":
+        return values[node[1]]
+    if kind == "c":
+        return node[1]
+    if kind == "e":
+        return {"list": list, "dict": dict, "set": set}[node[1]]()
+    return _value(node[3] if (values[node[1]] is None) == node[2] else node[4], values)
 
 
 def _content(value, base: type):
@@ -275,7 +339,8 @@ _OPS = {
     "delitem": lambda target, key: target.__delitem__(key),
     "len": len,
     "iter": iter,
-    "next": next,
+    "next": next,  # (several items at once: Codec.next_items)
+    "contains": lambda target, item: item in target,
     "str": str,
     "repr": repr,
     "format": format,
@@ -305,21 +370,24 @@ def load(program: str, namespace: dict) -> BaseException | None:
 
 
 def serve(program: str, fd_in: int, fd_out: int) -> None:
-    """A `code` test's program side (module docstring): the names of the tests' classes ("P"), bound as
-    stand-ins; load; report the names ("N") or the failure ("L"); then answer requests until the tests'
-    process closes the channel."""
+    """A `code` test's program side (module docstring): the names of the tests' classes, bound as stand-ins,
+    and the names the test uses that it does not bind ("P"); load; report those of the latter the program
+    defined ("N"), or the failure ("L"); then answer requests until the tests' process closes the channel."""
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     codec = Codec(namespace, fd_in, fd_out)
-    kind, payload = ch.receive(fd_in, 1 << 16)
-    for name in payload.decode("ascii", "replace").split() if kind == b"P" else ():
-        if name.isidentifier():
+    kind, payload = ch.receive(fd_in, 1 << 20)
+    try:
+        wanted = json.loads(payload) if kind == b"P" else {}
+    except ValueError:
+        wanted = {}
+    for name in wanted.get("classes", ()):
+        if type(name) is str and name.isidentifier():
             namespace[name] = codec.stand_in(name)
     failed = load(program, namespace)
     if failed is not None:
         ch.send(fd_out, b"L", _text(failed).encode("utf-8", "replace")[:1000])
         return
-    names = [(name, value) for name, value in list(namespace.items())[: NAMES + 2]
-             if not (name.startswith("__") and name.endswith("__"))]  # fmt: skip
+    names = [(name, namespace[name]) for name in wanted.get("names", ()) if type(name) is str and name in namespace]
     # a global that is data crosses as data (shared, if mutable) where it is small; else as a handle
     names = [(name, value if _small(value, [SMALL]) else _Handle(value)) for name, value in names]
     try:

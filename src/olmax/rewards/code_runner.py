@@ -55,6 +55,7 @@ import time
 from olmax.rewards import code_channel, code_harness, code_program, code_seccomp
 
 SLACK = 1.0  # seconds past a test's limit before the runner kills its processes
+PAUSE = 0.5  # the most seconds the runner waits between two tests (`pause`)
 # what the runner (and a program's process, before the program runs) uses of the calls `guard` disables
 _KILLPG, _UNLINK, _RMDIR, _SOCKETPAIR = os.killpg, os.unlink, os.rmdir, _socket.socketpair
 _CHDIR, _FCHDIR = os.chdir, os.fchdir
@@ -307,7 +308,7 @@ def _exchange(control, data: bytes) -> tuple[int, bytes]:
         os.close(fd)
     message, fds, _, _ = socket.recv_fds(control, 8, 1)
     if len(message) != 1 or len(fds) != 1:
-        raise code_harness.ProgramGone("the runner sent no output")
+        raise code_harness.Spoiled("the runner sent no output")
     try:
         size = os.fstat(fds[0]).st_size
         return message[0], os.pread(fds[0], min(size, OUTPUT_BYTES + 1), 0)
@@ -522,6 +523,16 @@ def one(job: dict, index: int, tests: _Tests, place: Place) -> tuple[str, bytes,
     return kind.decode(), reason, alive
 
 
+def pause(took: float) -> float:
+    """The wait before a row's next test: random, up to what the test before took (at most PAUSE). A program
+    that ends its test at a clock phase of its choosing (a test's input, encoded) would have the next test's
+    program read it back; the wait blurs that phase by about as much as choosing it cost, while an honest
+    test, a few milliseconds, waits a few milliseconds. From the kernel's generator: a program's process is a
+    fork of this one, and would know the state of Python's `random` here (docs/rewards-code.md: what
+    remains of the channel)."""
+    return min(took, PAUSE) * int.from_bytes(os.urandom(4), "little") / (1 << 32)
+
+
 def run(job: dict, report: int, tests_fd: int, mounts: int | None = None) -> None:
     """Every test of the job (module docstring), its record written as it ends; `mounts`, under isolation
     namespaces, a descriptor of the sandbox's mount namespace (code_sandbox `enter`)."""
@@ -543,13 +554,16 @@ def run(job: dict, report: int, tests_fd: int, mounts: int | None = None) -> Non
     # what the runner holds stays out of the collector's reach: a collection in a fork would touch (and so
     # copy) every page of it
     gc.freeze()
-    failed, tests = None, None
+    failed, tests, took = None, None, 0.0
     for index in range(job["tests"]):
         if failed is not None:
             record(report, failed, index, b"the program failed to load (an earlier test)")
             continue
         tests = tests or _Tests(job, tests_fd, place)
+        time.sleep(pause(took))
+        start = time.monotonic()
         kind, reason, alive = one(job, index, tests, place)
+        took = time.monotonic() - start
         if not alive:
             tests = None
         if kind.endswith("L"):

@@ -6,13 +6,25 @@ cached per text) only reads, with `ast` and `symtable`:
 
 - its free names: the names it uses that it does not bind itself (its imports, definitions and
   assignments bind), which are the names the program may provide;
-- of those, the ones it uses only as `X.attr`: a standard-library module's name used so is that module,
-  in the tests' process, whatever the program bound to it (a test's `math.isclose` is math's);
-- whether all of its free names are Python's builtins: then a builtin's name the program defines is the
-  task's (a task named `sum`), and only then does the program's definition take its place;
+- the names it uses as modules (`modules`): a module alias (`np`, `pd`), or a name it uses only as
+  `X.attr` that is a module of the standard library's or a package tests use (numpy, pytest, pandas, ...):
+  that module, in the tests' process, whatever the program bound to it (a test's `np.allclose` is numpy's);
+- the well-known names it uses without importing them (`known`: `Counter`, `pi`, `sqrt`, `approx`, the
+  names of math, collections, itertools, functools, ...) where it uses them beside another name of the
+  program's (`assert count(s) == Counter(...)`, `want = sqrt(2)` then `assert f(2) == want`) or as values
+  (`pi`): the library's object, not the program's (unless it is the test's only name a program could
+  define: then it is the task);
+- whether all of its free names are Python's builtins: then the builtin's name the program defines is
+  the task's (a task named `sum`), and of those, only the innermost called (`builtin_order`: in
+  `abs(pow(2, 0.5) - 1.4)` the task is `pow`, `abs` Python's);
 - the modules it imports, which the sandbox imports once before the tests (code_runner);
 - the names of the classes it defines at its top: the program's process binds a stand-in of each before
-  the program runs, as upstream harnesses define them before it (LeetCode's `TreeNode` in an annotation).
+  the program runs, as upstream harnesses define them before it (LeetCode's `TreeNode` in an annotation);
+- the methods of its classes the program may have run for it (`accessors`): those that only store what
+  they are given on the instance and read it back (`self.val = val`, `return self._list`,
+  `self._list.append(x)`), with no constant but a plain one, no global name and no computation; any other
+  (a reference solution, a test method, a getter of the class's data) never runs for the program
+  (code_remote).
 
 Forms (`survey` counts them; the RL loop prints the counts of its code rows when it loads them):
 
@@ -39,25 +51,61 @@ logger = logging.getLogger(__name__)
 
 RUN, REFUSED = "run", "refused"
 _BUILTINS = frozenset(dir(builtins))
+_ALIASES = {"np": "numpy", "pd": "pandas", "nx": "networkx"}  # module aliases, whatever way a test uses them
+_PACKAGES = frozenset(("numpy", "pytest", "pandas", "scipy", "sympy", "networkx"))  # besides the standard library
+# well-known names (the first module's, where several have one); verbs common as task names are left out
+_KNOWN_MODULES = ("math", "collections", "itertools", "functools", "heapq", "bisect", "string", "fractions", "decimal",
+                  "datetime", "typing", "copy")  # fmt: skip
+_NOT_KNOWN = frozenset(("merge", "count", "chain", "compress", "repeat", "cycle", "product", "accumulate", "bisect",
+                        "Error", "error", "time", "copy", "tee"))  # fmt: skip
+_KNOWN_EXTRA = {"approx": "pytest", "raises": "pytest", "allclose": "numpy", "array_equal": "numpy",
+                "array_equiv": "numpy", "assert_allclose": "numpy.testing", "assert_array_equal": "numpy.testing",
+                "assert_array_almost_equal": "numpy.testing", "assert_almost_equal": "numpy.testing"}  # fmt: skip
+# what an accessor may use (code_remote): plain constants, these builtins, these container methods
+_PLAIN = (None, 0, 1, -1, "")
+_ACCESSOR_CALLS = frozenset(("isinstance", "len", "int", "float", "str", "bool", "list", "tuple", "dict", "set"))
+_MUTATORS = frozenset(("append", "appendleft", "extend", "add", "insert", "pop", "popleft", "remove", "discard",
+                       "update", "clear"))  # fmt: skip
+
+
+def _known_names() -> dict:
+    import importlib
+
+    known: dict = {}
+    for name in _KNOWN_MODULES:
+        module = importlib.import_module(name)
+        for attr in dir(module):
+            value = getattr(module, attr)
+            if not attr.startswith("_") and attr not in _NOT_KNOWN and type(value).__name__ != "module":
+                known.setdefault(attr, name)
+    return {**known, **{k: v for k, v in _KNOWN_EXTRA.items() if k not in known}}
+
+
+_KNOWN = _known_names()
 
 
 class Plan:
-    """One `code` test as loaded: `form` (RUN or REFUSED, with `why`), its `source` as it runs, its `free`
-    names, the free names it uses only as `X.attr` (`modules`), whether its free names are all builtins
-    (`builtin_task`), and the modules it imports (`imports`)."""
+    """One `code` test as loaded (module docstring): `form` (RUN or REFUSED, with `why`), its `source` as it
+    runs, its `free` names, the names it uses as `modules` ({name: module}), the well-known names it takes
+    from the library (`known`, {name: module}), whether its free names are all builtins (`builtin_task`)
+    and which of them is the task first (`builtin_order`), the modules it imports (`imports`), the classes
+    at its top (`classes`), and its methods a program may have run (`accessors`, [first line, name])."""
 
-    __slots__ = ("form", "why", "source", "free", "modules", "builtin_task", "imports", "classes")
+    __slots__ = ("form", "why", "source", "free", "modules", "known", "builtin_task", "builtin_order", "imports",
+                 "classes", "accessors")  # fmt: skip
 
-    def __init__(self, form: str, why: str = "", source: str = "", free=(), modules=(), builtin_task=False,
-                 imports=(), classes=()):  # fmt: skip
+    def __init__(self, form: str, why: str = "", source: str = "", free=(), modules=None, known=None,
+                 builtin_task=False, builtin_order=(), imports=(), classes=(), accessors=()):  # fmt: skip
         self.form, self.why, self.source = form, why, source
-        self.free, self.modules, self.builtin_task, self.imports = tuple(free), tuple(modules), builtin_task, imports
-        self.classes = tuple(classes)
+        self.free, self.modules, self.known = tuple(free), dict(modules or {}), dict(known or {})
+        self.builtin_task, self.builtin_order, self.imports = builtin_task, tuple(builtin_order), imports
+        self.classes, self.accessors = tuple(classes), tuple(accessors)
 
     def spec(self) -> dict:
         """What the tests' process reads of it (code_runner `read_spec`)."""
-        return {"source": self.source, "free": list(self.free), "modules": list(self.modules),
-                "builtin_task": self.builtin_task, "classes": list(self.classes)}  # fmt: skip
+        return {"source": self.source, "free": list(self.free), "modules": self.modules, "known": self.known,
+                "builtin_task": self.builtin_task, "builtin_order": list(self.builtin_order),
+                "classes": list(self.classes), "accessors": [list(a) for a in self.accessors]}  # fmt: skip
 
 
 def source_of(test) -> str:
@@ -90,6 +138,265 @@ def _attribute_bases(tree: ast.AST, free: set) -> set:
     return bases - other
 
 
+def _modules(tree: ast.AST, free: set) -> dict:
+    """The free names the test uses as modules (module docstring), with the module each names."""
+    found = {name: _ALIASES[name] for name in free if name in _ALIASES}
+    for name in _attribute_bases(tree, free):
+        if name in sys.stdlib_module_names or name in _PACKAGES:
+            found.setdefault(name, name)
+    return found
+
+
+def _within(node: ast.AST) -> set:
+    return {id(n) for n in ast.walk(node)}
+
+
+def _known(tree: ast.AST, free: set, modules: dict) -> dict:
+    """The well-known names the test takes from the library (module docstring), with their modules."""
+    others = free - _BUILTINS - set(modules)
+    candidates = {name for name in others if name in _KNOWN}
+    if not candidates or len(others) < 2:
+        return {}
+    nodes = list(ast.walk(tree))
+    parents = {id(child): node for node in nodes for child in ast.iter_child_nodes(node)}
+    defined = {node.name for node in nodes if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    # the program's names: its free ones, parameters the test calls (HumanEval's `candidate`), and names the test
+    # assigns from them (`s = Solution()`)
+    called = {n.func.id for n in nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    params = {a.arg for n in nodes if isinstance(n, ast.FunctionDef) for a in n.args.args}
+    program = (others - candidates) | (params & called)
+    program |= _assigned_from(nodes, program)
+    calls = [n for n in nodes if isinstance(n, ast.Call) and _base(n.func) in program]
+    found = {}
+    for name in sorted(candidates):
+        derived = {name} | _assigned_from(nodes, {name})  # `want = Counter(...)` carries it
+        uses = [n for n in nodes if isinstance(n, ast.Name) and n.id in derived and isinstance(n.ctx, ast.Load)]
+        bare = any(n.id == name and _bare(n, parents.get(id(n)), defined) for n in uses)
+        if bare or any(_beside(use, calls, parents) for use in uses):
+            found[name] = _KNOWN[name]
+    return found
+
+
+def _base(node):
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _assigned_from(nodes: list, names: set) -> set:
+    """The names the test assigns from expressions that use `names` (and so on)."""
+    found, changed = set(names), True
+    while changed:
+        changed = False
+        for node in nodes:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(n, ast.Name) and n.id in found for n in ast.walk(node.value)
+            ):
+                for target in (n for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)):
+                    changed |= target.id not in found
+                    found.add(target.id)
+    return found - set(names)
+
+
+def _bare(use: ast.Name, parent, defined: set) -> bool:
+    """Whether a use of a name is as a value: not called, not `X.attr`, not passed to a function of the
+    test's (HumanEval's `check(entry_point)`)."""
+    if isinstance(parent, ast.Attribute) or isinstance(parent, ast.Call) and parent.func is use:
+        return False
+    return not (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in defined)
+
+
+def _beside(use: ast.Name, calls: list, parents: dict) -> bool:
+    """Whether `use` shares a comparison, a statement or the call of a checking function (`np.allclose`,
+    `self.assertEqual`) with a call of the program's that it is not nested in and that is not nested in it."""
+    node, own = use, use
+    while id(node) in parents and not isinstance(node, (ast.Compare, ast.stmt)):
+        node = parents[id(node)]
+        if isinstance(node, ast.Call) and any(node is call for call in calls):
+            return False  # its value goes into the program, not beside it
+        if isinstance(node, ast.Call) and node.func is own:
+            own = node
+        elif isinstance(node, ast.Call) and not isinstance(node.func, ast.Name):
+            break
+    unit, mine = _within(node), _within(own)
+    return any(id(call) in unit and id(call) not in mine and id(own) not in _within(call) for call in calls)
+
+
+def _builtin_order(tree: ast.AST, free: set) -> list:
+    """The free builtin names the test calls, innermost first (then in order of appearance)."""
+    names = free & _BUILTINS
+    depth: dict = {}
+
+    def walk(node, level, at):
+        for child in ast.iter_child_nodes(node):
+            inner = level
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id in names:
+                entry = depth.setdefault(child.func.id, [level, at[0]])
+                entry[0] = max(entry[0], level)
+                at[0] += 1
+                inner = level + 1
+            walk(child, inner, at)
+
+    walk(tree, 0, [0])
+    return sorted(depth, key=lambda name: (-depth[name][0], depth[name][1]))
+
+
+def _accessors(tree: ast.AST) -> list:
+    """[first line, name, recipe] of each method of the test's classes a program may have run for it (module
+    docstring: reads of attributes that a method stores, or that a class sets to a plain constant), with the
+    recipe of a constructor that only stores its arguments (`_recipe`)."""
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    readable = {
+        n.attr for c in classes for n in ast.walk(c) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    }
+    for c in classes:
+        for statement in c.body:
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target] if isinstance(
+                statement, ast.AnnAssign) and statement.value is not None else []  # fmt: skip
+            if targets and _plain_constant(statement.value):
+                readable |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return [[f.lineno, f.name, _recipe(f) if f.name == "__init__" else None] for c in classes for f in c.body
+            if isinstance(f, ast.FunctionDef) and not f.decorator_list and _Accessor(f, readable).ok]  # fmt: skip
+
+
+def _recipe(function: ast.FunctionDef):
+    """A constructor that only stores its arguments (`self.val = val`, `self.left = self.right = None`,
+    `self.kids = kids if kids is not None else []`), as data the program's process applies itself
+    (code_program `construct`): {"params": [[name, has default, default, keyword only], ...], "set": [[attr,
+    value], ...]}, a value (and a default) ["p", param], ["c", constant], ["e", "list" | "dict" | "set"] or
+    ["if", param, whether `is None`, value, value]. None for any other constructor (it runs in the tests'
+    process)."""
+    arguments = function.args
+    if arguments.posonlyargs or arguments.vararg or arguments.kwarg or not arguments.args:
+        return None
+    positional = arguments.args[1:]
+    defaults = [None] * (len(positional) - len(arguments.defaults)) + list(arguments.defaults)
+    params = [[a.arg, d is not None, ["c", d.value] if isinstance(d, ast.Constant) else None, False]
+              for a, d in zip(positional, defaults)]  # fmt: skip
+    params += [[a.arg, d is not None, ["c", d.value] if isinstance(d, ast.Constant) else None, True]
+               for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults)]  # fmt: skip
+    if any(p[1] and p[2] is None for p in params):
+        return None
+    me, names = arguments.args[0].arg, {p[0] for p in params}
+
+    def value(node):
+        if isinstance(node, ast.Name) and node.id in names:
+            return ["p", node.id]
+        if _plain_constant(node):
+            return ["c", ast.literal_eval(node)]
+        if isinstance(node, (ast.List, ast.Dict, ast.Set)) and not (
+            node.keys if isinstance(node, ast.Dict) else node.elts
+        ):
+            return ["e", type(node).__name__.lower()]
+        test = node.test if isinstance(node, ast.IfExp) else None
+        if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id in names
+                and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot))
+                and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None):  # fmt: skip
+            then, other = value(node.body), value(node.orelse)
+            return None if then is None or other is None else ["if", test.left.id, isinstance(test.ops[0], ast.Is),
+                                                                 then, other]  # fmt: skip
+        return None
+
+    steps = []
+    for statement in function.body:
+        if isinstance(statement, ast.Pass) or (
+            isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+        ):
+            continue
+        pairs = []
+        if isinstance(statement, ast.Assign):
+            for target in statement.targets:
+                if isinstance(target, ast.Tuple) and isinstance(statement.value, ast.Tuple) and len(target.elts) == len(
+                        statement.value.elts):  # fmt: skip
+                    pairs += list(zip(target.elts, statement.value.elts))
+                else:
+                    pairs.append((target, statement.value))
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            pairs.append((statement.target, statement.value))
+        else:
+            return None
+        for target, node in pairs:
+            made = value(node)
+            if made is None or not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                                    and target.value.id == me):  # fmt: skip
+                return None
+            steps.append([target.attr, made])
+    return {"params": params, "set": steps}
+
+
+def _plain_constant(node) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) in (type(None), bool, int, float, str) and any(
+        node.value == p and type(node.value) is not str or node.value == "" for p in _PLAIN)  # fmt: skip
+
+
+class _Accessor:
+    """Whether a method only stores what it is given and reads it back (`_accessors`)."""
+
+    def __init__(self, function: ast.FunctionDef, readable: set):
+        arguments = function.args
+        self.params = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                                       arguments.vararg, arguments.kwarg) if a is not None}  # fmt: skip
+        self.readable = readable
+        self.ok = all(map(self.statement, function.body))
+
+    def statement(self, node) -> bool:  # noqa: C901 (one case per statement)
+        if isinstance(node, ast.Pass):
+            return True
+        if isinstance(node, ast.Expr):
+            value = node.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                return True  # a docstring
+            return (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in
+                    _MUTATORS and self.expr(value.func.value) and self.arguments(value))  # fmt: skip
+        if isinstance(node, ast.Return):
+            return node.value is None or self.expr(node.value)
+        if isinstance(node, ast.Assign):
+            return all(map(self.target, node.targets)) and self.expr(node.value)
+        if isinstance(node, ast.AnnAssign):
+            return self.target(node.target) and (node.value is None or self.expr(node.value))
+        if isinstance(node, ast.If):
+            return self.expr(node.test) and all(map(self.statement, node.body + node.orelse))
+        return False
+
+    def target(self, node) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return all(map(self.target, node.elts))
+        if isinstance(node, ast.Attribute):
+            return isinstance(node.value, ast.Name) and node.value.id in self.params
+        return isinstance(node, ast.Subscript) and self.expr(node.value) and self.expr(node.slice)
+
+    def arguments(self, call) -> bool:
+        return not call.keywords and all(self.expr(a) for a in call.args)
+
+    def expr(self, node) -> bool:  # noqa: C901 (one case per expression)
+        if isinstance(node, (ast.Constant, ast.UnaryOp)) and _plain_constant(node):
+            return True
+        if isinstance(node, ast.Name):
+            return node.id in self.params
+        if isinstance(node, ast.Attribute):
+            return node.attr in self.readable and self.expr(node.value)
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return all(map(self.expr, node.elts))
+        if isinstance(node, ast.Dict):
+            return all(k is not None and self.expr(k) for k in node.keys) and all(map(self.expr, node.values))
+        if isinstance(node, ast.IfExp):
+            return self.expr(node.test) and self.expr(node.body) and self.expr(node.orelse)
+        if isinstance(node, ast.BoolOp):
+            return all(map(self.expr, node.values))
+        if isinstance(node, ast.UnaryOp):
+            return isinstance(node.op, ast.Not) and self.expr(node.operand)
+        if isinstance(node, ast.Compare):
+            return all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops) and all(
+                map(self.expr, [node.left, *node.comparators]))  # fmt: skip
+        if isinstance(node, ast.Call):
+            return isinstance(node.func, ast.Name) and node.func.id in _ACCESSOR_CALLS and self.arguments(node)
+        if isinstance(node, ast.Subscript):
+            return self.expr(node.value) and self.expr(node.slice)
+        return False
+
+
 def imported(tree: ast.AST) -> set:
     """The top-level modules `tree` imports."""
     names = set()
@@ -114,10 +421,12 @@ def _plan(source: str) -> Plan:
         why = "it names nothing a program could define"
         logger.warning("code test refused (fails without running): %s: %.200r", why, source)
         return Plan(REFUSED, why, source)
-    modules = {name for name in _attribute_bases(tree, free) if name in sys.stdlib_module_names}
+    modules = _modules(tree, free)
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
-    return Plan(RUN, "", source, sorted(free), sorted(modules), free <= _BUILTINS, tuple(sorted(imported(tree))),
-                classes)  # fmt: skip
+    builtin_task = free <= _BUILTINS
+    return Plan(RUN, "", source, sorted(free), modules, _known(tree, free, modules), builtin_task,
+                _builtin_order(tree, free) if builtin_task else (), tuple(sorted(imported(tree))), classes,
+                _accessors(tree))  # fmt: skip
 
 
 def plan(test) -> Plan:
