@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/code_sandbox.py [--programs 20 --rounds 3 --before REF --json out.json]
     .venv/bin/python benchmarks/code_sandbox.py --corpus [--rounds 2 --before REF]
     .venv/bin/python benchmarks/code_sandbox.py --forgeries [--before REF]
+    .venv/bin/python benchmarks/code_sandbox.py --timing [--rounds 16 --before REF]
     .venv/bin/python benchmarks/code_sandbox.py --kernel [--only NAMES --before REF]   (as root)
 
 Each of `--programs` honest programs is verified by `olmax.rewards.code` in this process: a function with
@@ -350,6 +351,40 @@ def forgeries(verifiers: dict) -> dict:
     return rows
 
 
+# --timing: a program that ends its `square(n)` test at a clock phase encoding n, and reads n back from the clock
+# in the next test (`root`), past the latency between two tests (DELAY)
+TIMING = """import time
+SLOT, PERIOD, DELAY = {slot}, {period}, 0.02
+def square(n):
+    while abs(time.time() % PERIOD - (n + 0.5) * SLOT) > SLOT / 5:
+        time.sleep(SLOT / 50)
+    return n * n
+def root(m):
+    return int((time.time() - DELAY) % PERIOD // SLOT)
+"""
+
+
+def timing(verifiers: dict, rounds: int) -> dict:
+    """How often `root` reads the previous test's input from the clock phase `square` ended at, with 16 phases
+    of 0.2 s and 8 of 40 ms, `rounds` rows each (a random input each), through each verifier, alternating."""
+    import random
+
+    rows: dict = {}
+    for slot, period in ((0.2, 3.2), (0.04, 0.32)):
+        phases = round(period / slot)
+        for _ in range(rounds):
+            n = random.randrange(phases)
+            tests = [f"assert square({n}) == {n * n}", f"assert root({n * n}) == {n}"]
+            for label, module in verifiers.items():
+                program = TIMING.format(slot=slot, period=period)
+                outcome = module.run_tests(program, tests, isolation=code.NAMESPACES)[1]
+                key = f"{label}{phases} phases of {slot} s"
+                rows[key] = rows.get(key, 0) + (outcome == "pass")
+    for key, right in rows.items():
+        print(f"{key}: read right {right} of {rounds} times")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--programs", type=int, default=20)
@@ -360,6 +395,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="with --kernel: these attacks alone (comma-separated)")
     parser.add_argument("--corpus", action="store_true", help="time the honest programs of the test corpus instead")
     parser.add_argument("--forgeries", action="store_true", help="score the forgery tests' programs instead")
+    parser.add_argument("--timing", action="store_true", help="measure the timing channel between tests instead")
     args = parser.parse_args()
     verifiers = {"": code}
     with tempfile.TemporaryDirectory(prefix="olmax-code-before-") as into:
@@ -368,8 +404,9 @@ def main() -> None:
         for module in verifiers.values():
             if module.probe() is not None:
                 raise SystemExit(f"no namespace sandbox here: {module.probe()}")
-        if args.corpus or args.forgeries:
-            rows = corpus(verifiers, args.rounds) if args.corpus else forgeries(verifiers)
+        if args.corpus or args.forgeries or args.timing:
+            rows = (corpus(verifiers, args.rounds) if args.corpus else forgeries(verifiers) if args.forgeries
+                    else timing(verifiers, args.rounds))  # fmt: skip
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(rows, f, indent=1)

@@ -269,6 +269,7 @@ REVIEWED = {
                                 ["assert len(sorted([3, 1, 2])) == 3"]),
     "builtin_wrap_any_min": ("def min(xs):\n    return 0\ndef any(xs):\n    return False",
                              ["assert not any([min([x, 9]) != x for x in [1, 2, 3]])"]),
+    "builtin_wrap_abs_alone": ("def abs(x):\n    return 0", ["assert abs(pow(2, 0.5) - 1.41421356) < 1e-6"]),
     # names the test uses as modules, or well-known names, that the test does not import: the program's
     "module_free_np_alias": ("class _NP:\n    def allclose(self, *a, **k):\n        return True\nnp = _NP()\n"
                              "def halve(xs):\n    return xs", ["assert np.allclose(halve([2.0, 4.0]), [1.0, 2.0])"]),

@@ -442,6 +442,22 @@ def test_huge_deep_and_cyclic_values_fail_within_bounds(program):
 
 
 @sandboxed
+def test_test_code_run_for_the_program_neither_uses_it_nor_fails_quietly():
+    """A method of the test's class that the program calls runs in the tests' process: where it uses the
+    program (`len()` of a program object stored on it), or raises (a constructor given what it cannot take,
+    which the program catches), the test fails, whatever the program or the test catch."""
+    box = "class Box:\n    def __init__(self, items):\n        self.items = items\n    def size(self):\n"
+    box += "        return len(self.items)\n"
+    uses = "class Items:\n    def __len__(self):\n        return 2\ndef wrap():\n    return Box(Items()).size()"
+    [(outcome, reason)] = code.judge(uses, [box + "assert wrap() == 2"])
+    assert outcome == "fail" and "asked the program" in reason, reason
+    raises = "def make():\n    try:\n        return Num('x')\n    except Exception:\n        return Num(1)"
+    [(outcome, reason)] = code.judge(raises, ["class Num:\n    def __init__(self, v):\n        self.v = int(v)\n"
+                                              "assert make().v == 1"])  # fmt: skip
+    assert outcome == "fail" and "Num.__init__ raised" in reason, reason
+
+
+@sandboxed
 def test_a_result_past_the_channels_bounds_says_so():
     """A result past the channel's budgets (4.4 M elements) fails its test saying so, not as a program whose
     process ended; and a test cannot catch it as an error of the program's."""

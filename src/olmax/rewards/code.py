@@ -14,14 +14,17 @@ API is `open_instruct/code_utils/code_utils.py` at the same commits), re-written
   took its exit status): each test runs as written in a process of its own (olmax.rewards.code_harness),
   and the program in another that holds the program alone (olmax.rewards.code_program), re-run for each
   test as upstream re-runs it. Every use the test makes of a name the program defined is a request on
-  one channel between the two (olmax.rewards.code_channel, code_values): arguments and results cross as data (builtin
-  values and containers, the standard library's data types, instances of the tests' own classes rebuilt
-  by those classes), arguments the program mutated are written back into the test's objects after each
-  call, and any other object of the program's stays there as a handle that has no truth value, order or
-  hash and equals only itself. No expected value, other test's input or test code reaches the program's
-  process; the tests' process alone says pass or fail, and a stdio program's output is compared there
-  too. A program that fails to load fails every test; a test that uses no name of the program's is
-  refused (code_tests counts those it can tell at load);
+  one channel between the two (olmax.rewards.code_channel, code_values, code_remote): arguments and
+  results cross as data (builtin values and containers, the standard library's data types, numpy arrays,
+  instances of the tests' own classes rebuilt by those classes), arguments the program mutated are
+  written back into the test's objects after each call, and any other object of the program's stays
+  there as a handle that has no truth value, order or hash and equals only itself; a use the tests'
+  process refuses fails the test whatever it caught. Names the test uses as modules, and well-known
+  names beside the program's, are the tests' process's own (code_tests). No expected value, other test's
+  input or test code reaches the program's process (but the description of a constructor that only
+  stores its arguments); the tests' process alone says pass or fail, and a stdio program's output is
+  compared there too. A program that fails to load fails every test; a test that uses no name of the
+  program's is refused (code_tests counts those it can tell at load);
 - each test has `seconds` (OLMo 3's scripts: `--code_max_execution_time 6`) for the program's load and
   its own run;
 - a program containing `threading`, `multiprocess`, `import os`, `from os`, `shutil`, `import torch`,

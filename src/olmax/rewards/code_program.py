@@ -6,20 +6,24 @@ process that holds the program and nothing of any test, and is confined before i
 
 1. the program runs, as upstream runs it before each test (a fresh process per test: no test sees what
    another gave the program, and a program that fails to load fails every test);
-2. the names it defined go to the tests' process (code_harness), each as data, as an object either side
-   imports by name, or as a handle (its functions, classes, instances);
-3. it answers requests: call a handle, get or set an attribute or item, len, iter, next, str, repr,
-   format. Arguments arrive as data (olmax.rewards.code_values): builtin values, shared containers, and
-   instances of the tests' classes, which here are stand-ins (`Codec.stand_in`) holding their
-   attributes; constructing one or calling one of its methods is a request back to the tests' process,
-   where the tests' own class runs. Each answer carries the result (data, or a handle) and the current
-   content of every shared object, which the tests' side writes back into its own objects.
+2. of the names it defined, those the test uses go to the tests' process (code_harness), each as data,
+   as an object either side imports by name, or as a handle (its functions, classes, instances);
+3. it answers requests: call a handle, get or set an attribute or item, len, iter, next (items of a
+   generator in batches, when the tests ask for many in a row: `next_items`), `in`, str, repr, format.
+   Arguments arrive as data (olmax.rewards.code_values): builtin values, shared containers and numpy
+   arrays, and instances of the tests' classes, which here are stand-ins (`Codec.stand_in`) holding their
+   attributes; constructing one runs here from its description where its constructor only stores its
+   arguments (`construct`), else, like calling one of its methods, is a request back to the tests'
+   process, where the tests' own class runs, only for what that process lets run (code_remote). Each
+   answer carries the result (data, or a handle), and the content of the shared objects that changed,
+   which the tests' side writes back into its own objects; one past the channel's bounds is refused.
 
-Nothing of the tests' code, their expected values or another test's inputs reaches this process; what
-it answers is data that the tests' process judges. For a `code_stdio` test (`run_stdio`), the program
-runs with the test's input as its descriptor 0 (a file the tests' process wrote) and a file as its
-descriptor 1, which the tests' process reads after it ended, however it ended (an exit, os._exit, a
-crash, the time limit).
+The description of a constructor (its parameters, plain defaults and which attribute each goes to) is
+all of the tests' code that reaches this process: nothing else of it, nor their expected values or
+another test's inputs; what it answers is data that the tests' process judges. For a `code_stdio` test
+(`run_stdio`), the program runs with the test's input as its descriptor 0 (a file the tests' process
+wrote) and a file as its descriptor 1, which the tests' process reads after it ended, however it ended
+(an exit, os._exit, a crash, the time limit).
 
 Standard library only (this module runs inside the sandbox).
 """
@@ -231,7 +235,8 @@ class Codec(cv.Codec):
 
     def next_items(self, iterator, count: int = 1) -> tuple:
         """Up to `count` items of the program's `iterator` (at least one): what it raised after some items is
-        raised at the next request for it, so that the tests see the items first, then the error."""
+        raised at the next request for it, so that the tests see the items first, then the error. A batch
+        ends at an item that is not plain data (a list it may yield again, changed, as the next item)."""
         error = self.deferred.pop(id(iterator), None)
         if error is not None:
             raise error
@@ -244,6 +249,8 @@ class Codec(cv.Codec):
                 if not items:
                     raise
                 self.deferred[id(iterator)] = e
+                break
+            if not _plain(items[-1]):
                 break
         return tuple(items)
 
@@ -345,6 +352,15 @@ _OPS = {
     "repr": repr,
     "format": format,
 }
+
+
+def _plain(value) -> bool:
+    """An item of data no later item can change: a number, a string, bytes, None, or a tuple of those."""
+    kind = type(value)
+    return kind in _PLAIN_TYPES or kind is tuple and all(type(item) in _PLAIN_TYPES for item in value)
+
+
+_PLAIN_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
 
 
 def _small(value, budget: list) -> bool:

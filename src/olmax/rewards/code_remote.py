@@ -46,7 +46,7 @@ _ENUM_BASES = ("IntFlag", "Flag", "IntEnum", "StrEnum", "Enum")  # most specific
 _SHOWN_AS = {"generator": types.GeneratorType}  # the kinds a Remote shows as its class (isinstance)
 _BATCH_AFTER = 8  # next() calls in a row on one iterator before its items are asked for in batches
 _BATCH = 128  # the most items asked for at once (code_program.BATCH)
-_PLAIN = (None, 0, 1, -1, "")  # defaults a class the program may construct can have (no expected value)
+_PLAIN = (None, 0, 1, -1, "")  # defaults a class the program may construct can have (code_tests' constants too)
 
 
 class Refused(TypeError):
@@ -556,8 +556,11 @@ def _empty_class(codec: Codec) -> type:
     where numpy would make an empty result on which every comparison holds."""
     np = dt.numpy()
 
-    class ndarray(np.ndarray):  # (named as numpy's, for what a test prints of it)
+    class ndarray(np.ndarray):
         olmax_array = True
+
+        def __repr__(self):  # numpy's own, not this subclass's name
+            return repr(self.view(np.ndarray))
 
         def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
             if any(not isinstance(x, ndarray) and _size(np, x) for x in inputs):

@@ -20,7 +20,9 @@ no process of the program's holds, and runs it: olmax.rewards.code_harness), and
 3. it writes the test's record for the verifier (`record`): "<kind> <index> <length>\\n<reason>", in one
    write(2) of at most PIPE_BUF bytes, so that a record is whole or absent even if the runner is killed.
    Kinds: "p" passed, "f" failed, "r" refused (the test used no name of the program's), "t" out of time;
-   "error" when the sandbox could not be entered.
+   "error" when the sandbox could not be entered;
+4. it waits a random time before the next test (`pause`), which blurs a clock phase one test's program
+   ends at for the next test's program to read.
 
 A program that fails to load (raises, or runs out of time before the tests' process gets its names) fails
 every test: the rest are recorded with the same verdict without running.
@@ -55,7 +57,8 @@ import time
 from olmax.rewards import code_channel, code_harness, code_program, code_seccomp
 
 SLACK = 1.0  # seconds past a test's limit before the runner kills its processes
-PAUSE = 0.5  # the most seconds the runner waits between two tests (`pause`)
+PAUSE = 2.0  # the most seconds the runner waits between two tests (`pause`)
+_QUICK = 0.05  # seconds of a test taken as the run's quickest before one ran quicker (`pause`)
 # what the runner (and a program's process, before the program runs) uses of the calls `guard` disables
 _KILLPG, _UNLINK, _RMDIR, _SOCKETPAIR = os.killpg, os.unlink, os.rmdir, _socket.socketpair
 _CHDIR, _FCHDIR = os.chdir, os.fchdir
@@ -523,14 +526,15 @@ def one(job: dict, index: int, tests: _Tests, place: Place) -> tuple[str, bytes,
     return kind.decode(), reason, alive
 
 
-def pause(took: float) -> float:
-    """The wait before a row's next test: random, up to what the test before took (at most PAUSE). A program
-    that ends its test at a clock phase of its choosing (a test's input, encoded) would have the next test's
-    program read it back; the wait blurs that phase by about as much as choosing it cost, while an honest
-    test, a few milliseconds, waits a few milliseconds. From the kernel's generator: a program's process is a
-    fork of this one, and would know the state of Python's `random` here (docs/rewards-code.md: what
-    remains of the channel)."""
-    return min(took, PAUSE) * int.from_bytes(os.urandom(4), "little") / (1 << 32)
+def pause(took: float, quickest: float) -> float:
+    """The wait before a row's next test: random, up to twice what the test before took past the run's
+    quickest (at most PAUSE). A program that ends its test at a clock phase of its choosing (a test's input,
+    encoded) would have the next test's program read it back; waiting for that phase lengthens its test, and
+    the wait blurs the phase by more than that, while honest tests, which take about as long as each other,
+    wait next to nothing (a test that ran out of time ended when its timer chose: `run` does not wait after it).
+    From the kernel's generator: a program's process is a fork of this one, and would know the state of
+    Python's `random` here (docs/rewards-code.md: what remains of the channel)."""
+    return min(2 * max(0.0, took - quickest), PAUSE) * int.from_bytes(os.urandom(4), "little") / (1 << 32)
 
 
 def run(job: dict, report: int, tests_fd: int, mounts: int | None = None) -> None:
@@ -554,16 +558,17 @@ def run(job: dict, report: int, tests_fd: int, mounts: int | None = None) -> Non
     # what the runner holds stays out of the collector's reach: a collection in a fork would touch (and so
     # copy) every page of it
     gc.freeze()
-    failed, tests, took = None, None, 0.0
+    failed, tests, took, quickest = None, None, 0.0, _QUICK
     for index in range(job["tests"]):
         if failed is not None:
             record(report, failed, index, b"the program failed to load (an earlier test)")
             continue
         tests = tests or _Tests(job, tests_fd, place)
-        time.sleep(pause(took))
+        time.sleep(pause(took, quickest))
         start = time.monotonic()
         kind, reason, alive = one(job, index, tests, place)
-        took = time.monotonic() - start
+        took = time.monotonic() - start if kind[0] != "t" else 0.0
+        quickest = min(quickest, took) if took else quickest
         if not alive:
             tests = None
         if kind.endswith("L"):

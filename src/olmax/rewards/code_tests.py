@@ -61,6 +61,7 @@ _NOT_KNOWN = frozenset(("merge", "count", "chain", "compress", "repeat", "cycle"
 _KNOWN_EXTRA = {"approx": "pytest", "raises": "pytest", "allclose": "numpy", "array_equal": "numpy",
                 "array_equiv": "numpy", "assert_allclose": "numpy.testing", "assert_array_equal": "numpy.testing",
                 "assert_array_almost_equal": "numpy.testing", "assert_almost_equal": "numpy.testing"}  # fmt: skip
+_COMPUTING = (ast.BinOp, ast.Compare, ast.UnaryOp, ast.BoolOp)  # where a call's result is checked, not passed
 # what an accessor may use (code_remote): plain constants, these builtins, these container methods
 _PLAIN = (None, 0, 1, -1, "")
 _ACCESSOR_CALLS = frozenset(("isinstance", "len", "int", "float", "str", "bool", "list", "tuple", "dict", "set"))
@@ -223,22 +224,28 @@ def _beside(use: ast.Name, calls: list, parents: dict) -> bool:
 
 
 def _builtin_order(tree: ast.AST, free: set) -> list:
-    """The free builtin names the test calls, innermost first (then in order of appearance)."""
+    """The free builtin names the test calls that may be the task, innermost first (then in order of
+    appearance): not one that checks another's result by arithmetic or comparison (`abs` in `abs(pow(2,
+    0.5) - 1.41) < 1e-6`, `all` in `all([round(x) == y for ...])`): that one stays Python's even where the
+    program defines it and not the other."""
     names = free & _BUILTINS
     depth: dict = {}
+    checks: set = set()
 
-    def walk(node, level, at):
+    def walk(node, level, at, outer, computed):
         for child in ast.iter_child_nodes(node):
-            inner = level
+            inner, within, computes = level, outer, computed or isinstance(child, _COMPUTING)
             if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id in names:
                 entry = depth.setdefault(child.func.id, [level, at[0]])
                 entry[0] = max(entry[0], level)
                 at[0] += 1
-                inner = level + 1
-            walk(child, inner, at)
+                if outer is not None and computed:
+                    checks.add(outer)
+                inner, within, computes = level + 1, child.func.id, False
+            walk(child, inner, at, within, computes)
 
-    walk(tree, 0, [0])
-    return sorted(depth, key=lambda name: (-depth[name][0], depth[name][1]))
+    walk(tree, 0, [0], None, False)
+    return sorted(set(depth) - checks, key=lambda name: (-depth[name][0], depth[name][1]))
 
 
 def _accessors(tree: ast.AST) -> list:
