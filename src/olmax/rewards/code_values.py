@@ -211,8 +211,8 @@ class Codec:
         if type(message) is not list or len(message) != 3 or type(message[1]) is not list:
             raise ChannelError("a message that is not [value, definitions, dropped]")
         value, defs, dropped = message
-        if type(dropped) is not list or not all(type(ref) is int for ref in dropped):
-            raise ChannelError("dropped refs that are not numbers")
+        if type(dropped) is not list or not all(type(ref) is int and ref % 2 != self.parity for ref in dropped):
+            raise ChannelError("dropped refs that are not numbers the other side made")
         self._forget(dropped)
         shells, self._fresh = [], set()
         for entry in defs:  # every shared object first, so that references among them resolve
