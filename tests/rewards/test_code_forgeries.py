@@ -284,6 +284,8 @@ REVIEWED = {
     "module_free_sqrt": ("sqrt = lambda x: 0\ndef my_sqrt(x):\n    return 0", ["assert my_sqrt(2) == sqrt(2)"]),
     "module_free_approx": ("approx = lambda *a, **k: 0\ndef mean(xs):\n    return 0",
                            ["assert mean([1, 2]) == approx(1.5)"]),
+    "module_free_isclose_around": ("isclose = lambda *a, **k: True\ndef area(r):\n    return 0",
+                                   ["assert isclose(area(1), 3.14159)"]),
     # StopIteration from a program call ending the test's own iteration
     "stopiteration_all_map": ("def is_even(n):\n    raise StopIteration",
                               ["assert all(map(is_even, [2, 4, 6]))", "assert not any(map(is_even, [1, 3]))"]),

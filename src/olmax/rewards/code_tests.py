@@ -208,8 +208,12 @@ def _bare(use: ast.Name, parent, defined: set) -> bool:
 
 
 def _beside(use: ast.Name, calls: list, parents: dict) -> bool:
-    """Whether `use` shares a comparison, a statement or the call of a checking function (`np.allclose`,
-    `self.assertEqual`) with a call of the program's that it is not nested in and that is not nested in it."""
+    """Whether `use` checks a call of the program's: shares a comparison, a statement or the call of a
+    checking function (`np.allclose`, `self.assertEqual`) with one that it is not nested in and that is not
+    nested in it, or is called on one (`isclose(area(1), 3.14)`)."""
+    call = parents.get(id(use))
+    if isinstance(call, ast.Call) and call.func is use and any(c is not call and id(c) in _within(call) for c in calls):
+        return True
     node, own = use, use
     while id(node) in parents and not isinstance(node, (ast.Compare, ast.stmt)):
         node = parents[id(node)]
