@@ -32,9 +32,10 @@ setup-test: $(VENV)/.test
 demo: setup
 	$(BIN)/olmax demo --run-dir runs/demo
 
-# worksteal: an idle worker takes tests queued for the other, so the run does not end on one busy core
+# worksteal: an idle worker takes tests queued for the other, so the run does not end on one busy core;
+# the 25 slowest tests are listed at the end, where the 10-minute budget goes (docs/testing.md)
 test: setup-test
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal tests
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25 tests
 
 # ruff (configured in pyproject.toml): lint and formatting, checked, not rewritten; import-linter: the
 # packages' layers and the other import contracts of pyproject.toml (docs/architecture.md)
