@@ -90,18 +90,8 @@ def compile_report(
     hlo = compiled.as_text()
     policy = remat_policy_of(cfg.model.remat)
     nodes = len({d.process_index for d in devices}) if platform == "gpu" else None
-    seq_len, statistic = cfg.data.seq_len, cfg.statistic_rows_per_step
-    trained = cfg.rows_per_step - statistic  # the others only feed a statistic: a forward each, no recompute
-    model_flops = exact_step_flops(cfg.model, seq_len, trained, forward_only=statistic).total / mesh.size
-    backend = resolve_backend(
-        cfg.model.attention,
-        platform,
-        cfg.model.compute_dtype,
-        doc_masking=cfg.data.doc_masking,
-        context=mesh.shape.get("context", 1) > 1,
-    )
-    saved = None if policy is None else policy.save
-    recompute = recompute_flops(cfg.model, seq_len, trained, saved, backend=backend) / mesh.size
+    seq_len = cfg.data.seq_len
+    backend, model_flops, recompute = _step_flops(cfg, policy, platform, mesh)
     return {
         "recipe": cfg.name,
         "platform": platform,
@@ -160,6 +150,23 @@ def compile_report(
         "recompute_flops_per_device": recompute,
         "hardware_flops_per_device": model_flops + recompute,
     }
+
+
+def _step_flops(cfg: ExperimentConfig, policy, platform: str, mesh) -> tuple[str, float, float]:
+    """(the attention backend that runs, model FLOPs, the forward work the remat policy runs again) per
+    device per step. Rows that only feed a statistic are a forward each, with nothing recomputed."""
+    backend = resolve_backend(
+        cfg.model.attention,
+        platform,
+        cfg.model.compute_dtype,
+        doc_masking=cfg.data.doc_masking,
+        context=mesh.shape.get("context", 1) > 1,
+    )
+    statistic, seq_len = cfg.statistic_rows_per_step, cfg.data.seq_len
+    trained = cfg.rows_per_step - statistic
+    model = exact_step_flops(cfg.model, seq_len, trained, forward_only=statistic).total / mesh.size
+    saved = None if policy is None else policy.save
+    return backend, model, recompute_flops(cfg.model, seq_len, trained, saved, backend=backend) / mesh.size
 
 
 def check_fits(r: dict) -> None:
