@@ -104,7 +104,8 @@ def timed(fn, runs: int) -> tuple[float, object]:
 def bench_engine(params, cfg, prompts, limits, args, cache_len: int, gbps: float) -> dict:
     """The engine on the rows, closed (until the last row stops) and fed (the chunks during which rows
     were waiting for a slot: what a stream of prompts, an asynchronous RL loop's, would see)."""
-    from olmax.rollout.engine import Counters, SlotEngine
+    from olmax.rollout.engine import SlotEngine
+    from olmax.rollout.engine_types import Counters
     from olmax.rollout.sampler import Sampling
 
     def run():

@@ -244,35 +244,18 @@ def _kernel(
     tile of `sublanes` slots holding them goes back to HBM (a DMA, waited for two rows later)."""
     clock, group = meta_ref[0], meta_ref[1]
     tile, heads, _ = q_ref.shape
-    kv_heads = heads // group_size
     base = pl.program_id(0) * tile
     total = totals_ref[pl.program_id(0)]
-    blocks = ring // page
     current = jax.lax.div(jax.lax.rem(clock, ring), page)
     neg = jnp.finfo(jnp.float32).min
 
-    def ring_block(k):  # row's k-th block back from the current one
-        return jax.lax.rem(current - k + blocks, blocks)
-
-    def block(r, k, start, size):  # slots start .. start + size - 1 of local row r's k-th block, in HBM
-        p = table_ref[base + r, ring_block(k)]
-        return jax.lax.div(p, per_entry), pl.ds(jax.lax.rem(p, per_entry) * page + start, size)
-
-    def copy(r, k, slot):  # the DMA of local row r's k-th block into buffer `slot`
-        entry, slots = block(r, k, 0, page)
-        return pltpu.make_async_copy(pool_ref.at[group, entry, :, slots, :], buf.at[slot], sem.at[slot])
-
     at = jax.lax.rem(clock, page)  # the new key's slot in the current block (the same in every row)
     tile_start = pl.multiple_of(at - jax.lax.rem(at, sublanes), sublanes)
-
-    def write(r):  # the DMA of local row r's rewritten tile back into its current block
-        entry, slots = block(r, 0, tile_start, sublanes)
-        w = jax.lax.rem(r, 2)
-        return pltpu.make_async_copy(written.at[w], pool_out.at[group, entry, :, slots, :], wsem.at[w])
-
-    def advance(r, k):  # the block after (r, k): the row's next, or the next row's first
-        last = k + 1 >= count_ref[base + jnp.minimum(r, tile - 1)]
-        return jnp.where(last, r + 1, r), jnp.where(last, 0, k + 1)
+    dma = _BlockDMAs(table_ref, count_ref, pool_ref, pool_out, buf, sem, written, wsem, group, base, tile)
+    ring_block = functools.partial(dma.ring_block, current, ring // page)
+    copy = functools.partial(dma.copy, ring_block, page, per_entry)
+    write = functools.partial(dma.write, ring_block, page, per_entry, tile_start, sublanes)
+    advance = dma.advance
 
     ahead = (jnp.int32(0), jnp.int32(0))
     for d in range(BUFFERS - 1):
@@ -311,33 +294,9 @@ def _kernel(
 
         rows = buf[slot]  # (KV, page, 2D)
         q = q_ref[r]  # (H, W)
-        m = jnp.where(fresh, neg, m)
-        total_p = jnp.where(fresh, 0.0, total_p)
-        acc = jnp.where(fresh, 0.0, acc)
-        keys = rows if split else rows[..., :head_dim]
-        values = rows if split else rows[..., head_dim:]
-        per_head = lambda x, h: x[h * group_size : (h + 1) * group_size]
-        contract_last = (((1,), (1,)), ((), ()))
-        scores = jnp.concatenate(
-            [
-                jax.lax.dot_general(per_head(q, h), keys[h], contract_last, preferred_element_type=jnp.float32)
-                for h in range(kv_heads)
-            ],
-            axis=0,
-        ) * (head_dim**-0.5)  # (H, page)
         position = ring_block(k) * page + jax.lax.broadcasted_iota(jnp.int32, (1, page), 1)
         visible = clock - jax.lax.rem(clock - position + ring, ring) >= lo_ref[base + r]
-        scores = jnp.where(visible, scores, neg)
-        m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))
-        probs = jnp.where(visible, jnp.exp(scores - m_new), 0.0)
-        scale = jnp.exp(m - m_new)
-        total_p = scale * total_p + jnp.sum(probs, axis=-1, keepdims=True)
-        probs = probs.astype(rows.dtype)
-        mixed = jnp.concatenate(
-            [jnp.dot(per_head(probs, h), values[h], preferred_element_type=jnp.float32) for h in range(kv_heads)],
-            axis=0,
-        )
-        acc = scale * acc + mixed
+        m_new, total_p, acc = _attend_block(q, rows, visible, fresh, (m, total_p, acc), group_size, head_dim, split)
 
         @pl.when(k + 1 >= count_ref[base + r])
         def _():
@@ -345,14 +304,75 @@ def _kernel(
 
         return ahead, advance(r, k), m_new, total_p, acc
 
-    width = o_ref.shape[-1]
-    start = (
-        ahead,
-        (jnp.int32(0), jnp.int32(0)),
-        jnp.full((heads, 1), neg, jnp.float32),
-        jnp.zeros((heads, 1), jnp.float32),
-        jnp.zeros((heads, width), jnp.float32),
-    )
-    jax.lax.fori_loop(0, total, body, start)
+    f32 = lambda width, value: jnp.full((heads, width), value, jnp.float32)
+    softmax = (f32(1, neg), f32(1, 0.0), f32(o_ref.shape[-1], 0.0))
+    jax.lax.fori_loop(0, total, body, (ahead, (jnp.int32(0), jnp.int32(0)), *softmax))
     for r in range(max(0, tile - 2), tile):  # every row wrote once; the last two writes are in flight
         write(r).wait()
+
+
+def _attend_block(q, rows, visible, fresh, softmax, group_size: int, head_dim: int, split: bool):
+    """One block of a row's keys and values into its online softmax (running max m, sum total_p and
+    weighted values acc, per query head; started afresh at a row's first block): q (H, W), rows (KV,
+    page, 2D), visible (1, page)."""
+    neg = jnp.finfo(jnp.float32).min
+    m, total_p, acc = softmax
+    m = jnp.where(fresh, neg, m)
+    total_p = jnp.where(fresh, 0.0, total_p)
+    acc = jnp.where(fresh, 0.0, acc)
+    keys = rows if split else rows[..., :head_dim]
+    values = rows if split else rows[..., head_dim:]
+    per_head = lambda x, h: x[h * group_size : (h + 1) * group_size]
+    contract_last = (((1,), (1,)), ((), ()))
+    kv_heads = rows.shape[0]
+    scores = jnp.concatenate(
+        [
+            jax.lax.dot_general(per_head(q, h), keys[h], contract_last, preferred_element_type=jnp.float32)
+            for h in range(kv_heads)
+        ],
+        axis=0,
+    ) * (head_dim**-0.5)  # (H, page)
+    scores = jnp.where(visible, scores, neg)
+    m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))
+    probs = jnp.where(visible, jnp.exp(scores - m_new), 0.0)
+    scale = jnp.exp(m - m_new)
+    total_p = scale * total_p + jnp.sum(probs, axis=-1, keepdims=True)
+    probs = probs.astype(rows.dtype)
+    mixed = jnp.concatenate(
+        [jnp.dot(per_head(probs, h), values[h], preferred_element_type=jnp.float32) for h in range(kv_heads)],
+        axis=0,
+    )
+    return m_new, total_p, scale * acc + mixed
+
+
+class _BlockDMAs:
+    """Where one grid step's local row r's k-th block back (k = 0: its current block) lives in the
+    pool, and the DMAs that read it into VMEM or write its rewritten tile back."""
+
+    def __init__(self, table_ref, count_ref, pool_ref, pool_out, buf, sem, written, wsem, group, base, tile):
+        self.table_ref, self.count_ref, self.pool_ref, self.pool_out = table_ref, count_ref, pool_ref, pool_out
+        self.buf, self.sem, self.written, self.wsem = buf, sem, written, wsem
+        self.group, self.base, self.tile = group, base, tile
+
+    @staticmethod
+    def ring_block(current, blocks, k):  # a row's k-th block back from the current one, on its ring
+        return jax.lax.rem(current - k + blocks, blocks)
+
+    def _slots(self, ring_block, page, per_entry, r, k, start, size):  # slots start .. start + size - 1
+        p = self.table_ref[self.base + r, ring_block(k)]
+        return jax.lax.div(p, per_entry), pl.ds(jax.lax.rem(p, per_entry) * page + start, size)
+
+    def copy(self, ring_block, page, per_entry, r, k, slot):  # local row r's k-th block into buf[slot]
+        entry, slots = self._slots(ring_block, page, per_entry, r, k, 0, page)
+        source = self.pool_ref.at[self.group, entry, :, slots, :]
+        return pltpu.make_async_copy(source, self.buf.at[slot], self.sem.at[slot])
+
+    def write(self, ring_block, page, per_entry, tile_start, sublanes, r):  # row r's rewritten tile back
+        entry, slots = self._slots(ring_block, page, per_entry, r, 0, tile_start, sublanes)
+        w = jax.lax.rem(r, 2)
+        target = self.pool_out.at[self.group, entry, :, slots, :]
+        return pltpu.make_async_copy(self.written.at[w], target, self.wsem.at[w])
+
+    def advance(self, r, k):  # the block after (r, k): the row's next, or the next row's first
+        last = k + 1 >= self.count_ref[self.base + jnp.minimum(r, self.tile - 1)]
+        return jnp.where(last, r + 1, r), jnp.where(last, 0, k + 1)

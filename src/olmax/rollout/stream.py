@@ -36,7 +36,8 @@ from olmax.config.experiment import ExperimentConfig
 from olmax.data.prompts import PromptSet
 from olmax.model.sharding import gather
 from olmax.rollout import groups
-from olmax.rollout.engine import Finished, SlotEngine
+from olmax.rollout.engine import SlotEngine
+from olmax.rollout.engine_types import Finished
 from olmax.rollout.sampler import FINISH, Sampling, sample
 from olmax.rollout.scoring import Scored, Scorer
 
