@@ -150,7 +150,7 @@ run() {
       demo)
         step demo 65 "$bin/olmax" demo --run-dir "$RUNS/demo"
         cat "$RUNS/demo/summary.json" >>"$OUT_DIR/demo.log" 2>&1 ;;
-      tests) step tests 270 "$bin/python" -m pytest -m tpu -q -s -p no:cacheprovider -rs tests/test_tpu.py ;;
+      tests) step tests 300 "$bin/python" -m pytest -m tpu -q -s -p no:cacheprovider -rs --durations=8 tests/test_tpu.py ;;
       throughput)  # OLMAX_TPU_THROUGHPUT: the script's options (rows, a fit), e.g. "--only 190m"
         step throughput "${OLMAX_TPU_THROUGHPUT_S:-120}" "$bin/python" benchmarks/tpu_throughput.py \
           --json "$OUT_DIR/throughput.json" --compile-cache "$RUNS/jax-cache" \

@@ -325,9 +325,12 @@ def _attend_block(q, rows, visible, fresh, softmax, group_size: int, head_dim: i
     per_head = lambda x, h: x[h * group_size : (h + 1) * group_size]
     contract_last = (((1,), (1,)), ((), ()))
     kv_heads = rows.shape[0]
+    # bfloat16 products are exact in float32: a caller's "highest" matmul precision adds nothing to them,
+    # and Mosaic refuses it for bfloat16 operands ("Bad lhs type", jax-ml/jax#21408)
+    exact = dict(precision=None if rows.dtype == jnp.float32 else jax.lax.Precision.DEFAULT)
     scores = jnp.concatenate(
         [
-            jax.lax.dot_general(per_head(q, h), keys[h], contract_last, preferred_element_type=jnp.float32)
+            jax.lax.dot_general(per_head(q, h), keys[h], contract_last, preferred_element_type=jnp.float32, **exact)
             for h in range(kv_heads)
         ],
         axis=0,
@@ -339,7 +342,7 @@ def _attend_block(q, rows, visible, fresh, softmax, group_size: int, head_dim: i
     total_p = scale * total_p + jnp.sum(probs, axis=-1, keepdims=True)
     probs = probs.astype(rows.dtype)
     mixed = jnp.concatenate(
-        [jnp.dot(per_head(probs, h), values[h], preferred_element_type=jnp.float32) for h in range(kv_heads)],
+        [jnp.dot(per_head(probs, h), values[h], preferred_element_type=jnp.float32, **exact) for h in range(kv_heads)],
         axis=0,
     )
     return m_new, total_p, scale * acc + mixed
