@@ -4,6 +4,7 @@ step nor any stray jitted helper), across 8 devices with FSDP, the chunked outpu
 import jax
 import jax.monitoring
 import numpy as np
+from small_run import SMALL
 
 from olmax.config.io import apply_overrides
 from olmax.config.recipes import get_recipe
@@ -15,10 +16,9 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded once pe
 
 
 def test_train_step_compiles_once():
-    cfg = apply_overrides(
-        get_recipe("tiny"),
-        ["model.n_layers=2", "data.seq_len=32", "trainer.loss_chunk=16", "model.remat=full", "mesh.fsdp=8"],
-    )
+    # the small run's model with a small vocabulary: compiling the step is what this test pays for
+    overrides = ["model.vocab_size=512", "trainer.loss_chunk=16", "model.remat=full", "mesh.fsdp=8"]
+    cfg = apply_overrides(get_recipe("tiny"), SMALL + overrides)
     compiles = []
 
     def listener(event, duration, **_):
