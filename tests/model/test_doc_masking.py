@@ -11,7 +11,6 @@ key of another document moves them by > 1e-2).
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +84,8 @@ def test_xla_masked_matches_the_reference_mask(window):
     weights = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape, np.float32))
 
     def loss(fn):
-        return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * weights), argnums=(0, 1, 2))(q, k, v)
+        f = lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
 
     got = loss(lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla", segments=seg))
     want = loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla"))
@@ -101,15 +101,15 @@ def test_splash_masked_matches_xla(window):
     seg = attn.segment_ids(_doc_lens())
     weights = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape, np.float32))
 
-    def grads(backend):
-        f = lambda q, k, v: jnp.sum(attn.attention(q, k, v, window=window, backend=backend, segments=seg) * weights)
-        return jax.grad(f, argnums=(0, 1, 2))(q, k, v)
+    def output_and_grads(backend):
+        """The outputs, and the gradients of sum(outputs * weights), from one forward pass."""
+        f = lambda q, k, v: attn.attention(q, k, v, window=window, backend=backend, segments=seg)
+        out, pullback = jax.vjp(f, q, k, v)
+        return out, pullback(weights)
 
-    _close(
-        attn.attention(q, k, v, window=window, backend="splash", segments=seg),
-        attn.attention(q, k, v, window=window, backend="xla", segments=seg),
-    )
-    for g, w in zip(grads("splash"), grads("xla")):
+    (out, grads), (want_out, want_grads) = output_and_grads("splash"), output_and_grads("xla")
+    _close(out, want_out)
+    for g, w in zip(grads, want_grads):
         _close(g, w, atol=2e-5, rtol=1e-5)
 
 
@@ -118,18 +118,45 @@ def test_splash_masked_under_a_mesh_runs_per_shard():
     q, k, v = _qkv(batch=8)
     docs = DOCS * 4
     seg = attn.segment_ids(_doc_lens(docs))
+    run = lambda backend: jax.jit(lambda a, b, c, s: attn.attention(a, b, c, window=64, backend=backend, segments=s))
     mesh = make_mesh(MeshConfig(fsdp=-1))
     with jax.set_mesh(mesh):
         place = lambda x: jax.device_put(x, NamedSharding(mesh, PartitionSpec("fsdp")))
-        out = jax.jit(lambda a, b, c, s: attn.attention(a, b, c, window=64, backend="splash", segments=s))(
-            place(q), place(k), place(v), place(seg)
-        )
-    _close(out, attn.attention(q, k, v, window=64, backend="xla", segments=seg))
+        out = run("splash")(place(q), place(k), place(v), place(seg))
+    _close(out, run("xla")(q, k, v, seg))
 
 
+# Two layers in one scanned group (global_every 2): a windowed layer (48) and a global one, as in every
+# group of the 7B, through the same scan.
 MODEL = dataclasses.replace(
-    TINY, vocab_size=1000, n_layers=4, sliding_window=48, compute_dtype="float32", attention="xla"
+    TINY,
+    vocab_size=1000,
+    n_layers=2,
+    global_every=2,
+    sliding_window=48,
+    compute_dtype="float32",
+    attention="xla",
 )
+
+
+@pytest.fixture(scope="module")
+def params():
+    return jax.jit(init_params, static_argnums=0)(MODEL, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def alone(params):
+    """The packed instance's tokens, and the logits of each of its documents run alone: every document
+    at the start of a row of its own, in one batch (what follows it in the row cannot reach it:
+    causal, tests/model/test_model.py), with row 0 of the instance unmasked last."""
+    tokens = jax.random.randint(jax.random.key(1), (2, SEQ), 0, MODEL.vocab_size)
+    rows = [(row, start, n) for row, lens in enumerate(DOCS) for start, n in zip(np.cumsum([0, *lens[:-1]]), lens)]
+    batch = np.zeros((len(rows) + 1, SEQ), np.int32)
+    for i, (row, start, n) in enumerate(rows):
+        batch[i, :n] = tokens[row, start : start + n]
+    batch[-1] = tokens[0]
+    logits = jax.jit(lambda p, t: forward(p, t, MODEL))(params, jnp.asarray(batch))  # no segments, xla
+    return tokens, [(row, start, n, logits[i, :n]) for i, (row, start, n) in enumerate(rows)], logits[-1]
 
 
 # The backend's mask and the RoPE positions are independent code: the default run takes each backend
@@ -143,33 +170,34 @@ MODEL = dataclasses.replace(
         pytest.param("splash", "document", marks=pytest.mark.slow),
     ],
 )
-def test_packed_instance_gives_each_documents_own_logits(backend, rope_positions):
+def test_packed_instance_gives_each_documents_own_logits(backend, rope_positions, params, alone):
     """Row 0 packs three documents and a padding segment; each document's logits equal those of the
-    document run alone (no segments, xla), on sliding (window 48) and global layers."""
+    document run alone (no segments, xla), on the sliding (window 48) and the global layer."""
     cfg = dataclasses.replace(MODEL, rope_positions=rope_positions, attention=backend)
-    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (2, SEQ), 0, cfg.vocab_size)
+    tokens, documents, unmasked = alone
     seg = attn.segment_ids(_doc_lens())
     packed = jax.jit(lambda p, t, s: forward(p, t, cfg, segments=s))(params, tokens, seg)
-    reference = dataclasses.replace(cfg, attention="xla")  # splash tiles need 128-multiples
-    alone = jax.jit(lambda p, t: forward(p, t, reference))
-    for row, lens in enumerate(DOCS):
-        start = 0
-        for n in lens:
-            doc = tokens[row : row + 1, start : start + n]
-            _close(packed[row, start : start + n], alone(params, doc)[0], atol=2e-5, rtol=1e-5)
-            start += n
-    unmasked = forward(params, tokens, reference)
-    assert float(jnp.max(jnp.abs(unmasked[0, 60:] - packed[0, 60:]))) > 1e-2  # the mask matters
+    for row, start, n, want in documents:
+        _close(packed[row, start : start + n], want, atol=2e-5, rtol=1e-5)
+    assert float(jnp.max(jnp.abs(unmasked[60:] - packed[0, 60:]))) > 1e-2  # the mask matters
 
 
-def test_without_segments_the_model_is_unchanged():
-    params = init_params(MODEL, jax.random.key(0))
+def test_without_segments_the_model_is_unchanged(params):
+    """One document per row given as segments: the logits of no segments, for both rope_positions
+    (one program for the four forward passes)."""
     tokens = jax.random.randint(jax.random.key(1), (2, 64), 0, MODEL.vocab_size)
     one_doc = attn.segment_ids(jnp.zeros((2, 64), jnp.int32).at[:, 0].set(64))
-    for rope_positions in ("absolute", "document"):
-        run = jax.jit(functools.partial(forward, cfg=dataclasses.replace(MODEL, rope_positions=rope_positions)))
-        _close(run(params, tokens, segments=one_doc), run(params, tokens))
+
+    @jax.jit
+    def both(params, tokens, segments):
+        out = []
+        for rope_positions in ("absolute", "document"):
+            cfg = dataclasses.replace(MODEL, rope_positions=rope_positions)
+            out.append((forward(params, tokens, cfg, segments=segments), forward(params, tokens, cfg)))
+        return out
+
+    for with_segments, without in both(params, tokens, one_doc):
+        _close(with_segments, without)
 
 
 def test_rope_tables_follow_rope_positions():
