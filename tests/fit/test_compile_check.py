@@ -34,6 +34,9 @@ SMALL_TPU = [
     "trainer.global_batch=8",
     "model.compute_dtype=bfloat16",
 ]
+# One (global) layer where the claim is not about the windowed and the global layer: each layer
+# costs a TPU compile about a third of its time. splash runs the same code for both masks.
+ONE_LAYER = [*SMALL_TPU, "model.n_layers=1"]
 
 
 def test_tiny_compiles_and_reports_fsdp_sharded_memory():
@@ -174,14 +177,14 @@ def test_keeping_attn_context_spares_the_splash_forward(context):
     calls, recompute = {}, {}
     for remat in ("q_proj,k_proj,v_proj", "q_proj,k_proj,v_proj,attn_context"):
         overrides = [f"model.remat={remat}", f"mesh.context={context}", f"data.seq_len={128 * context}"]
-        r = compile_report(apply_overrides(get_recipe("tiny"), SMALL_TPU + overrides), topology="v5p:2x2x1")
+        r = compile_report(apply_overrides(get_recipe("tiny"), ONE_LAYER + overrides), topology="v5p:2x2x1")
         assert r["mesh"]["context"] == context
         calls[remat] = r["mosaic_calls"]
         recompute[remat] = r["hardware_flops_per_device"] / r["model_flops_per_device"]
     without, kept = calls["q_proj,k_proj,v_proj"], calls["q_proj,k_proj,v_proj,attn_context"]
-    # 2 layers, unrolled: each kernel's call sites per layer
-    assert without == {"splash_mha_fwd_residuals": 4, "splash_mha_dq_no_residuals": 2, "splash_mha_dkv_no_residuals": 2}
-    assert kept == {**without, "splash_mha_fwd_residuals": 2}
+    # one layer: each kernel's call sites
+    assert without == {"splash_mha_fwd_residuals": 2, "splash_mha_dq_no_residuals": 1, "splash_mha_dkv_no_residuals": 1}
+    assert kept == {**without, "splash_mha_fwd_residuals": 1}
     assert recompute["q_proj,k_proj,v_proj,attn_context"] < recompute["q_proj,k_proj,v_proj"]
 
 
@@ -222,7 +225,7 @@ def test_doc_masked_step_compiles_with_its_doc_lens():
 
 
 def test_xla_attention_has_no_mosaic_kernel():
-    cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["model.attention=xla"])
+    cfg = apply_overrides(get_recipe("tiny"), ONE_LAYER + ["model.attention=xla"])
     r = compile_report(cfg, topology="v5p:2x2x1")
     assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0
     assert r["libtpu_flags"] == ["--xla_tpu_scoped_vmem_limit_kib=65536"]
@@ -232,7 +235,7 @@ def test_the_flag_profile_reaches_the_compiler(monkeypatch):
     """A flag the compiler does not know fails the compile: the profile is passed, not dropped."""
     bogus = dataclasses.replace(chips.CHIPS["v5p"], libtpu_flags=("--xla_olmax_no_such_flag=1",))
     monkeypatch.setitem(chips.CHIPS, "v5p", bogus)
-    cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["model.attention=xla"])
+    cfg = apply_overrides(get_recipe("tiny"), ONE_LAYER + ["model.attention=xla"])
     with pytest.raises(Exception, match="xla_olmax_no_such_flag"):
         compile_report(cfg, topology="v5p:2x2x1")
 
@@ -331,7 +334,7 @@ def test_compile_check_takes_an_accelerator_type(tmp_path):
 
     out = tmp_path / "r.json"
     r = CliRunner().invoke(
-        app, ["compile-check", "--recipe", "tiny", "--topology", "v5litepod-4", *SMALL_TPU, "--json", str(out)]
+        app, ["compile-check", "--recipe", "tiny", "--topology", "v5litepod-4", *ONE_LAYER, "--json", str(out)]
     )
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
@@ -357,8 +360,10 @@ NOT_FITTING = {
 
 @pytest.mark.parametrize("topology", ["tpu7x:2x2x1", "v5p:2x2x1", "v6e:2x2", "v5e:1x1", "v4:2x2x1"])
 def test_the_chip_tables_hbm_limit_is_the_tpu_compilers(topology):
-    """One device's program of an argument and two temporaries of the same size, its peak 3 of them:
-    the compiler accepts it 8 MiB under the table's limit and runs out of HBM 8 MiB over it."""
+    """One device's program of an argument and an output of the same size, its peak 2 of them: the
+    compiler accepts it 8 MiB under the table's limit and runs out of HBM 8 MiB over it. (A program
+    with temporaries proves the same at several times the compile time: near the limit the compiler
+    tries to rematerialise them.)"""
     import jax
     import jax.numpy as jnp
 
@@ -366,8 +371,8 @@ def test_the_chip_tables_hbm_limit_is_the_tpu_compilers(topology):
     device = jax.sharding.SingleDeviceSharding(topology_devices(topology)[0])
 
     def peak_of(gib):
-        x = jax.ShapeDtypeStruct((int(gib * GIB / 3 / 4),), jnp.float32, sharding=device)
-        step = jax.jit(lambda x: (jnp.sin(x) * jnp.cos(jnp.sin(x)[::-1])).sum()).lower(x)
+        x = jax.ShapeDtypeStruct((int(gib * GIB / 2 / 4),), jnp.float32, sharding=device)
+        step = jax.jit(jnp.sin).lower(x)
         return step.compile(compiler_options=chips.compiler_options(chip)).memory_analysis().peak_memory_in_bytes
 
     assert peak_of(chip.hbm_limit_gib - 8 / 1024) / GIB == pytest.approx(chip.hbm_limit_gib, abs=0.01)
