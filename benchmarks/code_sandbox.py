@@ -327,8 +327,8 @@ def corpus(verifiers: dict, rounds: int) -> dict:
 
 
 def forgeries(verifiers: dict) -> dict:
-    """Each forgery of tests/rewards/test_code_forgeries.py (FORGERIES, then REVIEWED), scored by each verifier
-    (isolation namespaces, 2 s a test, reward threshold as the RL loop's): which score 1.0, per table."""
+    """Each forgery of tests/rewards/test_code_forgeries.py (FORGERIES, REVIEWED, SECOND_REVIEW), scored by each
+    verifier (isolation namespaces, 2 s a test, reward threshold as the RL loop's): which score 1.0, per table."""
     import importlib.util
 
     path = os.path.join(REPO, "tests/rewards/test_code_forgeries.py")
@@ -336,7 +336,7 @@ def forgeries(verifiers: dict) -> dict:
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
     rows = {}
-    for table in ("FORGERIES", "REVIEWED"):
+    for table in ("FORGERIES", "REVIEWED", "SECOND_REVIEW"):
         for label, module in verifiers.items():
             forged = []
             for name, (program, tests) in sorted(getattr(tables, table).items()):

@@ -344,6 +344,73 @@ def test_the_rl_loops_call_gives_every_reviewed_class_nothing():
         assert reward == 0.0, (name, parts)
 
 
+# A second review (of the verifier at 11a64d8) found programs that do not solve their task and scored 1.0 there,
+# in the classes above (`benchmarks/code_sandbox.py --forgeries --before 11a64d8`): Python's own TypeError for an
+# operator, a conversion, `with` or isinstance() on a program object (a Remote has no such method) caught by a
+# test expecting the program's; well-known names of statistics, operator, re and numpy taken from the program; an
+# OrderedDict reordered in place (its own order was neither sent nor compared); a special attribute the test asks
+# for itself (`p.__dict__` of a class meant to have __slots__) answered by the verifier's AttributeError.
+VECTOR = (
+    "class Vector:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n    def __add__(self, o):\n"
+    "        return self\n    def __neg__(self):\n        return self\n    def __int__(self):\n        return 0\n"
+    "    def __index__(self):\n        return 0\n    def __float__(self):\n        return 0.0\n"
+    "    def __enter__(self):\n        return self\n    def __exit__(self, *a):\n        return True\n"
+)
+PLAIN_POINT = "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+SECOND_REVIEW = {
+    # an operator, a conversion, `with` or isinstance() on a program object: Python's TypeError, caught
+    "operator_add": (VECTOR, [f"{RAISES}Vector(1, 2) + 'a'"]),
+    "operator_neg": (VECTOR, [f"{RAISES}-Vector(1, 2)"]),
+    "operator_mul_unittest": (VECTOR, ["import unittest\ncase = unittest.TestCase()\n"
+                                       "with case.assertRaises(TypeError):\n    Vector(1, 2) * 'x'"]),
+    "conversion_int": (VECTOR, [f"{RAISES}int(Vector(1, 2))"]),
+    "conversion_index": (VECTOR, [f"{RAISES}[1, 2, 3][Vector(1, 2)]"]),
+    "conversion_float_math": (VECTOR, [f"import math\n{RAISES}math.sqrt(Vector(1, 2))"]),
+    "with_block": (VECTOR, ["try:\n    with Vector(1, 2):\n        raise ValueError('x')\n"
+                            "except (TypeError, AttributeError):\n    pass\nelse:\n    raise AssertionError"]),
+    "isinstance_of_a_program_class": ("class Shape:\n    pass\nclass Circle:\n    pass\ndef make():\n"
+                                      "    return Circle()", ["try:\n    ok = isinstance(make(), Shape)\n"
+                                                             "except TypeError:\n    ok = True\nassert ok"]),
+    # well-known names of statistics, operator, re and numpy, used without an import, taken from the program
+    "known_mean": ("mean = lambda xs: 0\ndef avg(xs):\n    return 0",
+                   ["assert abs(avg([1, 2, 3]) - mean([1, 2, 3])) < 1e-9", "assert avg([2, 4]) == mean([2, 4])"]),
+    "known_median": ("median = lambda xs: 0\ndef mid(xs):\n    return 0",
+                     ["assert mid([1, 5, 3]) == median([1, 5, 3])"]),
+    "known_itemgetter": ("itemgetter = lambda *k: (lambda x: 0)\ndef by_age(ps):\n    return ps",
+                         ["ps = [('b', 2), ('a', 1)]\nassert by_age(ps) == sorted(ps, key=itemgetter(1))"]),
+    "known_findall": ("findall = lambda *a: []\ndef words(s):\n    return []",
+                      ["assert words('a b') == findall(r'\\w+', 'a b')"]),
+    "known_numpy_array": ("array = lambda x: 0\ndef double(x):\n    return 0",
+                          ["import numpy as np\nassert np.array_equal(double(np.array([1, 2])), array([2, 4]))"]),
+    # an OrderedDict reordered in place: a must-not-reorder contract
+    "ordereddict_reordered": ("def size(d):\n    d.move_to_end('b')\n    return len(d)",
+                              ["from collections import OrderedDict\nd = OrderedDict(b=1, a=2)\nassert size(d) == 2\n"
+                               "assert list(d) == ['b', 'a'], 'must not reorder'"]),
+    # a special attribute the test asks for itself, answered by the verifier
+    "dunder_attribute": (PLAIN_POINT, ["import pytest\np = Point(1, 2)\nassert (p.x, p.y) == (1, 2)\n"
+                                       "with pytest.raises(AttributeError):\n    p.__dict__"]),
+    "dunder_hasattr": (PLAIN_POINT, ["p = Point(1, 2)\nassert p.x == 1 and not hasattr(p, '__dict__')"]),
+    "dunder_vars": (PLAIN_POINT, [f"p = Point(1, 2)\nassert p.x == 1\n{RAISES}vars(p)"]),
+}  # fmt: skip
+
+
+@sandboxed
+@pytest.mark.parametrize("name", sorted(SECOND_REVIEW))
+def test_each_forgery_of_the_second_review_scores_zero(name):
+    program, tests = SECOND_REVIEW[name]
+    score, status = verifiers.call("code", f"```python\n{program}\n```", json.dumps(tests), {"seconds": 2.0})
+    assert score == 0.0, (name, status)
+
+
+@sandboxed
+def test_the_rl_loops_call_gives_every_class_of_the_second_review_nothing():
+    for name in ("operator_add", "known_mean", "ordereddict_reordered", "dunder_attribute"):
+        program, tests = SECOND_REVIEW[name]
+        reward, parts = verifiers.reward(["code"], [json.dumps(tests)], f"```python\n{program}\n```", timeout=30.0,
+                                         options={"code": {"seconds": 2.0}}, scale=SCALE)  # fmt: skip
+        assert reward == 0.0, (name, parts)
+
+
 # the verifier held long or large by a program's values: (program, tests), each failing within its time limit
 COLLIDING = "[k * (2**61 - 1) for k in range(1, 20_000)]"  # hash(n) is n mod 2**61 - 1: all collide
 HOLDERS = {

@@ -156,7 +156,7 @@ def run_code(spec: dict, fd_in: int, fd_out: int, loaded: list) -> tuple[str, st
         return "f", f"the program failed to load: {payload.decode('utf-8', 'replace')[:200]}", True
     module = types.ModuleType("__main__")
     namespace = module.__dict__
-    codec = Codec(namespace, fd_in, fd_out, spec["accessors"])
+    codec = Codec(namespace, fd_in, fd_out, spec["accessors"], spec["dunders"])
     namespace["__builtins__"] = _tests_builtins(spec["source"], codec)
     if kind != b"N":
         return "f", "the program's process sent no names", True

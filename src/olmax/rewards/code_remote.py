@@ -41,7 +41,8 @@ from olmax.rewards import code_channel as ch
 from olmax.rewards import code_datatypes as dt
 from olmax.rewards import code_values as cv
 
-_KEPT_DUNDERS = frozenset(("__name__", "__qualname__", "__doc__"))  # fetched from the program; other dunders not
+_KEPT_DUNDERS = frozenset(("__name__", "__qualname__"))  # fetched from the program; other dunders only where the
+# test names them itself (`p.__dict__`, `hasattr(p, '__dict__')`: code_tests `dunders`)
 _ENUM_BASES = ("IntFlag", "Flag", "IntEnum", "StrEnum", "Enum")  # most specific first
 _SHOWN_AS = {"generator": types.GeneratorType}  # the kinds a Remote shows as its class (isinstance)
 _BATCH_AFTER = 8  # next() calls in a row on one iterator before its items are asked for in batches
@@ -65,9 +66,9 @@ class Late(BaseException):
     """The test's time is up."""
 
 
+# An object of the program's, held here by number: its use is a request to the program's process. (No docstring:
+# `__doc__` is the program's.)
 class Remote:
-    """An object of the program's, held here by number: its use is a request to the program's process."""
-
     __slots__ = ("_remote_codec", "_remote_number", "_remote_kind")
 
     def __init__(self, codec, number: int, kind: str):
@@ -89,9 +90,16 @@ class Remote:
         return self._ask("call", args, tuple(kwargs.items()))
 
     def __getattr__(self, name: str):
-        if name.startswith("__") and name.endswith("__") and name not in _KEPT_DUNDERS:
-            raise AttributeError(name)
+        if name.startswith("_remote_"):
+            raise AttributeError(name)  # (a copy without its slots)
+        special = name.startswith("__") and name.endswith("__")
+        if special and name not in _KEPT_DUNDERS and name not in self._remote_codec.dunders:
+            raise AttributeError(name)  # a library's probe (numpy's __array__, copy's __deepcopy__): not the program's
         return self._ask("getattr", name)
+
+    @property
+    def __doc__(self):  # noqa: D105 (the program's; the class's own docstring would answer first)
+        return self._ask("getattr", "__doc__")
 
     def __setattr__(self, name: str, value) -> None:
         self._ask("setattr", name, value)
@@ -161,6 +169,25 @@ class Remote:
     def __bool__(self):
         raise self._refuse("has no truth value here (its own __bool__ would answer)")
 
+    def _operator(self, *operands):
+        raise self._refuse("met an operator, a conversion, `with`, isinstance() or a copy (its methods would answer)")
+
+
+# what a Remote refuses beyond comparing, hashing and truth: operators (the operand would be the program's to see:
+# `abs(area(1) - 3.14) < 1e-6`), conversions, `with`, isinstance() and copy/pickle (a copy of a handle is no copy of
+# the program's object). Python's own TypeError for these (a Remote
+# has no such method) would be caught by a test expecting the program's (`pytest.raises(TypeError): v + 'a'`
+# passed a program whose __add__ takes anything): each is refused, and so recorded
+_BINARY = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "xor", "or")
+_OPERATORS = (*(form.format(name) for name in _BINARY for form in ("__{}__", "__r{}__", "__i{}__")),
+              "__divmod__", "__rdivmod__", "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__",
+              "__complex__", "__index__", "__round__", "__trunc__", "__floor__", "__ceil__", "__enter__", "__exit__",
+              "__instancecheck__", "__subclasscheck__", "__reduce__", "__reduce_ex__")  # fmt: skip
+for _name in _OPERATORS:
+    setattr(Remote, _name, Remote._operator)
+del _name
+del Remote.__slots__  # (its slots stay): `Point.__slots__` is the program's class's
+
 
 def _builtin_exception(name) -> type | None:
     found = getattr(builtins, name, None) if type(name) is str else None
@@ -193,9 +220,10 @@ class Codec(cv.Codec):
 
     parity = 0
 
-    def __init__(self, namespace: dict, fd_in: int, fd_out: int, accessors=()):
+    def __init__(self, namespace: dict, fd_in: int, fd_out: int, accessors=(), dunders=()):
         super().__init__()
         self.namespace, self.fd_in, self.fd_out = namespace, fd_in, fd_out
+        self.dunders = frozenset(dunders)
         self.accessors = {(line, name): recipe for line, name, recipe in accessors}
         self.proxies: dict[int, Remote] = {}
         self.classes: dict[str, type] = {}  # the tests' classes that crossed or were announced, by name

@@ -61,6 +61,14 @@ _NOT_KNOWN = frozenset(("merge", "count", "chain", "compress", "repeat", "cycle"
 _KNOWN_EXTRA = {"approx": "pytest", "raises": "pytest", "allclose": "numpy", "array_equal": "numpy",
                 "array_equiv": "numpy", "assert_allclose": "numpy.testing", "assert_array_equal": "numpy.testing",
                 "assert_array_almost_equal": "numpy.testing", "assert_almost_equal": "numpy.testing"}  # fmt: skip
+# well-known names that are task names as often (a task `mean` checked with `approx`): the library's only beside a
+# call of a name that is not well known (`avg(xs) == mean(xs)`); never `mode`, a task's more often than not
+_KNOWN_WEAK = {"array": "numpy", "zeros": "numpy", "ones": "numpy", "arange": "numpy", "linspace": "numpy",
+               "itemgetter": "operator", "attrgetter": "operator", "methodcaller": "operator", "findall": "re",
+               "finditer": "re", "fullmatch": "re",
+               **dict.fromkeys(("mean", "fmean", "median", "median_low", "median_high", "geometric_mean",
+                                "harmonic_mean", "stdev", "pstdev", "variance", "pvariance", "multimode", "quantiles"),
+                               "statistics")}  # fmt: skip
 _COMPUTING = (ast.BinOp, ast.Compare, ast.UnaryOp, ast.BoolOp)  # where a call's result is checked, not passed
 # what an accessor may use (code_remote): plain constants, these builtins, these container methods
 _PLAIN = (None, 0, 1, -1, "")
@@ -79,7 +87,8 @@ def _known_names() -> dict:
             value = getattr(module, attr)
             if not attr.startswith("_") and attr not in _NOT_KNOWN and type(value).__name__ != "module":
                 known.setdefault(attr, name)
-    return {**known, **{k: v for k, v in _KNOWN_EXTRA.items() if k not in known}}
+    extra = {**_KNOWN_EXTRA, **_KNOWN_WEAK}
+    return {**known, **{k: v for k, v in extra.items() if k not in known}}
 
 
 _KNOWN = _known_names()
@@ -93,20 +102,21 @@ class Plan:
     at its top (`classes`), and its methods a program may have run (`accessors`, [first line, name])."""
 
     __slots__ = ("form", "why", "source", "free", "modules", "known", "builtin_task", "builtin_order", "imports",
-                 "classes", "accessors")  # fmt: skip
+                 "classes", "accessors", "dunders")  # fmt: skip
 
     def __init__(self, form: str, why: str = "", source: str = "", free=(), modules=None, known=None,
-                 builtin_task=False, builtin_order=(), imports=(), classes=(), accessors=()):  # fmt: skip
+                 builtin_task=False, builtin_order=(), imports=(), classes=(), accessors=(), dunders=()):  # fmt: skip
         self.form, self.why, self.source = form, why, source
         self.free, self.modules, self.known = tuple(free), dict(modules or {}), dict(known or {})
         self.builtin_task, self.builtin_order, self.imports = builtin_task, tuple(builtin_order), imports
-        self.classes, self.accessors = tuple(classes), tuple(accessors)
+        self.classes, self.accessors, self.dunders = tuple(classes), tuple(accessors), tuple(dunders)
 
     def spec(self) -> dict:
         """What the tests' process reads of it (code_runner `read_spec`)."""
         return {"source": self.source, "free": list(self.free), "modules": self.modules, "known": self.known,
                 "builtin_task": self.builtin_task, "builtin_order": list(self.builtin_order),
-                "classes": list(self.classes), "accessors": [list(a) for a in self.accessors]}  # fmt: skip
+                "classes": list(self.classes), "accessors": [list(a) for a in self.accessors],
+                "dunders": list(self.dunders)}  # fmt: skip
 
 
 def source_of(test) -> str:
@@ -165,11 +175,13 @@ def _known(tree: ast.AST, free: set, modules: dict) -> dict:
     # assigns from them (`s = Solution()`)
     called = {n.func.id for n in nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     params = {a.arg for n in nodes if isinstance(n, ast.FunctionDef) for a in n.args.args}
-    program = (others - candidates) | (params & called)
-    program |= _assigned_from(nodes, program)
-    calls = [n for n in nodes if isinstance(n, ast.Call) and _base(n.func) in program]
+    strong = candidates - set(_KNOWN_WEAK)
     found = {}
     for name in sorted(candidates):
+        # a weak name's calls count as the program's for the others (`mean(xs) == approx(2.0)`: `approx` is pytest's)
+        program = (others - (candidates if name in _KNOWN_WEAK else strong)) | (params & called)
+        program |= _assigned_from(nodes, program)
+        calls = [n for n in nodes if isinstance(n, ast.Call) and _base(n.func) in program]
         derived = {name} | _assigned_from(nodes, {name})  # `want = Counter(...)` carries it
         uses = [n for n in nodes if isinstance(n, ast.Name) and n.id in derived and isinstance(n.ctx, ast.Load)]
         bare = any(n.id == name and _bare(n, parents.get(id(n)), defined) for n in uses)
@@ -408,6 +420,18 @@ class _Accessor:
         return False
 
 
+def _dunders(tree: ast.AST) -> list:
+    """The special names the test asks for itself, as an attribute (`p.__dict__`, `Point.__slots__`) or as a string
+    (`hasattr(p, '__dict__')`): of a program object, those are the program's answer (code_remote `Remote`); any
+    other is a library's probe (numpy's `__array__`), which a program object does not answer."""
+    names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    names |= {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and type(node.value) is str}
+    if any(isinstance(node, ast.Name) and node.id == "vars" for node in ast.walk(tree)):
+        names.add("__dict__")  # what vars() reads
+    return sorted(name for name in names if len(name) > 4 and name.startswith("__") and name.endswith("__")
+                  and name[2:-2].isidentifier())  # fmt: skip
+
+
 def imported(tree: ast.AST) -> set:
     """The top-level modules `tree` imports."""
     names = set()
@@ -437,7 +461,7 @@ def _plan(source: str) -> Plan:
     builtin_task = free <= _BUILTINS
     return Plan(RUN, "", source, sorted(free), modules, _known(tree, free, modules), builtin_task,
                 _builtin_order(tree, free) if builtin_task else (), tuple(sorted(imported(tree))), classes,
-                _accessors(tree))  # fmt: skip
+                _accessors(tree), _dunders(tree))  # fmt: skip
 
 
 def plan(test) -> Plan:

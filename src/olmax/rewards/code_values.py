@@ -169,7 +169,7 @@ class Codec:
             self._counted(len(obj) >> 6)
             return [ref, "B", dt.b64(obj)]
         if kind in _KEYED_DICTS:
-            items = list(dict.items(obj))
+            items = list(_items(kind, obj))
             self._counted(2 * len(items))
             head = [ref, kind]
             if kind == "dd":  # a factory that is a class found by import (int, list, set); else none
@@ -463,10 +463,16 @@ def _snapshot(kind: str, obj) -> tuple:
         items = list(obj)
         return (kind, items, frozenset(map(id, items)))
     if kind in _KEYED_DICTS:
-        return (kind, list(dict.keys(obj)), list(dict.values(obj)), getattr(obj, "default_factory", None))
+        keys, values = zip(*_items(kind, obj)) if len(obj) else ((), ())
+        return (kind, list(keys), list(values), getattr(obj, "default_factory", None))
     if kind == "B":
         return (kind, bytes(obj))
     return (kind, *dt.snapshot_array(obj))
+
+
+def _items(kind: str, obj):
+    """A dict's items in its order: an OrderedDict's own (move_to_end changes it, not the dict's underneath)."""
+    return _MAKERS["O"].items(obj) if kind == "O" else dict.items(obj)
 
 
 def _unchanged(obj, snap: tuple) -> bool:
@@ -486,8 +492,10 @@ def _unchanged(obj, snap: tuple) -> bool:
     if kind == "s":
         return len(obj) == len(snap[1]) and frozenset(map(id, obj)) == snap[2]
     if kind in _KEYED_DICTS:
-        same = len(obj) == len(snap[1]) and all(map(is_, dict.keys(obj), snap[1]))
-        return same and all(map(is_, dict.values(obj), snap[2])) and getattr(obj, "default_factory", None) is snap[3]
+        items = list(_items(kind, obj))
+        same = len(items) == len(snap[1]) and all(is_(k, old) for (k, _), old in zip(items, snap[1]))
+        return same and all(is_(v, old) for (_, v), old in zip(items, snap[2])) and getattr(
+            obj, "default_factory", None) is snap[3]  # fmt: skip
     if kind == "B":
         return obj == snap[1]
     return dt.snapshot_array(obj) == snap[1:]
