@@ -26,19 +26,20 @@ from olmax.trainer.run import train
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("status")
-    train(small_config(root, "eval.every=0", "checkpoint.every=2"), root / "run", stop_at=5, progress=False)
+    cfg = small_config(root, "eval.every=0", "checkpoint.every=2", "trainer.max_steps=4")
+    train(cfg, root / "run", stop_at=3, progress=False)
     state = LaunchState.load(str(root / "run"))
     state.ended(ExitStatus.TRANSIENT, 75, "the trainer: RemoteReadError: ...", 2)
     state.retrying(preempted=False)
-    state.ended(ExitStatus.PREEMPTED, 143, "the trainer: stopped after step 5 of 6", 5)
-    write_record(str(root / "run"), ExitStatus.PREEMPTED, "stopped after step 5 of 6")  # as olmax train does
+    state.ended(ExitStatus.PREEMPTED, 143, "the trainer: stopped after step 3 of 4", 3)
+    write_record(str(root / "run"), ExitStatus.PREEMPTED, "stopped after step 3 of 4")  # as olmax train does
     return root / "run"
 
 
 def test_status_of_a_real_run(run):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     s = run_status(str(run), MetricsReader(str(run), window=3), peak_tflops=chip_peak("v5p"))
-    assert (s["step"], s["total_steps"], s["tokens"], s["total_tokens"]) == (5, 6, 5 * 8 * 64, 6 * 8 * 64)
+    assert (s["step"], s["total_steps"], s["tokens"], s["total_tokens"]) == (3, 4, 3 * 8 * 64, 4 * 8 * 64)
     times = sorted(r["time/step"] for r in rows[-3:])
     assert s["step_time_s"] == times[1] and s["tokens_per_s"] == pytest.approx(8 * 64 / times[1])
     assert s["eta_s"] == pytest.approx(1 * times[1])
@@ -46,17 +47,17 @@ def test_status_of_a_real_run(run):
     assert s["loss"] == rows[-1]["train/CE loss"]
     assert s["loss_smoothed"] == pytest.approx(sum(r["train/CE loss"] for r in rows[-3:]) / 3)
     assert s["skipped_steps"] == sum(r["optim/step skipped"] > 0 for r in rows)
-    ckpt = json.loads((run / "checkpoints" / "5" / "data" / "metadata").read_text())  # --stop-at saves
-    assert (s["checkpoint"], s["data_fingerprint"]) == (5, ckpt["fingerprint"])
+    ckpt = json.loads((run / "checkpoints" / "3" / "data" / "metadata").read_text())  # --stop-at saves
+    assert (s["checkpoint"], s["data_fingerprint"]) == (3, ckpt["fingerprint"])
     assert (s["attempts"], s["retries"], s["preemptions"]) == (2, 1, 0)
     assert s["last_failure"]["name"] == "PREEMPTED" and s["last_exit"]["name"] == "PREEMPTED"
     out = CliRunner().invoke(app, ["status", str(run)])
     assert out.exit_code == 0, out.output
-    assert "step 5 / 6 (83.3%), tokens 2,560 / 3,072" in out.output
-    assert "newest complete checkpoint: step 5" in out.output and ckpt["fingerprint"] in out.output
+    assert "step 3 / 4 (75.0%), tokens 1,536 / 2,048" in out.output
+    assert "newest complete checkpoint: step 3" in out.output and ckpt["fingerprint"] in out.output
     assert "launcher: 2 attempt(s), 1 retries (0 after preemptions); last failure: PREEMPTED (exit 143" in out.output
     printed = CliRunner().invoke(app, ["status", str(run), "--json", "-"])
-    assert json.loads(printed.output.splitlines()[-1])["checkpoint"] == 5
+    assert json.loads(printed.output.splitlines()[-1])["checkpoint"] == 3
     missing = CliRunner().invoke(app, ["status", str(run.parent / "nothing")])
     assert missing.exit_code == 2 and "nothing/config.yaml does not exist" in missing.output
 
@@ -92,7 +93,7 @@ def test_commands_that_read_files_import_no_jax(run, command):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     if args[-1] == "-":
         shown = json.loads(out.stdout.splitlines()[-1])
-        assert shown["checkpoint"] == complete_steps(run / "checkpoints")[-1] == 5
+        assert shown["checkpoint"] == complete_steps(run / "checkpoints")[-1] == 3
         assert shown["data_fingerprint"] == inspect(run / "checkpoints")["data"]["fingerprint"]
 
 
@@ -106,12 +107,12 @@ def test_follow_stops_once_the_run_has_ended(run, tmp_path, monkeypatch):
 
         def sleep(seconds, copy=copy, later=later):
             assert later, "still following a run that has ended"
-            write_record(str(copy), later.pop(0), "stopped after step 6 of 6")
+            write_record(str(copy), later.pop(0), "stopped after step 4 of 4")
 
         monkeypatch.setattr(time, "sleep", sleep)
         out = CliRunner().invoke(app, ["status", str(copy), "--follow", "--every", "0"])
         assert out.exit_code == 0, out.output
-        assert not later and out.output.count("step 5 / 6") == 3
+        assert not later and out.output.count("step 3 / 4") == 3
         assert out.output.endswith(f"the run has ended ({final.name}): no longer following\n")
         assert f"last trainer exit: {final.name} ({int(final)})" in out.output.splitlines()[-2]
 
