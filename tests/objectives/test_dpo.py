@@ -90,16 +90,22 @@ def test_chunked_logps_equal_whole_and_by_hand():
     params["lm_head"] = params["lm_head"].at[:, cfg.vocab_size :].set(3.0)  # padding that would count if included
     ids = jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab_size)
     mask = jnp.zeros((4, 16), bool).at[:, 6:12].set(True).at[1, 12:].set(True)
-    hidden = jax.jit(forward_hidden, static_argnums=2)(params, ids, cfg)
     run = jax.jit(dpo.policy_logps, static_argnums=3, static_argnames="chunk")
     whole, chunked = (run(params, ids, mask, cfg, chunk=c) for c in (0, 4))
-    logp = jax.nn.log_softmax(lm_head(params, hidden, cfg)[..., : cfg.vocab_size], axis=-1)
-    by_hand = jnp.sum(jnp.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0] * mask[:, 1:], axis=1)
+
+    @jax.jit  # one compile, not one per operation
+    def logps_by_hand(params, ids, mask):
+        logp = jax.nn.log_softmax(
+            lm_head(params, forward_hidden(params, ids, cfg), cfg)[..., : cfg.vocab_size], axis=-1
+        )
+        return jnp.sum(jnp.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0] * mask[:, 1:], axis=1)
+
+    by_hand = logps_by_hand(params, ids, mask)
     np.testing.assert_allclose(whole.total, by_hand, rtol=1e-6)
     np.testing.assert_allclose(chunked.total, by_hand, rtol=1e-6)
     np.testing.assert_array_equal(whole.count, [6, 10, 6, 6])
-    with pytest.raises(ValueError, match="loss_chunk=5 does not divide"):
-        dpo.policy_logps(params, ids, mask, cfg, chunk=5)
+    with pytest.raises(ValueError, match="loss_chunk=5 does not divide"):  # when traced, before any compile
+        run(params, ids, mask, cfg, chunk=5)
 
 
 # ----------------------------------------------------------------------------------------------
