@@ -28,8 +28,9 @@ QUICK = {"humaneval/leetcode_entry_two_sum", "humaneval/gcd_list", "mbpp/cone_vo
          "asserts/many_calls_fresh_lists", "leetcode/add_two_long_numbers", "asserts/numpy_in_place",
          "asserts/contains_without_iter", "asserts/compared_with_none", "asserts/exception_two_bases",
          "asserts/unittest_main", "leetcode/nested_integer_parser",
-         # what a second review found: an OrderedDict's own order, special attributes the test asks for
-         "asserts/ordereddict_order", "asserts/slots_class"}  # fmt: skip
+         # what a second review found: an OrderedDict's own order, special attributes the test asks for, what the
+         # program prints where the test captures stdout
+         "asserts/ordereddict_order", "asserts/slots_class", "asserts/prints_captured"}  # fmt: skip
 
 
 def _reward(entry: dict, response: str) -> tuple[float, list]:

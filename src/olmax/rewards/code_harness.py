@@ -149,7 +149,7 @@ def run_code(spec: dict, fd_in: int, fd_out: int, loaded: list) -> tuple[str, st
     """A `code` test (module docstring): (verdict, reason, whether the program failed to load). Verdicts:
     "p" passed, "f" failed, "r" refused (it used no name of the program's), "t" out of time (raised here
     as Late by the caller's timer). `loaded` gets True once the program's names are in."""
-    wanted = {"classes": spec["classes"], "names": spec["free"]}
+    wanted = {"classes": spec["classes"], "names": spec["free"], "stdout": spec["prints"]}
     ch.send(fd_out, b"P", json.dumps(wanted).encode())
     kind, payload = ch.receive(fd_in)
     if kind == b"L":

@@ -39,6 +39,7 @@ from olmax.rewards import code_channel as ch
 from olmax.rewards import code_values as cv
 
 SMALL = 10_000  # elements of a program's global sent as data (a larger one is a handle)
+PRINTED_PIECE = 1 << 20  # bytes of what the program printed in one message
 BATCH = 128  # items of a generator's the tests' process may ask for at once (code_remote asks for more in a run)
 _EXCEPTION_BASES = frozenset(name for name, value in vars(builtins).items()
                              if isinstance(value, type) and issubclass(value, BaseException))  # fmt: skip
@@ -59,6 +60,7 @@ class Codec(cv.Codec):
         self.enums: dict[str, type] = {}  # the tests' Enums, by name
         self.tuples: dict[tuple, type] = {}  # namedtuple stand-ins, by (name, fields)
         self.deferred: dict[int, BaseException] = {}  # what an iterator raised after the items of a batch
+        self.printed: io.BytesIO | None = None  # what the program printed since the last answer, where kept
 
     def handle(self, obj) -> int:
         number = self.handle_ids.get(id(obj))
@@ -231,7 +233,24 @@ class Codec(cv.Codec):
                 message = self.raised(e)
             except ch.Unsendable as e:  # the objects the program changed are past the bounds
                 message = self.encode(("refused", f"the program's answer is past the channel's bounds: {e}"))
+        self.forward_printed()
         ch.send(self.fd_out, b"A", message)
+
+    def capture(self) -> None:
+        """Keep what the program prints from now on, for the tests' process (`forward_printed`)."""
+        self.printed = io.BytesIO()
+        sys.stdout = io.TextIOWrapper(self.printed, encoding="utf-8", write_through=True)
+
+    def forward_printed(self) -> None:
+        """What the program printed during a request, ahead of its answer, for a test that may capture stdout
+        (code_tests `prints`: `contextlib.redirect_stdout`); in pieces the channel carries."""
+        if self.printed is None or not self.printed.tell():
+            return
+        data = self.printed.getvalue()
+        self.printed.seek(0)
+        self.printed.truncate()
+        for start in range(0, len(data), PRINTED_PIECE):
+            ch.send(self.fd_out, b"O", data[start : start + PRINTED_PIECE])
 
     def next_items(self, iterator, count: int = 1) -> tuple:
         """Up to `count` items of the program's `iterator` (at least one): what it raised after some items is
@@ -411,6 +430,8 @@ def serve(program: str, fd_in: int, fd_out: int) -> None:
     except ch.Unsendable as e:  # tens of thousands of small globals
         ch.send(fd_out, b"L", f"its globals are past the channel's bounds: {e}".encode()[:1000])
         return
+    if wanted.get("stdout") is True:  # after the load: what it prints then, upstream's tests did not capture
+        codec.capture()
     ch.send(fd_out, b"N", report)
     while True:
         try:

@@ -33,6 +33,7 @@ Standard library only (this module runs inside the sandbox).
 from __future__ import annotations
 
 import builtins
+import codecs
 import json
 import sys
 import types
@@ -238,6 +239,7 @@ class Codec(cv.Codec):
         self.spoiled = ""
         self.calling_back = False
         self._empty = None
+        self._text_in = None  # the decoder of what the program printed
 
     def refuse(self, text: str) -> Refused:
         """A refusal (module docstring), recorded: the test fails whatever it catches."""
@@ -480,6 +482,9 @@ class Codec(cv.Codec):
                 if kind == b"C":
                     self.callback(payload)
                     continue
+                if kind == b"O":
+                    self.printed(payload)
+                    continue
                 if kind != b"A":
                     raise ch.ChannelError("what arrived is no answer")
                 answer = self.decode(payload)
@@ -518,6 +523,15 @@ class Codec(cv.Codec):
             raise self.spoil("the program's answer to next() is not its items")
         self.buffers[number] = list(reversed(items[1:]))
         return items[0]
+
+    def printed(self, data: bytes) -> None:
+        """What the program printed, written where the test captures this process's stdout (redirect_stdout);
+        nowhere when it does not."""
+        if self._text_in is None:
+            self._text_in = codecs.getincrementaldecoder("utf-8")("replace")
+        text = self._text_in.decode(data)
+        if sys.stdout is not sys.__stdout__ and sys.stdout is not None:
+            sys.stdout.write(text)
 
     def callback(self, payload: bytes) -> None:
         """The program constructed one of the tests' classes, or called a method of one (module docstring):

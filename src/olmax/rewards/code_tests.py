@@ -69,6 +69,7 @@ _KNOWN_WEAK = {"array": "numpy", "zeros": "numpy", "ones": "numpy", "arange": "n
                **dict.fromkeys(("mean", "fmean", "median", "median_low", "median_high", "geometric_mean",
                                 "harmonic_mean", "stdev", "pstdev", "variance", "pvariance", "multimode", "quantiles"),
                                "statistics")}  # fmt: skip
+_CAPTURES = ("stdout", "StringIO")  # a test that may capture what the program prints (contextlib.redirect_stdout)
 _COMPUTING = (ast.BinOp, ast.Compare, ast.UnaryOp, ast.BoolOp)  # where a call's result is checked, not passed
 # what an accessor may use (code_remote): plain constants, these builtins, these container methods
 _PLAIN = (None, 0, 1, -1, "")
@@ -102,21 +103,23 @@ class Plan:
     at its top (`classes`), and its methods a program may have run (`accessors`, [first line, name])."""
 
     __slots__ = ("form", "why", "source", "free", "modules", "known", "builtin_task", "builtin_order", "imports",
-                 "classes", "accessors", "dunders")  # fmt: skip
+                 "classes", "accessors", "dunders", "prints")  # fmt: skip
 
     def __init__(self, form: str, why: str = "", source: str = "", free=(), modules=None, known=None,
-                 builtin_task=False, builtin_order=(), imports=(), classes=(), accessors=(), dunders=()):  # fmt: skip
+                 builtin_task=False, builtin_order=(), imports=(), classes=(), accessors=(), dunders=(),
+                 prints=False):  # fmt: skip
         self.form, self.why, self.source = form, why, source
         self.free, self.modules, self.known = tuple(free), dict(modules or {}), dict(known or {})
         self.builtin_task, self.builtin_order, self.imports = builtin_task, tuple(builtin_order), imports
         self.classes, self.accessors, self.dunders = tuple(classes), tuple(accessors), tuple(dunders)
+        self.prints = prints
 
     def spec(self) -> dict:
         """What the tests' process reads of it (code_runner `read_spec`)."""
         return {"source": self.source, "free": list(self.free), "modules": self.modules, "known": self.known,
                 "builtin_task": self.builtin_task, "builtin_order": list(self.builtin_order),
                 "classes": list(self.classes), "accessors": [list(a) for a in self.accessors],
-                "dunders": list(self.dunders)}  # fmt: skip
+                "dunders": list(self.dunders), "prints": self.prints}  # fmt: skip
 
 
 def source_of(test) -> str:
@@ -461,7 +464,7 @@ def _plan(source: str) -> Plan:
     builtin_task = free <= _BUILTINS
     return Plan(RUN, "", source, sorted(free), modules, _known(tree, free, modules), builtin_task,
                 _builtin_order(tree, free) if builtin_task else (), tuple(sorted(imported(tree))), classes,
-                _accessors(tree), _dunders(tree))  # fmt: skip
+                _accessors(tree), _dunders(tree), any(word in source for word in _CAPTURES))  # fmt: skip
 
 
 def plan(test) -> Plan:
