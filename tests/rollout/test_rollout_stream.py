@@ -184,19 +184,20 @@ def test_a_resumed_stream_scores_nothing_again(setup):
     params, prompts = setup
     cfg = _experiment(max_staleness=2)
     judge = Counter()  # the stopped run's and its resumption's
-    going = EngineStream(cfg, None, prompts, FickleScorer(Counter()), Calls(), EOS, None, slots=32)
-    stopped = EngineStream(cfg, None, prompts, FickleScorer(judge), Calls(), EOS, None, slots=32)
-    for _ in range(PROMPTS):
-        going.next_group(params, 0), stopped.next_group(params, 0)
-    going.end_step(), stopped.end_step()
+    going = EngineStream(cfg, None, prompts, FickleScorer(Counter()), Calls(), EOS, None, slots=8)
+    stopped = EngineStream(cfg, None, prompts, FickleScorer(judge), Calls(), EOS, None, slots=8)
+    for step in range(2):  # the 8 slots (the other tests' programs) hold a scored group after step 1
+        for _ in range(PROMPTS):
+            going.next_group(params, step), stopped.next_group(params, step)
+        going.end_step(), stopped.end_step()
     going.state()
     json_state, arrays = stopped.state()
     # groups scored and not read, with rewards a second scoring would have made 0
     assert any(entry[5] is not None and any(entry[5][0]) for entry in json_state["open"])
-    resumed = EngineStream(cfg, None, prompts, FickleScorer(judge), Calls(), EOS, None, slots=32)
+    resumed = EngineStream(cfg, None, prompts, FickleScorer(judge), Calls(), EOS, None, slots=8)
     resumed.take.count = stopped.take.count
     resumed.restore(json_state, arrays)
-    read = [(going.next_group(params, 1), resumed.next_group(params, 1)) for _ in range(2 * PROMPTS)]
+    read = [(going.next_group(params, 2), resumed.next_group(params, 2)) for _ in range(2 * PROMPTS)]
     for a, b in read:
         _same(a, b)
     going.close(), stopped.close(), resumed.close()
