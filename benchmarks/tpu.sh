@@ -30,12 +30,13 @@
 #               made Python 3.11-ready by `wheels`, and the wheels of its needs the VM's index lacks)
 # OLMAX_TPU_STEPS picks steps (default "install demo tests throughput decode"). By default the two tables
 # take their headline rows only (throughput: the matmul rate and one 7B layer at a fixed fit; decode: the
-# 1B at 64 x 128), and each step is bounded (install 45 s, demo 65, tests 270, throughput 120, decode
-# 100: at most 600 s, one device call). On a v5e the whole default set took 375 s in one call (with RoPE's
-# rotation, as now, docs/performance/tpu-v5e.md; install 21 s, demo 51, tests 204, throughput 22 with a
-# compile cache that held its programs, where the 7B-layer row alone takes 61 s without one; decode 77,
-# its parameters' init 32 s of compiling); on a fresh machine without that cache, 475 s (2026-12-07, the
-# engine's on-chip test included: install 32, demo 55, tests 213, throughput 105, decode 70). The whole
+# 1B at 64 x 128), and each step is bounded (install 45 s, demo 65, tests 300, throughput 120, decode
+# 100; the steps take about 530 s, one device call). On a v5e the whole default set took 375 s in one call
+# (2026-12-06, with RoPE's rotation, docs/performance/tpu-v5e.md; install 21 s, demo 51, tests 204,
+# throughput 22 with a compile cache that held its programs, where the 7B-layer row alone takes 61 s
+# without one; decode 77, its parameters' init 32 s of compiling); on a fresh machine without that cache,
+# 531 s (2026-12-07 21:10 UTC, the slot engine's and the decode kernel's on-chip tests included: install
+# 32, demo 55, tests 275, throughput 101, decode 68). The whole
 # tables take more calls: OLMAX_TPU_THROUGHPUT / OLMAX_TPU_DECODE / OLMAX_TPU_MAXTEXT replace or add those
 # steps' options and OLMAX_TPU_THROUGHPUT_S / _DECODE_S / _MAXTEXT_S their bounds in seconds
 # (docs/performance/tpu-v5e.md has each figure with the options that produced it).
