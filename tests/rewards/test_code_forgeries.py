@@ -347,7 +347,8 @@ def test_the_rl_loops_call_gives_every_reviewed_class_nothing():
 # A second review (of the verifier at 11a64d8) found programs that do not solve their task and scored 1.0 there,
 # in the classes above (`benchmarks/code_sandbox.py --forgeries --before 11a64d8`): Python's own TypeError for an
 # operator, a conversion, `with` or isinstance() on a program object (a Remote has no such method) caught by a
-# test expecting the program's; well-known names of statistics, operator, re and numpy taken from the program; an
+# test expecting the program's; well-known names of statistics, operator, re and numpy, or used in the test's own
+# helpers, lists and method chains, taken from the program; an
 # OrderedDict reordered in place (its own order was neither sent nor compared); a special attribute the test asks
 # for itself (`p.__dict__` of a class meant to have __slots__) answered by the verifier's AttributeError.
 VECTOR = (
@@ -382,6 +383,19 @@ SECOND_REVIEW = {
                       ["assert words('a b') == findall(r'\\w+', 'a b')"]),
     "known_numpy_array": ("array = lambda x: 0\ndef double(x):\n    return 0",
                           ["import numpy as np\nassert np.array_equal(double(np.array([1, 2])), array([2, 4]))"]),
+    "known_in_a_helper": ("factorial = lambda n: 0\ndef fact(n):\n    return 0",
+                          ["def expected(n):\n    return factorial(n)\nassert fact(5) == expected(5)"]),
+    "known_in_a_helper_class": ("factorial = lambda n: 0\ndef fact(n):\n    return 0",
+                                ["class Ref:\n    @staticmethod\n    def of(n):\n        return factorial(n)\n"
+                                 "assert fact(5) == Ref.of(5)"]),
+    "known_in_a_helper_weak": ("mean = lambda xs: 0\ndef avg(xs):\n    return 0",
+                               ["def ref(xs):\n    return mean(xs)\nassert avg([1, 2]) == ref([1, 2])"]),
+    "known_two_lists": ("factorial = lambda n: 0\ndef fact(n):\n    return 0",
+                        ["want = [factorial(n) for n in range(5)]\ngot = [fact(n) for n in range(5)]\n"
+                         "assert got == want"]),
+    "known_method_chain": ("class Counter:\n    def __init__(self, s):\n        pass\n    def most_common(self, n):\n"
+                           "        return [('z', 0)]\ndef top(s):\n    return 'z'",
+                           ["assert top('aab') == Counter('aab').most_common(1)[0][0]"]),
     # an OrderedDict reordered in place: a must-not-reorder contract
     "ordereddict_reordered": ("def size(d):\n    d.move_to_end('b')\n    return len(d)",
                               ["from collections import OrderedDict\nd = OrderedDict(b=1, a=2)\nassert size(d) == 2\n"

@@ -184,12 +184,30 @@ def _known(tree: ast.AST, free: set, modules: dict) -> dict:
         # a weak name's calls count as the program's for the others (`mean(xs) == approx(2.0)`: `approx` is pytest's)
         program = (others - (candidates if name in _KNOWN_WEAK else strong)) | (params & called)
         program |= _assigned_from(nodes, program)
+        # the program's uses: its calls, and its names as values (`got = [f(n) ...]` then `got == want`)
         calls = [n for n in nodes if isinstance(n, ast.Call) and _base(n.func) in program]
-        derived = {name} | _assigned_from(nodes, {name})  # `want = Counter(...)` carries it
+        calls += [n for n in nodes if isinstance(n, ast.Name) and n.id in program and isinstance(n.ctx, ast.Load)]
+        derived = _derived(nodes, name)
         uses = [n for n in nodes if isinstance(n, ast.Name) and n.id in derived and isinstance(n.ctx, ast.Load)]
         bare = any(n.id == name and _bare(n, parents.get(id(n)), defined) for n in uses)
         if bare or any(_beside(use, calls, parents) for use in uses):
             found[name] = _KNOWN[name]
+    return found
+
+
+def _derived(nodes: list, name: str) -> set:
+    """`name` and what carries its value: names the test assigns from it (`want = Counter(...)`), and its own
+    functions and classes that use it (`def expected(n): return factorial(n)`), and so on."""
+    found, size = {name}, 0
+    while len(found) > size:
+        size = len(found)
+        found |= _assigned_from(nodes, found)
+        defined = [node for node in nodes if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        found |= {
+            node.name
+            for node in defined
+            if any(isinstance(n, ast.Name) and n.id in found and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
+        }
     return found
 
 
@@ -234,8 +252,8 @@ def _beside(use: ast.Name, calls: list, parents: dict) -> bool:
         node = parents[id(node)]
         if isinstance(node, ast.Call) and any(node is call for call in calls):
             return False  # its value goes into the program, not beside it
-        if isinstance(node, ast.Call) and node.func is own:
-            own = node
+        if isinstance(node, ast.Call) and node.func is own or isinstance(node, ast.Attribute) and node.value is own:
+            own = node  # (`Ref.of(5)`, `Counter(s).most_common(1)`: its own value still)
         elif isinstance(node, ast.Call) and not isinstance(node.func, ast.Name):
             break
     unit, mine = _within(node), _within(own)
