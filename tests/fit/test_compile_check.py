@@ -224,13 +224,6 @@ def test_doc_masked_step_compiles_with_its_doc_lens():
     assert r["attention"] == "splash" and r["attention_kernel_calls"] >= 6 and r["fits"] is True
 
 
-def test_xla_attention_has_no_mosaic_kernel():
-    cfg = apply_overrides(get_recipe("tiny"), ONE_LAYER + ["model.attention=xla"])
-    r = compile_report(cfg, topology="v5p:2x2x1")
-    assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0
-    assert r["libtpu_flags"] == ["--xla_tpu_scoped_vmem_limit_kib=65536"]
-
-
 def test_the_flag_profile_reaches_the_compiler(monkeypatch):
     """A flag the compiler does not know fails the compile: the profile is passed, not dropped."""
     bogus = dataclasses.replace(chips.CHIPS["v5p"], libtpu_flags=("--xla_olmax_no_such_flag=1",))
@@ -327,18 +320,21 @@ def test_cloud_tpu_accelerator_types_name_the_same_slices():
     assert [(d.id, d.coords) for d in named] == [(d.id, d.coords) for d in libtpu]
 
 
-def test_compile_check_takes_an_accelerator_type(tmp_path):
+def test_compile_check_takes_an_accelerator_type_and_xla_attention_has_no_mosaic_kernel(tmp_path):
+    """One TPU compile for both claims: the CLI names the slice an accelerator type stands for, and
+    with model.attention=xla the step has no Mosaic kernel and is compiled with the chip's profile."""
     from typer.testing import CliRunner
 
     from olmax.cli import app
 
     out = tmp_path / "r.json"
-    r = CliRunner().invoke(
-        app, ["compile-check", "--recipe", "tiny", "--topology", "v5litepod-4", *ONE_LAYER, "--json", str(out)]
-    )
+    args = ["--topology", "v5litepod-4", *ONE_LAYER, "model.attention=xla", "--json", str(out)]
+    r = CliRunner().invoke(app, ["compile-check", "--recipe", "tiny", *args])
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
     assert report["devices"] == 4 and report["chip"] == "v5e" and "v5e:2x2 (v5litepod-4) x 1 slice(s)" in r.output
+    assert report["attention"] == "xla" and report["attention_kernel_calls"] == 0 and report["mosaic_calls"] == {}
+    assert report["libtpu_flags"] == ["--xla_tpu_scoped_vmem_limit_kib=65536"]
     r = CliRunner().invoke(app, ["compile-check", "--recipe", "tiny", "--topology", "v5litepod-2"])
     assert r.exit_code == 2 and "no v5litepod slice has 2" in r.output
 
