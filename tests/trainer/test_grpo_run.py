@@ -261,13 +261,15 @@ def test_a_read_with_no_signal_retries_then_applies_an_empty_batch(tmp_path, zer
     from olmax.rollout.producer import EMPTY_RETRIES
     from olmax.trainer.run import train
 
-    cfg = _config(tmp_path, *engine.split(), f"data.paths=[{zero_verifier}]", "grpo.max_response_len=4")
+    # two prompts of 4 samples a read: the retries' count is what is proved, not the batch's size
+    small = ["grpo.max_response_len=4", "grpo.prompts_per_step=2", "trainer.global_batch=8"]
+    cfg = _config(tmp_path, *engine.split(), f"data.paths=[{zero_verifier}]", *small)
     rows = train(apply_overrides(cfg, ["trainer.max_steps=1"]), tmp_path / "run", progress=False)
     assert [r["step"] for r in rows] == [1]
     for r in rows:
         assert r["rollout/empty_batch"] == 1 and r["rollout/groups_kept"] == 0, r
         assert r["rollout/retries"] == EMPTY_RETRIES and r["train/response tokens"] == 0
-        assert r["rollout/verifier/zero/ok"] == (EMPTY_RETRIES + 1) * 16
+        assert r["rollout/verifier/zero/ok"] == (EMPTY_RETRIES + 1) * 8
 
 
 # Rows of many lengths: a stop string a random model often spells. A random model's rows all run to the
