@@ -16,6 +16,7 @@ these inputs (`test_tolerance_detects_off_by_one_window`).
 """
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -32,6 +33,12 @@ from olmax.model.olmo3 import forward, init_params
 from olmax.model.sharding import make_mesh
 
 TOL = dict(atol=1e-5, rtol=1e-5)
+
+# The calls the tests compare, each compiled as one program (per shapes and static arguments, and
+# shared by the tests that make the same call): run eagerly, XLA:CPU compiles every operation of the
+# xla backend on its own, ~1 s a call on the test machine against ~0.2 s.
+attention = jax.jit(attn.attention, static_argnames=("window", "backend", "splash_blocks"))
+dot_product_attention = jax.jit(attn.dot_product_attention, static_argnums=(3, 4))
 
 # (seq, n_heads, n_kv_heads, head_dim, window); window None = global causal.
 CASES = [
@@ -58,16 +65,16 @@ def _close(actual, expected, **tol):
 @pytest.mark.parametrize("seq,heads,kv_heads,head_dim,window", CASES)
 def test_splash_matches_xla(seq, heads, kv_heads, head_dim, window):
     q, k, v = _qkv(seq, heads, kv_heads, head_dim)
-    out = attn.attention(q, k, v, window=window, backend="splash")
-    _close(out, attn.attention(q, k, v, window=window, backend="xla"))
+    out = attention(q, k, v, window=window, backend="splash")
+    _close(out, attention(q, k, v, window=window, backend="xla"))
 
 
 @pytest.mark.parametrize("seq,heads,kv_heads,head_dim,window", CASES)
 def test_cudnn_call_matches_xla(seq, heads, kv_heads, head_dim, window):
     """The cudnn backend's argument mapping (window, causal, GQA), run by dot_product_attention's XLA path."""
     q, k, v = _qkv(seq, heads, kv_heads, head_dim)
-    out = attn.dot_product_attention(q, k, v, window, implementation="xla")
-    _close(out, attn.attention(q, k, v, window=window, backend="xla"))
+    out = dot_product_attention(q, k, v, window, "xla")
+    _close(out, attention(q, k, v, window=window, backend="xla"))
 
 
 # (seq, n_heads, n_kv_heads, head_dim, window, block): seq and window off the block grid, windows
@@ -240,33 +247,33 @@ def test_xla_context_chunks_past_the_width_limit_match_the_reference(window, mon
 def test_xla_bfloat16_keeps_dtype_and_stays_close():
     """bf16 inputs: output and gradients come back in bf16, the output within ~2 bf16 ulps of fp32."""
     q, k, v = _qkv(256, 4, 2, 64, dtype=jnp.bfloat16, batch=1)
-    out = attn.attention(q, k, v, window=100, backend="xla")
-    ref = attn.attention(*(x.astype(jnp.float32) for x in (q, k, v)), window=100, backend="xla")
+    out = attention(q, k, v, window=100, backend="xla")
+    ref = attention(*(x.astype(jnp.float32) for x in (q, k, v)), window=100, backend="xla")
     assert out.dtype == jnp.bfloat16
     _close(out, ref, atol=2e-2, rtol=0)
-    grads = jax.grad(
-        lambda q, k, v: jnp.sum(attn.attention(q, k, v, window=100).astype(jnp.float32)), argnums=(0, 1, 2)
+    grads = jax.jit(
+        jax.grad(lambda q, k, v: jnp.sum(attention(q, k, v, window=100).astype(jnp.float32)), argnums=(0, 1, 2))
     )(q, k, v)
     assert all(g.dtype == jnp.bfloat16 and bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads)
 
 
 def test_window_one_sees_only_itself():
     q, k, v = _qkv(256, 2, 1, 32)
-    _close(attn.attention(q, k, v, window=1, backend="xla"), jnp.repeat(v, 2, axis=2))
+    _close(attention(q, k, v, window=1, backend="xla"), jnp.repeat(v, 2, axis=2))
 
 
 def test_window_wider_than_sequence_is_global():
     q, k, v = _qkv(256, 4, 2, 32)
-    _close(attn.attention(q, k, v, window=1000, backend="splash"), attn.attention(q, k, v, window=None, backend="xla"))
+    _close(attention(q, k, v, window=1000, backend="splash"), attention(q, k, v, window=None, backend="xla"))
 
 
 def test_reference_groups_query_heads_like_repeat_kv():
     """Query head h reads kv head h // (n_heads // n_kv_heads): GQA equals MHA on kv repeated
     head by head (HF's repeat_kv), not tiled."""
     q, k, v = _qkv(256, 4, 2, 32)
-    gqa = attn.attention(q, k, v, window=100, backend="xla")
-    mha = attn.attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2), window=100, backend="xla")
-    tiled = attn.attention(q, jnp.tile(k, (1, 1, 2, 1)), jnp.tile(v, (1, 1, 2, 1)), window=100, backend="xla")
+    gqa = attention(q, k, v, window=100, backend="xla")
+    mha = attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2), window=100, backend="xla")
+    tiled = attention(q, jnp.tile(k, (1, 1, 2, 1)), jnp.tile(v, (1, 1, 2, 1)), window=100, backend="xla")
     _close(gqa, mha)
     assert float(jnp.abs(gqa - tiled).max()) > 0.1
 
@@ -274,18 +281,18 @@ def test_reference_groups_query_heads_like_repeat_kv():
 @pytest.mark.parametrize("window", [64, 100])
 def test_tolerance_detects_off_by_one_window(window):
     q, k, v = _qkv(256, 4, 2, 32)
-    exact = attn.attention(q, k, v, window=window, backend="xla")
+    exact = attention(q, k, v, window=window, backend="xla")
     for wrong in (window - 1, window + 1):
-        off = attn.attention(q, k, v, window=wrong, backend="splash")
+        off = attention(q, k, v, window=wrong, backend="splash")
         assert float(jnp.abs(off - exact).max()) > 1e4 * TOL["atol"]
 
 
 def test_splash_bfloat16_close_to_float32():
     """The production dtype: splash in bf16 stays within ~2 bf16 ulps (|out| < 4) of the fp32 result."""
     q, k, v = _qkv(256, 4, 2, 64, dtype=jnp.bfloat16)
-    out = attn.attention(q, k, v, window=100, backend="splash")
+    out = attention(q, k, v, window=100, backend="splash")
     assert out.dtype == jnp.bfloat16
-    ref = attn.attention(*(x.astype(jnp.float32) for x in (q, k, v)), window=100, backend="xla")
+    ref = attention(*(x.astype(jnp.float32) for x in (q, k, v)), window=100, backend="xla")
     _close(out, ref, atol=2e-2, rtol=0)
 
 
@@ -297,6 +304,7 @@ def test_splash_gradients_match_xla():
         np.random.default_rng(1).standard_normal(q.shape, np.float32)
     )  # a loss that weights every output differently
 
+    @functools.partial(jax.jit, static_argnums=0)
     def grads(backend):
         loss = lambda q, k, v: jnp.sum(w * attn.attention(q, k, v, window=100, backend=backend))
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
@@ -316,8 +324,8 @@ def test_splash_kernel_reusable_across_traces():
 @pytest.mark.parametrize("blocks", [(128, 128, 128), (256, 128, 128), (256, 256, 128)])
 def test_splash_block_sizes_do_not_change_the_result(blocks):
     q, k, v = _qkv(256, 4, 2, 32, batch=1)
-    out = attn.attention(q, k, v, window=64, backend="splash", splash_blocks=SplashBlocks(*blocks))
-    _close(out, attn.attention(q, k, v, window=64, backend="xla"))
+    out = attention(q, k, v, window=64, backend="splash", splash_blocks=SplashBlocks(*blocks))
+    _close(out, attention(q, k, v, window=64, backend="xla"))
 
 
 def test_splash_rejects_a_tile_that_does_not_divide_the_sequence():
@@ -349,7 +357,7 @@ def test_auto_resolves_by_platform(platform, dtype, want):
 def test_auto_runs_xla_on_cpu():
     q, k, v = _qkv(128, 2, 1, 32, batch=1)
     assert attn.target_platform() == "cpu"
-    _close(attn.attention(q, k, v, window=64, backend="auto"), attn.attention(q, k, v, window=64, backend="xla"))
+    _close(attention(q, k, v, window=64, backend="auto"), attention(q, k, v, window=64, backend="xla"))
 
 
 def test_target_platform_is_the_meshs_not_the_hosts():
@@ -387,10 +395,11 @@ def test_unknown_backend_is_an_error():
 
 
 def test_tiny_model_with_splash_matches_xla():
-    """The whole tiny OLMo 3 (4 layers: 3 windowed at 64, 1 global; GQA 4/2; fp32) at seq 256.
-    The vocabulary is cut to 1024: attention never sees it, and initialising the 100k-row embedding
-    and LM head costs ~10 s on the test machine."""
-    cfg = dataclasses.replace(get_recipe("tiny").model, vocab_size=1024)
+    """The tiny OLMo 3 (GQA 4/2, fp32) at seq 256, cut to its first two layers in one scanned group
+    (global_every 2): a layer windowed at 64 and a global one, as every group of the recipe's. The
+    vocabulary is cut to 1024: attention never sees it, and initialising the 100k-row embedding and
+    LM head costs ~10 s on the test machine."""
+    cfg = dataclasses.replace(get_recipe("tiny").model, vocab_size=1024, n_layers=2, global_every=2)
     params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (1, 256), 0, cfg.vocab_size)
     want = jax.jit(lambda p, t: forward(p, t, cfg))(params, tokens)
@@ -406,7 +415,7 @@ def test_splash_under_a_mesh_runs_per_shard(mesh_cfg):
     this checks the shard_map path itself gives the reference result."""
     mesh = make_mesh(mesh_cfg)
     q, k, v = _qkv(256, 4, 2, 32, batch=8)
-    ref = attn.attention(q, k, v, window=100, backend="xla")
+    ref = attention(q, k, v, window=100, backend="xla")
     with jax.set_mesh(mesh):
         batch = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
         q, k, v = (jax.device_put(x, batch) for x in (q, k, v))
