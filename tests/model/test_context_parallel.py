@@ -64,8 +64,10 @@ def test_context_4_trains_as_context_1_and_resumes_without_it(tmp_path):
 
 def test_gradients_equal_those_without_context(tmp_path):
     """The model's loss and its gradient for every parameter, under a mesh with context 4 against
-    no mesh at all, on packed documents whose windowed layers reach into the previous chunk."""
-    cfg = _cfg(tmp_path, 4)
+    no mesh at all, on packed documents whose windowed layers reach into the previous chunk. (The
+    vocabulary cut to 512: the output layer over dolma2's was most of the test's time, and only the
+    attention splits the sequence.)"""
+    cfg = _cfg(tmp_path, 4, "model.vocab_size=512")
     rng = np.random.default_rng(0)
     seq, rows = cfg.data.seq_len, 4
     tokens = jnp.asarray(rng.integers(0, cfg.model.vocab_size, (rows, seq)), jnp.int32)
@@ -112,13 +114,13 @@ def test_attention_gathers_keys_and_values_once_per_layer(backend):
     def loss(q, k, v):
         return jnp.sum(attn.attention(q, k, v, window=100, backend=backend, segments=segments) * weights)
 
-    grad = jax.value_and_grad(loss, argnums=(0, 1, 2))
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
     ref_loss, ref_grads = grad(q, k, v)
     mesh = make_mesh(MeshConfig(data=1, fsdp=2, context=2, tensor=2))
     with jax.set_mesh(mesh):
-        step = jax.jit(grad)
+        step = grad.lower(q, k, v).compile()  # the program that runs is the one whose collectives are counted
         got_loss, got_grads = step(q, k, v)
-        ops = _collectives(step.lower(q, k, v).compile().as_text())
+        ops = _collectives(step.as_text())
     np.testing.assert_allclose(float(got_loss), float(ref_loss), rtol=1e-5)
     for got, want in zip(got_grads, ref_grads, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
