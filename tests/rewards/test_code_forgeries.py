@@ -348,14 +348,19 @@ def test_the_rl_loops_call_gives_every_reviewed_class_nothing():
 # in the classes above (`benchmarks/code_sandbox.py --forgeries --before 11a64d8`): Python's own TypeError for an
 # operator, a conversion, `with` or isinstance() on a program object (a Remote has no such method) caught by a
 # test expecting the program's; well-known names of statistics, operator, re and numpy, or used in the test's own
-# helpers, lists and method chains, taken from the program; an
-# OrderedDict reordered in place (its own order was neither sent nor compared); a special attribute the test asks
-# for itself (`p.__dict__` of a class meant to have __slots__) answered by the verifier's AttributeError.
+# helpers, lists and method chains, taken from the program; an OrderedDict reordered in place (its own order was
+# neither sent nor compared); a handle's own methods taken for the program object's (`hasattr(it, '__next__')`);
+# a special attribute the test asks for itself (`p.__dict__` of a class meant to have __slots__) answered by the
+# verifier's AttributeError.
 VECTOR = (
     "class Vector:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n    def __add__(self, o):\n"
     "        return self\n    def __neg__(self):\n        return self\n    def __int__(self):\n        return 0\n"
     "    def __index__(self):\n        return 0\n    def __float__(self):\n        return 0.0\n"
     "    def __enter__(self):\n        return self\n    def __exit__(self, *a):\n        return True\n"
+)
+ITERABLE = (
+    "class Numbers:\n    def __init__(self, xs):\n        self.xs = xs\n    def __iter__(self):\n"
+    "        return iter(self.xs)\ndef my_iter(xs):\n    return Numbers(xs)"
 )
 PLAIN_POINT = "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
 SECOND_REVIEW = {
@@ -396,6 +401,11 @@ SECOND_REVIEW = {
     "known_method_chain": ("class Counter:\n    def __init__(self, s):\n        pass\n    def most_common(self, n):\n"
                            "        return [('z', 0)]\ndef top(s):\n    return 'z'",
                            ["assert top('aab') == Counter('aab').most_common(1)[0][0]"]),
+    # a handle's own methods taken for the program object's: an iterable that is no iterator
+    "protocol_iterator_abc": (ITERABLE, ["import collections.abc\nit = my_iter([1, 2])\n"
+                                         "assert isinstance(it, collections.abc.Iterator)\nassert list(it) == [1, 2]"]),
+    "protocol_hasattr_next": (ITERABLE, ["it = my_iter([1, 2])\nassert hasattr(it, '__next__')\n"
+                                         "assert list(it) == [1, 2]"]),
     # an OrderedDict reordered in place: a must-not-reorder contract
     "ordereddict_reordered": ("def size(d):\n    d.move_to_end('b')\n    return len(d)",
                               ["from collections import OrderedDict\nd = OrderedDict(b=1, a=2)\nassert size(d) == 2\n"

@@ -73,7 +73,7 @@ class Codec(cv.Codec):
     def other(self, value, depth: int):  # noqa: C901 (one case per kind of object)
         kind = type(value)
         if kind is _Handle:
-            return ["H", self.handle(value.value), type(value.value).__name__[:100]]
+            return ["H", self.handle(value.value), type(value.value).__name__[:100], protocol(value.value)]
         if self.enums.get(kind.__name__) is kind:  # a member of the tests' Enum
             return ["e", kind.__name__, value.name]
         if self.stand_ins.get(kind.__name__) is kind:
@@ -88,7 +88,7 @@ class Codec(cv.Codec):
         found = ch.importable(value)
         if found is not None:
             return ["g", *found, self.handle(value)]
-        return ["H", self.handle(value), str(getattr(kind, "__qualname__", "object"))[:100]]
+        return ["H", self.handle(value), str(getattr(kind, "__qualname__", "object"))[:100], protocol(value)]
 
     def exception_class(self, cls: type) -> list:
         found = ch.importable(cls) or ("", "")
@@ -393,6 +393,17 @@ def _small(value, budget: list) -> bool:
     if isinstance(value, dict):
         return all(_small(k, budget) and _small(v, budget) for k, v in dict.items(value))
     return True
+
+
+# the methods a handle of the tests' side has where the program's object has them (code_remote PROTOCOL, in order),
+# and whether it is unhashable (the bit after them)
+_PROTOCOL = ("__call__", "__getitem__", "__setitem__", "__delitem__", "__len__", "__iter__", "__next__", "__contains__")
+
+
+def protocol(obj) -> int:
+    kind = type(obj)
+    flags = sum(1 << bit for bit, name in enumerate(_PROTOCOL) if getattr(kind, name, None) is not None)
+    return flags | (1 << len(_PROTOCOL) if getattr(kind, "__hash__", None) is None else 0)
 
 
 def load(program: str, namespace: dict) -> BaseException | None:

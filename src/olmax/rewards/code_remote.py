@@ -79,16 +79,13 @@ class Remote:
 
     @property
     def __class__(self):  # noqa: D105 (`isinstance(g, types.GeneratorType)` for the program's generators)
-        return _SHOWN_AS.get(object.__getattribute__(self, "_remote_kind"), Remote)
+        return _SHOWN_AS.get(object.__getattribute__(self, "_remote_kind"), type(self))
 
     def _ask(self, op: str, *operands):
         return self._remote_codec.request(op, self, *operands)
 
     def _refuse(self, what: str):
         return self._remote_codec.refuse(f"a {self._remote_kind} of the program's {what}")
-
-    def __call__(self, *args, **kwargs):
-        return self._ask("call", args, tuple(kwargs.items()))
 
     def __getattr__(self, name: str):
         if name.startswith("_remote_"):
@@ -107,34 +104,6 @@ class Remote:
 
     def __delattr__(self, name: str) -> None:
         self._ask("delattr", name)
-
-    def __getitem__(self, key):
-        return self._ask("getitem", key)
-
-    def __setitem__(self, key, value) -> None:
-        self._ask("setitem", key, value)
-
-    def __delitem__(self, key) -> None:
-        self._ask("delitem", key)
-
-    def __len__(self) -> int:
-        size = self._ask("len")
-        if type(size) is not int or size < 0:
-            raise self._refuse("answered len() with what is not a count")
-        return size
-
-    def __iter__(self):
-        found = self._ask("iter")
-        return found if isinstance(found, Remote) else iter(found)
-
-    def __next__(self):
-        return self._remote_codec.next_item(self)
-
-    def __contains__(self, item) -> bool:
-        found = self._ask("contains", item)
-        if type(found) is not bool:
-            raise self._refuse("answered `in` with what is not a bool")
-        return found
 
     def _text(self, op: str, *operands) -> str:
         text = self._ask(op, *operands)
@@ -174,6 +143,41 @@ class Remote:
         raise self._refuse("met an operator, a conversion, `with`, isinstance() or a copy (its methods would answer)")
 
 
+class _Protocol:
+    """The methods of a Remote that the program's object may lack (`remote_class`)."""
+
+    def __call__(self, *args, **kwargs):
+        return self._ask("call", args, tuple(kwargs.items()))
+
+    def __getitem__(self, key):
+        return self._ask("getitem", key)
+
+    def __setitem__(self, key, value) -> None:
+        self._ask("setitem", key, value)
+
+    def __delitem__(self, key) -> None:
+        self._ask("delitem", key)
+
+    def __len__(self) -> int:
+        size = self._ask("len")
+        if type(size) is not int or size < 0:
+            raise self._refuse("answered len() with what is not a count")
+        return size
+
+    def __iter__(self):
+        found = self._ask("iter")
+        return found if isinstance(found, Remote) else iter(found)
+
+    def __next__(self):
+        return self._remote_codec.next_item(self)
+
+    def __contains__(self, item) -> bool:
+        found = self._ask("contains", item)
+        if type(found) is not bool:
+            raise self._refuse("answered `in` with what is not a bool")
+        return found
+
+
 # what a Remote refuses beyond comparing, hashing and truth: operators (the operand would be the program's to see:
 # `abs(area(1) - 3.14) < 1e-6`), conversions, `with`, isinstance() and copy/pickle (a copy of a handle is no copy of
 # the program's object). Python's own TypeError for these (a Remote
@@ -188,6 +192,28 @@ for _name in _OPERATORS:
     setattr(Remote, _name, Remote._operator)
 del _name
 del Remote.__slots__  # (its slots stay): `Point.__slots__` is the program's class's
+
+# which of a program object's methods its handle has (code_program `protocol`), a bit each, and its hash refused
+# or absent: `hasattr(it, '__next__')`, `isinstance(it, collections.abc.Iterator)`, `callable(f)` and
+# `hash(obj)` are as the program's object's, not the verifier's
+PROTOCOL = ("__call__", "__getitem__", "__setitem__", "__delitem__", "__len__", "__iter__", "__next__", "__contains__")
+UNHASHABLE = 1 << len(PROTOCOL)
+EVERY = UNHASHABLE - 1  # a handle whose methods the program did not say (an object it named by import)
+_CLASSES: dict[int, type] = {}
+
+
+def remote_class(flags: int) -> type:
+    """The class of a handle whose program object has the methods `flags` names (PROTOCOL's bits; UNHASHABLE)."""
+    found = _CLASSES.get(flags)
+    if found is None:
+        body = {name: vars(_Protocol)[name] for bit, name in enumerate(PROTOCOL) if flags >> bit & 1}
+        body.update({"__slots__": (), "__qualname__": "Remote", "__module__": Remote.__module__,
+                     "__doc__": vars(Remote)["__doc__"]})  # (type() would make it None)  # fmt: skip
+        if flags & UNHASHABLE:
+            body["__hash__"] = None  # unhashable, as the program's object: hash() is Python's own TypeError
+        found = _CLASSES[flags] = type("Remote", (Remote,), body)
+        del found.__slots__
+    return found
 
 
 def _builtin_exception(name) -> type | None:
@@ -252,11 +278,12 @@ class Codec(cv.Codec):
 
     # --- values ----------------------------------------------------------------------------------------
 
-    def proxy(self, number, kind) -> Remote:
-        if type(number) is not int or type(kind) is not str:
-            raise ch.ChannelError("a handle that is not (number, kind)")
+    def proxy(self, number, kind, flags=EVERY) -> Remote:
+        if type(number) is not int or type(kind) is not str or type(flags) is not int or not 0 <= flags <= EVERY | (
+                UNHASHABLE):  # fmt: skip
+            raise ch.ChannelError("a handle that is not (number, kind, methods)")
         if number not in self.proxies:
-            self.proxies[number] = Remote(self, number, kind[:100])
+            self.proxies[number] = remote_class(flags)(self, number, kind[:100])
         return self.proxies[number]
 
     def test_class(self, cls: type) -> bool:
@@ -264,7 +291,7 @@ class Codec(cv.Codec):
 
     def other(self, value, depth: int):  # noqa: C901 (one case per kind of value)
         kind = type(value)
-        if kind is Remote:
+        if issubclass(kind, Remote):
             return ["H", value._remote_number]
         enum = sys.modules.get("enum")
         if enum is not None and isinstance(value, enum.Enum) and kind.__module__ == "__main__":
@@ -315,7 +342,7 @@ class Codec(cv.Codec):
                 object.__setattr__(obj, name, value)
 
     def tagged(self, tag: str, rest: list, depth: int):  # noqa: C901 (one case per tag)
-        if tag == "H" and len(rest) == 2:
+        if tag == "H" and len(rest) in (2, 3):
             return self.proxy(*rest)
         if tag == "g" and len(rest) == 3 and type(rest[0]) is str and type(rest[1]) is str:
             found = _own(rest[0], rest[1])
@@ -463,7 +490,7 @@ class Codec(cv.Codec):
             raise Spoiled(self.spoiled)
         if self.calling_back:
             raise self.spoil(f"test code the program ran asked the program for something ({op})")
-        number = target._remote_number if type(target) is Remote else None
+        number = target._remote_number if isinstance(target, Remote) else None
         self.streak = self.streak + 1 if op == "next" and self.last == number else int(op == "next")
         self.last = number if op == "next" else None
         self.requests += 1
