@@ -4,6 +4,7 @@ olmax.rollout.sampler, decodes until every row of a batch has stopped).
 
     engine = SlotEngine(model_cfg, mesh, slots=64, cache_len=4096, sampling=Sampling(temperature=1.0, seed=s),
                         eos_ids=eos, stop_text=table)
+    engine.compile_ahead(params)                    # optional: every program compiled at once, in parallel
     engine.add(prompt_ids, n=8, first_index=8 * i, limits=max_response_len)   # one group: 8 rows
     while engine.pending() or engine.active():
         chunk = engine.run_chunk(params, version)   # params may change between chunks
@@ -61,9 +62,10 @@ from olmax.config.mesh import BATCH_AXES
 from olmax.config.model import ModelConfig
 from olmax.errors import ConfigError
 from olmax.model.sharding import gather, place
+from olmax.rollout.engine_compile import compile_all, ladder
 from olmax.rollout.engine_types import Chunk, Counters, EngineConfig, Finished
 from olmax.rollout.pages import Pages, pool_sizes
-from olmax.rollout.sampler import FINISH, Sampling, _bucket, _eos_table, _text_table
+from olmax.rollout.sampler import FINISH, Sampling, _eos_table, _text_table
 from olmax.rollout.slots import MOVES, programs
 
 
@@ -113,8 +115,9 @@ class SlotEngine:
         eos_ids: Sequence[int] = (),
         stop_text: Optional[np.ndarray] = None,
         kv_gib: float = 0.0,
+        prompt_len: int = 0,
     ):
-        self.config = EngineConfig(slots, cache_len, chunk_steps, narrow, prefill_batch, refill_at, kv_gib)
+        self.config = EngineConfig(slots, cache_len, chunk_steps, narrow, prefill_batch, refill_at, kv_gib, prompt_len)
         split = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
         if slots % split:
             raise ConfigError(
@@ -131,7 +134,19 @@ class SlotEngine:
         self._clock = 0  # the device state's clock, as the host follows it (paged: the blocks rows reach)
         pool = None if self._pages is None else tuple(sorted(self._pages.sizes.items()))
         self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.draw, self._key_words, mesh, pool)
-        self._narrowed: dict = {}  # width -> its compiled decode program, None where it does not fit (_chunk)
+        # prefill budget: sequences x bucketed width within an eighth of the cache's row-slots (the fresh
+        # rings and activations beside the cache); paged, a sixteenth of the pool's positions (a 1B's 9 GiB
+        # pool: one 4096-wide prefill of a preempted row, 1.6 GiB)
+        self._budget = (
+            slots * cache_len // 8
+            if self._pages is None
+            else min(slots * cache_len // 8, self._pages.positions() // 16)
+        )
+        self._most = prefill_batch or max(1, slots // 8)  # sequences a prefill program at most
+        self._ladder = ladder(prompt_len or cache_len - 1, self._most, self._budget)
+        # compiled programs by ("chunk", width) / ("prefill" or "insert", count, width) / ("compact",):
+        # compile_ahead's, and the narrowed chunks (_chunk; None where one does not fit)
+        self._compiled: dict = {}
         tables = (
             np.asarray([sampling.temperature or 1.0, sampling.top_k, sampling.top_p], np.float32),
             _eos_table(eos_ids),
@@ -173,6 +188,10 @@ class SlotEngine:
         limits = np.broadcast_to(np.asarray(limits, np.int64), (n,)) if np.ndim(limits) == 0 else np.asarray(limits)
         if limits.shape != (n,) or limits.min() < 1:
             raise ConfigError(f"limits needs one max new tokens >= 1 per row ({n}), got {limits}")
+        if self.config.prompt_len and prompt.size > self.config.prompt_len:
+            raise ConfigError(
+                f"a prompt of {prompt.size} tokens is longer than the engine's prompt_len={self.config.prompt_len}"
+            )
         if prompt.size + int(limits.max()) > self.config.cache_len:
             raise ConfigError(
                 f"a prompt of {prompt.size} tokens + limits up to {int(limits.max())} new tokens is longer than "
@@ -260,20 +279,58 @@ class SlotEngine:
             out += self.run_chunk(params, version).finished
         return sorted(out, key=lambda r: r.index)
 
-    def _chunk(self, width: int, params):
-        """The decode program of `width` slots; a narrowed one (EngineConfig.narrow) compiled ahead and
-        kept only where the memory it needs beside its arguments is free on the device now, else None.
-        The TPU compiler may lay a narrowed program's rings out otherwise than the cache's layout and
-        copy them: for a 1B at 32 slots of 2176 positions the width-8 program needed 4.4 GB of the
-        chip's 4.1 GB left, where widths 32 and 16 and the 190m's 64 to 8 copy nothing."""
-        if width == self.config.slots:
-            return self._programs.chunk(width)
-        if width not in self._narrowed:
-            args = (params, self._state, *self._tables, self._place(np.int32(0)), self._page_tables())
-            compiled = self._programs.chunk(width).lower(*args).compile()
+    def compile_ahead(self, params, workers: int = 0) -> None:
+        """Compile every program the engine runs before its first chunk, together: the decode chunk at
+        each width (a narrowed one kept where it fits, as `_chunk` keeps it), compact (where rows move)
+        and a prefill and an insert per bucket of the engine's ladder (olmax.rollout.engine_compile).
+        Each is lowered in turn, then all compile in `workers` threads (0: one per program up to the
+        host's cores; 1: one after another). Without it each compiles at its first use."""
+        params, slots, lowered = self._params(params), self.config.slots, {}
+        per_slot = [np.full(slots, -1, np.int32)] + [np.zeros(slots, np.int32)] * 5  # src, length, ... text
+        rows = [*per_slot, np.zeros((slots, self._key_words), np.uint32)]  # key
+        with self._on_mesh():
+            for width in self._widths:
+                lowered["chunk", width] = self._lower_chunk(width, params)
+            if len(self._widths) > 1 or self._pages is not None:
+                moves = np.zeros(MOVES, np.int32)
+                args = map(self._place, (moves, moves, np.zeros(slots, bool)))
+                lowered["compact",] = self._programs.compact.lower(self._state, *args)
+            for count, width in self._ladder.pairs:
+                prompts = map(self._place, (np.zeros((count, width), np.int32), np.ones(count, np.int32)))
+                prefill = lowered["prefill", count, width] = self._programs.prefill.lower(params, *prompts)
+                args = (*prefill.out_info, *map(self._place, (np.int32(width), *rows)), self._page_tables())
+                lowered["insert", count, width] = self._programs.insert.lower(self._state, *args)
+        lowered = {key: program for key, program in lowered.items() if key not in self._compiled}
+        for key, program in compile_all(lowered, workers).items():
+            self._keep(key, program)
+
+    def _compact_program(self):
+        return self._compiled.get(("compact",), self._programs.compact)
+
+    def _lower_chunk(self, width: int, params):
+        args = (params, self._state, *self._tables, self._place(np.int32(0)), self._page_tables())
+        return self._programs.chunk(width).lower(*args)
+
+    def _keep(self, key: tuple, compiled) -> None:
+        """A compiled program for later calls; a narrowed decode program only where the memory it needs
+        beside its arguments is free on the device now, else None (`_chunk`)."""
+        if key[0] == "chunk" and key[1] < self.config.slots:
             device = list(self.mesh.devices.flat)[0] if self.mesh is not None else jax.devices()[0]
-            self._narrowed[width] = compiled if fits(compiled, device) else None
-        return self._narrowed[width]
+            compiled = compiled if fits(compiled, device) else None
+        self._compiled[key] = compiled
+
+    def _chunk(self, width: int, params):
+        """The decode program of `width` slots: compiled ahead or, narrowed, at its first use; None where
+        a narrowed one does not fit the device's free memory (`_keep`). The TPU compiler may lay a
+        narrowed program's rings out otherwise than the cache's layout and copy them: for a 1B at 32
+        slots of 2176 positions the width-8 program needed 4.4 GB of the chip's 4.1 GB left, where
+        widths 32 and 16 and the 190m's 64 to 8 copy nothing."""
+        key = ("chunk", width)
+        if key not in self._compiled:
+            if width == self.config.slots:
+                return self._programs.chunk(width)
+            self._keep(key, self._lower_chunk(width, params).compile())  # run_chunk's mesh
+        return self._compiled[key]
 
     def _free_target(self, width: int) -> int:
         """The free slots at which a chunk decoding `width` slots ends: with rows waiting,
@@ -344,7 +401,7 @@ class SlotEngine:
             vacate[victims] = True
             none = np.zeros(MOVES, np.int32)  # no moves: slot 0 onto itself
             with self._on_mesh():
-                self._state = self._programs.compact(self._state, *(self._place(a) for a in (none, none, vacate)))
+                self._state = self._compact_program()(self._state, *(self._place(a) for a in (none, none, vacate)))
         return len(victims)
 
     def _page_tables(self):
@@ -358,16 +415,13 @@ class SlotEngine:
         each, and sequences x the bucketed width within an eighth of the cache's row-slots (the prefill's
         fresh rings and activations beside the cache) but for a part alone; paged, within a sixteenth of
         the pool's positions (a 1B's 9 GiB pool: one 4096-wide prefill of a preempted row, 1.6 GiB)."""
-        most = self.config.prefill_batch or max(1, self.config.slots // 8)
-        budget = self.config.slots * self.config.cache_len // 8
-        if self._pages is not None:
-            budget = min(budget, self._pages.positions() // 16)
         programs: list[list] = []
         width = 0
         for part in parts:
-            length = _bucket(len(part[0][0].prompt) + len(part[0][0].tokens))
+            length = self._ladder.width(len(part[0][0].prompt) + len(part[0][0].tokens))
             wider = max(width, length)
-            if programs and len(programs[-1]) < most and (len(programs[-1]) + 1) * wider <= budget:
+            fit = self._ladder.count(len(programs[-1]) + 1) * wider <= self._budget if programs else False
+            if programs and len(programs[-1]) < self._most and fit:
                 programs[-1].append(part)
                 width = wider
             else:
@@ -379,8 +433,8 @@ class SlotEngine:
         """One insert program: each part's sequence (its first row's prompt + tokens) prefilled once and
         copied into its rows' slots."""
         sequences = [np.concatenate([p[0][0].prompt, np.asarray(p[0][0].tokens, np.int32)]) for p in parts]
-        width = _bucket(max(len(s) for s in sequences))
-        prompts = np.zeros((_bucket(len(sequences), 1), width), np.int32)
+        width = self._ladder.width(max(len(s) for s in sequences))
+        prompts = np.zeros((self._ladder.count(len(sequences)), width), np.int32)
         lengths = np.ones(len(prompts), np.int32)  # the bucket's padding prompts: one token, never copied
         for i, s in enumerate(sequences):  # left-padded (olmax.rollout.cache: the rows share one clock)
             prompts[i, width - len(s) :], lengths[i] = s, len(s)
@@ -393,10 +447,13 @@ class SlotEngine:
                 src[b], length[b], index[b], limit[b], key[b] = i, lengths[i], row.index, row.limit, row.key
                 count[b], text[b] = len(row.tokens), row.text
         args = (np.int32(width), src, length, index, limit, count, text, key)
+        prefill, insert = (
+            self._compiled.get((n, *prompts.shape), getattr(self._programs, n)) for n in ("prefill", "insert")
+        )
         with self._on_mesh():
-            logits, fresh = self._programs.prefill(params, self._place(prompts), self._place(lengths))
+            logits, fresh = prefill(params, self._place(prompts), self._place(lengths))
             placed = (self._place(a) for a in args)
-            self._state = self._programs.insert(self._state, logits, fresh, *placed, self._page_tables())
+            self._state = insert(self._state, logits, fresh, *placed, self._page_tables())
         jax.block_until_ready(self._state.clock)  # the insert's time apart from the decoding's
 
     def _compact(self) -> int:
@@ -421,7 +478,7 @@ class SlotEngine:
                 src[r], dst[r], vacate[a] = a, b, True
             args = (src, dst, vacate)
             with self._on_mesh():
-                self._state = self._programs.compact(self._state, *(self._place(a) for a in args))
+                self._state = self._compact_program()(self._state, *(self._place(a) for a in args))
         jax.block_until_ready(self._state.clock)
         return len(movers)
 

@@ -45,6 +45,10 @@ class EngineConfig:
     grow and give them back when they stop, so more slots fit than whole rings would (a row that finds
     none left waits, preempted, to be prefilled again). 0: every slot holds its whole ring. One device
     only (not on a mesh)."""
+    prompt_len: int = 0
+    """The longest prompt `add` takes (0: cache_len - 1): the prefill programs' widths are bucketed
+    for it (olmax.rollout.engine_compile.ladder), which `SlotEngine.compile_ahead` compiles. A
+    restored row, prefilled as its prompt + tokens so far, may be wider: its program compiles then."""
 
     def __post_init__(self):
         knobs = (
@@ -60,6 +64,10 @@ class EngineConfig:
                 raise ConfigError(f"engine {name} must be at least {least}, got {getattr(self, name)}")
         if self.refill_at > self.slots:
             raise ConfigError(f"engine refill_at={self.refill_at} exceeds slots={self.slots}")
+        if not 0 <= self.prompt_len < self.cache_len:
+            raise ConfigError(
+                f"engine prompt_len must be in 0..cache_len - 1 ({self.cache_len - 1}), got {self.prompt_len}"
+            )
         if self.kv_gib < 0:
             raise ConfigError(f"engine kv_gib must be at least 0, got {self.kv_gib}")
 

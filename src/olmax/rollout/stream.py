@@ -170,12 +170,14 @@ class EngineStream:
         self._engine_args = dict(
             slots=slots,
             cache_len=rl.max_prompt_len + rl.max_response_len,
+            prompt_len=rl.max_prompt_len,
             sampling=Sampling(temperature=rl.temperature),
             eos_ids=eos_ids,
             stop_text=stops,
         )
         self.mesh = mesh
         self.engine = SlotEngine(cfg.model, mesh, **self._engine_args)
+        self._compiled = False  # the engine's programs, compiled ahead at the first read (next_group)
         self.open: deque[_Admitted] = deque()  # admitted and not read, in admission order
         self.step_read: list[Group] = []  # read since the step began: they count as the step's until it ends
         self.call: Optional[tuple[int, np.ndarray, int]] = None  # (number, prompt ids, next position)
@@ -219,7 +221,14 @@ class EngineStream:
     def next_group(self, params, version: int) -> Group:
         """The next group (`_next`), decoding and scoring until it is scored. Once its rows have all
         stopped the read waits for its verifier rather than decode on: the chunks decoded before a step
-        ends draw with its parameters, so their number must not depend on how fast a verifier answers."""
+        ends draw with its parameters, so their number must not depend on how fast a verifier answers.
+        The first read compiles the engine's programs together (SlotEngine.compile_ahead), counted as
+        sampling time as the compiles at their first use were."""
+        if not self._compiled:
+            t0 = time.perf_counter()
+            self.engine.compile_ahead(params)
+            self._compiled = True
+            self.timing.update(sample_s=time.perf_counter() - t0)
         while True:
             self._admit(version)
             self._collect()
