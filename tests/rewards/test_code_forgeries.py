@@ -414,6 +414,8 @@ SECOND_REVIEW = {
     "dunder_attribute": (PLAIN_POINT, ["import pytest\np = Point(1, 2)\nassert (p.x, p.y) == (1, 2)\n"
                                        "with pytest.raises(AttributeError):\n    p.__dict__"]),
     "dunder_hasattr": (PLAIN_POINT, ["p = Point(1, 2)\nassert p.x == 1 and not hasattr(p, '__dict__')"]),
+    "dunder_of_the_handle": (PLAIN_POINT + "def mk(x, y):\n    return Point(x, y)",
+                             ["assert mk(1, 2).x == 1\nassert Point.__eq__ is not object.__eq__"]),
     "dunder_vars": (PLAIN_POINT, [f"p = Point(1, 2)\nassert p.x == 1\n{RAISES}vars(p)"]),
 }  # fmt: skip
 

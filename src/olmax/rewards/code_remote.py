@@ -87,6 +87,14 @@ class Remote:
     def _refuse(self, what: str):
         return self._remote_codec.refuse(f"a {self._remote_kind} of the program's {what}")
 
+    def __getattribute__(self, name: str):
+        # a special name this class defines itself (`__eq__`, `__hash__`, `__module__`) that the test names: the
+        # program's (`Point.__eq__ is not object.__eq__`, `Point.__hash__ is None`); Python's own uses of them
+        # (`==`, hash()) look them up on the class and never come here
+        if name in _OWN_SPECIAL and name in object.__getattribute__(self, "_remote_codec").dunders:
+            return object.__getattribute__(self, "_ask")("getattr", name)
+        return object.__getattribute__(self, name)
+
     def __getattr__(self, name: str):
         if name.startswith("_remote_"):
             raise AttributeError(name)  # (a copy without its slots)
@@ -193,6 +201,9 @@ for _name in _OPERATORS:
 del _name
 del Remote.__slots__  # (its slots stay): `Point.__slots__` is the program's class's
 
+_OWN_SPECIAL = frozenset(name for klass in (Remote, _Protocol) for name in dir(klass) if name.startswith("__")) - {
+    "__class__", "__getattribute__", "__getattr__", "__setattr__", "__delattr__", "__init__", "__doc__"}  # fmt: skip
+
 # which of a program object's methods its handle has (code_program `protocol`), a bit each, and its hash refused
 # or absent: `hasattr(it, '__next__')`, `isinstance(it, collections.abc.Iterator)`, `callable(f)` and
 # `hash(obj)` are as the program's object's, not the verifier's
@@ -224,14 +235,19 @@ def _builtin_exception(name) -> type | None:
 def _own(module: str, qualname: str):
     """This process's own object of that name where it is a pure one (code_channel.PURE_MODULES, Python's
     builtins but IMPURE_BUILTINS) and is found there under that very name (not `random._os.system`: an
-    attribute path to another module's object); else None (it stays a handle of the program's)."""
+    attribute path to another module's object), or a builtin type's slot (`object.__eq__`, what a program
+    class that defines none has); else None (it stays a handle of the program's)."""
     pure = qualname.split(".")[0] not in ch.IMPURE_BUILTINS if module == "builtins" else (
         module.split(".")[0] in ch.PURE_MODULES)  # fmt: skip
-    if not pure or any(part.startswith("_") for part in qualname.split(".") if part):
+    parts = [part for part in qualname.split(".") if part]
+    slot = module == "builtins" and len(parts) == 2 and parts[1][:2] == parts[1][-2:] == "__"
+    if not pure or any(part.startswith("_") for part in parts[: 1 if slot else None]):
         return None
     try:
         found = ch.resolve(module, qualname)
     except ch.ChannelError:
+        return None
+    if slot and type(found) not in (types.WrapperDescriptorType, types.MethodDescriptorType):
         return None
     return found if ch.importable(found) == (module, qualname) else None
 
