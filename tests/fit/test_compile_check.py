@@ -218,10 +218,15 @@ def test_serial_backward_holds_one_block_at_a_time():
 
 def test_doc_masked_step_compiles_with_its_doc_lens():
     """compile-check builds the batch the loader gives: with data.doc_masking, doc_lens ride along and
-    the splash kernels take the segment ids made from them."""
-    cfg = apply_overrides(get_recipe("tiny"), SMALL_TPU + ["data.doc_masking=true"])
+    the splash kernels take the segment ids made from them (their segmented forms, and only those)."""
+    cfg = apply_overrides(get_recipe("tiny"), ONE_LAYER + ["data.doc_masking=true"])
     r = compile_report(cfg, topology="v5p:2x2x1")
-    assert r["attention"] == "splash" and r["attention_kernel_calls"] >= 6 and r["fits"] is True
+    assert r["attention"] == "splash" and r["attention_kernel_calls"] >= 3 and r["fits"] is True
+    assert sorted(r["mosaic_calls"]) == [
+        "splash_mha_dkv_segmented_no_residuals",
+        "splash_mha_dq_segmented_no_residuals",
+        "splash_mha_fwd_segmented_residuals",
+    ]
 
 
 def test_the_flag_profile_reaches_the_compiler(monkeypatch):
