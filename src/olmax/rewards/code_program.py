@@ -367,6 +367,8 @@ _OPS = {
     "iter": iter,
     "next": next,  # (several items at once: Codec.next_items)
     "contains": lambda target, item: item in target,
+    "isinstance": lambda cls, obj: isinstance(obj, cls),
+    "issubclass": lambda cls, sub: issubclass(sub, cls),
     "str": str,
     "repr": repr,
     "format": format,

@@ -147,8 +147,20 @@ class Remote:
     def __bool__(self):
         raise self._refuse("has no truth value here (its own __bool__ would answer)")
 
+    def __instancecheck__(self, instance) -> bool:  # `isinstance(shape, Circle)` with the program's class: its answer
+        return self._check("isinstance", instance)
+
+    def __subclasscheck__(self, subclass) -> bool:
+        return self._check("issubclass", subclass)
+
+    def _check(self, op: str, operand) -> bool:
+        found = self._ask(op, operand)
+        if type(found) is not bool:
+            raise self._refuse(f"answered {op}() with what is not a bool")
+        return found
+
     def _operator(self, *operands):
-        raise self._refuse("met an operator, a conversion, `with`, isinstance() or a copy (its methods would answer)")
+        raise self._refuse("met an operator, a conversion, `with` or a copy (its own methods would answer)")
 
 
 class _Protocol:
@@ -187,15 +199,15 @@ class _Protocol:
 
 
 # what a Remote refuses beyond comparing, hashing and truth: operators (the operand would be the program's to see:
-# `abs(area(1) - 3.14) < 1e-6`), conversions, `with`, isinstance() and copy/pickle (a copy of a handle is no copy of
-# the program's object). Python's own TypeError for these (a Remote
+# `abs(area(1) - 3.14) < 1e-6`), conversions, `with` and copy/pickle (a copy of a handle is no copy of the
+# program's object). Python's own TypeError for these (a Remote
 # has no such method) would be caught by a test expecting the program's (`pytest.raises(TypeError): v + 'a'`
 # passed a program whose __add__ takes anything): each is refused, and so recorded
 _BINARY = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "xor", "or")
 _OPERATORS = (*(form.format(name) for name in _BINARY for form in ("__{}__", "__r{}__", "__i{}__")),
               "__divmod__", "__rdivmod__", "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__",
               "__complex__", "__index__", "__round__", "__trunc__", "__floor__", "__ceil__", "__enter__", "__exit__",
-              "__instancecheck__", "__subclasscheck__", "__reduce__", "__reduce_ex__")  # fmt: skip
+              "__reduce__", "__reduce_ex__")  # fmt: skip
 for _name in _OPERATORS:
     setattr(Remote, _name, Remote._operator)
 del _name
