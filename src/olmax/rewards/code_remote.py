@@ -7,12 +7,15 @@ messages code_values writes and reads. What a use may be, and what this process 
 program:
 
 - a program object that is not data is a `Remote`: calling it, getting or setting an attribute or item,
-  `len`, `iter`, `next`, `in` (the program's answer must be a bool), `str`, `repr` and `format` are
-  requests. It has no truth value, order or hash, and equals only itself and never None: comparing two
-  distinct ones, or one with a value, would be the program's own methods answering. Those uses, and an
-  argument that cannot cross or an answer past the channel's bounds, are **refused**: `Refused` is raised
-  and recorded, and a test with a recorded refusal fails whatever it caught (the refusal is no error of
-  the program's for a test to expect);
+  `len`, `iter`, `next`, `in`, `isinstance` with its class (the program's answer must be a bool), `str`,
+  `repr` and `format` are requests; it has only those of these methods its program object has (`PROTOCOL`),
+  and the special names the test asks for itself (`p.__dict__`) are the program's. It has no truth value,
+  order or hash, and equals only itself and never None: comparing two distinct ones, or one with a value,
+  would be the program's own methods answering. Those uses, operators, conversions, `with` and copies of
+  it, and an argument that cannot cross or an answer past the channel's bounds, are **refused**: `Refused`
+  is raised and recorded, and a test with a recorded refusal fails whatever it caught (the refusal is no
+  error of the program's for a test to expect); what the program printed is written where the test
+  captures stdout;
 - what the program raised comes back as the same builtin exception, or as a class of this side deriving
   from the builtin bases of the program's class; StopIteration from any request but `next` comes back as
   RuntimeError (PEP 479's rule: it would end the test's own iteration);
