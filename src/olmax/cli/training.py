@@ -94,6 +94,7 @@ def train_cmd(
         return
     import jax
 
+    from olmax.extras import require
     from olmax.fit.chips import resolve_peak
     from olmax.rundir import paths
     from olmax.rundir.exits import RECORD_FILE, ExitStatus
@@ -102,6 +103,8 @@ def train_cmd(
     from olmax.trainer.run import train
 
     try:
+        if cfg.wandb.mode != "disabled":  # a missing extra named at once, not after the model and data are built
+            require("wandb", f"wandb.mode={cfg.wandb.mode}")
         if jax.process_index() == 0:  # the previous trainer's record would read as this one's (olmax status)
             paths.remove(run_dir, RECORD_FILE)
         rows = train(
