@@ -217,7 +217,7 @@ del _name
 del Remote.__slots__  # (its slots stay): `Point.__slots__` is the program's class's
 
 _OWN_SPECIAL = frozenset(name for klass in (Remote, _Protocol) for name in dir(klass) if name.startswith("__")) - {
-    "__class__", "__getattribute__", "__getattr__", "__setattr__", "__delattr__", "__init__", "__doc__"}  # fmt: skip
+    "__class__", "__getattribute__", "__getattr__", "__setattr__", "__delattr__", "__doc__"}  # fmt: skip
 
 # which of a program object's methods its handle has (code_program `protocol`), a bit each, and its hash refused
 # or absent: `hasattr(it, '__next__')`, `isinstance(it, collections.abc.Iterator)`, `callable(f)` and
