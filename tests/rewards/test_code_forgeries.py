@@ -437,6 +437,21 @@ def test_the_rl_loops_call_gives_every_class_of_the_second_review_nothing():
         assert reward == 0.0, (name, parts)
 
 
+@sandboxed
+def test_isinstance_is_the_programs_answer_of_its_own_objects_only():
+    """`isinstance(x, ProgramClass)` asks the program where x is its object (a factory's result), and is False
+    where x crossed as data: a metaclass claiming every value would otherwise pass a program returning 0."""
+    from olmax.rewards import code
+
+    shapes = ("class Shape:\n    pass\nclass Circle(Shape):\n    pass\nclass Square(Shape):\n    pass\n"
+              "def make(kind):\n    return Circle() if kind == 'circle' else Square()")  # fmt: skip
+    lying = ("class Meta(type):\n    def __instancecheck__(cls, obj):\n        return True\n"
+             "class Circle(metaclass=Meta):\n    pass\ndef make(kind):\n    return 0")  # fmt: skip
+    tests = ["c = make('circle')\nassert isinstance(c, Circle) and isinstance(c, Shape) and not isinstance(c, Square)"]
+    assert code.run_tests(shapes, tests) == ["pass"]
+    assert code.run_tests(lying, ["assert isinstance(make('circle'), Circle)"]) == ["fail"]
+
+
 # the verifier held long or large by a program's values: (program, tests), each failing within its time limit
 COLLIDING = "[k * (2**61 - 1) for k in range(1, 20_000)]"  # hash(n) is n mod 2**61 - 1: all collide
 HOLDERS = {

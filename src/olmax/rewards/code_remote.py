@@ -150,11 +150,13 @@ class Remote:
     def __bool__(self):
         raise self._refuse("has no truth value here (its own __bool__ would answer)")
 
-    def __instancecheck__(self, instance) -> bool:  # `isinstance(shape, Circle)` with the program's class: its answer
-        return self._check("isinstance", instance)
+    # `isinstance(shape, Circle)` with the program's class: its answer about its own object; a value that crossed
+    # as data is no instance of a program's class here (its metaclass would say what it liked of the value)
+    def __instancecheck__(self, instance) -> bool:
+        return isinstance(instance, Remote) and self._check("isinstance", instance)
 
     def __subclasscheck__(self, subclass) -> bool:
-        return self._check("issubclass", subclass)
+        return isinstance(subclass, Remote) and self._check("issubclass", subclass)
 
     def _check(self, op: str, operand) -> bool:
         found = self._ask(op, operand)
