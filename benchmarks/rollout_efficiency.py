@@ -2,6 +2,7 @@
 same slot count, and the static sampler (olmax.rollout.sampler.sample) on the same rows.
 
     .venv/bin/python benchmarks/rollout_efficiency.py              # tiny model on the CPU, about two minutes
+    .venv/bin/python benchmarks/rollout_efficiency.py --compile --runs 2   # cold compiles: lazy, ahead, parallel
     # one TPU v5e (15.7 GiB): the header prints the engine's KV cache, which must fit beside the weights
     python benchmarks/rollout_efficiency.py --model 190m --slots 128 --prompt-len 128 --max-new 2048 \
         --prompts 64 --n 8 --runs 1 --no-static            # KV 9.6 GiB
@@ -38,6 +39,12 @@ the median of --runs runs after a warm-up run (the compiles):
   plus the keys and values its rows hold at each of their tokens, at the chip's bandwidth (olmax.fit.
   chips; a v5e's 819 GB/s elsewhere, where the ratio means nothing); pure decode's and the engine's
   tok/s against their own (fed: the fed chunks' steps and tokens, each token's KV the run's mean).
+
+--compile: instead of the table, the engine's cold compile (each figure from a fresh process, JAX's
+persistent cache off, median of --runs): the programs the first batch compiles at their first use
+(lazy) against `SlotEngine.compile_ahead` compiling the same engine's whole set ahead, one after another
+(--workers 1) and in a thread pool (one thread per program up to the host's cores): the ahead step's
+seconds, the CPU seconds of all its threads, and the first batch's wall time, compiles included.
 
 Models (bench shapes as benchmarks/tpu_decode.py names them): `tiny` (the `tiny` recipe's model: 4
 layers, d_model 128, window 64, the 100k dolma2 vocabulary; float32), `190m` and `1b` (OLMo-core
@@ -230,6 +237,69 @@ def compiled_so_far(what: str) -> str:
     return f"# {what}: {COMPILES['programs']} programs compiled so far, {COMPILES['seconds']:.0f} s"
 
 
+def cold_compile(params, cfg, prompts, args, cache_len: int, mode: str) -> dict:
+    """One fresh process's figures (--compile): the engine for the first spread's rows, compiled ahead
+    with `mode` workers ("lazy": not ahead), then the whole batch run."""
+    from olmax.rollout.engine import SlotEngine
+    from olmax.rollout.sampler import Sampling
+
+    limits = row_lengths(args.spreads.split(",")[0], args.prompts * args.n, args.max_new, args.sigma, seed=1)
+    engine = SlotEngine(
+        cfg,
+        slots=args.slots,
+        cache_len=cache_len,
+        sampling=Sampling(temperature=1.0, seed=1),
+        chunk_steps=args.chunk_steps,
+        narrow=args.narrow,
+        kv_gib=args.kv_gib,
+        prompt_len=args.prompt_len,
+    )
+    before, t0, cpu = dict(COMPILES), time.perf_counter(), time.process_time()
+    if mode != "lazy":
+        engine.compile_ahead(params, workers=int(mode), shortest=args.prompt_len)
+    t1, cpu = time.perf_counter(), time.process_time() - cpu
+    for i, p in enumerate(prompts):
+        engine.add(p, args.n, first_index=i * args.n, limits=limits[i * args.n : (i + 1) * args.n])
+    engine.run(params)
+    return {
+        "programs": COMPILES["programs"] - before["programs"],
+        "ahead_s": t1 - t0,
+        "ahead_cpu_s": cpu,  # every thread's
+        "batch_s": time.perf_counter() - t0,
+    }
+
+
+def compile_table(argv: list[str], args) -> None:
+    """--compile's table: each mode's figures from fresh processes, the modes taken in turn."""
+    import subprocess
+
+    env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    modes = {"lazy (at first use)": "lazy", "ahead, serial": "1", "ahead, parallel": "0"}
+    got: dict = {name: [] for name in modes}
+    for _ in range(args.runs):
+        for name, mode in modes.items():
+            out = subprocess.run(
+                [sys.executable, __file__, *argv, "--compile-once", mode],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            got[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    shape = f"model {args.model}, {args.slots} slots, prompt {args.prompt_len}, max new {args.max_new}"
+    shape += f", chunk {args.chunk_steps}, narrow {args.narrow}"
+    when = f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+    print(f"# {when}; {shape}; {args.prompts} x {args.n} rows; median of {args.runs} fresh processes each")
+    print("| compile | programs | ahead step s | its CPU s (all threads) | first batch s (compiles included) |")
+    print("|---|---|---|---|---|")
+    median = lambda name, key: statistics.median(r[key] for r in got[name])  # noqa: E731
+    for name in modes:
+        programs = median(name, "programs")
+        ahead, cpu, batch = (median(name, k) for k in ("ahead_s", "ahead_cpu_s", "batch_s"))
+        print(f"| {name} | {programs:.0f} | {ahead:.1f} | {cpu:.1f} | {batch:.1f} |")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", choices=("tiny", "190m", "1b"))
@@ -252,7 +322,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-static", action="store_true", help="leave the static sampler out")
     p.add_argument("--json")
     p.add_argument("--compile-cache", help="JAX's persistent compilation cache directory (reused by the next run)")
+    p.add_argument("--compile", action="store_true", help="the cold compile table instead (module doc)")
+    p.add_argument("--compile-once", help=argparse.SUPPRESS)  # one process of --compile's: lazy or workers
     args = p.parse_args(argv)
+    if args.compile:
+        argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--compile"]
+        compile_table(argv, args)
+        return 0
     if args.slots % args.n:
         p.error(f"--slots ({args.slots}) must be a multiple of --n ({args.n}) for the static sampler's programs")
     from olmax.cli.common import tpu_profile_env
@@ -287,6 +363,9 @@ def main(argv=None) -> int:
         f"chunk {args.chunk_steps}, refill_at {args.refill_at or 'auto'}, narrow {args.narrow}; median of {args.runs}; "
         f"live bounds at {gbps:g} GB/s"
     )
+    if args.compile_once:
+        print(json.dumps(cold_compile(params, cfg, prompts, args, cache_len, args.compile_once)))
+        return 0
     print(head, flush=True)
     pure = bench_pure(params, cfg, prompts[0], args, cache_len, gbps)
     print(

@@ -279,12 +279,13 @@ class SlotEngine:
             out += self.run_chunk(params, version).finished
         return sorted(out, key=lambda r: r.index)
 
-    def compile_ahead(self, params, workers: int = 0) -> None:
+    def compile_ahead(self, params, workers: int = 0, shortest: int = 1) -> None:
         """Compile every program the engine runs before its first chunk, together: the decode chunk at
         each width (a narrowed one kept where it fits, as `_chunk` keeps it), compact (where rows move)
         and a prefill and an insert per bucket of the engine's ladder (olmax.rollout.engine_compile).
         Each is lowered in turn, then all compile in `workers` threads (0: one per program up to the
-        host's cores; 1: one after another). Without it each compiles at its first use."""
+        host's cores; 1: one after another). `shortest`: the shortest prompt the engine will be given (the
+        ladder's narrower widths are left out). Without it each compiles at its first use."""
         params, slots, lowered = self._params(params), self.config.slots, {}
         per_slot = [np.full(slots, -1, np.int32)] + [np.zeros(slots, np.int32)] * 5  # src, length, ... text
         rows = [*per_slot, np.zeros((slots, self._key_words), np.uint32)]  # key
@@ -295,7 +296,7 @@ class SlotEngine:
                 moves = np.zeros(MOVES, np.int32)
                 args = map(self._place, (moves, moves, np.zeros(slots, bool)))
                 lowered["compact",] = self._programs.compact.lower(self._state, *args)
-            for count, width in self._ladder.pairs:
+            for count, width in (p for p in self._ladder.pairs if p[1] >= self._ladder.width(shortest)):
                 prompts = map(self._place, (np.zeros((count, width), np.int32), np.ones(count, np.int32)))
                 prefill = lowered["prefill", count, width] = self._programs.prefill.lower(params, *prompts)
                 args = (*prefill.out_info, *map(self._place, (np.int32(width), *rows)), self._page_tables())

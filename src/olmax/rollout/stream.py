@@ -226,7 +226,7 @@ class EngineStream:
         sampling time as the compiles at their first use were."""
         if not self._compiled:
             t0 = time.perf_counter()
-            self.engine.compile_ahead(params)
+            self.engine.compile_ahead(params, shortest=min(len(p.ids) for p in self.prompts.prompts))
             self._compiled = True
             self.timing.update(sample_s=time.perf_counter() - t0)
         while True:
