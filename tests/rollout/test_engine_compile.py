@@ -13,6 +13,7 @@ import pytest
 from models import random_params, small_model
 
 from olmax.errors import ConfigError
+from olmax.rollout import engine as engine_module
 from olmax.rollout.engine import SlotEngine
 from olmax.rollout.engine_compile import LADDER, ladder
 from olmax.rollout.sampler import Sampling
@@ -48,9 +49,14 @@ def add_groups(engine: SlotEngine) -> None:
         engine.add(rng.integers(0, CFG.vocab_size, n).tolist(), 3, first_index=3 * i, limits=limits)
 
 
-def test_compiled_ahead_a_run_compiles_nothing_more_and_gives_the_lazy_runs_tokens():
+@pytest.fixture(scope="module")
+def params():
     params = random_params(CFG, jax.random.key(3))
     params["lm_head"] = params["lm_head"] * 20  # peaked distributions: rows stop at their limits apart
+    return params
+
+
+def test_compiled_ahead_a_run_compiles_nothing_more_and_gives_the_lazy_runs_tokens(params):
     sampling = Sampling(temperature=0.8, seed=7)
     ahead = SlotEngine(CFG, sampling=sampling, **SHAPE)
     with events() as seen:
@@ -114,6 +120,16 @@ def test_the_ladder_bounds_the_prefill_programs_and_holds_every_insert():
     assert ladder(23, 4, 12) == ((1, 2, 4), (16, 32), ((1, 16), (1, 32)))
     assert ladder(64, 8, 64 * 192 // 8).counts == (1, 8)
     assert ladder(2048, 16, 128 * 10240 // 8).widths == (512, 1024, 2048)
+
+
+def test_the_widths_below_the_shortest_prompt_are_not_compiled(params, monkeypatch):
+    """compile_ahead(shortest=17): no prompt takes the 16-wide bucket, so neither of its programs is
+    compiled (the programs lowered, their compile left out here)."""
+    engine = SlotEngine(CFG, slots=8, cache_len=48, chunk_steps=4, narrow=0, prefill_batch=1, prompt_len=40)
+    assert engine._ladder.pairs == ((1, 16), (1, 32), (1, 64))
+    monkeypatch.setattr(engine_module, "compile_all", lambda lowered, workers: dict.fromkeys(lowered, "compiled"))
+    engine.compile_ahead(params, shortest=17)
+    assert sorted(engine._compiled) == [("chunk", 8)] + [(p, 1, w) for p in ("insert", "prefill") for w in (32, 64)]
 
 
 def test_a_prompt_past_prompt_len_is_refused():
