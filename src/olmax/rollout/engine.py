@@ -413,9 +413,9 @@ class SlotEngine:
 
     def _insert_batches(self, parts: list) -> list[list]:
         """The parts split into insert programs, in order: at most EngineConfig.prefill_batch sequences
-        each, and sequences x the bucketed width within an eighth of the cache's row-slots (the prefill's
-        fresh rings and activations beside the cache) but for a part alone; paged, within a sixteenth of
-        the pool's positions (a 1B's 9 GiB pool: one 4096-wide prefill of a preempted row, 1.6 GiB)."""
+        each, and their count's bucket x the bucketed width within the prefill budget (`__init__`) but
+        for a part alone: both buckets the ladder's (olmax.rollout.engine_compile), so that every
+        program is one `compile_ahead` compiled."""
         programs: list[list] = []
         width = 0
         for part in parts:

@@ -33,8 +33,8 @@ class EngineConfig:
     over several processes (each would judge by its own free memory whether a narrowed program fits)."""
     prefill_batch: int = 0
     """Most sequences prefilled by one insert program (0: slots // 8, at least 1); a group's rows
-    share one. A program also prefills at most an eighth of the cache's row-slots (its sequences x
-    the bucketed prompt width): the fresh rings' transient memory beside the cache."""
+    share one. A program also prefills at most an eighth of the cache's row-slots (its sequences,
+    padded to their bucket, x the bucketed prompt width): the fresh rings' memory beside the cache."""
     refill_at: int = 0
     """A chunk ends early once this many slots are free while rows wait (at most the waiting rows).
     Fewer means fewer idle slots and more chunks, inserts and prefills (a group split over two inserts
