@@ -18,7 +18,7 @@ import tracemalloc
 
 import pytest
 
-from olmax.rewards import code, code_channel, code_remote, code_stdio, code_tests, code_values
+from olmax.rewards import code, code_channel, code_handles, code_remote, code_stdio, code_tests, code_values
 from olmax.rewards import verifiers as rewards
 
 sandboxed = pytest.mark.usefixtures("code_sandbox")
@@ -378,7 +378,7 @@ def test_the_channel_reads_strictly():
     uses = (lambda: one == 3, lambda: one != 3, lambda: one == two, lambda: one != two, lambda: one < 3,
             lambda: bool(one), lambda: hash(one), lambda: 3 in [one], lambda: {one})  # fmt: skip
     for use in uses:
-        with pytest.raises(code_remote.Refused):
+        with pytest.raises(code_handles.Refused):
             use()
     assert len(codec.refused) == len(uses)
     # data comes back as this side's own types

@@ -127,7 +127,7 @@ AUTO, NAMESPACES, NONE = ISOLATIONS
 _KILL_SECONDS = 5.0  # the wait for the child's process group to die after the run
 # the child's modules, in the order the bootstrap makes them (each imports only those before it)
 _CHILD_MODULES = ("code_channel", "code_datatypes", "code_values", "code_seccomp", "code_program", "code_stdio",
-                  "code_remote", "code_harness", "code_runner", "code_sandbox")  # fmt: skip
+                  "code_handles", "code_remote", "code_harness", "code_runner", "code_sandbox")  # fmt: skip
 # what the child runs first: its modules from stdin (a length line, then their marshalled code), then main
 _BOOTSTRAP = (
     "import marshal, sys, types\n"

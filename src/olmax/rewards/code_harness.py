@@ -39,7 +39,8 @@ import types
 
 from olmax.rewards import code_channel as ch
 from olmax.rewards import code_stdio
-from olmax.rewards.code_remote import Codec, Late, Refused, Spoiled
+from olmax.rewards.code_handles import Late, Refused, Spoiled
+from olmax.rewards.code_remote import Codec
 
 REASON_CHARS = 300  # of a verdict's reason
 

@@ -27,7 +27,7 @@ What crosses is data, rebuilt on the receiving side by that side's own classes, 
   ("g": `len`, `collections.Counter`, `math.sqrt`), which the receiving side resolves itself (the tests'
   side only within code_channel.PURE_MODULES and under the object's own name, else as a handle);
 - anything else of the program's (its functions, classes, instances, generators) as a handle: a number
-  the tests' side holds as a proxy (code_remote.Remote), whose use is a request.
+  the tests' side holds as a proxy (code_handles.Remote), whose use is a request.
 
 A subclass of a builtin data type that is not one of the above crosses as its base type's content, read
 through the base type's own methods (an IntEnum of the program's as its int): its own methods are not

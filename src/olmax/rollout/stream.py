@@ -222,13 +222,15 @@ class EngineStream:
         """The next group (`_next`), decoding and scoring until it is scored. Once its rows have all
         stopped the read waits for its verifier rather than decode on: the chunks decoded before a step
         ends draw with its parameters, so their number must not depend on how fast a verifier answers.
-        The first read compiles the engine's programs together (SlotEngine.compile_ahead), counted as
-        sampling time as the compiles at their first use were."""
-        if not self._compiled:
+        On an accelerator the first read compiles the engine's programs together
+        (SlotEngine.compile_ahead, in the host's threads), counted as sampling time as the compiles at
+        their first use were; on the CPU they compile at their first use: XLA:CPU's compiles did not
+        overlap in threads there and the ahead step cost the first batch time (docs/rollout-engine.md)."""
+        if not self._compiled and jax.default_backend() != "cpu":
             t0 = time.perf_counter()
             self.engine.compile_ahead(params, shortest=min(len(p.ids) for p in self.prompts.prompts))
-            self._compiled = True
             self.timing.update(sample_s=time.perf_counter() - t0)
+        self._compiled = True
         while True:
             self._admit(version)
             self._collect()
