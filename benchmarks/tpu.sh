@@ -50,8 +50,9 @@ KEEP_ALL=q_proj,k_proj,v_proj,attn_context,o_proj,mlp_gate,mlp_down,mlp_up  # ev
 START_190M="--set data.paths=[demo] --set data.seq_len=8192 --set trainer.global_batch=2 --set mesh.fsdp=-1
   --set model.remat=auto --set trainer.micro_batch_size=null"
 # the rollout step's runs: the slot engine at GRPO-like shapes that fit one v5e with the weights, one a
-# call by default (2026-12-07: the 190m took 391 s on a fresh machine, 101 s of it compiling, the 1B
-# 308 s; their compiles are kept in $RUNS/jax-cache, which a second call on the still-warm machine reads). The 1B:
+# call by default (2026-12-07 23:24 UTC, with the decode kernel: the 190m took 129 s on a fresh machine, 52 s
+# of it compiling, the 1B 210 s; their compiles are kept in $RUNS/jax-cache, which a second call on the
+# still-warm machine reads). The 1B:
 # OLMAX_TPU_ROLLOUT=1b in a call of its own (docs/rollout-engine.md; OLMAX_TPU_ROLLOUT_S: the bound)
 ROLLOUT_190M="--model 190m --slots 64 --prompt-len 128 --max-new 2048 --prompts 16 --n 8 --runs 1 --no-static"
 ROLLOUT_1B="--model 1b --slots 32 --prompt-len 128 --max-new 2048 --prompts 8 --n 8 --runs 1 --no-static"
@@ -190,7 +191,8 @@ run() {
 }
 
 # PYTHON RL_RUN_DIR: an RL stage's wall time from its metrics (its steps and its sampling, summed) with
-# its slot efficiency (the stage's decoding, at its last step) and staleness (the mean over the steps)
+# its slot efficiency (the stage's decoding, at its last step) and staleness (the mean over the steps);
+# then its first three steps alone (compiling) and the rest summed
 rl_stage() {
   "$1" - "$2/metrics.jsonl" <<'EOF'
 import json, sys
@@ -199,6 +201,12 @@ total = lambda k: sum(r.get(k, 0.0) for r in rows)
 print(f"RL stage: {len(rows)} steps, time/step summed {total('time/step'):.1f} s, rollout/sample_s summed "
       f"{total('rollout/sample_s'):.1f} s, slot efficiency {rows[-1].get('rollout/slot_efficiency_run', 0.0):.2f}, "
       f"staleness {total('rollout/staleness_mean') / len(rows):.2f}")
+# where the time went: the first steps hold the compiles (the engine's programs, the train step's)
+for r in rows[:3]:
+    print(f"  step {r.get('step')}: time/step {r.get('time/step', 0.0):.2f} s, sample_s {r.get('rollout/sample_s', 0.0):.2f} s")
+rest = rows[3:]
+print(f"  steps 4-{len(rows)}: time/step summed {sum(r.get('time/step', 0.0) for r in rest):.1f} s, "
+      f"sample_s summed {sum(r.get('rollout/sample_s', 0.0) for r in rest):.1f} s")
 EOF
 }
 
