@@ -79,6 +79,12 @@ class GRPOConfig(ObjectiveConfig):
     """The continuous engine's slots (rows decoded at once): a multiple of the mesh's data x fsdp devices;
     auto = the rows of grpo.sample_prompts' prompts (all of a step's, prompts_per_step x
     samples_per_prompt, where they fit the chip)."""
+    kv_gib: float = 0.0
+    """The continuous engine's KV cache as a pool of pages of this many GiB (docs/rollout-engine.md):
+    rows take pages as they grow, so more slots fit than whole rings would (the 1B at 64 slots of 2176
+    positions on one v5e: 9 GiB of pages for 17 GiB of rings); a row that finds none free is preempted
+    and prefilled again later, its tokens kept. 0 = each slot holds a whole ring of max_prompt_len +
+    max_response_len positions. One device only."""
     max_staleness: int = 1
     """The continuous engine's in-flight updates: a rollout may train on tokens drawn up to this many
     rollouts ago (a rollout is grpo.mini_batches optimizer steps; open-instruct's --async_steps with
@@ -145,6 +151,13 @@ class GRPOConfig(ObjectiveConfig):
             raise ConfigError(f"grpo.rollout_engine={self.rollout_engine!r} is not one of {', '.join(ROLLOUT_ENGINES)}")
         if self.slots != AUTO and not (isinstance(self.slots, int) and self.slots >= 1):
             raise ConfigError(f"grpo.slots must be auto or a positive integer, got {self.slots!r}")
+        if self.kv_gib < 0:
+            raise ConfigError(f"grpo.kv_gib must be >= 0 (0: whole rings), got {self.kv_gib}")
+        if self.kv_gib and self.rollout_engine == "static":
+            raise ConfigError(
+                f"grpo.kv_gib={self.kv_gib:g} pages the continuous engine's KV cache; the static sampler keeps "
+                "whole rings (or set grpo.rollout_engine=continuous)"
+            )
         if self.read_order not in READ_ORDERS:
             raise ConfigError(f"grpo.read_order={self.read_order!r} is not one of {', '.join(READ_ORDERS)}")
         if self.read_order != "prompt" and self.rollout_engine == "static":

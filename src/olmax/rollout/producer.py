@@ -90,8 +90,9 @@ from olmax.rollout import groups
 from olmax.rollout import slots as engine_programs
 from olmax.rollout.compile_decode import choose_sample_prompts
 from olmax.rollout.pack import pack_rollouts
+from olmax.rollout.pages import pool_sizes
 from olmax.rollout.scoring import Scorer
-from olmax.rollout.stream import EngineStream, Group, StaticStream, sampling_figures, zero_spread
+from olmax.rollout.stream import EngineStream, Group, StaticStream, engine_mesh, sampling_figures, zero_spread
 from olmax.rollout.text import stop_table
 from olmax.step.state import per_device_bytes
 
@@ -487,8 +488,8 @@ def resident_engine(cfg: ExperimentConfig, mesh, record_dir=None) -> tuple[Exper
 
 def engine_state_bytes(cfg: ExperimentConfig, mesh) -> int:
     """Per device, the bytes of the continuous engine's state for cfg's grpo.slots (its KV cache above
-    all); grpo.sample_prompts still auto counts every prompt of a step, the most slots=auto may take.
-    0 without that engine."""
+    all: whole rings, or grpo.kv_gib's pages); grpo.sample_prompts still auto counts every prompt of a
+    step, the most slots=auto may take. 0 without that engine."""
     rl = cfg.grpo
     if cfg.trainer.objective != "grpo" or rl.rollout_engine != "continuous":
         return 0
@@ -496,7 +497,9 @@ def engine_state_bytes(cfg: ExperimentConfig, mesh) -> int:
         cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(rl, sample_prompts=0))
     slots, cache_len = engine_slots(cfg, mesh), rl.max_prompt_len + rl.max_response_len
     key_words = jax.random.key_data(jax.random.key(0)).shape[0]
-    state = jax.eval_shape(lambda: engine_programs.init_state(cfg.model, slots, cache_len, key_words))
+    engine_mesh(cfg, mesh)  # pages only on one device
+    pool = tuple(sorted(pool_sizes(cfg.model, slots, cache_len, rl.kv_gib).items())) if rl.kv_gib else None
+    state = jax.eval_shape(lambda: engine_programs.init_state(cfg.model, slots, cache_len, key_words, pool))
     shardings = engine_programs.state_shardings(state, mesh)
     typed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
     return per_device_bytes(typed)

@@ -34,6 +34,7 @@ import numpy as np
 
 from olmax.config.experiment import ExperimentConfig
 from olmax.data.prompts import PromptSet
+from olmax.errors import ConfigError
 from olmax.model.sharding import gather
 from olmax.rollout import groups
 from olmax.rollout.engine import SlotEngine
@@ -151,6 +152,21 @@ class _Admitted:
         return self.scored is not None and self.scored.done()
 
 
+def engine_mesh(cfg: ExperimentConfig, mesh):
+    """The mesh the slot engine decodes on: the trainer's, or with grpo.kv_gib none (pages are one
+    device's, olmax.rollout.pages; the parameters are already on that device). ConfigError for pages
+    on a mesh of several devices."""
+    gib = cfg.grpo.kv_gib
+    if not gib or mesh is None:
+        return mesh
+    if mesh.size > 1:
+        raise ConfigError(
+            f"grpo.kv_gib={gib:g} pages one device's KV cache and this mesh has {mesh.size} devices "
+            "(or set grpo.kv_gib=0: whole rings, split over the mesh)"
+        )
+    return None
+
+
 class EngineStream:
     """Groups from the slot engine (module doc). `take()` gives the next call's (number, prompt ids)."""
 
@@ -174,8 +190,9 @@ class EngineStream:
             sampling=Sampling(temperature=rl.temperature),
             eos_ids=eos_ids,
             stop_text=stops,
+            kv_gib=rl.kv_gib,
         )
-        self.mesh = mesh
+        self.mesh = mesh = engine_mesh(cfg, mesh)
         self.engine = SlotEngine(cfg.model, mesh, **self._engine_args)
         self._compiled = False  # the engine's programs, compiled ahead at the first read (next_group)
         self.open: deque[_Admitted] = deque()  # admitted and not read, in admission order
