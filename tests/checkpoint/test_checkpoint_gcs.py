@@ -29,6 +29,8 @@ from olmax.checkpoint.store import (
     read_config,
     save_params,
 )
+from olmax.config.io import apply_overrides
+from olmax.config.recipes import get_recipe
 from olmax.model.olmo3 import init_params
 
 KEYS = EXACT_KEYS
@@ -74,8 +76,17 @@ def deadline(request):
     faulthandler.cancel_dump_traceback_later()
 
 
+def _model_config():
+    """The small run's config with a small vocabulary (a checkpoint of ~1 MB, not ~50 MB, through the
+    emulator); no data is read (nothing here trains)."""
+    return apply_overrides(get_recipe("tiny"), [*SMALL, "model.vocab_size=256", "data.vocab_size=256"])
+
+
 def _params(cfg, seed):
-    return jax.jit(init_params, static_argnums=0)(cfg.model, jax.random.key(seed))
+    """Random parameters in the model's shapes and dtypes, drawn on the host (no program to compile)."""
+    rng = np.random.default_rng(seed)
+    shapes = jax.eval_shape(lambda: init_params(cfg.model, jax.random.key(0)))
+    return jax.tree.map(lambda a: jax.device_put(rng.standard_normal(a.shape).astype(a.dtype)), shapes)
 
 
 def _assert_equal(a, b):
@@ -93,7 +104,7 @@ def test_a_url_mangled_by_pathlib_is_refused():
 
 
 def test_params_round_trip_on_gcs(gcs, bucket, tmp_path):
-    cfg = small_config(tmp_path)
+    cfg = _model_config()
     root = f"gs://{bucket}/converted/ckpt"
     params = _params(cfg, 0)
     assert save_params(root, params, cfg.model, {"source": "test"}) == checkpoint_path(root)
@@ -121,7 +132,7 @@ def test_params_round_trip_on_gcs(gcs, bucket, tmp_path):
 def test_a_step_without_its_commit_file_is_ignored(gcs, bucket, tmp_path):
     """On GCS a step is complete only once <step>/commit_success.txt exists (Orbax writes it last):
     a save that died before that is never listed, read or resumed from."""
-    cfg = small_config(tmp_path)
+    cfg = _model_config()
     root = f"gs://{bucket}/ckpts"
     first = _params(cfg, 1)
     save_params(root, first, cfg.model, {"which": "first"}, step=1)
@@ -186,7 +197,7 @@ def test_resume_until_done_follows_checkpoint_dir_on_gcs(gcs, bucket, tmp_path, 
         def attempt_steps(self, attempt):
             raise AssertionError("the run is done: nothing may be submitted")
 
-    cfg = small_config(tmp_path)
+    cfg = _model_config()
     ckpt_dir = f"gs://{bucket}/run/checkpoints"
     save_params(ckpt_dir, _params(cfg, 0), cfg.model, {}, step=6)
     plan = make_plan("tiny", [*SMALL, f"checkpoint.dir={ckpt_dir}"], str(tmp_path / "run"), 8)
@@ -231,7 +242,7 @@ def test_run_files_on_gcs_metrics_tensorboard_and_launcher_state(gcs, bucket, tm
     from olmax.rundir.report import MetricsReader
     from olmax.trainer.metrics import MetricsLog
 
-    cfg = small_config(tmp_path)
+    cfg = _model_config()
     run = f"gs://{bucket}/metrics-run/"
     metrics = {"ce_loss": 2.0, "z_loss": 0.1, "lr": 1e-3, "grad_norm": 1.0, "skipped": 0.0}
     log = MetricsLog(run, cfg, 8)
