@@ -21,8 +21,31 @@ from olmax.evals.heldout import eval_loss
 from olmax.evals.verify import DIFFERS, WITHIN, compare_tasks, paired_delta, verify
 from olmax.model.olmo3 import init_params
 
-CFG = tiny_eval_model(max_position=16)
+# A 300-token vocabulary: on the CPU the suite's programs run unoptimized (tests/conftest.py), and
+# over dolma2's 100k ids the output layers and KL of every verify call took most of this file's time.
+CFG = tiny_eval_model(vocab_size=300, max_position=16)
 SEQ, STEPS = 16, (10, 20)
+DOCS = {
+    "lit": ["In the beginning was the word.", "And the word was with God, and the word was God."],
+    "code": ["def f(x):\n    return x * 2", "for i in range(10):\n    print(i, i * i)  # squares"],
+}
+
+
+def byte_level_tokenizer(path) -> str:
+    """A byte-level BPE tokenizer.json of at most CFG.vocab_size ids (any text encodes), with an EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=CFG.vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet
+    )
+    tok.train_from_iterator([t for texts in DOCS.values() for t in texts], trainer)
+    assert tok.get_vocab_size() <= CFG.vocab_size
+    tok.save(str(path))
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +57,13 @@ def runs(tmp_path_factory):
     for name, p in (("a", params), ("b", params), ("c", perturbed)):
         for step in STEPS:
             save_params(tmp / name / "checkpoints", p, CFG, {}, step=step)
-    tokens = np.random.default_rng(0).integers(0, 5000, 10 * SEQ).astype(np.uint32)
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, 10 * SEQ).astype(np.uint32)
     shard = tmp / "000000.npy"
     tokens.tofile(shard)
     domains = tmp / "domains"
     domains.mkdir()
-    docs = {
-        "lit": ["In the beginning was the word.", "And the word was with God, and the word was God."],
-        "code": ["def f(x):\n    return x * 2", "for i in range(10):\n    print(i, i * i)  # squares"],
-    }
     with gzip.open(domains / "mixed.jsonl.gz", "wt") as f:
-        for domain, texts in docs.items():
+        for domain, texts in DOCS.items():
             for text in texts:
                 f.write(json.dumps({"text": text, "domain": domain}) + "\n")
     return {
@@ -52,6 +71,7 @@ def runs(tmp_path_factory):
         "shard": str(shard),
         "domains": str(domains),
         "data_cfg": DataConfig(work_dir=str(tmp / "cache")),
+        "tokenizer": byte_level_tokenizer(tmp / "tokenizer.json"),
     }
 
 
@@ -66,6 +86,7 @@ def run(runs, b, out):
         batch=4,
         max_batches=2,
         domains=runs["domains"],
+        tokenizer=runs["tokenizer"],
         data_cfg=runs["data_cfg"],
     )
 
@@ -91,7 +112,14 @@ def test_identical_checkpoints_are_within_noise(runs):
     )["results"]["000000"]
     assert r["rows"][0]["heldout"]["a"] == pytest.approx(alone["CE loss"], rel=1e-9)
     assert r["rows"][0]["heldout"]["tokens"] == alone["tokens"]
-    dom = eval_domains(str(runs["dir"] / "a" / "checkpoints"), runs["domains"], seq_len=SEQ, batch=4, step=10)
+    dom = eval_domains(
+        str(runs["dir"] / "a" / "checkpoints"),
+        runs["domains"],
+        seq_len=SEQ,
+        batch=4,
+        step=10,
+        tokenizer=runs["tokenizer"],
+    )
     micro = r["rows"][0]["domains"]["micro"]
     assert micro["a"] == pytest.approx(dom["micro"]["loss"], rel=1e-9)
     assert micro["bpb_a"] == pytest.approx(dom["micro"]["bpb"], rel=1e-9)
@@ -272,12 +300,19 @@ def test_tasks_surface_end_to_end(runs):
         data_cfg=runs["data_cfg"],
         tasks=["arc_easy", "boolq"],
         data_dir=str(data_dir),
+        tokenizer=runs["tokenizer"],
     )
     same = verify(runs["dir"] / "a", runs["dir"] / "b", runs["dir"] / "tasks_same", **kw)
     assert same["verdicts"]["tasks"] == WITHIN
     for t in list(same["rows"][0]["tasks"]["tasks"].values()) + [same["rows"][0]["tasks"]["macro"]]:
         assert t["delta"] == 0.0
-    alone = run_tasks(str(runs["dir"] / "a" / "checkpoints"), ["arc_easy", "boolq"], data_dir=str(data_dir), step=20)
+    alone = run_tasks(
+        str(runs["dir"] / "a" / "checkpoints"),
+        ["arc_easy", "boolq"],
+        data_dir=str(data_dir),
+        tokenizer=runs["tokenizer"],
+        step=20,
+    )
     for task in ("arc_easy", "boolq"):
         assert same["rows"][0]["tasks"]["tasks"][task]["a"] == alone["tasks"][task]["acc"]
     # lm-eval's boolq reads super_glue's `label`: the local google/boolq `answer` becomes it (yes = 1)
