@@ -47,6 +47,13 @@ def setup(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module")
+def text_loss(setup):
+    """`olmax eval loss` of the text file at 2 batches of 4: the figure three tests check, computed once."""
+    out = eval_loss(setup["ckpt"], [setup["data"]], seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])
+    return out["results"]["val"]
+
+
 def test_text_is_tokenized_and_cut_like_the_training_data(setup):
     tok = load_tokenizer("dolma2")
     stream = np.concatenate([tok.encode(t) + [tok.info.eos_token_id] for t in TEXTS])
@@ -58,10 +65,9 @@ def test_text_is_tokenized_and_cut_like_the_training_data(setup):
 
 
 @pytest.mark.parity
-def test_loss_equals_torch_cross_entropy(setup):
+def test_loss_equals_torch_cross_entropy(setup, text_loss):
     torch = pytest.importorskip("torch")
-    out = eval_loss(setup["ckpt"], [setup["data"]], seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])
-    r = out["results"]["val"]
+    r = text_loss
     inst = load_instances([setup["data"]], setup["data_cfg"], batch=4, max_batches=2)
     reference = jax.jit(forward, static_argnums=2)  # compiled: op by op is slower
     logits = torch.from_numpy(np.array(reference(setup["params"], inst, CFG))).double()
@@ -82,17 +88,17 @@ def test_identical_on_one_and_eight_devices(setup):
     assert a["CE loss"] == pytest.approx(b["CE loss"], rel=1e-7, abs=0), (a, b)
 
 
-def test_token_shards_and_text_give_the_same_loss(setup, tmp_path):
+def test_token_shards_and_text_give_the_same_loss(setup, text_loss, tmp_path):
     inst = load_instances([setup["data"]], setup["data_cfg"], batch=4, max_batches=2)
     shard = tmp_path / "000000.npy"
     inst.astype(np.uint32).tofile(shard)  # raw, headerless, as OLMo-core stores tokens
     kw = dict(seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])
-    a = eval_loss(setup["ckpt"], [setup["data"]], **kw)["results"]["val"]
+    a = text_loss
     b = eval_loss(setup["ckpt"], [str(shard)], **kw)["results"]["000000"]
     assert a["CE loss"] == b["CE loss"] and a["tokens"] == b["tokens"]
 
 
-def test_in_loop_evaluator(setup):
+def test_in_loop_evaluator(setup, text_loss):
     exp = ExperimentConfig(
         model=CFG,
         data=setup["data_cfg"],
@@ -102,9 +108,7 @@ def test_in_loop_evaluator(setup):
     evaluator = HeldoutEvaluator(exp, eval_mesh())
     assert evaluator(3, setup["params"]) == {}
     metrics = evaluator(10, evaluator.scorer.place(setup["params"]))
-    offline = eval_loss(setup["ckpt"], [setup["data"]], seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])[
-        "results"
-    ]["val"]
+    offline = text_loss
     assert set(metrics) == {"eval/val/CE loss", "eval/val/PPL"}
     assert metrics["eval/val/CE loss"] == pytest.approx(offline["CE loss"], rel=1e-6)
 
