@@ -361,10 +361,14 @@ def test_matches_trl_kto_loss(kto, tmp_path):
 # The plug-in in use
 
 
-def _labelled_rows(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def labelled_rows(tmp_path_factory) -> Path:
     """16 conversations through `olmax tokenize --chat`, each row with its `label`: in every run of four
-    (kto.kl_group) one desirable completion and three undesirable ones."""
+    (kto.kl_group) one desirable completion and three undesirable ones. Tokenized once for the module's
+    tests (tokenize writes item fields of any name: no plug-in needed)."""
     from olmax.data.chat_files import tokenize_chat
+
+    tmp_path = tmp_path_factory.mktemp("kto_rows")
 
     rows = []
     for i in range(16):
@@ -378,6 +382,7 @@ def _labelled_rows(tmp_path: Path) -> Path:
 
 
 KTO_RUN = [
+    "model.n_layers=1",  # one block: a smaller program to compile; no claim here depends on depth
     "trainer.objective=kto",
     "kto.kl_group=4",
     "kto.undesirable_weight=2.0",
@@ -387,7 +392,7 @@ KTO_RUN = [
 ]
 
 
-def test_kto_trains_from_labelled_rows_and_compiles_without_data(kto):
+def test_kto_trains_from_labelled_rows_and_compiles_without_data(kto, labelled_rows):
     """At the first step the policy is its reference: every log-ratio and the KL estimate are 0, so each
     item's loss is its weight / 2, and the step's loss, (1 + 3 x 2) / 4 / 2, says the labels reached it
     from the rows (all desirable would give 0.5, all undesirable 1.0). compile-check compiles the same
@@ -405,7 +410,7 @@ def test_kto_trains_from_labelled_rows_and_compiles_without_data(kto):
     r = CliRunner().invoke(app, ["compile-check", "--recipe", "tiny", "--devices", "8", *run, "data.paths=[/no/data]"])
     assert r.exit_code == 0, r.output
 
-    data = _labelled_rows(kto)
+    data = labelled_rows
     cfg = apply_overrides(get_recipe("tiny"), run + [f"data.paths=[{data}]", f"data.work_dir={kto / 'cache'}"])
     assert cfg.rows_per_step == 16 and cfg.kto.undesirable_weight == 2.0  # two rows an item
     run_dir = kto / "run"
@@ -417,11 +422,11 @@ def test_kto_trains_from_labelled_rows_and_compiles_without_data(kto):
     assert rows[1]["train/KTO loss"] < first["train/KTO loss"]  # it learns
     status = run_status(str(run_dir), MetricsReader(str(run_dir), window=4))
     assert status["loss_name"] == "KTO loss" and status["loss"] == rows[-1]["train/KTO loss"]
-    reference = kto / "completions" / "reference_logps" / "logps.npy"
+    reference = data / "reference_logps" / "logps.npy"
     assert np.load(reference).shape == (16, 2)  # both rows' reference log-probs, cached beside the data
 
 
-def test_data_order_reports_the_items_of_the_plugins_data_kind(kto):
+def test_data_order_reports_the_items_of_the_plugins_data_kind(kto, labelled_rows):
     """`olmax data order` asks the objective's data kind for its items: with trainer.objective=kto, the
     plug-in source's completions, each rank's ids at each step the loader's batch `index` (whole runs of
     kto.kl_group in a batch) and, with tokens, each row the loader gives."""
@@ -433,7 +438,7 @@ def test_data_order_reports_the_items_of_the_plugins_data_kind(kto):
     from olmax.config.recipes import get_recipe
     from olmax.data.pairs import PairLoader, item_source
 
-    run = SMALL + KTO_RUN + [f"data.paths=[{_labelled_rows(kto)}]", f"data.work_dir={kto / 'cache'}"]
+    run = SMALL + KTO_RUN + [f"data.paths=[{labelled_rows}]", f"data.work_dir={kto / 'cache'}"]
     out = kto / "order.json"
     args = ["data", "order", "--recipe", "tiny", *run, "--steps", "1:3", "--dp-size", "2", "--with-tokens"]
     r = CliRunner().invoke(app, [*args, "--json", str(out)])
@@ -461,13 +466,13 @@ def test_statistic_rows_run_forward_only():
     """The FLOPs XLA counts for the gradient of a loss over 4 trained rows, alone and scaled by a statistic
     of 4 more rows (statistic_logps, as KTO's KL estimate enters its loss): those rows add about one
     forward, a third of the trained rows' forward and backward (0.34 measured), not a backward too."""
-    from olmax.model.olmo3 import init_params
+    from olmax.model.olmo3 import abstract_params
     from olmax.objectives.logps import response_logps, statistic_logps
 
     model = ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, mlp_hidden=32)
-    params = jax.jit(init_params, static_argnums=0)(model, jax.random.key(0))
-    ids = jax.random.randint(jax.random.key(1), (8, 16), 0, 64)
-    mask = jnp.ones((8, 16), bool)
+    params = abstract_params(model)  # XLA counts FLOPs from shapes: no weights to make
+    ids = np.random.default_rng(1).integers(0, 64, (8, 16), dtype=np.int32)
+    mask = np.ones((8, 16), bool)
     trained = lambda p: jnp.sum(response_logps(p, ids[:4], mask[:4], model, chunk=0).total)  # noqa: E731
     statistic = lambda p: jnp.mean(statistic_logps(p, ids[4:], mask[4:], model, chunk=0).total)  # noqa: E731
     losses = {"trained": trained, "scaled by the statistic": lambda p: trained(p) * statistic(p)}
@@ -497,7 +502,7 @@ def test_the_flops_count_a_statistic_row_as_a_forward(kto, tmp_path, monkeypatch
     from olmax.trainer.metrics import MetricsLog
 
     run = SMALL + ["model.vocab_size=512", "trainer.global_batch=4", "optimizer.z_loss=0", "data.paths=[/no/data]"]
-    run += ["optimizer.skip_step=false", "eval.every=0"]  # a smaller program to compile
+    run += ["optimizer.skip_step=false", "eval.every=0", "model.n_layers=1"]  # a smaller program to compile
     kto_cfg = apply_overrides(get_recipe("tiny"), run + ["trainer.objective=kto", "kto.kl_group=4"])
     dpo_cfg = apply_overrides(get_recipe("tiny"), run + ["trainer.objective=dpo"])
     assert (kto_cfg.rows_per_step, kto_cfg.statistic_rows_per_step, dpo_cfg.statistic_rows_per_step) == (8, 4, 0)
