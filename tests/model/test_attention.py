@@ -16,7 +16,6 @@ these inputs (`test_tolerance_detects_off_by_one_window`).
 """
 
 import dataclasses
-import functools
 import itertools
 
 import jax
@@ -36,9 +35,10 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 
 # The calls the tests compare, each compiled as one program (per shapes and static arguments, and
 # shared by the tests that make the same call): run eagerly, XLA:CPU compiles every operation of the
-# xla backend on its own, ~1 s a call on the test machine against ~0.2 s.
+# xla backend on its own, ~1 s a call on the test machine against ~0.2 s. Calls that one test (or
+# fixture) compares run together in one program: compiled one program per call, four splash
+# kernels took twice the compile time of the four in one program.
 attention = jax.jit(attn.attention, static_argnames=("window", "backend", "splash_blocks"))
-dot_product_attention = jax.jit(attn.dot_product_attention, static_argnums=(3, 4))
 
 # (seq, n_heads, n_kv_heads, head_dim, window); window None = global causal.
 CASES = [
@@ -62,19 +62,36 @@ def _close(actual, expected, **tol):
     np.testing.assert_allclose(np.asarray(actual, np.float32), np.asarray(expected, np.float32), **(tol or TOL))
 
 
-@pytest.mark.parametrize("seq,heads,kv_heads,head_dim,window", CASES)
-def test_splash_matches_xla(seq, heads, kv_heads, head_dim, window):
-    q, k, v = _qkv(seq, heads, kv_heads, head_dim)
-    out = attention(q, k, v, window=window, backend="splash")
-    _close(out, attention(q, k, v, window=window, backend="xla"))
+@pytest.fixture(scope="module")
+def outputs():
+    """For each of CASES (its `_qkv` inputs): the splash output, the cudnn backend's call run by
+    dot_product_attention's XLA path, and the xla output, all from one program."""
+
+    @jax.jit
+    def run(inputs):
+        return [
+            (
+                attn.attention(q, k, v, window=window, backend="splash"),
+                attn.dot_product_attention(q, k, v, window, "xla"),
+                attn.attention(q, k, v, window=window, backend="xla"),
+            )
+            for (q, k, v), (*_, window) in zip(inputs, CASES, strict=True)
+        ]
+
+    return dict(zip(CASES, run([_qkv(*case[:4]) for case in CASES]), strict=True))
 
 
 @pytest.mark.parametrize("seq,heads,kv_heads,head_dim,window", CASES)
-def test_cudnn_call_matches_xla(seq, heads, kv_heads, head_dim, window):
+def test_splash_matches_xla(seq, heads, kv_heads, head_dim, window, outputs):
+    splash, _, xla = outputs[seq, heads, kv_heads, head_dim, window]
+    _close(splash, xla)
+
+
+@pytest.mark.parametrize("seq,heads,kv_heads,head_dim,window", CASES)
+def test_cudnn_call_matches_xla(seq, heads, kv_heads, head_dim, window, outputs):
     """The cudnn backend's argument mapping (window, causal, GQA), run by dot_product_attention's XLA path."""
-    q, k, v = _qkv(seq, heads, kv_heads, head_dim)
-    out = dot_product_attention(q, k, v, window, "xla")
-    _close(out, attention(q, k, v, window=window, backend="xla"))
+    _, cudnn_call, xla = outputs[seq, heads, kv_heads, head_dim, window]
+    _close(cudnn_call, xla)
 
 
 # (seq, n_heads, n_kv_heads, head_dim, window, block): seq and window off the block grid, windows
@@ -89,6 +106,13 @@ BLOCKWISE_CASES = [
 ]
 
 
+def _out_and_grads(fn, w, qkv):
+    """fn's outputs and the gradients of sum(w * outputs) with respect to q, k and v, from one
+    forward pass (one program: the compile is most of these tests' time)."""
+    out, pullback = jax.vjp(fn, *qkv)
+    return out, pullback(w)
+
+
 @pytest.mark.parametrize("seq,heads,kv_heads,head_dim,window,block", BLOCKWISE_CASES)
 def test_xla_blockwise_matches_plain_attention_forward_and_gradients(
     seq, heads, kv_heads, head_dim, window, block, monkeypatch
@@ -98,13 +122,11 @@ def test_xla_blockwise_matches_plain_attention_forward_and_gradients(
     monkeypatch.setattr(attn, "XLA_BLOCK", block)
     q, k, v = _qkv(seq, heads, kv_heads, head_dim, batch=1)
     w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape, np.float32))
-
-    def run(fn):
-        loss = lambda q, k, v: jnp.sum(w * fn(q, k, v))
-        return jax.jit(fn)(q, k, v), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
-
-    out, grads = run(lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla"))
-    ref_out, ref_grads = run(lambda q, k, v: attn.dot_product_attention(q, k, v, window, "xla"))
+    blockwise = lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla")
+    plain = lambda q, k, v: attn.dot_product_attention(q, k, v, window, "xla")
+    (out, grads), (ref_out, ref_grads) = jax.jit(
+        lambda *qkv: (_out_and_grads(blockwise, w, qkv), _out_and_grads(plain, w, qkv))
+    )(q, k, v)
     _close(out, ref_out)
     for name, got, want in zip("qkv", grads, ref_grads):
         scale = max(float(jnp.abs(want).max()), 1.0)  # window 1: dq and dk are exactly 0
@@ -187,9 +209,11 @@ def _document_mask(docs, seq, window):
     return jnp.asarray(mask[:, None])
 
 
-def _loss_and_grads(fn, q, k, v):
+def _losses_and_grads(q, k, v, *fns):
+    """For each fn: sum(w * fn(q, k, v)) and its q/k/v gradients, all fns in one program."""
     w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape, np.float32))
-    return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(w * fn(q, k, v)), argnums=(0, 1, 2)))(q, k, v)
+    value_and_grad = lambda fn: jax.value_and_grad(lambda *qkv: jnp.sum(w * fn(*qkv)), argnums=(0, 1, 2))
+    return jax.jit(lambda *qkv: [value_and_grad(fn)(*qkv) for fn in fns])(q, k, v)
 
 
 def _grads_close(got, want):
@@ -199,6 +223,11 @@ def _grads_close(got, want):
 
 
 LONG_DOCS = [[150, 170, 80], [400]]
+# The width limit these tests compile under: the merging of `_band_widths` is the same code at any
+# limit (the long plans above keep the real one), and a program holds a scanned block per width, so
+# a limit of 3 compiles far less than XLA_BAND_WIDTHS' 8 while the global and the windowed plan
+# below are both cut to it.
+WIDTH_LIMIT = 3
 
 
 @pytest.mark.parametrize("window", [None, 50, 1])
@@ -207,16 +236,19 @@ def test_xla_plan_past_the_width_limit_matches_the_reference(window, monkeypatch
     and run as scans, with documents, GQA 4/2: the loss and q/k/v gradients of
     jax.nn.dot_product_attention given the mask written out."""
     monkeypatch.setattr(attn, "XLA_BLOCK", 16)
+    monkeypatch.setattr(attn, "XLA_BAND_WIDTHS", WIDTH_LIMIT)
     plan = attn._blocks(400, 400, window, 16, None)
     assert len(plan) == 25 and max(len(list(run)) for _, run in itertools.groupby(w for *_, w in plan)) > 1
+    assert len(_widths(plan)) <= WIDTH_LIMIT
     q, k, v = _qkv(400, 4, 2, 32)
     segments = attn.segment_ids(jnp.asarray([lens + [0] * (400 - len(lens)) for lens in LONG_DOCS], jnp.int32))
     mask = _document_mask(LONG_DOCS, 400, window)
-    got = _loss_and_grads(
-        lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla", segments=segments), q, k, v
-    )
-    want = _loss_and_grads(
-        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla"), q, k, v
+    got, want = _losses_and_grads(
+        q,
+        k,
+        v,
+        lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla", segments=segments),
+        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla"),
     )
     np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
     _grads_close(got[1], want[1])
@@ -228,17 +260,18 @@ def test_xla_context_chunks_past_the_width_limit_match_the_reference(window, mon
     global layer's 16 widths cut to the limit and the window's one width a scan of 16 blocks; the
     loss and q/k/v gradients of jax.nn.dot_product_attention without a mesh given the mask."""
     monkeypatch.setattr(attn, "XLA_BLOCK", 8)
+    monkeypatch.setattr(attn, "XLA_BAND_WIDTHS", WIDTH_LIMIT)
     docs = [[100, 300, 112], [512]]
     q, k, v = _qkv(512, 4, 2, 32)
     segments = attn.segment_ids(jnp.asarray([lens + [0] * (512 - len(lens)) for lens in docs], jnp.int32))
     mask = _document_mask(docs, 512, window)
-    want = _loss_and_grads(
-        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla"), q, k, v
+    (want,) = _losses_and_grads(
+        q, k, v, lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
     )
     mesh = make_mesh(MeshConfig(data=1, fsdp=2, context=4, tensor=1))
     with jax.set_mesh(mesh):
-        got = _loss_and_grads(
-            lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla", segments=segments), q, k, v
+        (got,) = _losses_and_grads(
+            q, k, v, lambda q, k, v: attn.attention(q, k, v, window=window, backend="xla", segments=segments)
         )
     np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
     _grads_close(got[1], want[1])
@@ -246,44 +279,42 @@ def test_xla_context_chunks_past_the_width_limit_match_the_reference(window, mon
 
 def test_xla_bfloat16_keeps_dtype_and_stays_close():
     """bf16 inputs: output and gradients come back in bf16, the output within ~2 bf16 ulps of fp32."""
-    q, k, v = _qkv(256, 4, 2, 64, dtype=jnp.bfloat16, batch=1)
-    out = attention(q, k, v, window=100, backend="xla")
+    q, k, v = _qkv(256, 4, 2, 64, dtype=jnp.bfloat16)
+    xla = lambda q, k, v: attn.attention(q, k, v, window=100, backend="xla")
+    out, grads = jax.jit(lambda *qkv: _out_and_grads(xla, jnp.ones(q.shape, jnp.bfloat16), qkv))(q, k, v)
     ref = attention(*(x.astype(jnp.float32) for x in (q, k, v)), window=100, backend="xla")
     assert out.dtype == jnp.bfloat16
     _close(out, ref, atol=2e-2, rtol=0)
-    grads = jax.jit(
-        jax.grad(lambda q, k, v: jnp.sum(attention(q, k, v, window=100).astype(jnp.float32)), argnums=(0, 1, 2))
-    )(q, k, v)
     assert all(g.dtype == jnp.bfloat16 and bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads)
 
 
-def test_window_one_sees_only_itself():
-    q, k, v = _qkv(256, 2, 1, 32)
-    _close(attention(q, k, v, window=1, backend="xla"), jnp.repeat(v, 2, axis=2))
+def test_window_one_sees_only_itself(outputs):
+    _, _, v = _qkv(256, 2, 1, 32)
+    _close(outputs[256, 2, 1, 32, 1][2], jnp.repeat(v, 2, axis=2))
 
 
-def test_window_wider_than_sequence_is_global():
+def test_window_wider_than_sequence_is_global(outputs):
     q, k, v = _qkv(256, 4, 2, 32)
-    _close(attention(q, k, v, window=1000, backend="splash"), attention(q, k, v, window=None, backend="xla"))
+    _close(attention(q, k, v, window=1000, backend="splash"), outputs[256, 4, 2, 32, None][2])
 
 
-def test_reference_groups_query_heads_like_repeat_kv():
+def test_reference_groups_query_heads_like_repeat_kv(outputs):
     """Query head h reads kv head h // (n_heads // n_kv_heads): GQA equals MHA on kv repeated
     head by head (HF's repeat_kv), not tiled."""
     q, k, v = _qkv(256, 4, 2, 32)
-    gqa = attention(q, k, v, window=100, backend="xla")
-    mha = attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2), window=100, backend="xla")
-    tiled = attention(q, jnp.tile(k, (1, 1, 2, 1)), jnp.tile(v, (1, 1, 2, 1)), window=100, backend="xla")
+    gqa = outputs[256, 4, 2, 32, 64][2]
+    mha = attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2), window=64, backend="xla")
+    tiled = attention(q, jnp.tile(k, (1, 1, 2, 1)), jnp.tile(v, (1, 1, 2, 1)), window=64, backend="xla")
     _close(gqa, mha)
     assert float(jnp.abs(gqa - tiled).max()) > 0.1
 
 
-@pytest.mark.parametrize("window", [64, 100])
-def test_tolerance_detects_off_by_one_window(window):
-    q, k, v = _qkv(256, 4, 2, 32)
-    exact = attention(q, k, v, window=window, backend="xla")
-    for wrong in (window - 1, window + 1):
-        off = attention(q, k, v, window=wrong, backend="splash")
+@pytest.mark.parametrize("head_dim,window", [(32, 64), (64, 100)])  # two of CASES: their xla output reused
+def test_tolerance_detects_off_by_one_window(head_dim, window, outputs):
+    q, k, v = _qkv(256, 4, 2, head_dim)
+    exact = outputs[256, 4, 2, head_dim, window][2]
+    wrong = (window - 1, window + 1)
+    for off in jax.jit(lambda *qkv: [attn.attention(*qkv, window=w, backend="splash") for w in wrong])(q, k, v):
         assert float(jnp.abs(off - exact).max()) > 1e4 * TOL["atol"]
 
 
@@ -304,12 +335,12 @@ def test_splash_gradients_match_xla():
         np.random.default_rng(1).standard_normal(q.shape, np.float32)
     )  # a loss that weights every output differently
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def grads(backend):
+    def grads(backend, q, k, v):
         loss = lambda q, k, v: jnp.sum(w * attn.attention(q, k, v, window=100, backend=backend))
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
-    for name, got, want in zip("qkv", grads("splash"), grads("xla")):
+    splash, xla = jax.jit(lambda *qkv: (grads("splash", *qkv), grads("xla", *qkv)))(q, k, v)  # one program
+    for name, got, want in zip("qkv", splash, xla):
         np.testing.assert_allclose(got, want, **TOL, err_msg=f"d{name}")
 
 
@@ -321,11 +352,14 @@ def test_splash_kernel_reusable_across_traces():
     _close(second, 2.0 * first)
 
 
-@pytest.mark.parametrize("blocks", [(128, 128, 128), (256, 128, 128), (256, 256, 128)])
-def test_splash_block_sizes_do_not_change_the_result(blocks):
-    q, k, v = _qkv(256, 4, 2, 32, batch=1)
-    out = attention(q, k, v, window=64, backend="splash", splash_blocks=SplashBlocks(*blocks))
-    _close(out, attention(q, k, v, window=64, backend="xla"))
+def test_splash_block_sizes_do_not_change_the_result(outputs):
+    """Tiles (q, kv, kv_compute) of 128 and 256 against the xla output (the default tiles are
+    test_splash_matches_xla's: one 256 tile at these shapes)."""
+    q, k, v = _qkv(256, 4, 2, 32)
+    tiles = [SplashBlocks(128, 128, 128), SplashBlocks(256, 128, 128), SplashBlocks(256, 256, 128)]
+    run = lambda *qkv: [attn.attention(*qkv, window=64, backend="splash", splash_blocks=b) for b in tiles]
+    for blocks, out in zip(tiles, jax.jit(run)(q, k, v), strict=True):
+        np.testing.assert_allclose(out, outputs[256, 4, 2, 32, 64][2], **TOL, err_msg=str(blocks))
 
 
 def test_splash_rejects_a_tile_that_does_not_divide_the_sequence():
@@ -402,9 +436,8 @@ def test_tiny_model_with_splash_matches_xla():
     cfg = dataclasses.replace(get_recipe("tiny").model, vocab_size=1024, n_layers=2, global_every=2)
     params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (1, 256), 0, cfg.vocab_size)
-    want = jax.jit(lambda p, t: forward(p, t, cfg))(params, tokens)
     splash_cfg = dataclasses.replace(cfg, attention="splash")
-    got = jax.jit(lambda p, t: forward(p, t, splash_cfg))(params, tokens)
+    got, want = jax.jit(lambda p, t: (forward(p, t, splash_cfg), forward(p, t, cfg)))(params, tokens)
     _close(got, want)
 
 
