@@ -32,9 +32,14 @@ from olmax.model.sharding import make_mesh
 # Three layers: one scanned group of two (a windowed layer and a global one) and an unrolled tail of one,
 # the two ways the forward pass runs its layers
 CFG = dataclasses.replace(TINY, vocab_size=1000, n_layers=3, global_every=2, sliding_window=8)
+# One jitted init and forward for the module's tests: a call with a config and shapes another test
+# used reuses its program instead of tracing and compiling it again.
+init = jax.jit(init_params, static_argnums=0)
+run_forward = jax.jit(forward, static_argnums=2)
 
 
-def _tokens(b=2, t=32, seed=0):
+def _tokens(b=8, t=32, seed=0):
+    """A batch of 8 (what the sharded test's meshes divide): the forward tests share one program."""
     return jax.random.randint(jax.random.key(seed), (b, t), 0, CFG.vocab_size)
 
 
@@ -47,7 +52,7 @@ def test_parameter_counts_match_olmo_core():
 
 
 def test_init_is_truncated_normal_and_ones():
-    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
+    params = init(CFG, jax.random.key(0))
     w = np.asarray(params["layers"]["gate_proj"])
     assert np.abs(w).max() <= 3 * 0.02 + 1e-7
     # std of N(0, 0.02) truncated at 3 std is 0.02 * 0.98658
@@ -63,8 +68,7 @@ def test_logits_are_causal():
     params = random_params(CFG, jax.random.key(1))
     tokens = _tokens()
     changed = tokens.at[:, 20].set((tokens[:, 20] + 1) % CFG.vocab_size)
-    run = jax.jit(forward, static_argnums=2)
-    a, b = run(params, tokens, CFG), run(params, changed, CFG)
+    a, b = run_forward(params, tokens, CFG), run_forward(params, changed, CFG)
     np.testing.assert_array_equal(a[:, :20], b[:, :20])
     assert not np.allclose(a[:, 20:], b[:, 20:])
 
@@ -75,7 +79,7 @@ def _loss_and_grad(serial: bool, policy: Optional[str]):
     segment ids enter each block), without remat (policy None) or with `policy`: the reference of
     each serial flag is computed once per test process."""
     params = random_params(CFG, jax.random.key(2))
-    tokens = _tokens()
+    tokens = _tokens(b=2)
     segments = jnp.broadcast_to(jnp.arange(tokens.shape[1]) // 12, tokens.shape) if serial else None
     cfg = CFG if policy is None else dataclasses.replace(CFG, remat=policy, remat_serial=serial)
     loss = lambda p: jnp.mean(jax.nn.logsumexp(forward(p, tokens, cfg, segments=segments), axis=-1))  # noqa: E731
@@ -120,7 +124,7 @@ def test_serial_backward_ties_each_blocks_backward_pass():
     """model.remat_serial puts two optimization barriers in every block's backward pass (over the
     kept tensors and the incoming cotangent, and over the gradients going out) and none in the
     forward; the compiled effect on memory is tests/fit/test_compile_check.py's (slow)."""
-    params, tokens = random_params(CFG, jax.random.key(2)), _tokens()
+    params, tokens = random_params(CFG, jax.random.key(2)), _tokens(b=2)
 
     def barriers(serial, grad):
         cfg = dataclasses.replace(CFG, remat="q_proj,k_proj,v_proj", remat_serial=serial)
@@ -161,8 +165,8 @@ def test_each_tag_names_the_activation_its_policy_keeps(tag, capsys):
 @pytest.fixture(scope="module")
 def one_device():
     """The parameters the sharded test initialises, on one device, and their logits."""
-    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(3))
-    return params, jax.jit(forward, static_argnums=2)(params, _tokens(b=8), CFG)
+    params = init(CFG, jax.random.key(3))
+    return params, run_forward(params, _tokens(), CFG)
 
 
 @pytest.mark.parametrize("mesh", [MeshConfig(data=1, fsdp=8, tensor=1), MeshConfig(data=2, fsdp=2, tensor=2)])
@@ -174,17 +178,16 @@ def test_sharded_forward_equals_single_device(mesh, one_device):
     local, want = one_device
     for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(local), strict=True):
         np.testing.assert_array_equal(a, b)  # the same draws, only placed
-    got = jax.jit(forward, static_argnums=2)(sharded, _tokens(b=8), CFG)
+    got = run_forward(sharded, _tokens(), CFG)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_compute_keeps_fp32_params_and_logits():
     cfg = dataclasses.replace(CFG, compute_dtype="bfloat16")
-    params = random_params(cfg, jax.random.key(4))
-    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(jax.eval_shape(random_params, cfg, jax.random.key(4))))
+    params = random_params(CFG, jax.random.key(4))  # the same draws (CFG's program, compiled once)
     tokens = _tokens()
-    run = jax.jit(forward, static_argnums=2)
-    lo, hi = run(params, tokens, cfg), run(params, tokens, CFG)
+    lo, hi = run_forward(params, tokens, cfg), run_forward(params, tokens, CFG)
     assert lo.dtype == jnp.float32
     assert float(jnp.max(jnp.abs(lo - hi))) < 0.05  # bf16 rounding, not a different function
     assert float(jnp.max(jnp.abs(lo - hi))) > 0  # and bf16 really was used
