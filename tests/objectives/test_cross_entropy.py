@@ -77,16 +77,35 @@ def test_micro_batches_sum_to_the_global_mean():
     """With pad masking the micro-batches have different label counts: normalising each by the
     GLOBAL count and summing gives the global per-token mean; a per-micro-batch mean would not."""
     rng = np.random.default_rng(2)
-    logits = jnp.asarray(rng.standard_normal((4, 12, 32)).astype(np.float32))
-    labels = make_labels(jnp.asarray(_tokens(vocab=32)), pad_token_id=PAD)
-    n = loss_denominator(labels)
-    whole = loss_sums(logits, labels)[0] / n
-    micro = sum(loss_sums(logits[i : i + 1], labels[i : i + 1])[0] for i in range(4)) / n
-    per_micro_means = np.mean(
-        [loss_sums(logits[i : i + 1], labels[i : i + 1])[0] / loss_denominator(labels[i : i + 1]) for i in range(4)]
-    )
+    logits = rng.standard_normal((4, 12, 32)).astype(np.float32)
+    labels = np.asarray(make_labels(jnp.asarray(_tokens(vocab=32)), pad_token_id=PAD))
+    sums = jax.jit(loss_sums)  # two compiles (a batch, a row), not one per operation per call
+    n = float(loss_denominator(labels))
+    whole = float(sums(logits, labels)[0]) / n
+    rows = [float(sums(logits[i : i + 1], labels[i : i + 1])[0]) for i in range(4)]
+    micro = sum(row / n for row in rows)
+    per_micro_means = np.mean([row / float(loss_denominator(labels[i : i + 1])) for i, row in enumerate(rows)])
     assert float(micro) == pytest.approx(float(whole), rel=1e-6)
     assert abs(float(per_micro_means) - float(whole)) > 1e-3  # the test distinguishes the two
+
+
+_init_params = jax.jit(init_params, static_argnums=0)
+
+
+def _fused_inputs():
+    ids = jnp.asarray(np.random.default_rng(3).integers(0, 250, (2, 16), dtype=np.int32))
+    return ids, make_labels(ids, pad_token_id=PAD)
+
+
+@jax.jit  # z_loss an argument: one program for every case's reference
+def _full_logits_loss_and_grads(params, z_loss):
+    ids, labels = _fused_inputs()
+
+    def full(params):
+        ce, z_sq = loss_sums(lm_head(params, forward_hidden(params, ids, STEP_MODEL), STEP_MODEL), labels)
+        return ce + z_loss * z_sq, (ce, z_sq)
+
+    return jax.value_and_grad(full, has_aux=True)(params)
 
 
 @pytest.mark.parametrize("chunk, z_loss", [(4, 1e-5), (0, 0.1), (8, 0.1)])
@@ -94,20 +113,15 @@ def test_fused_output_loss_equals_autodiff_of_full_logits(chunk, z_loss):
     """The fused output layer + loss (gradients formed in its forward pass) against plain autodiff
     through the full float32 logits, with pad and last-position labels ignored; z_loss 0.1 makes the
     z-loss gradient big enough to be checked, 1e-5 is AI2's."""
-    params = jax.jit(init_params, static_argnums=0)(STEP_MODEL, jax.random.key(0))
-    ids = jnp.asarray(np.random.default_rng(3).integers(0, 250, (2, 16), dtype=np.int32))
-    labels = make_labels(ids, pad_token_id=PAD)
-
-    def full(params):
-        ce, z_sq = loss_sums(lm_head(params, forward_hidden(params, ids, STEP_MODEL), STEP_MODEL), labels)
-        return ce + z_loss * z_sq, (ce, z_sq)
+    params = _init_params(STEP_MODEL, jax.random.key(0))
+    ids, labels = _fused_inputs()
 
     def fused(params):
         return output_loss(
             params, forward_hidden(params, ids, STEP_MODEL), labels, STEP_MODEL, chunk=chunk, z_loss=z_loss
         )
 
-    (total_ref, sums_ref), g_ref = jax.jit(jax.value_and_grad(full, has_aux=True))(params)
+    (total_ref, sums_ref), g_ref = _full_logits_loss_and_grads(params, z_loss)
     (total, sums), g = jax.jit(jax.value_and_grad(fused, has_aux=True))(params)
     assert float(total) == pytest.approx(float(total_ref), rel=1e-6)
     for a, b in zip(sums_ref, sums):
