@@ -38,6 +38,9 @@ from olmax.rollout.sampler import FINISH, Sampling, _eos_table, _text_table, sam
 CFG = small_model(vocab_size=300, n_layers=3, global_every=2, sliding_window=4, compute_dtype="float32")
 HOT = Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=5)
 N, NEW, CACHE = 3, 12, 24  # samples per prompt, max new tokens, the engine's cache length (longest prompt 12)
+# an automaton that never stops (olmax.rollout.text.stop_table's form): the engines without stops run the
+# decode programs of those with the stops below (a text table of the same shape), compiled once
+NEVER = np.zeros((2, CFG.vocab_size), np.int32)
 
 
 @pytest.fixture(scope="module")
@@ -49,20 +52,27 @@ def setup():
     limits = rng.integers(1, NEW + 1, len(prompts) * N)
     limits[:N] = NEW  # the first group runs to the end: its tokens choose the stops below
     limits[-N:] = (1, 2, NEW)  # the last group's last row (its highest slot) stops last: the drain narrows
-    # (the engines here narrow once, to 2 of 4 slots: one program fewer to compile than the default's two;
-    # and prefill up to 4 prompts at once, in programs of 1, 2 and 4 prompts)
-    # no stops yet: an automaton that never ends, the same program as the one with the stops below
-    automaton = np.zeros((2, CFG.vocab_size), np.int32)  # olmax.rollout.text.stop_table's form
+    # (the engines here narrow once, to 2 of 4 slots, and decode 5 steps a chunk: every engine of the
+    # file runs the same decode programs, each compiled once)
+    # no stops yet: the same program as the one with the stops below
+    automaton = NEVER.copy()
     free = sample(params, CFG, prompts, NEW, n=N, sampling=HOT, limits=limits, stop_text=automaton)
     tokens = np.asarray(free.tokens)
-    pair = tokens[1, 3:5].tolist()  # a stop string spelled by row 1's 4th and 5th tokens
-    # row 0 ends at the first of its 5th to 9th tokens that row 1 does not draw before its stop string
-    # (or earlier, where that id comes first)
-    eos = next(int(t) for t in tokens[0, 4:9] if t not in tokens[1, :5])
+    pair = tokens[1, 4:6].tolist()  # a stop string spelled by row 1's 5th and 6th tokens
+    # row 0 ends at the first of its 5th to 9th tokens that the first group's rows do not draw before
+    # their 5th (nor row 1 before its stop string): that group's rows all decode a first chunk's 5 steps
+    eos = next(int(t) for t in tokens[0, 4:9] if t not in tokens[:N, :4] and t not in tokens[1, :6])
     automaton[:, pair[0]] = 1
     automaton[1, pair[1]] = -1
     stops = dict(eos_ids=[eos], stop_text=automaton)
     return params, prompts, limits, stops
+
+
+@pytest.fixture(scope="module")
+def want(setup):
+    """The static sampler's rollout of setup's rows, sampled (HOT) with the stops."""
+    params, prompts, limits, stops = setup
+    return sample(params, CFG, prompts, NEW, n=N, sampling=HOT, limits=limits, **stops)
 
 
 def run_engine(params, prompts, limits, stops, sampling, slots, mesh=None):
@@ -85,9 +95,10 @@ def assert_same_rollout(finished, want):
 
 
 @pytest.mark.parametrize("sampling", [HOT, pytest.param(Sampling(), marks=pytest.mark.slow)], ids=["sampled", "greedy"])
-def test_the_static_samplers_rollout(setup, sampling):
+def test_the_static_samplers_rollout(setup, want, sampling):
     params, prompts, limits, stops = setup
-    want = sample(params, CFG, prompts, NEW, n=N, sampling=sampling, limits=limits, **stops)
+    if sampling is not HOT:
+        want = sample(params, CFG, prompts, NEW, n=N, sampling=sampling, limits=limits, **stops)
     engine, finished = run_engine(params, prompts, limits, stops, sampling, slots=4)
     assert_same_rollout(finished, want)
     finish = {f.finish for f in finished}
@@ -104,24 +115,22 @@ def test_the_static_samplers_rollout(setup, sampling):
 
 
 @pytest.mark.slow  # the default suite's 10 minutes (docs/testing.md)
-def test_sharded_engine_equals_the_static_sampler(setup):
+def test_sharded_engine_equals_the_static_sampler(setup, want):
     params, prompts, limits, stops = setup
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, context=1, tensor=2))
     sharded = jax.device_put(params, param_shardings(CFG, mesh))  # as the trainer lays them out
     engine, finished = run_engine(sharded, prompts, limits, stops, HOT, slots=8, mesh=mesh)
     assert engine._state.cache["group"][0].sharding.spec[1] == ("data", "fsdp")
     assert engine.totals.slot_steps == 8 * engine.totals.decode_steps  # no narrowing over split slots
-    want = sample(params, CFG, prompts, NEW, n=N, sampling=HOT, limits=limits, **stops)
     assert_same_rollout(finished, want)
 
 
-def test_a_restored_snapshot_ends_as_the_uninterrupted_run(setup):
+def test_a_restored_snapshot_ends_as_the_uninterrupted_run(setup, want):
     params, prompts, limits, stops = setup
-    want = sample(params, CFG, prompts, NEW, n=N, sampling=HOT, limits=limits, **stops)
     first = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=1, **stops)
     for i, p in enumerate(prompts):
         first.add(p, N, first_index=i * N, limits=limits[i * N : (i + 1) * N])
-    done = [f for _ in range(7) for f in first.run_chunk(params, version=7).finished]
+    done = [f for _ in range(8) for f in first.run_chunk(params, version=7).finished]
     snap = first.snapshot()
     assert len(snap["index"]) == first.active() + first.pending() == len(limits) - len(done)
     assert snap["token_lens"].max() > 0 and (snap["versions"] == 7).all()  # rows caught mid-response
@@ -135,22 +144,22 @@ def test_a_restored_snapshot_ends_as_the_uninterrupted_run(setup):
     assert all((f.versions == 7).all() for f in finished)
 
 
-def test_a_snapshot_inside_a_stop_string_keeps_its_automaton_state(setup):
-    """Row 1 spells the stop string (setup's pair) with its 4th and 5th tokens: snapshotted after its 4th,
-    half of the string matched, the restored row stops at its 5th, as the uninterrupted run does."""
+def test_a_snapshot_inside_a_stop_string_keeps_its_automaton_state(setup, want):
+    """Row 1 spells the stop string (setup's pair) with its 5th and 6th tokens: snapshotted after its 5th
+    (the first chunk's 5 steps), half of the string matched, the restored row stops at its 6th, as the
+    uninterrupted run does (the static sampler's first group: its rows are keyed by their index alone)."""
     params, prompts, limits, stops = setup
-    want = sample(params, CFG, prompts[:1], NEW, n=N, sampling=HOT, limits=limits[:N], **stops)
-    first = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=4, narrow=0, **stops)
+    first = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=1, **stops)
     first.add(prompts[0], N, limits=limits[:N])
     done = first.run_chunk(params).finished
     snap = first.snapshot()
     row = list(snap["index"]).index(1)
-    assert snap["token_lens"][row] == 4 and snap["text"][row] == 1  # in the middle of the stop string
-    second = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=4, narrow=0, **stops)
+    assert snap["token_lens"][row] == 5 and snap["text"][row] == 1  # in the middle of the stop string
+    second = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=1, **stops)
     second.restore(snap)
     finished = sorted(done + second.run(params), key=lambda f: f.index)
-    assert_same_rollout(finished, want)
-    assert finished[1].finish == "stop" and len(finished[1].tokens) == 5
+    assert_same_rollout(finished, type(want)(*(x[:N] for x in want)))
+    assert finished[1].finish == "stop" and len(finished[1].tokens) == 6
 
 
 def test_a_narrowed_program_is_kept_only_where_it_fits_the_free_memory():
@@ -179,7 +188,7 @@ def test_each_token_carries_the_version_that_drew_it(setup):
     other["lm_head"] = other["lm_head"] * 20
     runs = []
     for switch in (False, True):  # the old policy throughout (as the static sampler: tests above), then switched
-        engine = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=1)
+        engine = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=1, stop_text=NEVER)
         engine.add(prompts[0], 4, limits=NEW)
         assert engine.run_chunk(params, version=0).finished == []
         runs.append(engine.run(other if switch else params, version=int(switch)))
@@ -200,7 +209,9 @@ def test_counters_follow_the_schedule(setup):
     left); group 1 moves from slots 2, 3 to 0, 1 and is decoded 2 wide."""
     params, prompts, _, _ = setup
     for narrow, slot_steps in ((0, 64), (1, 48)):
-        engine = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=narrow, refill_at=2)
+        engine = SlotEngine(
+            CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=narrow, refill_at=2, stop_text=NEVER
+        )
         for g, limit in enumerate((4, 8, 4, 8)):
             engine.add(prompts[g], 2, first_index=2 * g, limits=limit)
         steps = []
@@ -230,7 +241,9 @@ def test_a_narrowing_that_does_not_fit_decodes_wider(setup, monkeypatch):
     params, prompts, _, _ = setup
 
     def run(narrow):
-        engine = SlotEngine(CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=narrow, refill_at=2)
+        engine = SlotEngine(
+            CFG, slots=4, cache_len=CACHE, sampling=HOT, chunk_steps=5, narrow=narrow, refill_at=2, stop_text=NEVER
+        )
         for g, limit in enumerate((4, 8, 4, 8)):
             engine.add(prompts[g], 2, first_index=2 * g, limits=limit)
         return engine, engine.run(params)
@@ -249,8 +262,9 @@ def test_a_decoding_step_of_fewer_rows_runs_on_the_first_rows(setup):
     the first 2 rows of the 4-row step, write only their rings, and leave the other rows' untouched."""
     params = setup[0]
     seq = np.random.default_rng(3).integers(0, CFG.vocab_size, (4, 9)).astype(np.int32)
-    prefill = jax.jit(lambda p, c, x: cached_forward(p, c, x, 0, CFG, None, 16, fresh=True)[1])
-    cache = prefill(params, init_cache(CFG, 4, 16), seq[:, :8])
+    # the empty cache made inside the program: no eager op of its own to compile
+    prefill = jax.jit(lambda p, x: cached_forward(p, init_cache(CFG, 4, 16), x, 0, CFG, None, 16, fresh=True)[1])
+    cache = prefill(params, seq[:, :8])
     step = jax.jit(lambda p, c, x: cached_forward(p, c, x, 8, CFG, jnp.zeros(x.shape[0], jnp.int32), 16))
     whole, whole_cache = step(params, cache, seq[:, 8:])
     part, part_cache = step(params, cache, seq[:2, 8:])
@@ -260,7 +274,7 @@ def test_a_decoding_step_of_fewer_rows_runs_on_the_first_rows(setup):
         np.testing.assert_array_equal(rows(got, slice(0, 2)), rows(want, slice(0, 2)))
         np.testing.assert_array_equal(rows(got, slice(2, 4)), rows(before, slice(2, 4)))
     with pytest.raises(ValueError, match="5 rows of tokens on a cache of 4 rows"):
-        cached_forward(params, cache, jnp.zeros((5, 1), jnp.int32), 8, CFG)
+        cached_forward(params, cache, np.zeros((5, 1), np.int32), 8, CFG)
 
 
 def test_errors_name_the_field():
@@ -301,7 +315,8 @@ def test_the_insert_and_decode_programs_on_a_tpu_copy_no_whole_ring():
     devices, chip, _ = compiler.target("v5e:1x1")
     mesh = make_mesh(MeshConfig(), devices)
     with jax.set_mesh(mesh):
-        state = engine_slots.cache_formats(cfg, slots, cache_len, key_words, mesh)
+        # the arguments as the programs pass them (pool None): the layouts found once, in cache_formats' cache
+        state = engine_slots.cache_formats(cfg, slots, cache_len, key_words, mesh, None)
         abstract = jax.eval_shape(lambda: engine_slots.init_state(cfg, slots, cache_len, key_words))
         typed = lambda tree, shardings: jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
