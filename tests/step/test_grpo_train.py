@@ -274,9 +274,10 @@ def test_rl_recipes(name, layers, seq, response, tis, minis, active, stop, pass_
 
 def test_tiny_grpo_compiles_on_8_devices():
     """compile_step builds the GRPO batch (the objective's fields, placed as the step places them): tiny_grpo
-    with TIS, a KL term and 4 mini-batches, so every log-prob array of the batch is in it."""
-    overrides = ["grpo.tis_cap=2.0", "grpo.beta=0.05", "grpo.mini_batches=4", "model.n_layers=2"]
-    overrides.append("trainer.global_batch=8")
+    with TIS, a KL term and 4 mini-batches, so every log-prob array of the batch is in it. Shrunk to one layer
+    and rows of 32 (the batch's keys and placement do not depend on the sizes): the compile is the test's cost."""
+    overrides = ["grpo.tis_cap=2.0", "grpo.beta=0.05", "grpo.mini_batches=4", "model.n_layers=1"]
+    overrides += ["trainer.global_batch=8", "data.seq_len=32", "grpo.max_prompt_len=8", "grpo.max_response_len=8"]
     cfg = apply_overrides(get_recipe("tiny_grpo"), overrides)
     mesh = make_mesh(cfg.mesh, jax.devices()[:8])
     placed = batch_sharding(cfg, mesh)  # rows over data x fsdp, as the LM batch

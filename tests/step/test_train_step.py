@@ -1,6 +1,7 @@
 """The sharded train step on 8 fake CPU devices: the same losses (fp32, 1e-6 relative) whether the
-global batch of 8 runs on 1 device in 8 accumulation steps, 8-way DP, 8-way FSDP, 2x4 DP x FSDP, or
-2x2 devices with 2 accumulation steps and the chunked output layer.
+global batch of 8 runs on 1 device in 8 accumulation steps or on 2x2x2 DP x FSDP x TP devices with 2
+accumulation steps and the chunked output layer (slow: 8-way DP, 8-way FSDP, 2x4 DP x FSDP, 2x2x2
+without accumulation, 2x2 with accumulation and the chunked output layer).
 
 The batches carry what makes micro-batches unequal: pad tokens with pad masking on, and instances
 removed by an instance mask. Only normalising by the label count of the WHOLE global batch keeps
@@ -88,10 +89,12 @@ LAYOUTS = {
     "dp2xfsdp4": (_layout(MeshConfig(data=2, fsdp=4)), 8),
     "dp2xfsdp2xtp2": (_layout(MeshConfig(data=2, fsdp=2, tensor=2)), 8),
     "dp2xfsdp2-accum2-chunked": (_layout(MeshConfig(data=2, fsdp=2), micro=1, loss_chunk=4), 4),
+    # every axis and both ways of splitting the work at once: one compile holds the claim in the default run
+    "dp2xfsdp2xtp2-accum2-chunked": (_layout(MeshConfig(data=2, fsdp=2, tensor=2), micro=1, loss_chunk=4), 8),
 }
-# pure data and pure FSDP parallelism are each mixed meshes' axes alone, and data x fsdp is in the two
-# default layouts that add tensor parallelism or accumulation: the slow run takes them
-SLOW_LAYOUTS = ("dp8", "fsdp8", "dp2xfsdp4")
+# The default run takes the layout that has all of them (data x fsdp x tensor, two accumulation steps, the
+# chunked output layer); each axis or feature alone, the slow run.
+SLOW_LAYOUTS = ("dp8", "fsdp8", "dp2xfsdp4", "dp2xfsdp2xtp2", "dp2xfsdp2-accum2-chunked")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_LAYOUTS else n for n in LAYOUTS])
