@@ -22,8 +22,27 @@ from olmax.model.olmo3 import forward, init_params
 from olmax.rundir.exits import ExitStatus
 from olmax.trainer.failures import status_of
 
-CFG = tiny_eval_model()
+# A 300-token vocabulary and a byte-level BPE tokenizer of it: on the CPU the suite's programs run
+# unoptimized (tests/conftest.py), and over dolma2's 100k ids the output layer took most of the time.
+CFG = tiny_eval_model(vocab_size=300)
 TEXTS = [f"Document {i}: the quick brown fox jumps over {i * 7} lazy dogs, then rests." for i in range(12)]
+
+
+def byte_level_tokenizer(path) -> str:
+    """A byte-level BPE tokenizer.json of CFG.vocab_size ids learnt on TEXTS (any text encodes), with an EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(
+        TEXTS,
+        trainers.BpeTrainer(vocab_size=CFG.vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet),
+    )
+    assert tok.get_vocab_size() == CFG.vocab_size
+    tok.save(str(path))
+    return str(path)
 
 
 def write_jsonl(path, texts):
@@ -39,11 +58,15 @@ def setup(tmp_path_factory):
     params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
     ckpt = save_params(tmp / "ckpt", params, CFG, {"source": "test"})
     data = write_jsonl(tmp / "val.jsonl.gz", TEXTS)
+    tokenizer = byte_level_tokenizer(tmp / "tokenizer.json")
+    info = load_tokenizer(tokenizer).info
+    ids = dict(vocab_size=info.vocab_size, eos_token_id=info.eos_token_id, pad_token_id=info.pad_token_id)
     return {
         "params": params,
         "ckpt": str(ckpt),
         "data": data,
-        "data_cfg": DataConfig(seq_len=16, work_dir=str(tmp / "cache")),
+        "tokenizer": tokenizer,
+        "data_cfg": DataConfig(seq_len=16, work_dir=str(tmp / "cache"), tokenizer=tokenizer, **ids),
     }
 
 
@@ -55,7 +78,7 @@ def text_loss(setup):
 
 
 def test_text_is_tokenized_and_cut_like_the_training_data(setup):
-    tok = load_tokenizer("dolma2")
+    tok = load_tokenizer(setup["tokenizer"])
     stream = np.concatenate([tok.encode(t) + [tok.info.eos_token_id] for t in TEXTS])
     inst = load_instances([setup["data"]], setup["data_cfg"], batch=3)
     n = (len(stream) // 16) // 3 * 3
@@ -91,7 +114,7 @@ def test_identical_on_one_and_eight_devices(setup):
 def test_token_shards_and_text_give_the_same_loss(setup, text_loss, tmp_path):
     inst = load_instances([setup["data"]], setup["data_cfg"], batch=4, max_batches=2)
     shard = tmp_path / "000000.npy"
-    inst.astype(np.uint32).tofile(shard)  # raw, headerless, as OLMo-core stores tokens
+    inst.astype(np.uint16).tofile(shard)  # raw, headerless, as OLMo-core stores ids below 2^16
     kw = dict(seq_len=16, batch=4, max_batches=2, data_cfg=setup["data_cfg"])
     a = text_loss
     b = eval_loss(setup["ckpt"], [str(shard)], **kw)["results"]["000000"]
