@@ -1,7 +1,7 @@
 """The code verifier's verdicts are out of the program's reach (olmax.rewards.code_harness, code_program).
 
 Each attack is a program that does not solve its task (`add(a, b)`, or echoing a number for stdio) and tries
-to score anyway, through the call the RL loop makes (`verifiers.call`, default isolation): by ending its
+to score anyway, through the call the RL loop makes (`verifiers.reward`, default isolation): by ending its
 test's process with exit status 0, by stopping the tests from running, by changing how the runner reads an
 exit status, by reading the report channel or the expected answers out of the runner, by returning a value
 that compares equal to anything, or by replacing the stdio comparison. Every one scored 1.0 (RL reward 10)
@@ -32,9 +32,12 @@ FRAMES = "import sys\ndef frames():\n    f = sys._getframe()\n    while f:\n    
 
 
 def _score(program: str, tests=TESTS, stdio: bool = False) -> float:
+    """The score through the call the RL loop makes: a row's reward (SCALE x the score), through the verifier
+    worker."""
     name = code.STDIO_NAME if stdio else code.NAME
-    score, _ = rewards.call(name, f"```python\n{program}\n```", json.dumps(tests))
-    return score
+    reward, parts = rewards.reward([name], [json.dumps(tests)], f"```python\n{program}\n```", timeout=30.0, scale=SCALE)
+    assert reward in (0.0, SCALE), (reward, parts)  # the pass-rate threshold (0.99) makes it all or nothing here
+    return reward / SCALE
 
 
 # the test's process ends with status 0 before its assert can fail
@@ -186,17 +189,8 @@ def test_stdio_verdicts_are_the_verifiers(attack):
 
 
 @sandboxed
-def test_the_rl_loops_call_scores_every_attack_zero():
-    """The RL loop's call (a row's reward, 10 x the score, through the verifier worker): one attack of each
-    class (the tests above run every one in this process)."""
-    attacks = [(table[sorted(table)[0]], TESTS, "code") for table in (EXITS, NO_RUN, WAIT, READ_OUT, EQUAL)]
-    attacks += [(*OTHER_FORMS["sub_zero"], "code"), (STDIO_ATTACKS["same_output"], STDIO, "code_stdio")]
-    for program, tests, name in attacks:
-        response = f"```python\n{program}\n```"
-        reward, parts = rewards.reward([name], [json.dumps(tests)], response, timeout=30.0, scale=SCALE)
-        assert reward == 0.0, (program, parts)
-    honest = "```python\ndef add(a, b):\n    return a + b\n```"
-    assert rewards.reward(["code"], [json.dumps(TESTS)], honest, timeout=30.0, scale=SCALE)[0] == SCALE
+def test_an_honest_program_scores_one():
+    assert _score("def add(a, b):\n    return a + b") == 1.0
 
 
 # honest programs over the test forms of the data sets: all score 1.0, as they did when tests ran in the
