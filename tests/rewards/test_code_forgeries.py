@@ -145,34 +145,19 @@ WRITTEN_FIRST = set(FORGERIES) - {"module_numpy_allclose", "module_json", "helpe
 SCALE = 10.0  # grpo.reward_scale
 
 
+def _reward(program: str, tests: list, seconds: float) -> tuple[float, list]:
+    """(reward, parts) of the call the RL loop makes: a row's reward, through the verifier worker."""
+    return verifiers.reward(["code"], [json.dumps(tests)], f"```python\n{program}\n```", timeout=30.0,
+                            options={"code": {"seconds": seconds}}, scale=SCALE)  # fmt: skip
+
+
 @sandboxed
 @pytest.mark.parametrize("name", sorted(FORGERIES))
 def test_each_forgery_scores_zero(name):
+    """Through the RL loop's call (a row's reward, the verifier worker)."""
     assert any(n.startswith(name.split("_")[0]) for n in WRITTEN_FIRST)  # every class was forged first
-    program, tests = FORGERIES[name]
-    score, status = verifiers.call("code", f"```python\n{program}\n```", json.dumps(tests), {"seconds": 1.0})
-    assert score == 0.0, (name, status)
-
-
-@sandboxed
-def test_the_rl_loops_call_gives_every_class_nothing():
-    """One variant of each class through the RL loop's call (a row's reward, the verifier worker)."""
-    for name in (
-        "module_counter",
-        "helper_globals",
-        "copied_tuple",
-        "pairing_roman",
-        "builtins_all",
-        "builtin_named_sum",
-        "mutation_list",
-        "collected_list",
-        "with_suppress",
-        "load_forever",
-    ):
-        program, tests = FORGERIES[name]
-        reward, parts = verifiers.reward(["code"], [json.dumps(tests)], f"```python\n{program}\n```", timeout=30.0,
-                                         options={"code": {"seconds": 1.0}}, scale=SCALE)  # fmt: skip
-        assert reward == 0.0, (name, parts)
+    reward, parts = _reward(*FORGERIES[name], seconds=1.0)
+    assert reward == 0.0, (name, parts)
 
 
 # A review of the verifier at 4bac07a (the tests in a process of their own) found programs that do not solve
@@ -327,21 +312,9 @@ REVIEWED = {
 @sandboxed
 @pytest.mark.parametrize("name", sorted(REVIEWED))
 def test_each_reviewed_forgery_scores_zero(name):
-    program, tests = REVIEWED[name]
-    score, status = verifiers.call("code", f"```python\n{program}\n```", json.dumps(tests), {"seconds": 2.0})
-    assert score == 0.0, (name, status)
-
-
-@sandboxed
-def test_the_rl_loops_call_gives_every_reviewed_class_nothing():
-    """One variant of each class the review found, through the RL loop's call."""
-    for name in ("refusal_order", "ndarray_sorted_in_place", "contains_always_true", "oracle_test_class",
-                 "builtin_wrap_abs_pow", "module_free_np_alias", "stopiteration_all_map", "empty_array_approx",
-                 "shadow_tolerance"):  # fmt: skip
-        program, tests = REVIEWED[name]
-        reward, parts = verifiers.reward(["code"], [json.dumps(tests)], f"```python\n{program}\n```", timeout=30.0,
-                                         options={"code": {"seconds": 2.0}}, scale=SCALE)  # fmt: skip
-        assert reward == 0.0, (name, parts)
+    """Through the RL loop's call."""
+    reward, parts = _reward(*REVIEWED[name], seconds=2.0)
+    assert reward == 0.0, (name, parts)
 
 
 # A second review (of the verifier at 11a64d8) found programs that do not solve their task and scored 1.0 there,
@@ -423,18 +396,9 @@ SECOND_REVIEW = {
 @sandboxed
 @pytest.mark.parametrize("name", sorted(SECOND_REVIEW))
 def test_each_forgery_of_the_second_review_scores_zero(name):
-    program, tests = SECOND_REVIEW[name]
-    score, status = verifiers.call("code", f"```python\n{program}\n```", json.dumps(tests), {"seconds": 2.0})
-    assert score == 0.0, (name, status)
-
-
-@sandboxed
-def test_the_rl_loops_call_gives_every_class_of_the_second_review_nothing():
-    for name in ("operator_add", "known_mean", "ordereddict_reordered", "dunder_attribute"):
-        program, tests = SECOND_REVIEW[name]
-        reward, parts = verifiers.reward(["code"], [json.dumps(tests)], f"```python\n{program}\n```", timeout=30.0,
-                                         options={"code": {"seconds": 2.0}}, scale=SCALE)  # fmt: skip
-        assert reward == 0.0, (name, parts)
+    """Through the RL loop's call."""
+    reward, parts = _reward(*SECOND_REVIEW[name], seconds=2.0)
+    assert reward == 0.0, (name, parts)
 
 
 @sandboxed
@@ -483,14 +447,18 @@ def _held(names: list) -> None:
 
 @sandboxed
 def test_no_program_holds_the_verifier_long_or_large():
-    """Through the worker the RL loop uses: each call ends within its tests' limits and a few seconds (a
-    tests' process killed midway leaves its record, and the next test runs whole), and the worker stays
-    under 300 MiB: it reads verdicts only, never the program's values."""
+    """Through the worker the RL loop uses: each call ends within its tests' limits and a few seconds, and the
+    worker stays under 300 MiB: it reads verdicts only, never the program's values. A tests' process killed
+    midway (run here, for its verdicts) leaves its record, and the next test runs whole, within the same bound."""
+    import time
+
     from olmax.rewards import code
 
-    _held(["colliding_set_built_by_the_test", "a_killed_tests_process"])
-    assert code.run_tests("def f():\n    return 1", HOLDERS["a_killed_tests_process"][1], seconds=0.5) == [
-        "timeout", "pass"]  # fmt: skip
+    _held(["colliding_set_built_by_the_test"])
+    program, tests = HOLDERS["a_killed_tests_process"]
+    start = time.monotonic()
+    assert code.run_tests(program, tests, seconds=0.5) == ["timeout", "pass"]
+    assert time.monotonic() - start < len(tests) * (0.5 + 1.5) + 3.0
     stdio = [{"input": "", "output": "7"}]
     assert verifiers.score("code_stdio", HOLDER_STDIO, json.dumps(stdio), timeout=30.0)[0] == 0.0
     with open(f"/proc/{verifiers._worker.process.pid}/status") as f:
