@@ -272,8 +272,8 @@ def test_code_with_many_tests_gets_the_time_its_tests_may_take(code_sandbox):
     own limit, scores 1: the bound on a code call is at least the sandbox's own, 6 s x (tests + 1) +
     its start, so the RL loop's 30 s does not cut off a correct program with many tests."""
     slow = "```python\nimport time\ndef add(a, b):\n    time.sleep(0.15)\n    return a + b\n```"
-    tests = [f"assert add({i}, 1) == {i + 1}" for i in range(10)]  # 1.5 s of tests
-    assert rewards.score("code", slow, tests, timeout=1.0, options={"seconds": 1.0}) == (1.0, "ok")
+    tests = [f"assert add({i}, 1) == {i + 1}" for i in range(4)]  # 0.6 s of sleep alone, and 8 process starts
+    assert rewards.score("code", slow, tests, timeout=0.5, options={"seconds": 1.0}) == (1.0, "ok")
     many = [f"assert add({i}, 1) == {i + 1}" for i in range(100)]
     assert rewards.call_bound("code", many, 30.0) >= code.SECONDS * 101 + 5
     assert rewards.call_bound("code_stdio", json.dumps([{"input": "", "output": ""}] * 100), 30.0) >= 6 * 101 + 5
