@@ -86,7 +86,7 @@ def models(tmp_path_factory):
     cfg = ModelConfig(
         vocab_size=tok.get_vocab_size(),
         d_model=32,
-        n_layers=4,
+        n_layers=2,  # a sliding and a full layer: every program compiles two layers, not a scanned four
         n_heads=4,
         n_kv_heads=2,
         head_dim=8,
