@@ -23,8 +23,10 @@ from olmax.config.schedule import ScheduleConfig
 from olmax.config.trainer import TrainerConfig
 from olmax.errors import ConfigError
 from olmax.model.olmo3 import init_params
+from olmax.model.sharding import make_mesh
 from olmax.objectives import dpo
 from olmax.step.state import optimizer
+from olmax.step.train_step import batch_layout
 
 PAIRS, SEQ = 8, 16
 BASE = ExperimentConfig(
@@ -102,6 +104,8 @@ LAYOUTS = {
 def test_step_equals_dpo_loss(name):
     mesh, micro, n_devices, loss_type = LAYOUTS[name]
     cfg = replace(BASE, mesh=mesh, trainer=replace(BASE.trainer, micro_batch_size=micro), dpo=DPOConfig(loss_type))
+    accum = batch_layout(cfg, make_mesh(mesh, jax.devices()[:n_devices])).accum_steps
+    assert accum == (2 if "accum2" in name else 1)
     params, batch, expected, after = _direct(loss_type)
     stepped, metrics = one_train_step(cfg, n_devices, params, batch)
     # rewards are beta x (log-prob ratios of ~10 nats): their fp32 sums differ by ~1e-6 with the order

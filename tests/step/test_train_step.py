@@ -100,6 +100,8 @@ SLOW_LAYOUTS = ("dp8", "fsdp8", "dp2xfsdp4", "dp2xfsdp2xtp2", "dp2xfsdp2-accum2-
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_LAYOUTS else n for n in LAYOUTS])
 def test_same_losses_on_every_layout(reference, name):
     cfg, n_devices = LAYOUTS[name]
+    accum = batch_layout(cfg, make_mesh(cfg.mesh, jax.devices()[:n_devices])).accum_steps
+    assert accum == (2 if "accum2" in name else 1)  # the name says what the layout runs
     state, history = _run(cfg, n_devices)
     for ours, ref in zip(history, reference):
         for key in ("loss", "ce_loss"):
