@@ -85,27 +85,30 @@ def test_chunked_logps_equal_whole_and_by_hand():
         mlp_hidden=32,
         compute_dtype="float32",
     )
+    # numpy inputs: each eager JAX operation would be a compile of its own
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda a: jnp.asarray(rng.normal(0.5, 0.3, a.shape), a.dtype), abstract_params(cfg))
-    params["lm_head"] = params["lm_head"].at[:, cfg.vocab_size :].set(3.0)  # padding that would count if included
-    ids = jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab_size)
-    mask = jnp.zeros((4, 16), bool).at[:, 6:12].set(True).at[1, 12:].set(True)
-    run = jax.jit(dpo.policy_logps, static_argnums=3, static_argnames="chunk")
-    whole, chunked = (run(params, ids, mask, cfg, chunk=c) for c in (0, 4))
+    params = jax.tree.map(lambda a: rng.normal(0.5, 0.3, a.shape).astype(a.dtype), abstract_params(cfg))
+    params["lm_head"][:, cfg.vocab_size :] = 3.0  # padding that would count if included
+    ids = rng.integers(0, cfg.vocab_size, (4, 16), dtype=np.int32)
+    mask = np.zeros((4, 16), bool)
+    mask[:, 6:12] = True
+    mask[1, 12:] = True
 
-    @jax.jit  # one compile, not one per operation
-    def logps_by_hand(params, ids, mask):
+    @jax.jit  # the three in one program: one compile, not one each (nor one per operation)
+    def whole_chunked_and_by_hand(params, ids, mask):
+        whole, chunked = (dpo.policy_logps(params, ids, mask, cfg, chunk=c) for c in (0, 4))
         logp = jax.nn.log_softmax(
             lm_head(params, forward_hidden(params, ids, cfg), cfg)[..., : cfg.vocab_size], axis=-1
         )
-        return jnp.sum(jnp.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0] * mask[:, 1:], axis=1)
+        by_hand = jnp.sum(jnp.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0] * mask[:, 1:], axis=1)
+        return whole, chunked, by_hand
 
-    by_hand = logps_by_hand(params, ids, mask)
+    whole, chunked, by_hand = whole_chunked_and_by_hand(params, ids, mask)
     np.testing.assert_allclose(whole.total, by_hand, rtol=1e-6)
     np.testing.assert_allclose(chunked.total, by_hand, rtol=1e-6)
     np.testing.assert_array_equal(whole.count, [6, 10, 6, 6])
     with pytest.raises(ValueError, match="loss_chunk=5 does not divide"):  # when traced, before any compile
-        run(params, ids, mask, cfg, chunk=5)
+        policy_logps(params, ids, mask, cfg, chunk=5)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,11 +301,15 @@ def test_gradients_and_five_adamw_steps_match_trl(models, loss_type, tmp_path):
     assert not np.any(np.asarray(grads["embed"])[cfg.vocab_size :])
 
     opt = optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0)
-    update = jax.jit(opt.update)
-    trained, state = params, opt.init(params)
+
+    @jax.jit  # the update and its application in one program, not one per leaf
+    def adam_step(trained, grads, state):
+        updates, state = opt.update(grads, state, trained)
+        return optax.apply_updates(trained, updates), state
+
+    trained, state = params, jax.jit(opt.init)(params)
     for _ in range(STEPS):
-        updates, state = update(loss_and_grads(trained)[1], state, trained)
-        trained = optax.apply_updates(trained, updates)
+        trained, state = adam_step(trained, loss_and_grads(trained)[1], state)
     start = hf_layout(params, cfg)
     assert min(h["loss"] for h in trainer.state.log_history if "loss" in h) > 1e-3  # unsaturated throughout
     for name, got in hf_layout(trained, cfg).items():
