@@ -25,6 +25,9 @@ from olmax.rollout.sampler import FINISH, Sampling, sample
 
 CFG = small_model(vocab_size=300, global_every=2, sliding_window=4, compute_dtype="float32")
 HOT = Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=5)
+# an automaton that never stops (olmax.rollout.text.stop_table's form): the rollouts without stop strings
+# run the program of those with them (a text table of the same shape), compiled once
+NEVER = np.zeros((2, CFG.vocab_size), np.int32)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,7 @@ def setup():
     params["lm_head"] = params["lm_head"] * 20  # peaked distributions, and some spread
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (3, 9)]  # ragged: right padding
-    rollout = sample(params, CFG, prompts, 12, n=4, sampling=HOT)
+    rollout = sample(params, CFG, prompts, 12, n=4, sampling=HOT, stop_text=NEVER)
     return params, prompts, rollout
 
 
@@ -63,7 +66,7 @@ def test_rows_stop_at_eos_and_stop_text(setup):
     pair = tokens[5, 2:4].tolist()  # row 5 ends after its 3rd and 4th tokens (or an earlier match)
     # the text-stop automaton (olmax.rollout.text.stop_table's form) of a string spelled by this pair
     # alone: state 1 after its first token, -1 where its second completes it
-    automaton = np.zeros((2, CFG.vocab_size), np.int32)
+    automaton = NEVER.copy()
     automaton[:, pair[0]] = 1
     automaton[1, pair[1]] = -1
     got = sample(params, CFG, prompts, 12, n=4, sampling=HOT, eos_ids=[eos], stop_text=automaton)
@@ -91,18 +94,21 @@ def test_sharded_rollout_equals_one_device(setup):
 
 
 def test_prompts_in_chunks_give_the_one_programs_rollout(setup):
-    """GRPOConfig.sample_prompts: 4 prompts sampled one at a time (4 programs, each with the whole
-    request's widths) give the tokens, lengths and finish reasons of one program over all four, and its
-    log-probs to float32 rounding (XLA's matmuls of another batch size may sum in another order)."""
-    params, prompts, _ = setup
-    four = prompts + [p[::-1] for p in prompts]
-    whole = sample(params, CFG, four, 12, n=2, sampling=HOT, eos_ids=[7])
-    for chunk in (1, 3):  # 3: a short last chunk, its own program
-        got = sample(params, CFG, four, 12, n=2, sampling=HOT, eos_ids=[7], prompts_per_program=chunk)
+    """GRPOConfig.sample_prompts: 3 prompts sampled one at a time (3 calls of one program, each with the
+    whole request's widths) or two at a time (a short last chunk: its own program) give the tokens,
+    lengths and finish reasons of one program over all three, and its log-probs to float32 rounding
+    (XLA's matmuls of another batch size may sum in another order). The programs of 1 and 2 prompts
+    are setup's shapes (the 2 prompts' is setup's program)."""
+    params, prompts, out = setup
+    three = prompts + [prompts[0][::-1]]
+    stops = dict(eos_ids=[int(np.asarray(out.tokens)[1, 4])], stop_text=NEVER)  # row 1 stops by its 5th token
+    whole = sample(params, CFG, three, 12, n=4, sampling=HOT, **stops)
+    for chunk in (1, 2):
+        got = sample(params, CFG, three, 12, n=4, sampling=HOT, **stops, prompts_per_program=chunk)
         for name in ("tokens", "lengths", "finish"):
             np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(whole, name)))
         np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(whole.logprobs), atol=1e-5, rtol=0)
-    assert np.asarray(whole.tokens).shape == (8, 12)
+    assert np.asarray(whole.tokens).shape == (12, 12) and 1 < len(set(np.asarray(whole.lengths).tolist()))
 
 
 def test_temperature_only_sampling_compiles_no_sort(setup):
@@ -122,13 +128,13 @@ def test_temperature_only_sampling_compiles_no_sort(setup):
         np.asarray(jax.random.key_data(jax.random.key(0))),
         np.asarray([0.8, 0, 1], np.float32),
         _eos_table(()),
-        _text_table(None, CFG.vocab_size),
+        _text_table(NEVER, CFG.vocab_size),
     )
     sorts = {
         d: "stablehlo.sort" in _compiled(CFG, 4, 16, d).lower(params, *args).as_text() for d in ("sample", "truncate")
     }
     assert sorts == {"sample": False, "truncate": True}
-    a, b = (sample(params, CFG, prompts, 12, n=4, sampling=s) for s in (plain, cut))
+    a, b = (sample(params, CFG, prompts, 12, n=4, sampling=s, stop_text=NEVER) for s in (plain, cut))
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     # the uncut draw scores its token from its own sums (olmax.rollout.draw.draw_scored), the cutting one
     # by log_softmax: the same log-probs to float32 rounding of a sum over the vocabulary
