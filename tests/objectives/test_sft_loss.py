@@ -62,14 +62,10 @@ def test_labels_with_label_mask_match_olmo_core():
 
 
 def test_train_step_ce_is_over_the_masked_targets_only():
-    cfg = ExperimentConfig(
-        name="sft-step",
-        model=STEP_MODEL,
-        data=DataConfig(seq_len=16, pad_token_id=PAD, packing="obfd", label_masks=True),
-        trainer=TrainerConfig(global_batch=4, micro_batch_size=2, max_steps=2, loss_chunk=8),
-        mesh=MeshConfig(data=1, fsdp=1, tensor=1),
-    )
-    ids, mask = _batch()
+    # the global normalisation's step of test_per_rank_equals_global_when_the_ranks_count_the_same: one
+    # program, compiled once for both
+    cfg = _per_rank_cfg("global", micro=2)
+    ids, mask = _batch(b=8)
     params = jax.jit(init_params, static_argnums=0)(cfg.model, jax.random.key(0))
     labels = make_labels(jnp.asarray(ids), pad_token_id=PAD, label_mask=jnp.asarray(mask))
     # jitted: run eagerly, each operation of the forward would be a compile of its own
