@@ -71,16 +71,16 @@ def test_sampling_is_reproducible_and_narrows_to_greedy(setup):
 def test_sampling_does_not_depend_on_the_batch_size(setup):
     params, prompts, _ = setup
     hot = Sampling(temperature=1.0, seed=0)
-    # three samples of one prompt and a shorter one (ragged rows); prompts of at most 16 tokens keep
-    # one prompt and cache width, so only the batch sizes 1, 2 and 4 are compiled
-    request = [prompts[1], prompts[1], prompts[0], prompts[1]]
-    by_batch = {b: generate_in_batches(params, CFG, request, 8, b, sampling=hot) for b in (1, 2, 4)}
-    assert by_batch[1] == by_batch[2] == by_batch[4]
-    copies = [by_batch[2][i] for i in (0, 1, 3)]
-    assert len({tuple(out) for out in copies}) == 3  # each copy its own draws, within and across batches
-    assert by_batch[4] == generate(params, CFG, request, 8, sampling=hot)  # one batch: positions 0, 1, ...
+    # two samples of one prompt and a longer one (ragged rows); prompts of 17 to 32 tokens keep one
+    # prompt and cache width (those of the test above), so only the batch sizes 1, 2 and 3 are
+    # compiled, and 3 is the sampled program of the test above
+    request = [prompts[2], prompts[2], prompts[0] + prompts[2]]
+    by_batch = {b: generate_in_batches(params, CFG, request, 8, b, sampling=hot) for b in (1, 2, 3)}
+    assert by_batch[1] == by_batch[2] == by_batch[3]
+    assert by_batch[2][0] != by_batch[2][1]  # each copy its own draws
+    assert by_batch[3] == generate(params, CFG, request, 8, sampling=hot)  # one batch: positions 0, 1, ...
     # a batch's draws are keyed by the positions it is given
-    assert generate(params, CFG, request[2:], 8, sampling=hot, index=[2, 3]) == by_batch[1][2:]
+    assert generate(params, CFG, request[1:], 8, sampling=hot, index=[1, 2]) == by_batch[1][1:]
     with pytest.raises(ValueError, match="one position per prompt"):
         generate(params, CFG, request, 8, sampling=hot, index=[0, 1])
 
