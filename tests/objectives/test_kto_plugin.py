@@ -382,7 +382,6 @@ def labelled_rows(tmp_path_factory) -> Path:
 
 
 KTO_RUN = [
-    "model.n_layers=1",  # one block: a smaller program to compile; no claim here depends on depth
     "trainer.objective=kto",
     "kto.kl_group=4",
     "kto.undesirable_weight=2.0",
