@@ -13,16 +13,30 @@ from olmax.checkpoint.inference import eval_mesh
 from olmax.checkpoint.store import save_params
 from olmax.config.data import DataConfig
 from olmax.evals.kl import default_buckets, eval_kl, token_kl
-from olmax.model.olmo3 import forward, init_params
+from olmax.model.olmo3 import abstract_params, forward
 
 CFG = tiny_eval_model(vocab_size=300)
 SEQ = 24
 
 
+def numpy_params(cfg, seed: int) -> dict:
+    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
+    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
+    rng = np.random.default_rng(seed)
+    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
+    leaves = [
+        np.ones(a.shape, a.dtype)
+        if path[-1].key.endswith("norm")
+        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
+        for path, a in flat
+    ]
+    return jax.tree.unflatten(tree, leaves)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kl")
-    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
+    params = numpy_params(CFG, 0)
     perturbed = jax.tree.map(lambda p: p, params)
     noise = jax.random.normal(jax.random.key(1), params["lm_head"].shape) * 0.02
     perturbed["lm_head"] = params["lm_head"] + noise

@@ -19,12 +19,28 @@ from olmax.config.data import DataConfig
 from olmax.evals.domains import eval_domains
 from olmax.evals.heldout import eval_loss
 from olmax.evals.verify import DIFFERS, WITHIN, compare_tasks, paired_delta, verify
-from olmax.model.olmo3 import init_params
+from olmax.model.olmo3 import abstract_params
 
 # A 300-token vocabulary: on the CPU the suite's programs run unoptimized (tests/conftest.py), and
 # over dolma2's 100k ids the output layers and KL of every verify call took most of this file's time.
 CFG = tiny_eval_model(vocab_size=300, max_position=16)
 SEQ, STEPS = 16, (10, 20)
+
+
+def numpy_params(cfg, seed: int) -> dict:
+    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
+    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
+    rng = np.random.default_rng(seed)
+    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
+    leaves = [
+        np.ones(a.shape, a.dtype)
+        if path[-1].key.endswith("norm")
+        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
+        for path, a in flat
+    ]
+    return jax.tree.unflatten(tree, leaves)
+
+
 DOCS = {
     "lit": ["In the beginning was the word.", "And the word was with God, and the word was God."],
     "code": ["def f(x):\n    return x * 2", "for i in range(10):\n    print(i, i * i)  # squares"],
@@ -51,7 +67,7 @@ def byte_level_tokenizer(path) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verify")
-    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
+    params = numpy_params(CFG, 0)
     perturbed = dict(params)
     perturbed["lm_head"] = params["lm_head"] + 0.2 * jax.random.normal(jax.random.key(1), params["lm_head"].shape)
     for name, p in (("a", params), ("b", params), ("c", perturbed)):
