@@ -15,13 +15,27 @@ from olmax.checkpoint.inference import eval_mesh
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.domains import document_windows, read_domains, score_domains
 from olmax.evals.scoring import TokenScorer
-from olmax.model.olmo3 import forward, init_params
+from olmax.model.olmo3 import abstract_params, forward
 
 # A 300-token vocabulary and a byte-level BPE tokenizer of it: on the CPU the suite's programs run
 # unoptimized (tests/conftest.py), and over dolma2's 100k ids the output layer took most of the time.
 CFG = tiny_eval_model(vocab_size=300)
 # A slice of a real held-out corpus, one file per source, each document with its `domain` (tests/fixtures/README.md).
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
+
+
+def numpy_params(cfg, seed: int) -> dict:
+    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
+    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
+    rng = np.random.default_rng(seed)
+    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
+    leaves = [
+        np.ones(a.shape, a.dtype)
+        if path[-1].key.endswith("norm")
+        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
+        for path, a in flat
+    ]
+    return jax.tree.unflatten(tree, leaves)
 
 
 def write(path, records):
@@ -48,9 +62,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model():
-    return jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(1)), TokenScorer(
-        CFG, eval_mesh(), real_vocab=True
-    )
+    return numpy_params(CFG, 1), TokenScorer(CFG, eval_mesh(), real_vocab=True)
 
 
 @pytest.fixture(scope="module")

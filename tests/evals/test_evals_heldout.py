@@ -18,7 +18,7 @@ from olmax.config.trainer import TrainerConfig
 from olmax.data.sources import DataSourceError
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.heldout import HeldoutEvaluator, eval_loss, eval_name, load_instances
-from olmax.model.olmo3 import forward, init_params
+from olmax.model.olmo3 import abstract_params, forward
 from olmax.rundir.exits import ExitStatus
 from olmax.trainer.failures import status_of
 
@@ -26,6 +26,20 @@ from olmax.trainer.failures import status_of
 # unoptimized (tests/conftest.py), and over dolma2's 100k ids the output layer took most of the time.
 CFG = tiny_eval_model(vocab_size=300)
 TEXTS = [f"Document {i}: the quick brown fox jumps over {i * 7} lazy dogs, then rests." for i in range(12)]
+
+
+def numpy_params(cfg, seed: int) -> dict:
+    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
+    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
+    rng = np.random.default_rng(seed)
+    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
+    leaves = [
+        np.ones(a.shape, a.dtype)
+        if path[-1].key.endswith("norm")
+        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
+        for path, a in flat
+    ]
+    return jax.tree.unflatten(tree, leaves)
 
 
 def byte_level_tokenizer(path) -> str:
@@ -55,7 +69,7 @@ def write_jsonl(path, texts):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("heldout")
-    params = jax.jit(init_params, static_argnums=0)(CFG, jax.random.key(0))
+    params = numpy_params(CFG, 0)
     ckpt = save_params(tmp / "ckpt", params, CFG, {"source": "test"})
     data = write_jsonl(tmp / "val.jsonl.gz", TEXTS)
     tokenizer = byte_level_tokenizer(tmp / "tokenizer.json")
