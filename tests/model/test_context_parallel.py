@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
-from small_run import small_config
+from small_run import SMALL, small_config
 
 from olmax.config.io import apply_overrides
 from olmax.config.mesh import MeshConfig
@@ -44,6 +44,12 @@ def _cfg(tmp_path, context, *extra):
     )
 
 
+def _config(*extra):
+    """The small run's config for a test that reads no data (the model, a compile, a config check):
+    without small_config's copy of the tokenized demo corpus."""
+    return apply_overrides(get_recipe("tiny"), SMALL + list(extra))
+
+
 def _max_rel(a_rows, b_rows, keys=KEYS):
     return max(abs(a[k] - b[k]) / abs(a[k]) for a, b in zip(a_rows, b_rows, strict=True) for k in keys)
 
@@ -62,12 +68,12 @@ def test_context_4_trains_as_context_1_and_resumes_without_it(tmp_path):
     assert _max_rel(reference[:1], rows[:1]) <= RTOL  # same parameters: the gradient norm too
 
 
-def test_gradients_equal_those_without_context(tmp_path):
+def test_gradients_equal_those_without_context():
     """The model's loss and its gradient for every parameter, under a mesh with context 4 against
     no mesh at all, on packed documents whose windowed layers reach into the previous chunk. (The
     vocabulary cut to 512: the output layer over dolma2's was most of the test's time, and only the
     attention splits the sequence.)"""
-    cfg = _cfg(tmp_path, 4, "model.vocab_size=512")
+    cfg = _config(*PACKED, "mesh.context=4", "model.vocab_size=512")
     rng = np.random.default_rng(0)
     seq, rows = cfg.data.seq_len, 4
     tokens = jnp.asarray(rng.integers(0, cfg.model.vocab_size, (rows, seq)), jnp.int32)
@@ -88,8 +94,8 @@ def test_gradients_equal_those_without_context(tmp_path):
         got_loss, got = jax.jit(jax.value_and_grad(loss))(params, place(tokens), place(segments))
     np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=RTOL)
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want), strict=True):
-        scale = float(jnp.max(jnp.abs(w)))
-        assert float(jnp.max(jnp.abs(g - w))) <= RTOL * scale, jax.tree_util.keystr(path)
+        g, w = np.asarray(g), np.asarray(w)  # compared on the host: an eager op per leaf compiled a program each
+        assert np.max(np.abs(g - w)) <= RTOL * np.max(np.abs(w)), jax.tree_util.keystr(path)
 
 
 def _collectives(text: str) -> Counter:
@@ -135,7 +141,7 @@ def _mosaic_operands(lowered) -> list[int]:
     return [len(line.split("@tpu_custom_call(")[1].split(")")[0].split(",")) for line in calls]
 
 
-def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
+def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis():
     """The masked train step with context 2 on a v5p slice's 8 devices (v5p:2x2x2), compiled by the TPU compiler:
     every attention is a Mosaic kernel that takes the segment ids (two operands more than the same
     step unmasked), and the keys and values of each layer are gathered over `context` once, their
@@ -148,7 +154,7 @@ def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
     overrides = ["model.n_layers=2", "model.vocab_size=512", "data.seq_len=256", "model.compute_dtype=bfloat16"]
     lowered = {}
     for masking in ("true", "false"):
-        cfg = small_config(tmp_path, *overrides, f"data.doc_masking={masking}", "mesh.fsdp=-1", "mesh.context=2")
+        cfg = _config(*overrides, f"data.doc_masking={masking}", "mesh.fsdp=-1", "mesh.context=2")
         mesh = make_mesh(cfg.mesh, topology_devices("v5p:2x2x2"))
         assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "context": 2, "tensor": 1}
         with jax.set_mesh(mesh):
@@ -179,9 +185,9 @@ def test_splash_step_compiles_for_a_tpu_topology_with_a_context_axis(tmp_path):
         (["mesh.context=2", "model.attention=cudnn"], r"model.attention=cudnn has no context-parallel form"),
     ],
 )
-def test_config_refuses_what_a_context_axis_cannot_split(tmp_path, overrides, match):
+def test_config_refuses_what_a_context_axis_cannot_split(overrides, match):
     with pytest.raises(ConfigError, match=match):
-        small_config(tmp_path, *overrides)
+        _config(*overrides)
 
 
 def test_auto_never_runs_cudnn_over_a_context_axis():
@@ -203,13 +209,13 @@ def test_mesh_refuses_a_context_that_does_not_divide_the_devices():
         make_mesh(MeshConfig(data=1, fsdp=-1, context=3))
 
 
-def test_auto_on_a_tpu_checks_the_splash_tiles_of_a_context_chunk(tmp_path):
+def test_auto_on_a_tpu_checks_the_splash_tiles_of_a_context_chunk():
     """`auto` is splash only once the platform is known: the mesh of a TPU topology refuses a
     context chunk shorter than splash's smallest tile (128) before anything is traced."""
     from olmax.fit.compiler import topology_devices
     from olmax.step.train_step import batch_layout
 
-    cfg = small_config(tmp_path, "mesh.fsdp=-1", "mesh.context=2")  # 64 tokens: chunks of 32
+    cfg = _config("mesh.fsdp=-1", "mesh.context=2")  # 64 tokens: chunks of 32
     batch_layout(cfg, make_mesh(cfg.mesh))  # xla on CPU: any chunk
     with pytest.raises(ConfigError, match=r"q tile 32 .*seq_len=64 / mesh.context=2"):
         batch_layout(cfg, make_mesh(cfg.mesh, topology_devices("tpu7x:2x2x1")))
