@@ -4,6 +4,7 @@ fused attention in the step and the chips' GPU flag profile as compiler options.
 
 import dataclasses
 import json
+import logging
 import re
 from importlib import resources
 
@@ -98,17 +99,41 @@ def test_head_dim_256_compiles_for_hopper_and_is_refused_before_it():
         _attention_custom_calls(256, 1024, 512, "8.0")
 
 
-def test_doc_masking_on_gpu_falls_back_to_xla_attention(caplog):
+@pytest.fixture(scope="module")
+def doc_masked_on_a_4_mib_h100(tmp_path_factory):
+    """One GPU compile for two tests: `olmax compile-check` of one layer with documents masked on 8 H100s
+    that the chip table gives 4 MiB each. Returns the CLI's result, the report it wrote to --json
+    (before exiting) and the attention module's log lines."""
+    from typer.testing import CliRunner
+
+    from olmax.cli.common import app
+    from olmax.model import attention
+
+    attention._warn_once.cache_clear()  # another test in this process may have said it already
+    out = tmp_path_factory.mktemp("doc-masked") / "r.json"
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    args = ["--topology", "h100:1x8", *SMALL_GPU, "model.n_layers=1", "data.doc_masking=true", "--json", str(out)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(chips.CHIPS, "h100", dataclasses.replace(chips.CHIPS["h100"], hbm_limit_gib=0.004))
+        attention.log.addHandler(handler)
+        try:
+            result = CliRunner().invoke(app, ["compile-check", "--recipe", "tiny", *args])
+        finally:
+            attention.log.removeHandler(handler)
+    return result, json.loads(out.read_text()), said
+
+
+def test_doc_masking_on_gpu_falls_back_to_xla_attention(doc_masked_on_a_4_mib_h100):
     """cuDNN cannot take the document mask (docs/attention.md): auto runs the xla backend, says so,
     once per process (every trace of the step resolves the backend again), and the step has no cuDNN call."""
     from olmax.model import attention
 
-    attention._warn_once.cache_clear()  # another test in this process may have said it already
-    cfg = apply_overrides(get_recipe("tiny"), [*SMALL_GPU, "model.n_layers=1", "data.doc_masking=true"])
-    r = compile_report(cfg, topology="h100:1x8")
+    _, r, said = doc_masked_on_a_4_mib_h100
     assert r["attention"] == "xla" and r["attention_kernel_calls"] == 0 and r["cudnn_calls"] == {}
     assert attention.resolve_backend("auto", "gpu", doc_masking=True) == "xla"  # a later trace's question
-    assert caplog.text.count("cannot mask attention within documents") == 1, caplog.text
+    assert sum("cannot mask attention within documents" in line for line in said) == 1, said
 
 
 def test_a_context_axis_on_gpu_runs_xla_attention_and_refuses_a_named_cudnn():
@@ -126,6 +151,8 @@ def test_a_context_axis_on_gpu_runs_xla_attention_and_refuses_a_named_cudnn():
         "--topology",
         "h100:1x4",
         *SMALL_GPU,
+        "model.n_layers=1",  # one (global) layer: which backend runs is the step's, not a layer's
+        "data.seq_len=128",
         "mesh.context=2",
         "mesh.fsdp=2",
     ]
@@ -187,7 +214,7 @@ def test_bad_gpu_topologies_are_clear_errors():
         topology_devices("h100:2x8", num_slices=2)
 
 
-def test_cli_exits_2_on_bad_gpu_input(monkeypatch):
+def test_cli_exits_2_on_bad_gpu_input(doc_masked_on_a_4_mib_h100):
     from typer.testing import CliRunner
 
     from olmax.cli.common import app
@@ -200,9 +227,7 @@ def test_cli_exits_2_on_bad_gpu_input(monkeypatch):
     assert r.exit_code == 2
     assert "tiny on h100:3x8 (3 nodes x 8 GPUs): trainer.global_batch=16 is not divisible" in r.output
     # a real compile against a GPU with 4 MiB: does not fit, with the figures
-    small = dataclasses.replace(chips.CHIPS["h100"], hbm_limit_gib=0.004)
-    monkeypatch.setitem(chips.CHIPS, "h100", small)
-    r = run(app, ["compile-check", "--recipe", "tiny", "--topology", "h100:1x8", *SMALL_GPU, "model.n_layers=1"])
+    r, _, _ = doc_masked_on_a_4_mib_h100
     assert r.exit_code == 2, r.output
     assert re.search(r"tiny does not fit on h100:1x8: per-device peak \d+\.\d GiB > 90% of the 0.00 GiB", r.output)
 
