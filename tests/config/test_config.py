@@ -107,23 +107,36 @@ def test_padded_vocab_and_window_pattern():
     assert dataclasses.replace(ExperimentConfig().model, remat="auto") == m  # the recipe adds remat (memory)
 
 
-def test_cli_prints_resolved_config_and_rejects_typos(tmp_path):
-    olmax = [sys.executable, "-m", "olmax.cli"]
-    run = lambda *args: subprocess.run(olmax + list(args), capture_output=True, text=True)
-    out = run("config", "--recipe", "tiny", "model.n_layers=6")
-    assert out.returncode == 0 and "n_layers: 6" in out.stdout and "name: tiny" in out.stdout
-    saved = run("config", "--recipe", "tiny", "model.n_layers=6", "--save", str(tmp_path / "c.yaml"))
-    assert saved.stdout == f"wrote the resolved config to {tmp_path / 'c.yaml'}\n"  # one line, not the YAML
+def test_cli_prints_resolved_config_and_rejects_typos(tmp_path, monkeypatch, capsys):
+    """`olmax config` and `olmax train --dry-run`: the exit status and stderr of the `olmax` process for a
+    typo and for a value the trainer refuses; the rest through the same entry point (olmax.cli.main) in
+    this process, each `olmax` process costing a second of imports."""
+    from olmax.cli import main
+
+    def olmax(*args) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["olmax", *args])
+        with pytest.raises(SystemExit) as ended:
+            main()
+        out = capsys.readouterr()
+        return ended.value.code, out.out, out.err
+
+    process = lambda *args: subprocess.run([sys.executable, "-m", "olmax.cli", *args], capture_output=True, text=True)
+    code, out, _ = olmax("config", "--recipe", "tiny", "model.n_layers=6")
+    assert code == 0 and "n_layers: 6" in out and "name: tiny" in out
+    code, out, _ = olmax("config", "--recipe", "tiny", "model.n_layers=6", "--save", str(tmp_path / "c.yaml"))
+    assert (code, out) == (0, f"wrote the resolved config to {tmp_path / 'c.yaml'}\n")  # one line, not the YAML
     assert load_yaml(tmp_path / "c.yaml").model.n_layers == 6
-    bad = run("config", "--recipe", "tiny", "model.n_layerz=6")
+    bad = process("config", "--recipe", "tiny", "model.n_layerz=6")
     assert bad.returncode == 2 and "n_layerz" in bad.stderr
-    wrong_type = run("config", "--recipe", "tiny", "model.n_layers=two")
-    assert wrong_type.returncode == 2 and "config error: model.n_layers takes int, got 'two'" in wrong_type.stderr
+    code, _, err = olmax("config", "--recipe", "tiny", "model.n_layers=two")
+    assert code == 2 and "config error: model.n_layers takes int, got 'two'" in err
     # what the trainer refuses, `olmax config` and `olmax train --dry-run` refuse with the same message
     refused = "config error: trainer.global_batch must be positive, got 0\n"
-    for args in (["config"], ["train", "--run-dir", str(tmp_path / "run"), "--dry-run"]):
-        zero = run(*args, "--recipe", "tiny", "trainer.global_batch=0")
-        assert (zero.returncode, zero.stderr) == (2, refused), zero.stderr
+    assert olmax("config", "--recipe", "tiny", "trainer.global_batch=0")[::2] == (2, refused)
+    zero = process(
+        "train", "--run-dir", str(tmp_path / "run"), "--dry-run", "--recipe", "tiny", "trainer.global_batch=0"
+    )
+    assert (zero.returncode, zero.stderr) == (2, refused), zero.stderr
     assert not (tmp_path / "run").exists()
 
 
