@@ -27,7 +27,7 @@ from olmax.config.model import ModelConfig  # noqa: E402
 from olmax.convert.hf import convert_to_hf  # noqa: E402
 from olmax.evals.lm_eval_adapter import OlmaxLM  # noqa: E402
 from olmax.evals.tasks import evaluate_tasks  # noqa: E402
-from olmax.model.olmo3 import init_params  # noqa: E402
+from olmax.model.olmo3 import abstract_params  # noqa: E402
 
 pytestmark = pytest.mark.parity
 
@@ -44,6 +44,20 @@ QUESTIONS = [
     ("What does a magnet attract?", ["wood", "glass", "iron"], "C"),
     ("At what temperature does water boil?", ["one hundred degrees", "ten degrees"], "A"),
 ]
+
+
+def numpy_params(cfg, seed: int) -> dict:
+    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
+    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
+    rng = np.random.default_rng(seed)
+    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
+    leaves = [
+        np.ones(a.shape, a.dtype)
+        if path[-1].key.endswith("norm")
+        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
+        for path, a in flat
+    ]
+    return jax.tree.unflatten(tree, leaves)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,7 +109,7 @@ def models(tmp_path_factory):
         max_position=64,
         compute_dtype="float32",
     )
-    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
+    params = numpy_params(cfg, 0)
     params["lm_head"] = params["lm_head"] * 50  # sharper distributions: argmax and accuracy are not ties
     special = {"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None}  # the tokenizer's, not dolma2's
     save_params(tmp / "ckpt", params, cfg, {"source": "test", "special_tokens": special})
