@@ -4,6 +4,8 @@ each of the 100,278 tokens is drawn, against softmax in float64. The draw's walk
 compare its random words with those thresholds exactly as the enumeration assumes, at both sides of a
 threshold on the paths of tail tokens."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,19 +81,29 @@ def test_every_token_is_drawn_with_its_softmax_probability():
     assert _draw_distribution(cut)[:, 1000:].max() == 0.0
 
 
-def _path_bits(logits: np.ndarray, token: int, miss: int = -1) -> np.ndarray:
-    """The random words that walk row 0 of `logits` to `token`: at each node a 64-bit word just below
-    the threshold to take the smaller side, just above it to take the larger, as two 32-bit words; at
+@functools.cache
+def _trees():
+    """The program's trees over _rows()' leaves, from `_thresholds` at the shapes `_draw_distribution`
+    compiles: (the levels over the blocks' sums, the levels inside every block, the block size), each
+    level's arrays on the host."""
+    w = tree.leaves(jnp.asarray(_rows()))
+    host = lambda levels: [[np.asarray(a) for a in node] for node in levels]  # noqa: E731
+    return host(_thresholds(w.sum(-1))), host(_thresholds(w)), w.shape[2]
+
+
+def _path_bits(row: int, token: int, miss: int = -1) -> np.ndarray:
+    """The random words that walk _rows()[row] to `token`: at each node a 64-bit word just below the
+    threshold to take the smaller side, just above it to take the larger, as two 32-bit words; at
     level `miss` the other one of the two, which must lead elsewhere."""
-    w = tree.leaves(jnp.asarray(logits[:1]))
-    block = w.shape[2]
+    over, inside, block = _trees()
+    pick = lambda levels, *at: [[a[at] for a in node] for node in levels]  # noqa: E731
     words = []
-    for levels, leaf in ((_thresholds(w.sum(-1)), token // block), (_thresholds(w[:, token // block]), token % block)):
+    for levels, leaf in ((pick(over, row), token // block), (pick(inside, row, token // block), token % block)):
         depth = len(levels)
         for k, (small_left, high, low) in enumerate(reversed(levels)):
             node = leaf >> (depth - k)  # the node at this level on the way to `leaf`
             right = (leaf >> (depth - k - 1)) & 1
-            small_left, high, low = bool(small_left[0, node]), int(high[0, node]), int(low[0, node])
+            small_left, high, low = bool(small_left[node]), int(high[node]), int(low[node])
             take_small = right != small_left
             if len(words) == 2 * miss:
                 take_small = not take_small
@@ -104,20 +116,22 @@ def _path_bits(logits: np.ndarray, token: int, miss: int = -1) -> np.ndarray:
     return np.asarray([words], np.uint32)
 
 
+_walk = jax.jit(lambda x, u: tree.walk(tree.leaves(x), u))  # one program for both rows
+
+
 @pytest.mark.parametrize("row", [0, 1])
 def test_the_walk_compares_its_words_with_the_enumerated_thresholds(row):
     logits = _rows()[row : row + 1]
     probs = _softmax64(logits)[0]
-    walk = jax.jit(lambda x, u: tree.walk(tree.leaves(x), u))
     # the likeliest token, a middling one and the least likely above 1e-15 (each step on its path then
     # has a threshold of at least 2^64 x 1e-15)
     order = np.argsort(probs)
     least = order[np.searchsorted(probs[order], 1e-15)]
     for token in [order[-1], order[VOCAB // 2], least]:
-        bits = _path_bits(logits, int(token))
-        assert int(walk(logits, bits)[0]) == token, (token, probs[token])
+        bits = _path_bits(row, int(token))
+        assert int(_walk(logits, bits)[0]) == token, (token, probs[token])
         for miss in (0, 7, 16):  # the other side of one threshold: another token
-            assert int(walk(logits, _path_bits(logits, int(token), miss))[0]) != token
+            assert int(_walk(logits, _path_bits(row, int(token), miss))[0]) != token
 
 
 def test_a_row_draws_the_same_token_whatever_its_batch():
