@@ -20,6 +20,7 @@ from models import random_params, small_model
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.grpo import GRPOConfig
 from olmax.data.prompts import Prompt, PromptSet
+from olmax.model.olmo3 import abstract_params
 from olmax.rollout.scoring import Scored
 from olmax.rollout.stream import EngineStream, StaticStream
 
@@ -242,14 +243,21 @@ def test_groups_read_in_completion_order_stay_within_the_staleness(setup):
         stream.close()
 
 
-def test_synchronous_engine_equals_static_rollouts_at_the_real_vocabulary():
+def test_synchronous_engine_equals_static_rollouts_at_the_real_vocabulary(setup):
     """The same groups at dolma2's 100,278 tokens from a random model, whose next-token distribution is
     nearly flat: the engine's logits and the static sampler's differ in their last bits (other batch
     shapes), and the draw (olmax.rollout.draw) moves only where one of its 17 ratios crosses its random
-    word, so both draw the same tokens (a flat inverse CDF moved with any logit before the token)."""
-    cfg = replace(_experiment(max_staleness=0), model=small_model(compute_dtype="float32"))
-    params = random_params(cfg.model, jax.random.key(5))
+    word, so both draw the same tokens (a flat inverse CDF moved with any logit before the token). The
+    model is setup's layers with an embedding and output layer over the real vocabulary drawn on the
+    host at the init's scale (no parameter program to compile for this shape)."""
+    cfg = replace(_experiment(max_staleness=0), model=replace(CFG, vocab_size=100_278))
     rng = np.random.default_rng(5)
+    padded = abstract_params(cfg.model)["lm_head"].shape  # (d_model, the padded vocabulary)
+    params = {
+        **setup[0],
+        "embed": (rng.standard_normal(padded[::-1]) * cfg.model.init_std).astype(np.float32),
+        "lm_head": (rng.standard_normal(padded) * cfg.model.init_std).astype(np.float32),
+    }
     prompts = PromptSet(
         tuple(Prompt(tuple(rng.integers(0, 100_000, 6).tolist()), ("parity",), ("",), f"f:{i}") for i in range(8)),
         {},
