@@ -40,27 +40,40 @@ def paged(cache, rng):
     return jax.tree.map(pool, cache), {s: jnp.asarray(t) for s, t in tables.items()}
 
 
-@pytest.mark.parametrize("layout,attention", [("rings", "xla"), ("pages", "xla"), ("pages", "interpret")])
-def test_cached_steps_match_the_full_forward(layout, attention):
+@pytest.fixture(scope="module")
+def prefilled():
+    """The full forward's logits of 2 random rows of 20 tokens, and the prefill of their prompts (row 1's
+    5 tokens left-padded to 8 with tokens that would change every logit if seen): its logits, its last
+    token's alone, and its cache, the start of every test's decoding steps."""
     params = random_params(CFG, jax.random.key(0))
     seq = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 20)).astype(np.int32)
     full = np.asarray(jax.jit(forward, static_argnums=2)(params, seq, CFG))
-    cache = init_cache(CFG, 2, 32)
+    lengths = np.asarray([8, 5], np.int32)
+    first = 8 - lengths
+    prompts = jnp.asarray(np.stack([seq[0, :8], np.concatenate([np.full(3, 7, np.int32), seq[1, :5]])]))
+    prefill = jax.jit(  # the empty cache made inside the program: no eager op of its own to compile
+        lambda p, x, last_only: cached_forward(
+            p, init_cache(CFG, 2, 32), x, 0, CFG, jnp.asarray(first), 32, last_only=last_only, fresh=True
+        ),
+        static_argnums=2,
+    )
+    logits, cache = prefill(params, prompts, False)
+    return params, seq, full, lengths, first, logits, prefill(params, prompts, True)[0], cache
+
+
+def test_the_prefill_matches_the_full_forward(prefilled):
+    _, _, full, _, _, logits, last, cache = prefilled
     # the windowed layers hold only their window, the full ones the whole length; keys and values of a
     # head side by side
     assert [c.shape[3] for c in cache["group"]] == [4, 32] and cache["tail"][0].shape == (2, 2, 32, 16)
-    # row 1's prompt is 5 tokens, left-padded to 8 with tokens that would change every logit if seen
-    lengths = np.asarray([8, 5], np.int32)
-    first = 8 - lengths
-    prompts = np.stack([seq[0, :8], np.concatenate([np.full(3, 7, np.int32), seq[1, :5]])])
-    prefill = jax.jit(lambda *a: cached_forward(*a, 0, CFG, jnp.asarray(first), 32, fresh=True))
-    logits, cache = prefill(params, cache, jnp.asarray(prompts))
     np.testing.assert_allclose(np.asarray(logits)[0], full[0, :8], atol=2e-5)
     np.testing.assert_allclose(np.asarray(logits)[1, 3:], full[1, :5], atol=2e-5)
-    last = jax.jit(lambda *a: cached_forward(*a, 0, CFG, jnp.asarray(first), 32, last_only=True, fresh=True))
-    np.testing.assert_allclose(
-        np.asarray(last(params, init_cache(CFG, 2, 32), jnp.asarray(prompts))[0]), np.asarray(logits)[:, -1:], atol=2e-5
-    )
+    np.testing.assert_allclose(np.asarray(last), np.asarray(logits)[:, -1:], atol=2e-5)
+
+
+@pytest.mark.parametrize("layout,attention", [("rings", "xla"), ("pages", "xla"), ("pages", "interpret")])
+def test_cached_steps_match_the_full_forward(prefilled, layout, attention):
+    params, seq, full, lengths, first, _, _, cache = prefilled
     pages = None
     if layout == "pages":
         cache, pages = paged(cache, np.random.default_rng(1))
