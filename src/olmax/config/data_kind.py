@@ -20,9 +20,9 @@ objective asks for one. docs/extending.md, "An objective's data".
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from typing import ClassVar
 
+from olmax.config.entry_points import installed
 from olmax.errors import ConfigError, refuse
 
 ENTRY_POINT_GROUP = "olmax.data_kinds"
@@ -105,7 +105,7 @@ BUILTINS: dict[str, DataKind] = {k.name: k for k in (Tokens(), Pairs(), Rollouts
 
 
 def _entry_points() -> dict:
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return installed(ENTRY_POINT_GROUP)
 
 
 def kind_names() -> list[str]:

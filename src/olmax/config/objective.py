@@ -19,10 +19,10 @@ docs/extending.md, "An objective".
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from typing import ClassVar, Optional
 
 from olmax.config.data_kind import kind_named
+from olmax.config.entry_points import installed
 from olmax.errors import ConfigError
 
 ENTRY_POINT_GROUP = "olmax.objectives"
@@ -44,7 +44,7 @@ class ObjectiveConfig:
 
 
 def _entry_points() -> dict:
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return installed(ENTRY_POINT_GROUP)
 
 
 def plugin_names() -> list[str]:
