@@ -7,11 +7,12 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from olmax.config.model import ModelConfig
 from olmax.config.optimizer import OptimizerConfig
 from olmax.convert.olmo_core import olmo3_transformer_config
-from olmax.model.olmo3 import init_params
+from olmax.model.olmo3 import abstract_params, init_params
 
 
 @partial(jax.jit, static_argnums=0)  # one program instead of an op-by-op dispatch of every draw
@@ -28,6 +29,20 @@ def random_params(cfg, key) -> dict:
             leaf = jax.random.uniform(k, leaf.shape, jnp.float32, 0.5, 1.5).astype(leaf.dtype)
         out.append(leaf)
     return jax.tree.unflatten(treedef, out)
+
+
+def numpy_params(cfg, seed: int, std=None) -> dict:
+    """init_params' spread (N(0, std) matrices, default cfg.init_std; unit norms) drawn with numpy: the
+    jitted init's compile and its draws over a 100k-row embedding take seconds at the suite's unoptimized
+    CPU compile (tests/conftest.py)."""
+    rng = np.random.default_rng(seed)
+    std = cfg.init_std if std is None else std
+    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
+    leaves = [
+        np.ones(a.shape, a.dtype) if path[-1].key.endswith("norm") else rng.normal(0, std, a.shape).astype(a.dtype)
+        for path, a in flat
+    ]
+    return jax.tree.unflatten(tree, leaves)
 
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -103,6 +118,29 @@ def word_tokenizer(directory: Path, vocab: int = 300) -> str:
     path = directory / "tokenizer.json"
     Tokenizer(models.WordLevel(words, unk_token="t0")).save(str(path))
     return str(path)
+
+
+def byte_level_tokenizer(path: Path, texts, vocab: int) -> str:
+    """A byte-level BPE tokenizer.json of at most `vocab` ids learnt on `texts` (any text encodes), with
+    <|endoftext|> as its EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(
+        list(texts), trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet)
+    )
+    tok.save(str(path))
+    return str(path)
+
+
+def vocab_size(tokenizer_json) -> int:
+    """The ids of a tokenizer.json, special tokens included."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
 
 
 def make_hf_checkpoint(path: Path, *, dtype="float32", seed=0, max_shard_size=None, **shape) -> Path:

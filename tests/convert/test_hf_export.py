@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from models import small_model
+from models import numpy_params, small_model
 from typer.testing import CliRunner
 
 from olmax.checkpoint.store import save_params
@@ -21,7 +21,7 @@ from olmax.config.model import ModelConfig
 from olmax.convert.hf import convert_to_hf
 from olmax.convert.tensors import ConversionError
 from olmax.data.tokenizer import Dolma2Tokenizer
-from olmax.model.olmo3 import abstract_params, init_params
+from olmax.model.olmo3 import init_params
 
 # AI2's dolma2 tokenizer file (allenai_dolma2.json, 2.7 MB) with its vocabulary and merges replaced by
 # their digests (`summarised`); tests/fixtures/README.md says where the file comes from.
@@ -39,15 +39,7 @@ def real_texts(n: int) -> list[str]:
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
-    # N(0, 0.02) weights and unit norms drawn with numpy: init_params' compile and its draws over the
-    # 100k-row embedding and output layer take seconds at the suite's unoptimized CPU compile
-    rng = np.random.default_rng(0)
-    flat, tree = jax.tree.flatten_with_path(abstract_params(CFG))
-    leaves = [
-        np.ones(a.shape, a.dtype) if path[-1].key.endswith("norm") else rng.normal(0, 0.02, a.shape).astype(a.dtype)
-        for path, a in flat
-    ]
-    params = jax.tree.unflatten(tree, leaves)
+    params = numpy_params(CFG, 0, std=0.02)
     params["lm_head"] *= 50  # a clear argmax: greedy decoding is not decided by ties
     save_params(tmp / "ckpt", params, CFG, {"source": "test", "special_tokens": DOLMA2})
     summary = convert_to_hf(tmp / "ckpt", tmp / "hf", dtype="float32")

@@ -9,33 +9,19 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from models import tiny_eval_model
+from models import byte_level_tokenizer, numpy_params, tiny_eval_model, vocab_size
 
 from olmax.checkpoint.inference import eval_mesh
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.domains import document_windows, read_domains, score_domains
 from olmax.evals.scoring import TokenScorer
-from olmax.model.olmo3 import abstract_params, forward
+from olmax.model.olmo3 import forward
 
 # A 300-token vocabulary and a byte-level BPE tokenizer of it: on the CPU the suite's programs run
 # unoptimized (tests/conftest.py), and over dolma2's 100k ids the output layer took most of the time.
 CFG = tiny_eval_model(vocab_size=300)
 # A slice of a real held-out corpus, one file per source, each document with its `domain` (tests/fixtures/README.md).
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
-
-
-def numpy_params(cfg, seed: int) -> dict:
-    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
-    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
-    rng = np.random.default_rng(seed)
-    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
-    leaves = [
-        np.ones(a.shape, a.dtype)
-        if path[-1].key.endswith("norm")
-        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
-        for path, a in flat
-    ]
-    return jax.tree.unflatten(tree, leaves)
 
 
 def write(path, records):
@@ -68,21 +54,10 @@ def model():
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     """A byte-level BPE tokenizer.json of CFG.vocab_size ids learnt on the real corpus (any text encodes)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
     texts = [t for texts in read_domains(REAL, by="file").values() for t in texts]
-    tok.train_from_iterator(
-        texts,
-        trainers.BpeTrainer(vocab_size=CFG.vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet),
-    )
-    assert tok.get_vocab_size() == CFG.vocab_size
-    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    tok.save(str(path))
-    return str(path)
+    path = byte_level_tokenizer(tmp_path_factory.mktemp("tokenizer") / "tokenizer.json", texts, CFG.vocab_size)
+    assert vocab_size(path) == CFG.vocab_size
+    return path
 
 
 def test_grouping(corpus):

@@ -7,7 +7,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from models import tiny_eval_model
+from models import byte_level_tokenizer, numpy_params, tiny_eval_model, vocab_size
 
 from olmax.checkpoint.inference import eval_mesh
 from olmax.checkpoint.store import save_params
@@ -18,7 +18,7 @@ from olmax.config.trainer import TrainerConfig
 from olmax.data.sources import DataSourceError
 from olmax.data.tokenizer import load_tokenizer
 from olmax.evals.heldout import HeldoutEvaluator, eval_loss, eval_name, load_instances
-from olmax.model.olmo3 import abstract_params, forward
+from olmax.model.olmo3 import forward
 from olmax.rundir.exits import ExitStatus
 from olmax.trainer.failures import status_of
 
@@ -26,37 +26,6 @@ from olmax.trainer.failures import status_of
 # unoptimized (tests/conftest.py), and over dolma2's 100k ids the output layer took most of the time.
 CFG = tiny_eval_model(vocab_size=300)
 TEXTS = [f"Document {i}: the quick brown fox jumps over {i * 7} lazy dogs, then rests." for i in range(12)]
-
-
-def numpy_params(cfg, seed: int) -> dict:
-    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
-    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
-    rng = np.random.default_rng(seed)
-    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
-    leaves = [
-        np.ones(a.shape, a.dtype)
-        if path[-1].key.endswith("norm")
-        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
-        for path, a in flat
-    ]
-    return jax.tree.unflatten(tree, leaves)
-
-
-def byte_level_tokenizer(path) -> str:
-    """A byte-level BPE tokenizer.json of CFG.vocab_size ids learnt on TEXTS (any text encodes), with an EOS."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok.train_from_iterator(
-        TEXTS,
-        trainers.BpeTrainer(vocab_size=CFG.vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet),
-    )
-    assert tok.get_vocab_size() == CFG.vocab_size
-    tok.save(str(path))
-    return str(path)
 
 
 def write_jsonl(path, texts):
@@ -72,7 +41,8 @@ def setup(tmp_path_factory):
     params = numpy_params(CFG, 0)
     ckpt = save_params(tmp / "ckpt", params, CFG, {"source": "test"})
     data = write_jsonl(tmp / "val.jsonl.gz", TEXTS)
-    tokenizer = byte_level_tokenizer(tmp / "tokenizer.json")
+    tokenizer = byte_level_tokenizer(tmp / "tokenizer.json", TEXTS, CFG.vocab_size)
+    assert vocab_size(tokenizer) == CFG.vocab_size
     info = load_tokenizer(tokenizer).info
     ids = dict(vocab_size=info.vocab_size, eos_token_id=info.eos_token_id, pad_token_id=info.pad_token_id)
     return {

@@ -7,7 +7,7 @@ from dataclasses import replace
 import jax
 import numpy as np
 import pytest
-from models import tiny_eval_model
+from models import numpy_params, tiny_eval_model
 
 from olmax.checkpoint.inference import eval_mesh
 from olmax.checkpoint.store import save_params
@@ -17,20 +17,6 @@ from olmax.model.olmo3 import abstract_params, forward
 
 CFG = tiny_eval_model(vocab_size=300)
 SEQ = 24
-
-
-def numpy_params(cfg, seed: int) -> dict:
-    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
-    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
-    rng = np.random.default_rng(seed)
-    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
-    leaves = [
-        np.ones(a.shape, a.dtype)
-        if path[-1].key.endswith("norm")
-        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
-        for path, a in flat
-    ]
-    return jax.tree.unflatten(tree, leaves)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +133,6 @@ def test_memory_does_not_hold_the_whole_logits():
     import jax.numpy as jnp
 
     from olmax.evals.kl import _pair_stats
-    from olmax.model.olmo3 import abstract_params
 
     big = replace(CFG, vocab_size=100278, n_layers=1)
     chunk = inspect.signature(token_kl).parameters["chunk"].default

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
@@ -21,13 +20,13 @@ transformers = pytest.importorskip("transformers")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
+from models import byte_level_tokenizer, numpy_params, vocab_size  # noqa: E402
 
 from olmax.checkpoint.store import save_params  # noqa: E402
 from olmax.config.model import ModelConfig  # noqa: E402
 from olmax.convert.hf import convert_to_hf  # noqa: E402
 from olmax.evals.lm_eval_adapter import OlmaxLM  # noqa: E402
 from olmax.evals.tasks import evaluate_tasks  # noqa: E402
-from olmax.model.olmo3 import abstract_params  # noqa: E402
 
 pytestmark = pytest.mark.parity
 
@@ -44,20 +43,6 @@ QUESTIONS = [
     ("What does a magnet attract?", ["wood", "glass", "iron"], "C"),
     ("At what temperature does water boil?", ["one hundred degrees", "ten degrees"], "A"),
 ]
-
-
-def numpy_params(cfg, seed: int) -> dict:
-    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
-    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
-    rng = np.random.default_rng(seed)
-    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
-    leaves = [
-        np.ones(a.shape, a.dtype)
-        if path[-1].key.endswith("norm")
-        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
-        for path, a in flat
-    ]
-    return jax.tree.unflatten(tree, leaves)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,23 +67,10 @@ def one_task_index_per_include_path():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
-    from tokenizers import models as tok_models
-
     tmp = tmp_path_factory.mktemp("lm_eval")
-    tok = Tokenizer(tok_models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        TEXTS * 4 + [q for q, _, _ in QUESTIONS],
-        trainers.BpeTrainer(
-            vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-        ),
-    )
-    tok_file = tmp / "tokenizer.json"
-    tok.save(str(tok_file))
+    tok_file = byte_level_tokenizer(tmp / "tokenizer.json", TEXTS * 4 + [q for q, _, _ in QUESTIONS], 320)
     cfg = ModelConfig(
-        vocab_size=tok.get_vocab_size(),
+        vocab_size=vocab_size(tok_file),
         d_model=32,
         n_layers=2,  # a sliding and a full layer: every program compiles two layers, not a scanned four
         n_heads=4,
@@ -113,9 +85,9 @@ def models(tmp_path_factory):
     params["lm_head"] = params["lm_head"] * 50  # sharper distributions: argmax and accuracy are not ties
     special = {"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None}  # the tokenizer's, not dolma2's
     save_params(tmp / "ckpt", params, cfg, {"source": "test", "special_tokens": special})
-    convert_to_hf(tmp / "ckpt", tmp / "hf", dtype="float32", tokenizer=str(tok_file))
+    convert_to_hf(tmp / "ckpt", tmp / "hf", dtype="float32", tokenizer=tok_file)
     hf = HFLM(pretrained=str(tmp / "hf"), device="cpu", dtype="float32", batch_size=3, max_length=64)
-    ours = OlmaxLM(str(tmp / "ckpt"), tokenizer=str(tok_file), batch_size=3, max_length=64)
+    ours = OlmaxLM(str(tmp / "ckpt"), tokenizer=tok_file, batch_size=3, max_length=64)
     return ours, hf, tmp
 
 

@@ -10,7 +10,7 @@ import math
 import jax
 import numpy as np
 import pytest
-from models import tiny_eval_model
+from models import byte_level_tokenizer, numpy_params, tiny_eval_model, vocab_size
 from typer.testing import CliRunner
 
 from olmax.checkpoint.store import save_params
@@ -19,7 +19,6 @@ from olmax.config.data import DataConfig
 from olmax.evals.domains import eval_domains
 from olmax.evals.heldout import eval_loss
 from olmax.evals.verify import DIFFERS, WITHIN, compare_tasks, paired_delta, verify
-from olmax.model.olmo3 import abstract_params
 
 # A 300-token vocabulary: on the CPU the suite's programs run unoptimized (tests/conftest.py), and
 # over dolma2's 100k ids the output layers and KL of every verify call took most of this file's time.
@@ -27,41 +26,10 @@ CFG = tiny_eval_model(vocab_size=300, max_position=16)
 SEQ, STEPS = 16, (10, 20)
 
 
-def numpy_params(cfg, seed: int) -> dict:
-    """init_params' spread (N(0, init_std) matrices, unit norms) drawn with numpy: the jitted init's
-    compile costs seconds at the suite's unoptimized CPU compile (tests/conftest.py)."""
-    rng = np.random.default_rng(seed)
-    flat, tree = jax.tree.flatten_with_path(abstract_params(cfg))
-    leaves = [
-        np.ones(a.shape, a.dtype)
-        if path[-1].key.endswith("norm")
-        else rng.normal(0, cfg.init_std, a.shape).astype(a.dtype)
-        for path, a in flat
-    ]
-    return jax.tree.unflatten(tree, leaves)
-
-
 DOCS = {
     "lit": ["In the beginning was the word.", "And the word was with God, and the word was God."],
     "code": ["def f(x):\n    return x * 2", "for i in range(10):\n    print(i, i * i)  # squares"],
 }
-
-
-def byte_level_tokenizer(path) -> str:
-    """A byte-level BPE tokenizer.json of at most CFG.vocab_size ids (any text encodes), with an EOS."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(
-        vocab_size=CFG.vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet
-    )
-    tok.train_from_iterator([t for texts in DOCS.values() for t in texts], trainer)
-    assert tok.get_vocab_size() <= CFG.vocab_size
-    tok.save(str(path))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +50,16 @@ def runs(tmp_path_factory):
         for domain, texts in DOCS.items():
             for text in texts:
                 f.write(json.dumps({"text": text, "domain": domain}) + "\n")
+    tokenizer = byte_level_tokenizer(
+        tmp / "tokenizer.json", [t for texts in DOCS.values() for t in texts], CFG.vocab_size
+    )
+    assert vocab_size(tokenizer) <= CFG.vocab_size
     return {
         "dir": tmp,
         "shard": str(shard),
         "domains": str(domains),
         "data_cfg": DataConfig(work_dir=str(tmp / "cache")),
-        "tokenizer": byte_level_tokenizer(tmp / "tokenizer.json"),
+        "tokenizer": tokenizer,
     }
 
 
