@@ -61,29 +61,12 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """`converted(seed=0, **shape)`: (HF directory, olmax checkpoint) of make_hf_checkpoint's random model,
-    made once per module for each shape and seed; the tests only read them."""
-    made = {}
-
-    def get(seed: int = 0, **shape):
-        key = json.dumps({"seed": seed, **shape}, sort_keys=True)
-        if key not in made:
-            root = tmp_path_factory.mktemp("converted")
-            src = make_hf_checkpoint(root / "hf", seed=seed, **shape)
-            convert_from_hf(str(src), root / "ckpt")
-            made[key] = (src, root / "ckpt")
-        return made[key]
-
-    return get
-
-
 @pytest.mark.parametrize("name", list(CASES))
-def test_hf_parity_fp32(converted, name):
+def test_hf_parity_fp32(tmp_path, name):
     shape, (batch, seq_len) = CASES[name]
-    src, ckpt = converted(**shape)
-    report = run_hf_parity(str(src), str(ckpt), dtype="float32", seq_len=seq_len, batch=batch, seed=1)
+    src = make_hf_checkpoint(tmp_path / "hf", **shape)
+    convert_from_hf(str(src), tmp_path / "ckpt")
+    report = run_hf_parity(str(src), str(tmp_path / "ckpt"), dtype="float32", seq_len=seq_len, batch=batch, seed=1)
     assert report["kl_mean"] < 1e-6, report
     assert report["top1_agreement"] == 1.0, report
     assert report["top10_overlap"] >= 0.99, report
@@ -92,11 +75,12 @@ def test_hf_parity_fp32(converted, name):
     assert report["verdict"] == "PASS" and report["broken"] == [], report
 
 
-def test_hf_parity_bf16(converted):
+def test_hf_parity_bf16(tmp_path):
     """bfloat16 on both sides: a figure (docs/conversion.md), bounded here only loosely, ~10x above
     what is measured (kl_mean ~5e-4, top-1 ~0.97), so a bf16-only bug (a wrong cast) still fails."""
-    src, ckpt = converted(**CASES["gqa_odd_head_dim"][0])  # vocabulary 300, head_dim 24
-    report = run_hf_parity(str(src), str(ckpt), dtype="bfloat16", seq_len=64, batch=2)
+    src = make_hf_checkpoint(tmp_path / "hf", vocab=300, head_dim=24)
+    convert_from_hf(str(src), tmp_path / "ckpt")
+    report = run_hf_parity(str(src), str(tmp_path / "ckpt"), dtype="bfloat16", seq_len=64, batch=2)
     assert report["kl_mean"] < 5e-3, report
     assert report["top1_agreement"] > 0.9, report
     assert report["first_divergent_layer"] is None, report["layer_rel_diff"]
@@ -137,11 +121,12 @@ def test_olmo_core_parity_fp32(tmp_path):
 
 
 @pytest.mark.parametrize("broken_layer", [0, 2])
-def test_wrong_conversion_is_caught_at_its_layer(tmp_path, converted, broken_layer):
+def test_wrong_conversion_is_caught_at_its_layer(tmp_path, broken_layer):
     """Swap the attention and MLP output norms of one layer (the classic reordered-norm mistake): the
     per-layer check must name exactly that layer, and the logits must fail the fp32 bounds."""
-    src, ckpt = converted(vocab=300, n_layers=4)
-    params, cfg, meta = load_params(ckpt)
+    src = make_hf_checkpoint(tmp_path / "hf", vocab=300, n_layers=4)
+    convert_from_hf(str(src), tmp_path / "ckpt")
+    params, cfg, meta = load_params(tmp_path / "ckpt")
     layers = {k: np.array(v) for k, v in params["layers"].items()}
     layers["attn_norm"][broken_layer], layers["mlp_norm"][broken_layer] = (
         layers["mlp_norm"][broken_layer].copy(),
@@ -192,8 +177,9 @@ def test_layer_metrics_threshold_and_nan():
     assert layer_metrics(ref, ours, tolerance=1e-4)["first_divergent_layer"] == 1
 
 
-def test_cli_parity_writes_json(tmp_path, converted):
-    src, ckpt = converted(vocab=300, n_layers=4)
+def test_cli_parity_writes_json(tmp_path):
+    src = make_hf_checkpoint(tmp_path / "hf", vocab=300, n_layers=4)
+    convert_from_hf(str(src), tmp_path / "ckpt")
     out = tmp_path / "parity.json"
     result = CliRunner().invoke(
         app,
@@ -202,7 +188,7 @@ def test_cli_parity_writes_json(tmp_path, converted):
             "--hf",
             str(src),
             "--ckpt",
-            str(ckpt),
+            str(tmp_path / "ckpt"),
             "--seq-len",
             "32",
             "--batch",
@@ -225,24 +211,25 @@ def test_cli_parity_writes_json(tmp_path, converted):
         "layer_rel_diff <= 0.001)"
     )
 
-    result = CliRunner().invoke(app, ["parity", "--hf", str(src), "--ckpt", str(ckpt), "--dtype", "fp8"])
+    result = CliRunner().invoke(app, ["parity", "--hf", str(src), "--ckpt", str(tmp_path / "ckpt"), "--dtype", "fp8"])
     assert result.exit_code == 2 and "--dtype must be one of" in result.output
 
 
-def test_parity_refuses_different_architectures(converted):
-    a, _ = converted(vocab=300, n_layers=4)
-    _, b = converted(vocab=400, n_layers=4)
-    result = CliRunner().invoke(app, ["parity", "--hf", str(a), "--ckpt", str(b)])
+def test_parity_refuses_different_architectures(tmp_path):
+    a = make_hf_checkpoint(tmp_path / "a", vocab=300)
+    b = make_hf_checkpoint(tmp_path / "b", vocab=400)
+    convert_from_hf(str(b), tmp_path / "ckpt")
+    result = CliRunner().invoke(app, ["parity", "--hf", str(a), "--ckpt", str(tmp_path / "ckpt")])
     assert result.exit_code == 2 and "vocab_size: HF 300, olmax 400" in result.output
 
 
-def test_cli_parity_fails_a_different_model(tmp_path, converted):
+def test_cli_parity_fails_a_different_model(tmp_path):
     """The same architecture with other weights: FAIL, the broken bounds named on the last line and in
-    --json, exit status 3; bounds loosened past the figures (the options) turn it into a PASS. (The
-    shape and tokens of test_wrong_conversion_is_caught_at_its_layer: one olmax program for both.)"""
-    reference, _ = converted(vocab=300, n_layers=4)
-    _, other = converted(vocab=300, n_layers=4, seed=1)
-    args = ["parity", "--hf", str(reference), "--ckpt", str(other), "--seq-len", "32"]
+    --json, exit status 3; bounds loosened past the figures (the options) turn it into a PASS."""
+    reference = make_hf_checkpoint(tmp_path / "hf", vocab=300, n_layers=2, seed=0)
+    other = make_hf_checkpoint(tmp_path / "other", vocab=300, n_layers=2, seed=1)
+    convert_from_hf(str(other), tmp_path / "ckpt")
+    args = ["parity", "--hf", str(reference), "--ckpt", str(tmp_path / "ckpt"), "--seq-len", "32"]
 
     result = CliRunner().invoke(app, args + ["--json", str(tmp_path / "fail.json")])
     assert result.exit_code == 3, result.output
