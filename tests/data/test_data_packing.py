@@ -419,7 +419,7 @@ def test_remote_files_pack_by_their_metadata_as_olmo_core(tmp_path):
     pytest.importorskip("aiohttp")
     import threading
 
-    from test_data_remote import RangeServer
+    from range_server import RangeServer
 
     root = tmp_path / "served"
     root.mkdir()
@@ -449,7 +449,7 @@ def test_remote_files_pack_by_their_metadata_as_olmo_core(tmp_path):
 def served(tmp_path):
     """(root, base URL): files under root served over HTTP with Range support (test_data_remote's server)."""
     pytest.importorskip("aiohttp")
-    from test_data_remote import serving
+    from range_server import serving
 
     with serving(tmp_path / "served") as srv:
         yield srv.root, srv.base

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from sft_rows import SEQ, conversations, sft_cfg
 from typer.testing import CliRunner
 
 from olmax.cli.common import app
@@ -18,30 +19,6 @@ from olmax.data.packing import PackedSource
 from olmax.data.sources import DataSourceError, label_mask_paths
 from olmax.errors import ConfigError
 
-SEQ = 256
-WORDS = "the cat sat on a mat while seven quiet dogs read old maps near bright rivers".split()
-
-
-def conversations(n: int, seed: int = 0) -> list[dict]:
-    """Chat rows of varied length: one to three user/assistant exchanges, some with a system prompt,
-    a few too long for SEQ (truncated by packing) and a few ending with the user (no final EOS)."""
-    rng = np.random.default_rng(seed)
-
-    def text(lo, hi):
-        return " ".join(rng.choice(WORDS, size=int(rng.integers(lo, hi))))
-
-    rows = []
-    for i in range(n):
-        messages = [{"role": "system", "content": text(1, 6)}] if i % 3 == 0 else []
-        for _ in range(int(rng.integers(1, 4))):
-            messages += [{"role": "user", "content": text(1, 30)}, {"role": "assistant", "content": text(1, 60)}]
-        if i % 7 == 0:
-            messages.append({"role": "user", "content": text(1, 5)})
-        if i % 11 == 0:
-            messages[-1]["content"] = text(200, 300)
-        rows.append({"messages": messages})
-    return rows
-
 
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
@@ -51,18 +28,6 @@ def sft_dir(tmp_path_factory):
     manifest = tokenize_chat([src], root / "tokens", "instruct", shard_tokens=2000)[""]
     assert len(manifest["shards"]) >= 4
     return root / "tokens"
-
-
-def sft_cfg(sft_dir, work_dir, **kw) -> DataConfig:
-    return DataConfig(
-        paths=(str(sft_dir),),
-        seq_len=SEQ,
-        packing="obfd",
-        doc_masking=True,
-        label_masks=True,
-        work_dir=str(work_dir),
-        **kw,
-    )
 
 
 @pytest.mark.parity

@@ -238,7 +238,7 @@ def test_the_slurm_trainers_get_the_profile_compile_check_compiles_with(tmp_path
     import os
     import subprocess
 
-    from test_launch import SLURM_ENV, _stub
+    from launch_stubs import SLURM_ENV, stub
 
     from olmax.launch.backends import make_backend
     from olmax.launch.plan import TrainOptions, make_plan
@@ -249,8 +249,8 @@ def test_the_slurm_trainers_get_the_profile_compile_check_compiles_with(tmp_path
         script.write_text(make_backend("slurm", plan, SLURM_ENV).script())
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir(exist_ok=True)
-        _stub(bin_dir, "scontrol", "print('node-a7')\n")
-        _stub(bin_dir, "srun", "import json, os\nprint(json.dumps({k: v for k, v in os.environ.items()}))\n")
+        stub(bin_dir, "scontrol", "print('node-a7')\n")
+        stub(bin_dir, "srun", "import json, os\nprint(json.dumps({k: v for k, v in os.environ.items()}))\n")
         env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_MEM_FRACTION")}
         env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="node-a7")
         done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)

@@ -5,11 +5,11 @@ stub srun/scontrol), the environment variables, the jax.distributed set-up of th
 import json
 import os
 import shlex
-import stat
 import subprocess
 import sys
 
 import pytest
+from launch_stubs import SLURM_ENV, TRICKY, XPK_ENV, stub
 from slurm_env import slurm_env
 from small_run import OLMAX
 from typer.testing import CliRunner
@@ -20,11 +20,6 @@ from olmax.config.io import apply_overrides, to_yaml
 from olmax.errors import LaunchError
 from olmax.launch.backends import dry_run, make_backend
 from olmax.launch.plan import make_plan
-
-# an override whose value holds spaces, both quote characters and a $ that a shell would expand
-TRICKY = """data.paths=["my corpus/a b.npy", "it's \\"$HOME\\""]"""
-SLURM_ENV = {"OLMAX_SLURM_PARTITION": "gpu", "OLMAX_SLURM_GPUS_PER_NODE": "4"}
-XPK_ENV = {"OLMAX_XPK_CLUSTER": "c1", "OLMAX_XPK_TPU_TYPE": "v5p-16", "OLMAX_DOCKER_IMAGE": "gcr.io/p/olmax:1"}
 
 
 def test_layout_keeps_the_global_batch_and_derives_accumulation():
@@ -72,12 +67,6 @@ def test_local_command_round_trips_through_a_shell(tmp_path):
     assert json.loads(out) == [command.env["XLA_FLAGS"], command.argv[3:]]
 
 
-def _stub(directory, name, body):
-    path = directory / name
-    path.write_text(f"#!{sys.executable}\n{body}")
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-
-
 def test_slurm_script_starts_one_worker_per_node_with_the_coordinator(tmp_path):
     plan = make_plan("tiny", [TRICKY], str(tmp_path / "run dir"), 8)
     backend = make_backend("slurm", plan, {**SLURM_ENV, "OLMAX_SLURM_TIME": "1:00:00"})
@@ -97,8 +86,8 @@ def test_slurm_script_starts_one_worker_per_node_with_the_coordinator(tmp_path):
     # run the script as Slurm would, with stubs: scontrol lists the job's nodes, srun records argv + env
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    _stub(bin_dir, "scontrol", "print('node-a7\\nnode-a8')\n")
-    _stub(
+    stub(bin_dir, "scontrol", "print('node-a7\\nnode-a8')\n")
+    stub(
         bin_dir,
         "srun",
         "import json, os, sys\n"

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from test_launch import SLURM_ENV, XPK_ENV, _stub
+from launch_stubs import SLURM_ENV, XPK_ENV, stub
 
 from olmax.checkpoint.store import complete_steps
 from olmax.launch import slurm
@@ -72,8 +72,8 @@ def _slurm_run(tmp_path, monkeypatch, attempts, max_retries=0, final=12):
     """resume_until_done with the Slurm backend against the scenario; (status, sleeps, log lines, state)."""
     bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
     bin_dir.mkdir(parents=True)
-    _stub(bin_dir, "sbatch", SBATCH)
-    _stub(bin_dir, "sacct", SACCT)
+    stub(bin_dir, "sbatch", SBATCH)
+    stub(bin_dir, "sacct", SACCT)
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"attempts": attempts}))
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -205,8 +205,8 @@ if not os.path.exists(f"{os.environ['SCENARIO']}.deleted-{args[2]}"):
 def _xpk_run(tmp_path, monkeypatch, attempts, list_exit=0, create_exit=0):
     bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
     bin_dir.mkdir(parents=True)
-    _stub(bin_dir, "xpk", XPK)
-    _stub(bin_dir, "kubectl", KUBECTL)
+    stub(bin_dir, "xpk", XPK)
+    stub(bin_dir, "kubectl", KUBECTL)
     scenario = tmp_path / "scenario.json"
     scenario.write_text(
         json.dumps({"attempts": attempts, "run_dir": str(run_dir), "list_exit": list_exit, "create_exit": create_exit})

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from test_launch import SLURM_ENV, TRICKY, XPK_ENV, _stub
+from launch_stubs import SLURM_ENV, TRICKY, XPK_ENV, stub
 from typer.testing import CliRunner
 
 from olmax.cli.common import app
@@ -85,8 +85,8 @@ def test_slurm_script_exports_env_and_passes_options(tmp_path):
     backend = make_backend("slurm", plan, SLURM_ENV)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    _stub(bin_dir, "scontrol", "print('node-a7')\n")
-    _stub(
+    stub(bin_dir, "scontrol", "print('node-a7')\n")
+    stub(
         bin_dir,
         "srun",
         "import json, os, sys\nprint(json.dumps([sys.argv[1:], "
@@ -166,10 +166,10 @@ def test_slurm_and_xpk_read_their_job_states(tmp_path, monkeypatch):
         ("OUT_OF_MEMORY", 1, ExitStatus.CRASHED),
         ("TIMEOUT", 143, ExitStatus.CRASHED),
     ]:
-        _stub(bin_dir, "sacct", f"import sys\nassert sys.argv[1:3] == ['-j', '4242']\nprint({state!r})\n")
+        stub(bin_dir, "sacct", f"import sys\nassert sys.argv[1:3] == ['-j', '4242']\nprint({state!r})\n")
         got = slurm.outcome(Ended(1, code, sbatch, log))
         assert (got.status, got.cancelled) == (row, False), state
-    _stub(bin_dir, "sacct", "print('CANCELLED by 1000')\n")
+    stub(bin_dir, "sacct", "print('CANCELLED by 1000')\n")
     assert slurm.outcome(Ended(1, 143, sbatch, log)).name == "CANCELLED"
     assert not slurm.outcome(Ended(1, 143, sbatch, log)).retried
     (bin_dir / "sacct").unlink()  # no accounting: the exit code alone
@@ -179,7 +179,7 @@ def test_slurm_and_xpk_read_their_job_states(tmp_path, monkeypatch):
     xpk = make_backend("xpk", plan, XPK_ENV)
     create, wait = xpk.attempt_steps(1)
     assert xpk.outcome(Ended(1, 0, wait, log)).status is ExitStatus.DONE
-    _stub(bin_dir, "xpk", "import sys\nsys.exit(1)\n")  # the cluster cannot be asked
+    stub(bin_dir, "xpk", "import sys\nsys.exit(1)\n")  # the cluster cannot be asked
     assert xpk.outcome(Ended(1, 125, wait, log)) == Outcome(
         ExitStatus.CRASHED, "xpk: workload failed; whether its JobSet still exists is unknown"
     )

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from models import STEP_MODEL
-from test_sft_data import conversations, sft_cfg
+from sft_rows import conversations, sft_cfg
 
 from olmax.config.data import DataConfig
 from olmax.config.experiment import ExperimentConfig

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 import pytest
+from range_server import RangeServer
 from small_run import SMALL
-from test_data_remote import RangeServer
 from typer.testing import CliRunner
 
 from olmax.checkpoint.store import complete_steps
