@@ -17,7 +17,7 @@ import uuid
 import jax
 import numpy as np
 import pytest
-from fake_gcs import FakeGCS, forget_gcs_clients
+from fake_remote import FakeGCS, forget_gcs_clients
 from small_run import EXACT_KEYS, SMALL, small_config
 
 from olmax.checkpoint.store import (

@@ -419,7 +419,7 @@ def test_remote_files_pack_by_their_metadata_as_olmo_core(tmp_path):
     pytest.importorskip("aiohttp")
     import threading
 
-    from range_server import RangeServer
+    from fake_remote import RangeServer
 
     root = tmp_path / "served"
     root.mkdir()
@@ -449,7 +449,7 @@ def test_remote_files_pack_by_their_metadata_as_olmo_core(tmp_path):
 def served(tmp_path):
     """(root, base URL): files under root served over HTTP with Range support (test_data_remote's server)."""
     pytest.importorskip("aiohttp")
-    from range_server import serving
+    from fake_remote import serving
 
     with serving(tmp_path / "served") as srv:
         yield srv.root, srv.base

@@ -1,5 +1,5 @@
 """Remote token shards over real HTTP (fsspec + aiohttp) from a server on 127.0.0.1 in the test
-(tests/range_server.py), which counts the body bytes it sends: reading instances transfers byte
+(tests/fake_remote.py), which counts the body bytes it sends: reading instances transfers byte
 ranges, never whole files."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("aiohttp")  # fsspec's HTTP backend (the `remote` and `dev` extras)
 
-from range_server import serving  # noqa: E402
+from fake_remote import serving  # noqa: E402
 
 from olmax.config.data import DataConfig  # noqa: E402
 from olmax.data.loader import build_source, make_loader  # noqa: E402

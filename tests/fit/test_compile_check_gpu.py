@@ -238,7 +238,7 @@ def test_the_slurm_trainers_get_the_profile_compile_check_compiles_with(tmp_path
     import os
     import subprocess
 
-    from launch_stubs import SLURM_ENV, stub
+    from launch_env import SLURM_ENV, stub
 
     from olmax.launch.backends import make_backend
     from olmax.launch.plan import TrainOptions, make_plan

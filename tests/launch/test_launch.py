@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from launch_stubs import SLURM_ENV, TRICKY, XPK_ENV, stub
-from slurm_env import slurm_env
+from launch_env import SLURM_ENV, TRICKY, XPK_ENV, slurm_env, stub
 from small_run import OLMAX
 from typer.testing import CliRunner
 

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from launch_stubs import SLURM_ENV, XPK_ENV, stub
+from launch_env import SLURM_ENV, XPK_ENV, stub
 
 from olmax.checkpoint.store import complete_steps
 from olmax.launch import slurm

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from launch_stubs import SLURM_ENV, TRICKY, XPK_ENV, stub
+from launch_env import SLURM_ENV, TRICKY, XPK_ENV, stub
 from typer.testing import CliRunner
 
 from olmax.cli.common import app

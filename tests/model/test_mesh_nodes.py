@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from slurm_env import slurm_tasks
+from launch_env import slurm_tasks
 from small_run import SMALL
 
 from olmax.config.io import apply_overrides

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from range_server import RangeServer
+from fake_remote import RangeServer
 from small_run import SMALL
 from typer.testing import CliRunner
 

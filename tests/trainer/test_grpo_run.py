@@ -382,7 +382,7 @@ def test_two_processes_roll_out_and_train(tmp_path, coin_verifier):
     import os
     import sys
 
-    from slurm_env import slurm_tasks
+    from launch_env import slurm_tasks
 
     from olmax.trainer.run import train
 

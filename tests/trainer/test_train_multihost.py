@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from slurm_env import slurm_tasks
+from launch_env import slurm_tasks
 from small_run import SMALL as BASE
 
 from olmax.config.io import apply_overrides
