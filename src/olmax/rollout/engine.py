@@ -64,7 +64,7 @@ from olmax.errors import ConfigError
 from olmax.model.sharding import gather, place
 from olmax.rollout.engine_compile import compile_all, ladder
 from olmax.rollout.engine_types import Chunk, Counters, EngineConfig, Finished
-from olmax.rollout.pages import Pages, pool_sizes
+from olmax.rollout.pages import Pages, pools
 from olmax.rollout.sampler import FINISH, Sampling, _eos_table, _text_table
 from olmax.rollout.slots import MOVES, programs
 
@@ -130,9 +130,9 @@ class SlotEngine:
         self._widths = tuple(slots >> k for k in range(halvings + 1) if slots % (1 << k) == 0)
         if kv_gib and mesh is not None:
             raise ConfigError("engine kv_gib (a paged KV cache) is for one device, not a mesh")
-        self._pages = Pages(pool_sizes(cfg, slots, cache_len, kv_gib), slots) if kv_gib else None
+        pool = pools(cfg, slots, cache_len, kv_gib)
+        self._pages = None if pool is None else Pages(dict(pool), slots)
         self._clock = 0  # the device state's clock, as the host follows it (paged: the blocks rows reach)
-        pool = None if self._pages is None else tuple(sorted(self._pages.sizes.items()))
         self._programs = programs(cfg, slots, cache_len, chunk_steps, sampling.draw, self._key_words, mesh, pool)
         # prefill budget: sequences x bucketed width within an eighth of the cache's row-slots (the fresh
         # rings and activations beside the cache); paged, a sixteenth of the pool's positions (a 1B's 9 GiB

@@ -25,6 +25,7 @@ pool's positions (plus a page a slot) never runs out first.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -71,6 +72,12 @@ def pool_sizes(cfg: ModelConfig, slot_count: int, cache_len: int, gib: float) ->
             f"cache_len={cache_len} needs ({least - 1}, {cost(least) / 2**30:.3g} GiB with the window pools)"
         )
     return pools(lo)
+
+
+def pools(cfg: ModelConfig, slot_count: int, cache_len: int, gib: float) -> Optional[tuple]:
+    """The programs' `pool` (olmax.rollout.slots): pool_sizes as sorted (ring size, pages) pairs, or
+    None for whole rings (gib 0)."""
+    return tuple(sorted(pool_sizes(cfg, slot_count, cache_len, gib).items())) if gib else None
 
 
 class Pages:

@@ -90,7 +90,7 @@ from olmax.rollout import groups
 from olmax.rollout import slots as engine_programs
 from olmax.rollout.compile_decode import choose_sample_prompts
 from olmax.rollout.pack import pack_rollouts
-from olmax.rollout.pages import pool_sizes
+from olmax.rollout.pages import pools
 from olmax.rollout.scoring import Scorer
 from olmax.rollout.stream import EngineStream, Group, StaticStream, engine_mesh, sampling_figures, zero_spread
 from olmax.rollout.text import stop_table
@@ -498,7 +498,7 @@ def engine_state_bytes(cfg: ExperimentConfig, mesh) -> int:
     slots, cache_len = engine_slots(cfg, mesh), rl.max_prompt_len + rl.max_response_len
     key_words = jax.random.key_data(jax.random.key(0)).shape[0]
     engine_mesh(cfg, mesh)  # pages only on one device
-    pool = tuple(sorted(pool_sizes(cfg.model, slots, cache_len, rl.kv_gib).items())) if rl.kv_gib else None
+    pool = pools(cfg.model, slots, cache_len, rl.kv_gib)
     state = jax.eval_shape(lambda: engine_programs.init_state(cfg.model, slots, cache_len, key_words, pool))
     shardings = engine_programs.state_shardings(state, mesh)
     typed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
