@@ -108,24 +108,31 @@ def timed(fn, runs: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def engine_of(cfg, args, cache_len: int, **knobs):
+    """The benchmark's SlotEngine: the options' slots, chunk and pages, temperature 1 (GRPO's draws);
+    `knobs`: the rest of EngineConfig's."""
+    from olmax.rollout.engine import SlotEngine
+    from olmax.rollout.sampler import Sampling
+
+    sampling = Sampling(temperature=1.0, seed=1)
+    return SlotEngine(
+        cfg,
+        slots=args.slots,
+        cache_len=cache_len,
+        sampling=sampling,
+        chunk_steps=args.chunk_steps,
+        kv_gib=args.kv_gib,
+        **knobs,
+    )
+
+
 def bench_engine(params, cfg, prompts, limits, args, cache_len: int, gbps: float) -> dict:
     """The engine on the rows, closed (until the last row stops) and fed (the chunks during which rows
     were waiting for a slot: what a stream of prompts, an asynchronous RL loop's, would see)."""
-    from olmax.rollout.engine import SlotEngine
     from olmax.rollout.engine_types import Counters
-    from olmax.rollout.sampler import Sampling
 
     def run():
-        engine = SlotEngine(
-            cfg,
-            slots=args.slots,
-            cache_len=cache_len,
-            sampling=Sampling(temperature=1.0, seed=1),
-            chunk_steps=args.chunk_steps,
-            narrow=args.narrow,
-            refill_at=args.refill_at,
-            kv_gib=args.kv_gib,
-        )
+        engine = engine_of(cfg, args, cache_len, narrow=args.narrow, refill_at=args.refill_at)
         for i, p in enumerate(prompts):
             engine.add(p, args.n, first_index=i * args.n, limits=limits[i * args.n : (i + 1) * args.n])
         fed, tokens = Counters(args.slots), 0
@@ -167,18 +174,9 @@ def bench_engine(params, cfg, prompts, limits, args, cache_len: int, gbps: float
 def bench_pure(params, cfg, prompt, args, cache_len: int, gbps: float) -> dict:
     """Every slot busy for --max-new steps, no insert after the first: the decode programs' tokens/s (paged,
     rows the pool cannot hold wait preempted; their re-inserts are not decode time)."""
-    from olmax.rollout.engine import SlotEngine
-    from olmax.rollout.sampler import Sampling
 
     def run():
-        engine = SlotEngine(
-            cfg,
-            slots=args.slots,
-            cache_len=cache_len,
-            sampling=Sampling(temperature=1.0, seed=1),
-            chunk_steps=args.chunk_steps,
-            kv_gib=args.kv_gib,
-        )
+        engine = engine_of(cfg, args, cache_len)
         engine.add(prompt, args.slots, limits=args.max_new)
         engine.run(params)
         t = engine.totals
@@ -240,20 +238,9 @@ def compiled_so_far(what: str) -> str:
 def cold_compile(params, cfg, prompts, args, cache_len: int, mode: str) -> dict:
     """One fresh process's figures (--compile): the engine for the first spread's rows, compiled ahead
     with `mode` workers ("lazy": not ahead), then the whole batch run."""
-    from olmax.rollout.engine import SlotEngine
-    from olmax.rollout.sampler import Sampling
 
     limits = row_lengths(args.spreads.split(",")[0], args.prompts * args.n, args.max_new, args.sigma, seed=1)
-    engine = SlotEngine(
-        cfg,
-        slots=args.slots,
-        cache_len=cache_len,
-        sampling=Sampling(temperature=1.0, seed=1),
-        chunk_steps=args.chunk_steps,
-        narrow=args.narrow,
-        kv_gib=args.kv_gib,
-        prompt_len=args.prompt_len,
-    )
+    engine = engine_of(cfg, args, cache_len, narrow=args.narrow, prompt_len=args.prompt_len)
     before, t0, cpu = dict(COMPILES), time.perf_counter(), time.process_time()
     if mode != "lazy":
         engine.compile_ahead(params, workers=int(mode), shortest=args.prompt_len)
