@@ -5,13 +5,13 @@ refused with a message naming grpo.kv_gib. Slow: synchronous (max_staleness 0), 
 the whole rings so that rows wait for pages, the stream gives the same groups as whole rings (the
 responses, the sampler's log-probs within float32 rounding, the rewards)."""
 
-from collections import Counter
 from dataclasses import replace
 
 import jax
 import numpy as np
 import pytest
 from models import random_params, small_model
+from test_rollout_stream import PROMPTS, Calls, ParityScorer  # 4 prompts a call, parity rewards
 
 from olmax.config.experiment import ExperimentConfig
 from olmax.config.grpo import GRPOConfig
@@ -22,31 +22,12 @@ from olmax.model.sharding import make_mesh
 from olmax.rollout.decode_attention import page_size
 from olmax.rollout.pages import page_bytes
 from olmax.rollout.producer import engine_state_bytes
-from olmax.rollout.scoring import Scored
 from olmax.rollout.stream import EngineStream
 
 CFG = small_model(vocab_size=300, global_every=2, sliding_window=8, compute_dtype="float32")
-PROMPTS, GROUP, SLOTS = 4, 4, 8
+GROUP, SLOTS = 4, 8
 PROMPT_LEN, RESPONSE_LEN = 12, 12
 EOS = tuple(range(0, 300, 16))  # one token in 16 ends a row: most rows run long
-
-
-class ParityScorer:
-    """Reward 10 when the response's last token is a multiple of 4."""
-
-    def __call__(self, rows, responses) -> Scored:
-        values = np.asarray([10.0 * (r[-1] % 4 == 0) for r in responses], np.float32)
-        return Scored(values, [[("parity", float(v / 10))] for v in values], Counter(verified_here=len(rows)))
-
-
-def _calls():
-    count = [0]
-
-    def take():
-        count[0] += 1
-        return count[0] - 1, np.arange((count[0] - 1) * PROMPTS, count[0] * PROMPTS) % 16
-
-    return take
 
 
 def _experiment(kv_gib: float = 0.0, **grpo) -> ExperimentConfig:
@@ -83,8 +64,8 @@ def _prompts() -> PromptSet:
 
 def _streams(gib: float):
     mesh = make_mesh(get_recipe("tiny_grpo").mesh, jax.devices()[:1])
-    rings = EngineStream(_experiment(), mesh, _prompts(), ParityScorer(), _calls(), EOS, None, slots=SLOTS)
-    paged = EngineStream(_experiment(gib), mesh, _prompts(), ParityScorer(), _calls(), EOS, None, slots=SLOTS)
+    rings = EngineStream(_experiment(), mesh, _prompts(), ParityScorer(), Calls(), EOS, None, slots=SLOTS)
+    paged = EngineStream(_experiment(gib), mesh, _prompts(), ParityScorer(), Calls(), EOS, None, slots=SLOTS)
     return mesh, rings, paged
 
 
