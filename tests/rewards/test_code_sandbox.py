@@ -205,7 +205,7 @@ def fan_out():
             break
         if pid == 0:
             os.setsid()
-            os.write(w, b'x')  # in a session of its own now: the fan-out returns once all are
+            os.write(w, b'x')  # out of the parent's process group (setsid): the fan-out returns once all are
             os.closerange(0, 1024)
             {name}
             __import__('time').sleep(30)
